@@ -355,7 +355,20 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     const PARTS: [&str; 7] = ["qkv", "attention", "o", "gate_up", "down", "head", "all"];
-    let mut run = |hot: bool, att_on: bool| -> Result<Vec<Vec<u64>>, Box<dyn std::error::Error>> {
+    // The next layer's keys and values (`share` of their lines) as the CPU decoder prefetches
+    // them during a layer's gate/up and down products and the head (`cold-kvpf`).
+    let kvpf = |li: usize, share: [f32; 2]| mlx_core::cpu::KvPrefetch {
+        bufs: [Floats::F16(&caches[li].0), Floats::F16(&caches[li].1)],
+        heads: nkv,
+        stride: cap * hd,
+        start: 0,
+        len: (depth + 1) * hd,
+        share,
+    };
+    let mut run = |hot: bool,
+                   att_on: bool,
+                   pf_on: bool|
+     -> Result<Vec<Vec<u64>>, Box<dyn std::error::Error>> {
         let mut t = vec![Vec::new(); PARTS.len()];
         for _ in 0..nsteps {
             let mut part = [0u64; 7];
@@ -419,10 +432,22 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
                         out: &mut u,
                     },
                 ];
-                matmul_t_each(&ctx, h, 1, &mut jobs, &mut scratch)?;
-                lap(3, &mut part);
-                matmul_t_each(
+                let next = (li + 1) % layers;
+                let pf = |share| (pf_on && next != 0).then(|| kvpf(next, share));
+                let act = ctx.activations;
+                mlx_core::cpu::matmul_t_each_prefetch(
                     &ctx,
+                    act,
+                    h,
+                    1,
+                    &mut jobs,
+                    &mut scratch,
+                    pf([0.0, 0.66]).as_ref(),
+                )?;
+                lap(3, &mut part);
+                mlx_core::cpu::matmul_t_each_prefetch(
+                    &ctx,
+                    act,
                     &x,
                     1,
                     &mut [MatJob {
@@ -431,12 +456,15 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
                         out: &mut o,
                     }],
                     &mut scratch,
+                    pf([0.66, 1.0]).as_ref(),
                 )?;
                 lap(4, &mut part);
             }
             if !hot {
-                matmul_t_each(
+                let pf = pf_on.then(|| kvpf(0, [0.0, 1.0]));
+                mlx_core::cpu::matmul_t_each_prefetch(
                     &ctx,
+                    ctx.activations,
                     &x[..hid],
                     1,
                     &mut [MatJob {
@@ -445,6 +473,7 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
                         out: &mut logits,
                     }],
                     &mut scratch,
+                    pf.as_ref(),
                 )?;
             }
             lap(5, &mut part);
@@ -460,12 +489,13 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
     };
     let med = |v: &Vec<u64>| v[v.len() / 2] as f64 / 1e6;
     for round in 0..2 {
-        for (name, hot, att_on) in [
-            ("cold", false, true),
-            ("cold-noattn", false, false),
-            ("hot", true, true),
+        for (name, hot, att_on, pf_on) in [
+            ("cold", false, true, false),
+            ("cold-kvpf", false, true, true),
+            ("cold-noattn", false, false, false),
+            ("hot", true, true, false),
         ] {
-            let t = run(hot, att_on)?;
+            let t = run(hot, att_on, pf_on)?;
             let mut line = format!(
                 "round {round} {name:<12} {} threads depth {depth}:",
                 ctx.pool.threads()

@@ -31,7 +31,7 @@
 
 use half::{f16, slice::HalfFloatSliceExt};
 use mlx_core::cpu::{
-    self, Activations, AttentionShape, CpuContext, Floats, MatJob, Matrix, RowsScratch,
+    self, Activations, AttentionShape, CpuContext, Floats, KvPrefetch, MatJob, Matrix, RowsScratch,
 };
 use mlx_models::layers::{Embedding, Linear, MlpKind, Norm, NormKind, Rope};
 use mlx_models::models::dense::{LayerView, Model};
@@ -793,7 +793,9 @@ enum Rows<'c, 'r> {
 
 impl Rows<'_, '_> {
     /// `normed`: `x` is an RMSNorm's output (else a decode step's products take
-    /// [`Activations::unnormed`]).
+    /// [`Activations::unnormed`]). `pf`: the share of layer `pf.0`'s keys and values to
+    /// prefetch meanwhile ([`kv_prefetch`]; decode steps of one sequence and verification
+    /// passes only).
     fn matmul(
         &mut self,
         ctx: &CpuContext,
@@ -801,6 +803,7 @@ impl Rows<'_, '_> {
         n: usize,
         jobs: &mut [MatJob<'_, '_>],
         normed: bool,
+        pf: Option<(&Weights<'_>, usize, [f32; 2])>,
     ) -> Result<()> {
         let act = if normed {
             ctx.activations
@@ -809,12 +812,60 @@ impl Rows<'_, '_> {
         };
         match self {
             Rows::Block(_) => cpu::matmul_t(ctx, x, n, jobs)?,
-            Rows::Seq(_, rs) | Rows::Each(_, rs) => {
-                cpu::matmul_t_each_with(ctx, act, x, n, jobs, rs)?
+            Rows::Seq(c, rs) => {
+                let pf = pf.and_then(|(w, li, share)| kv_prefetch(w, c, li, share));
+                cpu::matmul_t_each_prefetch(ctx, act, x, n, jobs, rs, pf.as_ref())?
+            }
+            Rows::Each(cs, rs) => {
+                let pf = match (&cs[..], pf) {
+                    ([c], Some((w, li, share))) => kv_prefetch(w, c, li, share),
+                    _ => None,
+                };
+                cpu::matmul_t_each_prefetch(ctx, act, x, n, jobs, rs, pf.as_ref())?
             }
         }
         Ok(())
     }
+}
+
+/// Whether decode steps prefetch the next layer's keys and values (`MLX_CPU_KVPF=0`: not;
+/// read once).
+fn kv_prefetch_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_CPU_KVPF").map_or(true, |v| v != "0"))
+}
+
+/// The keys and values of layer `li` that the next attention over `c` reads (its positions
+/// before `c.pos`, from the window's start on a sliding layer), `share` of them: prefetched
+/// into L2 during the products before that attention (the MLP of the layer before, or the
+/// head for layer 0), as the weights streamed since the last step evicted them. A hint: no
+/// result changes.
+fn kv_prefetch<'c>(
+    w: &Weights<'_>,
+    c: &'c CpuCache,
+    li: usize,
+    share: [f32; 2],
+) -> Option<KvPrefetch<'c>> {
+    if !kv_prefetch_on() || li >= c.keys.len() {
+        return None;
+    }
+    let lo = w.layers[li]
+        .window
+        .map_or(0, |win| (c.pos + 1).saturating_sub(win))
+        .min(c.pos);
+    let bufs = match (&c.keys[li], &c.values[li]) {
+        (KvBuf::F16(k), KvBuf::F16(v)) => [Floats::F16(k), Floats::F16(v)],
+        (KvBuf::F32(k), KvBuf::F32(v)) => [Floats::F32(k), Floats::F32(v)],
+        _ => return None,
+    };
+    Some(KvPrefetch {
+        bufs,
+        heads: c.n_kv,
+        stride: c.capacity * c.head_dim,
+        start: lo * c.head_dim,
+        len: (c.pos - lo) * c.head_dim,
+        share,
+    })
 }
 
 /// The parts of a decode step [`Profile`] times.
@@ -1076,6 +1127,9 @@ fn layers(
     let (hid, hd) = (w.hidden, w.head_dim);
     let (qd, kd) = (w.n_heads * hd, w.n_kv * hd);
     for (li, l) in w.layers.iter().enumerate() {
+        // The layer whose keys and values the MLP's products prefetch (the head does layer
+        // 0's for the next step).
+        let next = (li + 1 < w.layers.len()).then_some(li + 1);
         let x = &mut s.x[..n * hid];
         let h = &mut s.h[..n * hid];
         cpu::rms_norm(x, l.attn_norm.floats(), w.eps, h)?;
@@ -1103,6 +1157,7 @@ fn layers(
                 },
             ],
             true,
+            None,
         )?;
         prof.lap(Phase::Qkv, 1);
         if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
@@ -1189,6 +1244,7 @@ fn layers(
                 out: o,
             }],
             false,
+            None,
         )?;
         prof.lap(Phase::O, 1);
         residual(x, o, l.post_attn_norm.as_ref(), w.eps, h)?;
@@ -1213,6 +1269,7 @@ fn layers(
                 },
             ],
             true,
+            next.map(|n| (w, n, [0.0, 0.66])),
         )?;
         prof.lap(Phase::GateUp, 1);
         match w.act {
@@ -1230,6 +1287,7 @@ fn layers(
                 out: o,
             }],
             false,
+            next.map(|n| (w, n, [0.66, 1.0])),
         )?;
         prof.lap(Phase::Down, 1);
         residual(x, o, l.post_mlp_norm.as_ref(), w.eps, h)?;
@@ -1610,7 +1668,7 @@ impl<'m> CpuBatch<'m> {
         w.embed_rows(tokens, &mut s.x[..tokens.len() * hid])?;
         prof.lap(Phase::Embed, 0);
         layers(w, ctx, s, &mut Rows::Seq(cache, &mut self.rows), n, prof)?;
-        head_each(w, ctx, s, n, &mut self.rows)?;
+        head_each(w, ctx, s, n, &mut self.rows, Some(cache))?;
         prof.lap(Phase::Head, 1);
         prof.end();
         Ok(&s.logits[..n * w.vocab])
@@ -1642,7 +1700,11 @@ impl<'m> CpuBatch<'m> {
         w.embed_rows(tokens, &mut s.x[..tokens.len() * hid])?;
         prof.lap(Phase::Embed, 0);
         layers(w, ctx, s, &mut Rows::Each(caches, &mut self.rows), b, prof)?;
-        head_each(w, ctx, s, b, &mut self.rows)?;
+        let next = match &caches[..] {
+            [c] => Some(&**c),
+            _ => None,
+        };
+        head_each(w, ctx, s, b, &mut self.rows, next)?;
         prof.lap(Phase::Head, 1);
         prof.end();
         Ok(&s.logits[..b * w.vocab])
@@ -1650,19 +1712,24 @@ impl<'m> CpuBatch<'m> {
 }
 
 /// The final norm and head of the `n` rows in `s.x` into `s.logits`, each row as alone.
+/// `next`: the cache of the sequence's next step (one sequence), whose layer 0 keys and values
+/// the head's product prefetches ([`kv_prefetch`]).
 fn head_each(
     w: &Weights<'_>,
     ctx: &CpuContext,
     s: &mut Scratch,
     n: usize,
     rows: &mut RowsScratch,
+    next: Option<&CpuCache>,
 ) -> Result<()> {
     let hid = w.hidden;
     let h = &mut s.h[..n * hid];
     cpu::rms_norm(&s.x[..n * hid], w.final_norm.floats(), w.eps, h)?;
     let logits = &mut s.logits[..n * w.vocab];
-    cpu::matmul_t_each(
+    let pf = next.and_then(|c| kv_prefetch(w, c, 0, [0.0, 1.0]));
+    cpu::matmul_t_each_prefetch(
         ctx,
+        ctx.activations,
         h,
         n,
         &mut [MatJob {
@@ -1671,6 +1738,7 @@ fn head_each(
             out: logits,
         }],
         rows,
+        pf.as_ref(),
     )?;
     Ok(())
 }

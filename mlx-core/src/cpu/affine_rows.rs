@@ -25,6 +25,24 @@ use super::SharedOut;
 /// columns, enough to cover the memory latency behind one row's sums).
 pub(super) const PREFETCH_ROWS: usize = 4;
 
+/// Experiment knobs: `MLX_CPU_PF_ROWS` (rows ahead into L1, default [`PREFETCH_ROWS`]) and
+/// `MLX_CPU_PF_FAR` (rows ahead into L2, 0: none, the default).
+fn pf_knobs() -> (usize, usize) {
+    static K: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let get = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        (
+            get("MLX_CPU_PF_ROWS", PREFETCH_ROWS),
+            get("MLX_CPU_PF_FAR", 0),
+        )
+    })
+}
+
 /// Whether [`rows`] takes `w`: 4-bit affine, groups of 32, half-precision scales and biases,
 /// at most [`MAX_CHUNKS`] chunks a row.
 pub(super) fn supports(w: &Matrix<'_>) -> bool {
@@ -138,9 +156,21 @@ unsafe fn rows_m<const MT: usize>(
             _mm_prefetch::<_MM_HINT_T0>(sh.as_ptr().add(r * chunks) as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(bh.as_ptr().add(r * chunks) as *const i8);
         };
+        let far = |r: usize| {
+            let p = bytes.add(r * row_bytes) as *const i8;
+            let mut o = 0;
+            while o < row_bytes {
+                _mm_prefetch::<_MM_HINT_T1>(p.add(o));
+                o += 64;
+            }
+            _mm_prefetch::<_MM_HINT_T1>(p.add(row_bytes - 1));
+            _mm_prefetch::<_MM_HINT_T1>(sh.as_ptr().add(r * chunks) as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(bh.as_ptr().add(r * chunks) as *const i8);
+        };
+        let (ahead, far_ahead) = pf_knobs();
         if prefetch {
             // The block's first rows at once (the loop below reaches each row ahead of it).
-            for r in r0..(r0 + PREFETCH_ROWS).min(r1) {
+            for r in r0..(r0 + ahead).min(r1) {
                 fetch(r);
             }
         }
@@ -148,8 +178,11 @@ unsafe fn rows_m<const MT: usize>(
             let s0 = sh.as_ptr().add(r * chunks) as *const u16;
             let b0 = bh.as_ptr().add(r * chunks) as *const u16;
             let rb = bytes.add(r * row_bytes);
-            if prefetch && r + PREFETCH_ROWS < rows {
-                fetch(r + PREFETCH_ROWS);
+            if prefetch && r + ahead < rows {
+                fetch(r + ahead);
+            }
+            if prefetch && far_ahead > 0 && r + far_ahead < rows {
+                far(r + far_ahead);
             }
             let v = dot4_512_h::<MT>(rb, s0, b0, chunks, qx);
             let b = bias.map_or(0.0, |b| b.get(r));

@@ -48,6 +48,13 @@ impl SharedOut {
     }
 }
 
+/// `MLX_CPU_SCHED=shared`: the blocks of a run through one shared counter (interleaved
+/// between the workers) instead of [`Regions`](super::Regions). For measuring.
+fn shared_counter() -> bool {
+    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *S.get_or_init(|| std::env::var("MLX_CPU_SCHED").is_ok_and(|v| v == "shared"))
+}
+
 /// Which kernel [`matmul_t`](super::matmul_t) runs for one input row and this matrix.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
@@ -119,7 +126,145 @@ pub fn matmul_t_each_with(
     jobs: &mut [MatJob<'_, '_>],
     scratch: &mut RowsScratch,
 ) -> Result<()> {
+    matmul_t_each_prefetch(ctx, act, x, m, jobs, scratch, None)
+}
+
+/// Memory a run of [`matmul_t_each_prefetch`] pulls into the cores' L2 caches while its
+/// products stream their weights: a KV cache layer's keys and values that the next attention
+/// reads (`heads` spans of `len` values, `stride` values apart, from `start` on, in each of
+/// `bufs`), or the share `share` (fractions of its cache lines, `[from, to)`) of them. A
+/// decode step's attention otherwise finds them evicted by the weights streamed since the
+/// last step and waits on memory; spread over the products before it, the loads overlap the
+/// weights'. A hint: which bytes it names changes no result.
+#[derive(Clone, Copy, Debug)]
+pub struct KvPrefetch<'a> {
+    pub bufs: [Floats<'a>; 2],
+    pub heads: usize,
+    pub stride: usize,
+    pub start: usize,
+    pub len: usize,
+    pub share: [f32; 2],
+}
+
+/// One span's cache lines as `(base address, lines a head)` for each buffer.
+#[derive(Clone, Copy)]
+struct PfPlan {
+    base: [usize; 2],
+    stride_bytes: usize,
+    heads: usize,
+    per_head: usize,
+    lo: usize,
+    hi: usize,
+}
+
+impl KvPrefetch<'_> {
+    fn plan(&self, op: &'static str) -> Result<PfPlan> {
+        let mut base = [0usize; 2];
+        let mut esz = 0;
+        for (b, f) in base.iter_mut().zip(&self.bufs) {
+            let (ptr, len, e) = match f {
+                Floats::F32(a) => (a.as_ptr() as usize, a.len(), 4),
+                Floats::F16(a) => (a.as_ptr() as usize, a.len(), 2),
+                Floats::Bf16(a) => (a.as_ptr() as usize, a.len(), 2),
+            };
+            let end = self.heads.saturating_sub(1) * self.stride + self.start + self.len;
+            if self.heads > 0 && self.len > 0 && end > len {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "prefetch of {} heads of {} values {} apart from {} past a buffer of {len}",
+                        self.heads, self.len, self.stride, self.start
+                    ),
+                ));
+            }
+            if esz != 0 && esz != e {
+                return Err(Error::invalid(op, "prefetch buffers of two types"));
+            }
+            esz = e;
+            *b = ptr + self.start * e;
+        }
+        let per_head = (self.len * esz).div_ceil(64);
+        let total = 2 * self.heads * per_head;
+        let [a, b] = self.share;
+        let frac = |f: f32| ((f.clamp(0.0, 1.0) as f64 * total as f64) as usize).min(total);
+        Ok(PfPlan {
+            base,
+            stride_bytes: self.stride * esz,
+            heads: self.heads,
+            per_head,
+            lo: frac(a),
+            hi: frac(b).max(frac(a)),
+        })
+    }
+}
+
+impl PfPlan {
+    /// Prefetches the plan's lines that fall to block `b` of `blocks` (into L2).
+    #[inline]
+    fn block(&self, b: usize, blocks: usize) {
+        self.lines(b, blocks, |a| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch is a hint; it reads nothing (the address lies within the
+            // buffer checked by `plan` in any case).
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    a as *const i8,
+                )
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = a;
+        });
+    }
+
+    /// `f(address)` for each line of block `b` of `blocks`: blocks `0..blocks` together name
+    /// lines `lo..hi` of the spans once each (a line: 64 bytes from a span's start on).
+    #[inline]
+    fn lines(&self, b: usize, blocks: usize, mut f: impl FnMut(usize)) {
+        let n = self.hi - self.lo;
+        if n == 0 || self.per_head == 0 || blocks == 0 {
+            return;
+        }
+        let (i0, i1) = (self.lo + n * b / blocks, self.lo + n * (b + 1) / blocks);
+        if i0 >= i1 {
+            return;
+        }
+        let per_buf = self.heads * self.per_head;
+        let (mut buf, mut h, mut l) = (
+            i0 / per_buf,
+            i0 / self.per_head % self.heads,
+            i0 % self.per_head,
+        );
+        for _ in i0..i1 {
+            f(self.base[buf] + h * self.stride_bytes + l * 64);
+            l += 1;
+            if l == self.per_head {
+                l = 0;
+                h += 1;
+                if h == self.heads {
+                    h = 0;
+                    buf += 1;
+                }
+            }
+        }
+    }
+}
+
+/// [`matmul_t_each_with`] that also prefetches `pf` (see [`KvPrefetch`]) while the products
+/// run (for the affine and dense products; the GGML-block and trellis products ignore it).
+pub fn matmul_t_each_prefetch(
+    ctx: &CpuContext,
+    act: Activations,
+    x: &[f32],
+    m: usize,
+    jobs: &mut [MatJob<'_, '_>],
+    scratch: &mut RowsScratch,
+    pf: Option<&KvPrefetch<'_>>,
+) -> Result<()> {
     let op = "cpu::matmul_t_each";
+    let pf = match pf {
+        Some(p) => Some(p.plan(op)?),
+        None => None,
+    };
     let Some(first) = jobs.first() else {
         return Ok(());
     };
@@ -250,11 +395,20 @@ pub fn matmul_t_each_with(
         blocks += j.w.rows().div_ceil(block);
     }
     let next = AtomicUsize::new(0);
+    let regions = super::Regions::new(blocks, threads);
+    let shared = shared_counter();
     let isa = ctx.isa;
-    ctx.pool.run(&|_, _| loop {
-        let b = next.fetch_add(1, Ordering::Relaxed);
+    ctx.pool.run(&|worker, _| loop {
+        let b = if shared {
+            next.fetch_add(1, Ordering::Relaxed)
+        } else {
+            regions.claim(worker).unwrap_or(blocks)
+        };
         if b >= blocks {
             break;
+        }
+        if let Some(p) = &pf {
+            p.block(b, blocks);
         }
         let Some(&(w, bias, out, start, kind)) = plan.iter().rev().flatten().find(|p| p.3 <= b)
         else {
@@ -384,6 +538,86 @@ mod tests {
                 (s >> 32) as u32
             })
             .collect()
+    }
+
+    /// A prefetch plan's blocks name every line of the spans once (each share exactly its
+    /// part), a span past its buffer is an error, and the products' outputs are the same
+    /// with or without a prefetch (a hint).
+    #[test]
+    fn kv_prefetch_covers_its_spans_and_changes_nothing() {
+        let k = vec![half::f16::ZERO; 3 * 100 * 64];
+        let v = vec![half::f16::ZERO; 3 * 100 * 64];
+        let pf = |start: usize, len: usize, share: [f32; 2]| KvPrefetch {
+            bufs: [Floats::F16(&k), Floats::F16(&v)],
+            heads: 3,
+            stride: 100 * 64,
+            start,
+            len,
+            share,
+        };
+        for (start, len) in [(0usize, 37 * 64), (5 * 64, 90 * 64), (0, 0), (64 * 99, 64)] {
+            let mut all = Vec::new();
+            for share in [[0.0, 0.66], [0.66, 1.0]] {
+                let plan = pf(start, len, share).plan("test").unwrap();
+                for blocks in [1usize, 7, 96] {
+                    let mut got = Vec::new();
+                    for b in 0..blocks {
+                        plan.lines(b, blocks, |a| got.push(a));
+                    }
+                    let mut want = Vec::new();
+                    plan.lines(0, 1, |a| want.push(a));
+                    assert_eq!(got, want, "blocks {blocks}");
+                }
+                plan.lines(0, 1, |a| all.push(a));
+            }
+            let mut want = Vec::new();
+            for buf in [k.as_ptr() as usize, v.as_ptr() as usize] {
+                for h in 0..3 {
+                    let s = buf + (h * 100 * 64 + start) * 2;
+                    let mut o = 0;
+                    while o < len * 2 {
+                        want.push(s + o);
+                        o += 64;
+                    }
+                }
+            }
+            assert_eq!(all, want, "start {start} len {len}");
+        }
+        assert!(pf(0, 101 * 64, [0.0, 1.0]).plan("test").is_err());
+        assert!(pf(3 * 64, 98 * 64, [0.0, 1.0]).plan("test").is_err());
+
+        let (rows, cols) = (70, 128);
+        let w4 = words(rows * cols * 4 / 32, 2);
+        let sh: Vec<half::f16> = seeded(rows * cols / 32, 4)
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        let bh: Vec<half::f16> = seeded(rows * cols / 32, 5)
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        let m4 =
+            Matrix::affine(&w4, Floats::F16(&sh), Floats::F16(&bh), rows, cols, 4, 32).unwrap();
+        let x = seeded(2 * cols, 7);
+        let mut ctx = CpuContext::new(2).unwrap();
+        ctx.activations = Activations::Int16Q8Int8;
+        let mut scratch = RowsScratch::default();
+        let (mut a, mut b) = (vec![0f32; 2 * rows], vec![0f32; 2 * rows]);
+        let job = |out| {
+            [MatJob {
+                w: &m4,
+                bias: None,
+                out,
+            }]
+        };
+        matmul_t_each(&ctx, &x, 2, &mut job(&mut a), &mut scratch).unwrap();
+        let p = pf(0, 50 * 64, [0.0, 1.0]);
+        let act = ctx.activations;
+        matmul_t_each_prefetch(&ctx, act, &x, 2, &mut job(&mut b), &mut scratch, Some(&p)).unwrap();
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
     }
 
     /// Every row of a batch of 1..=17 gets the bits `matmul_t` gives it alone (past two tiles

@@ -32,14 +32,16 @@ pub mod trellis;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use batch::{matmul_t_each, matmul_t_each_with, RowsScratch};
+pub use batch::{
+    matmul_t_each, matmul_t_each_prefetch, matmul_t_each_with, KvPrefetch, RowsScratch,
+};
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
 pub use ops::{
     attention, attention_f16, gelu_approx_mul_isa, greedy_lse, rms_norm, rope, rope_inv_freqs,
     rope_pair, silu_mul, silu_mul_isa, AttentionShape, MAX_HEAD_DIM,
 };
 pub use pages::prefer_huge_pages;
-pub use pool::{available_threads, ThreadPool};
+pub use pool::{available_threads, Regions, ThreadPool, MAX_REGIONS};
 #[cfg(target_arch = "x86_64")]
 pub use prompt_attn::{attention_prompt, attention_prompt_f16, prompt_applies, PROMPT_MIN_M};
 

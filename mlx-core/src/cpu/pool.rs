@@ -62,16 +62,33 @@ impl Shared {
 }
 
 /// Polls before sleeping, for the workers waiting for a job and for the caller waiting for
-/// the workers: the first [`PAUSES`] are pause instructions (~10-40 ns each), the rest yield
-/// the core (on a machine with more runnable threads than cores, the thread being waited for
-/// may need it).
-const SPIN: u32 = 2_000;
-const PAUSES: u32 = 100;
+/// the workers: the first [`pauses`] are pause instructions (~10-40 ns each), the next
+/// [`YIELDS`] yield the core (on a machine with more runnable threads than cores, the thread
+/// being waited for may need it), then the thread sleeps.
+const YIELDS: u32 = 1_900;
 
-/// One poll of a wait loop (see [`SPIN`]).
+/// The pause polls of a wait: `MLX_CPU_SPIN` (read once), else [`PAUSES`].
+fn pauses() -> u32 {
+    static P: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *P.get_or_init(|| {
+        std::env::var("MLX_CPU_SPIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(PAUSES)
+    })
+}
+
+/// The default pause polls: tens of microseconds, longer than the gaps between a decode
+/// step's pool runs (the caller's norms, RoPE, attention merge: a few microseconds) and than
+/// most gaps between steps. A yield there handed the core to any other runnable process for
+/// its time slice (milliseconds under load), so the worker missed the next runs and the
+/// caller did their work alone.
+const PAUSES: u32 = 4_000;
+
+/// One poll of a wait loop (see [`YIELDS`]).
 #[inline]
-fn poll(i: u32) {
-    if i < PAUSES {
+fn poll(i: u32, pauses: u32) {
+    if i < pauses {
         std::hint::spin_loop();
     } else {
         std::thread::yield_now();
@@ -178,8 +195,9 @@ impl ThreadPool {
         // sees the job closed.
         self.shared.open.store(0, Ordering::SeqCst);
         let mut spins = 0;
-        while self.shared.active.load(Ordering::SeqCst) != 0 && spins < SPIN {
-            poll(spins);
+        let pauses = pauses();
+        while self.shared.active.load(Ordering::SeqCst) != 0 && spins < pauses + YIELDS {
+            poll(spins, pauses);
             spins += 1;
         }
         if self.shared.active.load(Ordering::SeqCst) != 0 {
@@ -205,10 +223,11 @@ impl ThreadPool {
 
 fn worker(shared: &Shared, index: usize, threads: usize) {
     let mut seen = 0u64;
+    let pauses = pauses();
     loop {
         let mut spins = 0;
-        while shared.generation.load(Ordering::Acquire) == seen && spins < SPIN {
-            poll(spins);
+        while shared.generation.load(Ordering::Acquire) == seen && spins < pauses + YIELDS {
+            poll(spins, pauses);
             spins += 1;
         }
         let job = {
@@ -241,6 +260,74 @@ fn worker(shared: &Shared, index: usize, threads: usize) {
         {
             let _st = shared.lock();
             shared.done.notify_all();
+        }
+    }
+}
+
+const STEAL_FRONT: bool = true;
+
+/// At most this many regions in a [`Regions`] (workers past it share regions).
+pub const MAX_REGIONS: usize = 16;
+
+/// One region's unclaimed blocks, `[front, back)` packed as `front << 32 | back`, on its own
+/// cache line.
+#[repr(align(64))]
+#[derive(Default)]
+struct Region(AtomicU64);
+
+/// Blocks `0..blocks` of one pool run handed out so that each worker streams through a
+/// contiguous region of them: worker `w` claims its region's blocks from the front in order,
+/// then takes blocks from the back of the others' regions (the last to be reached). Against
+/// one shared counter (blocks of the two workers interleaved): each worker's weight rows
+/// form one sequential stream (its next block is the one its prefetches ran into), and a
+/// claim touches a cache line its core holds instead of moving one between cores. Which
+/// worker computes a block changes no result.
+pub struct Regions {
+    regions: [Region; MAX_REGIONS],
+    n: usize,
+}
+
+impl Regions {
+    /// `blocks` split into `min(workers, MAX_REGIONS)` regions of consecutive blocks (at
+    /// least one; `blocks` below 2^32).
+    pub fn new(blocks: usize, workers: usize) -> Regions {
+        let n = workers.clamp(1, MAX_REGIONS);
+        let regions: [Region; MAX_REGIONS] = Default::default();
+        for (i, r) in regions.iter().take(n).enumerate() {
+            let (lo, hi) = (blocks * i / n, blocks * (i + 1) / n);
+            r.0.store(((lo as u64) << 32) | hi as u64, Ordering::Relaxed);
+        }
+        Regions { regions, n }
+    }
+
+    /// The next block for `worker`: its own region's next from the front, else one from the
+    /// back of another region (`None`: every block is claimed).
+    #[inline]
+    pub fn claim(&self, worker: usize) -> Option<usize> {
+        let own = worker % self.n;
+        if let Some(b) = self.take(own, true) {
+            return Some(b);
+        }
+        (1..self.n).find_map(|i| self.take((own + i) % self.n, STEAL_FRONT))
+    }
+
+    fn take(&self, r: usize, front: bool) -> Option<usize> {
+        let a = &self.regions[r].0;
+        let mut cur = a.load(Ordering::Relaxed);
+        loop {
+            let (lo, hi) = (cur >> 32, cur & 0xffff_ffff);
+            if lo >= hi {
+                return None;
+            }
+            let (new, got) = if front {
+                (((lo + 1) << 32) | hi, lo)
+            } else {
+                ((lo << 32) | (hi - 1), hi - 1)
+            };
+            match a.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(got as usize),
+                Err(c) => cur = c,
+            }
         }
     }
 }
@@ -291,6 +378,35 @@ mod tests {
             after.fetch_add(1, Ordering::SeqCst);
         });
         assert!((1..=3).contains(&after.load(Ordering::SeqCst)));
+    }
+
+    /// Every block is claimed exactly once whichever workers take part, each worker's own
+    /// region in order first.
+    #[test]
+    fn regions_hand_out_every_block_once() {
+        let pool = ThreadPool::new(3).unwrap();
+        for blocks in [0usize, 1, 2, 5, 31, 96, 1537] {
+            for workers in [1usize, 2, 3, 20] {
+                let r = Regions::new(blocks, workers);
+                let seen: Vec<AtomicUsize> = (0..blocks).map(|_| AtomicUsize::new(0)).collect();
+                pool.run(&|w, _| {
+                    let mut last = None;
+                    let own = w % workers.clamp(1, MAX_REGIONS);
+                    let n = workers.clamp(1, MAX_REGIONS);
+                    let (lo, hi) = (blocks * own / n, blocks * (own + 1) / n);
+                    while let Some(b) = r.claim(w) {
+                        seen[b].fetch_add(1, Ordering::SeqCst);
+                        if (lo..hi).contains(&b) {
+                            // Own blocks come in increasing order.
+                            assert!(last.is_none_or(|l| l < b));
+                            last = Some(b);
+                        }
+                    }
+                });
+                assert!(seen.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+                assert_eq!(r.claim(0), None);
+            }
+        }
     }
 
     /// Jobs that find the workers asleep (idle past their spin) still reach them, and a
