@@ -1167,7 +1167,7 @@ impl GraphDecoder {
         };
         let max_k = h.max(i_sz).max(s.heads * d);
         let shared = mv_shared_bytes(max_k, s.group_and_bits().1) * nb as u32;
-        if shared + 1024 > MV_SHARED_MAX {
+        if shared + MV_STATIC_SHARED > MV_SHARED_MAX {
             return Err(invalid(
                 "graph_decoder",
                 format!(
@@ -1178,8 +1178,8 @@ impl GraphDecoder {
                 ),
             ));
         }
-        // Past 48 KiB less the kernels' static shared memory (under 6 KiB), opt in.
-        if shared + 6 * 1024 > 48 * 1024 {
+        // Past 48 KiB less the kernels' static shared memory, opt in.
+        if shared + MV_STATIC_SHARED > 48 * 1024 {
             for k in ["matvec", "matvec_qkv"] {
                 let k = rt.kernel(k)?;
                 rt.set_shared_limit(k, shared)?;
@@ -1464,8 +1464,7 @@ impl GraphDecoder {
             .max(spec.intermediate)
             .max(spec.heads * spec.head_dim);
         let per = mv_shared_bytes(max_k, spec.group_and_bits().1).max(1);
-        // Less the kernels' static shared memory (under 6 KiB with the tensor-core tiles).
-        ((MV_SHARED_MAX - 6 * 1024) / per).clamp(1, TILE_SEQUENCES)
+        ((MV_SHARED_MAX - MV_STATIC_SHARED) / per).clamp(1, TILE_SEQUENCES)
     }
 
     /// Whether this decoder's tiles multiply the model's weights on the tensor cores
@@ -1984,6 +1983,9 @@ fn mv_shared_bytes(k: usize, bits: usize) -> u32 {
 
 /// The dynamic shared memory a block may opt in to on sm_90 (227 KiB).
 const MV_SHARED_MAX: u32 = 227 * 1024;
+/// A bound on the matrix-vector kernels' static shared memory (the tensor-core tiles' partial
+/// sums, 4.6 KiB with 8 sequences; under 1 KiB without them).
+const MV_STATIC_SHARED: u32 = 6 * 1024;
 
 fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
     Arg::Buf(b.unwrap_or(dummy), 0)

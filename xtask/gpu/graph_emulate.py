@@ -612,6 +612,41 @@ def projection_errors(e, p, name, gs, nbits):
     return float(np.max(np.abs(ref - exact))), float(np.max(np.abs(ours - exact)))
 
 
+def tile_check(lib):
+    """The matvec kernel alone on random 4-bit weights in groups of 64, NB sequences with
+    their own inputs (the tensor-core tiles with GRAPH_EMU_MMA=1): each sequence's outputs
+    against float64 over the dequantized weights (largest difference relative to the largest
+    output), beside MLX's CPU quantized_matmul's. Shapes: rows not a multiple of 16, fewer
+    groups than warps, several 16-row blocks a block."""
+    e = Emu(lib)
+    ok = True
+    for n, k in ((40, 320), (130, 64), (24, 1024)):
+        w = mx.random.normal((n, k), key=mx.random.key(n)).astype(mx.bfloat16)
+        wq, s, b = mx.quantize(w, group_size=64, bits=4)
+        x = mx.random.normal((NB, k), key=mx.random.key(k)).astype(mx.bfloat16)
+        out = e.buf(np.zeros(NB * n, np.uint16))
+        xb = e.buf(bits(x).reshape(-1))
+        e.launch(1, mv_grid(n), 256,
+                 [e.buf(bits(wq)), e.buf(np.stack([bits(s), bits(b)], -1)), xb, xb, xb, out, n, k,
+                  4, 64, 0, 1e-5, 0, 0.0])
+        ours = (out.astype(np.uint32) << 16).view(np.float32).reshape(NB, n).astype(np.float64)
+        # The weights as the kernels take them: scale q + bias from the bfloat16 scales and
+        # biases, unrounded (MLX's dequantize of bfloat16 scales rounds each weight).
+        deq = np.array(mx.dequantize(wq, s.astype(mx.float32), b.astype(mx.float32), group_size=64,
+                                     bits=4)).astype(np.float64)
+        exact = np.array(x.astype(mx.float32)).astype(np.float64) @ deq.T
+        ref = np.array(mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=4)
+                       .astype(mx.float32)).astype(np.float64)
+        scale = np.max(np.abs(exact))
+        rel, rel_mlx = np.max(np.abs(ours - exact)) / scale, np.max(np.abs(ref - exact)) / scale
+        good = rel <= 5e-3  # the output's bfloat16 rounding: up to 2^-8 of a value
+        ok &= bool(good)
+        print(f"tile check (sequences {NB}, tensor cores {MMA}): {n} x {k}, largest difference to "
+              f"float64 {rel:.5f} of the largest output (MLX CPU quantized_matmul {rel_mlx:.5f}) "
+              f"{'ok' if good else 'FAILED'}")
+    return ok
+
+
 def mlx_lm_pick(logits):
     """mlx-lm's greedy pick from bfloat16 logits: generate_step's log-probabilities
     (logits - logsumexp, in the logits' dtype) through sample_utils' greedy sampler."""
@@ -705,7 +740,7 @@ def main():
         # GRAPH_EMU_SKIP_SAMPLER=1: the rows only (the sampler check takes minutes on a loaded
         # machine and does not depend on the model).
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
-        results = sampler + [run(lib, n) for n in names]
+        results = sampler + [tile_check(lib)] + [run(lib, n) for n in names]
     sys.exit(0 if all(results) else 1)
 
 
