@@ -8,7 +8,8 @@ by the forward's length, as in a speculative run where every draft is accepted):
 - the target with 1 query row (plain decode: the ideal model's price of a verification pass),
 - the target with K + 1 rows for K = 2, 4, 8, attention through MLX's fused SDPA (cuDNN for
   more than one row, unless MLX_CUDA_USE_CUDNN_SDPA=0) and through plain ops (matmul, softmax,
-  matmul: what `mlx generate --draft-model` runs on CUDA since the fix in speculative.rs),
+  matmul: main's fix in speculative.rs) and through the fused kernel over keys padded to 256
+  buckets (`bucketed`: what `mlx generate --draft-model` runs on CUDA since run 11),
 - the draft with 1 and 2 rows (a draft pass; the first of a round after a full accept has 2),
 - a chained round as mlx-lm's speculative_generate_step runs it (K draft steps, each
   async_eval'd, then the target's K + 1 rows, one eval) against the sum of its parts.
@@ -43,6 +44,19 @@ def plain(queries, keys, values, cache, scale, mask, sinks=None):
     s = mx.where(mx.arange(kl)[None, :] <= rows, s, mx.array(-float("inf"), s.dtype))
     p = mx.softmax(s, axis=-1, precise=True)
     return (p @ mx.expand_dims(values, 2)).reshape(b, h, ql, d)
+
+
+def bucketed(queries, keys, values, cache, scale, mask, sinks=None):
+    """MLX's fused attention over keys and values padded to a multiple of 256 positions, the
+    padding masked (what `mlx generate --draft-model` runs on CUDA since run 11)."""
+    ql, kl = queries.shape[2], keys.shape[2]
+    if ql == 1:
+        return FUSED(queries, keys, values, cache=cache, scale=scale, mask=mask)
+    padded = -(-kl // 256) * 256
+    pad = [(0, 0), (0, 0), (0, padded - kl), (0, 0)]
+    keys, values = mx.pad(keys, pad), mx.pad(values, pad)
+    m = mx.arange(padded)[None, :] <= (mx.arange(ql)[:, None] + (kl - ql))
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=m)
 
 
 def timed(label, fn, extra=None):
@@ -111,12 +125,15 @@ def main():
     forward_case("draft 2 rows plain", draft, 2, plain)
     for k in (2, 4, 8):
         forward_case(f"target {k + 1} rows plain", target, k + 1, plain)
+        forward_case(f"target {k + 1} rows bucketed", target, k + 1, bucketed)
         if os.environ.get("FUSED_ROWS", "1") == "1":
             forward_case(f"target {k + 1} rows fused", target, k + 1, FUSED)
-        r = round_case(k, target, draft, plain)
         ideal = t1["median_ms"] + k * d1["median_ms"]
-        print(json.dumps({"case": f"ideal round k{k}", "median_ms": round(ideal, 3),
-                          "round_over_ideal": round(r["median_ms"] / ideal, 3)}), flush=True)
+        for attention in (plain, bucketed):
+            r = round_case(k, target, draft, attention)
+            print(json.dumps({"case": f"ideal round k{k}", "median_ms": round(ideal, 3),
+                              "attention": attention.__name__,
+                              "round_over_ideal": round(r["median_ms"] / ideal, 3)}), flush=True)
 
 
 if __name__ == "__main__":
