@@ -679,26 +679,37 @@ pub fn speculative_generate_step<'m>(
     Ok(g)
 }
 
-/// Queries at most this many rows over a longer cache attend through plain ops on CUDA.
+/// Queries at most this many rows over a longer cache attend through the bucketed attention
+/// on CUDA.
 const FEW_QUERIES: i32 = 32;
+/// The key buckets of that attention (mlx-lm's KV cache grows by 256 positions too).
+const KEY_BUCKET: i32 = 256;
 
 /// The attention of a verification round (and of a draft step) on MLX's CUDA back-end. There MLX
 /// sends attention with more than one query row to cuDNN, whose graph cache is keyed by the
 /// shapes: every round's key length is new, so every round built a new cuDNN graph (~44 ms a
 /// call, the round ~150 ms; results/gpu/2026-12-04-s24-spec-attn). A forward of 2..=FEW_QUERIES
-/// queries over a longer cache attends through plain ops instead
-/// ([`mlx_models::layers::plain_scaled_dot_product_attention`]); everything else, and every
-/// other back-end (the CPU path is untouched), keeps MLX's SDPA. These are the ops MLX itself
-/// runs with `MLX_CUDA_USE_CUDNN_SDPA=0` for 4+ queries; against mlx-lm's cuDNN attention on
-/// the GPU the tier is L3 (a different reduction order).
+/// queries over a longer cache attends over keys padded to a multiple of KEY_BUCKET, the padding
+/// masked ([`mlx_models::layers::bucketed_scaled_dot_product_attention`]: cuDNN builds one graph
+/// a bucket; 0.14-0.18 ms a call at 8B shapes in that probe, against 0.23-0.71 ms for plain ops
+/// over keys that grow, which pay a per-shape cost of their own); an array mask (a sliding
+/// window) goes through plain ops ([`mlx_models::layers::plain_scaled_dot_product_attention`]).
+/// Everything else, and every other back-end (the CPU path is untouched), keeps MLX's SDPA.
+/// Against mlx-lm's cuDNN attention on the GPU the tier is L3 (a different reduction order).
 fn few_query_attention() -> std::rc::Rc<mlx_models::layers::DenseAttention> {
     std::rc::Rc::new(|q: &Array, k: &Array, v: &Array, scale: f32, mask| {
         let (ql, kl) = (q.dim(2)?, k.dim(2)?);
         if !(2..=FEW_QUERIES).contains(&ql) || kl <= ql {
             return Ok(None);
         }
+        use mlx_models::layers::{
+            bucketed_scaled_dot_product_attention, plain_scaled_dot_product_attention,
+        };
         Ok(Some(
-            mlx_models::layers::plain_scaled_dot_product_attention(q, k, v, scale, mask)?,
+            match bucketed_scaled_dot_product_attention(q, k, v, scale, mask, KEY_BUCKET)? {
+                Some(out) => out,
+                None => plain_scaled_dot_product_attention(q, k, v, scale, mask)?,
+            },
         ))
     })
 }

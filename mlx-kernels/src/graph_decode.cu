@@ -38,6 +38,11 @@ typedef long long ll;
 #ifndef NB
 #define NB 1
 #endif
+// Tensor-core tiles (set by the host for tiles of MMA_MIN_SEQUENCES sequences or more, 0
+// otherwise): 4-bit weights in groups of 64 go through mma.sync m16n8k16 (mv_run_mma).
+#ifndef MV_MMA
+#define MV_MMA 0
+#endif
 // Blocks of a matrix-vector kernel a multiprocessor holds at once: two with one sequence (at
 // most 128 registers a thread); with several, their inputs fill the shared memory of one, and
 // their sums take the registers of two.
@@ -494,12 +499,13 @@ __device__ __forceinline__ u32 norm2(u32 x, u32 g, float inv) {
 // t = i T + tid of a round by every thread (t past the pieces stores nothing), so that the
 // lane sums see whole warps: the slots a chunk of codes covers, 4 (4-bit) or 2 (8-bit), sit
 // in neighbouring lanes.
+// raw: the inputs stored as they are (the tensor-core tiles, mv_run_mma), not scaled.
 __device__ __forceinline__ void mv_store_piece(bf16_t* xs, float* xc, int t, int pieces, uint4 o,
-                                               ll bits) {
+                                               ll bits, bool raw) {
   const int spc = bits == 16 ? 0 : (int)(16 / bits);
   float sum = 0.f;
   if (t < pieces) {
-    ((uint4*)xs)[xs_slot(t)] = xs_scale(o, bits);
+    ((uint4*)xs)[xs_slot(t)] = raw ? o : xs_scale(o, bits);
     if (spc) sum = sum8(o);
   }
   if (spc) {
@@ -555,11 +561,11 @@ __device__ __forceinline__ float mv_inv_rms(float ss, float* red, ll K, double e
 template <int P>
 __device__ __forceinline__ void mv_store_normed(bf16_t* xs, float* xc, const uint4* v,
                                                 const uint4* g, float inv, int rd, int pieces,
-                                                ll bits) {
+                                                ll bits, bool raw) {
 #pragma unroll
   for (int i = 0; i < P; ++i) {
     const int t = (rd * P + i) * (int)blockDim.x + (int)threadIdx.x;
-    mv_store_piece(xs, xc, t, pieces, t < pieces ? norm8(v[i], g[i], inv) : v[i], bits);
+    mv_store_piece(xs, xc, t, pieces, t < pieces ? norm8(v[i], g[i], inv) : v[i], bits, raw);
   }
 }
 
@@ -571,7 +577,7 @@ __device__ __forceinline__ void mv_store_normed(bf16_t* xs, float* xc, const uin
 // round trip to L2 when they fit (K up to 8,192 normed, 16,384 not), rounds of them beyond.
 __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, const bf16_t* xin,
                                             const bf16_t* normw, ll K, bool norm, double eps,
-                                            ll bits) {
+                                            ll bits, bool raw = false) {
   const int tid = threadIdx.x;
   const int T = blockDim.x, pieces = (int)(K / 8);
   const uint4* xv = (const uint4*)xin;
@@ -583,7 +589,7 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     mv_load_pieces<PRO_PIECES, true>(v, g, xv, gv, 0, pieces);
     mv_add_squares<PRO_PIECES>(ss, v, 0, pieces);
     const float inv = mv_inv_rms(ss, red, K, eps);
-    mv_store_normed<PRO_PIECES>(xs, xc, v, g, inv, 0, pieces, bits);
+    mv_store_normed<PRO_PIECES>(xs, xc, v, g, inv, 0, pieces, bits, raw);
   } else if (norm) {
     // A long input: its sum of squares, then it and the weights again (from L2), in rounds.
     const int rounds = (pieces + T * PRO_PIECES - 1) / (T * PRO_PIECES);
@@ -597,7 +603,7 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     for (int rd = 0; rd < rounds; ++rd) {
       uint4 v[PRO_PIECES], g[PRO_PIECES];
       mv_load_pieces<PRO_PIECES, true>(v, g, xv, gv, rd, pieces);
-      mv_store_normed<PRO_PIECES>(xs, xc, v, g, inv, rd, pieces, bits);
+      mv_store_normed<PRO_PIECES>(xs, xc, v, g, inv, rd, pieces, bits, raw);
     }
   } else {
     constexpr int P = 2 * PRO_PIECES;
@@ -607,7 +613,7 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
       mv_load_pieces<P, false>(v, v, xv, gv, rd, pieces);
 #pragma unroll
       for (int i = 0; i < P; ++i) {
-        mv_store_piece(xs, xc, (rd * P + i) * T + tid, pieces, v[i], bits);
+        mv_store_piece(xs, xc, (rd * P + i) * T + tid, pieces, v[i], bits, raw);
       }
     }
   }
@@ -627,6 +633,192 @@ __device__ __forceinline__ int mv_row_bytes(ll K, ll bits) {
   return (int)((2 * ((K + 63) & ~63ll) + sums + 15) & ~15ll);
 }
 
+// Tensor-core tiles (MV_MMA, a tile of MMA_MIN_SEQUENCES sequences or more; 4-bit weights in
+// groups of 64; xtask/gpu/mma_layout.py checks the layout): a block takes 16 rows at a time,
+// its warps the groups of 64 inputs j = warp, warp + 8, ...; lane 4 g + t reads the 8 bytes
+// (16 codes) of rows g and g + 8 at inputs 64 j + 16 t in place, and multiplies them with
+// sequence g's same inputs by four mma.sync m16n8k16 (bfloat16 codes and inputs, float32
+// sums; sequences past NB are zero columns). After a group, its sums of rows g, g + 8 and
+// sequences 2 t, 2 t + 1 are scaled and biased: acc += scale D + bias (the group's input sum).
+// The warps' sums are added in warp order in shared memory, and the epilogue runs on one
+// thread a (row group, sequence). Tier: L3 against the single-row kernels (the tensor cores'
+// sums are in their own order), within TEACHER_FORCED_BOUNDS (graph_decode.rs).
+#define MMA_BATCH 8
+
+// 8 bytes of codes, past L1.
+__device__ __forceinline__ uint2 ld_stream2(const unsigned char* p) {
+#ifdef __CUDA_ARCH__
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+               : "=r"(v.x), "=r"(v.y)
+               : "l"(p));
+  return v;
+#else
+  return *(const uint2*)p;
+#endif
+}
+
+// Codes 0 and 1 of h (bits 0-3, 4-7) as a bfloat16 pair, exactly: 0x4300 | q is 128 + q in
+// bfloat16, less 128 in one packed fma.
+__device__ __forceinline__ u32 codes_bf2(u32 h) {
+  const u32 v = (h & 0xFu) | ((h & 0xF0u) << 12) | 0x43004300u;
+#ifdef __CUDA_ARCH__
+  u32 d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(0x3F803F80u), "r"(0xC300C300u));
+  return d;
+#else
+  return (u32)f2bf((float)(v & 0xFu)) | ((u32)f2bf((float)((v >> 16) & 0xFu)) << 16);
+#endif
+}
+
+// d += A B, mma.sync m16n8k16 with the PTX ISA's fragments (lane 4 g + t):
+// a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9],
+// a[3] = A[g+8][2t+8, 2t+9]; b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
+// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]. (graph_emulate.py runs it on the CPU.)
+__device__ __forceinline__ void mma16816(float* d, const u32* a, const u32* b) {
+#ifdef __CUDA_ARCH__
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  mma_emulate(d, a, b);
+#endif
+}
+
+template <class Pre, class Epi>
+__device__ __forceinline__ void mv_run_mma(const void* W, const u32* SB, const bf16_t* xin,
+                                           const bf16_t* normw, bool norm, ll N, ll K,
+                                           double eps, unsigned char* smem, float* red,
+                                           Trace& tr, Pre pre, Epi epi) {
+  __shared__ float part[MV_WARPS][32][4];
+  __shared__ float sums[NB][16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int g = lane >> 2, t = lane & 3;
+  const int xstride = mv_row_bytes(K, 4);
+  const ll row_bytes = K / 2;
+  const int G = (int)(K >> 6);
+  // Group slots a warp takes for each 16 rows (the last ones past G are empty), and the
+  // blocks of 16 rows this block takes (blockIdx.x, + gridDim.x, ...).
+  const int per = (G + MV_WARPS - 1) / MV_WARPS;
+  const ll RB = (N + 15) / 16;
+  const ll nrb = (ll)blockIdx.x < RB ? (RB - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const unsigned char* w8 = (const unsigned char*)W;
+  uint2 q[MMA_BATCH][2];
+  u32 sb[MMA_BATCH][2];
+  ll lrb = 0;  // the next item to load: rows block lrb, group slot lj
+  int lj = 0;
+  // Where lane (g, t) reads in rows block lrb: rows g and g + 8 (the last row for those past N).
+  const unsigned char* lw[2];
+  const u32* ls[2];
+  auto rows_at = [&]() {
+    const ll rb = blockIdx.x + lrb * gridDim.x;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      ll row = 16 * rb + g + 8 * h;
+      row = row < N ? row : N - 1;
+      lw[h] = w8 + row * row_bytes + 8 * t;
+      ls[h] = SB + row * G;
+    }
+  };
+  rows_at();
+#define MMA_LOAD(u)                               \
+  {                                               \
+    const int j = warp + MV_WARPS * lj;           \
+    if (lrb < nrb && j < G) {                     \
+      q[u][0] = ld_stream2(lw[0] + 32 * j);       \
+      q[u][1] = ld_stream2(lw[1] + 32 * j);       \
+      sb[u][0] = ls[0][j];                        \
+      sb[u][1] = ls[1][j];                        \
+    }                                             \
+    if (++lj == per) {                            \
+      lj = 0;                                     \
+      ++lrb;                                      \
+      rows_at();                                  \
+    }                                             \
+  }
+#pragma unroll
+  for (int u = 0; u < MMA_BATCH; ++u) MMA_LOAD(u)
+  pdl_wait_then_release();
+  tr.mark(1);
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, K), red,
+                xin + b * K, normw, K, norm, eps, 4, true);
+  }
+  tr.mark(2);
+  // B's column g: sequence g's inputs (quads past NB multiply zeros).
+  const bool has_seq = g < NB;
+  const uint4* xg = (const uint4*)(smem + (has_seq ? g : 0) * xstride);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  ll crb = 0;  // the item being summed: rows block crb, group slot cj
+  int cj = 0;
+  while (crb < nrb) {
+#pragma unroll
+    for (int u = 0; u < MMA_BATCH; ++u) {
+      if (crb < nrb) {
+        const int j = warp + MV_WARPS * cj;
+        if (j < G) {
+          uint4 x0 = {0u, 0u, 0u, 0u}, x1 = {0u, 0u, 0u, 0u};
+          if (has_seq) {
+            x0 = xg[xs_slot(8 * j + 2 * t)];
+            x1 = xg[xs_slot(8 * j + 2 * t + 1)];
+          }
+          const u32 bx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            // Codes 4 s .. 4 s + 3 of each row: logical k 2t, 2t+1 (a[0], a[1]) and
+            // 2t+8, 2t+9 (a[2], a[3]); inputs 4 s .. 4 s + 3 the same k of B.
+            const u32 w0 = (s < 2 ? q[u][0].x : q[u][0].y) >> (16 * (s & 1));
+            const u32 w1 = (s < 2 ? q[u][1].x : q[u][1].y) >> (16 * (s & 1));
+            const u32 a[4] = {codes_bf2(w0), codes_bf2(w1), codes_bf2(w0 >> 8), codes_bf2(w1 >> 8)};
+            const u32 b[2] = {bx[2 * s], bx[2 * s + 1]};
+            mma16816(d, a, b);
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int n = 2 * t + (e & 1);
+            float xsum = 0.f;
+            if (n < NB) {
+              const float* xc = mv_chunk_sums(smem + n * xstride, K);
+              xsum = xc[2 * j] + xc[2 * j + 1];
+            }
+            acc[e] += lo2f(sb[u][e >> 1]) * d[e] + hi2f(sb[u][e >> 1]) * xsum;
+          }
+        }
+        MMA_LOAD(u)
+        if (++cj == per) {
+          // 16 rows done: the warps' sums in warp order, then the epilogue.
+          const ll rb = blockIdx.x + crb * gridDim.x;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) part[warp][lane][e] = acc[e];
+          __syncthreads();
+          if (tid < 16 * NB) {
+            const int r = tid & 15, n = tid >> 4;
+            const int l = 4 * (r & 7) + (n >> 1), e = 2 * (r >> 3) + (n & 1);
+            float v = 0.f;
+            for (int w = 0; w < MV_WARPS; ++w) v += part[w][l][e];
+            sums[n][r] = v;
+          }
+          __syncthreads();
+          if (tid < (16 / MV_ROWS) * NB) {
+            const int rg = tid % (16 / MV_ROWS), n = tid / (16 / MV_ROWS);
+            const ll r0 = 16 * rb + MV_ROWS * rg;
+            if (r0 < N) epi(r0, n, &sums[n][MV_ROWS * rg], pre(r0, n));
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[e] = 0.f;
+          cj = 0;
+          ++crb;
+        }
+      }
+    }
+  }
+#undef MMA_LOAD
+  if (tr.buf) __syncthreads();
+}
+
 // The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
 // normw, eps) when norm; sequence b's at xin + b K); epi(first row, b, sums, early) on lane 0
 // with the warp's sums of each row group for each sequence b, where early = pre(first row, b),
@@ -640,6 +832,12 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,
                                        double eps, unsigned char* smem, float* red, Trace& tr,
                                        Pre pre, Epi epi) {
+#if MV_MMA
+  if (BITS == 4 && gs == 64) {
+    mv_run_mma(W, SB, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
+    return;
+  }
+#endif
   bf16_t* xs = (bf16_t*)smem;
   float* xc = mv_chunk_sums(smem, K);
   const int xstride = mv_row_bytes(K, BITS);

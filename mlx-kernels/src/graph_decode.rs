@@ -131,6 +131,12 @@ pub struct GraphOptions {
     /// At most this many sequences a tile (default: as many as fit, up to
     /// [`TILE_SEQUENCES`]); for testing the tiles.
     pub tile_sequences: Option<u32>,
+    /// Tiles of at least this many sequences multiply 4-bit weights in groups of 64 on the
+    /// tensor cores (mma.sync m16n8k16, `mv_run_mma` in the source; default
+    /// [`MMA_MIN_SEQUENCES`], `u32::MAX` never). Their sums run in another order than the
+    /// single-row kernels': a row of such a tile is within [`TEACHER_FORCED_BOUNDS`] of the
+    /// sequence decoded alone (tier L3), not bit-equal as in smaller tiles.
+    pub tensor_cores_from: Option<u32>,
 }
 
 /// The most sequences a [`GraphDecoder`] decodes a step.
@@ -138,6 +144,10 @@ pub const MAX_SEQUENCES: u32 = 64;
 /// The most sequences one launch of a matrix-vector kernel takes (`NB` in the source; past it
 /// the sums no longer fit the registers).
 pub const TILE_SEQUENCES: u32 = 8;
+/// The smallest tile that runs on the tensor cores by default
+/// ([`GraphOptions::tensor_cores_from`]): from about 4 rows the FFMA kernels are compute bound
+/// (results/gpu/2026-12-04-s23-run9).
+pub const MMA_MIN_SEQUENCES: u32 = 4;
 
 impl Default for GraphOptions {
     fn default() -> Self {
@@ -149,6 +159,7 @@ impl Default for GraphOptions {
             blocks_per_sm: None,
             sequences: 1,
             tile_sequences: None,
+            tensor_cores_from: None,
         }
     }
 }
@@ -1059,9 +1070,11 @@ impl GraphDecoder {
             ));
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
+        let mma = nb as u32 >= opts.tensor_cores_from.unwrap_or(MMA_MIN_SEQUENCES);
         let source = format!(
             "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n\
-             #define NB {nb}\n{SOURCE}"
+             #define NB {nb}\n#define MV_MMA {}\n{SOURCE}",
+            u8::from(mma)
         );
         let t0 = std::time::Instant::now();
         let (mut source, mut kernels) = (source, KERNELS.to_vec());
@@ -1154,7 +1167,7 @@ impl GraphDecoder {
         };
         let max_k = h.max(i_sz).max(s.heads * d);
         let shared = mv_shared_bytes(max_k, s.group_and_bits().1) * nb as u32;
-        if shared + 1024 > MV_SHARED_MAX {
+        if shared + MV_STATIC_SHARED > MV_SHARED_MAX {
             return Err(invalid(
                 "graph_decoder",
                 format!(
@@ -1165,8 +1178,8 @@ impl GraphDecoder {
                 ),
             ));
         }
-        // Past 48 KiB less the kernels' static shared memory (under 1 KiB), opt in.
-        if shared + 1024 > 48 * 1024 {
+        // Past 48 KiB less the kernels' static shared memory, opt in.
+        if shared + MV_STATIC_SHARED > 48 * 1024 {
             for k in ["matvec", "matvec_qkv"] {
                 let k = rt.kernel(k)?;
                 rt.set_shared_limit(k, shared)?;
@@ -1190,6 +1203,7 @@ impl GraphDecoder {
             mv_cap,
             nb,
             tiles,
+            mma,
         };
         let weights_s = t1.elapsed().as_secs_f64();
         let t2 = std::time::Instant::now();
@@ -1450,7 +1464,13 @@ impl GraphDecoder {
             .max(spec.intermediate)
             .max(spec.heads * spec.head_dim);
         let per = mv_shared_bytes(max_k, spec.group_and_bits().1).max(1);
-        ((MV_SHARED_MAX - 1024) / per).clamp(1, TILE_SEQUENCES)
+        ((MV_SHARED_MAX - MV_STATIC_SHARED) / per).clamp(1, TILE_SEQUENCES)
+    }
+
+    /// Whether this decoder's tiles multiply the model's weights on the tensor cores
+    /// ([`GraphOptions::tensor_cores_from`]; 4-bit weights in groups of 64).
+    pub fn tensor_cores(&self) -> bool {
+        self.step.mma && self.step.shape.group_and_bits() == (64, 4)
     }
 
     /// Sequences a step (rows; [`GraphOptions::sequences`] rounded up to whole tiles).
@@ -1963,6 +1983,9 @@ fn mv_shared_bytes(k: usize, bits: usize) -> u32 {
 
 /// The dynamic shared memory a block may opt in to on sm_90 (227 KiB).
 const MV_SHARED_MAX: u32 = 227 * 1024;
+/// A bound on the matrix-vector kernels' static shared memory (the tensor-core tiles' partial
+/// sums, 4.6 KiB with 8 sequences; under 1 KiB without them).
+const MV_STATIC_SHARED: u32 = 6 * 1024;
 
 fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
     Arg::Buf(b.unwrap_or(dummy), 0)
@@ -2082,6 +2105,8 @@ struct Step {
     /// Sequences a launch takes (`NB`), and launches a kernel (tiles of nb rows).
     nb: usize,
     tiles: usize,
+    /// Tiles take 4-bit weights in groups of 64 through the tensor cores (`MV_MMA`).
+    mma: bool,
 }
 
 /// Records one decode step (while capturing), or only one part's kernels of it; with a

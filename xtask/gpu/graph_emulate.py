@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -78,6 +78,7 @@ PRE = r"""
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 struct Dim { unsigned x, y, z; };
 thread_local Dim threadIdx, blockIdx;
 Dim blockDim, gridDim;
@@ -118,6 +119,33 @@ inline int atomicMax(int* p, int v) {
   return o;
 }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+// mma.sync.m16n8k16 (bfloat16 A and B, float32 C and D) over the warp's fragments, as the PTX
+// ISA lays them out: each lane posts its A and B registers, then computes its four elements
+// of D from all lanes' (the products exact, summed in double, added to C, rounded once; the
+// tensor cores' own order and rounding are not known here).
+unsigned g_ma[32][32][4], g_mb[32][32][2];
+inline float bf_half(unsigned p, int hi) { unsigned u = hi ? (p & 0xffff0000u) : (p << 16); float f; std::memcpy(&f, &u, 4); return f; }
+inline void mma_emulate(float* d, const unsigned* a, const unsigned* b) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  for (int i = 0; i < 4; ++i) g_ma[w][l][i] = a[i];
+  g_mb[w][l][0] = b[0];
+  g_mb[w][l][1] = b[1];
+  g_wbar[w]->arrive_and_wait();
+  const int g = l >> 2, t = l & 3;
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int m = g + 8 * (e >> 1), n = 2 * t + (e & 1);
+    double s = 0;
+    for (int k = 0; k < 16; ++k) {
+      const int al = 4 * (m & 7) + ((k & 7) >> 1), ar = (m >> 3) + 2 * (k >> 3);
+      const int bl = 4 * n + ((k & 7) >> 1), br = k >> 3;
+      s += (double)bf_half(g_ma[w][al][ar], k & 1) * (double)bf_half(g_mb[w][bl][br], k & 1);
+    }
+    out[e] = (float)((double)d[e] + s);
+  }
+  g_wbar[w]->arrive_and_wait();
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
 """
 
 LAUNCH = r"""
@@ -169,6 +197,9 @@ RESIDENT = int(os.environ.get("GRAPH_EMU_RESIDENT", "3"))
 # 1.. their own prompts (shorter by 17 tokens a row, other tokens); row 1 leaves after step 4
 # and, with 3 rows or more, the last row joins at step 2 (idle before).
 NB = int(os.environ.get("GRAPH_EMU_NB", "1"))
+# Tensor-core tiles (GraphOptions::tensor_cores_from; MV_MMA in the source): 4-bit weights in
+# groups of 64 through mma.sync, emulated (mma_emulate above).
+MMA = int(os.environ.get("GRAPH_EMU_MMA", "0"))
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 
 
@@ -178,7 +209,7 @@ def mv_grid(rows):
 
 
 def build(tmp):
-    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define NB {NB}\n" + CU
+    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define NB {NB}\n#define MV_MMA {MMA}\n" + CU
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
     open(cpp, "w").write(PRE + src + LAUNCH)
@@ -569,15 +600,51 @@ def projection_errors(e, p, name, gs, nbits):
     x = mx.random.normal((k,), key=mx.random.key(0)).astype(mx.bfloat16)
     ref = np.array(mx.quantized_matmul(x[None], w, s, b, transpose=True, group_size=gs,
                                        bits=nbits)[0].astype(mx.float32))
-    out = e.buf(np.zeros(n, np.uint16))
-    xb = e.buf(bits(x))
+    # Every one of the NB sequences a launch takes gets the same input (row 0's result is read).
+    out = e.buf(np.zeros(NB * n, np.uint16))
+    xb = e.buf(np.tile(bits(x), NB))
     e.launch(1, mv_grid(n), 256,
              [e.buf(bits(w)), e.buf(np.stack([bits(s), bits(b)], -1)), xb, xb, xb, out, n, k, nbits,
               gs, 0, 1e-5, 0, 0.0])
-    ours = (out.astype(np.uint32) << 16).view(np.float32)
+    ours = (out[:n].astype(np.uint32) << 16).view(np.float32)
     deq = np.array(mx.dequantize(w, s, b, group_size=gs, bits=nbits).astype(mx.float32))
     exact = deq.astype(np.float64) @ np.array(x.astype(mx.float32)).astype(np.float64)
     return float(np.max(np.abs(ref - exact))), float(np.max(np.abs(ours - exact)))
+
+
+def tile_check(lib):
+    """The matvec kernel alone on random 4-bit weights in groups of 64, NB sequences with
+    their own inputs (the tensor-core tiles with GRAPH_EMU_MMA=1): each sequence's outputs
+    against float64 over the dequantized weights (largest difference relative to the largest
+    output), beside MLX's CPU quantized_matmul's. Shapes: rows not a multiple of 16, fewer
+    groups than warps, several 16-row blocks a block."""
+    e = Emu(lib)
+    ok = True
+    for n, k in ((40, 320), (130, 64), (24, 1024)):
+        w = mx.random.normal((n, k), key=mx.random.key(n)).astype(mx.bfloat16)
+        wq, s, b = mx.quantize(w, group_size=64, bits=4)
+        x = mx.random.normal((NB, k), key=mx.random.key(k)).astype(mx.bfloat16)
+        out = e.buf(np.zeros(NB * n, np.uint16))
+        xb = e.buf(bits(x).reshape(-1))
+        e.launch(1, mv_grid(n), 256,
+                 [e.buf(bits(wq)), e.buf(np.stack([bits(s), bits(b)], -1)), xb, xb, xb, out, n, k,
+                  4, 64, 0, 1e-5, 0, 0.0])
+        ours = (out.astype(np.uint32) << 16).view(np.float32).reshape(NB, n).astype(np.float64)
+        # The weights as the kernels take them: scale q + bias from the bfloat16 scales and
+        # biases, unrounded (MLX's dequantize of bfloat16 scales rounds each weight).
+        deq = np.array(mx.dequantize(wq, s.astype(mx.float32), b.astype(mx.float32), group_size=64,
+                                     bits=4)).astype(np.float64)
+        exact = np.array(x.astype(mx.float32)).astype(np.float64) @ deq.T
+        ref = np.array(mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=4)
+                       .astype(mx.float32)).astype(np.float64)
+        scale = np.max(np.abs(exact))
+        rel, rel_mlx = np.max(np.abs(ours - exact)) / scale, np.max(np.abs(ref - exact)) / scale
+        good = rel <= 5e-3  # the output's bfloat16 rounding: up to 2^-8 of a value
+        ok &= bool(good)
+        print(f"tile check (sequences {NB}, tensor cores {MMA}): {n} x {k}, largest difference to "
+              f"float64 {rel:.5f} of the largest output (MLX CPU quantized_matmul {rel_mlx:.5f}) "
+              f"{'ok' if good else 'FAILED'}")
+    return ok
 
 
 def mlx_lm_pick(logits):
@@ -673,7 +740,7 @@ def main():
         # GRAPH_EMU_SKIP_SAMPLER=1: the rows only (the sampler check takes minutes on a loaded
         # machine and does not depend on the model).
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
-        results = sampler + [run(lib, n) for n in names]
+        results = sampler + [tile_check(lib)] + [run(lib, n) for n in names]
     sys.exit(0 if all(results) else 1)
 
 

@@ -7,7 +7,9 @@
 #   spec   spec_gpu.sh (draft-model speculation cost, forced acceptance);
 #   bench  product.sh's bench only (BENCH_MODELS, ROUNDS; `mlx benchmark --decoder auto|mlx` and
 #          `mlx_lm benchmark`, with peak memory, and the copy bandwidth);
-#   moe    the Qwen3-30B-A3B-shaped 4-bit model written, then one bench round of the three sides.
+#   moe    the Qwen3-30B-A3B-shaped 4-bit model written, then one bench round of the three sides;
+#   probe  spec_probe.py on the echo pair (a speculative round's parts timed alone, mlx-lm's models);
+#   serve  batched.sh's serve bench only (SERVE_MODELS, SERVE_SIDES, SERVE_CLIENTS, MAX_BATCH).
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -40,6 +42,15 @@ for part in ${PARTS:-setup test spec bench moe}; do
       SKIP_TEST=1 MODELS="${BENCH_MODELS:-llama-135m-bf16 llama31-8b-q4}" GEN_MODELS=" " SERVE_MODELS= \
         timeout $(left) bash $C/product.sh > $OUT/bench_run.log 2>&1
       grep -h "averages\|Averages\|== round\|copy bandwidth" $OUT/bench.log $OUT/copy_bw.log | cut -c1-220 ;;
+    probe)
+      need probe 60 || continue
+      timeout $(left) python3 $C/spec_probe.py /opt/models/${PROBE_TARGET:-echo-llama31-8b-q4} \
+        /opt/models/${PROBE_DRAFT:-echo-llama-135m-v128k-bf16} > $OUT/spec_probe.jsonl 2> $OUT/spec_probe.err
+      cut -c1-200 $OUT/spec_probe.jsonl; tail -3 $OUT/spec_probe.err ;;
+    serve)
+      need serve 120 || continue
+      SKIP_TEST=1 THRU_MODELS=" " timeout $(left) bash $C/batched.sh > $OUT/serve_run.log 2>&1
+      grep -h "== serve\|clients\|tok/s\|decoder" $OUT/serve.log | cut -c1-220 ;;
     moe)
       need moe 120 || continue
       timeout $(left) python3 .gpu/a/bench_models.py /opt/models qwen3-30b-a3b-q4 > $OUT/moe.log 2>&1

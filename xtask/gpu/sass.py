@@ -110,13 +110,14 @@ def main():
     ap.add_argument("--batch", type=int)
     ap.add_argument("--early", type=int)
     ap.add_argument("--nb", type=int, default=1, help="sequences a step (GraphOptions::sequences)")
+    ap.add_argument("--mma", type=int, default=0, help="tensor-core tiles (MV_MMA)")
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--dump")
     a = ap.parse_args()
     batch = a.batch or 8 // a.rows
     early = a.early or batch
     src = (f"#define MV_ROWS {a.rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n"
-           f"#define NB {a.nb}\n"
+           f"#define NB {a.nb}\n#define MV_MMA {a.mma}\n"
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu")))
     cubin, log = compile_cubin(src)

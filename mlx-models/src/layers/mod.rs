@@ -21,8 +21,9 @@ pub use activations::{
 };
 pub(crate) use attention::finfo_min;
 pub use attention::{
-    plain_scaled_dot_product_attention, quantized_scaled_dot_product_attention,
-    scaled_dot_product_attention, with_dense_attention, DenseAttention,
+    bucketed_scaled_dot_product_attention, plain_scaled_dot_product_attention,
+    quantized_scaled_dot_product_attention, scaled_dot_product_attention, with_dense_attention,
+    DenseAttention,
 };
 pub use embedding::{Embedding, EmbeddingAdapter};
 pub use ggml::GgmlWeight;
