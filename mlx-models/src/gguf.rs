@@ -203,6 +203,23 @@ const GEMMA2_PARTS: &[(&str, &str)] = &[
     ("attn_k_norm", "self_attn.k_norm"),
 ];
 
+/// Nemotron-H's per-layer names (`backbone.layers.N.mixer`), dense and MoE.
+const NEMOTRON_H_PARTS: &[(&str, &str)] = &[
+    ("attn_norm", "norm"),
+    ("ssm_in", "mixer.in_proj"),
+    ("ssm_conv1d", "mixer.conv1d"),
+    // `ssm_dt.bias` -> `mixer.dt_bias` (see `map_name`).
+    ("ssm_dt", "mixer.dt"),
+    ("ssm_norm", "mixer.norm"),
+    ("ssm_out", "mixer.out_proj"),
+    ("attn_q", "mixer.q_proj"),
+    ("attn_k", "mixer.k_proj"),
+    ("attn_v", "mixer.v_proj"),
+    ("attn_output", "mixer.o_proj"),
+    ("ffn_up", "mixer.up_proj"),
+    ("ffn_down", "mixer.down_proj"),
+];
+
 const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "llama",
@@ -1057,21 +1074,7 @@ const ARCHS: &[GgufArch] = &[
         arch: "nemotron_h",
         model_type: "nemotron_h",
         permute_qk: true,
-        parts: &[
-            ("attn_norm", "norm"),
-            ("ssm_in", "mixer.in_proj"),
-            ("ssm_conv1d", "mixer.conv1d"),
-            // `ssm_dt.bias` -> `mixer.dt_bias` (see `map_name`).
-            ("ssm_dt", "mixer.dt"),
-            ("ssm_norm", "mixer.norm"),
-            ("ssm_out", "mixer.out_proj"),
-            ("attn_q", "mixer.q_proj"),
-            ("attn_k", "mixer.k_proj"),
-            ("attn_v", "mixer.v_proj"),
-            ("attn_output", "mixer.o_proj"),
-            ("ffn_up", "mixer.up_proj"),
-            ("ffn_down", "mixer.down_proj"),
-        ],
+        parts: NEMOTRON_H_PARTS,
         layers: "backbone.layers",
         top: &[
             ("token_embd", "backbone.embeddings"),
@@ -1289,6 +1292,33 @@ const ARCHS: &[GgufArch] = &[
             ("indexer.proj", "self_attn.indexer.weights_proj"),
         ],
         base_parts: DEEPSEEK2_PARTS,
+        ..PLAIN
+    },
+    // Nemotron-H with mixture-of-experts layers (Nemotron 3 Nano / Super): the dense map's
+    // names, the router, its correction bias, the stacked squared-ReLU experts, the latent
+    // projections and the shared experts (`nemotron_h_config`).
+    GgufArch {
+        arch: "nemotron_h_moe",
+        model_type: "nemotron_h",
+        permute_qk: true,
+        parts: &[
+            ("ffn_gate_inp", "mixer.gate"),
+            // `exp_probs_b.bias` -> `mixer.gate.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mixer.gate.e_score_correction"),
+            ("ffn_up_exps", "mixer.switch_mlp.fc1"),
+            ("ffn_down_exps", "mixer.switch_mlp.fc2"),
+            ("ffn_latent_down", "mixer.fc1_latent_proj"),
+            ("ffn_latent_up", "mixer.fc2_latent_proj"),
+            ("ffn_up_shexp", "mixer.shared_experts.up_proj"),
+            ("ffn_down_shexp", "mixer.shared_experts.down_proj"),
+        ],
+        base_parts: NEMOTRON_H_PARTS,
+        layers: "backbone.layers",
+        top: &[
+            ("token_embd", "backbone.embeddings"),
+            ("output_norm", "backbone.norm_f"),
+        ],
+        per_layer_kv: true,
         ..PLAIN
     },
 ];
@@ -1741,8 +1771,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     // (`gemma4_config` checks the list); the first is the base width.
     let ffn_per_layer = match metadata.get(&key("feed_forward_length")) {
         Some(GgufValue::Array(a))
-            if matches!(arch.arch, "gemma4" | "gemma3n" | "nemotron_h")
-                && a.ndim() == 1
+            if matches!(
+                arch.arch,
+                "gemma4" | "gemma3n" | "nemotron_h" | "nemotron_h_moe"
+            ) && a.ndim() == 1
                 && a.size() > 1 =>
         {
             Some(
@@ -1755,7 +1787,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     };
     let ffn = match &ffn_per_layer {
         // Nemotron-H: 0 on its Mamba-2 and attention layers (`nemotron_h_config` reads the list).
-        Some(_) if arch.arch == "nemotron_h" => 0,
+        Some(_) if matches!(arch.arch, "nemotron_h" | "nemotron_h_moe") => 0,
         Some(per) => i32::try_from(per[0])
             .ok()
             .filter(|&n| n > 0)
@@ -1813,6 +1845,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 | "mamba"
                 | "mamba2"
                 | "nemotron_h"
+                | "nemotron_h_moe"
                 | "falcon-h1"
                 | "jamba"
                 | "plamo2"
@@ -1828,7 +1861,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             // Mamba (1) and Jamba keep A as (inner, state).
             let module = |layer: &str| match arch.arch {
                 "granitehybrid" | "falcon-h1" | "jamba" => format!("model.layers.{layer}.mamba"),
-                "mamba" | "mamba2" | "nemotron_h" | "plamo2" => {
+                "mamba" | "mamba2" | "nemotron_h" | "nemotron_h_moe" | "plamo2" => {
                     format!("{}.{layer}.mixer", arch.layers)
                 }
                 _ => format!("model.layers.{layer}.linear_attn"),
@@ -1850,6 +1883,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                         | "mamba"
                         | "mamba2"
                         | "nemotron_h"
+                        | "nemotron_h_moe"
                         | "falcon-h1"
                         | "jamba"
                         | "plamo2"
@@ -1933,7 +1967,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
         "dbrx" => (float(LN_EPS, true)?, "layer_norm_eps"),
         // llama.cpp reads the RMS key, else the LayerNorm one (what the converter writes).
-        "nemotron_h" => (
+        "nemotron_h" | "nemotron_h_moe" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
                 None => float(LN_EPS, true)?,
@@ -2645,11 +2679,12 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             &metadata,
             kv_per_layer.as_deref(),
         )?,
-        "nemotron_h" => nemotron_h_config(
+        "nemotron_h" | "nemotron_h_moe" => nemotron_h_config(
             &mut config,
             &mut tensors,
             path,
             &metadata,
+            arch.arch,
             kv_per_layer.as_deref(),
             ffn_per_layer.as_deref(),
         )?,
@@ -5026,23 +5061,31 @@ fn bailing_config(
 /// from the per-layer lists (`head_count_kv` > 0: attention `*`, `feed_forward_length` > 0:
 /// MLP `-`, both 0: Mamba-2 `M`), the Mamba-2 sizes as `granitehybrid` writes them, biases from
 /// the tensors. mlx-lm's model always has its own head: a file without `output.weight` gets
-/// the embedding's (llama.cpp's duplicate). Mixture-of-experts layers (`nemotron_h_moe`) are
-/// not mapped: this port has no `E` blocks.
+/// the embedding's (llama.cpp's duplicate). `nemotron_h_moe` (`arch`): the MLP layers are
+/// mixture-of-experts blocks `E` ([`nemotron_h_moe_config`]); the per-layer lists may also
+/// cover the multi-token-prediction block the converter appends (not read).
 fn nemotron_h_config(
     config: &mut Value,
     tensors: &mut BTreeMap<String, Array>,
     path: &Path,
     meta: &GgufMetadata,
+    arch: &str,
     kv: Option<&[i64]>,
     ffn: Option<&[i64]>,
 ) -> Result<()> {
-    let arch = "nemotron_h";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
+    let moe = arch == "nemotron_h_moe";
     let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let nextn = meta_count(meta, path, &key("nextn_predict_layers"))?.unwrap_or(0) as usize;
     let list = |k: &str, per: Option<&[i64]>| -> Result<Vec<i64>> {
         match per {
-            Some(p) if p.len() == blocks && p.iter().all(|&n| n >= 0) => Ok(p.to_vec()),
+            Some(p)
+                if (p.len() == blocks || p.len() == blocks + nextn)
+                    && p.iter().all(|&n| n >= 0) =>
+            {
+                Ok(p[..blocks].to_vec())
+            }
             _ => Err(gguf_err(
                 path,
                 format!(
@@ -5065,7 +5108,11 @@ fn nemotron_h_config(
             (_, 0) => '*',
             (0, f) if width.is_none_or(|w| w == f) => {
                 width = Some(f);
-                '-'
+                if moe {
+                    'E'
+                } else {
+                    '-'
+                }
             }
             _ => {
                 return Err(gguf_err(
@@ -5102,6 +5149,9 @@ fn nemotron_h_config(
     }
     config["hybrid_override_pattern"] = Value::from(pattern);
     config["intermediate_size"] = Value::from(width.unwrap_or(0).max(1));
+    if moe {
+        nemotron_h_moe_config(config, tensors, path, meta, width)?;
+    }
     config["mamba_num_heads"] = Value::from(heads);
     config["mamba_head_dim"] = Value::from(inner / heads);
     config["ssm_state_size"] = Value::from(need("ssm.state_size")?);
@@ -5121,6 +5171,105 @@ fn nemotron_h_config(
             }
         }
     }
+    Ok(())
+}
+
+/// `nemotron_h_moe`'s expert keys as NemotronHModel writes them: `expert_count`,
+/// `expert_used_count`, `expert_feed_forward_length` (the per-layer `feed_forward_length` of
+/// the `E` layers, `width`), `expert_weights_scale`, `expert_weights_norm` (false when absent,
+/// as llama.cpp reads it), `expert_group_count` (1 when absent) and, for more than one group,
+/// `expert_group_used_count` (which the converter does not write: llama.cpp refuses such a file
+/// too); the shared experts and the latent projections from their tensors and keys. The router
+/// is sigmoid with the correction bias in both.
+fn nemotron_h_moe_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    width: Option<i64>,
+) -> Result<()> {
+    let arch = "nemotron_h_moe";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let experts = need("expert_count")?;
+    let used = need("expert_used_count")?;
+    let inner = need("expert_feed_forward_length")?;
+    if width.is_some_and(|w| w != i64::from(inner)) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {inner} differs from the expert layers' `{}` {width:?}",
+                key("expert_feed_forward_length"),
+                key("feed_forward_length")
+            ),
+        ));
+    }
+    let scale = meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("expert_weights_scale")),
+        )
+    })?;
+    let groups = meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1);
+    let groups_used = if groups > 1 {
+        Some(need("expert_group_used_count")?)
+    } else {
+        None
+    };
+    let rows = |t: &str| {
+        tensors
+            .iter()
+            .find(|(k, _)| k.ends_with(t))
+            .and_then(|(_, a)| a.shape().first().copied())
+    };
+    let shared_rows = rows(".mixer.shared_experts.up_proj.weight");
+    let shared_count = meta_count(meta, path, &key("expert_shared_count"))?;
+    match (shared_rows, shared_count) {
+        (Some(h), _) => {
+            if let Some(k) = meta_count(meta, path, &key("expert_shared_feed_forward_length"))? {
+                if k != h {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` = {k} differs from `ffn_up_shexp`'s {h} rows",
+                            key("expert_shared_feed_forward_length")
+                        ),
+                    ));
+                }
+            }
+            config["n_shared_experts"] = Value::from(shared_count.unwrap_or(1));
+            config["moe_shared_expert_intermediate_size"] = Value::from(h);
+        }
+        (None, Some(n)) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {n} but the file has no shared experts (`ffn_up_shexp`)",
+                    key("expert_shared_count")
+                ),
+            ))
+        }
+        (None, None) => {}
+    }
+    let latent = meta_count(meta, path, &key("moe_latent_size"))?;
+    if latent.is_none() && rows(".mixer.fc1_latent_proj.weight").is_some() {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is missing but the file has latent projections (`ffn_latent_down`)",
+                key("moe_latent_size")
+            ),
+        ));
+    }
+    config["n_routed_experts"] = Value::from(experts);
+    config["num_experts_per_tok"] = Value::from(used);
+    config["moe_intermediate_size"] = Value::from(inner);
+    config["routed_scaling_factor"] = Value::from(scale);
+    config["norm_topk_prob"] =
+        Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
+    config["n_group"] = Value::from(groups);
+    config["topk_group"] = groups_used.map_or(Value::Null, Value::from);
+    config["moe_latent_size"] = latent.map_or(Value::Null, Value::from);
     Ok(())
 }
 

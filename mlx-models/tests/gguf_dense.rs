@@ -256,6 +256,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         // `cargo xtask goldens gguf_mla deepseek32 glm_dsa`.
         ("deepseek32", "deepseek_v32"),
         ("glm_dsa", "glm_moe_dsa"),
+        ("nemotron_h_moe", "nemotron_h"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -292,6 +293,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         "plamo2",
         "deepseek32",
         "glm-dsa",
+        "nemotron_h_moe",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

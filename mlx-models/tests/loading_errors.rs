@@ -648,6 +648,10 @@ mod gguf {
             ("deepseek32", "deepseek32.attention.indexer.top_k"),
             ("glm_dsa", "glm-dsa.attention.indexer.head_count"),
             ("plamo2", "plamo2.attention.key_length"),
+            ("nemotron_h_moe", "nemotron_h_moe.expert_count"),
+            ("nemotron_h_moe", "nemotron_h_moe.expert_weights_scale"),
+            // The latent projections' tensors are there.
+            ("nemotron_h_moe", "nemotron_h_moe.moe_latent_size"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -687,6 +691,19 @@ mod gguf {
                 u(48),
             ),
             ("jamba", "jbkv", "jamba.attention.head_count_kv", u(2)),
+            (
+                "nemotron_h_moe",
+                "nhmffn",
+                "nemotron_h_moe.expert_feed_forward_length",
+                u(32),
+            ),
+            // Puzzle's per-layer top-k: mlx-lm has one `num_experts_per_tok`.
+            (
+                "nemotron_h_moe",
+                "nhmused",
+                "nemotron_h_moe.expert_used_count",
+                { GgufValue::Array(Array::from_slice(&[0u32, 2, 0, 4], &[4]).unwrap()) },
+            ),
             ("plamo2", "p2kv", "plamo2.attention.head_count_kv", {
                 GgufValue::Array(Array::from_slice(&[0u32, 0, 2, 2], &[4]).unwrap())
             }),
@@ -707,6 +724,19 @@ mod gguf {
             ));
             assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
         }
+        // Groups need `expert_group_used_count`, which the converter does not write.
+        let e = err(&edited(
+            "nemotron_h_moe",
+            "nhmgroups",
+            |m| {
+                m.insert("nemotron_h_moe.expert_group_count".into(), u(2));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("nemotron_h_moe.expert_group_used_count") && e.contains("is missing"),
+            "{e}"
+        );
         let e = err(&edited(
             "falcon_h1",
             "fh1tied",

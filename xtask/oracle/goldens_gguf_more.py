@@ -3129,6 +3129,78 @@ CASES["plamo2"] = Case(
 )
 
 
+# Nemotron-H with mixture-of-experts layers (`nemotron_h_moe`; Nemotron 3 Nano / Super):
+# NemotronHModel with `num_experts_per_tok` in the config. The MoE layers are the ones with a
+# `feed_forward_length` (moe_intermediate_size there, 0 elsewhere); then the expert keys (used,
+# expert / shared widths, count, shared count, norm, scale, group count, latent size). The
+# router's `e_score_correction_bias` is `exp_probs_b.bias`, the stacked experts
+# `ffn_up_exps` / `ffn_down_exps`, the latent projections `ffn_latent_down` / `ffn_latent_up`.
+# No `expert_group_used_count` is written, so one group (a file with more is refused, as by
+# llama.cpp).
+NEMOTRON_H_MOE = {
+    **NEMOTRON_H,
+    "hybrid_override_pattern": "ME*E",
+    "moe_intermediate_size": 24,
+    "moe_shared_expert_intermediate_size": 40,
+    "moe_latent_size": 16,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+
+NEMOTRON_H_MOE_PARTS = {
+    **NEMOTRON_H_PARTS,
+    "mixer.gate": "ffn_gate_inp",
+    "mixer.switch_mlp.fc1": "ffn_up_exps",
+    "mixer.switch_mlp.fc2": "ffn_down_exps",
+    "mixer.fc1_latent_proj": "ffn_latent_down",
+    "mixer.fc2_latent_proj": "ffn_latent_up",
+    "mixer.shared_experts.up_proj": "ffn_up_shexp",
+    "mixer.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+
+def nemotron_h_moe_tensors(case, k, v):
+    if k.endswith("mixer.gate.e_score_correction_bias"):
+        return [(f"blk.{k.split('.')[2]}.exp_probs_b.bias", v)]
+    return mamba_tensors(case, k, v)
+
+
+def nemotron_h_moe_back(case, p, rest, v, loaded):
+    if rest == "exp_probs_b.bias":
+        return f"{p.replace('model.layers', 'backbone.layers')}.mixer.gate.e_score_correction_bias", v
+    return nemotron_h_back(case, p, rest, v, loaded)
+
+
+CASES["nemotron_h_moe"] = Case(
+    "nemotron_h",
+    NEMOTRON_H_MOE,
+    "nemotron_h_moe",
+    CASES["nemotron_h"].meta + [
+        u32("feed_forward_length",
+            lambda c: [c["moe_intermediate_size"] if t == "E" else 0 for t in c["hybrid_override_pattern"]]),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "moe_shared_expert_intermediate_size"),
+        u32("expert_count", "n_routed_experts"),
+        u32("expert_shared_count", "n_shared_experts"),
+        flag("expert_weights_norm", "norm_topk_prob"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        u32("expert_group_count", "n_group"),
+        u32("moe_latent_size", "moe_latent_size"),
+    ],
+    NEMOTRON_H_MOE_PARTS,
+    permute_qk=True,
+    prefix="backbone.layers",
+    tensors=nemotron_h_moe_tensors,
+    read_back=nemotron_h_moe_back,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
