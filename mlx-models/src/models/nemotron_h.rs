@@ -184,7 +184,11 @@ impl ModelArgs {
     fn moe(&self) -> Result<MoeArgs> {
         let bad = |m: String| ModelError::Config(format!("nemotron_h: {m}"));
         let need = |v: Option<i32>, key: &str| {
-            v.ok_or_else(|| bad(format!("`{key}` is required by mixture-of-experts (`E`) blocks")))
+            v.ok_or_else(|| {
+                bad(format!(
+                    "`{key}` is required by mixture-of-experts (`E`) blocks"
+                ))
+            })
         };
         let experts = need(self.n_routed_experts, "n_routed_experts")?;
         let inner = need(self.moe_intermediate_size, "moe_intermediate_size")?;
@@ -376,7 +380,13 @@ impl Moe {
         )?;
         switch_mlp.relu2 = true;
         let shared_experts = match m.shared {
-            Some(h) => Some(Mlp::load(w, &format!("{p}.shared_experts"), d, h, a.mlp_bias)?),
+            Some(h) => Some(Mlp::load(
+                w,
+                &format!("{p}.shared_experts"),
+                d,
+                h,
+                a.mlp_bias,
+            )?),
             None => None,
         };
         let latent = match m.latent {
