@@ -1320,6 +1320,28 @@ const ARCHS: &[GgufArch] = &[
         ],
         per_layer_kv: true,
         ..PLAIN
+    }, // Step 3.5 (mlx-lm's `step3p5`): head-wise attention gate, router bias, stacked experts, an
+    // un-gated shared expert; norms as stored (the converter's + 1 is mlx-lm's sanitize's).
+    GgufArch {
+        arch: "step35",
+        model_type: "step3p5",
+        parts: &[
+            ("attn_gate", "self_attn.g_proj"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("ffn_gate_inp", "mlp.gate.gate"),
+            // `exp_probs_b.bias` -> the bare `mlp.gate.router_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.router_bias"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "mlp.share_expert.gate_proj"),
+            ("ffn_up_shexp", "mlp.share_expert.up_proj"),
+            ("ffn_down_shexp", "mlp.share_expert.down_proj"),
+        ],
+        // `rope_freqs` is refused by name (`step35_config`).
+        rope_tensors: true,
+        ..PLAIN
     },
 ];
 
@@ -1382,6 +1404,7 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
     if (BARE_PARAMS.iter().any(|b| mapped.ends_with(b)) && suffix == "weight")
         || ((mapped.ends_with(".feed_forward.expert_bias")
             || mapped.ends_with(".mlp.gate.expert_bias")
+            || mapped.ends_with(".mlp.gate.router_bias")
             || mapped.ends_with(".mlp.expert_bias"))
             && suffix == "bias")
     {
@@ -1669,6 +1692,13 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         // Mamba writes a head count of 0 (unused).
         1
     } else if let (true, Some(GgufValue::Array(a))) = (
+        arch.arch == "step35",
+        metadata.get(&key("attention.head_count")),
+    ) {
+        // Step 3.5 writes one per layer, the sliding layers' their own (`step35_config`):
+        // layer 0's here.
+        first_count(a, path, &key("attention.head_count"))?
+    } else if let (true, Some(GgufValue::Array(a))) = (
         arch.per_layer_kv,
         metadata.get(&key("attention.head_count")),
     ) {
@@ -1722,7 +1752,12 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 }
             }
         }
-        None => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+        None => match metadata.get(&key("attention.head_count_kv")) {
+            Some(GgufValue::Array(a)) if arch.arch == "step35" => {
+                first_count(a, path, &key("attention.head_count_kv"))?
+            }
+            _ => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+        },
     };
     let hidden = count("embedding_length")?;
     let vocab = match meta_count(&metadata, path, &key("vocab_size"))? {
@@ -2679,6 +2714,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             &metadata,
             kv_per_layer.as_deref(),
         )?,
+        "step35" => step35_config(&mut config, &tensors, path, &metadata, &rope_tensors)?,
         "nemotron_h" | "nemotron_h_moe" => nemotron_h_config(
             &mut config,
             &mut tensors,
@@ -5270,6 +5306,222 @@ fn nemotron_h_moe_config(
     config["n_group"] = Value::from(groups);
     config["topk_group"] = groups_used.map_or(Value::Null, Value::from);
     config["moe_latent_size"] = latent.map_or(Value::Null, Value::from);
+    Ok(())
+}
+
+/// The first entry of a per-layer count list `key`, which must be positive.
+fn first_count(a: &Array, path: &Path, key: &str) -> Result<i32> {
+    let per = int_list(a, path, key)?;
+    match per.first() {
+        Some(&n) if n > 0 && n <= i64::from(i32::MAX) => Ok(n as i32),
+        _ => Err(gguf_err(
+            path,
+            format!("metadata `{key}` is {per:?}: its first layer needs a positive count"),
+        )),
+    }
+}
+
+fn int_list(a: &Array, path: &Path, key: &str) -> Result<Vec<i64>> {
+    a.astype(Dtype::Int64)
+        .and_then(|b| b.to_vec::<i64>())
+        .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))
+}
+
+/// A per-layer metadata list `key` (numbers or bools, as f64) of the `blocks` main layers:
+/// `None` when absent; the entries past them (multi-token-prediction blocks) dropped.
+fn layer_list(
+    meta: &GgufMetadata,
+    path: &Path,
+    key: &str,
+    blocks: usize,
+) -> Result<Option<Vec<f64>>> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(GgufValue::Array(a)) if a.ndim() == 1 && a.size() >= blocks => {
+            let v = a
+                .astype(Dtype::Float64)
+                .and_then(|b| b.to_vec::<f64>())
+                .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?;
+            Ok(Some(v[..blocks].to_vec()))
+        }
+        Some(_) => Err(gguf_err(
+            path,
+            format!("metadata `{key}` must list a value for each of the {blocks} layers"),
+        )),
+    }
+}
+
+/// Step 3.5 as Step35Model writes it, for mlx-lm's `step3p5`: the per-layer head / KV counts
+/// (one pair on the full layers, `num_attention_heads` / `num_attention_groups`, one on the
+/// sliding ones, `attention_other_setting`), `layer_types` from
+/// `attention.sliding_window_pattern`, the window, the head size (`attention.key_length`), the
+/// partial rope the converter requires (half the head on full layers, all of it on sliding
+/// ones), per-layer rope bases (`rope.freq_base`, `rope.freq_base_swa`), the expert keys
+/// (mlx-lm's defaults differ from llama.cpp's where a key is absent, so scale and norm are
+/// required), the MoE layers from the router tensors, the per-layer SwiGLU clamps (0 = none)
+/// and the head-wise gate from its tensors. Refused: Llama 3 rope factors (`rope_freqs`) and
+/// other rope scaling, another gating function, a file without expert layers.
+fn step35_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    rope_tensors: &BTreeMap<String, Array>,
+) -> Result<()> {
+    let arch = "step35";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let list = |k: &str| -> Result<Vec<f64>> {
+        layer_list(meta, path, &key(k), blocks)?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let swa: Vec<bool> = list("attention.sliding_window_pattern")?
+        .iter()
+        .map(|&v| v != 0.0)
+        .collect();
+    let (heads, kvs) = (
+        list("attention.head_count")?,
+        list("attention.head_count_kv")?,
+    );
+    // One (heads, kv) pair per kind of layer.
+    let mut pairs: [Option<(f64, f64)>; 2] = [None, None];
+    for l in 0..blocks {
+        let pair = (heads[l], kvs[l]);
+        let slot = &mut pairs[usize::from(swa[l])];
+        if pair.0 < 1.0 || pair.1 < 1.0 || pair.0 % pair.1 != 0.0 || slot.is_some_and(|p| p != pair)
+        {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` / `{}`: layer {l} has {} heads over {} KV heads; mlx-lm's                      step3p5 needs one positive multiple per kind of layer (full, sliding)",
+                    key("attention.head_count"),
+                    key("attention.head_count_kv"),
+                    pair.0,
+                    pair.1
+                ),
+            ));
+        }
+        *slot = Some(pair);
+    }
+    let Some((full_heads, full_kv)) = pairs[0] else {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` marks every layer sliding; the full layers set mlx-lm's head counts",
+                key("attention.sliding_window_pattern")
+            ),
+        ));
+    };
+    config["num_attention_heads"] = Value::from(full_heads as i64);
+    config["num_attention_groups"] = Value::from(full_kv as i64);
+    config["attention_other_setting"] = match pairs[1] {
+        Some((h, kv)) => {
+            json!({"num_attention_heads": h as i64, "num_attention_groups": kv as i64})
+        }
+        None => Value::Null,
+    };
+    config["layer_types"] = swa
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    config["sliding_window"] = Value::from(need("attention.sliding_window")?);
+    let head_dim = need("attention.key_length")?;
+    config["head_dim"] = Value::from(head_dim);
+    if let Some(r) = meta_count(meta, path, &key("rope.dimension_count"))? {
+        if r != head_dim {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {r}: llama.cpp's step35 rotates the whole head ({head_dim})                      on sliding layers and half of it on full ones",
+                    key("rope.dimension_count")
+                ),
+            ));
+        }
+    }
+    config["partial_rotary_factors"] = swa.iter().map(|&s| if s { 1.0 } else { 0.5 }).collect();
+    if rope_tensors.contains_key("rope_freqs.weight") {
+        return Err(gguf_err(
+            path,
+            "tensor `rope_freqs.weight`: Llama 3 rope factors are not mapped for step35",
+        ));
+    }
+    if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: rope scaling is not mapped for step35",
+                key("rope.scaling.type")
+            ),
+        ));
+    }
+    let base = meta_f64(meta, &key("rope.freq_base")).unwrap_or(10000.0);
+    if let Some(local) = meta_f64(meta, &key("rope.freq_base_swa")) {
+        config["rope_theta"] = swa.iter().map(|&s| if s { local } else { base }).collect();
+    }
+    if let Some(g) = meta_count(meta, path, &key("expert_gating_func"))? {
+        if g != 2 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {g}: mlx-lm's step3p5 routes by sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ));
+        }
+    }
+    config["moe_num_experts"] = Value::from(need("expert_count")?);
+    config["moe_top_k"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["share_expert_dim"] = Value::from(need("expert_shared_feed_forward_length")?);
+    config["moe_router_scaling_factor"] =
+        Value::from(meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
+            gguf_err(
+                path,
+                format!("metadata `{}` is missing", key("expert_weights_scale")),
+            )
+        })?);
+    config["norm_expert_weight"] = Value::from(
+        meta_bool(meta, path, &key("expert_weights_norm"))?.ok_or_else(|| {
+            gguf_err(
+                path,
+                format!("metadata `{}` is missing", key("expert_weights_norm")),
+            )
+        })?,
+    );
+    let moe: Vec<String> = (0..blocks)
+        .filter(|l| tensors.contains_key(&format!("model.layers.{l}.mlp.gate.gate.weight")))
+        .map(|l| l.to_string())
+        .collect();
+    if moe.is_empty() {
+        return Err(gguf_err(
+            path,
+            "no expert layer (`ffn_gate_inp`): mlx-lm's step3p5 puts experts on every layer but              the first when it is told none",
+        ));
+    }
+    config["moe_layers_enum"] = Value::from(moe.join(","));
+    for (k, field) in [
+        ("swiglu_clamp_exp", "swiglu_limits"),
+        ("swiglu_clamp_shexp", "swiglu_limits_shared"),
+    ] {
+        if let Some(v) = layer_list(meta, path, &key(k), blocks)? {
+            config[field] = v.into_iter().collect();
+        }
+    }
+    config["use_head_wise_attn_gate"] = Value::from(
+        tensors
+            .keys()
+            .any(|k| k.ends_with(".self_attn.g_proj.weight")),
+    );
+    if let Some(o) = config.as_object_mut() {
+        o.remove("num_key_value_heads");
+    }
     Ok(())
 }
 

@@ -257,6 +257,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("deepseek32", "deepseek_v32"),
         ("glm_dsa", "glm_moe_dsa"),
         ("nemotron_h_moe", "nemotron_h"),
+        ("step35", "step3p5"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -294,6 +295,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         "deepseek32",
         "glm-dsa",
         "nemotron_h_moe",
+        "step35",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -652,6 +652,10 @@ mod gguf {
             ("nemotron_h_moe", "nemotron_h_moe.expert_weights_scale"),
             // The latent projections' tensors are there.
             ("nemotron_h_moe", "nemotron_h_moe.moe_latent_size"),
+            ("step35", "step35.attention.sliding_window_pattern"),
+            ("step35", "step35.expert_weights_scale"),
+            ("step35", "step35.expert_weights_norm"),
+            ("step35", "step35.attention.key_length"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -697,6 +701,12 @@ mod gguf {
                 "nemotron_h_moe.expert_feed_forward_length",
                 u(32),
             ),
+            // Two head counts on full layers; another router; a rope width llama.cpp ignores.
+            ("step35", "s35heads", "step35.attention.head_count", {
+                GgufValue::Array(Array::from_slice(&[4u32, 2, 2, 2], &[4]).unwrap())
+            }),
+            ("step35", "s35gating", "step35.expert_gating_func", u(1)),
+            ("step35", "s35rope", "step35.rope.dimension_count", u(4)),
             // Puzzle's per-layer top-k: mlx-lm has one `num_experts_per_tok`.
             (
                 "nemotron_h_moe",

@@ -3201,6 +3201,91 @@ CASES["nemotron_h_moe"] = Case(
 )
 
 
+# Step 3.5 (`step35`, mlx-lm's `step3p5`): Step35Model (TextModel) writes TextModel's keys (no
+# KV head count: the config says `num_attention_groups`; a per-layer rope-theta list as
+# `rope.freq_base` = its first entry and `rope.freq_base_swa` = its second; the head size as
+# key / value length), then the per-layer head counts (the sliding layers' from
+# `attention_other_setting`), the window and its per-layer pattern, the expert keys, the
+# leading dense blocks, `moe_every_n_layers` and the per-layer SwiGLU clamps (None as 0).
+# Partial rope is implied: half the head on full layers, all of it on sliding ones (the
+# converter asserts those factors). Norm weights are written + 1 (the checkpoint's are zero
+# centred), which is mlx-lm's weight after its sanitize, so they are stored as mlx-lm holds
+# them; `router_bias` is `exp_probs_b.bias`, `g_proj` `attn_gate`, the experts stacked.
+STEP35 = cfg("step3p5", num_hidden_layers=4, num_attention_groups=2, head_dim=8,
+             sliding_window=6, rms_norm_eps=1e-5,
+             layer_types=["full_attention", "sliding_attention"] * 2,
+             rope_theta=[10000.0, 5000.0, 10000.0, 5000.0],
+             partial_rotary_factors=[0.5, 1.0, 0.5, 1.0],
+             attention_other_setting={"num_attention_heads": 2, "num_attention_groups": 1},
+             moe_num_experts=4, moe_top_k=2, moe_intermediate_size=16, share_expert_dim=32,
+             moe_layers_enum="1,2,3", moe_router_scaling_factor=2.0, norm_expert_weight=True,
+             swiglu_limits=[None, 0.5, None, 0.8], swiglu_limits_shared=[0.7, None, 0.4, None],
+             tie_word_embeddings=False)
+del STEP35["num_key_value_heads"]
+
+
+def step35_tensors(case, k, v):
+    if k.endswith(".mlp.gate.router_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def _swa(c):
+    return [t == "sliding_attention" for t in c["layer_types"]]
+
+
+def _clamps(key):
+    return lambda c: [0.0 if v is None else float(v) for v in c[key]]
+
+
+CASES["step35"] = Case(
+    "step3p5",
+    STEP35,
+    "step35",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        f32("rope.freq_base", lambda c: c["rope_theta"][0]),
+        f32("rope.freq_base_swa", lambda c: c["rope_theta"][1]),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("attention.head_count", lambda c: [
+            c["attention_other_setting"]["num_attention_heads"] if w else c["num_attention_heads"]
+            for w in _swa(c)]),
+        u32("attention.head_count_kv", lambda c: [
+            c["attention_other_setting"]["num_attention_groups"] if w else c["num_attention_groups"]
+            for w in _swa(c)]),
+        u32("attention.sliding_window", "sliding_window"),
+        arr("attention.sliding_window_pattern", lambda c: mx.array(_swa(c))),
+        u32("expert_count", "moe_num_experts"),
+        u32("expert_used_count", "moe_top_k"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "share_expert_dim"),
+        f32("expert_weights_scale", "moe_router_scaling_factor"),
+        flag("expert_weights_norm", "norm_expert_weight"),
+        u32("leading_dense_block_count", 1),
+        u32("moe_every_n_layers", 1),
+        f32("swiglu_clamp_exp", _clamps("swiglu_limits")),
+        f32("swiglu_clamp_shexp", _clamps("swiglu_limits_shared")),
+    ] + GPT2,
+    {
+        "self_attn.g_proj": "attn_gate",
+        "mlp.gate.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.share_expert.gate_proj": "ffn_gate_shexp",
+        "mlp.share_expert.up_proj": "ffn_up_shexp",
+        "mlp.share_expert.down_proj": "ffn_down_shexp",
+    },
+    tensors=step35_tensors,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
