@@ -1343,11 +1343,29 @@ const ARCHS: &[GgufArch] = &[
         rope_tensors: true,
         ..PLAIN
     },
+    // MiMo V2 Flash (mlx-lm's `mimo_v2_flash`): attention sinks, the DeepSeek V3 router,
+    // stacked experts (`mimo2_config`).
+    GgufArch {
+        arch: "mimo2",
+        model_type: "mimo_v2_flash",
+        parts: &[
+            // `.weight` -> the bare `attention_sink_bias` (see `map_name`).
+            ("attn_sinks", "self_attn.attention_sink_bias"),
+            ("ffn_gate_inp", "mlp.gate"),
+            // `exp_probs_b.bias` -> `mlp.gate.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+        ],
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
 const BARE_PARAMS: &[&str] = &[
     ".self_attn.sinks",
+    ".self_attn.attention_sink_bias",
     ".layer_scalar",
     ".altup.correct_output_scale",
     ".attn.k_k",
@@ -1753,7 +1771,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             }
         }
         None => match metadata.get(&key("attention.head_count_kv")) {
-            Some(GgufValue::Array(a)) if arch.arch == "step35" => {
+            Some(GgufValue::Array(a)) if matches!(arch.arch, "step35" | "mimo2") => {
                 first_count(a, path, &key("attention.head_count_kv"))?
             }
             _ => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
@@ -2001,6 +2019,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
         "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
         "dbrx" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "mimo2" => (float(RMS_EPS, true)?, "layernorm_epsilon"),
         // llama.cpp reads the RMS key, else the LayerNorm one (what the converter writes).
         "nemotron_h" | "nemotron_h_moe" => (
             match float(RMS_EPS, true)? {
@@ -2715,6 +2734,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             kv_per_layer.as_deref(),
         )?,
         "step35" => step35_config(&mut config, &tensors, path, &metadata, &rope_tensors)?,
+        "mimo2" => mimo2_config(&mut config, &tensors, path, &metadata, heads)?,
         "nemotron_h" | "nemotron_h_moe" => nemotron_h_config(
             &mut config,
             &mut tensors,
@@ -5306,6 +5326,140 @@ fn nemotron_h_moe_config(
     config["n_group"] = Value::from(groups);
     config["topk_group"] = groups_used.map_or(Value::Null, Value::from);
     config["moe_latent_size"] = latent.map_or(Value::Null, Value::from);
+    Ok(())
+}
+
+/// MiMo V2 Flash as MimoV2Model writes it, for mlx-lm's `mimo_v2_flash`: the per-layer pattern
+/// (`attention.sliding_window_pattern`, 1 = sliding) as `hybrid_layer_pattern`, the per-layer KV
+/// heads (one count per kind of layer), the head count and sizes (`key_length`,
+/// `value_length`), which the converter requires the sliding layers to share, the rope width
+/// as `partial_rotary_factor`, the rope bases, the window, the value scale, the MoE layers and
+/// each kind's sinks from the tensors, and the router llama.cpp runs: sigmoid with the
+/// correction bias, the groups, weights always normalized, scaled only by
+/// `expert_weights_scale` (unscaled when absent). The lists' MTP entries are skipped.
+fn mimo2_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    heads: i32,
+) -> Result<()> {
+    let arch = "mimo2";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let list = |k: &str| -> Result<Vec<f64>> {
+        layer_list(meta, path, &key(k), blocks)?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let swa: Vec<bool> = list("attention.sliding_window_pattern")?
+        .iter()
+        .map(|&v| v != 0.0)
+        .collect();
+    if !swa.contains(&true) || !swa.contains(&false) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: mlx-lm's mimo_v2_flash needs both sliding and full layers",
+                key("attention.sliding_window_pattern")
+            ),
+        ));
+    }
+    let kvs = list("attention.head_count_kv")?;
+    let mut kv: [Option<f64>; 2] = [None, None];
+    for (l, (&k, &s)) in kvs.iter().zip(&swa).enumerate() {
+        let slot = &mut kv[usize::from(s)];
+        if k < 1.0 || f64::from(heads) % k != 0.0 || slot.is_some_and(|v| v != k) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}`: layer {l} has {k} KV heads; mlx-lm's mimo_v2_flash needs one                      divisor of the {heads} heads per kind of layer (full, sliding)",
+                    key("attention.head_count_kv")
+                ),
+            ));
+        }
+        *slot = Some(k);
+    }
+    let head_dim = need("attention.key_length")?;
+    let v_head_dim = need("attention.value_length")?;
+    let rope = need("rope.dimension_count")?;
+    if rope > head_dim {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {rope} exceeds the head size {head_dim}",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    // mlx-lm rotates int(partial_rotary_factor * head_dim) dimensions.
+    let mut factor = f64::from(rope) / f64::from(head_dim);
+    if (factor * f64::from(head_dim)) as i32 != rope {
+        factor = (f64::from(rope) + 0.5) / f64::from(head_dim);
+    }
+    if let Some(g) = meta_count(meta, path, &key("expert_gating_func"))? {
+        if g != 2 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {g}: llama.cpp's mimo2 routes by sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ));
+        }
+    }
+    if meta_bool(meta, path, &key("expert_weights_norm"))? == Some(false) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is false: llama.cpp's mimo2 always normalizes the routed weights",
+                key("expert_weights_norm")
+            ),
+        ));
+    }
+    let groups = meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1);
+    let groups_used = if groups > 1 {
+        need("expert_group_used_count")?
+    } else {
+        meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1)
+    };
+    let has = |l: usize, t: &str| tensors.contains_key(&format!("model.layers.{l}.{t}"));
+    let sinks = |sliding: bool| {
+        (0..blocks).any(|l| swa[l] == sliding && has(l, "self_attn.attention_sink_bias"))
+    };
+    let base = meta_f64(meta, &key("rope.freq_base")).unwrap_or(10000.0);
+    let o = json!({
+        "num_key_value_heads": kv[0].unwrap_or(1.0) as i64,
+        "swa_num_key_value_heads": kv[1].unwrap_or(1.0) as i64,
+        "num_attention_heads": heads,
+        "swa_num_attention_heads": heads,
+        "head_dim": head_dim,
+        "swa_head_dim": head_dim,
+        "v_head_dim": v_head_dim,
+        "swa_v_head_dim": v_head_dim,
+        "partial_rotary_factor": factor,
+        "rope_theta": base,
+        "swa_rope_theta": meta_f64(meta, &key("rope.freq_base_swa")).unwrap_or(base),
+        "sliding_window_size": need("attention.sliding_window")?,
+        "hybrid_layer_pattern": swa.iter().map(|&s| i32::from(s)).collect::<Vec<_>>(),
+        "moe_layer_freq": (0..blocks).map(|l| i32::from(has(l, "mlp.gate.weight"))).collect::<Vec<_>>(),
+        "add_swa_attention_sink_bias": sinks(true),
+        "add_full_attention_sink_bias": sinks(false),
+        "attention_value_scale": meta_f64(meta, &key("attention.value_scale")),
+        "n_routed_experts": need("expert_count")?,
+        "num_experts_per_tok": need("expert_used_count")?,
+        "moe_intermediate_size": need("expert_feed_forward_length")?,
+        "n_shared_experts": null,
+        "routed_scaling_factor": meta_f64(meta, &key("expert_weights_scale")),
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": true,
+        "n_group": groups,
+        "topk_group": groups_used,
+    });
+    if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
+        c.extend(o.clone());
+    }
     Ok(())
 }
 

@@ -258,6 +258,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("glm_dsa", "glm_moe_dsa"),
         ("nemotron_h_moe", "nemotron_h"),
         ("step35", "step3p5"),
+        ("mimo2", "mimo_v2_flash"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -296,6 +297,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         "glm-dsa",
         "nemotron_h_moe",
         "step35",
+        "mimo2",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

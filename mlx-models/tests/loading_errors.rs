@@ -656,6 +656,11 @@ mod gguf {
             ("step35", "step35.expert_weights_scale"),
             ("step35", "step35.expert_weights_norm"),
             ("step35", "step35.attention.key_length"),
+            ("mimo2", "mimo2.attention.sliding_window_pattern"),
+            ("mimo2", "mimo2.rope.dimension_count"),
+            ("mimo2", "mimo2.expert_feed_forward_length"),
+            // Two groups need it.
+            ("mimo2", "mimo2.expert_group_used_count"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -707,6 +712,16 @@ mod gguf {
             }),
             ("step35", "s35gating", "step35.expert_gating_func", u(1)),
             ("step35", "s35rope", "step35.rope.dimension_count", u(4)),
+            // Only full layers; a KV count that does not divide the heads; unnormalized weights.
+            ("mimo2", "m2pattern", "mimo2.attention.sliding_window_pattern", {
+                GgufValue::Array(Array::from_slice(&[0i32; 7], &[7]).unwrap())
+            }),
+            ("mimo2", "m2kv", "mimo2.attention.head_count_kv", {
+                GgufValue::Array(Array::from_slice(&[3u32, 1, 1, 2, 1, 1, 1], &[7]).unwrap())
+            }),
+            ("mimo2", "m2norm", "mimo2.expert_weights_norm", {
+                GgufValue::Array(Array::scalar(false).unwrap())
+            }),
             // Puzzle's per-layer top-k: mlx-lm has one `num_experts_per_tok`.
             (
                 "nemotron_h_moe",

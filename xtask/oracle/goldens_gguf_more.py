@@ -3286,6 +3286,111 @@ CASES["step35"] = Case(
 )
 
 
+# MiMo V2 Flash (`mimo2`, mlx-lm's `mimo_v2_flash`): MimoV2Model (TextModel) writes TextModel's
+# keys (the expert count, top-k, groups and sigmoid gating, the rope bases, the head size as
+# key / value length), then the per-layer KV heads (sliding layers' from
+# `swa_num_key_value_heads`), the window, the per-layer pattern (ints), the value head size,
+# the expert width, the rope width (head * partial_rotary_factor), the RMS epsilon and the
+# value scale; block_count and the lists count the 3 MTP blocks it appends (this file has
+# their entries, not their tensors, as a trunk-only file). The converter requires the sliding
+# layers' head count and sizes to equal the full ones'; llama.cpp has no shared experts and
+# always normalizes the routed weights, unscaled (no key carries mlx-lm's scale).
+# `attention_sink_bias` is `attn_sinks.weight`, the correction bias `exp_probs_b.bias`.
+MIMO2_MTP = 3
+MIMO2 = {
+    "model_type": "mimo_v2_flash",
+    "num_experts_per_tok": 2,
+    "hybrid_layer_pattern": [0, 1, 1, 0],
+    "moe_layer_freq": [0, 1, 1, 1],
+    "add_swa_attention_sink_bias": True,
+    "add_full_attention_sink_bias": False,
+    "sliding_window_size": 6,
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 16,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "n_shared_experts": None,
+    "n_routed_experts": 8,
+    "routed_scaling_factor": None,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "n_group": 2,
+    "topk_group": 1,
+    "max_position_embeddings": 256,
+    "layernorm_epsilon": 1e-5,
+    "rope_theta": 10000.0,
+    "swa_rope_theta": 1000.0,
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 1,
+    "head_dim": 8,
+    "v_head_dim": 16,
+    "swa_head_dim": 8,
+    "swa_v_head_dim": 16,
+    "partial_rotary_factor": 0.5,
+    "attention_value_scale": 0.7,
+    "tie_word_embeddings": False,
+}
+
+
+def _mimo2_pattern(c):
+    return list(c["hybrid_layer_pattern"]) + [1] * MIMO2_MTP
+
+
+def mimo2_tensors(case, k, v):
+    if k.endswith(".self_attn.attention_sink_bias"):
+        return [(f"blk.{layer_of(k)}.attn_sinks.weight", v)]
+    if k.endswith(".mlp.gate.e_score_correction_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["mimo2"] = Case(
+    "mimo_v2_flash",
+    MIMO2,
+    "mimo2",
+    [
+        u32("block_count", lambda c: c["num_hidden_layers"] + MIMO2_MTP),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("rope.freq_base_swa", "swa_rope_theta"),
+        u32("expert_count", "n_routed_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_group_count", "n_group"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("attention.head_count_kv", lambda c: [
+            c["swa_num_key_value_heads"] if s == 1 else c["num_key_value_heads"]
+            for s in _mimo2_pattern(c)]),
+        u32("attention.sliding_window", "sliding_window_size"),
+        arr("attention.sliding_window_pattern",
+            lambda c: mx.array(_mimo2_pattern(c), dtype=mx.int32)),
+        u32("attention.value_length", "v_head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("rope.dimension_count", lambda c: int(c["head_dim"] * c["partial_rotary_factor"])),
+        f32("attention.layer_norm_rms_epsilon", "layernorm_epsilon"),
+        f32("attention.value_scale", "attention_value_scale"),
+        u32("nextn_predict_layers", MIMO2_MTP),
+    ] + GPT2,
+    {
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+    },
+    tensors=mimo2_tensors,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
