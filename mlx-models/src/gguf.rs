@@ -1360,6 +1360,27 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Laguna (poolside): per-head softplus gate, sigmoid router with a correction bias,
+    // stacked experts, one shared expert (`laguna_config`).
+    GgufArch {
+        arch: "laguna",
+        model_type: "laguna",
+        parts: &[
+            ("attn_gate", "self_attn.g_proj"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("ffn_gate_inp", "mlp.gate.proj"),
+            // `exp_probs_b.bias` -> `mlp.gate.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+        ],
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1710,7 +1731,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         // Mamba writes a head count of 0 (unused).
         1
     } else if let (true, Some(GgufValue::Array(a))) = (
-        arch.arch == "step35",
+        matches!(arch.arch, "step35" | "laguna"),
         metadata.get(&key("attention.head_count")),
     ) {
         // Step 3.5 writes one per layer, the sliding layers' their own (`step35_config`):
@@ -2735,6 +2756,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         )?,
         "step35" => step35_config(&mut config, &tensors, path, &metadata, &rope_tensors)?,
         "mimo2" => mimo2_config(&mut config, &tensors, path, &metadata, heads)?,
+        "laguna" => laguna_config(&mut config, &tensors, path, &metadata)?,
         "nemotron_h" | "nemotron_h_moe" => nemotron_h_config(
             &mut config,
             &mut tensors,
@@ -5456,6 +5478,201 @@ fn mimo2_config(
         "norm_topk_prob": true,
         "n_group": groups,
         "topk_group": groups_used,
+    });
+    if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
+        c.extend(o.clone());
+    }
+    Ok(())
+}
+
+/// Laguna as LagunaModel writes it, for mlx-lm's `laguna`: the per-layer head counts, the
+/// layer kinds (`attention.sliding_window_pattern`, else llama.cpp's full layer every 4th from
+/// the first; all full without a window), `rope_parameters` per kind (the full layers' base,
+/// rope width and YaRN from `rope.scaling.*`; the sliding layers' `freq_base_swa` and
+/// `dimension_count_swa`, plain), the dense first blocks as `mlp_layer_types`, the expert keys
+/// and the router llama.cpp runs (sigmoid or sqrt-softplus, no soft cap, weights always
+/// normalized, scaled by `expert_weights_scale`), the per-head gate and biases from the
+/// tensors. Refused: a per-element gate (mlx-lm's laguna gates per head), YaRN's attention /
+/// extrapolation factors (mlx-lm's YaRN has neither), other rope scaling, another gating,
+/// a shared-expert count other than 1.
+fn laguna_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+) -> Result<()> {
+    let arch = "laguna";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let float = |k: &str| meta_f64(meta, &key(k));
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let heads: Vec<i64> = match float("attention.head_count") {
+        Some(_) => vec![i64::from(need("attention.head_count")?); blocks],
+        None => layer_list(meta, path, &key("attention.head_count"), blocks)?
+            .ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("attention.head_count")),
+                )
+            })?
+            .into_iter()
+            .map(|h| h as i64)
+            .collect(),
+    };
+    let head_dim = need("attention.key_length")?;
+    let window = meta_count(meta, path, &key("attention.sliding_window"))?;
+    let sliding: Vec<bool> = match (
+        window,
+        layer_list(meta, path, &key("attention.sliding_window_pattern"), blocks)?,
+    ) {
+        (None, _) => vec![false; blocks],
+        (Some(_), Some(p)) => p.iter().map(|&v| v != 0.0).collect(),
+        (Some(_), None) => (0..blocks).map(|l| l % 4 != 0).collect(),
+    };
+    // mlx-lm rotates int(head_dim * partial_rotary_factor) dimensions.
+    let factor = |dims: i32, k: &str| -> Result<f64> {
+        if dims < 1 || dims > head_dim {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` = {dims} is not in 1..={head_dim}", key(k)),
+            ));
+        }
+        let f = f64::from(dims) / f64::from(head_dim);
+        Ok(if (f * f64::from(head_dim)) as i32 == dims {
+            f
+        } else {
+            (f64::from(dims) + 0.5) / f64::from(head_dim)
+        })
+    };
+    let full_dims = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(head_dim);
+    let swa_dims = meta_count(meta, path, &key("rope.dimension_count_swa"))?.unwrap_or(full_dims);
+    let base = float("rope.freq_base").unwrap_or(10000.0);
+    let mut full = json!({
+        "rope_theta": base,
+        "partial_rotary_factor": factor(full_dims, "rope.dimension_count")?,
+    });
+    for k in [
+        "rope.scaling.yarn_attn_factor",
+        "rope.scaling.yarn_ext_factor",
+    ] {
+        if let Some(v) = float(k) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {v}: mlx-lm's YaRN rope has no such factor",
+                    key(k)
+                ),
+            ));
+        }
+    }
+    match meta_str(meta, &key("rope.scaling.type")) {
+        None | Some("none") => {}
+        Some("yarn") => {
+            let f = float("rope.scaling.factor").ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("rope.scaling.factor")),
+                )
+            })?;
+            full["rope_type"] = Value::from("yarn");
+            full["factor"] = Value::from(f);
+            full["original_max_position_embeddings"] =
+                Value::from(need("rope.scaling.original_context_length")?);
+            for (k, field) in [
+                ("rope.scaling.yarn_beta_fast", "beta_fast"),
+                ("rope.scaling.yarn_beta_slow", "beta_slow"),
+            ] {
+                if let Some(v) = float(k) {
+                    full[field] = Value::from(v);
+                }
+            }
+        }
+        Some(t) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is `{t}`; laguna maps only yarn",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    let swa = json!({
+        "rope_theta": float("rope.freq_base_swa").unwrap_or(base),
+        "partial_rotary_factor": factor(swa_dims, "rope.dimension_count_swa")?,
+    });
+    let score = match meta_count(meta, path, &key("expert_gating_func"))? {
+        None | Some(2) => "sigmoid",
+        Some(4) => "sqrtsoftplus",
+        Some(g) => return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {g}: mlx-lm's laguna routes by sigmoid (2) or sqrt-softplus (4)",
+                key("expert_gating_func")
+            ),
+        )),
+    };
+    if meta_bool(meta, path, &key("expert_weights_norm"))? == Some(false) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is false: mlx-lm's laguna always normalizes the routed weights",
+                key("expert_weights_norm")
+            ),
+        ));
+    }
+    if let Some(n) = meta_count(meta, path, &key("expert_shared_count"))? {
+        if n != 1 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {n}: laguna has one shared expert",
+                    key("expert_shared_count")
+                ),
+            ));
+        }
+    }
+    let dense = meta_count(meta, path, &key("leading_dense_block_count")).and_then(|v| {
+        v.ok_or_else(|| {
+            gguf_err(
+                path,
+                format!("metadata `{}` is missing", key("leading_dense_block_count")),
+            )
+        })
+    })? as usize;
+    for l in 0..blocks {
+        if let Some(g) = tensors.get(&format!("model.layers.{l}.self_attn.g_proj.weight")) {
+            let rows = g.shape().first().copied().unwrap_or(0);
+            if i64::from(rows) != heads[l] {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "tensor `blk.{l}.attn_gate.weight` has {rows} rows for {} heads: a                          per-element gate, which mlx-lm's laguna (one gate per head) lacks",
+                        heads[l]
+                    ),
+                ));
+            }
+        }
+    }
+    let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
+    let o = json!({
+        "num_attention_heads": heads.first().copied().unwrap_or(1),
+        "num_attention_heads_per_layer": heads,
+        "head_dim": head_dim,
+        "sliding_window": window,
+        "layer_types": sliding.iter().map(|&s| if s { "sliding_attention" } else { "full_attention" }).collect::<Vec<_>>(),
+        "mlp_layer_types": (0..blocks).map(|l| if l < dense { "dense" } else { "sparse" }).collect::<Vec<_>>(),
+        "rope_parameters": {"full_attention": full, "sliding_attention": swa},
+        "gating": has(".self_attn.g_proj.weight"),
+        "qkv_bias": has(".self_attn.q_proj.bias"),
+        "attention_bias": has(".self_attn.o_proj.bias"),
+        "num_experts": need("expert_count")?,
+        "num_experts_per_tok": need("expert_used_count")?,
+        "moe_intermediate_size": need("expert_feed_forward_length")?,
+        "shared_expert_intermediate_size": need("expert_shared_feed_forward_length")?,
+        "moe_routed_scaling_factor": float("expert_weights_scale").unwrap_or(1.0),
+        "moe_router_score_func": score,
+        "moe_router_logit_softcapping": 0.0,
     });
     if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
         c.extend(o.clone());

@@ -259,6 +259,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("nemotron_h_moe", "nemotron_h"),
         ("step35", "step3p5"),
         ("mimo2", "mimo_v2_flash"),
+        ("laguna", "laguna"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -298,6 +299,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         "nemotron_h_moe",
         "step35",
         "mimo2",
+        "laguna",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -661,6 +661,9 @@ mod gguf {
             ("mimo2", "mimo2.expert_feed_forward_length"),
             // Two groups need it.
             ("mimo2", "mimo2.expert_group_used_count"),
+            ("laguna", "laguna.leading_dense_block_count"),
+            ("laguna", "laguna.expert_shared_feed_forward_length"),
+            ("laguna", "laguna.rope.scaling.factor"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -713,13 +716,24 @@ mod gguf {
             ("step35", "s35gating", "step35.expert_gating_func", u(1)),
             ("step35", "s35rope", "step35.rope.dimension_count", u(4)),
             // Only full layers; a KV count that does not divide the heads; unnormalized weights.
-            ("mimo2", "m2pattern", "mimo2.attention.sliding_window_pattern", {
-                GgufValue::Array(Array::from_slice(&[0i32; 7], &[7]).unwrap())
-            }),
+            (
+                "mimo2",
+                "m2pattern",
+                "mimo2.attention.sliding_window_pattern",
+                { GgufValue::Array(Array::from_slice(&[0i32; 7], &[7]).unwrap()) },
+            ),
             ("mimo2", "m2kv", "mimo2.attention.head_count_kv", {
                 GgufValue::Array(Array::from_slice(&[3u32, 1, 1, 2, 1, 1, 1], &[7]).unwrap())
             }),
             ("mimo2", "m2norm", "mimo2.expert_weights_norm", {
+                GgufValue::Array(Array::scalar(false).unwrap())
+            }),
+            // Another router, YaRN's attention factor, unnormalized weights.
+            ("laguna", "lgating", "laguna.expert_gating_func", u(1)),
+            ("laguna", "lattn", "laguna.rope.scaling.yarn_attn_factor", {
+                GgufValue::Array(Array::scalar(1.2f32).unwrap())
+            }),
+            ("laguna", "lnorm", "laguna.expert_weights_norm", {
                 GgufValue::Array(Array::scalar(false).unwrap())
             }),
             // Puzzle's per-layer top-k: mlx-lm has one `num_experts_per_tok`.
@@ -749,6 +763,21 @@ mod gguf {
             ));
             assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
         }
+        // A per-element gate (Laguna M.1): mlx-lm's laguna gates per head.
+        let e = err(&edited(
+            "laguna",
+            "lelem",
+            |_| {},
+            |t| {
+                let g = t.remove("blk.1.attn_gate.weight").unwrap();
+                let wide = mlx_core::ops::concatenate(&[&g; 8], 0, None).unwrap();
+                t.insert("blk.1.attn_gate.weight".into(), wide);
+            },
+        ));
+        assert!(
+            e.contains("blk.1.attn_gate.weight") && e.contains("per-element"),
+            "{e}"
+        );
         // Groups need `expert_group_used_count`, which the converter does not write.
         let e = err(&edited(
             "nemotron_h_moe",

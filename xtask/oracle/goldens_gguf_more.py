@@ -3391,6 +3391,95 @@ CASES["mimo2"] = Case(
 )
 
 
+# Laguna (`laguna`, poolside Laguna XS.2): LagunaModel (TextModel) writes TextModel's keys
+# (expert count and top-k, the full layers' rope as `rope_parameters.full_attention` gives it:
+# YaRN type, factor, original context and betas, `rope.freq_base`, the sliding layers' base
+# as `rope.freq_base_swa`, the head size as key / value length), then the vocabulary size, the
+# per-layer head counts, the window (no per-layer pattern: llama.cpp places a full layer every
+# 4th, from the first), the expert and shared widths, the routed normalization (always), its
+# scale, sigmoid gating, the dense first blocks and each kind's rope width. The router has no
+# soft cap in llama.cpp. The per-head gate `g_proj` is `attn_gate`, the correction bias
+# `exp_probs_b.bias`, experts stacked.
+LAGUNA = cfg("laguna", num_hidden_layers=4, head_dim=8, num_key_value_heads=2,
+             num_attention_heads_per_layer=[4, 2, 2, 2], sliding_window=6,
+             layer_types=["full_attention"] + ["sliding_attention"] * 3,
+             mlp_layer_types=["dense"] + ["sparse"] * 3, gating=True,
+             rope_parameters={
+                 "full_attention": {"rope_theta": 50000.0, "partial_rotary_factor": 0.5,
+                                    "rope_type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": 64,
+                                    "beta_fast": 32.0, "beta_slow": 1.0},
+                 "sliding_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+             },
+             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+             shared_expert_intermediate_size=24, moe_routed_scaling_factor=2.0,
+             moe_router_score_func="sigmoid", moe_router_logit_softcapping=0.0,
+             tie_word_embeddings=False)
+del LAGUNA["rope_theta"]
+
+
+def laguna_tensors(case, k, v):
+    if k.endswith(".mlp.gate.e_score_correction_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def _rope(c, kind, k):
+    return c["rope_parameters"][kind][k]
+
+
+CASES["laguna"] = Case(
+    "laguna",
+    LAGUNA,
+    "laguna",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        text("rope.scaling.type", "yarn"),
+        f32("rope.scaling.factor", lambda c: _rope(c, "full_attention", "factor")),
+        u32("rope.scaling.original_context_length",
+            lambda c: _rope(c, "full_attention", "original_max_position_embeddings")),
+        f32("rope.scaling.yarn_beta_fast", lambda c: _rope(c, "full_attention", "beta_fast")),
+        f32("rope.scaling.yarn_beta_slow", lambda c: _rope(c, "full_attention", "beta_slow")),
+        f32("rope.freq_base", lambda c: _rope(c, "full_attention", "rope_theta")),
+        f32("rope.freq_base_swa", lambda c: _rope(c, "sliding_attention", "rope_theta")),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.head_count", "num_attention_heads_per_layer"),
+        u32("attention.sliding_window", "sliding_window"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+        flag("expert_weights_norm", True),
+        f32("expert_weights_scale", "moe_routed_scaling_factor"),
+        u32("expert_gating_func", 2),
+        u32("leading_dense_block_count", 1),
+        u32("rope.dimension_count", lambda c: int(
+            c["head_dim"] * _rope(c, "full_attention", "partial_rotary_factor"))),
+        u32("rope.dimension_count_swa", lambda c: int(
+            c["head_dim"] * _rope(c, "sliding_attention", "partial_rotary_factor"))),
+    ] + GPT2,
+    {
+        "self_attn.g_proj": "attn_gate",
+        "mlp.gate.proj": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj": "ffn_up_shexp",
+        "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    },
+    tensors=laguna_tensors,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
