@@ -5395,7 +5395,8 @@ fn mimo2_config(
             return Err(gguf_err(
                 path,
                 format!(
-                    "metadata `{}`: layer {l} has {k} KV heads; mlx-lm's mimo_v2_flash needs one                      divisor of the {heads} heads per kind of layer (full, sliding)",
+                    "metadata `{}`: layer {l} has {k} KV heads; mlx-lm's mimo_v2_flash needs one \
+                    divisor of the {heads} heads per kind of layer (full, sliding)",
                     key("attention.head_count_kv")
                 ),
             ));
@@ -5450,6 +5451,9 @@ fn mimo2_config(
         (0..blocks).any(|l| swa[l] == sliding && has(l, "self_attn.attention_sink_bias"))
     };
     let base = meta_f64(meta, &key("rope.freq_base")).unwrap_or(10000.0);
+    let moe_layers: Vec<i32> = (0..blocks)
+        .map(|l| i32::from(has(l, "mlp.gate.weight")))
+        .collect();
     let o = json!({
         "num_key_value_heads": kv[0].unwrap_or(1.0) as i64,
         "swa_num_key_value_heads": kv[1].unwrap_or(1.0) as i64,
@@ -5464,7 +5468,7 @@ fn mimo2_config(
         "swa_rope_theta": meta_f64(meta, &key("rope.freq_base_swa")).unwrap_or(base),
         "sliding_window_size": need("attention.sliding_window")?,
         "hybrid_layer_pattern": swa.iter().map(|&s| i32::from(s)).collect::<Vec<_>>(),
-        "moe_layer_freq": (0..blocks).map(|l| i32::from(has(l, "mlp.gate.weight"))).collect::<Vec<_>>(),
+        "moe_layer_freq": moe_layers,
         "add_swa_attention_sink_bias": sinks(true),
         "add_full_attention_sink_bias": sinks(false),
         "attention_value_scale": meta_f64(meta, &key("attention.value_scale")),
@@ -5604,13 +5608,16 @@ fn laguna_config(
     let score = match meta_count(meta, path, &key("expert_gating_func"))? {
         None | Some(2) => "sigmoid",
         Some(4) => "sqrtsoftplus",
-        Some(g) => return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {g}: mlx-lm's laguna routes by sigmoid (2) or sqrt-softplus (4)",
-                key("expert_gating_func")
-            ),
-        )),
+        Some(g) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {g}: mlx-lm's laguna routes by sigmoid (2) \
+                or sqrt-softplus (4)",
+                    key("expert_gating_func")
+                ),
+            ))
+        }
     };
     if meta_bool(meta, path, &key("expert_weights_norm"))? == Some(false) {
         return Err(gguf_err(
@@ -5640,28 +5647,42 @@ fn laguna_config(
             )
         })
     })? as usize;
-    for l in 0..blocks {
+    for (l, &h) in heads.iter().enumerate() {
         if let Some(g) = tensors.get(&format!("model.layers.{l}.self_attn.g_proj.weight")) {
             let rows = g.shape().first().copied().unwrap_or(0);
-            if i64::from(rows) != heads[l] {
+            if i64::from(rows) != h {
                 return Err(gguf_err(
                     path,
                     format!(
-                        "tensor `blk.{l}.attn_gate.weight` has {rows} rows for {} heads: a                          per-element gate, which mlx-lm's laguna (one gate per head) lacks",
-                        heads[l]
+                        "tensor `blk.{l}.attn_gate.weight` has {rows} rows for {} heads: a \
+                        per-element gate, which mlx-lm's laguna (one gate per head) lacks",
+                        h
                     ),
                 ));
             }
         }
     }
     let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
+    let layer_types: Vec<&str> = sliding
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    let mlp_types: Vec<&str> = (0..blocks)
+        .map(|l| if l < dense { "dense" } else { "sparse" })
+        .collect();
     let o = json!({
         "num_attention_heads": heads.first().copied().unwrap_or(1),
         "num_attention_heads_per_layer": heads,
         "head_dim": head_dim,
         "sliding_window": window,
-        "layer_types": sliding.iter().map(|&s| if s { "sliding_attention" } else { "full_attention" }).collect::<Vec<_>>(),
-        "mlp_layer_types": (0..blocks).map(|l| if l < dense { "dense" } else { "sparse" }).collect::<Vec<_>>(),
+        "layer_types": layer_types,
+        "mlp_layer_types": mlp_types,
         "rope_parameters": {"full_attention": full, "sliding_attention": swa},
         "gating": has(".self_attn.g_proj.weight"),
         "qkv_bias": has(".self_attn.q_proj.bias"),
@@ -5765,7 +5786,8 @@ fn step35_config(
             return Err(gguf_err(
                 path,
                 format!(
-                    "metadata `{}` / `{}`: layer {l} has {} heads over {} KV heads; mlx-lm's                      step3p5 needs one positive multiple per kind of layer (full, sliding)",
+                    "metadata `{}` / `{}`: layer {l} has {} heads over {} KV heads; mlx-lm's \
+                    step3p5 needs one positive multiple per kind of layer (full, sliding)",
                     key("attention.head_count"),
                     key("attention.head_count_kv"),
                     pair.0,
@@ -5810,7 +5832,8 @@ fn step35_config(
             return Err(gguf_err(
                 path,
                 format!(
-                    "metadata `{}` = {r}: llama.cpp's step35 rotates the whole head ({head_dim})                      on sliding layers and half of it on full ones",
+                    "metadata `{}` = {r}: llama.cpp's step35 rotates the whole head ({head_dim}) \
+                    on sliding layers and half of it on full ones",
                     key("rope.dimension_count")
                 ),
             ));
@@ -5873,7 +5896,8 @@ fn step35_config(
     if moe.is_empty() {
         return Err(gguf_err(
             path,
-            "no expert layer (`ffn_gate_inp`): mlx-lm's step3p5 puts experts on every layer but              the first when it is told none",
+            "no expert layer (`ffn_gate_inp`): mlx-lm's step3p5 puts experts on every layer but \
+            the first when it is told none",
         ));
     }
     config["moe_layers_enum"] = Value::from(moe.join(","));

@@ -225,13 +225,10 @@ impl ModelArgs {
         } else {
             self.topk_group.unwrap_or(1)
         };
-        let shared = match self.n_shared_experts {
-            Some(_) => Some(
-                self.moe_shared_expert_intermediate_size
-                    .unwrap_or(self.intermediate_size),
-            ),
-            None => None,
-        };
+        let shared = self.n_shared_experts.map(|_| {
+            self.moe_shared_expert_intermediate_size
+                .unwrap_or(self.intermediate_size)
+        });
         if let Some(l) = self.moe_latent_size {
             positive("nemotron_h", &[("moe_latent_size", l)])?;
         }
