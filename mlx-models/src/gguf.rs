@@ -1381,6 +1381,41 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Kimi Linear: KDA layers (short convolutions, low-rank forget / output gates, beta, A,
+    // dt bias, gated norm under `ssm_*`) and MLA layers without rope (`k_b` / `v_b` as mlx-lm's
+    // `embed_q` / `unembed_out`), a sigmoid router with a correction bias (`kimi_linear_config`).
+    GgufArch {
+        arch: "kimi-linear",
+        model_type: "kimi_linear",
+        parts: &[
+            ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+            ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+            ("attn_k_b", "self_attn.embed_q"),
+            ("attn_v_b", "self_attn.unembed_out"),
+            ("ssm_conv1d_q", "self_attn.q_conv.conv"),
+            ("ssm_conv1d_k", "self_attn.k_conv.conv"),
+            ("ssm_conv1d_v", "self_attn.v_conv.conv"),
+            ("ssm_f_a", "self_attn.f_a_proj"),
+            ("ssm_f_b", "self_attn.f_b_proj"),
+            ("ssm_beta", "self_attn.b_proj"),
+            ("ssm_g_a", "self_attn.g_a_proj"),
+            ("ssm_g_b", "self_attn.g_b_proj"),
+            ("ssm_norm", "self_attn.o_norm"),
+            // `ssm_dt.bias` -> `self_attn.dt_bias` (see `map_name`).
+            ("ssm_dt", "self_attn.dt"),
+            ("ffn_gate_inp", "mlp.gate"),
+            // `exp_probs_b.bias` -> `mlp.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.e_score_correction"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+        ],
+        per_layer_kv: true,
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1452,6 +1487,7 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
         return Some(mapped);
     }
     if (mapped.ends_with(".e_score_correction")
+        || mapped.ends_with(".self_attn.dt")
         || mapped.ends_with(".mamba.dt")
         || mapped.ends_with(".mixer.dt"))
         && suffix == "bias"
@@ -1923,6 +1959,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 | "falcon-h1"
                 | "jamba"
                 | "plamo2"
+                | "kimi-linear"
         ) {
             let layer_of = |suffix: &str| {
                 name.strip_prefix("blk.")
@@ -1935,6 +1972,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             // Mamba (1) and Jamba keep A as (inner, state).
             let module = |layer: &str| match arch.arch {
                 "granitehybrid" | "falcon-h1" | "jamba" => format!("model.layers.{layer}.mamba"),
+                "kimi-linear" => format!("model.layers.{layer}.self_attn"),
                 "mamba" | "mamba2" | "nemotron_h" | "nemotron_h_moe" | "plamo2" => {
                     format!("{}.{layer}.mixer", arch.layers)
                 }
@@ -1942,7 +1980,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             };
             if let Some(layer) = layer_of(".ssm_a") {
                 let a_log = ops::log(&ops::negative(&a, None)?, None)?;
-                let a_log = if !matches!(arch.arch, "mamba" | "jamba" | "plamo2") {
+                // Kimi Linear keeps (1, 1, heads, 1).
+                let a_log = if !matches!(arch.arch, "mamba" | "jamba" | "plamo2" | "kimi-linear") {
                     a_log.reshape(&[-1])?
                 } else {
                     a_log
@@ -1985,6 +2024,19 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     // Stored squeezed, (channels, kernel): mlx-lm's Conv1d weight is
                     // (channels, kernel, 1).
                     a.expand_dims(&[2])?
+                } else if arch.arch == "kimi-linear" && m.ends_with("_conv.conv.weight") {
+                    // KDA's short convolutions, written (1, channels, 1, kernel) (or without
+                    // the trailing axes): mlx-lm's Conv1d weight is (channels, kernel, 1).
+                    let sh = a.shape();
+                    match sh.as_slice() {
+                        [1, c, 1, k] | [c, 1, k] | [c, k] => a.reshape(&[*c, *k, 1])?,
+                        _ => {
+                            return Err(gguf_err(
+                                path,
+                                format!("tensor {name}: shape {sh:?} is not a short convolution"),
+                            ))
+                        }
+                    }
                 } else if (m.ends_with(".mamba.norm.weight") || m.ends_with(".mixer.norm.weight"))
                     && a.ndim() == 2
                 {
@@ -2757,6 +2809,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "step35" => step35_config(&mut config, &tensors, path, &metadata, &rope_tensors)?,
         "mimo2" => mimo2_config(&mut config, &tensors, path, &metadata, heads)?,
         "laguna" => laguna_config(&mut config, &tensors, path, &metadata)?,
+        "kimi-linear" => kimi_linear_config(&mut config, path, &metadata, heads)?,
         "nemotron_h" | "nemotron_h_moe" => nemotron_h_config(
             &mut config,
             &mut tensors,
@@ -5694,6 +5747,124 @@ fn laguna_config(
         "moe_routed_scaling_factor": float("expert_weights_scale").unwrap_or(1.0),
         "moe_router_score_func": score,
         "moe_router_logit_softcapping": 0.0,
+    });
+    if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
+        c.extend(o.clone());
+    }
+    Ok(())
+}
+
+/// Kimi Linear as KimiLinearModel writes it, for mlx-lm's `kimi_linear`: the KDA layers are
+/// those with `head_count_kv` 0 (`linear_attn_config.kda_layers`, 1-based), KDA's heads the
+/// attention heads and its head size `kda.head_dim`, the short-conv kernel, MLA's sizes
+/// (`kv_lora_rank`, the rope width, `key_length_mla` / `value_length_mla`), the expert keys and
+/// llama.cpp's router (sigmoid or softmax, always renormalized, grouped only where
+/// `expert_group_count` says so, scaled by `expert_weights_scale`). Refused: a Q LoRA rank
+/// (mlx-lm's kimi_linear projects Q directly).
+fn kimi_linear_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    heads: i32,
+) -> Result<()> {
+    let arch = "kimi-linear";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let kv = layer_list(meta, path, &key("attention.head_count_kv"), blocks)?.ok_or_else(|| {
+        gguf_err(
+            path,
+            format!(
+                "metadata `{}` must list the KV heads per layer (0 on KDA layers)",
+                key("attention.head_count_kv")
+            ),
+        )
+    })?;
+    let kda: Vec<usize> = (0..blocks)
+        .filter(|&l| kv[l] == 0.0)
+        .map(|l| l + 1)
+        .collect();
+    let full: Vec<usize> = (0..blocks)
+        .filter(|&l| kv[l] != 0.0)
+        .map(|l| l + 1)
+        .collect();
+    if kda.is_empty() || full.is_empty() {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: mlx-lm's kimi_linear needs both KDA (0) and MLA layers",
+                key("attention.head_count_kv")
+            ),
+        ));
+    }
+    if let Some(r) = meta_count(meta, path, &key("attention.q_lora_rank"))? {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {r}: mlx-lm's kimi_linear projects Q without a LoRA",
+                key("attention.q_lora_rank")
+            ),
+        ));
+    }
+    let rope = need("rope.dimension_count")?;
+    let k_mla = need("attention.key_length_mla")?;
+    if k_mla <= rope {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {k_mla} leaves no room beside the rope width {rope}",
+                key("attention.key_length_mla")
+            ),
+        ));
+    }
+    let router = match meta_count(meta, path, &key("expert_gating_func"))? {
+        None | Some(2) => "sigmoid",
+        Some(1) => "softmax",
+        Some(g) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {g}: mlx-lm's kimi_linear routes by softmax (1) or \
+                     sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ))
+        }
+    };
+    let groups = meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1);
+    let groups_used = if groups > 1 {
+        need("expert_group_used_count")?
+    } else {
+        1
+    };
+    let kda_dim = need("kda.head_dim")?;
+    let o = json!({
+        "num_key_value_heads": heads,
+        "head_dim": kda_dim,
+        "linear_attn_config": {
+            "num_heads": heads,
+            "head_dim": kda_dim,
+            "kda_layers": kda,
+            "full_attn_layers": full,
+            "short_conv_kernel_size": need("ssm.conv_kernel")?,
+        },
+        "model_max_length": need("context_length")?,
+        "kv_lora_rank": need("attention.kv_lora_rank")?,
+        "qk_rope_head_dim": rope,
+        "qk_nope_head_dim": k_mla - rope,
+        "v_head_dim": need("attention.value_length_mla")?,
+        "num_experts": need("expert_count")?,
+        "num_experts_per_token": need("expert_used_count")?,
+        "moe_intermediate_size": need("expert_feed_forward_length")?,
+        "num_shared_experts": need("expert_shared_count")?,
+        "first_k_dense_replace":
+            meta_count(meta, path, &key("leading_dense_block_count"))?.unwrap_or(0),
+        "routed_scaling_factor": meta_f64(meta, &key("expert_weights_scale")).unwrap_or(1.0),
+        "moe_router_activation_func": router,
+        "moe_renormalize": true,
+        "moe_layer_freq": 1,
+        "num_expert_group": groups,
+        "topk_group": groups_used,
     });
     if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
         c.extend(o.clone());

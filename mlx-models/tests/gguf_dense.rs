@@ -260,6 +260,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("step35", "step3p5"),
         ("mimo2", "mimo_v2_flash"),
         ("laguna", "laguna"),
+        ("kimi_linear", "kimi_linear"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -300,6 +301,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         "step35",
         "mimo2",
         "laguna",
+        "kimi-linear",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

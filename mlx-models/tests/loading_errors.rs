@@ -664,6 +664,9 @@ mod gguf {
             ("laguna", "laguna.leading_dense_block_count"),
             ("laguna", "laguna.expert_shared_feed_forward_length"),
             ("laguna", "laguna.rope.scaling.factor"),
+            ("kimi_linear", "kimi-linear.kda.head_dim"),
+            ("kimi_linear", "kimi-linear.attention.key_length_mla"),
+            ("kimi_linear", "kimi-linear.expert_shared_count"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -735,6 +738,11 @@ mod gguf {
             }),
             ("laguna", "lnorm", "laguna.expert_weights_norm", {
                 GgufValue::Array(Array::scalar(false).unwrap())
+            }),
+            // Q through a LoRA; only MLA layers.
+            ("kimi_linear", "kqlora", "kimi-linear.attention.q_lora_rank", u(8)),
+            ("kimi_linear", "kkv", "kimi-linear.attention.head_count_kv", {
+                GgufValue::Array(Array::from_slice(&[1u32, 1, 1], &[3]).unwrap())
             }),
             // Puzzle's per-layer top-k: mlx-lm has one `num_experts_per_tok`.
             (

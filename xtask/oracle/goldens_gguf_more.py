@@ -3480,6 +3480,128 @@ CASES["laguna"] = Case(
 )
 
 
+# Kimi Linear (`kimi-linear`, mlx-lm's `kimi_linear`): KimiLinearModel (TextModel) writes
+# TextModel's keys with the KV head count forced to 1 (the context from `model_max_length`,
+# the experts, top-k, `topk_group`, sigmoid gating, the head size), then the vocabulary size,
+# the per-layer KV heads (1 on MLA layers, 0 on KDA ones), the short-conv kernel, the KDA head
+# size, the KV LoRA rank, the rope width (`qk_rope_head_dim`; MLA has no rope here), the key
+# length (rank + rope) and MLA's key / value head sizes, the experts' width, the shared-expert
+# count, the dense first blocks and the routed scale. KDA layers: A as -exp(A_log) (shape
+# kept), `dt_bias` as `ssm_dt.bias`, the q / k / v convolutions as (1, channels, 1, kernel),
+# f / g / beta projections and `o_norm` under `ssm_*`; MLA's `kv_b_proj` split into `attn_k_b`
+# (transposed) and `attn_v_b`, which are mlx-lm's `embed_q` / `unembed_out`. llama.cpp's router
+# is not grouped (the converter writes no group count) and always renormalizes. The golden is
+# mlx-lm on the weights read back.
+KIMI_LINEAR = cfg("kimi_linear", num_hidden_layers=3, num_key_value_heads=4, head_dim=8,
+                  model_max_length=256, num_experts=4, moe_intermediate_size=16,
+                  kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                  mla_use_nope=True, num_experts_per_token=2, num_shared_experts=1,
+                  first_k_dense_replace=1, num_expert_group=1, topk_group=1,
+                  routed_scaling_factor=2.5, moe_router_activation_func="sigmoid",
+                  moe_renormalize=True, tie_word_embeddings=False,
+                  linear_attn_config={"num_heads": 4, "head_dim": 8, "kda_layers": [1, 3],
+                                      "full_attn_layers": [2], "short_conv_kernel_size": 4})
+
+KIMI_KDA = {
+    "self_attn.q_conv.conv.weight": "ssm_conv1d_q.weight",
+    "self_attn.k_conv.conv.weight": "ssm_conv1d_k.weight",
+    "self_attn.v_conv.conv.weight": "ssm_conv1d_v.weight",
+}
+
+
+def kimi_tensors(case, k, v):
+    layer = layer_of(k)
+    rest = k.split(".", 3)[3] if layer is not None else None
+    if rest in KIMI_KDA:
+        # mlx-lm's (C, K, 1) is the checkpoint's (C, 1, K) moved; the converter writes it as
+        # (1, C, 1, K).
+        c, kk, _ = v.shape
+        return [(f"blk.{layer}.{KIMI_KDA[rest]}", v.reshape(1, c, 1, kk))]
+    if rest == "self_attn.A_log":
+        return [(f"blk.{layer}.ssm_a", -mx.exp(v))]
+    if rest == "self_attn.dt_bias":
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if rest == "mlp.e_score_correction_bias":
+        return [(f"blk.{layer}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def kimi_back(case, p, rest, v, loaded):
+    for mk, g in KIMI_KDA.items():
+        if rest == g:
+            return f"{p}.{mk}", v.reshape(v.shape[1], v.shape[3], 1)
+    if rest == "ssm_a":
+        return f"{p}.self_attn.A_log", mx.log(-v)
+    if rest == "ssm_dt.bias":
+        return f"{p}.self_attn.dt_bias", v
+    if rest == "exp_probs_b.bias":
+        return f"{p}.mlp.e_score_correction_bias", v
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+def _kimi_mla(c, i):
+    return (i + 1) in c["linear_attn_config"]["full_attn_layers"]
+
+
+CASES["kimi_linear"] = Case(
+    "kimi_linear",
+    KIMI_LINEAR,
+    "kimi-linear",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "model_max_length"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", 1),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_token"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.head_count_kv", lambda c: [
+            1 if _kimi_mla(c, i) else 0 for i in range(c["num_hidden_layers"])]),
+        u32("ssm.conv_kernel", lambda c: c["linear_attn_config"]["short_conv_kernel_size"]),
+        u32("kda.head_dim", lambda c: c["linear_attn_config"]["head_dim"]),
+        u32("attention.kv_lora_rank", "kv_lora_rank"),
+        u32("rope.dimension_count", "qk_rope_head_dim"),
+        u32("attention.key_length", lambda c: c["kv_lora_rank"] + c["qk_rope_head_dim"]),
+        u32("attention.key_length_mla", lambda c: c["qk_nope_head_dim"] + c["qk_rope_head_dim"]),
+        u32("attention.value_length_mla", "v_head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_count", "num_shared_experts"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+    ] + GPT2,
+    {
+        "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+        "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+        "self_attn.embed_q": "attn_k_b",
+        "self_attn.unembed_out": "attn_v_b",
+        "self_attn.f_a_proj": "ssm_f_a",
+        "self_attn.f_b_proj": "ssm_f_b",
+        "self_attn.b_proj": "ssm_beta",
+        "self_attn.g_a_proj": "ssm_g_a",
+        "self_attn.g_b_proj": "ssm_g_b",
+        "self_attn.o_norm": "ssm_norm",
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj": "ffn_up_shexp",
+        "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=kimi_tensors,
+    read_back=kimi_back,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
