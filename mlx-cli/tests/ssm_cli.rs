@@ -58,7 +58,13 @@ fn check_cases(test: &str, names: &[&str]) {
 
 const MAMBA: &[&str] = &["mamba", "mamba_q4", "falcon_mamba_bf16"];
 const MAMBA2: &[&str] = &["mamba2", "mamba2_q4", "mamba2_bf16"];
-const NEMOTRON_H: &[&str] = &["nemotron_h", "nemotron_h_q4", "nemotron_h_bf16"];
+const NEMOTRON_H: &[&str] = &[
+    "nemotron_h",
+    "nemotron_h_q4",
+    "nemotron_h_bf16",
+    "nemotron_h_moe",
+    "nemotron_h_moe_q4",
+];
 const JAMBA: &[&str] = &["jamba", "jamba_q4", "jamba_bf16"];
 const BAICHUAN_M1: &[&str] = &["baichuan_m1", "baichuan_m1_q4", "baichuan_m1_bf16"];
 const OLMO_HYBRID: &[&str] = &["olmo_hybrid", "olmo_hybrid_q4", "olmo_hybrid_bf16"];

@@ -203,6 +203,23 @@ const GEMMA2_PARTS: &[(&str, &str)] = &[
     ("attn_k_norm", "self_attn.k_norm"),
 ];
 
+/// Nemotron-H's per-layer names (`backbone.layers.N.mixer`), dense and MoE.
+const NEMOTRON_H_PARTS: &[(&str, &str)] = &[
+    ("attn_norm", "norm"),
+    ("ssm_in", "mixer.in_proj"),
+    ("ssm_conv1d", "mixer.conv1d"),
+    // `ssm_dt.bias` -> `mixer.dt_bias` (see `map_name`).
+    ("ssm_dt", "mixer.dt"),
+    ("ssm_norm", "mixer.norm"),
+    ("ssm_out", "mixer.out_proj"),
+    ("attn_q", "mixer.q_proj"),
+    ("attn_k", "mixer.k_proj"),
+    ("attn_v", "mixer.v_proj"),
+    ("attn_output", "mixer.o_proj"),
+    ("ffn_up", "mixer.up_proj"),
+    ("ffn_down", "mixer.down_proj"),
+];
+
 const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "llama",
@@ -1252,21 +1269,7 @@ const ARCHS: &[GgufArch] = &[
         arch: "nemotron_h",
         model_type: "nemotron_h",
         permute_qk: true,
-        parts: &[
-            ("attn_norm", "norm"),
-            ("ssm_in", "mixer.in_proj"),
-            ("ssm_conv1d", "mixer.conv1d"),
-            // `ssm_dt.bias` -> `mixer.dt_bias` (see `map_name`).
-            ("ssm_dt", "mixer.dt"),
-            ("ssm_norm", "mixer.norm"),
-            ("ssm_out", "mixer.out_proj"),
-            ("attn_q", "mixer.q_proj"),
-            ("attn_k", "mixer.k_proj"),
-            ("attn_v", "mixer.v_proj"),
-            ("attn_output", "mixer.o_proj"),
-            ("ffn_up", "mixer.up_proj"),
-            ("ffn_down", "mixer.down_proj"),
-        ],
+        parts: NEMOTRON_H_PARTS,
         layers: "backbone.layers",
         top: &[
             ("token_embd", "backbone.embeddings"),
@@ -1486,11 +1489,134 @@ const ARCHS: &[GgufArch] = &[
         base_parts: DEEPSEEK2_PARTS,
         ..PLAIN
     },
+    // Nemotron-H with mixture-of-experts layers (Nemotron 3 Nano / Super): the dense map's
+    // names, the router, its correction bias, the stacked squared-ReLU experts, the latent
+    // projections and the shared experts (`nemotron_h_config`).
+    GgufArch {
+        arch: "nemotron_h_moe",
+        model_type: "nemotron_h",
+        permute_qk: true,
+        parts: &[
+            ("ffn_gate_inp", "mixer.gate"),
+            // `exp_probs_b.bias` -> `mixer.gate.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mixer.gate.e_score_correction"),
+            ("ffn_up_exps", "mixer.switch_mlp.fc1"),
+            ("ffn_down_exps", "mixer.switch_mlp.fc2"),
+            ("ffn_latent_down", "mixer.fc1_latent_proj"),
+            ("ffn_latent_up", "mixer.fc2_latent_proj"),
+            ("ffn_up_shexp", "mixer.shared_experts.up_proj"),
+            ("ffn_down_shexp", "mixer.shared_experts.down_proj"),
+        ],
+        base_parts: NEMOTRON_H_PARTS,
+        layers: "backbone.layers",
+        top: &[
+            ("token_embd", "backbone.embeddings"),
+            ("output_norm", "backbone.norm_f"),
+        ],
+        per_layer_kv: true,
+        ..PLAIN
+    }, // Step 3.5 (mlx-lm's `step3p5`): head-wise attention gate, router bias, stacked experts, an
+    // un-gated shared expert; norms as stored (the converter's + 1 is mlx-lm's sanitize's).
+    GgufArch {
+        arch: "step35",
+        model_type: "step3p5",
+        parts: &[
+            ("attn_gate", "self_attn.g_proj"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("ffn_gate_inp", "mlp.gate.gate"),
+            // `exp_probs_b.bias` -> the bare `mlp.gate.router_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.router_bias"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "mlp.share_expert.gate_proj"),
+            ("ffn_up_shexp", "mlp.share_expert.up_proj"),
+            ("ffn_down_shexp", "mlp.share_expert.down_proj"),
+        ],
+        // `rope_freqs` is refused by name (`step35_config`).
+        rope_tensors: true,
+        ..PLAIN
+    },
+    // MiMo V2 Flash (mlx-lm's `mimo_v2_flash`): attention sinks, the DeepSeek V3 router,
+    // stacked experts (`mimo2_config`).
+    GgufArch {
+        arch: "mimo2",
+        model_type: "mimo_v2_flash",
+        parts: &[
+            // `.weight` -> the bare `attention_sink_bias` (see `map_name`).
+            ("attn_sinks", "self_attn.attention_sink_bias"),
+            ("ffn_gate_inp", "mlp.gate"),
+            // `exp_probs_b.bias` -> `mlp.gate.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+        ],
+        ..PLAIN
+    },
+    // Laguna (poolside): per-head softplus gate, sigmoid router with a correction bias,
+    // stacked experts, one shared expert (`laguna_config`).
+    GgufArch {
+        arch: "laguna",
+        model_type: "laguna",
+        parts: &[
+            ("attn_gate", "self_attn.g_proj"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("ffn_gate_inp", "mlp.gate.proj"),
+            // `exp_probs_b.bias` -> `mlp.gate.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+        ],
+        ..PLAIN
+    },
+    // Kimi Linear: KDA layers (short convolutions, low-rank forget / output gates, beta, A,
+    // dt bias, gated norm under `ssm_*`) and MLA layers without rope (`k_b` / `v_b` as mlx-lm's
+    // `embed_q` / `unembed_out`), a sigmoid router with a correction bias (`kimi_linear_config`).
+    GgufArch {
+        arch: "kimi-linear",
+        model_type: "kimi_linear",
+        parts: &[
+            ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+            ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+            ("attn_k_b", "self_attn.embed_q"),
+            ("attn_v_b", "self_attn.unembed_out"),
+            ("ssm_conv1d_q", "self_attn.q_conv.conv"),
+            ("ssm_conv1d_k", "self_attn.k_conv.conv"),
+            ("ssm_conv1d_v", "self_attn.v_conv.conv"),
+            ("ssm_f_a", "self_attn.f_a_proj"),
+            ("ssm_f_b", "self_attn.f_b_proj"),
+            ("ssm_beta", "self_attn.b_proj"),
+            ("ssm_g_a", "self_attn.g_a_proj"),
+            ("ssm_g_b", "self_attn.g_b_proj"),
+            ("ssm_norm", "self_attn.o_norm"),
+            // `ssm_dt.bias` -> `self_attn.dt_bias` (see `map_name`).
+            ("ssm_dt", "self_attn.dt"),
+            ("ffn_gate_inp", "mlp.gate"),
+            // `exp_probs_b.bias` -> `mlp.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.e_score_correction"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+        ],
+        per_layer_kv: true,
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
 const BARE_PARAMS: &[&str] = &[
     ".self_attn.sinks",
+    ".self_attn.attention_sink_bias",
     ".layer_scalar",
     ".altup.correct_output_scale",
     ".attn.k_k",
@@ -1549,6 +1675,7 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
     if (BARE_PARAMS.iter().any(|b| mapped.ends_with(b)) && suffix == "weight")
         || ((mapped.ends_with(".feed_forward.expert_bias")
             || mapped.ends_with(".mlp.gate.expert_bias")
+            || mapped.ends_with(".mlp.gate.router_bias")
             || mapped.ends_with(".mlp.expert_bias"))
             && suffix == "bias")
     {
@@ -1557,6 +1684,7 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
         return Some(mapped);
     }
     if (mapped.ends_with(".e_score_correction")
+        || mapped.ends_with(".self_attn.dt")
         || mapped.ends_with(".mamba.dt")
         || mapped.ends_with(".mixer.dt"))
         && suffix == "bias"
@@ -1874,6 +2002,13 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         // Mamba writes a head count of 0 (unused).
         1
     } else if let (true, Some(GgufValue::Array(a))) = (
+        matches!(arch.arch, "step35" | "laguna"),
+        metadata.get(&key("attention.head_count")),
+    ) {
+        // Step 3.5 writes one per layer, the sliding layers' their own (`step35_config`):
+        // layer 0's here.
+        first_count(a, path, &key("attention.head_count"))?
+    } else if let (true, Some(GgufValue::Array(a))) = (
         arch.per_layer_kv,
         metadata.get(&key("attention.head_count")),
     ) {
@@ -1929,7 +2064,12 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         None => match &openelm_heads {
             Some((_, kv)) => kv[0],
-            None => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+            None => match metadata.get(&key("attention.head_count_kv")) {
+                Some(GgufValue::Array(a)) if matches!(arch.arch, "step35" | "mimo2") => {
+                    first_count(a, path, &key("attention.head_count_kv"))?
+                }
+                _ => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+            },
         },
     };
     let hidden = count("embedding_length")?;
@@ -1984,8 +2124,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     // (`gemma4_config` checks the list); the first is the base width.
     let ffn_per_layer = match metadata.get(&key("feed_forward_length")) {
         Some(GgufValue::Array(a))
-            if matches!(arch.arch, "gemma4" | "gemma3n" | "nemotron_h" | "openelm")
-                && a.ndim() == 1
+            if matches!(
+                arch.arch,
+                "gemma4" | "gemma3n" | "nemotron_h" | "nemotron_h_moe" | "openelm"
+            ) && a.ndim() == 1
                 && a.size() > 1 =>
         {
             Some(
@@ -1998,7 +2140,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     };
     let ffn = match &ffn_per_layer {
         // Nemotron-H: 0 on its Mamba-2 and attention layers (`nemotron_h_config` reads the list).
-        Some(_) if arch.arch == "nemotron_h" => 0,
+        Some(_) if matches!(arch.arch, "nemotron_h" | "nemotron_h_moe") => 0,
         Some(per) => i32::try_from(per[0])
             .ok()
             .filter(|&n| n > 0)
@@ -2056,9 +2198,11 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 | "mamba"
                 | "mamba2"
                 | "nemotron_h"
+                | "nemotron_h_moe"
                 | "falcon-h1"
                 | "jamba"
                 | "plamo2"
+                | "kimi-linear"
         ) {
             let layer_of = |suffix: &str| {
                 name.strip_prefix("blk.")
@@ -2071,14 +2215,16 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             // Mamba (1) and Jamba keep A as (inner, state).
             let module = |layer: &str| match arch.arch {
                 "granitehybrid" | "falcon-h1" | "jamba" => format!("model.layers.{layer}.mamba"),
-                "mamba" | "mamba2" | "nemotron_h" | "plamo2" => {
+                "kimi-linear" => format!("model.layers.{layer}.self_attn"),
+                "mamba" | "mamba2" | "nemotron_h" | "nemotron_h_moe" | "plamo2" => {
                     format!("{}.{layer}.mixer", arch.layers)
                 }
                 _ => format!("model.layers.{layer}.linear_attn"),
             };
             if let Some(layer) = layer_of(".ssm_a") {
                 let a_log = ops::log(&ops::negative(&a, None)?, None)?;
-                let a_log = if !matches!(arch.arch, "mamba" | "jamba" | "plamo2") {
+                // Kimi Linear keeps (1, 1, heads, 1).
+                let a_log = if !matches!(arch.arch, "mamba" | "jamba" | "plamo2" | "kimi-linear") {
                     a_log.reshape(&[-1])?
                 } else {
                     a_log
@@ -2093,6 +2239,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                         | "mamba"
                         | "mamba2"
                         | "nemotron_h"
+                        | "nemotron_h_moe"
                         | "falcon-h1"
                         | "jamba"
                         | "plamo2"
@@ -2120,6 +2267,19 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     // Stored squeezed, (channels, kernel): mlx-lm's Conv1d weight is
                     // (channels, kernel, 1).
                     a.expand_dims(&[2])?
+                } else if arch.arch == "kimi-linear" && m.ends_with("_conv.conv.weight") {
+                    // KDA's short convolutions, written (1, channels, 1, kernel) (or without
+                    // the trailing axes): mlx-lm's Conv1d weight is (channels, kernel, 1).
+                    let sh = a.shape();
+                    match sh.as_slice() {
+                        [1, c, 1, k] | [c, 1, k] | [c, k] => a.reshape(&[*c, *k, 1])?,
+                        _ => {
+                            return Err(gguf_err(
+                                path,
+                                format!("tensor {name}: shape {sh:?} is not a short convolution"),
+                            ))
+                        }
+                    }
                 } else if (m.ends_with(".mamba.norm.weight") || m.ends_with(".mixer.norm.weight"))
                     && a.ndim() == 2
                 {
@@ -2175,8 +2335,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
         "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
         "dbrx" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "mimo2" => (float(RMS_EPS, true)?, "layernorm_epsilon"),
         // llama.cpp reads the RMS key, else the LayerNorm one (what the converter writes).
-        "nemotron_h" => (
+        "nemotron_h" | "nemotron_h_moe" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
                 None => float(LN_EPS, true)?,
@@ -2967,11 +3128,16 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             &metadata,
             kv_per_layer.as_deref(),
         )?,
-        "nemotron_h" => nemotron_h_config(
+        "step35" => step35_config(&mut config, &tensors, path, &metadata, &rope_tensors)?,
+        "mimo2" => mimo2_config(&mut config, &tensors, path, &metadata, heads)?,
+        "laguna" => laguna_config(&mut config, &tensors, path, &metadata)?,
+        "kimi-linear" => kimi_linear_config(&mut config, path, &metadata, heads)?,
+        "nemotron_h" | "nemotron_h_moe" => nemotron_h_config(
             &mut config,
             &mut tensors,
             path,
             &metadata,
+            arch.arch,
             kv_per_layer.as_deref(),
             ffn_per_layer.as_deref(),
         )?,
@@ -6162,23 +6328,31 @@ fn bailing_config(
 /// from the per-layer lists (`head_count_kv` > 0: attention `*`, `feed_forward_length` > 0:
 /// MLP `-`, both 0: Mamba-2 `M`), the Mamba-2 sizes as `granitehybrid` writes them, biases from
 /// the tensors. mlx-lm's model always has its own head: a file without `output.weight` gets
-/// the embedding's (llama.cpp's duplicate). Mixture-of-experts layers (`nemotron_h_moe`) are
-/// not mapped: this port has no `E` blocks.
+/// the embedding's (llama.cpp's duplicate). `nemotron_h_moe` (`arch`): the MLP layers are
+/// mixture-of-experts blocks `E` ([`nemotron_h_moe_config`]); the per-layer lists may also
+/// cover the multi-token-prediction block the converter appends (not read).
 fn nemotron_h_config(
     config: &mut Value,
     tensors: &mut BTreeMap<String, Array>,
     path: &Path,
     meta: &GgufMetadata,
+    arch: &str,
     kv: Option<&[i64]>,
     ffn: Option<&[i64]>,
 ) -> Result<()> {
-    let arch = "nemotron_h";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
+    let moe = arch == "nemotron_h_moe";
     let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let nextn = meta_count(meta, path, &key("nextn_predict_layers"))?.unwrap_or(0) as usize;
     let list = |k: &str, per: Option<&[i64]>| -> Result<Vec<i64>> {
         match per {
-            Some(p) if p.len() == blocks && p.iter().all(|&n| n >= 0) => Ok(p.to_vec()),
+            Some(p)
+                if (p.len() == blocks || p.len() == blocks + nextn)
+                    && p.iter().all(|&n| n >= 0) =>
+            {
+                Ok(p[..blocks].to_vec())
+            }
             _ => Err(gguf_err(
                 path,
                 format!(
@@ -6201,7 +6375,11 @@ fn nemotron_h_config(
             (_, 0) => '*',
             (0, f) if width.is_none_or(|w| w == f) => {
                 width = Some(f);
-                '-'
+                if moe {
+                    'E'
+                } else {
+                    '-'
+                }
             }
             _ => {
                 return Err(gguf_err(
@@ -6238,6 +6416,9 @@ fn nemotron_h_config(
     }
     config["hybrid_override_pattern"] = Value::from(pattern);
     config["intermediate_size"] = Value::from(width.unwrap_or(0).max(1));
+    if moe {
+        nemotron_h_moe_config(config, tensors, path, meta, width)?;
+    }
     config["mamba_num_heads"] = Value::from(heads);
     config["mamba_head_dim"] = Value::from(inner / heads);
     config["ssm_state_size"] = Value::from(need("ssm.state_size")?);
@@ -6256,6 +6437,792 @@ fn nemotron_h_config(
                 tensors.insert(format!("lm_head.{suffix}"), e);
             }
         }
+    }
+    Ok(())
+}
+
+/// `nemotron_h_moe`'s expert keys as NemotronHModel writes them: `expert_count`,
+/// `expert_used_count`, `expert_feed_forward_length` (the per-layer `feed_forward_length` of
+/// the `E` layers, `width`), `expert_weights_scale`, `expert_weights_norm` (false when absent,
+/// as llama.cpp reads it), `expert_group_count` (1 when absent) and, for more than one group,
+/// `expert_group_used_count` (which the converter does not write: llama.cpp refuses such a file
+/// too); the shared experts and the latent projections from their tensors and keys. The router
+/// is sigmoid with the correction bias in both.
+fn nemotron_h_moe_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    width: Option<i64>,
+) -> Result<()> {
+    let arch = "nemotron_h_moe";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let experts = need("expert_count")?;
+    let used = need("expert_used_count")?;
+    let inner = need("expert_feed_forward_length")?;
+    if width.is_some_and(|w| w != i64::from(inner)) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {inner} differs from the expert layers' `{}` {width:?}",
+                key("expert_feed_forward_length"),
+                key("feed_forward_length")
+            ),
+        ));
+    }
+    let scale = meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("expert_weights_scale")),
+        )
+    })?;
+    let groups = meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1);
+    let groups_used = if groups > 1 {
+        Some(need("expert_group_used_count")?)
+    } else {
+        None
+    };
+    let rows = |t: &str| {
+        tensors
+            .iter()
+            .find(|(k, _)| k.ends_with(t))
+            .and_then(|(_, a)| a.shape().first().copied())
+    };
+    let shared_rows = rows(".mixer.shared_experts.up_proj.weight");
+    let shared_count = meta_count(meta, path, &key("expert_shared_count"))?;
+    match (shared_rows, shared_count) {
+        (Some(h), _) => {
+            if let Some(k) = meta_count(meta, path, &key("expert_shared_feed_forward_length"))? {
+                if k != h {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` = {k} differs from `ffn_up_shexp`'s {h} rows",
+                            key("expert_shared_feed_forward_length")
+                        ),
+                    ));
+                }
+            }
+            config["n_shared_experts"] = Value::from(shared_count.unwrap_or(1));
+            config["moe_shared_expert_intermediate_size"] = Value::from(h);
+        }
+        (None, Some(n)) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {n} but the file has no shared experts (`ffn_up_shexp`)",
+                    key("expert_shared_count")
+                ),
+            ))
+        }
+        (None, None) => {}
+    }
+    let latent = meta_count(meta, path, &key("moe_latent_size"))?;
+    if latent.is_none() && rows(".mixer.fc1_latent_proj.weight").is_some() {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is missing but the file has latent projections (`ffn_latent_down`)",
+                key("moe_latent_size")
+            ),
+        ));
+    }
+    config["n_routed_experts"] = Value::from(experts);
+    config["num_experts_per_tok"] = Value::from(used);
+    config["moe_intermediate_size"] = Value::from(inner);
+    config["routed_scaling_factor"] = Value::from(scale);
+    config["norm_topk_prob"] =
+        Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
+    config["n_group"] = Value::from(groups);
+    config["topk_group"] = groups_used.map_or(Value::Null, Value::from);
+    config["moe_latent_size"] = latent.map_or(Value::Null, Value::from);
+    Ok(())
+}
+
+/// MiMo V2 Flash as MimoV2Model writes it, for mlx-lm's `mimo_v2_flash`: the per-layer pattern
+/// (`attention.sliding_window_pattern`, 1 = sliding) as `hybrid_layer_pattern`, the per-layer KV
+/// heads (one count per kind of layer), the head count and sizes (`key_length`,
+/// `value_length`), which the converter requires the sliding layers to share, the rope width
+/// as `partial_rotary_factor`, the rope bases, the window, the value scale, the MoE layers and
+/// each kind's sinks from the tensors, and the router llama.cpp runs: sigmoid with the
+/// correction bias, the groups, weights always normalized, scaled only by
+/// `expert_weights_scale` (unscaled when absent). The lists' MTP entries are skipped.
+fn mimo2_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    heads: i32,
+) -> Result<()> {
+    let arch = "mimo2";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let list = |k: &str| -> Result<Vec<f64>> {
+        layer_list(meta, path, &key(k), blocks)?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let swa: Vec<bool> = list("attention.sliding_window_pattern")?
+        .iter()
+        .map(|&v| v != 0.0)
+        .collect();
+    if !swa.contains(&true) || !swa.contains(&false) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: mlx-lm's mimo_v2_flash needs both sliding and full layers",
+                key("attention.sliding_window_pattern")
+            ),
+        ));
+    }
+    let kvs = list("attention.head_count_kv")?;
+    let mut kv: [Option<f64>; 2] = [None, None];
+    for (l, (&k, &s)) in kvs.iter().zip(&swa).enumerate() {
+        let slot = &mut kv[usize::from(s)];
+        if k < 1.0 || f64::from(heads) % k != 0.0 || slot.is_some_and(|v| v != k) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}`: layer {l} has {k} KV heads; mlx-lm's mimo_v2_flash needs one \
+                    divisor of the {heads} heads per kind of layer (full, sliding)",
+                    key("attention.head_count_kv")
+                ),
+            ));
+        }
+        *slot = Some(k);
+    }
+    let head_dim = need("attention.key_length")?;
+    let v_head_dim = need("attention.value_length")?;
+    let rope = need("rope.dimension_count")?;
+    if rope > head_dim {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {rope} exceeds the head size {head_dim}",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    // mlx-lm rotates int(partial_rotary_factor * head_dim) dimensions.
+    let mut factor = f64::from(rope) / f64::from(head_dim);
+    if (factor * f64::from(head_dim)) as i32 != rope {
+        factor = (f64::from(rope) + 0.5) / f64::from(head_dim);
+    }
+    if let Some(g) = meta_count(meta, path, &key("expert_gating_func"))? {
+        if g != 2 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {g}: llama.cpp's mimo2 routes by sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ));
+        }
+    }
+    if meta_bool(meta, path, &key("expert_weights_norm"))? == Some(false) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is false: llama.cpp's mimo2 always normalizes the routed weights",
+                key("expert_weights_norm")
+            ),
+        ));
+    }
+    let groups = meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1);
+    let groups_used = if groups > 1 {
+        need("expert_group_used_count")?
+    } else {
+        meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1)
+    };
+    let has = |l: usize, t: &str| tensors.contains_key(&format!("model.layers.{l}.{t}"));
+    let sinks = |sliding: bool| {
+        (0..blocks).any(|l| swa[l] == sliding && has(l, "self_attn.attention_sink_bias"))
+    };
+    let base = meta_f64(meta, &key("rope.freq_base")).unwrap_or(10000.0);
+    let moe_layers: Vec<i32> = (0..blocks)
+        .map(|l| i32::from(has(l, "mlp.gate.weight")))
+        .collect();
+    let o = json!({
+        "num_key_value_heads": kv[0].unwrap_or(1.0) as i64,
+        "swa_num_key_value_heads": kv[1].unwrap_or(1.0) as i64,
+        "num_attention_heads": heads,
+        "swa_num_attention_heads": heads,
+        "head_dim": head_dim,
+        "swa_head_dim": head_dim,
+        "v_head_dim": v_head_dim,
+        "swa_v_head_dim": v_head_dim,
+        "partial_rotary_factor": factor,
+        "rope_theta": base,
+        "swa_rope_theta": meta_f64(meta, &key("rope.freq_base_swa")).unwrap_or(base),
+        "sliding_window_size": need("attention.sliding_window")?,
+        "hybrid_layer_pattern": swa.iter().map(|&s| i32::from(s)).collect::<Vec<_>>(),
+        "moe_layer_freq": moe_layers,
+        "add_swa_attention_sink_bias": sinks(true),
+        "add_full_attention_sink_bias": sinks(false),
+        "attention_value_scale": meta_f64(meta, &key("attention.value_scale")),
+        "n_routed_experts": need("expert_count")?,
+        "num_experts_per_tok": need("expert_used_count")?,
+        "moe_intermediate_size": need("expert_feed_forward_length")?,
+        "n_shared_experts": null,
+        "routed_scaling_factor": meta_f64(meta, &key("expert_weights_scale")),
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": true,
+        "n_group": groups,
+        "topk_group": groups_used,
+    });
+    if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
+        c.extend(o.clone());
+    }
+    Ok(())
+}
+
+/// Laguna as LagunaModel writes it, for mlx-lm's `laguna`: the per-layer head counts, the
+/// layer kinds (`attention.sliding_window_pattern`, else llama.cpp's full layer every 4th from
+/// the first; all full without a window), `rope_parameters` per kind (the full layers' base,
+/// rope width and YaRN from `rope.scaling.*`; the sliding layers' `freq_base_swa` and
+/// `dimension_count_swa`, plain), the dense first blocks as `mlp_layer_types`, the expert keys
+/// and the router llama.cpp runs (sigmoid or sqrt-softplus, no soft cap, weights always
+/// normalized, scaled by `expert_weights_scale`), the per-head gate and biases from the
+/// tensors. Refused: a per-element gate (mlx-lm's laguna gates per head), YaRN's attention /
+/// extrapolation factors (mlx-lm's YaRN has neither), other rope scaling, another gating,
+/// a shared-expert count other than 1.
+fn laguna_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+) -> Result<()> {
+    let arch = "laguna";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let float = |k: &str| meta_f64(meta, &key(k));
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let heads: Vec<i64> = match float("attention.head_count") {
+        Some(_) => vec![i64::from(need("attention.head_count")?); blocks],
+        None => layer_list(meta, path, &key("attention.head_count"), blocks)?
+            .ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("attention.head_count")),
+                )
+            })?
+            .into_iter()
+            .map(|h| h as i64)
+            .collect(),
+    };
+    let head_dim = need("attention.key_length")?;
+    let window = meta_count(meta, path, &key("attention.sliding_window"))?;
+    let sliding: Vec<bool> = match (
+        window,
+        layer_list(meta, path, &key("attention.sliding_window_pattern"), blocks)?,
+    ) {
+        (None, _) => vec![false; blocks],
+        (Some(_), Some(p)) => p.iter().map(|&v| v != 0.0).collect(),
+        (Some(_), None) => (0..blocks).map(|l| l % 4 != 0).collect(),
+    };
+    // mlx-lm rotates int(head_dim * partial_rotary_factor) dimensions.
+    let factor = |dims: i32, k: &str| -> Result<f64> {
+        if dims < 1 || dims > head_dim {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` = {dims} is not in 1..={head_dim}", key(k)),
+            ));
+        }
+        let f = f64::from(dims) / f64::from(head_dim);
+        Ok(if (f * f64::from(head_dim)) as i32 == dims {
+            f
+        } else {
+            (f64::from(dims) + 0.5) / f64::from(head_dim)
+        })
+    };
+    let full_dims = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(head_dim);
+    let swa_dims = meta_count(meta, path, &key("rope.dimension_count_swa"))?.unwrap_or(full_dims);
+    let base = float("rope.freq_base").unwrap_or(10000.0);
+    let mut full = json!({
+        "rope_theta": base,
+        "partial_rotary_factor": factor(full_dims, "rope.dimension_count")?,
+    });
+    for k in [
+        "rope.scaling.yarn_attn_factor",
+        "rope.scaling.yarn_ext_factor",
+    ] {
+        if let Some(v) = float(k) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {v}: mlx-lm's YaRN rope has no such factor",
+                    key(k)
+                ),
+            ));
+        }
+    }
+    match meta_str(meta, &key("rope.scaling.type")) {
+        None | Some("none") => {}
+        Some("yarn") => {
+            let f = float("rope.scaling.factor").ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("rope.scaling.factor")),
+                )
+            })?;
+            full["rope_type"] = Value::from("yarn");
+            full["factor"] = Value::from(f);
+            full["original_max_position_embeddings"] =
+                Value::from(need("rope.scaling.original_context_length")?);
+            for (k, field) in [
+                ("rope.scaling.yarn_beta_fast", "beta_fast"),
+                ("rope.scaling.yarn_beta_slow", "beta_slow"),
+            ] {
+                if let Some(v) = float(k) {
+                    full[field] = Value::from(v);
+                }
+            }
+        }
+        Some(t) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is `{t}`; laguna maps only yarn",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    let swa = json!({
+        "rope_theta": float("rope.freq_base_swa").unwrap_or(base),
+        "partial_rotary_factor": factor(swa_dims, "rope.dimension_count_swa")?,
+    });
+    let score = match meta_count(meta, path, &key("expert_gating_func"))? {
+        None | Some(2) => "sigmoid",
+        Some(4) => "sqrtsoftplus",
+        Some(g) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {g}: mlx-lm's laguna routes by sigmoid (2) \
+                or sqrt-softplus (4)",
+                    key("expert_gating_func")
+                ),
+            ))
+        }
+    };
+    if meta_bool(meta, path, &key("expert_weights_norm"))? == Some(false) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is false: mlx-lm's laguna always normalizes the routed weights",
+                key("expert_weights_norm")
+            ),
+        ));
+    }
+    if let Some(n) = meta_count(meta, path, &key("expert_shared_count"))? {
+        if n != 1 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {n}: laguna has one shared expert",
+                    key("expert_shared_count")
+                ),
+            ));
+        }
+    }
+    let dense = meta_count(meta, path, &key("leading_dense_block_count")).and_then(|v| {
+        v.ok_or_else(|| {
+            gguf_err(
+                path,
+                format!("metadata `{}` is missing", key("leading_dense_block_count")),
+            )
+        })
+    })? as usize;
+    for (l, &h) in heads.iter().enumerate() {
+        if let Some(g) = tensors.get(&format!("model.layers.{l}.self_attn.g_proj.weight")) {
+            let rows = g.shape().first().copied().unwrap_or(0);
+            if i64::from(rows) != h {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "tensor `blk.{l}.attn_gate.weight` has {rows} rows for {} heads: a \
+                        per-element gate, which mlx-lm's laguna (one gate per head) lacks",
+                        h
+                    ),
+                ));
+            }
+        }
+    }
+    let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
+    let layer_types: Vec<&str> = sliding
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    let mlp_types: Vec<&str> = (0..blocks)
+        .map(|l| if l < dense { "dense" } else { "sparse" })
+        .collect();
+    let o = json!({
+        "num_attention_heads": heads.first().copied().unwrap_or(1),
+        "num_attention_heads_per_layer": heads,
+        "head_dim": head_dim,
+        "sliding_window": window,
+        "layer_types": layer_types,
+        "mlp_layer_types": mlp_types,
+        "rope_parameters": {"full_attention": full, "sliding_attention": swa},
+        "gating": has(".self_attn.g_proj.weight"),
+        "qkv_bias": has(".self_attn.q_proj.bias"),
+        "attention_bias": has(".self_attn.o_proj.bias"),
+        "num_experts": need("expert_count")?,
+        "num_experts_per_tok": need("expert_used_count")?,
+        "moe_intermediate_size": need("expert_feed_forward_length")?,
+        "shared_expert_intermediate_size": need("expert_shared_feed_forward_length")?,
+        "moe_routed_scaling_factor": float("expert_weights_scale").unwrap_or(1.0),
+        "moe_router_score_func": score,
+        "moe_router_logit_softcapping": 0.0,
+    });
+    if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
+        c.extend(o.clone());
+    }
+    Ok(())
+}
+
+/// Kimi Linear as KimiLinearModel writes it, for mlx-lm's `kimi_linear`: the KDA layers are
+/// those with `head_count_kv` 0 (`linear_attn_config.kda_layers`, 1-based), KDA's heads the
+/// attention heads and its head size `kda.head_dim`, the short-conv kernel, MLA's sizes
+/// (`kv_lora_rank`, the rope width, `key_length_mla` / `value_length_mla`), the expert keys and
+/// llama.cpp's router (sigmoid or softmax, always renormalized, grouped only where
+/// `expert_group_count` says so, scaled by `expert_weights_scale`). Refused: a Q LoRA rank
+/// (mlx-lm's kimi_linear projects Q directly).
+fn kimi_linear_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    heads: i32,
+) -> Result<()> {
+    let arch = "kimi-linear";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let kv = layer_list(meta, path, &key("attention.head_count_kv"), blocks)?.ok_or_else(|| {
+        gguf_err(
+            path,
+            format!(
+                "metadata `{}` must list the KV heads per layer (0 on KDA layers)",
+                key("attention.head_count_kv")
+            ),
+        )
+    })?;
+    let kda: Vec<usize> = (0..blocks)
+        .filter(|&l| kv[l] == 0.0)
+        .map(|l| l + 1)
+        .collect();
+    let full: Vec<usize> = (0..blocks)
+        .filter(|&l| kv[l] != 0.0)
+        .map(|l| l + 1)
+        .collect();
+    if kda.is_empty() || full.is_empty() {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: mlx-lm's kimi_linear needs both KDA (0) and MLA layers",
+                key("attention.head_count_kv")
+            ),
+        ));
+    }
+    if let Some(r) = meta_count(meta, path, &key("attention.q_lora_rank"))? {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {r}: mlx-lm's kimi_linear projects Q without a LoRA",
+                key("attention.q_lora_rank")
+            ),
+        ));
+    }
+    let rope = need("rope.dimension_count")?;
+    let k_mla = need("attention.key_length_mla")?;
+    if k_mla <= rope {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {k_mla} leaves no room beside the rope width {rope}",
+                key("attention.key_length_mla")
+            ),
+        ));
+    }
+    let router = match meta_count(meta, path, &key("expert_gating_func"))? {
+        None | Some(2) => "sigmoid",
+        Some(1) => "softmax",
+        Some(g) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {g}: mlx-lm's kimi_linear routes by softmax (1) or \
+                     sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ))
+        }
+    };
+    let groups = meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1);
+    let groups_used = if groups > 1 {
+        need("expert_group_used_count")?
+    } else {
+        1
+    };
+    let kda_dim = need("kda.head_dim")?;
+    let o = json!({
+        "num_key_value_heads": heads,
+        "head_dim": kda_dim,
+        "linear_attn_config": {
+            "num_heads": heads,
+            "head_dim": kda_dim,
+            "kda_layers": kda,
+            "full_attn_layers": full,
+            "short_conv_kernel_size": need("ssm.conv_kernel")?,
+        },
+        "model_max_length": need("context_length")?,
+        "kv_lora_rank": need("attention.kv_lora_rank")?,
+        "qk_rope_head_dim": rope,
+        "qk_nope_head_dim": k_mla - rope,
+        "v_head_dim": need("attention.value_length_mla")?,
+        "num_experts": need("expert_count")?,
+        "num_experts_per_token": need("expert_used_count")?,
+        "moe_intermediate_size": need("expert_feed_forward_length")?,
+        "num_shared_experts": need("expert_shared_count")?,
+        "first_k_dense_replace":
+            meta_count(meta, path, &key("leading_dense_block_count"))?.unwrap_or(0),
+        "routed_scaling_factor": meta_f64(meta, &key("expert_weights_scale")).unwrap_or(1.0),
+        "moe_router_activation_func": router,
+        "moe_renormalize": true,
+        "moe_layer_freq": 1,
+        "num_expert_group": groups,
+        "topk_group": groups_used,
+    });
+    if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
+        c.extend(o.clone());
+    }
+    Ok(())
+}
+
+/// The first entry of a per-layer count list `key`, which must be positive.
+fn first_count(a: &Array, path: &Path, key: &str) -> Result<i32> {
+    let per = int_list(a, path, key)?;
+    match per.first() {
+        Some(&n) if n > 0 && n <= i64::from(i32::MAX) => Ok(n as i32),
+        _ => Err(gguf_err(
+            path,
+            format!("metadata `{key}` is {per:?}: its first layer needs a positive count"),
+        )),
+    }
+}
+
+fn int_list(a: &Array, path: &Path, key: &str) -> Result<Vec<i64>> {
+    a.astype(Dtype::Int64)
+        .and_then(|b| b.to_vec::<i64>())
+        .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))
+}
+
+/// A per-layer metadata list `key` (numbers or bools, as f64) of the `blocks` main layers:
+/// `None` when absent; the entries past them (multi-token-prediction blocks) dropped.
+fn layer_list(
+    meta: &GgufMetadata,
+    path: &Path,
+    key: &str,
+    blocks: usize,
+) -> Result<Option<Vec<f64>>> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(GgufValue::Array(a)) if a.ndim() == 1 && a.size() >= blocks => {
+            let v = a
+                .astype(Dtype::Float64)
+                .and_then(|b| b.to_vec::<f64>())
+                .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?;
+            Ok(Some(v[..blocks].to_vec()))
+        }
+        Some(_) => Err(gguf_err(
+            path,
+            format!("metadata `{key}` must list a value for each of the {blocks} layers"),
+        )),
+    }
+}
+
+/// Step 3.5 as Step35Model writes it, for mlx-lm's `step3p5`: the per-layer head / KV counts
+/// (one pair on the full layers, `num_attention_heads` / `num_attention_groups`, one on the
+/// sliding ones, `attention_other_setting`), `layer_types` from
+/// `attention.sliding_window_pattern`, the window, the head size (`attention.key_length`), the
+/// partial rope the converter requires (half the head on full layers, all of it on sliding
+/// ones), per-layer rope bases (`rope.freq_base`, `rope.freq_base_swa`), the expert keys
+/// (mlx-lm's defaults differ from llama.cpp's where a key is absent, so scale and norm are
+/// required), the MoE layers from the router tensors, the per-layer SwiGLU clamps (0 = none)
+/// and the head-wise gate from its tensors. Refused: Llama 3 rope factors (`rope_freqs`) and
+/// other rope scaling, another gating function, a file without expert layers.
+fn step35_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    rope_tensors: &BTreeMap<String, Array>,
+) -> Result<()> {
+    let arch = "step35";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let list = |k: &str| -> Result<Vec<f64>> {
+        layer_list(meta, path, &key(k), blocks)?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let swa: Vec<bool> = list("attention.sliding_window_pattern")?
+        .iter()
+        .map(|&v| v != 0.0)
+        .collect();
+    let (heads, kvs) = (
+        list("attention.head_count")?,
+        list("attention.head_count_kv")?,
+    );
+    // One (heads, kv) pair per kind of layer.
+    let mut pairs: [Option<(f64, f64)>; 2] = [None, None];
+    for l in 0..blocks {
+        let pair = (heads[l], kvs[l]);
+        let slot = &mut pairs[usize::from(swa[l])];
+        if pair.0 < 1.0 || pair.1 < 1.0 || pair.0 % pair.1 != 0.0 || slot.is_some_and(|p| p != pair)
+        {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` / `{}`: layer {l} has {} heads over {} KV heads; mlx-lm's \
+                    step3p5 needs one positive multiple per kind of layer (full, sliding)",
+                    key("attention.head_count"),
+                    key("attention.head_count_kv"),
+                    pair.0,
+                    pair.1
+                ),
+            ));
+        }
+        *slot = Some(pair);
+    }
+    let Some((full_heads, full_kv)) = pairs[0] else {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` marks every layer sliding; the full layers set mlx-lm's head counts",
+                key("attention.sliding_window_pattern")
+            ),
+        ));
+    };
+    config["num_attention_heads"] = Value::from(full_heads as i64);
+    config["num_attention_groups"] = Value::from(full_kv as i64);
+    config["attention_other_setting"] = match pairs[1] {
+        Some((h, kv)) => {
+            json!({"num_attention_heads": h as i64, "num_attention_groups": kv as i64})
+        }
+        None => Value::Null,
+    };
+    config["layer_types"] = swa
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    config["sliding_window"] = Value::from(need("attention.sliding_window")?);
+    let head_dim = need("attention.key_length")?;
+    config["head_dim"] = Value::from(head_dim);
+    if let Some(r) = meta_count(meta, path, &key("rope.dimension_count"))? {
+        if r != head_dim {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {r}: llama.cpp's step35 rotates the whole head ({head_dim}) \
+                    on sliding layers and half of it on full ones",
+                    key("rope.dimension_count")
+                ),
+            ));
+        }
+    }
+    config["partial_rotary_factors"] = swa.iter().map(|&s| if s { 1.0 } else { 0.5 }).collect();
+    if rope_tensors.contains_key("rope_freqs.weight") {
+        return Err(gguf_err(
+            path,
+            "tensor `rope_freqs.weight`: Llama 3 rope factors are not mapped for step35",
+        ));
+    }
+    if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: rope scaling is not mapped for step35",
+                key("rope.scaling.type")
+            ),
+        ));
+    }
+    let base = meta_f64(meta, &key("rope.freq_base")).unwrap_or(10000.0);
+    if let Some(local) = meta_f64(meta, &key("rope.freq_base_swa")) {
+        config["rope_theta"] = swa.iter().map(|&s| if s { local } else { base }).collect();
+    }
+    if let Some(g) = meta_count(meta, path, &key("expert_gating_func"))? {
+        if g != 2 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {g}: mlx-lm's step3p5 routes by sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ));
+        }
+    }
+    config["moe_num_experts"] = Value::from(need("expert_count")?);
+    config["moe_top_k"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["share_expert_dim"] = Value::from(need("expert_shared_feed_forward_length")?);
+    config["moe_router_scaling_factor"] =
+        Value::from(meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
+            gguf_err(
+                path,
+                format!("metadata `{}` is missing", key("expert_weights_scale")),
+            )
+        })?);
+    config["norm_expert_weight"] = Value::from(
+        meta_bool(meta, path, &key("expert_weights_norm"))?.ok_or_else(|| {
+            gguf_err(
+                path,
+                format!("metadata `{}` is missing", key("expert_weights_norm")),
+            )
+        })?,
+    );
+    let moe: Vec<String> = (0..blocks)
+        .filter(|l| tensors.contains_key(&format!("model.layers.{l}.mlp.gate.gate.weight")))
+        .map(|l| l.to_string())
+        .collect();
+    if moe.is_empty() {
+        return Err(gguf_err(
+            path,
+            "no expert layer (`ffn_gate_inp`): mlx-lm's step3p5 puts experts on every layer but \
+            the first when it is told none",
+        ));
+    }
+    config["moe_layers_enum"] = Value::from(moe.join(","));
+    for (k, field) in [
+        ("swiglu_clamp_exp", "swiglu_limits"),
+        ("swiglu_clamp_shexp", "swiglu_limits_shared"),
+    ] {
+        if let Some(v) = layer_list(meta, path, &key(k), blocks)? {
+            config[field] = v.into_iter().collect();
+        }
+    }
+    config["use_head_wise_attn_gate"] = Value::from(
+        tensors
+            .keys()
+            .any(|k| k.ends_with(".self_attn.g_proj.weight")),
+    );
+    if let Some(o) = config.as_object_mut() {
+        o.remove("num_key_value_heads");
     }
     Ok(())
 }

@@ -280,6 +280,11 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         // `cargo xtask goldens gguf_mla deepseek32 glm_dsa`.
         ("deepseek32", "deepseek_v32"),
         ("glm_dsa", "glm_moe_dsa"),
+        ("nemotron_h_moe", "nemotron_h"),
+        ("step35", "step3p5"),
+        ("mimo2", "mimo_v2_flash"),
+        ("laguna", "laguna"),
+        ("kimi_linear", "kimi_linear"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -316,6 +321,11 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         "plamo2",
         "deepseek32",
         "glm-dsa",
+        "nemotron_h_moe",
+        "step35",
+        "mimo2",
+        "laguna",
+        "kimi-linear",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

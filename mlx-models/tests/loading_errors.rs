@@ -762,6 +762,25 @@ mod gguf {
             ("deepseek32", "deepseek32.attention.indexer.top_k"),
             ("glm_dsa", "glm-dsa.attention.indexer.head_count"),
             ("plamo2", "plamo2.attention.key_length"),
+            ("nemotron_h_moe", "nemotron_h_moe.expert_count"),
+            ("nemotron_h_moe", "nemotron_h_moe.expert_weights_scale"),
+            // The latent projections' tensors are there.
+            ("nemotron_h_moe", "nemotron_h_moe.moe_latent_size"),
+            ("step35", "step35.attention.sliding_window_pattern"),
+            ("step35", "step35.expert_weights_scale"),
+            ("step35", "step35.expert_weights_norm"),
+            ("step35", "step35.attention.key_length"),
+            ("mimo2", "mimo2.attention.sliding_window_pattern"),
+            ("mimo2", "mimo2.rope.dimension_count"),
+            ("mimo2", "mimo2.expert_feed_forward_length"),
+            // Two groups need it.
+            ("mimo2", "mimo2.expert_group_used_count"),
+            ("laguna", "laguna.leading_dense_block_count"),
+            ("laguna", "laguna.expert_shared_feed_forward_length"),
+            ("laguna", "laguna.rope.scaling.factor"),
+            ("kimi_linear", "kimi-linear.kda.head_dim"),
+            ("kimi_linear", "kimi-linear.attention.key_length_mla"),
+            ("kimi_linear", "kimi-linear.expert_shared_count"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -801,6 +820,51 @@ mod gguf {
                 u(48),
             ),
             ("jamba", "jbkv", "jamba.attention.head_count_kv", u(2)),
+            (
+                "nemotron_h_moe",
+                "nhmffn",
+                "nemotron_h_moe.expert_feed_forward_length",
+                u(32),
+            ),
+            // Two head counts on full layers; another router; a rope width llama.cpp ignores.
+            ("step35", "s35heads", "step35.attention.head_count", {
+                GgufValue::Array(Array::from_slice(&[4u32, 2, 2, 2], &[4]).unwrap())
+            }),
+            ("step35", "s35gating", "step35.expert_gating_func", u(1)),
+            ("step35", "s35rope", "step35.rope.dimension_count", u(4)),
+            // Only full layers; a KV count that does not divide the heads; unnormalized weights.
+            (
+                "mimo2",
+                "m2pattern",
+                "mimo2.attention.sliding_window_pattern",
+                { GgufValue::Array(Array::from_slice(&[0i32; 7], &[7]).unwrap()) },
+            ),
+            ("mimo2", "m2kv", "mimo2.attention.head_count_kv", {
+                GgufValue::Array(Array::from_slice(&[3u32, 1, 1, 2, 1, 1, 1], &[7]).unwrap())
+            }),
+            ("mimo2", "m2norm", "mimo2.expert_weights_norm", {
+                GgufValue::Array(Array::scalar(false).unwrap())
+            }),
+            // Another router, YaRN's attention factor, unnormalized weights.
+            ("laguna", "lgating", "laguna.expert_gating_func", u(1)),
+            ("laguna", "lattn", "laguna.rope.scaling.yarn_attn_factor", {
+                GgufValue::Array(Array::scalar(1.2f32).unwrap())
+            }),
+            ("laguna", "lnorm", "laguna.expert_weights_norm", {
+                GgufValue::Array(Array::scalar(false).unwrap())
+            }),
+            // Q through a LoRA; only MLA layers.
+            ("kimi_linear", "kqlora", "kimi-linear.attention.q_lora_rank", u(8)),
+            ("kimi_linear", "kkv", "kimi-linear.attention.head_count_kv", {
+                GgufValue::Array(Array::from_slice(&[1u32, 1, 1], &[3]).unwrap())
+            }),
+            // Puzzle's per-layer top-k: mlx-lm has one `num_experts_per_tok`.
+            (
+                "nemotron_h_moe",
+                "nhmused",
+                "nemotron_h_moe.expert_used_count",
+                { GgufValue::Array(Array::from_slice(&[0u32, 2, 0, 4], &[4]).unwrap()) },
+            ),
             ("plamo2", "p2kv", "plamo2.attention.head_count_kv", {
                 GgufValue::Array(Array::from_slice(&[0u32, 0, 2, 2], &[4]).unwrap())
             }),
@@ -821,6 +885,34 @@ mod gguf {
             ));
             assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
         }
+        // A per-element gate (Laguna M.1): mlx-lm's laguna gates per head.
+        let e = err(&edited(
+            "laguna",
+            "lelem",
+            |_| {},
+            |t| {
+                let g = t.remove("blk.1.attn_gate.weight").unwrap();
+                let wide = mlx_core::ops::concatenate(&[&g; 8], 0, None).unwrap();
+                t.insert("blk.1.attn_gate.weight".into(), wide);
+            },
+        ));
+        assert!(
+            e.contains("blk.1.attn_gate.weight") && e.contains("per-element"),
+            "{e}"
+        );
+        // Groups need `expert_group_used_count`, which the converter does not write.
+        let e = err(&edited(
+            "nemotron_h_moe",
+            "nhmgroups",
+            |m| {
+                m.insert("nemotron_h_moe.expert_group_count".into(), u(2));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("nemotron_h_moe.expert_group_used_count") && e.contains("is missing"),
+            "{e}"
+        );
         let e = err(&edited(
             "falcon_h1",
             "fh1tied",

@@ -140,6 +140,11 @@ fn nemotron_h_matches_mlx_lm_bit_for_bit() {
 }
 
 #[test]
+fn nemotron_h_moe_blocks_match_mlx_lm_bit_for_bit() {
+    check_all(&["nemotron_h_moe", "nemotron_h_moe_q4"]);
+}
+
+#[test]
 fn nemotron_h_rolls_back_bit_for_bit() {
     rollback_property("nemotron_h");
 }

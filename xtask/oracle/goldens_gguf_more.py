@@ -3676,6 +3676,479 @@ CASES["plamo2"] = Case(
 )
 
 
+# Nemotron-H with mixture-of-experts layers (`nemotron_h_moe`; Nemotron 3 Nano / Super):
+# NemotronHModel with `num_experts_per_tok` in the config. The MoE layers are the ones with a
+# `feed_forward_length` (moe_intermediate_size there, 0 elsewhere); then the expert keys (used,
+# expert / shared widths, count, shared count, norm, scale, group count, latent size). The
+# router's `e_score_correction_bias` is `exp_probs_b.bias`, the stacked experts
+# `ffn_up_exps` / `ffn_down_exps`, the latent projections `ffn_latent_down` / `ffn_latent_up`.
+# No `expert_group_used_count` is written, so one group (a file with more is refused, as by
+# llama.cpp).
+NEMOTRON_H_MOE = {
+    **NEMOTRON_H,
+    "hybrid_override_pattern": "ME*E",
+    "moe_intermediate_size": 24,
+    "moe_shared_expert_intermediate_size": 40,
+    "moe_latent_size": 16,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+
+NEMOTRON_H_MOE_PARTS = {
+    **NEMOTRON_H_PARTS,
+    "mixer.gate": "ffn_gate_inp",
+    "mixer.switch_mlp.fc1": "ffn_up_exps",
+    "mixer.switch_mlp.fc2": "ffn_down_exps",
+    "mixer.fc1_latent_proj": "ffn_latent_down",
+    "mixer.fc2_latent_proj": "ffn_latent_up",
+    "mixer.shared_experts.up_proj": "ffn_up_shexp",
+    "mixer.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+
+def nemotron_h_moe_tensors(case, k, v):
+    if k.endswith("mixer.gate.e_score_correction_bias"):
+        return [(f"blk.{k.split('.')[2]}.exp_probs_b.bias", v)]
+    return mamba_tensors(case, k, v)
+
+
+def nemotron_h_moe_back(case, p, rest, v, loaded):
+    if rest == "exp_probs_b.bias":
+        return f"{p.replace('model.layers', 'backbone.layers')}.mixer.gate.e_score_correction_bias", v
+    return nemotron_h_back(case, p, rest, v, loaded)
+
+
+CASES["nemotron_h_moe"] = Case(
+    "nemotron_h",
+    NEMOTRON_H_MOE,
+    "nemotron_h_moe",
+    CASES["nemotron_h"].meta + [
+        u32("feed_forward_length",
+            lambda c: [c["moe_intermediate_size"] if t == "E" else 0 for t in c["hybrid_override_pattern"]]),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "moe_shared_expert_intermediate_size"),
+        u32("expert_count", "n_routed_experts"),
+        u32("expert_shared_count", "n_shared_experts"),
+        flag("expert_weights_norm", "norm_topk_prob"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        u32("expert_group_count", "n_group"),
+        u32("moe_latent_size", "moe_latent_size"),
+    ],
+    NEMOTRON_H_MOE_PARTS,
+    permute_qk=True,
+    prefix="backbone.layers",
+    tensors=nemotron_h_moe_tensors,
+    read_back=nemotron_h_moe_back,
+)
+
+
+# Step 3.5 (`step35`, mlx-lm's `step3p5`): Step35Model (TextModel) writes TextModel's keys (no
+# KV head count: the config says `num_attention_groups`; a per-layer rope-theta list as
+# `rope.freq_base` = its first entry and `rope.freq_base_swa` = its second; the head size as
+# key / value length), then the per-layer head counts (the sliding layers' from
+# `attention_other_setting`), the window and its per-layer pattern, the expert keys, the
+# leading dense blocks, `moe_every_n_layers` and the per-layer SwiGLU clamps (None as 0).
+# Partial rope is implied: half the head on full layers, all of it on sliding ones (the
+# converter asserts those factors). Norm weights are written + 1 (the checkpoint's are zero
+# centred), which is mlx-lm's weight after its sanitize, so they are stored as mlx-lm holds
+# them; `router_bias` is `exp_probs_b.bias`, `g_proj` `attn_gate`, the experts stacked.
+STEP35 = cfg("step3p5", num_hidden_layers=4, num_attention_groups=2, head_dim=8,
+             sliding_window=6, rms_norm_eps=1e-5,
+             layer_types=["full_attention", "sliding_attention"] * 2,
+             rope_theta=[10000.0, 5000.0, 10000.0, 5000.0],
+             partial_rotary_factors=[0.5, 1.0, 0.5, 1.0],
+             attention_other_setting={"num_attention_heads": 2, "num_attention_groups": 1},
+             moe_num_experts=4, moe_top_k=2, moe_intermediate_size=16, share_expert_dim=32,
+             moe_layers_enum="1,2,3", moe_router_scaling_factor=2.0, norm_expert_weight=True,
+             swiglu_limits=[None, 0.5, None, 0.8], swiglu_limits_shared=[0.7, None, 0.4, None],
+             tie_word_embeddings=False)
+del STEP35["num_key_value_heads"]
+
+
+def step35_tensors(case, k, v):
+    if k.endswith(".mlp.gate.router_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def _swa(c):
+    return [t == "sliding_attention" for t in c["layer_types"]]
+
+
+def _clamps(key):
+    return lambda c: [0.0 if v is None else float(v) for v in c[key]]
+
+
+CASES["step35"] = Case(
+    "step3p5",
+    STEP35,
+    "step35",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        f32("rope.freq_base", lambda c: c["rope_theta"][0]),
+        f32("rope.freq_base_swa", lambda c: c["rope_theta"][1]),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("attention.head_count", lambda c: [
+            c["attention_other_setting"]["num_attention_heads"] if w else c["num_attention_heads"]
+            for w in _swa(c)]),
+        u32("attention.head_count_kv", lambda c: [
+            c["attention_other_setting"]["num_attention_groups"] if w else c["num_attention_groups"]
+            for w in _swa(c)]),
+        u32("attention.sliding_window", "sliding_window"),
+        arr("attention.sliding_window_pattern", lambda c: mx.array(_swa(c))),
+        u32("expert_count", "moe_num_experts"),
+        u32("expert_used_count", "moe_top_k"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "share_expert_dim"),
+        f32("expert_weights_scale", "moe_router_scaling_factor"),
+        flag("expert_weights_norm", "norm_expert_weight"),
+        u32("leading_dense_block_count", 1),
+        u32("moe_every_n_layers", 1),
+        f32("swiglu_clamp_exp", _clamps("swiglu_limits")),
+        f32("swiglu_clamp_shexp", _clamps("swiglu_limits_shared")),
+    ] + GPT2,
+    {
+        "self_attn.g_proj": "attn_gate",
+        "mlp.gate.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.share_expert.gate_proj": "ffn_gate_shexp",
+        "mlp.share_expert.up_proj": "ffn_up_shexp",
+        "mlp.share_expert.down_proj": "ffn_down_shexp",
+    },
+    tensors=step35_tensors,
+)
+
+
+# MiMo V2 Flash (`mimo2`, mlx-lm's `mimo_v2_flash`): MimoV2Model (TextModel) writes TextModel's
+# keys (the expert count, top-k, groups and sigmoid gating, the rope bases, the head size as
+# key / value length), then the per-layer KV heads (sliding layers' from
+# `swa_num_key_value_heads`), the window, the per-layer pattern (ints), the value head size,
+# the expert width, the rope width (head * partial_rotary_factor), the RMS epsilon and the
+# value scale; block_count and the lists count the 3 MTP blocks it appends (this file has
+# their entries, not their tensors, as a trunk-only file). The converter requires the sliding
+# layers' head count and sizes to equal the full ones'; llama.cpp has no shared experts and
+# always normalizes the routed weights, unscaled (no key carries mlx-lm's scale).
+# `attention_sink_bias` is `attn_sinks.weight`, the correction bias `exp_probs_b.bias`.
+MIMO2_MTP = 3
+MIMO2 = {
+    "model_type": "mimo_v2_flash",
+    "num_experts_per_tok": 2,
+    "hybrid_layer_pattern": [0, 1, 1, 0],
+    "moe_layer_freq": [0, 1, 1, 1],
+    "add_swa_attention_sink_bias": True,
+    "add_full_attention_sink_bias": False,
+    "sliding_window_size": 6,
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 16,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "n_shared_experts": None,
+    "n_routed_experts": 8,
+    "routed_scaling_factor": None,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "n_group": 2,
+    "topk_group": 1,
+    "max_position_embeddings": 256,
+    "layernorm_epsilon": 1e-5,
+    "rope_theta": 10000.0,
+    "swa_rope_theta": 1000.0,
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 1,
+    "head_dim": 8,
+    "v_head_dim": 16,
+    "swa_head_dim": 8,
+    "swa_v_head_dim": 16,
+    "partial_rotary_factor": 0.5,
+    "attention_value_scale": 0.7,
+    "tie_word_embeddings": False,
+}
+
+
+def _mimo2_pattern(c):
+    return list(c["hybrid_layer_pattern"]) + [1] * MIMO2_MTP
+
+
+def mimo2_tensors(case, k, v):
+    if k.endswith(".self_attn.attention_sink_bias"):
+        return [(f"blk.{layer_of(k)}.attn_sinks.weight", v)]
+    if k.endswith(".mlp.gate.e_score_correction_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["mimo2"] = Case(
+    "mimo_v2_flash",
+    MIMO2,
+    "mimo2",
+    [
+        u32("block_count", lambda c: c["num_hidden_layers"] + MIMO2_MTP),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("rope.freq_base_swa", "swa_rope_theta"),
+        u32("expert_count", "n_routed_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_group_count", "n_group"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("attention.head_count_kv", lambda c: [
+            c["swa_num_key_value_heads"] if s == 1 else c["num_key_value_heads"]
+            for s in _mimo2_pattern(c)]),
+        u32("attention.sliding_window", "sliding_window_size"),
+        arr("attention.sliding_window_pattern",
+            lambda c: mx.array(_mimo2_pattern(c), dtype=mx.int32)),
+        u32("attention.value_length", "v_head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("rope.dimension_count", lambda c: int(c["head_dim"] * c["partial_rotary_factor"])),
+        f32("attention.layer_norm_rms_epsilon", "layernorm_epsilon"),
+        f32("attention.value_scale", "attention_value_scale"),
+        u32("nextn_predict_layers", MIMO2_MTP),
+    ] + GPT2,
+    {
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+    },
+    tensors=mimo2_tensors,
+)
+
+
+# Laguna (`laguna`, poolside Laguna XS.2): LagunaModel (TextModel) writes TextModel's keys
+# (expert count and top-k, the full layers' rope as `rope_parameters.full_attention` gives it:
+# YaRN type, factor, original context and betas, `rope.freq_base`, the sliding layers' base
+# as `rope.freq_base_swa`, the head size as key / value length), then the vocabulary size, the
+# per-layer head counts, the window (no per-layer pattern: llama.cpp places a full layer every
+# 4th, from the first), the expert and shared widths, the routed normalization (always), its
+# scale, sigmoid gating, the dense first blocks and each kind's rope width. The router has no
+# soft cap in llama.cpp. The per-head gate `g_proj` is `attn_gate`, the correction bias
+# `exp_probs_b.bias`, experts stacked.
+LAGUNA = cfg("laguna", num_hidden_layers=4, head_dim=8, num_key_value_heads=2,
+             num_attention_heads_per_layer=[4, 2, 2, 2], sliding_window=6,
+             layer_types=["full_attention"] + ["sliding_attention"] * 3,
+             mlp_layer_types=["dense"] + ["sparse"] * 3, gating=True,
+             rope_parameters={
+                 "full_attention": {"rope_theta": 50000.0, "partial_rotary_factor": 0.5,
+                                    "rope_type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": 64,
+                                    "beta_fast": 32.0, "beta_slow": 1.0},
+                 "sliding_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+             },
+             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+             shared_expert_intermediate_size=24, moe_routed_scaling_factor=2.0,
+             moe_router_score_func="sigmoid", moe_router_logit_softcapping=0.0,
+             tie_word_embeddings=False)
+del LAGUNA["rope_theta"]
+
+
+def laguna_tensors(case, k, v):
+    if k.endswith(".mlp.gate.e_score_correction_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def _rope(c, kind, k):
+    return c["rope_parameters"][kind][k]
+
+
+CASES["laguna"] = Case(
+    "laguna",
+    LAGUNA,
+    "laguna",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        text("rope.scaling.type", "yarn"),
+        f32("rope.scaling.factor", lambda c: _rope(c, "full_attention", "factor")),
+        u32("rope.scaling.original_context_length",
+            lambda c: _rope(c, "full_attention", "original_max_position_embeddings")),
+        f32("rope.scaling.yarn_beta_fast", lambda c: _rope(c, "full_attention", "beta_fast")),
+        f32("rope.scaling.yarn_beta_slow", lambda c: _rope(c, "full_attention", "beta_slow")),
+        f32("rope.freq_base", lambda c: _rope(c, "full_attention", "rope_theta")),
+        f32("rope.freq_base_swa", lambda c: _rope(c, "sliding_attention", "rope_theta")),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.head_count", "num_attention_heads_per_layer"),
+        u32("attention.sliding_window", "sliding_window"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+        flag("expert_weights_norm", True),
+        f32("expert_weights_scale", "moe_routed_scaling_factor"),
+        u32("expert_gating_func", 2),
+        u32("leading_dense_block_count", 1),
+        u32("rope.dimension_count", lambda c: int(
+            c["head_dim"] * _rope(c, "full_attention", "partial_rotary_factor"))),
+        u32("rope.dimension_count_swa", lambda c: int(
+            c["head_dim"] * _rope(c, "sliding_attention", "partial_rotary_factor"))),
+    ] + GPT2,
+    {
+        "self_attn.g_proj": "attn_gate",
+        "mlp.gate.proj": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj": "ffn_up_shexp",
+        "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    },
+    tensors=laguna_tensors,
+)
+
+
+# Kimi Linear (`kimi-linear`, mlx-lm's `kimi_linear`): KimiLinearModel (TextModel) writes
+# TextModel's keys with the KV head count forced to 1 (the context from `model_max_length`,
+# the experts, top-k, `topk_group`, sigmoid gating, the head size), then the vocabulary size,
+# the per-layer KV heads (1 on MLA layers, 0 on KDA ones), the short-conv kernel, the KDA head
+# size, the KV LoRA rank, the rope width (`qk_rope_head_dim`; MLA has no rope here), the key
+# length (rank + rope) and MLA's key / value head sizes, the experts' width, the shared-expert
+# count, the dense first blocks and the routed scale. KDA layers: A as -exp(A_log) (shape
+# kept), `dt_bias` as `ssm_dt.bias`, the q / k / v convolutions as (1, channels, 1, kernel),
+# f / g / beta projections and `o_norm` under `ssm_*`; MLA's `kv_b_proj` split into `attn_k_b`
+# (transposed) and `attn_v_b`, which are mlx-lm's `embed_q` / `unembed_out`. llama.cpp's router
+# is not grouped (the converter writes no group count) and always renormalizes. The golden is
+# mlx-lm on the weights read back.
+KIMI_LINEAR = cfg("kimi_linear", num_hidden_layers=3, num_key_value_heads=4, head_dim=8,
+                  model_max_length=256, num_experts=4, moe_intermediate_size=16,
+                  kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                  mla_use_nope=True, num_experts_per_token=2, num_shared_experts=1,
+                  first_k_dense_replace=1, num_expert_group=1, topk_group=1,
+                  routed_scaling_factor=2.5, moe_router_activation_func="sigmoid",
+                  moe_renormalize=True, tie_word_embeddings=False,
+                  linear_attn_config={"num_heads": 4, "head_dim": 8, "kda_layers": [1, 3],
+                                      "full_attn_layers": [2], "short_conv_kernel_size": 4})
+
+KIMI_KDA = {
+    "self_attn.q_conv.conv.weight": "ssm_conv1d_q.weight",
+    "self_attn.k_conv.conv.weight": "ssm_conv1d_k.weight",
+    "self_attn.v_conv.conv.weight": "ssm_conv1d_v.weight",
+}
+
+
+def kimi_tensors(case, k, v):
+    layer = layer_of(k)
+    rest = k.split(".", 3)[3] if layer is not None else None
+    if rest in KIMI_KDA:
+        # mlx-lm's (C, K, 1) is the checkpoint's (C, 1, K) moved; the converter writes it as
+        # (1, C, 1, K).
+        c, kk, _ = v.shape
+        return [(f"blk.{layer}.{KIMI_KDA[rest]}", v.reshape(1, c, 1, kk))]
+    if rest == "self_attn.A_log":
+        return [(f"blk.{layer}.ssm_a", -mx.exp(v))]
+    if rest == "self_attn.dt_bias":
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if rest == "mlp.e_score_correction_bias":
+        return [(f"blk.{layer}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def kimi_back(case, p, rest, v, loaded):
+    for mk, g in KIMI_KDA.items():
+        if rest == g:
+            return f"{p}.{mk}", v.reshape(v.shape[1], v.shape[3], 1)
+    if rest == "ssm_a":
+        return f"{p}.self_attn.A_log", mx.log(-v)
+    if rest == "ssm_dt.bias":
+        return f"{p}.self_attn.dt_bias", v
+    if rest == "exp_probs_b.bias":
+        return f"{p}.mlp.e_score_correction_bias", v
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+def _kimi_mla(c, i):
+    return (i + 1) in c["linear_attn_config"]["full_attn_layers"]
+
+
+CASES["kimi_linear"] = Case(
+    "kimi_linear",
+    KIMI_LINEAR,
+    "kimi-linear",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "model_max_length"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", 1),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_token"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.head_count_kv", lambda c: [
+            1 if _kimi_mla(c, i) else 0 for i in range(c["num_hidden_layers"])]),
+        u32("ssm.conv_kernel", lambda c: c["linear_attn_config"]["short_conv_kernel_size"]),
+        u32("kda.head_dim", lambda c: c["linear_attn_config"]["head_dim"]),
+        u32("attention.kv_lora_rank", "kv_lora_rank"),
+        u32("rope.dimension_count", "qk_rope_head_dim"),
+        u32("attention.key_length", lambda c: c["kv_lora_rank"] + c["qk_rope_head_dim"]),
+        u32("attention.key_length_mla", lambda c: c["qk_nope_head_dim"] + c["qk_rope_head_dim"]),
+        u32("attention.value_length_mla", "v_head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_count", "num_shared_experts"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+    ] + GPT2,
+    {
+        "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+        "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+        "self_attn.embed_q": "attn_k_b",
+        "self_attn.unembed_out": "attn_v_b",
+        "self_attn.f_a_proj": "ssm_f_a",
+        "self_attn.f_b_proj": "ssm_f_b",
+        "self_attn.b_proj": "ssm_beta",
+        "self_attn.g_a_proj": "ssm_g_a",
+        "self_attn.g_b_proj": "ssm_g_b",
+        "self_attn.o_norm": "ssm_norm",
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj": "ffn_up_shexp",
+        "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=kimi_tensors,
+    read_back=kimi_back,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:

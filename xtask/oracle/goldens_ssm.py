@@ -89,6 +89,21 @@ NEMOTRON_H = {
     "time_step_limit": [0.0, 50.0],
 }
 
+NEMOTRON_H_MOE = {
+    **NEMOTRON_H,
+    "hybrid_override_pattern": "ME*E",
+    "moe_intermediate_size": 24,
+    "moe_shared_expert_intermediate_size": 40,
+    "moe_latent_size": 16,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "n_group": 2,
+    "topk_group": 1,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+
 GRANITE = {
     **BASE,
     "intermediate_size": 32,
@@ -234,6 +249,19 @@ ROWS = {
          "use_conv_bias": False},
         "bfloat16",
         None,
+    ),
+    # Mixture-of-experts (`E`) blocks: grouped sigmoid routing with the correction bias, the
+    # latent projections and shared experts (f32: gather_mm is float32-only on the CPU); then
+    # one group, no latent, no shared experts, 4-bit experts.
+    "nemotron_h_moe": ("nemotron_h", "nemotron_h", NEMOTRON_H_MOE, "float32", None),
+    "nemotron_h_moe_q4": (
+        "nemotron_h",
+        "nemotron_h",
+        {**NEMOTRON_H_MOE, "hybrid_override_pattern": "E*ME", "moe_latent_size": None,
+         "n_shared_experts": None, "n_group": 1, "topk_group": None, "norm_topk_prob": False,
+         "moe_intermediate_size": 32},
+        "float32",
+        (32, 4),
     ),
     "granitemoehybrid": ("granitemoehybrid", "granitemoehybrid", GRANITE, "float32", None),
     # The router is quantized 8-bit in groups of 64 (mlx-lm's quant_predicate): hidden 64.

@@ -6,7 +6,7 @@ use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
 
 use crate::error::{ModelError, Result};
-use crate::layers::activations::{geglu, gelu_approx, silu, swiglu, swiglu_oai};
+use crate::layers::activations::{geglu, gelu_approx, relu2, silu, swiglu, swiglu_oai};
 use crate::layers::linear::{quant_mode, QuantizedWeight};
 use crate::layers::LayerParam;
 use crate::weights::Weights;
@@ -297,11 +297,13 @@ impl SwitchGlu {
 }
 
 /// `SwitchMLP` (phixtral): `fc2(gelu_approx(fc1(x)))` per expert (mlx-lm's default activation
-/// `nn.GELU(approx="precise")` is the tanh approximation).
+/// `nn.GELU(approx="precise")` is the tanh approximation); nemotron_h's `activation=nn.ReLU2()`
+/// when `relu2`.
 #[derive(Clone, Debug)]
 pub struct SwitchMlp {
     pub fc1: SwitchLinear,
     pub fc2: SwitchLinear,
+    pub relu2: bool,
 }
 
 impl SwitchMlp {
@@ -330,13 +332,19 @@ impl SwitchMlp {
                 num_experts,
                 bias,
             )?,
+            relu2: false,
         })
     }
 
     /// `x` of shape `(..., dims)` and `indices` `(..., k)` to `(..., k, dims)`.
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
         routed(x, indices, |x, idx, do_sort| {
-            let h = gelu_approx(&self.fc1.forward(x, idx, do_sort)?)?;
+            let h = self.fc1.forward(x, idx, do_sort)?;
+            let h = if self.relu2 {
+                relu2(&h)?
+            } else {
+                gelu_approx(&h)?
+            };
             self.fc2.forward(&h, idx, do_sort)
         })
     }

@@ -2,7 +2,9 @@
 //! Mamba 2 mixer (`M`, grouped gated norm), attention without positional encoding (`*`) or a
 //! squared-ReLU MLP (`-`), as `hybrid_override_pattern` (or `layers_block_type`) lists them.
 //! Only `M` and `*` blocks have caches (an [`ArraysCache`] of two slots, a [`KVCache`]). The
-//! mixture-of-experts block (`E`) is not ported yet: a config with one is refused by name.
+//! mixture-of-experts block (`E`, `NemotronHMoE`): exaone_moe's compiled `group_expert_select`
+//! (sigmoid, correction bias, groups), squared-ReLU `SwitchMLP` experts, optionally between the
+//! latent projections `fc1_latent_proj` / `fc2_latent_proj`, plus ungated shared experts.
 
 use mlx_cache::{AttentionMask, Cache, KVCache};
 use mlx_core::prelude::*;
@@ -12,8 +14,9 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
-use crate::layers::{relu2, Embedding, Linear, RmsNorm};
+use crate::layers::{relu2, Embedding, Linear, RmsNorm, SwitchMlp};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
+use crate::models::moe::{group_expert_select, GroupSelect};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -46,6 +49,40 @@ struct ModelArgs {
     head_dim: Option<i32>,
     #[serde(default)]
     time_step_limit: Option<(f64, f64)>,
+    #[serde(default)]
+    moe_intermediate_size: Option<i32>,
+    #[serde(default)]
+    moe_shared_expert_intermediate_size: Option<i32>,
+    #[serde(default)]
+    moe_latent_size: Option<i32>,
+    #[serde(default)]
+    n_group: Option<i32>,
+    #[serde(default)]
+    n_routed_experts: Option<i32>,
+    #[serde(default)]
+    n_shared_experts: Option<i32>,
+    #[serde(default)]
+    topk_group: Option<i32>,
+    #[serde(default)]
+    num_experts_per_tok: Option<i32>,
+    #[serde(default)]
+    norm_topk_prob: Option<bool>,
+    #[serde(default)]
+    routed_scaling_factor: Option<f64>,
+}
+
+/// What an `E` block needs, checked once.
+#[derive(Clone, Copy)]
+struct MoeArgs {
+    experts: i32,
+    inner: i32,
+    top_k: i32,
+    n_group: i32,
+    topk_group: i32,
+    scaling: f64,
+    norm: bool,
+    shared: Option<i32>,
+    latent: Option<i32>,
 }
 
 impl ModelArgs {
@@ -102,11 +139,6 @@ impl ModelArgs {
                 "unknown block type `{c}` in the layer pattern"
             )));
         }
-        if pattern.contains(&'E') {
-            return Err(bad(
-                "mixture-of-experts blocks (`E`) are not supported yet".into()
-            ));
-        }
         if pattern.is_empty() {
             return Err(bad("the layer pattern is empty".into()));
         }
@@ -145,6 +177,75 @@ impl ModelArgs {
             )));
         }
         Ok(pattern)
+    }
+
+    /// The `E` blocks' settings: the keys mlx-lm's `NemotronHMoE` cannot do without named
+    /// when missing, and the sizes `group_expert_select` indexes with checked.
+    fn moe(&self) -> Result<MoeArgs> {
+        let bad = |m: String| ModelError::Config(format!("nemotron_h: {m}"));
+        let need = |v: Option<i32>, key: &str| {
+            v.ok_or_else(|| {
+                bad(format!(
+                    "`{key}` is required by mixture-of-experts (`E`) blocks"
+                ))
+            })
+        };
+        let experts = need(self.n_routed_experts, "n_routed_experts")?;
+        let inner = need(self.moe_intermediate_size, "moe_intermediate_size")?;
+        let top_k = need(self.num_experts_per_tok, "num_experts_per_tok")?;
+        let n_group = need(self.n_group, "n_group")?;
+        let scaling = self.routed_scaling_factor.ok_or_else(|| {
+            bad("`routed_scaling_factor` is required by mixture-of-experts (`E`) blocks".into())
+        })?;
+        positive(
+            "nemotron_h",
+            &[
+                ("n_routed_experts", experts),
+                ("moe_intermediate_size", inner),
+                ("num_experts_per_tok", top_k),
+                ("n_group", n_group),
+            ],
+        )?;
+        if top_k > experts {
+            return Err(bad(format!(
+                "`num_experts_per_tok` {top_k} is more than `n_routed_experts` {experts}"
+            )));
+        }
+        let topk_group = if n_group > 1 {
+            let t = need(self.topk_group, "topk_group")?;
+            if experts % n_group != 0 || experts / n_group < 2 {
+                return Err(bad(format!(
+                    "`n_routed_experts` {experts} is not `n_group` {n_group} groups of 2 or more"
+                )));
+            }
+            if !(1..=n_group).contains(&t) {
+                return Err(bad(format!("`topk_group` {t} is not in 1..={n_group}")));
+            }
+            t
+        } else {
+            self.topk_group.unwrap_or(1)
+        };
+        let shared = self.n_shared_experts.map(|_| {
+            self.moe_shared_expert_intermediate_size
+                .unwrap_or(self.intermediate_size)
+        });
+        if let Some(l) = self.moe_latent_size {
+            positive("nemotron_h", &[("moe_latent_size", l)])?;
+        }
+        if let Some(h) = shared {
+            positive("nemotron_h", &[("moe_shared_expert_intermediate_size", h)])?;
+        }
+        Ok(MoeArgs {
+            experts,
+            inner,
+            top_k,
+            n_group,
+            topk_group,
+            scaling,
+            norm: self.norm_topk_prob.unwrap_or(false),
+            shared,
+            latent: self.moe_latent_size,
+        })
     }
 
     fn mamba_dims(&self) -> Mamba2Dims {
@@ -237,11 +338,108 @@ struct Mlp {
     down_proj: Linear,
 }
 
+impl Mlp {
+    fn load(w: &mut Weights, m: &str, d: i32, inner: i32, bias: bool) -> Result<Mlp> {
+        Ok(Mlp {
+            up_proj: Linear::load(w, &format!("{m}.up_proj"), d, inner, bias)?,
+            down_proj: Linear::load(w, &format!("{m}.down_proj"), inner, d, bias)?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        self.down_proj.forward(&relu2(&self.up_proj.forward(x)?)?)
+    }
+}
+
+/// `NemotronHMoE`: the gate (`x @ weight.T` and `e_score_correction_bias`), the experts, the
+/// optional latent projections and shared experts.
+#[derive(Clone)]
+struct Moe {
+    gate: Linear,
+    correction_bias: Array,
+    switch_mlp: SwitchMlp,
+    shared_experts: Option<Mlp>,
+    latent: Option<(Linear, Linear)>,
+    select: GroupSelect,
+}
+
+impl Moe {
+    fn load(a: &ModelArgs, m: &MoeArgs, w: &mut Weights, p: &str) -> Result<Moe> {
+        let d = a.hidden_size;
+        let expert_dim = m.latent.unwrap_or(d);
+        let mut switch_mlp = SwitchMlp::load(
+            w,
+            &format!("{p}.switch_mlp"),
+            expert_dim,
+            m.inner,
+            m.experts,
+            false,
+        )?;
+        switch_mlp.relu2 = true;
+        let shared_experts = match m.shared {
+            Some(h) => Some(Mlp::load(
+                w,
+                &format!("{p}.shared_experts"),
+                d,
+                h,
+                a.mlp_bias,
+            )?),
+            None => None,
+        };
+        let latent = match m.latent {
+            Some(l) => Some((
+                Linear::load(w, &format!("{p}.fc1_latent_proj"), d, l, a.mlp_bias)?,
+                Linear::load(w, &format!("{p}.fc2_latent_proj"), l, d, a.mlp_bias)?,
+            )),
+            None => None,
+        };
+        Ok(Moe {
+            gate: Linear::load(w, &format!("{p}.gate"), d, m.experts, false)?,
+            correction_bias: w.take(&format!("{p}.gate.e_score_correction_bias"), &[m.experts])?,
+            switch_mlp,
+            shared_experts,
+            latent,
+            select: GroupSelect {
+                top_k: m.top_k,
+                n_group: m.n_group,
+                topk_group: m.topk_group,
+                scaling_bits: m.scaling.to_bits(),
+                norm_topk_prob: m.norm,
+                bailing: false,
+                sigmoid: true,
+                has_bias: true,
+                kimi: false,
+                cast_back: false,
+            },
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let (inds, scores) =
+            group_expert_select(&self.gate.forward(x)?, &self.correction_bias, self.select)?;
+        let h = match &self.latent {
+            Some((fc1, _)) => fc1.forward(x)?,
+            None => x.clone(),
+        };
+        let y = self.switch_mlp.forward(&h, &inds)?;
+        let weighted = (&y * &ops::expand_dims(&scores, &[-1], None)?)?;
+        let mut y = ops::sum(&weighted, &[-2], false, None)?.astype(y.dtype())?;
+        if let Some((_, fc2)) = &self.latent {
+            y = fc2.forward(&y)?;
+        }
+        if let Some(s) = &self.shared_experts {
+            y = (&y + &s.forward(x)?)?;
+        }
+        Ok(y)
+    }
+}
+
 #[derive(Clone)]
 enum Mixer {
     Mamba(Box<Mamba2Mixer>),
     Attention(Attention),
     Mlp(Mlp),
+    Moe(Box<Moe>),
 }
 
 #[derive(Clone)]
@@ -268,9 +466,26 @@ impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let a: ModelArgs = config.args()?;
         let pattern = a.pattern()?;
-        // sanitize: multi-token-prediction weights dropped, conv weights moved.
+        // sanitize: multi-token-prediction weights dropped, conv weights moved, experts
+        // stacked.
         w.discard_prefix("mtp.");
         sanitize(w)?;
+        if pattern.contains(&'E') {
+            let m = a.moe()?;
+            for (i, kind) in pattern.iter().enumerate() {
+                if *kind == 'E' {
+                    let p = format!("backbone.layers.{i}.mixer");
+                    kit::stack_experts(
+                        w,
+                        &format!("{p}.experts"),
+                        &format!("{p}.switch_mlp"),
+                        m.experts,
+                        &[("down_proj", "fc2"), ("up_proj", "fc1")],
+                        &kit::LINEAR_KEYS,
+                    )?;
+                }
+            }
+        }
         let eps = a.layer_norm_epsilon as f32;
         let d = a.hidden_size;
         let embeddings = Embedding::load(w, "backbone.embeddings", a.vocab_size, d)?;
@@ -281,22 +496,8 @@ impl Model {
             let mixer = match kind {
                 'M' => Mixer::Mamba(Box::new(Mamba2Mixer::load(&a.mamba_dims(), w, &m)?)),
                 '*' => Mixer::Attention(Attention::load(&a, w, &m)?),
-                _ => Mixer::Mlp(Mlp {
-                    up_proj: Linear::load(
-                        w,
-                        &format!("{m}.up_proj"),
-                        d,
-                        a.intermediate_size,
-                        a.mlp_bias,
-                    )?,
-                    down_proj: Linear::load(
-                        w,
-                        &format!("{m}.down_proj"),
-                        a.intermediate_size,
-                        d,
-                        a.mlp_bias,
-                    )?,
-                }),
+                'E' => Mixer::Moe(Box::new(Moe::load(&a, &a.moe()?, w, &m)?)),
+                _ => Mixer::Mlp(Mlp::load(w, &m, d, a.intermediate_size, a.mlp_bias)?),
             };
             layers.push(Block {
                 norm: RmsNorm::load(w, &format!("{p}.norm"), d, eps)?,
@@ -330,7 +531,7 @@ impl Model {
     fn n_caches(&self) -> usize {
         self.layers
             .iter()
-            .filter(|l| !matches!(l.mixer, Mixer::Mlp(_)))
+            .filter(|l| matches!(l.mixer, Mixer::Mamba(_) | Mixer::Attention(_)))
             .count()
     }
 
@@ -374,7 +575,8 @@ impl Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let x = layer.norm.forward(&h)?;
             let out = match &layer.mixer {
-                Mixer::Mlp(m) => m.down_proj.forward(&relu2(&m.up_proj.forward(&x)?)?)?,
+                Mixer::Mlp(m) => m.forward(&x)?,
+                Mixer::Moe(m) => m.forward(&x)?,
                 Mixer::Mamba(m) => {
                     let cache = caches.as_deref_mut().and_then(|c| c.get_mut(counter));
                     counter += 1;
@@ -407,7 +609,7 @@ impl LanguageModel for Model {
                     match l.mixer {
                         Mixer::Mamba(_) => Some(Box::new(mlx_cache::ArraysCache::new(2))),
                         Mixer::Attention(_) => Some(Box::new(KVCache::new())),
-                        Mixer::Mlp(_) => None,
+                        Mixer::Mlp(_) | Mixer::Moe(_) => None,
                     }
                 })
                 .collect()
