@@ -16,7 +16,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{relu2, Embedding, Linear, RmsNorm, SwitchMlp};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
-use crate::models::moe::{group_expert_select, GroupSelect};
+use crate::models::moe_block::{group_expert_select, GroupSelect};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
