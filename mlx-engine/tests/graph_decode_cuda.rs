@@ -534,9 +534,17 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
     ];
     let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
     let mut single = GraphDecoder::new(spec.clone(), &weights, 128).unwrap();
+    // The tensor-core tiles (off by default) are what this test checks on a device: from
+    // MMA_MIN_SEQUENCES rows unless MLX_GRAPH_BATCH_MMA says otherwise (99: FFMA alone).
     let opts = GraphOptions {
         sequences: 4,
         tile_sequences: tile,
+        tensor_cores_from: Some(
+            std::env::var("MLX_GRAPH_BATCH_MMA")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(mlx_kernels::graph_decode::MMA_MIN_SEQUENCES),
+        ),
         ..GraphOptions::default()
     };
     let mut dec = GraphDecoder::with_options(spec, &weights, 128, &opts).unwrap();
@@ -758,8 +766,8 @@ fn batched_throughput() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
-    // Tiles from this many rows on the tensor cores (`GraphOptions::tensor_cores_from`; the
-    // default unless MLX_GRAPH_BATCH_MMA is set, e.g. to 99 for the FFMA kernels alone).
+    // Tiles from this many rows on the tensor cores (`GraphOptions::tensor_cores_from`; off
+    // unless MLX_GRAPH_BATCH_MMA is set, e.g. to 4; 99 for the FFMA kernels alone).
     let mma_from = std::env::var("MLX_GRAPH_BATCH_MMA")
         .ok()
         .and_then(|v| v.parse().ok());

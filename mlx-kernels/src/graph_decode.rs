@@ -132,8 +132,9 @@ pub struct GraphOptions {
     /// [`TILE_SEQUENCES`]); for testing the tiles.
     pub tile_sequences: Option<u32>,
     /// Tiles of at least this many sequences multiply 4-bit weights in groups of 64 on the
-    /// tensor cores (mma.sync m16n8k16, `mv_run_mma` in the source; default
-    /// [`MMA_MIN_SEQUENCES`], `u32::MAX` never). Their sums run in another order than the
+    /// tensor cores (mma.sync m16n8k16, `mv_run_mma` in the source; `None`, the default:
+    /// never, until the tiles have run on a device (they were checked on the emulator only,
+    /// results/gpu/2026-12-04-s25-run11); [`MMA_MIN_SEQUENCES`] is the threshold to try). Their sums run in another order than the
     /// single-row kernels': a row of such a tile is within [`TEACHER_FORCED_BOUNDS`] of the
     /// sequence decoded alone (tier L3), not bit-equal as in smaller tiles.
     pub tensor_cores_from: Option<u32>,
@@ -144,8 +145,8 @@ pub const MAX_SEQUENCES: u32 = 64;
 /// The most sequences one launch of a matrix-vector kernel takes (`NB` in the source; past it
 /// the sums no longer fit the registers).
 pub const TILE_SEQUENCES: u32 = 8;
-/// The smallest tile that runs on the tensor cores by default
-/// ([`GraphOptions::tensor_cores_from`]): from about 4 rows the FFMA kernels are compute bound
+/// The smallest tile worth running on the tensor cores
+/// ([`GraphOptions::tensor_cores_from`], off unless set): from about 4 rows the FFMA kernels are compute bound
 /// (results/gpu/2026-12-04-s23-run9).
 pub const MMA_MIN_SEQUENCES: u32 = 4;
 
@@ -1070,7 +1071,7 @@ impl GraphDecoder {
             ));
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
-        let mma = nb as u32 >= opts.tensor_cores_from.unwrap_or(MMA_MIN_SEQUENCES);
+        let mma = nb as u32 >= opts.tensor_cores_from.unwrap_or(u32::MAX);
         let source = format!(
             "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n\
              #define NB {nb}\n#define MV_MMA {}\n{SOURCE}",

@@ -443,8 +443,13 @@ fn pick_graph(
     let rows = config
         .max_batch
         .min(mlx_kernels::graph_decode::MAX_SEQUENCES as usize) as u32;
+    // Tensor-core tiles are opt-in (MLX_GRAPH_TENSOR_CORES=N: tiles of N or more rows) until
+    // they have run on a device; see `GraphOptions::tensor_cores_from`.
     let opts = GraphOptions {
         sequences: rows.max(1),
+        tensor_cores_from: std::env::var("MLX_GRAPH_TENSOR_CORES")
+            .ok()
+            .and_then(|v| v.parse().ok()),
         ..GraphOptions::default()
     };
     let cap = graph_capacity();
