@@ -525,6 +525,17 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // BitNet b1.58: llama's names plus the sub-norms; the projections, written as ternary
+    // values times one scale, packed back into mlx-lm's BitLinear (`bitnet_config`).
+    GgufArch {
+        arch: "bitnet",
+        model_type: "bitnet",
+        parts: &[
+            ("attn_sub_norm", "self_attn.attn_sub_norm"),
+            ("ffn_sub_norm", "mlp.ffn_sub_norm"),
+        ],
+        ..PLAIN
+    },
     // Qwen2-VL / Qwen2.5-VL's text tower: qwen2's names; its M-RoPE is plain rope on text
     // (mlx-lm's too), so `rope.dimension_sections` is not read.
     GgufArch {
@@ -2400,6 +2411,18 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
         "mellum" => mellum_config(&mut config, path, &metadata, &key, blocks)?,
+        "bitnet" => {
+            if let Some(k) = ggml
+                .keys()
+                .find(|k| BITNET_LINEARS.iter().any(|(_, p)| k.contains(p)))
+            {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: BitNet's ternary weights are read dequantized only"),
+                ));
+            }
+            bitnet_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
+        }
         "openelm" => {
             if let Some(k) = ggml.keys().find(|k| k.contains(".ffn.gguf_")) {
                 return Err(gguf_err(
@@ -3282,6 +3305,125 @@ fn exaone_moe_config(
         }
     }
     Ok(())
+}
+
+/// BitNet's projections: llama.cpp's part, mlx-lm's module.
+const BITNET_LINEARS: &[(&str, &str)] = &[
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// BitNet b1.58 (`bitnet`): BitnetModel writes each projection as ternary values times one
+/// scale (its `weight_quant`); mlx-lm's BitLinear holds the codes packed four output rows a
+/// byte plus `weight_scale`, which [`bitnet_pack`] recovers exactly. The rope scaling the
+/// converter writes (linear, factor 1) is no scaling; another linear factor is kept.
+fn bitnet_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    match meta_str(meta, &key("rope.scaling.type")) {
+        None | Some("none") => {}
+        Some("linear") => {
+            let f = meta_f64(meta, &key("rope.scaling.factor")).ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("rope.scaling.factor")),
+                )
+            })?;
+            if f != 1.0 {
+                config["rope_scaling"] = json!({"type": "linear", "factor": f});
+            }
+        }
+        Some(other) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {other:?}: mlx-lm's bitnet takes linear scaling only",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    let bias = |p: &str| tensors.contains_key(&format!("model.layers.0.{p}.bias"));
+    config["attention_bias"] = Value::from(bias("self_attn.q_proj"));
+    config["mlp_bias"] = Value::from(bias("mlp.up_proj"));
+    for l in 0..blocks {
+        for (part, module) in BITNET_LINEARS {
+            let gguf = format!("blk.{l}.{part}.weight");
+            let name = format!("model.layers.{l}.{module}");
+            let w = tensors
+                .remove(&format!("{name}.weight"))
+                .ok_or_else(|| gguf_err(path, format!("GGUF tensor {gguf} is missing")))?;
+            let (packed, scale) =
+                bitnet_pack(&w).map_err(|e| gguf_err(path, format!("GGUF tensor {gguf}: {e}")))?;
+            tensors.insert(format!("{name}.weight"), packed);
+            tensors.insert(format!("{name}.weight_scale"), scale);
+        }
+    }
+    Ok(())
+}
+
+/// A weight of ternary values times one scale (`(out, in)`, `out` a multiple of 4) as mlx-lm's
+/// BitLinear holds it: uint8 `(out / 4, in)` whose bits `2i..2i + 2` of row `r` are row
+/// `r + i * out / 4`'s code (value / scale + 1), and the scale (the non-zero magnitude, 1 when
+/// every value is 0) in the weight's dtype, shape (1,). Values that are not 0 or plus / minus
+/// one magnitude are refused.
+fn bitnet_pack(w: &Array) -> std::result::Result<(Array, Array), String> {
+    let shape = w.shape();
+    let &[out, cols] = shape.as_slice() else {
+        return Err(format!("must be 2-d, got shape {shape:?}"));
+    };
+    if out % 4 != 0 {
+        return Err(format!(
+            "has {out} rows; mlx-lm's BitLinear packs four output rows a byte"
+        ));
+    }
+    let v = w
+        .astype(Dtype::Float32)
+        .and_then(|a| a.to_vec::<f32>())
+        .map_err(|e| e.to_string())?;
+    let s = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    if let Some(i) = v.iter().position(|&x| !(x == 0.0 || x == s || x == -s)) {
+        let c = cols as usize;
+        return Err(format!(
+            "value {} at ({}, {}) is not 0 or +/-{s}: not ternary values times one scale",
+            v[i],
+            i / c,
+            i % c
+        ));
+    }
+    let (q, c) = (out as usize / 4, cols as usize);
+    let mut packed = vec![0u8; q * c];
+    for i in 0..4 {
+        for (j, p) in packed.iter_mut().enumerate() {
+            let x = v[i * q * c + j];
+            let code: u8 = if x > 0.0 {
+                2
+            } else if x < 0.0 {
+                0
+            } else {
+                1
+            };
+            *p |= code << (2 * i);
+        }
+    }
+    let s = if s == 0.0 { 1.0 } else { s };
+    let err = |e: mlx_core::Error| e.to_string();
+    Ok((
+        Array::from_slice(&packed, &[out / 4, cols]).map_err(err)?,
+        Array::from_slice(&[s], &[1])
+            .and_then(|a| a.astype(w.dtype()))
+            .map_err(err)?,
+    ))
 }
 
 /// A positive count per layer (a list, or one number for every layer), as 32-bit values.

@@ -439,6 +439,8 @@ class Case:
     # names (mlx-lm's) whose read-back may differ from the seeded values.
     undo: Optional[Callable] = None
     inexact: Callable = lambda k: k.endswith("A_log")
+    # The read-back model as recorded (BitNet's BitLinears unpacked for the CPU).
+    serve: Callable = lambda m: m
 
     def __post_init__(self):
         self.names = {**LLAMA, **self.parts}
@@ -502,8 +504,9 @@ def write_case(name, case):
             continue
         _, layer, rest = k.split(".", 2)
         got = case.read_back(case, f"model.layers.{layer}", rest, v, loaded)
-        if got is not None:
-            back[case.wrap + got[0]] = got[1]
+        # One pair, or a list of pairs (BitNet: packed codes and their scale).
+        for mk, mv in [] if got is None else got if isinstance(got, list) else [got]:
+            back[case.wrap + mk] = mv
     orig = dict(tree_flatten(model.parameters()))
     assert sorted(orig) == sorted(back), (sorted(orig), sorted(back))
     for k, v in back.items():
@@ -513,7 +516,7 @@ def write_case(name, case):
     fresh = module.Model(module.ModelArgs.from_dict(c))
     fresh.load_weights(list(back.items()), strict=True)
     mx.eval(fresh.parameters())
-    record(fresh, name, __file__)
+    record(case.serve(fresh), name, __file__)
 
 
 def cfg(model_type, **overrides):
@@ -1703,6 +1706,68 @@ for _name, _extra in [
         tensors=stablelm_tensors,
     )
     CASES[_name].stacks = {}
+
+
+# BitNet b1.58 (`bitnet`): BitnetModel is TextModel (SentencePiece vocabulary) plus linear rope
+# scaling of factor 1, and writes each attention / MLP projection as its `weight_quant` leaves
+# the float checkpoint: round(w * iscale).clamp(-1, 1) / iscale in float32 (iscale = 1 / mean
+# |w|): ternary values times one scale. The seeded float weights (per name) go through that;
+# mlx-lm's bitnet holds packed ternary codes (four output rows a byte) and `weight_scale`, so
+# the golden packs back what the file holds (the scale: the non-zero magnitude) into a fresh
+# model, recorded on the unpacked weights (mlx-lm runs BitLinear only in a Metal kernel;
+# goldens_dense2's `unpack_bitlinear`).
+BITNET_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def bitnet_linear(k):
+    return k.rsplit(".", 2)[-2] in BITNET_LINEARS
+
+
+def bitnet_tensors(case, k, v):
+    if not bitnet_linear(k):
+        return [(case.gguf_name(k), v)]
+    if not k.endswith(".weight"):
+        return []
+    rows, cols = v.shape
+    w = mx.random.normal((4 * rows, cols), key=mx.random.key(zlib.crc32(k.encode()))) * 0.3
+    scale = mx.maximum(mx.mean(mx.abs(w)), 1e-5)
+    iscale = 1 / scale
+    return [(case.gguf_name(k), mx.clip(mx.round(w * iscale), -1, 1) / iscale)]
+
+
+def bitnet_back(case, p, rest, v, loaded):
+    module, suffix = rest.rsplit(".", 1)
+    name = f"{p}.{case.inverse[module]}"
+    if not bitnet_linear(f"{name}.{suffix}"):
+        return f"{name}.{suffix}", v
+    s = mx.max(mx.abs(v))
+    assert mx.all((v == 0) | (v == s) | (v == -s)).item(), name
+    codes = mx.where(v > 0, 2, mx.where(v < 0, 0, 1)).astype(mx.uint8)
+    codes = codes.reshape(4, v.shape[0] // 4, v.shape[1])
+    packed = sum(codes[i] << (2 * i) for i in range(4)).astype(mx.uint8)
+    return [(f"{name}.weight", packed), (f"{name}.weight_scale", s.reshape(1).astype(v.dtype))]
+
+
+def bitnet_serve(model):
+    from goldens_dense2 import unpack_bitlinear
+
+    return unpack_bitlinear(model)
+
+
+CASES["bitnet"] = Case(
+    "bitnet",
+    cfg("bitnet", head_dim=8),
+    "bitnet",
+    text_model(head_dim="head_dim")[:-len(GPT2)] + [
+        text("rope.scaling.type", "linear"),
+        f32("rope.scaling.factor", 1.0),
+    ] + SPM,
+    {"self_attn.attn_sub_norm": "attn_sub_norm", "mlp.ffn_sub_norm": "ffn_sub_norm"},
+    tensors=bitnet_tensors,
+    read_back=bitnet_back,
+    inexact=bitnet_linear,
+    serve=bitnet_serve,
+)
 
 
 # Qwen2-VL / Qwen3-VL's text towers (`qwen2vl`, `qwen3vl`): Qwen2VLModel is TextModel (qkv
