@@ -525,6 +525,14 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Deci / Nemotron-NAS (`deci_config`): llama's names, per-layer blocks, Llama 3's
+    // `rope_freqs`; Q / K un-permuted per layer there.
+    GgufArch {
+        arch: "deci",
+        model_type: "nemotron-nas",
+        rope_tensors: true,
+        ..PLAIN
+    },
     // BitNet b1.58: llama's names plus the sub-norms; the projections, written as ternary
     // values times one scale, packed back into mlx-lm's BitLinear (`bitnet_config`).
     GgufArch {
@@ -1524,8 +1532,28 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     } else {
         None
     };
+    // Deci (Nemotron-NAS) writes them per layer too, 0 where a layer has no attention (KV 0
+    // also for a linear stand-in); `deci_config` reads the lists.
+    let deci_heads = if arch.arch == "deci" {
+        Some((
+            layer_counts(&metadata, path, &key("attention.head_count"), 0)?,
+            layer_counts(&metadata, path, &key("attention.head_count_kv"), 0)?,
+        ))
+    } else {
+        None
+    };
     let heads = if let Some((q, _)) = &openelm_heads {
         q[0]
+    } else if let Some((q, _)) = &deci_heads {
+        // The model's head count: that of its attention layers (`deci_config` checks them),
+        // else the width over the head size.
+        match q.iter().copied().find(|&n| n > 0) {
+            Some(n) => n,
+            None => {
+                let d = count("attention.key_length")?.max(1);
+                count("embedding_length")? / d
+            }
+        }
     } else if arch.arch == "rwkv7" {
         // RWKV-7 writes a head count of 0 (unused); its heads are the width over the head size.
         let (h, d) = (count("embedding_length")?, count("wkv.head_size")?);
@@ -1571,9 +1599,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 }
             }
         }
-        None => match &openelm_heads {
-            Some((_, kv)) => kv[0],
-            None => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+        None => match (&openelm_heads, &deci_heads) {
+            (Some((_, kv)), _) => kv[0],
+            (_, Some((_, kv))) => kv.iter().copied().find(|&n| n > 0).unwrap_or(heads),
+            _ => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
         },
     };
     let hidden = count("embedding_length")?;
@@ -1628,7 +1657,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     // (`gemma4_config` checks the list); the first is the base width.
     let ffn_per_layer = match metadata.get(&key("feed_forward_length")) {
         Some(GgufValue::Array(a))
-            if matches!(arch.arch, "gemma4" | "gemma3n" | "openelm")
+            if matches!(arch.arch, "gemma4" | "gemma3n" | "openelm" | "deci")
                 && a.ndim() == 1
                 && a.size() > 1 =>
         {
@@ -2411,6 +2440,20 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
         "mellum" => mellum_config(&mut config, path, &metadata, &key, blocks)?,
+        "deci" => {
+            let (q, kv) = deci_heads.clone().unwrap_or_default();
+            let ffn = ffn_per_layer
+                .clone()
+                .unwrap_or_else(|| vec![i64::from(ffn)]);
+            deci_config(
+                &mut config,
+                &mut tensors,
+                path,
+                &key,
+                (blocks, hidden, heads),
+                (q, kv, ffn),
+            )?
+        }
         "bitnet" => {
             if let Some(k) = ggml
                 .keys()
@@ -3307,6 +3350,146 @@ fn exaone_moe_config(
     Ok(())
 }
 
+/// Deci / Nemotron-NAS (`deci` -> mlx-lm's `nemotron-nas`): each layer's `block_configs`
+/// entry from the per-layer lists DeciModel writes: query heads 0 (no attention), or the
+/// model's count with KV heads 0 (the linear stand-in: `attn_output` is mlx-lm's
+/// `self_attn.linear`) or a divisor of it (`n_heads_in_group`, Q / K rows un-permuted per
+/// layer); an MLP width of 0 (none) or the converter's `_ffn_mult_to_intermediate_size` of a
+/// multiplier, which is recovered (`3 w / 2 hidden`, checked to give `w` back in mlx-lm's
+/// arithmetic). A width no multiplier gives is refused.
+fn deci_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    key: &dyn Fn(&str) -> String,
+    (blocks, hidden, heads): (i32, i32, i32),
+    (q, kv, ffn): (Vec<i32>, Vec<i32>, Vec<i64>),
+) -> Result<()> {
+    let n = blocks as usize;
+    let expand = |v: Vec<i64>, k: &str| -> Result<Vec<i64>> {
+        match v.len() {
+            1 => Ok(vec![v[0]; n]),
+            l if l == n => Ok(v),
+            l => Err(gguf_err(
+                path,
+                format!("metadata `{}` has {l} entries for {blocks} layers", key(k)),
+            )),
+        }
+    };
+    let (qk, kvk, fk) = (
+        "attention.head_count",
+        "attention.head_count_kv",
+        "feed_forward_length",
+    );
+    let q = expand(q.into_iter().map(i64::from).collect(), qk)?;
+    let kv = expand(kv.into_iter().map(i64::from).collect(), kvk)?;
+    let ffn = expand(ffn, fk)?;
+    let h = i64::from(heads);
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` ({heads}) does not divide `{}` ({hidden})",
+                key(qk),
+                key("embedding_length")
+            ),
+        ));
+    }
+    if let Some(d) = config["head_dim"]
+        .as_i64()
+        .filter(|&d| d != i64::from(hidden / heads))
+    {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {d}; nemotron-nas's heads are {} wide",
+                key("attention.key_length"),
+                hidden / heads
+            ),
+        ));
+    }
+    let d = f64::from(hidden);
+    let mut blocks_cfg = Vec::with_capacity(n);
+    for l in 0..n {
+        let bad = |k: &str, why: String| {
+            gguf_err(path, format!("layer {l}: metadata `{}` {why}", key(k)))
+        };
+        let p = format!("model.layers.{l}.self_attn");
+        let attention = match (q[l], kv[l]) {
+            (0, 0) => json!({"no_op": true}),
+            (a, _) if a != h => {
+                return Err(bad(
+                    qk,
+                    format!("is {a}; the attention layers have {h} heads"),
+                ))
+            }
+            (_, 0) => {
+                for suffix in ["weight", "bias"] {
+                    if let Some(w) = tensors.remove(&format!("{p}.o_proj.{suffix}")) {
+                        tensors.insert(format!("{p}.linear.{suffix}"), w);
+                    }
+                }
+                json!({"replace_with_linear": true})
+            }
+            (_, k) if k < 0 || h % k != 0 => {
+                return Err(bad(kvk, format!("is {k}, which does not divide {h} heads")))
+            }
+            (_, k) => {
+                for (proj, count, name) in [("q_proj", h, qk), ("k_proj", k, kvk)] {
+                    for suffix in ["weight", "bias"] {
+                        let t = format!("{p}.{proj}.{suffix}");
+                        if let Some(w) = tensors.remove(&t) {
+                            let w = if suffix == "bias" {
+                                let r = w.shape()[0];
+                                unpermute(&w.reshape(&[r, 1])?, count as i32, &t, &key(name))?
+                                    .reshape(&[r])?
+                            } else {
+                                unpermute(&w, count as i32, &t, &key(name))?
+                            };
+                            tensors.insert(t, w);
+                        }
+                    }
+                }
+                json!({"n_heads_in_group": h / k})
+            }
+        };
+        let mlp = match ffn[l] {
+            0 => json!({"no_op": true}),
+            w if w > 0 => {
+                // mlx-lm: round(mult, 6), then find_multiple(int(2 * mult * d / 3), 256).
+                let mult = (1.5 * w as f64 / d * 1e6).round() / 1e6;
+                let i = (2.0 * mult * d / 3.0) as i64;
+                let back = if i % 256 == 0 { i } else { i + 256 - i % 256 };
+                if back != w {
+                    return Err(bad(
+                        fk,
+                        format!("is {w}, which no `ffn_mult` gives (a multiple of 256)"),
+                    ));
+                }
+                json!({"ffn_mult": mult})
+            }
+            w => return Err(bad(fk, format!("is {w}"))),
+        };
+        blocks_cfg.push(json!({"attention": attention, "ffn": mlp}));
+    }
+    config["model_type"] = Value::from("nemotron-nas");
+    config["num_attention_heads"] = Value::from(heads);
+    config["block_configs"] = Value::from(blocks_cfg);
+    let has = |t: &str| {
+        tensors
+            .keys()
+            .any(|k| k.starts_with("model.layers.") && k.ends_with(t))
+    };
+    config["attention_bias"] = Value::from(has(".self_attn.q_proj.bias"));
+    config["mlp_bias"] = Value::from(has(".mlp.up_proj.bias"));
+    for k in ["head_dim", "num_key_value_heads", "intermediate_size"] {
+        if let Value::Object(m) = config {
+            m.remove(k);
+        }
+    }
+    Ok(())
+}
+
 /// BitNet's projections: llama.cpp's part, mlx-lm's module.
 const BITNET_LINEARS: &[(&str, &str)] = &[
     ("attn_q", "self_attn.q_proj"),
@@ -3428,10 +3611,16 @@ fn bitnet_pack(w: &Array) -> std::result::Result<(Array, Array), String> {
 
 /// A positive count per layer (a list, or one number for every layer), as 32-bit values.
 fn per_layer_counts(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Vec<i32>> {
+    layer_counts(meta, path, key, 1)
+}
+
+/// [`per_layer_counts`] with counts of at least `min` (0 for layers without attention).
+fn layer_counts(meta: &GgufMetadata, path: &Path, key: &str, min: i32) -> Result<Vec<i32>> {
     let bad = || {
+        let what = if min > 0 { "positive" } else { "non-negative" };
         gguf_err(
             path,
-            format!("metadata `{key}` must be positive 32-bit counts, one per layer"),
+            format!("metadata `{key}` must be {what} 32-bit counts, one per layer"),
         )
     };
     match meta.get(key) {
@@ -3443,7 +3632,7 @@ fn per_layer_counts(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Vec<i
                 .and_then(|b| b.to_vec::<i64>())
                 .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?;
             v.iter()
-                .map(|&n| i32::try_from(n).ok().filter(|&n| n > 0).ok_or_else(bad))
+                .map(|&n| i32::try_from(n).ok().filter(|&n| n >= min).ok_or_else(bad))
                 .collect()
         }
         Some(_) => Err(bad()),

@@ -771,6 +771,27 @@ mod gguf {
                 GgufValue::Array(Array::from_slice(&[4u32, 0], &[2]).unwrap()),
                 "positive",
             ),
+            (
+                "deci",
+                "deciffn",
+                "deci.feed_forward_length",
+                GgufValue::Array(Array::from_slice(&[256u32, 256, 0, 300], &[4]).unwrap()),
+                "no `ffn_mult` gives",
+            ),
+            (
+                "deci",
+                "deciq",
+                "deci.attention.head_count",
+                GgufValue::Array(Array::from_slice(&[4u32, 0, 2, 4], &[4]).unwrap()),
+                "the attention layers have 4 heads",
+            ),
+            (
+                "deci",
+                "decikv",
+                "deci.attention.head_count_kv",
+                GgufValue::Array(Array::from_slice(&[3u32, 0, 0, 1], &[4]).unwrap()),
+                "does not divide 4 heads",
+            ),
         ] {
             let e = err(&edited(
                 fixture,

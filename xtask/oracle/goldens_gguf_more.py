@@ -1770,6 +1770,72 @@ CASES["bitnet"] = Case(
 )
 
 
+# Deci / Nemotron-NAS (`deci`, Llama-3_1-Nemotron-51B): DeciModel writes per layer the query
+# heads (0 without attention), the KV heads (0 also for the linear stand-in) and the MLP
+# widths (`_ffn_mult_to_intermediate_size`, 0 without an MLP), then the block count, context,
+# width, RMS eps, key / value lengths, vocabulary size and rope width; Q / K permuted with the
+# layer's head counts; the linear stand-in `self_attn.linear_attn` as `attn_output`; Llama
+# 3's rope as `rope_freqs`; a SentencePiece vocabulary (a size other than 128256). llama.cpp
+# has no linear MLP stand-in. mlx-lm's type is `nemotron-nas`.
+DECI_BLOCKS = [
+    {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
+    {"attention": {"no_op": True}, "ffn": {"ffn_mult": 0.5}},
+    {"attention": {"replace_with_linear": True}, "ffn": {"no_op": True}},
+    {"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 7.0}},
+]
+
+
+def deci_heads(c):
+    return [0 if b["attention"].get("no_op") else c["num_attention_heads"] for b in c["block_configs"]]
+
+
+def deci_kv(c):
+    g = [b["attention"].get("n_heads_in_group") for b in c["block_configs"]]
+    return [0 if n is None else c["num_attention_heads"] // n for n in g]
+
+
+def deci_ffn(c):
+    from importlib import import_module
+
+    m = import_module("mlx_lm.models.nemotron-nas")
+    return [0 if b["ffn"].get("no_op") else m._ffn_mult_to_intermediate_size(b["ffn"]["ffn_mult"], c["hidden_size"])
+            for b in c["block_configs"]]
+
+
+def deci_tensors(case, k, v):
+    if ".self_attn.linear." in k:
+        return [(f"blk.{layer_of(k)}.attn_output.{k.rsplit('.', 1)[1]}", v)]
+    if ".q_proj." in k or ".k_proj." in k:
+        c, layer = case.config, int(layer_of(k))
+        v = permute(v, c["num_attention_heads"] if ".q_proj." in k else deci_kv(c)[layer])
+    return [(case.gguf_name(k), v)]
+
+
+CASES["deci"] = Case(
+    "nemotron-nas",
+    cfg("nemotron-nas", hidden_size=64, num_hidden_layers=4, block_configs=DECI_BLOCKS,
+        tie_word_embeddings=False,
+        rope_scaling={**LLAMA3_ROPE, "factor": 8.0, "original_max_position_embeddings": 2048}),
+    "deci",
+    [
+        f32("rope.freq_base", "rope_theta"),
+        u32("attention.head_count_kv", deci_kv),
+        u32("attention.head_count", deci_heads),
+        u32("feed_forward_length", deci_ffn),
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", head_size),
+        u32("attention.value_length", head_size),
+        u32("vocab_size", "vocab_size"),
+        u32("rope.dimension_count", head_size),
+    ] + SPM,
+    tensors=deci_tensors,
+    extra=[llama3_rope_freqs],
+)
+
+
 # Qwen2-VL / Qwen3-VL's text towers (`qwen2vl`, `qwen3vl`): Qwen2VLModel is TextModel (qkv
 # bias), Qwen3VLTextModel Qwen3Model (per-head q / k norms, the head size) plus the deepstack
 # layer count; both write the M-RoPE sections (padded to 4) where TextModel writes rope
