@@ -5888,6 +5888,37 @@ mod tests {
             .collect()
     }
 
+    /// BitNet: ternary values times one scale pack into mlx-lm's codes (row `r + i * out / 4`
+    /// in bits `2i..2i + 2` of row `r`) with the scale in the weight's dtype; all-zero weights
+    /// take scale 1; a second magnitude or rows not a multiple of 4 are refused.
+    #[test]
+    fn bitnet_weights_pack_into_codes_and_one_scale() -> Result<()> {
+        let h = |v: &[f32]| {
+            v.iter()
+                .map(|&x| half::f16::from_f32(x))
+                .collect::<Vec<_>>()
+        };
+        let w = Array::from_slice(&h(&[0.5, 0.0, -0.5, 0.5, 0.0, 0.0, 0.5, -0.5]), &[4, 2])?;
+        let (packed, scale) = bitnet_pack(&w).unwrap();
+        assert_eq!(packed.dtype(), Dtype::Uint8);
+        assert_eq!(packed.shape(), vec![1, 2]);
+        assert_eq!(
+            packed.to_vec::<u8>()?,
+            vec![2 | 1 << 4 | 2 << 6, 1 | 2 << 2 | 1 << 4]
+        );
+        assert_eq!(scale.dtype(), Dtype::Float16);
+        assert_eq!(scale.astype(Dtype::Float32)?.to_vec::<f32>()?, vec![0.5]);
+        let zero = Array::from_slice(&[0.0f32; 8], &[4, 2])?;
+        let (packed, scale) = bitnet_pack(&zero).unwrap();
+        assert_eq!(packed.to_vec::<u8>()?, vec![0b0101_0101; 2]);
+        assert_eq!(scale.to_vec::<f32>()?, vec![1.0]);
+        let two = Array::from_slice(&[0.5f32, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], &[4, 2])?;
+        assert!(bitnet_pack(&two).unwrap_err().contains("at (0, 1)"));
+        let three = Array::from_slice(&[0.5f32; 6], &[3, 2])?;
+        assert!(bitnet_pack(&three).unwrap_err().contains("3 rows"));
+        Ok(())
+    }
+
     /// Llama 3.1 (factor 8) and 3.2 (factor 32) as released (theta 500000, head 128, original
     /// context 8192, low 1, high 4): the parameters come back exactly.
     #[test]
