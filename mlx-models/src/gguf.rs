@@ -1692,10 +1692,25 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             continue;
         };
         // Rows carry their blocks: llama.cpp's Q/K row permutation is undone on the bytes.
+        // Deci's Q / K rows are permuted with the layer's own head counts.
+        let deci_layer = |list: &[i32]| {
+            let l = name.split('.').nth(1).and_then(|l| l.parse::<usize>().ok());
+            l.and_then(|l| list.get(l.min(list.len().saturating_sub(1))).copied())
+        };
         let a = if arch.permute_qk && m.contains(".self_attn.q_proj.") {
             unpermute(&a, heads, &name, &key("attention.head_count"))?
         } else if arch.permute_qk && m.contains(".self_attn.k_proj.") {
             unpermute(&a, kv_heads, &name, &key("attention.head_count_kv"))?
+        } else if let (Some((q, kv)), true) = (&deci_heads, m.contains(".self_attn.")) {
+            if m.contains(".q_proj.") {
+                let n = deci_layer(q).unwrap_or(heads);
+                unpermute(&a, n, &name, &key("attention.head_count"))?
+            } else if m.contains(".k_proj.") {
+                let n = deci_layer(kv).unwrap_or(kv_heads);
+                unpermute(&a, n, &name, &key("attention.head_count_kv"))?
+            } else {
+                a
+            }
         } else {
             a
         };
@@ -2448,6 +2463,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             deci_config(
                 &mut config,
                 &mut tensors,
+                &mut ggml,
                 path,
                 &key,
                 (blocks, hidden, heads),
@@ -3360,6 +3376,7 @@ fn exaone_moe_config(
 fn deci_config(
     config: &mut Value,
     tensors: &mut BTreeMap<String, Array>,
+    ggml: &mut BTreeMap<String, crate::layers::GgmlWeight>,
     path: &Path,
     key: &dyn Fn(&str) -> String,
     (blocks, hidden, heads): (i32, i32, i32),
@@ -3424,10 +3441,19 @@ fn deci_config(
                 ))
             }
             (_, 0) => {
-                for suffix in ["weight", "bias"] {
-                    if let Some(w) = tensors.remove(&format!("{p}.o_proj.{suffix}")) {
-                        tensors.insert(format!("{p}.linear.{suffix}"), w);
+                // Every part (a quantized weight's scales and biases too).
+                let parts: Vec<String> = tensors
+                    .keys()
+                    .filter(|k| k.starts_with(&format!("{p}.o_proj.")))
+                    .cloned()
+                    .collect();
+                for k in parts {
+                    if let Some(w) = tensors.remove(&k) {
+                        tensors.insert(k.replacen(".o_proj.", ".linear.", 1), w);
                     }
+                }
+                if let Some(g) = ggml.remove(&format!("{p}.o_proj.weight")) {
+                    ggml.insert(format!("{p}.linear.weight"), g);
                 }
                 json!({"replace_with_linear": true})
             }
@@ -3435,19 +3461,26 @@ fn deci_config(
                 return Err(bad(kvk, format!("is {k}, which does not divide {h} heads")))
             }
             (_, k) => {
+                // Rows of every part (a quantized weight's scales and biases too); weights kept
+                // as GGML blocks were un-permuted as they were read.
                 for (proj, count, name) in [("q_proj", h, qk), ("k_proj", k, kvk)] {
-                    for suffix in ["weight", "bias"] {
-                        let t = format!("{p}.{proj}.{suffix}");
-                        if let Some(w) = tensors.remove(&t) {
-                            let w = if suffix == "bias" {
-                                let r = w.shape()[0];
-                                unpermute(&w.reshape(&[r, 1])?, count as i32, &t, &key(name))?
-                                    .reshape(&[r])?
-                            } else {
-                                unpermute(&w, count as i32, &t, &key(name))?
-                            };
-                            tensors.insert(t, w);
-                        }
+                    let parts: Vec<String> = tensors
+                        .keys()
+                        .filter(|t| t.starts_with(&format!("{p}.{proj}.")))
+                        .cloned()
+                        .collect();
+                    for t in parts {
+                        let Some(w) = tensors.remove(&t) else {
+                            continue;
+                        };
+                        let w = if w.ndim() == 1 {
+                            let r = w.shape()[0];
+                            unpermute(&w.reshape(&[r, 1])?, count as i32, &t, &key(name))?
+                                .reshape(&[r])?
+                        } else {
+                            unpermute(&w, count as i32, &t, &key(name))?
+                        };
+                        tensors.insert(t, w);
                     }
                 }
                 json!({"n_heads_in_group": h / k})
