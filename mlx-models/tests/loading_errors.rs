@@ -283,6 +283,53 @@ mod gguf {
         p
     }
 
+    /// BitNet's projections must be ternary values times one scale (the converter's
+    /// `weight_quant`): another value, a missing projection or rope scaling mlx-lm's bitnet
+    /// does not take is refused by name.
+    #[test]
+    fn bitnet_weights_that_are_not_ternary_are_refused_by_name() {
+        let e = err(&edited(
+            "bitnet",
+            "bnval",
+            |_| {},
+            |t| {
+                // Row 0 at half the scale: two magnitudes.
+                let w = t["blk.1.ffn_up.weight"].clone();
+                let rows = w.shape()[0];
+                let mut f = vec![1.0f32; rows as usize];
+                f[0] = 0.5;
+                let half = Array::from_slice(&f, &[rows, 1]).unwrap();
+                let w = (&w * &half).unwrap();
+                t.insert("blk.1.ffn_up.weight".into(), w);
+            },
+        ));
+        assert!(
+            e.contains("blk.1.ffn_up.weight") && e.contains("not ternary") && e.contains("bnval"),
+            "{e}"
+        );
+        let e = err(&edited(
+            "bitnet",
+            "bnmiss",
+            |_| {},
+            |t| {
+                t.remove("blk.0.attn_v.weight");
+            },
+        ));
+        assert!(e.contains("blk.0.attn_v.weight is missing"), "{e}");
+        let e = err(&edited(
+            "bitnet",
+            "bnrope",
+            |m| {
+                m.insert(
+                    "bitnet.rope.scaling.type".into(),
+                    GgufValue::String("yarn".into()),
+                );
+            },
+            |_| {},
+        ));
+        assert!(e.contains("bitnet.rope.scaling.type"), "{e}");
+    }
+
     #[test]
     fn bad_deepseek2_and_mistral3_metadata_names_the_key() {
         let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
@@ -723,6 +770,27 @@ mod gguf {
                 "openelm.attention.head_count",
                 GgufValue::Array(Array::from_slice(&[4u32, 0], &[2]).unwrap()),
                 "positive",
+            ),
+            (
+                "deci",
+                "deciffn",
+                "deci.feed_forward_length",
+                GgufValue::Array(Array::from_slice(&[256u32, 256, 0, 300], &[4]).unwrap()),
+                "no `ffn_mult` gives",
+            ),
+            (
+                "deci",
+                "deciq",
+                "deci.attention.head_count",
+                GgufValue::Array(Array::from_slice(&[4u32, 0, 2, 4], &[4]).unwrap()),
+                "the attention layers have 4 heads",
+            ),
+            (
+                "deci",
+                "decikv",
+                "deci.attention.head_count_kv",
+                GgufValue::Array(Array::from_slice(&[3u32, 0, 0, 1], &[4]).unwrap()),
+                "does not divide 4 heads",
             ),
         ] {
             let e = err(&edited(

@@ -439,6 +439,8 @@ class Case:
     # names (mlx-lm's) whose read-back may differ from the seeded values.
     undo: Optional[Callable] = None
     inexact: Callable = lambda k: k.endswith("A_log")
+    # The read-back model as recorded (BitNet's BitLinears unpacked for the CPU).
+    serve: Callable = lambda m: m
 
     def __post_init__(self):
         self.names = {**LLAMA, **self.parts}
@@ -502,8 +504,9 @@ def write_case(name, case):
             continue
         _, layer, rest = k.split(".", 2)
         got = case.read_back(case, f"model.layers.{layer}", rest, v, loaded)
-        if got is not None:
-            back[case.wrap + got[0]] = got[1]
+        # One pair, or a list of pairs (BitNet: packed codes and their scale).
+        for mk, mv in [] if got is None else got if isinstance(got, list) else [got]:
+            back[case.wrap + mk] = mv
     orig = dict(tree_flatten(model.parameters()))
     assert sorted(orig) == sorted(back), (sorted(orig), sorted(back))
     for k, v in back.items():
@@ -513,7 +516,7 @@ def write_case(name, case):
     fresh = module.Model(module.ModelArgs.from_dict(c))
     fresh.load_weights(list(back.items()), strict=True)
     mx.eval(fresh.parameters())
-    record(fresh, name, __file__)
+    record(case.serve(fresh), name, __file__)
 
 
 def cfg(model_type, **overrides):
@@ -1703,6 +1706,134 @@ for _name, _extra in [
         tensors=stablelm_tensors,
     )
     CASES[_name].stacks = {}
+
+
+# BitNet b1.58 (`bitnet`): BitnetModel is TextModel (SentencePiece vocabulary) plus linear rope
+# scaling of factor 1, and writes each attention / MLP projection as its `weight_quant` leaves
+# the float checkpoint: round(w * iscale).clamp(-1, 1) / iscale in float32 (iscale = 1 / mean
+# |w|): ternary values times one scale. The seeded float weights (per name) go through that;
+# mlx-lm's bitnet holds packed ternary codes (four output rows a byte) and `weight_scale`, so
+# the golden packs back what the file holds (the scale: the non-zero magnitude) into a fresh
+# model, recorded on the unpacked weights (mlx-lm runs BitLinear only in a Metal kernel;
+# goldens_dense2's `unpack_bitlinear`).
+BITNET_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def bitnet_linear(k):
+    return k.rsplit(".", 2)[-2] in BITNET_LINEARS
+
+
+def bitnet_tensors(case, k, v):
+    if not bitnet_linear(k):
+        return [(case.gguf_name(k), v)]
+    if not k.endswith(".weight"):
+        return []
+    rows, cols = v.shape
+    w = mx.random.normal((4 * rows, cols), key=mx.random.key(zlib.crc32(k.encode()))) * 0.3
+    scale = mx.maximum(mx.mean(mx.abs(w)), 1e-5)
+    iscale = 1 / scale
+    return [(case.gguf_name(k), mx.clip(mx.round(w * iscale), -1, 1) / iscale)]
+
+
+def bitnet_back(case, p, rest, v, loaded):
+    module, suffix = rest.rsplit(".", 1)
+    name = f"{p}.{case.inverse[module]}"
+    if not bitnet_linear(f"{name}.{suffix}"):
+        return f"{name}.{suffix}", v
+    s = mx.max(mx.abs(v))
+    assert mx.all((v == 0) | (v == s) | (v == -s)).item(), name
+    codes = mx.where(v > 0, 2, mx.where(v < 0, 0, 1)).astype(mx.uint8)
+    codes = codes.reshape(4, v.shape[0] // 4, v.shape[1])
+    packed = sum(codes[i] << (2 * i) for i in range(4)).astype(mx.uint8)
+    return [(f"{name}.weight", packed), (f"{name}.weight_scale", s.reshape(1).astype(v.dtype))]
+
+
+def bitnet_serve(model):
+    from goldens_dense2 import unpack_bitlinear
+
+    return unpack_bitlinear(model)
+
+
+CASES["bitnet"] = Case(
+    "bitnet",
+    cfg("bitnet", head_dim=8),
+    "bitnet",
+    text_model(head_dim="head_dim")[:-len(GPT2)] + [
+        text("rope.scaling.type", "linear"),
+        f32("rope.scaling.factor", 1.0),
+    ] + SPM,
+    {"self_attn.attn_sub_norm": "attn_sub_norm", "mlp.ffn_sub_norm": "ffn_sub_norm"},
+    tensors=bitnet_tensors,
+    read_back=bitnet_back,
+    inexact=bitnet_linear,
+    serve=bitnet_serve,
+)
+
+
+# Deci / Nemotron-NAS (`deci`, Llama-3_1-Nemotron-51B): DeciModel writes per layer the query
+# heads (0 without attention), the KV heads (0 also for the linear stand-in) and the MLP
+# widths (`_ffn_mult_to_intermediate_size`, 0 without an MLP), then the block count, context,
+# width, RMS eps, key / value lengths, vocabulary size and rope width; Q / K permuted with the
+# layer's head counts; the linear stand-in `self_attn.linear_attn` as `attn_output`; Llama
+# 3's rope as `rope_freqs`; a SentencePiece vocabulary (a size other than 128256). llama.cpp
+# has no linear MLP stand-in. mlx-lm's type is `nemotron-nas`.
+DECI_BLOCKS = [
+    {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
+    {"attention": {"no_op": True}, "ffn": {"ffn_mult": 0.5}},
+    {"attention": {"replace_with_linear": True}, "ffn": {"no_op": True}},
+    {"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 7.0}},
+]
+
+
+def deci_heads(c):
+    return [0 if b["attention"].get("no_op") else c["num_attention_heads"] for b in c["block_configs"]]
+
+
+def deci_kv(c):
+    g = [b["attention"].get("n_heads_in_group") for b in c["block_configs"]]
+    return [0 if n is None else c["num_attention_heads"] // n for n in g]
+
+
+def deci_ffn(c):
+    from importlib import import_module
+
+    m = import_module("mlx_lm.models.nemotron-nas")
+    return [0 if b["ffn"].get("no_op") else m._ffn_mult_to_intermediate_size(b["ffn"]["ffn_mult"], c["hidden_size"])
+            for b in c["block_configs"]]
+
+
+def deci_tensors(case, k, v):
+    if ".self_attn.linear." in k:
+        return [(f"blk.{layer_of(k)}.attn_output.{k.rsplit('.', 1)[1]}", v)]
+    if ".q_proj." in k or ".k_proj." in k:
+        c, layer = case.config, int(layer_of(k))
+        v = permute(v, c["num_attention_heads"] if ".q_proj." in k else deci_kv(c)[layer])
+    return [(case.gguf_name(k), v)]
+
+
+CASES["deci"] = Case(
+    "nemotron-nas",
+    cfg("nemotron-nas", hidden_size=64, num_hidden_layers=4, block_configs=DECI_BLOCKS,
+        tie_word_embeddings=False,
+        rope_scaling={**LLAMA3_ROPE, "factor": 8.0, "original_max_position_embeddings": 2048}),
+    "deci",
+    [
+        f32("rope.freq_base", "rope_theta"),
+        u32("attention.head_count_kv", deci_kv),
+        u32("attention.head_count", deci_heads),
+        u32("feed_forward_length", deci_ffn),
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", head_size),
+        u32("attention.value_length", head_size),
+        u32("vocab_size", "vocab_size"),
+        u32("rope.dimension_count", head_size),
+    ] + SPM,
+    tensors=deci_tensors,
+    extra=[llama3_rope_freqs],
+)
 
 
 # Qwen2-VL / Qwen3-VL's text towers (`qwen2vl`, `qwen3vl`): Qwen2VLModel is TextModel (qkv
