@@ -922,10 +922,18 @@ mod gguf {
                 GgufValue::Array(Array::scalar(false).unwrap())
             }),
             // Q through a LoRA; only MLA layers.
-            ("kimi_linear", "kqlora", "kimi-linear.attention.q_lora_rank", u(8)),
-            ("kimi_linear", "kkv", "kimi-linear.attention.head_count_kv", {
-                GgufValue::Array(Array::from_slice(&[1u32, 1, 1], &[3]).unwrap())
-            }),
+            (
+                "kimi_linear",
+                "kqlora",
+                "kimi-linear.attention.q_lora_rank",
+                u(8),
+            ),
+            (
+                "kimi_linear",
+                "kkv",
+                "kimi-linear.attention.head_count_kv",
+                { GgufValue::Array(Array::from_slice(&[1u32, 1, 1], &[3]).unwrap()) },
+            ),
             // Puzzle's per-layer top-k: mlx-lm has one `num_experts_per_tok`.
             (
                 "nemotron_h_moe",
