@@ -4,7 +4,7 @@
 //! 64, its default int16 activations, one thread and every thread), and the whole product the
 //! CPU decoder runs for a trellis linear (`cpu::Matrix::trellis` through `matmul_t`: signs, block
 //! Walsh-Hadamard transforms of input and output, the fused kernel on every thread).
-//! `cargo run --release -p mlx-core --example trellis_matvec [L] [THREADS]` (release: the
+//! `cargo run --release -p mlx-core --example trellis_matvec [L] [THREADS] [BLOCK]` (release: the
 //! portable kernels are compiler-vectorized Rust, tens of times slower in a debug build).
 
 use half::f16;
@@ -30,6 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .next()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(mlx_core::cpu::available_threads);
+    let block: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(64);
     let mut ctx1 = CpuContext::with_isa(1, mlx_core::cpu::Isa::detect())?;
     ctx1.activations = Activations::Int16;
     let mut ctxn = CpuContext::with_isa(threads, mlx_core::cpu::Isa::detect())?;
@@ -53,7 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (rows, cols, per_layer) in [(576, 576, 2), (192, 576, 2), (1536, 576, 2), (576, 1536, 1)] {
         let w: Vec<f32> = (0..rows * cols).map(|_| unit()).collect();
         let x: Vec<f32> = (0..cols).map(|_| unit()).collect();
-        let spec = TrellisSpec { k: 3, l, block: 64 };
+        let spec = TrellisSpec { k: 3, l, block };
         // Rows do not change the kernel's cost: code 64 of them and repeat the words.
         let (w64, s64) = quantize(&spec, &w[..64 * cols], 64, cols, 1, 2)?;
         let words: Vec<u32> = (0..rows / 64).flat_map(|_| w64.iter().copied()).collect();

@@ -1120,6 +1120,10 @@ pub struct TrellisMatvec {
 /// kernel meets a group's weights ([`lut_order`]), so the input is permuted to it once a call.
 #[derive(Clone, Debug)]
 struct LutPlan {
+    /// Weights a kernel step reads at once: the block, or 64 (two blocks of 32).
+    span: usize,
+    /// The words of `span` weights (at most 16).
+    span_words: usize,
     idx: Vec<u32>,
     ctrl: Vec<u8>,
     lo: [u8; 256],
@@ -1143,18 +1147,28 @@ fn lut_input(x: &[f32]) -> Vec<f32> {
 }
 
 impl LutPlan {
-    fn new(spec: &TrellisSpec) -> Option<LutPlan> {
+    fn new(spec: &TrellisSpec, cols: usize) -> Option<LutPlan> {
         let (bw, l) = (spec.block_words(), spec.l as usize);
-        if l > 8 || bw > 16 || spec.block % 64 != 0 {
+        // A step reads whole groups of 64 weights: one block of a multiple of 64, or two
+        // blocks of 32 (their words lie one after the other).
+        let span = spec.block.max(64);
+        let span_words = span / spec.block * bw;
+        if l > 8 || span_words > 16 || span % spec.block != 0 || span % 64 != 0 || cols % span != 0
+        {
             return None;
         }
         let bits = spec.block * spec.k as usize;
         let (mut idx, mut ctrl) = (Vec::new(), Vec::new());
-        for u in 0..spec.block / 8 {
-            let a = spec.window_start(8 * u) / 32;
-            idx.push(((a + 1) % bw) as u32);
-            idx.push(a as u32);
-            for t in 8 * u..8 * u + 8 {
+        for u in 0..span / 8 {
+            // The 8 weights lie in one block (a block is a multiple of 32 weights here);
+            // `base`: that block's first word in the step's words, `a`: its word (in the
+            // block) holding the first weight's window start.
+            let (blk, t0) = (8 * u / spec.block, 8 * u % spec.block);
+            let base = blk * bw;
+            let a = spec.window_start(t0) / 32;
+            idx.push((base + (a + 1) % bw) as u32);
+            idx.push((base + a) as u32);
+            for t in t0..t0 + 8 {
                 // Offset of the window's first bit from word `a`'s first bit, cyclically; in
                 // the lane `(w[a] << 32) | w[a + 1]` that bit sits at 63 - s, the window's
                 // lowest at 64 - s - L.
@@ -1173,7 +1187,14 @@ impl LutPlan {
             lo[st as usize] = b0;
             hi[st as usize] = b1;
         }
-        Some(LutPlan { idx, ctrl, lo, hi })
+        Some(LutPlan {
+            span,
+            span_words,
+            idx,
+            ctrl,
+            lo,
+            hi,
+        })
     }
 }
 
@@ -1269,7 +1290,7 @@ impl TrellisMatvec {
             sh,
             simd: simd && bw <= 16 && spec.block % 16 == 0 && simd_available(),
             lut: if simd && lut_available() {
-                LutPlan::new(spec)
+                LutPlan::new(spec, cols)
             } else {
                 None
             },
@@ -1479,9 +1500,10 @@ impl TrellisMatvec {
         use std::arch::x86_64::*;
         let spec = &self.spec;
         let wpr = self.cols * spec.k as usize / 32;
-        let bw = spec.block_words();
-        let nb = self.cols / spec.block;
-        let groups = spec.block / 64;
+        // A step: `lut.span` weights (one block, or two of 32) in `bw` words.
+        let bw = lut.span_words;
+        let nb = self.cols / lut.span;
+        let groups = lut.span / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
         let full = spec.l == 8;
@@ -1508,7 +1530,7 @@ impl TrellisMatvec {
                     };
                     for g in 0..groups {
                         let codes = lut_codes!(lut, g, wv, full, bmask, low_bytes, tables);
-                        let xg = xp.as_ptr().add(b * spec.block + 64 * g);
+                        let xg = xp.as_ptr().add(b * lut.span + 64 * g);
                         for (q, c) in codes.into_iter().enumerate() {
                             let xv = _mm512_loadu_ps(xg.add(16 * q));
                             acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), xv, acc[q]);
@@ -1542,9 +1564,10 @@ impl TrellisMatvec {
         use std::arch::x86_64::*;
         let spec = &self.spec;
         let wpr = self.cols * spec.k as usize / 32;
-        let bw = spec.block_words();
-        let nb = self.cols / spec.block;
-        let groups = spec.block / 64;
+        // A step: `lut.span` weights (one block, or two of 32) in `bw` words.
+        let bw = lut.span_words;
+        let nb = self.cols / lut.span;
+        let groups = lut.span / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
         let full = spec.l == 8;
@@ -1573,7 +1596,7 @@ impl TrellisMatvec {
                             _mm512_cvtepi32_ps(codes[3]),
                         ];
                         for (a, x) in acc.iter_mut().zip(xp) {
-                            let xg = x.as_ptr().add(b * spec.block + 64 * g);
+                            let xg = x.as_ptr().add(b * lut.span + 64 * g);
                             for (q, &c) in cf.iter().enumerate() {
                                 a[q] = _mm512_fmadd_ps(c, _mm512_loadu_ps(xg.add(16 * q)), a[q]);
                             }
@@ -1987,6 +2010,9 @@ mod tests {
             (2, 8, 64),
             (3, 8, 64),
             (4, 8, 64),
+            (3, 8, 32),
+            (2, 7, 32),
+            (4, 8, 32),
             (3, 6, 128),
             (2, 8, 192),
             (4, 7, 64),
@@ -2006,7 +2032,7 @@ mod tests {
             let fast = TrellisMatvec::new(&spec, cols).unwrap();
             assert_eq!(
                 fast.is_table(),
-                l <= 8 && block % 64 == 0 && lut_available()
+                l <= 8 && (block % 64 == 0 || block == 32) && lut_available()
             );
             let gather = fast.clone().without_table();
             let (mut y0, mut y1, mut y2) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
