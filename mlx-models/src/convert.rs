@@ -1376,7 +1376,8 @@ pub(crate) fn save(
 /// transformers 5.25's `save_pretrained` for a tokenizer loaded as `TokenizersBackend` (a
 /// source `tokenizer_config.json` naming `PreTrainedTokenizerFast`, beside a `tokenizer.json`),
 /// as mlx-lm's `save` calls it: the config's own entries less `add_bos_token`,
-/// `add_eos_token`, `added_tokens_decoder`, `additional_special_tokens` and file names, plus
+/// `add_eos_token`, `added_tokens_decoder` and file names (`additional_special_tokens` as
+/// `extra_special_tokens`), plus
 /// `backend`, `is_local`, `local_files_only`, `model_max_length` (transformers' `1e30` when
 /// absent), the class name, and mlx-lm's inferred `tool_parser_type`; keys sorted, indent 2;
 /// the chat template moved to `chat_template.jinja`. `None` for any other source (copied).
@@ -1407,6 +1408,20 @@ fn tokenizers_backend_files(src: &Path) -> Result<Option<Vec<(String, String)>>>
         None | Some(Value::Null) => None,
         Some(_) => return Ok(None), // several named templates: not reproduced
     };
+    // `additional_special_tokens` come back as `extra_special_tokens` (their contents).
+    if let Some(Value::Array(extra)) = cfg.get("additional_special_tokens") {
+        let names: Vec<Value> = extra
+            .iter()
+            .filter_map(|t| match t {
+                Value::String(_) => Some(t.clone()),
+                Value::Object(o) => o.get("content").cloned(),
+                _ => None,
+            })
+            .collect();
+        if !names.is_empty() && !cfg.contains_key("extra_special_tokens") {
+            cfg.insert("extra_special_tokens".into(), Value::Array(names));
+        }
+    }
     for k in [
         "add_bos_token",
         "add_eos_token",
