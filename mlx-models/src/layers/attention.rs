@@ -290,6 +290,19 @@ pub(crate) fn finfo_min(d: Dtype) -> f32 {
 mod tests {
     use super::*;
 
+    /// Seeded standard-normal float32 values of `shape`.
+    fn n(shape: &[i32], seed: u64) -> Result<Array> {
+        let key = mlx_core::random::key(seed)?;
+        Ok(mlx_core::random::normal(
+            shape,
+            Dtype::Float32,
+            None,
+            None,
+            Some(&key),
+            None,
+        )?)
+    }
+
     /// The plain-op attention (the engine's stand-in for MLX's SDPA in CUDA verification
     /// passes) against `mx.fast.scaled_dot_product_attention` on the CPU, which runs MLX's
     /// plain-op fallback: GQA, few queries over a longer cache, each mask kind; equal to the
@@ -297,17 +310,6 @@ mod tests {
     #[test]
     fn plain_attention_matches_fused_sdpa() -> Result<()> {
         let (b, hq, hkv, l, kl, d) = (1, 8, 2, 5, 37, 16);
-        let n = |shape: &[i32], seed| -> Result<Array> {
-            let key = mlx_core::random::key(seed)?;
-            Ok(mlx_core::random::normal(
-                shape,
-                Dtype::Float32,
-                None,
-                None,
-                Some(&key),
-                None,
-            )?)
-        };
         let q = n(&[b, hq, l, d], 1)?;
         let k = n(&[b, hkv, kl, d], 2)?;
         let v = n(&[b, hkv, kl, d], 3)?;
@@ -352,17 +354,6 @@ mod tests {
     #[test]
     fn bucketed_attention_matches_fused_sdpa() -> Result<()> {
         let (b, hq, hkv, l, d) = (1, 8, 2, 5, 16);
-        let n = |shape: &[i32], seed| -> Result<Array> {
-            let key = mlx_core::random::key(seed)?;
-            Ok(mlx_core::random::normal(
-                shape,
-                Dtype::Float32,
-                None,
-                None,
-                Some(&key),
-                None,
-            )?)
-        };
         for kl in [37, 64] {
             let q = n(&[b, hq, l, d], 1)?;
             let k = n(&[b, hkv, kl, d], 2)?;
