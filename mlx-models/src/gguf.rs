@@ -62,6 +62,18 @@ fn meta_count(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Option<i32>
     Ok(Some(v as i32))
 }
 
+/// A float metadata value that must be finite and positive when present (rope bases,
+/// routing scales): `None` when absent, an error naming the key otherwise.
+fn positive_f64(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Option<f64>> {
+    match meta_f64(meta, key) {
+        Some(v) if !(v.is_finite() && v > 0.0) => Err(gguf_err(
+            path,
+            format!("metadata `{key}` is {v}; it must be a finite number > 0"),
+        )),
+        v => Ok(v),
+    }
+}
+
 /// A metadata number (scalar array) as f64.
 pub fn meta_f64(meta: &GgufMetadata, key: &str) -> Option<f64> {
     match meta.get(key) {
@@ -3641,16 +3653,7 @@ fn plamo3_config(
     };
     config["window_size"] = Value::from(need("attention.sliding_window")?);
     config["sliding_window_pattern"] = Value::from(need("attention.sliding_window_pattern")?);
-    if let Some(theta) = meta_f64(meta, &key("rope.freq_base_swa")) {
-        if !(theta.is_finite() && theta > 0.0) {
-            return Err(gguf_err(
-                path,
-                format!(
-                    "metadata `{}` is {theta}; it must be a finite number > 0",
-                    key("rope.freq_base_swa")
-                ),
-            ));
-        }
+    if let Some(theta) = positive_f64(meta, path, &key("rope.freq_base_swa"))? {
         config["rope_local_theta"] = Value::from(theta);
     }
     Ok(())
@@ -3829,17 +3832,8 @@ fn mellum_config(
     config["layer_types"] = json!(kinds);
     config["sliding_window"] = Value::from(window.unwrap_or(0));
     let theta = config["rope_theta"].clone();
-    let swa = match meta_f64(meta, &key("rope.freq_base_swa")) {
-        Some(t) if t.is_finite() && t > 0.0 => Value::from(t),
-        Some(t) => {
-            return Err(gguf_err(
-                path,
-                format!(
-                    "metadata `{}` is {t}; it must be a finite number > 0",
-                    key("rope.freq_base_swa")
-                ),
-            ))
-        }
+    let swa = match positive_f64(meta, path, &key("rope.freq_base_swa"))? {
+        Some(t) => Value::from(t),
         None => theta.clone(),
     };
     config["rope_parameters"] = json!({
@@ -3921,16 +3915,7 @@ fn exaone_moe_config(
             .collect()
     };
     if kinds.contains(&"sliding_attention") {
-        if let Some(t) = meta_f64(meta, &key("rope.freq_base_swa")) {
-            if !(t.is_finite() && t > 0.0) {
-                return Err(gguf_err(
-                    path,
-                    format!(
-                        "metadata `{}` is {t}; it must be a finite number > 0",
-                        key("rope.freq_base_swa")
-                    ),
-                ));
-            }
+        if let Some(t) = positive_f64(meta, path, &key("rope.freq_base_swa"))? {
             config["rope_theta"] = Value::from(t);
         }
     }
@@ -4468,16 +4453,7 @@ fn muse_glimmer_config(
         })?,
     );
     config["layer_types"] = json!(sliding_kinds(meta, path, key, blocks)?);
-    if let Some(t) = meta_f64(meta, &key("rope.freq_base_swa")) {
-        if !(t.is_finite() && t > 0.0) {
-            return Err(gguf_err(
-                path,
-                format!(
-                    "metadata `{}` is {t}; it must be a finite number > 0",
-                    key("rope.freq_base_swa")
-                ),
-            ));
-        }
+    if let Some(t) = positive_f64(meta, path, &key("rope.freq_base_swa"))? {
         config["rope_theta"] = Value::from(t);
     }
     config["post_norm_eps"] = Value::from(1e-8);
@@ -4510,17 +4486,8 @@ fn spark2_5_config(
         .as_f64()
         .ok_or_else(|| missing("attention.key_length"))?;
     let theta = config["rope_theta"].clone();
-    let swa_theta = match meta_f64(meta, &key("rope.freq_base_swa")) {
-        Some(t) if t.is_finite() && t > 0.0 => Value::from(t),
-        Some(t) => {
-            return Err(gguf_err(
-                path,
-                format!(
-                    "metadata `{}` is {t}; it must be a finite number > 0",
-                    key("rope.freq_base_swa")
-                ),
-            ))
-        }
+    let swa_theta = match positive_f64(meta, path, &key("rope.freq_base_swa"))? {
+        Some(t) => Value::from(t),
         None => theta.clone(),
     };
     let share = |k: &str| -> Result<f64> {
@@ -6634,16 +6601,7 @@ fn bailing_config(
         Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
     config["norm_topk_prob"] =
         Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
-    let scale = meta_f64(meta, &key("expert_weights_scale")).unwrap_or(1.0);
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` is {scale}; it must be a finite number > 0",
-                key("expert_weights_scale")
-            ),
-        ));
-    }
+    let scale = positive_f64(meta, path, &key("expert_weights_scale"))?.unwrap_or(1.0);
     config["routed_scaling_factor"] = Value::from(scale);
     config["rotary_dim"] = Value::from(need("rope.dimension_count")?);
     let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
@@ -7985,16 +7943,7 @@ fn afmoe_config(
         Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
     config["route_norm"] =
         Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
-    let scale = meta_f64(meta, &key("expert_weights_scale")).unwrap_or(1.0);
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` is {scale}; it must be a finite number > 0",
-                key("expert_weights_scale")
-            ),
-        ));
-    }
+    let scale = positive_f64(meta, path, &key("expert_weights_scale"))?.unwrap_or(1.0);
     config["route_scale"] = Value::from(scale);
     config["mup_enabled"] = Value::from(true);
     let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
