@@ -152,25 +152,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("minicpm", "minicpm"),
         ("deepseek", "deepseek"),
     ];
-    let failures: Vec<String> = cases
-        .iter()
-        .filter_map(|(n, model_type)| {
-            let run = || -> Result<(), String> {
-                let path = root().join("models/gguf").join(format!("{n}.gguf"));
-                let (model, g) =
-                    load_gguf_model(&path, &LoadOptions::default()).map_err(|e| e.to_string())?;
-                if g.config.model_type != *model_type {
-                    return Err(format!("model type {}", g.config.model_type));
-                }
-                model_check::check_loaded(
-                    model.as_ref(),
-                    &root().join("goldens/gguf").join(format!("{n}.safetensors")),
-                )
-            };
-            run().err().map(|e| format!("{n}: {e}"))
-        })
-        .collect();
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    check_gguf_cases(&cases);
     for a in [
         "smollm3",
         "starcoder2",
@@ -290,25 +272,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("laguna", "laguna"),
         ("kimi_linear", "kimi_linear"),
     ];
-    let failures: Vec<String> = cases
-        .iter()
-        .filter_map(|(n, model_type)| {
-            let run = || -> Result<(), String> {
-                let path = root().join("models/gguf").join(format!("{n}.gguf"));
-                let (model, g) =
-                    load_gguf_model(&path, &LoadOptions::default()).map_err(|e| e.to_string())?;
-                if g.config.model_type != *model_type {
-                    return Err(format!("model type {}", g.config.model_type));
-                }
-                model_check::check_loaded(
-                    model.as_ref(),
-                    &root().join("goldens/gguf").join(format!("{n}.safetensors")),
-                )
-            };
-            run().err().map(|e| format!("{n}: {e}"))
-        })
-        .collect();
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    check_gguf_cases(&cases);
     for a in [
         "mamba",
         "mamba2",
@@ -333,4 +297,28 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
+}
+
+/// Each `(fixture, model_type)`: `models/gguf/{fixture}.gguf` loads as `model_type` and
+/// equals `goldens/gguf/{fixture}.safetensors` (`model_check`); every failure listed at once.
+fn check_gguf_cases(cases: &[(&str, &str)]) {
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(n, model_type)| {
+            let run = || -> Result<(), String> {
+                let path = root().join("models/gguf").join(format!("{n}.gguf"));
+                let (model, g) =
+                    load_gguf_model(&path, &LoadOptions::default()).map_err(|e| e.to_string())?;
+                if g.config.model_type != *model_type {
+                    return Err(format!("model type {}", g.config.model_type));
+                }
+                model_check::check_loaded(
+                    model.as_ref(),
+                    &root().join("goldens/gguf").join(format!("{n}.safetensors")),
+                )
+            };
+            run().err().map(|e| format!("{n}: {e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
