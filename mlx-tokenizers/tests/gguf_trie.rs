@@ -28,6 +28,21 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
+/// A golden json file under `tests/goldens/`.
+fn golden(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(root().join("goldens").join(name)).unwrap())
+        .unwrap()
+}
+
+/// A golden's list of token ids.
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
 fn data() -> mlx_tokenizers::GgufTokenizerData {
     data_of("rwkv-world.gguf")
 }
@@ -40,10 +55,7 @@ fn data_of(file: &str) -> mlx_tokenizers::GgufTokenizerData {
 
 #[test]
 fn rwkv_gguf_vocabulary_encodes_as_llama_cpp() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("goldens/gguf_rwkv.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = golden("gguf_rwkv.json");
     let data = data();
     assert_eq!(data.model, "rwkv");
     let tok = data.build().expect("building the RWKV tokenizer");
@@ -54,12 +66,7 @@ fn rwkv_gguf_vocabulary_encodes_as_llama_cpp() {
     let mut failures = Vec::new();
     for case in golden["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
+        let want = ids(&case["ids"]);
         // llama.cpp adds nothing for RWKV, with or without special tokens.
         for add in [false, true] {
             let ids = tok.encode(text, add).unwrap();
@@ -114,10 +121,7 @@ fn rwkv_gguf_errors_name_the_field() {
 
 #[test]
 fn whitespace_gguf_vocabulary_encodes_as_llama_cpp() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("goldens/gguf_whitespace.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = golden("gguf_whitespace.json");
     let data = data_of("whitespace-bpe.gguf");
     assert_eq!(data.model, "whitespace");
     let tok = data.build().expect("building the whitespace BPE tokenizer");
@@ -128,12 +132,7 @@ fn whitespace_gguf_vocabulary_encodes_as_llama_cpp() {
     let mut failures = Vec::new();
     for case in golden["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
+        let want = ids(&case["ids"]);
         let ids = tok.encode(text, true).unwrap();
         if ids != want {
             failures.push(format!("{text:?}: ids {ids:?}, want {want:?}"));
@@ -159,10 +158,7 @@ fn whitespace_gguf_vocabulary_encodes_as_llama_cpp() {
 
 #[test]
 fn plamo2_gguf_vocabulary_encodes_as_llama_cpp() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("goldens/gguf_plamo2.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = golden("gguf_plamo2.json");
     let data = data_of("plamo2.gguf");
     assert_eq!(data.model, "plamo2");
     let tok = data.build().expect("building the PLaMo 2 tokenizer");
@@ -170,13 +166,6 @@ fn plamo2_gguf_vocabulary_encodes_as_llama_cpp() {
         tok.vocab_size() as u64,
         golden["vocab_size"].as_u64().unwrap()
     );
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
     let mut failures = Vec::new();
     for case in golden["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
@@ -219,10 +208,7 @@ fn plamo2_gguf_vocabulary_encodes_as_llama_cpp() {
 /// as spaces, so a leading space).
 #[test]
 fn mmbert_gguf_vocabulary_encodes_as_llama_cpp() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("goldens/gguf_mmbert.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = golden("gguf_mmbert.json");
     let data = data_of("mmbert-bpe.gguf");
     assert_eq!(data.pre.as_deref(), Some("mmbert"));
     let tok = data.build().expect("building the mmBERT tokenizer");
@@ -234,12 +220,7 @@ fn mmbert_gguf_vocabulary_encodes_as_llama_cpp() {
     let mut failures = Vec::new();
     for case in golden["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
+        let want = ids(&case["ids"]);
         let ids = tok.encode(text, true).unwrap();
         if ids != want {
             failures.push(format!("{text:?}: ids {ids:?}, want {want:?}"));
@@ -269,10 +250,7 @@ fn mmbert_gguf_vocabulary_encodes_as_llama_cpp() {
 /// llama.cpp's `llama_detokenize` text (the k-mers' U+E000 marker erased).
 #[test]
 fn hybriddna_gguf_vocabulary_encodes_as_llama_cpp() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("goldens/gguf_hybriddna.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = golden("gguf_hybriddna.json");
     let mut failures = Vec::new();
     for (name, fixture) in golden["fixtures"].as_object().unwrap() {
         let data = data_of(fixture["file"].as_str().unwrap());
@@ -285,12 +263,7 @@ fn hybriddna_gguf_vocabulary_encodes_as_llama_cpp() {
         let bos = data.bos_id.unwrap();
         for case in fixture["cases"].as_array().unwrap() {
             let text = case["text"].as_str().unwrap();
-            let want: Vec<u32> = case["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
+            let want = ids(&case["ids"]);
             let ids = tok.encode(text, true).unwrap();
             if ids != want {
                 failures.push(format!("{name} {text:?}: ids {ids:?}, want {want:?}"));
