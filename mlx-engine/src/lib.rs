@@ -42,6 +42,7 @@ pub mod prompt_cache;
 pub mod sample;
 pub mod seed;
 pub mod speculative;
+mod step_tail;
 pub mod stream;
 
 // The tokenizer and chat-template unit lives in `mlx-tokenizers`; its modules keep their

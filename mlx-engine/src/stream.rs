@@ -17,7 +17,7 @@ use crate::speculative::{
     speculative_generate_step, CachePair, Drafter, SpecStats, SpeculativeStep,
 };
 use crate::tokenizer::Tokenizer;
-use crate::tokenizer_stream::StreamingDetokenizer;
+use crate::step_tail::{token_logprobs, Chunking, StepTail, Tail};
 use mlx_models::LanguageModel;
 
 /// Why generation ended.
@@ -105,16 +105,13 @@ impl Steps<'_> {
 pub struct TextStream<'m> {
     steps: Steps<'m>,
     tokenizer: &'m Tokenizer,
-    detok: StreamingDetokenizer,
+    tail: StepTail,
     opts: StreamOptions,
     prompt_tokens: usize,
     start: Instant,
     prompt_tps: f64,
     first: Option<Instant>,
-    n: usize,
     generation_tps: f64,
-    full: String,
-    emitted: usize,
     done: bool,
     tokens: Vec<u32>,
     eos: Option<u32>,
@@ -374,16 +371,18 @@ impl<'m> TextStream<'m> {
         TextStream {
             steps,
             tokenizer,
-            detok: tokenizer.detokenizer(),
+            tail: StepTail::new(
+                tokenizer,
+                opts.stop_strings.clone(),
+                opts.generate.max_tokens,
+                Chunking::Stream,
+            ),
             opts,
             prompt_tokens,
             start,
             prompt_tps: 0.0,
             first: None,
-            n: 0,
             generation_tps: 0.0,
-            full: String::new(),
-            emitted: 0,
             done: false,
             tokens: Vec::new(),
             eos: None,
@@ -436,49 +435,6 @@ pub fn eos_outside_vocab(model: &dyn LanguageModel, tokenizer: &Tokenizer) -> Op
             out.join(", ")
         )
     })
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    while i > 0 && !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-/// The text a stream can send now, for single and batched generation alike: `full[emitted..]`
-/// up to the first stop string (`true`: generation stops there), else all but the last
-/// `hold` bytes (a tail that could still begin a stop string; cut back to a character
-/// boundary). Advances `emitted`.
-pub(crate) fn take_text(
-    full: &str,
-    emitted: &mut usize,
-    stops: &[String],
-    hold: usize,
-) -> (String, bool) {
-    if let Some(pos) = stops
-        .iter()
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| full.find(s.as_str()))
-        .min()
-    {
-        let out = full[(*emitted).min(pos)..pos].to_string();
-        *emitted = pos;
-        return (out, true);
-    }
-    let end = floor_char_boundary(full, full.len().saturating_sub(hold)).max(*emitted);
-    let out = full[*emitted..end].to_string();
-    *emitted = end;
-    (out, false)
-}
-
-/// The `top` most likely `(id, logprob)` pairs of a step's float32 log-probabilities, most
-/// likely first (at most as many as there are ids), for single and batched generation alike.
-pub(crate) fn top_logprobs(lp: &Array, top: usize) -> Result<Vec<(u32, f32)>> {
-    let k = (top as i32).min(lp.size() as i32);
-    let order = ops::argsort(&ops::negative(lp, None)?, -1, None)?;
-    let idx = ops::slice_axis(&order, 0, 0, k, None)?;
-    let vals = ops::take(lp, &idx, 0, None)?.to_vec::<f32>()?;
-    Ok(idx.to_vec::<u32>()?.into_iter().zip(vals).collect())
 }
 
 impl<'m> TextStream<'m> {
@@ -607,28 +563,12 @@ impl<'m> TextStream<'m> {
             top_logprobs: top,
             prompt_tokens: self.prompt_tokens,
             prompt_tps: self.prompt_tps,
-            generation_tokens: self.n,
+            generation_tokens: self.tail.generated(),
             generation_tps: self.generation_tps,
             peak_memory_bytes: memory::peak_memory()?,
             finish_reason: finish,
             from_draft: self.from_draft,
         })
-    }
-
-    /// Text that can be emitted now: everything up to a stop string, or all but a tail that
-    /// could still begin one.
-    fn take_text(&mut self, finished: bool) -> (String, bool) {
-        let stops = &self.opts.stop_strings;
-        let hold = if finished {
-            0
-        } else {
-            stops
-                .iter()
-                .map(|s| s.len().saturating_sub(1))
-                .max()
-                .unwrap_or(0)
-        };
-        take_text(&self.full, &mut self.emitted, stops, hold)
     }
 
     fn advance(&mut self) -> Result<Option<GenerationResponse>> {
@@ -641,9 +581,7 @@ impl<'m> TextStream<'m> {
                 // `generate_step` ends only at `max_tokens`, where the stream has already
                 // finished; kept for safety.
                 self.done = true;
-                self.detok.finalize()?;
-                self.full.push_str(&self.detok.last_segment()?);
-                let (text, _) = self.take_text(true);
+                let text = self.tail.end()?;
                 return self
                     .response(text, None, None, Vec::new(), Some(FinishReason::Length))
                     .map(Some);
@@ -656,67 +594,33 @@ impl<'m> TextStream<'m> {
             self.prompt_tps = self.prompt_tokens as f64 / dt.max(f64::MIN_POSITIVE);
             self.first = Some(now);
         }
-        // The log-probabilities as an array only where they are read (a step that carries
-        // its token's log-probability and no top log-probabilities asked for builds no graph).
-        let lp = || step.logprobs.astype(Dtype::Float32);
-        let logprob = match step.logprob {
-            Some(v) => v,
-            None => ops::take(
-                &lp()?,
-                &Array::from_slice(&[step.token as i32], &[1])?,
-                0,
-                None,
-            )?
-            .to_vec::<f32>()?[0],
-        };
-        let lp = if self.opts.top_logprobs > 0 {
-            Some(lp()?)
-        } else {
-            None
-        };
-        let top = if let Some(lp) = lp.filter(|lp| lp.size() > 0) {
-            top_logprobs(&lp, self.opts.top_logprobs)?
-        } else {
-            Vec::new()
-        };
-        // mlx-lm counts every token the model produced, the EOS token included.
-        self.n += 1;
+        // A step that carries its token's log-probability and no top log-probabilities asked
+        // for builds no graph.
+        let (logprob, top) = token_logprobs(
+            &step.logprobs,
+            step.logprob,
+            step.token,
+            self.opts.top_logprobs,
+        )?;
+        let eos = self.tokenizer.eos_token_ids().contains(&step.token);
+        let tail = self.tail.step(step.token, eos)?;
         if let Some(t0) = self.first {
             // Timed here, after the token's own work, as mlx-lm times it where it yields: the
             // first token's rate is then a measured (large) figure, not tokens over zero.
-            self.generation_tps = self.n as f64 / t0.elapsed().as_secs_f64().max(f64::MIN_POSITIVE);
+            self.generation_tps =
+                self.tail.generated() as f64 / t0.elapsed().as_secs_f64().max(f64::MIN_POSITIVE);
         }
-        if self.tokenizer.eos_token_ids().contains(&step.token) {
+        let (text, finish) = match tail {
             // The EOS token is not detokenized; the final response carries it.
-            self.done = true;
-            self.eos = Some(step.token);
-            self.detok.finalize()?;
-            self.full.push_str(&self.detok.last_segment()?);
-            let (text, _) = self.take_text(true);
-            return self
-                .response(
-                    text,
-                    Some(step.token),
-                    Some(logprob),
-                    top,
-                    Some(FinishReason::Stop),
-                )
-                .map(Some);
-        }
-        self.tokens.push(step.token);
-        self.detok.add_token(step.token);
-        let last = self.opts.generate.max_tokens == Some(self.n);
-        if last {
-            self.detok.finalize()?;
-        }
-        self.full.push_str(&self.detok.last_segment()?);
-        let (text, stopped) = self.take_text(last);
-        let finish = if stopped {
-            Some(FinishReason::Stop)
-        } else if last {
-            Some(FinishReason::Length)
-        } else {
-            None
+            Tail::Eos { text } => {
+                self.eos = Some(step.token);
+                (text, Some(FinishReason::Stop))
+            }
+            // `rest` is empty under `Chunking::Stream`.
+            Tail::Token { text, finish, .. } => {
+                self.tokens.push(step.token);
+                (text, finish)
+            }
         };
         self.done = finish.is_some();
         self.response(text, Some(step.token), Some(logprob), top, finish)

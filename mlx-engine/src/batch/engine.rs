@@ -33,7 +33,7 @@ use mlx_core::prelude::*;
 use mlx_models::embed::{embed, to_vecs};
 use mlx_models::LanguageModel;
 
-use super::text::TextState;
+use crate::step_tail::{token_logprobs, Chunking, StepTail, Tail};
 use crate::cpu_decode::{CpuBatch, CpuCache, BLOCK};
 use crate::error::{EngineError, Result};
 use crate::generate::{cpu_decode_unsupported, make_prompt_cache, maybe_quantize_kv_cache};
@@ -702,11 +702,10 @@ struct Seq {
     context: Vec<i32>,
     /// Tokens the batch cache holds for this row.
     cached: Vec<u32>,
-    text: TextState,
+    /// Its text, token count and endings.
+    tail: StepTail,
     /// The next input of the decode step (the last token emitted).
     next_input: u32,
-    generated: usize,
-    max_tokens: usize,
     prompt_tokens: usize,
     logprobs: bool,
     top_logprobs: usize,
@@ -1216,31 +1215,17 @@ impl<'m> Worker<'m> {
                     sink.send(BatchEvent::Error("the request timed out".into()));
                     return Ok(());
                 }
-                let eos = resp
-                    .token
-                    .is_some_and(|t| self.tokenizer.eos_token_ids().contains(&t));
-                // As a batched row: the token completing a stop string is not sent.
-                let stop_string = resp.finish_reason == Some(FinishReason::Stop) && !eos;
-                let mut held = resp.text;
-                if let (Some(token), false, false) = (resp.token, eos, stop_string) {
-                    let text = std::mem::take(&mut held);
-                    let sent = sink.send(BatchEvent::Token {
-                        token,
-                        text,
-                        logprob: r.logprobs.then_some(resp.logprob).flatten(),
-                        top_logprobs: resp.top_logprobs,
-                    });
-                    if !sent {
-                        return Ok(());
-                    }
+                let (token, done) = response_events(
+                    resp,
+                    self.tokenizer.eos_token_ids(),
+                    r.logprobs,
+                    r.prompt.len(),
+                );
+                if token.is_some_and(|t| !sink.send(t)) {
+                    return Ok(());
                 }
-                if let Some(finish_reason) = resp.finish_reason {
-                    sink.send(BatchEvent::Done {
-                        text: held,
-                        finish_reason,
-                        prompt_tokens: r.prompt.len(),
-                        completion_tokens: resp.generation_tokens,
-                    });
+                if let Some(done) = done {
+                    sink.send(done);
                     return Ok(());
                 }
             }
@@ -1413,25 +1398,12 @@ impl<'m> Worker<'m> {
                 }
                 return Ok(());
             }
-            let eos = resp.token.is_some_and(|t| eos_ids.contains(&t));
-            let stop_string = resp.finish_reason == Some(FinishReason::Stop) && !eos;
-            let mut held = resp.text;
-            if let (Some(token), false, false) = (resp.token, eos, stop_string) {
-                let text = std::mem::take(&mut held);
-                open = sink.send(BatchEvent::Token {
-                    token,
-                    text,
-                    logprob: r.logprobs.then_some(resp.logprob).flatten(),
-                    top_logprobs: resp.top_logprobs,
-                });
+            let (token, done) = response_events(resp, &eos_ids, r.logprobs, prompt_tokens);
+            if let Some(t) = token {
+                open = sink.send(t);
             }
-            if let Some(finish_reason) = resp.finish_reason {
-                sink.send(BatchEvent::Done {
-                    text: held,
-                    finish_reason,
-                    prompt_tokens,
-                    completion_tokens: resp.generation_tokens,
-                });
+            if let Some(done) = done {
+                sink.send(done);
                 return Ok(());
             }
         }
@@ -2304,10 +2276,13 @@ impl Worker<'_> {
             processors: make_logits_processors(&request.processors)?,
             context: request.prompt.iter().map(|&t| t as i32).collect(),
             cached: request.prompt.clone(),
-            text: TextState::new(&self.tokenizer, request.stop_strings.clone()),
+            tail: StepTail::new(
+                &self.tokenizer,
+                request.stop_strings.clone(),
+                Some(request.max_tokens),
+                Chunking::Batch,
+            ),
             next_input: first,
-            generated: 0,
-            max_tokens: request.max_tokens,
             prompt_tokens,
             logprobs: request.logprobs,
             top_logprobs: request.top_logprobs,
@@ -2634,7 +2609,7 @@ impl Worker<'_> {
                 text,
                 finish_reason: reason,
                 prompt_tokens: row.prompt_tokens,
-                completion_tokens: row.generated,
+                completion_tokens: row.tail.generated(),
             });
             Ok(Outcome::Finished)
         };
@@ -2644,20 +2619,20 @@ impl Worker<'_> {
                 return Ok(Outcome::Finished);
             }
         }
-        if self.tokenizer.eos_token_ids().contains(&token) {
-            // Counted among the generated tokens, as mlx-lm (and mlx_lm.server's usage) count it.
-            row.generated += 1;
-            let text = row.text.finish()?;
-            return done(row, text, FinishReason::Stop);
-        }
-        row.generated += 1;
+        let eos = self.tokenizer.eos_token_ids().contains(&token);
+        let (text, finish, rest) = match row.tail.step(token, eos)? {
+            Tail::Eos { text } => return done(row, text, FinishReason::Stop),
+            Tail::Token { text, finish, rest } => (text, finish, rest),
+        };
         row.next_input = token;
-        let (text, stopped) = row.text.push(token)?;
         let (logprob, top) = match logprobs {
-            Some(lp) if row.logprobs => token_logprobs(lp, token, row.top_logprobs)?,
+            Some(lp) if row.logprobs => {
+                let (v, top) = token_logprobs(lp, None, token, row.top_logprobs)?;
+                (Some(v), top)
+            }
             _ => (None, Vec::new()),
         };
-        if stopped {
+        if finish == Some(FinishReason::Stop) {
             // The text ends before the stop string; the token that completed it is not sent.
             return done(row, text, FinishReason::Stop);
         }
@@ -2669,12 +2644,42 @@ impl Worker<'_> {
         }) {
             return Ok(Outcome::Finished);
         }
-        if row.generated >= row.max_tokens {
-            let text = row.text.finish()?;
-            return done(row, text, FinishReason::Length);
+        match finish {
+            Some(reason) => done(row, rest, reason),
+            None => Ok(Outcome::Continue),
         }
-        Ok(Outcome::Continue)
     }
+}
+
+/// The events of one response of a request run one at a time through
+/// [`crate::stream::stream_generate`] (speculation, `mlx launch`), as a batched row sends them:
+/// the `Token` (not for an EOS token, nor for the token completing a stop string) and, on the
+/// last response, `Done` with the text still held.
+fn response_events(
+    resp: crate::stream::GenerationResponse,
+    eos_ids: &std::collections::BTreeSet<u32>,
+    logprobs: bool,
+    prompt_tokens: usize,
+) -> (Option<BatchEvent>, Option<BatchEvent>) {
+    let eos = resp.token.is_some_and(|t| eos_ids.contains(&t));
+    let stop_string = resp.finish_reason == Some(FinishReason::Stop) && !eos;
+    let mut held = resp.text;
+    let token = match (resp.token, eos, stop_string) {
+        (Some(token), false, false) => Some(BatchEvent::Token {
+            token,
+            text: std::mem::take(&mut held),
+            logprob: logprobs.then_some(resp.logprob).flatten(),
+            top_logprobs: resp.top_logprobs,
+        }),
+        _ => None,
+    };
+    let done = resp.finish_reason.map(|finish_reason| BatchEvent::Done {
+        text: held,
+        finish_reason,
+        prompt_tokens,
+        completion_tokens: resp.generation_tokens,
+    });
+    (token, done)
 }
 
 /// A row's processors when they are only logit biases (which read no context): their ids and
@@ -2715,22 +2720,4 @@ fn batch_cache(c: &mut Box<dyn Cache>) -> Result<&mut BatchKVCache> {
             what: "the running batch".into(),
             problem: "holds a non-batch cache".into(),
         })
-}
-
-/// A token's log-probability and the most likely `(id, logprob)` pairs of its step.
-type TokenLogprobs = (Option<f32>, Vec<(u32, f32)>);
-
-/// The token's log-probability and the `top` most likely `(id, logprob)` pairs.
-fn token_logprobs(logprobs: &Array, token: u32, top: usize) -> Result<TokenLogprobs> {
-    let lp = logprobs.astype(Dtype::Float32)?;
-    let logprob = ops::take(&lp, &Array::from_slice(&[token as i32], &[1])?, 0, None)?
-        .to_vec::<f32>()?
-        .first()
-        .copied();
-    let pairs = if top > 0 {
-        crate::stream::top_logprobs(&lp, top)?
-    } else {
-        Vec::new()
-    };
-    Ok((logprob, pairs))
 }

@@ -14,7 +14,6 @@
 
 pub mod engine;
 pub mod lockstep;
-mod text;
 
 pub use engine::{
     BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineDecoder, EngineStats,
