@@ -8,7 +8,7 @@ use crate::common::ModelArgs;
 use crate::model;
 
 pub fn run(a: ServeArgs) -> Result<(), String> {
-    let load = |a: &ServeArgs| {
+    let load = |a: &ServeArgs| -> Result<mlx_server::LoadedModel, String> {
         let m = model::load(&ModelArgs {
             model: a.model.clone(),
             dtype: "auto".into(),

@@ -473,7 +473,10 @@ fn start<'m>(
         if let Some(why) = why {
             return Err(EngineError::GraphDecoderUnsupported(why));
         }
-        Some(crate::graph::map_model(model).map_err(EngineError::GraphDecoderUnsupported)?)
+        Some(
+            crate::graph::map_model(model)
+                .map_err(|e| EngineError::GraphDecoderUnsupported(e.to_string()))?,
+        )
     } else {
         None
     };

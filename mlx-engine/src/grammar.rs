@@ -124,6 +124,12 @@ impl std::fmt::Debug for GrammarCompiler {
     }
 }
 
+/// A schema or grammar [`GrammarCompiler::compile`] refuses: `llguidance`'s message (the
+/// schema's own words: where in it and what is wrong).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidGrammar(pub String);
+
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -179,17 +185,17 @@ impl GrammarCompiler {
 
     /// A fresh grammar for `spec`; an invalid schema or grammar is an error with
     /// `llguidance`'s message.
-    pub fn compile(&self, spec: &GrammarSpec) -> std::result::Result<Grammar, String> {
+    pub fn compile(&self, spec: &GrammarSpec) -> std::result::Result<Grammar, InvalidGrammar> {
         let top = spec.top_level();
         let factory = self.factory.clone();
         let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             factory.create_parser(top)
         }))
-        .map_err(panic_message)?
-        .map_err(|e| e.to_string())?;
+        .map_err(|p| InvalidGrammar(panic_message(p)))?
+        .map_err(|e| InvalidGrammar(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(e);
+            return Err(InvalidGrammar(e));
         }
         Ok(Grammar {
             matcher,

@@ -32,25 +32,64 @@ use mlx_models::LanguageModel;
 
 use crate::generate::GenerateOptions;
 
+/// Why the graph decoder does not take a model ([`map_model`]'s error): its text is the reason
+/// `--decoder auto` prints when it falls back.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum GraphGap {
+    /// A dedicated port, not a dense descriptor row.
+    #[error("`{model_type}` is a dedicated port, not a dense descriptor row")]
+    DedicatedPort { model_type: String },
+    /// A setting of the descriptor row the decoder does not implement.
+    #[error("`{model_type}`: {setting} is not in the graph decoder yet")]
+    Setting { model_type: String, setting: String },
+    /// A layer the decoder cannot take (missing, laid out otherwise, its RoPE): the problem.
+    #[error("`{model_type}`: layer {layer} {problem}")]
+    Layer {
+        model_type: String,
+        layer: usize,
+        problem: String,
+    },
+    /// A weight or norm the decoder cannot take: which (`lm_head`, `` `llama`: layer 3
+    /// q_proj``) and the problem.
+    #[error("{part}: {problem}")]
+    Part { part: String, problem: String },
+}
+
+fn part(part: &str, problem: impl Into<String>) -> GraphGap {
+    GraphGap::Part {
+        part: part.into(),
+        problem: problem.into(),
+    }
+}
+
 /// The decoder's description of `model` and the model's own arrays, or why the model is not
 /// one the decoder runs (the descriptor's knobs; the kernels' own limits, such as the head
 /// size and the dtypes, are [`GraphSpec::check`] and [`GraphWeights::check`]).
-pub fn map_model(model: &dyn LanguageModel) -> Result<(GraphSpec, GraphWeights), String> {
+pub fn map_model(model: &dyn LanguageModel) -> Result<(GraphSpec, GraphWeights), GraphGap> {
     let Some(m) = model.as_dense() else {
-        return Err(format!(
-            "`{}` is a dedicated port, not a dense descriptor row",
-            model.model_type()
-        ));
+        return Err(GraphGap::DedicatedPort {
+            model_type: model.model_type().to_string(),
+        });
     };
     let mut spec = map_descriptor(m)?;
     let weights = map_weights(m, &mut spec)?;
     Ok((spec, weights))
 }
 
-fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
+fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
     let d = m.descriptor();
     let t = &d.model_type;
-    let no = |what: &str| Err(format!("`{t}`: {what} is not in the graph decoder yet"));
+    let no = |what: &str| {
+        Err(GraphGap::Setting {
+            model_type: t.clone(),
+            setting: what.into(),
+        })
+    };
+    let layer = |i: usize, problem: &str| GraphGap::Layer {
+        model_type: t.clone(),
+        layer: i,
+        problem: problem.into(),
+    };
     // Pre-norm blocks, or Gemma's sandwich (pre and post norms around attention and MLP).
     let sandwich = match d.placement {
         Placement::Pre => false,
@@ -116,9 +155,7 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
     // base); the same where the model has one.
     let (mut rope, mut local): (Option<GraphRope>, Option<GraphRope>) = (None, None);
     for i in 0..layers {
-        let v = m
-            .layer_view(i)
-            .ok_or_else(|| format!("`{t}`: layer {i} is missing"))?;
+        let v = m.layer_view(i).ok_or_else(|| layer(i, "is missing"))?;
         sliding.push(v.sliding);
         let Some(r) = v
             .rope
@@ -127,7 +164,7 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
             rope_layers.push(false);
             continue;
         };
-        let g = graph_rope(r).map_err(|e| format!("`{t}`: layer {i} {e}"))?;
+        let g = graph_rope(r, |e| layer(i, e))?;
         let slot = if v.sliding && d.local_rope.is_some() {
             &mut local
         } else {
@@ -190,8 +227,8 @@ fn model_vocab(m: &Model) -> usize {
     m.embed_tokens().shape().0 as usize
 }
 
-/// A layer's RoPE as the decoder applies it.
-fn graph_rope(r: &Rope) -> Result<GraphRope, String> {
+/// A layer's RoPE as the decoder applies it, or the problem (as `gap` makes it the layer's).
+fn graph_rope(r: &Rope, gap: impl Fn(&str) -> GraphGap) -> Result<GraphRope, GraphGap> {
     match r {
         Rope::Base {
             dims,
@@ -213,14 +250,14 @@ fn graph_rope(r: &Rope) -> Result<GraphRope, String> {
             let f = freqs
                 .astype(Dtype::Float32)
                 .and_then(|f| f.to_vec::<f32>())
-                .map_err(|e| format!("rope frequencies: {e}"))?;
+                .map_err(|e| gap(&format!("rope frequencies: {e}")))?;
             Ok(GraphRope::from_freqs(
                 *traditional,
                 &f,
                 input_scale.unwrap_or(1.0) as f32,
             ))
         }
-        Rope::Dynamic { .. } => Err("dynamic NTK RoPE is not in the graph decoder yet".into()),
+        Rope::Dynamic { .. } => Err(gap("dynamic NTK RoPE is not in the graph decoder yet")),
     }
 }
 
@@ -228,7 +265,7 @@ fn linear(
     l: &Linear,
     what: &str,
     quant: &mut Option<(usize, usize)>,
-) -> Result<GraphLinear, String> {
+) -> Result<GraphLinear, GraphGap> {
     match l {
         Linear::Dense { weight, bias } => Ok(GraphLinear {
             weight: weight.clone(),
@@ -243,24 +280,25 @@ fn linear(
                 ..q
             })
         }
-        Linear::Adapted(_) => Err(format!("{what}: an adapted (LoRA/DoRA) linear")),
-        Linear::Trellis { .. } => Err(format!("{what}: a trellis-coded linear")),
-        Linear::Ggml { .. } => Err(format!("{what}: GGML blocks kept for the CPU decoder")),
+        Linear::Adapted(_) => Err(part(what, "an adapted (LoRA/DoRA) linear")),
+        Linear::Trellis { .. } => Err(part(what, "a trellis-coded linear")),
+        Linear::Ggml { .. } => Err(part(what, "GGML blocks kept for the CPU decoder")),
     }
 }
 
 /// Rows `a..b` of a linear layer's arrays (weight, and scales, biases and bias where there are):
 /// slices, views of the loaded model's arrays (a fused projection's parts).
-fn split_rows(l: &GraphLinear, a: usize, b: usize, what: &str) -> Result<GraphLinear, String> {
+fn split_rows(l: &GraphLinear, a: usize, b: usize, what: &str) -> Result<GraphLinear, GraphGap> {
     let rows = l.weight.shape().first().copied().unwrap_or(0) as usize;
     if b > rows {
-        return Err(format!(
-            "{what}: {rows} rows, fewer than the {b} its heads or width need"
+        return Err(part(
+            what,
+            format!("{rows} rows, fewer than the {b} its heads or width need"),
         ));
     }
     let cut = |x: &mlx_core::Array| {
         mlx_core::ops::slice_axis(x, 0, a as i32, b as i32, None)
-            .map_err(|e| format!("{what}: rows {a}..{b}: {e}"))
+            .map_err(|e| part(what, format!("rows {a}..{b}: {e}")))
     };
     Ok(GraphLinear {
         weight: cut(&l.weight)?,
@@ -274,16 +312,19 @@ fn quantized(
     q: &mlx_models::layers::QuantizedWeight,
     what: &str,
     quant: &mut Option<(usize, usize)>,
-) -> Result<GraphLinear, String> {
+) -> Result<GraphLinear, GraphGap> {
     if q.mode != mlx_core::quantized::QuantMode::Affine {
-        return Err(format!("{what}: {} quantization", q.mode.name()));
+        return Err(part(what, format!("{} quantization", q.mode.name())));
     }
     let this = (q.group_size as usize, q.bits as usize);
     match quant {
         Some(first) if *first != this => {
-            return Err(format!(
-                "{what}: group size {} and {} bits, other weights {} and {} (mixed quantization)",
-                this.0, this.1, first.0, first.1
+            return Err(part(
+                what,
+                format!(
+                    "group size {} and {} bits, other weights {} and {} (mixed quantization)",
+                    this.0, this.1, first.0, first.1
+                ),
             ))
         }
         _ => *quant = Some(this),
@@ -294,34 +335,34 @@ fn quantized(
         biases: Some(
             q.biases
                 .clone()
-                .ok_or_else(|| format!("{what}: affine weights without biases"))?,
+                .ok_or_else(|| part(what, "affine weights without biases"))?,
         ),
         bias: None,
     })
 }
 
-fn rms(n: Option<&Norm>, what: &str) -> Result<mlx_core::Array, String> {
+fn rms(n: Option<&Norm>, what: &str) -> Result<mlx_core::Array, GraphGap> {
     match n {
         Some(n) => rms_eps(n, what).map(|(w, _)| w),
-        None => Err(format!("{what}: not a weighted RMSNorm")),
+        None => Err(part(what, "not a weighted RMSNorm")),
     }
 }
 
 /// A weighted RMSNorm's weight and epsilon; Gemma's norm's weight is `1 + w`, computed as the
 /// model computes it at every call (a weak scalar: the weight's dtype), a new array of the
 /// norm's size.
-fn rms_eps(n: &Norm, what: &str) -> Result<(mlx_core::Array, f32), String> {
+fn rms_eps(n: &Norm, what: &str) -> Result<(mlx_core::Array, f32), GraphGap> {
     match n {
         Norm::Rms(r) => Ok((r.weight.clone(), r.eps)),
         Norm::RmsOffset(r) => {
-            let w = (1.0f32 + &r.weight).map_err(|e| format!("{what}: 1 + weight: {e}"))?;
+            let w = (1.0f32 + &r.weight).map_err(|e| part(what, format!("1 + weight: {e}")))?;
             Ok((w, r.eps))
         }
-        _ => Err(format!("{what}: not a weighted RMSNorm")),
+        _ => Err(part(what, "not a weighted RMSNorm")),
     }
 }
 
-fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> {
+fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap> {
     let t = spec.model_type.clone();
     let mut quant = None;
     let embed = match m.embed_tokens() {
@@ -332,8 +373,13 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
             bias: None,
         },
         Embedding::Quantized(q) => quantized(q, "embed_tokens", &mut quant)?,
-        Embedding::Adapted(_) => return Err(format!("`{t}`: an adapted embedding")),
-        Embedding::Ggml(_) => return Err(format!("`{t}`: GGML blocks kept for the CPU decoder")),
+        Embedding::Adapted(_) => return Err(part(&format!("`{t}`"), "an adapted embedding")),
+        Embedding::Ggml(_) => {
+            return Err(part(
+                &format!("`{t}`"),
+                "GGML blocks kept for the CPU decoder",
+            ))
+        }
     };
     let head = m
         .lm_head()
@@ -341,8 +387,14 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
         .transpose()?;
     let mut layers = Vec::with_capacity(spec.layers);
     for i in 0..spec.layers {
+        // A part of the layer, and the layer's own problems.
         let w = |s: &str| format!("`{t}`: layer {i} {s}");
-        let v = m.layer_view(i).ok_or_else(|| w("is missing"))?;
+        let gap = |problem: &str| GraphGap::Layer {
+            model_type: t.clone(),
+            layer: i,
+            problem: problem.into(),
+        };
+        let v = m.layer_view(i).ok_or_else(|| gap("is missing"))?;
         // Separate q/k/v projections, or phi3's fused one split by rows (views of its arrays).
         let (q, k, vv) = match (v.q, v.k, v.v, v.qkv) {
             (Some(q), Some(k), Some(vv), _) => (
@@ -360,24 +412,24 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
                     part(qn + kn, qn + 2 * kn)?,
                 )
             }
-            _ => return Err(w("has a q/k/v projection laid out per head")),
+            _ => return Err(gap("has a q/k/v projection laid out per head")),
         };
         if v.head_gate || v.other_qk_norm {
-            return Err(w("has a gated or normed attention"));
+            return Err(gap("has a gated or normed attention"));
         }
         let (q_norm, k_norm) = match (spec.qk_norm, v.q_norm, v.k_norm) {
             (false, None, None) => (None, None),
             (true, Some(qn), Some(kn)) => {
                 let (qn, kn) = (rms_eps(qn, &w("q_norm"))?, rms_eps(kn, &w("k_norm"))?);
                 if qn.1 != spec.eps || kn.1 != spec.eps {
-                    return Err(w(&format!(
+                    return Err(gap(&format!(
                         "q/k norm eps {} and {}, the layers' {}",
                         qn.1, kn.1, spec.eps
                     )));
                 }
                 (Some(qn.0), Some(kn.0))
             }
-            _ => return Err(w("has q/k norms other than its descriptor's")),
+            _ => return Err(gap("has q/k norms other than its descriptor's")),
         };
         let (post_attn_norm, post_mlp_norm) =
             match (spec.sandwich, v.post_attn_norm, v.post_mlp_norm) {
@@ -388,11 +440,11 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
                         rms_eps(b, &w("post-MLP norm"))?,
                     );
                     if a.1 != spec.eps || b.1 != spec.eps {
-                        return Err(w("has post-norms with another eps"));
+                        return Err(gap("has post-norms with another eps"));
                     }
                     (Some(a.0), Some(b.0))
                 }
-                _ => return Err(w("has post-norms other than its descriptor's")),
+                _ => return Err(gap("has post-norms other than its descriptor's")),
             };
         // Separate gate and up projections, or a fused one split in half (phi3).
         let (gate, up, down) = match (v.mlp.gate_up_down(), v.mlp.fused_gate_up_down()) {
@@ -413,7 +465,7 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
                 };
                 (g, u, d)
             }
-            _ => return Err(w("has an MLP without gate and up projections")),
+            _ => return Err(gap("has an MLP without gate and up projections")),
         };
         let mut lin = |l: &Linear, s: &str| linear(l, &w(s), &mut quant);
         layers.push(GraphLayer {
@@ -483,7 +535,7 @@ pub fn options_unsupported(opts: &GenerateOptions, has_prompt_cache: bool) -> Op
 pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
     let (spec, weights) = match map_model(model) {
         Ok(x) => x,
-        Err(e) => return Some(e),
+        Err(e) => return Some(e.to_string()),
     };
     let t = &spec.model_type;
     if let Err(e) = spec.check() {

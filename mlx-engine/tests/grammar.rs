@@ -246,17 +246,20 @@ fn bad_schemas_are_errors_with_llguidance_message() {
         .compile(&GrammarSpec::JsonSchema(
             json!({"type": "object", "properties": {"a": {"type": "nonsense"}}}),
         ))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("nonsense"), "{e}");
     let e = compiler
         .compile(&GrammarSpec::JsonSchema(
             json!({"type": "integer", "minimum": 5, "maximum": 1}),
         ))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(!e.is_empty());
     let e = compiler
         .compile(&GrammarSpec::Lark("start: foo".into()))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("foo"), "{e}");
 }
 

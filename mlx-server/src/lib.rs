@@ -104,14 +104,33 @@ pub fn context_length_at(path: &Path) -> Option<usize> {
     }
 }
 
+/// Why [`load_model_dir`] could not load `--model`.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelDirError {
+    #[error("--model DIR is required")]
+    NoModel,
+    /// Reading, checking or building the model at `path` (as given) failed.
+    #[error("{path}: {source}")]
+    Model {
+        path: String,
+        source: mlx_models::ModelError,
+    },
+    /// The tokenizer of the model at `path` could not be built.
+    #[error("{path}: {source}")]
+    Tokenizer {
+        path: String,
+        source: mlx_engine::TokenizerError,
+    },
+    /// Another failure of the one loader (its message names the file or flag).
+    #[error(transparent)]
+    Load(mlx_engine::load::LoadError),
+}
+
 /// Loads `--model` (a directory or a `.gguf` file) in its stored dtypes, `--adapter-path`
 /// applied, through the one loader (`mlx_engine::load`): the default loader of the
 /// `mlx-serve` binary.
-pub fn load_model_dir(args: &ServeArgs) -> Result<LoadedModel, String> {
-    let dir = args
-        .model
-        .as_deref()
-        .ok_or_else(|| "--model DIR is required".to_string())?;
+pub fn load_model_dir(args: &ServeArgs) -> Result<LoadedModel, ModelDirError> {
+    let dir = args.model.as_deref().ok_or(ModelDirError::NoModel)?;
     let spec = mlx_engine::load::LoadSpec {
         dtype: "stored".into(),
         adapter_path: args.adapter_path.as_deref().map(Into::into),
@@ -121,9 +140,15 @@ pub fn load_model_dir(args: &ServeArgs) -> Result<LoadedModel, String> {
     mlx_engine::load::load(&model, &spec, &mut mlx_engine::load::Quiet)
         .map(Into::into)
         .map_err(|e| match e {
-            mlx_engine::load::LoadError::Model(e) => format!("{dir}: {e}"),
-            mlx_engine::load::LoadError::Tokenizer { source, .. } => format!("{dir}: {source}"),
-            e => e.to_string(),
+            mlx_engine::load::LoadError::Model(source) => ModelDirError::Model {
+                path: dir.into(),
+                source,
+            },
+            mlx_engine::load::LoadError::Tokenizer { source, .. } => ModelDirError::Tokenizer {
+                path: dir.into(),
+                source,
+            },
+            e => ModelDirError::Load(e),
         })
 }
 
@@ -205,10 +230,11 @@ pub struct Server {
 impl Server {
     /// Starts the engine (loading the model on its thread with `load`) and binds the
     /// listener. Must run inside a tokio runtime.
-    pub async fn bind<F, L>(args: ServeArgs, load: F) -> Result<Server, ServeError>
+    pub async fn bind<F, L, E>(args: ServeArgs, load: F) -> Result<Server, ServeError>
     where
-        F: Fn(&ServeArgs) -> Result<L, String> + Send + 'static,
+        F: Fn(&ServeArgs) -> Result<L, E> + Send + 'static,
         L: Into<LoadedModel>,
+        E: std::fmt::Display,
     {
         if args.max_batch == 0 {
             return Err(ServeError::Args("--max-batch must be at least 1".into()));
@@ -234,9 +260,9 @@ impl Server {
             Engine::start_with_draft(
                 move || {
                     let mut m: LoadedModel = load(&load_args)
-                        .map_err(|message| mlx_engine::EngineError::ModelLoad {
+                        .map_err(|e| mlx_engine::EngineError::ModelLoad {
                             path: load_args.model.clone().unwrap_or_default(),
-                            message,
+                            message: e.to_string(),
                         })?
                         .into();
                     if let Some(t) = load_args.chat_template.as_ref().filter(|t| !t.is_empty()) {
@@ -253,9 +279,9 @@ impl Server {
                             let mut a = load_args.clone();
                             a.model = Some(path.clone());
                             let d: LoadedModel = load(&a)
-                                .map_err(|message| mlx_engine::EngineError::DraftModel {
+                                .map_err(|e| mlx_engine::EngineError::DraftModel {
                                     path: path.clone(),
-                                    message,
+                                    message: e.to_string(),
                                 })?
                                 .into();
                             mlx_engine::speculative::check_draft_tokenizer(
@@ -351,18 +377,19 @@ pub fn engine_config(args: &ServeArgs) -> Result<EngineConfig, ServeError> {
 /// A rank other than 0 of `mlx launch -- serve`: loads the model as [`run`] does and runs the
 /// engine without HTTP, stepping with rank 0 (see `mlx_engine::batch::lockstep`, which must
 /// be set first) until rank 0 stops or is lost.
-pub fn follow<F, L>(args: ServeArgs, load: F) -> Result<(), ServeError>
+pub fn follow<F, L, E>(args: ServeArgs, load: F) -> Result<(), ServeError>
 where
-    F: Fn(&ServeArgs) -> Result<L, String> + Send + 'static,
+    F: Fn(&ServeArgs) -> Result<L, E> + Send + 'static,
     L: Into<LoadedModel>,
+    E: std::fmt::Display,
 {
     let config = engine_config(&args)?;
     let (engine, handle) = Engine::start(
         move || {
             let m: LoadedModel = load(&args)
-                .map_err(|message| mlx_engine::EngineError::ModelLoad {
+                .map_err(|e| mlx_engine::EngineError::ModelLoad {
                     path: args.model.clone().unwrap_or_default(),
-                    message,
+                    message: e.to_string(),
                 })?
                 .into();
             Ok((m.model, m.tokenizer))
@@ -387,10 +414,11 @@ fn init_logging(level: &str) {
 
 /// Runs the server until Ctrl-C: `mlx serve`'s entry point. `load` runs on the engine thread
 /// and returns the model and its tokenizer.
-pub fn run<F, L>(args: ServeArgs, load: F) -> Result<(), ServeError>
+pub fn run<F, L, E>(args: ServeArgs, load: F) -> Result<(), ServeError>
 where
-    F: Fn(&ServeArgs) -> Result<L, String> + Send + 'static,
+    F: Fn(&ServeArgs) -> Result<L, E> + Send + 'static,
     L: Into<LoadedModel>,
+    E: std::fmt::Display,
 {
     init_logging(&args.log_level);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -158,43 +158,74 @@ pub fn save_state(
     mlx_core::partial::write_atomic(&path, text.as_bytes()).map_err(|e| io_err(&path, e))
 }
 
+/// Why a run starts without the state saved beside its adapter file (the note it prints):
+/// the file at fault and the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum NoResume {
+    /// No `--resume-adapter-file` was given.
+    #[error("not resuming")]
+    NotResuming,
+    /// The state file (its name) is not beside the adapter file.
+    #[error("no {name} beside it")]
+    Missing { name: String },
+    /// A file could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: larger than {MAX_STATE_BYTES} bytes", .path.display())]
+    TooLarge { path: PathBuf },
+    #[error("{}: invalid: {source}", .path.display())]
+    Invalid {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{}: not a resume state this version reads", .path.display())]
+    OtherVersion { path: PathBuf },
+    /// The adapter file's hash is not the one the state was saved with.
+    #[error("{} was written for other weights than {} holds now", .state.display(), .adapters.display())]
+    OtherWeights { state: PathBuf, adapters: PathBuf },
+}
+
 /// The iteration a resume from `adapter_file` continues from, if its state says so and
-/// matches the file (only the JSON and the adapter file's hash are read). `Err` carries why
+/// matches the file (only the JSON and the adapter file's hash are read). `Err` says why
 /// there is none, for the message.
-pub fn peek_iteration(adapter_file: &Path) -> std::result::Result<usize, String> {
+pub fn peek_iteration(adapter_file: &Path) -> std::result::Result<usize, NoResume> {
     read_state_file(adapter_file).map(|s| s.iteration)
 }
 
-fn read_state_file(adapter_file: &Path) -> std::result::Result<StateFile, String> {
+fn read_state_file(adapter_file: &Path) -> std::result::Result<StateFile, NoResume> {
     let path = state_path(adapter_file);
     if !path.exists() {
-        return Err(format!("no {} beside it", name(&path)));
+        return Err(NoResume::Missing { name: name(&path) });
     }
     let mut text = String::new();
     std::fs::File::open(&path)
         .and_then(|f| f.take(MAX_STATE_BYTES + 1).read_to_string(&mut text))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|source| NoResume::Read {
+            path: path.clone(),
+            source,
+        })?;
     if text.len() as u64 > MAX_STATE_BYTES {
-        return Err(format!(
-            "{}: larger than {MAX_STATE_BYTES} bytes",
-            path.display()
-        ));
+        return Err(NoResume::TooLarge { path });
     }
-    let s: StateFile =
-        serde_json::from_str(&text).map_err(|e| format!("{}: invalid: {e}", path.display()))?;
+    let s: StateFile = serde_json::from_str(&text).map_err(|source| NoResume::Invalid {
+        path: path.clone(),
+        source,
+    })?;
     if s.format != FORMAT || s.version != VERSION {
-        return Err(format!(
-            "{}: not a resume state this version reads",
-            path.display()
-        ));
+        return Err(NoResume::OtherVersion { path });
     }
-    let h = sha256_file(adapter_file).map_err(|e| format!("{}: {e}", adapter_file.display()))?;
+    let h = sha256_file(adapter_file).map_err(|source| NoResume::Read {
+        path: adapter_file.to_path_buf(),
+        source,
+    })?;
     if h != s.adapters_sha256 {
-        return Err(format!(
-            "{} was written for other weights than {} holds now",
-            path.display(),
-            adapter_file.display()
-        ));
+        return Err(NoResume::OtherWeights {
+            state: path,
+            adapters: adapter_file.to_path_buf(),
+        });
     }
     Ok(s)
 }
@@ -216,7 +247,7 @@ pub fn load_state(
     let s = match read_state_file(adapter_file) {
         Ok(s) => s,
         Err(why) => {
-            notes.push(why);
+            notes.push(why.to_string());
             return Ok(None);
         }
     };

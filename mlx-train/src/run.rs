@@ -23,8 +23,8 @@ use crate::objectives::{dpo_loss, orpo_loss, reference_logps};
 use crate::optim::{build_schedule, LearningRate, Method, Optimizer, ScheduleConfig};
 use crate::params::Params;
 use crate::resume::{
-    checkpoint_path, load_state, optimizer_path, peek_iteration, same_file, state_path, Outputs,
-    ResumeState,
+    checkpoint_path, load_state, optimizer_path, peek_iteration, same_file, state_path, NoResume,
+    Outputs, ResumeState,
 };
 use crate::tokenize;
 use crate::trainer::{train, LossFn, TrainOutcome, TrainingArgs, TrainingCallback};
@@ -448,12 +448,12 @@ pub fn adapter_file(config: &RunConfig) -> PathBuf {
 /// written: the iteration a resume continues from (when its state says so), the files the
 /// run continues, and, unless `overwrite`, an error naming the first file of an earlier
 /// run that this one would replace.
-pub fn plan_outputs(config: &RunConfig) -> Result<(std::result::Result<usize, String>, Outputs)> {
+pub fn plan_outputs(config: &RunConfig) -> Result<(std::result::Result<usize, NoResume>, Outputs)> {
     let file = adapter_file(config);
     let config_file = PathBuf::from(&config.adapter_path).join("adapter_config.json");
     let start = match &config.resume_adapter_file {
         Some(f) => peek_iteration(Path::new(f)),
-        None => Err("not resuming".into()),
+        None => Err(NoResume::NotResuming),
     };
     let continues = config
         .resume_adapter_file
@@ -502,7 +502,11 @@ pub fn plan_outputs(config: &RunConfig) -> Result<(std::result::Result<usize, St
                     "resuming into the directory it came from, this run would replace it, and \
                      its iteration is not known ({}) to keep it as a numbered checkpoint; pass \
                      --overwrite to replace it, or choose another --adapter-path",
-                    start.as_ref().err().map(String::as_str).unwrap_or("")
+                    start
+                        .as_ref()
+                        .err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default()
                 ),
             },
             _ => e,

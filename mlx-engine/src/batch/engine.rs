@@ -33,7 +33,6 @@ use mlx_core::prelude::*;
 use mlx_models::embed::{embed, to_vecs};
 use mlx_models::LanguageModel;
 
-use crate::step_tail::{token_logprobs, Chunking, StepTail, Tail};
 use crate::cpu_decode::{CpuBatch, CpuCache, BLOCK};
 use crate::error::{EngineError, Result};
 use crate::generate::{cpu_decode_unsupported, make_prompt_cache, maybe_quantize_kv_cache};
@@ -41,6 +40,7 @@ use crate::grammar::{apply_mask, Grammar};
 use crate::prompt_cache::PromptCache;
 use crate::sample::SamplerSettings;
 use crate::sample::{make_logits_processors, LogitsProcessor, ProcessorSettings, Sampler};
+use crate::step_tail::{token_logprobs, Chunking, StepTail, Tail};
 use crate::stream::FinishReason;
 use crate::tokenizer::Tokenizer;
 use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions};
@@ -438,7 +438,7 @@ fn pick_graph(
     if check_plain(&plain).is_err() {
         return Err("the model's caches are not all plain KV caches (sliding windows)".into());
     }
-    let (spec, weights) = crate::graph::map_model(model)?;
+    let (spec, weights) = crate::graph::map_model(model).map_err(|e| e.to_string())?;
     // A row a sequence of the batch (the decoder tiles them as its kernels take them).
     let rows = config
         .max_batch
