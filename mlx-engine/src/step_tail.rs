@@ -169,8 +169,8 @@ impl StepTail {
                 .unwrap_or(0),
             (false, Chunking::Batch) => self.possible_stop_start(),
         };
-        let end = floor_char_boundary(&self.full, self.full.len().saturating_sub(hold))
-            .max(self.emitted);
+        let end =
+            floor_char_boundary(&self.full, self.full.len().saturating_sub(hold)).max(self.emitted);
         let out = self.full[self.emitted..end].to_string();
         self.emitted = end;
         (out, false)
@@ -203,10 +203,8 @@ pub(crate) fn token_logprobs(
     };
     let logprob = match known {
         Some(v) => v,
-        None => {
-            ops::take(&lp()?, &Array::from_slice(&[token as i32], &[1])?, 0, None)?
-                .to_vec::<f32>()?[0]
-        }
+        None => ops::take(&lp()?, &Array::from_slice(&[token as i32], &[1])?, 0, None)?
+            .to_vec::<f32>()?[0],
     };
     let pairs = if top > 0 {
         let lp = lp()?;
@@ -274,6 +272,9 @@ mod tests {
         let mut t = tail(&["STOP here", "ab"], Chunking::Stream);
         assert_eq!(push_text(&mut t, "hello wor"), ("h".into(), false));
         assert_eq!(push_text(&mut t, "ld. ST"), ("ello w".into(), false));
-        assert_eq!(push_text(&mut t, "AR STOP here"), ("orld. STAR ".into(), true));
+        assert_eq!(
+            push_text(&mut t, "AR STOP here"),
+            ("orld. STAR ".into(), true)
+        );
     }
 }

@@ -16,8 +16,8 @@ use crate::generate::{generate_step, generate_step_cpu, GenerateOptions, Generat
 use crate::speculative::{
     speculative_generate_step, CachePair, Drafter, SpecStats, SpeculativeStep,
 };
-use crate::tokenizer::Tokenizer;
 use crate::step_tail::{token_logprobs, Chunking, StepTail, Tail};
+use crate::tokenizer::Tokenizer;
 use mlx_models::LanguageModel;
 
 /// Why generation ended.
