@@ -316,26 +316,21 @@ pub struct Engine {
     decoder: Arc<str>,
 }
 
-/// What a request run one at a time (a speculative one, or one under `mlx launch`) chose.
-struct RequestChoices<'r> {
-    max_tokens: usize,
-    sampler: &'r SamplerSettings,
-    processors: &'r ProcessorSettings,
-    stop_strings: &'r [String],
-    top_logprobs: usize,
-}
-
-/// The stream options of a request run one at a time, with the engine's prefill step and KV
-/// options (`max_kv_size` only where `rotating`).
+/// Starts a request run one at a time (a speculative one, or one under `mlx launch`): seeds
+/// MLX's generator as it asks, and returns its stream options, with the engine's prefill
+/// step and KV options (`max_kv_size` only where `rotating`).
 fn one_at_a_time_options(
     config: &EngineConfig,
-    r: RequestChoices<'_>,
+    r: &super::lockstep::SharedRequest,
     rotating: bool,
 ) -> Result<crate::stream::StreamOptions> {
+    if let Some(s) = r.seed {
+        mlx_core::random::seed(s)?;
+    }
     let mut generate = crate::generate::GenerateOptions {
         max_tokens: Some(r.max_tokens),
         sampler: Sampler::new(r.sampler.clone()),
-        logits_processors: make_logits_processors(r.processors)?,
+        logits_processors: make_logits_processors(&r.processors)?,
         prefill_step_size: config.prefill_step_size,
         ..Default::default()
     };
@@ -350,8 +345,8 @@ fn one_at_a_time_options(
     }
     Ok(crate::stream::StreamOptions {
         generate,
-        stop_strings: r.stop_strings.to_vec(),
-        top_logprobs: r.top_logprobs,
+        stop_strings: r.stop_strings.clone(),
+        top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
     })
 }
 
@@ -1157,22 +1152,10 @@ impl<'m> Worker<'m> {
         }
         let deadline = r.timeout.map(|t| Instant::now() + t);
         let result = (|| -> Result<()> {
-            if let Some(s) = r.seed {
-                mlx_core::random::seed(s)?;
-            }
             // The KV quantization options apply (mlx-lm passes them); a rotating cache does
             // not (speculation drops `max_kv_size`, as mlx-lm's `stream_generate` does).
-            let opts = one_at_a_time_options(
-                &self.config,
-                RequestChoices {
-                    max_tokens: r.max_tokens,
-                    sampler: &r.sampler,
-                    processors: &r.processors,
-                    stop_strings: &r.stop_strings,
-                    top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
-                },
-                false,
-            )?;
+            let shared = super::lockstep::SharedRequest::with_seed(&r, r.seed);
+            let opts = one_at_a_time_options(&self.config, &shared, false)?;
             let stream = match (draft, lookup) {
                 (Some(draft), _) => crate::stream::stream_generate_speculative(
                     self.model,
@@ -1347,20 +1330,7 @@ impl<'m> Worker<'m> {
         self.dirty = true;
         let prompt_tokens = r.prompt.len();
         let started = (|| -> Result<crate::stream::TextStream<'_>> {
-            if let Some(s) = r.seed {
-                mlx_core::random::seed(s)?;
-            }
-            let opts = one_at_a_time_options(
-                &self.config,
-                RequestChoices {
-                    max_tokens: r.max_tokens,
-                    sampler: &r.sampler,
-                    processors: &r.processors,
-                    stop_strings: &r.stop_strings,
-                    top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
-                },
-                true,
-            )?;
+            let opts = one_at_a_time_options(&self.config, &r, true)?;
             crate::stream::stream_generate(self.model, &self.tokenizer, &r.prompt, None, opts)
         })();
         let stream = match started {

@@ -76,7 +76,12 @@ impl SharedRequest {
             ),
             None => None,
         };
-        Ok(SharedRequest {
+        Ok(SharedRequest::with_seed(r, seed))
+    }
+
+    /// `r`'s shared form with `seed` (what a request run one at a time reads).
+    pub(crate) fn with_seed(r: &BatchRequest, seed: Option<u64>) -> SharedRequest {
+        SharedRequest {
             prompt: r.prompt.clone(),
             max_tokens: r.max_tokens,
             sampler: r.sampler.clone(),
@@ -86,7 +91,7 @@ impl SharedRequest {
             top_logprobs: r.top_logprobs,
             seed,
             timeout_ms: r.timeout.map(|t| t.as_millis() as u64),
-        })
+        }
     }
 }
 
