@@ -1682,17 +1682,7 @@ impl Worker<'_> {
             sink.send(BatchEvent::Error(e.to_string()));
             return;
         }
-        // The cached prefix is no work.
-        release_tokens(&self.stats, reused);
-        if reused > 0 {
-            self.stats.prompt_cache_hits.fetch_add(1, Ordering::Relaxed);
-        }
-        self.stats
-            .reused_tokens
-            .fetch_add(reused, Ordering::Relaxed);
-        self.stats
-            .prefilled_tokens
-            .fetch_add(len - reused, Ordering::Relaxed);
+        self.count_reuse(len, reused);
         let heads: Vec<i32> = job.request.prompt[reused..len - 1]
             .iter()
             .map(|&t| t as i32)
@@ -1760,6 +1750,21 @@ impl Worker<'_> {
     }
 
     /// Prefill tasks whose every client has gone are dropped.
+    /// A request of `len` prompt tokens starts its prefill with `reused` of them from the
+    /// prompt cache: the cached prefix is no work, and the cache statistics count it.
+    fn count_reuse(&self, len: usize, reused: usize) {
+        release_tokens(&self.stats, reused);
+        if reused > 0 {
+            self.stats.prompt_cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats
+            .reused_tokens
+            .fetch_add(reused, Ordering::Relaxed);
+        self.stats
+            .prefilled_tokens
+            .fetch_add(len - reused, Ordering::Relaxed);
+    }
+
     fn drop_gone_prefills(&mut self) {
         let stats = self.stats.clone();
         self.tasks.retain(|t| match t {
@@ -1849,16 +1854,7 @@ impl Worker<'_> {
                 None => return,
             },
         };
-        release_tokens(&self.stats, reused);
-        if reused > 0 {
-            self.stats.prompt_cache_hits.fetch_add(1, Ordering::Relaxed);
-        }
-        self.stats
-            .reused_tokens
-            .fetch_add(reused, Ordering::Relaxed);
-        self.stats
-            .prefilled_tokens
-            .fetch_add(len - reused, Ordering::Relaxed);
+        self.count_reuse(len, reused);
         let heads = job.request.prompt.iter().map(|&t| t as i32).collect();
         self.tasks.push_back(Task::Prefill(Box::new(Prefill {
             jobs: vec![job],
