@@ -1933,14 +1933,8 @@ impl Worker<'_> {
             let logits = Array::from_slice(logits, &[1, logits.len() as i32])?;
             self.first_token(&request, logits, grammar.as_mut(), n)
         })();
-        let (first, logprobs) = match first {
-            Ok(x) => x,
-            Err(e) => {
-                for mut sink in sinks {
-                    sink.send(BatchEvent::Error(e.to_string()));
-                }
-                return Ok(());
-            }
+        let Some((first, logprobs)) = or_tell_all(&mut sinks, first) else {
+            return Ok(());
         };
         let mut cache = Some(cache);
         for (i, (sink, &token)) in sinks.into_iter().zip(&first).enumerate() {
@@ -2044,14 +2038,8 @@ impl Worker<'_> {
             let mut sinks = vec![sink];
             sinks.extend(extra);
             let first = self.last_step(&request, &mut caches, grammar.as_mut(), sinks.len());
-            let (first, logprobs) = match first {
-                Ok(x) => x,
-                Err(e) => {
-                    for mut sink in sinks {
-                        sink.send(BatchEvent::Error(e.to_string()));
-                    }
-                    return Ok(());
-                }
+            let Some((first, logprobs)) = or_tell_all(&mut sinks, first) else {
+                return Ok(());
             };
             let mut joined = false;
             let n = sinks.len();
@@ -2646,6 +2634,19 @@ fn response_events(
         completion_tokens: resp.generation_tokens,
     });
     (token, done)
+}
+
+/// `r`'s value, or `None` after sending its error to every choice of the request.
+fn or_tell_all<T>(sinks: &mut [Box<dyn EventSink>], r: Result<T>) -> Option<T> {
+    match r {
+        Ok(x) => Some(x),
+        Err(e) => {
+            for sink in sinks {
+                sink.send(BatchEvent::Error(e.to_string()));
+            }
+            None
+        }
+    }
 }
 
 /// A row's processors when they are only logit biases (which read no context): their ids and
