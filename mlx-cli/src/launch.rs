@@ -660,6 +660,7 @@ impl mlx_engine::batch::lockstep::Lockstep for GroupLockstep {
         let got = share_bytes(&g, msg.map(|m| m.to_bytes()), "an engine message")?;
         got.map(|b| mlx_engine::batch::lockstep::Message::from_bytes(&b))
             .transpose()
+            .map_err(|e| e.to_string())
     }
     fn lost(&self, error: &str) {
         // The HTTP side of rank 0 (and the wait of the others) would outlive an engine

@@ -1246,7 +1246,7 @@ impl<'m> Worker<'m> {
                             }
                             Err(e) => {
                                 let mut j = *j;
-                                j.sink.send(BatchEvent::Error(e));
+                                j.sink.send(BatchEvent::Error(e.to_string()));
                                 None
                             }
                         }

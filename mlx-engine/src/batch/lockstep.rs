@@ -42,6 +42,20 @@ pub enum Message {
     Quit,
 }
 
+/// What a request asks that `mlx launch -- serve` does not serve (the request's error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotUnderLaunch {
+    #[error("several choices (n > 1) are not supported under mlx launch")]
+    SeveralChoices,
+    #[error("structured output is not supported under mlx launch")]
+    Grammar,
+}
+
+/// A message from rank 0 that is not one this build reads.
+#[derive(Debug, thiserror::Error)]
+#[error("a shared engine message: {0}")]
+pub struct BadMessage(#[from] serde_json::Error);
+
 /// The part of a [`BatchRequest`] every rank needs to compute the same tokens.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SharedRequest {
@@ -60,12 +74,12 @@ pub struct SharedRequest {
 impl SharedRequest {
     /// The shared form of `r` (with `extra` further choices), or why it cannot be served
     /// under `mlx launch`.
-    pub fn of(r: &BatchRequest, extra: usize) -> Result<SharedRequest, String> {
+    pub fn of(r: &BatchRequest, extra: usize) -> Result<SharedRequest, NotUnderLaunch> {
         if extra > 0 {
-            return Err("several choices (n > 1) are not supported under mlx launch".into());
+            return Err(NotUnderLaunch::SeveralChoices);
         }
         if r.grammar.is_some() {
-            return Err("structured output is not supported under mlx launch".into());
+            return Err(NotUnderLaunch::Grammar);
         }
         let seed = match r.seed {
             Some(s) => Some(s),
@@ -100,8 +114,8 @@ impl Message {
         // A plain data enum: serialization cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }
-    pub fn from_bytes(b: &[u8]) -> Result<Message, String> {
-        serde_json::from_slice(b).map_err(|e| format!("a shared engine message: {e}"))
+    pub fn from_bytes(b: &[u8]) -> Result<Message, BadMessage> {
+        Ok(serde_json::from_slice(b)?)
     }
 }
 
