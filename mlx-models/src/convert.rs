@@ -209,6 +209,12 @@ pub(crate) fn load_config_dict(src: &Path) -> Result<Map<String, Value>> {
     if !config.contains_key("quantization") {
         if let Some(q) = config.get("quantization_config") {
             let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+            // BitNet's own packed linears (mlx-lm's `bitnet_quantize`): read as the model's
+            // BitLinears and written back as they are.
+            let bitnet = config.get("model_type").and_then(Value::as_str) == Some("bitnet");
+            if method == "bitnet" && bitnet {
+                return Ok(config);
+            }
             return Err(ModelError::Config(format!(
                 "{}: quantization_config with quant_method `{method}` (a checkpoint quantized \
                  outside MLX) is not read by `mlx convert` yet",
@@ -530,9 +536,38 @@ pub fn convert_in_memory(
             load_weights(src)?,
         )
     };
+    // BitNet's BitLinears (a uint8 `weight` beside a `weight_scale`): mlx-lm keeps both as
+    // the file holds them (its `--dtype` casts the scale; `nn.quantize` passes BitLinear by),
+    // where our loader unpacks them into plain weights. Kept aside to be written back.
+    let bitlinear: Vec<(String, Array, Array)> = if model_config.model_type == "bitnet" {
+        tensors
+            .iter()
+            .filter_map(|(k, scale)| {
+                let base = k.strip_suffix(".weight_scale")?;
+                let w = tensors.get(&format!("{base}.weight"))?;
+                (w.dtype() == Dtype::Uint8).then(|| (base.to_string(), w.clone(), scale.clone()))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let weights = Weights::new(tensors, model_config.quantization.clone(), None);
-    let built = build_recording(&model_config, weights)?;
+    let mut built = build_recording(&model_config, weights)?;
     let model_type = model_config.model_type.clone();
+    for (base, packed, scale) in bitlinear {
+        let weight = format!("{base}.weight");
+        let Some(i) = built.parameters.iter().position(|(n, _)| *n == weight) else {
+            return Err(ModelError::Internal {
+                what: weight,
+                problem: "a BitLinear weight is not among the model's parameters".into(),
+            });
+        };
+        built.parameters[i].1 = packed;
+        built
+            .parameters
+            .insert(i + 1, (format!("{base}.weight_scale"), scale));
+        built.quantizable.retain(|m| m.path != base);
+    }
 
     let mut quantized = quantized_of(&built)?;
     let mut params: Vec<(String, Array)> = built.parameters;

@@ -242,6 +242,13 @@ CASES = [
     # PreTrainedTokenizerFast source as Qwen2Tokenizer.
     *[(f"tokenizer_{name}", f"%{name}", ["--dtype", "bfloat16"]) for name, _, _ in TOKENIZER_CASES],
     ("qwen2_f32_bf16", "models/qwen2_f32", ["--dtype", "bfloat16"]),
+    # BitNet's BitLinears stay packed (uint8 weight, its weight_scale cast), also under
+    # `quantization_config` `bitnet` (an untied BitLinear head); -q quantizes only the rest.
+    ("bitnet_q4_g32", "+../../mlx-models/tests/models/dense2/bitnet", ["-q", "--q-group-size", "32"]),
+    ("bitnet_bf16", "+../../mlx-models/tests/models/dense2/bitnet", ["--dtype", "bfloat16"]),
+    ("bitnet_untied_f32", "+../../mlx-models/tests/models/dense2/bitnet_untied_bf16", ["--dtype", "float32"]),
+    ("bitnet_untied_q4_g32", "+../../mlx-models/tests/models/dense2/bitnet_untied_bf16",
+     ["-q", "--q-group-size", "32"]),
 ]
 
 
