@@ -280,8 +280,7 @@ const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{
 /// The pipeline a class's `__init__` builds (model options, normalizer, pre-tokenizer,
 /// decoder), as `tokenizer.json` components.
 fn pipeline(c: Class, init: &Map<String, Value>, named: &[(String, Option<Named>)]) -> Value {
-    let byte_level_decoder =
-        json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
+    let byte_level_decoder = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
     let aps = init.get("add_prefix_space").and_then(Value::as_bool);
     let qwen = |regex: &str| {
         json!({
@@ -356,7 +355,12 @@ fn pipeline(c: Class, init: &Map<String, Value>, named: &[(String, Option<Named>
 /// then the class's `__init__`): its vocabulary (a list becomes ids by position) and merges
 /// under the class's own pipeline, the source's post-processor, padding and truncation, no
 /// added tokens yet.
-fn rebuilt(c: Class, src: &Value, init: &Map<String, Value>, named: &[(String, Option<Named>)]) -> Result<Tokenizer> {
+fn rebuilt(
+    c: Class,
+    src: &Value,
+    init: &Map<String, Value>,
+    named: &[(String, Option<Named>)],
+) -> Result<Tokenizer> {
     let p = pipeline(c, init, named);
     let vocab: Map<String, Value> = match src.pointer("/model/vocab") {
         Some(Value::Object(m)) => m.clone(),
@@ -430,7 +434,11 @@ pub fn load(src: &Path) -> Result<Saved> {
     let model_type = std::fs::read_to_string(src.join("config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        .and_then(|v| v.get("model_type").and_then(Value::as_str).map(String::from));
+        .and_then(|v| {
+            v.get("model_type")
+                .and_then(Value::as_str)
+                .map(String::from)
+        });
     let hub = cfg.get("tokenizer_class").and_then(Value::as_str);
     let class = match resolve_class(hub, model_type.as_deref(), &json_text) {
         Ok(c) => c,
@@ -469,7 +477,13 @@ pub fn load(src: &Path) -> Result<Saved> {
         }
     }
     decoder.sort_by_key(|(id, _)| *id);
-    let added_map = |s: &str| decoder.iter().rev().find(|(_, t)| t.content == s).map(|(_, t)| t.clone());
+    let added_map = |s: &str| {
+        decoder
+            .iter()
+            .rev()
+            .find(|(_, t)| t.content == s)
+            .map(|(_, t)| t.clone())
+    };
     let named: Vec<(String, Option<Named>)> = SPECIAL_TOKENS
         .iter()
         .map(|k| {
@@ -628,7 +642,10 @@ pub fn load(src: &Path) -> Result<Saved> {
             .collect(),
         json_defaults,
         consumed: consumed(class).iter().map(|s| s.to_string()).collect(),
-        vocab_file_keys: vocab_file_keys(class).iter().map(|s| s.to_string()).collect(),
+        vocab_file_keys: vocab_file_keys(class)
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
     })))
 }
 
@@ -642,5 +659,57 @@ fn truncation_value(field: &str, v: &Value) -> Value {
             _ => "longest_first",
         }),
         _ => v.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BYTE_LEVEL: &str = r#"{"pre_tokenizer": {"type": "ByteLevel"}}"#;
+    const METASPACE: &str = r#"{"pre_tokenizer": {"type": "Metaspace"}}"#;
+
+    /// `AutoTokenizer`'s choice (`tokenization_auto.py`), as the `tokenizer_*` convert goldens
+    /// see it on whole conversions.
+    #[test]
+    fn the_class_is_the_one_auto_tokenizer_loads() {
+        let r = |hub, t, json| resolve_class(hub, t, json);
+        // The config's class, with or without `Fast`.
+        assert_eq!(
+            r(Some("GPT2TokenizerFast"), Some("llama"), BYTE_LEVEL),
+            Ok(Class::Gpt2)
+        );
+        assert_eq!(
+            r(Some("PreTrainedTokenizerFast"), Some("llama"), METASPACE),
+            Ok(Class::Backend)
+        );
+        // A model type listed as shipping a wrong class takes its registered one.
+        assert_eq!(
+            r(Some("PreTrainedTokenizerFast"), Some("qwen2"), BYTE_LEVEL),
+            Ok(Class::Qwen2)
+        );
+        assert_eq!(
+            r(Some("BertTokenizer"), Some("qwen3_5"), BYTE_LEVEL),
+            Ok(Class::Qwen35)
+        );
+        // A Llama class over a byte-level tokenizer.json loads as TokenizersBackend.
+        assert_eq!(
+            r(Some("LlamaTokenizerFast"), Some("llama"), BYTE_LEVEL),
+            Ok(Class::Backend)
+        );
+        assert_eq!(
+            r(Some("LlamaTokenizer"), Some("llama"), METASPACE),
+            Ok(Class::Llama)
+        );
+        // A class transformers has but this module does not rebuild is named; an unknown one
+        // is TokenizersBackend.
+        assert_eq!(
+            r(Some("BertTokenizer"), Some("llama"), BYTE_LEVEL),
+            Err("BertTokenizer".into())
+        );
+        assert_eq!(
+            r(Some("NoSuchTokenizer"), Some("llama"), BYTE_LEVEL),
+            Ok(Class::Backend)
+        );
     }
 }
