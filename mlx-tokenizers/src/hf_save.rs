@@ -279,7 +279,7 @@ const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{
 
 /// The pipeline a class's `__init__` builds (model options, normalizer, pre-tokenizer,
 /// decoder), as `tokenizer.json` components.
-fn pipeline(c: Class, init: &Map<String, Value>, named: &[(String, Option<Named>)]) -> Value {
+fn pipeline(c: Class, init: &Map<String, Value>) -> Value {
     let byte_level_decoder = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
     let aps = init.get("add_prefix_space").and_then(Value::as_bool);
     let qwen = |regex: &str| {
@@ -332,11 +332,17 @@ fn pipeline(c: Class, init: &Map<String, Value>, named: &[(String, Option<Named>
             })
         }
         Class::Gemma => {
-            let unk = named
-                .iter()
-                .find(|(k, _)| k == "unk_token")
-                .and_then(|(_, v)| v.as_ref())
-                .map_or("<unk>".to_string(), |n| n.text().to_string());
+            // `BPE(unk_token=str(unk_token))`: Python's `str`, so an explicit null is "None".
+            let unk = match init.get("unk_token") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Object(o)) => o
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .unwrap_or("None")
+                    .to_string(),
+                Some(Value::Null) => "None".to_string(),
+                _ => "<unk>".to_string(),
+            };
             json!({
                 "model": {"dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
                           "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true},
@@ -355,13 +361,8 @@ fn pipeline(c: Class, init: &Map<String, Value>, named: &[(String, Option<Named>
 /// then the class's `__init__`): its vocabulary (a list becomes ids by position) and merges
 /// under the class's own pipeline, the source's post-processor, padding and truncation, no
 /// added tokens yet.
-fn rebuilt(
-    c: Class,
-    src: &Value,
-    init: &Map<String, Value>,
-    named: &[(String, Option<Named>)],
-) -> Result<Tokenizer> {
-    let p = pipeline(c, init, named);
+fn rebuilt(c: Class, src: &Value, init: &Map<String, Value>) -> Result<Tokenizer> {
+    let p = pipeline(c, init);
     let vocab: Map<String, Value> = match src.pointer("/model/vocab") {
         Some(Value::Object(m)) => m.clone(),
         Some(Value::Array(a)) => {
@@ -517,7 +518,7 @@ pub fn load(src: &Path) -> Result<Saved> {
 
     let mut tok = match class {
         Class::Backend => Tokenizer::from_bytes(json_text.as_bytes()).map_err(backend_err)?,
-        c => rebuilt(c, &src_json, &init, &named)?,
+        c => rebuilt(c, &src_json, &init)?,
     };
 
     // padding / truncation from tokenizer.json: `kwargs.setdefault`.

@@ -110,6 +110,27 @@ def write_metaspace(out):
 # convert/llama's weights by the "%NAME" cases): (name, source, tokenizer_config.json).
 TURN = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
 BYTE_CONFIG = json.loads((BYTE_LEVEL / "tokenizer_config.json").read_text())
+
+
+def added(content):
+    return {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
+            "single_word": False, "special": True}
+
+
+# As Hugging Face repos write them: Qwen2.5's (added_tokens_decoder, additional special tokens,
+# explicit nulls, errors, split_special_tokens) and Llama 3's (PreTrainedTokenizerFast).
+DECODER = {"0": added("<|endoftext|>"), "1": added("<|im_start|>"), "2": added("<|im_end|>")}
+QWEN_HUB = {"add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": DECODER,
+            "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "bos_token": None,
+            "chat_template": BYTE_CONFIG["chat_template"], "clean_up_tokenization_spaces": False,
+            "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 131072,
+            "pad_token": "<|endoftext|>", "split_special_tokens": False,
+            "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}
+LLAMA3_HUB = {"added_tokens_decoder": DECODER, "bos_token": "<|im_start|>",
+              "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+              "clean_up_tokenization_spaces": True, "eos_token": "<|im_end|>",
+              "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 131072,
+              "tokenizer_class": "PreTrainedTokenizerFast"}
 TOKENIZER_CASES = [
     ("backend", "byte_level", {**BYTE_CONFIG}),
     ("qwen2", "byte_level", {**BYTE_CONFIG, "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768}),
@@ -122,6 +143,10 @@ TOKENIZER_CASES = [
                             "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"], "chat_template": TURN}),
     ("gemma", "metaspace", {"tokenizer_class": "GemmaTokenizer", "bos_token": "<s>", "eos_token": "<end_of_turn>",
                             "pad_token": "<unk>", "chat_template": TURN}),
+    ("qwen2_hub", "byte_level", QWEN_HUB),
+    # Gemma's BPE takes `str(unk_token)`: an explicit null is the string "None".
+    ("gemma_hub", "byte_level", {**QWEN_HUB, "tokenizer_class": "GemmaTokenizerFast"}),
+    ("llama3_hub", "byte_level", LLAMA3_HUB),
 ]
 
 
