@@ -417,6 +417,11 @@ fn rebuilt(c: Class, src: &Value, init: &Map<String, Value>) -> Result<Tokenizer
 /// `from_pretrained` then the tokenizer state `save_pretrained` writes, for `src` (a model
 /// directory with `config.json`, `tokenizer.json` and `tokenizer_config.json`).
 pub fn load(src: &Path) -> Result<Saved> {
+    // A panic inside the tokenizers crate (malformed normalizers) becomes an error.
+    crate::tokenizer::backend(&src.display().to_string(), || load_inner(src))?
+}
+
+fn load_inner(src: &Path) -> Result<Saved> {
     let (Ok(json_text), Ok(cfg_text)) = (
         std::fs::read_to_string(src.join("tokenizer.json")),
         std::fs::read_to_string(src.join("tokenizer_config.json")),
