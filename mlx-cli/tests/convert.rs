@@ -1,8 +1,9 @@
 //! `mlx convert` against `mlx_lm.convert` (goldens from `cargo xtask goldens convert`,
 //! `xtask/oracle/goldens_convert.py`): for every case (modes, bit widths, group sizes, recipes,
 //! dtypes, `-d` on quantized outputs, several architectures) every tensor's name, dtype, shape
-//! and bytes, `config.json`, `model.safetensors.index.json`, `README.md` and the copied
-//! `tokenizer.json` and `generation_config.json` equal mlx-lm's byte for byte. The command line
+//! and bytes, `config.json`, `model.safetensors.index.json`, `README.md`, the tokenizer's files
+//! (re-saved as transformers 5.25 saves each tokenizer class: the `tokenizer_*` cases) and
+//! `generation_config.json` equal mlx-lm's byte for byte. The command line
 //! itself runs a few cases and its refusals.
 
 use crate::model_output::compare;
@@ -66,6 +67,20 @@ fn conversions_equal_mlx_lm_convert() {
                 p,
                 &out.join(format!("staged_{case}")),
             ),
+            // convert/llama beside a tokenizer fixture (convert/tokenizers/NAME), as the golden
+            // script stages it.
+            _ if src.starts_with('%') => {
+                let staged = out.join(format!("staged_{case}"));
+                std::fs::create_dir_all(&staged).unwrap();
+                let tok = tests_dir().join("convert/tokenizers").join(&src[1..]);
+                for dir in [tests_dir().join("convert/llama"), tok] {
+                    for e in std::fs::read_dir(dir).unwrap() {
+                        let e = e.unwrap();
+                        std::fs::copy(e.path(), staged.join(e.file_name())).unwrap();
+                    }
+                }
+                staged
+            }
             _ => tests_dir().join(src),
         };
         let args: Vec<String> = want["args"]
@@ -314,10 +329,9 @@ fn every_fixture_lists_its_tensors_in_mlx_lm_order() {
         ..ConvertOptions::default()
     };
     // Not yet written as mlx-lm writes them (each a convert gap of its own, not an order):
-    // BitNet and the Hadamard-rotated Qwen3.5 keep tensors we fold; checkpoints quantized
-    // outside MLX are refused.
-    const NOT_YET: [(&str, &str); 3] = [
-        ("dense2/bitnet", "BitLinear's own tensors"),
+    // the Hadamard-rotated Qwen3.5 keeps tensors we fold; checkpoints quantized outside MLX
+    // are refused.
+    const NOT_YET: [(&str, &str); 2] = [
         ("dense2/prism_hadamard_qwen35", "the rotation's tensors"),
         ("dense2/deepseek_v41_fp8", "fp8 checkpoints are refused"),
     ];

@@ -563,11 +563,24 @@ pub fn awq(
         // In mlx-lm's table (`deepseek_v2_awq`), not here yet: its recipe scales MLA's
         // q/kv_a projections and kv_b_proj, and runs the routed experts' SwitchLinears with
         // their captured indices, none of which the descriptor-table AWQ above covers.
+        // mlx-lm's recipe itself stops on a model with `q_lora_rank` (it names
+        // `self_attn.q_proj`, which such a model does not have: `KeyError: 'q_proj'`).
+        let lora = model_config
+            .raw
+            .get("q_lora_rank")
+            .is_some_and(|v| !v.is_null());
+        let also = if lora {
+            "; with q_lora_rank set, mlx-lm's own recipe fails too (it scales \
+             self_attn.q_proj, which this model does not have)"
+        } else {
+            ""
+        };
         return Err(bad(
             "--model",
-            "AWQ for deepseek_v2 (mlx-lm's deepseek_v2_awq: MLA projections and routed \
-             experts) is not ported yet"
-                .into(),
+            format!(
+                "AWQ for deepseek_v2 (mlx-lm's deepseek_v2_awq: MLA projections and routed \
+                 experts) is not ported yet{also}"
+            ),
         ));
     }
     if !AWQ_TYPES.contains(&model_config.model_type.as_str()) {

@@ -209,6 +209,12 @@ pub(crate) fn load_config_dict(src: &Path) -> Result<Map<String, Value>> {
     if !config.contains_key("quantization") {
         if let Some(q) = config.get("quantization_config") {
             let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+            // BitNet's own packed linears (mlx-lm's `bitnet_quantize`): read as the model's
+            // BitLinears and written back as they are.
+            let bitnet = config.get("model_type").and_then(Value::as_str) == Some("bitnet");
+            if method == "bitnet" && bitnet {
+                return Ok(config);
+            }
             return Err(ModelError::Config(format!(
                 "{}: quantization_config with quant_method `{method}` (a checkpoint quantized \
                  outside MLX) is not read by `mlx convert` yet",
@@ -530,9 +536,38 @@ pub fn convert_in_memory(
             load_weights(src)?,
         )
     };
+    // BitNet's BitLinears (a uint8 `weight` beside a `weight_scale`): mlx-lm keeps both as
+    // the file holds them (its `--dtype` casts the scale; `nn.quantize` passes BitLinear by),
+    // where our loader unpacks them into plain weights. Kept aside to be written back.
+    let bitlinear: Vec<(String, Array, Array)> = if model_config.model_type == "bitnet" {
+        tensors
+            .iter()
+            .filter_map(|(k, scale)| {
+                let base = k.strip_suffix(".weight_scale")?;
+                let w = tensors.get(&format!("{base}.weight"))?;
+                (w.dtype() == Dtype::Uint8).then(|| (base.to_string(), w.clone(), scale.clone()))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let weights = Weights::new(tensors, model_config.quantization.clone(), None);
-    let built = build_recording(&model_config, weights)?;
+    let mut built = build_recording(&model_config, weights)?;
     let model_type = model_config.model_type.clone();
+    for (base, packed, scale) in bitlinear {
+        let weight = format!("{base}.weight");
+        let Some(i) = built.parameters.iter().position(|(n, _)| *n == weight) else {
+            return Err(ModelError::Internal {
+                what: weight,
+                problem: "a BitLinear weight is not among the model's parameters".into(),
+            });
+        };
+        built.parameters[i].1 = packed;
+        built
+            .parameters
+            .insert(i + 1, (format!("{base}.weight_scale"), scale));
+        built.quantizable.retain(|m| m.path != base);
+    }
 
     let mut quantized = quantized_of(&built)?;
     let mut params: Vec<(String, Array)> = built.parameters;
@@ -1313,11 +1348,11 @@ pub(crate) fn save(
     )?;
     files.push("config.json".into());
 
-    // Tokenizer files and what mlx-lm copies (`*.py`, generation_config.json). A
-    // `PreTrainedTokenizerFast` source is written as transformers' `save_pretrained` writes
-    // it (`tokenizers_backend_files`); other tokenizer classes are copied.
+    // Tokenizer files and what mlx-lm copies (`*.py`, generation_config.json). The tokenizer
+    // is written as transformers' `save_pretrained` writes the class it loads
+    // (`tokenizer_files`); a class not reproduced has its files copied, with a note.
     if let Some(src) = src {
-        let rewritten = tokenizers_backend_files(src)?;
+        let rewritten = tokenizer_files(src, progress)?;
         if let Some(written) = &rewritten {
             for (name, text) in written {
                 write_file(&tmp.path.join(name), text)?;
@@ -1325,13 +1360,10 @@ pub(crate) fn save(
             }
         }
         for f in copied_files(src)? {
-            // With the config rewritten, `save_pretrained` writes only `tokenizer.json` beside
-            // it (re-serialized by `tokenizers`: the same bytes for the files seen); mlx-lm
-            // then copies `*.py` and `generation_config.json`.
+            // With the tokenizer re-saved, mlx-lm copies only `*.py` and
+            // `generation_config.json` beside it.
             let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let kept = name == "tokenizer.json"
-                || name.ends_with(".py")
-                || name == "generation_config.json";
+            let kept = name.ends_with(".py") || name == "generation_config.json";
             if rewritten.is_some() && !kept {
                 continue;
             }
@@ -1373,41 +1405,72 @@ pub(crate) fn save(
     })
 }
 
-/// transformers 5.25's `save_pretrained` for a tokenizer loaded as `TokenizersBackend` (a
-/// source `tokenizer_config.json` naming `PreTrainedTokenizerFast`, beside a `tokenizer.json`),
-/// as mlx-lm's `save` calls it: the config's own entries less `add_bos_token`,
-/// `add_eos_token`, `added_tokens_decoder` and file names (`additional_special_tokens` as
-/// `extra_special_tokens`), plus
-/// `backend`, `is_local`, `local_files_only`, `model_max_length` (transformers' `1e30` when
-/// absent), the class name, and mlx-lm's inferred `tool_parser_type`; keys sorted, indent 2;
-/// the chat template moved to `chat_template.jinja`. `None` for any other source (copied).
-fn tokenizers_backend_files(src: &Path) -> Result<Option<Vec<(String, String)>>> {
+/// transformers 5.25's `save_pretrained` as mlx-lm's `save` calls it, for the class
+/// `AutoTokenizer` loads (`mlx_tokenizers::hf_save`: the class, its `tokenizer.json`, its
+/// init arguments): `tokenizer_config.json` holds the config's own entries and the class's
+/// init arguments less `add_bos_token`, `add_eos_token`, `added_tokens_decoder`, the file
+/// names and what the class consumes (`additional_special_tokens` as `extra_special_tokens`,
+/// named special tokens as strings), plus `backend`, `is_local`, `local_files_only`,
+/// `model_max_length` (transformers' `1e30` when absent), the class name and mlx-lm's
+/// inferred `tool_parser_type`; keys sorted, indent 2; the chat template moved to
+/// `chat_template.jinja`. `None` (files copied) without a `tokenizer.json`, for a class not
+/// reproduced (said through `progress`) or several named templates.
+fn tokenizer_files(
+    src: &Path,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Option<Vec<(String, String)>>> {
+    use mlx_tokenizers::hf_save::{self, Saved};
     let cfg_path = src.join("tokenizer_config.json");
-    let (Ok(text), true) = (
-        std::fs::read_to_string(&cfg_path),
-        src.join("tokenizer.json").is_file(),
-    ) else {
+    let saved = match hf_save::load(src) {
+        Ok(Saved::Files(s)) => s,
+        Ok(Saved::NoTokenizer) => return Ok(None),
+        Ok(Saved::Unsupported(class)) => {
+            progress(Progress::Info(format!(
+                "tokenizer class {class}: not re-saved as transformers saves it; its files are copied"
+            )));
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(ModelError::Convert {
+                option: cfg_path.display().to_string(),
+                problem: format!("the tokenizer cannot be re-saved as transformers does: {e}"),
+            })
+        }
+    };
+    let Ok(text) = std::fs::read_to_string(&cfg_path) else {
         return Ok(None);
     };
     let Ok(Value::Object(mut cfg)) = crate::config::parse_python_json(&text) else {
         return Ok(None);
     };
-    let class = cfg.get("tokenizer_class").and_then(Value::as_str);
-    let other_files = [
-        "tokenizer.model",
-        "vocab.json",
-        "merges.txt",
-        "tiktoken.model",
-    ];
-    if class != Some("PreTrainedTokenizerFast") || other_files.iter().any(|f| src.join(f).exists())
-    {
-        return Ok(None);
-    }
     let template = match cfg.remove("chat_template") {
         Some(Value::String(t)) => Some(t),
         None | Some(Value::Null) => None,
         Some(_) => return Ok(None), // several named templates: not reproduced
     };
+    // A `chat_template.jinja` beside the config takes priority over the config's entry.
+    let template = match std::fs::read_to_string(src.join("chat_template.jinja")) {
+        Ok(t) => Some(t),
+        Err(_) => template,
+    };
+    // The class's init arguments where the config has none (its `__init__` defaults, then
+    // what `tokenizer.json`'s padding and truncation set), less what the class consumes.
+    for (k, v) in saved.class_defaults.iter().chain(&saved.json_defaults) {
+        if !cfg.contains_key(k) {
+            cfg.insert(k.clone(), v.clone());
+        }
+    }
+    for k in saved.consumed.iter().chain(&saved.vocab_file_keys) {
+        cfg.remove(k);
+    }
+    // Named special tokens are written as their strings (`special_tokens_map`).
+    for k in hf_save::SPECIAL_TOKENS {
+        if let Some(Value::Object(o)) = cfg.get(k) {
+            if let Some(c) = o.get("content").cloned() {
+                cfg.insert(k.into(), c);
+            }
+        }
+    }
     // `additional_special_tokens` come back as `extra_special_tokens` (their contents).
     if let Some(Value::Array(extra)) = cfg.get("additional_special_tokens") {
         let names: Vec<Value> = extra
@@ -1443,7 +1506,7 @@ fn tokenizers_backend_files(src: &Path) -> Result<Option<Vec<(String, String)>>>
     if !cfg.contains_key("model_max_length") {
         cfg.insert("model_max_length".into(), Value::from(MAX_LEN));
     }
-    cfg.insert("tokenizer_class".into(), Value::from("TokenizersBackend"));
+    cfg.insert("tokenizer_class".into(), Value::from(saved.class.clone()));
     if !cfg.contains_key("tool_parser_type") {
         let vocab = tokenizer_vocab(&src.join("tokenizer.json"));
         if let Some(t) = infer_tool_parser(template.as_deref(), &vocab) {
@@ -1464,7 +1527,10 @@ fn tokenizers_backend_files(src: &Path) -> Result<Option<Vec<(String, String)>>>
     let json = pyjson::dumps(&sorted(Value::Object(cfg)), 2, false)
         .replace(&format!("\"{MAX_LEN}\""), "1000000000000000019884624838656")
         + "\n";
-    let mut out = vec![("tokenizer_config.json".to_string(), json)];
+    let mut out = vec![
+        ("tokenizer_config.json".to_string(), json),
+        ("tokenizer.json".to_string(), saved.tokenizer_json),
+    ];
     if let Some(t) = template {
         out.push(("chat_template.jinja".into(), t));
     }

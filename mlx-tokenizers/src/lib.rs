@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chat_template;
+pub mod hf_save;
 mod template_bounds;
 pub mod tokenizer;
 pub mod tokenizer_gguf;

@@ -62,7 +62,7 @@ pub(crate) fn backend_err(e: impl std::fmt::Display) -> TokenizerError {
 
 /// Runs a call into the tokenizers crate, turning a panic inside it (it indexes past its
 /// buffers for some malformed normalizers) into an error.
-fn backend<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
+pub(crate) fn backend<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| {
         TokenizerError::Backend(format!(
             "{what}: the tokenizers crate failed (it panicked); the tokenizer files are malformed"

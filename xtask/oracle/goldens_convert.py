@@ -84,6 +84,93 @@ def write_fixture():
         shutil.copy(CLI / "models" / "tokenizer" / f, FIXTURE / f)
 
 
+TOKENIZERS = CLI / "convert" / "tokenizers"
+BYTE_LEVEL = ROOT / "mlx-train" / "tests" / "models" / "dense"
+
+
+def write_metaspace(out):
+    """A tiny SentencePiece-style BPE (byte fallback, `▁` for spaces), trained here."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    text = ["the quick brown fox jumps over the lazy dog", "hello world, this is a tiny tokenizer",
+            "in the beginning god created the heaven and the earth"] * 20
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=[f"<0x{i:02X}>" for i in range(16)], show_progress=False)
+    tok.train_from_iterator(text, trainer)
+    tok.add_special_tokens(["<start_of_turn>", "<end_of_turn>"])
+    tok.save(str(out / "tokenizer.json"))
+
+
+# Tokenizer fixtures, one a class transformers 5.25 re-saves in its own way (each staged beside
+# convert/llama's weights by the "%NAME" cases): (name, source, tokenizer_config.json).
+TURN = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+BYTE_CONFIG = json.loads((BYTE_LEVEL / "tokenizer_config.json").read_text())
+
+
+def added(content):
+    return {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
+            "single_word": False, "special": True}
+
+
+# As Hugging Face repos write them: Qwen2.5's (added_tokens_decoder, additional special tokens,
+# explicit nulls, errors, split_special_tokens) and Llama 3's (PreTrainedTokenizerFast).
+DECODER = {"0": added("<|endoftext|>"), "1": added("<|im_start|>"), "2": added("<|im_end|>")}
+QWEN_HUB = {"add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": DECODER,
+            "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "bos_token": None,
+            "chat_template": BYTE_CONFIG["chat_template"], "clean_up_tokenization_spaces": False,
+            "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 131072,
+            "pad_token": "<|endoftext|>", "split_special_tokens": False,
+            "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}
+LLAMA3_HUB = {"added_tokens_decoder": DECODER, "bos_token": "<|im_start|>",
+              "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+              "clean_up_tokenization_spaces": True, "eos_token": "<|im_end|>",
+              "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 131072,
+              "tokenizer_class": "PreTrainedTokenizerFast"}
+TOKENIZER_CASES = [
+    ("backend", "byte_level", {**BYTE_CONFIG}),
+    ("qwen2", "byte_level", {**BYTE_CONFIG, "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768}),
+    ("qwen3_5", "byte_level", {**BYTE_CONFIG, "tokenizer_class": "Qwen3_5Tokenizer"}),
+    ("gpt2", "byte_level", {**BYTE_CONFIG, "tokenizer_class": "GPT2TokenizerFast", "add_prefix_space": False}),
+    ("llama_byte_level", "byte_level", {**BYTE_CONFIG, "tokenizer_class": "LlamaTokenizerFast"}),
+    ("llama", "metaspace", {"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+                            "unk_token": "<unk>", "add_bos_token": True, "legacy": False,
+                            "clean_up_tokenization_spaces": False,
+                            "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"], "chat_template": TURN}),
+    ("gemma", "metaspace", {"tokenizer_class": "GemmaTokenizer", "bos_token": "<s>", "eos_token": "<end_of_turn>",
+                            "pad_token": "<unk>", "chat_template": TURN}),
+    ("qwen2_hub", "byte_level", QWEN_HUB),
+    # Gemma's BPE takes `str(unk_token)`: an explicit null is the string "None".
+    ("gemma_hub", "byte_level", {**QWEN_HUB, "tokenizer_class": "GemmaTokenizerFast"}),
+    ("llama3_hub", "byte_level", LLAMA3_HUB),
+]
+
+
+def write_tokenizers():
+    if TOKENIZERS.exists():
+        shutil.rmtree(TOKENIZERS)
+    for name, source, config in TOKENIZER_CASES:
+        d = TOKENIZERS / name
+        d.mkdir(parents=True)
+        if source == "byte_level":
+            shutil.copy(BYTE_LEVEL / "tokenizer.json", d / "tokenizer.json")
+        else:
+            write_metaspace(d)
+        (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def stage_tokenizer(name, staged):
+    """convert/llama's files with the tokenizer fixture NAME's in place of its tokenizer."""
+    shutil.copytree(FIXTURE, staged)
+    for f in (TOKENIZERS / name).iterdir():
+        shutil.copy(f, staged / f.name)
+    return staged
+
+
 def tensor_table(path):
     """dtype, shape and sha256 of each tensor's raw bytes, from the safetensors header."""
     data = path.read_bytes()
@@ -175,12 +262,25 @@ CASES = [
     ("pixtral_bf16", "+../../mlx-models/tests/models/dense2/pixtral", ["--dtype", "bfloat16"]),
     ("gemma4_q4_g32", "+../../mlx-models/tests/models/dense2/gemma4", ["-q", "--q-group-size", "32"]),
     ("talkie_bf16", "+../../mlx-models/tests/models/dense2/talkie", ["--dtype", "bfloat16"]),
+    # The tokenizer as transformers 5.25 re-saves each class ("%NAME": convert/llama beside
+    # the tokenizer fixture convert/tokenizers/NAME); a qwen2 model type re-saves a
+    # PreTrainedTokenizerFast source as Qwen2Tokenizer.
+    *[(f"tokenizer_{name}", f"%{name}", ["--dtype", "bfloat16"]) for name, _, _ in TOKENIZER_CASES],
+    ("qwen2_f32_bf16", "models/qwen2_f32", ["--dtype", "bfloat16"]),
+    # BitNet's BitLinears stay packed (uint8 weight, its weight_scale cast), also under
+    # `quantization_config` `bitnet` (an untied BitLinear head); -q quantizes only the rest.
+    ("bitnet_q4_g32", "+../../mlx-models/tests/models/dense2/bitnet", ["-q", "--q-group-size", "32"]),
+    ("bitnet_bf16", "+../../mlx-models/tests/models/dense2/bitnet", ["--dtype", "bfloat16"]),
+    ("bitnet_untied_f32", "+../../mlx-models/tests/models/dense2/bitnet_untied_bf16", ["--dtype", "float32"]),
+    ("bitnet_untied_q4_g32", "+../../mlx-models/tests/models/dense2/bitnet_untied_bf16",
+     ["-q", "--q-group-size", "32"]),
 ]
 
 
 def main():
     only = set(sys.argv[1:])
     write_fixture()
+    write_tokenizers()
     golden = json.loads(GOLDEN.read_text()) if (only and GOLDEN.exists()) else {}
     golden["cases"] = golden.get("cases", {})
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,6 +295,8 @@ def main():
                 for f in ["tokenizer.json", "tokenizer_config.json"]:
                     shutil.copy(CLI / "models" / "tokenizer" / f, staged / f)
                 src_dir = staged
+            if src.startswith("%"):
+                src_dir = stage_tokenizer(src[1:], tmp / f"staged_{case}")
             out = tmp / case
             cmd = [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(src_dir),
                    "--mlx-path", str(out)] + args
