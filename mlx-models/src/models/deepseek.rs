@@ -2231,11 +2231,17 @@ impl LanguageModel for Model {
         self.layers.len()
     }
 
-    fn layers_path(&self) -> String {
-        format!("{}model.layers", self.spec.prefix)
-    }
-
     fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
         (!self.mtp.is_empty()).then_some(self as &dyn crate::models::MtpHead)
+    }
+
+    fn as_trainable_mut(&mut self) -> Option<&mut dyn super::Trainable> {
+        Some(self)
+    }
+}
+
+impl super::Trainable for Model {
+    fn layers_path(&self) -> String {
+        format!("{}model.layers", self.spec.prefix)
     }
 }

@@ -317,7 +317,7 @@ macro_rules! layer_caches {
 }
 pub(crate) use layer_caches;
 
-/// `layer_adaptables_mut` and `layer_parameters_mut` of a port whose decoder layers
+/// `Trainable::layer_adaptables_mut` and `layer_parameters_mut` of a port whose decoder layers
 /// (`self.$layers`, under `layers_path()`) are [`Walkable`](crate::layers::Walkable): both
 /// lists come from each layer's one walk.
 macro_rules! walked_layers {

@@ -655,16 +655,6 @@ impl Model {
 impl LanguageModel for Model {
     port_entry_points!(args);
 
-    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
-        super::head_and_embedding(
-            "",
-            None,
-            "lm_head",
-            &mut self.embed_tokens,
-            "model.embed_tokens",
-        )
-    }
-
     /// The projection `head` applies (for the chunked cross-entropy of training).
     fn output_head(&self) -> Option<crate::models::OutputHead> {
         Some(crate::models::OutputHead::Tied(self.embed_tokens.clone()))
@@ -677,6 +667,20 @@ impl LanguageModel for Model {
                 1,
             )
         }
+    }
+}
+
+impl super::Trainable for Model {
+    checkpoint_switches!();
+
+    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
+        super::head_and_embedding(
+            "",
+            None,
+            "lm_head",
+            &mut self.embed_tokens,
+            "model.embed_tokens",
+        )
     }
 
     kit::walked_layers!(layers);

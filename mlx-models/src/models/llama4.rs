@@ -468,6 +468,12 @@ impl LanguageModel for Model {
         self.args.vocab_size
     }
 
+    fn as_trainable_mut(&mut self) -> Option<&mut dyn super::Trainable> {
+        Some(self)
+    }
+}
+
+impl super::Trainable for Model {
     fn layers_path(&self) -> String {
         "language_model.model.layers".into()
     }

@@ -1386,6 +1386,16 @@ impl LanguageModel for Model {
         }
     }
 
+    fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
+        self.mtp
+            .is_some()
+            .then_some(self as &dyn crate::models::MtpHead)
+    }
+}
+
+impl super::Trainable for Model {
+    checkpoint_switches!();
+
     fn layers_path(&self) -> String {
         format!("{}model.layers", self.args.prefix)
     }
@@ -1398,12 +1408,6 @@ impl LanguageModel for Model {
             &mut self.embed_tokens,
             "model.embed_tokens",
         )
-    }
-
-    fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
-        self.mtp
-            .is_some()
-            .then_some(self as &dyn crate::models::MtpHead)
     }
 
     kit::walked_layers!(layers);
