@@ -2198,13 +2198,7 @@ impl LanguageModel for Model {
         })
     }
 
-    fn model_type(&self) -> &str {
-        &self.spec.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.spec.vocab_size
-    }
+    kit::own_type_and_vocab!(spec);
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         let sparse = self.spec.indexer.is_some();

@@ -12,6 +12,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope, RopeScaling};
+use crate::models::checkpoint::layer_loop;
 use crate::models::mamba::{conv_kernel_ok, positive};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -403,9 +404,7 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let (h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
         let mut caches = caches;
         let (attn_mask, ssm_mask) = match caches.as_deref_mut() {
             Some(c) => {
@@ -420,20 +419,19 @@ impl Model {
             }
             None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
         };
-        for (i, layer) in self.layers.iter().enumerate() {
-            let (ssm_cache, attn_cache) =
-                kit::split_recurrent_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
-            let x = layer.input_layernorm.forward(&h)?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            let (ssm_cache, attn_cache) = kit::split_recurrent_cache(cache, i)?;
+            let x = layer.input_layernorm.forward(h)?;
             let mamba_h = layer.mamba.forward(&x, ssm_mask.as_ref(), ssm_cache)?;
             let attn_h = layer.self_attn.forward(&x, &attn_mask, attn_cache)?;
-            h = (&(&h + &mamba_h)? + &attn_h)?;
+            let h = (&(h + &mamba_h)? + &attn_h)?;
             let y = layer.pre_ff_layernorm.forward(&h)?;
             let y = layer.down_proj.forward(&swiglu(
                 &layer.gate_proj.forward(&y)?,
                 &layer.up_proj.forward(&y)?,
             )?)?;
-            h = (&h + &y)?;
-        }
+            Ok((&h + &y)?)
+        })?;
         self.final_layernorm.forward(&h)
     }
 
@@ -473,11 +471,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

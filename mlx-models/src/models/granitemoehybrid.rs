@@ -13,6 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope, SwitchActivation};
+use crate::models::checkpoint::layer_loop;
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
@@ -438,34 +439,23 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = (&self.embed_tokens.forward(inputs)? * self.embedding_multiplier)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
-        let mut caches = caches;
-        let (attn_mask, ssm_mask) = match caches.as_deref() {
-            Some(c) => {
-                kit::check_caches(Some(c), self.layers.len(), "layers")?;
-                let attn = match self.fa_idx {
-                    Some(i) => c[i].make_mask(n, None, false)?,
-                    None => AttentionMask::None,
-                };
-                let ssm = match self.ssm_idx {
-                    Some(i) => c[i].make_mask(n, None, false)?.as_array().cloned(),
-                    None => None,
-                };
-                (attn, ssm)
-            }
-            None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
-        };
+        let (h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
+        let h = (&h * self.embedding_multiplier)?;
+        let (attn_mask, ssm_mask) = kit::hybrid_masks(
+            caches.as_deref(),
+            self.layers.len(),
+            self.fa_idx,
+            self.ssm_idx,
+            n,
+        )?;
         let r = self.residual_multiplier;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let x = layer.input_layernorm.forward(&h)?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            let x = layer.input_layernorm.forward(h)?;
             let out = match &layer.mixer {
                 Mixer::Mamba(m) => m.forward(&x, ssm_mask.as_ref(), arrays_cache(cache, i)?)?,
                 Mixer::Attention(a) => a.forward(&x, &attn_mask, cache)?,
             };
-            h = (&h + &(&out * r)?)?;
+            let h = (h + &(&out * r)?)?;
             let normed = layer.post_attention_layernorm.forward(&h)?;
             let mlp_out = match &layer.ffn {
                 Ffn::Dense {
@@ -487,8 +477,8 @@ impl Model {
                     (&moe_out + &shared)?
                 }
             };
-            h = (&h + &(&mlp_out * r)?)?;
-        }
+            Ok((&h + &(&mlp_out * r)?)?)
+        })?;
         self.norm.forward(&h)
     }
 
@@ -521,11 +511,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

@@ -13,6 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, fma, softplus, store_recurrent, DepthwiseConv};
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm, SwitchActivation};
+use crate::models::checkpoint::layer_loop;
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
 use crate::models::nemotron_h::Attention;
@@ -367,21 +368,17 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
-        let mut caches = caches;
+        let (h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
         kit::check_caches(caches.as_deref(), self.layers.len(), "layers")?;
         // (jamba's Mamba mixer takes no mask: mlx-lm's `ssm_mask` goes unused.)
         let attn_mask = kit::cache_mask(caches.as_deref(), self.attn_idx, n, None, false)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let x = layer.input_layernorm.forward(&h)?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            let x = layer.input_layernorm.forward(h)?;
             let out = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(&x, &attn_mask, cache)?,
                 Mixer::Mamba(m) => m.forward(&x, arrays_cache(cache, i)?)?,
             };
-            let r = (&h + &out)?;
+            let r = (h + &out)?;
             let y = layer.pre_ff_layernorm.forward(&r)?;
             let y = match &layer.feed_forward {
                 Ffn::Mlp {
@@ -391,8 +388,8 @@ impl Model {
                 } => down_proj.forward(&swiglu(&gate_proj.forward(&y)?, &up_proj.forward(&y)?)?)?,
                 Ffn::Moe(m) => m.forward(&y)?,
             };
-            h = (&r + &y)?;
-        }
+            Ok((&r + &y)?)
+        })?;
         self.final_layernorm.forward(&h)
     }
 
@@ -413,11 +410,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

@@ -375,6 +375,42 @@ pub(crate) fn split_recurrent_cache(
     }
 }
 
+/// A port's `hidden_states` opening: the token ids checked ([`check_inputs`]) and embedded,
+/// with the number of new positions.
+pub(crate) fn embed_inputs(
+    inputs: &Array,
+    embed: &crate::layers::Embedding,
+) -> Result<(Array, usize)> {
+    check_inputs(inputs)?;
+    let h = embed.forward(inputs)?;
+    let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+    Ok((h, n))
+}
+
+/// `model_type` and `vocab_size` inside a port's `impl LanguageModel`: the port's own fields
+/// of those names, or with `$cfg` its config field's.
+macro_rules! own_type_and_vocab {
+    () => {
+        fn model_type(&self) -> &str {
+            &self.model_type
+        }
+
+        fn vocab_size(&self) -> i32 {
+            self.vocab_size
+        }
+    };
+    ($cfg:ident) => {
+        fn model_type(&self) -> &str {
+            &self.$cfg.model_type
+        }
+
+        fn vocab_size(&self) -> i32 {
+            self.$cfg.vocab_size
+        }
+    };
+}
+pub(crate) use own_type_and_vocab;
+
 /// The token ids a model's `forward` accepts: `(batch, seq)` of an integer type.
 pub(crate) fn check_inputs(inputs: &Array) -> Result<()> {
     if inputs.ndim() != 2 || !inputs.dtype().is_integer() {

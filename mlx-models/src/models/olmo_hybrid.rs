@@ -14,6 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{compute_g, gated_delta_ops, normalize_qk, RmsNormGated};
 use crate::layers::ssm::{arrays_cache, store_recurrent, DepthwiseConv};
 use crate::layers::{silu, Embedding, Linear, RmsNorm, Rope};
+use crate::models::checkpoint::layer_loop;
 use crate::models::mamba::{conv_kernel_ok, positive};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -405,29 +406,16 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
-        let mut caches = caches;
-        let (fa_mask, ssm_mask) = match caches.as_deref() {
-            Some(c) => {
-                kit::check_caches(Some(c), self.layers.len(), "layers")?;
-                (
-                    match self.fa_idx {
-                        Some(i) => c[i].make_mask(n, None, false)?,
-                        None => AttentionMask::None,
-                    },
-                    match self.lin_idx {
-                        Some(i) => c[i].make_mask(n, None, false)?.as_array().cloned(),
-                        None => None,
-                    },
-                )
-            }
-            None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
-        };
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            h = match layer {
+        let (h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
+        let (fa_mask, ssm_mask) = kit::hybrid_masks(
+            caches.as_deref(),
+            self.layers.len(),
+            self.fa_idx,
+            self.lin_idx,
+            n,
+        )?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            Ok(match layer {
                 Layer::Linear {
                     linear_attn,
                     mlp,
@@ -435,11 +423,11 @@ impl Model {
                     post_attention_layernorm,
                 } => {
                     let r = linear_attn.forward(
-                        &input_layernorm.forward(&h)?,
+                        &input_layernorm.forward(h)?,
                         ssm_mask.as_ref(),
                         arrays_cache(cache, i)?,
                     )?;
-                    let h = (&h + &r)?;
+                    let h = (h + &r)?;
                     (&h + &mlp.forward(&post_attention_layernorm.forward(&h)?)?)?
                 }
                 Layer::Full {
@@ -449,12 +437,12 @@ impl Model {
                     post_feedforward_layernorm,
                 } => {
                     let r = post_attention_layernorm
-                        .forward(&self_attn.forward(&h, &fa_mask, cache)?)?;
-                    let h = (&h + &r)?;
+                        .forward(&self_attn.forward(h, &fa_mask, cache)?)?;
+                    let h = (h + &r)?;
                     (&h + &post_feedforward_layernorm.forward(&mlp.forward(&h)?)?)?
                 }
-            };
-        }
+            })
+        })?;
         self.norm.forward(&h)
     }
 
@@ -475,11 +463,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }
