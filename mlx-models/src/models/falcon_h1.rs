@@ -4,7 +4,7 @@
 //! [`KVCache`]. `sanitize` folds Falcon-H1's muP multipliers into the weights of HF checkpoints
 //! (recognised, as in mlx-lm, by their `(C, 1, K)` conv weights).
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, CacheList, KVCache};
+use mlx_cache::{ArraysCache, Cache, CacheList, KVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
@@ -13,8 +13,9 @@ use crate::error::{ModelError, Result};
 use crate::layers::ssm::{GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope, RopeScaling};
 use crate::models::checkpoint::layer_loop;
+use crate::models::kit::{self, Attention};
 use crate::models::mamba::{conv_kernel_ok, positive};
-use crate::models::{kit, LanguageModel};
+use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -274,65 +275,31 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
     Ok(())
 }
 
-/// `FalconH1Attention`.
-#[derive(Clone)]
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    rope: Rope,
-}
-
-impl Attention {
-    fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
-        let (h, d, kv, hd) = (
-            a.num_attention_heads,
-            a.hidden_size,
-            a.num_key_value_heads,
-            a.head_dim,
-        );
-        let mut l =
-            |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, a.attention_bias);
-        let (q_proj, k_proj, v_proj, o_proj) = (
-            l("q_proj", d, h * hd)?,
-            l("k_proj", d, kv * hd)?,
-            l("v_proj", d, kv * hd)?,
-            l("o_proj", h * hd, d)?,
-        );
-        Ok(Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            n_heads: h,
-            n_kv_heads: kv,
-            scale: f64::from(hd).powf(-0.5) as f32,
-            rope: Rope::initialize(
-                hd,
-                a.rope_theta,
-                a.rope_traditional,
-                a.rope_scaling.as_ref(),
-                Some(a.max_position_embeddings),
-            )?,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let q = kit::split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
-        let k = kit::split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = kit::split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let out = kit::rope_attend(q, k, v, Some(&self.rope), cache, self.scale, mask)?;
-        self.o_proj.forward(&out)
-    }
+/// `FalconH1Attention` ([`kit::Attention`]): rope, scale `head_dim ** -0.5`.
+fn attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
+    let (h, d, kv, hd) = (
+        a.num_attention_heads,
+        a.hidden_size,
+        a.num_key_value_heads,
+        a.head_dim,
+    );
+    let rope = || {
+        Ok(Some(Rope::initialize(
+            hd,
+            a.rope_theta,
+            a.rope_traditional,
+            a.rope_scaling.as_ref(),
+            Some(a.max_position_embeddings),
+        )?))
+    };
+    Attention::load(
+        w,
+        p,
+        (d, h, kv, hd),
+        a.attention_bias,
+        kit::head_scale(hd),
+        rope,
+    )
 }
 
 #[derive(Clone)]
@@ -380,7 +347,7 @@ impl Model {
                     w,
                     &format!("{p}.mamba"),
                 )?),
-                self_attn: Attention::load(&a, w, &format!("{p}.self_attn"))?,
+                self_attn: attention(&a, w, &format!("{p}.self_attn"))?,
                 input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
                 pre_ff_layernorm: RmsNorm::load(w, &format!("{p}.pre_ff_layernorm"), d, eps)?,
             });

@@ -4,7 +4,7 @@
 //! attention and logit multipliers. Mamba layers hold an [`ArraysCache`] of two slots,
 //! attention layers a [`KVCache`].
 
-use mlx_cache::{AttentionMask, Cache};
+use mlx_cache::Cache;
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -14,9 +14,10 @@ use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope, SwitchActivation};
 use crate::models::checkpoint::layer_loop;
+use crate::models::kit::{self, Attention};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
-use crate::models::{kit, LanguageModel};
+use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -184,66 +185,25 @@ impl ModelArgs {
     }
 }
 
-/// `GraniteMoeHybridAttention`: rope unless `position_embedding_type` is `"nope"`.
-#[derive(Clone)]
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    rope: Option<Rope>,
-}
-
-impl Attention {
-    fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
-        let (h, d, kv) = (a.num_attention_heads, a.hidden_size, a.num_key_value_heads);
-        let hd = d / h;
-        let mut l =
-            |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, a.attention_bias);
-        let (q_proj, k_proj, v_proj, o_proj) = (
-            l("q_proj", d, h * hd)?,
-            l("k_proj", d, kv * hd)?,
-            l("v_proj", d, kv * hd)?,
-            l("o_proj", h * hd, d)?,
-        );
-        let rope = if a.position_embedding_type == "nope" {
-            None
-        } else {
-            Some(Rope::initialize(
-                hd,
-                a.rope_theta,
-                false,
-                None,
-                Some(a.max_position_embeddings),
-            )?)
-        };
-        Ok(Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            n_heads: h,
-            n_kv_heads: kv,
-            scale: a.attention_multiplier,
-            rope,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let q = kit::split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
-        let k = kit::split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = kit::split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let out = kit::rope_attend(q, k, v, self.rope.as_ref(), cache, self.scale, mask)?;
-        self.o_proj.forward(&out)
-    }
+/// `GraniteMoeHybridAttention` ([`kit::Attention`]): rope unless `position_embedding_type` is
+/// `"nope"`, scale `attention_multiplier`.
+fn attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
+    let (h, d, kv) = (a.num_attention_heads, a.hidden_size, a.num_key_value_heads);
+    let hd = d / h;
+    let rope = || {
+        if a.position_embedding_type == "nope" {
+            return Ok(None);
+        }
+        Ok(Some(Rope::initialize(
+            hd,
+            a.rope_theta,
+            false,
+            None,
+            Some(a.max_position_embeddings),
+        )?))
+    };
+    let scale = a.attention_multiplier;
+    Attention::load(w, p, (d, h, kv, hd), a.attention_bias, scale, rope)
 }
 
 #[derive(Clone)]
@@ -358,7 +318,7 @@ impl Model {
                     &format!("{p}.mamba"),
                 )?))
             } else {
-                Mixer::Attention(Box::new(Attention::load(&a, w, &format!("{p}.self_attn"))?))
+                Mixer::Attention(Box::new(attention(&a, w, &format!("{p}.self_attn"))?))
             };
             let ffn = if a.use_moe() {
                 let shared = a.shared_intermediate_size.unwrap_or(0);

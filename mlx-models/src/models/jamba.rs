@@ -14,10 +14,10 @@ use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, fma, softplus, store_recurrent, DepthwiseConv};
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm, SwitchActivation};
 use crate::models::checkpoint::layer_loop;
+use crate::models::kit::{self, Attention};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
-use crate::models::nemotron_h::Attention;
-use crate::models::{kit, LanguageModel};
+use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -295,15 +295,12 @@ impl Model {
         for (i, attn) in is_attn.iter().enumerate() {
             let p = format!("model.layers.{i}");
             let mixer = if *attn {
-                Mixer::Attention(Attention::load_parts(
-                    w,
-                    &format!("{p}.self_attn"),
-                    d,
-                    a.num_attention_heads,
-                    a.num_key_value_heads,
-                    d / a.num_attention_heads,
-                    false,
-                )?)
+                Mixer::Attention({
+                    let hd = d / a.num_attention_heads;
+                    let dims = (d, a.num_attention_heads, a.num_key_value_heads, hd);
+                    let p = format!("{p}.self_attn");
+                    Attention::load(w, &p, dims, false, kit::head_scale(hd), || Ok(None))?
+                })
             } else {
                 Mixer::Mamba(Box::new(MambaMixer::load(
                     &a,

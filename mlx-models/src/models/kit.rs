@@ -343,6 +343,73 @@ macro_rules! walked_layers {
 }
 pub(crate) use walked_layers;
 
+/// The plain softmax attention of the hybrid ports (mlx-lm's `NemotronHAttention`, jamba's,
+/// `GraniteMoeHybridAttention`, `FalconH1Attention`): `q_proj`, `k_proj`, `v_proj` split into
+/// heads, [`rope_attend`] (with or without positions), `o_proj`.
+#[derive(Clone)]
+pub(crate) struct Attention {
+    q_proj: crate::layers::Linear,
+    k_proj: crate::layers::Linear,
+    v_proj: crate::layers::Linear,
+    o_proj: crate::layers::Linear,
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f32,
+    rope: Option<crate::layers::Rope>,
+}
+
+impl Attention {
+    /// `q_proj`, `k_proj`, `v_proj`, `o_proj` under `p` (`d` wide, `h` query and `kv` key-value
+    /// heads of `hd`, with biases when `bias`), then the attention's `scale` and `rope`
+    /// (`None`: no positional encoding).
+    pub(crate) fn load(
+        w: &mut Weights,
+        p: &str,
+        (d, h, kv, hd): (i32, i32, i32, i32),
+        bias: bool,
+        scale: f32,
+        rope: impl FnOnce() -> Result<Option<crate::layers::Rope>>,
+    ) -> Result<Attention> {
+        let mut l = |n: &str, i: i32, o: i32| {
+            crate::layers::Linear::load(w, &format!("{p}.{n}"), i, o, bias)
+        };
+        let (q_proj, k_proj, v_proj, o_proj) = (
+            l("q_proj", d, h * hd)?,
+            l("k_proj", d, kv * hd)?,
+            l("v_proj", d, kv * hd)?,
+            l("o_proj", h * hd, d)?,
+        );
+        Ok(Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            n_heads: h,
+            n_kv_heads: kv,
+            scale,
+            rope: rope()?,
+        })
+    }
+
+    pub(crate) fn forward(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let q = split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
+        let k = split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
+        let v = split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let out = rope_attend(q, k, v, self.rope.as_ref(), cache, self.scale, mask)?;
+        self.o_proj.forward(&out)
+    }
+}
+
+/// `head_dim ** -0.5` as the ports compute it (in f64, then f32).
+pub(crate) fn head_scale(hd: i32) -> f32 {
+    f64::from(hd).powf(-0.5) as f32
+}
+
 /// A hybrid layer's recurrent cache and KV cache.
 pub(crate) type LayerCaches<'a> = (Option<&'a mut ArraysCache>, Option<&'a mut Box<dyn Cache>>);
 
