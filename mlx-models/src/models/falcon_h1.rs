@@ -283,23 +283,14 @@ fn attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
         a.num_key_value_heads,
         a.head_dim,
     );
-    let rope = || {
-        Ok(Some(Rope::initialize(
-            hd,
-            a.rope_theta,
-            a.rope_traditional,
-            a.rope_scaling.as_ref(),
-            Some(a.max_position_embeddings),
-        )?))
-    };
-    Attention::load(
-        w,
-        p,
-        (d, h, kv, hd),
-        a.attention_bias,
-        kit::head_scale(hd),
-        rope,
-    )
+    let attn = Attention::load(w, p, (d, h, kv, hd), a.attention_bias, kit::head_scale(hd))?;
+    Ok(attn.with_rope(Some(Rope::initialize(
+        hd,
+        a.rope_theta,
+        a.rope_traditional,
+        a.rope_scaling.as_ref(),
+        Some(a.max_position_embeddings),
+    )?)))
 }
 
 #[derive(Clone)]

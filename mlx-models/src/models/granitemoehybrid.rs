@@ -190,20 +190,23 @@ impl ModelArgs {
 fn attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
     let (h, d, kv) = (a.num_attention_heads, a.hidden_size, a.num_key_value_heads);
     let hd = d / h;
-    let rope = || {
-        if a.position_embedding_type == "nope" {
-            return Ok(None);
-        }
-        Ok(Some(Rope::initialize(
-            hd,
-            a.rope_theta,
-            false,
-            None,
-            Some(a.max_position_embeddings),
-        )?))
-    };
-    let scale = a.attention_multiplier;
-    Attention::load(w, p, (d, h, kv, hd), a.attention_bias, scale, rope)
+    let attn = Attention::load(
+        w,
+        p,
+        (d, h, kv, hd),
+        a.attention_bias,
+        a.attention_multiplier,
+    )?;
+    if a.position_embedding_type == "nope" {
+        return Ok(attn);
+    }
+    Ok(attn.with_rope(Some(Rope::initialize(
+        hd,
+        a.rope_theta,
+        false,
+        None,
+        Some(a.max_position_embeddings),
+    )?)))
 }
 
 #[derive(Clone)]

@@ -299,7 +299,7 @@ impl Model {
                     let hd = d / a.num_attention_heads;
                     let dims = (d, a.num_attention_heads, a.num_key_value_heads, hd);
                     let p = format!("{p}.self_attn");
-                    Attention::load(w, &p, dims, false, kit::head_scale(hd), || Ok(None))?
+                    Attention::load(w, &p, dims, false, kit::head_scale(hd))?
                 })
             } else {
                 Mixer::Mamba(Box::new(MambaMixer::load(

@@ -279,9 +279,7 @@ fn attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
         a.num_key_value_heads,
         hd,
     );
-    Attention::load(w, p, dims, a.attention_bias, kit::head_scale(hd), || {
-        Ok(None)
-    })
+    Attention::load(w, p, dims, a.attention_bias, kit::head_scale(hd))
 }
 
 /// `NemotronHMLP`: `down(relu2(up(x)))`.
