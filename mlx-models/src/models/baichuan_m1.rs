@@ -344,10 +344,6 @@ impl Model {
         })?;
         self.norm.forward(&h)
     }
-
-    fn head(&self, h: &Array) -> Result<Array> {
-        crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)
-    }
 }
 
 impl LanguageModel for Model {

@@ -389,10 +389,6 @@ impl Model {
         })?;
         self.final_layernorm.forward(&h)
     }
-
-    fn head(&self, h: &Array) -> Result<Array> {
-        crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)
-    }
 }
 
 impl LanguageModel for Model {

@@ -264,8 +264,9 @@ pub(crate) use short_port_entry_points;
 
 /// The `LanguageModel` entry points of a port whose `hidden_states(inputs, caches)` runs its
 /// layers and whose `head(h)` projects: `forward` (the two in turn), `forward_hidden` and
-/// `forward_hidden_cached`; with `tied lm_head, embed` also `output_head` (the `lm_head`
-/// linear, or the `embed` embedding when the head is tied).
+/// `forward_hidden_cached`; with `tied lm_head, embed` the head is
+/// [`project`](crate::models::project) (the `lm_head` linear, or the `embed` embedding when
+/// the head is tied; the port writes no `head`), and `output_head` is that projection.
 macro_rules! hidden_state_entry_points {
     () => {
         fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
@@ -273,6 +274,24 @@ macro_rules! hidden_state_entry_points {
             self.head(&out)
         }
 
+        $crate::models::kit::hidden_state_entry_points!(@hidden);
+    };
+    (tied $lm_head:ident, $embed:ident) => {
+        fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+            let out = self.hidden_states(inputs, caches)?;
+            $crate::models::project(self.$lm_head.as_ref(), &self.$embed, &out)
+        }
+
+        $crate::models::kit::hidden_state_entry_points!(@hidden);
+
+        fn output_head(&self) -> Option<$crate::models::OutputHead> {
+            Some($crate::models::OutputHead::of(
+                self.$lm_head.as_ref(),
+                &self.$embed,
+            ))
+        }
+    };
+    (@hidden) => {
         fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
             Some(self.hidden_states(inputs, None))
         }
@@ -283,16 +302,6 @@ macro_rules! hidden_state_entry_points {
             caches: &mut [Box<dyn Cache>],
         ) -> Option<Result<Array>> {
             Some(self.hidden_states(inputs, Some(caches)))
-        }
-    };
-    (tied $lm_head:ident, $embed:ident) => {
-        $crate::models::kit::hidden_state_entry_points!();
-
-        fn output_head(&self) -> Option<$crate::models::OutputHead> {
-            Some($crate::models::OutputHead::of(
-                self.$lm_head.as_ref(),
-                &self.$embed,
-            ))
         }
     };
 }

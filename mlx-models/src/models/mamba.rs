@@ -388,10 +388,6 @@ impl Model {
         })?;
         self.norm_f.forward(&h)
     }
-
-    fn head(&self, h: &Array) -> Result<Array> {
-        crate::models::project(self.lm_head.as_ref(), &self.embeddings, h)
-    }
 }
 
 impl LanguageModel for Model {
