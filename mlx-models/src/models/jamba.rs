@@ -216,7 +216,7 @@ impl MambaMixer {
 #[derive(Clone)]
 enum Mixer {
     Mamba(Box<MambaMixer>),
-    Attention(Attention),
+    Attention(Box<Attention>),
 }
 
 #[derive(Clone)]
@@ -295,12 +295,12 @@ impl Model {
         for (i, attn) in is_attn.iter().enumerate() {
             let p = format!("model.layers.{i}");
             let mixer = if *attn {
-                Mixer::Attention({
+                Mixer::Attention(Box::new({
                     let hd = d / a.num_attention_heads;
                     let dims = (d, a.num_attention_heads, a.num_key_value_heads, hd);
                     let p = format!("{p}.self_attn");
                     Attention::load(w, &p, dims, false, kit::head_scale(hd))?
-                })
+                }))
             } else {
                 Mixer::Mamba(Box::new(MambaMixer::load(
                     &a,
