@@ -208,6 +208,9 @@ pub fn fused_layers(
         Ok(Some((a.path().to_string(), t)))
     };
     let mut out = Vec::new();
+    let Some(model) = model.as_trainable_mut() else {
+        return Ok(out);
+    };
     for layer in model.layer_adaptables_mut() {
         for (_, lin) in layer {
             match lin {

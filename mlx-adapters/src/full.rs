@@ -21,7 +21,7 @@ use std::sync::{Mutex, MutexGuard};
 use mlx_cache::Cache;
 use mlx_core::prelude::*;
 use mlx_models::layers::LayerParam;
-use mlx_models::models::OutputHead;
+use mlx_models::models::{OutputHead, Trainable};
 use mlx_models::LanguageModel;
 
 use crate::adapters::read_full_weights;
@@ -44,11 +44,17 @@ pub fn layer_parameter_shapes(model: &mut dyn LanguageModel) -> Result<Vec<Layer
 
 fn layers(model: &mut dyn LanguageModel) -> Result<Vec<Vec<LayerParam<'_>>>> {
     let model_type = model.model_type().to_string();
-    let layers = model.layer_parameters_mut()?;
-    if layers.is_empty() {
-        return Err(TrainError::Config(format!(
+    let unsupported = || {
+        TrainError::Config(format!(
             "model_type {model_type} does not support --fine-tune-type full"
-        )));
+        ))
+    };
+    let layers = match model.as_trainable_mut() {
+        Some(t) => t.layer_parameters_mut()?,
+        None => Vec::new(),
+    };
+    if layers.is_empty() {
+        return Err(unsupported());
     }
     Ok(layers)
 }
@@ -228,28 +234,6 @@ impl LanguageModel for FullModel {
         self.synced(|m| m.trace(inputs))?
     }
 
-    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, mlx_models::layers::LinearMut<'_>)>> {
-        self.inner_mut().layer_adaptables_mut()
-    }
-
-    fn top_modules_mut(&mut self) -> Vec<(String, mlx_models::models::TopModuleMut<'_>)> {
-        self.inner_mut().top_modules_mut()
-    }
-
-    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
-        let range = if on { self.layers.clone() } else { 0..0 };
-        let inner = self.inner_mut();
-        inner.set_checkpoint_layer_params(range) && inner.set_grad_checkpoint(on)
-    }
-
-    /// The layers with the current values written in.
-    fn layer_parameters_mut(&mut self) -> mlx_models::Result<Vec<Vec<LayerParam<'_>>>> {
-        let values = self.params.snapshot();
-        let inner = self.inner_mut();
-        write_layer_parameters(inner.as_mut(), &values).map_err(crate::lora::model_err)?;
-        inner.layer_parameters_mut()
-    }
-
     fn forward_hidden(&self, inputs: &Array) -> Option<mlx_models::Result<Array>> {
         self.synced(|m| m.forward_hidden(inputs))
             .unwrap_or_else(|e| Some(Err(e)))
@@ -258,5 +242,45 @@ impl LanguageModel for FullModel {
     fn output_head(&self) -> Option<OutputHead> {
         // The head is outside the decoder layers: never trained here.
         self.lock().output_head()
+    }
+
+    fn as_trainable_mut(&mut self) -> Option<&mut dyn Trainable> {
+        Some(self)
+    }
+}
+
+/// The wrapped model's parameter access (its `layers_path` is not forwarded: `model.layers`).
+impl Trainable for FullModel {
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, mlx_models::layers::LinearMut<'_>)>> {
+        match self.inner_mut().as_trainable_mut() {
+            Some(t) => t.layer_adaptables_mut(),
+            None => Vec::new(),
+        }
+    }
+
+    fn top_modules_mut(&mut self) -> Vec<(String, mlx_models::models::TopModuleMut<'_>)> {
+        match self.inner_mut().as_trainable_mut() {
+            Some(t) => t.top_modules_mut(),
+            None => Vec::new(),
+        }
+    }
+
+    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+        let range = if on { self.layers.clone() } else { 0..0 };
+        match self.inner_mut().as_trainable_mut() {
+            Some(t) => t.set_checkpoint_layer_params(range) && t.set_grad_checkpoint(on),
+            None => false,
+        }
+    }
+
+    /// The layers with the current values written in.
+    fn layer_parameters_mut(&mut self) -> mlx_models::Result<Vec<Vec<LayerParam<'_>>>> {
+        let values = self.params.snapshot();
+        let inner = self.inner_mut();
+        write_layer_parameters(inner.as_mut(), &values).map_err(crate::lora::model_err)?;
+        match inner.as_trainable_mut() {
+            Some(t) => t.layer_parameters_mut(),
+            None => Ok(Vec::new()),
+        }
     }
 }

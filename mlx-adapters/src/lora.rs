@@ -444,12 +444,13 @@ pub fn linear_to_lora_layers(
 ) -> Result<()> {
     config.validate()?;
     let model_type = model.model_type().to_string();
+    let unsupported =
+        || TrainError::Config(format!("model_type {model_type} does not support adapters"));
+    let model = model.as_trainable_mut().ok_or_else(unsupported)?;
     let layers_path = model.layers_path();
     let mut layers = model.layer_adaptables_mut();
     if layers.is_empty() {
-        return Err(TrainError::Config(format!(
-            "model_type {model_type} does not support adapters"
-        )));
+        return Err(unsupported());
     }
     let keys: BTreeSet<String> = match &config.keys {
         Some(k) => k.iter().cloned().collect(),

@@ -31,7 +31,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, Linear, LinearAdapter, Norm, QuantizedWeight};
 use crate::learned::{bad, check_run, load_source, splice_and_save, Source};
 use crate::models::dense::{AwqPart, Model as Dense};
-use crate::models::{build, build_recording, LanguageModel};
+use crate::models::{build, build_recording, LanguageModel, Trainable};
 use crate::weights::Weights;
 
 /// The model types AWQ runs here: `AWQ_MODEL_CONFIGS`' `llama_awq` rows (llama, mistral,

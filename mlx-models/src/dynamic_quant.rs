@@ -182,23 +182,25 @@ pub fn kl_div_loss(logits_q: &Array, logits_p: &Array) -> Result<Array> {
 /// Writes `values` (`<module>.weight` by name) into the model's dense linears and embedding.
 fn write_weights(model: &mut dyn LanguageModel, values: &ParamMap) -> Result<()> {
     let mut seen = BTreeSet::new();
-    for layer in model.layer_parameters_mut()? {
-        for p in layer {
-            if let Some(v) = values.get(&p.name) {
-                *p.value = v.clone();
-                seen.insert(p.name);
+    if let Some(model) = model.as_trainable_mut() {
+        for layer in model.layer_parameters_mut()? {
+            for p in layer {
+                if let Some(v) = values.get(&p.name) {
+                    *p.value = v.clone();
+                    seen.insert(p.name);
+                }
             }
         }
-    }
-    for (path, m) in model.top_modules_mut() {
-        let name = format!("{path}.weight");
-        let Some(v) = values.get(&name) else { continue };
-        match m {
-            TopModuleMut::Linear(Linear::Dense { weight, .. }) => *weight = v.clone(),
-            TopModuleMut::Embedding(Embedding::Dense(w)) => *w = v.clone(),
-            _ => continue,
+        for (path, m) in model.top_modules_mut() {
+            let name = format!("{path}.weight");
+            let Some(v) = values.get(&name) else { continue };
+            match m {
+                TopModuleMut::Linear(Linear::Dense { weight, .. }) => *weight = v.clone(),
+                TopModuleMut::Embedding(Embedding::Dense(w)) => *w = v.clone(),
+                _ => continue,
+            }
+            seen.insert(name);
         }
-        seen.insert(name);
     }
     match values.keys().find(|k| !seen.contains(*k)) {
         Some(k) => Err(ModelError::Unsupported {
@@ -247,8 +249,8 @@ pub fn estimate_sensitivities(
         low.insert(name, w);
     }
     let mut q_model = src.model(q_tensors)?;
-    if opts.grad_checkpoint {
-        q_model.set_grad_checkpoint(true);
+    if let (true, Some(t)) = (opts.grad_checkpoint, q_model.as_trainable_mut()) {
+        t.set_grad_checkpoint(true);
     }
     let q_model = RefCell::new(q_model);
 

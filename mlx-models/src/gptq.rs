@@ -245,9 +245,14 @@ pub fn gptq(
 
     // The Catchers, in mlx-lm's `tree_flatten(model.leaf_modules())` order: the layers' linears,
     // then an untied lm_head.
-    let layers_path = model.layers_path();
     let mut caught: Vec<(String, Arc<Mutex<Array>>)> = Vec::new();
-    for (li, layer) in model.layer_adaptables_mut().into_iter().enumerate() {
+    let none = || ModelError::Unsupported {
+        what: format!("model type `{}`", model_config.model_type),
+        problem: "GPTQ needs its linears (none are exposed to adapters)".into(),
+    };
+    let params = model.as_trainable_mut().ok_or_else(none)?;
+    let layers_path = params.layers_path();
+    for (li, layer) in params.layer_adaptables_mut().into_iter().enumerate() {
         for (name, l) in layer {
             let l = match l {
                 LinearMut::Linear(l) => l,
@@ -264,12 +269,9 @@ pub fn gptq(
         }
     }
     if caught.is_empty() {
-        return Err(ModelError::Unsupported {
-            what: format!("model type `{}`", model_config.model_type),
-            problem: "GPTQ needs its linears (none are exposed to adapters)".into(),
-        });
+        return Err(none());
     }
-    for (path, m) in model.top_modules_mut() {
+    for (path, m) in params.top_modules_mut() {
         if let TopModuleMut::Linear(l) = m {
             if let Some(h) = catch(l)? {
                 caught.push((path, h));

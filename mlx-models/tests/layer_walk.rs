@@ -1,7 +1,7 @@
 //! The layers' parameter enumeration, for every tiny model under `tests/models/`: the
-//! adaptable linears of each decoder layer (`LanguageModel::layer_adaptables_mut`: name,
+//! adaptable linears of each decoder layer (`Trainable::layer_adaptables_mut`: name,
 //! plain or switch, in order: LoRA's draws follow it) and every array of each layer
-//! (`LanguageModel::layer_parameters_mut`: full name, shape, quantized or not).
+//! (`Trainable::layer_parameters_mut`: full name, shape, quantized or not).
 //!
 //! `tests/snapshots/layer_walk.txt` was written by this test (`LAYER_WALK_WRITE=1 cargo test
 //! -p mlx-models --test integration layer_walk::`) from the hand-written enumerators before one walker
@@ -47,6 +47,10 @@ fn listing(dir: &Path, sorted: bool) -> String {
             s.push_str("not loaded\n");
             return s;
         }
+    };
+    // A model without parameter access lists nothing.
+    let Some(model) = model.as_trainable_mut() else {
+        return s;
     };
     for (i, layer) in model.layer_adaptables_mut().into_iter().enumerate() {
         for (name, l) in layer {

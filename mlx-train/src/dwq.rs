@@ -413,8 +413,8 @@ fn train_student(
     let loss_fn = |p: &ParamMap, others: &[Array]| -> mlx_core::Result<Vec<Array>> {
         let cb = |e: TrainError| mlx_core::Error::Callback(e.to_string());
         let mut m = student.model(p, dtype).map_err(cb)?;
-        if grad_checkpoint {
-            m.set_grad_checkpoint(true);
+        if let (true, Some(t)) = (grad_checkpoint, m.as_trainable_mut()) {
+            t.set_grad_checkpoint(true);
         }
         let mut logits = m.forward(&others[0], None).map_err(|e| cb(e.into()))?;
         if let Some(ids) = others.get(3) {

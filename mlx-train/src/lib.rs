@@ -5,7 +5,7 @@
 //! format and fusing ([`adapters`]); DPO and ORPO
 //! ([`objectives`]); `mlx_lm.lora`'s options and run ([`run`], [`cli`]).
 //!
-//! Memory options: per-layer gradient checkpointing (`LanguageModel::set_grad_checkpoint`,
+//! Memory options: per-layer gradient checkpointing (`Trainable::set_grad_checkpoint`,
 //! `--grad-checkpoint`), a chunked cross-entropy ([`loss::chunked_loss`]), the segmented
 //! backward ([`segmented`]) and flash attention ([`attention`], `mlx_kernels::flash_attention`).
 //!

@@ -214,7 +214,11 @@ pub fn measure_step(dir: &Path, shape: &Shape, len: i32, opts: &StepOptions) -> 
     let (mut model, _) = load_model_dir(dir, &LoadOptions::default())?;
     let params = Params::new();
     linear_to_lora_layers(model.as_mut(), -1, &LoraConfig::default(), false, &params)?;
-    if opts.grad_checkpoint && !model.set_grad_checkpoint(true) {
+    if opts.grad_checkpoint
+        && !model
+            .as_trainable_mut()
+            .is_some_and(|t| t.set_grad_checkpoint(true))
+    {
         return Err(TrainError::Config("no gradient checkpointing here".into()));
     }
     params.set_training(true);

@@ -592,7 +592,10 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     let n_layers = if config.fine_tune_type == "full" {
         crate::full::decoder_layer_count(model.as_mut())?
     } else {
-        match model.layer_adaptables_mut().len() {
+        let adaptable = model
+            .as_trainable_mut()
+            .map_or(0, |t| t.layer_adaptables_mut().len());
+        match adaptable {
             0 => model.num_layers(),
             n => n,
         }
@@ -622,7 +625,11 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
             &params,
         )?;
     }
-    if config.grad_checkpoint && !model.set_grad_checkpoint(true) {
+    if config.grad_checkpoint
+        && !model
+            .as_trainable_mut()
+            .is_some_and(|t| t.set_grad_checkpoint(true))
+    {
         return Err(TrainError::Config(format!(
             "--grad-checkpoint is not supported for model_type {}",
             model.model_type()

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, swiglu, Embedding, Linear, RmsNorm, Rope};
+use crate::models::checkpoint::layer_loop;
 use crate::models::mamba::positive;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -302,9 +303,7 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let (h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
         let mut caches = caches;
         let window = Some(self.sliding_window);
         let (global_mask, swa_mask) = match caches.as_deref_mut() {
@@ -329,26 +328,21 @@ impl Model {
                 mlx_cache::mask::fallback_mask(n, window, false)?,
             ),
         };
-        for (i, layer) in self.layers.iter().enumerate() {
-            let (conv, kv) =
-                kit::split_recurrent_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            let (conv, kv) = kit::split_recurrent_cache(cache, i)?;
             let mask = if layer.swa { &swa_mask } else { &global_mask };
             let r = layer
                 .self_attn
-                .forward(&layer.input_layernorm.forward(&h)?, mask, conv, kv)?;
-            h = (&h + &r)?;
+                .forward(&layer.input_layernorm.forward(h)?, mask, conv, kv)?;
+            let h = (h + &r)?;
             let y = layer.post_attention_layernorm.forward(&h)?;
             let r = layer.down_proj.forward(&swiglu(
                 &layer.gate_proj.forward(&y)?,
                 &layer.up_proj.forward(&y)?,
             )?)?;
-            h = (&h + &r)?;
-        }
+            Ok((&h + &r)?)
+        })?;
         self.norm.forward(&h)
-    }
-
-    fn head(&self, h: &Array) -> Result<Array> {
-        crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)
     }
 }
 
@@ -374,11 +368,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

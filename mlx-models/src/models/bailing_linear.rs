@@ -1226,13 +1226,7 @@ impl LanguageModel for Model {
         ))
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 
     fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
         Model::shard_pipeline(self, size, rank)

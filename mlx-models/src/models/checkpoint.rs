@@ -151,13 +151,32 @@ where
     }
 }
 
-/// A port's layer stack: each layer over `h` in turn through [`layer_step`], under
-/// `mx.checkpoint` when the model trains with `grad_checkpoint` (`own`: the layers that train
-/// in full); `forward_of(i)` is layer `i`'s forward (it owns what it needs: masks, index).
-pub(crate) fn layer_stack<L, F>(
+/// The one layer loop of the ports: `step(i, layer, h, cache)` over each layer in turn, `h`
+/// threaded through, layer `i` given the `i`-th of `caches` (the caller checked there is one
+/// per layer); the per-layer mixer dispatch is the port's `step`. [`layer_stack`] is this loop
+/// with each step under `mx.checkpoint` when the model trains; ports whose layers have no
+/// walk (inference only: no adapters, no checkpoints) run it directly.
+pub(crate) fn layer_loop<L>(
     layers: &[L],
     mut h: Array,
     mut caches: Option<&mut [Box<dyn Cache>]>,
+    mut step: impl FnMut(usize, &L, &Array, Option<&mut Box<dyn Cache>>) -> Result<Array>,
+) -> Result<Array> {
+    for (i, layer) in layers.iter().enumerate() {
+        let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+        h = step(i, layer, &h, cache)?;
+    }
+    Ok(h)
+}
+
+/// A port's layer stack: each layer over `h` in turn ([`layer_loop`]) through [`layer_step`],
+/// under `mx.checkpoint` when the model trains with `grad_checkpoint` (`own`: the layers that
+/// train in full); `forward_of(i)` is layer `i`'s forward (it owns what it needs: masks,
+/// index).
+pub(crate) fn layer_stack<L, F>(
+    layers: &[L],
+    h: Array,
+    caches: Option<&mut [Box<dyn Cache>]>,
     grad_checkpoint: bool,
     own: &std::ops::Range<usize>,
     forward_of: impl Fn(usize) -> F,
@@ -166,12 +185,10 @@ where
     L: LayerArrays,
     F: Fn(&L, &Array, Option<&mut Box<dyn Cache>>) -> Result<Array> + Send + 'static,
 {
-    for (i, layer) in layers.iter().enumerate() {
-        let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+    layer_loop(layers, h, caches, |i, layer, h, cache| {
         let ckpt = grad_checkpoint.then(|| own.contains(&i));
-        h = layer_step(layer, &h, cache, ckpt, forward_of(i))?;
-    }
-    Ok(h)
+        layer_step(layer, h, cache, ckpt, forward_of(i))
+    })
 }
 
 /// A cache state's tree with its arrays taken out (their places marked).

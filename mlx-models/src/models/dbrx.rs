@@ -276,9 +276,7 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.wte.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let (mut h, n) = kit::embed_inputs(inputs, &self.wte)?;
         let mut caches = caches;
         kit::check_caches(caches.as_deref(), self.blocks.len(), "layers")?;
         let mask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
@@ -315,14 +313,14 @@ impl LanguageModel for Model {
         self.blocks.len()
     }
 
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
+    kit::own_type_and_vocab!(args);
 
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
+    fn as_trainable_mut(&mut self) -> Option<&mut dyn super::Trainable> {
+        Some(self)
     }
+}
 
+impl super::Trainable for Model {
     fn layers_path(&self) -> String {
         "transformer.blocks".into()
     }

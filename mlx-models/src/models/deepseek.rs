@@ -2198,13 +2198,7 @@ impl LanguageModel for Model {
         })
     }
 
-    fn model_type(&self) -> &str {
-        &self.spec.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.spec.vocab_size
-    }
+    kit::own_type_and_vocab!(spec);
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         let sparse = self.spec.indexer.is_some();
@@ -2231,11 +2225,17 @@ impl LanguageModel for Model {
         self.layers.len()
     }
 
-    fn layers_path(&self) -> String {
-        format!("{}model.layers", self.spec.prefix)
-    }
-
     fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
         (!self.mtp.is_empty()).then_some(self as &dyn crate::models::MtpHead)
+    }
+
+    fn as_trainable_mut(&mut self) -> Option<&mut dyn super::Trainable> {
+        Some(self)
+    }
+}
+
+impl super::Trainable for Model {
+    fn layers_path(&self) -> String {
+        format!("{}model.layers", self.spec.prefix)
     }
 }

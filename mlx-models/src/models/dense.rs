@@ -1572,39 +1572,6 @@ impl LanguageModel for Model {
         self.head(&self.run(inputs, caches, None)?)
     }
 
-    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
-        let names = &self.desc.names;
-        self.layers
-            .iter_mut()
-            .map(|l| Walk::linears(move |w| l.walk("", names, w)))
-            .collect()
-    }
-
-    fn layers_path(&self) -> String {
-        self.desc.names.layers.to_string()
-    }
-
-    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
-        let names = &self.desc.names;
-        super::head_and_embedding(
-            "",
-            self.lm_head.as_mut(),
-            names.lm_head,
-            &mut self.embed_tokens,
-            names.embed,
-        )
-    }
-
-    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
-        let d = &self.desc;
-        let names = &d.names;
-        self.layers
-            .iter_mut()
-            .enumerate()
-            .map(|(i, l)| l.parameters_mut(&format!("{}.{i}", names.layers), names))
-            .collect()
-    }
-
     fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
         Some(self.run(inputs, None, None))
     }
@@ -1623,16 +1590,6 @@ impl LanguageModel for Model {
 
     fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
         (!self.mtp.is_empty()).then_some(self as &dyn crate::models::MtpHead)
-    }
-
-    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
-        self.grad_checkpoint = on;
-        true
-    }
-
-    fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
-        self.checkpoint_own = layers;
-        true
     }
 
     fn trace(&self, inputs: &Array) -> Result<Vec<(String, Array)>> {
@@ -1694,6 +1651,55 @@ impl LanguageModel for Model {
 
     fn vocab_size(&self) -> i32 {
         self.desc.vocab_size
+    }
+
+    fn as_trainable_mut(&mut self) -> Option<&mut dyn super::Trainable> {
+        Some(self)
+    }
+}
+
+impl super::Trainable for Model {
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
+        let names = &self.desc.names;
+        self.layers
+            .iter_mut()
+            .map(|l| Walk::linears(move |w| l.walk("", names, w)))
+            .collect()
+    }
+
+    fn layers_path(&self) -> String {
+        self.desc.names.layers.to_string()
+    }
+
+    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
+        let names = &self.desc.names;
+        super::head_and_embedding(
+            "",
+            self.lm_head.as_mut(),
+            names.lm_head,
+            &mut self.embed_tokens,
+            names.embed,
+        )
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        let d = &self.desc;
+        let names = &d.names;
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| l.parameters_mut(&format!("{}.{i}", names.layers), names))
+            .collect()
+    }
+
+    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+        self.grad_checkpoint = on;
+        true
+    }
+
+    fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
+        self.checkpoint_own = layers;
+        true
     }
 }
 

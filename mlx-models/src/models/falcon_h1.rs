@@ -4,7 +4,7 @@
 //! [`KVCache`]. `sanitize` folds Falcon-H1's muP multipliers into the weights of HF checkpoints
 //! (recognised, as in mlx-lm, by their `(C, 1, K)` conv weights).
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, CacheList, KVCache};
+use mlx_cache::{ArraysCache, Cache, CacheList, KVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
@@ -12,8 +12,10 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope, RopeScaling};
+use crate::models::checkpoint::layer_loop;
+use crate::models::kit::{self, Attention};
 use crate::models::mamba::{conv_kernel_ok, positive};
-use crate::models::{kit, LanguageModel};
+use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -273,65 +275,22 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
     Ok(())
 }
 
-/// `FalconH1Attention`.
-#[derive(Clone)]
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    rope: Rope,
-}
-
-impl Attention {
-    fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
-        let (h, d, kv, hd) = (
-            a.num_attention_heads,
-            a.hidden_size,
-            a.num_key_value_heads,
-            a.head_dim,
-        );
-        let mut l =
-            |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, a.attention_bias);
-        let (q_proj, k_proj, v_proj, o_proj) = (
-            l("q_proj", d, h * hd)?,
-            l("k_proj", d, kv * hd)?,
-            l("v_proj", d, kv * hd)?,
-            l("o_proj", h * hd, d)?,
-        );
-        Ok(Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            n_heads: h,
-            n_kv_heads: kv,
-            scale: f64::from(hd).powf(-0.5) as f32,
-            rope: Rope::initialize(
-                hd,
-                a.rope_theta,
-                a.rope_traditional,
-                a.rope_scaling.as_ref(),
-                Some(a.max_position_embeddings),
-            )?,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let q = kit::split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
-        let k = kit::split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = kit::split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let out = kit::rope_attend(q, k, v, Some(&self.rope), cache, self.scale, mask)?;
-        self.o_proj.forward(&out)
-    }
+/// `FalconH1Attention` ([`kit::Attention`]): rope, scale `head_dim ** -0.5`.
+fn attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
+    let (h, d, kv, hd) = (
+        a.num_attention_heads,
+        a.hidden_size,
+        a.num_key_value_heads,
+        a.head_dim,
+    );
+    let attn = Attention::load(w, p, (d, h, kv, hd), a.attention_bias, kit::head_scale(hd))?;
+    Ok(attn.with_rope(Some(Rope::initialize(
+        hd,
+        a.rope_theta,
+        a.rope_traditional,
+        a.rope_scaling.as_ref(),
+        Some(a.max_position_embeddings),
+    )?)))
 }
 
 #[derive(Clone)]
@@ -379,7 +338,7 @@ impl Model {
                     w,
                     &format!("{p}.mamba"),
                 )?),
-                self_attn: Attention::load(&a, w, &format!("{p}.self_attn"))?,
+                self_attn: attention(&a, w, &format!("{p}.self_attn"))?,
                 input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
                 pre_ff_layernorm: RmsNorm::load(w, &format!("{p}.pre_ff_layernorm"), d, eps)?,
             });
@@ -403,9 +362,7 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let (h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
         let mut caches = caches;
         let (attn_mask, ssm_mask) = match caches.as_deref_mut() {
             Some(c) => {
@@ -420,20 +377,19 @@ impl Model {
             }
             None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
         };
-        for (i, layer) in self.layers.iter().enumerate() {
-            let (ssm_cache, attn_cache) =
-                kit::split_recurrent_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
-            let x = layer.input_layernorm.forward(&h)?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            let (ssm_cache, attn_cache) = kit::split_recurrent_cache(cache, i)?;
+            let x = layer.input_layernorm.forward(h)?;
             let mamba_h = layer.mamba.forward(&x, ssm_mask.as_ref(), ssm_cache)?;
             let attn_h = layer.self_attn.forward(&x, &attn_mask, attn_cache)?;
-            h = (&(&h + &mamba_h)? + &attn_h)?;
+            let h = (&(h + &mamba_h)? + &attn_h)?;
             let y = layer.pre_ff_layernorm.forward(&h)?;
             let y = layer.down_proj.forward(&swiglu(
                 &layer.gate_proj.forward(&y)?,
                 &layer.up_proj.forward(&y)?,
             )?)?;
-            h = (&h + &y)?;
-        }
+            Ok((&h + &y)?)
+        })?;
         self.final_layernorm.forward(&h)
     }
 
@@ -473,11 +429,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

@@ -1058,16 +1058,6 @@ impl Model {
 impl LanguageModel for Model {
     port_entry_points!(args);
 
-    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
-        super::head_and_embedding(
-            "",
-            self.lm_head.as_mut(),
-            "lm_head",
-            &mut self.embed_tokens,
-            "model.embed_tokens",
-        )
-    }
-
     /// The projection `head` applies (for the chunked cross-entropy of training).
     fn output_head(&self) -> Option<super::OutputHead> {
         Some(self.shaped_head())
@@ -1097,6 +1087,20 @@ impl LanguageModel for Model {
     /// The layers that own caches (the KV-shared ones have none).
     fn num_layers(&self) -> usize {
         self.args.first_kv_shared()
+    }
+}
+
+impl super::Trainable for Model {
+    checkpoint_switches!();
+
+    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
+        super::head_and_embedding(
+            "",
+            self.lm_head.as_mut(),
+            "lm_head",
+            &mut self.embed_tokens,
+            "model.embed_tokens",
+        )
     }
 
     crate::models::kit::walked_layers!(layers);

@@ -4,7 +4,7 @@
 //! attention and logit multipliers. Mamba layers hold an [`ArraysCache`] of two slots,
 //! attention layers a [`KVCache`].
 
-use mlx_cache::{AttentionMask, Cache};
+use mlx_cache::Cache;
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -13,9 +13,11 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope, SwitchActivation};
+use crate::models::checkpoint::layer_loop;
+use crate::models::kit::{self, Attention};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
-use crate::models::{kit, LanguageModel};
+use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -183,66 +185,28 @@ impl ModelArgs {
     }
 }
 
-/// `GraniteMoeHybridAttention`: rope unless `position_embedding_type` is `"nope"`.
-#[derive(Clone)]
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    rope: Option<Rope>,
-}
-
-impl Attention {
-    fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
-        let (h, d, kv) = (a.num_attention_heads, a.hidden_size, a.num_key_value_heads);
-        let hd = d / h;
-        let mut l =
-            |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, a.attention_bias);
-        let (q_proj, k_proj, v_proj, o_proj) = (
-            l("q_proj", d, h * hd)?,
-            l("k_proj", d, kv * hd)?,
-            l("v_proj", d, kv * hd)?,
-            l("o_proj", h * hd, d)?,
-        );
-        let rope = if a.position_embedding_type == "nope" {
-            None
-        } else {
-            Some(Rope::initialize(
-                hd,
-                a.rope_theta,
-                false,
-                None,
-                Some(a.max_position_embeddings),
-            )?)
-        };
-        Ok(Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            n_heads: h,
-            n_kv_heads: kv,
-            scale: a.attention_multiplier,
-            rope,
-        })
+/// `GraniteMoeHybridAttention` ([`kit::Attention`]): rope unless `position_embedding_type` is
+/// `"nope"`, scale `attention_multiplier`.
+fn attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
+    let (h, d, kv) = (a.num_attention_heads, a.hidden_size, a.num_key_value_heads);
+    let hd = d / h;
+    let attn = Attention::load(
+        w,
+        p,
+        (d, h, kv, hd),
+        a.attention_bias,
+        a.attention_multiplier,
+    )?;
+    if a.position_embedding_type == "nope" {
+        return Ok(attn);
     }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let q = kit::split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
-        let k = kit::split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = kit::split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let out = kit::rope_attend(q, k, v, self.rope.as_ref(), cache, self.scale, mask)?;
-        self.o_proj.forward(&out)
-    }
+    Ok(attn.with_rope(Some(Rope::initialize(
+        hd,
+        a.rope_theta,
+        false,
+        None,
+        Some(a.max_position_embeddings),
+    )?)))
 }
 
 #[derive(Clone)]
@@ -357,7 +321,7 @@ impl Model {
                     &format!("{p}.mamba"),
                 )?))
             } else {
-                Mixer::Attention(Box::new(Attention::load(&a, w, &format!("{p}.self_attn"))?))
+                Mixer::Attention(Box::new(attention(&a, w, &format!("{p}.self_attn"))?))
             };
             let ffn = if a.use_moe() {
                 let shared = a.shared_intermediate_size.unwrap_or(0);
@@ -438,34 +402,23 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = (&self.embed_tokens.forward(inputs)? * self.embedding_multiplier)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
-        let mut caches = caches;
-        let (attn_mask, ssm_mask) = match caches.as_deref() {
-            Some(c) => {
-                kit::check_caches(Some(c), self.layers.len(), "layers")?;
-                let attn = match self.fa_idx {
-                    Some(i) => c[i].make_mask(n, None, false)?,
-                    None => AttentionMask::None,
-                };
-                let ssm = match self.ssm_idx {
-                    Some(i) => c[i].make_mask(n, None, false)?.as_array().cloned(),
-                    None => None,
-                };
-                (attn, ssm)
-            }
-            None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
-        };
+        let (h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
+        let h = (&h * self.embedding_multiplier)?;
+        let (attn_mask, ssm_mask) = kit::hybrid_masks(
+            caches.as_deref(),
+            self.layers.len(),
+            self.fa_idx,
+            self.ssm_idx,
+            n,
+        )?;
         let r = self.residual_multiplier;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let x = layer.input_layernorm.forward(&h)?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            let x = layer.input_layernorm.forward(h)?;
             let out = match &layer.mixer {
                 Mixer::Mamba(m) => m.forward(&x, ssm_mask.as_ref(), arrays_cache(cache, i)?)?,
                 Mixer::Attention(a) => a.forward(&x, &attn_mask, cache)?,
             };
-            h = (&h + &(&out * r)?)?;
+            let h = (h + &(&out * r)?)?;
             let normed = layer.post_attention_layernorm.forward(&h)?;
             let mlp_out = match &layer.ffn {
                 Ffn::Dense {
@@ -487,8 +440,8 @@ impl Model {
                     (&moe_out + &shared)?
                 }
             };
-            h = (&h + &(&mlp_out * r)?)?;
-        }
+            Ok((&h + &(&mlp_out * r)?)?)
+        })?;
         self.norm.forward(&h)
     }
 
@@ -521,11 +474,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

@@ -13,10 +13,11 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, fma, softplus, store_recurrent, DepthwiseConv};
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm, SwitchActivation};
+use crate::models::checkpoint::layer_loop;
+use crate::models::kit::{self, Attention};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
-use crate::models::nemotron_h::Attention;
-use crate::models::{kit, LanguageModel};
+use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -215,7 +216,7 @@ impl MambaMixer {
 #[derive(Clone)]
 enum Mixer {
     Mamba(Box<MambaMixer>),
-    Attention(Attention),
+    Attention(Box<Attention>),
 }
 
 #[derive(Clone)]
@@ -294,15 +295,12 @@ impl Model {
         for (i, attn) in is_attn.iter().enumerate() {
             let p = format!("model.layers.{i}");
             let mixer = if *attn {
-                Mixer::Attention(Attention::load_parts(
-                    w,
-                    &format!("{p}.self_attn"),
-                    d,
-                    a.num_attention_heads,
-                    a.num_key_value_heads,
-                    d / a.num_attention_heads,
-                    false,
-                )?)
+                Mixer::Attention(Box::new({
+                    let hd = d / a.num_attention_heads;
+                    let dims = (d, a.num_attention_heads, a.num_key_value_heads, hd);
+                    let p = format!("{p}.self_attn");
+                    Attention::load(w, &p, dims, false, kit::head_scale(hd))?
+                }))
             } else {
                 Mixer::Mamba(Box::new(MambaMixer::load(
                     &a,
@@ -367,21 +365,17 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
-        let mut caches = caches;
+        let (h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
         kit::check_caches(caches.as_deref(), self.layers.len(), "layers")?;
         // (jamba's Mamba mixer takes no mask: mlx-lm's `ssm_mask` goes unused.)
         let attn_mask = kit::cache_mask(caches.as_deref(), self.attn_idx, n, None, false)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let x = layer.input_layernorm.forward(&h)?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            let x = layer.input_layernorm.forward(h)?;
             let out = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(&x, &attn_mask, cache)?,
                 Mixer::Mamba(m) => m.forward(&x, arrays_cache(cache, i)?)?,
             };
-            let r = (&h + &out)?;
+            let r = (h + &out)?;
             let y = layer.pre_ff_layernorm.forward(&r)?;
             let y = match &layer.feed_forward {
                 Ffn::Mlp {
@@ -391,13 +385,9 @@ impl Model {
                 } => down_proj.forward(&swiglu(&gate_proj.forward(&y)?, &up_proj.forward(&y)?)?)?,
                 Ffn::Moe(m) => m.forward(&y)?,
             };
-            h = (&r + &y)?;
-        }
+            Ok((&r + &y)?)
+        })?;
         self.final_layernorm.forward(&h)
-    }
-
-    fn head(&self, h: &Array) -> Result<Array> {
-        crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)
     }
 }
 
@@ -413,11 +403,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

@@ -26,6 +26,7 @@ use crate::layers::ssm::{arrays_cache, store_recurrent, DepthwiseConv};
 use crate::layers::{
     silu, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, SwitchActivation, SwitchGlu,
 };
+use crate::models::checkpoint::layer_loop;
 use crate::models::moe_block::{group_expert_select, lower_top_k, GroupSelect};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -1558,31 +1559,19 @@ impl Model {
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
         let n = kit::new_positions(inputs, caches.as_deref(), self.layers.len(), "layers")?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let mut caches = caches;
+        let h = self.embed_tokens.forward(inputs)?;
         let (attn_mask, ssm_mask) = masks(caches.as_deref(), self.kda_idx, self.mla_idx, n)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            h = layer.forward(&h, &attn_mask, ssm_mask.as_ref(), cache, i)?;
-        }
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            layer.forward(h, &attn_mask, ssm_mask.as_ref(), cache, i)
+        })?;
         self.norm.forward(&h)
-    }
-
-    fn head(&self, h: &Array) -> Result<Array> {
-        crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)
     }
 }
 
 impl LanguageModel for Model {
     kit::hidden_state_entry_points!(tied lm_head, embed_tokens);
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 
     kit::layer_caches! {
         /// mlx-lm's `make_cache`: an `ArraysCache(size=4)` per KDA layer, a `KVCache` per MLA

@@ -790,10 +790,6 @@ impl Model {
         self.pipeline = Some((rank, size));
         Ok(())
     }
-
-    fn head(&self, h: &Array) -> Result<Array> {
-        crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)
-    }
 }
 
 impl LanguageModel for Model {

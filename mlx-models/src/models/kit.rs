@@ -264,8 +264,9 @@ pub(crate) use short_port_entry_points;
 
 /// The `LanguageModel` entry points of a port whose `hidden_states(inputs, caches)` runs its
 /// layers and whose `head(h)` projects: `forward` (the two in turn), `forward_hidden` and
-/// `forward_hidden_cached`; with `tied lm_head, embed` also `output_head` (the `lm_head`
-/// linear, or the `embed` embedding when the head is tied).
+/// `forward_hidden_cached`; with `tied lm_head, embed` the head is
+/// [`project`](crate::models::project) (the `lm_head` linear, or the `embed` embedding when
+/// the head is tied; the port writes no `head`), and `output_head` is that projection.
 macro_rules! hidden_state_entry_points {
     () => {
         fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
@@ -273,6 +274,24 @@ macro_rules! hidden_state_entry_points {
             self.head(&out)
         }
 
+        $crate::models::kit::hidden_state_entry_points!(@hidden);
+    };
+    (tied $lm_head:ident, $embed:ident) => {
+        fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+            let out = self.hidden_states(inputs, caches)?;
+            $crate::models::project(self.$lm_head.as_ref(), &self.$embed, &out)
+        }
+
+        $crate::models::kit::hidden_state_entry_points!(@hidden);
+
+        fn output_head(&self) -> Option<$crate::models::OutputHead> {
+            Some($crate::models::OutputHead::of(
+                self.$lm_head.as_ref(),
+                &self.$embed,
+            ))
+        }
+    };
+    (@hidden) => {
         fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
             Some(self.hidden_states(inputs, None))
         }
@@ -283,16 +302,6 @@ macro_rules! hidden_state_entry_points {
             caches: &mut [Box<dyn Cache>],
         ) -> Option<Result<Array>> {
             Some(self.hidden_states(inputs, Some(caches)))
-        }
-    };
-    (tied $lm_head:ident, $embed:ident) => {
-        $crate::models::kit::hidden_state_entry_points!();
-
-        fn output_head(&self) -> Option<$crate::models::OutputHead> {
-            Some($crate::models::OutputHead::of(
-                self.$lm_head.as_ref(),
-                &self.$embed,
-            ))
         }
     };
 }
@@ -317,7 +326,7 @@ macro_rules! layer_caches {
 }
 pub(crate) use layer_caches;
 
-/// `layer_adaptables_mut` and `layer_parameters_mut` of a port whose decoder layers
+/// `Trainable::layer_adaptables_mut` and `layer_parameters_mut` of a port whose decoder layers
 /// (`self.$layers`, under `layers_path()`) are [`Walkable`](crate::layers::Walkable): both
 /// lists come from each layer's one walk.
 macro_rules! walked_layers {
@@ -342,6 +351,108 @@ macro_rules! walked_layers {
     };
 }
 pub(crate) use walked_layers;
+
+/// The plain softmax attention of the hybrid ports (mlx-lm's `NemotronHAttention`, jamba's,
+/// `GraniteMoeHybridAttention`, `FalconH1Attention`, olmo_hybrid's): `q_proj`, `k_proj`,
+/// `v_proj` (olmo_hybrid: the query and key projections normed whole), split into heads,
+/// [`rope_attend`] (with or without positions), `o_proj`. Built as mlx-lm's `__init__` loads
+/// it: [`Attention::load`], then [`Attention::with_projection_norms`], then
+/// [`Attention::with_rope`].
+#[derive(Clone)]
+pub(crate) struct Attention {
+    q_proj: crate::layers::Linear,
+    k_proj: crate::layers::Linear,
+    v_proj: crate::layers::Linear,
+    o_proj: crate::layers::Linear,
+    projection_norms: Option<(crate::layers::RmsNorm, crate::layers::RmsNorm)>,
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+    rope: Option<crate::layers::Rope>,
+}
+
+impl Attention {
+    /// `q_proj`, `k_proj`, `v_proj`, `o_proj` under `p` (`d` wide, `h` query and `kv` key-value
+    /// heads of `hd`, with biases when `bias`), scores scaled by `scale`; no norms, no rope.
+    pub(crate) fn load(
+        w: &mut Weights,
+        p: &str,
+        (d, h, kv, hd): (i32, i32, i32, i32),
+        bias: bool,
+        scale: f32,
+    ) -> Result<Attention> {
+        let mut l = |n: &str, i: i32, o: i32| {
+            crate::layers::Linear::load(w, &format!("{p}.{n}"), i, o, bias)
+        };
+        let (q_proj, k_proj, v_proj, o_proj) = (
+            l("q_proj", d, h * hd)?,
+            l("k_proj", d, kv * hd)?,
+            l("v_proj", d, kv * hd)?,
+            l("o_proj", h * hd, d)?,
+        );
+        Ok(Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            projection_norms: None,
+            n_heads: h,
+            n_kv_heads: kv,
+            head_dim: hd,
+            scale,
+            rope: None,
+        })
+    }
+
+    /// `q_norm` and `k_norm` under `p`, RMS norms over the whole query and key projections
+    /// (before the heads split).
+    pub(crate) fn with_projection_norms(
+        mut self,
+        w: &mut Weights,
+        p: &str,
+        eps: f32,
+    ) -> Result<Attention> {
+        let (q, k) = (
+            self.n_heads * self.head_dim,
+            self.n_kv_heads * self.head_dim,
+        );
+        self.projection_norms = Some((
+            crate::layers::RmsNorm::load(w, &format!("{p}.q_norm"), q, eps)?,
+            crate::layers::RmsNorm::load(w, &format!("{p}.k_norm"), k, eps)?,
+        ));
+        Ok(self)
+    }
+
+    /// The rotary embedding of queries and keys (`None`: no positional encoding).
+    pub(crate) fn with_rope(mut self, rope: Option<crate::layers::Rope>) -> Attention {
+        self.rope = rope;
+        self
+    }
+
+    pub(crate) fn forward(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let (q, k) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?);
+        let (q, k) = match &self.projection_norms {
+            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
+            None => (q, k),
+        };
+        let q = split_heads(&q, self.n_heads)?;
+        let k = split_heads(&k, self.n_kv_heads)?;
+        let v = split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let out = rope_attend(q, k, v, self.rope.as_ref(), cache, self.scale, mask)?;
+        self.o_proj.forward(&out)
+    }
+}
+
+/// `head_dim ** -0.5` as the ports compute it (in f64, then f32).
+pub(crate) fn head_scale(hd: i32) -> f32 {
+    f64::from(hd).powf(-0.5) as f32
+}
 
 /// A hybrid layer's recurrent cache and KV cache.
 pub(crate) type LayerCaches<'a> = (Option<&'a mut ArraysCache>, Option<&'a mut Box<dyn Cache>>);
@@ -374,6 +485,42 @@ pub(crate) fn split_recurrent_cache(
         _ => Err(wrong()),
     }
 }
+
+/// A port's `hidden_states` opening: the token ids checked ([`check_inputs`]) and embedded,
+/// with the number of new positions.
+pub(crate) fn embed_inputs(
+    inputs: &Array,
+    embed: &crate::layers::Embedding,
+) -> Result<(Array, usize)> {
+    check_inputs(inputs)?;
+    let h = embed.forward(inputs)?;
+    let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+    Ok((h, n))
+}
+
+/// `model_type` and `vocab_size` inside a port's `impl LanguageModel`: the port's own fields
+/// of those names, or with `$cfg` its config field's.
+macro_rules! own_type_and_vocab {
+    () => {
+        fn model_type(&self) -> &str {
+            &self.model_type
+        }
+
+        fn vocab_size(&self) -> i32 {
+            self.vocab_size
+        }
+    };
+    ($cfg:ident) => {
+        fn model_type(&self) -> &str {
+            &self.$cfg.model_type
+        }
+
+        fn vocab_size(&self) -> i32 {
+            self.$cfg.vocab_size
+        }
+    };
+}
+pub(crate) use own_type_and_vocab;
 
 /// The token ids a model's `forward` accepts: `(batch, seq)` of an integer type.
 pub(crate) fn check_inputs(inputs: &Array) -> Result<()> {

@@ -620,9 +620,7 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let (mut h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
         let (attn_mask, conv_mask) = kit::hybrid_masks(
             caches.as_deref(),
             self.layers.len(),
@@ -655,16 +653,6 @@ impl Model {
 impl LanguageModel for Model {
     port_entry_points!(args);
 
-    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
-        super::head_and_embedding(
-            "",
-            None,
-            "lm_head",
-            &mut self.embed_tokens,
-            "model.embed_tokens",
-        )
-    }
-
     /// The projection `head` applies (for the chunked cross-entropy of training).
     fn output_head(&self) -> Option<crate::models::OutputHead> {
         Some(crate::models::OutputHead::Tied(self.embed_tokens.clone()))
@@ -677,6 +665,20 @@ impl LanguageModel for Model {
                 1,
             )
         }
+    }
+}
+
+impl super::Trainable for Model {
+    checkpoint_switches!();
+
+    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
+        super::head_and_embedding(
+            "",
+            None,
+            "lm_head",
+            &mut self.embed_tokens,
+            "model.embed_tokens",
+        )
     }
 
     kit::walked_layers!(layers);

@@ -385,9 +385,7 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let (mut h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
         let mut caches = caches;
         let (start, offset, global) = match caches.as_deref_mut() {
             Some(c) => {
@@ -468,6 +466,12 @@ impl LanguageModel for Model {
         self.args.vocab_size
     }
 
+    fn as_trainable_mut(&mut self) -> Option<&mut dyn super::Trainable> {
+        Some(self)
+    }
+}
+
+impl super::Trainable for Model {
     fn layers_path(&self) -> String {
         "language_model.model.layers".into()
     }

@@ -549,13 +549,7 @@ impl LanguageModel for Model {
         Some(crate::models::OutputHead::Linear(self.lm_head.clone()))
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         let lists = (0..self.layers.len()).map(|_| -> Box<dyn Cache> {

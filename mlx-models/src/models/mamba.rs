@@ -17,6 +17,7 @@ use crate::layers::ssm::{
     arrays_cache, softplus, store_recurrent, DepthwiseConv, GatedNorm, Mamba2Dims, Mamba2Mixer,
 };
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm};
+use crate::models::checkpoint::layer_loop;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -362,10 +363,7 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embeddings.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
-        let mut caches = caches;
+        let (h, n) = kit::embed_inputs(inputs, &self.embeddings)?;
         let mask = match caches.as_deref() {
             Some(c) => {
                 kit::check_caches(Some(c), self.layers.len(), "layers")?;
@@ -379,20 +377,16 @@ impl Model {
             }
             None => None,
         };
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = arrays_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
-            let x = layer.norm.forward(&h)?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            let cache = arrays_cache(cache, i)?;
+            let x = layer.norm.forward(h)?;
             let out = match &layer.mixer {
                 Mixer::V1(m) => m.forward(&x, cache)?,
                 Mixer::V2(m) => m.forward(&x, mask.as_ref(), cache)?,
             };
-            h = (&out + &h)?;
-        }
+            Ok((&out + h)?)
+        })?;
         self.norm_f.forward(&h)
-    }
-
-    fn head(&self, h: &Array) -> Result<Array> {
-        crate::models::project(self.lm_head.as_ref(), &self.embeddings, h)
     }
 }
 
@@ -408,11 +402,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

@@ -936,10 +936,6 @@ impl LanguageModel for Model {
         self.vocab_size
     }
 
-    fn layers_path(&self) -> String {
-        "language_model.model.layers".into()
-    }
-
     fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         Model::shard_tensor_parallel(self, size, rank)
     }
@@ -963,5 +959,15 @@ impl LanguageModel for Model {
                 })
                 .collect()
         }
+    }
+
+    fn as_trainable_mut(&mut self) -> Option<&mut dyn super::Trainable> {
+        Some(self)
+    }
+}
+
+impl super::Trainable for Model {
+    fn layers_path(&self) -> String {
+        "language_model.model.layers".into()
     }
 }

@@ -6,8 +6,9 @@
 
 /// The entry points every dedicated port shares, inside its `impl LanguageModel`: `forward`
 /// (the port's `hidden_states`, then its `head`), `forward_hidden`, `forward_hidden_cached`
-/// (`kit::hidden_state_entry_points!`), and `model_type` /
-/// `vocab_size` read from the port's config field `$cfg`.
+/// (`kit::hidden_state_entry_points!`), `model_type` / `vocab_size` read from the port's
+/// config field `$cfg`, and `as_trainable_mut` (the port also implements [`Trainable`], with
+/// [`checkpoint_switches!`] inside).
 macro_rules! port_entry_points {
     ($cfg:ident) => {
         $crate::models::kit::hidden_state_entry_points!();
@@ -20,8 +21,16 @@ macro_rules! port_entry_points {
             self.$cfg.vocab_size
         }
 
-        // mlx-lm's `grad_checkpoint` (`models/checkpoint.rs`), over the port's
-        // `grad_checkpoint` and `checkpoint_own` fields.
+        fn as_trainable_mut(&mut self) -> Option<&mut dyn $crate::models::Trainable> {
+            Some(self)
+        }
+    };
+}
+
+/// mlx-lm's `grad_checkpoint` (`models/checkpoint.rs`) inside a port's `impl Trainable`: the
+/// two switches over the port's `grad_checkpoint` and `checkpoint_own` fields.
+macro_rules! checkpoint_switches {
+    () => {
         fn set_grad_checkpoint(&mut self, on: bool) -> bool {
             self.grad_checkpoint = on;
             true
@@ -171,6 +180,69 @@ pub trait LanguageModel: Send {
         })
     }
 
+    /// The hidden states before the output projection (`forward` is
+    /// `output_head().forward(forward_hidden(...))`), for losses that project them in chunks.
+    /// `None` when the architecture does not split its forward.
+    fn forward_hidden(&self, _inputs: &Array) -> Option<Result<Array>> {
+        None
+    }
+
+    /// [`LanguageModel::forward_hidden`] through caches (the segmented backward of training:
+    /// hidden states of a segment attending to the keys and values of the earlier ones).
+    /// `None` where the architecture does not split its forward.
+    fn forward_hidden_cached(
+        &self,
+        _inputs: &Array,
+        _caches: &mut [Box<dyn Cache>],
+    ) -> Option<Result<Array>> {
+        None
+    }
+
+    /// The model's parameter access for training, adapters and the quantizers that rewrite
+    /// its linears in place ([`Trainable`]); `None` where the architecture has none (as if
+    /// every [`Trainable`] method answered its default: no linears, no parameters, no
+    /// checkpointing, `model.layers`).
+    fn as_trainable_mut(&mut self) -> Option<&mut dyn Trainable> {
+        None
+    }
+
+    /// The output projection that turns [`LanguageModel::forward_hidden`] into logits.
+    fn output_head(&self) -> Option<OutputHead> {
+        None
+    }
+
+    /// The descriptor-driven dense model behind this one, read-only (its descriptor and its
+    /// layers' weights), for decoders that run the model's own arrays; `None` for the
+    /// dedicated ports.
+    fn as_dense(&self) -> Option<&dense::Model> {
+        None
+    }
+
+    /// [`LanguageModel::as_dense`], mutable: AWQ (`crate::awq`) runs its layers' parts and
+    /// rewrites their weights in place.
+    fn as_dense_mut(&mut self) -> Option<&mut dense::Model> {
+        None
+    }
+
+    /// The decode step cut into compilable segments ([`SegmentedDecode`]); `None` where the
+    /// architecture (or this model's variant of it) does not support it.
+    fn segmented(&self) -> Option<&dyn SegmentedDecode> {
+        None
+    }
+
+    /// The checkpoint's multi-token-prediction layers, when they were loaded
+    /// (`Weights::with_mtp`); `None` otherwise.
+    fn mtp(&self) -> Option<&dyn MtpHead> {
+        None
+    }
+}
+
+/// Training's access to a model's parameters, apart from inference ([`LanguageModel`] reaches
+/// it through [`LanguageModel::as_trainable_mut`]): the linears adapters wrap, every array of
+/// the decoder layers (full fine-tuning, the quantizers), the modules outside the layers, and
+/// gradient checkpointing. Ports give the per-layer lists from their layers' one walk
+/// ([`crate::layers::Walk`], `kit::walked_layers!`).
+pub trait Trainable {
     /// The linears and switch (per-expert) linears of each decoder layer (`model.layers`),
     /// under their path inside the layer as mlx-lm names the modules (`self_attn.q_proj`), in
     /// the order the Python module declares them; adapters (LoRA, DoRA) wrap or replace them
@@ -203,24 +275,6 @@ pub trait LanguageModel: Send {
         Ok(Vec::new())
     }
 
-    /// The hidden states before the output projection (`forward` is
-    /// `output_head().forward(forward_hidden(...))`), for losses that project them in chunks.
-    /// `None` when the architecture does not split its forward.
-    fn forward_hidden(&self, _inputs: &Array) -> Option<Result<Array>> {
-        None
-    }
-
-    /// [`LanguageModel::forward_hidden`] through caches (the segmented backward of training:
-    /// hidden states of a segment attending to the keys and values of the earlier ones).
-    /// `None` where the architecture does not split its forward.
-    fn forward_hidden_cached(
-        &self,
-        _inputs: &Array,
-        _caches: &mut [Box<dyn Cache>],
-    ) -> Option<Result<Array>> {
-        None
-    }
-
     /// Recompute each decoder layer in the backward pass instead of keeping its
     /// activations (mlx-lm's `grad_checkpoint`, applied to every layer). Adapter
     /// parameters enter each checkpoint as inputs, so their gradients are unchanged.
@@ -229,42 +283,12 @@ pub trait LanguageModel: Send {
         false
     }
 
-    /// Under [`LanguageModel::set_grad_checkpoint`], the layers whose own arrays train
+    /// Under [`Trainable::set_grad_checkpoint`], the layers whose own arrays train
     /// (full fine-tuning): each of their checkpoints takes those arrays as inputs too, as
     /// mlx-lm's `checkpoint(inner_fn)(layer.trainable_parameters(), ...)` does. Returns
     /// whether the architecture supports it.
     fn set_checkpoint_layer_params(&mut self, _layers: std::ops::Range<usize>) -> bool {
         false
-    }
-
-    /// The output projection that turns [`LanguageModel::forward_hidden`] into logits.
-    fn output_head(&self) -> Option<OutputHead> {
-        None
-    }
-
-    /// The descriptor-driven dense model behind this one, read-only (its descriptor and its
-    /// layers' weights), for decoders that run the model's own arrays; `None` for the
-    /// dedicated ports.
-    fn as_dense(&self) -> Option<&dense::Model> {
-        None
-    }
-
-    /// [`LanguageModel::as_dense`], mutable: AWQ (`crate::awq`) runs its layers' parts and
-    /// rewrites their weights in place.
-    fn as_dense_mut(&mut self) -> Option<&mut dense::Model> {
-        None
-    }
-
-    /// The decode step cut into compilable segments ([`SegmentedDecode`]); `None` where the
-    /// architecture (or this model's variant of it) does not support it.
-    fn segmented(&self) -> Option<&dyn SegmentedDecode> {
-        None
-    }
-
-    /// The checkpoint's multi-token-prediction layers, when they were loaded
-    /// (`Weights::with_mtp`); `None` otherwise.
-    fn mtp(&self) -> Option<&dyn MtpHead> {
-        None
     }
 }
 
@@ -330,7 +354,7 @@ pub enum OutputHead {
     },
 }
 
-/// A module outside the decoder layers (see [`LanguageModel::top_modules_mut`]).
+/// A module outside the decoder layers (see [`Trainable::top_modules_mut`]).
 pub enum TopModuleMut<'a> {
     Linear(&'a mut Linear),
     Embedding(&'a mut Embedding),

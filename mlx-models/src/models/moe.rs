@@ -3269,16 +3269,6 @@ impl LanguageModel for Model {
         Model::shard_pipeline(self, size, rank)
     }
 
-    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
-        super::head_and_embedding(
-            "",
-            self.lm_head.as_mut(),
-            "lm_head",
-            &mut self.embed_tokens,
-            self.spec.extras.embed_name.unwrap_or("model.embed_tokens"),
-        )
-    }
-
     /// The projection `head` applies (for the chunked cross-entropy of training).
     fn output_head(&self) -> Option<crate::models::OutputHead> {
         Some(self.output_head_shaped())
@@ -3305,6 +3295,20 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+}
+
+impl super::Trainable for Model {
+    checkpoint_switches!();
+
+    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
+        super::head_and_embedding(
+            "",
+            self.lm_head.as_mut(),
+            "lm_head",
+            &mut self.embed_tokens,
+            self.spec.extras.embed_name.unwrap_or("model.embed_tokens"),
+        )
     }
 
     fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {

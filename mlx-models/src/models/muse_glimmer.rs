@@ -372,11 +372,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
-    }
+    kit::own_type_and_vocab!(args);
 }

@@ -15,9 +15,10 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{relu2, Embedding, Linear, RmsNorm, SwitchMlp};
+use crate::models::kit::{self, Attention};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe_block::{group_expert_select, GroupSelect};
-use crate::models::{kit, LanguageModel};
+use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 /// nemotron_h.py `ModelArgs` (the fields this port reads).
@@ -269,66 +270,16 @@ impl ModelArgs {
     }
 }
 
-/// `NemotronHAttention` (and jamba's): no positional encoding.
-#[derive(Clone)]
-pub(crate) struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-}
-
-impl Attention {
-    fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
-        let hd = a.head_dim.unwrap_or(a.hidden_size / a.num_attention_heads);
-        Attention::load_parts(
-            w,
-            p,
-            a.hidden_size,
-            a.num_attention_heads,
-            a.num_key_value_heads,
-            hd,
-            a.attention_bias,
-        )
-    }
-
-    /// `q_proj`, `k_proj`, `v_proj`, `o_proj` under `p`, scale `head_dim ** -0.5`.
-    pub(crate) fn load_parts(
-        w: &mut Weights,
-        p: &str,
-        d: i32,
-        h: i32,
-        kv: i32,
-        hd: i32,
-        bias: bool,
-    ) -> Result<Attention> {
-        let mut l = |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, bias);
-        Ok(Attention {
-            q_proj: l("q_proj", d, h * hd)?,
-            k_proj: l("k_proj", d, kv * hd)?,
-            v_proj: l("v_proj", d, kv * hd)?,
-            o_proj: l("o_proj", h * hd, d)?,
-            n_heads: h,
-            n_kv_heads: kv,
-            scale: (f64::from(hd)).powf(-0.5) as f32,
-        })
-    }
-
-    pub(crate) fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let q = kit::split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
-        let k = kit::split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = kit::split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let out = kit::rope_attend(q, k, v, None, cache, self.scale, mask)?;
-        self.o_proj.forward(&out)
-    }
+/// `NemotronHAttention` ([`kit::Attention`]): no positional encoding, scale `head_dim ** -0.5`.
+fn attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
+    let hd = a.head_dim.unwrap_or(a.hidden_size / a.num_attention_heads);
+    let dims = (
+        a.hidden_size,
+        a.num_attention_heads,
+        a.num_key_value_heads,
+        hd,
+    );
+    Attention::load(w, p, dims, a.attention_bias, kit::head_scale(hd))
 }
 
 /// `NemotronHMLP`: `down(relu2(up(x)))`.
@@ -495,7 +446,7 @@ impl Model {
             let m = format!("{p}.mixer");
             let mixer = match kind {
                 'M' => Mixer::Mamba(Box::new(Mamba2Mixer::load(&a.mamba_dims(), w, &m)?)),
-                '*' => Mixer::Attention(Attention::load(&a, w, &m)?),
+                '*' => Mixer::Attention(attention(&a, w, &m)?),
                 'E' => Mixer::Moe(Box::new(Moe::load(&a, &a.moe()?, w, &m)?)),
                 _ => Mixer::Mlp(Mlp::load(w, &m, d, a.intermediate_size, a.mlp_bias)?),
             };
@@ -545,9 +496,7 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embeddings.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let (mut h, n) = kit::embed_inputs(inputs, &self.embeddings)?;
         let mut caches = caches;
         let (attn_mask, ssm_mask) = match caches.as_deref() {
             Some(c) => {
@@ -616,11 +565,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

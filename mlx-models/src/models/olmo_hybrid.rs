@@ -4,7 +4,7 @@
 //! DeltaNet layers hold an [`ArraysCache`] of four slots (three conv states, the recurrent
 //! state), attention layers a [`KVCache`].
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache};
+use mlx_cache::{ArraysCache, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -14,8 +14,10 @@ use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{compute_g, gated_delta_ops, normalize_qk, RmsNormGated};
 use crate::layers::ssm::{arrays_cache, store_recurrent, DepthwiseConv};
 use crate::layers::{silu, Embedding, Linear, RmsNorm, Rope};
+use crate::models::checkpoint::layer_loop;
+use crate::models::kit::{self, Attention};
 use crate::models::mamba::{conv_kernel_ok, positive};
-use crate::models::{kit, LanguageModel};
+use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -231,76 +233,28 @@ impl GatedDeltaNet {
     }
 }
 
-/// olmo_hybrid's `Attention`.
-#[derive(Clone)]
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    rope: Option<Rope>,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-}
-
-impl Attention {
-    fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
-        let (h, kv, hd, d) = (
-            a.num_attention_heads,
-            a.num_key_value_heads.unwrap_or(a.num_attention_heads),
-            a.head_dim.unwrap_or(1),
-            a.hidden_size,
-        );
-        let eps = a.rms_norm_eps as f32;
-        let mut l =
-            |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, a.attention_bias);
-        let (q_proj, k_proj, v_proj, o_proj) = (
-            l("q_proj", d, h * hd)?,
-            l("k_proj", d, kv * hd)?,
-            l("v_proj", d, kv * hd)?,
-            l("o_proj", h * hd, d)?,
-        );
-        Ok(Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            q_norm: RmsNorm::load(w, &format!("{p}.q_norm"), h * hd, eps)?,
-            k_norm: RmsNorm::load(w, &format!("{p}.k_norm"), kv * hd, eps)?,
-            rope: match a.rope_theta {
-                Some(t) => Some(Rope::initialize(
-                    hd,
-                    t,
-                    false,
-                    None,
-                    Some(a.max_position_embeddings),
-                )?),
-                None => None,
-            },
-            n_heads: h,
-            n_kv_heads: kv,
-            scale: f64::from(hd).powf(-0.5) as f32,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let q = self.q_norm.forward(&self.q_proj.forward(x)?)?;
-        let k = self.k_norm.forward(&self.k_proj.forward(x)?)?;
-        let v = self.v_proj.forward(x)?;
-        let q = kit::split_heads(&q, self.n_heads)?;
-        let k = kit::split_heads(&k, self.n_kv_heads)?;
-        let v = kit::split_heads(&v, self.n_kv_heads)?;
-        let out = kit::rope_attend(q, k, v, self.rope.as_ref(), cache, self.scale, mask)?;
-        self.o_proj.forward(&out)
-    }
+/// olmo_hybrid's `Attention` ([`kit::Attention`]): the query and key projections normed
+/// whole, rope when `rope_theta` is given, scale `head_dim ** -0.5`.
+fn attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
+    let (h, kv, hd, d) = (
+        a.num_attention_heads,
+        a.num_key_value_heads.unwrap_or(a.num_attention_heads),
+        a.head_dim.unwrap_or(1),
+        a.hidden_size,
+    );
+    let eps = a.rms_norm_eps as f32;
+    let attn = Attention::load(w, p, (d, h, kv, hd), a.attention_bias, kit::head_scale(hd))?
+        .with_projection_norms(w, p, eps)?;
+    Ok(attn.with_rope(match a.rope_theta {
+        Some(t) => Some(Rope::initialize(
+            hd,
+            t,
+            false,
+            None,
+            Some(a.max_position_embeddings),
+        )?),
+        None => None,
+    }))
 }
 
 #[derive(Clone)]
@@ -371,7 +325,7 @@ impl Model {
             let norm = |w: &mut Weights, n: &str| RmsNorm::load(w, &format!("{p}.{n}"), d, eps);
             layers.push(if *is_full {
                 Layer::Full {
-                    self_attn: Box::new(Attention::load(&a, w, &format!("{p}.self_attn"))?),
+                    self_attn: Box::new(attention(&a, w, &format!("{p}.self_attn"))?),
                     mlp,
                     post_attention_layernorm: norm(w, "post_attention_layernorm")?,
                     post_feedforward_layernorm: norm(w, "post_feedforward_layernorm")?,
@@ -405,29 +359,16 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
-        let mut caches = caches;
-        let (fa_mask, ssm_mask) = match caches.as_deref() {
-            Some(c) => {
-                kit::check_caches(Some(c), self.layers.len(), "layers")?;
-                (
-                    match self.fa_idx {
-                        Some(i) => c[i].make_mask(n, None, false)?,
-                        None => AttentionMask::None,
-                    },
-                    match self.lin_idx {
-                        Some(i) => c[i].make_mask(n, None, false)?.as_array().cloned(),
-                        None => None,
-                    },
-                )
-            }
-            None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
-        };
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            h = match layer {
+        let (h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
+        let (fa_mask, ssm_mask) = kit::hybrid_masks(
+            caches.as_deref(),
+            self.layers.len(),
+            self.fa_idx,
+            self.lin_idx,
+            n,
+        )?;
+        let h = layer_loop(&self.layers, h, caches, |i, layer, h, cache| {
+            Ok(match layer {
                 Layer::Linear {
                     linear_attn,
                     mlp,
@@ -435,11 +376,11 @@ impl Model {
                     post_attention_layernorm,
                 } => {
                     let r = linear_attn.forward(
-                        &input_layernorm.forward(&h)?,
+                        &input_layernorm.forward(h)?,
                         ssm_mask.as_ref(),
                         arrays_cache(cache, i)?,
                     )?;
-                    let h = (&h + &r)?;
+                    let h = (h + &r)?;
                     (&h + &mlp.forward(&post_attention_layernorm.forward(&h)?)?)?
                 }
                 Layer::Full {
@@ -449,17 +390,13 @@ impl Model {
                     post_feedforward_layernorm,
                 } => {
                     let r = post_attention_layernorm
-                        .forward(&self_attn.forward(&h, &fa_mask, cache)?)?;
-                    let h = (&h + &r)?;
+                        .forward(&self_attn.forward(h, &fa_mask, cache)?)?;
+                    let h = (h + &r)?;
                     (&h + &post_feedforward_layernorm.forward(&mlp.forward(&h)?)?)?
                 }
-            };
-        }
+            })
+        })?;
         self.norm.forward(&h)
-    }
-
-    fn head(&self, h: &Array) -> Result<Array> {
-        crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)
     }
 }
 
@@ -475,11 +412,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
+    kit::own_type_and_vocab!();
 }

@@ -13,7 +13,7 @@ use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{qwen3_next, LanguageModel, TopModuleMut};
+use super::{qwen3_next, LanguageModel, TopModuleMut, Trainable};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, EmbeddingAdapter, Linear, LinearAdapter, LinearMut};

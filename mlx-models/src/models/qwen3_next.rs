@@ -1218,9 +1218,7 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let (mut h, n) = kit::embed_inputs(inputs, &self.embed_tokens)?;
         let mut caches = caches;
         let (fa_mask, ssm_mask) = kit::hybrid_masks(
             caches.as_deref(),
@@ -1386,6 +1384,16 @@ impl LanguageModel for Model {
         }
     }
 
+    fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
+        self.mtp
+            .is_some()
+            .then_some(self as &dyn crate::models::MtpHead)
+    }
+}
+
+impl super::Trainable for Model {
+    checkpoint_switches!();
+
     fn layers_path(&self) -> String {
         format!("{}model.layers", self.args.prefix)
     }
@@ -1398,12 +1406,6 @@ impl LanguageModel for Model {
             &mut self.embed_tokens,
             "model.embed_tokens",
         )
-    }
-
-    fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
-        self.mtp
-            .is_some()
-            .then_some(self as &dyn crate::models::MtpHead)
     }
 
     kit::walked_layers!(layers);
