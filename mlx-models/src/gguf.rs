@@ -33,7 +33,7 @@ mod table;
 
 use meta::{
     first_count, head_size, layer_counts, layer_list, meta_bool, meta_count, meta_layer_count,
-    need_count, per_layer_counts, positive_f64, require_context, rotary_dims, sliding_kinds,
+    need_count, per_layer_counts, positive_f64, require_context, rotary_dims, sliding_kinds, Keys,
 };
 pub use meta::{meta_f64, meta_str};
 use table::{is_proj, map_name, ARCHS, GGUF_ENCODERS, QWEN35_PARTS};
@@ -221,6 +221,42 @@ pub fn supported_gguf_architectures() -> Vec<&'static str> {
     ARCHS.iter().map(|a| a.arch).collect()
 }
 
+/// What an architecture's hyper-parameter function ([`table::GgufArch::config`]) works on:
+/// the counts every map reads first, the per-layer lists some write, and the config and
+/// tensors it completes or reshapes.
+struct Cx<'a> {
+    /// `general.architecture` (the row's `arch`).
+    arch: &'static str,
+    /// `<arch>.<key>` reads with the shared messages.
+    k: Keys<'a>,
+    path: &'a Path,
+    meta: &'a GgufMetadata,
+    /// `block_count` less the multi-token-prediction layers.
+    blocks: i32,
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+    /// `feed_forward_length` (the first layer's where it is a list).
+    ffn: i32,
+    /// `attention.head_count_kv` as a per-layer list (rows with `per_layer_kv`).
+    kv_per_layer: Option<&'a [i64]>,
+    /// `feed_forward_length` as a per-layer list (gemma3n, gemma4, nemotron_h, openelm, deci).
+    ffn_per_layer: Option<&'a [i64]>,
+    /// OpenELM's and Deci's per-layer query / KV head counts.
+    layer_heads: Option<&'a (Vec<i32>, Vec<i32>)>,
+    /// `attention.key_length`, else `rope.dimension_count`.
+    head_dim: Option<i64>,
+    config: &'a mut Value,
+    tensors: &'a mut BTreeMap<String, Array>,
+    ggml: &'a mut BTreeMap<String, crate::layers::GgmlWeight>,
+    /// Rope factor tensors not yet turned into `rope_scaling`.
+    rope_tensors: &'a mut BTreeMap<String, Array>,
+}
+
+/// An architecture's hyper-parameter function: completes `cx.config` (and reshapes
+/// `cx.tensors` where the converter changed them) after the keys every map shares.
+type ConfigFn = fn(&mut Cx) -> Result<()>;
+
 /// Reads a GGUF file of a supported architecture (see [`supported_gguf_architectures`]),
 /// its tensors as [`GgufTensors::Auto`] chooses.
 pub fn read_gguf(path: &Path) -> Result<GgufModel> {
@@ -286,37 +322,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             supported: ARCHS.iter().map(|a| format!("gguf:{}", a.arch)).collect(),
         });
     };
-    let key = |k: &str| format!("{arch_name}.{k}");
-    // A float hyper-parameter that is present must be finite and within what it means: a NaN
-    // `rope.freq_base` became JSON null (serde_json's NaN) and the default replaced it.
-    let float = |k: &str, zero_ok: bool| -> Result<Option<f64>> {
-        let Some(v) = meta_f64(&metadata, &key(k)) else {
-            if metadata.contains_key(&key(k)) {
-                return Err(gguf_err(
-                    path,
-                    format!("metadata `{}` is not a number", key(k)),
-                ));
-            }
-            return Ok(None);
-        };
-        let ok = v.is_finite() && v <= f64::from(f32::MAX) && (v > 0.0 || (zero_ok && v == 0.0));
-        if !ok {
-            let want = if zero_ok {
-                "a finite number >= 0"
-            } else {
-                "a finite number > 0"
-            };
-            return Err(gguf_err(
-                path,
-                format!("metadata `{}` is {v}; it must be {want}", key(k)),
-            ));
-        }
-        Ok(Some(v))
+    let keys = Keys {
+        arch: arch.arch,
+        meta: &metadata,
+        path,
     };
-    let count = |k: &str| -> Result<i32> {
-        meta_count(&metadata, path, &key(k))?
-            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-    };
+    let key = |k: &str| keys.key(k);
+    let float = |k: &str, zero_ok: bool| keys.float(k, zero_ok);
+    let count = |k: &str| keys.count(k);
     // Pure state-space stacks: no attention heads, no feed-forward width (both written as 0).
     let attention_free = matches!(arch.arch, "mamba" | "mamba2");
     // OpenELM writes its query / KV head counts per layer; the first layer's stand for the
@@ -772,786 +785,26 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         _ => {}
     }
-    match arch.arch {
-        "gemma2" | "gemma3" => {
-            if let Some(d) = head_dim {
-                // llama.cpp's Gemma 2 / 3 scale queries by head_dim ** -0.5.
-                config["query_pre_attn_scalar"] = Value::from(d);
-            }
-            if let Some(w) = float("attention.sliding_window", false)? {
-                config["sliding_window"] = Value::from(w as i64);
-            }
-            for (k, name) in [
-                ("attn_logit_softcapping", "attn_logit_softcapping"),
-                ("final_logit_softcapping", "final_logit_softcapping"),
-            ] {
-                if let Some(v) = float(k, false)? {
-                    config[name] = Value::from(v);
-                }
-            }
-        }
-        "phi3" | "phimoe" => {
-            if let Some(d) = float("rope.dimension_count", false)? {
-                let hd = f64::from(hidden / heads);
-                if arch.arch == "phi3" {
-                    config["partial_rotary_factor"] = Value::from(d / hd);
-                } else if d != hd {
-                    return Err(gguf_err(
-                        path,
-                        format!(
-                            "metadata `{}` is {d}: a partial rope, which mlx-lm's phimoe lacks",
-                            key("rope.dimension_count")
-                        ),
-                    ));
-                }
-            }
-            if arch.arch == "phimoe" {
-                config["num_local_experts"] = Value::from(count("expert_count")?);
-                config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
-            }
-            long_rope(&mut config, &mut rope_tensors, path, &metadata, arch.arch)?;
-        }
-        "qwen3moe" | "qwen3vlmoe" => {
-            // llama.cpp's qwen3moe renormalizes the top-k weights and has no dense layers.
-            config["num_experts"] = Value::from(count("expert_count")?);
-            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
-            config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
-            config["decoder_sparse_step"] = Value::from(1);
-            config["mlp_only_layers"] = json!([]);
-            config["norm_topk_prob"] = Value::from(true);
-            if config.get("head_dim").is_none() {
-                config["head_dim"] = Value::from(hidden / heads);
-            }
-        }
-        "qwen2moe" => {
-            // llama.cpp's qwen2moe, like mlx-lm's, does not renormalize the top-k weights.
-            config["num_experts"] = Value::from(count("expert_count")?);
-            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
-            config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
-            config["shared_expert_intermediate_size"] =
-                Value::from(count("expert_shared_feed_forward_length")?);
-        }
-        "granite" | "granitemoe" => {
-            if arch.arch == "granitemoe" {
-                config["num_local_experts"] = Value::from(count("expert_count")?);
-                config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
-            }
-            let has_bias = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}.bias"));
-            config["attention_bias"] = Value::from(has_bias("self_attn.q_proj"));
-            config["mlp_bias"] = Value::from(has_bias("mlp.down_proj"));
-            for (k, name) in [
-                ("attention.scale", "attention_multiplier"),
-                ("embedding_scale", "embedding_multiplier"),
-                ("residual_scale", "residual_multiplier"),
-                ("logit_scale", "logits_scaling"),
-            ] {
-                let v = float(k, false)?
-                    .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))?;
-                config[name] = Value::from(v);
-            }
-            if config.get("max_position_embeddings").is_none() {
-                return Err(gguf_err(
-                    path,
-                    format!("metadata `{}` is missing", key("context_length")),
-                ));
-            }
-        }
-        "glm4" => {
-            // `rope.dimension_count` is the rotated part of a head here, not its size.
-            let hd = meta_count(&metadata, path, &key("attention.key_length"))?
-                .map_or(i64::from(hidden / heads), i64::from);
-            config["head_dim"] = Value::from(hd);
-            config["attention_bias"] =
-                Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
-            // llama.cpp rotates `rope.dimension_count` dims of each head (HF's default: half).
-            let rot = float("rope.dimension_count", false)?.unwrap_or(hd as f64 / 2.0);
-            config["partial_rotary_factor"] = Value::from(rot / hd as f64);
-        }
-        "mistral3" => {
-            // rope_parameters from YaRN's keys; `yarn_log_multiplier` is mscale_all_dim here
-            // (Ministral3Model writes it as is) and `temperature_scale` Llama 4's beta.
-            let need = |k: &str| -> Result<f64> {
-                float(k, false)?
-                    .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-            };
-            match meta_str(&metadata, &key("rope.scaling.type")) {
-                Some("yarn") => {}
-                other => {
-                    return Err(gguf_err(
-                        path,
-                        format!(
-                            "metadata `{}` is {other:?}; Ministral 3 needs yarn",
-                            key("rope.scaling.type")
-                        ),
-                    ))
-                }
-            }
-            let m = need("rope.scaling.yarn_log_multiplier")?;
-            config["rope_parameters"] = json!({
-                "rope_type": "yarn",
-                "type": "yarn",
-                "rope_theta": config["rope_theta"].clone(),
-                "factor": need("rope.scaling.factor")?,
-                "original_max_position_embeddings":
-                    count("rope.scaling.original_context_length")?,
-                "beta_fast": float("rope.scaling.yarn_beta_fast", false)?.unwrap_or(32.0),
-                "beta_slow": float("rope.scaling.yarn_beta_slow", false)?.unwrap_or(1.0),
-                "mscale": m,
-                "mscale_all_dim": m,
-                "llama_4_scaling_beta": float("attention.temperature_scale", true)?
-                    .ok_or_else(|| gguf_err(
-                        path,
-                        format!("metadata `{}` is missing", key("attention.temperature_scale")),
-                    ))?,
-            });
-        }
-        "minicpm3" => {
-            // llama.cpp fixes MiniCPM3-4B's scales (none are in the file).
-            let rope = count("rope.dimension_count")?;
-            let qk = count("attention.key_length")?;
-            if qk <= rope {
-                return Err(gguf_err(
-                    path,
-                    format!(
-                        "metadata: `{}` = {qk} is not larger than `{}` = {rope}",
-                        key("attention.key_length"),
-                        key("rope.dimension_count")
-                    ),
-                ));
-            }
-            if let Some(c) = config.as_object_mut() {
-                c.remove("head_dim");
-            }
-            config["qk_rope_head_dim"] = Value::from(rope);
-            config["qk_nope_head_dim"] = Value::from(qk - rope);
-            config["q_lora_rank"] = Value::from(count("attention.q_lora_rank")?);
-            config["kv_lora_rank"] = Value::from(count("attention.kv_lora_rank")?);
-            config["scale_emb"] = Value::from(12.0);
-            config["scale_depth"] = Value::from(1.4);
-            config["dim_model_base"] = Value::from(256);
-            config["attention_bias"] =
-                Value::from(tensors.contains_key("model.layers.0.self_attn.q_a_proj.bias"));
-            if config.get("max_position_embeddings").is_none() {
-                return Err(gguf_err(
-                    path,
-                    format!("metadata `{}` is missing", key("context_length")),
-                ));
-            }
-            long_rope(&mut config, &mut rope_tensors, path, &metadata, arch.arch)?;
-            if config.get("rope_scaling").is_none() {
-                // minicpm3.py needs a rope_scaling: factors of 1 over the whole context (no
-                // scale), llama.cpp's plain rope.
-                config["rope_scaling"] = json!({
-                    "type": "longrope",
-                    "original_max_position_embeddings": config["max_position_embeddings"].clone(),
-                });
-            }
-        }
-        "glm4moe" | "dots1" => grouped_moe_config(
-            &mut config,
-            &tensors,
+    if let Some(f) = arch.config {
+        f(&mut Cx {
+            arch: arch.arch,
+            k: keys,
             path,
-            &metadata,
-            arch.arch,
-            hidden / heads,
-        )?,
-        "qwen3next" | "qwen35" | "qwen35moe" => qwen3next_config(
-            &mut config,
-            &mut tensors,
-            path,
-            &metadata,
-            blocks,
-            arch.arch,
-        )?,
-        "olmo2" => {
-            // OLMo 3 is written as `olmo2` with a sliding window (and its per-layer pattern).
-            if let Some(w) = meta_count(&metadata, path, &key("attention.sliding_window"))? {
-                config["model_type"] = Value::from("olmo3");
-                config["sliding_window"] = Value::from(w);
-                if let Some(GgufValue::Array(a)) =
-                    metadata.get(&key("attention.sliding_window_pattern"))
-                {
-                    let flags = a
-                        .astype(Dtype::Bool)
-                        .and_then(|b| b.to_vec::<bool>())
-                        .map_err(|e| {
-                            gguf_err(
-                                path,
-                                format!("metadata `attention.sliding_window_pattern`: {e}"),
-                            )
-                        })?;
-                    if flags.len() != blocks as usize
-                        || !flags.contains(&false)
-                        || !flags.contains(&true)
-                    {
-                        return Err(gguf_err(
-                            path,
-                            format!(
-                                "metadata `{}` has {} entries for {blocks} layers; mlx-lm's olmo3 \
-                                 needs both sliding and full-attention layers",
-                                key("attention.sliding_window_pattern"),
-                                flags.len()
-                            ),
-                        ));
-                    }
-                    let types: Vec<&str> = flags
-                        .iter()
-                        .map(|&s| {
-                            if s {
-                                "sliding_attention"
-                            } else {
-                                "full_attention"
-                            }
-                        })
-                        .collect();
-                    config["layer_types"] = json!(types);
-                }
-                if meta_str(&metadata, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
-                    return Err(gguf_err(
-                        path,
-                        format!(
-                            "metadata `{}`: rope scaling is not mapped for OLMo 3",
-                            key("rope.scaling.type")
-                        ),
-                    ));
-                }
-            }
-        }
-        "exaone4" => {
-            // mlx-lm's `sliding_window_pattern` is a period of "L" (sliding) / "G" (global)
-            // letters: the shortest that repeats the file's per-layer pattern (llama.cpp's
-            // default, "LLLG", when the file has a window and no pattern).
-            config["rope_scaling"] = Value::Null;
-            if config.get("head_dim").is_none() {
-                config["head_dim"] = Value::from(hidden / heads);
-            }
-            match meta_count(&metadata, path, &key("attention.sliding_window"))? {
-                None => {
-                    config["sliding_window"] = Value::Null;
-                    config["sliding_window_pattern"] = Value::Null;
-                }
-                Some(w) => {
-                    config["sliding_window"] = Value::from(w);
-                    let flags = match metadata.get(&key("attention.sliding_window_pattern")) {
-                        Some(GgufValue::Array(a)) => a
-                            .astype(Dtype::Bool)
-                            .and_then(|b| b.to_vec::<bool>())
-                            .map_err(|e| {
-                                gguf_err(path, format!("metadata `sliding_window_pattern`: {e}"))
-                            })?,
-                        _ => (0..blocks).map(|i| (i + 1) % 4 != 0).collect(),
-                    };
-                    let n = flags.len();
-                    let period = (1..=n)
-                        .find(|&p| (0..n).all(|i| flags[i] == flags[i % p]))
-                        .unwrap_or(n);
-                    let pattern: String = flags[..period]
-                        .iter()
-                        .map(|&l| if l { 'L' } else { 'G' })
-                        .collect();
-                    if n != blocks as usize || !pattern.contains('L') || !pattern.contains('G') {
-                        return Err(gguf_err(
-                            path,
-                            format!(
-                                "metadata `{}` ({n} entries for {blocks} layers) needs both \
-                                 sliding and global layers for mlx-lm's exaone4",
-                                key("attention.sliding_window_pattern")
-                            ),
-                        ));
-                    }
-                    config["sliding_window_pattern"] = Value::from(pattern);
-                }
-            }
-            if config.get("max_position_embeddings").is_none() {
-                return Err(gguf_err(
-                    path,
-                    format!("metadata `{}` is missing", key("context_length")),
-                ));
-            }
-        }
-        "cohere2" => {
-            let hd = config["head_dim"]
-                .as_i64()
-                .unwrap_or(i64::from(hidden / heads));
-            config["head_dim"] = Value::from(hd);
-            if let Some(d) = meta_count(&metadata, path, &key("rope.dimension_count"))? {
-                if i64::from(d) != hd {
-                    return Err(gguf_err(
-                        path,
-                        format!(
-                            "metadata `{}` is {d}: a partial rope, which mlx-lm's cohere2 lacks",
-                            key("rope.dimension_count")
-                        ),
-                    ));
-                }
-            }
-            if meta_f64(&metadata, &key("rope.freq_base_swa"))
-                .is_some_and(|b| Some(b) != config["rope_theta"].as_f64())
-            {
-                return Err(gguf_err(
-                    path,
-                    format!(
-                        "metadata `{}` differs from the global base; mlx-lm's cohere2 has one",
-                        key("rope.freq_base_swa")
-                    ),
-                ));
-            }
-            config["logit_scale"] = Value::from(float("logit_scale", false)?.ok_or_else(|| {
-                gguf_err(
-                    path,
-                    format!("metadata `{}` is missing", key("logit_scale")),
-                )
-            })?);
-            config["sliding_window"] = Value::from(count("attention.sliding_window")?);
-            // llama.cpp's default pattern (every 4th layer global); a stored one must agree.
-            let pattern = 4;
-            if let Some(GgufValue::Array(a)) =
-                metadata.get(&key("attention.sliding_window_pattern"))
-            {
-                let flags = a
-                    .astype(Dtype::Bool)
-                    .and_then(|b| b.to_vec::<bool>())
-                    .map_err(|e| {
-                        gguf_err(path, format!("metadata `sliding_window_pattern`: {e}"))
-                    })?;
-                if !(0..flags.len()).all(|i| flags[i] == ((i + 1) % pattern != 0)) {
-                    return Err(gguf_err(
-                        path,
-                        format!(
-                            "metadata `{}` is not every 4th layer global, the pattern this map \
-                             reads",
-                            key("attention.sliding_window_pattern")
-                        ),
-                    ));
-                }
-            }
-            config["sliding_window_pattern"] = Value::from(pattern as i64);
-            let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
-            config["layer_norm_bias"] = Value::from(has("input_layernorm.bias"));
-            config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
-        }
-        "seed_oss" | "ernie4_5" | "command-r" => {
-            let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
-            match arch.arch {
-                "seed_oss" => {
-                    config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
-                    config["attention_out_bias"] = Value::from(has("self_attn.o_proj.bias"));
-                    config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
-                }
-                "ernie4_5" => {
-                    config["use_bias"] = Value::from(has("self_attn.q_proj.bias"));
-                }
-                _ => {
-                    config["logit_scale"] =
-                        Value::from(float("logit_scale", false)?.ok_or_else(|| {
-                            gguf_err(
-                                path,
-                                format!("metadata `{}` is missing", key("logit_scale")),
-                            )
-                        })?);
-                    config["use_qk_norm"] = Value::from(has("self_attn.q_norm.weight"));
-                    config["layer_norm_bias"] = Value::from(has("input_layernorm.bias"));
-                    config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
-                }
-            }
-            // seed_oss and ernie4_5 need a head size; HF's default when the file has none.
-            if config.get("head_dim").is_none() {
-                config["head_dim"] = Value::from(hidden / heads);
-            }
-            if config.get("max_position_embeddings").is_none() {
-                return Err(gguf_err(
-                    path,
-                    format!("metadata `{}` is missing", key("context_length")),
-                ));
-            }
-        }
-        "olmoe" => {
-            // llama.cpp's olmoe does not renormalize the top-k weights (OLMoE's own config).
-            config["num_experts"] = Value::from(count("expert_count")?);
-            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
-            config["norm_topk_prob"] = Value::from(false);
-        }
-        "exaone" => {
-            // mlx-lm's EXAONE names and full-width rope.
-            let hd = i64::from(hidden / heads);
-            if let Some(d) = meta_count(&metadata, path, &key("rope.dimension_count"))? {
-                if i64::from(d) != config["head_dim"].as_i64().unwrap_or(hd) {
-                    return Err(gguf_err(
-                        path,
-                        format!(
-                            "metadata `{}` is {d}: a partial rope, which mlx-lm's exaone lacks",
-                            key("rope.dimension_count")
-                        ),
-                    ));
-                }
-            }
-            config["num_layers"] = Value::from(blocks);
-            config["attention_bias"] =
-                Value::from(tensors.contains_key("transformer.h.0.attn.attention.q_proj.bias"));
-            config["mlp_bias"] =
-                Value::from(tensors.contains_key("transformer.h.0.mlp.c_proj.bias"));
-        }
-        "deepseek2" | "mistral4" => {
-            deepseek2_config(&mut config, &mut tensors, path, &metadata, heads, arch.arch)?
-        }
-        "gpt-oss" => {
-            // GptOssModel: the experts' width as `expert_feed_forward_length`, the window;
-            // llama.cpp fixes the pattern (even layers sliding), mlx-lm's default too.
-            config["num_local_experts"] = Value::from(count("expert_count")?);
-            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
-            config["intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
-            config["sliding_window"] = Value::from(count("attention.sliding_window")?);
-            if config.get("head_dim").is_none() {
-                config["head_dim"] = Value::from(hidden / heads);
-            }
-            if blocks % 2 != 0 {
-                return Err(gguf_err(
-                    path,
-                    format!(
-                        "metadata `{}` is {blocks}: gpt-oss alternates sliding and full layers",
-                        key("block_count")
-                    ),
-                ));
-            }
-            config["rope_scaling"] = match meta_str(&metadata, &key("rope.scaling.type")) {
-                Some("yarn") => {
-                    let need = |k: &str| -> Result<f64> {
-                        float(k, false)?.ok_or_else(|| {
-                            gguf_err(path, format!("metadata `{}` is missing", key(k)))
-                        })
-                    };
-                    json!({
-                        "rope_type": "yarn",
-                        "factor": need("rope.scaling.factor")?,
-                        "original_max_position_embeddings":
-                            count("rope.scaling.original_context_length")?,
-                        "beta_fast": float("rope.scaling.yarn_beta_fast", false)?.unwrap_or(32.0),
-                        "beta_slow": float("rope.scaling.yarn_beta_slow", false)?.unwrap_or(1.0),
-                    })
-                }
-                None | Some("none") => Value::Null,
-                Some(t) => {
-                    return Err(gguf_err(
-                        path,
-                        format!(
-                            "metadata `{}` is `{t}`; gpt-oss maps only yarn",
-                            key("rope.scaling.type")
-                        ),
-                    ))
-                }
-            };
-        }
-        "lfm2" | "lfm2moe" => {
-            let Some(per) = &kv_per_layer else {
-                return Err(gguf_err(
-                    path,
-                    format!(
-                        "metadata `{}` is not a per-layer list; LFM2 needs one",
-                        key("attention.head_count_kv")
-                    ),
-                ));
-            };
-            if per.len() != blocks as usize {
-                return Err(gguf_err(
-                    path,
-                    format!(
-                        "metadata `{}` has {} entries for {blocks} layers",
-                        key("attention.head_count_kv"),
-                        per.len()
-                    ),
-                ));
-            }
-            let types: Vec<&str> = per
-                .iter()
-                .map(|&n| if n == 0 { "conv" } else { "full_attention" })
-                .collect();
-            config["layer_types"] = json!(types);
-            config["conv_L_cache"] = Value::from(count("shortconv.l_cache")?);
-            config["conv_bias"] =
-                Value::from(tensors.keys().any(|k| k.ends_with(".conv.in_proj.bias")));
-            if arch.arch == "lfm2" {
-                // The width is stored already adjusted (LFM2Model._add_feed_forward_length).
-                config["block_ff_dim"] = Value::from(ffn);
-                config["block_dim"] = Value::from(hidden);
-                config["block_auto_adjust_ff_dim"] = Value::from(false);
-                config["block_multiple_of"] = Value::from(1);
-                config["block_ffn_dim_multiplier"] = Value::Null;
-            } else {
-                // llama.cpp's LFM2-MoE always renormalizes the top-k weights and scales them
-                // by `expert_weights_scale` (1 when absent, as the converter writes none).
-                config["num_experts"] = Value::from(count("expert_count")?);
-                config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
-                config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
-                let dense =
-                    meta_layer_count(&metadata, path, &key("leading_dense_block_count"), blocks)?;
-                config["num_dense_layers"] = Value::from(dense.unwrap_or(0));
-                config["norm_topk_prob"] = Value::from(true);
-                config["use_expert_bias"] = Value::from(
-                    tensors
-                        .keys()
-                        .any(|k| k.ends_with(".feed_forward.expert_bias")),
-                );
-                config["routed_scaling_factor"] = Value::from(
-                    float("expert_weights_scale", true)?
-                        .filter(|&v| v != 0.0)
-                        .unwrap_or(1.0),
-                );
-                if meta_count(&metadata, path, &key("expert_gating_func"))?.is_some_and(|g| g != 2)
-                {
-                    return Err(gguf_err(
-                        path,
-                        format!(
-                            "metadata `{}` is not sigmoid (2), the router mlx-lm's lfm2_moe has",
-                            key("expert_gating_func")
-                        ),
-                    ));
-                }
-            }
-            if config.get("max_position_embeddings").is_none() {
-                return Err(gguf_err(
-                    path,
-                    format!("metadata `{}` is missing", key("context_length")),
-                ));
-            }
-        }
-        "ernie4_5-moe" => ernie45_moe_config(&mut config, &tensors, path, &metadata, blocks)?,
-        "rwkv7" => rwkv7_config(&mut config, &mut tensors, path, &metadata, blocks, heads)?,
-        "internlm2" => internlm2_config(&mut config, &mut tensors, path, blocks, heads, kv_heads)?,
-        "apertus" => apertus_config(&mut config, &mut tensors, path, &metadata, blocks)?,
-        "nemotron" => nemotron_config(&mut config, &tensors, path, &metadata, hidden, heads)?,
-        "hunyuan-dense" => {
-            hunyuan_dense_config(&mut config, &tensors, path, &metadata, hidden, heads)?
-        }
-        "phi2" => phi2_config(
-            &mut config,
-            &mut tensors,
-            path,
-            &metadata,
-            blocks,
-            hidden,
-            heads,
-        )?,
-        "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
-        "qwen" => qwen_config(&mut config, &tensors, path, &key, hidden, heads, kv_heads)?,
-        "plamo3" => plamo3_config(&mut config, &mut tensors, path, &metadata, &key)?,
-        "olmo" => {
-            if let Some(k) = ggml
-                .keys()
-                .find(|k| k.contains("_proj.") || k.contains(".gguf_"))
-            {
-                return Err(gguf_err(
-                    path,
-                    format!("{k}: OLMo's fused projections are read dequantized only"),
-                ));
-            }
-            olmo_config(
-                &mut config,
-                &mut tensors,
-                path,
-                &metadata,
-                &key,
-                (blocks, heads, kv_heads, ffn),
-            )?
-        }
-        "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
-        "mellum" => mellum_config(&mut config, path, &metadata, &key, blocks)?,
-        "deci" => {
-            let (q, kv) = deci_heads.clone().unwrap_or_default();
-            let ffn = ffn_per_layer
-                .clone()
-                .unwrap_or_else(|| vec![i64::from(ffn)]);
-            deci_config(
-                &mut config,
-                &mut tensors,
-                &mut ggml,
-                path,
-                &key,
-                (blocks, hidden, heads),
-                (q, kv, ffn),
-            )?
-        }
-        "bitnet" => {
-            if let Some(k) = ggml
-                .keys()
-                .find(|k| BITNET_LINEARS.iter().any(|(_, p)| k.contains(p)))
-            {
-                return Err(gguf_err(
-                    path,
-                    format!("{k}: BitNet's ternary weights are read dequantized only"),
-                ));
-            }
-            bitnet_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
-        }
-        "openelm" => {
-            if let Some(k) = ggml.keys().find(|k| k.contains(".ffn.gguf_")) {
-                return Err(gguf_err(
-                    path,
-                    format!("{k}: OpenELM's split gate / up are read dequantized only"),
-                ));
-            }
-            let (q, kv) = openelm_heads.clone().unwrap_or_default();
-            let ffn = ffn_per_layer
-                .clone()
-                .unwrap_or_else(|| vec![i64::from(ffn)]);
-            openelm_config(
-                &mut config,
-                &mut tensors,
-                path,
-                &key,
-                blocks,
-                hidden,
-                (q, kv, ffn),
-            )?
-        }
-        "muse-glimmer" => {
-            muse_glimmer_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
-        }
-        "exaone-moe" => {
-            exaone_moe_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
-        }
-        "talkie" => {
-            if let Some(k) = ggml.keys().find(|k| k.contains(".attn.attn_")) {
-                return Err(gguf_err(
-                    path,
-                    format!("{k}: Talkie's sign-flipped attention is read dequantized only"),
-                ));
-            }
-            talkie_config(&mut config, &mut tensors, path, &metadata, &key)?
-        }
-        "plamo" => {
-            if let Some(k) = ggml.keys().find(|k| k.contains(".self_attn.")) {
-                return Err(gguf_err(
-                    path,
-                    format!("{k}: PLaMo's shuffled attention is read dequantized only"),
-                ));
-            }
-            plamo_config(
-                &mut config,
-                &mut tensors,
-                path,
-                &key,
-                hidden,
-                heads,
-                kv_heads,
-            )?
-        }
-        "minicpm" => minicpm_config(&mut config, path, &metadata, blocks, hidden)?,
-        "deepseek" => deepseek_config(&mut config, path, &metadata, blocks)?,
-        "gptneox" => gptneox_config(
-            &mut config,
-            &mut tensors,
-            path,
-            &metadata,
-            blocks,
-            hidden,
-            heads,
-        )?,
-        "starcoder" => starcoder_config(
-            &mut config,
-            &tensors,
-            path,
+            meta: &metadata,
             blocks,
             hidden,
             heads,
             kv_heads,
             ffn,
-        )?,
-        "stablelm" => stablelm_config(&mut config, &mut tensors, path, &metadata, heads, kv_heads)?,
-        "gemma3n" => gemma3n_config(
-            &mut config,
-            &mut tensors,
-            path,
-            &metadata,
-            blocks,
-            ffn_per_layer.as_deref(),
-        )?,
-        "gemma4" => gemma4_config(
-            &mut config,
-            &tensors,
-            &mut rope_tensors,
-            path,
-            &metadata,
-            blocks,
-            ffn_per_layer.as_deref(),
-        )?,
-        "granitehybrid" => {
-            let per = kv_per_layer.as_deref().unwrap_or(&[]);
-            granitehybrid_config(&mut config, &mut tensors, path, &metadata, blocks, per)?
-        }
-        "llama4" => llama4_config(&mut config, &tensors, path, &metadata)?,
-        "nanbeige" => {
-            // NanbeigeModel: the loop count and whether the loops between skip the final norm.
-            if let Some(n) = meta_count(&metadata, path, &key("num_loops"))? {
-                config["num_loops"] = Value::from(n);
-            }
-            match metadata.get(&key("skip_loop_final_norm")) {
-                None => {}
-                Some(GgufValue::Array(a)) if a.size() == 1 => {
-                    let b = a
-                        .astype(Dtype::Bool)
-                        .and_then(|b| b.item::<bool>())
-                        .map_err(|e| {
-                            gguf_err(path, format!("metadata `skip_loop_final_norm`: {e}"))
-                        })?;
-                    config["skip_loop_final_norm"] = Value::from(b);
-                }
-                Some(_) => {
-                    return Err(gguf_err(
-                        path,
-                        format!("metadata `{}` is not a flag", key("skip_loop_final_norm")),
-                    ))
-                }
-            }
-            let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
-            config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
-            config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
-        }
-        "mamba" | "mamba2" => mamba_config(&mut config, &tensors, path, &metadata, arch.arch)?,
-        "minimax-m2" => minimax_m2_config(&mut config, &tensors, path, &metadata)?,
-        "bailingmoe2" | "bailingmoe" => bailing_config(
-            &mut config,
-            &mut tensors,
-            path,
-            &metadata,
-            blocks,
-            arch.arch,
-        )?,
-        "falcon-h1" => falcon_h1_config(&mut config, &tensors, path, &metadata)?,
-        "dbrx" => dbrx_config(&mut config, &mut tensors, path, &metadata)?,
-        "hunyuan-moe" => hunyuan_moe_config(&mut config, &tensors, path, &metadata)?,
-        "afmoe" => afmoe_config(&mut config, &tensors, path, &metadata, blocks)?,
-        "plamo2" => plamo2_config(
-            &mut config,
-            &mut tensors,
-            path,
-            &metadata,
-            kv_per_layer.as_deref(),
-        )?,
-        "deepseek32" | "glm-dsa" => {
-            deepseek2_config(&mut config, &mut tensors, path, &metadata, heads, arch.arch)?;
-            deepseek32_config(&mut config, path, &metadata, arch.arch)?
-        }
-        "jamba" => jamba_config(
-            &mut config,
-            &tensors,
-            path,
-            &metadata,
-            kv_per_layer.as_deref(),
-        )?,
-        "step35" => step35_config(&mut config, &tensors, path, &metadata, &rope_tensors)?,
-        "mimo2" => mimo2_config(&mut config, &tensors, path, &metadata, heads)?,
-        "laguna" => laguna_config(&mut config, &tensors, path, &metadata)?,
-        "kimi-linear" => kimi_linear_config(&mut config, path, &metadata, heads)?,
-        "nemotron_h" | "nemotron_h_moe" => nemotron_h_config(
-            &mut config,
-            &mut tensors,
-            path,
-            &metadata,
-            arch.arch,
-            kv_per_layer.as_deref(),
-            ffn_per_layer.as_deref(),
-        )?,
-        _ => {}
+            kv_per_layer: kv_per_layer.as_deref(),
+            ffn_per_layer: ffn_per_layer.as_deref(),
+            layer_heads: openelm_heads.as_ref().or(deci_heads.as_ref()),
+            head_dim,
+            config: &mut config,
+            tensors: &mut tensors,
+            ggml: &mut ggml,
+            rope_tensors: &mut rope_tensors,
+        })?;
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {
         llama3_rope(&mut config, &f, path, hidden / heads)?;
@@ -1618,13 +871,9 @@ fn gemma_layer_types(meta: &GgufMetadata, path: &Path, key: &str, blocks: i32) -
 /// end index), the experts' width and the shared expert count (its width is
 /// `moe_intermediate_size * moe_num_shared_experts` in mlx-lm, which the tensors' shapes
 /// must match; the converter's `expert_shared_feed_forward_length` is not read).
-fn ernie45_moe_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-) -> Result<()> {
+fn ernie45_moe_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks) =
+        (&mut *cx.config, &*cx.tensors, cx.path, cx.meta, cx.blocks);
     let key = |k: &str| format!("ernie4_5-moe.{k}");
     let need = |k: &str| need_count(meta, path, "ernie4_5-moe", k);
     config["moe_num_experts"] = Value::from(need("expert_count")?);
@@ -1656,14 +905,15 @@ fn ernie45_moe_config(
 /// Nemotron (`nemotron`): relu2, the rotated share of the head from `rope.dimension_count`
 /// (the converter's int(factor * hidden) // heads), biases from the tensors, linear rope
 /// scaling from `rope.scaling.type` / `rope.scaling.factor` (another kind is refused).
-fn nemotron_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    hidden: i32,
-    heads: i32,
-) -> Result<()> {
+fn nemotron_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, hidden, heads) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.hidden,
+        cx.heads,
+    );
     let key = |k: &str| format!("nemotron.{k}");
     config["hidden_act"] = Value::from("relu2");
     // The head size is `attention.key_length` where written (TextModel writes it from the
@@ -1702,15 +952,16 @@ fn nemotron_config(
 /// Phi-2 (`phi2`): mlx-lm's phi arguments; the rotated share of the head from
 /// `rope.dimension_count` (the whole head when absent); a fused `attn_qkv` (q, k, v rows in
 /// turn, as older converters wrote Phi-2's `Wqkv`) split into mlx-lm's three projections.
-fn phi2_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    hidden: i32,
-    heads: i32,
-) -> Result<()> {
+fn phi2_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, hidden, heads) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.hidden,
+        cx.heads,
+    );
     let key = |k: &str| format!("phi2.{k}");
     let hd = head_size(path, &key, hidden, heads)?;
     if let Some(c) = config.as_object_mut() {
@@ -1754,14 +1005,15 @@ fn phi2_config(
 
 /// GPT-2 (`gpt2`): mlx-lm's `n_*` arguments; the positions from `position_embd`'s rows. The
 /// head is the embedding in mlx-lm's gpt2: a file with its own `output` is refused.
-fn gpt2_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    blocks: i32,
-    hidden: i32,
-    heads: i32,
-) -> Result<()> {
+fn gpt2_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, blocks, hidden, heads) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.blocks,
+        cx.hidden,
+        cx.heads,
+    );
     if tensors.contains_key("lm_head.weight") {
         return Err(gguf_err(
             path,
@@ -1785,15 +1037,17 @@ fn gpt2_config(
 
 /// Qwen (`qwen`): mlx-lm's qwen arguments (its rope base is fixed at 10000, its heads all
 /// have keys and values, its head untied); biases beyond the qkv one from the tensors.
-fn qwen_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    key: &dyn Fn(&str) -> String,
-    hidden: i32,
-    heads: i32,
-    kv_heads: i32,
-) -> Result<()> {
+fn qwen_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, hidden, heads, kv_heads) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.hidden,
+        cx.heads,
+        cx.kv_heads,
+    );
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     let hd = head_size(path, key, hidden, heads)?;
     if kv_heads != heads {
         return Err(gguf_err(
@@ -1829,15 +1083,23 @@ fn qwen_config(
 /// PLaMo (`plamo`): the query heads shared `n_shared_head` ways over the KV heads, the
 /// converter's shuffle of `attn_q`'s rows and `attn_output`'s columns, (kv, shared, head_dim),
 /// put back to mlx-lm's (shared, kv, head_dim).
-fn plamo_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    key: &dyn Fn(&str) -> String,
-    hidden: i32,
-    heads: i32,
-    kv_heads: i32,
-) -> Result<()> {
+fn plamo_config(cx: &mut Cx) -> Result<()> {
+    if let Some(k) = cx.ggml.keys().find(|k| k.contains(".self_attn.")) {
+        return Err(gguf_err(
+            cx.path,
+            format!("{k}: PLaMo's shuffled attention is read dequantized only"),
+        ));
+    }
+    let (config, tensors, path, hidden, heads, kv_heads) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.hidden,
+        cx.heads,
+        cx.kv_heads,
+    );
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     let hd = head_size(path, key, hidden, heads)?;
     if heads % kv_heads != 0 {
         return Err(gguf_err(
@@ -1874,13 +1136,10 @@ fn plamo_config(
 /// PLaMo 3 (`plamo3`): the norms' offsets (added by the converter, added again at run time by
 /// mlx-lm) taken off, in f32 as mlx-lm's `weight + offset` is computed; the window, its period
 /// (every n-th layer full) and the local rope base from metadata.
-fn plamo3_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    key: &dyn Fn(&str) -> String,
-) -> Result<()> {
+fn plamo3_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta) = (&mut *cx.config, &mut *cx.tensors, cx.path, cx.meta);
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     let after_mlp = (1.0f64 / 5f64.powf(1.5)) as f32;
     for (name, a) in tensors.iter_mut() {
         let offset = if name.ends_with(".post_mixer_norm.weight") {
@@ -1910,13 +1169,16 @@ fn plamo3_config(
 /// head's rows undone (exact), its renames put back (`attn_output.scale` -> `attn_gain.a_g`,
 /// `ffn_down.scale` -> `mlp_gain.a_g`, `output.weight` -> the bare `lm_head`, the head gain
 /// flattened) and `logit_scale` made the head's gain `lm_head_gain.w_g`.
-fn talkie_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    key: &dyn Fn(&str) -> String,
-) -> Result<()> {
+fn talkie_config(cx: &mut Cx) -> Result<()> {
+    if let Some(k) = cx.ggml.keys().find(|k| k.contains(".attn.attn_")) {
+        return Err(gguf_err(
+            cx.path,
+            format!("{k}: Talkie's sign-flipped attention is read dequantized only"),
+        ));
+    }
+    let (config, tensors, path, meta) = (&mut *cx.config, &mut *cx.tensors, cx.path, cx.meta);
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     let hd = config["head_dim"]
         .as_i64()
         .map(|d| d as i32)
@@ -1981,13 +1243,10 @@ fn talkie_config(
 /// Mellum (`mellum`): the experts (llama.cpp renormalizes the top-k softmax weights and scales
 /// them only by an `expert_weights_scale` other than 0 or 1, which mlx-lm's mellum lacks), the
 /// layer kinds from the sliding flags (all full without a window) and each kind's rope base.
-fn mellum_config(
-    config: &mut Value,
-    path: &Path,
-    meta: &GgufMetadata,
-    key: &dyn Fn(&str) -> String,
-    blocks: i32,
-) -> Result<()> {
+fn mellum_config(cx: &mut Cx) -> Result<()> {
+    let (config, path, meta, blocks) = (&mut *cx.config, cx.path, cx.meta, cx.blocks);
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     let need = |k: &str| -> Result<i32> {
         meta_count(meta, path, &key(k))?
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
@@ -2046,14 +1305,16 @@ fn mellum_config(
 /// from `leading_dense_block_count` on; layer kinds from the sliding flags (llama.cpp's "LLLG"
 /// without them); the local rope base (`rope.freq_base_swa`, else the base) for mlx-lm's one,
 /// since only the sliding layers rotate; a layer without `exp_probs_b` gets a zero bias.
-fn exaone_moe_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    key: &dyn Fn(&str) -> String,
-    blocks: i32,
-) -> Result<()> {
+fn exaone_moe_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+    );
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     let need = |k: &str| -> Result<i32> {
         meta_count(meta, path, &key(k))?
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
@@ -2166,15 +1427,22 @@ fn exaone_moe_config(
 /// layer); an MLP width of 0 (none) or the converter's `_ffn_mult_to_intermediate_size` of a
 /// multiplier, which is recovered (`3 w / 2 hidden`, checked to give `w` back in mlx-lm's
 /// arithmetic). A width no multiplier gives is refused.
-fn deci_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    ggml: &mut BTreeMap<String, crate::layers::GgmlWeight>,
-    path: &Path,
-    key: &dyn Fn(&str) -> String,
-    (blocks, hidden, heads): (i32, i32, i32),
-    (q, kv, ffn): (Vec<i32>, Vec<i32>, Vec<i64>),
-) -> Result<()> {
+fn deci_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, ggml, path, blocks, hidden, heads) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        &mut *cx.ggml,
+        cx.path,
+        cx.blocks,
+        cx.hidden,
+        cx.heads,
+    );
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
+    let (q, kv) = cx.layer_heads.cloned().unwrap_or_default();
+    let ffn = cx
+        .ffn_per_layer
+        .map_or_else(|| vec![i64::from(cx.ffn)], <[i64]>::to_vec);
     let n = blocks as usize;
     let expand = |v: Vec<i64>, k: &str| -> Result<Vec<i64>> {
         match v.len() {
@@ -2331,14 +1599,26 @@ const BITNET_LINEARS: &[(&str, &str)] = &[
 /// scale (its `weight_quant`); mlx-lm's BitLinear holds the codes packed four output rows a
 /// byte plus `weight_scale`, which [`bitnet_pack`] recovers exactly. The rope scaling the
 /// converter writes (linear, factor 1) is no scaling; another linear factor is kept.
-fn bitnet_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    key: &dyn Fn(&str) -> String,
-    blocks: i32,
-) -> Result<()> {
+fn bitnet_config(cx: &mut Cx) -> Result<()> {
+    if let Some(k) = cx
+        .ggml
+        .keys()
+        .find(|k| BITNET_LINEARS.iter().any(|(_, p)| k.contains(p)))
+    {
+        return Err(gguf_err(
+            cx.path,
+            format!("{k}: BitNet's ternary weights are read dequantized only"),
+        ));
+    }
+    let (config, tensors, path, meta, blocks) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+    );
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     match meta_str(meta, &key("rope.scaling.type")) {
         None | Some("none") => {}
         Some("linear") => {
@@ -2438,15 +1718,26 @@ fn bitnet_pack(w: &Array) -> std::result::Result<(Array, Array), String> {
 /// OpenELM (`openelm`): mlx-lm's arguments from the per-layer lists (each MLP width as a
 /// multiplier of the width with a divisor of 1, which gives the width back through mlx-lm's
 /// `make_divisible`); gate and up joined into `proj_1`.
-fn openelm_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    key: &dyn Fn(&str) -> String,
-    blocks: i32,
-    hidden: i32,
-    (q, kv, ffn): (Vec<i32>, Vec<i32>, Vec<i64>),
-) -> Result<()> {
+fn openelm_config(cx: &mut Cx) -> Result<()> {
+    if let Some(k) = cx.ggml.keys().find(|k| k.contains(".ffn.gguf_")) {
+        return Err(gguf_err(
+            cx.path,
+            format!("{k}: OpenELM's split gate / up are read dequantized only"),
+        ));
+    }
+    let (config, tensors, path, blocks, hidden) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.blocks,
+        cx.hidden,
+    );
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
+    let (q, kv) = cx.layer_heads.cloned().unwrap_or_default();
+    let ffn = cx
+        .ffn_per_layer
+        .map_or_else(|| vec![i64::from(cx.ffn)], <[i64]>::to_vec);
     let n = blocks as usize;
     let expand = |v: Vec<i64>, k: &str| -> Result<Vec<i64>> {
         match v.len() {
@@ -2531,14 +1822,16 @@ fn openelm_config(
 /// `output_multiplier`, the soft-capping, the window and layer kinds; the sliding layers' rope
 /// base (`rope.freq_base_swa`, else the base) as mlx-lm's one, the full layers without rope;
 /// llama.cpp's fixed post-norm eps (1e-8).
-fn muse_glimmer_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    key: &dyn Fn(&str) -> String,
-    blocks: i32,
-) -> Result<()> {
+fn muse_glimmer_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+    );
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     let need = |k: &str| -> Result<f64> {
         meta_f64(meta, &key(k))
             .filter(|v| v.is_finite() && *v > 0.0)
@@ -2629,14 +1922,11 @@ fn muse_glimmer_config(
 
 /// Spark 2.5 (`spark2_5`): the layer kinds from the per-layer sliding flags, the window, and
 /// each kind's `rope_parameters` (base, rotated share of the head); biases from the tensors.
-fn spark2_5_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    key: &dyn Fn(&str) -> String,
-    blocks: i32,
-) -> Result<()> {
+fn spark2_5_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks) =
+        (&mut *cx.config, &*cx.tensors, cx.path, cx.meta, cx.blocks);
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     let missing = |k: &str| gguf_err(path, format!("metadata `{}` is missing", key(k)));
     config["layer_types"] = json!(sliding_kinds(meta, path, key, blocks)?);
     config["sliding_window"] = Value::from(
@@ -2667,14 +1957,29 @@ fn spark2_5_config(
 /// OLMo (`olmo`): mlx-lm's AI2 arguments and fused projections (`att_proj` = [q | k | v],
 /// `ff_proj` = [up | gate]); mlx-lm's fixed LayerNorm eps (1e-5), full heads and no clamp are
 /// checked.
-fn olmo_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    key: &dyn Fn(&str) -> String,
-    (blocks, heads, kv_heads, ffn): (i32, i32, i32, i32),
-) -> Result<()> {
+fn olmo_config(cx: &mut Cx) -> Result<()> {
+    if let Some(k) = cx
+        .ggml
+        .keys()
+        .find(|k| k.contains("_proj.") || k.contains(".gguf_"))
+    {
+        return Err(gguf_err(
+            cx.path,
+            format!("{k}: OLMo's fused projections are read dequantized only"),
+        ));
+    }
+    let (config, tensors, path, meta, blocks, heads, kv_heads, ffn) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.heads,
+        cx.kv_heads,
+        cx.ffn,
+    );
+    let k = cx.k;
+    let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
     if meta.contains_key(&key("attention.clamp_kqv")) {
         return Err(gguf_err(
             path,
@@ -2752,16 +2057,17 @@ fn olmo_config(
 /// KV head (else every head has its own, `multi_query` false); positions from
 /// `position_embd`'s rows; biases from the tensors.
 #[allow(clippy::too_many_arguments)]
-fn starcoder_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    blocks: i32,
-    hidden: i32,
-    heads: i32,
-    kv_heads: i32,
-    ffn: i32,
-) -> Result<()> {
+fn starcoder_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, blocks, hidden, heads, kv_heads, ffn) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.blocks,
+        cx.hidden,
+        cx.heads,
+        cx.kv_heads,
+        cx.ffn,
+    );
     let multi_query = match kv_heads {
         1 => true,
         k if k == heads => false,
@@ -2795,15 +2101,16 @@ fn starcoder_config(
 /// the base from `rope.freq_base` or 10000, `use_parallel_residual` as the file says, else
 /// true); the converter's `attn_qkv` (q rows, then k, then v) interleaved per head again
 /// (per head: q, k, v), weight, bias and a quantized tensor's scales and biases alike.
-fn gptneox_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    hidden: i32,
-    heads: i32,
-) -> Result<()> {
+fn gptneox_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, hidden, heads) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.hidden,
+        cx.heads,
+    );
     let key = |k: &str| format!("gptneox.{k}");
     let hd = head_size(path, &key, hidden, heads)?;
     let rot = rotary_dims(meta, path, &key("rope.dimension_count"), hd, hd)?;
@@ -2843,12 +2150,8 @@ fn gptneox_config(
 /// DeepSeek MoE (`deepseek`): mlx-lm's deepseek arguments from the expert keys (every layer
 /// from `leading_dense_block_count` on has experts, `moe_layer_freq` 1, as llama.cpp's graph);
 /// an `expert_weights_scale` other than 1 (which mlx-lm's deepseek lacks) is refused.
-fn deepseek_config(
-    config: &mut Value,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-) -> Result<()> {
+fn deepseek_config(cx: &mut Cx) -> Result<()> {
+    let (config, path, meta, blocks) = (&mut *cx.config, cx.path, cx.meta, cx.blocks);
     let need = |k: &str| need_count(meta, path, "deepseek", k);
     let dense = meta_count(meta, path, "deepseek.leading_dense_block_count")?.unwrap_or(0);
     if dense > blocks {
@@ -2885,13 +2188,9 @@ fn deepseek_config(
 /// (`residual_scale` times the square root of the layer count) and `dim_model_base` (hidden /
 /// `logit_scale`, an integer where it is one): mlx-lm recomputes the residual and logit scales
 /// from them in Python floats, which come back to the file's f32 values.
-fn minicpm_config(
-    config: &mut Value,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    hidden: i32,
-) -> Result<()> {
+fn minicpm_config(cx: &mut Cx) -> Result<()> {
+    let (config, path, meta, blocks, hidden) =
+        (&mut *cx.config, cx.path, cx.meta, cx.blocks, cx.hidden);
     let need = |k: &str| -> Result<f64> {
         let key = format!("minicpm.{k}");
         match meta_f64(meta, &key) {
@@ -2915,14 +2214,15 @@ fn minicpm_config(
 /// HunYuanModel wrote already scaled by its NTK alpha (so no `rope_scaling`: alpha 1 keeps the
 /// base); a scaling other than "none" is refused. The head size from `attention.key_length`,
 /// q / k norms and biases from the tensors.
-fn hunyuan_dense_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    hidden: i32,
-    heads: i32,
-) -> Result<()> {
+fn hunyuan_dense_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, hidden, heads) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.hidden,
+        cx.heads,
+    );
     let key = |k: &str| format!("hunyuan-dense.{k}");
     let hd = meta_count(meta, path, &key("attention.key_length"))?.unwrap_or(hidden / heads.max(1));
     config["head_dim"] = Value::from(hd);
@@ -2948,13 +2248,14 @@ fn hunyuan_dense_config(
 /// Apertus (`apertus`): each layer's xIELU parameters from the per-layer `xielu.alpha_n`,
 /// `xielu.alpha_p`, `xielu.beta` and `xielu.eps` arrays (the converter's `.item()` of each
 /// parameter) back into mlx-lm's `mlp.act_fn.*` scalars; biases and q / k norms from the tensors.
-fn apertus_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-) -> Result<()> {
+fn apertus_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+    );
     for name in ["alpha_n", "alpha_p", "beta", "eps"] {
         let key = format!("apertus.xielu.{name}");
         let values: Vec<f32> = match meta.get(&key) {
@@ -2988,14 +2289,15 @@ fn apertus_config(
 /// InternLM2 (`internlm2`): llama.cpp's q, k and v (Q / K rows permuted) back into mlx-lm's
 /// fused `attention.wqkv`, per KV group its queries, then its key and value head (the rows of
 /// a quantized tensor's scales and biases with them). llama.cpp writes no biases (`bias` false).
-fn internlm2_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    blocks: i32,
-    heads: i32,
-    kv_heads: i32,
-) -> Result<()> {
+fn internlm2_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, blocks, heads, kv_heads) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.blocks,
+        cx.heads,
+        cx.kv_heads,
+    );
     if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
         return Err(gguf_err(
             path,
@@ -3070,14 +2372,15 @@ fn internlm2_config(
 /// `norms.<head>`; the parallel residual block where the layers have no `ffn_norm` (what
 /// llama.cpp's graph goes by; `use_parallel_residual` must agree). llama.cpp computes the
 /// output from the embedding when a file has no `output`, which mlx-lm's stablelm always has.
-fn stablelm_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    heads: i32,
-    kv_heads: i32,
-) -> Result<()> {
+fn stablelm_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, heads, kv_heads) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.heads,
+        cx.kv_heads,
+    );
     let key = |k: &str| format!("stablelm.{k}");
     let hidden = config["hidden_size"].as_i64().unwrap_or(0) as i32;
     let hd = head_size(path, &key, hidden, heads)?;
@@ -3149,14 +2452,15 @@ fn stablelm_config(
     Ok(())
 }
 
-fn rwkv7_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    heads: i32,
-) -> Result<()> {
+fn rwkv7_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, heads) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.heads,
+    );
     let need = |k: &str| need_count(meta, path, "rwkv7", k);
     let head = need("wkv.head_size")?;
     config["head_dim"] = Value::from(head);
@@ -3231,14 +2535,15 @@ fn normal_cdf(t: f64) -> f64 {
 /// released ones are; -inf is 0). llama.cpp does not clip AltUp's coefficients and the file
 /// does not carry `altup_coef_clip`: none here. The stacked AltUp projections are split back
 /// into mlx-lm's three of each.
-fn gemma3n_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    ffn_per_layer: Option<&[i64]>,
-) -> Result<()> {
+fn gemma3n_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, ffn_per_layer) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.ffn_per_layer,
+    );
     let key = |k: &str| format!("gemma3n.{k}");
     let need = |k: &str| need_count(meta, path, "gemma3n", k);
     config["layer_types"] =
@@ -3359,15 +2664,16 @@ fn gemma3n_config(
 /// 1e30 per other), the sliding layers' default rope over the whole head. Refused, naming
 /// the key or tensor: experts (26B), K = V layers (a KV layer without `attn_v`), different KV
 /// head counts per kind, sliding layers rotating part of a head (mlx-lm rotates it whole).
-fn gemma4_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    rope_tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    ffn_per_layer: Option<&[i64]>,
-) -> Result<()> {
+fn gemma4_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, rope_tensors, path, meta, blocks, ffn_per_layer) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        &mut *cx.rope_tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.ffn_per_layer,
+    );
     let key = |k: &str| format!("gemma4.{k}");
     let need = |k: &str| need_count(meta, path, "gemma4", k);
     if meta.contains_key(&key("expert_count")) {
@@ -3506,14 +2812,15 @@ fn gemma4_config(
 /// split `ffn_gate_shexp` / `ffn_up_shexp` joined back into `input_linear`, gate first, rows
 /// with their quantization), rope only where `rope.scaling.finetuned` says (llama.cpp's flag;
 /// absent: none, Granite 4.0 H's `nope`).
-fn granitehybrid_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    per: &[i64],
-) -> Result<()> {
+fn granitehybrid_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, per) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.kv_per_layer.unwrap_or(&[]),
+    );
     let key = |k: &str| format!("granitehybrid.{k}");
     let need = |k: &str| need_count(meta, path, "granitehybrid", k);
     if per.len() != blocks as usize {
@@ -3621,12 +2928,8 @@ fn granitehybrid_config(
 /// defaults, llama.cpp's values), and q/k norms unless there are 128 experts (Maverick). A
 /// file whose `attention.sliding_window` is 0 (every layer global with rope: MobileLLM) is
 /// refused: mlx-lm's llama4 has no such layout.
-fn llama4_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-) -> Result<()> {
+fn llama4_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta) = (&mut *cx.config, &*cx.tensors, cx.path, cx.meta);
     let key = |k: &str| format!("llama4.{k}");
     let need = |k: &str| need_count(meta, path, "llama4", k);
     if meta_f64(meta, &key("attention.sliding_window")) == Some(0.0) {
@@ -3830,14 +3133,15 @@ fn llama3_rope(config: &mut Value, f: &Array, path: &Path, default_head: i32) ->
 /// `attn_qkv` / `attn_gate` regrouped per key head into `in_proj_qkvz`; for Qwen 3.5 they are
 /// `in_proj_qkv` / `in_proj_z`, and the value heads, which the converter reorders from grouped
 /// by key head to tiled ([`untile_v_heads`]), are put back in every tensor it reorders.
-fn qwen3next_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    arch: &str,
-) -> Result<()> {
+fn qwen3next_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, arch) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.arch,
+    );
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| -> Result<i32> {
         meta_count(meta, path, &key(k))?
@@ -4119,14 +3423,15 @@ fn untile_v_heads(
 /// (a softmax `expert_gating_func` is refused), group-limited, with shared experts after
 /// `leading_dense_block_count` dense layers. GLM-4.5's head size is `key_length` (its
 /// `rope.dimension_count` is the rotated part).
-fn grouped_moe_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    arch: &str,
-    default_head: i32,
-) -> Result<()> {
+fn grouped_moe_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, arch, default_head) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.arch,
+        cx.hidden / cx.heads,
+    );
     let key = |k: &str| format!("{arch}.{k}");
     let opt = |k: &str| meta_count(meta, path, &key(k));
     let need = |k: &str| -> Result<i32> {
@@ -4273,14 +3578,15 @@ fn long_rope(
 /// `value_length_mla` (files converted before those keys: `key_length` / `value_length`),
 /// YaRN's `mscale_all_dim` from `yarn_log_multiplier` (= 0.1 * mscale_all_dim). For
 /// deepseek_v2, split `attn_k_b` / `attn_v_b` tensors are joined back into `kv_b_proj`.
-fn deepseek2_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    heads: i32,
-    arch: &str,
-) -> Result<()> {
+fn deepseek2_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, heads, arch) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.heads,
+        cx.arch,
+    );
     let mistral4 = arch == "mistral4";
     let key = |k: &str| format!("{arch}.{k}");
     let opt = |k: &str| meta_count(meta, path, &key(k));
@@ -4602,13 +3908,9 @@ fn join_kv_b(tensors: &mut BTreeMap<String, Array>, heads: i32, nope: i32, v: i3
 /// mlx-lm's Mamba block norms use RMSNorm's default epsilon and Falcon Mamba's B/C/dt norms
 /// `mixer_rms_eps` (default 1e-6), which no key carries: mlx-lm's defaults, as it reads the
 /// checkpoints.
-fn mamba_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    arch: &str,
-) -> Result<()> {
+fn mamba_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, arch) =
+        (&mut *cx.config, &*cx.tensors, cx.path, cx.meta, cx.arch);
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
     let (inner, rank) = (need("ssm.inner_size")?, need("ssm.time_step_rank")?);
@@ -4656,12 +3958,8 @@ fn mamba_config(
 /// (`expert_feed_forward_length`), the rotated width (`rope.dimension_count`), the head size;
 /// mlx-lm routes by sigmoid with a selection bias and renormalizes the top-k weights, so a
 /// file with another `expert_gating_func` is refused.
-fn minimax_m2_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-) -> Result<()> {
+fn minimax_m2_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta) = (&mut *cx.config, &*cx.tensors, cx.path, cx.meta);
     let arch = "minimax-m2";
     let need = |k: &str| need_count(meta, path, arch, k);
     let gating = format!("{arch}.expert_gating_func");
@@ -4691,14 +3989,15 @@ fn minimax_m2_config(
 /// `moe_shared_expert_intermediate_size` by their count). mlx-lm's head size is the width over
 /// the heads and its lm_head is not re-normalized (`norm_head` false, as this converter class
 /// writes it): a file saying otherwise is refused.
-fn bailing_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    arch: &str,
-) -> Result<()> {
+fn bailing_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, arch) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.arch,
+    );
     if arch == "bailingmoe" {
         let heads = config["num_attention_heads"].as_i64().unwrap_or(0) as i32;
         let kv = config["num_key_value_heads"].as_i64().unwrap_or(0) as i32;
@@ -4801,15 +4100,16 @@ fn bailing_config(
 /// the embedding's (llama.cpp's duplicate). `nemotron_h_moe` (`arch`): the MLP layers are
 /// mixture-of-experts blocks `E` ([`nemotron_h_moe_config`]); the per-layer lists may also
 /// cover the multi-token-prediction block the converter appends (not read).
-fn nemotron_h_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    arch: &str,
-    kv: Option<&[i64]>,
-    ffn: Option<&[i64]>,
-) -> Result<()> {
+fn nemotron_h_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, arch, kv, ffn) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.arch,
+        cx.kv_per_layer,
+        cx.ffn_per_layer,
+    );
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
     let moe = arch == "nemotron_h_moe";
@@ -5018,13 +4318,9 @@ fn nemotron_h_moe_config(
 /// each kind's sinks from the tensors, and the router llama.cpp runs: sigmoid with the
 /// correction bias, the groups, weights always normalized, scaled only by
 /// `expert_weights_scale` (unscaled when absent). The lists' MTP entries are skipped.
-fn mimo2_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    heads: i32,
-) -> Result<()> {
+fn mimo2_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, heads) =
+        (&mut *cx.config, &*cx.tensors, cx.path, cx.meta, cx.heads);
     let arch = "mimo2";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -5158,12 +4454,8 @@ fn mimo2_config(
 /// tensors. Refused: a per-element gate (mlx-lm's laguna gates per head), YaRN's attention /
 /// extrapolation factors (mlx-lm's YaRN has neither), other rope scaling, another gating,
 /// a shared-expert count other than 1.
-fn laguna_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-) -> Result<()> {
+fn laguna_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta) = (&mut *cx.config, &*cx.tensors, cx.path, cx.meta);
     let arch = "laguna";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -5367,12 +4659,8 @@ fn laguna_config(
 /// llama.cpp's router (sigmoid or softmax, always renormalized, grouped only where
 /// `expert_group_count` says so, scaled by `expert_weights_scale`). Refused: a Q LoRA rank
 /// (mlx-lm's kimi_linear projects Q directly).
-fn kimi_linear_config(
-    config: &mut Value,
-    path: &Path,
-    meta: &GgufMetadata,
-    heads: i32,
-) -> Result<()> {
+fn kimi_linear_config(cx: &mut Cx) -> Result<()> {
+    let (config, path, meta, heads) = (&mut *cx.config, cx.path, cx.meta, cx.heads);
     let arch = "kimi-linear";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -5488,13 +4776,14 @@ fn kimi_linear_config(
 /// required), the MoE layers from the router tensors, the per-layer SwiGLU clamps (0 = none)
 /// and the head-wise gate from its tensors. Refused: Llama 3 rope factors (`rope_freqs`) and
 /// other rope scaling, another gating function, a file without expert layers.
-fn step35_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    rope_tensors: &BTreeMap<String, Array>,
-) -> Result<()> {
+fn step35_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, rope_tensors) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        &*cx.rope_tensors,
+    );
     let arch = "step35";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -5659,12 +4948,8 @@ fn step35_config(
 /// `falcon_h1`. The converter folds every multiplier into the weights (mlx-lm's sanitize does
 /// the same on a checkpoint), so they are all 1 here. A tied head is refused: mlx-lm scales
 /// tied logits by `lm_head_multiplier / embedding_multiplier`, which the file does not keep.
-fn falcon_h1_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-) -> Result<()> {
+fn falcon_h1_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta) = (&mut *cx.config, &*cx.tensors, cx.path, cx.meta);
     let arch = "falcon-h1";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -5723,13 +5008,14 @@ fn falcon_h1_config(
 /// (`mamba_expand` = inner / width), and the expert layers from the tensors (no key places
 /// them): mlx-lm puts experts where `(layer + expert_layer_offset) % expert_layer_period == 0`,
 /// so the file's must be such a set.
-fn jamba_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    kv: Option<&[i64]>,
-) -> Result<()> {
+fn jamba_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, kv) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.kv_per_layer,
+    );
     let arch = "jamba";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -5805,12 +5091,8 @@ fn jamba_config(
 /// `attention.clamp_kqv` is refused (llama.cpp would not clip), one without `output.weight`
 /// gets the embedding's (llama.cpp's duplicate). mlx-lm's LayerNorms use their default
 /// epsilon (1e-5, the only one the converter writes) whatever the file says.
-fn dbrx_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-) -> Result<()> {
+fn dbrx_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta) = (&mut *cx.config, &mut *cx.tensors, cx.path, cx.meta);
     let arch = "dbrx";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -5896,12 +5178,8 @@ fn dbrx_config(
 /// `intermediate_size` times `num_shared_expert` in mlx-lm, which the tensors must match).
 /// llama.cpp gives every layer its own K / V: no cross-layer sharing (`use_cla` false).
 /// mlx-lm's head size is the width over the heads: another `attention.key_length` is refused.
-fn hunyuan_moe_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-) -> Result<()> {
+fn hunyuan_moe_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta) = (&mut *cx.config, &*cx.tensors, cx.path, cx.meta);
     let arch = "hunyuan-moe";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -5978,13 +5256,9 @@ fn hunyuan_moe_config(
 /// renormalization and a scale of 1 unless the keys say otherwise); the shared experts' width
 /// must be mlx-lm's (`moe_intermediate_size` times their count); the embedding scaled by
 /// sqrt(width), which llama.cpp always does.
-fn afmoe_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-) -> Result<()> {
+fn afmoe_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks) =
+        (&mut *cx.config, &*cx.tensors, cx.path, cx.meta, cx.blocks);
     let arch = "afmoe";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -6106,12 +5380,9 @@ fn afmoe_config(
 /// is deepseek_v3's (a sigmoid router: `expert_gating_func` 2). A GLM-5 file whose
 /// `attention.indexer.types` skips the indexer on some layers is refused: mlx-lm's has one on
 /// every layer.
-fn deepseek32_config(
-    config: &mut Value,
-    path: &Path,
-    meta: &GgufMetadata,
-    arch: &str,
-) -> Result<()> {
+fn deepseek32_config(cx: &mut Cx) -> Result<()> {
+    deepseek2_config(cx)?;
+    let (config, path, meta, arch) = (&mut *cx.config, cx.path, cx.meta, cx.arch);
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
     if config["model_type"] != "deepseek_v3" {
@@ -6217,13 +5488,14 @@ fn join_bailing_qkv(
 /// offset, which the converter added, subtracted in the tensor's dtype (mlx-lm adds it back
 /// at run time); `ssm_dt.bias` as the bare `dt_bias`. mlx-lm's attention rotates with base
 /// 10000 whatever the file says, as it does for the checkpoint.
-fn plamo2_config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    kv: Option<&[i64]>,
-) -> Result<()> {
+fn plamo2_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, kv) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.kv_per_layer,
+    );
     let arch = "plamo2";
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
@@ -6314,6 +5586,692 @@ fn plamo2_config(
             tensors.insert(k, ops::subtract(&w, &off, None)?);
         }
     }
+    Ok(())
+}
+
+/// `gemma2` | `gemma3`.
+fn gemma2_config(cx: &mut Cx) -> Result<()> {
+    let (config, head_dim, keys) = (&mut *cx.config, cx.head_dim, cx.k);
+    if let Some(d) = head_dim {
+        // llama.cpp's Gemma 2 / 3 scale queries by head_dim ** -0.5.
+        config["query_pre_attn_scalar"] = Value::from(d);
+    }
+    if let Some(w) = keys.float("attention.sliding_window", false)? {
+        config["sliding_window"] = Value::from(w as i64);
+    }
+    for (k, name) in [
+        ("attn_logit_softcapping", "attn_logit_softcapping"),
+        ("final_logit_softcapping", "final_logit_softcapping"),
+    ] {
+        if let Some(v) = keys.float(k, false)? {
+            config[name] = Value::from(v);
+        }
+    }
+    Ok(())
+}
+
+/// `phi3` | `phimoe`.
+fn phi3_config(cx: &mut Cx) -> Result<()> {
+    let (config, rope_tensors, path, meta, arch, hidden, heads, keys) = (
+        &mut *cx.config,
+        &mut *cx.rope_tensors,
+        cx.path,
+        cx.meta,
+        cx.arch,
+        cx.hidden,
+        cx.heads,
+        cx.k,
+    );
+    if let Some(d) = keys.float("rope.dimension_count", false)? {
+        let hd = f64::from(hidden / heads);
+        if arch == "phi3" {
+            config["partial_rotary_factor"] = Value::from(d / hd);
+        } else if d != hd {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {d}: a partial rope, which mlx-lm's phimoe lacks",
+                    keys.key("rope.dimension_count")
+                ),
+            ));
+        }
+    }
+    if arch == "phimoe" {
+        config["num_local_experts"] = Value::from(keys.count("expert_count")?);
+        config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+    }
+    long_rope(config, rope_tensors, path, meta, arch)?;
+    Ok(())
+}
+
+/// `qwen3moe` | `qwen3vlmoe`.
+fn qwen3moe_config(cx: &mut Cx) -> Result<()> {
+    let (config, hidden, heads, keys) = (&mut *cx.config, cx.hidden, cx.heads, cx.k);
+    // llama.cpp's qwen3moe renormalizes the top-k weights and has no dense layers.
+    config["num_experts"] = Value::from(keys.count("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(keys.count("expert_feed_forward_length")?);
+    config["decoder_sparse_step"] = Value::from(1);
+    config["mlp_only_layers"] = json!([]);
+    config["norm_topk_prob"] = Value::from(true);
+    if config.get("head_dim").is_none() {
+        config["head_dim"] = Value::from(hidden / heads);
+    }
+    Ok(())
+}
+
+/// `qwen2moe`.
+fn qwen2moe_config(cx: &mut Cx) -> Result<()> {
+    let (config, keys) = (&mut *cx.config, cx.k);
+    // llama.cpp's qwen2moe, like mlx-lm's, does not renormalize the top-k weights.
+    config["num_experts"] = Value::from(keys.count("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(keys.count("expert_feed_forward_length")?);
+    config["shared_expert_intermediate_size"] =
+        Value::from(keys.count("expert_shared_feed_forward_length")?);
+    Ok(())
+}
+
+/// `granite` | `granitemoe`.
+fn granite_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, arch, keys) =
+        (&mut *cx.config, &*cx.tensors, cx.path, cx.arch, cx.k);
+    if arch == "granitemoe" {
+        config["num_local_experts"] = Value::from(keys.count("expert_count")?);
+        config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+    }
+    let has_bias = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}.bias"));
+    config["attention_bias"] = Value::from(has_bias("self_attn.q_proj"));
+    config["mlp_bias"] = Value::from(has_bias("mlp.down_proj"));
+    for (k, name) in [
+        ("attention.scale", "attention_multiplier"),
+        ("embedding_scale", "embedding_multiplier"),
+        ("residual_scale", "residual_multiplier"),
+        ("logit_scale", "logits_scaling"),
+    ] {
+        let v = keys
+            .float(k, false)?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", keys.key(k))))?;
+        config[name] = Value::from(v);
+    }
+    if config.get("max_position_embeddings").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", keys.key("context_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// `glm4`.
+fn glm4_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, hidden, heads, keys) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.hidden,
+        cx.heads,
+        cx.k,
+    );
+    // `rope.dimension_count` is the rotated part of a head here, not its size.
+    let hd = meta_count(meta, path, &keys.key("attention.key_length"))?
+        .map_or(i64::from(hidden / heads), i64::from);
+    config["head_dim"] = Value::from(hd);
+    config["attention_bias"] =
+        Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
+    // llama.cpp rotates `rope.dimension_count` dims of each head (HF's default: half).
+    let rot = keys
+        .float("rope.dimension_count", false)?
+        .unwrap_or(hd as f64 / 2.0);
+    config["partial_rotary_factor"] = Value::from(rot / hd as f64);
+    Ok(())
+}
+
+/// `mistral3`.
+fn mistral3_config(cx: &mut Cx) -> Result<()> {
+    let (config, path, meta, keys) = (&mut *cx.config, cx.path, cx.meta, cx.k);
+    // rope_parameters from YaRN's keys; `yarn_log_multiplier` is mscale_all_dim here
+    // (Ministral3Model writes it as is) and `temperature_scale` Llama 4's beta.
+    let need = |k: &str| -> Result<f64> {
+        keys.float(k, false)?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", keys.key(k))))
+    };
+    match meta_str(meta, &keys.key("rope.scaling.type")) {
+        Some("yarn") => {}
+        other => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {other:?}; Ministral 3 needs yarn",
+                    keys.key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    let m = need("rope.scaling.yarn_log_multiplier")?;
+    config["rope_parameters"] = json!({
+        "rope_type": "yarn",
+        "type": "yarn",
+        "rope_theta": config["rope_theta"].clone(),
+        "factor": need("rope.scaling.factor")?,
+        "original_max_position_embeddings":
+            keys.count("rope.scaling.original_context_length")?,
+        "beta_fast": keys.float("rope.scaling.yarn_beta_fast", false)?.unwrap_or(32.0),
+        "beta_slow": keys.float("rope.scaling.yarn_beta_slow", false)?.unwrap_or(1.0),
+        "mscale": m,
+        "mscale_all_dim": m,
+        "llama_4_scaling_beta": keys.float("attention.temperature_scale", true)?
+            .ok_or_else(|| gguf_err(
+                path,
+                format!("metadata `{}` is missing", keys.key("attention.temperature_scale")),
+            ))?,
+    });
+    Ok(())
+}
+
+/// `minicpm3`.
+fn minicpm3_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, rope_tensors, path, meta, arch, keys) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        &mut *cx.rope_tensors,
+        cx.path,
+        cx.meta,
+        cx.arch,
+        cx.k,
+    );
+    // llama.cpp fixes MiniCPM3-4B's scales (none are in the file).
+    let rope = keys.count("rope.dimension_count")?;
+    let qk = keys.count("attention.key_length")?;
+    if qk <= rope {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata: `{}` = {qk} is not larger than `{}` = {rope}",
+                keys.key("attention.key_length"),
+                keys.key("rope.dimension_count")
+            ),
+        ));
+    }
+    if let Some(c) = config.as_object_mut() {
+        c.remove("head_dim");
+    }
+    config["qk_rope_head_dim"] = Value::from(rope);
+    config["qk_nope_head_dim"] = Value::from(qk - rope);
+    config["q_lora_rank"] = Value::from(keys.count("attention.q_lora_rank")?);
+    config["kv_lora_rank"] = Value::from(keys.count("attention.kv_lora_rank")?);
+    config["scale_emb"] = Value::from(12.0);
+    config["scale_depth"] = Value::from(1.4);
+    config["dim_model_base"] = Value::from(256);
+    config["attention_bias"] =
+        Value::from(tensors.contains_key("model.layers.0.self_attn.q_a_proj.bias"));
+    if config.get("max_position_embeddings").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", keys.key("context_length")),
+        ));
+    }
+    long_rope(config, rope_tensors, path, meta, arch)?;
+    if config.get("rope_scaling").is_none() {
+        // minicpm3.py needs a rope_scaling: factors of 1 over the whole context (no
+        // scale), llama.cpp's plain rope.
+        config["rope_scaling"] = json!({
+            "type": "longrope",
+            "original_max_position_embeddings": config["max_position_embeddings"].clone(),
+        });
+    }
+    Ok(())
+}
+
+/// `olmo2`.
+fn olmo2_config(cx: &mut Cx) -> Result<()> {
+    let (config, path, meta, blocks, keys) = (&mut *cx.config, cx.path, cx.meta, cx.blocks, cx.k);
+    // OLMo 3 is written as `olmo2` with a sliding window (and its per-layer pattern).
+    if let Some(w) = meta_count(meta, path, &keys.key("attention.sliding_window"))? {
+        config["model_type"] = Value::from("olmo3");
+        config["sliding_window"] = Value::from(w);
+        if let Some(GgufValue::Array(a)) = meta.get(&keys.key("attention.sliding_window_pattern")) {
+            let flags = a
+                .astype(Dtype::Bool)
+                .and_then(|b| b.to_vec::<bool>())
+                .map_err(|e| {
+                    gguf_err(
+                        path,
+                        format!("metadata `attention.sliding_window_pattern`: {e}"),
+                    )
+                })?;
+            if flags.len() != blocks as usize || !flags.contains(&false) || !flags.contains(&true) {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` has {} entries for {blocks} layers; mlx-lm's olmo3 \
+                         needs both sliding and full-attention layers",
+                        keys.key("attention.sliding_window_pattern"),
+                        flags.len()
+                    ),
+                ));
+            }
+            let types: Vec<&str> = flags
+                .iter()
+                .map(|&s| {
+                    if s {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect();
+            config["layer_types"] = json!(types);
+        }
+        if meta_str(meta, &keys.key("rope.scaling.type")).is_some_and(|t| t != "none") {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}`: rope scaling is not mapped for OLMo 3",
+                    keys.key("rope.scaling.type")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `exaone4`.
+fn exaone4_config(cx: &mut Cx) -> Result<()> {
+    let (config, path, meta, blocks, hidden, heads, keys) = (
+        &mut *cx.config,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.hidden,
+        cx.heads,
+        cx.k,
+    );
+    // mlx-lm's `sliding_window_pattern` is a period of "L" (sliding) / "G" (global)
+    // letters: the shortest that repeats the file's per-layer pattern (llama.cpp's
+    // default, "LLLG", when the file has a window and no pattern).
+    config["rope_scaling"] = Value::Null;
+    if config.get("head_dim").is_none() {
+        config["head_dim"] = Value::from(hidden / heads);
+    }
+    match meta_count(meta, path, &keys.key("attention.sliding_window"))? {
+        None => {
+            config["sliding_window"] = Value::Null;
+            config["sliding_window_pattern"] = Value::Null;
+        }
+        Some(w) => {
+            config["sliding_window"] = Value::from(w);
+            let flags = match meta.get(&keys.key("attention.sliding_window_pattern")) {
+                Some(GgufValue::Array(a)) => a
+                    .astype(Dtype::Bool)
+                    .and_then(|b| b.to_vec::<bool>())
+                    .map_err(|e| {
+                        gguf_err(path, format!("metadata `sliding_window_pattern`: {e}"))
+                    })?,
+                _ => (0..blocks).map(|i| (i + 1) % 4 != 0).collect(),
+            };
+            let n = flags.len();
+            let period = (1..=n)
+                .find(|&p| (0..n).all(|i| flags[i] == flags[i % p]))
+                .unwrap_or(n);
+            let pattern: String = flags[..period]
+                .iter()
+                .map(|&l| if l { 'L' } else { 'G' })
+                .collect();
+            if n != blocks as usize || !pattern.contains('L') || !pattern.contains('G') {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` ({n} entries for {blocks} layers) needs both \
+                         sliding and global layers for mlx-lm's exaone4",
+                        keys.key("attention.sliding_window_pattern")
+                    ),
+                ));
+            }
+            config["sliding_window_pattern"] = Value::from(pattern);
+        }
+    }
+    if config.get("max_position_embeddings").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", keys.key("context_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// `cohere2`.
+fn cohere2_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, hidden, heads, keys) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.hidden,
+        cx.heads,
+        cx.k,
+    );
+    let hd = config["head_dim"]
+        .as_i64()
+        .unwrap_or(i64::from(hidden / heads));
+    config["head_dim"] = Value::from(hd);
+    if let Some(d) = meta_count(meta, path, &keys.key("rope.dimension_count"))? {
+        if i64::from(d) != hd {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {d}: a partial rope, which mlx-lm's cohere2 lacks",
+                    keys.key("rope.dimension_count")
+                ),
+            ));
+        }
+    }
+    if meta_f64(meta, &keys.key("rope.freq_base_swa"))
+        .is_some_and(|b| Some(b) != config["rope_theta"].as_f64())
+    {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` differs from the global base; mlx-lm's cohere2 has one",
+                keys.key("rope.freq_base_swa")
+            ),
+        ));
+    }
+    config["logit_scale"] = Value::from(keys.float("logit_scale", false)?.ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing", keys.key("logit_scale")),
+        )
+    })?);
+    config["sliding_window"] = Value::from(keys.count("attention.sliding_window")?);
+    // llama.cpp's default pattern (every 4th layer global); a stored one must agree.
+    let pattern = 4;
+    if let Some(GgufValue::Array(a)) = meta.get(&keys.key("attention.sliding_window_pattern")) {
+        let flags = a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `sliding_window_pattern`: {e}")))?;
+        if !(0..flags.len()).all(|i| flags[i] == ((i + 1) % pattern != 0)) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not every 4th layer global, the pattern this map \
+                     reads",
+                    keys.key("attention.sliding_window_pattern")
+                ),
+            ));
+        }
+    }
+    config["sliding_window_pattern"] = Value::from(pattern as i64);
+    let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+    config["layer_norm_bias"] = Value::from(has("input_layernorm.bias"));
+    config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+    Ok(())
+}
+
+/// `seed_oss` | `ernie4_5` | `command-r`.
+fn seed_oss_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, arch, hidden, heads, keys) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.arch,
+        cx.hidden,
+        cx.heads,
+        cx.k,
+    );
+    let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+    match arch {
+        "seed_oss" => {
+            config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+            config["attention_out_bias"] = Value::from(has("self_attn.o_proj.bias"));
+            config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
+        }
+        "ernie4_5" => {
+            config["use_bias"] = Value::from(has("self_attn.q_proj.bias"));
+        }
+        _ => {
+            config["logit_scale"] =
+                Value::from(keys.float("logit_scale", false)?.ok_or_else(|| {
+                    gguf_err(
+                        path,
+                        format!("metadata `{}` is missing", keys.key("logit_scale")),
+                    )
+                })?);
+            config["use_qk_norm"] = Value::from(has("self_attn.q_norm.weight"));
+            config["layer_norm_bias"] = Value::from(has("input_layernorm.bias"));
+            config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+        }
+    }
+    // seed_oss and ernie4_5 need a head size; HF's default when the file has none.
+    if config.get("head_dim").is_none() {
+        config["head_dim"] = Value::from(hidden / heads);
+    }
+    if config.get("max_position_embeddings").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", keys.key("context_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// `olmoe`.
+fn olmoe_config(cx: &mut Cx) -> Result<()> {
+    let (config, keys) = (&mut *cx.config, cx.k);
+    // llama.cpp's olmoe does not renormalize the top-k weights (OLMoE's own config).
+    config["num_experts"] = Value::from(keys.count("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+    config["norm_topk_prob"] = Value::from(false);
+    Ok(())
+}
+
+/// `exaone`.
+fn exaone_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, hidden, heads, keys) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.hidden,
+        cx.heads,
+        cx.k,
+    );
+    // mlx-lm's EXAONE names and full-width rope.
+    let hd = i64::from(hidden / heads);
+    if let Some(d) = meta_count(meta, path, &keys.key("rope.dimension_count"))? {
+        if i64::from(d) != config["head_dim"].as_i64().unwrap_or(hd) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {d}: a partial rope, which mlx-lm's exaone lacks",
+                    keys.key("rope.dimension_count")
+                ),
+            ));
+        }
+    }
+    config["num_layers"] = Value::from(blocks);
+    config["attention_bias"] =
+        Value::from(tensors.contains_key("transformer.h.0.attn.attention.q_proj.bias"));
+    config["mlp_bias"] = Value::from(tensors.contains_key("transformer.h.0.mlp.c_proj.bias"));
+    Ok(())
+}
+
+/// `gpt-oss`.
+fn gpt_oss_config(cx: &mut Cx) -> Result<()> {
+    let (config, path, meta, blocks, hidden, heads, keys) = (
+        &mut *cx.config,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.hidden,
+        cx.heads,
+        cx.k,
+    );
+    // GptOssModel: the experts' width as `expert_feed_forward_length`, the window;
+    // llama.cpp fixes the pattern (even layers sliding), mlx-lm's default too.
+    config["num_local_experts"] = Value::from(keys.count("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+    config["intermediate_size"] = Value::from(keys.count("expert_feed_forward_length")?);
+    config["sliding_window"] = Value::from(keys.count("attention.sliding_window")?);
+    if config.get("head_dim").is_none() {
+        config["head_dim"] = Value::from(hidden / heads);
+    }
+    if blocks % 2 != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {blocks}: gpt-oss alternates sliding and full layers",
+                keys.key("block_count")
+            ),
+        ));
+    }
+    config["rope_scaling"] = match meta_str(meta, &keys.key("rope.scaling.type")) {
+        Some("yarn") => {
+            let need = |k: &str| -> Result<f64> {
+                keys.float(k, false)?
+                    .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", keys.key(k))))
+            };
+            json!({
+                "rope_type": "yarn",
+                "factor": need("rope.scaling.factor")?,
+                "original_max_position_embeddings":
+                    keys.count("rope.scaling.original_context_length")?,
+                "beta_fast": keys.float("rope.scaling.yarn_beta_fast", false)?.unwrap_or(32.0),
+                "beta_slow": keys.float("rope.scaling.yarn_beta_slow", false)?.unwrap_or(1.0),
+            })
+        }
+        None | Some("none") => Value::Null,
+        Some(t) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is `{t}`; gpt-oss maps only yarn",
+                    keys.key("rope.scaling.type")
+                ),
+            ))
+        }
+    };
+    Ok(())
+}
+
+/// `lfm2` | `lfm2moe`.
+fn lfm2_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, arch, blocks, hidden, ffn, kv_per_layer, keys) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.arch,
+        cx.blocks,
+        cx.hidden,
+        cx.ffn,
+        cx.kv_per_layer,
+        cx.k,
+    );
+    let Some(per) = &kv_per_layer else {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is not a per-layer list; LFM2 needs one",
+                keys.key("attention.head_count_kv")
+            ),
+        ));
+    };
+    if per.len() != blocks as usize {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` has {} entries for {blocks} layers",
+                keys.key("attention.head_count_kv"),
+                per.len()
+            ),
+        ));
+    }
+    let types: Vec<&str> = per
+        .iter()
+        .map(|&n| if n == 0 { "conv" } else { "full_attention" })
+        .collect();
+    config["layer_types"] = json!(types);
+    config["conv_L_cache"] = Value::from(keys.count("shortconv.l_cache")?);
+    config["conv_bias"] = Value::from(tensors.keys().any(|k| k.ends_with(".conv.in_proj.bias")));
+    if arch == "lfm2" {
+        // The width is stored already adjusted (LFM2Model._add_feed_forward_length).
+        config["block_ff_dim"] = Value::from(ffn);
+        config["block_dim"] = Value::from(hidden);
+        config["block_auto_adjust_ff_dim"] = Value::from(false);
+        config["block_multiple_of"] = Value::from(1);
+        config["block_ffn_dim_multiplier"] = Value::Null;
+    } else {
+        // llama.cpp's LFM2-MoE always renormalizes the top-k weights and scales them
+        // by `expert_weights_scale` (1 when absent, as the converter writes none).
+        config["num_experts"] = Value::from(keys.count("expert_count")?);
+        config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+        config["moe_intermediate_size"] = Value::from(keys.count("expert_feed_forward_length")?);
+        let dense = meta_layer_count(meta, path, &keys.key("leading_dense_block_count"), blocks)?;
+        config["num_dense_layers"] = Value::from(dense.unwrap_or(0));
+        config["norm_topk_prob"] = Value::from(true);
+        config["use_expert_bias"] = Value::from(
+            tensors
+                .keys()
+                .any(|k| k.ends_with(".feed_forward.expert_bias")),
+        );
+        config["routed_scaling_factor"] = Value::from(
+            keys.float("expert_weights_scale", true)?
+                .filter(|&v| v != 0.0)
+                .unwrap_or(1.0),
+        );
+        if meta_count(meta, path, &keys.key("expert_gating_func"))?.is_some_and(|g| g != 2) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not sigmoid (2), the router mlx-lm's lfm2_moe has",
+                    keys.key("expert_gating_func")
+                ),
+            ));
+        }
+    }
+    if config.get("max_position_embeddings").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", keys.key("context_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// `nanbeige`.
+fn nanbeige_config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, keys) =
+        (&mut *cx.config, &*cx.tensors, cx.path, cx.meta, cx.k);
+    // NanbeigeModel: the loop count and whether the loops between skip the final norm.
+    if let Some(n) = meta_count(meta, path, &keys.key("num_loops"))? {
+        config["num_loops"] = Value::from(n);
+    }
+    match meta.get(&keys.key("skip_loop_final_norm")) {
+        None => {}
+        Some(GgufValue::Array(a)) if a.size() == 1 => {
+            let b = a
+                .astype(Dtype::Bool)
+                .and_then(|b| b.item::<bool>())
+                .map_err(|e| gguf_err(path, format!("metadata `skip_loop_final_norm`: {e}")))?;
+            config["skip_loop_final_norm"] = Value::from(b);
+        }
+        Some(_) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not a flag",
+                    keys.key("skip_loop_final_norm")
+                ),
+            ))
+        }
+    }
+    let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+    config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+    config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
     Ok(())
 }
 

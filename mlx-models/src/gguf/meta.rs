@@ -11,6 +11,56 @@ use serde_json::Value;
 use super::gguf_err;
 use crate::error::Result;
 
+/// An architecture's hyper-parameter keys (`<arch>.<k>`), read with the messages every map
+/// shares: `key`, `float` (finite, within f32, > 0 or >= 0), `count` (a positive 32-bit
+/// integer that must be present).
+#[derive(Clone, Copy)]
+pub(super) struct Keys<'a> {
+    pub(super) arch: &'a str,
+    pub(super) meta: &'a GgufMetadata,
+    pub(super) path: &'a Path,
+}
+
+impl Keys<'_> {
+    /// `<arch>.<k>`.
+    pub(super) fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    /// A float hyper-parameter that is present must be finite and within what it means: a
+    /// NaN `rope.freq_base` became JSON null (serde_json's NaN) and the default replaced it.
+    pub(super) fn float(&self, k: &str, zero_ok: bool) -> Result<Option<f64>> {
+        let key = |k: &str| self.key(k);
+        let Some(v) = meta_f64(self.meta, &key(k)) else {
+            if self.meta.contains_key(&key(k)) {
+                return Err(gguf_err(
+                    self.path,
+                    format!("metadata `{}` is not a number", key(k)),
+                ));
+            }
+            return Ok(None);
+        };
+        let ok = v.is_finite() && v <= f64::from(f32::MAX) && (v > 0.0 || (zero_ok && v == 0.0));
+        if !ok {
+            let want = if zero_ok {
+                "a finite number >= 0"
+            } else {
+                "a finite number > 0"
+            };
+            return Err(gguf_err(
+                self.path,
+                format!("metadata `{}` is {v}; it must be {want}", key(k)),
+            ));
+        }
+        Ok(Some(v))
+    }
+
+    /// `<arch>.<k>`, a positive count, or an error naming the key when it is absent.
+    pub(super) fn count(&self, k: &str) -> Result<i32> {
+        need_count(self.meta, self.path, self.arch, k)
+    }
+}
+
 /// A positive integer hyper-parameter `key`, as a 32-bit value.
 pub(super) fn meta_count(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Option<i32>> {
     let Some(v) = meta_f64(meta, key) else {

@@ -26,6 +26,8 @@ pub(super) struct GgufArch {
     /// mlx-lm serves the file as the text model of a multimodal checkpoint: its weights
     /// renamed (a leading `.1` replaced by `.0`), its config as `text_config` of `.2`.
     pub(super) text_of: Option<(&'static str, &'static str, &'static str)>,
+    /// Reads what the keys every map shares leave out (`None`: nothing more).
+    pub(super) config: Option<super::ConfigFn>,
 }
 
 /// The fields most architectures share (llama's names, nothing permuted or shifted).
@@ -41,6 +43,7 @@ pub(super) const PLAIN: GgufArch = GgufArch {
     rope_tensors: false,
     per_layer_kv: false,
     text_of: None,
+    config: None,
 };
 
 const DEEPSEEK2_PARTS: &[(&str, &str)] = &[
@@ -167,6 +170,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "phi3",
         model_type: "phi3",
+        config: Some(super::phi3_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -187,6 +191,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gemma2",
         model_type: "gemma2",
+        config: Some(super::gemma2_config),
         permute_qk: false,
         norm_plus_one: true,
         parts: GEMMA2_PARTS,
@@ -195,6 +200,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gemma3",
         model_type: "gemma3_text",
+        config: Some(super::gemma2_config),
         permute_qk: false,
         norm_plus_one: true,
         parts: GEMMA2_PARTS,
@@ -203,6 +209,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen3moe",
         model_type: "qwen3_moe",
+        config: Some(super::qwen3moe_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -218,6 +225,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen2moe",
         model_type: "qwen2_moe",
+        config: Some(super::qwen2moe_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -235,6 +243,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "olmo2",
         model_type: "olmo2",
+        config: Some(super::olmo2_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -249,6 +258,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "granite",
         model_type: "granite",
+        config: Some(super::granite_config),
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
@@ -259,6 +269,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mistral3",
         model_type: "ministral3",
+        config: Some(super::mistral3_config),
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
@@ -270,6 +281,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "deepseek2",
         model_type: "deepseek_v2",
+        config: Some(super::deepseek2_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: DEEPSEEK2_PARTS,
@@ -278,6 +290,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "glm4",
         model_type: "glm4",
+        config: Some(super::glm4_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -307,6 +320,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "internlm2",
         model_type: "internlm2",
+        config: Some(super::internlm2_config),
         parts: &[
             ("attn_q", "attention.gguf_q"),
             ("attn_k", "attention.gguf_k"),
@@ -325,6 +339,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "apertus",
         model_type: "apertus",
+        config: Some(super::apertus_config),
         parts: &[
             ("attn_norm", "attention_layernorm"),
             ("ffn_norm", "feedforward_layernorm"),
@@ -337,6 +352,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "nemotron",
         model_type: "nemotron",
+        config: Some(super::nemotron_config),
         norm_plus_one: true,
         ..PLAIN
     },
@@ -344,6 +360,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "hunyuan-dense",
         model_type: "hunyuan_v1_dense",
+        config: Some(super::hunyuan_dense_config),
         parts: &[
             ("attn_q_norm", "self_attn.query_layernorm"),
             ("attn_k_norm", "self_attn.key_layernorm"),
@@ -355,6 +372,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "phi2",
         model_type: "phi",
+        config: Some(super::phi2_config),
         parts: &[
             ("attn_qkv", "self_attn.gguf_qkv"),
             ("attn_output", "self_attn.dense"),
@@ -368,6 +386,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gpt2",
         model_type: "gpt2",
+        config: Some(super::gpt2_config),
         parts: &[
             ("attn_norm", "ln_1"),
             ("attn_qkv", "attn.c_attn"),
@@ -388,6 +407,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "starcoder",
         model_type: "gpt_bigcode",
+        config: Some(super::starcoder_config),
         parts: &[
             ("attn_norm", "ln_1"),
             ("attn_qkv", "attn.c_attn"),
@@ -409,6 +429,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gptneox",
         model_type: "gpt_neox",
+        config: Some(super::gptneox_config),
         parts: &[
             ("attn_qkv", "attention.gguf_qkv"),
             ("attn_output", "attention.dense"),
@@ -427,6 +448,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "minicpm",
         model_type: "minicpm",
+        config: Some(super::minicpm_config),
         permute_qk: true,
         ..PLAIN
     },
@@ -434,6 +456,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "deepseek",
         model_type: "deepseek",
+        config: Some(super::deepseek_config),
         permute_qk: true,
         parts: &[
             EXPERT_PARTS[0],
@@ -451,6 +474,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "stablelm",
         model_type: "stablelm",
+        config: Some(super::stablelm_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_layernorm"),
             ("attn_k_norm", "self_attn.k_layernorm"),
@@ -462,6 +486,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "deci",
         model_type: "nemotron-nas",
+        config: Some(super::deci_config),
         rope_tensors: true,
         ..PLAIN
     },
@@ -470,6 +495,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "bitnet",
         model_type: "bitnet",
+        config: Some(super::bitnet_config),
         parts: &[
             ("attn_sub_norm", "self_attn.attn_sub_norm"),
             ("ffn_sub_norm", "mlp.ffn_sub_norm"),
@@ -498,6 +524,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen",
         model_type: "qwen",
+        config: Some(super::qwen_config),
         parts: &[
             ("attn_norm", "ln_1"),
             ("attn_qkv", "attn.c_attn"),
@@ -519,6 +546,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "plamo",
         model_type: "plamo",
+        config: Some(super::plamo_config),
         parts: &[("attn_norm", "norm")],
         layers: "model.layers.layers",
         ..PLAIN
@@ -528,6 +556,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "plamo3",
         model_type: "plamo3",
+        config: Some(super::plamo3_config),
         parts: &[
             ("attn_norm", "pre_mixer_norm"),
             ("attn_qkv", "mixer.qkv_proj"),
@@ -549,6 +578,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "talkie",
         model_type: "talkie",
+        config: Some(super::talkie_config),
         parts: &[
             ("attn_q", "attn.attn_query"),
             ("attn_k", "attn.attn_key"),
@@ -569,6 +599,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "spark2_5",
         model_type: "spark2_5",
+        config: Some(super::spark2_5_config),
         parts: &[
             ("attn_qkv", "self_attn.q_k_v_proj"),
             ("attn_gate", "self_attn.g_proj"),
@@ -582,6 +613,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "olmo",
         model_type: "olmo",
+        config: Some(super::olmo_config),
         permute_qk: true,
         parts: &[
             ("attn_output", "attn_out"),
@@ -601,6 +633,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mellum",
         model_type: "mellum",
+        config: Some(super::mellum_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -617,6 +650,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "exaone-moe",
         model_type: "exaone_moe",
+        config: Some(super::exaone_moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -636,6 +670,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "openelm",
         model_type: "openelm",
+        config: Some(super::openelm_config),
         parts: &[
             ("attn_qkv", "attn.qkv_proj"),
             ("attn_output", "attn.out_proj"),
@@ -660,6 +695,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "muse-glimmer",
         model_type: "muse_glimmer",
+        config: Some(super::muse_glimmer_config),
         permute_qk: true,
         parts: &[
             ("attn_gate", "self_attn.gate_proj"),
@@ -675,6 +711,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "exaone",
         model_type: "exaone",
+        config: Some(super::exaone_config),
         parts: &[
             ("attn_norm", "ln_1"),
             ("ffn_norm", "ln_2"),
@@ -697,6 +734,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "olmoe",
         model_type: "olmoe",
+        config: Some(super::olmoe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -712,6 +750,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "granitemoe",
         model_type: "granitemoe",
+        config: Some(super::granite_config),
         permute_qk: true,
         parts: &[
             ("ffn_gate_inp", "block_sparse_moe.router.layer"),
@@ -724,6 +763,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "phimoe",
         model_type: "phimoe",
+        config: Some(super::phi3_config),
         parts: &[
             ("ffn_gate_inp", "block_sparse_moe.gate"),
             ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
@@ -737,6 +777,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "minicpm3",
         model_type: "minicpm3",
+        config: Some(super::minicpm3_config),
         parts: MLA_PARTS,
         rope_tensors: true,
         ..PLAIN
@@ -745,6 +786,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "glm4moe",
         model_type: "glm4_moe",
+        config: Some(super::grouped_moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -764,6 +806,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "dots1",
         model_type: "dots1",
+        config: Some(super::grouped_moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -783,6 +826,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mistral4",
         model_type: "mistral4",
+        config: Some(super::deepseek2_config),
         parts: &[("ffn_gate_up_exps", "mlp.switch_mlp.gate_up_proj")],
         base_parts: DEEPSEEK2_PARTS,
         ..PLAIN
@@ -793,6 +837,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen3next",
         model_type: "qwen3_next",
+        config: Some(super::qwen3next_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -822,30 +867,35 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen35",
         model_type: "qwen3_5",
+        config: Some(super::qwen3next_config),
         parts: QWEN35_PARTS,
         ..PLAIN
     },
     GgufArch {
         arch: "qwen35moe",
         model_type: "qwen3_5_moe",
+        config: Some(super::qwen3next_config),
         parts: QWEN35_PARTS,
         ..PLAIN
     },
     GgufArch {
         arch: "seed_oss",
         model_type: "seed_oss",
+        config: Some(super::seed_oss_config),
         ..PLAIN
     },
     // ERNIE 4.5 (dense): interleaved rope on both sides, nothing permuted.
     GgufArch {
         arch: "ernie4_5",
         model_type: "ernie4_5",
+        config: Some(super::seed_oss_config),
         ..PLAIN
     },
     // Command R: one LayerNorm per block (parallel attention and MLP), per-head q/k norms.
     GgufArch {
         arch: "command-r",
         model_type: "cohere",
+        config: Some(super::seed_oss_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -856,6 +906,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "cohere2",
         model_type: "cohere2",
+        config: Some(super::cohere2_config),
         ..PLAIN
     },
     // gpt-oss: attention sinks (`attn_sinks.weight`, mlx-lm's bare `sinks`), a biased router,
@@ -864,6 +915,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gpt-oss",
         model_type: "gpt_oss",
+        config: Some(super::gpt_oss_config),
         parts: &[
             ("post_attention_norm", "post_attention_layernorm"),
             ("attn_sinks", "self_attn.sinks"),
@@ -880,6 +932,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "lfm2",
         model_type: "lfm2",
+        config: Some(super::lfm2_config),
         parts: &[
             ("attn_norm", "operator_norm"),
             ("ffn_norm", "ffn_norm"),
@@ -902,6 +955,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "lfm2moe",
         model_type: "lfm2_moe",
+        config: Some(super::lfm2_config),
         parts: &[
             ("attn_norm", "operator_norm"),
             ("ffn_norm", "ffn_norm"),
@@ -928,6 +982,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "nanbeige",
         model_type: "nanbeige",
+        config: Some(super::nanbeige_config),
         permute_qk: true,
         rope_tensors: true,
         ..PLAIN
@@ -936,6 +991,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "exaone4",
         model_type: "exaone4",
+        config: Some(super::exaone4_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -952,6 +1008,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "ernie4_5-moe",
         model_type: "ernie4_5_moe",
+        config: Some(super::ernie45_moe_config),
         parts: &[
             ("exp_probs_b", "mlp.moe_statics.e_score_correction"),
             EXPERT_PARTS[0],
@@ -972,6 +1029,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "granitehybrid",
         model_type: "granitemoehybrid",
+        config: Some(super::granitehybrid_config),
         permute_qk: true,
         parts: &[
             ("ssm_in", "mamba.in_proj"),
@@ -998,6 +1056,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "rwkv7",
         model_type: "rwkv7",
+        config: Some(super::rwkv7_config),
         parts: &[
             ("attn_norm", "attn_norm"),
             ("attn_norm_2", "ffn_norm"),
@@ -1037,6 +1096,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gemma3n",
         model_type: "gemma3n",
+        config: Some(super::gemma3n_config),
         parts: &[
             ("post_attention_norm", "post_attention_layernorm"),
             ("ffn_norm", "pre_feedforward_layernorm"),
@@ -1072,6 +1132,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gemma4",
         model_type: "gemma4_text",
+        config: Some(super::gemma4_config),
         parts: &[
             ("post_attention_norm", "post_attention_layernorm"),
             ("ffn_norm", "pre_feedforward_layernorm"),
@@ -1098,6 +1159,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "llama4",
         model_type: "llama4",
+        config: Some(super::llama4_config),
         parts: &[
             ("ffn_gate", "feed_forward.gate_proj"),
             ("ffn_up", "feed_forward.up_proj"),
@@ -1119,6 +1181,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mamba",
         model_type: "mamba",
+        config: Some(super::mamba_config),
         parts: &[
             ("attn_norm", "norm"),
             ("ssm_in", "mixer.in_proj"),
@@ -1139,6 +1202,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mamba2",
         model_type: "mamba2",
+        config: Some(super::mamba_config),
         parts: &[
             ("attn_norm", "norm"),
             ("ssm_in", "mixer.in_proj"),
@@ -1160,6 +1224,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "minimax-m2",
         model_type: "minimax",
+        config: Some(super::minimax_m2_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -1178,6 +1243,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "bailingmoe2",
         model_type: "bailing_moe",
+        config: Some(super::bailing_config),
         parts: &[
             ("attn_qkv", "attention.query_key_value"),
             ("attn_output", "attention.dense"),
@@ -1202,6 +1268,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "nemotron_h",
         model_type: "nemotron_h",
+        config: Some(super::nemotron_h_config),
         permute_qk: true,
         parts: NEMOTRON_H_PARTS,
         layers: "backbone.layers",
@@ -1217,6 +1284,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "falcon-h1",
         model_type: "falcon_h1",
+        config: Some(super::falcon_h1_config),
         parts: &[
             ("ffn_norm", "pre_ff_layernorm"),
             ("ffn_gate", "feed_forward.gate_proj"),
@@ -1238,6 +1306,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "jamba",
         model_type: "jamba",
+        config: Some(super::jamba_config),
         parts: &[
             ("ffn_norm", "pre_ff_layernorm"),
             ("ffn_gate", "feed_forward.gate_proj"),
@@ -1265,6 +1334,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "dbrx",
         model_type: "dbrx",
+        config: Some(super::dbrx_config),
         parts: &[
             ("attn_norm", "norm_attn_norm.norm_1"),
             ("attn_output_norm", "norm_attn_norm.norm_2"),
@@ -1288,6 +1358,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "hunyuan-moe",
         model_type: "hunyuan",
+        config: Some(super::hunyuan_moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.query_layernorm"),
             ("attn_k_norm", "self_attn.key_layernorm"),
@@ -1306,6 +1377,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen3vlmoe",
         model_type: "qwen3_vl_moe",
+        config: Some(super::qwen3moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -1323,6 +1395,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "afmoe",
         model_type: "afmoe",
+        config: Some(super::afmoe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -1347,6 +1420,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "deepseek32",
         model_type: "deepseek_v32",
+        config: Some(super::deepseek32_config),
         parts: &[
             ("indexer.attn_q_b", "self_attn.indexer.wq_b"),
             ("indexer.attn_k", "self_attn.indexer.wk"),
@@ -1361,6 +1435,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "bailingmoe",
         model_type: "bailing_moe",
+        config: Some(super::bailing_config),
         parts: &[
             ("attn_q", "attention.gguf_q"),
             ("attn_k", "attention.gguf_k"),
@@ -1384,6 +1459,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "plamo2",
         model_type: "plamo2",
+        config: Some(super::plamo2_config),
         parts: &[
             ("attn_norm", "pre_mixer_norm"),
             ("post_attention_norm", "post_mixer_norm"),
@@ -1414,6 +1490,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "glm-dsa",
         model_type: "glm_moe_dsa",
+        config: Some(super::deepseek32_config),
         parts: &[
             ("indexer.attn_q_b", "self_attn.indexer.wq_b"),
             ("indexer.attn_k", "self_attn.indexer.wk"),
@@ -1429,6 +1506,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "nemotron_h_moe",
         model_type: "nemotron_h",
+        config: Some(super::nemotron_h_config),
         permute_qk: true,
         parts: &[
             ("ffn_gate_inp", "mixer.gate"),
@@ -1454,6 +1532,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "step35",
         model_type: "step3p5",
+        config: Some(super::step35_config),
         parts: &[
             ("attn_gate", "self_attn.g_proj"),
             ("attn_q_norm", "self_attn.q_norm"),
@@ -1477,6 +1556,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mimo2",
         model_type: "mimo_v2_flash",
+        config: Some(super::mimo2_config),
         parts: &[
             // `.weight` -> the bare `attention_sink_bias` (see `map_name`).
             ("attn_sinks", "self_attn.attention_sink_bias"),
@@ -1494,6 +1574,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "laguna",
         model_type: "laguna",
+        config: Some(super::laguna_config),
         parts: &[
             ("attn_gate", "self_attn.g_proj"),
             ("attn_q_norm", "self_attn.q_norm"),
@@ -1516,6 +1597,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "kimi-linear",
         model_type: "kimi_linear",
+        config: Some(super::kimi_linear_config),
         parts: &[
             ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
             ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
