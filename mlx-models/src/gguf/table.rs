@@ -191,7 +191,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gemma2",
         model_type: "gemma2",
-        config: Some(super::gemma2_config),
+        config: Some(super::gemma::gemma2_config),
         permute_qk: false,
         norm_plus_one: true,
         parts: GEMMA2_PARTS,
@@ -200,7 +200,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gemma3",
         model_type: "gemma3_text",
-        config: Some(super::gemma2_config),
+        config: Some(super::gemma::gemma2_config),
         permute_qk: false,
         norm_plus_one: true,
         parts: GEMMA2_PARTS,
@@ -281,7 +281,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "deepseek2",
         model_type: "deepseek_v2",
-        config: Some(super::deepseek2_config),
+        config: Some(super::mla::deepseek2_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: DEEPSEEK2_PARTS,
@@ -777,7 +777,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "minicpm3",
         model_type: "minicpm3",
-        config: Some(super::minicpm3_config),
+        config: Some(super::mla::minicpm3_config),
         parts: MLA_PARTS,
         rope_tensors: true,
         ..PLAIN
@@ -826,7 +826,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mistral4",
         model_type: "mistral4",
-        config: Some(super::deepseek2_config),
+        config: Some(super::mla::deepseek2_config),
         parts: &[("ffn_gate_up_exps", "mlp.switch_mlp.gate_up_proj")],
         base_parts: DEEPSEEK2_PARTS,
         ..PLAIN
@@ -837,7 +837,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen3next",
         model_type: "qwen3_next",
-        config: Some(super::qwen3next_config),
+        config: Some(super::linear::qwen3next_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -867,14 +867,14 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen35",
         model_type: "qwen3_5",
-        config: Some(super::qwen3next_config),
+        config: Some(super::linear::qwen3next_config),
         parts: QWEN35_PARTS,
         ..PLAIN
     },
     GgufArch {
         arch: "qwen35moe",
         model_type: "qwen3_5_moe",
-        config: Some(super::qwen3next_config),
+        config: Some(super::linear::qwen3next_config),
         parts: QWEN35_PARTS,
         ..PLAIN
     },
@@ -932,7 +932,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "lfm2",
         model_type: "lfm2",
-        config: Some(super::lfm2_config),
+        config: Some(super::linear::lfm2_config),
         parts: &[
             ("attn_norm", "operator_norm"),
             ("ffn_norm", "ffn_norm"),
@@ -955,7 +955,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "lfm2moe",
         model_type: "lfm2_moe",
-        config: Some(super::lfm2_config),
+        config: Some(super::linear::lfm2_config),
         parts: &[
             ("attn_norm", "operator_norm"),
             ("ffn_norm", "ffn_norm"),
@@ -1029,7 +1029,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "granitehybrid",
         model_type: "granitemoehybrid",
-        config: Some(super::granitehybrid_config),
+        config: Some(super::ssm::granitehybrid_config),
         permute_qk: true,
         parts: &[
             ("ssm_in", "mamba.in_proj"),
@@ -1056,7 +1056,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "rwkv7",
         model_type: "rwkv7",
-        config: Some(super::rwkv7_config),
+        config: Some(super::linear::rwkv7_config),
         parts: &[
             ("attn_norm", "attn_norm"),
             ("attn_norm_2", "ffn_norm"),
@@ -1096,7 +1096,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gemma3n",
         model_type: "gemma3n",
-        config: Some(super::gemma3n_config),
+        config: Some(super::gemma::gemma3n_config),
         parts: &[
             ("post_attention_norm", "post_attention_layernorm"),
             ("ffn_norm", "pre_feedforward_layernorm"),
@@ -1132,7 +1132,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gemma4",
         model_type: "gemma4_text",
-        config: Some(super::gemma4_config),
+        config: Some(super::gemma::gemma4_config),
         parts: &[
             ("post_attention_norm", "post_attention_layernorm"),
             ("ffn_norm", "pre_feedforward_layernorm"),
@@ -1181,7 +1181,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mamba",
         model_type: "mamba",
-        config: Some(super::mamba_config),
+        config: Some(super::ssm::mamba_config),
         parts: &[
             ("attn_norm", "norm"),
             ("ssm_in", "mixer.in_proj"),
@@ -1202,7 +1202,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mamba2",
         model_type: "mamba2",
-        config: Some(super::mamba_config),
+        config: Some(super::ssm::mamba_config),
         parts: &[
             ("attn_norm", "norm"),
             ("ssm_in", "mixer.in_proj"),
@@ -1268,7 +1268,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "nemotron_h",
         model_type: "nemotron_h",
-        config: Some(super::nemotron_h_config),
+        config: Some(super::ssm::nemotron_h_config),
         permute_qk: true,
         parts: NEMOTRON_H_PARTS,
         layers: "backbone.layers",
@@ -1284,7 +1284,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "falcon-h1",
         model_type: "falcon_h1",
-        config: Some(super::falcon_h1_config),
+        config: Some(super::ssm::falcon_h1_config),
         parts: &[
             ("ffn_norm", "pre_ff_layernorm"),
             ("ffn_gate", "feed_forward.gate_proj"),
@@ -1306,7 +1306,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "jamba",
         model_type: "jamba",
-        config: Some(super::jamba_config),
+        config: Some(super::ssm::jamba_config),
         parts: &[
             ("ffn_norm", "pre_ff_layernorm"),
             ("ffn_gate", "feed_forward.gate_proj"),
@@ -1420,7 +1420,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "deepseek32",
         model_type: "deepseek_v32",
-        config: Some(super::deepseek32_config),
+        config: Some(super::mla::deepseek32_config),
         parts: &[
             ("indexer.attn_q_b", "self_attn.indexer.wq_b"),
             ("indexer.attn_k", "self_attn.indexer.wk"),
@@ -1459,7 +1459,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "plamo2",
         model_type: "plamo2",
-        config: Some(super::plamo2_config),
+        config: Some(super::ssm::plamo2_config),
         parts: &[
             ("attn_norm", "pre_mixer_norm"),
             ("post_attention_norm", "post_mixer_norm"),
@@ -1490,7 +1490,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "glm-dsa",
         model_type: "glm_moe_dsa",
-        config: Some(super::deepseek32_config),
+        config: Some(super::mla::deepseek32_config),
         parts: &[
             ("indexer.attn_q_b", "self_attn.indexer.wq_b"),
             ("indexer.attn_k", "self_attn.indexer.wk"),
@@ -1506,7 +1506,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "nemotron_h_moe",
         model_type: "nemotron_h",
-        config: Some(super::nemotron_h_config),
+        config: Some(super::ssm::nemotron_h_config),
         permute_qk: true,
         parts: &[
             ("ffn_gate_inp", "mixer.gate"),
@@ -1597,7 +1597,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "kimi-linear",
         model_type: "kimi_linear",
-        config: Some(super::kimi_linear_config),
+        config: Some(super::linear::kimi_linear_config),
         parts: &[
             ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
             ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
