@@ -209,7 +209,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen3moe",
         model_type: "qwen3_moe",
-        config: Some(super::qwen3moe_config),
+        config: Some(super::moe::qwen3moe_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -225,7 +225,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen2moe",
         model_type: "qwen2_moe",
-        config: Some(super::qwen2moe_config),
+        config: Some(super::moe::qwen2moe_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -456,7 +456,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "deepseek",
         model_type: "deepseek",
-        config: Some(super::deepseek_config),
+        config: Some(super::moe::deepseek_config),
         permute_qk: true,
         parts: &[
             EXPERT_PARTS[0],
@@ -650,7 +650,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "exaone-moe",
         model_type: "exaone_moe",
-        config: Some(super::exaone_moe_config),
+        config: Some(super::moe::exaone_moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -734,7 +734,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "olmoe",
         model_type: "olmoe",
-        config: Some(super::olmoe_config),
+        config: Some(super::moe::olmoe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -786,7 +786,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "glm4moe",
         model_type: "glm4_moe",
-        config: Some(super::grouped_moe_config),
+        config: Some(super::moe::grouped_moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -806,7 +806,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "dots1",
         model_type: "dots1",
-        config: Some(super::grouped_moe_config),
+        config: Some(super::moe::grouped_moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -915,7 +915,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gpt-oss",
         model_type: "gpt_oss",
-        config: Some(super::gpt_oss_config),
+        config: Some(super::moe::gpt_oss_config),
         parts: &[
             ("post_attention_norm", "post_attention_layernorm"),
             ("attn_sinks", "self_attn.sinks"),
@@ -1008,7 +1008,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "ernie4_5-moe",
         model_type: "ernie4_5_moe",
-        config: Some(super::ernie45_moe_config),
+        config: Some(super::moe::ernie45_moe_config),
         parts: &[
             ("exp_probs_b", "mlp.moe_statics.e_score_correction"),
             EXPERT_PARTS[0],
@@ -1159,7 +1159,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "llama4",
         model_type: "llama4",
-        config: Some(super::llama4_config),
+        config: Some(super::moe::llama4_config),
         parts: &[
             ("ffn_gate", "feed_forward.gate_proj"),
             ("ffn_up", "feed_forward.up_proj"),
@@ -1224,7 +1224,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "minimax-m2",
         model_type: "minimax",
-        config: Some(super::minimax_m2_config),
+        config: Some(super::moe::minimax_m2_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -1243,7 +1243,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "bailingmoe2",
         model_type: "bailing_moe",
-        config: Some(super::bailing_config),
+        config: Some(super::moe::bailing_config),
         parts: &[
             ("attn_qkv", "attention.query_key_value"),
             ("attn_output", "attention.dense"),
@@ -1334,7 +1334,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "dbrx",
         model_type: "dbrx",
-        config: Some(super::dbrx_config),
+        config: Some(super::moe::dbrx_config),
         parts: &[
             ("attn_norm", "norm_attn_norm.norm_1"),
             ("attn_output_norm", "norm_attn_norm.norm_2"),
@@ -1358,7 +1358,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "hunyuan-moe",
         model_type: "hunyuan",
-        config: Some(super::hunyuan_moe_config),
+        config: Some(super::moe::hunyuan_moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.query_layernorm"),
             ("attn_k_norm", "self_attn.key_layernorm"),
@@ -1377,7 +1377,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen3vlmoe",
         model_type: "qwen3_vl_moe",
-        config: Some(super::qwen3moe_config),
+        config: Some(super::moe::qwen3moe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -1395,7 +1395,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "afmoe",
         model_type: "afmoe",
-        config: Some(super::afmoe_config),
+        config: Some(super::moe::afmoe_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -1435,7 +1435,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "bailingmoe",
         model_type: "bailing_moe",
-        config: Some(super::bailing_config),
+        config: Some(super::moe::bailing_config),
         parts: &[
             ("attn_q", "attention.gguf_q"),
             ("attn_k", "attention.gguf_k"),
