@@ -170,7 +170,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "phi3",
         model_type: "phi3",
-        config: Some(super::phi3_config),
+        config: Some(super::dense::phi3_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -243,7 +243,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "olmo2",
         model_type: "olmo2",
-        config: Some(super::olmo2_config),
+        config: Some(super::dense::olmo2_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -258,7 +258,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "granite",
         model_type: "granite",
-        config: Some(super::granite_config),
+        config: Some(super::dense::granite_config),
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
@@ -269,7 +269,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mistral3",
         model_type: "ministral3",
-        config: Some(super::mistral3_config),
+        config: Some(super::dense::mistral3_config),
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
@@ -290,7 +290,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "glm4",
         model_type: "glm4",
-        config: Some(super::glm4_config),
+        config: Some(super::dense::glm4_config),
         permute_qk: false,
         norm_plus_one: false,
         parts: &[
@@ -320,7 +320,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "internlm2",
         model_type: "internlm2",
-        config: Some(super::internlm2_config),
+        config: Some(super::fused::internlm2_config),
         parts: &[
             ("attn_q", "attention.gguf_q"),
             ("attn_k", "attention.gguf_k"),
@@ -339,7 +339,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "apertus",
         model_type: "apertus",
-        config: Some(super::apertus_config),
+        config: Some(super::dense::apertus_config),
         parts: &[
             ("attn_norm", "attention_layernorm"),
             ("ffn_norm", "feedforward_layernorm"),
@@ -352,7 +352,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "nemotron",
         model_type: "nemotron",
-        config: Some(super::nemotron_config),
+        config: Some(super::dense::nemotron_config),
         norm_plus_one: true,
         ..PLAIN
     },
@@ -360,7 +360,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "hunyuan-dense",
         model_type: "hunyuan_v1_dense",
-        config: Some(super::hunyuan_dense_config),
+        config: Some(super::dense::hunyuan_dense_config),
         parts: &[
             ("attn_q_norm", "self_attn.query_layernorm"),
             ("attn_k_norm", "self_attn.key_layernorm"),
@@ -372,7 +372,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "phi2",
         model_type: "phi",
-        config: Some(super::phi2_config),
+        config: Some(super::fused::phi2_config),
         parts: &[
             ("attn_qkv", "self_attn.gguf_qkv"),
             ("attn_output", "self_attn.dense"),
@@ -386,7 +386,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gpt2",
         model_type: "gpt2",
-        config: Some(super::gpt2_config),
+        config: Some(super::fused::gpt2_config),
         parts: &[
             ("attn_norm", "ln_1"),
             ("attn_qkv", "attn.c_attn"),
@@ -407,7 +407,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "starcoder",
         model_type: "gpt_bigcode",
-        config: Some(super::starcoder_config),
+        config: Some(super::fused::starcoder_config),
         parts: &[
             ("attn_norm", "ln_1"),
             ("attn_qkv", "attn.c_attn"),
@@ -429,7 +429,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "gptneox",
         model_type: "gpt_neox",
-        config: Some(super::gptneox_config),
+        config: Some(super::fused::gptneox_config),
         parts: &[
             ("attn_qkv", "attention.gguf_qkv"),
             ("attn_output", "attention.dense"),
@@ -448,7 +448,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "minicpm",
         model_type: "minicpm",
-        config: Some(super::minicpm_config),
+        config: Some(super::dense::minicpm_config),
         permute_qk: true,
         ..PLAIN
     },
@@ -474,7 +474,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "stablelm",
         model_type: "stablelm",
-        config: Some(super::stablelm_config),
+        config: Some(super::fused::stablelm_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_layernorm"),
             ("attn_k_norm", "self_attn.k_layernorm"),
@@ -486,7 +486,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "deci",
         model_type: "nemotron-nas",
-        config: Some(super::deci_config),
+        config: Some(super::layerwise::deci_config),
         rope_tensors: true,
         ..PLAIN
     },
@@ -495,7 +495,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "bitnet",
         model_type: "bitnet",
-        config: Some(super::bitnet_config),
+        config: Some(super::fused::bitnet_config),
         parts: &[
             ("attn_sub_norm", "self_attn.attn_sub_norm"),
             ("ffn_sub_norm", "mlp.ffn_sub_norm"),
@@ -524,7 +524,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "qwen",
         model_type: "qwen",
-        config: Some(super::qwen_config),
+        config: Some(super::fused::qwen_config),
         parts: &[
             ("attn_norm", "ln_1"),
             ("attn_qkv", "attn.c_attn"),
@@ -546,7 +546,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "plamo",
         model_type: "plamo",
-        config: Some(super::plamo_config),
+        config: Some(super::fused::plamo_config),
         parts: &[("attn_norm", "norm")],
         layers: "model.layers.layers",
         ..PLAIN
@@ -556,7 +556,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "plamo3",
         model_type: "plamo3",
-        config: Some(super::plamo3_config),
+        config: Some(super::fused::plamo3_config),
         parts: &[
             ("attn_norm", "pre_mixer_norm"),
             ("attn_qkv", "mixer.qkv_proj"),
@@ -578,7 +578,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "talkie",
         model_type: "talkie",
-        config: Some(super::talkie_config),
+        config: Some(super::fused::talkie_config),
         parts: &[
             ("attn_q", "attn.attn_query"),
             ("attn_k", "attn.attn_key"),
@@ -599,7 +599,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "spark2_5",
         model_type: "spark2_5",
-        config: Some(super::spark2_5_config),
+        config: Some(super::dense::spark2_5_config),
         parts: &[
             ("attn_qkv", "self_attn.q_k_v_proj"),
             ("attn_gate", "self_attn.g_proj"),
@@ -613,7 +613,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "olmo",
         model_type: "olmo",
-        config: Some(super::olmo_config),
+        config: Some(super::fused::olmo_config),
         permute_qk: true,
         parts: &[
             ("attn_output", "attn_out"),
@@ -633,7 +633,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mellum",
         model_type: "mellum",
-        config: Some(super::mellum_config),
+        config: Some(super::dense::mellum_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -670,7 +670,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "openelm",
         model_type: "openelm",
-        config: Some(super::openelm_config),
+        config: Some(super::layerwise::openelm_config),
         parts: &[
             ("attn_qkv", "attn.qkv_proj"),
             ("attn_output", "attn.out_proj"),
@@ -695,7 +695,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "muse-glimmer",
         model_type: "muse_glimmer",
-        config: Some(super::muse_glimmer_config),
+        config: Some(super::layerwise::muse_glimmer_config),
         permute_qk: true,
         parts: &[
             ("attn_gate", "self_attn.gate_proj"),
@@ -711,7 +711,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "exaone",
         model_type: "exaone",
-        config: Some(super::exaone_config),
+        config: Some(super::dense::exaone_config),
         parts: &[
             ("attn_norm", "ln_1"),
             ("ffn_norm", "ln_2"),
@@ -750,7 +750,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "granitemoe",
         model_type: "granitemoe",
-        config: Some(super::granite_config),
+        config: Some(super::dense::granite_config),
         permute_qk: true,
         parts: &[
             ("ffn_gate_inp", "block_sparse_moe.router.layer"),
@@ -763,7 +763,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "phimoe",
         model_type: "phimoe",
-        config: Some(super::phi3_config),
+        config: Some(super::dense::phi3_config),
         parts: &[
             ("ffn_gate_inp", "block_sparse_moe.gate"),
             ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
@@ -881,21 +881,21 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "seed_oss",
         model_type: "seed_oss",
-        config: Some(super::seed_oss_config),
+        config: Some(super::dense::seed_oss_config),
         ..PLAIN
     },
     // ERNIE 4.5 (dense): interleaved rope on both sides, nothing permuted.
     GgufArch {
         arch: "ernie4_5",
         model_type: "ernie4_5",
-        config: Some(super::seed_oss_config),
+        config: Some(super::dense::seed_oss_config),
         ..PLAIN
     },
     // Command R: one LayerNorm per block (parallel attention and MLP), per-head q/k norms.
     GgufArch {
         arch: "command-r",
         model_type: "cohere",
-        config: Some(super::seed_oss_config),
+        config: Some(super::dense::seed_oss_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -906,7 +906,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "cohere2",
         model_type: "cohere2",
-        config: Some(super::cohere2_config),
+        config: Some(super::dense::cohere2_config),
         ..PLAIN
     },
     // gpt-oss: attention sinks (`attn_sinks.weight`, mlx-lm's bare `sinks`), a biased router,
@@ -982,7 +982,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "nanbeige",
         model_type: "nanbeige",
-        config: Some(super::nanbeige_config),
+        config: Some(super::dense::nanbeige_config),
         permute_qk: true,
         rope_tensors: true,
         ..PLAIN
@@ -991,7 +991,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "exaone4",
         model_type: "exaone4",
-        config: Some(super::exaone4_config),
+        config: Some(super::dense::exaone4_config),
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
@@ -1532,7 +1532,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "step35",
         model_type: "step3p5",
-        config: Some(super::step35_config),
+        config: Some(super::moe_swa::step35_config),
         parts: &[
             ("attn_gate", "self_attn.g_proj"),
             ("attn_q_norm", "self_attn.q_norm"),
@@ -1556,7 +1556,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "mimo2",
         model_type: "mimo_v2_flash",
-        config: Some(super::mimo2_config),
+        config: Some(super::moe_swa::mimo2_config),
         parts: &[
             // `.weight` -> the bare `attention_sink_bias` (see `map_name`).
             ("attn_sinks", "self_attn.attention_sink_bias"),
@@ -1574,7 +1574,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "laguna",
         model_type: "laguna",
-        config: Some(super::laguna_config),
+        config: Some(super::moe_swa::laguna_config),
         parts: &[
             ("attn_gate", "self_attn.g_proj"),
             ("attn_q_norm", "self_attn.q_norm"),
