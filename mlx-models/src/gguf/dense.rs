@@ -71,13 +71,14 @@ pub(super) fn mellum_config(cx: &mut Cx) -> Result<()> {
     let (config, path, meta, blocks) = (&mut *cx.config, cx.path, cx.meta, cx.blocks);
     let k = cx.k;
     let key: &dyn Fn(&str) -> String = &move |s: &str| k.key(s);
-    let need = |k: &str| -> Result<i32> {
-        meta_count(meta, path, &key(k))?
-            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-    };
-    config["num_experts"] = Value::from(need("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    cx.k.experts(
+        config,
+        &[
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ],
+    )?;
     config["norm_topk_prob"] = Value::from(true);
     if let Some(s) = meta_f64(meta, &key("expert_weights_scale")).filter(|&s| s != 0.0 && s != 1.0)
     {
@@ -286,8 +287,7 @@ pub(super) fn phi3_config(cx: &mut Cx) -> Result<()> {
         }
     }
     if arch == "phimoe" {
-        config["num_local_experts"] = Value::from(keys.count("expert_count")?);
-        config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+        keys.experts(config, &["num_local_experts", "num_experts_per_tok"])?;
     }
     long_rope(config, rope_tensors, path, meta, arch)?;
     Ok(())
@@ -298,8 +298,7 @@ pub(super) fn granite_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, arch, keys) =
         (&mut *cx.config, &*cx.tensors, cx.path, cx.arch, cx.k);
     if arch == "granitemoe" {
-        config["num_local_experts"] = Value::from(keys.count("expert_count")?);
-        config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+        keys.experts(config, &["num_local_experts", "num_experts_per_tok"])?;
     }
     let has_bias = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}.bias"));
     config["attention_bias"] = Value::from(has_bias("self_attn.q_proj"));

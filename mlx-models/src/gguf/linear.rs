@@ -174,9 +174,14 @@ pub(super) fn qwen3next_config(cx: &mut Cx) -> Result<()> {
         config["partial_rotary_factor"] = Value::from(partial);
     }
     if arch != "qwen35" {
-        config["num_experts"] = Value::from(need("expert_count")?);
-        config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
-        config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+        cx.k.experts(
+            config,
+            &[
+                "num_experts",
+                "num_experts_per_tok",
+                "moe_intermediate_size",
+            ],
+        )?;
         config["shared_expert_intermediate_size"] =
             Value::from(need("expert_shared_feed_forward_length")?);
         config["decoder_sparse_step"] = Value::from(1);
@@ -523,9 +528,14 @@ pub(super) fn lfm2_config(cx: &mut Cx) -> Result<()> {
     } else {
         // llama.cpp's LFM2-MoE always renormalizes the top-k weights and scales them
         // by `expert_weights_scale` (1 when absent, as the converter writes none).
-        config["num_experts"] = Value::from(keys.count("expert_count")?);
-        config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
-        config["moe_intermediate_size"] = Value::from(keys.count("expert_feed_forward_length")?);
+        keys.experts(
+            config,
+            &[
+                "num_experts",
+                "num_experts_per_tok",
+                "moe_intermediate_size",
+            ],
+        )?;
         let dense = meta_layer_count(meta, path, &keys.key("leading_dense_block_count"), blocks)?;
         config["num_dense_layers"] = Value::from(dense.unwrap_or(0));
         config["norm_topk_prob"] = Value::from(true);

@@ -59,6 +59,67 @@ impl Keys<'_> {
     pub(super) fn count(&self, k: &str) -> Result<i32> {
         need_count(self.meta, self.path, self.arch, k)
     }
+
+    /// The expert counts llama.cpp writes for a mixture of experts, each required, into
+    /// `config` under the names the mlx-lm type gives them: `names` in the order
+    /// `expert_count`, `expert_used_count`, `expert_feed_forward_length` (the first
+    /// `names.len()` of them are read).
+    pub(super) fn experts(&self, config: &mut Value, names: &[&str]) -> Result<()> {
+        const KEYS: [&str; 3] = [
+            "expert_count",
+            "expert_used_count",
+            "expert_feed_forward_length",
+        ];
+        for (name, k) in names.iter().zip(KEYS) {
+            config[*name] = Value::from(self.count(k)?);
+        }
+        Ok(())
+    }
+
+    /// `expert_gating_func` as the router name mlx-lm's `ty` takes: the first of `routers`
+    /// when absent; a number not among them is refused, naming both.
+    pub(super) fn gating(
+        &self,
+        ty: &str,
+        routers: [(i32, &'static str); 2],
+    ) -> Result<&'static str> {
+        let [(n0, r0), (n1, r1)] = routers;
+        match meta_count(self.meta, self.path, &self.key("expert_gating_func"))? {
+            None => Ok(r0),
+            Some(g) if g == n0 => Ok(r0),
+            Some(g) if g == n1 => Ok(r1),
+            Some(g) => Err(gguf_err(
+                self.path,
+                format!(
+                    "metadata `{}` is {g}; mlx-lm's {ty} routes by {r0} ({n0}) or {r1} ({n1})",
+                    self.key("expert_gating_func")
+                ),
+            )),
+        }
+    }
+
+    /// Group-limited routing as DeepSeek V3 names it: `n_group` from `expert_group_count`
+    /// and `topk_group` from `expert_group_used_count`, 1 each when absent.
+    pub(super) fn groups(&self, config: &mut Value) -> Result<()> {
+        for (name, k) in [
+            ("n_group", "expert_group_count"),
+            ("topk_group", "expert_group_used_count"),
+        ] {
+            config[name] =
+                Value::from(meta_count(self.meta, self.path, &self.key(k))?.unwrap_or(1));
+        }
+        Ok(())
+    }
+
+    /// The routed weights' renormalization (`expert_weights_norm`, false when absent) and
+    /// scale (`expert_weights_scale`, finite and > 0, 1 when absent), under `names`.
+    pub(super) fn route_weights(&self, config: &mut Value, names: [&str; 2]) -> Result<()> {
+        let norm = meta_bool(self.meta, self.path, &self.key("expert_weights_norm"))?;
+        config[names[0]] = Value::from(norm.unwrap_or(false));
+        let scale = positive_f64(self.meta, self.path, &self.key("expert_weights_scale"))?;
+        config[names[1]] = Value::from(scale.unwrap_or(1.0));
+        Ok(())
+    }
 }
 
 /// A positive integer hyper-parameter `key`, as a 32-bit value.

@@ -25,8 +25,7 @@ pub(super) fn ernie45_moe_config(cx: &mut Cx) -> Result<()> {
         (&mut *cx.config, &*cx.tensors, cx.path, cx.meta, cx.blocks);
     let key = |k: &str| format!("ernie4_5-moe.{k}");
     let need = |k: &str| need_count(meta, path, "ernie4_5-moe", k);
-    config["moe_num_experts"] = Value::from(need("expert_count")?);
-    config["moe_k"] = Value::from(need("expert_used_count")?);
+    cx.k.experts(config, &["moe_num_experts", "moe_k"])?;
     config["moe_layer_interval"] = Value::from(need("interleave_moe_layer_step")?);
     config["moe_layer_start_index"] = Value::from(
         meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?.unwrap_or(0),
@@ -125,10 +124,7 @@ pub(super) fn exaone_moe_config(cx: &mut Cx) -> Result<()> {
     config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
     config["num_shared_experts"] = Value::from(shared);
     config["moe_intermediate_size"] = Value::from(moe);
-    config["n_group"] =
-        Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
-    config["topk_group"] =
-        Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
+    cx.k.groups(config)?;
     config["routed_scaling_factor"] = Value::from(
         meta_f64(meta, &key("expert_weights_scale"))
             .filter(|&s| s != 0.0)
@@ -194,8 +190,7 @@ pub(super) fn deepseek_config(cx: &mut Cx) -> Result<()> {
             ));
         }
     }
-    config["n_routed_experts"] = Value::from(need("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    cx.k.experts(config, &["n_routed_experts", "num_experts_per_tok"])?;
     config["n_shared_experts"] =
         Value::from(meta_count(meta, path, "deepseek.expert_shared_count")?.unwrap_or(0));
     config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
@@ -286,9 +281,6 @@ pub(super) fn grouped_moe_config(cx: &mut Cx) -> Result<()> {
     );
     let key = |k: &str| format!("{arch}.{k}");
     let opt = |k: &str| meta_count(meta, path, &key(k));
-    let need = |k: &str| -> Result<i32> {
-        opt(k)?.ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-    };
     match opt("expert_gating_func")? {
         None | Some(2) => {}
         Some(g) => {
@@ -319,13 +311,17 @@ pub(super) fn grouped_moe_config(cx: &mut Cx) -> Result<()> {
     };
     let head_dim = opt("attention.key_length")?.unwrap_or(default_head);
     config["head_dim"] = Value::from(head_dim);
-    config["n_routed_experts"] = Value::from(need("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    cx.k.experts(
+        config,
+        &[
+            "n_routed_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ],
+    )?;
     config["n_shared_experts"] = Value::from(opt("expert_shared_count")?.unwrap_or(0));
     config["first_k_dense_replace"] = Value::from(opt("leading_dense_block_count")?.unwrap_or(0));
-    config["n_group"] = Value::from(opt("expert_group_count")?.unwrap_or(1));
-    config["topk_group"] = Value::from(opt("expert_group_used_count")?.unwrap_or(1));
+    cx.k.groups(config)?;
     config["routed_scaling_factor"] = Value::from(scale);
     config["norm_topk_prob"] =
         Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
@@ -357,9 +353,14 @@ pub(super) fn minimax_m2_config(cx: &mut Cx) -> Result<()> {
             format!("metadata `{gating}` is not sigmoid (2), the router mlx-lm's minimax has"),
         ));
     }
-    config["num_local_experts"] = Value::from(need("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
-    config["intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    cx.k.experts(
+        config,
+        &[
+            "num_local_experts",
+            "num_experts_per_tok",
+            "intermediate_size",
+        ],
+    )?;
     config["shared_intermediate_size"] = Value::from(0);
     config["rotary_dim"] = Value::from(need("rope.dimension_count")?);
     config["scoring_func"] = Value::from("sigmoid");
@@ -412,32 +413,20 @@ pub(super) fn bailing_config(cx: &mut Cx) -> Result<()> {
     if let Some(c) = config.as_object_mut() {
         c.remove("head_dim");
     }
-    config["score_function"] = Value::from(match meta_count(meta, path, &key("expert_gating_func"))? {
-        None | Some(1) => "softmax",
-        Some(2) => "sigmoid",
-        Some(g) => {
-            return Err(gguf_err(
-                path,
-                format!(
-                    "metadata `{}` is {g}; mlx-lm's bailing_moe routes by softmax (1) or sigmoid (2)",
-                    key("expert_gating_func")
-                ),
-            ))
-        }
-    });
-    config["num_experts"] = Value::from(need("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["score_function"] =
+        Value::from(cx.k.gating("bailing_moe", [(1, "softmax"), (2, "sigmoid")])?);
+    cx.k.experts(
+        config,
+        &[
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ],
+    )?;
     let dense = meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?;
     config["first_k_dense_replace"] = Value::from(dense.unwrap_or(0));
-    config["n_group"] =
-        Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
-    config["topk_group"] =
-        Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
-    config["norm_topk_prob"] =
-        Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
-    let scale = positive_f64(meta, path, &key("expert_weights_scale"))?.unwrap_or(1.0);
-    config["routed_scaling_factor"] = Value::from(scale);
+    cx.k.groups(config)?;
+    cx.k.route_weights(config, ["norm_topk_prob", "routed_scaling_factor"])?;
     config["rotary_dim"] = Value::from(need("rope.dimension_count")?);
     let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
     config["use_qk_norm"] = Value::from(has(".attention.query_layernorm.weight"));
@@ -579,7 +568,6 @@ pub(super) fn hunyuan_moe_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, meta) = (&mut *cx.config, &*cx.tensors, cx.path, cx.meta);
     let arch = "hunyuan-moe";
     let key = |k: &str| format!("{arch}.{k}");
-    let need = |k: &str| need_count(meta, path, arch, k);
     let (hidden, heads) = (
         config["hidden_size"].as_i64().unwrap_or(0),
         config["num_attention_heads"].as_i64().unwrap_or(1),
@@ -613,9 +601,10 @@ pub(super) fn hunyuan_moe_config(cx: &mut Cx) -> Result<()> {
         }
     }
     config["rope_scaling"] = json!({"alpha": 1.0, "factor": 1.0, "type": "dynamic"});
-    config["num_experts"] = Value::from(need("expert_count")?);
-    config["moe_topk"] = Value::from(need("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    cx.k.experts(
+        config,
+        &["num_experts", "moe_topk", "moe_intermediate_size"],
+    )?;
     let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
     let width = tensors
         .iter()
@@ -658,7 +647,6 @@ pub(super) fn afmoe_config(cx: &mut Cx) -> Result<()> {
         (&mut *cx.config, &*cx.tensors, cx.path, cx.meta, cx.blocks);
     let arch = "afmoe";
     let key = |k: &str| format!("{arch}.{k}");
-    let need = |k: &str| need_count(meta, path, arch, k);
     let window = meta_count(meta, path, &key("attention.sliding_window"))?;
     let sliding: Vec<bool> = match (window, meta.get(&key("attention.sliding_window_pattern"))) {
         (None, _) => vec![false; blocks as usize],
@@ -696,32 +684,19 @@ pub(super) fn afmoe_config(cx: &mut Cx) -> Result<()> {
         .collect();
     config["layer_types"] = json!(types);
     config["sliding_window"] = Value::from(window.unwrap_or(1));
-    config["score_func"] = Value::from(match meta_count(meta, path, &key("expert_gating_func"))? {
-        None | Some(2) => "sigmoid",
-        Some(1) => "softmax",
-        Some(g) => {
-            return Err(gguf_err(
-                path,
-                format!(
-                    "metadata `{}` is {g}; mlx-lm's afmoe routes by sigmoid (2) or softmax (1)",
-                    key("expert_gating_func")
-                ),
-            ))
-        }
-    });
-    config["num_experts"] = Value::from(need("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["score_func"] = Value::from(cx.k.gating("afmoe", [(2, "sigmoid"), (1, "softmax")])?);
+    cx.k.experts(
+        config,
+        &[
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ],
+    )?;
     let dense = meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?;
     config["num_dense_layers"] = Value::from(dense.unwrap_or(0));
-    config["n_group"] =
-        Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
-    config["topk_group"] =
-        Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
-    config["route_norm"] =
-        Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
-    let scale = positive_f64(meta, path, &key("expert_weights_scale"))?.unwrap_or(1.0);
-    config["route_scale"] = Value::from(scale);
+    cx.k.groups(config)?;
+    cx.k.route_weights(config, ["route_norm", "route_scale"])?;
     config["mup_enabled"] = Value::from(true);
     let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
     let moe = config["moe_intermediate_size"].as_i64().unwrap_or(0);
@@ -823,9 +798,14 @@ pub(super) fn join_bailing_qkv(
 pub(super) fn qwen3moe_config(cx: &mut Cx) -> Result<()> {
     let (config, hidden, heads, keys) = (&mut *cx.config, cx.hidden, cx.heads, cx.k);
     // llama.cpp's qwen3moe renormalizes the top-k weights and has no dense layers.
-    config["num_experts"] = Value::from(keys.count("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(keys.count("expert_feed_forward_length")?);
+    keys.experts(
+        config,
+        &[
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ],
+    )?;
     config["decoder_sparse_step"] = Value::from(1);
     config["mlp_only_layers"] = json!([]);
     config["norm_topk_prob"] = Value::from(true);
@@ -839,9 +819,14 @@ pub(super) fn qwen3moe_config(cx: &mut Cx) -> Result<()> {
 pub(super) fn qwen2moe_config(cx: &mut Cx) -> Result<()> {
     let (config, keys) = (&mut *cx.config, cx.k);
     // llama.cpp's qwen2moe, like mlx-lm's, does not renormalize the top-k weights.
-    config["num_experts"] = Value::from(keys.count("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(keys.count("expert_feed_forward_length")?);
+    keys.experts(
+        config,
+        &[
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ],
+    )?;
     config["shared_expert_intermediate_size"] =
         Value::from(keys.count("expert_shared_feed_forward_length")?);
     Ok(())
@@ -851,8 +836,7 @@ pub(super) fn qwen2moe_config(cx: &mut Cx) -> Result<()> {
 pub(super) fn olmoe_config(cx: &mut Cx) -> Result<()> {
     let (config, keys) = (&mut *cx.config, cx.k);
     // llama.cpp's olmoe does not renormalize the top-k weights (OLMoE's own config).
-    config["num_experts"] = Value::from(keys.count("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
+    keys.experts(config, &["num_experts", "num_experts_per_tok"])?;
     config["norm_topk_prob"] = Value::from(false);
     Ok(())
 }
@@ -870,9 +854,14 @@ pub(super) fn gpt_oss_config(cx: &mut Cx) -> Result<()> {
     );
     // GptOssModel: the experts' width as `expert_feed_forward_length`, the window;
     // llama.cpp fixes the pattern (even layers sliding), mlx-lm's default too.
-    config["num_local_experts"] = Value::from(keys.count("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(keys.count("expert_used_count")?);
-    config["intermediate_size"] = Value::from(keys.count("expert_feed_forward_length")?);
+    keys.experts(
+        config,
+        &[
+            "num_local_experts",
+            "num_experts_per_tok",
+            "intermediate_size",
+        ],
+    )?;
     config["sliding_window"] = Value::from(keys.count("attention.sliding_window")?);
     if config.get("head_dim").is_none() {
         config["head_dim"] = Value::from(hidden / heads);

@@ -476,9 +476,10 @@ pub(super) fn step35_config(cx: &mut Cx) -> Result<()> {
             ));
         }
     }
-    config["moe_num_experts"] = Value::from(need("expert_count")?);
-    config["moe_top_k"] = Value::from(need("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    cx.k.experts(
+        config,
+        &["moe_num_experts", "moe_top_k", "moe_intermediate_size"],
+    )?;
     config["share_expert_dim"] = Value::from(need("expert_shared_feed_forward_length")?);
     config["moe_router_scaling_factor"] =
         Value::from(meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {

@@ -96,8 +96,7 @@ pub(super) fn granitehybrid_config(cx: &mut Cx) -> Result<()> {
     };
     config["position_embedding_type"] = Value::from(if rope { "rope" } else { "nope" });
     if has(".block_sparse_moe.router.layer.weight") {
-        config["num_local_experts"] = Value::from(need("expert_count")?);
-        config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+        cx.k.experts(config, &["num_local_experts", "num_experts_per_tok"])?;
         config["shared_intermediate_size"] =
             Value::from(need("expert_shared_feed_forward_length")?);
         for l in 0..blocks {
@@ -512,8 +511,7 @@ pub(super) fn jamba_config(cx: &mut Cx) -> Result<()> {
     }
     config["expert_layer_offset"] = Value::from(offset);
     config["expert_layer_period"] = Value::from(period);
-    config["num_experts"] = Value::from(need("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    cx.k.experts(config, &["num_experts", "num_experts_per_tok"])?;
     let (inner, hidden) = (need("ssm.inner_size")?, need("embedding_length")?);
     if inner % hidden != 0 {
         return Err(gguf_err(
