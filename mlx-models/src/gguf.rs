@@ -42,8 +42,9 @@ mod ssm;
 mod table;
 
 use meta::{
-    first_count, head_size, layer_counts, layer_list, meta_bool, meta_count, meta_layer_count,
-    need_count, per_layer_counts, positive_f64, require_context, rotary_dims, sliding_kinds, Keys,
+    attention_kinds, first_count, head_size, layer_counts, layer_list, meta_bool, meta_count,
+    meta_layer_count, need_count, per_layer_counts, positive_f64, require_context, rotary_dims,
+    sliding_kinds, Keys,
 };
 pub use meta::{meta_f64, meta_str};
 use rope::llama3_rope;

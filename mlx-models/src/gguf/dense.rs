@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 
 use super::rope::long_rope;
 use super::{
-    gguf_err, meta_count, meta_f64, meta_str, positive_f64, rotary_dims, sliding_kinds, Cx,
+    attention_kinds, gguf_err, meta_count, meta_f64, meta_str, positive_f64, rotary_dims,
+    sliding_kinds, Cx,
 };
 use crate::error::Result;
 
@@ -418,16 +419,7 @@ pub(super) fn olmo2_config(cx: &mut Cx) -> Result<()> {
                     ),
                 ));
             }
-            let types: Vec<&str> = flags
-                .iter()
-                .map(|&s| {
-                    if s {
-                        "sliding_attention"
-                    } else {
-                        "full_attention"
-                    }
-                })
-                .collect();
+            let types = attention_kinds(&flags);
             config["layer_types"] = json!(types);
         }
         if meta_str(meta, &keys.key("rope.scaling.type")).is_some_and(|t| t != "none") {

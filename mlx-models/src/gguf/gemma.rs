@@ -7,7 +7,10 @@ use mlx_core::io::{GgufMetadata, GgufValue};
 use mlx_core::prelude::*;
 use serde_json::{json, Value};
 
-use super::{gguf_err, meta_count, meta_f64, meta_layer_count, need_count, require_context, Cx};
+use super::{
+    attention_kinds, gguf_err, meta_count, meta_f64, meta_layer_count, need_count, require_context,
+    Cx,
+};
 use crate::error::{ModelError, Result};
 
 /// Gemma 3n / 4 `layer_types` from the per-layer sliding flags `key` (one per layer).
@@ -30,14 +33,7 @@ pub(super) fn gemma_layer_types(
             format!("metadata `{key}` must flag each of the {blocks} layers sliding or not"),
         ));
     }
-    let kind = |s: bool| {
-        if s {
-            "sliding_attention"
-        } else {
-            "full_attention"
-        }
-    };
-    Ok(json!(flags.into_iter().map(kind).collect::<Vec<_>>()))
+    Ok(json!(attention_kinds(&flags)))
 }
 
 /// The standard normal's CDF, `(1 + erf(t / sqrt 2)) / 2`, by erf's Taylor series (|x| < 4;

@@ -243,6 +243,19 @@ pub(super) fn rotary_dims(
     Ok(rot)
 }
 
+/// mlx-lm's `layer_types` names for per-layer sliding flags: `sliding_attention` where a
+/// layer slides, `full_attention` elsewhere.
+pub(super) fn attention_kinds(sliding: &[bool]) -> Vec<&'static str> {
+    let kind = |&s: &bool| {
+        if s {
+            "sliding_attention"
+        } else {
+            "full_attention"
+        }
+    };
+    sliding.iter().map(kind).collect()
+}
+
 /// `layer_types` ("sliding_attention" / "full_attention") from the per-layer flags of
 /// `attention.sliding_window_pattern`, one per layer.
 pub(super) fn sliding_kinds(
@@ -286,16 +299,7 @@ pub(super) fn sliding_kinds(
             ),
         ));
     }
-    let kinds: Vec<&str> = flags
-        .iter()
-        .map(|&s| {
-            if s {
-                "sliding_attention"
-            } else {
-                "full_attention"
-            }
-        })
-        .collect();
+    let kinds = attention_kinds(&flags);
     Ok(kinds)
 }
 

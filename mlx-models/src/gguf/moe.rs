@@ -9,8 +9,8 @@ use mlx_core::prelude::*;
 use serde_json::{json, Value};
 
 use super::{
-    gguf_err, meta_bool, meta_count, meta_f64, meta_layer_count, meta_str, need_count,
-    positive_f64, require_context, sliding_kinds, unpermute, Cx,
+    attention_kinds, gguf_err, meta_bool, meta_count, meta_f64, meta_layer_count, meta_str,
+    need_count, positive_f64, require_context, sliding_kinds, unpermute, Cx,
 };
 use crate::error::{ModelError, Result};
 
@@ -672,16 +672,7 @@ pub(super) fn afmoe_config(cx: &mut Cx) -> Result<()> {
             ),
         ));
     }
-    let types: Vec<&str> = sliding
-        .iter()
-        .map(|&s| {
-            if s {
-                "sliding_attention"
-            } else {
-                "full_attention"
-            }
-        })
-        .collect();
+    let types = attention_kinds(&sliding);
     config["layer_types"] = json!(types);
     config["sliding_window"] = Value::from(window.unwrap_or(1));
     config["score_func"] = Value::from(cx.k.gating("afmoe", [(2, "sigmoid"), (1, "softmax")])?);

@@ -3,7 +3,10 @@
 
 use serde_json::{json, Value};
 
-use super::{gguf_err, layer_list, meta_bool, meta_count, meta_f64, meta_str, need_count, Cx};
+use super::{
+    attention_kinds, gguf_err, layer_list, meta_bool, meta_count, meta_f64, meta_str, need_count,
+    Cx,
+};
 use crate::error::Result;
 
 /// MiMo V2 Flash as MimoV2Model writes it, for mlx-lm's `mimo_v2_flash`: the per-layer pattern
@@ -310,16 +313,7 @@ pub(super) fn laguna_config(cx: &mut Cx) -> Result<()> {
         }
     }
     let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
-    let layer_types: Vec<&str> = sliding
-        .iter()
-        .map(|&s| {
-            if s {
-                "sliding_attention"
-            } else {
-                "full_attention"
-            }
-        })
-        .collect();
+    let layer_types = attention_kinds(&sliding);
     let mlp_types: Vec<&str> = (0..blocks)
         .map(|l| if l < dense { "dense" } else { "sparse" })
         .collect();
@@ -420,16 +414,7 @@ pub(super) fn step35_config(cx: &mut Cx) -> Result<()> {
         }
         None => Value::Null,
     };
-    config["layer_types"] = swa
-        .iter()
-        .map(|&s| {
-            if s {
-                "sliding_attention"
-            } else {
-                "full_attention"
-            }
-        })
-        .collect();
+    config["layer_types"] = json!(attention_kinds(&swa));
     config["sliding_window"] = Value::from(need("attention.sliding_window")?);
     let head_dim = need("attention.key_length")?;
     config["head_dim"] = Value::from(head_dim);
