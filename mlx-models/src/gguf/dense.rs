@@ -261,7 +261,8 @@ pub(super) fn apertus_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `phi3` | `phimoe`.
+/// Phi-3 and PhiMoE (`phi3`, `phimoe`): the partial rope as `partial_rotary_factor` (phimoe
+/// has none and refuses one), phimoe's expert counts, and the long-rope factor tensors.
 pub(super) fn phi3_config(cx: &mut Cx) -> Result<()> {
     let (config, rope_tensors, path, meta, arch, hidden, heads, keys) = (
         &mut *cx.config,
@@ -294,7 +295,8 @@ pub(super) fn phi3_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `granite` | `granitemoe`.
+/// Granite and Granite MoE (`granite`, `granitemoe`): the four multipliers (attention,
+/// embedding, residual, logits), required, the biases from the tensors, the expert counts.
 pub(super) fn granite_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, arch, keys) =
         (&mut *cx.config, &*cx.tensors, cx.path, cx.arch, cx.k);
@@ -324,7 +326,8 @@ pub(super) fn granite_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `glm4`.
+/// GLM-4 (`glm4`): the head size, the attention bias from the tensors, and the rotated part
+/// (`rope.dimension_count`, half a head when absent) as `partial_rotary_factor`.
 pub(super) fn glm4_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, meta, hidden, heads, keys) = (
         &mut *cx.config,
@@ -349,7 +352,7 @@ pub(super) fn glm4_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `mistral3`.
+/// Ministral 3 (`mistral3`): `rope_parameters` from the YaRN keys, which must be there.
 pub(super) fn mistral3_config(cx: &mut Cx) -> Result<()> {
     let (config, path, meta, keys) = (&mut *cx.config, cx.path, cx.meta, cx.k);
     // rope_parameters from YaRN's keys; `yarn_log_multiplier` is mscale_all_dim here
@@ -391,7 +394,8 @@ pub(super) fn mistral3_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `olmo2`.
+/// OLMo 2 (`olmo2`), or OLMo 3 when the file has a sliding window: its layer kinds from the
+/// per-layer pattern, which must hold both kinds; no rope scaling.
 pub(super) fn olmo2_config(cx: &mut Cx) -> Result<()> {
     let (config, path, meta, blocks, keys) = (&mut *cx.config, cx.path, cx.meta, cx.blocks, cx.k);
     // OLMo 3 is written as `olmo2` with a sliding window (and its per-layer pattern).
@@ -435,7 +439,8 @@ pub(super) fn olmo2_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `exaone4`.
+/// EXAONE 4 (`exaone4`): the window and mlx-lm's `sliding_window_pattern` letters (the
+/// shortest period of the per-layer flags, llama.cpp's LLLG when there are none).
 pub(super) fn exaone4_config(cx: &mut Cx) -> Result<()> {
     let (config, path, meta, blocks, hidden, heads, keys) = (
         &mut *cx.config,
@@ -499,7 +504,8 @@ pub(super) fn exaone4_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `cohere2`.
+/// Cohere 2 (`cohere2`): one rope base and a full rope, the logit scale, the window with
+/// every 4th layer global (a stored pattern must agree), the biases from the tensors.
 pub(super) fn cohere2_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, meta, hidden, heads, keys) = (
         &mut *cx.config,
@@ -568,7 +574,8 @@ pub(super) fn cohere2_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `seed_oss` | `ernie4_5` | `command-r`.
+/// Seed-OSS, ERNIE 4.5 and Command-R (`seed_oss`, `ernie4_5`, `command-r`): biases and
+/// norms from the tensors, Command-R's logit scale, and a head size.
 pub(super) fn seed_oss_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, arch, hidden, heads, keys) = (
         &mut *cx.config,
@@ -615,7 +622,8 @@ pub(super) fn seed_oss_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `exaone`.
+/// EXAONE (`exaone`): mlx-lm's names, a full rope (a partial one is refused), the biases
+/// from the tensors.
 pub(super) fn exaone_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, meta, blocks, hidden, heads, keys) = (
         &mut *cx.config,
@@ -647,7 +655,8 @@ pub(super) fn exaone_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `nanbeige`.
+/// Nanbeige (`nanbeige`): the loop count, whether the loops between skip the final norm,
+/// the biases from the tensors.
 pub(super) fn nanbeige_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, meta, keys) =
         (&mut *cx.config, &*cx.tensors, cx.path, cx.meta, cx.k);

@@ -336,7 +336,8 @@ pub(super) fn gemma4_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `gemma2` | `gemma3`.
+/// Gemma 2 and 3 (`gemma2`, `gemma3`): the query scale from the head size, the window and
+/// the two soft-caps.
 pub(super) fn gemma2_config(cx: &mut Cx) -> Result<()> {
     let (config, head_dim, keys) = (&mut *cx.config, cx.head_dim, cx.k);
     if let Some(d) = head_dim {

@@ -478,7 +478,9 @@ pub(super) fn kimi_linear_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `lfm2` | `lfm2moe`.
+/// LFM2 and LFM2-MoE (`lfm2`, `lfm2moe`): the layer kinds from the per-layer KV heads, the
+/// short convolution, the dense width as stored, or the experts with llama.cpp's routing
+/// (renormalized, scaled, sigmoid only).
 pub(super) fn lfm2_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, meta, arch, blocks, hidden, ffn, kv_per_layer, keys) = (
         &mut *cx.config,

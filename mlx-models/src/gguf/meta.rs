@@ -111,6 +111,29 @@ impl Keys<'_> {
         Ok(())
     }
 
+    /// Mamba-2's heads: `ssm.time_step_rank` of them (read first), each of
+    /// `ssm.inner_size / heads` channels.
+    pub(super) fn ssm_heads(&self) -> Result<(i32, i32)> {
+        let heads = self.count("ssm.time_step_rank")?;
+        let inner = self.count("ssm.inner_size")?;
+        Ok((heads, self.ssm_head_dim(inner, heads)?))
+    }
+
+    /// `inner / heads`, which must be whole (`ssm.inner_size` over `ssm.time_step_rank`).
+    pub(super) fn ssm_head_dim(&self, inner: i32, heads: i32) -> Result<i32> {
+        if inner % heads != 0 {
+            return Err(gguf_err(
+                self.path,
+                format!(
+                    "metadata `{}` = {inner} does not divide into `{}` = {heads} heads",
+                    self.key("ssm.inner_size"),
+                    self.key("ssm.time_step_rank")
+                ),
+            ));
+        }
+        Ok(inner / heads)
+    }
+
     /// The routed weights' renormalization (`expert_weights_norm`, false when absent) and
     /// scale (`expert_weights_scale`, finite and > 0, 1 when absent), under `names`.
     pub(super) fn route_weights(&self, config: &mut Value, names: [&str; 2]) -> Result<()> {

@@ -406,7 +406,8 @@ pub(super) fn deepseek32_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `minicpm3`.
+/// MiniCPM3 (`minicpm3`): the latent ranks and the rope split of a head, llama.cpp's fixed
+/// scales, the long-rope factors (a plain longrope over the context when none).
 pub(super) fn minicpm3_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, rope_tensors, path, meta, arch, keys) = (
         &mut *cx.config,

@@ -785,7 +785,7 @@ pub(super) fn join_bailing_qkv(
     Ok(())
 }
 
-/// `qwen3moe` | `qwen3vlmoe`.
+/// Qwen3 MoE (`qwen3moe`, `qwen3vlmoe`): the experts, every layer sparse, renormalized.
 pub(super) fn qwen3moe_config(cx: &mut Cx) -> Result<()> {
     let (config, hidden, heads, keys) = (&mut *cx.config, cx.hidden, cx.heads, cx.k);
     // llama.cpp's qwen3moe renormalizes the top-k weights and has no dense layers.
@@ -806,7 +806,7 @@ pub(super) fn qwen3moe_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `qwen2moe`.
+/// Qwen2 MoE (`qwen2moe`): the experts and the shared expert's width.
 pub(super) fn qwen2moe_config(cx: &mut Cx) -> Result<()> {
     let (config, keys) = (&mut *cx.config, cx.k);
     // llama.cpp's qwen2moe, like mlx-lm's, does not renormalize the top-k weights.
@@ -823,7 +823,7 @@ pub(super) fn qwen2moe_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `olmoe`.
+/// OLMoE (`olmoe`): the expert counts, not renormalized.
 pub(super) fn olmoe_config(cx: &mut Cx) -> Result<()> {
     let (config, keys) = (&mut *cx.config, cx.k);
     // llama.cpp's olmoe does not renormalize the top-k weights (OLMoE's own config).
@@ -832,7 +832,8 @@ pub(super) fn olmoe_config(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// `gpt-oss`.
+/// gpt-oss (`gpt-oss`): the experts' width, the window (even layers sliding, an even layer
+/// count), YaRN's rope scaling if any.
 pub(super) fn gpt_oss_config(cx: &mut Cx) -> Result<()> {
     let (config, path, meta, blocks, hidden, heads, keys) = (
         &mut *cx.config,

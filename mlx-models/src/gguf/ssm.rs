@@ -44,19 +44,9 @@ pub(super) fn granitehybrid_config(cx: &mut Cx) -> Result<()> {
         .map(|&n| if n == 0 { "mamba" } else { "attention" })
         .collect();
     config["layer_types"] = json!(types);
-    let (heads, inner) = (need("ssm.time_step_rank")?, need("ssm.inner_size")?);
-    if inner % heads != 0 {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {inner} does not divide into `{}` = {heads} heads",
-                key("ssm.inner_size"),
-                key("ssm.time_step_rank")
-            ),
-        ));
-    }
+    let (heads, head_dim) = cx.k.ssm_heads()?;
     config["mamba_n_heads"] = Value::from(heads);
-    config["mamba_d_head"] = Value::from(inner / heads);
+    config["mamba_d_head"] = Value::from(head_dim);
     config["mamba_d_state"] = Value::from(need("ssm.state_size")?);
     config["mamba_d_conv"] = Value::from(need("ssm.conv_kernel")?);
     config["mamba_n_groups"] = Value::from(need("ssm.group_count")?);
@@ -157,18 +147,8 @@ pub(super) fn mamba_config(cx: &mut Cx) -> Result<()> {
             c["model_type"] = Value::from("falcon_mamba");
         }
     } else {
-        if inner % rank != 0 {
-            return Err(gguf_err(
-                path,
-                format!(
-                    "metadata `{}` = {inner} does not divide into `{}` = {rank} heads",
-                    key("ssm.inner_size"),
-                    key("ssm.time_step_rank")
-                ),
-            ));
-        }
         c["num_heads"] = Value::from(rank);
-        c["head_dim"] = Value::from(inner / rank);
+        c["head_dim"] = Value::from(cx.k.ssm_head_dim(inner, rank)?);
         c["n_groups"] = Value::from(need("ssm.group_count")?);
         c["layer_norm_epsilon"] = config["rms_norm_eps"].clone();
         c["time_step_limit"] = json!([0.0, "Infinity"]);
@@ -249,17 +229,7 @@ pub(super) fn nemotron_h_config(cx: &mut Cx) -> Result<()> {
             }
         });
     }
-    let (heads, inner) = (need("ssm.time_step_rank")?, need("ssm.inner_size")?);
-    if inner % heads != 0 {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {inner} does not divide into `{}` = {heads} heads",
-                key("ssm.inner_size"),
-                key("ssm.time_step_rank")
-            ),
-        ));
-    }
+    let (heads, head_dim) = cx.k.ssm_heads()?;
     if meta_bool(meta, path, &key("rope.scaling.finetuned"))? == Some(true) {
         return Err(gguf_err(
             path,
@@ -275,7 +245,7 @@ pub(super) fn nemotron_h_config(cx: &mut Cx) -> Result<()> {
         nemotron_h_moe_config(config, tensors, path, meta, width)?;
     }
     config["mamba_num_heads"] = Value::from(heads);
-    config["mamba_head_dim"] = Value::from(inner / heads);
+    config["mamba_head_dim"] = Value::from(head_dim);
     config["ssm_state_size"] = Value::from(need("ssm.state_size")?);
     config["conv_kernel"] = Value::from(need("ssm.conv_kernel")?);
     config["n_groups"] = Value::from(need("ssm.group_count")?);
@@ -411,21 +381,11 @@ pub(super) fn falcon_h1_config(cx: &mut Cx) -> Result<()> {
              `embedding_multiplier`, which the file does not keep",
         ));
     }
-    let (heads, inner) = (need("ssm.time_step_rank")?, need("ssm.inner_size")?);
-    if inner % heads != 0 {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {inner} does not divide into `{}` = {heads} heads",
-                key("ssm.inner_size"),
-                key("ssm.time_step_rank")
-            ),
-        ));
-    }
+    let (heads, head_dim) = cx.k.ssm_heads()?;
     config["head_dim"] = Value::from(need("attention.key_length")?);
-    config["mamba_d_ssm"] = Value::from(inner);
+    config["mamba_d_ssm"] = Value::from(heads * head_dim);
     config["mamba_n_heads"] = Value::from(heads);
-    config["mamba_d_head"] = Value::from(inner / heads);
+    config["mamba_d_head"] = Value::from(head_dim);
     config["mamba_d_state"] = Value::from(need("ssm.state_size")?);
     config["mamba_n_groups"] = Value::from(need("ssm.group_count")?);
     config["mamba_d_conv"] = Value::from(need("ssm.conv_kernel")?);
