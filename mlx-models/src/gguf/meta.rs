@@ -134,6 +134,31 @@ impl Keys<'_> {
         Ok(inner / heads)
     }
 
+    /// For an mlx-lm type whose head size is the width over the heads: an
+    /// `attention.key_length` that differs is refused, and `head_dim` is dropped.
+    pub(super) fn width_over_heads(&self, config: &mut Value, ty: &str) -> Result<()> {
+        let (hidden, heads) = (
+            config["hidden_size"].as_i64().unwrap_or(0),
+            config["num_attention_heads"].as_i64().unwrap_or(1),
+        );
+        if let Some(d) = meta_count(self.meta, self.path, &self.key("attention.key_length"))? {
+            if i64::from(d) * heads != hidden {
+                return Err(gguf_err(
+                    self.path,
+                    format!(
+                        "metadata `{}` = {d} is not the width over the heads, the only head size \
+                         mlx-lm's {ty} has",
+                        self.key("attention.key_length")
+                    ),
+                ));
+            }
+        }
+        if let Some(c) = config.as_object_mut() {
+            c.remove("head_dim");
+        }
+        Ok(())
+    }
+
     /// The routed weights' renormalization (`expert_weights_norm`, false when absent) and
     /// scale (`expert_weights_scale`, finite and > 0, 1 when absent), under `names`.
     pub(super) fn route_weights(&self, config: &mut Value, names: [&str; 2]) -> Result<()> {

@@ -394,25 +394,7 @@ pub(super) fn bailing_config(cx: &mut Cx) -> Result<()> {
     }
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
-    let (hidden, heads) = (
-        config["hidden_size"].as_i64().unwrap_or(0),
-        config["num_attention_heads"].as_i64().unwrap_or(1),
-    );
-    if let Some(d) = meta_count(meta, path, &key("attention.key_length"))? {
-        if i64::from(d) * heads != hidden {
-            return Err(gguf_err(
-                path,
-                format!(
-                    "metadata `{}` = {d} is not the width over the heads, the only head size \
-                     mlx-lm's bailing_moe has",
-                    key("attention.key_length")
-                ),
-            ));
-        }
-    }
-    if let Some(c) = config.as_object_mut() {
-        c.remove("head_dim");
-    }
+    cx.k.width_over_heads(config, "bailing_moe")?;
     config["score_function"] =
         Value::from(cx.k.gating("bailing_moe", [(1, "softmax"), (2, "sigmoid")])?);
     cx.k.experts(
@@ -568,25 +550,7 @@ pub(super) fn hunyuan_moe_config(cx: &mut Cx) -> Result<()> {
     let (config, tensors, path, meta) = (&mut *cx.config, &*cx.tensors, cx.path, cx.meta);
     let arch = "hunyuan-moe";
     let key = |k: &str| format!("{arch}.{k}");
-    let (hidden, heads) = (
-        config["hidden_size"].as_i64().unwrap_or(0),
-        config["num_attention_heads"].as_i64().unwrap_or(1),
-    );
-    if let Some(d) = meta_count(meta, path, &key("attention.key_length"))? {
-        if i64::from(d) * heads != hidden {
-            return Err(gguf_err(
-                path,
-                format!(
-                    "metadata `{}` = {d} is not the width over the heads, the only head size \
-                     mlx-lm's hunyuan has",
-                    key("attention.key_length")
-                ),
-            ));
-        }
-    }
-    if let Some(c) = config.as_object_mut() {
-        c.remove("head_dim");
-    }
+    cx.k.width_over_heads(config, "hunyuan")?;
     match meta_str(meta, &key("rope.scaling.type")) {
         None | Some("none") => {}
         Some(other) => {
