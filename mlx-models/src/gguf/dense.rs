@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 
 use super::rope::long_rope;
 use super::{
-    attention_kinds, gguf_err, meta_count, meta_f64, meta_str, positive_f64, rotary_dims,
-    sliding_kinds, Cx,
+    attention_kinds, gguf_err, meta_count, meta_f64, meta_str, positive_f64, require_context,
+    rotary_dims, sliding_kinds, Cx,
 };
 use crate::error::Result;
 
@@ -317,12 +317,7 @@ pub(super) fn granite_config(cx: &mut Cx) -> Result<()> {
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", keys.key(k))))?;
         config[name] = Value::from(v);
     }
-    if config.get("max_position_embeddings").is_none() {
-        return Err(gguf_err(
-            path,
-            format!("metadata `{}` is missing", keys.key("context_length")),
-        ));
-    }
+    require_context(config, path, &keys.key("context_length"))?;
     Ok(())
 }
 
@@ -495,12 +490,7 @@ pub(super) fn exaone4_config(cx: &mut Cx) -> Result<()> {
             config["sliding_window_pattern"] = Value::from(pattern);
         }
     }
-    if config.get("max_position_embeddings").is_none() {
-        return Err(gguf_err(
-            path,
-            format!("metadata `{}` is missing", keys.key("context_length")),
-        ));
-    }
+    require_context(config, path, &keys.key("context_length"))?;
     Ok(())
 }
 
@@ -613,12 +603,7 @@ pub(super) fn seed_oss_config(cx: &mut Cx) -> Result<()> {
     if config.get("head_dim").is_none() {
         config["head_dim"] = Value::from(hidden / heads);
     }
-    if config.get("max_position_embeddings").is_none() {
-        return Err(gguf_err(
-            path,
-            format!("metadata `{}` is missing", keys.key("context_length")),
-        ));
-    }
+    require_context(config, path, &keys.key("context_length"))?;
     Ok(())
 }
 

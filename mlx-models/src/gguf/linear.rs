@@ -8,7 +8,8 @@ use mlx_core::prelude::*;
 use serde_json::{json, Value};
 
 use super::{
-    gguf_err, layer_list, meta_count, meta_f64, meta_layer_count, need_count, Cx, QWEN35_PARTS,
+    gguf_err, layer_list, meta_count, meta_f64, meta_layer_count, need_count, require_context, Cx,
+    QWEN35_PARTS,
 };
 use crate::error::{ModelError, Result};
 
@@ -561,11 +562,6 @@ pub(super) fn lfm2_config(cx: &mut Cx) -> Result<()> {
             ));
         }
     }
-    if config.get("max_position_embeddings").is_none() {
-        return Err(gguf_err(
-            path,
-            format!("metadata `{}` is missing", keys.key("context_length")),
-        ));
-    }
+    require_context(config, path, &keys.key("context_length"))?;
     Ok(())
 }

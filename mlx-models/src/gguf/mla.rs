@@ -9,7 +9,7 @@ use mlx_core::prelude::*;
 use serde_json::{json, Value};
 
 use super::rope::long_rope;
-use super::{gguf_err, meta_count, meta_f64, meta_str, need_count, Cx};
+use super::{gguf_err, meta_count, meta_f64, meta_str, need_count, require_context, Cx};
 use crate::error::{ModelError, Result};
 
 /// llama.cpp's `deepseek2` hyper-parameters as mlx-lm's `deepseek_v2` (softmax router) or
@@ -443,12 +443,7 @@ pub(super) fn minicpm3_config(cx: &mut Cx) -> Result<()> {
     config["dim_model_base"] = Value::from(256);
     config["attention_bias"] =
         Value::from(tensors.contains_key("model.layers.0.self_attn.q_a_proj.bias"));
-    if config.get("max_position_embeddings").is_none() {
-        return Err(gguf_err(
-            path,
-            format!("metadata `{}` is missing", keys.key("context_length")),
-        ));
-    }
+    require_context(config, path, &keys.key("context_length"))?;
     long_rope(config, rope_tensors, path, meta, arch)?;
     if config.get("rope_scaling").is_none() {
         // minicpm3.py needs a rope_scaling: factors of 1 over the whole context (no
