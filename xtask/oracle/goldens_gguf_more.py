@@ -1278,6 +1278,37 @@ GRANITEHYBRID_DENSE = {
     "mamba_conv_bias": False,
 }
 
+def mamba2_tensors(c, layer, k, v):
+    """GraniteHybridModel's / FalconH1Model's Mamba-2 conversions (`mamba.*`): A as -exp(A_log)
+    and D as (heads, 1), the convolution squeezed, the gated norm per group; else None."""
+    if k.endswith("mamba.A_log"):
+        return [(f"blk.{layer}.ssm_a", (-mx.exp(v))[:, None])]
+    if k.endswith("mamba.D"):
+        return [(f"blk.{layer}.ssm_d", v[:, None])]
+    if k.endswith("mamba.dt_bias"):
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if k.endswith("mamba.conv1d.weight"):
+        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
+    if k.endswith("mamba.norm.weight"):
+        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["mamba_n_groups"], -1))]
+    return None
+
+
+def mamba2_back(p, rest, v):
+    """`mamba2_tensors` undone for `blk.<layer>.<rest>` (`p` the mlx-lm layer prefix); else None."""
+    if rest == "ssm_a":
+        return f"{p}.mamba.A_log", mx.log(-v).reshape(-1)
+    if rest == "ssm_d":
+        return f"{p}.mamba.D", v.reshape(-1)
+    if rest == "ssm_dt.bias":
+        return f"{p}.mamba.dt_bias", v
+    if rest == "ssm_conv1d.weight":
+        return f"{p}.mamba.conv1d.weight", v[..., None]
+    if rest == "ssm_norm.weight":
+        return f"{p}.mamba.norm.weight", v.reshape(-1)
+    return None
+
+
 GRANITEHYBRID_PARTS = {
     "mamba.in_proj": "ssm_in",
     "mamba.out_proj": "ssm_out",
@@ -1294,16 +1325,9 @@ GRANITEHYBRID_PARTS = {
 def granite_tensors(case, k, v):
     c = case.config
     layer = layer_of(k)
-    if k.endswith("mamba.A_log"):
-        return [(f"blk.{layer}.ssm_a", (-mx.exp(v))[:, None])]
-    if k.endswith("mamba.D"):
-        return [(f"blk.{layer}.ssm_d", v[:, None])]
-    if k.endswith("mamba.dt_bias"):
-        return [(f"blk.{layer}.ssm_dt.bias", v)]
-    if k.endswith("mamba.conv1d.weight"):
-        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
-    if k.endswith("mamba.norm.weight"):
-        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["mamba_n_groups"], -1))]
+    mamba = mamba2_tensors(c, layer, k, v)
+    if mamba is not None:
+        return mamba
     if k.endswith("shared_mlp.input_linear.weight"):
         gate, up = mx.split(v, 2, axis=0)
         return [(f"blk.{layer}.ffn_gate_shexp.weight", gate), (f"blk.{layer}.ffn_up_shexp.weight", up)]
@@ -1312,16 +1336,9 @@ def granite_tensors(case, k, v):
 
 def granite_back(case, p, rest, v, loaded):
     c = case.config
-    if rest == "ssm_a":
-        return f"{p}.mamba.A_log", mx.log(-v).reshape(-1)
-    if rest == "ssm_d":
-        return f"{p}.mamba.D", v.reshape(-1)
-    if rest == "ssm_dt.bias":
-        return f"{p}.mamba.dt_bias", v
-    if rest == "ssm_conv1d.weight":
-        return f"{p}.mamba.conv1d.weight", v[..., None]
-    if rest == "ssm_norm.weight":
-        return f"{p}.mamba.norm.weight", v.reshape(-1)
+    mamba = mamba2_back(p, rest, v)
+    if mamba is not None:
+        return mamba
     if rest == "ffn_gate_shexp.weight":
         return None
     if rest == "ffn_up_shexp.weight":
@@ -3175,16 +3192,9 @@ FALCON_H1_PARTS = {
 def falcon_h1_tensors(case, k, v):
     c = case.config
     layer = layer_of(k)
-    if k.endswith("mamba.A_log"):
-        return [(f"blk.{layer}.ssm_a", (-mx.exp(v))[:, None])]
-    if k.endswith("mamba.D"):
-        return [(f"blk.{layer}.ssm_d", v[:, None])]
-    if k.endswith("mamba.dt_bias"):
-        return [(f"blk.{layer}.ssm_dt.bias", v)]
-    if k.endswith("mamba.conv1d.weight"):
-        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
-    if k.endswith("mamba.norm.weight"):
-        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["mamba_n_groups"], -1))]
+    mamba = mamba2_tensors(c, layer, k, v)
+    if mamba is not None:
+        return mamba
     # FalconH1Model.modify_tensors' multipliers (float32 products).
     if "down_proj" in k:
         v = v * c["mlp_multipliers"][1]
@@ -3216,16 +3226,9 @@ def falcon_h1_tensors(case, k, v):
 
 
 def falcon_h1_back(case, p, rest, v, loaded):
-    if rest == "ssm_a":
-        return f"{p}.mamba.A_log", mx.log(-v).reshape(-1)
-    if rest == "ssm_d":
-        return f"{p}.mamba.D", v.reshape(-1)
-    if rest == "ssm_dt.bias":
-        return f"{p}.mamba.dt_bias", v
-    if rest == "ssm_conv1d.weight":
-        return f"{p}.mamba.conv1d.weight", v[..., None]
-    if rest == "ssm_norm.weight":
-        return f"{p}.mamba.norm.weight", v.reshape(-1)
+    mamba = mamba2_back(p, rest, v)
+    if mamba is not None:
+        return mamba
     module, suffix = rest.rsplit(".", 1)
     return f"{p}.{case.inverse[module]}.{suffix}", v
 
