@@ -1642,7 +1642,53 @@ const ARCHS: &[GgufArch] = &[
         per_layer_kv: true,
         ..PLAIN
     },
+    // Ling 3.0 (mlx-lm's `bailing_moe_v3`): KDA layers (`ssm_*`, `ssm_a` as exp(A_log)) between
+    // MLA layers (`attn_k_b` / `attn_v_b` as `embed_q` / `unembed_out`, the head-wise
+    // `attn_gate`), grouped sigmoid routing with an expert bias, shared experts
+    // (`gguf/bailingmoe3.rs`).
+    GgufArch {
+        arch: "bailingmoe3",
+        model_type: "bailing_moe_v3",
+        parts: &[
+            ("attn_q", "attention.q_proj"),
+            ("attn_k", "attention.k_proj"),
+            ("attn_v", "attention.v_proj"),
+            // `o_proj` on KDA layers (`bailingmoe3::config`).
+            ("attn_output", "attention.dense"),
+            ("attn_gate", "attention.g_proj"),
+            ("ssm_g_a", "attention.g_proj"),
+            ("ssm_conv1d_q", "attention.q_conv1d"),
+            ("ssm_conv1d_k", "attention.k_conv1d"),
+            ("ssm_conv1d_v", "attention.v_conv1d"),
+            ("ssm_f_a", "attention.f_proj"),
+            ("ssm_beta", "attention.b_proj"),
+            ("ssm_norm", "attention.o_norm"),
+            // `ssm_dt.bias` -> `attention.dt_bias` (`bailingmoe3::config`).
+            ("ssm_dt", "attention.dt_proj"),
+            ("attn_q_a", "attention.q_a_proj"),
+            ("attn_q_a_norm", "attention.q_a_layernorm"),
+            ("attn_q_b", "attention.q_b_proj"),
+            ("attn_kv_a_mqa", "attention.kv_a_proj_with_mqa"),
+            ("attn_kv_a_norm", "attention.kv_a_layernorm"),
+            ("attn_k_b", "attention.embed_q"),
+            ("attn_v_b", "attention.unembed_out"),
+            ("ffn_gate_inp", "mlp.gate"),
+            // `exp_probs_b.bias` -> the bare `mlp.gate.expert_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.expert_bias"),
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        top: &[("token_embd", "model.word_embeddings")],
+        per_layer_kv: true,
+        ..PLAIN
+    },
 ];
+
+mod bailingmoe3;
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
 const BARE_PARAMS: &[&str] = &[
@@ -2255,6 +2301,12 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         if ROPE_TENSORS.contains(&name.as_str()) && arch.rope_tensors {
             rope_tensors.insert(name, a);
             continue;
+        }
+        if arch.arch == "bailingmoe3" {
+            if let Some((m, v)) = bailingmoe3::a_log(&name, &a)? {
+                tensors.insert(m, v);
+                continue;
+            }
         }
         if matches!(
             arch.arch,
@@ -3235,6 +3287,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             kv_per_layer.as_deref(),
             ffn_per_layer.as_deref(),
         )?,
+        "bailingmoe3" => bailingmoe3::config(&mut config, &mut tensors, path, &metadata, blocks)?,
         _ => {}
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {

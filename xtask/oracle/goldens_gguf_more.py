@@ -4280,6 +4280,152 @@ CASES["kimi_linear"] = Case(
 )
 
 
+# Ling 3.0 (`bailingmoe3`, mlx-lm's `bailing_moe_v3`): BailingMoeV3Model writes TextModel's
+# keys with the KV head count forced to 1 (experts, top-k, groups, sigmoid gating, the KDA head
+# size as `key_length`), then the per-layer KV heads (1 on the MLA layers, MTP included; 0 on
+# KDA ones: mlx-lm's `layer_group_size` is the one that gives this pattern), the vocabulary
+# size, the short-conv kernel, the KDA head size, the safe gate and its lower bound, the Q and
+# KV LoRA ranks, the rope width, the key length (rank + rope), MLA's key / value head sizes,
+# the experts' and shared experts' widths, the shared count, the dense first blocks, the routed
+# scale, top-k renormalization and the MTP layer count (its layer after the main ones,
+# skipped). KDA layers: A as exp(A_log) reshaped (heads, 1), `dt_bias` as `ssm_dt.bias`, the
+# q / k / v convolutions as (1, channels, 1, kernel), `f_proj` as `ssm_f_a`, `g_proj` as
+# `ssm_g_a` there and as `attn_gate` on MLA layers, `o_proj` and MLA's `dense` both
+# `attn_output`; `kv_b_proj` split into `attn_k_b` (transposed) and `attn_v_b` (mlx-lm's
+# `embed_q` / `unembed_out`); `expert_bias` as `exp_probs_b.bias`. The golden is mlx-lm on the
+# weights read back.
+BAILING_V3 = cfg("bailing_moe_v3", num_hidden_layers=5, layer_group_size=2, head_dim=8,
+                 intermediate_size=48, moe_intermediate_size=16,
+                 moe_shared_expert_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+                 num_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+                 routed_scaling_factor=2.5, q_lora_rank=16, kv_lora_rank=16,
+                 qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                 short_conv_kernel_size=4, kda_lower_bound=-5.0, kda_safe_gate=True,
+                 no_kda_lora=True, score_function="sigmoid", norm_topk_prob=True,
+                 num_nextn_predict_layers=1, tie_word_embeddings=False)
+
+BAILING_V3_CONV = {
+    "attention.q_conv1d.weight": "ssm_conv1d_q.weight",
+    "attention.k_conv1d.weight": "ssm_conv1d_k.weight",
+    "attention.v_conv1d.weight": "ssm_conv1d_v.weight",
+}
+
+
+def _bailing_v3_kda(c, i):
+    g, n = c["layer_group_size"], c["num_hidden_layers"]
+    return not ((i + 1) % g == 0 or i >= n // g * g)
+
+
+def bailing_v3_tensors(case, k, v):
+    layer = layer_of(k)
+    rest = k.split(".", 3)[3] if layer is not None else None
+    kda = layer is not None and _bailing_v3_kda(case.config, int(layer))
+    if rest in BAILING_V3_CONV:
+        c, kk, _ = v.shape
+        return [(f"blk.{layer}.{BAILING_V3_CONV[rest]}", v.reshape(1, c, 1, kk))]
+    if rest == "attention.A_log":
+        return [(f"blk.{layer}.ssm_a", mx.exp(v).reshape(-1, 1))]
+    if rest == "attention.dt_bias":
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if rest == "attention.g_proj.weight":
+        return [(f"blk.{layer}.{'ssm_g_a' if kda else 'attn_gate'}.weight", v)]
+    if rest == "mlp.gate.expert_bias":
+        return [(f"blk.{layer}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def bailing_v3_back(case, p, rest, v, loaded):
+    kda = _bailing_v3_kda(case.config, int(p.split(".")[2]))
+    for mk, g in BAILING_V3_CONV.items():
+        if rest == g:
+            return f"{p}.{mk}", v.reshape(v.shape[1], v.shape[3], 1)
+    if rest == "ssm_a":
+        return f"{p}.attention.A_log", mx.log(v).reshape(-1)
+    if rest == "ssm_dt.bias":
+        return f"{p}.attention.dt_bias", v
+    if rest in ("ssm_g_a.weight", "attn_gate.weight"):
+        return f"{p}.attention.g_proj.weight", v
+    if rest == "attn_output.weight":
+        return f"{p}.attention.{'o_proj' if kda else 'dense'}.weight", v
+    if rest == "exp_probs_b.bias":
+        return f"{p}.mlp.gate.expert_bias", v
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+CASES["bailingmoe3"] = Case(
+    "bailing_moe_v3",
+    BAILING_V3,
+    "bailingmoe3",
+    [
+        u32("block_count", plus_mtp),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", 1),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_group_count", "n_group"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("attention.head_count_kv", lambda c: [
+            0 if i < c["num_hidden_layers"] and _bailing_v3_kda(c, i) else 1
+            for i in range(plus_mtp(c))]),
+        u32("vocab_size", "vocab_size"),
+        u32("ssm.conv_kernel", "short_conv_kernel_size"),
+        u32("kda.head_dim", "head_dim"),
+        flag("kda.safe_gate", "kda_safe_gate"),
+        f32("kda.gate_lower_bound", "kda_lower_bound"),
+        u32("attention.q_lora_rank", "q_lora_rank"),
+        u32("attention.kv_lora_rank", "kv_lora_rank"),
+        u32("rope.dimension_count", "qk_rope_head_dim"),
+        u32("attention.key_length", lambda c: c["kv_lora_rank"] + c["qk_rope_head_dim"]),
+        u32("attention.key_length_mla", lambda c: c["qk_nope_head_dim"] + c["qk_rope_head_dim"]),
+        u32("attention.value_length_mla", "v_head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "moe_shared_expert_intermediate_size"),
+        u32("expert_shared_count", "num_shared_experts"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        flag("expert_weights_norm", "norm_topk_prob"),
+        u32("nextn_predict_layers", "num_nextn_predict_layers"),
+    ] + GPT2,
+    {
+        "model.word_embeddings": "token_embd",
+        "attention.q_proj": "attn_q",
+        "attention.k_proj": "attn_k",
+        "attention.v_proj": "attn_v",
+        "attention.o_proj": "attn_output",
+        "attention.f_proj": "ssm_f_a",
+        "attention.b_proj": "ssm_beta",
+        "attention.o_norm": "ssm_norm",
+        "attention.q_a_proj": "attn_q_a",
+        "attention.q_a_layernorm": "attn_q_a_norm",
+        "attention.q_b_proj": "attn_q_b",
+        "attention.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+        "attention.kv_a_layernorm": "attn_kv_a_norm",
+        "attention.embed_q": "attn_k_b",
+        "attention.unembed_out": "attn_v_b",
+        "attention.dense": "attn_output",
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj": "ffn_up_shexp",
+        "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=bailing_v3_tensors,
+    extra=[mtp_layer(1.0)],
+    read_back=bailing_v3_back,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
