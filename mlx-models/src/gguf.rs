@@ -1686,9 +1686,43 @@ const ARCHS: &[GgufArch] = &[
         per_layer_kv: true,
         ..PLAIN
     },
+    // MiniMax M3's text tower (mlx-lm's `minimax_m3_vl`): per-head Q / K norms, the MSA
+    // indexer (`indexer.*`), sigmoid routing with `exp_probs_b`, a shared expert; norms stored
+    // `1 + w` (`gguf/minimax_m3.rs`).
+    GgufArch {
+        arch: "minimax-m3",
+        model_type: "minimax_m3_vl",
+        norm_plus_one: true,
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("indexer.q_proj", "self_attn.index_q_proj"),
+            ("indexer.k_proj", "self_attn.index_k_proj"),
+            ("indexer.q_norm", "self_attn.index_q_norm"),
+            ("indexer.k_norm", "self_attn.index_k_norm"),
+            ("ffn_gate_inp", "block_sparse_moe.gate"),
+            // `exp_probs_b.bias` -> `block_sparse_moe.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "block_sparse_moe.e_score_correction"),
+            ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+            ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj"),
+            (
+                "ffn_gate_shexp",
+                "block_sparse_moe.shared_experts.gate_proj",
+            ),
+            ("ffn_up_shexp", "block_sparse_moe.shared_experts.up_proj"),
+            (
+                "ffn_down_shexp",
+                "block_sparse_moe.shared_experts.down_proj",
+            ),
+        ],
+        text_of: Some(("language_model.", "", "minimax_m3")),
+        ..PLAIN
+    },
 ];
 
 mod bailingmoe3;
+mod minimax_m3;
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
 const BARE_PARAMS: &[&str] = &[
@@ -3288,6 +3322,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             ffn_per_layer.as_deref(),
         )?,
         "bailingmoe3" => bailingmoe3::config(&mut config, &mut tensors, path, &metadata, blocks)?,
+        "minimax-m3" => minimax_m3::config(&mut config, &tensors, path, &metadata, blocks)?,
         _ => {}
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {

@@ -1016,6 +1016,13 @@ mod gguf {
             ("bailingmoe3", "bailingmoe3.leading_dense_block_count"),
             ("bailingmoe3", "bailingmoe3.expert_gating_func"),
             ("bailingmoe3", "bailingmoe3.expert_weights_scale"),
+            ("minimax_m3", "minimax-m3.expert_feed_forward_length"),
+            ("minimax_m3", "minimax-m3.attention.indexer.head_count"),
+            ("minimax_m3", "minimax-m3.attention.indexer.block_size"),
+            ("minimax_m3", "minimax-m3.attention.indexer.local_blocks"),
+            ("minimax_m3", "minimax-m3.expert_weights_scale"),
+            ("minimax_m3", "minimax-m3.expert_gating_func"),
+            ("minimax_m3", "minimax-m3.rope.dimension_count"),
         ] {
             let e = err(&edited(
                 fixture,

@@ -4426,6 +4426,105 @@ CASES["bailingmoe3"] = Case(
 )
 
 
+# MiniMax M3's text tower (`minimax-m3`, mlx-lm's `minimax_m3_vl`, its model under
+# `language_model.`): MiniMaxM3Model writes MiniMaxM2Model's keys (TextModel's: the dense
+# layers' width as `feed_forward_length`, sigmoid gating, the head size; the experts' width,
+# the rotated width) and the shared-expert count, the routed scale, top-k renormalization
+# (always), the MSA indexer's heads, key size, top-k blocks, block size and local blocks, and
+# the dense first blocks (leading zeros of `moe_layer_freq`; llama.cpp puts the indexer on the
+# MoE layers). Every `*norm.weight` is written as 1 + w (mlx-lm's Gemma norms add the 1 back),
+# `e_score_correction_bias` as `exp_probs_b.bias`, experts stacked. The golden is mlx-lm on the
+# weights read back (each norm minus 1).
+MINIMAX_M3_TEXT = cfg("minimax_m3", num_hidden_layers=3, head_dim=8, rotary_dim=4,
+                      intermediate_size=16, dense_intermediate_size=48,
+                      shared_intermediate_size=16, num_local_experts=4, num_experts_per_tok=2,
+                      n_shared_experts=1, routed_scaling_factor=2.0, use_qk_norm=True,
+                      use_gemma_norm=True, scoring_func="sigmoid", moe_layer_freq=[0, 1, 1],
+                      tie_word_embeddings=False,
+                      sparse_attention_config={"sparse_num_index_heads": 2,
+                                               "sparse_index_dim": 8,
+                                               "sparse_topk_blocks": 2,
+                                               "sparse_block_size": 2,
+                                               "sparse_local_block": 1,
+                                               "sparse_attention_freq": [0, 1, 1]})
+
+
+def minimax_m3_tensors(case, k, v):
+    k = k.removeprefix("language_model.")
+    if k.endswith("norm.weight"):
+        v = v + 1.0
+    if k.endswith(".block_sparse_moe.e_score_correction_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def minimax_m3_back(case, p, rest, v, loaded):
+    if rest == "exp_probs_b.bias":
+        return f"{p}.block_sparse_moe.e_score_correction_bias", v
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+CASES["minimax_m3"] = Case(
+    "minimax_m3_vl",
+    # The outer layer count is the read-back's (no MTP layer to skip).
+    {"model_type": "minimax_m3_vl", "text_config": MINIMAX_M3_TEXT, "tie_word_embeddings": False,
+     "num_hidden_layers": MINIMAX_M3_TEXT["num_hidden_layers"]},
+    "minimax-m3",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "dense_intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_local_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("expert_feed_forward_length", "intermediate_size"),
+        u32("rope.dimension_count", "rotary_dim"),
+        u32("expert_shared_count", "n_shared_experts"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        flag("expert_weights_norm", True),
+        u32("attention.indexer.head_count",
+            lambda c: c["sparse_attention_config"]["sparse_num_index_heads"]),
+        u32("attention.indexer.key_length",
+            lambda c: c["sparse_attention_config"]["sparse_index_dim"]),
+        u32("attention.indexer.top_k",
+            lambda c: c["sparse_attention_config"]["sparse_topk_blocks"]),
+        u32("attention.indexer.block_size",
+            lambda c: c["sparse_attention_config"]["sparse_block_size"]),
+        u32("attention.indexer.local_blocks",
+            lambda c: c["sparse_attention_config"]["sparse_local_block"]),
+        u32("leading_dense_block_count",
+            lambda c: next(i for i, f in enumerate(c["moe_layer_freq"]) if f)),
+    ] + GPT2,
+    {
+        "self_attn.index_q_proj": "indexer.q_proj",
+        "self_attn.index_k_proj": "indexer.k_proj",
+        "self_attn.index_q_norm": "indexer.q_norm",
+        "self_attn.index_k_norm": "indexer.k_norm",
+        "block_sparse_moe.gate": "ffn_gate_inp",
+        "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+        "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+        "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
+        "block_sparse_moe.shared_experts.gate_proj": "ffn_gate_shexp",
+        "block_sparse_moe.shared_experts.up_proj": "ffn_up_shexp",
+        "block_sparse_moe.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=minimax_m3_tensors,
+    hparams=lambda c: c["text_config"],
+    read_back=minimax_m3_back,
+    wrap="language_model.",
+    undo=lambda k, v: v - 1.0 if k.endswith("norm.weight") else v,
+    inexact=lambda k: k.endswith("norm.weight"),
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
