@@ -1719,9 +1719,57 @@ const ARCHS: &[GgufArch] = &[
         text_of: Some(("language_model.", "", "minimax_m3")),
         ..PLAIN
     },
+    // Kimi K3 (mlx-lm's `kimi_k3`): KDA layers (`ssm_*`, the full-rank `ssm_g`, q / k / v and
+    // their convolutions joined back), NoPE MLA layers with an output gate (`attn_gate`), the
+    // fused attention-residual scores, a latent MoE (`ffn_routed_*`) (`gguf/kimi_k3.rs`).
+    GgufArch {
+        arch: "kimi-k3",
+        model_type: "kimi_k3",
+        parts: &[
+            ("attn_q_a", "self_attn.q_a_proj"),
+            ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+            ("attn_q_b", "self_attn.q_b_proj"),
+            ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+            ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+            ("attn_k_b", "self_attn.embed_q"),
+            ("attn_v_b", "self_attn.unembed_out"),
+            ("attn_gate", "self_attn.g_proj"),
+            ("ssm_g", "self_attn.g_proj"),
+            // Joined into `qkv_conv` by `kimi_k3::config`.
+            ("ssm_conv1d_q", "self_attn.gguf_conv_q"),
+            ("ssm_conv1d_k", "self_attn.gguf_conv_k"),
+            ("ssm_conv1d_v", "self_attn.gguf_conv_v"),
+            ("ssm_f_a", "self_attn.f_a_proj"),
+            ("ssm_f_b", "self_attn.f_b_proj"),
+            ("ssm_beta", "self_attn.b_proj"),
+            ("ssm_norm", "self_attn.o_norm"),
+            // `ssm_dt.bias` -> `self_attn.dt_bias` (see `map_name`).
+            ("ssm_dt", "self_attn.dt"),
+            // Each a norm weight and a projection of ones (`kimi_k3::config`).
+            ("attn_res_score", "gguf_attn_res_score"),
+            ("ffn_res_score", "gguf_ffn_res_score"),
+            ("ffn_gate_inp", "mlp.gate"),
+            // `exp_probs_b.bias` -> `mlp.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.e_score_correction"),
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            ("ffn_routed_down", "mlp.routed_expert_down_proj"),
+            ("ffn_routed_up", "mlp.routed_expert_up_proj"),
+            ("ffn_routed_norm", "mlp.routed_expert_norm"),
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        top: &[("output_res_score", "model.gguf_output_res_score")],
+        per_layer_kv: true,
+        text_of: Some(("language_model.", "", "kimi_linear")),
+        ..PLAIN
+    },
 ];
 
 mod bailingmoe3;
+mod kimi_k3;
 mod minimax_m3;
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -2336,11 +2384,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             rope_tensors.insert(name, a);
             continue;
         }
-        if arch.arch == "bailingmoe3" {
-            if let Some((m, v)) = bailingmoe3::a_log(&name, &a)? {
-                tensors.insert(m, v);
-                continue;
-            }
+        let a_log = match arch.arch {
+            "bailingmoe3" => bailingmoe3::a_log(&name, &a)?,
+            "kimi-k3" => kimi_k3::a_log(&name, &a)?,
+            _ => None,
+        };
+        if let Some((m, v)) = a_log {
+            tensors.insert(m, v);
+            continue;
         }
         if matches!(
             arch.arch,
@@ -3323,6 +3374,18 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         )?,
         "bailingmoe3" => bailingmoe3::config(&mut config, &mut tensors, path, &metadata, blocks)?,
         "minimax-m3" => minimax_m3::config(&mut config, &tensors, path, &metadata, blocks)?,
+        "kimi-k3" => {
+            let kept: Vec<&String> = ggml.keys().collect();
+            kimi_k3::config(
+                &mut config,
+                &mut tensors,
+                &kept,
+                path,
+                &metadata,
+                blocks,
+                heads,
+            )?
+        }
         _ => {}
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {

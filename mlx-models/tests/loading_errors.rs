@@ -1023,6 +1023,13 @@ mod gguf {
             ("minimax_m3", "minimax-m3.expert_weights_scale"),
             ("minimax_m3", "minimax-m3.expert_gating_func"),
             ("minimax_m3", "minimax-m3.rope.dimension_count"),
+            ("kimi_k3", "kimi-k3.attention.head_count_kv"),
+            ("kimi_k3", "kimi-k3.activation.situ_beta"),
+            ("kimi_k3", "kimi-k3.activation.situ_linear_beta"),
+            ("kimi_k3", "kimi-k3.attn_res.block_size"),
+            ("kimi_k3", "kimi-k3.kda.head_dim"),
+            ("kimi_k3", "kimi-k3.expert_weights_scale"),
+            ("kimi_k3", "kimi-k3.attention.key_length_mla"),
         ] {
             let e = err(&edited(
                 fixture,

@@ -439,6 +439,9 @@ class Case:
     # names (mlx-lm's) whose read-back may differ from the seeded values.
     undo: Optional[Callable] = None
     inexact: Callable = lambda k: k.endswith("A_log")
+    # (case, top-level GGUF name, value) -> [(mlx-lm name, value)] or None (then `inverse`):
+    # Kimi K3's fused `output_res_score`.
+    top_back: Optional[Callable] = None
     # The read-back model as recorded (BitNet's BitLinears unpacked for the CPU).
     serve: Callable = lambda m: m
 
@@ -499,6 +502,10 @@ def write_case(name, case):
         if case.undo is not None:
             v = case.undo(k, v)
         if not k.startswith("blk."):
+            top = case.top_back(case, k, v) if case.top_back is not None else None
+            if top is not None:
+                back.update((case.wrap + mk, mv) for mk, mv in top)
+                continue
             module, suffix = k.rsplit(".", 1)
             back[f"{case.wrap}{case.inverse[module]}.{suffix}"] = v
             continue
@@ -4522,6 +4529,187 @@ CASES["minimax_m3"] = Case(
     wrap="language_model.",
     undo=lambda k, v: v - 1.0 if k.endswith("norm.weight") else v,
     inexact=lambda k: k.endswith("norm.weight"),
+)
+
+
+# Kimi K3 (`kimi-k3`, mlx-lm's `kimi_k3`, its text model under `language_model.`): KimiK3Model
+# writes TextModel's keys with the KV head count forced to 1 (no rope base: the MLA is NoPE),
+# the experts, top-k and sigmoid gating, then the vocabulary size, the per-layer KV heads (0 on
+# KDA layers), the short-conv kernel, the KDA head size and gate lower bound, the LoRA ranks,
+# the rope width, key / value lengths (latent) and MLA's head sizes, the experts' width, the
+# shared count, the dense first blocks, the routed scale and renormalization, the latent
+# width, the SiTU betas and the attention-residual block size. Tensors: each
+# `<x>_res_norm` * `<x>_res_proj` fused into one vector (`attn_res_score`, `ffn_res_score`,
+# `output_res_score`; mlx-lm only ever uses that product), `g_proj` as `ssm_g` on KDA layers and
+# `attn_gate` on MLA layers, the fused `qkv_proj` / `qkv_conv` as the checkpoint's q / k / v
+# (the convolutions (1, channels, 1, kernel)), A as -exp(A_log), `dt_bias` as `ssm_dt.bias`,
+# `kv_b_proj` split (mlx-lm's `embed_q` / `unembed_out`), the latent projections and norm as
+# `ffn_routed_*`. The golden is mlx-lm on the weights read back (each fused vector as the
+# norm's weight, the projection ones).
+KIMI_K3 = cfg("kimi_k3", num_hidden_layers=4, num_key_value_heads=4, intermediate_size=48,
+              hidden_act="situ", activation_situ_beta=1.5, activation_situ_linear_beta=2.0,
+              attn_res_block_size=2, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+              qk_rope_head_dim=8, v_head_dim=8, mla_use_nope=True, mla_use_output_gate=True,
+              num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+              moe_intermediate_size=16, moe_router_activation_func="sigmoid",
+              moe_renormalize=True, routed_scaling_factor=2.5, first_k_dense_replace=1,
+              num_expert_group=1, topk_group=1, routed_expert_hidden_size=16,
+              latent_moe_use_norm=True, tie_word_embeddings=False,
+              linear_attn_config={"num_heads": 4, "head_dim": 8, "kda_layers": [1, 2, 4],
+                                  "full_attn_layers": [3], "short_conv_kernel_size": 4,
+                                  "gate_lower_bound": -5.0, "use_full_rank_gate": True})
+
+K3_RES = {
+    "self_attention_res": "attn_res_score",
+    "mlp_res": "ffn_res_score",
+    "output_attn_res": "output_res_score",
+}
+_k3_res_parts = {}
+
+
+def _k3_kda(c, layer):
+    return (int(layer) + 1) in c["linear_attn_config"]["kda_layers"]
+
+
+def kimi_k3_tensors(case, k, v):
+    k = k.removeprefix("language_model.")
+    layer = layer_of(k)
+    rest = k.split(".", 3)[3] if layer is not None else k.removeprefix("model.")
+    for src, dst in K3_RES.items():
+        for kind in ("norm", "proj"):
+            if rest == f"{src}_{kind}.weight":
+                key = (layer, src)
+                other = _k3_res_parts.pop(key, None)
+                if other is None:
+                    _k3_res_parts[key] = (kind, v)
+                    return []
+                norm = v if kind == "norm" else other[1]
+                proj = v if kind == "proj" else other[1]
+                name = f"blk.{layer}.{dst}.weight" if layer is not None else f"{dst}.weight"
+                return [(name, norm.astype(mx.float32).reshape(-1) * proj.astype(mx.float32).reshape(-1))]
+    if rest == "self_attn.qkv_proj.weight":
+        q, kk, vv = mx.split(v, 3, axis=0)
+        return [(f"blk.{layer}.attn_{n}.weight", t) for n, t in (("q", q), ("k", kk), ("v", vv))]
+    if rest == "self_attn.qkv_conv.conv.weight":
+        out = []
+        for n, t in zip("qkv", mx.split(v, 3, axis=0)):
+            c, kk, _ = t.shape
+            out.append((f"blk.{layer}.ssm_conv1d_{n}.weight", t.reshape(1, c, 1, kk)))
+        return out
+    if rest == "self_attn.A_log":
+        return [(f"blk.{layer}.ssm_a", -mx.exp(v))]
+    if rest == "self_attn.dt_bias":
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if rest == "self_attn.g_proj.weight":
+        return [(f"blk.{layer}.{'ssm_g' if _k3_kda(case.config, layer) else 'attn_gate'}.weight", v)]
+    if rest == "mlp.e_score_correction_bias":
+        return [(f"blk.{layer}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def kimi_k3_back(case, p, rest, v, loaded):
+    layer = p.split(".")[2]
+    h = case.config["hidden_size"]
+    res = {f"{dst}.weight": src for src, dst in K3_RES.items()}
+    if rest in res:
+        src = res[rest]
+        return [(f"{p}.{src}_norm.weight", v), (f"{p}.{src}_proj.weight", mx.ones((1, h)))]
+    if _k3_kda(case.config, layer):
+        if rest in ("attn_k.weight", "attn_v.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight"):
+            return None
+        if rest == "attn_q.weight":
+            parts = [loaded[f"blk.{layer}.attn_{n}.weight"] for n in "qkv"]
+            return f"{p}.self_attn.qkv_proj.weight", mx.concatenate(parts, axis=0)
+        if rest == "ssm_conv1d_q.weight":
+            parts = [loaded[f"blk.{layer}.ssm_conv1d_{n}.weight"] for n in "qkv"]
+            parts = [t.reshape(t.shape[1], t.shape[3], 1) for t in parts]
+            return f"{p}.self_attn.qkv_conv.conv.weight", mx.concatenate(parts, axis=0)
+    if rest == "ssm_a":
+        return f"{p}.self_attn.A_log", mx.log(-v)
+    if rest == "ssm_dt.bias":
+        return f"{p}.self_attn.dt_bias", v
+    if rest in ("ssm_g.weight", "attn_gate.weight"):
+        return f"{p}.self_attn.g_proj.weight", v
+    if rest == "exp_probs_b.bias":
+        return f"{p}.mlp.e_score_correction_bias", v
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+def kimi_k3_top(case, k, v):
+    if k == "output_res_score.weight":
+        h = case.config["hidden_size"]
+        return [("model.output_attn_res_norm.weight", v),
+                ("model.output_attn_res_proj.weight", mx.ones((1, h)))]
+    return None
+
+
+CASES["kimi_k3"] = Case(
+    "kimi_k3",
+    KIMI_K3,
+    "kimi-k3",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", 1),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_token"),
+        u32("expert_gating_func", 2),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.head_count_kv", lambda c: [
+            0 if _k3_kda(c, i) else 1 for i in range(c["num_hidden_layers"])]),
+        u32("ssm.conv_kernel", lambda c: c["linear_attn_config"]["short_conv_kernel_size"]),
+        u32("kda.head_dim", lambda c: c["linear_attn_config"]["head_dim"]),
+        f32("kda.gate_lower_bound", lambda c: c["linear_attn_config"]["gate_lower_bound"]),
+        u32("attention.q_lora_rank", "q_lora_rank"),
+        u32("attention.kv_lora_rank", "kv_lora_rank"),
+        u32("rope.dimension_count", "qk_rope_head_dim"),
+        u32("attention.key_length", lambda c: c["kv_lora_rank"] + c["qk_rope_head_dim"]),
+        u32("attention.value_length", "kv_lora_rank"),
+        u32("attention.key_length_mla", lambda c: c["qk_nope_head_dim"] + c["qk_rope_head_dim"]),
+        u32("attention.value_length_mla", "v_head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_count", "num_shared_experts"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        flag("expert_weights_norm", "moe_renormalize"),
+        u32("expert_latent_length", "routed_expert_hidden_size"),
+        f32("activation.situ_beta", "activation_situ_beta"),
+        f32("activation.situ_linear_beta", "activation_situ_linear_beta"),
+        u32("attn_res.block_size", "attn_res_block_size"),
+    ] + GPT2,
+    {
+        "self_attn.f_a_proj": "ssm_f_a",
+        "self_attn.f_b_proj": "ssm_f_b",
+        "self_attn.b_proj": "ssm_beta",
+        "self_attn.o_norm": "ssm_norm",
+        "self_attn.q_a_proj": "attn_q_a",
+        "self_attn.q_a_layernorm": "attn_q_a_norm",
+        "self_attn.q_b_proj": "attn_q_b",
+        "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+        "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+        "self_attn.embed_q": "attn_k_b",
+        "self_attn.unembed_out": "attn_v_b",
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.routed_expert_down_proj": "ffn_routed_down",
+        "mlp.routed_expert_up_proj": "ffn_routed_up",
+        "mlp.routed_expert_norm": "ffn_routed_norm",
+        "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj": "ffn_up_shexp",
+        "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=kimi_k3_tensors,
+    read_back=kimi_k3_back,
+    top_back=kimi_k3_top,
+    wrap="language_model.",
+    inexact=lambda k: k.endswith(("A_log", "_res_norm.weight", "_res_proj.weight")),
 )
 
 
