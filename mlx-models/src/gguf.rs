@@ -1766,11 +1766,20 @@ const ARCHS: &[GgufArch] = &[
         text_of: Some(("language_model.", "", "kimi_linear")),
         ..PLAIN
     },
+    // XVERSE (mlx-lm remaps `xverse` to `llama`): llama's names, Q / K rows permuted
+    // (`gguf/xverse.rs`).
+    GgufArch {
+        arch: "xverse",
+        model_type: "llama",
+        permute_qk: true,
+        ..PLAIN
+    },
 ];
 
 mod bailingmoe3;
 mod kimi_k3;
 mod minimax_m3;
+mod xverse;
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
 const BARE_PARAMS: &[&str] = &[
@@ -3386,6 +3395,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 heads,
             )?
         }
+        "xverse" => xverse::config(&config, path, heads, kv_heads)?,
         _ => {}
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {

@@ -1030,6 +1030,7 @@ mod gguf {
             ("kimi_k3", "kimi-k3.kda.head_dim"),
             ("kimi_k3", "kimi-k3.expert_weights_scale"),
             ("kimi_k3", "kimi-k3.attention.key_length_mla"),
+            ("xverse", "xverse.context_length"),
         ] {
             let e = err(&edited(
                 fixture,

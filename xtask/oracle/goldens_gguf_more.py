@@ -4713,6 +4713,32 @@ CASES["kimi_k3"] = Case(
 )
 
 
+# XVERSE (`xverse`, which mlx-lm remaps to `llama`): XverseModel writes TextModel's keys and
+# the rope width (the head size), the SentencePiece-style vocabulary, and Q / K rows permuted
+# by its `_reverse_hf_permute` (llama's permutation when the model has as many KV heads as
+# heads, or as many as the heads per KV head).
+XVERSE = cfg("llama", num_key_value_heads=4, tie_word_embeddings=False)
+
+CASES["xverse"] = Case(
+    "llama",
+    XVERSE,
+    "xverse",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("rope.dimension_count", head_size),
+    ] + SPM,
+    {},
+    permute_qk=True,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
