@@ -115,13 +115,11 @@ pub(super) fn config(
         );
     }
     let linear_beta = f("activation.situ_linear_beta")?;
-    let res_block = need_count(meta, path, ARCH, "attn_res.block_size").or_else(|e| {
-        // 0 (no attention residuals) is what `meta_count` does not take as a count.
-        match meta_f64(meta, &key("attn_res.block_size")) {
-            Some(z) if z == 0.0 => Ok(0),
-            _ => Err(e),
-        }
-    })?;
+    // 0: no attention residuals (not a count `need` takes).
+    let res_block = match meta_f64(meta, &key("attn_res.block_size")) {
+        Some(0.0) => 0,
+        _ => need("attn_res.block_size")?,
+    };
     let rope = need("rope.dimension_count")?;
     let k_mla = need("attention.key_length_mla")?;
     if k_mla <= rope {
