@@ -220,7 +220,8 @@ pub(super) fn config(
             .and_then(|r| r.split('.').next())
             .and_then(|l| l.parse::<i32>().ok());
         let kda = layer.is_some_and(|l| is_kda(l, group, blocks));
-        let (k, v) = if kda && k.ends_with(".attention.dense.weight") {
+        // Any suffix: MLX's reader gives a Q4_0 / Q4_1 / Q8_0 tensor as weight, scales, biases.
+        let (k, v) = if kda && k.contains(".attention.dense.") {
             (k.replace(".attention.dense.", ".attention.o_proj."), v)
         } else if k.ends_with(".attention.dt_proj.bias") {
             (

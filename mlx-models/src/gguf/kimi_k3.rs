@@ -217,7 +217,9 @@ pub(super) fn config(
         ));
     }
     let mut out = BTreeMap::new();
-    let mut kda_parts: BTreeMap<(usize, &str), [Option<Array>; 3]> = BTreeMap::new();
+    // (layer, `proj` or `conv`, suffix): MLX's reader gives a Q4_0 / Q4_1 / Q8_0 projection as
+    // weight, scales, biases, each joined by rows.
+    let mut kda_parts: BTreeMap<(usize, &str, String), [Option<Array>; 3]> = BTreeMap::new();
     for (k, v) in std::mem::take(tensors) {
         let res = [
             ("gguf_attn_res_score.weight", "self_attention_res"),
@@ -236,20 +238,21 @@ pub(super) fn config(
             continue;
         }
         let part = layer_of(&k).filter(|&l| is_kda(l)).and_then(|l| {
+            let (module, suffix) = k.rsplit_once('.')?;
             [
-                ("q_proj.weight", "proj", 0),
-                ("k_proj.weight", "proj", 1),
-                ("v_proj.weight", "proj", 2),
-                ("gguf_conv_q.weight", "conv", 0),
-                ("gguf_conv_k.weight", "conv", 1),
-                ("gguf_conv_v.weight", "conv", 2),
+                ("q_proj", "proj", 0),
+                ("k_proj", "proj", 1),
+                ("v_proj", "proj", 2),
+                ("gguf_conv_q", "conv", 0),
+                ("gguf_conv_k", "conv", 1),
+                ("gguf_conv_v", "conv", 2),
             ]
             .into_iter()
-            .find(|(end, _, _)| k.ends_with(&format!(".self_attn.{end}")))
-            .map(|(_, kind, i)| (l, kind, i))
+            .find(|(m, _, _)| module.ends_with(&format!(".self_attn.{m}")))
+            .map(|(_, kind, i)| (l, kind, suffix.to_string(), i))
         });
         match part {
-            Some((l, kind, i)) => {
+            Some((l, kind, suffix, i)) => {
                 let v = if kind == "conv" {
                     // Written (1, channels, 1, kernel): mlx-lm's Conv1d weight is (channels,
                     // kernel, 1).
@@ -266,25 +269,28 @@ pub(super) fn config(
                 } else {
                     v
                 };
-                kda_parts.entry((l, kind)).or_default()[i] = Some(v);
+                kda_parts.entry((l, kind, suffix)).or_default()[i] = Some(v);
             }
             None => {
                 out.insert(k, v);
             }
         }
     }
-    for ((l, kind), parts) in kda_parts {
+    for ((l, kind, suffix), parts) in kda_parts {
         let [Some(q), Some(k), Some(v)] = parts else {
             return Err(gguf_err(
                 path,
-                format!("layer {l}: a KDA {kind} of q / k / v is missing (`blk.{l}.attn_q/k/v` or `ssm_conv1d_q/k/v`)"),
+                format!(
+                    "layer {l}: a KDA {kind} `{suffix}` of q / k / v is missing \
+                     (`blk.{l}.attn_q/k/v` or `ssm_conv1d_q/k/v`)"
+                ),
             ));
         };
         let joined = ops::concatenate(&[&q, &k, &v], 0, None)?;
         let name = if kind == "proj" {
-            format!("model.layers.{l}.self_attn.qkv_proj.weight")
+            format!("model.layers.{l}.self_attn.qkv_proj.{suffix}")
         } else {
-            format!("model.layers.{l}.self_attn.qkv_conv.conv.weight")
+            format!("model.layers.{l}.self_attn.qkv_conv.conv.{suffix}")
         };
         out.insert(name, joined);
     }
