@@ -571,6 +571,14 @@ impl Tokenizer {
 
     /// The text of `ids` (transformers `decode`). Ids outside the vocabulary are skipped.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        if let Some(text) = self
+            .trie_encoder
+            .as_ref()
+            .and_then(|t| t.decode(ids, !skip_special_tokens))
+        {
+            // llama.cpp's own rule (a SentencePiece GGUF without scores).
+            return Ok(text);
+        }
         let text = backend("decoding", || self.inner.decode(ids, skip_special_tokens))?
             .map_err(backend_err)?;
         Ok(if self.clean_up_tokenization_spaces {

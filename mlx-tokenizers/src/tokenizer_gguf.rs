@@ -726,9 +726,16 @@ impl GgufTokenizerData {
 
         let bad = |m: String| TokenizerError::Invalid(m);
         let n = self.tokens.len();
-        let scores = self.scores.as_ref().ok_or_else(|| {
-            bad("GGUF SentencePiece vocabulary has no tokenizer.ggml.scores".into())
-        })?;
+        // llama.cpp's xverse converter writes no scores; llama.cpp reads each as 0, which
+        // llama.cpp's own algorithm encodes (below): the BPE built here then only decodes.
+        let zeros;
+        let scores = match &self.scores {
+            Some(s) => s,
+            None => {
+                zeros = vec![0.0f32; n];
+                &zeros
+            }
+        };
         if scores.len() != n {
             return Err(bad(format!(
                 "GGUF tokenizer.ggml.scores has {} entries for {n} tokens",
@@ -874,7 +881,19 @@ impl GgufTokenizerData {
         add_user_tokens(&mut inner, user_tokens)?;
 
         // llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise.
-        self.finish(inner, &pieces, true)
+        let mut tok = self.finish(inner, &pieces, true)?;
+        if self.scores.is_none() {
+            let encoder = crate::tokenizer_trie::TrieEncoder::spm(
+                &self.tokens,
+                &types,
+                scores,
+                space_prefix,
+                self.bos_id.filter(|_| self.add_bos.unwrap_or(true)),
+                self.eos_id.filter(|_| self.add_eos.unwrap_or(false)),
+            );
+            tok.set_trie_encoder(encoder);
+        }
+        Ok(tok)
     }
 }
 
