@@ -156,8 +156,8 @@ pub struct Tokenizer {
     /// `convert_ids_to_tokens(range(len(tokenizer)))`, shared by detokenizers.
     token_map: std::sync::Arc<Vec<Option<String>>>,
     /// An encoder of llama.cpp's that the backend has no model for (RWKV's byte trie, PLaMo 2's
-    /// Viterbi search): `encode`
-    /// runs it instead of the backend, which still decodes.
+    /// Viterbi search, SentencePiece with every score 0): `encode` runs it instead of the
+    /// backend, which still decodes (but for SentencePiece, decoded as llama.cpp decodes).
     trie_encoder: Option<std::sync::Arc<crate::tokenizer_trie::TrieEncoder>>,
 }
 
@@ -258,8 +258,8 @@ impl Tokenizer {
     pub fn to_hf_json(&self) -> Result<String> {
         if self.trie_encoder.is_some() {
             return Err(TokenizerError::Invalid(
-                "this tokenizer (llama.cpp's RWKV or PLaMo 2 algorithm, read from GGUF) has \
-                 no tokenizer.json form"
+                "this tokenizer (llama.cpp's own algorithm, read from GGUF: RWKV, PLaMo 2, \
+                 HybriDNA or SentencePiece without scores) has no tokenizer.json form"
                     .into(),
             ));
         }

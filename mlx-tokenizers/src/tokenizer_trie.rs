@@ -280,7 +280,10 @@ impl SpmVocab {
             });
         }
         let mut queue = BinaryHeap::new();
-        let try_add = |queue: &mut BinaryHeap<Bigram>, symbols: &[Symbol], l: Option<usize>, r: Option<usize>| {
+        let try_add = |queue: &mut BinaryHeap<Bigram>,
+                       symbols: &[Symbol],
+                       l: Option<usize>,
+                       r: Option<usize>| {
             let (Some(l), Some(r)) = (l, r) else {
                 return;
             };

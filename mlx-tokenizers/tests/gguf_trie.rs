@@ -320,7 +320,9 @@ fn spm_gguf_vocabulary_without_scores_encodes_as_llama_cpp() {
         let decoded = tok.decode(&want[1..], true).unwrap();
         let expected = case["decoded"].as_str().unwrap();
         if decoded != expected {
-            failures.push(format!("{text:?}: decoded {decoded:?}, llama.cpp {expected:?}"));
+            failures.push(format!(
+                "{text:?}: decoded {decoded:?}, llama.cpp {expected:?}"
+            ));
         }
         // The stream (mlx-lm's SentencePiece streaming detokenizer) renders control tokens.
         if want[1..].iter().all(|&id| id > 2) {
@@ -331,7 +333,9 @@ fn spm_gguf_vocabulary_without_scores_encodes_as_llama_cpp() {
             stream.finalize().unwrap();
             let streamed = stream.text().unwrap();
             if streamed != expected {
-                failures.push(format!("{text:?}: streamed {streamed:?}, llama.cpp {expected:?}"));
+                failures.push(format!(
+                    "{text:?}: streamed {streamed:?}, llama.cpp {expected:?}"
+                ));
             }
         }
     }
@@ -339,13 +343,23 @@ fn spm_gguf_vocabulary_without_scores_encodes_as_llama_cpp() {
     // Control tokens rendered when special tokens are (`unparse_special`).
     // `<s>`, `▁`, `he`, `</s>`: BOS takes the place of the stripped space.
     assert_eq!(tok.decode(&[1, 621, 369, 2], false).unwrap(), "<s> he</s>");
-    assert!(golden["cases_differing_from_sentencepiece_with_scores"].as_u64().unwrap() > 0);
+    assert!(
+        golden["cases_differing_from_sentencepiece_with_scores"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
 
     // No byte piece for a character no token covers: an error naming it, no panic.
     let mut d = data_of("xverse-spm.gguf");
     for t in d.tokens.iter_mut().filter(|t| t.starts_with("<0xF0")) {
         *t = "[gone]".into();
     }
-    let e = d.build().unwrap().encode("🦀", false).unwrap_err().to_string();
+    let e = d
+        .build()
+        .unwrap()
+        .encode("🦀", false)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("<0xF0>"), "{e}");
 }

@@ -2722,46 +2722,70 @@ RWKV_PROMPT = "Write one line about the sea."
 RWKV_MAX_TOKENS = 8
 
 
-def rwkv_vocab():
-    _, meta = mx.load(RWKV_VOCAB, return_metadata=True)
+def vocab_of(path):
+    """The tokenizer metadata of the vocabulary-only GGUF at `path`."""
+    _, meta = mx.load(path, return_metadata=True)
     return [(k, v) for k, v in meta.items() if k.startswith("tokenizer.")]
 
 
-def rwkv7_cli(name, model, path):
-    import json
+def rwkv_vocab():
+    return vocab_of(RWKV_VOCAB)
 
-    import jinja2
-    from mlx_lm.generate import generate_step
 
-    from goldens_gguf_rwkv import tokenize
+def cli_golden(out_path, prompt, max_tokens, with_text=False):
+    """An `after` hook writing what `mlx generate --json` must print on the file: `prompt`
+    through the file's chat template where it has one (else as it is, as mlx-lm's CLI then
+    runs it), its ids from llama.cpp's `llama-tokenize`, and mlx-lm's greedy `generate_step`
+    (ids and each token's log-probability, up to EOS); with `with_text`, llama.cpp's
+    `llama_detokenize` of the generated ids."""
 
-    _, meta = mx.load(path, return_metadata=True)
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    text = env.from_string(meta["tokenizer.chat_template"]).render(
-        messages=[{"role": "user", "content": RWKV_PROMPT}], add_generation_prompt=True,
-        bos_token=meta["tokenizer.ggml.tokens"][0], enable_thinking=False)
-    ids = tokenize(path, text)
-    eos = meta["tokenizer.ggml.eos_token_id"].item()
-    tokens, logprobs = [], []
-    for tok, lp in generate_step(mx.array(ids), model, max_tokens=RWKV_MAX_TOKENS,
-                                 sampler=lambda x: mx.argmax(x, axis=-1)):
-        tok = int(tok)
-        if tok == eos:
-            break
-        tokens.append(tok)
-        logprobs.append(float(lp[tok].item()))
-    out = {
-        "generator": "xtask/oracle/goldens_gguf_more.py rwkv7_world",
-        "model": path,
-        "prompt": RWKV_PROMPT,
-        "rendered": text,
-        "max_tokens": RWKV_MAX_TOKENS,
-        "prompt_ids": ids,
-        "tokens": tokens,
-        "logprobs": logprobs,
-    }
-    with open(RWKV_CLI, "w") as f:
-        f.write(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    def after(name, model, path):
+        import json
+
+        import jinja2
+        from mlx_lm.generate import generate_step
+
+        from goldens_gguf_rwkv import tokenize
+
+        _, meta = mx.load(path, return_metadata=True)
+        if "tokenizer.chat_template" in meta:
+            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+            text = env.from_string(meta["tokenizer.chat_template"]).render(
+                messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
+                bos_token=meta["tokenizer.ggml.tokens"][0], enable_thinking=False)
+        else:
+            text = prompt
+        ids = tokenize(path, text)
+        eos = meta["tokenizer.ggml.eos_token_id"].item()
+        tokens, logprobs = [], []
+        for tok, lp in generate_step(mx.array(ids), model, max_tokens=max_tokens,
+                                     sampler=lambda x: mx.argmax(x, axis=-1)):
+            tok = int(tok)
+            if tok == eos:
+                break
+            tokens.append(tok)
+            logprobs.append(float(lp[tok].item()))
+        out = {
+            "generator": f"xtask/oracle/goldens_gguf_more.py {name}",
+            "model": path,
+            "prompt": prompt,
+            "rendered": text,
+            "max_tokens": max_tokens,
+            "prompt_ids": ids,
+            "tokens": tokens,
+            "logprobs": logprobs,
+        }
+        if with_text:
+            from goldens_gguf_rwkv import detokenize
+
+            out["text"] = detokenize(path, tokens)
+        with open(out_path, "w") as f:
+            f.write(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+
+    return after
+
+
+rwkv7_cli = cli_golden(RWKV_CLI, RWKV_PROMPT, RWKV_MAX_TOKENS)
 
 
 def rwkv7_world_case():
@@ -4737,6 +4761,27 @@ CASES["xverse"] = Case(
     {},
     permute_qk=True,
 )
+
+
+# XVERSE with a real-shaped vocabulary (`xverse` itself): XverseModel writes its SentencePiece
+# vocabulary without scores, so the case takes `goldens_gguf_xverse.py`'s fixture (run that
+# first) for the placeholder one, and `xverse_cli` records what `mlx generate --json` must print
+# on the file (`cli_golden`: the file has no chat template, so the prompt as it is).
+XVERSE_VOCAB = "mlx-tokenizers/tests/fixtures/gguf/xverse-spm.gguf"
+XVERSE_CLI = "mlx-cli/tests/goldens/gguf_xverse_cli.json"
+
+
+def xverse_with_vocab():
+    case = CASES["xverse"]
+    if not os.path.isfile(XVERSE_VOCAB):
+        return
+    vocab = vocab_of(XVERSE_VOCAB)
+    case.config = {**case.config, "vocab_size": len(dict(vocab)["tokenizer.ggml.tokens"])}
+    case.meta = case.meta[:-len(SPM)] + [("raw", k, v) for k, v in vocab]
+    case.after = cli_golden(XVERSE_CLI, "Hello world, 你好 🚀 café", 8, with_text=True)
+
+
+xverse_with_vocab()
 
 
 ONLY = only()
