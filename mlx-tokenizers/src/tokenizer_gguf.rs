@@ -726,6 +726,20 @@ impl GgufTokenizerData {
 
         let bad = |m: String| TokenizerError::Invalid(m);
         let n = self.tokens.len();
+        if self.scores.is_none() {
+            // llama.cpp's SentencePiece defaults where the file names none: BOS 1, EOS 2,
+            // unknown 0.
+            let fill = |id: Option<u32>, d: u32| id.or(((d as usize) < n).then_some(d));
+            let filled = GgufTokenizerData {
+                bos_id: fill(self.bos_id, 1),
+                eos_id: fill(self.eos_id, 2),
+                unk_id: fill(self.unk_id, 0),
+                ..self.clone()
+            };
+            if filled != *self {
+                return filled.build_spm();
+            }
+        }
         // llama.cpp's xverse converter writes no scores; llama.cpp reads each as 0, which
         // llama.cpp's own algorithm encodes (below): the BPE built here then only decodes.
         let zeros;

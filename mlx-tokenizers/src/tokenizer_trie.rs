@@ -559,7 +559,7 @@ impl TrieEncoder {
                     out.push(id);
                     prev_special = true;
                 }
-                Fragment::Text(bytes) if bytes.is_empty() => {}
+                Fragment::Text([]) => {}
                 Fragment::Text(bytes) => match &self.algo {
                     Algo::Spm(vocab) => {
                         let text = String::from_utf8_lossy(bytes);

@@ -350,6 +350,13 @@ fn spm_gguf_vocabulary_without_scores_encodes_as_llama_cpp() {
             > 0
     );
 
+    // A file naming no BOS gets llama.cpp's SentencePiece default, id 1.
+    let mut d = data_of("xverse-spm.gguf");
+    d.bos_id = None;
+    let tok = d.build().unwrap();
+    assert_eq!(tok.encode("hello", true).unwrap()[0], 1);
+    assert_eq!(tok.bos_token_id(), Some(1));
+
     // No byte piece for a character no token covers: an error naming it, no panic.
     let mut d = data_of("xverse-spm.gguf");
     for t in d.tokens.iter_mut().filter(|t| t.starts_with("<0xF0")) {
