@@ -14,7 +14,8 @@ LlamaTokenizer (BOS 1, EOS 2, UNK 0, `add_bos_token` true, `add_eos_token` false
 only: mlx-tokenizers/tests/fixtures/gguf/xverse-spm.gguf.
 
 The expected ids are llama.cpp's own: `llama-tokenize --ids --no-escape --file TEXT`
-(`goldens_gguf_rwkv.tokenize`: BOS as the file says, special tokens parsed), and the text its
+(`goldens_gguf_rwkv.tokenize`: BOS as the file says, special tokens parsed) on the texts below
+and 40 seeded random ones (`random_texts`), and the text its
 `llama_detokenize` gives back for the ids after that BOS (`goldens_gguf_rwkv.detokenize`,
 control tokens not rendered; llama.cpp strips the space prefix only from a first token that is
 not BOS). Written to mlx-tokenizers/tests/goldens/gguf_xverse.json. Run before `cargo xtask
@@ -68,6 +69,19 @@ TEXTS = [
     "literal <0x41> byte piece",
     "The quick brown fox jumps over the lazy dog. 1,000 runners ran 3.14 km in 2026.",
 ]
+
+
+def random_texts(n=40):
+    """Seeded texts mixing the corpus words with whitespace runs, punctuation, rare CJK, emoji
+    and the special tokens, to exercise the merge order beyond the hand-written ones."""
+    rng = random.Random(7)
+    extra = ["  ", "   ", "\t", "\n", "\n\n", ",", ".", "!", "鬱", "龘", "🦀", "𠜎", "ø", "<s>",
+             "<|sep|>", "aaaa", "abab", "x"]
+    out = []
+    for _ in range(n):
+        parts = [rng.choice(WORDS + extra) for _ in range(rng.randint(1, 12))]
+        out.append("".join(p + rng.choice(["", " ", " ", "  "]) for p in parts))
+    return out
 
 
 def corpus():
@@ -131,7 +145,7 @@ def main():
     sp = train()
     n = write(sp)
     cases = []
-    for t in TEXTS:
+    for t in TEXTS + random_texts():
         ids = tokenize(FIXTURE, t)
         assert ids and ids[0] == 1, f"{t!r}: llama-tokenize added no BOS: {ids}"
         cases.append({"text": t, "ids": ids, "decoded": detokenize(FIXTURE, ids[1:])})
