@@ -28,18 +28,22 @@ use crate::load::LoadOptions;
 use crate::models::{build, LanguageModel};
 use crate::weights::Weights;
 
+mod bailingmoe3;
 mod dense;
 mod fused;
 mod gemma;
+mod kimi_k3;
 mod layerwise;
 mod linear;
 mod meta;
+mod minimax_m3;
 mod mla;
 mod moe;
 mod moe_swa;
 mod rope;
 mod ssm;
 mod table;
+mod xverse;
 
 use meta::{
     attention_kinds, first_count, head_size, layer_counts, layer_list, meta_bool, meta_count,
@@ -595,6 +599,15 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         if ROPE_TENSORS.contains(&name.as_str()) && arch.rope_tensors {
             rope_tensors.insert(name, a);
+            continue;
+        }
+        let a_log = match arch.arch {
+            "bailingmoe3" => bailingmoe3::a_log(&name, &a)?,
+            "kimi-k3" => kimi_k3::a_log(&name, &a)?,
+            _ => None,
+        };
+        if let Some((m, v)) = a_log {
+            tensors.insert(m, v);
             continue;
         }
         if matches!(

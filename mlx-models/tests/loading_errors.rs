@@ -917,4 +917,89 @@ mod gguf {
             "{e}"
         );
     }
+
+    /// The last GGUF maps (`gguf_dense::last_gguf_architectures_match_mlx_lm`): a missing key
+    /// is named; what mlx-lm's class cannot compute is refused by key.
+    #[test]
+    fn bad_metadata_of_the_last_gguf_maps_names_the_key() {
+        let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
+        for (fixture, key) in [
+            ("bailingmoe3", "bailingmoe3.kda.head_dim"),
+            ("bailingmoe3", "bailingmoe3.kda.gate_lower_bound"),
+            ("bailingmoe3", "bailingmoe3.attention.key_length_mla"),
+            ("bailingmoe3", "bailingmoe3.expert_shared_count"),
+            ("bailingmoe3", "bailingmoe3.leading_dense_block_count"),
+            ("bailingmoe3", "bailingmoe3.expert_gating_func"),
+            ("bailingmoe3", "bailingmoe3.expert_weights_scale"),
+            ("minimax_m3", "minimax-m3.expert_feed_forward_length"),
+            ("minimax_m3", "minimax-m3.attention.indexer.head_count"),
+            ("minimax_m3", "minimax-m3.attention.indexer.block_size"),
+            ("minimax_m3", "minimax-m3.attention.indexer.local_blocks"),
+            ("minimax_m3", "minimax-m3.expert_weights_scale"),
+            ("minimax_m3", "minimax-m3.expert_gating_func"),
+            ("minimax_m3", "minimax-m3.rope.dimension_count"),
+            ("kimi_k3", "kimi-k3.attention.head_count_kv"),
+            ("kimi_k3", "kimi-k3.activation.situ_beta"),
+            ("kimi_k3", "kimi-k3.activation.situ_linear_beta"),
+            ("kimi_k3", "kimi-k3.attn_res.block_size"),
+            ("kimi_k3", "kimi-k3.kda.head_dim"),
+            ("kimi_k3", "kimi-k3.expert_weights_scale"),
+            ("kimi_k3", "kimi-k3.attention.key_length_mla"),
+            ("xverse", "xverse.context_length"),
+        ] {
+            let e = err(&edited(
+                fixture,
+                "lastmissing",
+                |m| {
+                    m.remove(key);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(key) && e.contains("missing"), "{key}: {e}");
+        }
+        for (fixture, name, k, v) in [
+            // Another router; unsafe gates; unnormalized weights; a SwiGLU clamp; M-RoPE; a
+            // layer pattern no `layer_group_size` gives.
+            (
+                "bailingmoe3",
+                "b3gating",
+                "bailingmoe3.expert_gating_func",
+                u(1),
+            ),
+            ("bailingmoe3", "b3safe", "bailingmoe3.kda.safe_gate", {
+                GgufValue::Array(Array::scalar(false).unwrap())
+            }),
+            (
+                "bailingmoe3",
+                "b3norm",
+                "bailingmoe3.expert_weights_norm",
+                { GgufValue::Array(Array::scalar(false).unwrap()) },
+            ),
+            ("bailingmoe3", "b3clamp", "bailingmoe3.swiglu_clamp_exp", {
+                GgufValue::Array(Array::from_slice(&[0f32, 7.0, 7.0, 7.0, 7.0, 7.0], &[6]).unwrap())
+            }),
+            (
+                "bailingmoe3",
+                "b3mrope",
+                "bailingmoe3.rope.dimension_sections",
+                { GgufValue::Array(Array::from_slice(&[2i32, 1, 1, 0], &[4]).unwrap()) },
+            ),
+            (
+                "bailingmoe3",
+                "b3kv",
+                "bailingmoe3.attention.head_count_kv",
+                { GgufValue::Array(Array::from_slice(&[1u32, 0, 0, 1, 1, 1], &[6]).unwrap()) },
+            ),
+        ] {
+            let e = err(&edited(
+                fixture,
+                name,
+                |m| {
+                    m.insert(k.into(), v);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
+        }
+    }
 }

@@ -1627,6 +1627,151 @@ pub(super) const ARCHS: &[GgufArch] = &[
         per_layer_kv: true,
         ..PLAIN
     },
+    // Ling 3.0 (mlx-lm's `bailing_moe_v3`): KDA layers (`ssm_*`, `ssm_a` as exp(A_log)) between
+    // MLA layers (`attn_k_b` / `attn_v_b` as `embed_q` / `unembed_out`, the head-wise
+    // `attn_gate`), grouped sigmoid routing with an expert bias, shared experts
+    // (`gguf/bailingmoe3.rs`).
+    GgufArch {
+        arch: "bailingmoe3",
+        model_type: "bailing_moe_v3",
+        config: Some(|cx| {
+            super::bailingmoe3::config(cx.config, cx.tensors, cx.path, cx.meta, cx.blocks)
+        }),
+        parts: &[
+            ("attn_q", "attention.q_proj"),
+            ("attn_k", "attention.k_proj"),
+            ("attn_v", "attention.v_proj"),
+            // `o_proj` on KDA layers (`bailingmoe3::config`).
+            ("attn_output", "attention.dense"),
+            ("attn_gate", "attention.g_proj"),
+            ("ssm_g_a", "attention.g_proj"),
+            ("ssm_conv1d_q", "attention.q_conv1d"),
+            ("ssm_conv1d_k", "attention.k_conv1d"),
+            ("ssm_conv1d_v", "attention.v_conv1d"),
+            ("ssm_f_a", "attention.f_proj"),
+            ("ssm_beta", "attention.b_proj"),
+            ("ssm_norm", "attention.o_norm"),
+            // `ssm_dt.bias` -> `attention.dt_bias` (`bailingmoe3::config`).
+            ("ssm_dt", "attention.dt_proj"),
+            ("attn_q_a", "attention.q_a_proj"),
+            ("attn_q_a_norm", "attention.q_a_layernorm"),
+            ("attn_q_b", "attention.q_b_proj"),
+            ("attn_kv_a_mqa", "attention.kv_a_proj_with_mqa"),
+            ("attn_kv_a_norm", "attention.kv_a_layernorm"),
+            ("attn_k_b", "attention.embed_q"),
+            ("attn_v_b", "attention.unembed_out"),
+            ("ffn_gate_inp", "mlp.gate"),
+            // `exp_probs_b.bias` -> the bare `mlp.gate.expert_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.expert_bias"),
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        top: &[("token_embd", "model.word_embeddings")],
+        per_layer_kv: true,
+        ..PLAIN
+    },
+    // MiniMax M3's text tower (mlx-lm's `minimax_m3_vl`): per-head Q / K norms, the MSA
+    // indexer (`indexer.*`), sigmoid routing with `exp_probs_b`, a shared expert; norms stored
+    // `1 + w` (`gguf/minimax_m3.rs`).
+    GgufArch {
+        arch: "minimax-m3",
+        model_type: "minimax_m3_vl",
+        config: Some(|cx| {
+            super::minimax_m3::config(cx.config, cx.tensors, cx.path, cx.meta, cx.blocks)
+        }),
+        norm_plus_one: true,
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("indexer.q_proj", "self_attn.index_q_proj"),
+            ("indexer.k_proj", "self_attn.index_k_proj"),
+            ("indexer.q_norm", "self_attn.index_q_norm"),
+            ("indexer.k_norm", "self_attn.index_k_norm"),
+            ("ffn_gate_inp", "block_sparse_moe.gate"),
+            // `exp_probs_b.bias` -> `block_sparse_moe.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "block_sparse_moe.e_score_correction"),
+            ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+            ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj"),
+            (
+                "ffn_gate_shexp",
+                "block_sparse_moe.shared_experts.gate_proj",
+            ),
+            ("ffn_up_shexp", "block_sparse_moe.shared_experts.up_proj"),
+            (
+                "ffn_down_shexp",
+                "block_sparse_moe.shared_experts.down_proj",
+            ),
+        ],
+        text_of: Some(("language_model.", "", "minimax_m3")),
+        ..PLAIN
+    },
+    // Kimi K3 (mlx-lm's `kimi_k3`): KDA layers (`ssm_*`, the full-rank `ssm_g`, q / k / v and
+    // their convolutions joined back), NoPE MLA layers with an output gate (`attn_gate`), the
+    // fused attention-residual scores, a latent MoE (`ffn_routed_*`) (`gguf/kimi_k3.rs`).
+    GgufArch {
+        arch: "kimi-k3",
+        model_type: "kimi_k3",
+        config: Some(|cx| {
+            let kept: Vec<&String> = cx.ggml.keys().collect();
+            super::kimi_k3::config(
+                cx.config, cx.tensors, &kept, cx.path, cx.meta, cx.blocks, cx.heads,
+            )
+        }),
+        parts: &[
+            ("attn_q_a", "self_attn.q_a_proj"),
+            ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+            ("attn_q_b", "self_attn.q_b_proj"),
+            ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+            ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+            ("attn_k_b", "self_attn.embed_q"),
+            ("attn_v_b", "self_attn.unembed_out"),
+            ("attn_gate", "self_attn.g_proj"),
+            ("ssm_g", "self_attn.g_proj"),
+            // Joined into `qkv_conv` by `kimi_k3::config`.
+            ("ssm_conv1d_q", "self_attn.gguf_conv_q"),
+            ("ssm_conv1d_k", "self_attn.gguf_conv_k"),
+            ("ssm_conv1d_v", "self_attn.gguf_conv_v"),
+            ("ssm_f_a", "self_attn.f_a_proj"),
+            ("ssm_f_b", "self_attn.f_b_proj"),
+            ("ssm_beta", "self_attn.b_proj"),
+            ("ssm_norm", "self_attn.o_norm"),
+            // `ssm_dt.bias` -> `self_attn.dt_bias` (see `map_name`).
+            ("ssm_dt", "self_attn.dt"),
+            // Each a norm weight and a projection of ones (`kimi_k3::config`).
+            ("attn_res_score", "gguf_attn_res_score"),
+            ("ffn_res_score", "gguf_ffn_res_score"),
+            ("ffn_gate_inp", "mlp.gate"),
+            // `exp_probs_b.bias` -> `mlp.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.e_score_correction"),
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            ("ffn_routed_down", "mlp.routed_expert_down_proj"),
+            ("ffn_routed_up", "mlp.routed_expert_up_proj"),
+            ("ffn_routed_norm", "mlp.routed_expert_norm"),
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        top: &[("output_res_score", "model.gguf_output_res_score")],
+        per_layer_kv: true,
+        text_of: Some(("language_model.", "", "kimi_linear")),
+        ..PLAIN
+    },
+    // XVERSE (mlx-lm remaps `xverse` to `llama`): llama's names, Q / K rows permuted
+    // (`gguf/xverse.rs`).
+    GgufArch {
+        arch: "xverse",
+        model_type: "llama",
+        config: Some(|cx| super::xverse::config(cx.config, cx.path, cx.heads, cx.kv_heads)),
+        permute_qk: true,
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
