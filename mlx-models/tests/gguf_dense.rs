@@ -322,3 +322,18 @@ fn check_gguf_cases(cases: &[(&str, &str)]) {
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The last llama.cpp architectures whose mlx-lm type is served (issue #32): `cargo xtask
+/// goldens gguf_more bailingmoe3 minimax_m3 kimi_k3 xverse`.
+#[test]
+fn last_gguf_architectures_match_mlx_lm() {
+    check_gguf_cases(&[
+        ("bailingmoe3", "bailing_moe_v3"),
+        ("minimax_m3", "minimax_m3_vl"),
+        ("kimi_k3", "kimi_k3"),
+        ("xverse", "llama"),
+    ]);
+    for a in ["bailingmoe3", "minimax-m3", "kimi-k3", "xverse"] {
+        assert!(supported_gguf_architectures().contains(&a), "{a}");
+    }
+}

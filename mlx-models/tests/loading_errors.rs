@@ -283,6 +283,30 @@ mod gguf {
         p
     }
 
+    /// The error of `fixture` rewritten as `name` with metadata `key` set to `value`.
+    fn with_key(fixture: &str, name: &str, key: &str, value: GgufValue) -> String {
+        err(&edited(
+            fixture,
+            name,
+            |m| {
+                m.insert(key.into(), value);
+            },
+            |_| {},
+        ))
+    }
+
+    /// The error of `fixture` rewritten as `name` without metadata `key`.
+    fn without_key(fixture: &str, name: &str, key: &str) -> String {
+        err(&edited(
+            fixture,
+            name,
+            |m| {
+                m.remove(key);
+            },
+            |_| {},
+        ))
+    }
+
     /// BitNet's projections must be ternary values times one scale (the converter's
     /// `weight_quant`): another value, a missing projection or rope scaling mlx-lm's bitnet
     /// does not take is refused by name.
@@ -316,52 +340,40 @@ mod gguf {
             },
         ));
         assert!(e.contains("blk.0.attn_v.weight is missing"), "{e}");
-        let e = err(&edited(
+        let e = with_key(
             "bitnet",
             "bnrope",
-            |m| {
-                m.insert(
-                    "bitnet.rope.scaling.type".into(),
-                    GgufValue::String("yarn".into()),
-                );
-            },
-            |_| {},
-        ));
+            "bitnet.rope.scaling.type",
+            GgufValue::String("yarn".into()),
+        );
         assert!(e.contains("bitnet.rope.scaling.type"), "{e}");
     }
 
     #[test]
     fn bad_deepseek2_and_mistral3_metadata_names_the_key() {
         let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
-        let e = err(&edited(
+        let e = with_key(
             "deepseek2_v3",
             "ds2gating",
-            |m| {
-                m.insert("deepseek2.expert_gating_func".into(), u(3));
-            },
-            |_| {},
-        ));
+            "deepseek2.expert_gating_func",
+            u(3),
+        );
         assert!(
             e.contains("deepseek2.expert_gating_func") && e.contains("ds2gating.gguf"),
             "{e}"
         );
-        let e = err(&edited(
+        let e = without_key(
             "deepseek2_v3",
             "ds2mla",
-            |m| {
-                m.remove("deepseek2.attention.value_length_mla");
-            },
-            |_| {},
-        ));
+            "deepseek2.attention.value_length_mla",
+        );
         assert!(e.contains("value_length_mla"), "{e}");
-        let e = err(&edited(
+        let e = with_key(
             "deepseek2_v3",
             "ds2rope",
-            |m| {
-                m.insert("deepseek2.rope.dimension_count".into(), u(64));
-            },
-            |_| {},
-        ));
+            "deepseek2.rope.dimension_count",
+            u(64),
+        );
         assert!(e.contains("deepseek2.rope.dimension_count"), "{e}");
         let e = err(&edited(
             "deepseek2_v2",
@@ -372,14 +384,7 @@ mod gguf {
             },
         ));
         assert!(e.contains("model.layers.1.self_attn.unembed_out"), "{e}");
-        let e = err(&edited(
-            "mistral3",
-            "m3temp",
-            |m| {
-                m.remove("mistral3.attention.temperature_scale");
-            },
-            |_| {},
-        ));
+        let e = without_key("mistral3", "m3temp", "mistral3.attention.temperature_scale");
         assert!(e.contains("mistral3.attention.temperature_scale"), "{e}");
     }
 
@@ -407,37 +412,26 @@ mod gguf {
             ("minicpm", "minicpm.residual_scale"),
             ("deepseek", "deepseek.expert_feed_forward_length"),
         ] {
-            let e = err(&edited(
-                fixture,
-                "missing",
-                |m| {
-                    m.remove(key);
-                },
-                |_| {},
-            ));
+            let e = without_key(fixture, "missing", key);
             assert!(e.contains(key) && e.contains("is missing"), "{key}: {e}");
         }
-        let e = err(&edited(
+        let e = with_key(
             "ernie4_5_moe",
             "e45dense",
-            |m| {
-                m.insert("ernie4_5-moe.leading_dense_block_count".into(), u(9));
-            },
-            |_| {},
-        ));
+            "ernie4_5-moe.leading_dense_block_count",
+            u(9),
+        );
         assert!(
             e.contains("leading_dense_block_count") && e.contains("at most 4"),
             "{e}"
         );
         // Granite 4.0 H's layer types come from a per-layer head count.
-        let e = err(&edited(
+        let e = with_key(
             "granitehybrid",
             "ghkv",
-            |m| {
-                m.insert("granitehybrid.attention.head_count_kv".into(), u(2));
-            },
-            |_| {},
-        ));
+            "granitehybrid.attention.head_count_kv",
+            u(2),
+        );
         assert!(
             e.contains("granitehybrid.attention.head_count_kv") && e.contains("ghkv.gguf"),
             "{e}"
@@ -465,41 +459,22 @@ mod gguf {
                 u(1),
             ),
         ] {
-            let e = err(&edited(
-                fixture,
-                name,
-                |m| {
-                    m.insert(k.into(), v);
-                },
-                |_| {},
-            ));
+            let e = with_key(fixture, name, k, v);
             assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
         }
         // StableLM: the residual layout must agree with the tensors, the rope width fit a
         // head, the stacked per-head norms have one row per head.
-        let e = err(&edited(
+        let e = with_key(
             "stablelm",
             "slpar",
-            |m| {
-                m.insert(
-                    "stablelm.use_parallel_residual".into(),
-                    GgufValue::Array(Array::scalar(true).unwrap()),
-                );
-            },
-            |_| {},
-        ));
+            "stablelm.use_parallel_residual",
+            GgufValue::Array(Array::scalar(true).unwrap()),
+        );
         assert!(
             e.contains("stablelm.use_parallel_residual") && e.contains("slpar.gguf"),
             "{e}"
         );
-        let e = err(&edited(
-            "stablelm",
-            "slrope",
-            |m| {
-                m.insert("stablelm.rope.dimension_count".into(), u(12));
-            },
-            |_| {},
-        ));
+        let e = with_key("stablelm", "slrope", "stablelm.rope.dimension_count", u(12));
         assert!(e.contains("stablelm.rope.dimension_count"), "{e}");
         let e = err(&edited(
             "stablelm",
@@ -515,30 +490,20 @@ mod gguf {
             "{e}"
         );
         // Nemotron: a rope scaling mlx-lm's nemotron lacks.
-        let e = err(&edited(
+        let e = with_key(
             "nemotron",
             "nemyarn",
-            |m| {
-                m.insert(
-                    "nemotron.rope.scaling.type".into(),
-                    GgufValue::String("yarn".into()),
-                );
-            },
-            |_| {},
-        ));
+            "nemotron.rope.scaling.type",
+            GgufValue::String("yarn".into()),
+        );
         assert!(e.contains("nemotron.rope.scaling.type"), "{e}");
         // Hunyuan dense: only the pre-scaled NTK-alpha rope.
-        let e = err(&edited(
+        let e = with_key(
             "hunyuan_dense",
             "hydyn",
-            |m| {
-                m.insert(
-                    "hunyuan-dense.rope.scaling.type".into(),
-                    GgufValue::String("yarn".into()),
-                );
-            },
-            |_| {},
-        ));
+            "hunyuan-dense.rope.scaling.type",
+            GgufValue::String("yarn".into()),
+        );
         assert!(e.contains("hunyuan-dense.rope.scaling.type"), "{e}");
         // Phi-2: an older converter's fused qkv is split (and must have q + 2 kv rows).
         let e = err(&edited(
@@ -577,14 +542,12 @@ mod gguf {
         ));
         assert!(e.contains("output.weight"), "{e}");
         // StarCoder: one KV head or all of them.
-        let e = err(&edited(
+        let e = with_key(
             "starcoder",
             "scgqa",
-            |m| {
-                m.insert("starcoder.attention.head_count_kv".into(), u(2));
-            },
-            |_| {},
-        ));
+            "starcoder.attention.head_count_kv",
+            u(2),
+        );
         assert!(e.contains("starcoder.attention.head_count_kv"), "{e}");
         // GPT-NeoX: the fused qkv has three times the width.
         let e = err(&edited(
@@ -615,24 +578,15 @@ mod gguf {
             e.contains("blk.1.attn_v.weight") && e.contains("il2v.gguf"),
             "{e}"
         );
-        let e = err(&edited(
+        let e = with_key(
             "internlm2",
             "il2kv",
-            |m| {
-                m.insert("internlm2.attention.head_count_kv".into(), u(3));
-            },
-            |_| {},
-        ));
+            "internlm2.attention.head_count_kv",
+            u(3),
+        );
         assert!(e.contains("internlm2.attention.head_count_kv"), "{e}");
         // MobileLLM's layout (every layer global, with rope) is not mlx-lm's llama4.
-        let e = err(&edited(
-            "llama4",
-            "l4swa",
-            |m| {
-                m.insert("llama4.attention.sliding_window".into(), u(0));
-            },
-            |_| {},
-        ));
+        let e = with_key("llama4", "l4swa", "llama4.attention.sliding_window", u(0));
         assert!(
             e.contains("llama4.attention.sliding_window") && e.contains("l4swa.gguf"),
             "{e}"
@@ -652,26 +606,17 @@ mod gguf {
     #[test]
     fn bad_qwen35_sizes_name_the_key_or_the_tensor() {
         let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
-        let e = err(&edited(
-            "qwen35",
-            "q35rank",
-            |m| {
-                m.insert("qwen35.ssm.time_step_rank".into(), u(3));
-            },
-            |_| {},
-        ));
+        let e = with_key("qwen35", "q35rank", "qwen35.ssm.time_step_rank", u(3));
         assert!(
             e.contains("ssm.time_step_rank") && e.contains("q35rank.gguf"),
             "{e}"
         );
-        let e = err(&edited(
+        let e = with_key(
             "qwen35",
             "q35pattern",
-            |m| {
-                m.insert("qwen35.full_attention_interval".into(), u(3));
-            },
-            |_| {},
-        ));
+            "qwen35.full_attention_interval",
+            u(3),
+        );
         assert!(e.contains("qwen35.attention.recurrent_layers"), "{e}");
         let e = err(&edited(
             "qwen35moe",
@@ -703,14 +648,7 @@ mod gguf {
             ("mellum", "mellum.expert_feed_forward_length"),
             ("muse_glimmer", "muse-glimmer.logit_scale"),
         ] {
-            let e = err(&edited(
-                fixture,
-                "dense_missing",
-                |m| {
-                    m.remove(key);
-                },
-                |_| {},
-            ));
+            let e = without_key(fixture, "dense_missing", key);
             assert!(e.contains(key) && e.contains("is missing"), "{key}: {e}");
         }
         for (fixture, name, key, value, says) in [
@@ -793,14 +731,7 @@ mod gguf {
                 "does not divide 4 heads",
             ),
         ] {
-            let e = err(&edited(
-                fixture,
-                name,
-                |m| {
-                    m.insert(key.into(), value);
-                },
-                |_| {},
-            ));
+            let e = with_key(fixture, name, key, value);
             assert!(
                 e.contains(key) && e.contains(says) && e.contains(&format!("{name}.gguf")),
                 "{key}: {e}"
@@ -850,14 +781,7 @@ mod gguf {
             ("kimi_linear", "kimi-linear.attention.key_length_mla"),
             ("kimi_linear", "kimi-linear.expert_shared_count"),
         ] {
-            let e = err(&edited(
-                fixture,
-                "ssmmissing",
-                |m| {
-                    m.remove(key);
-                },
-                |_| {},
-            ));
+            let e = without_key(fixture, "ssmmissing", key);
             assert!(e.contains(key) && e.contains("is missing"), "{key}: {e}");
         }
         // A router mlx-lm's class lacks, layer lists that do not describe the layers, a
@@ -951,14 +875,7 @@ mod gguf {
                 { GgufValue::Array(Array::from_slice(&[true, true, true, true], &[4]).unwrap()) },
             ),
         ] {
-            let e = err(&edited(
-                fixture,
-                name,
-                |m| {
-                    m.insert(k.into(), v);
-                },
-                |_| {},
-            ));
+            let e = with_key(fixture, name, k, v);
             assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
         }
         // A per-element gate (Laguna M.1): mlx-lm's laguna gates per head.
@@ -977,14 +894,12 @@ mod gguf {
             "{e}"
         );
         // Groups need `expert_group_used_count`, which the converter does not write.
-        let e = err(&edited(
+        let e = with_key(
             "nemotron_h_moe",
             "nhmgroups",
-            |m| {
-                m.insert("nemotron_h_moe.expert_group_count".into(), u(2));
-            },
-            |_| {},
-        ));
+            "nemotron_h_moe.expert_group_count",
+            u(2),
+        );
         assert!(
             e.contains("nemotron_h_moe.expert_group_used_count") && e.contains("is missing"),
             "{e}"
@@ -1001,5 +916,90 @@ mod gguf {
             e.contains("output.weight") && e.contains("lm_head_multiplier"),
             "{e}"
         );
+    }
+
+    /// The last GGUF maps (`gguf_dense::last_gguf_architectures_match_mlx_lm`): a missing key
+    /// is named; what mlx-lm's class cannot compute is refused by key.
+    #[test]
+    fn bad_metadata_of_the_last_gguf_maps_names_the_key() {
+        let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
+        for (fixture, key) in [
+            ("bailingmoe3", "bailingmoe3.kda.head_dim"),
+            ("bailingmoe3", "bailingmoe3.kda.gate_lower_bound"),
+            ("bailingmoe3", "bailingmoe3.attention.key_length_mla"),
+            ("bailingmoe3", "bailingmoe3.expert_shared_count"),
+            ("bailingmoe3", "bailingmoe3.leading_dense_block_count"),
+            ("bailingmoe3", "bailingmoe3.expert_gating_func"),
+            ("bailingmoe3", "bailingmoe3.expert_weights_scale"),
+            ("minimax_m3", "minimax-m3.expert_feed_forward_length"),
+            ("minimax_m3", "minimax-m3.attention.indexer.head_count"),
+            ("minimax_m3", "minimax-m3.attention.indexer.block_size"),
+            ("minimax_m3", "minimax-m3.attention.indexer.local_blocks"),
+            ("minimax_m3", "minimax-m3.expert_weights_scale"),
+            ("minimax_m3", "minimax-m3.expert_gating_func"),
+            ("minimax_m3", "minimax-m3.rope.dimension_count"),
+            ("kimi_k3", "kimi-k3.attention.head_count_kv"),
+            ("kimi_k3", "kimi-k3.activation.situ_beta"),
+            ("kimi_k3", "kimi-k3.activation.situ_linear_beta"),
+            ("kimi_k3", "kimi-k3.attn_res.block_size"),
+            ("kimi_k3", "kimi-k3.kda.head_dim"),
+            ("kimi_k3", "kimi-k3.expert_weights_scale"),
+            ("kimi_k3", "kimi-k3.attention.key_length_mla"),
+            ("xverse", "xverse.context_length"),
+        ] {
+            let e = err(&edited(
+                fixture,
+                "lastmissing",
+                |m| {
+                    m.remove(key);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(key) && e.contains("missing"), "{key}: {e}");
+        }
+        for (fixture, name, k, v) in [
+            // Another router; unsafe gates; unnormalized weights; a SwiGLU clamp; M-RoPE; a
+            // layer pattern no `layer_group_size` gives.
+            (
+                "bailingmoe3",
+                "b3gating",
+                "bailingmoe3.expert_gating_func",
+                u(1),
+            ),
+            ("bailingmoe3", "b3safe", "bailingmoe3.kda.safe_gate", {
+                GgufValue::Array(Array::scalar(false).unwrap())
+            }),
+            (
+                "bailingmoe3",
+                "b3norm",
+                "bailingmoe3.expert_weights_norm",
+                { GgufValue::Array(Array::scalar(false).unwrap()) },
+            ),
+            ("bailingmoe3", "b3clamp", "bailingmoe3.swiglu_clamp_exp", {
+                GgufValue::Array(Array::from_slice(&[0f32, 7.0, 7.0, 7.0, 7.0, 7.0], &[6]).unwrap())
+            }),
+            (
+                "bailingmoe3",
+                "b3mrope",
+                "bailingmoe3.rope.dimension_sections",
+                { GgufValue::Array(Array::from_slice(&[2i32, 1, 1, 0], &[4]).unwrap()) },
+            ),
+            (
+                "bailingmoe3",
+                "b3kv",
+                "bailingmoe3.attention.head_count_kv",
+                { GgufValue::Array(Array::from_slice(&[1u32, 0, 0, 1, 1, 1], &[6]).unwrap()) },
+            ),
+        ] {
+            let e = err(&edited(
+                fixture,
+                name,
+                |m| {
+                    m.insert(k.into(), v);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
+        }
     }
 }

@@ -156,8 +156,8 @@ pub struct Tokenizer {
     /// `convert_ids_to_tokens(range(len(tokenizer)))`, shared by detokenizers.
     token_map: std::sync::Arc<Vec<Option<String>>>,
     /// An encoder of llama.cpp's that the backend has no model for (RWKV's byte trie, PLaMo 2's
-    /// Viterbi search): `encode`
-    /// runs it instead of the backend, which still decodes.
+    /// Viterbi search, SentencePiece with every score 0): `encode` runs it instead of the
+    /// backend, which still decodes (but for SentencePiece, decoded as llama.cpp decodes).
     trie_encoder: Option<std::sync::Arc<crate::tokenizer_trie::TrieEncoder>>,
 }
 
@@ -258,8 +258,8 @@ impl Tokenizer {
     pub fn to_hf_json(&self) -> Result<String> {
         if self.trie_encoder.is_some() {
             return Err(TokenizerError::Invalid(
-                "this tokenizer (llama.cpp's RWKV or PLaMo 2 algorithm, read from GGUF) has \
-                 no tokenizer.json form"
+                "this tokenizer (llama.cpp's own algorithm, read from GGUF: RWKV, PLaMo 2, \
+                 HybriDNA or SentencePiece without scores) has no tokenizer.json form"
                     .into(),
             ));
         }
@@ -571,6 +571,14 @@ impl Tokenizer {
 
     /// The text of `ids` (transformers `decode`). Ids outside the vocabulary are skipped.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        if let Some(text) = self
+            .trie_encoder
+            .as_ref()
+            .and_then(|t| t.decode(ids, !skip_special_tokens))
+        {
+            // llama.cpp's own rule (a SentencePiece GGUF without scores).
+            return Ok(text);
+        }
         let text = backend("decoding", || self.inner.decode(ids, skip_special_tokens))?
             .map_err(backend_err)?;
         Ok(if self.clean_up_tokenization_spaces {

@@ -726,9 +726,30 @@ impl GgufTokenizerData {
 
         let bad = |m: String| TokenizerError::Invalid(m);
         let n = self.tokens.len();
-        let scores = self.scores.as_ref().ok_or_else(|| {
-            bad("GGUF SentencePiece vocabulary has no tokenizer.ggml.scores".into())
-        })?;
+        if self.scores.is_none() {
+            // llama.cpp's SentencePiece defaults where the file names none: BOS 1, EOS 2,
+            // unknown 0.
+            let fill = |id: Option<u32>, d: u32| id.or(((d as usize) < n).then_some(d));
+            let filled = GgufTokenizerData {
+                bos_id: fill(self.bos_id, 1),
+                eos_id: fill(self.eos_id, 2),
+                unk_id: fill(self.unk_id, 0),
+                ..self.clone()
+            };
+            if filled != *self {
+                return filled.build_spm();
+            }
+        }
+        // llama.cpp's xverse converter writes no scores; llama.cpp reads each as 0, which
+        // llama.cpp's own algorithm encodes (below): the BPE built here then only decodes.
+        let zeros;
+        let scores = match &self.scores {
+            Some(s) => s,
+            None => {
+                zeros = vec![0.0f32; n];
+                &zeros
+            }
+        };
         if scores.len() != n {
             return Err(bad(format!(
                 "GGUF tokenizer.ggml.scores has {} entries for {n} tokens",
@@ -874,7 +895,19 @@ impl GgufTokenizerData {
         add_user_tokens(&mut inner, user_tokens)?;
 
         // llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise.
-        self.finish(inner, &pieces, true)
+        let mut tok = self.finish(inner, &pieces, true)?;
+        if self.scores.is_none() {
+            let encoder = crate::tokenizer_trie::TrieEncoder::spm(
+                &self.tokens,
+                &types,
+                scores,
+                space_prefix,
+                self.bos_id.filter(|_| self.add_bos.unwrap_or(true)),
+                self.eos_id.filter(|_| self.add_eos.unwrap_or(false)),
+            );
+            tok.set_trie_encoder(encoder);
+        }
+        Ok(tok)
     }
 }
 

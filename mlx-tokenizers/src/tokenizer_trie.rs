@@ -16,6 +16,12 @@
 //!   byte-level BPE outside `<dna>...</dna>`, the DNA between cut into 6-mers (upper-cased, the
 //!   last padded with `A`), each its k-mer token (spelled with a U+E000 suffix) or `<oov>`.
 //!
+//! - [`TrieEncoder::spm`]: llama.cpp's `llm_tokenizer_spm_session` (SentencePiece `"llama"`
+//!   vocabularies) for files without `tokenizer.ggml.scores` (llama.cpp's xverse converter
+//!   writes none; llama.cpp reads every score as 0): see [`SpmVocab`]. With scores the
+//!   `tokenizers` crate's BPE is used instead (transformers' converter, what mlx-lm users get);
+//!   it cannot express merges that all rank the same.
+//!
 //! Special tokens (types control, user-defined and unknown, as llama.cpp's
 //! `cache_special_tokens`) are split out of the text first, the longest first, each at every
 //! occurrence left to right (`tokenizer_st_partition` with `parse_special`).
@@ -120,6 +126,8 @@ pub enum TrieKind {
     Plamo2,
     /// `llm_tokenizer_hybriddna_session`.
     HybridDna,
+    /// `llm_tokenizer_spm_session`.
+    Spm,
 }
 
 #[derive(Debug, Clone)]
@@ -127,6 +135,220 @@ enum Algo {
     Rwkv(ByteTrie),
     Plamo2(Box<Plamo2Table>),
     HybridDna(Box<DnaKmers>),
+    Spm(Box<SpmVocab>),
+}
+
+/// `llm_tokenizer_spm_session`'s vocabulary, as llama.cpp loads it: each token's text to its id
+/// (a later duplicate wins; an empty token is spelled `[EMPTY_<id>]`) and each token's score.
+///
+/// The session, per text fragment: spaces written `▁` (after one leading space where
+/// `tokenizer.ggml.add_space_prefix`, default on, and the fragment opens the text or follows a
+/// special token), the text cut into UTF-8 characters, then every adjacent pair whose
+/// concatenation is a token (any token, of any type) queued; the queue gives the pair of highest
+/// score, among equal scores the leftmost; a pair whose halves changed since it was queued is
+/// dropped; merging one queues its new pairs with the neighbours. With every score 0 (a file
+/// without scores) this merges, again and again, the leftmost adjacent pair that spells a token.
+/// Each symbol left is its token or, when it is none, its bytes' tokens (`<0xXX>`, else the
+/// one-byte token). llama.cpp's `rev_merge` lookup is never reached: it holds only texts that
+/// are tokens, which are emitted before it is consulted.
+///
+/// Decoding is llama.cpp's `llama_detokenize` for SentencePiece: each token's piece
+/// (`token_to_piece`), the first's one leading space dropped where `add_space_prefix`.
+#[derive(Debug, Clone)]
+struct SpmVocab {
+    token_to_id: std::collections::HashMap<String, u32>,
+    scores: Vec<f32>,
+    add_space_prefix: bool,
+    /// Each token's piece, and whether it is control or unknown (rendered only when special
+    /// tokens are).
+    pieces: Vec<(Vec<u8>, bool)>,
+}
+
+/// llama.cpp's `token_to_piece` for a SentencePiece token of GGUF type `ty`: control (3) and
+/// unknown (2) its text, flagged special; user-defined (4) its text; normal (1) its text with
+/// `▁` as spaces; byte (6) the byte its text's characters 3..5 spell in hex (`strtol`: the hex
+/// digits there, 0 if none); any other type nothing.
+fn spm_piece(text: &str, ty: i32) -> (Vec<u8>, bool) {
+    match ty {
+        2 | 3 => (text.as_bytes().to_vec(), true),
+        4 => (text.as_bytes().to_vec(), false),
+        1 => (text.replace('\u{2581}', " ").into_bytes(), false),
+        6 => {
+            let digits = text.as_bytes().get(3..5.min(text.len())).unwrap_or(&[]);
+            let mut v = 0u32;
+            for &c in digits {
+                match (c as char).to_digit(16) {
+                    Some(d) => v = v * 16 + d,
+                    None => break,
+                }
+            }
+            (vec![v as u8], false)
+        }
+        _ => (Vec::new(), false),
+    }
+}
+
+/// A queued pair of `llm_bigram_spm`: ordered as its comparator orders it (the greatest: the
+/// highest score, then the smallest left index).
+#[derive(Debug, Clone, Copy)]
+struct Bigram {
+    left: usize,
+    right: usize,
+    score: f32,
+    size: usize,
+}
+
+impl PartialEq for Bigram {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+impl Eq for Bigram {}
+impl PartialOrd for Bigram {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Bigram {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Scores are finite (the builder checks them).
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.left.cmp(&self.left))
+    }
+}
+
+/// One `llm_symbol`: a byte range of the escaped text, linked to its neighbours.
+#[derive(Debug, Clone, Copy)]
+struct Symbol {
+    start: usize,
+    n: usize,
+    prev: Option<usize>,
+    next: Option<usize>,
+}
+
+impl SpmVocab {
+    fn new(tokens: &[String], types: &[i32], scores: &[f32], add_space_prefix: bool) -> Self {
+        let mut token_to_id = std::collections::HashMap::with_capacity(tokens.len());
+        let mut pieces = Vec::with_capacity(tokens.len());
+        for (i, t) in tokens.iter().enumerate() {
+            let text = if t.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                t.clone()
+            };
+            pieces.push(spm_piece(&text, types.get(i).copied().unwrap_or(1)));
+            token_to_id.insert(text, i as u32);
+        }
+        Self {
+            token_to_id,
+            scores: scores.to_vec(),
+            add_space_prefix,
+            pieces,
+        }
+    }
+
+    /// `llama_detokenize(remove_special = false, unparse_special = special)`: ids outside the
+    /// vocabulary give nothing.
+    fn decode(&self, ids: &[u32], special: bool) -> String {
+        let mut out = Vec::new();
+        let mut strip = self.add_space_prefix;
+        for &id in ids {
+            if let Some((piece, is_special)) = self.pieces.get(id as usize) {
+                if special || !is_special {
+                    let skip = usize::from(strip && piece.first() == Some(&b' '));
+                    out.extend_from_slice(&piece[skip..]);
+                }
+            }
+            strip = false;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// `llm_tokenizer_spm_session::tokenize` on `text` (already prefixed, not yet escaped).
+    fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        use std::collections::BinaryHeap;
+        let text = text.replace(' ', "\u{2581}");
+        let mut symbols: Vec<Symbol> = Vec::with_capacity(text.len());
+        let chars: Vec<(usize, char)> = text.char_indices().collect();
+        for (k, &(start, c)) in chars.iter().enumerate() {
+            symbols.push(Symbol {
+                start,
+                n: c.len_utf8(),
+                prev: k.checked_sub(1),
+                next: (k + 1 < chars.len()).then_some(k + 1),
+            });
+        }
+        let mut queue = BinaryHeap::new();
+        let try_add = |queue: &mut BinaryHeap<Bigram>,
+                       symbols: &[Symbol],
+                       l: Option<usize>,
+                       r: Option<usize>| {
+            let (Some(l), Some(r)) = (l, r) else {
+                return;
+            };
+            let (a, b) = (symbols[l], symbols[r]);
+            let piece = &text[a.start..a.start + a.n + b.n];
+            if let Some(&id) = self.token_to_id.get(piece) {
+                queue.push(Bigram {
+                    left: l,
+                    right: r,
+                    score: self.scores[id as usize],
+                    size: piece.len(),
+                });
+            }
+        };
+        for i in 1..symbols.len() {
+            try_add(&mut queue, &symbols, Some(i - 1), Some(i));
+        }
+        while let Some(bigram) = queue.pop() {
+            let (l, r) = (symbols[bigram.left], symbols[bigram.right]);
+            if l.n == 0 || r.n == 0 || l.n + r.n != bigram.size {
+                continue;
+            }
+            symbols[bigram.left].n += r.n;
+            symbols[bigram.right].n = 0;
+            symbols[bigram.left].next = r.next;
+            if let Some(next) = r.next {
+                symbols[next].prev = Some(bigram.left);
+            }
+            let (prev, next) = (symbols[bigram.left].prev, symbols[bigram.left].next);
+            try_add(&mut queue, &symbols, prev, Some(bigram.left));
+            try_add(&mut queue, &symbols, Some(bigram.left), next);
+        }
+        let mut at = (!symbols.is_empty()).then_some(0);
+        while let Some(i) = at {
+            let s = symbols[i];
+            let piece = &text[s.start..s.start + s.n];
+            match self.token_to_id.get(piece) {
+                Some(&id) => out.push(id),
+                None => {
+                    for &b in piece.as_bytes() {
+                        out.push(self.byte_token(b)?);
+                    }
+                }
+            }
+            at = s.next;
+        }
+        Ok(())
+    }
+
+    /// `llama_vocab::byte_to_token` for SentencePiece: `<0xXX>`, else the one-byte token; where
+    /// llama.cpp throws (neither exists), an error names the byte.
+    fn byte_token(&self, b: u8) -> Result<u32> {
+        let hex = format!("<0x{b:02X}>");
+        let one = (b < 0x80).then(|| (b as char).to_string());
+        self.token_to_id
+            .get(&hex)
+            .or_else(|| one.and_then(|o| self.token_to_id.get(&o)))
+            .copied()
+            .ok_or_else(|| {
+                TokenizerError::Invalid(format!(
+                    "GGUF SentencePiece vocabulary: no byte token {hex} (or the byte itself) for \
+                     a character that is no token"
+                ))
+            })
+    }
 }
 
 /// llama.cpp's marker suffix (U+E000) on HybriDNA's k-mer tokens, which keeps them apart from
@@ -295,6 +517,33 @@ impl TrieEncoder {
         }
     }
 
+    /// llama.cpp's SentencePiece tokenizer over `tokens` with their `types` and `scores` (all 0
+    /// for a file without `tokenizer.ggml.scores`); `add_space_prefix` puts a space before the
+    /// text and after each special token; `bos` / `eos` are added when special tokens are asked
+    /// for. See [`SpmVocab`].
+    pub fn spm(
+        tokens: &[String],
+        types: &[i32],
+        scores: &[f32],
+        add_space_prefix: bool,
+        bos: Option<u32>,
+        eos: Option<u32>,
+    ) -> Self {
+        Self {
+            kind: TrieKind::Spm,
+            algo: Algo::Spm(Box::new(SpmVocab::new(
+                tokens,
+                types,
+                scores,
+                add_space_prefix,
+            ))),
+            specials: special_tokens(tokens, types),
+            unk: None,
+            bos,
+            eos,
+        }
+    }
+
     /// The ids of `text`: special tokens split out, the rest through the algorithm; BOS first
     /// when `add_special` and the encoder adds one.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
@@ -302,10 +551,25 @@ impl TrieEncoder {
         if add_special {
             out.extend(self.bos);
         }
+        // SentencePiece: a space prefix on the text's first fragment and after special tokens.
+        let mut prev_special = true;
         for piece in partition(text.as_bytes(), &self.specials) {
             match piece {
-                Fragment::Token(id) => out.push(id),
+                Fragment::Token(id) => {
+                    out.push(id);
+                    prev_special = true;
+                }
+                Fragment::Text([]) => {}
                 Fragment::Text(bytes) => match &self.algo {
+                    Algo::Spm(vocab) => {
+                        let text = String::from_utf8_lossy(bytes);
+                        if vocab.add_space_prefix && prev_special {
+                            vocab.encode(&format!(" {text}"), &mut out)?;
+                        } else {
+                            vocab.encode(&text, &mut out)?;
+                        }
+                        prev_special = false;
+                    }
                     Algo::Rwkv(trie) => self.tokenize(trie, bytes, &mut out)?,
                     Algo::Plamo2(table) => {
                         // Fragments split at special tokens' UTF-8 spellings stay UTF-8.
@@ -320,6 +584,15 @@ impl TrieEncoder {
             out.extend(self.eos);
         }
         Ok(out)
+    }
+
+    /// llama.cpp's text of `ids` where it decodes differently from the backend (SentencePiece:
+    /// `llama_detokenize`, control tokens rendered when `special`); `None` for the others.
+    pub fn decode(&self, ids: &[u32], special: bool) -> Option<String> {
+        match &self.algo {
+            Algo::Spm(vocab) => Some(vocab.decode(ids, special)),
+            _ => None,
+        }
     }
 
     /// `llm_tokenizer_rwkv_session::tokenize`. Where llama.cpp would push its null token (a

@@ -284,3 +284,89 @@ fn hybriddna_gguf_vocabulary_encodes_as_llama_cpp() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A SentencePiece vocabulary without `tokenizer.ggml.scores` (`cargo xtask goldens
+/// gguf_xverse`: as llama.cpp's XverseModel writes one): llama.cpp's `llm_tokenizer_spm_session`
+/// with every score 0 (the leftmost adjacent pair that spells a token merges first), the space
+/// prefix on the text and after special tokens, byte pieces for characters no token covers,
+/// control and user-defined tokens split out; BOS as the file says. Decoding the ids after BOS
+/// (plain and streamed) gives llama.cpp's `llama_detokenize` text.
+#[test]
+fn spm_gguf_vocabulary_without_scores_encodes_as_llama_cpp() {
+    let golden = golden("gguf_xverse.json");
+    let data = data_of("xverse-spm.gguf");
+    assert_eq!(data.model, "llama");
+    assert!(data.scores.is_none());
+    let tok = data.build().expect("building the SentencePiece tokenizer");
+    assert!(tok.has_trie_encoder());
+    assert_eq!(
+        tok.vocab_size() as u64,
+        golden["vocab_size"].as_u64().unwrap()
+    );
+    let bos = golden["bos"].as_u64().unwrap() as u32;
+    let mut failures = Vec::new();
+    for case in golden["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want = ids(&case["ids"]);
+        let got = tok.encode(text, true).unwrap();
+        if got != want {
+            failures.push(format!("{text:?}: ids {got:?}, want {want:?}"));
+        }
+        assert_eq!(want[0], bos);
+        let plain = tok.encode(text, false).unwrap();
+        if plain != want[1..] {
+            failures.push(format!("{text:?} (no BOS): ids {plain:?}"));
+        }
+        let decoded = tok.decode(&want[1..], true).unwrap();
+        let expected = case["decoded"].as_str().unwrap();
+        if decoded != expected {
+            failures.push(format!(
+                "{text:?}: decoded {decoded:?}, llama.cpp {expected:?}"
+            ));
+        }
+        // The stream (mlx-lm's SentencePiece streaming detokenizer) renders control tokens.
+        if want[1..].iter().all(|&id| id > 2) {
+            let mut stream = tok.detokenizer();
+            for &id in &want[1..] {
+                stream.add_token(id);
+            }
+            stream.finalize().unwrap();
+            let streamed = stream.text().unwrap();
+            if streamed != expected {
+                failures.push(format!(
+                    "{text:?}: streamed {streamed:?}, llama.cpp {expected:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Control tokens rendered when special tokens are (`unparse_special`).
+    // `<s>`, `▁`, `he`, `</s>`: BOS takes the place of the stripped space.
+    assert_eq!(tok.decode(&[1, 621, 369, 2], false).unwrap(), "<s> he</s>");
+    assert!(
+        golden["cases_differing_from_sentencepiece_with_scores"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+
+    // A file naming no BOS gets llama.cpp's SentencePiece default, id 1.
+    let mut d = data_of("xverse-spm.gguf");
+    d.bos_id = None;
+    let tok = d.build().unwrap();
+    assert_eq!(tok.encode("hello", true).unwrap()[0], 1);
+    assert_eq!(tok.bos_token_id(), Some(1));
+
+    // No byte piece for a character no token covers: an error naming it, no panic.
+    let mut d = data_of("xverse-spm.gguf");
+    for t in d.tokens.iter_mut().filter(|t| t.starts_with("<0xF0")) {
+        *t = "[gone]".into();
+    }
+    let e = d
+        .build()
+        .unwrap()
+        .encode("🦀", false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("<0xF0>"), "{e}");
+}

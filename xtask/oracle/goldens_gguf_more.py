@@ -439,6 +439,9 @@ class Case:
     # names (mlx-lm's) whose read-back may differ from the seeded values.
     undo: Optional[Callable] = None
     inexact: Callable = lambda k: k.endswith("A_log")
+    # (case, top-level GGUF name, value) -> [(mlx-lm name, value)] or None (then `inverse`):
+    # Kimi K3's fused `output_res_score`.
+    top_back: Optional[Callable] = None
     # The read-back model as recorded (BitNet's BitLinears unpacked for the CPU).
     serve: Callable = lambda m: m
 
@@ -499,6 +502,10 @@ def write_case(name, case):
         if case.undo is not None:
             v = case.undo(k, v)
         if not k.startswith("blk."):
+            top = case.top_back(case, k, v) if case.top_back is not None else None
+            if top is not None:
+                back.update((case.wrap + mk, mv) for mk, mv in top)
+                continue
             module, suffix = k.rsplit(".", 1)
             back[f"{case.wrap}{case.inverse[module]}.{suffix}"] = v
             continue
@@ -1278,6 +1285,37 @@ GRANITEHYBRID_DENSE = {
     "mamba_conv_bias": False,
 }
 
+def mamba2_tensors(c, layer, k, v):
+    """GraniteHybridModel's / FalconH1Model's Mamba-2 conversions (`mamba.*`): A as -exp(A_log)
+    and D as (heads, 1), the convolution squeezed, the gated norm per group; else None."""
+    if k.endswith("mamba.A_log"):
+        return [(f"blk.{layer}.ssm_a", (-mx.exp(v))[:, None])]
+    if k.endswith("mamba.D"):
+        return [(f"blk.{layer}.ssm_d", v[:, None])]
+    if k.endswith("mamba.dt_bias"):
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if k.endswith("mamba.conv1d.weight"):
+        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
+    if k.endswith("mamba.norm.weight"):
+        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["mamba_n_groups"], -1))]
+    return None
+
+
+def mamba2_back(p, rest, v):
+    """`mamba2_tensors` undone for `blk.<layer>.<rest>` (`p` the mlx-lm layer prefix); else None."""
+    if rest == "ssm_a":
+        return f"{p}.mamba.A_log", mx.log(-v).reshape(-1)
+    if rest == "ssm_d":
+        return f"{p}.mamba.D", v.reshape(-1)
+    if rest == "ssm_dt.bias":
+        return f"{p}.mamba.dt_bias", v
+    if rest == "ssm_conv1d.weight":
+        return f"{p}.mamba.conv1d.weight", v[..., None]
+    if rest == "ssm_norm.weight":
+        return f"{p}.mamba.norm.weight", v.reshape(-1)
+    return None
+
+
 GRANITEHYBRID_PARTS = {
     "mamba.in_proj": "ssm_in",
     "mamba.out_proj": "ssm_out",
@@ -1294,16 +1332,9 @@ GRANITEHYBRID_PARTS = {
 def granite_tensors(case, k, v):
     c = case.config
     layer = layer_of(k)
-    if k.endswith("mamba.A_log"):
-        return [(f"blk.{layer}.ssm_a", (-mx.exp(v))[:, None])]
-    if k.endswith("mamba.D"):
-        return [(f"blk.{layer}.ssm_d", v[:, None])]
-    if k.endswith("mamba.dt_bias"):
-        return [(f"blk.{layer}.ssm_dt.bias", v)]
-    if k.endswith("mamba.conv1d.weight"):
-        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
-    if k.endswith("mamba.norm.weight"):
-        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["mamba_n_groups"], -1))]
+    mamba = mamba2_tensors(c, layer, k, v)
+    if mamba is not None:
+        return mamba
     if k.endswith("shared_mlp.input_linear.weight"):
         gate, up = mx.split(v, 2, axis=0)
         return [(f"blk.{layer}.ffn_gate_shexp.weight", gate), (f"blk.{layer}.ffn_up_shexp.weight", up)]
@@ -1312,16 +1343,9 @@ def granite_tensors(case, k, v):
 
 def granite_back(case, p, rest, v, loaded):
     c = case.config
-    if rest == "ssm_a":
-        return f"{p}.mamba.A_log", mx.log(-v).reshape(-1)
-    if rest == "ssm_d":
-        return f"{p}.mamba.D", v.reshape(-1)
-    if rest == "ssm_dt.bias":
-        return f"{p}.mamba.dt_bias", v
-    if rest == "ssm_conv1d.weight":
-        return f"{p}.mamba.conv1d.weight", v[..., None]
-    if rest == "ssm_norm.weight":
-        return f"{p}.mamba.norm.weight", v.reshape(-1)
+    mamba = mamba2_back(p, rest, v)
+    if mamba is not None:
+        return mamba
     if rest == "ffn_gate_shexp.weight":
         return None
     if rest == "ffn_up_shexp.weight":
@@ -2715,46 +2739,70 @@ RWKV_PROMPT = "Write one line about the sea."
 RWKV_MAX_TOKENS = 8
 
 
-def rwkv_vocab():
-    _, meta = mx.load(RWKV_VOCAB, return_metadata=True)
+def vocab_of(path):
+    """The tokenizer metadata of the vocabulary-only GGUF at `path`."""
+    _, meta = mx.load(path, return_metadata=True)
     return [(k, v) for k, v in meta.items() if k.startswith("tokenizer.")]
 
 
-def rwkv7_cli(name, model, path):
-    import json
+def rwkv_vocab():
+    return vocab_of(RWKV_VOCAB)
 
-    import jinja2
-    from mlx_lm.generate import generate_step
 
-    from goldens_gguf_rwkv import tokenize
+def cli_golden(out_path, prompt, max_tokens, with_text=False):
+    """An `after` hook writing what `mlx generate --json` must print on the file: `prompt`
+    through the file's chat template where it has one (else as it is, as mlx-lm's CLI then
+    runs it), its ids from llama.cpp's `llama-tokenize`, and mlx-lm's greedy `generate_step`
+    (ids and each token's log-probability, up to EOS); with `with_text`, llama.cpp's
+    `llama_detokenize` of the generated ids."""
 
-    _, meta = mx.load(path, return_metadata=True)
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    text = env.from_string(meta["tokenizer.chat_template"]).render(
-        messages=[{"role": "user", "content": RWKV_PROMPT}], add_generation_prompt=True,
-        bos_token=meta["tokenizer.ggml.tokens"][0], enable_thinking=False)
-    ids = tokenize(path, text)
-    eos = meta["tokenizer.ggml.eos_token_id"].item()
-    tokens, logprobs = [], []
-    for tok, lp in generate_step(mx.array(ids), model, max_tokens=RWKV_MAX_TOKENS,
-                                 sampler=lambda x: mx.argmax(x, axis=-1)):
-        tok = int(tok)
-        if tok == eos:
-            break
-        tokens.append(tok)
-        logprobs.append(float(lp[tok].item()))
-    out = {
-        "generator": "xtask/oracle/goldens_gguf_more.py rwkv7_world",
-        "model": path,
-        "prompt": RWKV_PROMPT,
-        "rendered": text,
-        "max_tokens": RWKV_MAX_TOKENS,
-        "prompt_ids": ids,
-        "tokens": tokens,
-        "logprobs": logprobs,
-    }
-    with open(RWKV_CLI, "w") as f:
-        f.write(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    def after(name, model, path):
+        import json
+
+        import jinja2
+        from mlx_lm.generate import generate_step
+
+        from goldens_gguf_rwkv import tokenize
+
+        _, meta = mx.load(path, return_metadata=True)
+        if "tokenizer.chat_template" in meta:
+            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+            text = env.from_string(meta["tokenizer.chat_template"]).render(
+                messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
+                bos_token=meta["tokenizer.ggml.tokens"][0], enable_thinking=False)
+        else:
+            text = prompt
+        ids = tokenize(path, text)
+        eos = meta["tokenizer.ggml.eos_token_id"].item()
+        tokens, logprobs = [], []
+        for tok, lp in generate_step(mx.array(ids), model, max_tokens=max_tokens,
+                                     sampler=lambda x: mx.argmax(x, axis=-1)):
+            tok = int(tok)
+            if tok == eos:
+                break
+            tokens.append(tok)
+            logprobs.append(float(lp[tok].item()))
+        out = {
+            "generator": f"xtask/oracle/goldens_gguf_more.py {name}",
+            "model": path,
+            "prompt": prompt,
+            "rendered": text,
+            "max_tokens": max_tokens,
+            "prompt_ids": ids,
+            "tokens": tokens,
+            "logprobs": logprobs,
+        }
+        if with_text:
+            from goldens_gguf_rwkv import detokenize
+
+            out["text"] = detokenize(path, tokens)
+        with open(out_path, "w") as f:
+            f.write(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+
+    return after
+
+
+rwkv7_cli = cli_golden(RWKV_CLI, RWKV_PROMPT, RWKV_MAX_TOKENS)
 
 
 def rwkv7_world_case():
@@ -3175,16 +3223,9 @@ FALCON_H1_PARTS = {
 def falcon_h1_tensors(case, k, v):
     c = case.config
     layer = layer_of(k)
-    if k.endswith("mamba.A_log"):
-        return [(f"blk.{layer}.ssm_a", (-mx.exp(v))[:, None])]
-    if k.endswith("mamba.D"):
-        return [(f"blk.{layer}.ssm_d", v[:, None])]
-    if k.endswith("mamba.dt_bias"):
-        return [(f"blk.{layer}.ssm_dt.bias", v)]
-    if k.endswith("mamba.conv1d.weight"):
-        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
-    if k.endswith("mamba.norm.weight"):
-        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["mamba_n_groups"], -1))]
+    mamba = mamba2_tensors(c, layer, k, v)
+    if mamba is not None:
+        return mamba
     # FalconH1Model.modify_tensors' multipliers (float32 products).
     if "down_proj" in k:
         v = v * c["mlp_multipliers"][1]
@@ -3216,16 +3257,9 @@ def falcon_h1_tensors(case, k, v):
 
 
 def falcon_h1_back(case, p, rest, v, loaded):
-    if rest == "ssm_a":
-        return f"{p}.mamba.A_log", mx.log(-v).reshape(-1)
-    if rest == "ssm_d":
-        return f"{p}.mamba.D", v.reshape(-1)
-    if rest == "ssm_dt.bias":
-        return f"{p}.mamba.dt_bias", v
-    if rest == "ssm_conv1d.weight":
-        return f"{p}.mamba.conv1d.weight", v[..., None]
-    if rest == "ssm_norm.weight":
-        return f"{p}.mamba.norm.weight", v.reshape(-1)
+    mamba = mamba2_back(p, rest, v)
+    if mamba is not None:
+        return mamba
     module, suffix = rest.rsplit(".", 1)
     return f"{p}.{case.inverse[module]}.{suffix}", v
 
@@ -4278,6 +4312,479 @@ CASES["kimi_linear"] = Case(
     tensors=kimi_tensors,
     read_back=kimi_back,
 )
+
+
+# Ling 3.0 (`bailingmoe3`, mlx-lm's `bailing_moe_v3`): BailingMoeV3Model writes TextModel's
+# keys with the KV head count forced to 1 (experts, top-k, groups, sigmoid gating, the KDA head
+# size as `key_length`), then the per-layer KV heads (1 on the MLA layers, MTP included; 0 on
+# KDA ones: mlx-lm's `layer_group_size` is the one that gives this pattern), the vocabulary
+# size, the short-conv kernel, the KDA head size, the safe gate and its lower bound, the Q and
+# KV LoRA ranks, the rope width, the key length (rank + rope), MLA's key / value head sizes,
+# the experts' and shared experts' widths, the shared count, the dense first blocks, the routed
+# scale, top-k renormalization and the MTP layer count (its layer after the main ones,
+# skipped). KDA layers: A as exp(A_log) reshaped (heads, 1), `dt_bias` as `ssm_dt.bias`, the
+# q / k / v convolutions as (1, channels, 1, kernel), `f_proj` as `ssm_f_a`, `g_proj` as
+# `ssm_g_a` there and as `attn_gate` on MLA layers, `o_proj` and MLA's `dense` both
+# `attn_output`; `kv_b_proj` split into `attn_k_b` (transposed) and `attn_v_b` (mlx-lm's
+# `embed_q` / `unembed_out`); `expert_bias` as `exp_probs_b.bias`. The golden is mlx-lm on the
+# weights read back.
+BAILING_V3 = cfg("bailing_moe_v3", num_hidden_layers=5, layer_group_size=2, head_dim=8,
+                 intermediate_size=48, moe_intermediate_size=16,
+                 moe_shared_expert_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+                 num_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+                 routed_scaling_factor=2.5, q_lora_rank=16, kv_lora_rank=16,
+                 qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                 short_conv_kernel_size=4, kda_lower_bound=-5.0, kda_safe_gate=True,
+                 no_kda_lora=True, score_function="sigmoid", norm_topk_prob=True,
+                 num_nextn_predict_layers=1, tie_word_embeddings=False)
+
+BAILING_V3_CONV = {
+    "attention.q_conv1d.weight": "ssm_conv1d_q.weight",
+    "attention.k_conv1d.weight": "ssm_conv1d_k.weight",
+    "attention.v_conv1d.weight": "ssm_conv1d_v.weight",
+}
+
+
+def _bailing_v3_kda(c, i):
+    g, n = c["layer_group_size"], c["num_hidden_layers"]
+    return not ((i + 1) % g == 0 or i >= n // g * g)
+
+
+def bailing_v3_tensors(case, k, v):
+    layer = layer_of(k)
+    rest = k.split(".", 3)[3] if layer is not None else None
+    kda = layer is not None and _bailing_v3_kda(case.config, int(layer))
+    if rest in BAILING_V3_CONV:
+        c, kk, _ = v.shape
+        return [(f"blk.{layer}.{BAILING_V3_CONV[rest]}", v.reshape(1, c, 1, kk))]
+    if rest == "attention.A_log":
+        return [(f"blk.{layer}.ssm_a", mx.exp(v).reshape(-1, 1))]
+    if rest == "attention.dt_bias":
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if rest == "attention.g_proj.weight":
+        return [(f"blk.{layer}.{'ssm_g_a' if kda else 'attn_gate'}.weight", v)]
+    if rest == "mlp.gate.expert_bias":
+        return [(f"blk.{layer}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def bailing_v3_back(case, p, rest, v, loaded):
+    kda = _bailing_v3_kda(case.config, int(p.split(".")[2]))
+    for mk, g in BAILING_V3_CONV.items():
+        if rest == g:
+            return f"{p}.{mk}", v.reshape(v.shape[1], v.shape[3], 1)
+    if rest == "ssm_a":
+        return f"{p}.attention.A_log", mx.log(v).reshape(-1)
+    if rest == "ssm_dt.bias":
+        return f"{p}.attention.dt_bias", v
+    if rest in ("ssm_g_a.weight", "attn_gate.weight"):
+        return f"{p}.attention.g_proj.weight", v
+    if rest == "attn_output.weight":
+        return f"{p}.attention.{'o_proj' if kda else 'dense'}.weight", v
+    if rest == "exp_probs_b.bias":
+        return f"{p}.mlp.gate.expert_bias", v
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+CASES["bailingmoe3"] = Case(
+    "bailing_moe_v3",
+    BAILING_V3,
+    "bailingmoe3",
+    [
+        u32("block_count", plus_mtp),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", 1),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_group_count", "n_group"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("attention.head_count_kv", lambda c: [
+            0 if i < c["num_hidden_layers"] and _bailing_v3_kda(c, i) else 1
+            for i in range(plus_mtp(c))]),
+        u32("vocab_size", "vocab_size"),
+        u32("ssm.conv_kernel", "short_conv_kernel_size"),
+        u32("kda.head_dim", "head_dim"),
+        flag("kda.safe_gate", "kda_safe_gate"),
+        f32("kda.gate_lower_bound", "kda_lower_bound"),
+        u32("attention.q_lora_rank", "q_lora_rank"),
+        u32("attention.kv_lora_rank", "kv_lora_rank"),
+        u32("rope.dimension_count", "qk_rope_head_dim"),
+        u32("attention.key_length", lambda c: c["kv_lora_rank"] + c["qk_rope_head_dim"]),
+        u32("attention.key_length_mla", lambda c: c["qk_nope_head_dim"] + c["qk_rope_head_dim"]),
+        u32("attention.value_length_mla", "v_head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "moe_shared_expert_intermediate_size"),
+        u32("expert_shared_count", "num_shared_experts"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        flag("expert_weights_norm", "norm_topk_prob"),
+        u32("nextn_predict_layers", "num_nextn_predict_layers"),
+    ] + GPT2,
+    {
+        "model.word_embeddings": "token_embd",
+        "attention.q_proj": "attn_q",
+        "attention.k_proj": "attn_k",
+        "attention.v_proj": "attn_v",
+        "attention.o_proj": "attn_output",
+        "attention.f_proj": "ssm_f_a",
+        "attention.b_proj": "ssm_beta",
+        "attention.o_norm": "ssm_norm",
+        "attention.q_a_proj": "attn_q_a",
+        "attention.q_a_layernorm": "attn_q_a_norm",
+        "attention.q_b_proj": "attn_q_b",
+        "attention.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+        "attention.kv_a_layernorm": "attn_kv_a_norm",
+        "attention.embed_q": "attn_k_b",
+        "attention.unembed_out": "attn_v_b",
+        "attention.dense": "attn_output",
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj": "ffn_up_shexp",
+        "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=bailing_v3_tensors,
+    extra=[mtp_layer(1.0)],
+    read_back=bailing_v3_back,
+)
+
+
+# MiniMax M3's text tower (`minimax-m3`, mlx-lm's `minimax_m3_vl`, its model under
+# `language_model.`): MiniMaxM3Model writes MiniMaxM2Model's keys (TextModel's: the dense
+# layers' width as `feed_forward_length`, sigmoid gating, the head size; the experts' width,
+# the rotated width) and the shared-expert count, the routed scale, top-k renormalization
+# (always), the MSA indexer's heads, key size, top-k blocks, block size and local blocks, and
+# the dense first blocks (leading zeros of `moe_layer_freq`; llama.cpp puts the indexer on the
+# MoE layers). Every `*norm.weight` is written as 1 + w (mlx-lm's Gemma norms add the 1 back),
+# `e_score_correction_bias` as `exp_probs_b.bias`, experts stacked. The golden is mlx-lm on the
+# weights read back (each norm minus 1).
+MINIMAX_M3_TEXT = cfg("minimax_m3", num_hidden_layers=3, head_dim=8, rotary_dim=4,
+                      intermediate_size=16, dense_intermediate_size=48,
+                      shared_intermediate_size=16, num_local_experts=4, num_experts_per_tok=2,
+                      n_shared_experts=1, routed_scaling_factor=2.0, use_qk_norm=True,
+                      use_gemma_norm=True, scoring_func="sigmoid", moe_layer_freq=[0, 1, 1],
+                      tie_word_embeddings=False,
+                      sparse_attention_config={"sparse_num_index_heads": 2,
+                                               "sparse_index_dim": 8,
+                                               "sparse_topk_blocks": 2,
+                                               "sparse_block_size": 2,
+                                               "sparse_local_block": 1,
+                                               "sparse_attention_freq": [0, 1, 1]})
+
+
+def minimax_m3_tensors(case, k, v):
+    k = k.removeprefix("language_model.")
+    if k.endswith("norm.weight"):
+        v = v + 1.0
+    if k.endswith(".block_sparse_moe.e_score_correction_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def minimax_m3_back(case, p, rest, v, loaded):
+    if rest == "exp_probs_b.bias":
+        return f"{p}.block_sparse_moe.e_score_correction_bias", v
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+CASES["minimax_m3"] = Case(
+    "minimax_m3_vl",
+    # The outer layer count is the read-back's (no MTP layer to skip).
+    {"model_type": "minimax_m3_vl", "text_config": MINIMAX_M3_TEXT, "tie_word_embeddings": False,
+     "num_hidden_layers": MINIMAX_M3_TEXT["num_hidden_layers"]},
+    "minimax-m3",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "dense_intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_local_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("expert_feed_forward_length", "intermediate_size"),
+        u32("rope.dimension_count", "rotary_dim"),
+        u32("expert_shared_count", "n_shared_experts"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        flag("expert_weights_norm", True),
+        u32("attention.indexer.head_count",
+            lambda c: c["sparse_attention_config"]["sparse_num_index_heads"]),
+        u32("attention.indexer.key_length",
+            lambda c: c["sparse_attention_config"]["sparse_index_dim"]),
+        u32("attention.indexer.top_k",
+            lambda c: c["sparse_attention_config"]["sparse_topk_blocks"]),
+        u32("attention.indexer.block_size",
+            lambda c: c["sparse_attention_config"]["sparse_block_size"]),
+        u32("attention.indexer.local_blocks",
+            lambda c: c["sparse_attention_config"]["sparse_local_block"]),
+        u32("leading_dense_block_count",
+            lambda c: next(i for i, f in enumerate(c["moe_layer_freq"]) if f)),
+    ] + GPT2,
+    {
+        "self_attn.index_q_proj": "indexer.q_proj",
+        "self_attn.index_k_proj": "indexer.k_proj",
+        "self_attn.index_q_norm": "indexer.q_norm",
+        "self_attn.index_k_norm": "indexer.k_norm",
+        "block_sparse_moe.gate": "ffn_gate_inp",
+        "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+        "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+        "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
+        "block_sparse_moe.shared_experts.gate_proj": "ffn_gate_shexp",
+        "block_sparse_moe.shared_experts.up_proj": "ffn_up_shexp",
+        "block_sparse_moe.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=minimax_m3_tensors,
+    hparams=lambda c: c["text_config"],
+    read_back=minimax_m3_back,
+    wrap="language_model.",
+    undo=lambda k, v: v - 1.0 if k.endswith("norm.weight") else v,
+    inexact=lambda k: k.endswith("norm.weight"),
+)
+
+
+# Kimi K3 (`kimi-k3`, mlx-lm's `kimi_k3`, its text model under `language_model.`): KimiK3Model
+# writes TextModel's keys with the KV head count forced to 1 (no rope base: the MLA is NoPE),
+# the experts, top-k and sigmoid gating, then the vocabulary size, the per-layer KV heads (0 on
+# KDA layers), the short-conv kernel, the KDA head size and gate lower bound, the LoRA ranks,
+# the rope width, key / value lengths (latent) and MLA's head sizes, the experts' width, the
+# shared count, the dense first blocks, the routed scale and renormalization, the latent
+# width, the SiTU betas and the attention-residual block size. Tensors: each
+# `<x>_res_norm` * `<x>_res_proj` fused into one vector (`attn_res_score`, `ffn_res_score`,
+# `output_res_score`; mlx-lm only ever uses that product), `g_proj` as `ssm_g` on KDA layers and
+# `attn_gate` on MLA layers, the fused `qkv_proj` / `qkv_conv` as the checkpoint's q / k / v
+# (the convolutions (1, channels, 1, kernel)), A as -exp(A_log), `dt_bias` as `ssm_dt.bias`,
+# `kv_b_proj` split (mlx-lm's `embed_q` / `unembed_out`), the latent projections and norm as
+# `ffn_routed_*`. The golden is mlx-lm on the weights read back (each fused vector as the
+# norm's weight, the projection ones).
+KIMI_K3 = cfg("kimi_k3", num_hidden_layers=4, num_key_value_heads=4, intermediate_size=48,
+              hidden_act="situ", activation_situ_beta=1.5, activation_situ_linear_beta=2.0,
+              attn_res_block_size=2, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+              qk_rope_head_dim=8, v_head_dim=8, mla_use_nope=True, mla_use_output_gate=True,
+              num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+              moe_intermediate_size=16, moe_router_activation_func="sigmoid",
+              moe_renormalize=True, routed_scaling_factor=2.5, first_k_dense_replace=1,
+              num_expert_group=1, topk_group=1, routed_expert_hidden_size=16,
+              latent_moe_use_norm=True, tie_word_embeddings=False,
+              linear_attn_config={"num_heads": 4, "head_dim": 8, "kda_layers": [1, 2, 4],
+                                  "full_attn_layers": [3], "short_conv_kernel_size": 4,
+                                  "gate_lower_bound": -5.0, "use_full_rank_gate": True})
+
+K3_RES = {
+    "self_attention_res": "attn_res_score",
+    "mlp_res": "ffn_res_score",
+    "output_attn_res": "output_res_score",
+}
+_k3_res_parts = {}
+
+
+def _k3_kda(c, layer):
+    return (int(layer) + 1) in c["linear_attn_config"]["kda_layers"]
+
+
+def kimi_k3_tensors(case, k, v):
+    k = k.removeprefix("language_model.")
+    layer = layer_of(k)
+    rest = k.split(".", 3)[3] if layer is not None else k.removeprefix("model.")
+    for src, dst in K3_RES.items():
+        for kind in ("norm", "proj"):
+            if rest == f"{src}_{kind}.weight":
+                key = (layer, src)
+                other = _k3_res_parts.pop(key, None)
+                if other is None:
+                    _k3_res_parts[key] = (kind, v)
+                    return []
+                norm = v if kind == "norm" else other[1]
+                proj = v if kind == "proj" else other[1]
+                name = f"blk.{layer}.{dst}.weight" if layer is not None else f"{dst}.weight"
+                return [(name, norm.astype(mx.float32).reshape(-1) * proj.astype(mx.float32).reshape(-1))]
+    if rest == "self_attn.qkv_proj.weight":
+        q, kk, vv = mx.split(v, 3, axis=0)
+        return [(f"blk.{layer}.attn_{n}.weight", t) for n, t in (("q", q), ("k", kk), ("v", vv))]
+    if rest == "self_attn.qkv_conv.conv.weight":
+        out = []
+        for n, t in zip("qkv", mx.split(v, 3, axis=0)):
+            c, kk, _ = t.shape
+            out.append((f"blk.{layer}.ssm_conv1d_{n}.weight", t.reshape(1, c, 1, kk)))
+        return out
+    if rest == "self_attn.A_log":
+        return [(f"blk.{layer}.ssm_a", -mx.exp(v))]
+    if rest == "self_attn.dt_bias":
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if rest == "self_attn.g_proj.weight":
+        return [(f"blk.{layer}.{'ssm_g' if _k3_kda(case.config, layer) else 'attn_gate'}.weight", v)]
+    if rest == "mlp.e_score_correction_bias":
+        return [(f"blk.{layer}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def kimi_k3_back(case, p, rest, v, loaded):
+    layer = p.split(".")[2]
+    h = case.config["hidden_size"]
+    res = {f"{dst}.weight": src for src, dst in K3_RES.items()}
+    if rest in res:
+        src = res[rest]
+        return [(f"{p}.{src}_norm.weight", v), (f"{p}.{src}_proj.weight", mx.ones((1, h)))]
+    if _k3_kda(case.config, layer):
+        if rest in ("attn_k.weight", "attn_v.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight"):
+            return None
+        if rest == "attn_q.weight":
+            parts = [loaded[f"blk.{layer}.attn_{n}.weight"] for n in "qkv"]
+            return f"{p}.self_attn.qkv_proj.weight", mx.concatenate(parts, axis=0)
+        if rest == "ssm_conv1d_q.weight":
+            parts = [loaded[f"blk.{layer}.ssm_conv1d_{n}.weight"] for n in "qkv"]
+            parts = [t.reshape(t.shape[1], t.shape[3], 1) for t in parts]
+            return f"{p}.self_attn.qkv_conv.conv.weight", mx.concatenate(parts, axis=0)
+    if rest == "ssm_a":
+        return f"{p}.self_attn.A_log", mx.log(-v)
+    if rest == "ssm_dt.bias":
+        return f"{p}.self_attn.dt_bias", v
+    if rest in ("ssm_g.weight", "attn_gate.weight"):
+        return f"{p}.self_attn.g_proj.weight", v
+    if rest == "exp_probs_b.bias":
+        return f"{p}.mlp.e_score_correction_bias", v
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+def kimi_k3_top(case, k, v):
+    if k == "output_res_score.weight":
+        h = case.config["hidden_size"]
+        return [("model.output_attn_res_norm.weight", v),
+                ("model.output_attn_res_proj.weight", mx.ones((1, h)))]
+    return None
+
+
+CASES["kimi_k3"] = Case(
+    "kimi_k3",
+    KIMI_K3,
+    "kimi-k3",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", 1),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_token"),
+        u32("expert_gating_func", 2),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.head_count_kv", lambda c: [
+            0 if _k3_kda(c, i) else 1 for i in range(c["num_hidden_layers"])]),
+        u32("ssm.conv_kernel", lambda c: c["linear_attn_config"]["short_conv_kernel_size"]),
+        u32("kda.head_dim", lambda c: c["linear_attn_config"]["head_dim"]),
+        f32("kda.gate_lower_bound", lambda c: c["linear_attn_config"]["gate_lower_bound"]),
+        u32("attention.q_lora_rank", "q_lora_rank"),
+        u32("attention.kv_lora_rank", "kv_lora_rank"),
+        u32("rope.dimension_count", "qk_rope_head_dim"),
+        u32("attention.key_length", lambda c: c["kv_lora_rank"] + c["qk_rope_head_dim"]),
+        u32("attention.value_length", "kv_lora_rank"),
+        u32("attention.key_length_mla", lambda c: c["qk_nope_head_dim"] + c["qk_rope_head_dim"]),
+        u32("attention.value_length_mla", "v_head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_count", "num_shared_experts"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        flag("expert_weights_norm", "moe_renormalize"),
+        u32("expert_latent_length", "routed_expert_hidden_size"),
+        f32("activation.situ_beta", "activation_situ_beta"),
+        f32("activation.situ_linear_beta", "activation_situ_linear_beta"),
+        u32("attn_res.block_size", "attn_res_block_size"),
+    ] + GPT2,
+    {
+        "self_attn.f_a_proj": "ssm_f_a",
+        "self_attn.f_b_proj": "ssm_f_b",
+        "self_attn.b_proj": "ssm_beta",
+        "self_attn.o_norm": "ssm_norm",
+        "self_attn.q_a_proj": "attn_q_a",
+        "self_attn.q_a_layernorm": "attn_q_a_norm",
+        "self_attn.q_b_proj": "attn_q_b",
+        "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+        "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+        "self_attn.embed_q": "attn_k_b",
+        "self_attn.unembed_out": "attn_v_b",
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.routed_expert_down_proj": "ffn_routed_down",
+        "mlp.routed_expert_up_proj": "ffn_routed_up",
+        "mlp.routed_expert_norm": "ffn_routed_norm",
+        "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj": "ffn_up_shexp",
+        "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=kimi_k3_tensors,
+    read_back=kimi_k3_back,
+    top_back=kimi_k3_top,
+    wrap="language_model.",
+    inexact=lambda k: k.endswith(("A_log", "_res_norm.weight", "_res_proj.weight")),
+)
+
+
+# XVERSE (`xverse`, which mlx-lm remaps to `llama`): XverseModel writes TextModel's keys and
+# the rope width (the head size), the SentencePiece-style vocabulary, and Q / K rows permuted
+# by its `_reverse_hf_permute` (llama's permutation when the model has as many KV heads as
+# heads, or as many as the heads per KV head).
+XVERSE = cfg("llama", num_key_value_heads=4, tie_word_embeddings=False)
+
+CASES["xverse"] = Case(
+    "llama",
+    XVERSE,
+    "xverse",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("rope.dimension_count", head_size),
+    ] + SPM,
+    {},
+    permute_qk=True,
+)
+
+
+# XVERSE with a real-shaped vocabulary (`xverse` itself): XverseModel writes its SentencePiece
+# vocabulary without scores, so the case takes `goldens_gguf_xverse.py`'s fixture (run that
+# first) for the placeholder one, and `xverse_cli` records what `mlx generate --json` must print
+# on the file (`cli_golden`: the file has no chat template, so the prompt as it is).
+XVERSE_VOCAB = "mlx-tokenizers/tests/fixtures/gguf/xverse-spm.gguf"
+XVERSE_CLI = "mlx-cli/tests/goldens/gguf_xverse_cli.json"
+
+
+def xverse_with_vocab():
+    case = CASES["xverse"]
+    if not os.path.isfile(XVERSE_VOCAB):
+        return
+    vocab = vocab_of(XVERSE_VOCAB)
+    case.config = {**case.config, "vocab_size": len(dict(vocab)["tokenizer.ggml.tokens"])}
+    case.meta = case.meta[:-len(SPM)] + [("raw", k, v) for k, v in vocab]
+    case.after = cli_golden(XVERSE_CLI, "Hello world, 你好 🚀 café", 8, with_text=True)
+
+
+xverse_with_vocab()
 
 
 ONLY = only()

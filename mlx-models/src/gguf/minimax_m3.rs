@@ -1,0 +1,112 @@
+//! MiniMax M3's text tower as llama.cpp's `MiniMaxM3Model` writes it (`minimax-m3`), for
+//! mlx-lm's `minimax_m3_vl`: MiniMax M2's attention with per-head Q / K norms and a partial
+//! rope, dense first blocks, sigmoid-routed experts with a correction bias and a shared expert
+//! (SwiGLU-OAI everywhere), the MSA block indexer on the MoE layers; every norm stored `1 + w`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mlx_core::io::GgufMetadata;
+use mlx_core::prelude::*;
+use serde_json::{json, Value};
+
+use super::{gguf_err, meta_bool, meta_count, meta_f64, meta_str, need_count};
+use crate::error::Result;
+
+const ARCH: &str = "minimax-m3";
+
+fn key(k: &str) -> String {
+    format!("{ARCH}.{k}")
+}
+
+/// mlx-lm's `TextArgs` from the keys MiniMaxM3Model writes: the MoE (and indexed) layers from
+/// `leading_dense_block_count` on (llama.cpp runs the indexer exactly there), the dense and
+/// expert widths, the shared expert's width from its tensors, the routed scale, the rotated
+/// width, the indexer's heads, key size, top-k blocks, block size and local blocks, mlx-lm's
+/// Gemma norms (every `*_norm` tensor, the indexer's too, is `w` again through the row's
+/// `norm_plus_one`) and SwiGLU-OAI constants (llama.cpp's are the same fixed 1.702 / 7.0; the file has
+/// none). Refused by key: another router, unnormalized top-k weights, expert groups, rope
+/// scaling.
+pub(super) fn config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    let need = |k: &str| need_count(meta, path, ARCH, k);
+    let refuse = |k: &str, why: &str| Err(gguf_err(path, format!("metadata `{}` {why}", key(k))));
+    match meta_count(meta, path, &key("expert_gating_func"))? {
+        Some(2) => {}
+        None => return refuse("expert_gating_func", "is missing"),
+        Some(g) => {
+            return refuse(
+                "expert_gating_func",
+                &format!("is {g}; mlx-lm's minimax_m3_vl routes by sigmoid (2)"),
+            )
+        }
+    }
+    if meta_bool(meta, path, &key("expert_weights_norm"))? != Some(true) {
+        return refuse(
+            "expert_weights_norm",
+            "is false or missing; mlx-lm's minimax_m3_vl always renormalizes the top-k weights",
+        );
+    }
+    if meta_count(meta, path, &key("expert_group_count"))?.is_some_and(|g| g > 1) {
+        return refuse(
+            "expert_group_count",
+            "is more than 1: mlx-lm's minimax_m3_vl routes without groups",
+        );
+    }
+    let scale = meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("expert_weights_scale")),
+        )
+    })?;
+    if !(scale.is_finite() && scale > 0.0) {
+        return refuse(
+            "expert_weights_scale",
+            &format!("is {scale}; it must be a finite number > 0"),
+        );
+    }
+    if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
+        return refuse(
+            "rope.scaling.type",
+            "is set: rope scaling is not mapped for minimax-m3",
+        );
+    }
+    let dense = super::meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?
+        .unwrap_or(0);
+    let freq: Vec<i32> = (0..blocks).map(|l| i32::from(l >= dense)).collect();
+    let expert_ffn = need("expert_feed_forward_length")?;
+    let shared = need("expert_shared_count")?;
+    let width = tensors
+        .iter()
+        .find(|(k, _)| k.ends_with(".block_sparse_moe.shared_experts.up_proj.weight"))
+        .map_or(expert_ffn * shared, |(_, a)| a.shape()[0]);
+    let o = json!({
+        "intermediate_size": expert_ffn,
+        "dense_intermediate_size": config["intermediate_size"].clone(),
+        "shared_intermediate_size": width,
+        "num_local_experts": need("expert_count")?,
+        "num_experts_per_tok": need("expert_used_count")?,
+        "routed_scaling_factor": scale,
+        "rotary_dim": need("rope.dimension_count")?,
+        "use_qk_norm": true,
+        "use_gemma_norm": true,
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+        "moe_layer_freq": freq,
+        "sparse_attention_freq": freq,
+        "index_n_heads": need("attention.indexer.head_count")?,
+        "index_head_dim": need("attention.indexer.key_length")?,
+        "index_topk_blocks": need("attention.indexer.top_k")?,
+        "index_block_size": need("attention.indexer.block_size")?,
+        "index_local_blocks": need("attention.indexer.local_blocks")?,
+    });
+    if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
+        c.extend(o.clone());
+    }
+    super::require_context(config, path, &key("context_length"))
+}
