@@ -141,6 +141,8 @@ pub(crate) struct Options {
     /// `--prompt-len`, `--gen-len`: the built-in CPU rows' lengths (512, 128).
     pub(crate) cpu_prompt_len: usize,
     pub(crate) cpu_gen_len: usize,
+    /// The arguments, as given (the CPU table names its command).
+    pub(crate) argv: String,
 }
 
 const USAGE: &str =
@@ -192,6 +194,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
         gguf_py: None,
         cpu_prompt_len: 512,
         cpu_gen_len: 128,
+        argv: args.join(" "),
     };
     let mut set = None;
     let mut rounds = None;

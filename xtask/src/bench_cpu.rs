@@ -753,9 +753,21 @@ pub(crate) fn run(o: &Options, py: &Path, started: Instant) -> Result<(), String
                 g.samples[side].push(s);
             }
         }
+        if round + 1 < o.rounds {
+            let md = table(o, &gathered, &lines, &uptime_before, started, round + 1);
+            write_table(o, &md)?;
+        }
     }
-    let md = table(o, &gathered, &lines, &uptime_before, started);
+    let md = table(o, &gathered, &lines, &uptime_before, started, o.rounds);
     println!("{md}");
+    let out = write_table(o, &md)?;
+    eprintln!("bench: table written to {}", out.display());
+    Ok(())
+}
+
+/// Writes the table to `--out` (default `results/bench/cpu.md`): after each round (so a run
+/// cut short keeps the rounds it finished) and at the end.
+fn write_table(o: &Options, md: &str) -> Result<PathBuf, String> {
     let out = o
         .out
         .clone()
@@ -763,9 +775,8 @@ pub(crate) fn run(o: &Options, py: &Path, started: Instant) -> Result<(), String
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    std::fs::write(&out, &md).map_err(|e| format!("writing {}: {e}", out.display()))?;
-    eprintln!("bench: table written to {}", out.display());
-    Ok(())
+    std::fs::write(&out, md).map_err(|e| format!("writing {}: {e}", out.display()))?;
+    Ok(out)
 }
 
 fn cell(x: f64, p: usize) -> String {
@@ -783,16 +794,17 @@ fn table(
     lines: &[String],
     before: &str,
     started: Instant,
+    done: usize,
 ) -> String {
     let mut md = format!(
-        "# CPU generation speed (issue #31)\n\n`cargo xtask bench --device cpu` ({} round(s), \
+        "# CPU generation speed (issue #31)\n\n`cargo xtask bench {}` ({done} of {} round(s), \
          {} threads for ours and llama.cpp; MLX's own paths use its thread pool). Medians over \
          the rounds; the raw figures below carry the load average each was taken at. Ours is \
          the release `mlx generate` (`--json` statistics); llama.cpp's prefill is `llama-bench \
          -p P -n 0`, its decode `-p 0 -n G -d P` (the same depth as ours). Peak = the process's \
          VmHWM; model + KV = the model's bytes plus the CPU decoder's float16 KV cache at P + G \
          positions. Rows marked random weights are for speed only.\n\n",
-        o.rounds, o.threads
+        o.argv, o.rounds, o.threads
     );
     md.push_str(
         "| row | side | prefill tok/s | decode tok/s | prefill / llama.cpp | decode / llama.cpp \
