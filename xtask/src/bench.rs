@@ -167,11 +167,12 @@ const USAGE: &str =
          360m-g64, 360m-g32; 360m = random weights of SmolLM2-360M's shape, written on demand
          into --models-dir; gNN = `mlx convert -q --q-bits 4 --q-group-size NN` of the GGUF row),
          --sides LIST (ours,exact,mlx-lm,llama.cpp: override the rows' defaults; the exact path
-         and mlx-lm run on smollm2 only by default, being ~15x slower), --prompt-len P (512),
-         --gen-len G (128), --rounds N (2), --ours-bin|--bin PATH (a release `mlx`; default:
-         cargo build --release -p mlx-cli), --llama-bench PATH, --gguf-py DIR (default: beside
+         and mlx-lm run on smollm2 only by default, an order of magnitude slower),
+         --prompt-len P (512), --gen-len G (128), --rounds N (2), --ours-bin|--bin PATH (a
+         release `mlx`; default: cargo build --release -p mlx-cli), --llama-bench PATH, --gguf-py DIR (default: beside
          llama-bench's build_llama_cpp.sh build), --out FILE.md (default results/bench/cpu.md);
-         --config MODEL:DTYPE:P:G adds a row of that model with every side";
+         --config MODEL:DTYPE:P:G: a row of that model with every side (then the built-in rows
+         run only if --rows names them)";
 
 pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
