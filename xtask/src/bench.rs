@@ -9,6 +9,9 @@
 //! the machine's load hits both alike), and the table shows the medians over all rounds.
 //! Greedy tokens are compared too: with bit-exact logits both sides generate the same ids.
 //!
+//! `--device cpu` is issue #31's table instead (`bench_cpu.rs`: the release `mlx generate`,
+//! mlx-lm and llama.cpp's `llama-bench`).
+//!
 //! Models: `smollm2` (the SmolLM2-135M-Instruct Q4_1 GGUF, fetched by `mlx_engine::fetch`),
 //! a name from `xtask/oracle/bench_models.py` (a seeded random llama, written once into
 //! `--models-dir`, default `target/bench-models/`), or a path (HF-style directory or `.gguf`).
