@@ -4,6 +4,7 @@
         [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1]
         [--warmup-prompt-len N] [--warmup-gen-len N] [--trials 1]
         [--prefill-step-size 2048] [--device cpu|gpu] [--digests] [--graph]
+        [--prompt-ids ID,ID,...]
 
 PATH is an HF-style directory (loaded by `mlx_lm.utils.load_model`) or a llama `.gguf` file
 (mapped to mlx-lm's names and loaded into `mlx_lm.models.llama` exactly as
@@ -11,7 +12,8 @@ PATH is an HF-style directory (loaded by `mlx_lm.utils.load_model`) or a llama `
 (`Module.set_dtype`), `keep` leaves the stored dtypes.
 
 The prompt is `--prompt-len` token ids drawn with splitmix64 from `--seed`, modulo the
-vocabulary size; `mlx-engine/examples/bench_generate.rs` draws the same ids. Generation is
+vocabulary size; `mlx-engine/examples/bench_generate.rs` draws the same ids. `--prompt-ids`
+gives the ids instead (`cargo xtask bench --device cpu` passes those `mlx generate` gets). Generation is
 `mlx_lm.generate.generate_step` with the greedy sampler and `max_tokens = --gen-len`, timed the
 way `stream_generate` times it (and `mlx_lm.benchmark` reports it):
   prompt_tps     = prompt tokens / time from the call to the first token,
@@ -201,6 +203,8 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-ids", default=None,
+                    help="comma-separated prompt token ids (instead of --prompt-len random ones)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--warmup-prompt-len", type=int, default=None)
     ap.add_argument("--warmup-gen-len", type=int, default=None)
@@ -212,6 +216,10 @@ def main():
     ap.add_argument("--digests", action="store_true",
                     help="add each step's log-probability digest (untimed use only)")
     a = ap.parse_args()
+    ids = None
+    if a.prompt_ids is not None:
+        ids = [int(t) for t in a.prompt_ids.split(",") if t.strip()]
+        a.prompt_len = len(ids)
     if a.prompt_len < 1 or a.gen_len < 1:
         ap.error("--prompt-len and --gen-len must be positive")
 
@@ -220,7 +228,9 @@ def main():
     t = time.perf_counter()
     model, vocab = load(a.model, a.dtype)
     load_s = time.perf_counter() - t
-    prompt = mx.array(prompt_ids(a.prompt_len, a.seed, vocab), dtype=mx.int32)
+    if ids is None:
+        ids = prompt_ids(a.prompt_len, a.seed, vocab)
+    prompt = mx.array(ids, dtype=mx.int32)
     wp = min(a.warmup_prompt_len or a.prompt_len, a.prompt_len)
     wg = max(a.warmup_gen_len or a.gen_len, 1)
     for _ in range(a.warmup):

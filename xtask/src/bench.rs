@@ -9,6 +9,9 @@
 //! the machine's load hits both alike), and the table shows the medians over all rounds.
 //! Greedy tokens are compared too: with bit-exact logits both sides generate the same ids.
 //!
+//! `--device cpu` is issue #31's table instead (`bench_cpu.rs`: the release `mlx generate`,
+//! mlx-lm and llama.cpp's `llama-bench`).
+//!
 //! Models: `smollm2` (the SmolLM2-135M-Instruct Q4_1 GGUF, fetched by `mlx_engine::fetch`),
 //! a name from `xtask/oracle/bench_models.py` (a seeded random llama, written once into
 //! `--models-dir`, default `target/bench-models/`), or a path (HF-style directory or `.gguf`).
@@ -24,11 +27,11 @@ use crate::oracle;
 
 /// One benchmark configuration.
 #[derive(Clone, Debug)]
-struct Config {
-    model: String,
+pub(crate) struct Config {
+    pub(crate) model: String,
     dtype: String,
-    prompt_len: usize,
-    gen_len: usize,
+    pub(crate) prompt_len: usize,
+    pub(crate) gen_len: usize,
     /// Trials per process, when not `--trials`.
     trials: Option<usize>,
 }
@@ -104,9 +107,11 @@ fn full_set() -> Vec<Config> {
     v
 }
 
-struct Options {
-    configs: Vec<Config>,
-    rounds: usize,
+pub(crate) struct Options {
+    pub(crate) configs: Vec<Config>,
+    /// Whether `--config` was given (with `--device cpu`: rows of those models).
+    pub(crate) configs_given: bool,
+    pub(crate) rounds: usize,
     /// `--trials`: overrides every configuration's own count.
     trials: Option<usize>,
     warmup: usize,
@@ -119,16 +124,28 @@ struct Options {
     /// `--ours-bin`: a prebuilt bench_generate (e.g. built here against MLX's CUDA wheel and
     /// run on a GPU machine that has no Rust toolchain) instead of building and running it
     /// with cargo.
-    ours_bin: Option<PathBuf>,
-    models_dir: PathBuf,
+    /// With `--device cpu`: the release `mlx` binary (`--bin` too).
+    pub(crate) ours_bin: Option<PathBuf>,
+    pub(crate) models_dir: PathBuf,
     json: Option<PathBuf>,
     /// `--threads`: the CPU decoder's and llama.cpp's threads (`--device cpu`).
-    threads: usize,
+    pub(crate) threads: usize,
     /// `--llama-bench`: llama.cpp's `llama-bench` (`--device cpu`; default: the build
     /// `xtask/bench/build_llama_cpp.sh` leaves under the target directory, where present).
-    llama_bench: Option<PathBuf>,
+    pub(crate) llama_bench: Option<PathBuf>,
     /// `--out`: the CPU table as Markdown (`--device cpu`; default `results/bench/cpu.md`).
-    out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
+    /// `--rows`: the built-in CPU rows to run (`bench_cpu::ROWS`), comma-separated.
+    pub(crate) rows: Option<String>,
+    /// `--sides`: the sides every CPU row runs, overriding each row's defaults.
+    pub(crate) sides: Option<[bool; 4]>,
+    /// `--gguf-py`: llama.cpp's gguf-py, for the random GGUF rows.
+    pub(crate) gguf_py: Option<PathBuf>,
+    /// `--prompt-len`, `--gen-len`: the built-in CPU rows' lengths (512, 128).
+    pub(crate) cpu_prompt_len: usize,
+    pub(crate) cpu_gen_len: usize,
+    /// The arguments, as given (the CPU table names its command).
+    pub(crate) argv: String,
 }
 
 const USAGE: &str =
@@ -142,14 +159,25 @@ const USAGE: &str =
          llama-0.5b-bf16, llama-135m-bf16, llama-135m-q4: random weights, SmolLM2-135M's
          shape) | a path to an HF-style directory or a .gguf file
   DTYPE: float32 | float16 | bfloat16 | keep
-  --device cpu: four sides alternating per round (ours by default = the CPU decoder, ours
-         exact = --decoder mlx, mlx-lm, llama.cpp's llama-bench on the same GGUF when built:
-         xtask/bench/build_llama_cpp.sh), the same --threads N (default: all cores) for ours and
-         llama.cpp, the copy bandwidth and decode roofline (bandwidth / model bytes) measured
-         each round, the load average with every figure; default config smollm2:float32:512:128;
-         --out FILE.md (default results/bench/cpu.md), --llama-bench PATH";
+  --device cpu: issue #31's CPU table (xtask/src/bench_cpu.rs): per row, four sides alternating
+         per round (ours = the release `mlx generate` with its default CPU decoder, ours exact =
+         --decoder mlx, mlx-lm, llama.cpp's llama-bench on the same GGUF: prefill -p P -n 0, decode
+         -p 0 -n G -d P), the same prompt ids (Genesis, P tokens) and G generated tokens, the
+         same --threads N (default: all cores) for ours and llama.cpp, the copy bandwidth and
+         decode roofline (bandwidth / model bytes) each round, each side's peak RSS (VmHWM)
+         against model bytes + the f16 KV cache, the load average with every figure;
+         --rows LIST (default all: smollm2, smollm2-g64, smollm2-g32, 360m-q4_0, 360m-q8_0,
+         360m-g64, 360m-g32; 360m = random weights of SmolLM2-360M's shape, written on demand
+         into --models-dir; gNN = `mlx convert -q --q-bits 4 --q-group-size NN` of the GGUF row),
+         --sides LIST (ours,exact,mlx-lm,llama.cpp: override the rows' defaults; the exact path
+         and mlx-lm run on smollm2 only by default, an order of magnitude slower),
+         --prompt-len P (512), --gen-len G (128), --rounds N (2), --ours-bin|--bin PATH (a
+         release `mlx`; default: cargo build --release -p mlx-cli), --llama-bench PATH, --gguf-py DIR (default: beside
+         llama-bench's build_llama_cpp.sh build), --out FILE.md (default results/bench/cpu.md);
+         --config MODEL:DTYPE:P:G: a row of that model with every side (then the built-in rows
+         run only if --rows names them)";
 
-fn parse(args: &[String]) -> Result<Options, String> {
+pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
         configs: Vec::new(),
         rounds: 0,
@@ -164,6 +192,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         llama_bench: None,
         out: None,
+        configs_given: false,
+        rows: None,
+        sides: None,
+        gguf_py: None,
+        cpu_prompt_len: 512,
+        cpu_gen_len: 128,
+        argv: args.join(" "),
     };
     let mut set = None;
     let mut rounds = None;
@@ -182,7 +217,12 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--warmup-gen-len" => o.warmup_gen_len = Some(num(value()?)?.max(1)),
             "--device" => o.device = Some(value()?),
             "--models-dir" => o.models_dir = PathBuf::from(value()?),
-            "--ours-bin" => o.ours_bin = Some(PathBuf::from(value()?)),
+            "--ours-bin" | "--bin" => o.ours_bin = Some(PathBuf::from(value()?)),
+            "--rows" => o.rows = Some(value()?),
+            "--sides" => o.sides = Some(crate::bench_cpu::parse_sides(&value()?)?),
+            "--gguf-py" => o.gguf_py = Some(PathBuf::from(value()?)),
+            "--prompt-len" => o.cpu_prompt_len = num(value()?)?.max(1),
+            "--gen-len" => o.cpu_gen_len = num(value()?)?.max(1),
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "--threads" => o.threads = num(value()?)?.max(1),
             "--llama-bench" => o.llama_bench = Some(PathBuf::from(value()?)),
@@ -191,13 +231,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
         }
     }
     let cpu = o.device.as_deref() == Some("cpu");
-    let (configs, set_rounds) = set.unwrap_or_else(|| {
-        if cpu {
-            (vec![Config::new("smollm2", "float32", 512, 128)], 3)
-        } else {
-            (default_set(), 3)
-        }
-    });
+    let (configs, set_rounds) = set.unwrap_or_else(|| (default_set(), if cpu { 2 } else { 3 }));
+    o.configs_given = !o.configs.is_empty();
     if o.configs.is_empty() {
         o.configs = configs;
     }
@@ -387,7 +422,7 @@ pub(crate) fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-fn label(spec: &str) -> String {
+pub(crate) fn label(spec: &str) -> String {
     match spec {
         "smollm2" => "SmolLM2-135M Q4_1".into(),
         TINY => "tiny llama (test)".into(),
@@ -515,6 +550,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     let started = Instant::now();
     let py = oracle::ensure()?;
+    if o.device.as_deref() == Some("cpu") {
+        return crate::bench_cpu::run(&o, &py, started);
+    }
     let load_before = loadavg();
     if o.ours_bin.is_none() {
         eprintln!("bench: building bench_generate (--release)");
@@ -531,9 +569,6 @@ pub fn run(args: &[String]) -> Result<(), String> {
         output(build, "building bench_generate")?;
     }
 
-    if o.device.as_deref() == Some("cpu") {
-        return run_cpu(&o, &py, started);
-    }
     let mut rows = Vec::new();
     let mut raw = Vec::new();
     for cfg in &o.configs {
@@ -627,193 +662,4 @@ pub(crate) fn flag_value(
 pub(crate) fn flag_num(flag: &str, v: &str, usage: &str) -> Result<usize, String> {
     v.parse::<usize>()
         .map_err(|e| format!("{flag} {v}: {e}\n{usage}"))
-}
-
-/// The sides of a CPU run, in the order of round 0 (each round starts one later).
-const CPU_SIDES: [&str; 4] = ["ours", "ours exact", "mlx-lm", "llama.cpp"];
-
-/// Copy bandwidth of this machine now (bytes read + written per second, best of 3 copies of
-/// 256 MiB): the decode roofline is this over the model's bytes (every weight read once a
-/// token).
-fn copy_bandwidth() -> f64 {
-    let n = 256usize << 20;
-    let src = vec![1u8; n];
-    let mut dst = vec![0u8; n];
-    let mut best = 0f64;
-    for _ in 0..3 {
-        let t = Instant::now();
-        dst.copy_from_slice(&src);
-        let secs = t.elapsed().as_secs_f64();
-        std::hint::black_box(&dst);
-        best = best.max(2.0 * n as f64 / secs);
-    }
-    best
-}
-
-/// llama.cpp's `llama-bench` on `model`: (prefill, decode) tok/s of one repetition.
-fn llama_bench(
-    bin: &Path,
-    model: &Path,
-    cfg: &Config,
-    threads: usize,
-) -> Result<(f64, f64), String> {
-    let mut c = Command::new(bin);
-    c.arg("-m")
-        .arg(model)
-        .args(["-t", &threads.to_string()])
-        .args(["-p", &cfg.prompt_len.to_string()])
-        .args(["-n", &cfg.gen_len.to_string()])
-        .args(["-r", "1", "-o", "json"]);
-    let what = format!("{c:?}");
-    let out = output(c, &what)?;
-    let v: Value = serde_json::from_str(out.trim()).map_err(|e| format!("{what}: {e}: {out}"))?;
-    let (mut pp, mut tg) = (f64::NAN, f64::NAN);
-    for e in v
-        .as_array()
-        .ok_or_else(|| format!("{what}: not a JSON array"))?
-    {
-        let (p, g) = (e["n_prompt"].as_u64(), e["n_gen"].as_u64());
-        let ts = e["avg_ts"].as_f64().unwrap_or(f64::NAN);
-        match (p, g) {
-            (Some(p), Some(0)) if p > 0 => pp = ts,
-            (Some(0), Some(g)) if g > 0 => tg = ts,
-            _ => {}
-        }
-    }
-    Ok((pp, tg))
-}
-
-/// The default llama-bench: `$CARGO_TARGET_DIR` (else `target/`)`/llama-cpp/build/bin/llama-bench`.
-fn default_llama_bench() -> Option<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let p = target
-        .join("llama-cpp")
-        .join("build")
-        .join("bin")
-        .join("llama-bench");
-    p.exists().then_some(p)
-}
-
-/// `cargo xtask bench --device cpu`: see the usage.
-fn run_cpu(o: &Options, py: &Path, started: Instant) -> Result<(), String> {
-    let llama = o.llama_bench.clone().or_else(default_llama_bench);
-    if llama.is_none() {
-        eprintln!(
-            "bench: no llama-bench (build it with xtask/bench/build_llama_cpp.sh or pass \
-             --llama-bench PATH): llama.cpp's column stays empty"
-        );
-    }
-    let mut md = String::new();
-    md.push_str(&format!(
-        "# CPU generation speed\n\n`cargo xtask bench --device cpu` ({} round(s), {} threads for \
-         ours and llama.cpp; MLX's own paths use its thread pool). Medians; each figure's load \
-         average in the raw lines below.\n\n",
-        o.rounds, o.threads
-    ));
-    let mut lines = Vec::new();
-    for cfg in &o.configs {
-        let model = resolve_model(&cfg.model, o, py)?;
-        let bytes = std::fs::metadata(&model).map(|m| m.len()).unwrap_or(0) as f64;
-        let mut pre: [Vec<f64>; 4] = Default::default();
-        let mut dec: [Vec<f64>; 4] = Default::default();
-        let mut roof = Vec::new();
-        for round in 0..o.rounds {
-            let bw = copy_bandwidth();
-            roof.push(bw / bytes);
-            lines.push(format!(
-                "round {}: copy bandwidth {:.1} GB/s, decode roofline {:.1} tok/s (load {})",
-                round + 1,
-                bw / 1e9,
-                bw / bytes,
-                loadavg()
-            ));
-            for k in 0..4 {
-                let side = (k + round) % 4;
-                let (p, d) = match side {
-                    0 | 1 => {
-                        let mut c = ours_cmd(o.ours_bin.as_deref());
-                        c.args(["--threads", &o.threads.to_string()]);
-                        c.args(["--decoder", if side == 0 { "cpu" } else { "mlx" }]);
-                        let v = run_driver(c, cfg, &model, o)?;
-                        let t = &v["trials"][0];
-                        (t["prompt_tps"].as_f64(), t["generation_tps"].as_f64())
-                    }
-                    2 => {
-                        let mut c = Command::new(py);
-                        c.arg(workspace_root().join("xtask/oracle/bench_mlx_lm.py"))
-                            .current_dir(workspace_root());
-                        let v = run_driver(c, cfg, &model, o)?;
-                        let t = &v["trials"][0];
-                        (t["prompt_tps"].as_f64(), t["generation_tps"].as_f64())
-                    }
-                    _ => match &llama {
-                        Some(bin) if model.extension().is_some_and(|e| e == "gguf") => {
-                            let (p, d) = llama_bench(bin, &model, cfg, o.threads)?;
-                            (Some(p), Some(d))
-                        }
-                        _ => continue,
-                    },
-                };
-                let (p, d) = (p.unwrap_or(f64::NAN), d.unwrap_or(f64::NAN));
-                pre[side].push(p);
-                dec[side].push(d);
-                let line = format!(
-                    "{} prompt {} gen {} round {}: {:<10} prefill {:>8.2} tok/s, decode {:>8.2} \
-                     tok/s (load {})",
-                    label(&cfg.model),
-                    cfg.prompt_len,
-                    cfg.gen_len,
-                    round + 1,
-                    CPU_SIDES[side],
-                    p,
-                    d,
-                    loadavg()
-                );
-                eprintln!("bench: {line}");
-                lines.push(line);
-            }
-        }
-        let med = |v: &Vec<f64>| median(v);
-        let r = median(&roof);
-        md.push_str(&format!(
-            "## {} (prompt {}, {} generated)\n\n| side | prefill tok/s | decode tok/s | \
-             prefill / llama.cpp | decode / llama.cpp | decode / roofline |\n|---|---|---|---|---|---|\n",
-            label(&cfg.model),
-            cfg.prompt_len,
-            cfg.gen_len
-        ));
-        let (lp, ld) = (med(&pre[3]), med(&dec[3]));
-        for side in 0..4 {
-            let (p, d) = (med(&pre[side]), med(&dec[side]));
-            md.push_str(&format!(
-                "| {} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} |\n",
-                CPU_SIDES[side],
-                p,
-                d,
-                p / lp,
-                d / ld,
-                d / r
-            ));
-        }
-        md.push_str(&format!(
-            "| roofline (copy bandwidth / {:.1} MB) | | {:.1} | | | |\n\n",
-            bytes / 1e6,
-            r
-        ));
-    }
-    md.push_str(&format!(
-        "Raw figures (load average 1/5/15 min with each):\n\n```\n{}\n```\n\nTotal {:.0} s.\n",
-        lines.join("\n"),
-        started.elapsed().as_secs_f64()
-    ));
-    println!("{md}");
-    let out = o
-        .out
-        .clone()
-        .unwrap_or_else(|| workspace_root().join("results/bench/cpu.md"));
-    std::fs::write(&out, &md).map_err(|e| format!("writing {}: {e}", out.display()))?;
-    eprintln!("bench: table written to {}", out.display());
-    Ok(())
 }

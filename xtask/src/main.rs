@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bench_cpu;
 mod bench_serve;
 mod bench_spec;
 mod bench_train;
