@@ -105,16 +105,41 @@ enum Node {
     Branch(BTreeMap<usize, Node>),
 }
 
+/// Why flattened keys do not rebuild a cache's state tree; the loader adds the file and the
+/// array or layer.
+#[derive(Debug)]
+enum TreeError {
+    /// A key with no indices.
+    EmptyKey,
+    /// Two keys name the same entry.
+    Duplicate(usize),
+    /// An entry is a value under one key and a list under another.
+    ValueAndList(usize),
+    /// A list's indices are not `0..n`.
+    Gap(Vec<usize>),
+}
+
+impl std::fmt::Display for TreeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TreeError::EmptyKey => f.write_str("empty key"),
+            TreeError::Duplicate(i) => write!(f, "duplicate entry {i}"),
+            TreeError::ValueAndList(i) => write!(f, "entry {i} is both a value and a list"),
+            TreeError::Gap(keys) => write!(f, "list indices {keys:?} are not 0..{}", keys.len()),
+        }
+    }
+}
+
 fn insert(
     node: &mut BTreeMap<usize, Node>,
     path: &[usize],
     value: StateValue,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), TreeError> {
     match path {
-        [] => Err("empty key".into()),
+        [] => Err(TreeError::EmptyKey),
         [last] => match node.insert(*last, Node::Leaf(value)) {
             None => Ok(()),
-            Some(_) => Err(format!("duplicate entry {last}")),
+            Some(_) => Err(TreeError::Duplicate(*last)),
         },
         [first, rest @ ..] => {
             let child = node
@@ -122,22 +147,18 @@ fn insert(
                 .or_insert_with(|| Node::Branch(BTreeMap::new()));
             match child {
                 Node::Branch(m) => insert(m, rest, value),
-                Node::Leaf(_) => Err(format!("entry {first} is both a value and a list")),
+                Node::Leaf(_) => Err(TreeError::ValueAndList(*first)),
             }
         }
     }
 }
 
-fn build(node: Node) -> std::result::Result<StateValue, String> {
+fn build(node: Node) -> std::result::Result<StateValue, TreeError> {
     match node {
         Node::Leaf(v) => Ok(v),
         Node::Branch(m) => {
-            let n = m.len();
-            if m.keys().copied().ne(0..n) {
-                return Err(format!(
-                    "list indices {:?} are not 0..{n}",
-                    m.keys().collect::<Vec<_>>()
-                ));
+            if m.keys().copied().ne(0..m.len()) {
+                return Err(TreeError::Gap(m.keys().copied().collect()));
             }
             Ok(StateValue::List(
                 m.into_values()

@@ -608,12 +608,48 @@ pub fn save_gguf<'a>(
     })
 }
 
+/// Why a GGUF or safetensors header is refused before MLX reads the file (see
+/// [`check_gguf_header`], [`check_safetensors_header`]). The loaders wrap it with the file's
+/// path.
+#[derive(Debug)]
+pub enum HeaderError {
+    /// The bytes could not be read (the reader's own error).
+    Read(std::io::Error),
+    /// The header breaks the format: the message names the field (metadata key, tensor, its
+    /// `dtype`/`shape`/`data_offsets`, an entry) and the problem.
+    Format(String),
+}
+
+impl std::fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderError::Read(e) => e.fmt(f),
+            HeaderError::Format(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for HeaderError {}
+
+impl From<std::io::Error> for HeaderError {
+    fn from(e: std::io::Error) -> Self {
+        HeaderError::Read(e)
+    }
+}
+
+/// A [`HeaderError::Format`] of `format!`'s arguments.
+macro_rules! bad {
+    ($($t:tt)*) => {
+        HeaderError::Format(format!($($t)*))
+    };
+}
+
 /// Checks the header of GGUF data (`len` bytes read from `r`), without MLX: what
 /// [`load_gguf`] runs before MLX sees a file. The message names the field and the problem.
 pub fn check_gguf_header<R: std::io::Read + std::io::Seek>(
     r: R,
     len: u64,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), HeaderError> {
     let mut r = gguf_check::Reader {
         r: std::io::BufReader::with_capacity(1 << 16, r),
         pos: 0,
@@ -695,7 +731,7 @@ mod gguf_check {
     use std::io::{BufReader, Read, Seek};
     use std::path::Path;
 
-    use super::{GgufTensorInfo, GgufValue};
+    use super::{GgufTensorInfo, GgufValue, HeaderError};
     use crate::array::Array;
     use crate::error::{Error, Result};
 
@@ -714,56 +750,66 @@ mod gguf_check {
     }
 
     impl<R: Read + Seek> Reader<R> {
-        fn need(&self, n: u64, what: &str) -> std::result::Result<(), String> {
+        fn need(&self, n: u64, what: &str) -> std::result::Result<(), HeaderError> {
             if self.pos.checked_add(n).is_none_or(|end| end > self.len) {
-                Err(format!(
+                Err(bad!(
                     "{what} at byte {} extends past the end of the file ({} bytes); \
                      truncated or corrupt?",
-                    self.pos, self.len
+                    self.pos,
+                    self.len
                 ))
             } else {
                 Ok(())
             }
         }
-        fn bytes<const N: usize>(&mut self, what: &str) -> std::result::Result<[u8; N], String> {
+        fn bytes<const N: usize>(
+            &mut self,
+            what: &str,
+        ) -> std::result::Result<[u8; N], HeaderError> {
             self.need(N as u64, what)?;
             let mut b = [0u8; N];
-            self.r.read_exact(&mut b).map_err(|e| e.to_string())?;
+            self.r.read_exact(&mut b)?;
             self.pos += N as u64;
             Ok(b)
         }
-        fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
+        fn u32(&mut self, what: &str) -> std::result::Result<u32, HeaderError> {
             Ok(u32::from_le_bytes(self.bytes::<4>(what)?))
         }
-        fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
+        fn u64(&mut self, what: &str) -> std::result::Result<u64, HeaderError> {
             Ok(u64::from_le_bytes(self.bytes::<8>(what)?))
         }
-        fn skip(&mut self, n: u64, what: &str) -> std::result::Result<(), String> {
+        fn skip(&mut self, n: u64, what: &str) -> std::result::Result<(), HeaderError> {
             self.need(n, what)?;
-            let off = i64::try_from(n).map_err(|_| format!("{what}: size {n} too large"))?;
-            self.r.seek_relative(off).map_err(|e| e.to_string())?;
+            let off = i64::try_from(n).map_err(|_| bad!("{what}: size {n} too large"))?;
+            self.r.seek_relative(off)?;
             self.pos += n;
             Ok(())
         }
         /// A length-prefixed string, which must be UTF-8 (GGUF's rule; MLX would hand the bytes
         /// on as they are and Python's loader refuses them).
-        fn string(&mut self, what: &str) -> std::result::Result<String, String> {
+        fn string(&mut self, what: &str) -> std::result::Result<String, HeaderError> {
             self.string_or(|| what.to_string())
         }
         /// [`Reader::string`] where `what` is only built for an error (a vocabulary has
         /// hundreds of thousands of entries).
-        fn string_or(&mut self, what: impl Fn() -> String) -> std::result::Result<String, String> {
+        fn string_or(
+            &mut self,
+            what: impl Fn() -> String,
+        ) -> std::result::Result<String, HeaderError> {
             let at = self.pos;
             let n = self.u64(&what())?;
             self.need(n, &what())?;
-            let n = usize::try_from(n).map_err(|_| format!("{}: length {n} too large", what()))?;
+            let n = usize::try_from(n).map_err(|_| bad!("{}: length {n} too large", what()))?;
             let mut b = vec![0u8; n];
-            self.r.read_exact(&mut b).map_err(|e| e.to_string())?;
+            self.r.read_exact(&mut b)?;
             self.pos += n as u64;
             String::from_utf8(b).map_err(|e| not_utf8(&what(), at, e.utf8_error().valid_up_to()))
         }
         /// Skips a length-prefixed string, checking that it is UTF-8 without holding it.
-        fn skip_string(&mut self, what: impl Fn() -> String) -> std::result::Result<(), String> {
+        fn skip_string(
+            &mut self,
+            what: impl Fn() -> String,
+        ) -> std::result::Result<(), HeaderError> {
             let at = self.pos;
             let n = self.u64(&what())?;
             self.need(n, &what())?;
@@ -774,9 +820,7 @@ mod gguf_check {
             let mut done = 0u64;
             while left > 0 {
                 let k = (buf.len() - carry).min(left as usize);
-                self.r
-                    .read_exact(&mut buf[carry..carry + k])
-                    .map_err(|e| e.to_string())?;
+                self.r.read_exact(&mut buf[carry..carry + k])?;
                 self.pos += k as u64;
                 left -= k as u64;
                 let chunk = &buf[..carry + k];
@@ -803,8 +847,8 @@ mod gguf_check {
         }
     }
 
-    fn not_utf8(what: &str, at: u64, valid: usize) -> String {
-        format!(
+    fn not_utf8(what: &str, at: u64, valid: usize) -> HeaderError {
+        bad!(
             "{what} (the string at byte {at} of the file) is not valid UTF-8 (from its byte \
              {valid} on)"
         )
@@ -857,7 +901,7 @@ mod gguf_check {
         })
     }
 
-    pub(super) fn scan<R: Read + Seek>(r: &mut Reader<R>) -> std::result::Result<(), String> {
+    pub(super) fn scan<R: Read + Seek>(r: &mut Reader<R>) -> std::result::Result<(), HeaderError> {
         scan_collect(r, None).map(|_| ())
     }
 
@@ -867,7 +911,7 @@ mod gguf_check {
         r: &mut Reader<R>,
         t: u32,
         what: &str,
-    ) -> std::result::Result<GgufValue, String> {
+    ) -> std::result::Result<GgufValue, HeaderError> {
         if t == STRING {
             return Ok(GgufValue::String(r.string(what)?));
         }
@@ -885,21 +929,21 @@ mod gguf_check {
             return Ok(GgufValue::Strings(v));
         }
         if et == ARRAY {
-            return Err(format!("{what} is a nested array, which MLX does not load"));
+            return Err(bad!("{what} is a nested array, which MLX does not load"));
         }
-        let size = scalar_size(et).ok_or_else(|| format!("{what} has unknown type {et}"))?;
+        let size = scalar_size(et).ok_or_else(|| bad!("{what} has unknown type {et}"))?;
         let total = size
             .checked_mul(count)
-            .ok_or_else(|| format!("{what}: {count} elements is too many"))?;
+            .ok_or_else(|| bad!("{what}: {count} elements is too many"))?;
         r.need(total, what)?;
-        let n = usize::try_from(count).map_err(|_| format!("{what}: too many elements"))?;
+        let n = usize::try_from(count).map_err(|_| bad!("{what}: too many elements"))?;
         let mut b = vec![0u8; n * size as usize];
-        r.r.read_exact(&mut b).map_err(|e| e.to_string())?;
+        r.r.read_exact(&mut b)?;
         r.pos += total;
         let shape: Vec<i32> = if scalar {
             Vec::new()
         } else {
-            vec![i32::try_from(n).map_err(|_| format!("{what}: too many elements"))?]
+            vec![i32::try_from(n).map_err(|_| bad!("{what}: too many elements"))?]
         };
         macro_rules! numbers {
             ($t:ty) => {{
@@ -923,7 +967,7 @@ mod gguf_check {
             11 => numbers!(i64),
             _ => numbers!(f64),
         };
-        a.map(GgufValue::Array).map_err(|e| format!("{what}: {e}"))
+        a.map(GgufValue::Array).map_err(|e| bad!("{what}: {e}"))
     }
 
     /// [`scan`], also collecting the metadata values into `values` when given; returns the
@@ -931,13 +975,13 @@ mod gguf_check {
     pub(super) fn scan_collect<R: Read + Seek>(
         r: &mut Reader<R>,
         mut values: Option<&mut BTreeMap<String, GgufValue>>,
-    ) -> std::result::Result<Vec<GgufTensorInfo>, String> {
+    ) -> std::result::Result<Vec<GgufTensorInfo>, HeaderError> {
         if &r.bytes::<4>("the magic number")? != b"GGUF" {
-            return Err("not a GGUF file (no GGUF magic number)".into());
+            return Err(bad!("not a GGUF file (no GGUF magic number)"));
         }
         let version = r.u32("the version")?;
         if !(2..=3).contains(&version) {
-            return Err(format!(
+            return Err(bad!(
                 "GGUF version {version} is not supported (expected 2 or 3)"
             ));
         }
@@ -949,24 +993,24 @@ mod gguf_check {
             let t = r.u32("a metadata type")?;
             let what = format!("metadata value {key:?}");
             if t == FLOAT64 && n_tensors > 0 {
-                return Err(format!(
+                return Err(bad!(
                     "metadata value {key:?} is a FLOAT64, which MLX 0.32.4's GGUF reader \
                      cannot skip in a file with tensors (it would crash)"
                 ));
             }
             if key == "general.alignment" {
                 if t != UINT32 {
-                    return Err(format!(
+                    return Err(bad!(
                         "{what} must be a UINT32 (type {UINT32}), not type {t}"
                     ));
                 }
                 let a = u64::from(r.u32(&what)?);
                 if a == 0 || !a.is_power_of_two() {
-                    return Err(format!("{what} is {a}, not a power of two"));
+                    return Err(bad!("{what} is {a}, not a power of two"));
                 }
                 alignment = a;
                 if let Some(v) = values.as_deref_mut() {
-                    let a = Array::from_slice(&[a as u32], &[]).map_err(|e| e.to_string())?;
+                    let a = Array::from_slice(&[a as u32], &[]).map_err(|e| bad!("{e}"))?;
                     v.insert(key, GgufValue::Array(a));
                 }
             } else if let Some(v) = values.as_deref_mut() {
@@ -978,7 +1022,7 @@ mod gguf_check {
                 let et = r.u32(&what)?;
                 let count = r.u64(&what)?;
                 if et == FLOAT64 {
-                    return Err(format!(
+                    return Err(bad!(
                         "metadata value {key:?} is a FLOAT64 array, which MLX 0.32.4's GGUF \
                          reader cannot read (it would crash)"
                     ));
@@ -988,19 +1032,19 @@ mod gguf_check {
                         r.skip_string(|| format!("{what}, entry {j},"))?;
                     }
                 } else if et == ARRAY {
-                    return Err(format!(
+                    return Err(bad!(
                         "metadata value {key:?} is a nested array, which MLX does not load"
                     ));
                 } else {
                     let size = scalar_size(et)
-                        .ok_or_else(|| format!("{what} has unknown element type {et}"))?;
+                        .ok_or_else(|| bad!("{what} has unknown element type {et}"))?;
                     let total = size
                         .checked_mul(count)
-                        .ok_or_else(|| format!("{what}: {count} elements is too many"))?;
+                        .ok_or_else(|| bad!("{what}: {count} elements is too many"))?;
                     r.skip(total, &what)?;
                 }
             } else {
-                let size = scalar_size(t).ok_or_else(|| format!("{what} has unknown type {t}"))?;
+                let size = scalar_size(t).ok_or_else(|| bad!("{what} has unknown type {t}"))?;
                 r.skip(size, &what)?;
             }
         }
@@ -1011,7 +1055,7 @@ mod gguf_check {
             let what = format!("tensor {name:?}");
             let ndim = r.u32(&what)?;
             if ndim > MAX_DIMS {
-                return Err(format!(
+                return Err(bad!(
                     "tensor {name:?} has {ndim} dimensions; MLX's GGUF reader supports at most \
                      {MAX_DIMS}"
                 ));
@@ -1028,16 +1072,16 @@ mod gguf_check {
                 (Some(info), _) | (None, Some(info)) => info,
                 (None, None) => {
                     return Err(match rust_only_tensor_type(t) {
-                        Some((n, _, _)) => format!(
+                        Some((n, _, _)) => bad!(
                             "tensor {name:?} has GGML type {n} ({t}), which MLX's GGUF reader \
                              cannot load"
                         ),
-                        None => format!("tensor {name:?} has unknown GGML type {t}"),
+                        None => bad!("tensor {name:?} has unknown GGML type {t}"),
                     })
                 }
             };
             if let Some(d) = dims.iter().find(|&&d| d > i32::MAX as u64) {
-                return Err(format!(
+                return Err(bad!(
                     "tensor {name:?} has dimension {d}, past MLX's limit of {}",
                     i32::MAX
                 ));
@@ -1046,18 +1090,18 @@ mod gguf_check {
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
                 .filter(|&n| n <= i64::MAX as u64)
-                .ok_or_else(|| format!("tensor {name:?} has too many elements ({dims:?})"))?;
+                .ok_or_else(|| bad!("tensor {name:?} has too many elements ({dims:?})"))?;
             if dims.first().is_some_and(|d0| d0 % block != 0) {
-                return Err(format!(
+                return Err(bad!(
                     "tensor {name:?}: a {type_name} tensor's first dimension must be a multiple \
                      of {block}, got {dims:?}"
                 ));
             }
             let bytes = (elements / block)
                 .checked_mul(block_bytes)
-                .ok_or_else(|| format!("tensor {name:?} is too large"))?;
+                .ok_or_else(|| bad!("tensor {name:?} is too large"))?;
             if !names.insert(name.clone()) {
-                return Err(format!("tensor {name:?} appears more than once"));
+                return Err(bad!("tensor {name:?} appears more than once"));
             }
             infos.push(GgufTensorInfo {
                 name,
@@ -1075,28 +1119,30 @@ mod gguf_check {
         let mut end_of_previous: Option<(u64, &str)> = None;
         for t in sorted {
             if t.offset % alignment != 0 {
-                return Err(format!(
+                return Err(bad!(
                     "tensor {:?}: data offset {} is not a multiple of the alignment {alignment}",
-                    t.name, t.offset
+                    t.name,
+                    t.offset
                 ));
             }
-            let end = t
-                .offset
-                .checked_add(t.bytes)
-                .filter(|&e| e <= data_len)
-                .ok_or_else(|| {
-                    format!(
+            let end =
+                t.offset
+                    .checked_add(t.bytes)
+                    .filter(|&e| e <= data_len)
+                    .ok_or_else(|| {
+                        bad!(
                         "tensor {:?}: its {} bytes at data offset {} run past the end of the file \
                      (the data section holds {data_len} bytes); truncated or corrupt?",
                         t.name, t.bytes, t.offset
                     )
-                })?;
+                    })?;
             if let Some((prev_end, prev)) = end_of_previous {
                 if t.offset < prev_end {
-                    return Err(format!(
+                    return Err(bad!(
                         "tensors {prev:?} and {:?} share bytes (data offset {} is before the \
                          end of the previous tensor at {prev_end})",
-                        t.name, t.offset
+                        t.name,
+                        t.offset
                     ));
                 }
             }
@@ -1128,7 +1174,7 @@ mod gguf_check {
 pub fn check_safetensors_header<R: std::io::Read>(
     r: R,
     len: u64,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), HeaderError> {
     safetensors_check::scan(r, len)
 }
 
@@ -1140,6 +1186,8 @@ mod safetensors_check {
     use std::fs::File;
     use std::io::Read;
     use std::path::Path;
+
+    use super::HeaderError;
 
     use serde_json::Value;
 
@@ -1158,28 +1206,28 @@ mod safetensors_check {
         })
     }
 
-    pub(super) fn scan<R: Read>(mut r: R, len: u64) -> std::result::Result<(), String> {
+    pub(super) fn scan<R: Read>(mut r: R, len: u64) -> std::result::Result<(), HeaderError> {
         let mut n = [0u8; 8];
         if len < 8 {
-            return Err(format!(
+            return Err(bad!(
                 "{len} bytes is too short for a safetensors file (no header length)"
             ));
         }
-        r.read_exact(&mut n).map_err(|e| e.to_string())?;
+        r.read_exact(&mut n)?;
         let n = u64::from_le_bytes(n);
         if n > MAX_HEADER || n > len - 8 {
-            return Err(format!(
+            return Err(bad!(
                 "header length {n} is larger than the file ({len} bytes) or the format's \
                  limit of {MAX_HEADER} bytes; truncated or not a safetensors file?"
             ));
         }
         let mut header = vec![0u8; n as usize];
-        r.read_exact(&mut header).map_err(|e| e.to_string())?;
+        r.read_exact(&mut header)?;
         let header: Value = serde_json::from_slice(&header)
-            .map_err(|e| format!("the header is not valid JSON: {e}"))?;
+            .map_err(|e| bad!("the header is not valid JSON: {e}"))?;
         let obj = header
             .as_object()
-            .ok_or("the header is not a JSON object")?;
+            .ok_or_else(|| bad!("the header is not a JSON object"))?;
         let data_len = len - 8 - n;
         let mut ranges: Vec<(u64, u64, &str)> = Vec::with_capacity(obj.len());
         for (name, info) in obj {
@@ -1190,57 +1238,59 @@ mod safetensors_check {
                         .as_object()
                         .is_some_and(|m| m.values().all(Value::is_string));
                 if !ok {
-                    return Err("`__metadata__` must map strings to strings (or be null)".into());
+                    return Err(bad!(
+                        "`__metadata__` must map strings to strings (or be null)"
+                    ));
                 }
                 continue;
             }
             let field = |f: &str| {
                 info.get(f)
-                    .ok_or_else(|| format!("tensor {name:?} has no `{f}`"))
+                    .ok_or_else(|| bad!("tensor {name:?} has no `{f}`"))
             };
             let dtype = field("dtype")?
                 .as_str()
-                .ok_or_else(|| format!("tensor {name:?}: `dtype` is not a string"))?;
+                .ok_or_else(|| bad!("tensor {name:?}: `dtype` is not a string"))?;
             let size = dtype_size(dtype)
-                .ok_or_else(|| format!("tensor {name:?}: unknown `dtype` {dtype:?}"))?;
+                .ok_or_else(|| bad!("tensor {name:?}: unknown `dtype` {dtype:?}"))?;
             let shape = field("shape")?
                 .as_array()
-                .ok_or_else(|| format!("tensor {name:?}: `shape` is not a list"))?;
+                .ok_or_else(|| bad!("tensor {name:?}: `shape` is not a list"))?;
             let mut elements: u64 = 1;
             for d in shape {
                 let d = d.as_u64().ok_or_else(|| {
-                    format!("tensor {name:?}: `shape` entry {d} is not a non-negative integer")
+                    bad!("tensor {name:?}: `shape` entry {d} is not a non-negative integer")
                 })?;
                 if d > i32::MAX as u64 {
-                    return Err(format!(
+                    return Err(bad!(
                         "tensor {name:?}: `shape` dimension {d} is past MLX's limit of {}",
                         i32::MAX
                     ));
                 }
                 elements = elements
                     .checked_mul(d)
-                    .ok_or_else(|| format!("tensor {name:?}: `shape` {shape:?} is too large"))?;
+                    .ok_or_else(|| bad!("tensor {name:?}: `shape` {shape:?} is too large"))?;
             }
             let offsets = field("data_offsets")?
                 .as_array()
                 .filter(|o| o.len() == 2)
-                .ok_or_else(|| format!("tensor {name:?}: `data_offsets` is not [begin, end]"))?;
+                .ok_or_else(|| bad!("tensor {name:?}: `data_offsets` is not [begin, end]"))?;
             let (Some(begin), Some(end)) = (offsets[0].as_u64(), offsets[1].as_u64()) else {
-                return Err(format!(
+                return Err(bad!(
                     "tensor {name:?}: `data_offsets` must hold non-negative integers"
                 ));
             };
             if begin > end || end > data_len {
-                return Err(format!(
+                return Err(bad!(
                     "tensor {name:?}: `data_offsets` [{begin}, {end}] lie outside the {data_len} \
                      data bytes of the file; truncated or corrupt?"
                 ));
             }
             let expected = elements
                 .checked_mul(size)
-                .ok_or_else(|| format!("tensor {name:?}: `shape` {shape:?} is too large"))?;
+                .ok_or_else(|| bad!("tensor {name:?}: `shape` {shape:?} is too large"))?;
             if end - begin != expected {
-                return Err(format!(
+                return Err(bad!(
                     "tensor {name:?}: `data_offsets` [{begin}, {end}] span {} bytes, but a \
                      {dtype} tensor of shape {shape:?} needs {expected}",
                     end - begin
@@ -1252,7 +1302,7 @@ mod safetensors_check {
         for w in ranges.windows(2) {
             let ((_, prev_end, prev), (begin, _, name)) = (w[0], w[1]);
             if begin < prev_end {
-                return Err(format!(
+                return Err(bad!(
                     "tensors {prev:?} and {name:?} share bytes (`data_offsets` overlap)"
                 ));
             }
@@ -1261,7 +1311,7 @@ mod safetensors_check {
         // ranges tile the data from its start, with no holes (checked after ours, whose
         // messages name the field).
         serde_json::from_value::<safetensors::tensor::Metadata>(header)
-            .map_err(|e| format!("the header breaks the safetensors format: {e}"))?;
+            .map_err(|e| bad!("the header breaks the safetensors format: {e}"))?;
         Ok(())
     }
 

@@ -431,13 +431,7 @@ fn start<'m>(
             option: "prefill_step_size".into(),
         });
     }
-    let vocab = model.vocab_size();
-    check_token_ids("prompt", prompt, vocab)?;
-    opts.sampler.settings().validate(vocab)?;
-    check_logits_processors(&opts.logits_processors, vocab)?;
-    if let Some(bits) = opts.kv_bits {
-        opts.kv_mode.check(opts.kv_group_size, bits)?;
-    }
+    check_request(model, prompt, &opts)?;
     let cpu = match (cpu_given, opts.cpu_decode) {
         (Some(d), _) => {
             if let Some(why) = cpu_decode_unsupported(model, &opts, false) {
@@ -1145,6 +1139,40 @@ fn graph_not_finite(what: String) -> mlx_core::Error {
 /// Positions the graph decoder's cache holds past the prompt when no `max_tokens` is given.
 pub const GRAPH_DEFAULT_ROOM: usize = 4096;
 
+/// The checks both starters (plain and speculative) make of a request once its own are
+/// done: the prompt's ids and the sampler against the vocabulary, the logits processors, the
+/// KV-cache quantization; the vocabulary size is returned.
+pub(crate) fn check_request(
+    model: &dyn LanguageModel,
+    prompt: &[i32],
+    opts: &GenerateOptions,
+) -> Result<i32> {
+    let vocab = model.vocab_size();
+    check_token_ids("prompt", prompt, vocab)?;
+    opts.sampler.settings().validate(vocab)?;
+    check_logits_processors(&opts.logits_processors, vocab)?;
+    if let Some(bits) = opts.kv_bits {
+        opts.kv_mode.check(opts.kv_group_size, bits)?;
+    }
+    Ok(vocab)
+}
+
+/// The `Iterator` of a step type with `advance(&mut self) -> Result<Option<Step>>` and a
+/// `done` flag: each step runs on the generation stream, and an error ends the iteration.
+macro_rules! step_iterator {
+    ($t:ident) => {
+        impl Iterator for $t<'_> {
+            type Item = Result<Step>;
+
+            fn next(&mut self) -> Option<Result<Step>> {
+                let r = on_generation_stream(|| self.advance());
+                next_item(r, &mut self.done)
+            }
+        }
+    };
+}
+pub(crate) use step_iterator;
+
 /// One step as an iterator item: a step, the end, or an error that ends the iteration.
 pub(crate) fn next_item(r: Result<Option<Step>>, done: &mut bool) -> Option<Result<Step>> {
     match r {
@@ -1162,14 +1190,7 @@ impl Drop for GenerateStep<'_> {
     }
 }
 
-impl Iterator for GenerateStep<'_> {
-    type Item = Result<Step>;
-
-    fn next(&mut self) -> Option<Result<Step>> {
-        let r = on_generation_stream(|| self.advance());
-        next_item(r, &mut self.done)
-    }
-}
+step_iterator!(GenerateStep);
 
 #[cfg(test)]
 mod tests {

@@ -22,9 +22,10 @@ use mlx_core::prelude::*;
 
 use crate::error::{EngineError, Result};
 use crate::generate::{
-    maybe_quantize_kv_cache, next_item, on_generation_stream, GenerateOptions, Step,
+    check_request, maybe_quantize_kv_cache, next_item, on_generation_stream, step_iterator,
+    GenerateOptions, Step,
 };
-use crate::sample::{check_logits_processors, check_token_ids};
+use crate::sample::check_token_ids;
 use crate::tokenizer::Tokenizer;
 use mlx_models::LanguageModel;
 
@@ -548,13 +549,7 @@ pub fn speculative_generate_step<'m>(
                 .into(),
         ));
     }
-    let vocab = model.vocab_size();
-    check_token_ids("prompt", prompt, vocab)?;
-    opts.sampler.settings().validate(vocab)?;
-    check_logits_processors(&opts.logits_processors, vocab)?;
-    if let Some(bits) = opts.kv_bits {
-        opts.kv_mode.check(opts.kv_group_size, bits)?;
-    }
+    let vocab = check_request(model, prompt, &opts)?;
     let depth = num_draft_tokens + 1;
     let caches = match prompt_cache {
         Some(c) => {
@@ -1116,14 +1111,7 @@ impl<'m> SpeculativeStep<'m> {
     }
 }
 
-impl Iterator for SpeculativeStep<'_> {
-    type Item = Result<Step>;
-
-    fn next(&mut self) -> Option<Result<Step>> {
-        let r = on_generation_stream(|| self.advance());
-        next_item(r, &mut self.done)
-    }
-}
+step_iterator!(SpeculativeStep);
 
 #[cfg(test)]
 mod tests {

@@ -186,7 +186,34 @@ const MAX_TOKENIZER_JSON_DEPTH: usize = 64;
 /// `tokenizers::Tokenizer::from_bytes`, hardened: deeply nested documents are refused first
 /// (the tokenizers crate panics on them, `expect("Helper")` in its decoder deserializer), and
 /// any other panic inside the crate becomes an error.
-fn parse_tokenizer_json(bytes: &[u8]) -> std::result::Result<tokenizers::Tokenizer, String> {
+/// Why [`parse_tokenizer_json`] refused a document; the loader adds the file
+/// ([`TokenizerError::Backend`]).
+#[derive(Debug)]
+enum JsonRefusal {
+    /// The document nests `max` levels deep, past [`MAX_TOKENIZER_JSON_DEPTH`].
+    TooDeep(usize),
+    /// The tokenizers crate's own error.
+    Backend(String),
+    /// The tokenizers crate panicked on it.
+    Panicked,
+}
+
+impl std::fmt::Display for JsonRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JsonRefusal::TooDeep(max) => write!(
+                f,
+                "the document nests {max} levels deep (at most {MAX_TOKENIZER_JSON_DEPTH})"
+            ),
+            JsonRefusal::Backend(m) => f.write_str(m),
+            JsonRefusal::Panicked => {
+                f.write_str("the tokenizers crate could not parse it (it panicked)")
+            }
+        }
+    }
+}
+
+fn parse_tokenizer_json(bytes: &[u8]) -> std::result::Result<tokenizers::Tokenizer, JsonRefusal> {
     let mut depth = 0usize;
     let mut max = 0usize;
     let mut in_string = false;
@@ -212,13 +239,11 @@ fn parse_tokenizer_json(bytes: &[u8]) -> std::result::Result<tokenizers::Tokeniz
         }
     }
     if max > MAX_TOKENIZER_JSON_DEPTH {
-        return Err(format!(
-            "the document nests {max} levels deep (at most {MAX_TOKENIZER_JSON_DEPTH})"
-        ));
+        return Err(JsonRefusal::TooDeep(max));
     }
     match std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes)) {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err("the tokenizers crate could not parse it (it panicked)".into()),
+        Ok(r) => r.map_err(|e| JsonRefusal::Backend(e.to_string())),
+        Err(_) => Err(JsonRefusal::Panicked),
     }
 }
 

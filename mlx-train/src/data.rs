@@ -70,19 +70,56 @@ enum Format {
     Text,
 }
 
-fn str_field<'a>(row: &'a Map<String, Value>, key: &str) -> std::result::Result<&'a str, String> {
-    match row.get(key) {
-        Some(Value::String(s)) => Ok(s),
-        Some(_) => Err(format!("field `{key}` must be a string")),
-        None => Err(format!("missing field `{key}`")),
+/// Why one row of a dataset is refused; [`create_dataset`] gives it the file and line
+/// ([`TrainError::Data`]).
+#[derive(Debug)]
+enum RowError {
+    /// The field is missing.
+    Missing(String),
+    /// The field is there but not a string.
+    NotString(String),
+    /// `tools` is there but not a list.
+    ToolsNotList,
+    /// The text field encodes to no tokens.
+    NoTokens(String),
+    /// The chat field is not a list of messages.
+    NotMessages(String),
+    /// The chat field is an empty list.
+    NoMessages(String),
+    /// Message `i` of the chat field is not an object.
+    MessageNotObject(String, usize),
+    /// Tokenizing or templating the row failed.
+    Tokenize(TrainError),
+}
+
+impl std::fmt::Display for RowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RowError::Missing(k) => write!(f, "missing field `{k}`"),
+            RowError::NotString(k) => write!(f, "field `{k}` must be a string"),
+            RowError::ToolsNotList => f.write_str("field `tools` must be a list"),
+            RowError::NoTokens(k) => write!(f, "field `{k}` encodes to no tokens"),
+            RowError::NotMessages(k) => write!(f, "field `{k}` must be a list of messages"),
+            RowError::NoMessages(k) => write!(f, "`{k}` is empty"),
+            RowError::MessageNotObject(k, i) => write!(f, "`{k}`[{i}] is not an object"),
+            RowError::Tokenize(e) => e.fmt(f),
+        }
     }
 }
 
-fn tools_field(row: &Map<String, Value>) -> std::result::Result<Option<&Vec<Value>>, String> {
+fn str_field<'a>(row: &'a Map<String, Value>, key: &str) -> std::result::Result<&'a str, RowError> {
+    match row.get(key) {
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(RowError::NotString(key.into())),
+        None => Err(RowError::Missing(key.into())),
+    }
+}
+
+fn tools_field(row: &Map<String, Value>) -> std::result::Result<Option<&Vec<Value>>, RowError> {
     match row.get("tools") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(a)) => Ok(Some(a)),
-        Some(_) => Err("field `tools` must be a list".into()),
+        Some(_) => Err(RowError::ToolsNotList),
     }
 }
 
@@ -91,8 +128,8 @@ fn process(
     format: Format,
     tok: &Tokenizer,
     cfg: &DataConfig,
-) -> std::result::Result<Example, String> {
-    let e = |e: TrainError| e.to_string();
+) -> std::result::Result<Example, RowError> {
+    let e = RowError::Tokenize;
     let mut rejected = None;
     let (tokens, offset) = match format {
         Format::Preference => {
@@ -118,7 +155,7 @@ fn process(
             let mut d = tokenize::encode(tok, str_field(row, &cfg.text_feature)?).map_err(e)?;
             let eos = tokenize::eos_token_id(tok);
             if d.is_empty() {
-                return Err(format!("field `{}` encodes to no tokens", cfg.text_feature));
+                return Err(RowError::NoTokens(cfg.text_feature.clone()));
             }
             if let Some(eos) = eos {
                 if d.last() != Some(&eos) {
@@ -147,16 +184,13 @@ fn process(
             let tools = tools_field(row)?;
             let messages = match row.get(&cfg.chat_feature) {
                 Some(Value::Array(m)) if !m.is_empty() => m,
-                Some(Value::Array(_)) => return Err(format!("`{}` is empty", cfg.chat_feature)),
-                _ => {
-                    return Err(format!(
-                        "field `{}` must be a list of messages",
-                        cfg.chat_feature
-                    ))
+                Some(Value::Array(_)) => {
+                    return Err(RowError::NoMessages(cfg.chat_feature.clone()))
                 }
+                _ => return Err(RowError::NotMessages(cfg.chat_feature.clone())),
             };
             if let Some(i) = messages.iter().position(|m| !m.is_object()) {
-                return Err(format!("`{}`[{i}] is not an object", cfg.chat_feature));
+                return Err(RowError::MessageNotObject(cfg.chat_feature.clone(), i));
             }
             let tokens = tokenize::chat_ids(tok, messages, tools, false).map_err(e)?;
             let offset = if cfg.mask_prompt {
@@ -229,10 +263,10 @@ pub fn create_dataset(
         .iter()
         .enumerate()
         .map(|(i, row)| {
-            process(row, format, tok, cfg).map_err(|message| TrainError::Data {
+            process(row, format, tok, cfg).map_err(|e| TrainError::Data {
                 file: file.into(),
                 line: i + 1,
-                message,
+                message: e.to_string(),
             })
         })
         .collect::<Result<Vec<_>>>()?;
