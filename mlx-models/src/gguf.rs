@@ -917,7 +917,11 @@ pub fn load_gguf_model_with(
     how: GgufTensors,
 ) -> Result<(Box<dyn LanguageModel>, GgufModel)> {
     let g = read_gguf_with(path, how)?;
-    let weights = Weights::new(g.tensors.clone(), None, opts.dtype).with_ggml(g.blocks.clone());
+    let mut weights = Weights::new(g.tensors.clone(), None, opts.dtype).with_ggml(g.blocks.clone());
+    if how == GgufTensors::Blocks {
+        // Loading for the CPU decoder: its kernels read the half-precision scales in place.
+        weights = weights.keep_linear_scales();
+    }
     let model = build(&g.config, weights)?;
     Ok((model, g))
 }

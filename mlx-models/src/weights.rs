@@ -39,6 +39,9 @@ pub struct Weights {
     mtp: bool,
     /// Weights kept as GGML blocks (`<path>.weight` names; [`Weights::with_ggml`]).
     ggml: BTreeMap<String, crate::layers::GgmlWeight>,
+    /// Linear layers' quantization scales and biases keep their stored dtype under a `dtype`
+    /// cast ([`Weights::keep_linear_scales`]).
+    keep_linear_scales: bool,
 }
 
 /// A module that can be quantized (it has mlx's `to_quantized`), as [`Weights`] saw it.
@@ -74,7 +77,32 @@ impl Weights {
             quantizable: Vec::new(),
             mtp: false,
             ggml: BTreeMap::new(),
+            keep_linear_scales: false,
         }
+    }
+
+    /// Linear layers' quantization scales and biases keep their stored dtype (a GGUF file's
+    /// half-precision Q4_0 / Q4_1 / Q8_0 scales) when the other floating tensors are cast:
+    /// the loading for the CPU decoder (`GgufTensors::Blocks`), whose kernels read the
+    /// half-precision scales in place (a sixth fewer bytes a decode step for 4-bit rows in
+    /// groups of 32). MLX's `quantized_matmul` gives the same bits with either (it widens
+    /// the scales to the input's dtype, exactly). Embeddings keep the cast: their lookup
+    /// (`dequantize`) computes in the scales' dtype.
+    pub fn keep_linear_scales(mut self) -> Self {
+        self.keep_linear_scales = true;
+        self
+    }
+
+    /// [`Weights::take`] for a quantized linear layer's scales or biases: uncast under
+    /// [`Weights::keep_linear_scales`].
+    pub fn take_linear_scales(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        if !self.keep_linear_scales {
+            return self.take(name, shape);
+        }
+        let dtype = self.dtype.take();
+        let a = self.take(name, shape);
+        self.dtype = dtype;
+        a
     }
 
     /// Adds weights kept as GGML blocks (a GGUF file read with `GgufTensors::Blocks`), by

@@ -61,6 +61,29 @@ impl QuantizedWeight {
         cols: i32,
         q: &QuantParams,
     ) -> Result<QuantizedWeight> {
+        Self::load_as(w, path, rows, cols, q, false)
+    }
+
+    /// [`QuantizedWeight::load`] for a linear layer: its scales and biases through
+    /// [`Weights::take_linear_scales`].
+    pub fn load_linear(
+        w: &mut Weights,
+        path: &str,
+        rows: i32,
+        cols: i32,
+        q: &QuantParams,
+    ) -> Result<QuantizedWeight> {
+        Self::load_as(w, path, rows, cols, q, true)
+    }
+
+    fn load_as(
+        w: &mut Weights,
+        path: &str,
+        rows: i32,
+        cols: i32,
+        q: &QuantParams,
+        linear: bool,
+    ) -> Result<QuantizedWeight> {
         let mode = quant_mode(&q.mode)?;
         if q.bits <= 0
             || q.group_size <= 0
@@ -74,9 +97,17 @@ impl QuantizedWeight {
         }
         let packed = (i64::from(cols) * i64::from(q.bits) / 32) as i32;
         let weight = w.take(&format!("{path}.weight"), &[rows, packed])?;
-        let scales = w.take(&format!("{path}.scales"), &[rows, cols / q.group_size])?;
+        let shape = [rows, cols / q.group_size];
+        let mut take = |name: String| {
+            if linear {
+                w.take_linear_scales(&name, &shape)
+            } else {
+                w.take(&name, &shape)
+            }
+        };
+        let scales = take(format!("{path}.scales"))?;
         let biases = if mode == QuantMode::Affine {
-            Some(w.take(&format!("{path}.biases"), &[rows, cols / q.group_size])?)
+            Some(take(format!("{path}.biases"))?)
         } else {
             None
         };
@@ -190,7 +221,7 @@ impl Linear {
                 })
             }
             Some(q) => Ok(Linear::Quantized {
-                weight: QuantizedWeight::load(w, path, out_dims, in_dims, &q)?,
+                weight: QuantizedWeight::load_linear(w, path, out_dims, in_dims, &q)?,
                 bias: b,
             }),
             None => Ok(Linear::Dense {
