@@ -990,6 +990,14 @@ mod gguf {
                 "bailingmoe3.attention.head_count_kv",
                 { GgufValue::Array(Array::from_slice(&[1u32, 0, 0, 1, 1, 1], &[6]).unwrap()) },
             ),
+            // Sizes multiplied past i32 (`expert_feed_forward_length` * `expert_shared_count`)
+            // are compared in i64, not overflowed.
+            (
+                "kimi_k3",
+                "k3shared",
+                "kimi-k3.expert_shared_count",
+                u(i32::MAX as u32),
+            ),
         ] {
             let e = err(&edited(
                 fixture,

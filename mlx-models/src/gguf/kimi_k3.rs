@@ -140,7 +140,7 @@ pub(super) fn config(
         .iter()
         .find(|(k, _)| k.ends_with(".mlp.shared_experts.up_proj.weight"))
     {
-        if a.shape()[0] != moe_ffn * shared {
+        if i64::from(a.shape()[0]) != i64::from(moe_ffn) * i64::from(shared) {
             return Err(gguf_err(
                 path,
                 format!(

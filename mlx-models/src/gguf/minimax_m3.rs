@@ -81,10 +81,23 @@ pub(super) fn config(
     let freq: Vec<i32> = (0..blocks).map(|l| i32::from(l >= dense)).collect();
     let expert_ffn = need("expert_feed_forward_length")?;
     let shared = need("expert_shared_count")?;
-    let width = tensors
+    let width = match tensors
         .iter()
         .find(|(k, _)| k.ends_with(".block_sparse_moe.shared_experts.up_proj.weight"))
-        .map_or(expert_ffn * shared, |(_, a)| a.shape()[0]);
+    {
+        Some((_, a)) => a.shape()[0],
+        // The shared expert's width as the keys give it, which must fit a 32-bit width.
+        None => expert_ffn.checked_mul(shared).ok_or_else(|| {
+            gguf_err(
+                path,
+                format!(
+                    "metadata `{}` * `{}` = {expert_ffn} * {shared} does not fit a 32-bit width",
+                    key("expert_feed_forward_length"),
+                    key("expert_shared_count")
+                ),
+            )
+        })?,
+    };
     let o = json!({
         "intermediate_size": expert_ffn,
         "dense_intermediate_size": config["intermediate_size"].clone(),
