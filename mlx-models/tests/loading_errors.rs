@@ -1009,5 +1009,21 @@ mod gguf {
             ));
             assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
         }
+        // A routed scale that is present but not a number is not reported as missing.
+        for (fixture, k) in [
+            ("bailingmoe3", "bailingmoe3.expert_weights_scale"),
+            ("minimax_m3", "minimax-m3.expert_weights_scale"),
+            ("kimi_k3", "kimi-k3.expert_weights_scale"),
+        ] {
+            let e = err(&edited(
+                fixture,
+                "scaletext",
+                |m| {
+                    m.insert(k.into(), GgufValue::String("2.5".into()));
+                },
+                |_| {},
+            ));
+            assert!(e.contains(k) && e.contains("is not a number"), "{e}");
+        }
     }
 }

@@ -112,18 +112,18 @@ pub(super) fn config(
             "is false or missing; mlx-lm's bailing_moe_v3 always renormalizes the top-k weights",
         );
     }
-    let scale = meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
+    // A present non-number is "not a number", not missing (`Keys::float`).
+    let keys = super::Keys {
+        arch: ARCH,
+        meta,
+        path,
+    };
+    let scale = keys.float("expert_weights_scale", false)?.ok_or_else(|| {
         gguf_err(
             path,
             format!("metadata `{}` is missing", key("expert_weights_scale")),
         )
     })?;
-    if !(scale.is_finite() && scale > 0.0) {
-        return refuse(
-            "expert_weights_scale",
-            &format!("is {scale}; it must be a finite number > 0"),
-        );
-    }
     for k in ["swiglu_clamp_exp", "swiglu_clamp_shexp"] {
         let clamps = match meta.get(&key(k)) {
             Some(GgufValue::Array(a)) => a

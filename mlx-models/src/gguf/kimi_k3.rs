@@ -86,18 +86,18 @@ pub(super) fn config(
             )
         }
     }
-    let scale = meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
+    // A present non-number is "not a number", not missing (`Keys::float`).
+    let keys = super::Keys {
+        arch: ARCH,
+        meta,
+        path,
+    };
+    let scale = keys.float("expert_weights_scale", false)?.ok_or_else(|| {
         gguf_err(
             path,
             format!("metadata `{}` is missing", key("expert_weights_scale")),
         )
     })?;
-    if !(scale.is_finite() && scale > 0.0) {
-        return refuse(
-            "expert_weights_scale",
-            &format!("is {scale}; it must be a finite number > 0"),
-        );
-    }
     let f = |k: &str| -> Result<f64> {
         let v = meta_f64(meta, &key(k))
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))?;

@@ -10,7 +10,7 @@ use mlx_core::io::GgufMetadata;
 use mlx_core::prelude::*;
 use serde_json::{json, Value};
 
-use super::{gguf_err, meta_bool, meta_count, meta_f64, meta_str, need_count};
+use super::{gguf_err, meta_bool, meta_count, meta_str, need_count};
 use crate::error::Result;
 
 const ARCH: &str = "minimax-m3";
@@ -58,18 +58,18 @@ pub(super) fn config(
             "is more than 1: mlx-lm's minimax_m3_vl routes without groups",
         );
     }
-    let scale = meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
+    // A present non-number is "not a number", not missing (`Keys::float`).
+    let keys = super::Keys {
+        arch: ARCH,
+        meta,
+        path,
+    };
+    let scale = keys.float("expert_weights_scale", false)?.ok_or_else(|| {
         gguf_err(
             path,
             format!("metadata `{}` is missing", key("expert_weights_scale")),
         )
     })?;
-    if !(scale.is_finite() && scale > 0.0) {
-        return refuse(
-            "expert_weights_scale",
-            &format!("is {scale}; it must be a finite number > 0"),
-        );
-    }
     if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
         return refuse(
             "rope.scaling.type",
