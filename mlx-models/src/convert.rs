@@ -1421,7 +1421,15 @@ fn tokenizer_files(
 ) -> Result<Option<Vec<(String, String)>>> {
     use mlx_tokenizers::hf_save::{self, Saved};
     let cfg_path = src.join("tokenizer_config.json");
-    let saved = match hf_save::load(src) {
+    // One parse of the config (Python's json, `NaN` / `Infinity` included) for the class and
+    // for what is written; a config that does not parse as an object is copied as it is.
+    let Ok(text) = std::fs::read_to_string(&cfg_path) else {
+        return Ok(None);
+    };
+    let Ok(Value::Object(mut cfg)) = crate::config::parse_python_json(&text) else {
+        return Ok(None);
+    };
+    let saved = match hf_save::load(src, &cfg) {
         Ok(Saved::Files(s)) => s,
         Ok(Saved::NoTokenizer) => return Ok(None),
         Ok(Saved::Unsupported(class)) => {
@@ -1436,12 +1444,6 @@ fn tokenizer_files(
                 problem: format!("the tokenizer cannot be re-saved as transformers does: {e}"),
             })
         }
-    };
-    let Ok(text) = std::fs::read_to_string(&cfg_path) else {
-        return Ok(None);
-    };
-    let Ok(Value::Object(mut cfg)) = crate::config::parse_python_json(&text) else {
-        return Ok(None);
     };
     let template = match cfg.remove("chat_template") {
         Some(Value::String(t)) => Some(t),
@@ -1649,4 +1651,38 @@ fn copied_files(src: &Path) -> Result<Vec<PathBuf>> {
 
 fn write_file(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(|e| io_err(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `tokenizer_config.json` as Python's json writes it (`NaN`) is read by the one parser
+    /// convert uses, so the tokenizer is still re-saved rather than failing the conversion.
+    #[test]
+    fn a_tokenizer_config_with_nan_is_still_resaved() {
+        let dir = std::env::temp_dir().join(format!("mlx-convert-nan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tok = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":null,
+            "pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+            "post_processor":null,
+            "decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true},
+            "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
+              "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,"ignore_merges":false,
+              "vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]}}"#;
+        std::fs::write(dir.join("tokenizer.json"), tok).unwrap();
+        std::fs::write(dir.join("config.json"), r#"{"model_type": "llama"}"#).unwrap();
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"tokenizer_class": "GPT2TokenizerFast", "some_limit": NaN}"#,
+        )
+        .unwrap();
+        let files = tokenizer_files(&dir, &mut |_| {});
+        std::fs::remove_dir_all(&dir).unwrap();
+        let files = files.unwrap().expect("the tokenizer is re-saved");
+        let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(names.contains(&"tokenizer.json"), "{names:?}");
+        assert!(names.contains(&"tokenizer_config.json"), "{names:?}");
+    }
 }

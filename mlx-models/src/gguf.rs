@@ -64,6 +64,26 @@ pub struct GgufModel {
     pub blocks: BTreeMap<String, crate::layers::GgmlWeight>,
 }
 
+/// `blk.N.ssm_a` (no suffix) as mlx-lm's `A_log` (heads,) under `model.layers.N.<module>`:
+/// the converter stored `exp(A_log)` (bailingmoe3, as (heads, 1)) or, with `negate`,
+/// `-exp(A_log)` (kimi-k3).
+fn a_log(name: &str, a: &Array, negate: bool, module: &str) -> Result<Option<(String, Array)>> {
+    let Some(layer) = name
+        .strip_prefix("blk.")
+        .and_then(|r| r.strip_suffix(".ssm_a"))
+        .filter(|l| l.parse::<u32>().is_ok())
+    else {
+        return Ok(None);
+    };
+    let v = if negate {
+        ops::log(&ops::negative(a, None)?, None)?
+    } else {
+        ops::log(a, None)?
+    };
+    let v = v.reshape(&[-1])?;
+    Ok(Some((format!("model.layers.{layer}.{module}.A_log"), v)))
+}
+
 fn gguf_err(path: &Path, m: impl std::fmt::Display) -> ModelError {
     ModelError::Io {
         path: path.display().to_string(),
@@ -601,12 +621,12 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             rope_tensors.insert(name, a);
             continue;
         }
-        let a_log = match arch.arch {
-            "bailingmoe3" => bailingmoe3::a_log(&name, &a)?,
-            "kimi-k3" => kimi_k3::a_log(&name, &a)?,
+        let renamed = match arch.arch {
+            "bailingmoe3" => a_log(&name, &a, false, "attention")?,
+            "kimi-k3" => a_log(&name, &a, true, "self_attn")?,
             _ => None,
         };
-        if let Some((m, v)) = a_log {
+        if let Some((m, v)) = renamed {
             tensors.insert(m, v);
             continue;
         }

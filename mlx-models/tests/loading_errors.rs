@@ -990,6 +990,14 @@ mod gguf {
                 "bailingmoe3.attention.head_count_kv",
                 { GgufValue::Array(Array::from_slice(&[1u32, 0, 0, 1, 1, 1], &[6]).unwrap()) },
             ),
+            // Sizes multiplied past i32 (`expert_feed_forward_length` * `expert_shared_count`)
+            // are compared in i64, not overflowed.
+            (
+                "kimi_k3",
+                "k3shared",
+                "kimi-k3.expert_shared_count",
+                u(i32::MAX as u32),
+            ),
         ] {
             let e = err(&edited(
                 fixture,
@@ -1000,6 +1008,22 @@ mod gguf {
                 |_| {},
             ));
             assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
+        }
+        // A routed scale that is present but not a number is not reported as missing.
+        for (fixture, k) in [
+            ("bailingmoe3", "bailingmoe3.expert_weights_scale"),
+            ("minimax_m3", "minimax-m3.expert_weights_scale"),
+            ("kimi_k3", "kimi-k3.expert_weights_scale"),
+        ] {
+            let e = err(&edited(
+                fixture,
+                "scaletext",
+                |m| {
+                    m.insert(k.into(), GgufValue::String("2.5".into()));
+                },
+                |_| {},
+            ));
+            assert!(e.contains(k) && e.contains("is not a number"), "{e}");
         }
     }
 }

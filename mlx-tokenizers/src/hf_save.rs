@@ -38,7 +38,7 @@ pub const SPECIAL_TOKENS: [&str; 7] = [
 /// What `save_pretrained` writes for a source directory.
 #[derive(Debug)]
 pub enum Saved {
-    /// No `tokenizer.json` or `tokenizer_config.json`: nothing is rebuilt.
+    /// No `tokenizer.json`: nothing is rebuilt.
     NoTokenizer,
     /// transformers would load a class this module does not reproduce (named).
     Unsupported(String),
@@ -415,27 +415,17 @@ fn rebuilt(c: Class, src: &Value, init: &Map<String, Value>) -> Result<Tokenizer
 }
 
 /// `from_pretrained` then the tokenizer state `save_pretrained` writes, for `src` (a model
-/// directory with `config.json`, `tokenizer.json` and `tokenizer_config.json`).
-pub fn load(src: &Path) -> Result<Saved> {
+/// directory with `config.json` and `tokenizer.json`) and `cfg`, its `tokenizer_config.json`
+/// as the caller parsed it (one parser: `mlx_models::config::parse_python_json`, which reads
+/// the `NaN` / `Infinity` Python's `json` writes).
+pub fn load(src: &Path, cfg: &Map<String, Value>) -> Result<Saved> {
     // A panic inside the tokenizers crate (malformed normalizers) becomes an error.
-    crate::tokenizer::backend(&src.display().to_string(), || load_inner(src))?
+    crate::tokenizer::backend(&src.display().to_string(), || load_inner(src, cfg))?
 }
 
-fn load_inner(src: &Path) -> Result<Saved> {
-    let (Ok(json_text), Ok(cfg_text)) = (
-        std::fs::read_to_string(src.join("tokenizer.json")),
-        std::fs::read_to_string(src.join("tokenizer_config.json")),
-    ) else {
+fn load_inner(src: &Path, cfg: &Map<String, Value>) -> Result<Saved> {
+    let Ok(json_text) = std::fs::read_to_string(src.join("tokenizer.json")) else {
         return Ok(Saved::NoTokenizer);
-    };
-    let cfg: Map<String, Value> = match serde_json::from_str(&cfg_text) {
-        Ok(Value::Object(m)) => m,
-        _ => {
-            return Err(TokenizerError::Config(format!(
-                "{}: not a JSON object",
-                src.join("tokenizer_config.json").display()
-            )))
-        }
     };
     let model_type = std::fs::read_to_string(src.join("config.json"))
         .ok()

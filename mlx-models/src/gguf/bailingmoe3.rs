@@ -2,35 +2,12 @@
 //! `bailing_moe_v3`: KDA layers between MLA layers, grouped sigmoid routing with an expert
 //! bias, shared experts after dense first blocks, the MTP layer after the main ones (skipped).
 
-use std::collections::BTreeMap;
-use std::path::Path;
-
-use mlx_core::io::{GgufMetadata, GgufValue};
+use mlx_core::io::GgufValue;
 use mlx_core::prelude::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::{gguf_err, layer_list, meta_bool, meta_count, meta_f64, meta_str, need_count};
+use super::{gguf_err, layer_list, meta_bool, meta_count, meta_f64, meta_str, Cx};
 use crate::error::Result;
-
-const ARCH: &str = "bailingmoe3";
-
-fn key(k: &str) -> String {
-    format!("{ARCH}.{k}")
-}
-
-/// `blk.N.ssm_a` (no suffix): the converter's `exp(A_log)` as (heads, 1), read back as
-/// mlx-lm's `A_log` (heads,) under `model.layers.N.attention`.
-pub(super) fn a_log(name: &str, a: &Array) -> Result<Option<(String, Array)>> {
-    let Some(layer) = name
-        .strip_prefix("blk.")
-        .and_then(|r| r.strip_suffix(".ssm_a"))
-        .filter(|l| l.parse::<u32>().is_ok())
-    else {
-        return Ok(None);
-    };
-    let v = ops::log(a, None)?.reshape(&[-1])?;
-    Ok(Some((format!("model.layers.{layer}.attention.A_log"), v)))
-}
 
 /// mlx-lm's `_is_kda_layer`.
 fn is_kda(layer: i32, group: i32, blocks: i32) -> bool {
@@ -46,14 +23,17 @@ fn is_kda(layer: i32, group: i32, blocks: i32) -> bool {
 /// kernel, 1). Refused by key: unsafe gates, another router, unnormalized top-k weights
 /// (mlx-lm always renormalizes), SwiGLU clamps, rope scaling, M-RoPE sections (the VL text
 /// tower, which mlx-lm 0.32.2 has no type for).
-pub(super) fn config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-) -> Result<()> {
-    let need = |k: &str| need_count(meta, path, ARCH, k);
+pub(super) fn config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, keys) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.k,
+    );
+    let key = |k: &str| keys.key(k);
+    let need = |k: &str| keys.count(k);
     let refuse = |k: &str, why: &str| Err(gguf_err(path, format!("metadata `{}` {why}", key(k))));
     let kv = layer_list(meta, path, &key("attention.head_count_kv"), blocks as usize)?.ok_or_else(
         || {
@@ -96,34 +76,17 @@ pub(super) fn config(
             &format!("is {bound}; it must be a finite number < 0"),
         );
     }
-    match meta_count(meta, path, &key("expert_gating_func"))? {
-        Some(2) => {}
-        None => return refuse("expert_gating_func", "is missing"),
-        Some(g) => {
-            return refuse(
-                "expert_gating_func",
-                &format!("is {g}; mlx-lm's bailing_moe_v3 routes by sigmoid (2)"),
-            )
-        }
-    }
+    keys.router("bailing_moe_v3", &[(2, "sigmoid")])?
+        .ok_or_else(|| keys.missing("expert_gating_func"))?;
     if meta_bool(meta, path, &key("expert_weights_norm"))? != Some(true) {
         return refuse(
             "expert_weights_norm",
             "is false or missing; mlx-lm's bailing_moe_v3 always renormalizes the top-k weights",
         );
     }
-    let scale = meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
-        gguf_err(
-            path,
-            format!("metadata `{}` is missing", key("expert_weights_scale")),
-        )
-    })?;
-    if !(scale.is_finite() && scale > 0.0) {
-        return refuse(
-            "expert_weights_scale",
-            &format!("is {scale}; it must be a finite number > 0"),
-        );
-    }
+    let scale = keys
+        .float("expert_weights_scale", false)?
+        .ok_or_else(|| keys.missing("expert_weights_scale"))?;
     for k in ["swiglu_clamp_exp", "swiglu_clamp_shexp"] {
         let clamps = match meta.get(&key(k)) {
             Some(GgufValue::Array(a)) => a
@@ -162,12 +125,7 @@ pub(super) fn config(
         );
     }
     let q_lora = meta_count(meta, path, &key("attention.q_lora_rank"))?;
-    let groups = meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1);
-    let groups_used = if groups > 1 {
-        need("expert_group_used_count")?
-    } else {
-        1
-    };
+    let (groups, groups_used) = keys.grouped()?;
     // mlx-lm's shared experts are `moe_shared_expert_intermediate_size` * their count wide;
     // llama.cpp runs the `ffn_*_shexp` tensors as stored (at least one expert).
     let shared = need("expert_shared_count")?.max(1);
@@ -199,9 +157,6 @@ pub(super) fn config(
         "qk_rope_head_dim": rope,
         "qk_nope_head_dim": k_mla - rope,
         "v_head_dim": need("attention.value_length_mla")?,
-        "num_experts": need("expert_count")?,
-        "num_experts_per_tok": need("expert_used_count")?,
-        "moe_intermediate_size": need("expert_feed_forward_length")?,
         "num_shared_experts": shared,
         "moe_shared_expert_intermediate_size": per_shared,
         "first_k_dense_replace": need("leading_dense_block_count")?,
@@ -210,6 +165,14 @@ pub(super) fn config(
         "routed_scaling_factor": scale,
         "rope_interleave": true,
     });
+    keys.experts(
+        config,
+        &[
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ],
+    )?;
     if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
         c.extend(o.clone());
     }

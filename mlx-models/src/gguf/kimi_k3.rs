@@ -3,34 +3,12 @@
 //! with an output gate, cross-layer attention residuals, a latent MoE, SiTU activations.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use mlx_core::io::GgufMetadata;
 use mlx_core::prelude::*;
 use serde_json::{json, Value};
 
-use super::{gguf_err, layer_list, meta_bool, meta_count, meta_f64, need_count};
+use super::{gguf_err, layer_list, meta_bool, meta_count, meta_f64, Cx};
 use crate::error::Result;
-
-const ARCH: &str = "kimi-k3";
-
-fn key(k: &str) -> String {
-    format!("{ARCH}.{k}")
-}
-
-/// `blk.N.ssm_a` (no suffix): the converter's -exp(A_log) (heads,), read back as mlx-lm's
-/// `A_log`.
-pub(super) fn a_log(name: &str, a: &Array) -> Result<Option<(String, Array)>> {
-    let Some(layer) = name
-        .strip_prefix("blk.")
-        .and_then(|r| r.strip_suffix(".ssm_a"))
-        .filter(|l| l.parse::<u32>().is_ok())
-    else {
-        return Ok(None);
-    };
-    let v = ops::log(&ops::negative(a, None)?, None)?.reshape(&[-1])?;
-    Ok(Some((format!("model.layers.{layer}.self_attn.A_log"), v)))
-}
 
 /// The layer of a `model.layers.N.` name.
 fn layer_of(k: &str) -> Option<usize> {
@@ -52,16 +30,19 @@ fn layer_of(k: &str) -> Option<usize> {
 /// projection of ones (mlx-lm only uses their product, which the converter stored), the KDA
 /// q / k / v projections and convolutions joined into `qkv_proj` / `qkv_conv`. Refused by key:
 /// another router, a SiTU beta that is not positive, absent routed scale.
-pub(super) fn config(
-    config: &mut Value,
-    tensors: &mut BTreeMap<String, Array>,
-    ggml_keys: &[&String],
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-    heads: i32,
-) -> Result<()> {
-    let need = |k: &str| need_count(meta, path, ARCH, k);
+pub(super) fn config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, heads, keys) = (
+        &mut *cx.config,
+        &mut *cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.heads,
+        cx.k,
+    );
+    let ggml_keys: Vec<&String> = cx.ggml.keys().collect();
+    let key = |k: &str| keys.key(k);
+    let need = |k: &str| keys.count(k);
     let refuse = |k: &str, why: &str| Err(gguf_err(path, format!("metadata `{}` {why}", key(k))));
     let n = blocks as usize;
     let kv = layer_list(meta, path, &key("attention.head_count_kv"), n)?.ok_or_else(|| {
@@ -76,28 +57,11 @@ pub(super) fn config(
     let is_kda = |l: usize| kv.get(l) == Some(&0.0);
     let kda: Vec<usize> = (0..n).filter(|&l| is_kda(l)).map(|l| l + 1).collect();
     let full: Vec<usize> = (0..n).filter(|&l| !is_kda(l)).map(|l| l + 1).collect();
-    match meta_count(meta, path, &key("expert_gating_func"))? {
-        Some(2) => {}
-        None => return refuse("expert_gating_func", "is missing"),
-        Some(g) => {
-            return refuse(
-                "expert_gating_func",
-                &format!("is {g}; mlx-lm's kimi_k3 routes by sigmoid (2)"),
-            )
-        }
-    }
-    let scale = meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
-        gguf_err(
-            path,
-            format!("metadata `{}` is missing", key("expert_weights_scale")),
-        )
-    })?;
-    if !(scale.is_finite() && scale > 0.0) {
-        return refuse(
-            "expert_weights_scale",
-            &format!("is {scale}; it must be a finite number > 0"),
-        );
-    }
+    keys.router("kimi_k3", &[(2, "sigmoid")])?
+        .ok_or_else(|| keys.missing("expert_gating_func"))?;
+    let scale = keys
+        .float("expert_weights_scale", false)?
+        .ok_or_else(|| keys.missing("expert_weights_scale"))?;
     let f = |k: &str| -> Result<f64> {
         let v = meta_f64(meta, &key(k))
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))?;
@@ -128,19 +92,14 @@ pub(super) fn config(
             &format!("= {k_mla} leaves no room beside the rope width {rope}"),
         );
     }
-    let groups = meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1);
-    let groups_used = if groups > 1 {
-        need("expert_group_used_count")?
-    } else {
-        1
-    };
+    let (groups, groups_used) = keys.grouped()?;
     let moe_ffn = need("expert_feed_forward_length")?;
     let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
     if let Some((k, a)) = tensors
         .iter()
         .find(|(k, _)| k.ends_with(".mlp.shared_experts.up_proj.weight"))
     {
-        if a.shape()[0] != moe_ffn * shared {
+        if i64::from(a.shape()[0]) != i64::from(moe_ffn) * i64::from(shared) {
             return Err(gguf_err(
                 path,
                 format!(
@@ -184,10 +143,7 @@ pub(super) fn config(
         "v_head_dim": need("attention.value_length_mla")?,
         "mla_use_nope": true,
         "mla_use_output_gate": has(".self_attn.g_proj.weight", true),
-        "num_experts": need("expert_count")?,
-        "num_experts_per_token": need("expert_used_count")?,
         "num_shared_experts": shared,
-        "moe_intermediate_size": moe_ffn,
         "moe_router_activation_func": "sigmoid",
         "moe_renormalize": meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false),
         "routed_scaling_factor": scale,
@@ -201,6 +157,14 @@ pub(super) fn config(
         "latent_moe_use_norm": has(".mlp.routed_expert_norm.weight", false)
             || has(".mlp.routed_expert_norm.weight", true),
     });
+    keys.experts(
+        config,
+        &[
+            "num_experts",
+            "num_experts_per_token",
+            "moe_intermediate_size",
+        ],
+    )?;
     if let (Some(c), Some(o)) = (config.as_object_mut(), o.as_object()) {
         c.extend(o.clone());
     }

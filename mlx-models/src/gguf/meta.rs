@@ -9,7 +9,7 @@ use mlx_core::prelude::*;
 use serde_json::Value;
 
 use super::gguf_err;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 
 /// An architecture's hyper-parameter keys (`<arch>.<k>`), read with the messages every map
 /// shares: `key`, `float` (finite, within f32, > 0 or >= 0), `count` (a positive 32-bit
@@ -76,6 +76,11 @@ impl Keys<'_> {
         Ok(())
     }
 
+    /// The error for `<arch>.<k>`, required and absent.
+    pub(super) fn missing(&self, k: &str) -> ModelError {
+        gguf_err(self.path, format!("metadata `{}` is missing", self.key(k)))
+    }
+
     /// `expert_gating_func` as the router name mlx-lm's `ty` takes: the first of `routers`
     /// when absent; a number not among them is refused, naming both.
     pub(super) fn gating(
@@ -83,19 +88,31 @@ impl Keys<'_> {
         ty: &str,
         routers: [(i32, &'static str); 2],
     ) -> Result<&'static str> {
-        let [(n0, r0), (n1, r1)] = routers;
-        match meta_count(self.meta, self.path, &self.key("expert_gating_func"))? {
-            None => Ok(r0),
-            Some(g) if g == n0 => Ok(r0),
-            Some(g) if g == n1 => Ok(r1),
-            Some(g) => Err(gguf_err(
-                self.path,
-                format!(
-                    "metadata `{}` is {g}; mlx-lm's {ty} routes by {r0} ({n0}) or {r1} ({n1})",
-                    self.key("expert_gating_func")
-                ),
-            )),
+        Ok(self.router(ty, &routers)?.unwrap_or(routers[0].1))
+    }
+
+    /// `expert_gating_func` as one of `routers` (`None` when absent); a number not among them
+    /// is refused, naming them.
+    pub(super) fn router(
+        &self,
+        ty: &str,
+        routers: &[(i32, &'static str)],
+    ) -> Result<Option<&'static str>> {
+        let Some(g) = meta_count(self.meta, self.path, &self.key("expert_gating_func"))? else {
+            return Ok(None);
+        };
+        if let Some((_, r)) = routers.iter().find(|(n, _)| *n == g) {
+            return Ok(Some(r));
         }
+        let names: Vec<String> = routers.iter().map(|(n, r)| format!("{r} ({n})")).collect();
+        Err(gguf_err(
+            self.path,
+            format!(
+                "metadata `{}` is {g}; mlx-lm's {ty} routes by {}",
+                self.key("expert_gating_func"),
+                names.join(" or ")
+            ),
+        ))
     }
 
     /// Group-limited routing as DeepSeek V3 names it: `n_group` from `expert_group_count`
@@ -109,6 +126,19 @@ impl Keys<'_> {
                 Value::from(meta_count(self.meta, self.path, &self.key(k))?.unwrap_or(1));
         }
         Ok(())
+    }
+
+    /// Group-limited routing where the used groups are required once there are groups:
+    /// (`expert_group_count`, `expert_group_used_count`), (1, 1) without groups.
+    pub(super) fn grouped(&self) -> Result<(i32, i32)> {
+        let groups =
+            meta_count(self.meta, self.path, &self.key("expert_group_count"))?.unwrap_or(1);
+        let used = if groups > 1 {
+            self.count("expert_group_used_count")?
+        } else {
+            1
+        };
+        Ok((groups, used))
     }
 
     /// Mamba-2's heads: `ssm.time_step_rank` of them (read first), each of

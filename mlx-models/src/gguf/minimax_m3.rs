@@ -3,21 +3,10 @@
 //! rope, dense first blocks, sigmoid-routed experts with a correction bias and a shared expert
 //! (SwiGLU-OAI everywhere), the MSA block indexer on the MoE layers; every norm stored `1 + w`.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use serde_json::json;
 
-use mlx_core::io::GgufMetadata;
-use mlx_core::prelude::*;
-use serde_json::{json, Value};
-
-use super::{gguf_err, meta_bool, meta_count, meta_f64, meta_str, need_count};
+use super::{gguf_err, meta_bool, meta_count, meta_str, Cx};
 use crate::error::Result;
-
-const ARCH: &str = "minimax-m3";
-
-fn key(k: &str) -> String {
-    format!("{ARCH}.{k}")
-}
 
 /// mlx-lm's `TextArgs` from the keys MiniMaxM3Model writes: the MoE (and indexed) layers from
 /// `leading_dense_block_count` on (llama.cpp runs the indexer exactly there), the dense and
@@ -27,25 +16,20 @@ fn key(k: &str) -> String {
 /// `norm_plus_one`) and SwiGLU-OAI constants (llama.cpp's are the same fixed 1.702 / 7.0; the file has
 /// none). Refused by key: another router, unnormalized top-k weights, expert groups, rope
 /// scaling.
-pub(super) fn config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
-    meta: &GgufMetadata,
-    blocks: i32,
-) -> Result<()> {
-    let need = |k: &str| need_count(meta, path, ARCH, k);
+pub(super) fn config(cx: &mut Cx) -> Result<()> {
+    let (config, tensors, path, meta, blocks, keys) = (
+        &mut *cx.config,
+        &*cx.tensors,
+        cx.path,
+        cx.meta,
+        cx.blocks,
+        cx.k,
+    );
+    let key = |k: &str| keys.key(k);
+    let need = |k: &str| keys.count(k);
     let refuse = |k: &str, why: &str| Err(gguf_err(path, format!("metadata `{}` {why}", key(k))));
-    match meta_count(meta, path, &key("expert_gating_func"))? {
-        Some(2) => {}
-        None => return refuse("expert_gating_func", "is missing"),
-        Some(g) => {
-            return refuse(
-                "expert_gating_func",
-                &format!("is {g}; mlx-lm's minimax_m3_vl routes by sigmoid (2)"),
-            )
-        }
-    }
+    keys.router("minimax_m3_vl", &[(2, "sigmoid")])?
+        .ok_or_else(|| keys.missing("expert_gating_func"))?;
     if meta_bool(meta, path, &key("expert_weights_norm"))? != Some(true) {
         return refuse(
             "expert_weights_norm",
@@ -58,18 +42,9 @@ pub(super) fn config(
             "is more than 1: mlx-lm's minimax_m3_vl routes without groups",
         );
     }
-    let scale = meta_f64(meta, &key("expert_weights_scale")).ok_or_else(|| {
-        gguf_err(
-            path,
-            format!("metadata `{}` is missing", key("expert_weights_scale")),
-        )
-    })?;
-    if !(scale.is_finite() && scale > 0.0) {
-        return refuse(
-            "expert_weights_scale",
-            &format!("is {scale}; it must be a finite number > 0"),
-        );
-    }
+    let scale = keys
+        .float("expert_weights_scale", false)?
+        .ok_or_else(|| keys.missing("expert_weights_scale"))?;
     if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
         return refuse(
             "rope.scaling.type",
@@ -79,18 +54,37 @@ pub(super) fn config(
     let dense = super::meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?
         .unwrap_or(0);
     let freq: Vec<i32> = (0..blocks).map(|l| i32::from(l >= dense)).collect();
+    let dense_ffn = config["intermediate_size"].clone();
+    keys.experts(
+        config,
+        &[
+            "num_local_experts",
+            "num_experts_per_tok",
+            "intermediate_size",
+        ],
+    )?;
     let expert_ffn = need("expert_feed_forward_length")?;
     let shared = need("expert_shared_count")?;
-    let width = tensors
+    let width = match tensors
         .iter()
         .find(|(k, _)| k.ends_with(".block_sparse_moe.shared_experts.up_proj.weight"))
-        .map_or(expert_ffn * shared, |(_, a)| a.shape()[0]);
+    {
+        Some((_, a)) => a.shape()[0],
+        // The shared expert's width as the keys give it, which must fit a 32-bit width.
+        None => expert_ffn.checked_mul(shared).ok_or_else(|| {
+            gguf_err(
+                path,
+                format!(
+                    "metadata `{}` * `{}` = {expert_ffn} * {shared} does not fit a 32-bit width",
+                    key("expert_feed_forward_length"),
+                    key("expert_shared_count")
+                ),
+            )
+        })?,
+    };
     let o = json!({
-        "intermediate_size": expert_ffn,
-        "dense_intermediate_size": config["intermediate_size"].clone(),
+        "dense_intermediate_size": dense_ffn,
         "shared_intermediate_size": width,
-        "num_local_experts": need("expert_count")?,
-        "num_experts_per_tok": need("expert_used_count")?,
         "routed_scaling_factor": scale,
         "rotary_dim": need("rope.dimension_count")?,
         "use_qk_norm": true,

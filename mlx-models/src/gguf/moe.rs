@@ -78,7 +78,7 @@ pub(super) fn exaone_moe_config(cx: &mut Cx) -> Result<()> {
     let moe = need("expert_feed_forward_length")?;
     let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
     if let Some(w) = meta_count(meta, path, &key("expert_shared_feed_forward_length"))? {
-        if shared > 0 && w != moe * shared {
+        if shared > 0 && i64::from(w) != i64::from(moe) * i64::from(shared) {
             return Err(gguf_err(
                 path,
                 format!(

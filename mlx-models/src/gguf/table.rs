@@ -1634,9 +1634,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "bailingmoe3",
         model_type: "bailing_moe_v3",
-        config: Some(|cx| {
-            super::bailingmoe3::config(cx.config, cx.tensors, cx.path, cx.meta, cx.blocks)
-        }),
+        config: Some(super::bailingmoe3::config),
         parts: &[
             ("attn_q", "attention.q_proj"),
             ("attn_k", "attention.k_proj"),
@@ -1680,9 +1678,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "minimax-m3",
         model_type: "minimax_m3_vl",
-        config: Some(|cx| {
-            super::minimax_m3::config(cx.config, cx.tensors, cx.path, cx.meta, cx.blocks)
-        }),
+        config: Some(super::minimax_m3::config),
         norm_plus_one: true,
         parts: &[
             ("attn_q_norm", "self_attn.q_norm"),
@@ -1716,12 +1712,7 @@ pub(super) const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "kimi-k3",
         model_type: "kimi_k3",
-        config: Some(|cx| {
-            let kept: Vec<&String> = cx.ggml.keys().collect();
-            super::kimi_k3::config(
-                cx.config, cx.tensors, &kept, cx.path, cx.meta, cx.blocks, cx.heads,
-            )
-        }),
+        config: Some(super::kimi_k3::config),
         parts: &[
             ("attn_q_a", "self_attn.q_a_proj"),
             ("attn_q_a_norm", "self_attn.q_a_layernorm"),
