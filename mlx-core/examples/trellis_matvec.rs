@@ -70,7 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bi: Vec<f16> = (0..groups).map(|_| f16::from_f32(unit() * 0.1)).collect();
         let m = Matrix::affine(&aw, Floats::F16(&sc), Floats::F16(&bi), rows, cols, 4, 64)?;
         let plan = TrellisMatvec::new(&spec, cols)?;
-        let plan = if exact { plan.exact_inputs() } else { plan };
+        let plan = if exact { plan } else { plan.int16_inputs() };
         let gather = plan.clone().without_table();
         let mut out = vec![0f32; rows];
         let reps = 200;

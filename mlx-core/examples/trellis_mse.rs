@@ -155,8 +155,7 @@ fn hessians(file: &str, ls: &[u32], block: usize, threads: usize) {
                                 ((ss / cols as f64).sqrt() as f32).max(f32::MIN_POSITIVE)
                             })
                             .collect();
-                        decode(&spec, &words, &rms, rows, cols, threads, &mut out)
-                            .expect("decode");
+                        decode(&spec, &words, &rms, rows, cols, threads, &mut out).expect("decode");
                         let d: Vec<f32> = out.iter().zip(&wt).map(|(a, b)| a - b).collect();
                         line += &format!(
                             " (at the rows' RMS {:.5}/{:.5})",

@@ -1143,8 +1143,9 @@ pub struct TrellisMatvec {
     simd: bool,
     /// The table path's plan (`L <= 8`, blocks of a multiple of 64 weights, AVX-512 VBMI).
     lut: Option<LutPlan>,
-    /// Whether the table path takes int16 inputs (`vpdpwssd`; the CPU decoder's default, L3)
-    /// rather than float32 ones (exact up to the summation order).
+    /// Whether [`TrellisMatvec::rows`] and [`TrellisMatvec::par`] give the table path int16
+    /// inputs (`vpdpwssd`, L3) rather than float32 ones (exact up to the summation order, the
+    /// default). The CPU decoder's products choose by their context's activations instead.
     int16: bool,
 }
 
@@ -1202,10 +1203,9 @@ const X16_FLUSH: usize = 2048;
 /// [`lut_order`] (exact inputs), or int16 in [`lut_order16`] with its step `d`
 /// (`x ~= d * q`, `d = max |x| / 32767`, codes rounded half away from zero).
 #[derive(Clone, Debug)]
-struct Prepared {
-    f: Vec<f32>,
-    q: Vec<i16>,
-    d: f32,
+enum Prepared {
+    F32(Vec<f32>),
+    I16(Vec<i16>, f32),
 }
 
 /// The int16 table path's input ([`Prepared`]'s `q` and `d`).
@@ -1377,14 +1377,14 @@ impl TrellisMatvec {
             } else {
                 None
             },
-            int16: true,
+            int16: false,
         })
     }
 
-    /// The table path with float32 inputs (the int16 path's reference; as the window path,
-    /// exact up to the summation order).
-    pub fn exact_inputs(mut self) -> TrellisMatvec {
-        self.int16 = false;
+    /// The table path with int16 inputs in [`TrellisMatvec::rows`] and
+    /// [`TrellisMatvec::par`] (as the CPU decoder runs it with int16 activations).
+    pub fn int16_inputs(mut self) -> TrellisMatvec {
+        self.int16 = true;
         self
     }
 
@@ -1494,22 +1494,20 @@ impl TrellisMatvec {
         Ok(())
     }
 
-    /// The table path's input for `x` ([`Prepared`]), when the table path runs.
+    /// The table path's input for `x` ([`Prepared`]; int16 where [`TrellisMatvec::int16_inputs`]
+    /// asked for them), when the table path runs.
     fn prepare(&self, x: &[f32]) -> Option<Prepared> {
+        self.prepare_as(x, self.int16)
+    }
+
+    /// As [`TrellisMatvec::prepare`], int16 inputs where `int16`.
+    fn prepare_as(&self, x: &[f32], int16: bool) -> Option<Prepared> {
         self.lut.as_ref().map(|_| {
-            if self.int16 {
+            if int16 {
                 let (q, d) = lut_input16(x);
-                Prepared {
-                    f: Vec::new(),
-                    q,
-                    d,
-                }
+                Prepared::I16(q, d)
             } else {
-                Prepared {
-                    f: lut_input(x),
-                    q: Vec::new(),
-                    d: 0.0,
-                }
+                Prepared::F32(lut_input(x))
             }
         })
     }
@@ -1532,10 +1530,9 @@ impl TrellisMatvec {
             // these rows (`prepare` made the input `cols` long); the plan's word indices are
             // below the step's word count (at most 16).
             unsafe {
-                if self.int16 {
-                    self.rows_lut16(lut, words, scales, &input.q, input.d, r0, y)
-                } else {
-                    self.rows_lut(lut, words, scales, &input.f, r0, y)
+                match input {
+                    Prepared::I16(q, d) => self.rows_lut16(lut, words, scales, q, *d, r0, y),
+                    Prepared::F32(f) => self.rows_lut(lut, words, scales, f, r0, y),
                 }
             };
             return;
@@ -1568,18 +1565,36 @@ impl TrellisMatvec {
     ) {
         #[cfg(target_arch = "x86_64")]
         if let (Some(lut), [Some(a), Some(b), Some(c), Some(d)]) = (&self.lut, prepared) {
-            // SAFETY: as in `rows_prepared`: `lut` is set only where the instructions exist,
-            // and the caller checked the sizes for these rows and inputs.
-            unsafe {
-                if self.int16 {
-                    let q = [&a.q[..], &b.q[..], &c.q[..], &d.q[..]];
-                    self.rows_lut16_multi(lut, words, scales, q, [a.d, b.d, c.d, d.d], r0, n, out)
-                } else {
-                    let f = [&a.f[..], &b.f[..], &c.f[..], &d.f[..]];
-                    self.rows_lut_multi(lut, words, scales, f, r0, n, out)
+            match [a, b, c, d] {
+                [Prepared::I16(qa, da), Prepared::I16(qb, db), Prepared::I16(qc, dc), Prepared::I16(qd, dd)] =>
+                {
+                    let q = [&qa[..], &qb[..], &qc[..], &qd[..]];
+                    // SAFETY: as in `rows_prepared`: `lut` is set only where the
+                    // instructions exist, and the caller checked the sizes for these rows
+                    // and inputs.
+                    unsafe {
+                        self.rows_lut16_multi(
+                            lut,
+                            words,
+                            scales,
+                            q,
+                            [*da, *db, *dc, *dd],
+                            r0,
+                            n,
+                            out,
+                        )
+                    };
+                    return;
                 }
-            };
-            return;
+                [Prepared::F32(fa), Prepared::F32(fb), Prepared::F32(fc), Prepared::F32(fd)] => {
+                    let f = [&fa[..], &fb[..], &fc[..], &fd[..]];
+                    // SAFETY: as above.
+                    unsafe { self.rows_lut_multi(lut, words, scales, f, r0, n, out) };
+                    return;
+                }
+                // Mixed inputs (never made by one call): one at a time below.
+                _ => {}
+            }
         }
         let mut y = vec![0.0f32; n];
         for (t, (xt, pt)) in x.into_iter().zip(prepared).enumerate() {
@@ -1796,7 +1811,11 @@ impl TrellisMatvec {
                         let [even, odd] = lut_words!(lut, g, wv, full, bmask, low_bytes, tables);
                         let xg = xq.as_ptr().add(b * lut.span + 64 * g);
                         a0 = _mm512_dpwssd_epi32(a0, even, _mm512_loadu_si512(xg as *const _));
-                        a1 = _mm512_dpwssd_epi32(a1, odd, _mm512_loadu_si512(xg.add(32) as *const _));
+                        a1 = _mm512_dpwssd_epi32(
+                            a1,
+                            odd,
+                            _mm512_loadu_si512(xg.add(32) as *const _),
+                        );
                     }
                     if (b + 1) % flush == 0 || b + 1 == nb {
                         accf = _mm512_add_ps(accf, _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)));
@@ -1857,7 +1876,8 @@ impl TrellisMatvec {
                         let [even, odd] = lut_words!(lut, g, wv, full, bmask, low_bytes, tables);
                         for (a, x) in acc.iter_mut().zip(xq) {
                             let xg = x.as_ptr().add(b * lut.span + 64 * g);
-                            a[0] = _mm512_dpwssd_epi32(a[0], even, _mm512_loadu_si512(xg as *const _));
+                            a[0] =
+                                _mm512_dpwssd_epi32(a[0], even, _mm512_loadu_si512(xg as *const _));
                             a[1] = _mm512_dpwssd_epi32(
                                 a[1],
                                 odd,
@@ -1867,7 +1887,8 @@ impl TrellisMatvec {
                     }
                     if (b + 1) % flush == 0 || b + 1 == nb {
                         for (f, a) in accf.iter_mut().zip(acc.iter_mut()) {
-                            *f = _mm512_add_ps(*f, _mm512_cvtepi32_ps(_mm512_add_epi32(a[0], a[1])));
+                            *f =
+                                _mm512_add_ps(*f, _mm512_cvtepi32_ps(_mm512_add_epi32(a[0], a[1])));
                             *a = [_mm512_setzero_si512(); 2];
                         }
                     }
@@ -2189,57 +2210,66 @@ mod tests {
 
     #[test]
     fn one_dispatch_for_several_trellis_jobs_gives_each_its_own_bits() {
-        use crate::cpu::{matmul_t, CpuContext, Isa, MatJob, Matrix};
+        use crate::cpu::{matmul_t, Activations, CpuContext, Isa, MatJob, Matrix};
         let spec = TrellisSpec {
             k: 3,
             l: 8,
             block: 64,
         };
-        // Five inputs: four through the several-input kernel, one alone.
+        // Five inputs: four through the several-input kernel, one alone; float32 and int16
+        // activations (each against the plan that takes those inputs alone).
         let (cols, m) = (128, 5);
-        let ctx = CpuContext::with_isa(2, Isa::detect()).unwrap();
-        let coded: Vec<_> = [64usize, 48]
-            .iter()
-            .map(|&rows| {
-                let w = gauss(rows * cols, rows as u64);
-                let (words, scales) = quantize(&spec, &w, rows, cols, rows as u64, 2).unwrap();
-                let (su, sv) = layer_signs(rows as u64, rows, cols);
-                (words, scales, su, sv)
-            })
-            .collect();
-        let plan = TrellisMatvec::new(&spec, cols).unwrap();
-        let views: Vec<TrellisView> = coded
-            .iter()
-            .map(|(w, s, su, sv)| TrellisView::new(w, s, su, sv, &plan).unwrap())
-            .collect();
-        let mats: Vec<Matrix> = views.iter().map(|&v| Matrix::trellis(v)).collect();
-        let x = gauss(m * cols, 9);
-        let (mut y0, mut y1) = (vec![0.0; m * 64], vec![0.0; m * 48]);
-        let mut jobs = [
-            MatJob {
-                w: &mats[0],
-                bias: None,
-                out: &mut y0,
-            },
-            MatJob {
-                w: &mats[1],
-                bias: None,
-                out: &mut y1,
-            },
-        ];
-        matmul_t(&ctx, &x, m, &mut jobs).unwrap();
-        for (v, got) in views.iter().zip([&y0, &y1]) {
-            let rows = v.rows();
-            let mut xh = vec![0.0; cols];
-            for r in 0..m {
-                let mut want = vec![0.0; rows];
-                v.matvec(&ctx.pool, &x[r * cols..(r + 1) * cols], &mut xh, &mut want)
-                    .unwrap();
-                let same = want
-                    .iter()
-                    .zip(&got[r * rows..(r + 1) * rows])
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{rows} rows, input {r}");
+        for act in [Activations::F32, Activations::Int16] {
+            let mut ctx = CpuContext::with_isa(2, Isa::detect()).unwrap();
+            ctx.activations = act;
+            let coded: Vec<_> = [64usize, 48]
+                .iter()
+                .map(|&rows| {
+                    let w = gauss(rows * cols, rows as u64);
+                    let (words, scales) = quantize(&spec, &w, rows, cols, rows as u64, 2).unwrap();
+                    let (su, sv) = layer_signs(rows as u64, rows, cols);
+                    (words, scales, su, sv)
+                })
+                .collect();
+            let plan = TrellisMatvec::new(&spec, cols).unwrap();
+            let plan = if act == Activations::F32 {
+                plan
+            } else {
+                plan.int16_inputs()
+            };
+            let views: Vec<TrellisView> = coded
+                .iter()
+                .map(|(w, s, su, sv)| TrellisView::new(w, s, su, sv, &plan).unwrap())
+                .collect();
+            let mats: Vec<Matrix> = views.iter().map(|&v| Matrix::trellis(v)).collect();
+            let x = gauss(m * cols, 9);
+            let (mut y0, mut y1) = (vec![0.0; m * 64], vec![0.0; m * 48]);
+            let mut jobs = [
+                MatJob {
+                    w: &mats[0],
+                    bias: None,
+                    out: &mut y0,
+                },
+                MatJob {
+                    w: &mats[1],
+                    bias: None,
+                    out: &mut y1,
+                },
+            ];
+            matmul_t(&ctx, &x, m, &mut jobs).unwrap();
+            for (v, got) in views.iter().zip([&y0, &y1]) {
+                let rows = v.rows();
+                let mut xh = vec![0.0; cols];
+                for r in 0..m {
+                    let mut want = vec![0.0; rows];
+                    v.matvec(&ctx.pool, &x[r * cols..(r + 1) * cols], &mut xh, &mut want)
+                        .unwrap();
+                    let same = want
+                        .iter()
+                        .zip(&got[r * rows..(r + 1) * rows])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{act:?}: {rows} rows, input {r}");
+                }
             }
         }
     }
@@ -2260,13 +2290,17 @@ mod tests {
         decode(&spec, &words, &scales, rows, cols, 1, &mut dense).unwrap();
         let mut x = gauss(cols, 42);
         x[77] = 40.0;
-        let fast = TrellisMatvec::new(&spec, cols).unwrap();
+        let fast = TrellisMatvec::new(&spec, cols).unwrap().int16_inputs();
         let mut y = vec![0.0; rows];
         fast.rows(&words, &scales, &x, 0, &mut y).unwrap();
         let step = 40.0 / 32767.0;
         for r in 0..rows {
             let d = &dense[r * cols..(r + 1) * cols];
-            let want: f64 = d.iter().zip(&x).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+            let want: f64 = d
+                .iter()
+                .zip(&x)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
             let norm: f64 = d
                 .iter()
                 .zip(&x)
@@ -2279,7 +2313,10 @@ mod tests {
                 1e-5 * norm
             };
             let got = f64::from(y[r]);
-            assert!((got - want).abs() <= bound, "row {r}: {got} vs {want} (bound {bound})");
+            assert!(
+                (got - want).abs() <= bound,
+                "row {r}: {got} vs {want} (bound {bound})"
+            );
         }
     }
 
@@ -2341,10 +2378,11 @@ mod tests {
                 fast.is_table(),
                 l <= 8 && (block % 64 == 0 || block == 32) && lut_available()
             );
-            assert_eq!(fast.is_int16(), fast.is_table());
             let gather = fast.clone().without_table();
-            let exact = fast.clone().exact_inputs();
+            let exact = fast.clone();
+            let fast = fast.int16_inputs();
             assert!(!exact.is_int16());
+            assert_eq!(fast.is_int16(), fast.is_table());
             let (mut y0, mut y1, mut y2) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
             let (mut y3, mut y4) = (vec![0.0; rows], vec![0.0; rows]);
             portable.rows(&words, &scales, &x, 0, &mut y0).unwrap();
@@ -2645,6 +2683,8 @@ pub(super) fn matmul_jobs(
         return Ok(());
     };
     let cols = first.cols();
+    // The table path's inputs: int16 unless the context asks for float32 activations.
+    let int16 = !matches!(ctx.activations, super::Activations::F32);
     const MT: usize = PROMPT_INPUTS;
     let mut xh: Vec<Vec<f32>> = vec![vec![0.0f32; cols]; trellis.len() * MT];
     let mut work = Vec::new();
@@ -2682,7 +2722,7 @@ pub(super) fn matmul_jobs(
         let prepared: Vec<Option<Prepared>> = (0..trellis.len() * MT)
             .map(|s| {
                 if s % MT < mt {
-                    trellis[s / MT].1.plan.prepare(&xh[s])
+                    trellis[s / MT].1.plan.prepare_as(&xh[s], int16)
                 } else {
                     None
                 }
