@@ -891,6 +891,7 @@ pub fn quantize_ldlq(
                     let mut dec = vec![0.0f32; b];
                     let mut err = vec![0.0f64; cols];
                     let mut coded = vec![0.0f64; cols];
+                    let mut row64 = vec![0.0f64; cols];
                     loop {
                         let r = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         if r >= rows {
@@ -903,12 +904,7 @@ pub fn quantize_ldlq(
                             let j0 = j * b;
                             for (c, xi) in x.iter_mut().enumerate() {
                                 let fb = &lt[(j0 + c) * cols + j0 + b..(j0 + c + 1) * cols];
-                                let t = f64::from(row[j0 + c])
-                                    + err[j0 + b..]
-                                        .iter()
-                                        .zip(fb)
-                                        .map(|(e, l)| e * l)
-                                        .sum::<f64>();
+                                let t = f64::from(row[j0 + c]) + dot(&err[j0 + b..], fb);
                                 *xi = (t / f64::from(rms[r])) as f32;
                             }
                             let bo = &mut out[j * bw..(j + 1) * bw];
@@ -926,10 +922,12 @@ pub fn quantize_ldlq(
                         }
                         // The scale under the damped Hessian: `c^T H w / c^T H c`, with `c`
                         // the coded row at scale `rms` (so the ratio multiplies `rms`).
+                        for (o, &v) in row64.iter_mut().zip(row) {
+                            *o = f64::from(v);
+                        }
                         let (mut num, mut den) = (0.0f64, 0.0f64);
                         for (hr, &ci) in h.chunks_exact(cols).zip(&coded) {
-                            let hc: f64 = hr.iter().zip(&coded).map(|(a, c)| a * c).sum();
-                            let hw: f64 = hr.iter().zip(row).map(|(a, &v)| a * f64::from(v)).sum();
+                            let (hc, hw) = two_dots(hr, &coded, &row64);
                             num += ci * hw;
                             den += ci * hc;
                         }
@@ -950,6 +948,45 @@ pub fn quantize_ldlq(
         .map(|v| f32::from_bits(v.load(std::sync::atomic::Ordering::Relaxed)))
         .collect();
     Ok((words, scales))
+}
+
+/// `a . b` in eight running sums (so the loop vectorizes): LDLQ's feedback.
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut s = [0.0f64; 8];
+    let n = a.len().min(b.len()) / 8 * 8;
+    for (x, y) in a[..n].chunks_exact(8).zip(b[..n].chunks_exact(8)) {
+        for j in 0..8 {
+            s[j] += x[j] * y[j];
+        }
+    }
+    let mut t: f64 = s.iter().sum();
+    for (x, y) in a[n..].iter().zip(&b[n..]) {
+        t += x * y;
+    }
+    t
+}
+
+/// `(h . c, h . w)` in eight running sums each (so the loop vectorizes): the refit's two
+/// products of a Hessian row.
+fn two_dots(h: &[f64], c: &[f64], w: &[f64]) -> (f64, f64) {
+    let (mut a, mut b) = ([0.0f64; 8], [0.0f64; 8]);
+    let n = h.len() / 8 * 8;
+    for ((hh, cc), ww) in h[..n]
+        .chunks_exact(8)
+        .zip(c[..n].chunks_exact(8))
+        .zip(w[..n].chunks_exact(8))
+    {
+        for j in 0..8 {
+            a[j] += hh[j] * cc[j];
+            b[j] += hh[j] * ww[j];
+        }
+    }
+    let (mut sa, mut sb): (f64, f64) = (a.iter().sum(), b.iter().sum());
+    for i in n..h.len() {
+        sa += h[i] * c[i];
+        sb += h[i] * w[i];
+    }
+    (sa, sb)
 }
 
 /// A layer's sign vectors `(su (rows), sv (cols))` from its seed.
