@@ -1223,10 +1223,21 @@ fn lut_input(x: &[f32]) -> Vec<f32> {
 /// Position `i` of a group of 64 weights in the int16 table kernel's input: the even codes'
 /// 32 words (weights `4d`, `4d + 2`, `d` = 0..16, as `vpdpwssd` pairs them), then the odd
 /// codes' (`4d + 1`, `4d + 3`).
-fn lut_order16(i: usize) -> usize {
+const fn lut_order16(i: usize) -> usize {
     let (half, j) = (i / 32, i % 32);
     4 * (j / 2) + 2 * (j % 2) + half
 }
+
+/// [`lut_order16`] of each position of a group of 64.
+const ORDER16: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = lut_order16(i) as u8;
+        i += 1;
+    }
+    t
+};
 
 /// The bound on an int16 input value: `x` is rounded to `round(x / d)`, `d = max |x| / 32767`.
 const X16_MAX: f32 = 32767.0;
@@ -1245,14 +1256,21 @@ enum Prepared {
     I16(Vec<i16>, f32),
 }
 
-/// The int16 table path's input ([`Prepared`]'s `q` and `d`).
+/// The int16 table path's input ([`Prepared`]'s `q` and `d`; `x` whole groups of 64, as the
+/// table path's columns are). Runs on the caller's thread before each product, so it is kept
+/// free of calls: the rounding is `v + 0.5 * sign(v)` truncated (half away from zero; the
+/// cast saturates at the int16 range).
 fn lut_input16(x: &[f32]) -> (Vec<i16>, f32) {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     let d = amax / X16_MAX;
     let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-    let q = (0..x.len())
-        .map(|i| (x[i / 64 * 64 + lut_order16(i % 64)] * inv).round() as i16)
-        .collect();
+    let mut q = vec![0i16; x.len()];
+    for (qc, xc) in q.chunks_exact_mut(64).zip(x.chunks_exact(64)) {
+        for (o, &j) in qc.iter_mut().zip(ORDER16.iter()) {
+            let v = xc[j as usize] * inv;
+            *o = (v + 0.5f32.copysign(v)) as i16;
+        }
+    }
     (q, d)
 }
 
