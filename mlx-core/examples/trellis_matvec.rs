@@ -4,8 +4,9 @@
 //! 64, its default int16 activations, one thread and every thread), and the whole product the
 //! CPU decoder runs for a trellis linear (`cpu::Matrix::trellis` through `matmul_t`: signs, block
 //! Walsh-Hadamard transforms of input and output, the fused kernel on every thread).
-//! `cargo run --release -p mlx-core --example trellis_matvec [L] [THREADS] [BLOCK]` (release: the
-//! portable kernels are compiler-vectorized Rust, tens of times slower in a debug build).
+//! `cargo run --release -p mlx-core --example trellis_matvec [L] [THREADS] [BLOCK] [f32]`
+//! (release: the portable kernels are compiler-vectorized Rust, tens of times slower in a debug
+//! build; `f32`: the table path with float32 inputs instead of its default int16 ones).
 
 use half::f16;
 use mlx_core::cpu::trellis::{
@@ -31,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(mlx_core::cpu::available_threads);
     let block: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(64);
+    let exact = args.next().as_deref() == Some("f32");
     let mut ctx1 = CpuContext::with_isa(1, mlx_core::cpu::Isa::detect())?;
     ctx1.activations = Activations::Int16;
     let mut ctxn = CpuContext::with_isa(threads, mlx_core::cpu::Isa::detect())?;
@@ -45,10 +47,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut tot = [0f64; 7];
     let mut stream = [0f64; 2];
     println!(
-        "isa {:?}, trellis SIMD {}, table path {}, {threads} threads, L {l}",
+        "isa {:?}, trellis SIMD {}, table path {} ({} inputs), {threads} threads, L {l}",
         ctx1.isa,
         mlx_core::cpu::trellis::simd_available(),
-        mlx_core::cpu::trellis::lut_available() && l <= 8
+        mlx_core::cpu::trellis::lut_available() && l <= 8,
+        if exact { "float32" } else { "int16" }
     );
     // (rows, cols, per layer): q/o, k/v, gate/up, down.
     for (rows, cols, per_layer) in [(576, 576, 2), (192, 576, 2), (1536, 576, 2), (576, 1536, 1)] {
@@ -67,6 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bi: Vec<f16> = (0..groups).map(|_| f16::from_f32(unit() * 0.1)).collect();
         let m = Matrix::affine(&aw, Floats::F16(&sc), Floats::F16(&bi), rows, cols, 4, 64)?;
         let plan = TrellisMatvec::new(&spec, cols)?;
+        let plan = if exact { plan } else { plan.int16_inputs() };
         let gather = plan.clone().without_table();
         let mut out = vec![0f32; rows];
         let reps = 200;

@@ -146,6 +146,23 @@ fn hessians(file: &str, ls: &[u32], block: usize, threads: usize) {
                         rel_mse(&wt, &out),
                         out_err(&wt, &d, &hp, cols)
                     );
+                    if name == " LDLQ" {
+                        // The same codes at the rows' RMS (LDLQ's scales before the refit).
+                        let rms: Vec<f32> = wt
+                            .chunks_exact(cols)
+                            .map(|r| {
+                                let ss: f64 = r.iter().map(|&v| f64::from(v).powi(2)).sum();
+                                ((ss / cols as f64).sqrt() as f32).max(f32::MIN_POSITIVE)
+                            })
+                            .collect();
+                        decode(&spec, &words, &rms, rows, cols, threads, &mut out).expect("decode");
+                        let d: Vec<f32> = out.iter().zip(&wt).map(|(a, b)| a - b).collect();
+                        line += &format!(
+                            " (at the rows' RMS {:.5}/{:.5})",
+                            rel_mse(&wt, &out),
+                            out_err(&wt, &d, &hp, cols)
+                        );
+                    }
                 }
             }
             println!("{line}");

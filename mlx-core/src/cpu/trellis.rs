@@ -814,8 +814,11 @@ fn block_ldl(h: &[f64], n: usize, b: usize) -> Result<Vec<f64>, String> {
 /// of its mean diagonal; each row's blocks are coded from the last to the first, each block's
 /// target being its weights plus the errors of the blocks already coded fed back through the
 /// block LDL factor, so the error the layer's outputs see (`tr(E H E^T)`), not the weights'
-/// error, is what the code minimizes. Row scales are the rows' RMS (no refit: a refit would
-/// undo the feedback). Same layout and outputs as [`quantize`].
+/// error, is what the code minimizes. Each row's scale is then refitted to the codes chosen
+/// under the same (damped) Hessian: `s = c^T H w / c^T H c` (`c` the row's unit-scale codes),
+/// the scalar that minimizes `(w - s c)^T H (w - s c)`, so the refit never raises the error
+/// the feedback minimized (the coding used the row's RMS). Same layout and outputs as
+/// [`quantize`].
 #[allow(clippy::too_many_arguments)]
 pub fn quantize_ldlq(
     spec: &TrellisSpec,
@@ -870,6 +873,11 @@ pub fn quantize_ldlq(
     let threads = threads.max(1).min(rows);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let (b, bw, nb) = (spec.block, spec.block_words(), cols / spec.block);
+    // Each row's refitted scale (f32 bits), written by the thread that coded the row.
+    let fitted: Vec<std::sync::atomic::AtomicU32> = rms
+        .iter()
+        .map(|v| std::sync::atomic::AtomicU32::new(v.to_bits()))
+        .collect();
     {
         let slots: Vec<std::sync::Mutex<&mut [u32]>> = words
             .chunks_exact_mut(wpr)
@@ -882,6 +890,8 @@ pub fn quantize_ldlq(
                     let mut x = vec![0.0f32; b];
                     let mut dec = vec![0.0f32; b];
                     let mut err = vec![0.0f64; cols];
+                    let mut coded = vec![0.0f64; cols];
+                    let mut row64 = vec![0.0f64; cols];
                     loop {
                         let r = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         if r >= rows {
@@ -894,29 +904,89 @@ pub fn quantize_ldlq(
                             let j0 = j * b;
                             for (c, xi) in x.iter_mut().enumerate() {
                                 let fb = &lt[(j0 + c) * cols + j0 + b..(j0 + c + 1) * cols];
-                                let t = f64::from(row[j0 + c])
-                                    + err[j0 + b..]
-                                        .iter()
-                                        .zip(fb)
-                                        .map(|(e, l)| e * l)
-                                        .sum::<f64>();
+                                let t = f64::from(row[j0 + c]) + dot(&err[j0 + b..], fb);
                                 *xi = (t / f64::from(rms[r])) as f32;
                             }
                             let bo = &mut out[j * bw..(j + 1) * bw];
                             encode_block(isa, spec, &x, &codes, &mut scratch, bo);
                             decode_row(spec, bo, rms[r], &mut dec);
-                            for ((e, &v), &d) in
-                                err[j0..j0 + b].iter_mut().zip(&row[j0..j0 + b]).zip(&dec)
+                            for (((e, cd), &v), &d) in err[j0..j0 + b]
+                                .iter_mut()
+                                .zip(&mut coded[j0..j0 + b])
+                                .zip(&row[j0..j0 + b])
+                                .zip(&dec)
                             {
                                 *e = f64::from(v) - f64::from(d);
+                                *cd = f64::from(d);
                             }
+                        }
+                        // The scale under the damped Hessian: `c^T H w / c^T H c`, with `c`
+                        // the coded row at scale `rms` (so the ratio multiplies `rms`).
+                        for (o, &v) in row64.iter_mut().zip(row) {
+                            *o = f64::from(v);
+                        }
+                        let (mut num, mut den) = (0.0f64, 0.0f64);
+                        for (hr, &ci) in h.chunks_exact(cols).zip(&coded) {
+                            let (hc, hw) = two_dots(hr, &coded, &row64);
+                            num += ci * hw;
+                            den += ci * hc;
+                        }
+                        if den > 0.0 && num > 0.0 {
+                            let ratio = num / den;
+                            fitted[r].store(
+                                ((f64::from(rms[r]) * ratio) as f32).to_bits(),
+                                std::sync::atomic::Ordering::Relaxed,
+                            );
                         }
                     }
                 });
             }
         });
     }
-    Ok((words, rms))
+    let scales = fitted
+        .iter()
+        .map(|v| f32::from_bits(v.load(std::sync::atomic::Ordering::Relaxed)))
+        .collect();
+    Ok((words, scales))
+}
+
+/// `a . b` in eight running sums (so the loop vectorizes): LDLQ's feedback.
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut s = [0.0f64; 8];
+    let n = a.len().min(b.len()) / 8 * 8;
+    for (x, y) in a[..n].chunks_exact(8).zip(b[..n].chunks_exact(8)) {
+        for j in 0..8 {
+            s[j] += x[j] * y[j];
+        }
+    }
+    let mut t: f64 = s.iter().sum();
+    for (x, y) in a[n..].iter().zip(&b[n..]) {
+        t += x * y;
+    }
+    t
+}
+
+/// `(h . c, h . w)` in eight running sums each (so the loop vectorizes): the refit's two
+/// products of a Hessian row.
+fn two_dots(h: &[f64], c: &[f64], w: &[f64]) -> (f64, f64) {
+    let (mut a, mut b) = ([0.0f64; 8], [0.0f64; 8]);
+    let n = h.len() / 8 * 8;
+    for ((hh, cc), ww) in h[..n]
+        .chunks_exact(8)
+        .zip(c[..n].chunks_exact(8))
+        .zip(w[..n].chunks_exact(8))
+    {
+        for j in 0..8 {
+            a[j] += hh[j] * cc[j];
+            b[j] += hh[j] * ww[j];
+        }
+    }
+    let (mut sa, mut sb): (f64, f64) = (a.iter().sum(), b.iter().sum());
+    for i in n..h.len() {
+        sa += h[i] * c[i];
+        sb += h[i] * w[i];
+    }
+    (sa, sb)
 }
 
 /// A layer's sign vectors `(su (rows), sv (cols))` from its seed.
@@ -1110,6 +1180,10 @@ pub struct TrellisMatvec {
     simd: bool,
     /// The table path's plan (`L <= 8`, blocks of a multiple of 64 weights, AVX-512 VBMI).
     lut: Option<LutPlan>,
+    /// Whether [`TrellisMatvec::rows`] and [`TrellisMatvec::par`] give the table path int16
+    /// inputs (`vpdpwssd`, L3) rather than float32 ones (exact up to the summation order, the
+    /// default). The CPU decoder's products choose by their context's activations instead.
+    int16: bool,
 }
 
 /// The plan of the table path (`L <= 8`): per group of 64 weights of a block, the dword
@@ -1144,6 +1218,60 @@ fn lut_input(x: &[f32]) -> Vec<f32> {
     (0..x.len())
         .map(|i| x[i / 64 * 64 + lut_order(i % 64)])
         .collect()
+}
+
+/// Position `i` of a group of 64 weights in the int16 table kernel's input: the even codes'
+/// 32 words (weights `4d`, `4d + 2`, `d` = 0..16, as `vpdpwssd` pairs them), then the odd
+/// codes' (`4d + 1`, `4d + 3`).
+const fn lut_order16(i: usize) -> usize {
+    let (half, j) = (i / 32, i % 32);
+    4 * (j / 2) + 2 * (j % 2) + half
+}
+
+/// [`lut_order16`] of each position of a group of 64.
+const ORDER16: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = lut_order16(i) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The bound on an int16 input value: `x` is rounded to `round(x / d)`, `d = max |x| / 32767`.
+const X16_MAX: f32 = 32767.0;
+
+/// How many weights the int16 kernels sum in 32-bit integers before adding to the float sum:
+/// a lane takes 2 products of at most `510 * 32767` a group of 64, so 2048 weights stay below
+/// `2^31` (64 products, 1.07e9).
+const X16_FLUSH: usize = 2048;
+
+/// A product's input as the table path reads it, made once a product: float32 in
+/// [`lut_order`] (exact inputs), or int16 in [`lut_order16`] with its step `d`
+/// (`x ~= d * q`, `d = max |x| / 32767`, codes rounded half away from zero).
+#[derive(Clone, Debug)]
+enum Prepared {
+    F32(Vec<f32>),
+    I16(Vec<i16>, f32),
+}
+
+/// The int16 table path's input ([`Prepared`]'s `q` and `d`; `x` whole groups of 64, as the
+/// table path's columns are). Runs on the caller's thread before each product, so it is kept
+/// free of calls: the rounding is `v + 0.5 * sign(v)` truncated (half away from zero; the
+/// cast saturates at the int16 range).
+fn lut_input16(x: &[f32]) -> (Vec<i16>, f32) {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let d = amax / X16_MAX;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = vec![0i16; x.len()];
+    for (qc, xc) in q.chunks_exact_mut(64).zip(x.chunks_exact(64)) {
+        for (o, &j) in qc.iter_mut().zip(ORDER16.iter()) {
+            let v = xc[j as usize] * inv;
+            *o = (v + 0.5f32.copysign(v)) as i16;
+        }
+    }
+    (q, d)
 }
 
 impl LutPlan {
@@ -1213,12 +1341,13 @@ pub fn lut_available() -> bool {
     }
 }
 
-/// The table kernel's 64 codes of group `$g` of a block whose words are `$wv`, as four vectors
-/// of 32-bit integers in [`lut_order`] (one `vpermd`, one `vpmultishiftqb`, four `vpermt2b`
-/// and two blends, then shifts and bitwise selects). Expanded inside the `unsafe`,
-/// AVX-512 VBMI bodies of [`TrellisMatvec`]'s table kernels.
+/// The table kernel's 64 codes of group `$g` of a block whose words are `$wv`, as two vectors
+/// of 16-bit integers: the even weights' (`4d`, `4d + 2` in each 32-bit lane) and the odd
+/// weights' (`4d + 1`, `4d + 3`) (one `vpermd`, one `vpmultishiftqb`, four `vpermt2b` and two
+/// blends, then shifts and bitwise selects). Expanded inside the `unsafe`, AVX-512 VBMI
+/// bodies of [`TrellisMatvec`]'s table kernels.
 #[cfg(target_arch = "x86_64")]
-macro_rules! lut_codes {
+macro_rules! lut_words {
     ($lut:expr, $g:expr, $wv:expr, $full:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
         let (l0, l1, l2, l3, h0, h1, h2, h3) = $t;
         let idx = _mm512_loadu_si512($lut.idx.as_ptr().add(16 * $g) as *const _);
@@ -1246,6 +1375,15 @@ macro_rules! lut_codes {
         // of the odd ones (`lo` moved down, `hi` in place).
         let even = _mm512_ternarylogic_epi32::<0xCA>($low_bytes, lo, _mm512_slli_epi16::<8>(hi));
         let odd = _mm512_ternarylogic_epi32::<0xCA>($low_bytes, _mm512_srli_epi16::<8>(lo), hi);
+        [even, odd]
+    }};
+}
+
+/// [`lut_words!`]'s codes as four vectors of 32-bit integers in [`lut_order`].
+#[cfg(target_arch = "x86_64")]
+macro_rules! lut_codes {
+    ($lut:expr, $g:expr, $wv:expr, $full:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
+        let [even, odd] = lut_words!($lut, $g, $wv, $full, $bmask, $low_bytes, $t);
         // Each 32-bit lane's low and high halves, sign-extended: weights 4d, 4d + 2, 4d + 1,
         // 4d + 3.
         [
@@ -1294,7 +1432,20 @@ impl TrellisMatvec {
             } else {
                 None
             },
+            int16: false,
         })
+    }
+
+    /// The table path with int16 inputs in [`TrellisMatvec::rows`] and
+    /// [`TrellisMatvec::par`] (as the CPU decoder runs it with int16 activations).
+    pub fn int16_inputs(mut self) -> TrellisMatvec {
+        self.int16 = true;
+        self
+    }
+
+    /// Whether the table path runs with int16 inputs.
+    pub fn is_int16(&self) -> bool {
+        self.lut.is_some() && self.int16
     }
 
     /// Without the table path (`L <= 8`): the window-gather SIMD path only, for comparison.
@@ -1351,11 +1502,8 @@ impl TrellisMatvec {
     ) -> Result<(), String> {
         self.check(words, scales, x, r0, y.len())?;
         #[cfg(target_arch = "x86_64")]
-        if let Some(lut) = &self.lut {
-            // SAFETY: `lut` is set only where `lut_available` found AVX-512 F/BW/VBMI/VBMI2/VNNI,
-            // and `check` sized the words, scales and input for these rows; the plan's word
-            // indices are below the block's word count (at most 16).
-            unsafe { self.rows_lut(lut, words, scales, &lut_input(x), r0, y) };
+        if self.lut.is_some() {
+            self.rows_prepared(words, scales, x, self.prepare(x).as_ref(), r0, y);
             return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
@@ -1382,7 +1530,7 @@ impl TrellisMatvec {
         let rows = y.len();
         self.check(words, scales, x, 0, rows)?;
         // The table path's input is permuted once, not once a chunk of rows.
-        let prepared = self.lut.as_ref().map(|_| lut_input(x));
+        let prepared = self.prepare(x);
         const CHUNK: usize = 16;
         let next = std::sync::atomic::AtomicUsize::new(0);
         let out = super::SharedOut::new(y);
@@ -1396,14 +1544,27 @@ impl TrellisMatvec {
             // SAFETY: chunk `c` is taken by exactly one worker (the atomic counter), so the
             // range is touched by that worker only, within the pool run.
             let ys = unsafe { out.range(r0, n) };
-            self.rows_prepared(words, scales, x, prepared.as_deref(), r0, ys);
+            self.rows_prepared(words, scales, x, prepared.as_ref(), r0, ys);
         });
         Ok(())
     }
 
-    /// The table path's input for `x` ([`lut_input`]), when the table path runs.
-    fn prepare(&self, x: &[f32]) -> Option<Vec<f32>> {
-        self.lut.as_ref().map(|_| lut_input(x))
+    /// The table path's input for `x` ([`Prepared`]; int16 where [`TrellisMatvec::int16_inputs`]
+    /// asked for them), when the table path runs.
+    fn prepare(&self, x: &[f32]) -> Option<Prepared> {
+        self.prepare_as(x, self.int16)
+    }
+
+    /// As [`TrellisMatvec::prepare`], int16 inputs where `int16`.
+    fn prepare_as(&self, x: &[f32], int16: bool) -> Option<Prepared> {
+        self.lut.as_ref().map(|_| {
+            if int16 {
+                let (q, d) = lut_input16(x);
+                Prepared::I16(q, d)
+            } else {
+                Prepared::F32(lut_input(x))
+            }
+        })
     }
 
     /// Rows `r0..r0 + y.len()` with the input already prepared ([`TrellisMatvec::prepare`]);
@@ -1413,20 +1574,34 @@ impl TrellisMatvec {
         words: &[u32],
         scales: &[f32],
         x: &[f32],
-        prepared: Option<&[f32]>,
+        prepared: Option<&Prepared>,
         r0: usize,
         y: &mut [f32],
     ) {
         #[cfg(target_arch = "x86_64")]
         if let (Some(lut), Some(input)) = (&self.lut, prepared) {
-            // SAFETY: as in `rows`: `lut` is set only where the instructions exist, and the
-            // caller checked the sizes for these rows.
-            unsafe { self.rows_lut(lut, words, scales, input, r0, y) };
+            // SAFETY: `lut` is set only where `lut_available` found AVX-512
+            // F/BW/VBMI/VBMI2/VNNI, and the caller checked the words, scales and input for
+            // these rows (`prepare` made the input `cols` long); the plan's word indices are
+            // below the step's word count (at most 16).
+            unsafe {
+                match input {
+                    Prepared::I16(q, d) => self.rows_lut16(lut, words, scales, q, *d, r0, y),
+                    Prepared::F32(f) => self.rows_lut(lut, words, scales, f, r0, y),
+                }
+            };
             return;
         }
         let _ = prepared;
-        // The sizes were checked by the caller.
-        let _ = self.rows(words, scales, x, r0, y);
+        #[cfg(target_arch = "x86_64")]
+        if self.simd {
+            // SAFETY: `simd` is set only where `simd_available` found AVX-512 F/BW/VBMI2/VNNI,
+            // and the caller checked the sizes for these rows; the plan's word indices are
+            // below the block's word count (at most 16).
+            unsafe { self.rows_avx512(words, scales, x, r0, y) };
+            return;
+        }
+        self.rows_portable(words, scales, x, r0, y);
     }
 
     /// [`TrellisMatvec::rows_prepared`] for [`PROMPT_INPUTS`] inputs at once (the table path
@@ -1438,17 +1613,43 @@ impl TrellisMatvec {
         words: &[u32],
         scales: &[f32],
         x: [&[f32]; PROMPT_INPUTS],
-        prepared: [Option<&[f32]>; PROMPT_INPUTS],
+        prepared: [Option<&Prepared>; PROMPT_INPUTS],
         r0: usize,
         n: usize,
         out: &mut dyn FnMut(usize, usize, f32),
     ) {
         #[cfg(target_arch = "x86_64")]
         if let (Some(lut), [Some(a), Some(b), Some(c), Some(d)]) = (&self.lut, prepared) {
-            // SAFETY: as in `rows`: `lut` is set only where the instructions exist, and the
-            // caller checked the sizes for these rows and inputs.
-            unsafe { self.rows_lut_multi(lut, words, scales, [a, b, c, d], r0, n, out) };
-            return;
+            match [a, b, c, d] {
+                [Prepared::I16(qa, da), Prepared::I16(qb, db), Prepared::I16(qc, dc), Prepared::I16(qd, dd)] =>
+                {
+                    let q = [&qa[..], &qb[..], &qc[..], &qd[..]];
+                    // SAFETY: as in `rows_prepared`: `lut` is set only where the
+                    // instructions exist, and the caller checked the sizes for these rows
+                    // and inputs.
+                    unsafe {
+                        self.rows_lut16_multi(
+                            lut,
+                            words,
+                            scales,
+                            q,
+                            [*da, *db, *dc, *dd],
+                            r0,
+                            n,
+                            out,
+                        )
+                    };
+                    return;
+                }
+                [Prepared::F32(fa), Prepared::F32(fb), Prepared::F32(fc), Prepared::F32(fd)] => {
+                    let f = [&fa[..], &fb[..], &fc[..], &fd[..]];
+                    // SAFETY: as above.
+                    unsafe { self.rows_lut_multi(lut, words, scales, f, r0, n, out) };
+                    return;
+                }
+                // Mixed inputs (never made by one call): one at a time below.
+                _ => {}
+            }
         }
         let mut y = vec![0.0f32; n];
         for (t, (xt, pt)) in x.into_iter().zip(prepared).enumerate() {
@@ -1609,6 +1810,149 @@ impl TrellisMatvec {
                         t,
                         i,
                         _mm512_reduce_add_ps(sum) * (scales[r0 + i] / MAD_SCALE),
+                    );
+                }
+            }
+        }
+    }
+
+    /// [`TrellisMatvec::rows_lut`] with int16 inputs (`xq`, step `d`: [`lut_input16`]): the
+    /// 16-bit codes of [`lut_words!`] go straight into `vpdpwssd` against the input's pairs
+    /// (two instructions a group of 64 where the float path takes six shifts, four conversions
+    /// and four FMAs); the 32-bit sums go to a float sum every [`X16_FLUSH`] weights. Tier L3:
+    /// the product differs from the exact one by the input's rounding, at most
+    /// `sum |w| * d / 2` (tested), as the CPU decoder's affine kernels' int16 inputs.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_lut16(
+        &self,
+        lut: &LutPlan,
+        words: &[u32],
+        scales: &[f32],
+        xq: &[i16],
+        d: f32,
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = lut.span_words;
+        let nb = self.cols / lut.span;
+        let groups = lut.span / 64;
+        let flush = (X16_FLUSH / lut.span).max(1);
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
+        let full = spec.l == 8;
+        let low_bytes = _mm512_set1_epi16(0x00FF);
+        // SAFETY: as in `rows_lut`; `xq` holds `nb * span` values.
+        unsafe {
+            let tl = |i: usize| _mm512_loadu_si512(lut.lo.as_ptr().add(64 * i) as *const _);
+            let th = |i: usize| _mm512_loadu_si512(lut.hi.as_ptr().add(64 * i) as *const _);
+            let tables = (tl(0), tl(1), tl(2), tl(3), th(0), th(1), th(2), th(3));
+            for (i, yo) in y.iter_mut().enumerate() {
+                let row = words.as_ptr().add((r0 + i) * wpr);
+                let mut accf = _mm512_setzero_ps();
+                let (mut a0, mut a1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                for b in 0..nb {
+                    let at = (r0 + i) * wpr + b * bw;
+                    let wv = if at + 16 <= words.len() {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                    };
+                    for g in 0..groups {
+                        let [even, odd] = lut_words!(lut, g, wv, full, bmask, low_bytes, tables);
+                        let xg = xq.as_ptr().add(b * lut.span + 64 * g);
+                        a0 = _mm512_dpwssd_epi32(a0, even, _mm512_loadu_si512(xg as *const _));
+                        a1 = _mm512_dpwssd_epi32(
+                            a1,
+                            odd,
+                            _mm512_loadu_si512(xg.add(32) as *const _),
+                        );
+                    }
+                    if (b + 1) % flush == 0 || b + 1 == nb {
+                        accf = _mm512_add_ps(accf, _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)));
+                        a0 = _mm512_setzero_si512();
+                        a1 = _mm512_setzero_si512();
+                    }
+                }
+                *yo = _mm512_reduce_add_ps(accf) * (scales[r0 + i] / MAD_SCALE * d);
+            }
+        }
+    }
+
+    /// [`TrellisMatvec::rows_lut16`] for [`PROMPT_INPUTS`] inputs at once: each group's codes
+    /// made once for all of them, each input with its own sums in the one-input kernel's
+    /// order, so its outputs have the bits it gets alone.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_lut16_multi(
+        &self,
+        lut: &LutPlan,
+        words: &[u32],
+        scales: &[f32],
+        xq: [&[i16]; PROMPT_INPUTS],
+        d: [f32; PROMPT_INPUTS],
+        r0: usize,
+        n: usize,
+        out: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        use std::arch::x86_64::*;
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = lut.span_words;
+        let nb = self.cols / lut.span;
+        let groups = lut.span / 64;
+        let flush = (X16_FLUSH / lut.span).max(1);
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
+        let full = spec.l == 8;
+        let low_bytes = _mm512_set1_epi16(0x00FF);
+        // SAFETY: as in `rows_lut16`, each input holding `nb * span` values.
+        unsafe {
+            let tl = |i: usize| _mm512_loadu_si512(lut.lo.as_ptr().add(64 * i) as *const _);
+            let th = |i: usize| _mm512_loadu_si512(lut.hi.as_ptr().add(64 * i) as *const _);
+            let tables = (tl(0), tl(1), tl(2), tl(3), th(0), th(1), th(2), th(3));
+            for i in 0..n {
+                let row = words.as_ptr().add((r0 + i) * wpr);
+                let mut accf = [_mm512_setzero_ps(); PROMPT_INPUTS];
+                let mut acc = [[_mm512_setzero_si512(); 2]; PROMPT_INPUTS];
+                for b in 0..nb {
+                    let at = (r0 + i) * wpr + b * bw;
+                    let wv = if at + 16 <= words.len() {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                    };
+                    for g in 0..groups {
+                        let [even, odd] = lut_words!(lut, g, wv, full, bmask, low_bytes, tables);
+                        for (a, x) in acc.iter_mut().zip(xq) {
+                            let xg = x.as_ptr().add(b * lut.span + 64 * g);
+                            a[0] =
+                                _mm512_dpwssd_epi32(a[0], even, _mm512_loadu_si512(xg as *const _));
+                            a[1] = _mm512_dpwssd_epi32(
+                                a[1],
+                                odd,
+                                _mm512_loadu_si512(xg.add(32) as *const _),
+                            );
+                        }
+                    }
+                    if (b + 1) % flush == 0 || b + 1 == nb {
+                        for (f, a) in accf.iter_mut().zip(acc.iter_mut()) {
+                            *f =
+                                _mm512_add_ps(*f, _mm512_cvtepi32_ps(_mm512_add_epi32(a[0], a[1])));
+                            *a = [_mm512_setzero_si512(); 2];
+                        }
+                    }
+                }
+                for (t, f) in accf.iter().enumerate() {
+                    out(
+                        t,
+                        i,
+                        _mm512_reduce_add_ps(*f) * (scales[r0 + i] / MAD_SCALE * d[t]),
                     );
                 }
             }
@@ -1921,58 +2265,113 @@ mod tests {
 
     #[test]
     fn one_dispatch_for_several_trellis_jobs_gives_each_its_own_bits() {
-        use crate::cpu::{matmul_t, CpuContext, Isa, MatJob, Matrix};
+        use crate::cpu::{matmul_t, Activations, CpuContext, Isa, MatJob, Matrix};
         let spec = TrellisSpec {
             k: 3,
             l: 8,
             block: 64,
         };
-        // Five inputs: four through the several-input kernel, one alone.
+        // Five inputs: four through the several-input kernel, one alone; float32 and int16
+        // activations (each against the plan that takes those inputs alone).
         let (cols, m) = (128, 5);
-        let ctx = CpuContext::with_isa(2, Isa::detect()).unwrap();
-        let coded: Vec<_> = [64usize, 48]
-            .iter()
-            .map(|&rows| {
-                let w = gauss(rows * cols, rows as u64);
-                let (words, scales) = quantize(&spec, &w, rows, cols, rows as u64, 2).unwrap();
-                let (su, sv) = layer_signs(rows as u64, rows, cols);
-                (words, scales, su, sv)
-            })
-            .collect();
-        let plan = TrellisMatvec::new(&spec, cols).unwrap();
-        let views: Vec<TrellisView> = coded
-            .iter()
-            .map(|(w, s, su, sv)| TrellisView::new(w, s, su, sv, &plan).unwrap())
-            .collect();
-        let mats: Vec<Matrix> = views.iter().map(|&v| Matrix::trellis(v)).collect();
-        let x = gauss(m * cols, 9);
-        let (mut y0, mut y1) = (vec![0.0; m * 64], vec![0.0; m * 48]);
-        let mut jobs = [
-            MatJob {
-                w: &mats[0],
-                bias: None,
-                out: &mut y0,
-            },
-            MatJob {
-                w: &mats[1],
-                bias: None,
-                out: &mut y1,
-            },
-        ];
-        matmul_t(&ctx, &x, m, &mut jobs).unwrap();
-        for (v, got) in views.iter().zip([&y0, &y1]) {
-            let rows = v.rows();
-            let mut xh = vec![0.0; cols];
-            for r in 0..m {
-                let mut want = vec![0.0; rows];
-                v.matvec(&ctx.pool, &x[r * cols..(r + 1) * cols], &mut xh, &mut want)
-                    .unwrap();
-                let same = want
-                    .iter()
-                    .zip(&got[r * rows..(r + 1) * rows])
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{rows} rows, input {r}");
+        for act in [Activations::F32, Activations::Int16] {
+            let mut ctx = CpuContext::with_isa(2, Isa::detect()).unwrap();
+            ctx.activations = act;
+            let coded: Vec<_> = [64usize, 48]
+                .iter()
+                .map(|&rows| {
+                    let w = gauss(rows * cols, rows as u64);
+                    let (words, scales) = quantize(&spec, &w, rows, cols, rows as u64, 2).unwrap();
+                    let (su, sv) = layer_signs(rows as u64, rows, cols);
+                    (words, scales, su, sv)
+                })
+                .collect();
+            let plan = TrellisMatvec::new(&spec, cols).unwrap();
+            let plan = if act == Activations::F32 {
+                plan
+            } else {
+                plan.int16_inputs()
+            };
+            let views: Vec<TrellisView> = coded
+                .iter()
+                .map(|(w, s, su, sv)| TrellisView::new(w, s, su, sv, &plan).unwrap())
+                .collect();
+            let mats: Vec<Matrix> = views.iter().map(|&v| Matrix::trellis(v)).collect();
+            let x = gauss(m * cols, 9);
+            let (mut y0, mut y1) = (vec![0.0; m * 64], vec![0.0; m * 48]);
+            let mut jobs = [
+                MatJob {
+                    w: &mats[0],
+                    bias: None,
+                    out: &mut y0,
+                },
+                MatJob {
+                    w: &mats[1],
+                    bias: None,
+                    out: &mut y1,
+                },
+            ];
+            matmul_t(&ctx, &x, m, &mut jobs).unwrap();
+            for (v, got) in views.iter().zip([&y0, &y1]) {
+                let rows = v.rows();
+                let mut xh = vec![0.0; cols];
+                for r in 0..m {
+                    let mut want = vec![0.0; rows];
+                    v.matvec(&ctx.pool, &x[r * cols..(r + 1) * cols], &mut xh, &mut want)
+                        .unwrap();
+                    let same = want
+                        .iter()
+                        .zip(&got[r * rows..(r + 1) * rows])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{act:?}: {rows} rows, input {r}");
+                }
             }
+        }
+    }
+
+    #[test]
+    fn int16_table_path_sums_long_rows_within_its_bound() {
+        // Rows past the int16 kernels' 32-bit flush (2048 weights), an input with one loud
+        // value (a coarse step): the L3 bound of the fused path's test still holds.
+        let spec = TrellisSpec {
+            k: 3,
+            l: 8,
+            block: 32,
+        };
+        let (rows, cols) = (3, 4160);
+        let w = gauss(rows * cols, 41);
+        let (words, scales) = quantize(&spec, &w, rows, cols, 2, 2).unwrap();
+        let mut dense = vec![0.0; w.len()];
+        decode(&spec, &words, &scales, rows, cols, 1, &mut dense).unwrap();
+        let mut x = gauss(cols, 42);
+        x[77] = 40.0;
+        let fast = TrellisMatvec::new(&spec, cols).unwrap().int16_inputs();
+        let mut y = vec![0.0; rows];
+        fast.rows(&words, &scales, &x, 0, &mut y).unwrap();
+        let step = 40.0 / 32767.0;
+        for r in 0..rows {
+            let d = &dense[r * cols..(r + 1) * cols];
+            let want: f64 = d
+                .iter()
+                .zip(&x)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            let norm: f64 = d
+                .iter()
+                .zip(&x)
+                .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                .sum();
+            let wabs: f64 = d.iter().map(|&a| f64::from(a).abs()).sum();
+            let bound = if fast.is_int16() {
+                wabs * step / 2.0 + 1e-5 * norm
+            } else {
+                1e-5 * norm
+            };
+            let got = f64::from(y[r]);
+            assert!(
+                (got - want).abs() <= bound,
+                "row {r}: {got} vs {want} (bound {bound})"
+            );
         }
     }
 
@@ -2035,11 +2434,18 @@ mod tests {
                 l <= 8 && (block % 64 == 0 || block == 32) && lut_available()
             );
             let gather = fast.clone().without_table();
+            let exact = fast.clone();
+            let fast = fast.int16_inputs();
+            assert!(!exact.is_int16());
+            assert_eq!(fast.is_int16(), fast.is_table());
             let (mut y0, mut y1, mut y2) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
-            let mut y3 = vec![0.0; rows];
+            let (mut y3, mut y4) = (vec![0.0; rows], vec![0.0; rows]);
             portable.rows(&words, &scales, &x, 0, &mut y0).unwrap();
             fast.rows(&words, &scales, &x, 0, &mut y1).unwrap();
             gather.rows(&words, &scales, &x, 0, &mut y3).unwrap();
+            exact.rows(&words, &scales, &x, 0, &mut y4).unwrap();
+            // The int16 inputs' step: each input is off by at most half of it.
+            let step = f64::from(x.iter().fold(0.0f32, |a, v| a.max(v.abs()))) / 32767.0;
             let pool = crate::cpu::ThreadPool::new(2).unwrap();
             fast.par(&pool, &words, &scales, &x, &mut y2).unwrap();
 
@@ -2054,12 +2460,28 @@ mod tests {
                     .zip(&x)
                     .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
                     .sum();
-                for y in [y0[r], y1[r], y2[r], y3[r]] {
+                for y in [y0[r], y3[r], y4[r]] {
                     assert!(
                         (f64::from(y) - want).abs() <= 1e-5 * norm,
                         "k={k} l={l} block={block} row {r}: {y} vs {want}"
                     );
                 }
+                // The fast path: int16 inputs where the table path runs (L3: the inputs'
+                // rounding, at most half a step each, through the row's weights).
+                let wabs: f64 = dense[r * cols..(r + 1) * cols]
+                    .iter()
+                    .map(|&a| f64::from(a).abs())
+                    .sum();
+                let bound = if fast.is_int16() {
+                    wabs * step / 2.0 + 1e-5 * norm
+                } else {
+                    1e-5 * norm
+                };
+                let got = f64::from(y1[r]);
+                assert!(
+                    (got - want).abs() <= bound,
+                    "k={k} l={l} block={block} row {r}, fast path: {got} vs {want} (bound {bound})"
+                );
                 assert_eq!(y1[r].to_bits(), y2[r].to_bits());
             }
         }
@@ -2124,6 +2546,16 @@ mod tests {
             let (w1, s1) = quantize_ldlq(&spec, &w, rows, cols, 3, 2, &h).unwrap();
             let (plain, ldlq) = (out_err(&w0, &s0, &spec), out_err(&w1, &s1, &spec));
             assert!(ldlq < 0.8 * plain, "{k} bits: LDLQ {ldlq} vs plain {plain}");
+            // The refitted row scales minimize the output error: a row's scale moved by 5%
+            // either way (the same codes) raises it.
+            for r in [0, rows - 1] {
+                for f in [0.95f32, 1.05] {
+                    let mut s2 = s1.clone();
+                    s2[r] *= f;
+                    let moved = out_err(&w1, &s2, &spec);
+                    assert!(moved > ldlq, "{k} bits, row {r} x {f}: {moved} vs {ldlq}");
+                }
+            }
         }
         let spec = TrellisSpec {
             k: 2,
@@ -2306,6 +2738,8 @@ pub(super) fn matmul_jobs(
         return Ok(());
     };
     let cols = first.cols();
+    // The table path's inputs: int16 unless the context asks for float32 activations.
+    let int16 = !matches!(ctx.activations, super::Activations::F32);
     const MT: usize = PROMPT_INPUTS;
     let mut xh: Vec<Vec<f32>> = vec![vec![0.0f32; cols]; trellis.len() * MT];
     let mut work = Vec::new();
@@ -2340,10 +2774,10 @@ pub(super) fn matmul_jobs(
                 t.input_transform(&x[(r + u) * cols..(r + u + 1) * cols], &mut xh[k * MT + u]);
             }
         }
-        let prepared: Vec<Option<Vec<f32>>> = (0..trellis.len() * MT)
+        let prepared: Vec<Option<Prepared>> = (0..trellis.len() * MT)
             .map(|s| {
                 if s % MT < mt {
-                    trellis[s / MT].1.plan.prepare(&xh[s])
+                    trellis[s / MT].1.plan.prepare_as(&xh[s], int16)
                 } else {
                     None
                 }
@@ -2369,8 +2803,8 @@ pub(super) fn matmul_jobs(
             let t = &trellis[k].1;
             if mt == MT {
                 let xs: [&[f32]; MT] = std::array::from_fn(|u| xh[k * MT + u].as_slice());
-                let ps: [Option<&[f32]>; MT] =
-                    std::array::from_fn(|u| prepared[k * MT + u].as_deref());
+                let ps: [Option<&Prepared>; MT] =
+                    std::array::from_fn(|u| prepared[k * MT + u].as_ref());
                 t.plan
                     .rows_prepared_multi(t.words, t.scales, xs, ps, r0, n, &mut |u, i, v| {
                         // SAFETY: work item `c` is taken by exactly one worker (the atomic
@@ -2385,7 +2819,7 @@ pub(super) fn matmul_jobs(
                     t.words,
                     t.scales,
                     &xh[k * MT],
-                    prepared[k * MT].as_deref(),
+                    prepared[k * MT].as_ref(),
                     r0,
                     ys,
                 );
