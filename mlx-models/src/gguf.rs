@@ -2054,8 +2054,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 .iter()
                 .all(|t| MLX_NATIVE_TYPES.contains(&t.ggml_type))
             {
-                // As `Auto`: MLX's reader gives these as affine triples the CPU decoder reads.
-                return read_gguf_with(path, GgufTensors::Mlx);
+                // As `Auto`: MLX's affine triples, which the CPU decoder reads.
+                return read_gguf_with(path, GgufTensors::Auto);
             }
             let arch_name = meta_str(&header.metadata, "general.architecture").unwrap_or("");
             let arch = ARCHS.iter().find(|a| a.arch == arch_name);
