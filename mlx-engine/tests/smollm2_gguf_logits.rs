@@ -73,7 +73,9 @@ fn smollm2_gguf_f32_cpu_decoder_load_matches_mlx_lm() {
     };
     let (mut model, _) = load_gguf_model_with(&smollm2(), &opts, GgufTensors::Blocks).unwrap();
     let mut seen = 0;
-    let trainable = model.as_trainable_mut().expect("a dense model is trainable");
+    let trainable = model
+        .as_trainable_mut()
+        .expect("a dense model is trainable");
     for layer in trainable.layer_parameters_mut().unwrap() {
         for p in layer {
             if p.name.ends_with(".scales") || p.name.ends_with(".biases") {

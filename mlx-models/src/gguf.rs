@@ -210,6 +210,137 @@ fn blocks_with(
 /// GGML types MLX's GGUF reader loads without converting them (F32, F16, Q4_0, Q4_1, Q8_0).
 const MLX_NATIVE_TYPES: &[u32] = &[0, 1, 2, 3, 8];
 
+/// The tensors of a GGUF file whose types are all F32, F16, Q4_0, Q4_1 or Q8_0, bit for bit as
+/// MLX's `load_gguf` gives them, read one tensor at a time (the path [`read_gguf`] takes for
+/// such files), with the file's metadata.
+pub fn read_gguf_native(path: &Path) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
+    let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
+    native_streamed(path, header)
+}
+
+/// The tensors of a GGUF file whose types are all [`MLX_NATIVE_TYPES`], as MLX's `load_gguf`
+/// gives them (bit for bit: F32/F16 as stored; Q4_0, Q4_1, Q8_0 as MLX's affine triples
+/// `NAME.weight` uint32, `NAME.scales` / `NAME.biases` f16), read one tensor at a time. MLX's
+/// reader maps the whole file and keeps every page of it resident until the last tensor is
+/// converted, which doubles the load's peak memory (results/bench/2026-12-05-s26-memory); here
+/// only one tensor's bytes are held beside the converted arrays. The block layouts follow MLX
+/// 0.32.4's `extract_q4_0_data` / `extract_q4_1_data` / `extract_q8_0_data`; the test
+/// `gguf_dense::native_streamed_matches_mlx_loader` checks them against [`load_gguf`].
+fn native_streamed(
+    path: &Path,
+    header: mlx_core::io::GgufHeader,
+) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).map_err(|e| gguf_err(path, e))?;
+    let mut tensors = BTreeMap::new();
+    for t in &header.tensors {
+        let bad = |what: &str| gguf_err(path, format!("tensor {}: {what}", t.name));
+        let mut shape = t
+            .dims
+            .iter()
+            .rev()
+            .map(|&d| i32::try_from(d))
+            .collect::<std::result::Result<Vec<i32>, _>>()
+            .map_err(|_| bad("dimension too large"))?;
+        let elements = shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
+            .ok_or_else(|| bad("too many elements"))?;
+        // (bytes per element or per 32-element block, bytes of a block's header)
+        let (unit, block_bytes) = match t.ggml_type {
+            0 => (4, 0),
+            1 => (2, 0),
+            2 => (18, 2),
+            3 => (20, 4),
+            8 => (34, 2),
+            _ => return Err(bad("not a type MLX reads natively")),
+        };
+        let quantized = block_bytes > 0;
+        let last = shape.last().copied().unwrap_or(1);
+        if quantized && (last % 32 != 0 || shape.is_empty()) {
+            return Err(bad("last dimension is not a multiple of 32"));
+        }
+        let len = if quantized {
+            elements / 32 * unit
+        } else {
+            elements * unit
+        };
+        if len as u64 != t.bytes {
+            return Err(bad("size does not match its type and shape"));
+        }
+        let mut bytes = vec![0u8; len];
+        file.seek(SeekFrom::Start(t.offset))
+            .and_then(|_| file.read_exact(&mut bytes))
+            .map_err(|e| bad(&e.to_string()))?;
+        if !quantized {
+            let dtype = if t.ggml_type == 0 {
+                mlx_core::Dtype::Float32
+            } else {
+                mlx_core::Dtype::Float16
+            };
+            let mut byte_shape = shape.clone();
+            match byte_shape.last_mut() {
+                Some(d) => *d *= unit as i32,
+                None => byte_shape.push(unit as i32),
+            }
+            let a = Array::from_slice(&bytes, &byte_shape)?.view(dtype)?;
+            let a = if shape.is_empty() { a.reshape(&[])? } else { a };
+            a.eval()?;
+            tensors.insert(t.name.clone(), a);
+            continue;
+        }
+        let blocks = elements / 32;
+        let per_block = if t.ggml_type == 8 { 32 } else { 16 };
+        let mut scale = Vec::with_capacity(blocks * 2);
+        let mut bias = Vec::with_capacity(if t.ggml_type == 3 { blocks * 2 } else { 0 });
+        let mut weights = Vec::with_capacity(blocks * per_block);
+        for b in bytes.chunks_exact(unit) {
+            scale.extend_from_slice(&b[..2]);
+            let qs = &b[block_bytes..];
+            match t.ggml_type {
+                3 | 2 => {
+                    if t.ggml_type == 3 {
+                        bias.extend_from_slice(&b[2..4]);
+                    }
+                    // MLX's unpack_32_4: element j < 16 is the low nibble of qs[j], element
+                    // 16 + j the high one; packed two per byte, the even element low.
+                    for half in [0u8, 4] {
+                        for j in (0..16).step_by(2) {
+                            weights.push(
+                                ((qs[j] >> half) & 0x0F) | (((qs[j + 1] >> half) & 0x0F) << 4),
+                            );
+                        }
+                    }
+                }
+                _ => weights.extend(qs.iter().map(|&x| x ^ 0x80)),
+            }
+        }
+        drop(bytes);
+        let rows = &shape[..shape.len() - 1];
+        let groups = last / 32;
+        let mut s_shape = rows.to_vec();
+        s_shape.push(groups * 2);
+        let scales = Array::from_slice(&scale, &s_shape)?.view(mlx_core::Dtype::Float16)?;
+        let biases = if t.ggml_type == 3 {
+            Array::from_slice(&bias, &s_shape)?.view(mlx_core::Dtype::Float16)?
+        } else {
+            scales.multiply_scalar(if t.ggml_type == 2 { -8 } else { -128 })?
+        };
+        *shape.last_mut().expect("non-empty") = groups * per_block as i32;
+        let w = Array::from_slice(&weights, &shape)?.view(mlx_core::Dtype::Uint32)?;
+        mlx_core::eval([&w, &scales, &biases])?;
+        // MLX cuts the name's last 7 bytes (`.weight`) whatever they are.
+        let base = t
+            .name
+            .get(..t.name.len().saturating_sub(7))
+            .unwrap_or(&t.name);
+        tensors.insert(format!("{base}.scales"), scales);
+        tensors.insert(format!("{base}.biases"), biases);
+        tensors.insert(t.name.clone(), w);
+    }
+    Ok((tensors, header.metadata))
+}
+
 /// Every tensor of the GGUF file at `path` dequantized to f32 (shapes row-major, as MLX and
 /// numpy give them), with the file's metadata; both read in Rust.
 pub fn read_gguf_dequantized(path: &Path) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
@@ -311,8 +442,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 .iter()
                 .all(|t| MLX_NATIVE_TYPES.contains(&t.ggml_type))
             {
-                // As `Auto`: MLX's reader gives these as affine triples the CPU decoder reads.
-                return read_gguf_with(path, GgufTensors::Mlx);
+                // As `Auto`: MLX's affine triples, which the CPU decoder reads.
+                return read_gguf_with(path, GgufTensors::Auto);
             }
             let arch_name = meta_str(&header.metadata, "general.architecture").unwrap_or("");
             let arch = ARCHS.iter().find(|a| a.arch == arch_name);
@@ -331,7 +462,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 .iter()
                 .all(|t| MLX_NATIVE_TYPES.contains(&t.ggml_type))
             {
-                load_gguf(path, None).map_err(|e| gguf_err(path, e))?
+                native_streamed(path, header)?
             } else {
                 dequantized_with(path, header)?
             }

