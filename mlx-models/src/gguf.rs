@@ -141,6 +141,30 @@ pub enum GgufTensors {
     Blocks,
 }
 
+/// The `len` bytes of tensor `t` of the GGUF file at `path` (open as `file`); an error names
+/// the tensor.
+fn tensor_bytes(
+    file: &mut std::fs::File,
+    path: &Path,
+    t: &mlx_core::io::GgufTensorInfo,
+    len: usize,
+) -> Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut bytes = vec![0u8; len];
+    file.seek(SeekFrom::Start(t.offset))
+        .and_then(|_| file.read_exact(&mut bytes))
+        .map_err(|e| gguf_err(path, format!("tensor {}: {e}", t.name)))?;
+    Ok(bytes)
+}
+
+/// Whether every tensor of `header` is of a type MLX's reader loads without converting it.
+fn all_native(header: &mlx_core::io::GgufHeader) -> bool {
+    header
+        .tensors
+        .iter()
+        .all(|t| MLX_NATIVE_TYPES.contains(&t.ggml_type))
+}
+
 /// The mlx-lm names whose GGML blocks [`GgufTensors::Blocks`] keeps: plain linear and
 /// embedding weights (not experts, fused or reshaped tensors).
 fn keeps_blocks(mapped: &str) -> bool {
@@ -172,7 +196,6 @@ fn blocks_with(
     GgufMetadata,
     Vec<(String, mlx_core::cpu::kquant::GgmlType, i32, i32, Array)>,
 )> {
-    use std::io::{Read, Seek, SeekFrom};
     let mut kept = Vec::new();
     let mut rest = header.clone();
     rest.tensors.clear();
@@ -196,10 +219,7 @@ fn blocks_with(
             .checked_mul(rb)
             .filter(|&n| n as u64 == t.bytes && i32::try_from(rb).is_ok())
             .ok_or_else(|| gguf_err(path, format!("tensor {}: size does not match", t.name)))?;
-        let mut bytes = vec![0u8; len];
-        file.seek(SeekFrom::Start(t.offset))
-            .and_then(|_| file.read_exact(&mut bytes))
-            .map_err(|e| gguf_err(path, format!("tensor {}: {e}", t.name)))?;
+        let bytes = tensor_bytes(&mut file, path, t, len)?;
         let a = Array::from_slice(&bytes, &[rows, rb as i32])?;
         kept.push((t.name.clone(), ty, rows, cols, a));
     }
@@ -230,7 +250,6 @@ fn native_streamed(
     path: &Path,
     header: mlx_core::io::GgufHeader,
 ) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
-    use std::io::{Read, Seek, SeekFrom};
     let mut file = std::fs::File::open(path).map_err(|e| gguf_err(path, e))?;
     let mut tensors = BTreeMap::new();
     for t in &header.tensors {
@@ -268,10 +287,7 @@ fn native_streamed(
         if len as u64 != t.bytes {
             return Err(bad("size does not match its type and shape"));
         }
-        let mut bytes = vec![0u8; len];
-        file.seek(SeekFrom::Start(t.offset))
-            .and_then(|_| file.read_exact(&mut bytes))
-            .map_err(|e| bad(&e.to_string()))?;
+        let bytes = tensor_bytes(&mut file, path, t, len)?;
         if !quantized {
             let dtype = if t.ggml_type == 0 {
                 mlx_core::Dtype::Float32
@@ -353,7 +369,6 @@ fn dequantized_with(
     path: &Path,
     header: mlx_core::io::GgufHeader,
 ) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
-    use std::io::{Read, Seek, SeekFrom};
     let mut file = std::fs::File::open(path).map_err(|e| gguf_err(path, e))?;
     let mut tensors = BTreeMap::new();
     for t in &header.tensors {
@@ -371,10 +386,7 @@ fn dequantized_with(
             .map_err(|_| gguf_err(path, format!("tensor {}: dimension too large", t.name)))?;
         let len = usize::try_from(t.bytes)
             .map_err(|_| gguf_err(path, format!("tensor {}: too large", t.name)))?;
-        let mut bytes = vec![0u8; len];
-        file.seek(SeekFrom::Start(t.offset))
-            .and_then(|_| file.read_exact(&mut bytes))
-            .map_err(|e| gguf_err(path, format!("tensor {}: {e}", t.name)))?;
+        let bytes = tensor_bytes(&mut file, path, t, len)?;
         let values = crate::gguf_dequant::dequantize(t.ggml_type, &bytes, elements)
             .map_err(|e| gguf_err(path, format!("tensor {}: {e}", t.name)))?;
         drop(bytes);
@@ -437,31 +449,24 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let (raw, metadata) = match how {
         GgufTensors::Blocks => {
             let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
-            if header
-                .tensors
-                .iter()
-                .all(|t| MLX_NATIVE_TYPES.contains(&t.ggml_type))
-            {
+            if all_native(&header) {
                 // As `Auto`: MLX's affine triples, which the CPU decoder reads.
-                return read_gguf_with(path, GgufTensors::Auto);
+                native_streamed(path, header)?
+            } else {
+                let arch_name = meta_str(&header.metadata, "general.architecture").unwrap_or("");
+                let arch = ARCHS.iter().find(|a| a.arch == arch_name);
+                let keep = |name: &str| {
+                    arch.and_then(|a| map_name(a, name))
+                        .is_some_and(|m| keeps_blocks(&m))
+                };
+                let (raw, metadata, k) = blocks_with(path, header, keep)?;
+                kept = k;
+                (raw, metadata)
             }
-            let arch_name = meta_str(&header.metadata, "general.architecture").unwrap_or("");
-            let arch = ARCHS.iter().find(|a| a.arch == arch_name);
-            let keep = |name: &str| {
-                arch.and_then(|a| map_name(a, name))
-                    .is_some_and(|m| keeps_blocks(&m))
-            };
-            let (raw, metadata, k) = blocks_with(path, header, keep)?;
-            kept = k;
-            (raw, metadata)
         }
         GgufTensors::Auto => {
             let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
-            if header
-                .tensors
-                .iter()
-                .all(|t| MLX_NATIVE_TYPES.contains(&t.ggml_type))
-            {
+            if all_native(&header) {
                 native_streamed(path, header)?
             } else {
                 dequantized_with(path, header)?
