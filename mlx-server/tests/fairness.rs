@@ -74,6 +74,8 @@ fn large_requests_neither_stall_the_others_nor_keep_their_memory() {
         "0",
         "--max-request-tokens",
         "200000",
+        "--max-tokens-limit",
+        "30000",
     ]);
     let addr = s.addr;
     // Warm up every path once (first calls allocate for good).
@@ -102,9 +104,12 @@ fn large_requests_neither_stall_the_others_nor_keep_their_memory() {
         })
     };
 
-    // A running stream (EOS suppressed): its token times.
+    // A running stream (EOS suppressed): its token times. Its length must outlast the large
+    // work: on a machine under a load average of ~200, an 8k-token stream ran out before the
+    // large requests were done (their bodies are read and parsed off the engine thread while
+    // the stream decodes alone), and the test failed on that alone.
     let stream_body = json!({
-        "prompt": "ab", "max_tokens": 8000, "stream": true, "logit_bias": {"2": -100},
+        "prompt": "ab", "max_tokens": 30000, "stream": true, "logit_bias": {"2": -100},
     });
     let mut stream = EventStream::open(addr, "/v1/completions", &stream_body);
     assert_eq!(stream.status, 200);
