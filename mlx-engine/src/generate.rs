@@ -284,6 +284,8 @@ pub struct GenerateStep<'m> {
     graph: Option<GraphRun<'m>>,
     /// Why the graph decoder handed the run to the MLX path, if it did.
     graph_fallback: Option<String>,
+    /// The most device bytes a graph decoder of this run held outside MLX's allocator.
+    graph_bytes: usize,
     /// The newest step's token and its log-probability where the host computed them (the
     /// CPU decoder's greedy steps, [`host_greedy`]): the step's log-probabilities are then
     /// left lazy, read only by whoever asks, and the token is read and fed on without MLX.
@@ -492,6 +494,7 @@ fn start<'m>(
         cpu,
         graph: None,
         graph_fallback: None,
+        graph_bytes: 0,
         host: None,
     };
     on_generation_stream(|| g.prefill(prompt))?;
@@ -555,6 +558,7 @@ impl<'m> GenerateStep<'m> {
         if let Some(n) = self.opts.graph_fail_after {
             dec.inject_failure_after(n);
         }
+        self.graph_bytes = self.graph_bytes.max(dec.device_bytes());
         self.graph = Some(GraphRun {
             built: if built { dec.build_times() } else { None },
             dec: Some(dec),
@@ -803,6 +807,14 @@ impl<'m> GenerateStep<'m> {
     /// ([`GenerateOptions::graph_keep`]) or the run has no graph decoder.
     pub fn graph_build_times(&self) -> Option<mlx_kernels::graph_decode::BuildTimes> {
         self.graph.as_ref().and_then(|g| g.built)
+    }
+
+    /// The most device bytes this run's graph decoder held outside MLX's allocator (its own
+    /// copy of the weights as the kernels lay them out, its cache and activations); 0 without
+    /// one. [`crate::stream`]'s peak memory is MLX's peak plus this, an upper bound of what
+    /// the device held at once.
+    pub fn graph_device_bytes(&self) -> usize {
+        self.graph_bytes
     }
 
     /// Why the graph decoder handed this run to the MLX path (a failed CUDA call or a full

@@ -650,6 +650,12 @@ pub trait GraphBackend {
     fn into_kept(self: Box<Self>) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
         None
     }
+    /// Device bytes the decoder holds outside MLX's allocator (its weights as laid out for
+    /// the kernels, its cache, its activations): MLX's peak memory does not count them, so a
+    /// generation's reported peak adds them ([`crate::generate::GenerateStep::graph_device_bytes`]).
+    fn device_bytes(&self) -> usize {
+        0
+    }
 }
 
 impl GraphBackend for mlx_kernels::graph_decode::GraphDecoder {
@@ -670,6 +676,9 @@ impl GraphBackend for mlx_kernels::graph_decode::GraphDecoder {
     }
     fn build_times(&self) -> Option<BuildTimes> {
         Some(mlx_kernels::graph_decode::GraphDecoder::build_times(self))
+    }
+    fn device_bytes(&self) -> usize {
+        mlx_kernels::graph_decode::GraphDecoder::device_bytes(self)
     }
     fn into_kept(self: Box<Self>) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
         Some(*self)

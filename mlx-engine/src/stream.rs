@@ -477,6 +477,15 @@ impl<'m> TextStream<'m> {
         }
     }
 
+    /// Device bytes this generation's graph decoder held outside MLX's allocator (see
+    /// [`GenerateStep::graph_device_bytes`]); 0 without one.
+    pub fn graph_device_bytes(&self) -> usize {
+        match &self.steps {
+            Steps::Plain(g) => g.graph_device_bytes(),
+            Steps::Speculative(_) | Steps::CpuSpeculative(_) => 0,
+        }
+    }
+
     /// The graph decoder's construction times when this generation built one (see
     /// [`GenerateStep::graph_build_times`]).
     pub fn graph_build_times(&self) -> Option<mlx_kernels::graph_decode::BuildTimes> {
@@ -565,7 +574,9 @@ impl<'m> TextStream<'m> {
             prompt_tps: self.prompt_tps,
             generation_tokens: self.tail.generated(),
             generation_tps: self.generation_tps,
-            peak_memory_bytes: memory::peak_memory()?,
+            // MLX's peak plus the device buffers a graph decoder holds outside MLX's
+            // allocator (its own layout of the weights, its cache).
+            peak_memory_bytes: memory::peak_memory()? + self.graph_device_bytes(),
             finish_reason: finish,
             from_draft: self.from_draft,
         })

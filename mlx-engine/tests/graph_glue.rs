@@ -27,6 +27,8 @@ struct Script {
     nan_at: Option<usize>,
     /// The build fails.
     fail_build: bool,
+    /// The device bytes the stand-in says it holds outside MLX's allocator.
+    device_bytes: usize,
     /// Events in order: "progress N" from the prompt, "build", "prefix N".
     log: Vec<String>,
 }
@@ -114,6 +116,10 @@ impl GraphBackend for StandIn<'_> {
 
     fn inject_failure_after(&mut self, n: usize) {
         self.script.lock().unwrap().fail_at = Some(n);
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.script.lock().unwrap().device_bytes
     }
 }
 
@@ -394,4 +400,32 @@ fn seeded_runs_repeat_after_greedy_failed_and_top_k_runs() {
     assert_eq!(mlx1, mlx2, "the MLX path, seeded");
     assert_eq!(x.0, mlx1, "the stand-in's seeded run is the MLX path's");
     assert_eq!(y.0, x.0, "seeded");
+}
+
+#[test]
+fn the_decoders_own_device_bytes_are_counted_in_the_runs_peak() {
+    // MLX's peak memory does not see the buffers a graph decoder allocates itself (its own
+    // layout of the weights, its cache): the run reports them, and the stream's peak adds
+    // them.
+    let m = model();
+    let p = prompt(m.vocab_size());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let script = Arc::new(Mutex::new(Script {
+        device_bytes: 3 << 30,
+        ..Script::default()
+    }));
+    let mut opts = base();
+    opts.graph_decode = true;
+    opts.graph_stand_in = Some(stand_in(&script));
+    let mut g = generate_step(&p, m.as_ref(), None, opts).unwrap();
+    assert_eq!(
+        g.graph_device_bytes(),
+        3 << 30,
+        "counted once the decoder is built"
+    );
+    g.by_ref().for_each(|s| drop(s.unwrap()));
+    assert_eq!(g.graph_device_bytes(), 3 << 30);
+    let mut plain = generate_step(&p, m.as_ref(), None, base()).unwrap();
+    plain.by_ref().for_each(|s| drop(s.unwrap()));
+    assert_eq!(plain.graph_device_bytes(), 0, "the MLX path holds none");
 }
