@@ -361,6 +361,9 @@ impl Moe {
                 has_bias: true,
                 kimi: false,
                 cast_back: false,
+                grouped: m.n_group > 1,
+                norm_any_k: false,
+                eps: true,
             },
         })
     }

@@ -4,7 +4,8 @@
 //! list or one value, `partial_rotary_factors`, YaRN only on `yarn_only_types`), a head-wise
 //! sigmoid output gate, and MoE layers (`moe_layers_enum`, else all but the first) whose
 //! router is `moe_gate_select` (sigmoid scores, `router_bias` for the choice, weights over
-//! their sum + 1e-20, scaled) over `SwitchGLU` experts plus an un-gated `share_expert`; MLPs
+//! their sum + 1e-20, scaled: the shared MoE block's [`Router::SigmoidCorrectedScaled`]) over
+//! `SwitchGLU` experts plus an un-gated `share_expert`; MLPs
 //! may clamp their SwiGLU (`swiglu_limits`, `swiglu_limits_shared`). Sliding layers cache in a
 //! `RotatingKVCache(sliding_window)`. Inference only (no adapters or full fine-tuning).
 //! Tensor parallelism as mlx-lm's `shard()` ([`Model::shard_tensor_parallel`]); mlx-lm has no
@@ -19,9 +20,10 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 use crate::layers::{
-    clamped_swiglu, scaled_dot_product_attention, swiglu, Embedding, Linear, RmsNorm, Rope,
+    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
     RopeScaling, SwitchActivation, SwitchGlu,
 };
+use crate::models::moe_block::{Ffn, MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -90,48 +92,18 @@ pub struct ModelArgs {
     pub swiglu_limits_shared: Option<Vec<Option<f64>>>,
 }
 
-/// `Step3p5MLP`: a SwiGLU MLP, its activation clamped when `limit` is set.
-struct StepMlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-    limit: Option<f64>,
-}
-
-impl StepMlp {
-    fn load(w: &mut Weights, path: &str, dim: i32, hidden: i32, limit: f64) -> Result<StepMlp> {
-        let p = |n: &str| format!("{path}.{n}");
-        Ok(StepMlp {
-            gate_proj: Linear::load(w, &p("gate_proj"), dim, hidden, false)?,
-            up_proj: Linear::load(w, &p("up_proj"), dim, hidden, false)?,
-            down_proj: Linear::load(w, &p("down_proj"), hidden, dim, false)?,
-            limit: (limit > 0.0).then_some(limit),
-        })
-    }
-
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
-        let h = match self.limit {
-            Some(limit) => clamped_swiglu(&u, &g, limit as f32)?,
-            None => swiglu(&g, &u)?,
-        };
-        self.down_proj.forward(&h)
-    }
-}
-
-struct Moe {
-    gate: Linear,
-    router_bias: Array,
-    switch_mlp: SwitchGlu,
-    share_expert: StepMlp,
-    /// Sharded in place: the block's output is summed over the group (mlx-lm's
-    /// `sharding_group`).
-    sharded: bool,
-}
-
-enum Ffn {
-    Dense(StepMlp),
-    Moe(Box<Moe>),
+/// `Step3p5MLP`: a SwiGLU MLP, its activation clamped when `limit` is set (> 0), its
+/// projections loaded in its declaration order (gate, up, down).
+fn step_mlp(w: &mut Weights, path: &str, dim: i32, hidden: i32, limit: f64) -> Result<Mlp> {
+    let p = |n: &str| format!("{path}.{n}");
+    let gate = Linear::load(w, &p("gate_proj"), dim, hidden, false)?;
+    let up = Linear::load(w, &p("up_proj"), dim, hidden, false)?;
+    let down = Linear::load(w, &p("down_proj"), hidden, dim, false)?;
+    Ok(if limit > 0.0 {
+        Mlp::from_linears(MlpKind::ClampedSwiGlu, gate, up, down, limit as f32)
+    } else {
+        Mlp::from_linears(MlpKind::SwiGlu, gate, up, down, 0.0)
+    })
 }
 
 struct Attention {
@@ -162,9 +134,6 @@ pub struct Model {
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Linear,
-    top_k: i32,
-    scaling: f64,
-    norm_topk: bool,
 }
 
 /// `(swiglu_limits or [])[i] or 0`.
@@ -300,29 +269,42 @@ impl Model {
                     SwitchActivation::SwiGlu
                 };
                 let e = a.moe_num_experts;
-                Ffn::Moe(Box::new(Moe {
-                    gate: Linear::load(w, &p("mlp.gate.gate"), d, e, false)?,
-                    router_bias: w.take(&p("mlp.gate.router_bias"), &[e])?,
-                    switch_mlp: SwitchGlu::load(
-                        w,
-                        &p("mlp.switch_mlp"),
-                        d,
-                        a.moe_intermediate_size,
-                        e,
-                        false,
-                        activation,
-                    )?,
-                    share_expert: StepMlp::load(
-                        w,
-                        &p("mlp.share_expert"),
-                        d,
-                        a.share_expert_dim,
-                        limit_at(&a.swiglu_limits_shared, i),
-                    )?,
-                    sharded: false,
-                }))
+                // `Step3p5MoE` declares gate (`MoEGate`: gate, router_bias), switch_mlp,
+                // share_expert.
+                let gate = Linear::load(w, &p("mlp.gate.gate"), d, e, false)?;
+                let router_bias = w.take(&p("mlp.gate.router_bias"), &[e])?;
+                let experts = SwitchGlu::load(
+                    w,
+                    &p("mlp.switch_mlp"),
+                    d,
+                    a.moe_intermediate_size,
+                    e,
+                    false,
+                    activation,
+                )?;
+                let shared = step_mlp(
+                    w,
+                    &p("mlp.share_expert"),
+                    d,
+                    a.share_expert_dim,
+                    limit_at(&a.swiglu_limits_shared, i),
+                )?;
+                Ffn::Sparse(Box::new(SparseMoe::from_parts(MoeParts {
+                    top_k: a.moe_top_k,
+                    router: Router::SigmoidCorrectedScaled {
+                        norm_topk_prob: a.norm_expert_weight,
+                        routed_scaling_factor: a.moe_router_scaling_factor,
+                        cast_weights: false,
+                    },
+                    gate,
+                    experts,
+                    names: ["gate.gate", "switch_mlp"],
+                    correction_bias: Some(("gate.router_bias", router_bias)),
+                    plain_shared: Some(("share_expert", shared)),
+                    flatten: false,
+                })))
             } else {
-                Ffn::Dense(StepMlp::load(
+                Ffn::Dense(step_mlp(
                     w,
                     &p("mlp"),
                     d,
@@ -343,9 +325,6 @@ impl Model {
             norm: RmsNorm::load(w, "model.norm", d, eps)?,
             lm_head: Linear::load(w, "lm_head", d, a.vocab_size, false)?,
             layers,
-            top_k: a.moe_top_k,
-            scaling: a.moe_router_scaling_factor,
-            norm_topk: a.norm_expert_weight,
             args: a,
         })
     }
@@ -382,30 +361,6 @@ impl Model {
         at.o_proj.forward(&ops::reshape(&out, &[b, l, -1], None)?)
     }
 
-    /// `Step3p5MoE`: `moe_gate_select` (plain ops), the experts' weighted sum cast back to
-    /// their dtype, plus the shared expert.
-    fn moe(&self, m: &Moe, x: &Array) -> Result<Array> {
-        let scores = ops::sigmoid(&m.gate.forward(x)?.astype(Dtype::Float32)?, None)?;
-        let corrected = (&scores + &m.router_bias)?;
-        let inds = crate::models::moe_block::lower_top_k(&corrected, self.top_k)?;
-        let mut weights = ops::take_along_axis(&scores, &inds, -1, None)?;
-        if self.norm_topk {
-            let total = ops::add_scalar(&ops::sum(&weights, &[-1], true, None)?, 1e-20f32, None)?;
-            weights = (&weights / &total)?;
-        }
-        let weights = ops::multiply_scalar(&weights, self.scaling, None)?;
-        let routed = m.switch_mlp.forward(x, &inds)?;
-        let dtype = routed.dtype();
-        let routed = (&routed * &ops::expand_dims(&weights, &[-1], None)?)?;
-        let routed = ops::sum(&routed, &[-2], false, None)?.astype(dtype)?;
-        let y = (&routed + &m.share_expert.forward(x)?)?;
-        Ok(if m.sharded {
-            mlx_core::distributed::all_sum(&y, None, None)?
-        } else {
-            y
-        })
-    }
-
     /// Tensor parallelism as step3p5.py's `shard()`: q, k, v and the head-wise gate
     /// all-to-sharded, o sharded-to-all, heads and KV heads / N (sliding layers' own counts
     /// too); dense MLPs as llama's; MoE blocks with the shared expert and the experts split in
@@ -438,21 +393,22 @@ impl Model {
                     ),
                 ));
             }
-            if let Ffn::Moe(m) = &l.mlp {
+            if let Ffn::Sparse(m) = &l.mlp {
                 if m.sharded {
                     return Err(par("the model".into(), "already split".into()));
                 }
             }
         }
-        let mlp = |m: &mut StepMlp, path: &str, in_place: bool| -> Result<()> {
-            all_to_sharded(&mut m.gate_proj, size, rank, &format!("{path}.gate_proj"))?;
-            all_to_sharded(&mut m.up_proj, size, rank, &format!("{path}.up_proj"))?;
-            let down = format!("{path}.down_proj");
-            if in_place {
-                sharded_to_all_inplace(&mut m.down_proj, size, rank, &down)
-            } else {
-                sharded_to_all(&mut m.down_proj, size, rank, &down)
+        let mlp = |m: &mut Mlp, path: &str, in_place: bool| -> Result<()> {
+            for (name, lin) in m.linears_mut(&MlpNames::LLAMA) {
+                let what = format!("{path}.{name}");
+                match (name, in_place) {
+                    ("down_proj", true) => sharded_to_all_inplace(lin, size, rank, &what)?,
+                    ("down_proj", false) => sharded_to_all(lin, size, rank, &what)?,
+                    _ => all_to_sharded(lin, size, rank, &what)?,
+                }
             }
+            Ok(())
         };
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = |s: &str| format!("model.layers.{i}.{s}");
@@ -468,8 +424,10 @@ impl Model {
             }
             match &mut l.mlp {
                 Ffn::Dense(m) => mlp(m, &p("mlp"), false)?,
-                Ffn::Moe(m) => {
-                    mlp(&mut m.share_expert, &p("mlp.share_expert"), true)?;
+                Ffn::Sparse(m) => {
+                    if let Some(shared) = m.plain_shared.as_mut() {
+                        mlp(shared, &p("mlp.share_expert"), true)?;
+                    }
                     let e = &mut m.switch_mlp;
                     let w = |n: &str| p(&format!("mlp.switch_mlp.{n}"));
                     switch_inplace(&mut e.gate_proj, true, size, rank, &w("gate_proj"))?;
@@ -506,10 +464,7 @@ impl Model {
             let r = self.attention(&l.self_attn, &l.input_layernorm.forward(&h)?, mask, cache)?;
             let h2 = (&h + &r)?;
             let x = l.post_attention_layernorm.forward(&h2)?;
-            let r = match &l.mlp {
-                Ffn::Dense(m) => m.forward(&x)?,
-                Ffn::Moe(m) => self.moe(m, &x)?,
-            };
+            let r = l.mlp.forward(&x)?;
             h = (&h2 + &r)?;
         }
         self.norm.forward(&h)
