@@ -68,7 +68,7 @@ enum Temporal {
     Recurrent(Box<Recurrent>),
     /// `LocalAttentionBlock` ([`kit::Attention`]): one key-value head, a rope over half of
     /// each head, `o_proj` alone with a bias.
-    Attention(kit::Attention),
+    Attention(Box<kit::Attention>),
 }
 
 struct Block {
@@ -173,7 +173,7 @@ impl Model {
                     base: 10000.0,
                     scale: 1.0,
                 };
-                Temporal::Attention(
+                Temporal::Attention(Box::new(
                     kit::Attention::load_v(
                         w,
                         &p("temporal_block"),
@@ -182,7 +182,7 @@ impl Model {
                         scale,
                     )?
                     .with_rope(Some(rope)),
-                )
+                ))
             };
             let norm =
                 |w: &mut Weights, s: &str| Norm::load(w, &p(s), NormKind::RmsOffset, d, BLOCK_EPS);
