@@ -217,29 +217,6 @@ pub(crate) fn cached_kv(
     }
 }
 
-/// The attention's tail as the ports write it: `queries` and `keys` rotated by `rope` at the
-/// cache's offset (0 without a cache; no rotation without `rope`), the cache updated with the
-/// keys and values ([`cached_kv`]), `scaled_dot_product_attention` with `scale` and `mask`,
-/// and the heads joined back `(B, L, H * D)` ([`merge_heads`]), for the output projection.
-pub(crate) fn rope_attend(
-    queries: Array,
-    keys: Array,
-    values: Array,
-    rope: Option<&crate::layers::Rope>,
-    cache: Option<&mut Box<dyn Cache>>,
-    scale: f32,
-    mask: &AttentionMask,
-) -> Result<Array> {
-    let offset = cache.as_ref().map_or(0, |c| c.offset());
-    let (queries, keys) = match rope {
-        Some(r) => (r.forward(&queries, offset)?, r.forward(&keys, offset)?),
-        None => (queries, keys),
-    };
-    let kv = cached_kv(cache, keys, values)?;
-    let out = crate::layers::scaled_dot_product_attention(&queries, &kv, scale, mask, None)?;
-    merge_heads(&out)
-}
-
 /// The `LanguageModel` methods a short inference-only port writes the same way: `forward`
 /// (its `hidden_states`, then its `head`), `forward_hidden`, and `model_type` / `vocab_size`
 /// from its config field `$args` (the vocabulary under `$vocab`).

@@ -35,9 +35,11 @@ pub(crate) struct AttentionSpec {
 
 /// The plain softmax attention (mlx-lm's `Attention` of the moe rows, lfm2, nemotron_nas,
 /// deepseek's standard layers, `NemotronHAttention`, jamba's, `GraniteMoeHybridAttention`,
-/// `FalconH1Attention`, olmo_hybrid's). Built as mlx-lm's `__init__` loads it: [`Attention::new`]
-/// from an [`AttentionSpec`], or [`Attention::load`] then [`Attention::with_projection_norms`]
-/// then [`Attention::with_rope`].
+/// `FalconH1Attention`, olmo_hybrid's, mimo_v2_flash's, bailing_moe_linear's global layers,
+/// recurrent_gemma's `LocalAttentionBlock`, `Qwen3NextAttention`, `Step3p5Attention`,
+/// plamo2's). Built as mlx-lm's `__init__` loads it: [`Attention::new`] from an
+/// [`AttentionSpec`], or [`Attention::load`] (or `load_v`, `load_fused`, `load_query_gated`)
+/// then the `with_*` options (norms, sinks, gates, value scale, rope) in that file's order.
 /// How a head-wise gate's `g_proj(x)` scales each head's output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HeadGate {
@@ -80,6 +82,10 @@ pub(crate) struct Attention {
     value_scale: Option<f64>,
     /// The sinks' parameter name (`sinks`; mimo_v2_flash: `attention_sink_bias`).
     sink_name: &'static str,
+    /// plamo2: the heads (transposed layout) normed by a weightless RMS norm of this eps,
+    /// then times a weight of each head (`q_weight` `(heads, head_dim)`, `k_weight`
+    /// `(kv_heads, head_dim)`).
+    head_weights: Option<Box<(Array, Array, f32)>>,
     /// qwen3_next / qwen3_5: `q_proj` gives each head's queries then its gate (twice the
     /// width); the output times `sigmoid(gate)` before `o_proj`.
     query_gate: bool,
@@ -121,17 +127,18 @@ impl Attention {
         );
         Ok(Attention::load_parts(
             q_proj,
-            (k_proj, v_proj),
+            (Some(k_proj), Some(v_proj)),
             o_proj,
             (h, kv, hd),
             scale,
         ))
     }
 
-    /// Plain projections as loaded: no norms, rope, sinks or gates.
+    /// Projections as loaded (no keys and values of its own: fused, or another layer's):
+    /// no norms, rope, sinks or gates.
     fn load_parts(
         q_proj: Linear,
-        (k_proj, v_proj): (Linear, Linear),
+        (k_proj, v_proj): (Option<Linear>, Option<Linear>),
         o_proj: Linear,
         (h, kv, hd): (i32, i32, i32),
         scale: f32,
@@ -143,8 +150,8 @@ impl Attention {
             scale,
             qk_norm: QkNorm::None,
             q_proj,
-            k_proj: Some(k_proj),
-            v_proj: Some(v_proj),
+            k_proj,
+            v_proj,
             o_proj,
             q_norm: None,
             k_norm: None,
@@ -156,6 +163,7 @@ impl Attention {
             head_gate: None,
             value_scale: None,
             sink_name: "sinks",
+            head_weights: None,
             query_gate: false,
             names: ["o_proj", "q_norm", "k_norm"],
             sharded_norms: None,
@@ -196,9 +204,43 @@ impl Attention {
             l("v_proj", d, kv * hd)?,
             l("o_proj", h * hd, d)?,
         );
-        let mut at = Attention::load_parts(q_proj, (k_proj, v_proj), o_proj, (h, kv, hd), scale);
+        let kv_proj = (Some(k_proj), Some(v_proj));
+        let mut at = Attention::load_parts(q_proj, kv_proj, o_proj, (h, kv, hd), scale);
         at.query_gate = true;
         Ok(at)
+    }
+
+    /// The fused projection `{p}.{qkv}` (queries, keys, values in that order) and `{p}.{o}`,
+    /// no biases (plamo2's `qkv_proj`); otherwise as [`Attention::load`].
+    pub(crate) fn load_fused(
+        w: &mut Weights,
+        p: &str,
+        (qkv, o): (&'static str, &'static str),
+        (d, h, kv, hd): (i32, i32, i32, i32),
+        scale: f32,
+    ) -> Result<Attention> {
+        let fused = Linear::load(w, &format!("{p}.{qkv}"), d, (h + 2 * kv) * hd, false)?;
+        let o_proj = Linear::load(w, &format!("{p}.{o}"), h * hd, d, false)?;
+        let mut at = Attention::load_parts(fused, (None, None), o_proj, (h, kv, hd), scale);
+        at.fused_qkv = true;
+        at.q_name = qkv;
+        at.names[0] = o;
+        Ok(at)
+    }
+
+    /// plamo2's `q_weight` / `k_weight` under `p`: each head (after the heads move ahead of
+    /// the positions) normed by `rms_norm(x, None, eps)`, then times its own weight row.
+    pub(crate) fn with_head_weights(
+        mut self,
+        w: &mut Weights,
+        p: &str,
+        eps: f32,
+    ) -> Result<Attention> {
+        let (h, kv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let q = w.take(&format!("{p}.q_weight"), &[h, hd])?;
+        let k = w.take(&format!("{p}.k_weight"), &[kv, hd])?;
+        self.head_weights = Some(Box::new((q, k, eps)));
+        Ok(self)
     }
 
     /// `q_norm` and `k_norm` under `p`, RMS norms over each head (`head_dim`) after the heads
@@ -308,6 +350,7 @@ impl Attention {
             head_gate: None,
             value_scale: None,
             sink_name: "sinks",
+            head_weights: None,
             query_gate: false,
             names: s.names,
             sharded_norms: None,
@@ -392,6 +435,7 @@ impl Attention {
             out_gate,
             head_gate,
             sink_name,
+            head_weights,
             ..
         } = self;
         let p = |n: &str| join(path, n);
@@ -408,6 +452,10 @@ impl Attention {
         w.linear_opt(&p("g_proj"), head_gate.as_mut().map(|(_, g)| g));
         if let Some(sinks) = sinks {
             w.array(path, sink_name, sinks);
+        }
+        if let Some((q, k, _)) = head_weights.as_deref_mut() {
+            w.array(path, "q_weight", q);
+            w.array(path, "k_weight", k);
         }
     }
 
@@ -502,6 +550,14 @@ impl Attention {
         if self.qk_norm == QkNorm::PerHeadTransposed {
             queries = norm(&self.q_norm, queries)?;
             keys = norm(&self.k_norm, keys)?;
+        }
+        if let Some((qw, kw, eps)) = self.head_weights.as_deref() {
+            let per_head = |t: &Array, wgt: &Array| -> Result<Array> {
+                let n = mlx_core::fast::rms_norm(t, None, *eps, None)?;
+                Ok((&n * &ops::expand_dims(wgt, &[1], None)?)?)
+            };
+            queries = per_head(&queries, qw)?;
+            keys = per_head(&keys, kw)?;
         }
         let mut values = heads(&split(&values, self.n_kv_heads)?)?;
         if let Some(v) = self.value_scale {
