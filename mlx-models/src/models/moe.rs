@@ -12,10 +12,11 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    join, scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind,
-    MlpNames, Norm, NormKind, RmsNorm, Rope, RopeScaling, SwitchActivation, Walk, Walkable,
+    join, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames, Norm, NormKind, Rope,
+    RopeScaling, SwitchActivation, Walk, Walkable,
 };
 use crate::models::checkpoint::{layer_stack, LayerArrays};
+pub(crate) use crate::models::kit::{Attention, AttentionSpec};
 use crate::models::moe_block::Ffn;
 pub use crate::models::moe_block::{BlockExtras, Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
@@ -33,6 +34,9 @@ pub enum QkNorm {
     Full,
     /// Over each head, after the rope (hunyuan).
     AfterRope,
+    /// Over each head, after the heads move before the positions (bailing_moe_linear's
+    /// global layers; a norm of the transposed layout).
+    PerHeadTransposed,
 }
 
 /// What a row fixes about the family.
@@ -151,61 +155,9 @@ fn head_dim_of(hidden: i32, heads: i32) -> Result<i32> {
     Ok(hidden / heads)
 }
 
-/// The knobs of the standard attention block these files share (lfm2 too).
-pub(crate) struct AttentionSpec {
-    pub hidden_size: i32,
-    pub n_heads: i32,
-    pub n_kv_heads: i32,
-    pub head_dim: i32,
-    pub qkv_bias: bool,
-    pub o_bias: bool,
-    pub qk_norm: QkNorm,
-    pub eps: f32,
-    pub rope: Rope,
-    /// Module names: output projection, q norm, k norm.
-    pub names: [&'static str; 3],
-    /// Learned per-head attention sinks (`<path>.sinks`, gpt_oss).
-    pub sinks: bool,
-    /// gpt_oss writes `1 / sqrt(head_dim)`, the others `head_dim ** -0.5`.
-    pub inv_sqrt_scale: bool,
-}
-
-#[derive(Clone)]
-pub(crate) struct Attention {
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    qk_norm: QkNorm,
-    q_proj: Linear,
-    /// `None` on hunyuan's layers that reuse the previous layer's keys and values
-    /// (cross-layer attention).
-    k_proj: Option<Linear>,
-    v_proj: Option<Linear>,
-    o_proj: Linear,
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    sinks: Option<Array>,
-    rope: Rope,
-    /// exaone_moe's global layers (when it has sliding ones) skip the rope.
-    use_rope: bool,
-    /// bailing_moe: `q_proj` holds the fused query/key/value projection (named `q_name`),
-    /// split after it.
-    fused_qkv: bool,
-    /// The name of `q_proj` (`query_key_value` when fused).
-    q_name: &'static str,
-    /// afmoe: `gate_proj`, whose sigmoid scales the attention output before `o_proj`.
-    out_gate: Option<Linear>,
-    /// laguna: `g_proj` to one value per head, whose float32 softplus scales each head's
-    /// output before `o_proj`.
-    head_gate: Option<Linear>,
-    /// Module names: output projection, q norm, k norm ([`AttentionSpec::names`]).
-    names: [&'static str; 3],
-    /// minimax's `shard()`: the full-width q/k norms as `ShardedRMSNorm` over this many ranks.
-    sharded_norms: Option<i32>,
-}
-
+/// A row's attention ([`kit::Attention`] from the row's [`MoeSpec`]).
 impl Attention {
-    fn load(s: &MoeSpec, w: &mut Weights, path: &str, kv_proj: bool) -> Result<Attention> {
+    fn from_row(s: &MoeSpec, w: &mut Weights, path: &str, kv_proj: bool) -> Result<Attention> {
         let spec = AttentionSpec {
             hidden_size: s.hidden_size,
             n_heads: s.n_heads,
@@ -231,258 +183,12 @@ impl Attention {
         };
         let mut a = Attention::new_with(spec, w, path, kv_proj, s.extras.fused_qkv)?;
         if let Some(scale) = s.extras.attention_scale {
-            a.scale = scale;
+            a = a.with_scale(scale);
         }
         if let Some(rope) = &s.extras.rope {
-            a.rope = rope.clone();
+            a.rope = Some(rope.clone());
         }
         Ok(a)
-    }
-
-    pub(crate) fn new(s: AttentionSpec, w: &mut Weights, path: &str) -> Result<Attention> {
-        Attention::new_with(s, w, path, true, None)
-    }
-
-    /// [`Attention::new`]; without `k_proj` / `v_proj` when `kv_proj` is false (the layer
-    /// takes another layer's keys and values).
-    fn new_with(
-        s: AttentionSpec,
-        w: &mut Weights,
-        path: &str,
-        kv_proj: bool,
-        fused: Option<&'static str>,
-    ) -> Result<Attention> {
-        let (dim, hd) = (s.hidden_size, s.head_dim);
-        let kv_proj = kv_proj && fused.is_none();
-        let p = |n: &str| format!("{path}.{n}");
-        let [o_name, q_name, k_name] = s.names;
-        let (q_dims, k_dims) = match s.qk_norm {
-            QkNorm::Full => (s.n_heads * hd, s.n_kv_heads * hd),
-            _ => (hd, hd),
-        };
-        let (q_norm, k_norm) = match s.qk_norm {
-            QkNorm::None => (None, None),
-            _ => (
-                Some(RmsNorm::load(w, &p(q_name), q_dims, s.eps)?),
-                Some(RmsNorm::load(w, &p(k_name), k_dims, s.eps)?),
-            ),
-        };
-        Ok(Attention {
-            n_heads: s.n_heads,
-            n_kv_heads: s.n_kv_heads,
-            scale: if s.inv_sqrt_scale {
-                (1.0 / f64::from(hd).sqrt()) as f32
-            } else {
-                f64::from(hd).powf(-0.5) as f32
-            },
-            qk_norm: s.qk_norm,
-            q_proj: match fused {
-                Some(name) => Linear::load(
-                    w,
-                    &p(name),
-                    dim,
-                    (s.n_heads + 2 * s.n_kv_heads) * hd,
-                    s.qkv_bias,
-                )?,
-                None => Linear::load(w, &p("q_proj"), dim, s.n_heads * hd, s.qkv_bias)?,
-            },
-            k_proj: if kv_proj {
-                Some(Linear::load(
-                    w,
-                    &p("k_proj"),
-                    dim,
-                    s.n_kv_heads * hd,
-                    s.qkv_bias,
-                )?)
-            } else {
-                None
-            },
-            v_proj: if kv_proj {
-                Some(Linear::load(
-                    w,
-                    &p("v_proj"),
-                    dim,
-                    s.n_kv_heads * hd,
-                    s.qkv_bias,
-                )?)
-            } else {
-                None
-            },
-            o_proj: Linear::load(w, &p(o_name), s.n_heads * hd, dim, s.o_bias)?,
-            q_norm,
-            k_norm,
-            sinks: if s.sinks {
-                Some(w.take(&p("sinks"), &[s.n_heads])?)
-            } else {
-                None
-            },
-            rope: s.rope,
-            use_rope: true,
-            fused_qkv: fused.is_some(),
-            q_name: fused.unwrap_or("q_proj"),
-            out_gate: None,
-            head_gate: None,
-            names: s.names,
-            sharded_norms: None,
-        })
-    }
-
-    /// Walks the projections under their names (`q_proj`, `k_proj`, `v_proj`, then the
-    /// output projection under this model's name, the order every mlx-lm attention here
-    /// declares them in), the q/k norms, the output and head gates, and the sinks.
-    pub(crate) fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
-        let Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            q_norm,
-            k_norm,
-            sinks,
-            names: [o_name, q_name, k_name],
-            q_name: q_proj_name,
-            out_gate,
-            head_gate,
-            ..
-        } = self;
-        let p = |n: &str| join(path, n);
-        w.linear(&p(q_proj_name), q_proj);
-        w.linear_opt(&p("k_proj"), k_proj.as_mut());
-        w.linear_opt(&p("v_proj"), v_proj.as_mut());
-        w.linear(&p(o_name), o_proj);
-        for (name, n) in [(*q_name, q_norm), (*k_name, k_norm)] {
-            if let Some(n) = n {
-                w.rms_norm(&p(name), n);
-            }
-        }
-        w.linear_opt(&p("gate_proj"), out_gate.as_mut());
-        w.linear_opt(&p("g_proj"), head_gate.as_mut());
-        if let Some(sinks) = sinks {
-            w.array(path, "sinks", sinks);
-        }
-    }
-
-    pub(crate) fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        Ok(self.forward_shared(x, mask, cache, None)?.0)
-    }
-
-    /// [`Attention::forward`], also returning the keys and values as projected (before the
-    /// reshape), which a layer without its own projections takes as `shared` (hunyuan's
-    /// cross-layer attention).
-    fn forward_shared(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-        shared: Option<&(Array, Array)>,
-    ) -> Result<(Array, (Array, Array))> {
-        let sh = x.shape();
-        let (b, l) = (sh[0], sh[1]);
-        let norm = |n: &Option<RmsNorm>, y: Array| -> Result<Array> {
-            match n {
-                Some(n) => n.forward(&y),
-                None => Ok(y),
-            }
-        };
-        let mut queries = self.q_proj.forward(x)?;
-        let fused = if self.fused_qkv {
-            let (qs, ks) = (self.n_heads, self.n_kv_heads);
-            let hd = queries.shape().last().copied().unwrap_or(0) / (qs + 2 * ks);
-            let mut parts = ops::split_at(&queries, &[qs * hd, (qs + ks) * hd], -1, None)?;
-            let v = parts.pop();
-            let k = parts.pop();
-            queries = parts.pop().ok_or_else(|| ModelError::Internal {
-                what: "moe".into(),
-                problem: "qkv split".into(),
-            })?;
-            k.zip(v)
-        } else {
-            None
-        };
-        let (mut keys, values) = match (fused, &self.k_proj, &self.v_proj, shared) {
-            (Some(kv), ..) => kv,
-            (None, Some(k), Some(v), None) => (k.forward(x)?, v.forward(x)?),
-            (None, _, _, Some((k, v))) => (k.clone(), v.clone()),
-            _ => {
-                return Err(ModelError::Unsupported {
-                    what: "a layer".into(),
-                    problem: "without k_proj / v_proj needs an earlier layer's keys and values"
-                        .into(),
-                })
-            }
-        };
-        let kv_states = (keys.clone(), values.clone());
-        if self.qk_norm == QkNorm::Full {
-            if let (Some(n), Some(qn), Some(kn)) = (self.sharded_norms, &self.q_norm, &self.k_norm)
-            {
-                queries = crate::shard::sharded_rms_norm(&queries, &qn.weight, qn.eps, n)?;
-                keys = crate::shard::sharded_rms_norm(&keys, &kn.weight, kn.eps, n)?;
-            } else {
-                queries = norm(&self.q_norm, queries)?;
-                keys = norm(&self.k_norm, keys)?;
-            }
-        }
-        let split = |y: &Array, n: i32| ops::reshape(y, &[b, l, n, -1], None);
-        let mut queries = split(&queries, self.n_heads)?;
-        let mut keys = split(&keys, self.n_kv_heads)?;
-        if self.qk_norm == QkNorm::PerHead {
-            queries = norm(&self.q_norm, queries)?;
-            keys = norm(&self.k_norm, keys)?;
-        }
-        let heads = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
-        let queries = heads(&queries)?;
-        let keys = heads(&keys)?;
-        let values = heads(&split(&values, self.n_kv_heads)?)?;
-        let rope = |y: &Array, offset: usize| -> Result<Array> {
-            if self.use_rope {
-                self.rope.forward(y, offset)
-            } else {
-                Ok(y.clone())
-            }
-        };
-        let after_rope = |q: Array, k: Array| -> Result<(Array, Array)> {
-            if self.qk_norm == QkNorm::AfterRope {
-                Ok((norm(&self.q_norm, q)?, norm(&self.k_norm, k)?))
-            } else {
-                Ok((q, k))
-            }
-        };
-        let (queries, kv) = match cache {
-            Some(c) => {
-                let offset = c.offset();
-                let q = rope(&queries, offset)?;
-                let k = rope(&keys, offset)?;
-                let (q, k) = after_rope(q, k)?;
-                (q, c.update_and_fetch(&k, &values)?)
-            }
-            None => {
-                let (q, k) = after_rope(rope(&queries, 0)?, rope(&keys, 0)?)?;
-                (q, mlx_cache::Kv::Dense { keys: k, values })
-            }
-        };
-        let out =
-            scaled_dot_product_attention(&queries, &kv, self.scale, mask, self.sinks.as_ref())?;
-        let mut out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
-        if let Some(g) = &self.out_gate {
-            out = (&out * &ops::sigmoid(&g.forward(x)?, None)?)?;
-        }
-        if let Some(g) = &self.head_gate {
-            let z = g.forward(x)?.astype(Dtype::Float32)?;
-            let zero = Scalar::Int(0).to_array_like(z.dtype())?;
-            let gate = ops::logaddexp(&z, &zero, None)?.astype(out.dtype())?;
-            let per_head = ops::reshape(&out, &[b, l, self.n_heads, -1], None)?;
-            out = ops::reshape(
-                &(&per_head * &ops::expand_dims(&gate, &[-1], None)?)?,
-                &[b, l, -1],
-                None,
-            )?;
-        }
-        Ok((self.o_proj.forward(&out)?, kv_states))
     }
 }
 
@@ -678,24 +384,19 @@ impl Model {
                 Some(&heads) => {
                     let mut layer_spec = spec.clone();
                     layer_spec.n_heads = heads;
-                    Attention::load(&layer_spec, w, &format!("{p}.{attn_module}"), kv_proj)?
+                    Attention::from_row(&layer_spec, w, &format!("{p}.{attn_module}"), kv_proj)?
                 }
-                None => Attention::load(&spec, w, &format!("{p}.{attn_module}"), kv_proj)?,
+                None => Attention::from_row(&spec, w, &format!("{p}.{attn_module}"), kv_proj)?,
             };
             if spec.extras.head_gate {
-                self_attn.head_gate = Some(Linear::load(
-                    w,
-                    &format!("{p}.{attn_module}.g_proj"),
-                    dim,
-                    self_attn.n_heads,
-                    false,
-                )?);
+                let at = format!("{p}.{attn_module}");
+                self_attn = self_attn.with_head_gate(w, &at, dim, kit::HeadGate::Softplus)?;
             }
             if let Some(rope) = spec.extras.layer_ropes.get(i) {
-                self_attn.rope = rope.clone();
+                self_attn.rope = Some(rope.clone());
             }
             if spec.extras.no_rope.get(i).copied().unwrap_or(false) {
-                self_attn.use_rope = false;
+                self_attn.rope = None;
             }
             if spec.extras.attn_gate {
                 self_attn.out_gate = Some(Linear::load(

@@ -20,8 +20,8 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 use crate::layers::{
-    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
-    RopeScaling, SwitchActivation, SwitchGlu,
+    Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
+    SwitchGlu,
 };
 use crate::models::moe_block::{Ffn, MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
@@ -106,23 +106,11 @@ fn step_mlp(w: &mut Weights, path: &str, dim: i32, hidden: i32, limit: f64) -> R
     })
 }
 
-struct Attention {
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    g_proj: Option<Linear>,
-    rope: Rope,
-}
-
 struct Layer {
     sliding: bool,
-    self_attn: Attention,
+    /// `Step3p5Attention` ([`kit::Attention`]): per-head q/k norms, a partial rope of the
+    /// layer's base, an optional head-wise sigmoid gate.
+    self_attn: kit::Attention,
     mlp: Ffn,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
@@ -238,29 +226,20 @@ impl Model {
                 _ => a.rope_scaling.as_ref(),
             };
             let hd = a.head_dim;
-            let self_attn = Attention {
-                n_heads: heads,
-                n_kv_heads: groups,
-                scale: f64::from(hd).powf(-0.5) as f32,
-                q_proj: Linear::load(w, &p("self_attn.q_proj"), d, heads * hd, false)?,
-                k_proj: Linear::load(w, &p("self_attn.k_proj"), d, groups * hd, false)?,
-                v_proj: Linear::load(w, &p("self_attn.v_proj"), d, groups * hd, false)?,
-                o_proj: Linear::load(w, &p("self_attn.o_proj"), heads * hd, d, false)?,
-                q_norm: RmsNorm::load(w, &p("self_attn.q_norm"), hd, eps)?,
-                k_norm: RmsNorm::load(w, &p("self_attn.k_norm"), hd, eps)?,
-                g_proj: if a.use_head_wise_attn_gate {
-                    Some(Linear::load(w, &p("self_attn.g_proj"), d, heads, false)?)
-                } else {
-                    None
-                },
-                rope: Rope::initialize(
-                    (f64::from(hd) * partial) as i32,
-                    theta,
-                    false,
-                    scaling,
-                    Some(a.max_position_embeddings),
-                )?,
-            };
+            let at = p("self_attn");
+            let dims = (d, heads, groups, hd);
+            let mut self_attn = kit::Attention::load(w, &at, dims, false, kit::head_scale(hd))?
+                .with_head_norms(w, &at, eps)?;
+            if a.use_head_wise_attn_gate {
+                self_attn = self_attn.with_head_gate(w, &at, d, kit::HeadGate::Sigmoid)?;
+            }
+            let self_attn = self_attn.with_rope(Some(Rope::initialize(
+                (f64::from(hd) * partial) as i32,
+                theta,
+                false,
+                scaling,
+                Some(a.max_position_embeddings),
+            )?));
             let mlp = if moe_layers.contains(&i) {
                 let limit = limit_at(&a.swiglu_limits, i);
                 let activation = if limit > 0.0 {
@@ -329,38 +308,6 @@ impl Model {
         })
     }
 
-    fn attention(
-        &self,
-        at: &Attention,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let per_head = |y: Array, n: i32| ops::reshape(&y, &[b, l, n, -1], None);
-        let heads = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
-        let q = heads(
-            &at.q_norm
-                .forward(&per_head(at.q_proj.forward(x)?, at.n_heads)?)?,
-        )?;
-        let k = heads(
-            &at.k_norm
-                .forward(&per_head(at.k_proj.forward(x)?, at.n_kv_heads)?)?,
-        )?;
-        let v = kit::split_heads(&at.v_proj.forward(x)?, at.n_kv_heads)?;
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let q = at.rope.forward(&q, offset)?;
-        let kv = kit::cached_kv(cache, at.rope.forward(&k, offset)?, v)?;
-        let out = scaled_dot_product_attention(&q, &kv, at.scale, mask, None)?;
-        let mut out = heads(&out)?;
-        if let Some(g) = &at.g_proj {
-            let gate = ops::expand_dims(&ops::sigmoid(&g.forward(x)?, None)?, &[-1], None)?;
-            out = (&out * &gate)?;
-        }
-        at.o_proj.forward(&ops::reshape(&out, &[b, l, -1], None)?)
-    }
-
     /// Tensor parallelism as step3p5.py's `shard()`: q, k, v and the head-wise gate
     /// all-to-sharded, o sharded-to-all, heads and KV heads / N (sliding layers' own counts
     /// too); dense MLPs as llama's; MoE blocks with the shared expert and the experts split in
@@ -412,16 +359,7 @@ impl Model {
         };
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = |s: &str| format!("model.layers.{i}.{s}");
-            let a = &mut l.self_attn;
-            all_to_sharded(&mut a.q_proj, size, rank, &p("self_attn.q_proj"))?;
-            all_to_sharded(&mut a.k_proj, size, rank, &p("self_attn.k_proj"))?;
-            all_to_sharded(&mut a.v_proj, size, rank, &p("self_attn.v_proj"))?;
-            sharded_to_all(&mut a.o_proj, size, rank, &p("self_attn.o_proj"))?;
-            a.n_heads /= size;
-            a.n_kv_heads /= size;
-            if let Some(g) = a.g_proj.as_mut() {
-                all_to_sharded(g, size, rank, &p("self_attn.g_proj"))?;
-            }
+            l.self_attn.shard_projections(size, rank, &p("self_attn"))?;
             match &mut l.mlp {
                 Ffn::Dense(m) => mlp(m, &p("mlp"), false)?,
                 Ffn::Sparse(m) => {
@@ -461,7 +399,9 @@ impl Model {
         for (i, l) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let mask = if l.sliding { &swa_mask } else { &full_mask };
-            let r = self.attention(&l.self_attn, &l.input_layernorm.forward(&h)?, mask, cache)?;
+            let r = l
+                .self_attn
+                .forward(&l.input_layernorm.forward(&h)?, mask, cache)?;
             let h2 = (&h + &r)?;
             let x = l.post_attention_layernorm.forward(&h2)?;
             let r = l.mlp.forward(&x)?;
