@@ -1140,9 +1140,15 @@ mod tests {
         assert_eq!(packed.to_vec::<u8>()?, vec![0b0101_0101; 2]);
         assert_eq!(scale.to_vec::<f32>()?, vec![1.0]);
         let two = Array::from_slice(&[0.5f32, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], &[4, 2])?;
-        assert!(bitnet_pack(&two).unwrap_err().contains("at (0, 1)"));
+        assert!(bitnet_pack(&two)
+            .unwrap_err()
+            .to_string()
+            .contains("at (0, 1)"));
         let three = Array::from_slice(&[0.5f32; 6], &[3, 2])?;
-        assert!(bitnet_pack(&three).unwrap_err().contains("3 rows"));
+        assert!(bitnet_pack(&three)
+            .unwrap_err()
+            .to_string()
+            .contains("3 rows"));
         Ok(())
     }
 

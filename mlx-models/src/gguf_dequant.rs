@@ -38,31 +38,89 @@ fn half(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
+/// Why [`dequantize`] refused a tensor (the type by its GGML name, and the sizes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DequantError {
+    /// A type id GGML does not define.
+    UnknownType(u32),
+    /// A type not in [`DEQUANTIZED_TYPES`].
+    NotDequantized(&'static str),
+    /// `elements` is not a whole number of `block`-value blocks.
+    PartialBlock {
+        name: &'static str,
+        elements: usize,
+        block: usize,
+    },
+    /// The byte size of `elements` values overflows.
+    Overflow { name: &'static str, elements: usize },
+    /// `data` does not hold exactly the blocks.
+    Size {
+        name: &'static str,
+        elements: usize,
+        want: usize,
+        got: usize,
+    },
+}
+
+impl std::fmt::Display for DequantError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DequantError::UnknownType(t) => write!(f, "unknown GGML type {t}"),
+            DequantError::NotDequantized(name) => {
+                write!(f, "GGML type {name} cannot be dequantized here")
+            }
+            DequantError::PartialBlock {
+                name,
+                elements,
+                block,
+            } => write!(
+                f,
+                "{elements} {name} values are not a whole number of {block}-value blocks"
+            ),
+            DequantError::Overflow { name, elements } => {
+                write!(f, "{elements} {name} values: size overflows")
+            }
+            DequantError::Size {
+                name,
+                elements,
+                want,
+                got,
+            } => write!(f, "{elements} {name} values need {want} bytes, got {got}"),
+        }
+    }
+}
+
+impl std::error::Error for DequantError {}
+
 /// Dequantizes `data`, the bytes of a tensor of GGML type `ggml_type` holding `elements`
 /// values, to `f32`. Errors (naming the type and the sizes) when the type is not one of
 /// [`DEQUANTIZED_TYPES`], `elements` is not a whole number of blocks, or `data` does not hold
 /// exactly those blocks.
-pub fn dequantize(ggml_type: u32, data: &[u8], elements: usize) -> Result<Vec<f32>, String> {
+pub fn dequantize(ggml_type: u32, data: &[u8], elements: usize) -> Result<Vec<f32>, DequantError> {
     let Some((name, block, block_bytes)) = mlx_core::io::ggml_type_info(ggml_type) else {
-        return Err(format!("unknown GGML type {ggml_type}"));
+        return Err(DequantError::UnknownType(ggml_type));
     };
     if !DEQUANTIZED_TYPES.iter().any(|(t, _)| *t == ggml_type) {
-        return Err(format!("GGML type {name} cannot be dequantized here"));
+        return Err(DequantError::NotDequantized(name));
     }
     let (block, block_bytes) = (block as usize, block_bytes as usize);
     if elements % block != 0 {
-        return Err(format!(
-            "{elements} {name} values are not a whole number of {block}-value blocks"
-        ));
+        return Err(DequantError::PartialBlock {
+            name,
+            elements,
+            block,
+        });
     }
     let want = (elements / block)
         .checked_mul(block_bytes)
-        .ok_or_else(|| format!("{elements} {name} values: size overflows"))?;
+        .ok_or(DequantError::Overflow { name, elements })?;
     if data.len() != want {
-        return Err(format!(
-            "{elements} {name} values need {want} bytes, got {}",
-            data.len()
-        ));
+        return Err(DequantError::Size {
+            name,
+            elements,
+            want,
+            got: data.len(),
+        });
     }
     let mut out = vec![0f32; elements];
     let blocks = data
@@ -78,7 +136,7 @@ pub fn dequantize(ggml_type: u32, data: &[u8], elements: usize) -> Result<Vec<f3
         // The block formats: mlx-core's decoder (gguf-py's formulas in its order).
         id => match GgmlType::from_id(id) {
             Some(ty) => dequantize_row(ty, data, &mut out),
-            None => return Err(format!("GGML type {name} cannot be dequantized here")),
+            None => return Err(DequantError::NotDequantized(name)),
         },
     }
     Ok(out)

@@ -99,16 +99,20 @@ fn class_name(c: Class) -> &'static str {
     }
 }
 
+/// A tokenizer class transformers has that this module does not reproduce (its name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Unreproduced(String);
+
 /// The class `AutoTokenizer.from_pretrained` picks for a local directory
 /// (`tokenization_auto.py`): the config's `tokenizer_class`, except that a `LlamaTokenizer`
 /// over a byte-level `tokenizer.json` loads as `TokenizersBackend`, and that a model type
 /// whose registered class differs from the config's takes the registered class when the type
-/// is listed as shipping a wrong class. `Err(name)`: a class not reproduced here.
+/// is listed as shipping a wrong class. `Err`: a class not reproduced here, by name.
 fn resolve_class(
     hub_class: Option<&str>,
     model_type: Option<&str>,
     tokenizer_json: &str,
-) -> std::result::Result<Class, String> {
+) -> std::result::Result<Class, Unreproduced> {
     let tables: Value = serde_json::from_str(CLASSES_JSON).unwrap_or(Value::Null);
     let registered = model_type
         .filter(|t| !t.is_empty())
@@ -143,11 +147,11 @@ fn resolve_class(
                     return match class_named(&name) {
                         Some(c) => Ok(c),
                         None if strip(&name) == "PreTrainedTokenizer" => Ok(Class::Backend),
-                        None => Err(name),
+                        None => Err(Unreproduced(name)),
                     };
                 }
                 if reg == "MistralCommonBackend" {
-                    return Err(reg);
+                    return Err(Unreproduced(reg));
                 }
                 return Ok(Class::Backend);
             }
@@ -155,12 +159,12 @@ fn resolve_class(
         return match class_named(hub) {
             Some(c) => Ok(c),
             // `tokenizer_class_from_name` knows it: a class of its own, not reproduced.
-            None if known_class(&tables, hub) => Err(hub.to_string()),
+            None if known_class(&tables, hub) => Err(Unreproduced(hub.to_string())),
             None => Ok(Class::Backend),
         };
     }
     match registered {
-        Some(reg) => class_named(reg).ok_or_else(|| reg.to_string()),
+        Some(reg) => class_named(reg).ok_or_else(|| Unreproduced(reg.to_string())),
         None => Ok(Class::Backend),
     }
 }
@@ -438,7 +442,7 @@ fn load_inner(src: &Path, cfg: &Map<String, Value>) -> Result<Saved> {
     let hub = cfg.get("tokenizer_class").and_then(Value::as_str);
     let class = match resolve_class(hub, model_type.as_deref(), &json_text) {
         Ok(c) => c,
-        Err(name) => return Ok(Saved::Unsupported(name)),
+        Err(Unreproduced(name)) => return Ok(Saved::Unsupported(name)),
     };
     let src_json: Value = serde_json::from_str(&json_text).map_err(|e| {
         TokenizerError::Config(format!("{}: {e}", src.join("tokenizer.json").display()))
@@ -701,7 +705,7 @@ mod tests {
         // is TokenizersBackend.
         assert_eq!(
             r(Some("BertTokenizer"), Some("llama"), BYTE_LEVEL),
-            Err("BertTokenizer".into())
+            Err(Unreproduced("BertTokenizer".into()))
         );
         assert_eq!(
             r(Some("NoSuchTokenizer"), Some("llama"), BYTE_LEVEL),

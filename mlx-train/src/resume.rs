@@ -289,7 +289,7 @@ pub fn load_state(
     let bad = |m: String| io_err(&opt_file, m);
     for (k, a) in arrays {
         if let Some(rest) = k.strip_prefix("optimizer.") {
-            check_optimizer_entry(rest, &a, params).map_err(bad)?;
+            check_optimizer_entry(rest, &a, params).map_err(|e| bad(e.to_string()))?;
             opt.insert(rest.to_string(), a);
         } else if let Some(p) = k.strip_prefix("grad_accum.") {
             match params.get(p) {
@@ -323,28 +323,85 @@ pub fn load_state(
     Ok(Some(state))
 }
 
+/// Why an optimizer state entry was refused ([`check_optimizer_entry`]); the loader adds
+/// the optimizer file.
+#[derive(Clone, Debug, PartialEq)]
+enum BadEntry {
+    /// `step` or `learning_rate` that is not a scalar of its kind.
+    NotScalar {
+        key: String,
+        dtype: Dtype,
+        shape: Vec<i32>,
+    },
+    /// An entry with no `<param>.<leaf>` shape.
+    Malformed(String),
+    /// `<param>` is not a trainable parameter.
+    NotTrainable { key: String, param: String },
+    /// A leaf no optimizer here writes.
+    UnknownLeaf(String),
+    /// The array does not match its parameter.
+    Shape {
+        key: String,
+        dtype: Dtype,
+        shape: Vec<i32>,
+        want: Vec<i32>,
+    },
+}
+
+impl std::fmt::Display for BadEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadEntry::NotScalar { key, dtype, shape } => write!(
+                f,
+                "`optimizer.{key}` must be a scalar ({dtype}; shape {shape:?})"
+            ),
+            BadEntry::Malformed(k) => write!(f, "bad optimizer entry `{k}`"),
+            BadEntry::NotTrainable { key, param } => write!(
+                f,
+                "optimizer entry `{key}`: `{param}` is not a trainable parameter"
+            ),
+            BadEntry::UnknownLeaf(k) => write!(f, "unknown optimizer entry `{k}`"),
+            BadEntry::Shape {
+                key,
+                dtype,
+                shape,
+                want,
+            } => write!(
+                f,
+                "optimizer entry `{key}`: {dtype} {shape:?}, expected a float array of shape \
+                 {want:?}"
+            ),
+        }
+    }
+}
+
 /// An optimizer state entry (`step`, `learning_rate`, `<param>.<leaf>`) checked against the
 /// trainable parameters before MLX sees it.
-fn check_optimizer_entry(k: &str, a: &Array, params: &ParamMap) -> std::result::Result<(), String> {
+fn check_optimizer_entry(
+    k: &str,
+    a: &Array,
+    params: &ParamMap,
+) -> std::result::Result<(), BadEntry> {
     let scalar = a.ndim() == 0;
     match k {
         "step" if scalar && !a.dtype().is_floating() => return Ok(()),
         "learning_rate" if scalar && a.dtype().is_floating() => return Ok(()),
         "step" | "learning_rate" => {
-            return Err(format!(
-                "`optimizer.{k}` must be a scalar ({}; shape {:?})",
-                a.dtype(),
-                a.shape()
-            ))
+            return Err(BadEntry::NotScalar {
+                key: k.to_string(),
+                dtype: a.dtype(),
+                shape: a.shape(),
+            })
         }
         _ => {}
     }
     let (p, leaf) = k
         .rsplit_once('.')
-        .ok_or_else(|| format!("bad optimizer entry `{k}`"))?;
-    let param = params
-        .get(p)
-        .ok_or_else(|| format!("optimizer entry `{k}`: `{p}` is not a trainable parameter"))?;
+        .ok_or_else(|| BadEntry::Malformed(k.to_string()))?;
+    let param = params.get(p).ok_or_else(|| BadEntry::NotTrainable {
+        key: k.to_string(),
+        param: p.to_string(),
+    })?;
     let s = param.shape();
     let n = s.len();
     let want: Vec<i32> = match leaf {
@@ -352,14 +409,15 @@ fn check_optimizer_entry(k: &str, a: &Array, params: &ParamMap) -> std::result::
         "exp_avg_sq" if n < 2 => s.clone(),
         "exp_avg_sq_row" if n >= 2 => s[..n - 1].to_vec(),
         "exp_avg_sq_col" if n >= 2 => [&s[..n - 2], &s[n - 1..]].concat(),
-        _ => return Err(format!("unknown optimizer entry `{k}`")),
+        _ => return Err(BadEntry::UnknownLeaf(k.to_string())),
     };
     if a.shape() != want || !a.dtype().is_floating() {
-        return Err(format!(
-            "optimizer entry `{k}`: {} {:?}, expected a float array of shape {want:?}",
-            a.dtype(),
-            a.shape()
-        ));
+        return Err(BadEntry::Shape {
+            key: k.to_string(),
+            dtype: a.dtype(),
+            shape: a.shape(),
+            want,
+        });
     }
     Ok(())
 }

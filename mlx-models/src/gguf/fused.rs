@@ -384,29 +384,24 @@ pub(super) fn bitnet_config(cx: &mut Cx) -> Result<()> {
 /// `r + i * out / 4`'s code (value / scale + 1), and the scale (the non-zero magnitude, 1 when
 /// every value is 0) in the weight's dtype, shape (1,). Values that are not 0 or plus / minus
 /// one magnitude are refused.
-pub(super) fn bitnet_pack(w: &Array) -> std::result::Result<(Array, Array), String> {
+pub(super) fn bitnet_pack(w: &Array) -> std::result::Result<(Array, Array), NotTernary> {
     let shape = w.shape();
     let &[out, cols] = shape.as_slice() else {
-        return Err(format!("must be 2-d, got shape {shape:?}"));
+        return Err(NotTernary::Shape(shape));
     };
     if out % 4 != 0 {
-        return Err(format!(
-            "has {out} rows; mlx-lm's BitLinear packs four output rows a byte"
-        ));
+        return Err(NotTernary::Rows(out));
     }
-    let v = w
-        .astype(Dtype::Float32)
-        .and_then(|a| a.to_vec::<f32>())
-        .map_err(|e| e.to_string())?;
+    let v = w.astype(Dtype::Float32).and_then(|a| a.to_vec::<f32>())?;
     let s = v.iter().fold(0f32, |m, x| m.max(x.abs()));
     if let Some(i) = v.iter().position(|&x| !(x == 0.0 || x == s || x == -s)) {
         let c = cols as usize;
-        return Err(format!(
-            "value {} at ({}, {}) is not 0 or +/-{s}: not ternary values times one scale",
-            v[i],
-            i / c,
-            i % c
-        ));
+        return Err(NotTernary::Value {
+            value: v[i],
+            row: i / c,
+            col: i % c,
+            scale: s,
+        });
     }
     let (q, c) = (out as usize / 4, cols as usize);
     let mut packed = vec![0u8; q * c];
@@ -424,13 +419,57 @@ pub(super) fn bitnet_pack(w: &Array) -> std::result::Result<(Array, Array), Stri
         }
     }
     let s = if s == 0.0 { 1.0 } else { s };
-    let err = |e: mlx_core::Error| e.to_string();
     Ok((
-        Array::from_slice(&packed, &[out / 4, cols]).map_err(err)?,
-        Array::from_slice(&[s], &[1])
-            .and_then(|a| a.astype(w.dtype()))
-            .map_err(err)?,
+        Array::from_slice(&packed, &[out / 4, cols])?,
+        Array::from_slice(&[s], &[1]).and_then(|a| a.astype(w.dtype()))?,
     ))
+}
+
+/// Why [`bitnet_pack`] refused a weight; the loader adds the file and the tensor.
+#[derive(Debug)]
+pub(super) enum NotTernary {
+    /// Not 2-d.
+    Shape(Vec<i32>),
+    /// Rows not a multiple of 4.
+    Rows(i32),
+    /// A value that is not 0 or plus / minus the scale.
+    Value {
+        value: f32,
+        row: usize,
+        col: usize,
+        scale: f32,
+    },
+    /// MLX failed reading or building the arrays.
+    Mlx(mlx_core::Error),
+}
+
+impl From<mlx_core::Error> for NotTernary {
+    fn from(e: mlx_core::Error) -> NotTernary {
+        NotTernary::Mlx(e)
+    }
+}
+
+impl std::fmt::Display for NotTernary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotTernary::Shape(shape) => write!(f, "must be 2-d, got shape {shape:?}"),
+            NotTernary::Rows(out) => write!(
+                f,
+                "has {out} rows; mlx-lm's BitLinear packs four output rows a byte"
+            ),
+            NotTernary::Value {
+                value,
+                row,
+                col,
+                scale,
+            } => write!(
+                f,
+                "value {value} at ({row}, {col}) is not 0 or +/-{scale}: not ternary values \
+                 times one scale"
+            ),
+            NotTernary::Mlx(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 /// OLMo (`olmo`): mlx-lm's AI2 arguments and fused projections (`att_proj` = [q | k | v],

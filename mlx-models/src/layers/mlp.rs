@@ -4,7 +4,7 @@
 use mlx_core::prelude::*;
 
 use crate::error::Result;
-use crate::layers::activations::{gelu, gelu_approx, relu2, silu, swiglu, xielu};
+use crate::layers::activations::{gelu, gelu_approx, relu2, silu, swiglu, swiglu_oai, xielu};
 use crate::layers::linear::Linear;
 use crate::weights::Weights;
 
@@ -32,6 +32,11 @@ pub enum MlpKind {
     SiluGlu,
     /// `down(nn.relu(gate(x)) * up(x))` (nemotron-nas).
     ReluGlu,
+    /// `down(swiglu_oai(gate(x), up(x)))`: gpt_oss's SwiGLU (minimax_m3's MLPs).
+    SwiGluOai,
+    /// `down(min(silu(gate(x)), limit) * clip(up(x), -limit, limit))` (step3p5's clamped
+    /// MLPs; the limit is the MLP's, [`Mlp::from_linears`]).
+    ClampedSwiGlu,
 }
 
 impl MlpKind {
@@ -44,6 +49,8 @@ impl MlpKind {
                 | MlpKind::Relu2Glu
                 | MlpKind::SiluGlu
                 | MlpKind::ReluGlu
+                | MlpKind::SwiGluOai
+                | MlpKind::ClampedSwiGlu
         )
     }
 }
@@ -113,6 +120,8 @@ pub struct Mlp {
     xielu: Option<XieLuParams>,
     up_first: bool,
     inner_norm: Option<Box<crate::layers::Norm>>,
+    /// [`MlpKind::ClampedSwiGlu`]'s limit.
+    limit: f32,
 }
 
 impl Mlp {
@@ -233,7 +242,23 @@ impl Mlp {
             xielu,
             up_first: names.up_first,
             inner_norm: None,
+            limit: 0.0,
         })
+    }
+
+    /// A gated MLP from separate projections its port loaded in its own module's order
+    /// (minimax_m3's and step3p5's declare gate, up, down); `limit` is
+    /// [`MlpKind::ClampedSwiGlu`]'s.
+    pub fn from_linears(kind: MlpKind, gate: Linear, up: Linear, down: Linear, limit: f32) -> Mlp {
+        Mlp {
+            kind,
+            gate_up: GateUp::Separate { gate, up },
+            down,
+            xielu: None,
+            up_first: false,
+            inner_norm: None,
+            limit,
+        }
     }
 
     /// A norm on the activation before the down projection (BitNet's `ffn_sub_norm`).
@@ -279,6 +304,8 @@ impl Mlp {
             MlpKind::GeGluTanh => (&gelu_approx(g)? * u)?,
             MlpKind::Relu2Glu => (&relu2(g)? * u)?,
             MlpKind::SiluGlu => (&silu(g)? * u)?,
+            MlpKind::SwiGluOai => swiglu_oai(g, u)?,
+            MlpKind::ClampedSwiGlu => crate::layers::clamped_swiglu(u, g, self.limit)?,
             MlpKind::ReluGlu => {
                 let zero = Scalar::Int(0).to_array_like(g.dtype())?;
                 (&ops::maximum(g, &zero, None)? * u)?

@@ -17,7 +17,7 @@
 //! groups with `-inf`. Pipeline parallelism for bailing_hybrid as its mlx-lm `pipeline`
 //! ([`Model::shard_pipeline`]: whole layer groups per rank); mlx-lm has no `shard()` for either.
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache};
+use mlx_cache::{ArraysCache, Cache};
 use mlx_core::fast;
 use mlx_core::prelude::*;
 use serde::Deserialize;
@@ -29,8 +29,7 @@ use crate::layers::activations::compiled;
 use crate::layers::mla::{MlaAttention, MlaSpec};
 use crate::layers::ssm::arrays_cache;
 use crate::layers::{
-    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
-    SwitchActivation, SwitchGlu,
+    Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, SwitchActivation, SwitchGlu,
 };
 use crate::models::moe_block::lower_top_k;
 use crate::models::{kit, LanguageModel};
@@ -223,19 +222,6 @@ fn config_error(model_type: &str, m: String) -> ModelError {
     ModelError::Config(format!("config.json (`{model_type}`): {m}"))
 }
 
-/// The fused projection split into heads: `(B, heads, L, D)` queries, keys and values.
-fn split_qkv(qkv: &Array, b: i32, l: i32, h: i32, kv: i32, d: i32) -> Result<[Array; 3]> {
-    let parts = ops::split_at(qkv, &[h * d, (h + kv) * d], -1, None)?;
-    let heads = |y: &Array, n: i32| -> Result<Array> {
-        Ok(y.reshape(&[b, l, n, d])?.transpose(&[0, 2, 1, 3])?)
-    };
-    Ok([
-        heads(&parts[0], h)?,
-        heads(&parts[1], kv)?,
-        heads(&parts[2], kv)?,
-    ])
-}
-
 /// The optional per-head `query_layernorm` / `key_layernorm`.
 #[derive(Clone)]
 struct QkNorm {
@@ -266,68 +252,31 @@ fn rope_for(a: &ModelArgs, head_dim: i32) -> Result<Rope> {
     )
 }
 
-/// bailing_moe_linear's `Attention` (the global layers).
-#[derive(Clone)]
-struct Attention {
-    query_key_value: Linear,
-    dense: Linear,
-    qk_norm: Option<QkNorm>,
-    rope: Rope,
-    heads: i32,
-    kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
-}
-
-impl Attention {
-    fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
-        let (h, kv) = (a.num_attention_heads, a.num_key_value_heads);
-        let d = a.head_dim.filter(|d| *d != 0).unwrap_or(a.hidden_size / h);
-        Ok(Attention {
-            query_key_value: Linear::load(
-                w,
-                &format!("{p}.query_key_value"),
-                a.hidden_size,
-                (h + 2 * kv) * d,
-                a.use_qkv_bias,
-            )?,
-            dense: Linear::load(w, &format!("{p}.dense"), h * d, a.hidden_size, a.use_bias)?,
-            qk_norm: QkNorm::load(a, w, p, d)?,
-            rope: rope_for(a, d)?,
-            heads: h,
-            kv_heads: kv,
-            head_dim: d,
-            scale: f64::from(d).powf(-0.5) as f32,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let sh = x.shape();
-        let (b, l) = (sh[0], sh[1]);
-        let [mut q, mut k, v] = split_qkv(
-            &self.query_key_value.forward(x)?,
-            b,
-            l,
-            self.heads,
-            self.kv_heads,
-            self.head_dim,
-        )?;
-        if let Some(n) = &self.qk_norm {
-            q = n.query.forward(&q)?;
-            k = n.key.forward(&k)?;
-        }
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
-        let kv = kit::cached_kv(cache, k, v)?;
-        let out = scaled_dot_product_attention(&q, &kv, self.scale, mask, None)?;
-        self.dense.forward(&kit::merge_heads(&out)?)
-    }
+/// bailing_moe_linear's `Attention` (the global layers, [`kit::Attention`]): the fused
+/// `query_key_value` split, the optional per-head `query_layernorm` / `key_layernorm` over the
+/// transposed heads, a partial rope, `dense` out.
+fn global_attention(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<kit::Attention> {
+    let h = a.num_attention_heads;
+    let d = a.head_dim.filter(|d| *d != 0).unwrap_or(a.hidden_size / h);
+    let spec = kit::AttentionSpec {
+        hidden_size: a.hidden_size,
+        n_heads: h,
+        n_kv_heads: a.num_key_value_heads,
+        head_dim: d,
+        qkv_bias: a.use_qkv_bias,
+        o_bias: a.use_bias,
+        qk_norm: if a.use_qk_norm {
+            crate::models::moe::QkNorm::PerHeadTransposed
+        } else {
+            crate::models::moe::QkNorm::None
+        },
+        eps: a.rms_norm_eps as f32,
+        rope: rope_for(a, d)?,
+        names: ["dense", "query_layernorm", "key_layernorm"],
+        sinks: false,
+        inv_sqrt_scale: false,
+    };
+    kit::Attention::new_with(spec, w, p, true, Some("query_key_value"))
 }
 
 /// bailing_moe_linear's `LinearAttention`.
@@ -775,7 +724,7 @@ impl Ffn {
 
 #[derive(Clone)]
 enum Mixer {
-    Global(Box<Attention>),
+    Global(Box<kit::Attention>),
     /// bailing_hybrid's global layers.
     Mla(Box<MlaAttention>),
     Linear(Box<LinearAttention>),
@@ -1002,7 +951,11 @@ impl Model {
                     false, spec, w, &attn, "dense",
                 )?))
             } else if global {
-                Mixer::Global(Box::new(Attention::load(&a, w, &format!("{p}.attention"))?))
+                Mixer::Global(Box::new(global_attention(
+                    &a,
+                    w,
+                    &format!("{p}.attention"),
+                )?))
             } else {
                 Mixer::Linear(Box::new(LinearAttention::load(
                     &a,

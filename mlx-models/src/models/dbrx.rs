@@ -2,6 +2,14 @@
 //! LayerNorms, and experts kept as a list of SwiGLU MLPs (`v1`, `w1`, `w2`) that inference
 //! runs token by token, as mlx-lm does (no `SwitchGLU`: each chosen expert's MLP on the
 //! token's vector, stacked, weighted by the L1-normalized float32 softmax scores).
+//!
+//! The router is the shared block's ([`Router::SoftmaxL1`]); the experts stay here, not in a
+//! `SparseMoe`: mlx-lm's `SparseMoeBlock.__call__` (inference) loops over the tokens and
+//! calls each chosen expert's own `nn.Linear`s on the token's vector (`matmul` of a vector,
+//! or `quantized_matmul` of each expert's separately quantized weight), where a `SwitchGLU`
+//! would run one `gather_mm` / `gather_qmm` over stacked weights: other kernels, so other
+//! bits, and other parameter names (`ffn.experts.<e>.v1`, what adapters and converted
+//! checkpoints name).
 
 use mlx_cache::{AttentionMask, Cache};
 use mlx_core::prelude::*;
@@ -10,6 +18,7 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, swiglu, Embedding, LayerNorm, Linear, Rope};
+use crate::models::moe_block::Router;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -218,16 +227,8 @@ impl Block {
         let shape = x.shape();
         let d = shape.last().copied().unwrap_or(0);
         let x = ops::reshape(x, &[-1, d], None)?;
-        let gates = self.router.forward(&x)?;
-        let gates = ops::softmax(&gates.astype(Dtype::Float32)?, &[-1], false, None)?;
         let k = m.top_k;
-        let neg = ops::negative(&gates, None)?;
-        let inds = ops::slice_axis(&ops::argpartition(&neg, k - 1, -1, None)?, -1, 0, k, None)?;
-        let inds = ops::stop_gradient(&inds, None)?;
-        let scores = ops::take_along_axis(&gates, &inds, -1, None)?;
-        // `mx.linalg.norm(scores, ord=1, axis=-1, keepdims=True)`: the sum of |x|.
-        let l1 = ops::sum(&ops::abs(&scores, None)?, &[-1], true, None)?;
-        let scores = (&scores / &l1)?.astype(x.dtype())?;
+        let (inds, scores, _) = Router::SoftmaxL1.select(&self.router.forward(&x)?, k, None, &x)?;
         let ids = inds.astype(Dtype::Int32)?.to_vec::<i32>()?;
         let n = x.shape()[0];
         let mut rows = Vec::with_capacity(n as usize);

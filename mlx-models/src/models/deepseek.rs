@@ -12,10 +12,9 @@
 //! behind a linear gate) and `deepseek_v32.py` / `glm_moe_dsa.py` (deepseek_v3 with DeepSeek
 //! Sparse Attention: an indexer with its own cache picks the attended positions). Each row reads its `ModelArgs` with mlx-lm's
 //! names and defaults into a [`DeepseekSpec`]; the attention is [`MlaAttention`], the experts
-//! one [`SwitchGlu`] routed by [`GroupExpertSelect`] (`group_expert_select`, compiled as
-//! mlx-lm compiles it), with the un-gated shared experts.
-
-use std::collections::HashMap;
+//! the shared MoE block (`moe_block.rs`): one [`SwitchGlu`] routed by
+//! [`Router::DeepseekGroup`] (`group_expert_select`, compiled as mlx-lm compiles it) or
+//! [`Router::DeepseekSoftmax`], with the un-gated shared experts.
 
 use mlx_cache::{AttentionMask, Cache, CacheList, KVCache};
 use mlx_core::prelude::*;
@@ -29,6 +28,7 @@ use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
     SwitchGlu,
 };
+use crate::models::moe_block::{Ffn, GroupSelect, MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -105,20 +105,6 @@ pub struct StandardAttention {
     pub o_bias: bool,
     /// The rotated dimensions of each head (glm4_moe: `head_dim * partial_rotary_factor`).
     pub rope_dims: i32,
-}
-
-/// How the gate's logits pick experts.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum DsRouter {
-    /// deepseek_v3 / dots1 `group_expert_select` (also casts the weighted sum back).
-    Group(GroupExpertSelect),
-    /// deepseek / deepseek_v2 `MoEGate`: precise softmax, v2's `group_limited_greedy` (groups
-    /// by their best score), the `k` largest, no renormalization, v2's routed scale.
-    Softmax {
-        top_k: i32,
-        groups: Option<(i32, i32)>,
-        scale: Option<f64>,
-    },
 }
 
 /// Which `sanitize` a row runs.
@@ -1093,168 +1079,45 @@ impl DeepseekSpec {
     }
 }
 
-/// `group_expert_select` (deepseek_v3.py, `@mx.compile`): sigmoid scores, the correction bias
-/// for the choice only, group-limited top-k, optional renormalization, the routed scale.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GroupExpertSelect {
-    pub top_k: i32,
-    /// Whether groups are masked (see `DeepseekSpec::grouped`).
-    pub grouped: bool,
-    pub n_group: i32,
-    pub topk_group: i32,
-    pub routed_scaling_factor: f64,
-    pub norm_topk_prob: bool,
-    /// glm4_moe_lite's `denominator + 1e-20`.
-    pub denominator_eps: bool,
-    /// mistral4's `mistral4_expert_select`: softmax scores, no correction bias, renormalized
-    /// (with `+ 1e-20`) whatever `top_k`.
-    pub softmax: bool,
-}
-
-type SelectKey = (i32, bool, i32, i32, u64, bool, bool, bool);
-
-impl GroupExpertSelect {
-    fn key(&self) -> SelectKey {
-        (
-            self.top_k,
-            self.grouped,
-            self.n_group,
-            self.topk_group,
-            self.routed_scaling_factor.to_bits(),
-            self.norm_topk_prob,
-            self.denominator_eps,
-            self.softmax,
-        )
-    }
-
-    /// The traced body, op for op.
-    fn ops(self, gates: &Array, bias: Option<&Array>) -> Result<Vec<Array>> {
-        let gates = gates.astype(Dtype::Float32)?;
-        let scores = if self.softmax {
-            ops::softmax(&gates, &[-1], false, None)?
-        } else {
-            ops::sigmoid(&gates, None)?
-        };
-        let orig_scores = scores.clone();
-        let mut scores = match bias {
-            Some(b) => (&scores + b)?,
-            None => scores,
-        };
-        if self.grouped {
-            scores = ops::unflatten(&scores, -1, &[self.n_group, -1], None)?;
-            let group_scores = ops::sum(&ops::topk(&scores, 2, -1, None)?, &[-1], true, None)?;
-            let k = self.n_group - self.topk_group;
-            let idx = ops::argpartition(&group_scores, k - 1, -2, None)?;
-            let group_idx = ops::slice_axis(&idx, -2, 0, k, None)?;
-            scores = ops::put_along_axis(
-                &scores,
-                &ops::stop_gradient(&group_idx, None)?,
-                &Array::from_f32(0.0, Dtype::Float32)?,
-                -2,
-                None,
-            )?;
-            scores = ops::flatten(&scores, -2, -1, None)?;
+/// `DeepseekV3MoE` on the shared MoE block: `MoEGate` (a plain weight, never quantized, or
+/// mistral4's `nn.Linear`; the score correction bias), the routed experts, and the shared
+/// experts added un-gated. The router is [`Router::DeepseekSoftmax`] (deepseek,
+/// deepseek_v2) or [`Router::DeepseekGroup`] (the compiled `group_expert_select`).
+fn load_moe(s: &DeepseekSpec, w: &mut Weights, path: &str, n_routed: i32) -> Result<SparseMoe> {
+    let p = |n: &str| format!("{path}.{n}");
+    let switch_mlp = SwitchGlu::load(
+        w,
+        &p(s.experts_name),
+        s.hidden_size,
+        s.moe_intermediate_size,
+        n_routed,
+        false,
+        SwitchActivation::SwiGlu,
+    )?;
+    let gate = if s.sanitize == Sanitize::Mistral4 {
+        Linear::load(w, &p("gate"), s.hidden_size, n_routed, false)?
+    } else {
+        // `x @ weight.T`: a bias-free dense linear, taken without asking to be quantized.
+        Linear::Dense {
+            weight: w.take(&p("gate.weight"), &[n_routed, s.hidden_size])?,
+            bias: None,
         }
-        let k = self.top_k;
-        let neg = ops::negative(&scores, None)?;
-        let inds = ops::slice_axis(&ops::argpartition(&neg, k - 1, -1, None)?, -1, 0, k, None)?;
-        let inds = ops::stop_gradient(&inds, None)?;
-        let mut scores = ops::take_along_axis(&orig_scores, &inds, -1, None)?;
-        if (self.top_k > 1 || self.softmax) && self.norm_topk_prob {
-            let mut denominator = ops::sum(&scores, &[-1], true, None)?;
-            if self.denominator_eps {
-                denominator = ops::add_scalar(&denominator, 1e-20f32, None)?;
-            }
-            scores = (&scores / &denominator)?;
-        }
-        let scores = ops::multiply_scalar(&scores, self.routed_scaling_factor as f32, None)?;
-        Ok(vec![inds, scores])
-    }
-
-    /// `(inds, scores)` for the gate logits, through one compiled function per set of
-    /// constants and thread (mlx's compile cache keys the constants the same way).
-    pub fn call(&self, gates: &Array, bias: Option<&Array>) -> Result<(Array, Array)> {
-        thread_local! {
-            static CACHE: std::cell::RefCell<HashMap<SelectKey, &'static Compiled<'static>>> =
-                std::cell::RefCell::new(HashMap::new());
-        }
-        let f = CACHE.with(|c| -> Result<&'static Compiled<'static>> {
-            if let Some(f) = c.borrow().get(&self.key()) {
-                return Ok(*f);
-            }
-            let this = *self;
-            let f: &'static Compiled<'static> = Box::leak(Box::new(compile(
-                move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
-                    this.ops(&xs[0], xs.get(1))
-                        .map_err(|e| mlx_core::Error::Callback(e.to_string()))
-                },
-                false,
-            )?));
-            c.borrow_mut().insert(self.key(), f);
-            Ok(f)
-        })?;
-        let inputs: Vec<Array> = std::iter::once(gates.clone())
-            .chain(bias.cloned())
-            .collect();
-        let mut out = f.call(&inputs)?.into_iter();
-        match (out.next(), out.next()) {
-            (Some(inds), Some(scores)) => Ok((inds, scores)),
-            _ => Err(ModelError::Internal {
-                what: "compiled group_expert_select".into(),
-                problem: "returned too few outputs".into(),
-            }),
-        }
-    }
-}
-
-/// The router's projection: `MoEGate`'s plain weight (`x @ weight.T`, never quantized), or
-/// mistral4's `nn.Linear`.
-#[derive(Clone)]
-enum Gate {
-    Weight(Array),
-    Linear(Linear),
-}
-
-/// `DeepseekV3MoE`: `MoEGate` (a plain weight and the score correction bias), the routed
-/// experts, and the shared experts added un-gated.
-#[derive(Clone)]
-struct DeepseekMoe {
-    router: DsRouter,
-    gate: Gate,
-    e_score_correction_bias: Option<Array>,
-    switch_mlp: SwitchGlu,
-    shared_experts: Option<Mlp>,
-    /// mlx-lm's `sharding_group` (set by `shard()`): the output summed over the global group.
-    sharded: bool,
-}
-
-impl DeepseekMoe {
-    fn load(s: &DeepseekSpec, w: &mut Weights, path: &str, n_routed: i32) -> Result<DeepseekMoe> {
-        let p = |n: &str| format!("{path}.{n}");
-        let switch_mlp = SwitchGlu::load(
-            w,
-            &p(s.experts_name),
-            s.hidden_size,
-            s.moe_intermediate_size,
-            n_routed,
-            false,
-            SwitchActivation::SwiGlu,
-        )?;
-        let gate = if s.sanitize == Sanitize::Mistral4 {
-            Gate::Linear(Linear::load(w, &p("gate"), s.hidden_size, n_routed, false)?)
-        } else {
-            Gate::Weight(w.take(&p("gate.weight"), &[n_routed, s.hidden_size])?)
-        };
-        let e_score_correction_bias = if matches!(
-            s.sanitize,
-            Sanitize::Deepseek | Sanitize::DeepseekV2 | Sanitize::Mistral4
-        ) {
-            None
-        } else {
-            Some(w.take(&p("gate.e_score_correction_bias"), &[n_routed])?)
-        };
-        let shared_experts = match s.n_shared_experts {
-            Some(n) => Some(Mlp::load(
+    };
+    let correction_bias = if matches!(
+        s.sanitize,
+        Sanitize::Deepseek | Sanitize::DeepseekV2 | Sanitize::Mistral4
+    ) {
+        None
+    } else {
+        Some((
+            "gate.e_score_correction_bias",
+            w.take(&p("gate.e_score_correction_bias"), &[n_routed])?,
+        ))
+    };
+    let shared_experts = match s.n_shared_experts {
+        Some(n) => Some((
+            "shared_experts",
+            Mlp::load(
                 w,
                 &p("shared_experts"),
                 &MlpNames::LLAMA,
@@ -1263,142 +1126,75 @@ impl DeepseekMoe {
                 s.mlp_bias,
                 s.mlp_bias,
                 MlpKind::SwiGlu,
-            )?),
-            None => None,
-        };
-        Ok(DeepseekMoe {
-            router: if s.sanitize == Sanitize::Deepseek {
-                DsRouter::Softmax {
-                    top_k: s.num_experts_per_tok,
-                    groups: None,
-                    scale: None,
-                }
-            } else if s.sanitize == Sanitize::DeepseekV2 {
-                DsRouter::Softmax {
-                    top_k: s.num_experts_per_tok,
-                    groups: s.group_limited.then_some((s.n_group, s.topk_group)),
-                    scale: Some(s.routed_scaling_factor),
-                }
-            } else {
-                DsRouter::Group(GroupExpertSelect {
-                    top_k: s.num_experts_per_tok,
-                    grouped: s.grouped(),
-                    n_group: s.n_group,
-                    topk_group: s.topk_group,
-                    routed_scaling_factor: s.routed_scaling_factor,
-                    norm_topk_prob: s.norm_topk_prob,
-                    denominator_eps: s.denominator_eps,
-                    softmax: s.sanitize == Sanitize::Mistral4,
-                })
-            },
-            gate,
-            e_score_correction_bias,
-            switch_mlp,
-            shared_experts,
-            sharded: false,
-        })
-    }
-
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let gates = match &self.gate {
-            Gate::Weight(wt) => ops::matmul(x, &ops::transpose_all(wt, None)?, None)?,
-            Gate::Linear(l) => l.forward(x)?,
-        };
-        let (inds, scores, cast_back) = match &self.router {
-            DsRouter::Group(select) => {
-                let bias = self.e_score_correction_bias.as_ref();
-                if bias.is_none() && !select.softmax {
-                    return Err(ModelError::Unsupported {
-                        what: "group routing".into(),
-                        problem: "without e_score_correction_bias".into(),
-                    });
-                }
-                let (inds, scores) = select.call(&gates, bias)?;
-                (inds, scores, true)
-            }
-            DsRouter::Softmax {
-                top_k,
-                groups,
-                scale,
-            } => {
-                let k = *top_k;
-                let mut scores = ops::softmax(&gates, &[-1], true, None)?;
-                if let Some((n_group, topk_group)) = *groups {
-                    let sh = x.shape();
-                    let (bsz, seq) = (sh[0], sh[1]);
-                    scores = ops::reshape(&scores, &[bsz, seq, n_group, -1], None)?;
-                    let group_scores = ops::max(&scores, &[-1], true, None)?;
-                    let gk = n_group - topk_group;
-                    let idx = ops::argpartition(&group_scores, gk - 1, -2, None)?;
-                    let group_idx =
-                        ops::stop_gradient(&ops::slice_axis(&idx, -2, 0, gk, None)?, None)?;
-                    let zero = Array::from_f32(0.0, scores.dtype())?;
-                    scores = ops::put_along_axis(&scores, &group_idx, &zero, -2, None)?;
-                    scores = ops::reshape(&scores, &[bsz, seq, -1], None)?;
-                }
-                let neg = ops::negative(&scores, None)?;
-                let inds =
-                    ops::slice_axis(&ops::argpartition(&neg, k - 1, -1, None)?, -1, 0, k, None)?;
-                let inds = ops::stop_gradient(&inds, None)?;
-                let mut scores = ops::take_along_axis(&scores, &inds, -1, None)?;
-                if let Some(f) = scale {
-                    scores = ops::multiply_scalar(&scores, *f as f32, None)?;
-                }
-                (inds, scores, false)
-            }
-        };
-        let y = self.switch_mlp.forward(x, &inds)?;
-        let weighted = (&y * &ops::expand_dims(&scores, &[-1], None)?)?;
-        let mut out = ops::sum(&weighted, &[-2], false, None)?;
-        if cast_back {
-            out = out.astype(y.dtype())?;
+            )?,
+        )),
+        None => None,
+    };
+    let router = if s.sanitize == Sanitize::Deepseek {
+        Router::DeepseekSoftmax {
+            groups: None,
+            scale: None,
         }
-        if let Some(shared) = &self.shared_experts {
-            out = (&out + &shared.forward(x)?)?;
+    } else if s.sanitize == Sanitize::DeepseekV2 {
+        Router::DeepseekSoftmax {
+            groups: s.group_limited.then_some((s.n_group, s.topk_group)),
+            scale: Some(s.routed_scaling_factor),
         }
-        if self.sharded {
-            out = mlx_core::distributed::all_sum(&out, None, None)?;
-        }
-        Ok(out)
-    }
-
-    /// `shard()`'s MoE branch: the shared and routed experts sharded in place (gate, up
-    /// all-to-sharded; down sharded-to-all), the sum over ranks done by the block.
-    fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
-        use crate::shard::{all_to_sharded, sharded_to_all_inplace, switch_inplace};
-        if let Some(shared) = &mut self.shared_experts {
-            let names = MlpNames::LLAMA;
-            let linears = shared.linears_mut(&names);
-            if linears.len() != 3 {
-                return Err(ModelError::Parallel {
-                    kind: crate::Parallelism::Tensor,
-                    what: format!("{path}.shared_experts"),
-                    problem: "a fused gate/up projection cannot be sharded".into(),
-                });
-            }
-            for (name, lin) in linears {
-                let what = format!("{path}.shared_experts.{name}");
-                if name == names.down {
-                    sharded_to_all_inplace(lin, n, r, &what)?;
-                } else {
-                    all_to_sharded(lin, n, r, &what)?;
-                }
-            }
-        }
-        let e = &mut self.switch_mlp;
-        let what = |m: &str| format!("{path}.switch_mlp.{m}");
-        switch_inplace(&mut e.gate_proj, true, n, r, &what("gate_proj"))?;
-        switch_inplace(&mut e.down_proj, false, n, r, &what("down_proj"))?;
-        switch_inplace(&mut e.up_proj, true, n, r, &what("up_proj"))?;
-        self.sharded = true;
-        Ok(())
-    }
+    } else {
+        Router::DeepseekGroup(GroupSelect::deepseek(
+            s.num_experts_per_tok,
+            s.grouped(),
+            s.n_group,
+            s.topk_group,
+            s.routed_scaling_factor,
+            s.norm_topk_prob,
+            s.denominator_eps,
+            s.sanitize == Sanitize::Mistral4,
+            correction_bias.is_some(),
+        ))
+    };
+    Ok(SparseMoe::from_parts(MoeParts {
+        top_k: s.num_experts_per_tok,
+        router,
+        gate,
+        experts: switch_mlp,
+        names: ["gate", s.experts_name],
+        correction_bias,
+        plain_shared: shared_experts,
+        flatten: false,
+    }))
 }
 
-#[derive(Clone)]
-enum Ffn {
-    Dense(Mlp),
-    Moe(Box<DeepseekMoe>),
+/// `shard()`'s MoE branch: the shared and routed experts sharded in place (gate, up
+/// all-to-sharded; down sharded-to-all), the sum over ranks done by the block.
+fn shard_moe(m: &mut SparseMoe, n: i32, r: i32, path: &str) -> Result<()> {
+    use crate::shard::{all_to_sharded, sharded_to_all_inplace, switch_inplace};
+    if let Some(shared) = &mut m.plain_shared {
+        let names = MlpNames::LLAMA;
+        let linears = shared.linears_mut(&names);
+        if linears.len() != 3 {
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("{path}.shared_experts"),
+                problem: "a fused gate/up projection cannot be sharded".into(),
+            });
+        }
+        for (name, lin) in linears {
+            let what = format!("{path}.shared_experts.{name}");
+            if name == names.down {
+                sharded_to_all_inplace(lin, n, r, &what)?;
+            } else {
+                all_to_sharded(lin, n, r, &what)?;
+            }
+        }
+    }
+    let e = &mut m.switch_mlp;
+    let what = |m: &str| format!("{path}.switch_mlp.{m}");
+    switch_inplace(&mut e.gate_proj, true, n, r, &what("gate_proj"))?;
+    switch_inplace(&mut e.down_proj, false, n, r, &what("down_proj"))?;
+    switch_inplace(&mut e.up_proj, true, n, r, &what("up_proj"))?;
+    m.sharded = true;
+    Ok(())
 }
 
 #[derive(Clone)]
@@ -1464,10 +1260,7 @@ impl DecoderLayer {
         };
         let h = (x + &scaled(r)?)?;
         let n = self.post_attention_layernorm.forward(&h)?;
-        let r = match &self.mlp {
-            Ffn::Dense(m) => m.forward(&n)?,
-            Ffn::Moe(m) => m.forward(&n)?,
-        };
+        let r = self.mlp.forward(&n)?;
         Ok((&h + &scaled(r)?)?)
     }
 }
@@ -1603,12 +1396,7 @@ impl Model {
             None => SelfAttn::Mla(Box::new(Self::load_mla(spec, w, &p, scale)?)),
         };
         let mlp = match spec.n_routed_experts.filter(|_| spec.is_moe(i)) {
-            Some(n) => Ffn::Moe(Box::new(DeepseekMoe::load(
-                spec,
-                w,
-                &format!("{p}.mlp"),
-                n,
-            )?)),
+            Some(n) => Ffn::Sparse(Box::new(load_moe(spec, w, &format!("{p}.mlp"), n)?)),
             None => Ffn::Dense(Mlp::load(
                 w,
                 &format!("{p}.mlp"),
@@ -2150,7 +1938,7 @@ impl Model {
                         }
                     }
                 }
-                Ffn::Moe(m) => m.shard_tensor_parallel(size, rank, &format!("{path}.mlp"))?,
+                Ffn::Sparse(m) => shard_moe(m, size, rank, &format!("{path}.mlp"))?,
             }
         }
         Ok(())

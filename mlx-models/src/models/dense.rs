@@ -1852,11 +1852,28 @@ pub struct AwqLayerMut<'a> {
     pub linears: Vec<(String, &'a mut Linear)>,
 }
 
+/// What in a model AWQ's recipe does not fit ([`Model::awq_llama_shape`]): the part that
+/// differs, as AWQ's refusal names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AwqMismatch(pub &'static str);
+
+impl From<&'static str> for AwqMismatch {
+    fn from(what: &'static str) -> AwqMismatch {
+        AwqMismatch(what)
+    }
+}
+
+impl std::fmt::Display for AwqMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
 impl Model {
     /// Whether AWQ's llama recipe (`llama_awq`) fits this model: pre-norm blocks with plain
     /// RMS norms, separate q/k/v projections, gate/up/down MLPs, one causal mask, learned
     /// positions and loops absent; the problem otherwise.
-    pub fn awq_llama_shape(&self) -> std::result::Result<(), String> {
+    pub fn awq_llama_shape(&self) -> std::result::Result<(), AwqMismatch> {
         let d = &self.desc;
         if d.placement != Placement::Pre {
             return Err("its blocks are not pre-norm".into());
@@ -1870,7 +1887,7 @@ impl Model {
     /// Whether AWQ's Gemma 3 recipe (`gemma3_text_awq`) fits: sandwich blocks with Gemma's
     /// `1 + w` RMS norms (sliding layers and the float16 residual clip allowed: AWQ runs every
     /// block under the one causal mask); the problem otherwise.
-    pub fn awq_gemma3_shape(&self) -> std::result::Result<(), String> {
+    pub fn awq_gemma3_shape(&self) -> std::result::Result<(), AwqMismatch> {
         let d = &self.desc;
         if d.placement != Placement::Sandwich || d.post_norm_offsets.is_some() {
             return Err("its blocks are not Gemma's sandwich blocks".into());
@@ -1886,7 +1903,7 @@ impl Model {
         (self.desc.names.pre_attn_norm, self.desc.names.pre_mlp_norm)
     }
 
-    fn awq_common_shape(&self, gemma: bool) -> std::result::Result<(), String> {
+    fn awq_common_shape(&self, gemma: bool) -> std::result::Result<(), AwqMismatch> {
         let d = &self.desc;
         // Query scales (`llama_4_scaling`, ministral3) are fine: run alone, mlx-lm's attention
         // computes them itself for positions from 0, as `awq_run` does.

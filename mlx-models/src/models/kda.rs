@@ -1274,6 +1274,9 @@ impl Model {
                             has_bias: true,
                             kimi: true,
                             cast_back: false,
+                            grouped: a.num_expert_group > 1,
+                            norm_any_k: false,
+                            eps: true,
                         },
                     },
                     switch_mlp: SwitchGlu::load(

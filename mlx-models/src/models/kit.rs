@@ -8,6 +8,9 @@ use mlx_core::prelude::*;
 use crate::error::{ModelError, Result};
 use crate::weights::Weights;
 
+mod attention;
+pub(crate) use attention::{Attention, AttentionSpec, HeadGate};
+
 /// Every `(field, value)` positive, else a config error naming `config.json`, the type and the
 /// field.
 pub(crate) fn check_positive(model_type: &str, fields: &[(&str, i32)]) -> Result<()> {
@@ -214,29 +217,6 @@ pub(crate) fn cached_kv(
     }
 }
 
-/// The attention's tail as the ports write it: `queries` and `keys` rotated by `rope` at the
-/// cache's offset (0 without a cache; no rotation without `rope`), the cache updated with the
-/// keys and values ([`cached_kv`]), `scaled_dot_product_attention` with `scale` and `mask`,
-/// and the heads joined back `(B, L, H * D)` ([`merge_heads`]), for the output projection.
-pub(crate) fn rope_attend(
-    queries: Array,
-    keys: Array,
-    values: Array,
-    rope: Option<&crate::layers::Rope>,
-    cache: Option<&mut Box<dyn Cache>>,
-    scale: f32,
-    mask: &AttentionMask,
-) -> Result<Array> {
-    let offset = cache.as_ref().map_or(0, |c| c.offset());
-    let (queries, keys) = match rope {
-        Some(r) => (r.forward(&queries, offset)?, r.forward(&keys, offset)?),
-        None => (queries, keys),
-    };
-    let kv = cached_kv(cache, keys, values)?;
-    let out = crate::layers::scaled_dot_product_attention(&queries, &kv, scale, mask, None)?;
-    merge_heads(&out)
-}
-
 /// The `LanguageModel` methods a short inference-only port writes the same way: `forward`
 /// (its `hidden_states`, then its `head`), `forward_hidden`, and `model_type` / `vocab_size`
 /// from its config field `$args` (the vocabulary under `$vocab`).
@@ -351,103 +331,6 @@ macro_rules! walked_layers {
     };
 }
 pub(crate) use walked_layers;
-
-/// The plain softmax attention of the hybrid ports (mlx-lm's `NemotronHAttention`, jamba's,
-/// `GraniteMoeHybridAttention`, `FalconH1Attention`, olmo_hybrid's): `q_proj`, `k_proj`,
-/// `v_proj` (olmo_hybrid: the query and key projections normed whole), split into heads,
-/// [`rope_attend`] (with or without positions), `o_proj`. Built as mlx-lm's `__init__` loads
-/// it: [`Attention::load`], then [`Attention::with_projection_norms`], then
-/// [`Attention::with_rope`].
-#[derive(Clone)]
-pub(crate) struct Attention {
-    q_proj: crate::layers::Linear,
-    k_proj: crate::layers::Linear,
-    v_proj: crate::layers::Linear,
-    o_proj: crate::layers::Linear,
-    projection_norms: Option<(crate::layers::RmsNorm, crate::layers::RmsNorm)>,
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
-    rope: Option<crate::layers::Rope>,
-}
-
-impl Attention {
-    /// `q_proj`, `k_proj`, `v_proj`, `o_proj` under `p` (`d` wide, `h` query and `kv` key-value
-    /// heads of `hd`, with biases when `bias`), scores scaled by `scale`; no norms, no rope.
-    pub(crate) fn load(
-        w: &mut Weights,
-        p: &str,
-        (d, h, kv, hd): (i32, i32, i32, i32),
-        bias: bool,
-        scale: f32,
-    ) -> Result<Attention> {
-        let mut l = |n: &str, i: i32, o: i32| {
-            crate::layers::Linear::load(w, &format!("{p}.{n}"), i, o, bias)
-        };
-        let (q_proj, k_proj, v_proj, o_proj) = (
-            l("q_proj", d, h * hd)?,
-            l("k_proj", d, kv * hd)?,
-            l("v_proj", d, kv * hd)?,
-            l("o_proj", h * hd, d)?,
-        );
-        Ok(Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            projection_norms: None,
-            n_heads: h,
-            n_kv_heads: kv,
-            head_dim: hd,
-            scale,
-            rope: None,
-        })
-    }
-
-    /// `q_norm` and `k_norm` under `p`, RMS norms over the whole query and key projections
-    /// (before the heads split).
-    pub(crate) fn with_projection_norms(
-        mut self,
-        w: &mut Weights,
-        p: &str,
-        eps: f32,
-    ) -> Result<Attention> {
-        let (q, k) = (
-            self.n_heads * self.head_dim,
-            self.n_kv_heads * self.head_dim,
-        );
-        self.projection_norms = Some((
-            crate::layers::RmsNorm::load(w, &format!("{p}.q_norm"), q, eps)?,
-            crate::layers::RmsNorm::load(w, &format!("{p}.k_norm"), k, eps)?,
-        ));
-        Ok(self)
-    }
-
-    /// The rotary embedding of queries and keys (`None`: no positional encoding).
-    pub(crate) fn with_rope(mut self, rope: Option<crate::layers::Rope>) -> Attention {
-        self.rope = rope;
-        self
-    }
-
-    pub(crate) fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let (q, k) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?);
-        let (q, k) = match &self.projection_norms {
-            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
-            None => (q, k),
-        };
-        let q = split_heads(&q, self.n_heads)?;
-        let k = split_heads(&k, self.n_kv_heads)?;
-        let v = split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let out = rope_attend(q, k, v, self.rope.as_ref(), cache, self.scale, mask)?;
-        self.o_proj.forward(&out)
-    }
-}
 
 /// `head_dim ** -0.5` as the ports compute it (in f64, then f32).
 pub(crate) fn head_scale(hd: i32) -> f32 {

@@ -1,8 +1,9 @@
 //! mlx-lm 0.32.2 `models/llama4.py` (the text model under `language_model`): three of every
 //! four layers use rope (traditional), weightless q/k norms after it and chunked attention
 //! over a `ChunkedKVCache`; the fourth attends globally without rope, its queries scaled by
-//! position (`attn_temperature_tuning`). Every `interleave_moe_layer_step`-th layer has a
-//! top-1 sigmoid-routed `SwitchGLU` (input pre-scaled by the score) plus a shared expert.
+//! position (`attn_temperature_tuning`). Every `interleave_moe_layer_step`-th layer has the
+//! shared MoE block (`moe_block.rs`) with [`Router::SigmoidScaledInput`]: a top-1
+//! sigmoid-routed `SwitchGLU` (input pre-scaled by the score) plus a plain shared expert.
 
 use mlx_cache::{AttentionMask, Cache, ChunkedKVCache, KVCache};
 use mlx_core::prelude::*;
@@ -14,6 +15,7 @@ use crate::layers::{
     scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
     RopeScaling, SwitchActivation, SwitchGlu,
 };
+use crate::models::moe_block::{Ffn, MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -79,19 +81,11 @@ struct Attention {
 }
 
 #[derive(Clone)]
-enum FeedForward {
-    Mlp(Mlp),
-    Moe {
-        router: Linear,
-        experts: SwitchGlu,
-        shared_expert: Mlp,
-    },
-}
-
-#[derive(Clone)]
 struct Layer {
     self_attn: Attention,
-    feed_forward: FeedForward,
+    /// A dense MLP, or the MoE block ([`Router::SigmoidScaledInput`]'s top-1 experts and the
+    /// plain `shared_expert`).
+    feed_forward: Ffn,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
 }
@@ -209,21 +203,30 @@ impl Model {
                 )
             };
             let feed_forward = if i % step == step - 1 {
-                FeedForward::Moe {
-                    experts: SwitchGlu::load(
-                        w,
-                        &format!("{f}.experts"),
-                        d,
-                        a.intermediate_size,
-                        a.num_local_experts,
-                        false,
-                        SwitchActivation::SwiGlu,
-                    )?,
-                    router: Linear::load(w, &format!("{f}.router"), d, a.num_local_experts, false)?,
-                    shared_expert: mlp(w, &format!("{f}.shared_expert"), a.intermediate_size)?,
-                }
+                // llama4.py's `MoE` declares experts, router, shared_expert.
+                let experts = SwitchGlu::load(
+                    w,
+                    &format!("{f}.experts"),
+                    d,
+                    a.intermediate_size,
+                    a.num_local_experts,
+                    false,
+                    SwitchActivation::SwiGlu,
+                )?;
+                let gate = Linear::load(w, &format!("{f}.router"), d, a.num_local_experts, false)?;
+                let shared = mlp(w, &format!("{f}.shared_expert"), a.intermediate_size)?;
+                Ffn::Sparse(Box::new(SparseMoe::from_parts(MoeParts {
+                    top_k: a.num_experts_per_tok,
+                    router: Router::SigmoidScaledInput,
+                    gate,
+                    experts,
+                    names: ["router", "experts"],
+                    correction_bias: None,
+                    plain_shared: Some(("shared_expert", shared)),
+                    flatten: false,
+                })))
             } else {
-                FeedForward::Mlp(mlp(w, &f, a.intermediate_size_mlp)?)
+                Ffn::Dense(mlp(w, &f, a.intermediate_size_mlp)?)
             };
             layers.push(Layer {
                 self_attn,
@@ -330,30 +333,6 @@ impl Attention {
             None,
         )?;
         self.o_proj.forward(&out)
-    }
-}
-
-impl FeedForward {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        match self {
-            FeedForward::Mlp(m) => m.forward(x),
-            FeedForward::Moe {
-                router,
-                experts,
-                shared_expert,
-            } => {
-                let logits = router.forward(x)?;
-                let neg = ops::negative(&logits, None)?;
-                let idx = ops::slice_axis(&ops::argpartition(&neg, 0, -1, None)?, -1, 0, 1, None)?;
-                let idx = ops::stop_gradient(&idx, None)?;
-                let scores = ops::take_along_axis(&logits, &idx, -1, None)?;
-                let scores =
-                    ops::sigmoid(&scores.astype(Dtype::Float32)?, None)?.astype(x.dtype())?;
-                let out = experts.forward(&(x * &scores)?, &idx)?;
-                let out = ops::squeeze(&out, &[2], None)?;
-                Ok((&out + &shared_expert.forward(x)?)?)
-            }
-        }
     }
 }
 

@@ -7,16 +7,13 @@
 //! FP8 checkpoints (`weight_scale_inv`) are refused (convert them with mlx-lm first).
 //! Inference only (no adapters or full fine-tuning).
 
-use mlx_cache::{AttentionMask, Cache};
+use mlx_cache::Cache;
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::{
-    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
-    SwitchActivation,
-};
+use crate::layers::{Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, SwitchActivation};
 use crate::models::moe_block::{BlockExtras, Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -61,85 +58,44 @@ pub struct ModelArgs {
     pub attention_value_scale: Option<f64>,
 }
 
-struct Attention {
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    value_scale: Option<f64>,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    sinks: Option<Array>,
-    rope: Rope,
-}
-
-impl Attention {
-    fn load(a: &ModelArgs, sliding: bool, w: &mut Weights, path: &str) -> Result<Attention> {
-        let (n_heads, n_kv_heads, sinks, hd, vd, theta) = if sliding {
-            (
-                a.swa_num_attention_heads,
-                a.swa_num_key_value_heads,
-                a.add_swa_attention_sink_bias,
-                a.swa_head_dim,
-                a.swa_v_head_dim,
-                a.swa_rope_theta,
-            )
-        } else {
-            (
-                a.num_attention_heads,
-                a.num_key_value_heads,
-                a.add_full_attention_sink_bias,
-                a.head_dim,
-                a.v_head_dim,
-                a.rope_theta,
-            )
-        };
-        let d = a.hidden_size;
-        let p = |n: &str| format!("{path}.{n}");
-        Ok(Attention {
-            n_heads,
-            n_kv_heads,
-            scale: f64::from(hd).powf(-0.5) as f32,
-            value_scale: a.attention_value_scale,
-            q_proj: Linear::load(w, &p("q_proj"), d, n_heads * hd, false)?,
-            k_proj: Linear::load(w, &p("k_proj"), d, n_kv_heads * hd, false)?,
-            v_proj: Linear::load(w, &p("v_proj"), d, n_kv_heads * vd, false)?,
-            o_proj: Linear::load(w, &p("o_proj"), n_heads * vd, d, false)?,
-            sinks: if sinks {
-                Some(w.take(&p("attention_sink_bias"), &[n_heads])?)
-            } else {
-                None
-            },
-            rope: Rope::initialize(
-                (a.partial_rotary_factor * f64::from(hd)) as i32,
-                theta,
-                false,
-                None,
-                None,
-            )?,
-        })
+/// mimo_v2_flash.py's `Attention` ([`kit::Attention`]): the sliding or full kind's heads,
+/// query/key and value head sizes, rope base and optional `attention_sink_bias`, a partial
+/// rope, values times `attention_value_scale` when given; no biases.
+fn attention(a: &ModelArgs, sliding: bool, w: &mut Weights, path: &str) -> Result<kit::Attention> {
+    let (n_heads, n_kv_heads, sinks, hd, vd, theta) = if sliding {
+        (
+            a.swa_num_attention_heads,
+            a.swa_num_key_value_heads,
+            a.add_swa_attention_sink_bias,
+            a.swa_head_dim,
+            a.swa_v_head_dim,
+            a.swa_rope_theta,
+        )
+    } else {
+        (
+            a.num_attention_heads,
+            a.num_key_value_heads,
+            a.add_full_attention_sink_bias,
+            a.head_dim,
+            a.v_head_dim,
+            a.rope_theta,
+        )
+    };
+    let dims = (a.hidden_size, n_heads, n_kv_heads, hd, vd);
+    let mut at = kit::Attention::load_v(w, path, dims, (false, false), kit::head_scale(hd))?;
+    if sinks {
+        at = at.with_sinks(w, path, "attention_sink_bias")?;
     }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let queries = kit::split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
-        let keys = kit::split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let mut values = kit::split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
-        if let Some(v) = self.value_scale {
-            values = ops::multiply_scalar(&values, v, None)?;
-        }
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let queries = self.rope.forward(&queries, offset)?;
-        let kv = kit::cached_kv(cache, self.rope.forward(&keys, offset)?, values)?;
-        let out =
-            scaled_dot_product_attention(&queries, &kv, self.scale, mask, self.sinks.as_ref())?;
-        self.o_proj.forward(&kit::merge_heads(&out)?)
-    }
+    let rope = Rope::initialize(
+        (a.partial_rotary_factor * f64::from(hd)) as i32,
+        theta,
+        false,
+        None,
+        None,
+    )?;
+    Ok(at
+        .with_value_scale(a.attention_value_scale)
+        .with_rope(Some(rope)))
 }
 
 enum Ffn {
@@ -149,7 +105,7 @@ enum Ffn {
 
 struct Layer {
     sliding: bool,
-    self_attn: Attention,
+    self_attn: kit::Attention,
     mlp: Ffn,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
@@ -300,7 +256,7 @@ impl Model {
             };
             layers.push(Layer {
                 sliding,
-                self_attn: Attention::load(&a, sliding, w, &p("self_attn"))?,
+                self_attn: attention(&a, sliding, w, &p("self_attn"))?,
                 mlp,
                 input_layernorm: RmsNorm::load(w, &p("input_layernorm"), d, eps)?,
                 post_attention_layernorm: RmsNorm::load(w, &p("post_attention_layernorm"), d, eps)?,

@@ -2,7 +2,8 @@
 //! dropped, as mlx-lm drops them): GQA attention with (Gemma-style) q/k norms and a partial
 //! rope, on the sparse layers a block indexer that keeps the `index_topk_blocks` best key
 //! blocks per query (plus the local ones) as a boolean mask; MoE blocks with a sigmoid router
-//! over a correction bias and GPT-OSS SwiGLU experts beside a shared expert, or dense MLPs.
+//! over a correction bias and GPT-OSS SwiGLU experts beside a shared expert (the shared MoE
+//! block, `moe_block.rs`, with [`Router::SigmoidCorrectedScaled`]), or dense MLPs.
 //! Each layer holds a `CacheList`: its `KVCache`, and on sparse layers a second one of the
 //! index keys (values of width zero).
 //! Tensor parallelism as mlx-lm's `shard()` ([`Model::shard_tensor_parallel`]) and pipeline
@@ -16,10 +17,10 @@ use serde_json::{Map, Value};
 use crate::config::{parse_args, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    scaled_dot_product_attention, swiglu_oai, Embedding, Linear, Norm, NormKind, Rope,
+    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, Norm, NormKind, Rope,
     SwitchActivation, SwitchGlu,
 };
-use crate::models::moe_block::lower_top_k;
+use crate::models::moe_block::{lower_top_k, Ffn, MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -473,73 +474,14 @@ impl Attention {
     }
 }
 
-/// `DenseMLP` with the GPT-OSS SwiGLU: `down(swiglu_oai(gate(x), up(x)))`.
-#[derive(Clone)]
-struct DenseMlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-}
-
-impl DenseMlp {
-    fn load(w: &mut Weights, p: &str, d: i32, h: i32) -> Result<DenseMlp> {
-        let mut l = |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, false);
-        Ok(DenseMlp {
-            gate_proj: l("gate_proj", d, h)?,
-            up_proj: l("up_proj", d, h)?,
-            down_proj: l("down_proj", h, d)?,
-        })
-    }
-
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let up = self.up_proj.forward(x)?;
-        let gate = self.gate_proj.forward(x)?;
-        self.down_proj.forward(&swiglu_oai(&gate, &up)?)
-    }
-}
-
-#[derive(Clone)]
-struct SparseMoe {
-    gate: Linear,
-    bias: Array,
-    switch_mlp: SwitchGlu,
-    shared_experts: DenseMlp,
-    top_k: i32,
-    routed_scaling_factor: f64,
-    /// Sharded in place: the block's output is summed over the group (mlx-lm's
-    /// `sharding_group`).
-    sharded: bool,
-}
-
-impl SparseMoe {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let sh = x.shape();
-        let d = sh.last().copied().unwrap_or(0);
-        let flat = x.reshape(&[-1, d])?;
-        let shared = self.shared_experts.forward(&flat)?;
-        let gates = self.gate.forward(&flat)?;
-        let scores = ops::sigmoid(&gates.astype(Dtype::Float32)?, None)?;
-        let sel = (&scores + &self.bias)?;
-        let inds = lower_top_k(&sel, self.top_k)?;
-        let w = ops::take_along_axis(&scores, &inds, -1, None)?;
-        let w = (&w / &(&ops::sum(&w, &[-1], true, None)? + 1e-20f32)?)?;
-        let w = (&w * self.routed_scaling_factor as f32)?.astype(flat.dtype())?;
-        let y = self.switch_mlp.forward(&flat, &inds)?;
-        let y = ops::sum(&(&y * &w.expand_dims(&[-1])?)?, &[-2], false, None)?;
-        let mut y = (&y + &shared)?;
-        if self.sharded {
-            y = mlx_core::distributed::all_sum(&y, None, None)?;
-        }
-        let mut out_shape: Vec<i32> = sh[..sh.len().saturating_sub(1)].to_vec();
-        out_shape.push(-1);
-        Ok(y.reshape(&out_shape)?)
-    }
-}
-
-#[derive(Clone)]
-enum Ffn {
-    Dense(DenseMlp),
-    Moe(Box<SparseMoe>),
+/// `DenseMLP` with the GPT-OSS SwiGLU, `down(swiglu_oai(gate(x), up(x)))`, its projections
+/// loaded in its declaration order (gate, up, down).
+fn dense_mlp(w: &mut Weights, p: &str, d: i32, h: i32) -> Result<Mlp> {
+    let mut l = |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, false);
+    let gate = l("gate_proj", d, h)?;
+    let up = l("up_proj", d, h)?;
+    let down = l("down_proj", h, d)?;
+    Ok(Mlp::from_linears(MlpKind::SwiGluOai, gate, up, down, 0.0))
 }
 
 #[derive(Clone)]
@@ -711,33 +653,44 @@ impl Model {
                     )));
                 }
                 let m = format!("{p}.block_sparse_moe");
-                Ffn::Moe(Box::new(SparseMoe {
-                    gate: Linear::load(w, &format!("{m}.gate"), d, a.num_local_experts, false)?,
-                    bias: w.take(
-                        &format!("{m}.e_score_correction_bias"),
-                        &[a.num_local_experts],
-                    )?,
-                    switch_mlp: SwitchGlu::load(
-                        w,
-                        &format!("{m}.switch_mlp"),
-                        d,
-                        a.intermediate_size,
-                        a.num_local_experts,
-                        false,
-                        SwitchActivation::SwiGluOai,
-                    )?,
-                    shared_experts: DenseMlp::load(
-                        w,
-                        &format!("{m}.shared_experts"),
-                        d,
-                        a.shared_intermediate_size,
-                    )?,
+                // `SparseMoeBlock` declares gate, e_score_correction_bias, switch_mlp,
+                // shared_experts.
+                let gate = Linear::load(w, &format!("{m}.gate"), d, a.num_local_experts, false)?;
+                let bias = w.take(
+                    &format!("{m}.e_score_correction_bias"),
+                    &[a.num_local_experts],
+                )?;
+                let experts = SwitchGlu::load(
+                    w,
+                    &format!("{m}.switch_mlp"),
+                    d,
+                    a.intermediate_size,
+                    a.num_local_experts,
+                    false,
+                    SwitchActivation::SwiGluOai,
+                )?;
+                let shared = dense_mlp(
+                    w,
+                    &format!("{m}.shared_experts"),
+                    d,
+                    a.shared_intermediate_size,
+                )?;
+                Ffn::Sparse(Box::new(SparseMoe::from_parts(MoeParts {
                     top_k: a.num_experts_per_tok,
-                    routed_scaling_factor: a.routed_scaling_factor,
-                    sharded: false,
-                }))
+                    router: Router::SigmoidCorrectedScaled {
+                        norm_topk_prob: true,
+                        routed_scaling_factor: a.routed_scaling_factor,
+                        cast_weights: true,
+                    },
+                    gate,
+                    experts,
+                    names: ["gate", "switch_mlp"],
+                    correction_bias: Some(("e_score_correction_bias", bias)),
+                    plain_shared: Some(("shared_experts", shared)),
+                    flatten: true,
+                })))
             } else {
-                Ffn::Dense(DenseMlp::load(
+                Ffn::Dense(dense_mlp(
                     w,
                     &format!("{p}.mlp"),
                     d,
@@ -814,10 +767,7 @@ impl Model {
                 .forward(&layer.input_layernorm.forward(&h)?, &mask, cache)?;
             let r = (&h + &r)?;
             let x = layer.post_attention_layernorm.forward(&r)?;
-            let f = match &layer.ffn {
-                Ffn::Dense(m) => m.forward(&x)?,
-                Ffn::Moe(m) => m.forward(&x)?,
-            };
+            let f = layer.ffn.forward(&x)?;
             h = (&r + &f)?;
         }
         h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
@@ -859,6 +809,18 @@ impl Model {
                 ));
             }
         }
+        // gate and up all-to-sharded, down sharded-to-all (in place under a block's sum).
+        let shard_mlp = |m: &mut Mlp, path: &str, in_place: bool| -> Result<()> {
+            for (name, lin) in m.linears_mut(&MlpNames::LLAMA) {
+                let what = format!("{path}.{name}");
+                match (name, in_place) {
+                    ("down_proj", true) => sharded_to_all_inplace(lin, size, rank, &what)?,
+                    ("down_proj", false) => sharded_to_all(lin, size, rank, &what)?,
+                    _ => all_to_sharded(lin, size, rank, &what)?,
+                }
+            }
+            Ok(())
+        };
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = |s: &str| format!("language_model.model.layers.{i}.{s}");
             let a = &mut l.self_attn;
@@ -873,24 +835,18 @@ impl Model {
                 ix.n_heads /= size;
             }
             match &mut l.ffn {
-                Ffn::Moe(m) => {
+                Ffn::Sparse(m) => {
                     let e = &mut m.switch_mlp;
                     let w = |n: &str| p(&format!("block_sparse_moe.switch_mlp.{n}"));
                     switch_inplace(&mut e.gate_proj, true, size, rank, &w("gate_proj"))?;
                     switch_inplace(&mut e.up_proj, true, size, rank, &w("up_proj"))?;
                     switch_inplace(&mut e.down_proj, false, size, rank, &w("down_proj"))?;
-                    let s = &mut m.shared_experts;
-                    let w = |n: &str| p(&format!("block_sparse_moe.shared_experts.{n}"));
-                    all_to_sharded(&mut s.gate_proj, size, rank, &w("gate_proj"))?;
-                    all_to_sharded(&mut s.up_proj, size, rank, &w("up_proj"))?;
-                    sharded_to_all_inplace(&mut s.down_proj, size, rank, &w("down_proj"))?;
+                    if let Some(s) = m.plain_shared.as_mut() {
+                        shard_mlp(s, &p("block_sparse_moe.shared_experts"), true)?;
+                    }
                     m.sharded = true;
                 }
-                Ffn::Dense(m) => {
-                    all_to_sharded(&mut m.gate_proj, size, rank, &p("mlp.gate_proj"))?;
-                    all_to_sharded(&mut m.up_proj, size, rank, &p("mlp.up_proj"))?;
-                    sharded_to_all(&mut m.down_proj, size, rank, &p("mlp.down_proj"))?;
-                }
+                Ffn::Dense(m) => shard_mlp(m, &p("mlp"), false)?,
             }
         }
         Ok(())

@@ -94,11 +94,41 @@ pub enum Router {
     /// `sqrt(softplus(.))` scores, the choice on scores plus the correction bias (lower
     /// top-k), the weights the chosen scores over their sum; the weighted sum cast back.
     Laguna { softcap: f64, sqrt_softplus: bool },
+    /// llama4: the lower top-k of the logits, the chosen logits' float32 sigmoid cast to the
+    /// input's dtype; the experts run on the input times that score and their output is
+    /// squeezed, not summed (llama4 takes one expert per token).
+    SigmoidScaledInput,
+    /// minimax_m3 and step3p5's `moe_gate_select` (plain ops): sigmoid of the float32
+    /// logits, the choice on them plus the correction bias (lower top-k), the chosen
+    /// uncorrected scores over their sum + 1e-20 when `norm_topk_prob`, times
+    /// `routed_scaling_factor`; cast to the input's dtype when `cast_weights` (minimax_m3),
+    /// else the weighted sum cast back to the experts' dtype (step3p5).
+    SigmoidCorrectedScaled {
+        norm_topk_prob: bool,
+        routed_scaling_factor: f64,
+        cast_weights: bool,
+    },
+    /// deepseek / deepseek_v2's `MoEGate`: precise softmax, v2's `group_limited_greedy`
+    /// (`(n_group, topk_group)`: groups ranked by their best score, the weakest zeroed), the
+    /// lower choice, no renormalization, v2's routed scale.
+    DeepseekSoftmax {
+        groups: Option<(i32, i32)>,
+        scale: Option<f64>,
+    },
+    /// deepseek_v3's family (deepseek_v3, kimi_k25, glm4_moe(_lite), dots1, mistral4, ...):
+    /// the compiled `group_expert_select` with [`GroupSelect::deepseek`]'s constants, the
+    /// correction bias an input when the block has one; the weighted sum cast back.
+    DeepseekGroup(GroupSelect),
+    /// dbrx: softmax of the float32 logits, the lower choice, the chosen over their L1 norm
+    /// (`mx.linalg.norm(scores, ord=1)`: the sum of their absolute values), cast to the
+    /// input's dtype. dbrx routes with it but runs its experts itself, token by token (see
+    /// `dbrx.rs`), so no [`SparseMoe`] holds it.
+    SoftmaxL1,
 }
 
 /// The constant arguments of a compiled `group_expert_select`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct GroupSelect {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupSelect {
     pub(crate) top_k: i32,
     pub(crate) n_group: i32,
     pub(crate) topk_group: i32,
@@ -113,6 +143,50 @@ pub(crate) struct GroupSelect {
     pub(crate) kimi: bool,
     /// The weights cast back to the gates' dtype (bailing_moe, kimi_k3).
     pub(crate) cast_back: bool,
+    /// The groups are masked: `n_group > 1` for most; DeepSeek's rows name their own rule
+    /// ([`GroupSelect::deepseek`]).
+    pub(crate) grouped: bool,
+    /// The chosen scores are renormalized whatever `top_k` (mistral4's
+    /// `mistral4_expert_select`); otherwise only when `top_k > 1`.
+    pub(crate) norm_any_k: bool,
+    /// The renormalizing denominator is `sum + 1e-20` (every row but deepseek_v3's, dots1's,
+    /// kimi_k25's and their kin, which divide by the plain sum).
+    pub(crate) eps: bool,
+}
+
+impl GroupSelect {
+    /// deepseek_v3.py's `group_expert_select` (and glm4_moe_lite's with `+ 1e-20`, mistral4's
+    /// `mistral4_expert_select` with softmax scores, no bias, renormalized whatever `top_k`):
+    /// float32 gates, the groups masked when `grouped`, the lower choice, the weights not
+    /// cast back.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn deepseek(
+        top_k: i32,
+        grouped: bool,
+        n_group: i32,
+        topk_group: i32,
+        routed_scaling_factor: f64,
+        norm_topk_prob: bool,
+        denominator_eps: bool,
+        softmax: bool,
+        has_bias: bool,
+    ) -> GroupSelect {
+        GroupSelect {
+            top_k,
+            n_group,
+            topk_group,
+            scaling_bits: routed_scaling_factor.to_bits(),
+            norm_topk_prob,
+            bailing: false,
+            sigmoid: !softmax,
+            has_bias,
+            kimi: false,
+            cast_back: false,
+            grouped,
+            norm_any_k: softmax,
+            eps: denominator_eps,
+        }
+    }
 }
 
 /// exaone_moe.py's `group_expert_select(gates, bias, top_k, ...)` as an `mx.compile`d
@@ -141,6 +215,9 @@ pub(crate) fn group_expert_select(
         has_bias,
         kimi,
         cast_back,
+        grouped,
+        norm_any_k,
+        eps,
     } = key;
     let routed_scaling_factor = f64::from_bits(scaling_bits);
     let f = FNS.with(|m| -> Result<&'static Compiled<'static>> {
@@ -167,7 +244,7 @@ pub(crate) fn group_expert_select(
                 scores
             };
             let zero_dtype = if kimi { scores.dtype() } else { Dtype::Float32 };
-            if n_group > 1 {
+            if grouped {
                 let grouped = ops::unflatten(&scores, -1, &[n_group, -1], None)?;
                 let group_scores = ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
                 let k = n_group - topk_group;
@@ -208,9 +285,12 @@ pub(crate) fn group_expert_select(
             };
             let inds = ops::stop_gradient(&inds, None)?;
             let mut scores = ops::take_along_axis(&orig, &inds, -1, None)?;
-            if top_k > 1 && norm_topk_prob {
-                let total = ops::sum(&scores, &[-1], true, None)?;
-                scores = (&scores / &(&total + 1e-20f32)?)?;
+            if (top_k > 1 || norm_any_k) && norm_topk_prob {
+                let mut total = ops::sum(&scores, &[-1], true, None)?;
+                if eps {
+                    total = (&total + 1e-20f32)?;
+                }
+                scores = (&scores / &total)?;
             }
             let mut scores = (&scores * routed_scaling_factor as f32)?;
             if cast_back {
@@ -290,6 +370,28 @@ pub struct SparseMoe {
     pub(crate) coefficient: Option<Linear>,
     /// laguna's `routed_scaling_factor` ([`BlockExtras::output_scale`]).
     pub(crate) output_scale: Option<f32>,
+    /// The tokens flattened to `(B * L, D)` before the router and the output reshaped back
+    /// (minimax_m3; olmoe through its router's `flatten`).
+    pub(crate) flatten: bool,
+}
+
+/// What a port that loads its block's parts itself hands [`SparseMoe::from_parts`]: ports
+/// whose mlx-lm module declares its parts in another order than [`SparseMoe::load_with`]'s
+/// load them in their own order (the order `mlx convert` records the quantizable modules
+/// in), then build the block from them.
+pub(crate) struct MoeParts {
+    pub(crate) top_k: i32,
+    pub(crate) router: Router,
+    /// The router's projection (a plain weight is a bias-free [`Linear::Dense`]).
+    pub(crate) gate: Linear,
+    pub(crate) experts: SwitchGlu,
+    /// The router's and the experts' module names.
+    pub(crate) names: [&'static str; 2],
+    /// A correction bias for the choice, under its name ([`BlockExtras::correction_bias`]).
+    pub(crate) correction_bias: Option<(&'static str, Array)>,
+    /// Un-gated shared experts added to the experts' output, under their name.
+    pub(crate) plain_shared: Option<(&'static str, Mlp)>,
+    pub(crate) flatten: bool,
 }
 
 impl SparseMoe {
@@ -373,7 +475,32 @@ impl SparseMoe {
             plain_shared_name: extras.plain_shared_name.unwrap_or("shared_experts"),
             coefficient,
             output_scale: extras.output_scale,
+            flatten: false,
         })
+    }
+
+    /// The block from parts its port loaded ([`MoeParts`]): no gated shared expert, no
+    /// coefficient, no output scale.
+    pub(crate) fn from_parts(p: MoeParts) -> SparseMoe {
+        let (plain_shared_name, plain_shared) = match p.plain_shared {
+            Some((name, mlp)) => (name, Some(mlp)),
+            None => ("shared_experts", None),
+        };
+        SparseMoe {
+            top_k: p.top_k,
+            router: p.router,
+            gate: p.gate,
+            switch_mlp: p.experts,
+            shared_expert: None,
+            names: p.names,
+            sharded: false,
+            correction_bias: p.correction_bias,
+            plain_shared,
+            plain_shared_name,
+            coefficient: None,
+            output_scale: None,
+            flatten: p.flatten,
+        }
     }
 
     /// Walks the router, the experts' switch linears (then the router's correction bias),
@@ -420,10 +547,11 @@ impl SparseMoe {
         let k = self.top_k;
         let shape = x.shape();
         let d = shape.last().copied().unwrap_or(0);
-        let flatten = matches!(
-            self.router,
-            Router::SoftmaxLowerPartition { flatten: true, .. }
-        );
+        let flatten = self.flatten
+            || matches!(
+                self.router,
+                Router::SoftmaxLowerPartition { flatten: true, .. }
+            );
         let x_in = if flatten {
             ops::reshape(x, &[-1, d], None)?
         } else {
@@ -437,7 +565,69 @@ impl SparseMoe {
         } else {
             self.gate.forward(&x_in)?
         };
-        let (inds, scores, cast_back) = match self.router {
+        let bias = self.correction_bias.as_ref().map(|(_, b)| b);
+        let (inds, scores, cast_back) = self.router.select(&gates, k, bias, &x_in)?;
+        let mut out = if self.router == Router::SigmoidScaledInput {
+            // llama4: `experts(x * scores, indices).squeeze(2)`.
+            let y = self.switch_mlp.forward(&(&x_in * &scores)?, &inds)?;
+            ops::squeeze(&y, &[-2], None)?
+        } else {
+            let y = self.switch_mlp.forward(&x_in, &inds)?;
+            let weighted = (&y * &ops::expand_dims(&scores, &[-1], None)?)?;
+            let out = ops::sum(&weighted, &[-2], false, None)?;
+            if cast_back {
+                out.astype(y.dtype())?
+            } else {
+                out
+            }
+        };
+        if let Some(scale) = self.output_scale {
+            out = (&out * scale)?;
+        }
+        // The shared experts read the router's input (the flattened tokens when flattened).
+        let x = &x_in;
+        if let Some((mlp, gate)) = &self.shared_expert {
+            let shared = mlp.forward(x)?;
+            let shared = (&ops::sigmoid(&gate.forward(x)?, None)? * &shared)?;
+            out = (&out + &shared)?;
+        }
+        match (&self.plain_shared, &self.coefficient) {
+            (Some(mlp), Some(c)) => {
+                let coef = ops::softmax(&c.forward(x)?, &[-1], true, None)?;
+                let shared = mlp.forward(x)?;
+                out = (&(&out * &last(&coef, 0, 1)?)? + &(&shared * &last(&coef, 1, 2)?)?)?;
+            }
+            (Some(mlp), None) => out = (&out + &mlp.forward(x)?)?,
+            _ => {}
+        }
+        if flatten {
+            out = ops::reshape(&out, &shape, None)?;
+        }
+        if self.sharded {
+            out = mlx_core::distributed::all_sum(&out, None, None)?;
+        }
+        Ok(out)
+    }
+}
+
+impl Router {
+    /// The experts each token goes to and their weights, from the router's logits `gates`:
+    /// `(inds, scores, cast_back)`, `cast_back` when the weighted sum is cast back to the
+    /// experts' dtype. `correction_bias` is the block's ([`BlockExtras::correction_bias`]);
+    /// `x_in` the router's input (its dtype and shape).
+    pub(crate) fn select(
+        self,
+        gates: &Array,
+        k: i32,
+        correction_bias: Option<&Array>,
+        x_in: &Array,
+    ) -> Result<(Array, Array, bool)> {
+        let gates = gates.clone();
+        let flatten = matches!(self, Router::SoftmaxLowerPartition { flatten: true, .. });
+        let last = |a: &Array, from: i32, to: i32| -> Result<Array> {
+            Ok(ops::slice_axis(a, -1, from, to, None)?)
+        };
+        Ok(match self {
             Router::SoftmaxUpperPartition {
                 norm_topk_prob,
                 cast_back,
@@ -485,8 +675,8 @@ impl SparseMoe {
             }
             Router::SigmoidCorrected => {
                 let orig = ops::sigmoid(&gates, None)?;
-                let chosen = match &self.correction_bias {
-                    Some((_, b)) => (&orig + b)?,
+                let chosen = match correction_bias {
+                    Some(b) => (&orig + b)?,
                     None => orig.clone(),
                 };
                 let inds = lower_top_k(&chosen, k)?;
@@ -497,8 +687,8 @@ impl SparseMoe {
             }
             Router::SigmoidBiased { norm_topk_prob } => {
                 let weights = ops::sigmoid(&gates.astype(Dtype::Float32)?, None)?;
-                let biased = match &self.correction_bias {
-                    Some((_, b)) => (&weights + &ops::reshape(b, &[1, 1, -1], None)?)?,
+                let biased = match correction_bias {
+                    Some(b) => (&weights + &ops::reshape(b, &[1, 1, -1], None)?)?,
                     None => weights.clone(),
                 };
                 let inds = lower_top_k(&biased, k)?;
@@ -514,8 +704,8 @@ impl SparseMoe {
                 biased,
             } => {
                 let weights = ops::sigmoid(&gates, None)?;
-                let choice = match (&self.correction_bias, biased) {
-                    (Some((_, b)), true) => (&weights.astype(Dtype::Float32)? + b)?,
+                let choice = match (correction_bias, biased) {
+                    (Some(b), true) => (&weights.astype(Dtype::Float32)? + b)?,
                     _ => weights.clone(),
                 };
                 let n = choice.shape().last().copied().unwrap_or(0);
@@ -535,8 +725,8 @@ impl SparseMoe {
                 routed_scaling_factor,
                 norm_topk_prob,
             } => {
-                let bias = match &self.correction_bias {
-                    Some((_, b)) => b.clone(),
+                let bias = match correction_bias {
+                    Some(b) => b.clone(),
                     None => Array::from_f32(0.0, Dtype::Float32)?,
                 };
                 let (inds, scores) = group_expert_select(
@@ -553,6 +743,9 @@ impl SparseMoe {
                         has_bias: true,
                         kimi: false,
                         cast_back: false,
+                        grouped: n_group > 1,
+                        norm_any_k: false,
+                        eps: true,
                     },
                 )?;
                 (inds, scores, true)
@@ -564,8 +757,8 @@ impl SparseMoe {
                 norm_topk_prob,
                 sigmoid,
             } => {
-                let (bias, has_bias) = match &self.correction_bias {
-                    Some((_, b)) => (b.clone(), true),
+                let (bias, has_bias) = match correction_bias {
+                    Some(b) => (b.clone(), true),
                     None => (Array::from_f32(0.0, Dtype::Float32)?, false),
                 };
                 let (inds, scores) = group_expert_select(
@@ -582,6 +775,9 @@ impl SparseMoe {
                         has_bias,
                         kimi: false,
                         cast_back: true,
+                        grouped: n_group > 1,
+                        norm_any_k: false,
+                        eps: true,
                     },
                 )?;
                 (inds, scores, true)
@@ -599,8 +795,8 @@ impl SparseMoe {
                 } else {
                     ops::softmax(&g, &[-1], false, None)?
                 };
-                let mut selection = match &self.correction_bias {
-                    Some((_, b)) => (&scores + b)?,
+                let mut selection = match correction_bias {
+                    Some(b) => (&scores + b)?,
                     None => scores.clone(),
                 };
                 if n_group > 1 {
@@ -645,8 +841,8 @@ impl SparseMoe {
                 } else {
                     ops::sigmoid(&logits, None)?
                 };
-                let selection = match &self.correction_bias {
-                    Some((_, b)) => (&scores + b)?,
+                let selection = match correction_bias {
+                    Some(b) => (&scores + b)?,
                     None => scores.clone(),
                 };
                 let inds = lower_top_k(&selection, k)?;
@@ -664,6 +860,78 @@ impl SparseMoe {
                 let (inds, scores) = sparsemixer(&gates, k, jitter_eps)?;
                 (inds, scores, false)
             }
+            Router::SigmoidScaledInput => {
+                let inds = lower_top_k(&gates, k)?;
+                let scores = ops::take_along_axis(&gates, &inds, -1, None)?;
+                let scores =
+                    ops::sigmoid(&scores.astype(Dtype::Float32)?, None)?.astype(x_in.dtype())?;
+                (inds, scores, false)
+            }
+            Router::SigmoidCorrectedScaled {
+                norm_topk_prob,
+                routed_scaling_factor,
+                cast_weights,
+            } => {
+                let scores = ops::sigmoid(&gates.astype(Dtype::Float32)?, None)?;
+                let chosen = match correction_bias {
+                    Some(b) => (&scores + b)?,
+                    None => scores.clone(),
+                };
+                let inds = lower_top_k(&chosen, k)?;
+                let mut w = ops::take_along_axis(&scores, &inds, -1, None)?;
+                if norm_topk_prob {
+                    w = (&w / &(&ops::sum(&w, &[-1], true, None)? + 1e-20f32)?)?;
+                }
+                let w = (&w * routed_scaling_factor as f32)?;
+                if cast_weights {
+                    (inds, w.astype(x_in.dtype())?, false)
+                } else {
+                    (inds, w, true)
+                }
+            }
+            Router::DeepseekSoftmax { groups, scale } => {
+                let mut scores = ops::softmax(&gates, &[-1], true, None)?;
+                if let Some((n_group, topk_group)) = groups {
+                    let sh = x_in.shape();
+                    let (bsz, seq) = (sh[0], sh[1]);
+                    scores = ops::reshape(&scores, &[bsz, seq, n_group, -1], None)?;
+                    let group_scores = ops::max(&scores, &[-1], true, None)?;
+                    let gk = n_group - topk_group;
+                    let idx = ops::argpartition(&group_scores, gk - 1, -2, None)?;
+                    let group_idx =
+                        ops::stop_gradient(&ops::slice_axis(&idx, -2, 0, gk, None)?, None)?;
+                    let zero = Array::from_f32(0.0, scores.dtype())?;
+                    scores = ops::put_along_axis(&scores, &group_idx, &zero, -2, None)?;
+                    scores = ops::reshape(&scores, &[bsz, seq, -1], None)?;
+                }
+                let inds = lower_top_k(&scores, k)?;
+                let mut scores = ops::take_along_axis(&scores, &inds, -1, None)?;
+                if let Some(f) = scale {
+                    scores = (&scores * f as f32)?;
+                }
+                (inds, scores, false)
+            }
+            Router::DeepseekGroup(select) => {
+                let bias = match correction_bias {
+                    Some(b) => b.clone(),
+                    None if select.sigmoid => {
+                        return Err(ModelError::Unsupported {
+                            what: "group routing".into(),
+                            problem: "without e_score_correction_bias".into(),
+                        })
+                    }
+                    None => Array::from_f32(0.0, Dtype::Float32)?,
+                };
+                let (inds, scores) = group_expert_select(&gates, &bias, select)?;
+                (inds, scores, true)
+            }
+            Router::SoftmaxL1 => {
+                let gates = ops::softmax(&gates.astype(Dtype::Float32)?, &[-1], false, None)?;
+                let inds = lower_top_k(&gates, k)?;
+                let scores = ops::take_along_axis(&gates, &inds, -1, None)?;
+                let l1 = ops::sum(&ops::abs(&scores, None)?, &[-1], true, None)?;
+                (inds, (&scores / &l1)?.astype(x_in.dtype())?, false)
+            }
             Router::NormalizedTopK { sigmoid } => {
                 let g = gates.astype(Dtype::Float32)?;
                 let g = if sigmoid {
@@ -680,37 +948,7 @@ impl SparseMoe {
                 )?;
                 (inds, (&scores / &total)?, true)
             }
-        };
-        let y = self.switch_mlp.forward(&x_in, &inds)?;
-        let weighted = (&y * &ops::expand_dims(&scores, &[-1], None)?)?;
-        let mut out = ops::sum(&weighted, &[-2], false, None)?;
-        if cast_back {
-            out = out.astype(y.dtype())?;
-        }
-        if let Some(scale) = self.output_scale {
-            out = (&out * scale)?;
-        }
-        if let Some((mlp, gate)) = &self.shared_expert {
-            let shared = mlp.forward(x)?;
-            let shared = (&ops::sigmoid(&gate.forward(x)?, None)? * &shared)?;
-            out = (&out + &shared)?;
-        }
-        match (&self.plain_shared, &self.coefficient) {
-            (Some(mlp), Some(c)) => {
-                let coef = ops::softmax(&c.forward(x)?, &[-1], true, None)?;
-                let shared = mlp.forward(x)?;
-                out = (&(&out * &last(&coef, 0, 1)?)? + &(&shared * &last(&coef, 1, 2)?)?)?;
-            }
-            (Some(mlp), None) => out = (&out + &mlp.forward(x)?)?,
-            _ => {}
-        }
-        if flatten {
-            out = ops::reshape(&out, &shape, None)?;
-        }
-        if self.sharded {
-            out = mlx_core::distributed::all_sum(&out, None, None)?;
-        }
-        Ok(out)
+        })
     }
 }
 

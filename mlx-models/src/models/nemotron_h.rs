@@ -361,6 +361,9 @@ impl Moe {
                 has_bias: true,
                 kimi: false,
                 cast_back: false,
+                grouped: m.n_group > 1,
+                norm_any_k: false,
+                eps: true,
             },
         })
     }
@@ -388,7 +391,7 @@ impl Moe {
 #[derive(Clone)]
 enum Mixer {
     Mamba(Box<Mamba2Mixer>),
-    Attention(Attention),
+    Attention(Box<Attention>),
     Mlp(Mlp),
     Moe(Box<Moe>),
 }
@@ -446,7 +449,7 @@ impl Model {
             let m = format!("{p}.mixer");
             let mixer = match kind {
                 'M' => Mixer::Mamba(Box::new(Mamba2Mixer::load(&a.mamba_dims(), w, &m)?)),
-                '*' => Mixer::Attention(attention(&a, w, &m)?),
+                '*' => Mixer::Attention(Box::new(attention(&a, w, &m)?)),
                 'E' => Mixer::Moe(Box::new(Moe::load(&a, &a.moe()?, w, &m)?)),
                 _ => Mixer::Mlp(Mlp::load(w, &m, d, a.intermediate_size, a.mlp_bias)?),
             };

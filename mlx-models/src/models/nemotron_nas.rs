@@ -14,7 +14,8 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling};
-use crate::models::moe::{Attention, AttentionSpec, QkNorm};
+use crate::models::kit::{Attention, AttentionSpec};
+use crate::models::moe::QkNorm;
 use crate::models::{kit, LanguageModel, OutputHead};
 use crate::weights::Weights;
 

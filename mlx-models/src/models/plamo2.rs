@@ -8,7 +8,7 @@
 //! per-head weights, and MLX's SDPA; the MLP a fused `gate_up_proj` into `swiglu`. Inference
 //! only.
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache};
+use mlx_cache::{ArraysCache, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
@@ -88,16 +88,11 @@ struct Mamba {
     out_proj: Linear,
 }
 
-struct Attention {
-    qkv_proj: Linear,
-    o_proj: Linear,
-    q_weight: Array,
-    k_weight: Array,
-}
-
 enum Mixer {
     Mamba(Box<Mamba>),
-    Attention(Attention),
+    /// plamo2.py's `Attention` ([`kit::Attention`]): the fused `qkv_proj`, each head normed
+    /// without weight then times its `q_weight` / `k_weight` row, full rope, no biases.
+    Attention(Box<kit::Attention>),
 }
 
 struct Layer {
@@ -116,9 +111,7 @@ pub struct Model {
     layers: Vec<Layer>,
     norm: Norm,
     lm_head: Option<Linear>,
-    rope: Rope,
     fa_idx: usize,
-    scale: f32,
 }
 
 /// plamo2.py `is_mamba(config, i)`.
@@ -206,12 +199,21 @@ impl Model {
                     out_proj: Linear::load(w, &m("out_proj"), inter, d, false)?,
                 }))
             } else {
-                Mixer::Attention(Attention {
-                    qkv_proj: Linear::load(w, &m("qkv_proj"), d, (h + 2 * kv) * hd, false)?,
-                    o_proj: Linear::load(w, &m("o_proj"), h * hd, d, false)?,
-                    q_weight: w.take(&m("q_weight"), &[h, hd])?,
-                    k_weight: w.take(&m("k_weight"), &[kv, hd])?,
-                })
+                let at = p("mixer");
+                let rope = Rope::Base {
+                    dims: hd,
+                    traditional: false,
+                    base: 10000.0,
+                    scale: 1.0,
+                };
+                // `head_dim ** -0.5`.
+                let scale = f64::from(hd).powf(-0.5) as f32;
+                let names = ("qkv_proj", "o_proj");
+                Mixer::Attention(Box::new(
+                    kit::Attention::load_fused(w, &at, names, (d, h, kv, hd), scale)?
+                        .with_head_weights(w, &at, 1e-6)?
+                        .with_rope(Some(rope)),
+                ))
             };
             let norm = |w: &mut Weights, s: &str, offset: f64| {
                 Norm::load_rms_plus(w, &p(s), d, eps, offset as f32)
@@ -238,15 +240,7 @@ impl Model {
             layers,
             norm: Norm::load_rms_plus(w, "model.norm", d, eps, 1.0)?,
             lm_head,
-            rope: Rope::Base {
-                dims: hd,
-                traditional: false,
-                base: 10000.0,
-                scale: 1.0,
-            },
             fa_idx,
-            // `head_dim ** -0.5`.
-            scale: f64::from(hd).powf(-0.5) as f32,
             args,
         })
     }
@@ -339,34 +333,6 @@ impl Model {
         m.out_proj.forward(&out)
     }
 
-    /// `Attention.__call__`.
-    fn attention(
-        &self,
-        a: &Attention,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let (h, kv, hd) = (
-            self.args.num_attention_heads,
-            self.args.num_key_value_heads,
-            self.args.hidden_size_per_head,
-        );
-        let qkv = a.qkv_proj.forward(x)?;
-        let parts = ops::split_at(&qkv, &[h * hd, (h + kv) * hd], -1, None)?;
-        let q = kit::split_heads(&parts[0], h)?;
-        let k = kit::split_heads(&parts[1], kv)?;
-        let v = kit::split_heads(&parts[2], kv)?;
-        let per_head = |t: &Array, wgt: &Array| -> Result<Array> {
-            let n = fast::rms_norm(t, None, 1e-6, None)?;
-            Ok((&n * &ops::expand_dims(wgt, &[1], None)?)?)
-        };
-        let q = per_head(&q, &a.q_weight)?;
-        let k = per_head(&k, &a.k_weight)?;
-        let out = kit::rope_attend(q, k, v, Some(&self.rope), cache, self.scale, mask)?;
-        a.o_proj.forward(&out)
-    }
-
     fn hidden_states(
         &self,
         inputs: &Array,
@@ -392,7 +358,7 @@ impl Model {
                 Mixer::Mamba(m) => {
                     self.mamba(m, &hs, mamba_mask.as_ref(), arrays_cache(cache, i)?)?
                 }
-                Mixer::Attention(a) => self.attention(a, &hs, &attn_mask, cache)?,
+                Mixer::Attention(a) => a.forward(&hs, &attn_mask, cache)?,
             };
             let x1 = (&x + &l.post_mixer_norm.forward(&hs)?)?;
             let hs = l.pre_mlp_norm.forward(&x1)?;

@@ -370,93 +370,37 @@ impl ModelArgs {
     }
 }
 
-/// `Qwen3NextAttention`: queries emit a sigmoid gate on the output; per-head q/k norms;
-/// partial rotary embedding.
-#[derive(Clone)]
-struct Attention {
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    rope: Rope,
+/// `Qwen3NextAttention` ([`kit::Attention`]): queries emit a sigmoid gate on the output;
+/// per-head q/k norms; partial rotary embedding.
+fn attention(a: &ModelArgs, w: &mut Weights, path: &str) -> Result<kit::Attention> {
+    let hd = a.head_dim;
+    let dims = (
+        a.hidden_size,
+        a.num_attention_heads,
+        a.num_key_value_heads,
+        hd,
+    );
+    let scale = f64::from(hd).powf(-0.5) as f32;
+    let rope = Rope::initialize(
+        (f64::from(hd) * a.partial_rotary_factor) as i32,
+        a.rope_theta,
+        false,
+        a.rope_scaling.as_ref(),
+        a.max_position_embeddings,
+    )?;
+    Ok(
+        kit::Attention::load_query_gated(w, path, dims, a.attention_bias, scale)?
+            .with_head_norms(w, path, a.rms_norm_eps as f32)?
+            .with_rope(Some(rope)),
+    )
 }
 
-impl Attention {
-    fn load(a: &ModelArgs, w: &mut Weights, path: &str) -> Result<Attention> {
-        let (dim, hd, h, kv) = (
-            a.hidden_size,
-            a.head_dim,
-            a.num_attention_heads,
-            a.num_key_value_heads,
-        );
-        let p = |n: &str| format!("{path}.{n}");
-        let eps = a.rms_norm_eps as f32;
-        let bias = a.attention_bias;
-        Ok(Attention {
-            n_heads: h,
-            n_kv_heads: kv,
-            scale: f64::from(hd).powf(-0.5) as f32,
-            q_proj: Linear::load(w, &p("q_proj"), dim, h * hd * 2, bias)?,
-            k_proj: Linear::load(w, &p("k_proj"), dim, kv * hd, bias)?,
-            v_proj: Linear::load(w, &p("v_proj"), dim, kv * hd, bias)?,
-            o_proj: Linear::load(w, &p("o_proj"), h * hd, dim, bias)?,
-            q_norm: RmsNorm::load(w, &p("q_norm"), hd, eps)?,
-            k_norm: RmsNorm::load(w, &p("k_norm"), hd, eps)?,
-            rope: Rope::initialize(
-                (f64::from(hd) * a.partial_rotary_factor) as i32,
-                a.rope_theta,
-                false,
-                a.rope_scaling.as_ref(),
-                a.max_position_embeddings,
-            )?,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let sh = x.shape();
-        let (b, l) = (sh[0], sh[1]);
-        let q_out = ops::reshape(&self.q_proj.forward(x)?, &[b, l, self.n_heads, -1], None)?;
-        let qg = ops::split_equal(&q_out, 2, -1, None)?;
-        let (queries, gate) = (&qg[0], ops::reshape(&qg[1], &[b, l, -1], None)?);
-        let keys = self.k_proj.forward(x)?;
-        let values = self.v_proj.forward(x)?;
-        let heads = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
-        let queries = heads(&self.q_norm.forward(queries)?)?;
-        let keys = heads(&self.k_norm.forward(&ops::reshape(
-            &keys,
-            &[b, l, self.n_kv_heads, -1],
-            None,
-        )?)?)?;
-        let values = heads(&ops::reshape(&values, &[b, l, self.n_kv_heads, -1], None)?)?;
-        let out = kit::rope_attend(
-            queries,
-            keys,
-            values,
-            Some(&self.rope),
-            cache,
-            self.scale,
-            mask,
-        )?;
-        self.o_proj.forward(&(&out * &ops::sigmoid(&gate, None)?)?)
-    }
-}
-
-impl Attention {
+impl kit::Attention {
     /// qwen3_5's `shard()` of a gated attention: q (with its gate rows, whole heads) all-to-
     /// sharded; k and v repeated per head when there are more ranks than KV heads
     /// (`repeat_kv_layer_inplace`), then all-to-sharded; o sharded-to-all; heads / N and KV
     /// heads `max(1, kv / N)`.
-    fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
+    fn shard_repeating_kv(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
         use crate::shard::{all_to_sharded, repeat_heads, sharded_to_all};
         let p = |m: &str| format!("{path}.{m}");
         if self.n_heads % n != 0 {
@@ -466,28 +410,22 @@ impl Attention {
                 problem: format!("{} heads do not split over {n} ranks", self.n_heads),
             });
         }
+        let (Some(k_proj), Some(v_proj)) = (self.k_proj.as_mut(), self.v_proj.as_mut()) else {
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: path.to_string(),
+                problem: "a layer reusing another's keys and values cannot be sharded".into(),
+            });
+        };
         sharded_to_all(&mut self.o_proj, n, r, &p("o_proj"))?;
         all_to_sharded(&mut self.q_proj, n, r, &p("q_proj"))?;
-        repeat_heads(&mut self.k_proj, self.n_kv_heads, n, &p("k_proj"))?;
-        repeat_heads(&mut self.v_proj, self.n_kv_heads, n, &p("v_proj"))?;
-        all_to_sharded(&mut self.k_proj, n, r, &p("k_proj"))?;
-        all_to_sharded(&mut self.v_proj, n, r, &p("v_proj"))?;
+        repeat_heads(k_proj, self.n_kv_heads, n, &p("k_proj"))?;
+        repeat_heads(v_proj, self.n_kv_heads, n, &p("v_proj"))?;
+        all_to_sharded(k_proj, n, r, &p("k_proj"))?;
+        all_to_sharded(v_proj, n, r, &p("v_proj"))?;
         self.n_heads /= n;
         self.n_kv_heads = (self.n_kv_heads / n).max(1);
         Ok(())
-    }
-}
-
-impl Walkable for Attention {
-    /// The projections, then the q/k norms.
-    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
-        let p = |n: &str| join(path, n);
-        w.linear(&p("q_proj"), &mut self.q_proj);
-        w.linear(&p("k_proj"), &mut self.k_proj);
-        w.linear(&p("v_proj"), &mut self.v_proj);
-        w.linear(&p("o_proj"), &mut self.o_proj);
-        w.rms_norm(&p("q_norm"), &mut self.q_norm);
-        w.rms_norm(&p("k_norm"), &mut self.k_norm);
     }
 }
 
@@ -778,7 +716,7 @@ impl GatedDeltaNet {
 #[derive(Clone)]
 enum Mixer {
     Linear(GatedDeltaNet),
-    Attention(Attention),
+    Attention(kit::Attention),
 }
 
 #[derive(Clone)]
@@ -859,7 +797,7 @@ fn load_layer(
     let mixer = if linear {
         Mixer::Linear(GatedDeltaNet::load(args, w, &format!("{p}.linear_attn"))?)
     } else {
-        Mixer::Attention(Attention::load(args, w, &format!("{p}.self_attn"))?)
+        Mixer::Attention(attention(args, w, &format!("{p}.self_attn"))?)
     };
     let mlp = if sparse {
         Ffn::Sparse(Box::new(SparseMoe::load_parts(
@@ -1329,7 +1267,7 @@ impl Model {
                     m.shard_tensor_parallel(size, rank, &format!("{p}.linear_attn"))?
                 }
                 Mixer::Attention(a) => {
-                    a.shard_tensor_parallel(size, rank, &format!("{p}.self_attn"))?
+                    a.shard_repeating_kv(size, rank, &format!("{p}.self_attn"))?
                 }
             }
             match &mut l.mlp {

@@ -9,16 +9,14 @@
 //! as there). With history on, the cache records the state after each token, so `trim` is
 //! exact. Inference only.
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, RotatingKVCache};
+use mlx_cache::{ArraysCache, Cache, RotatingKVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, softplus, DepthwiseConv};
-use crate::layers::{
-    gelu_approx, scaled_dot_product_attention, Embedding, Linear, Norm, NormKind, Rope,
-};
+use crate::layers::{gelu_approx, Embedding, Linear, Norm, NormKind, Rope};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -66,16 +64,11 @@ struct Recurrent {
     rg_lru: RgLru,
 }
 
-struct LocalAttention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-}
-
 enum Temporal {
     Recurrent(Box<Recurrent>),
-    Attention(LocalAttention),
+    /// `LocalAttentionBlock` ([`kit::Attention`]): one key-value head, a rope over half of
+    /// each head, `o_proj` alone with a bias.
+    Attention(Box<kit::Attention>),
 }
 
 struct Block {
@@ -93,10 +86,8 @@ pub struct Model {
     layers: Vec<Block>,
     final_norm: Norm,
     lm_head: Option<Linear>,
-    rope: Rope,
     heads: i32,
     head_dim: i32,
-    scale: f32,
     swa_idx: usize,
 }
 
@@ -174,12 +165,24 @@ impl Model {
                     },
                 }))
             } else {
-                Temporal::Attention(LocalAttention {
-                    q_proj: Linear::load(w, &tb("q_proj"), d, d, false)?,
-                    k_proj: Linear::load(w, &tb("k_proj"), d, hd, false)?,
-                    v_proj: Linear::load(w, &tb("v_proj"), d, hd, false)?,
-                    o_proj: Linear::load(w, &tb("o_proj"), d, d, true)?,
-                })
+                // `(width // num_heads) ** (-0.5)`.
+                let scale = f64::from(hd).powf(-0.5) as f32;
+                let rope = Rope::Base {
+                    dims: hd / 2,
+                    traditional: false,
+                    base: 10000.0,
+                    scale: 1.0,
+                };
+                Temporal::Attention(Box::new(
+                    kit::Attention::load_v(
+                        w,
+                        &p("temporal_block"),
+                        (d, h, 1, hd, hd),
+                        (false, true),
+                        scale,
+                    )?
+                    .with_rope(Some(rope)),
+                ))
             };
             let norm =
                 |w: &mut Weights, s: &str| Norm::load(w, &p(s), NormKind::RmsOffset, d, BLOCK_EPS);
@@ -208,37 +211,11 @@ impl Model {
                 args.rms_norm_eps as f32,
             )?,
             lm_head,
-            rope: Rope::Base {
-                dims: hd / 2,
-                traditional: false,
-                base: 10000.0,
-                scale: 1.0,
-            },
             heads: h,
             head_dim: hd,
-            // `(width // num_heads) ** (-0.5)`.
-            scale: f64::from(hd).powf(-0.5) as f32,
             swa_idx,
             args,
         })
-    }
-
-    /// `LocalAttentionBlock.__call__`.
-    fn attention(
-        &self,
-        a: &LocalAttention,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let queries = kit::split_heads(&a.q_proj.forward(x)?, self.heads)?;
-        let keys = kit::split_heads(&a.k_proj.forward(x)?, 1)?;
-        let values = kit::split_heads(&a.v_proj.forward(x)?, 1)?;
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let queries = self.rope.forward(&queries, offset)?;
-        let kv = kit::cached_kv(cache, self.rope.forward(&keys, offset)?, values)?;
-        let out = scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?;
-        a.o_proj.forward(&kit::merge_heads(&out)?)
     }
 
     /// `apply_block_linear(h, w, b)`: the per-head gate, sigmoid.
@@ -350,7 +327,7 @@ impl Model {
             let normed = l.temporal_pre_norm.forward(&x)?;
             let t = match &l.temporal {
                 Temporal::Recurrent(r) => self.recurrent(r, &normed, arrays_cache(cache, i)?)?,
-                Temporal::Attention(a) => self.attention(a, &normed, &mask, cache)?,
+                Temporal::Attention(a) => a.forward(&normed, &mask, cache)?,
             };
             let residual = (&t + &x)?;
             let m = l.channel_pre_norm.forward(&residual)?;

@@ -4,7 +4,8 @@
 //! list or one value, `partial_rotary_factors`, YaRN only on `yarn_only_types`), a head-wise
 //! sigmoid output gate, and MoE layers (`moe_layers_enum`, else all but the first) whose
 //! router is `moe_gate_select` (sigmoid scores, `router_bias` for the choice, weights over
-//! their sum + 1e-20, scaled) over `SwitchGLU` experts plus an un-gated `share_expert`; MLPs
+//! their sum + 1e-20, scaled: the shared MoE block's [`Router::SigmoidCorrectedScaled`]) over
+//! `SwitchGLU` experts plus an un-gated `share_expert`; MLPs
 //! may clamp their SwiGLU (`swiglu_limits`, `swiglu_limits_shared`). Sliding layers cache in a
 //! `RotatingKVCache(sliding_window)`. Inference only (no adapters or full fine-tuning).
 //! Tensor parallelism as mlx-lm's `shard()` ([`Model::shard_tensor_parallel`]); mlx-lm has no
@@ -19,9 +20,10 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 use crate::layers::{
-    clamped_swiglu, scaled_dot_product_attention, swiglu, Embedding, Linear, RmsNorm, Rope,
-    RopeScaling, SwitchActivation, SwitchGlu,
+    Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
+    SwitchGlu,
 };
+use crate::models::moe_block::{Ffn, MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -90,67 +92,25 @@ pub struct ModelArgs {
     pub swiglu_limits_shared: Option<Vec<Option<f64>>>,
 }
 
-/// `Step3p5MLP`: a SwiGLU MLP, its activation clamped when `limit` is set.
-struct StepMlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-    limit: Option<f64>,
-}
-
-impl StepMlp {
-    fn load(w: &mut Weights, path: &str, dim: i32, hidden: i32, limit: f64) -> Result<StepMlp> {
-        let p = |n: &str| format!("{path}.{n}");
-        Ok(StepMlp {
-            gate_proj: Linear::load(w, &p("gate_proj"), dim, hidden, false)?,
-            up_proj: Linear::load(w, &p("up_proj"), dim, hidden, false)?,
-            down_proj: Linear::load(w, &p("down_proj"), hidden, dim, false)?,
-            limit: (limit > 0.0).then_some(limit),
-        })
-    }
-
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
-        let h = match self.limit {
-            Some(limit) => clamped_swiglu(&u, &g, limit as f32)?,
-            None => swiglu(&g, &u)?,
-        };
-        self.down_proj.forward(&h)
-    }
-}
-
-struct Moe {
-    gate: Linear,
-    router_bias: Array,
-    switch_mlp: SwitchGlu,
-    share_expert: StepMlp,
-    /// Sharded in place: the block's output is summed over the group (mlx-lm's
-    /// `sharding_group`).
-    sharded: bool,
-}
-
-enum Ffn {
-    Dense(StepMlp),
-    Moe(Box<Moe>),
-}
-
-struct Attention {
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    g_proj: Option<Linear>,
-    rope: Rope,
+/// `Step3p5MLP`: a SwiGLU MLP, its activation clamped when `limit` is set (> 0), its
+/// projections loaded in its declaration order (gate, up, down).
+fn step_mlp(w: &mut Weights, path: &str, dim: i32, hidden: i32, limit: f64) -> Result<Mlp> {
+    let p = |n: &str| format!("{path}.{n}");
+    let gate = Linear::load(w, &p("gate_proj"), dim, hidden, false)?;
+    let up = Linear::load(w, &p("up_proj"), dim, hidden, false)?;
+    let down = Linear::load(w, &p("down_proj"), hidden, dim, false)?;
+    Ok(if limit > 0.0 {
+        Mlp::from_linears(MlpKind::ClampedSwiGlu, gate, up, down, limit as f32)
+    } else {
+        Mlp::from_linears(MlpKind::SwiGlu, gate, up, down, 0.0)
+    })
 }
 
 struct Layer {
     sliding: bool,
-    self_attn: Attention,
+    /// `Step3p5Attention` ([`kit::Attention`]): per-head q/k norms, a partial rope of the
+    /// layer's base, an optional head-wise sigmoid gate.
+    self_attn: kit::Attention,
     mlp: Ffn,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
@@ -162,9 +122,6 @@ pub struct Model {
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Linear,
-    top_k: i32,
-    scaling: f64,
-    norm_topk: bool,
 }
 
 /// `(swiglu_limits or [])[i] or 0`.
@@ -269,29 +226,20 @@ impl Model {
                 _ => a.rope_scaling.as_ref(),
             };
             let hd = a.head_dim;
-            let self_attn = Attention {
-                n_heads: heads,
-                n_kv_heads: groups,
-                scale: f64::from(hd).powf(-0.5) as f32,
-                q_proj: Linear::load(w, &p("self_attn.q_proj"), d, heads * hd, false)?,
-                k_proj: Linear::load(w, &p("self_attn.k_proj"), d, groups * hd, false)?,
-                v_proj: Linear::load(w, &p("self_attn.v_proj"), d, groups * hd, false)?,
-                o_proj: Linear::load(w, &p("self_attn.o_proj"), heads * hd, d, false)?,
-                q_norm: RmsNorm::load(w, &p("self_attn.q_norm"), hd, eps)?,
-                k_norm: RmsNorm::load(w, &p("self_attn.k_norm"), hd, eps)?,
-                g_proj: if a.use_head_wise_attn_gate {
-                    Some(Linear::load(w, &p("self_attn.g_proj"), d, heads, false)?)
-                } else {
-                    None
-                },
-                rope: Rope::initialize(
-                    (f64::from(hd) * partial) as i32,
-                    theta,
-                    false,
-                    scaling,
-                    Some(a.max_position_embeddings),
-                )?,
-            };
+            let at = p("self_attn");
+            let dims = (d, heads, groups, hd);
+            let mut self_attn = kit::Attention::load(w, &at, dims, false, kit::head_scale(hd))?
+                .with_head_norms(w, &at, eps)?;
+            if a.use_head_wise_attn_gate {
+                self_attn = self_attn.with_head_gate(w, &at, d, kit::HeadGate::Sigmoid)?;
+            }
+            let self_attn = self_attn.with_rope(Some(Rope::initialize(
+                (f64::from(hd) * partial) as i32,
+                theta,
+                false,
+                scaling,
+                Some(a.max_position_embeddings),
+            )?));
             let mlp = if moe_layers.contains(&i) {
                 let limit = limit_at(&a.swiglu_limits, i);
                 let activation = if limit > 0.0 {
@@ -300,29 +248,42 @@ impl Model {
                     SwitchActivation::SwiGlu
                 };
                 let e = a.moe_num_experts;
-                Ffn::Moe(Box::new(Moe {
-                    gate: Linear::load(w, &p("mlp.gate.gate"), d, e, false)?,
-                    router_bias: w.take(&p("mlp.gate.router_bias"), &[e])?,
-                    switch_mlp: SwitchGlu::load(
-                        w,
-                        &p("mlp.switch_mlp"),
-                        d,
-                        a.moe_intermediate_size,
-                        e,
-                        false,
-                        activation,
-                    )?,
-                    share_expert: StepMlp::load(
-                        w,
-                        &p("mlp.share_expert"),
-                        d,
-                        a.share_expert_dim,
-                        limit_at(&a.swiglu_limits_shared, i),
-                    )?,
-                    sharded: false,
-                }))
+                // `Step3p5MoE` declares gate (`MoEGate`: gate, router_bias), switch_mlp,
+                // share_expert.
+                let gate = Linear::load(w, &p("mlp.gate.gate"), d, e, false)?;
+                let router_bias = w.take(&p("mlp.gate.router_bias"), &[e])?;
+                let experts = SwitchGlu::load(
+                    w,
+                    &p("mlp.switch_mlp"),
+                    d,
+                    a.moe_intermediate_size,
+                    e,
+                    false,
+                    activation,
+                )?;
+                let shared = step_mlp(
+                    w,
+                    &p("mlp.share_expert"),
+                    d,
+                    a.share_expert_dim,
+                    limit_at(&a.swiglu_limits_shared, i),
+                )?;
+                Ffn::Sparse(Box::new(SparseMoe::from_parts(MoeParts {
+                    top_k: a.moe_top_k,
+                    router: Router::SigmoidCorrectedScaled {
+                        norm_topk_prob: a.norm_expert_weight,
+                        routed_scaling_factor: a.moe_router_scaling_factor,
+                        cast_weights: false,
+                    },
+                    gate,
+                    experts,
+                    names: ["gate.gate", "switch_mlp"],
+                    correction_bias: Some(("gate.router_bias", router_bias)),
+                    plain_shared: Some(("share_expert", shared)),
+                    flatten: false,
+                })))
             } else {
-                Ffn::Dense(StepMlp::load(
+                Ffn::Dense(step_mlp(
                     w,
                     &p("mlp"),
                     d,
@@ -343,66 +304,7 @@ impl Model {
             norm: RmsNorm::load(w, "model.norm", d, eps)?,
             lm_head: Linear::load(w, "lm_head", d, a.vocab_size, false)?,
             layers,
-            top_k: a.moe_top_k,
-            scaling: a.moe_router_scaling_factor,
-            norm_topk: a.norm_expert_weight,
             args: a,
-        })
-    }
-
-    fn attention(
-        &self,
-        at: &Attention,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let per_head = |y: Array, n: i32| ops::reshape(&y, &[b, l, n, -1], None);
-        let heads = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
-        let q = heads(
-            &at.q_norm
-                .forward(&per_head(at.q_proj.forward(x)?, at.n_heads)?)?,
-        )?;
-        let k = heads(
-            &at.k_norm
-                .forward(&per_head(at.k_proj.forward(x)?, at.n_kv_heads)?)?,
-        )?;
-        let v = kit::split_heads(&at.v_proj.forward(x)?, at.n_kv_heads)?;
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let q = at.rope.forward(&q, offset)?;
-        let kv = kit::cached_kv(cache, at.rope.forward(&k, offset)?, v)?;
-        let out = scaled_dot_product_attention(&q, &kv, at.scale, mask, None)?;
-        let mut out = heads(&out)?;
-        if let Some(g) = &at.g_proj {
-            let gate = ops::expand_dims(&ops::sigmoid(&g.forward(x)?, None)?, &[-1], None)?;
-            out = (&out * &gate)?;
-        }
-        at.o_proj.forward(&ops::reshape(&out, &[b, l, -1], None)?)
-    }
-
-    /// `Step3p5MoE`: `moe_gate_select` (plain ops), the experts' weighted sum cast back to
-    /// their dtype, plus the shared expert.
-    fn moe(&self, m: &Moe, x: &Array) -> Result<Array> {
-        let scores = ops::sigmoid(&m.gate.forward(x)?.astype(Dtype::Float32)?, None)?;
-        let corrected = (&scores + &m.router_bias)?;
-        let inds = crate::models::moe_block::lower_top_k(&corrected, self.top_k)?;
-        let mut weights = ops::take_along_axis(&scores, &inds, -1, None)?;
-        if self.norm_topk {
-            let total = ops::add_scalar(&ops::sum(&weights, &[-1], true, None)?, 1e-20f32, None)?;
-            weights = (&weights / &total)?;
-        }
-        let weights = ops::multiply_scalar(&weights, self.scaling, None)?;
-        let routed = m.switch_mlp.forward(x, &inds)?;
-        let dtype = routed.dtype();
-        let routed = (&routed * &ops::expand_dims(&weights, &[-1], None)?)?;
-        let routed = ops::sum(&routed, &[-2], false, None)?.astype(dtype)?;
-        let y = (&routed + &m.share_expert.forward(x)?)?;
-        Ok(if m.sharded {
-            mlx_core::distributed::all_sum(&y, None, None)?
-        } else {
-            y
         })
     }
 
@@ -438,38 +340,32 @@ impl Model {
                     ),
                 ));
             }
-            if let Ffn::Moe(m) = &l.mlp {
+            if let Ffn::Sparse(m) = &l.mlp {
                 if m.sharded {
                     return Err(par("the model".into(), "already split".into()));
                 }
             }
         }
-        let mlp = |m: &mut StepMlp, path: &str, in_place: bool| -> Result<()> {
-            all_to_sharded(&mut m.gate_proj, size, rank, &format!("{path}.gate_proj"))?;
-            all_to_sharded(&mut m.up_proj, size, rank, &format!("{path}.up_proj"))?;
-            let down = format!("{path}.down_proj");
-            if in_place {
-                sharded_to_all_inplace(&mut m.down_proj, size, rank, &down)
-            } else {
-                sharded_to_all(&mut m.down_proj, size, rank, &down)
+        let mlp = |m: &mut Mlp, path: &str, in_place: bool| -> Result<()> {
+            for (name, lin) in m.linears_mut(&MlpNames::LLAMA) {
+                let what = format!("{path}.{name}");
+                match (name, in_place) {
+                    ("down_proj", true) => sharded_to_all_inplace(lin, size, rank, &what)?,
+                    ("down_proj", false) => sharded_to_all(lin, size, rank, &what)?,
+                    _ => all_to_sharded(lin, size, rank, &what)?,
+                }
             }
+            Ok(())
         };
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = |s: &str| format!("model.layers.{i}.{s}");
-            let a = &mut l.self_attn;
-            all_to_sharded(&mut a.q_proj, size, rank, &p("self_attn.q_proj"))?;
-            all_to_sharded(&mut a.k_proj, size, rank, &p("self_attn.k_proj"))?;
-            all_to_sharded(&mut a.v_proj, size, rank, &p("self_attn.v_proj"))?;
-            sharded_to_all(&mut a.o_proj, size, rank, &p("self_attn.o_proj"))?;
-            a.n_heads /= size;
-            a.n_kv_heads /= size;
-            if let Some(g) = a.g_proj.as_mut() {
-                all_to_sharded(g, size, rank, &p("self_attn.g_proj"))?;
-            }
+            l.self_attn.shard_projections(size, rank, &p("self_attn"))?;
             match &mut l.mlp {
                 Ffn::Dense(m) => mlp(m, &p("mlp"), false)?,
-                Ffn::Moe(m) => {
-                    mlp(&mut m.share_expert, &p("mlp.share_expert"), true)?;
+                Ffn::Sparse(m) => {
+                    if let Some(shared) = m.plain_shared.as_mut() {
+                        mlp(shared, &p("mlp.share_expert"), true)?;
+                    }
                     let e = &mut m.switch_mlp;
                     let w = |n: &str| p(&format!("mlp.switch_mlp.{n}"));
                     switch_inplace(&mut e.gate_proj, true, size, rank, &w("gate_proj"))?;
@@ -503,13 +399,12 @@ impl Model {
         for (i, l) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let mask = if l.sliding { &swa_mask } else { &full_mask };
-            let r = self.attention(&l.self_attn, &l.input_layernorm.forward(&h)?, mask, cache)?;
+            let r = l
+                .self_attn
+                .forward(&l.input_layernorm.forward(&h)?, mask, cache)?;
             let h2 = (&h + &r)?;
             let x = l.post_attention_layernorm.forward(&h2)?;
-            let r = match &l.mlp {
-                Ffn::Dense(m) => m.forward(&x)?,
-                Ffn::Moe(m) => self.moe(m, &x)?,
-            };
+            let r = l.mlp.forward(&x)?;
             h = (&h2 + &r)?;
         }
         self.norm.forward(&h)
