@@ -21,13 +21,23 @@
 //! sequence. Rows: llama, mistral, qwen2, qwen3, smollm3, phi3, granite, gemma2, gemma3_text (and
 //! the other
 //! rows these knobs describe). The rest give a reason.
+//!
+//! Mixture-of-experts rows ([`mlx_models::models::moe`]: qwen3_moe and mixtral, and the rows
+//! with their knobs) map through [`map_moe`]: the same attention, and in each layer with
+//! experts the router (softmax then top-k, optionally renormalised, or top-k then softmax), the
+//! experts' stacked SwiGLU projections as the model holds them (bfloat16 or affine, the router
+//! in its own quantization: mlx-lm's convert keeps qwen3_moe's at 8 bits), decoded one sequence
+//! a step. Shared experts, biased or grouped routers and gpt_oss (sinks, mxfp4) give a reason.
 
 use mlx_core::Dtype;
 pub use mlx_kernels::graph_decode::BuildTimes;
 use mlx_kernels::graph_decode::{GraphLayer, GraphLinear, GraphRope, GraphSpec, GraphWeights};
-use mlx_models::layers::{Embedding, Linear, MlpKind, Norm, NormKind, Rope};
+use mlx_kernels::graph_decode::{GraphMoe, GraphRouter};
+use mlx_models::layers::SwitchLinear;
+use mlx_models::layers::{Embedding, Linear, MlpKind, Norm, NormKind, Rope, SwitchActivation};
 use mlx_models::models::dense::Model;
 use mlx_models::models::descriptor::{EmbedScale, LogitScale, Placement, QkNorm};
+use mlx_models::models::moe::{self, MoeFfnView, Router};
 use mlx_models::LanguageModel;
 
 use crate::generate::GenerateOptions;
@@ -66,6 +76,9 @@ fn part(part: &str, problem: impl Into<String>) -> GraphGap {
 /// one the decoder runs (the descriptor's knobs; the kernels' own limits, such as the head
 /// size and the dtypes, are [`GraphSpec::check`] and [`GraphWeights::check`]).
 pub fn map_model(model: &dyn LanguageModel) -> Result<(GraphSpec, GraphWeights), GraphGap> {
+    if let Some(m) = model.as_moe() {
+        return map_moe(m);
+    }
     let Some(m) = model.as_dense() else {
         return Err(GraphGap::DedicatedPort {
             model_type: model.model_type().to_string(),
@@ -214,7 +227,244 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
         final_softcap: softcap(d.final_logit_softcap),
         residual_scale,
         logit_div,
+        moe: None,
     })
+}
+
+/// A stacked expert projection's arrays (its quantization joins `quant`).
+fn switch_linear(
+    l: &SwitchLinear,
+    what: &str,
+    quant: &mut Option<(usize, usize)>,
+) -> Result<GraphLinear, GraphGap> {
+    match l {
+        SwitchLinear::Dense { weight, bias: None } => Ok(GraphLinear {
+            weight: weight.clone(),
+            scales: None,
+            biases: None,
+            bias: None,
+        }),
+        SwitchLinear::Quantized { weight, bias: None } => quantized(weight, what, quant),
+        SwitchLinear::Dense { .. } | SwitchLinear::Quantized { .. } => {
+            Err(part(what, "experts with biases"))
+        }
+        SwitchLinear::Adapted(_) => Err(part(what, "adapted (LoRA) experts")),
+    }
+}
+
+/// [`map_model`] for a mixture-of-experts row (`mlx_models::models::moe`): its spec's knobs,
+/// each layer's parts ([`moe::Model::layer_view`]).
+pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
+    let ms = m.spec();
+    let t = ms.model_type.clone();
+    let no = |what: &str| GraphGap::Setting {
+        model_type: t.clone(),
+        setting: what.into(),
+    };
+    let layer = |i: usize, problem: &str| GraphGap::Layer {
+        model_type: t.clone(),
+        layer: i,
+        problem: problem.into(),
+    };
+    let x = &ms.extras;
+    for (present, what) in [
+        (ms.attn_sinks, "attention sinks (gpt_oss)"),
+        (ms.o_bias, "an output-projection bias"),
+        (ms.expert_bias, "experts with biases"),
+        (ms.router_bias, "a router bias"),
+        (
+            ms.shared_expert_intermediate_size.is_some(),
+            "a shared expert",
+        ),
+        (ms.sliding.iter().any(|&s| s), "sliding-window layers"),
+        (x.embedding_multiplier.is_some(), "an embedding multiplier"),
+        (x.logits_scaling.is_some(), "a logits scaling"),
+        (x.layer_norm || x.lm_head_bias, "layer norms or a head bias"),
+        (x.norm_head, "a normed head"),
+        (
+            m.is_sharded(),
+            "a sharded (tensor- or pipeline-parallel) model",
+        ),
+    ] {
+        if present {
+            return Err(no(what));
+        }
+    }
+    if ms.activation != SwitchActivation::SwiGlu {
+        return Err(no(&format!("the experts' {:?} activation", ms.activation)));
+    }
+    let router = match ms.router {
+        Router::SoftmaxUpperPartition { norm_topk_prob, .. }
+        | Router::SoftmaxLowerPartition {
+            norm_topk_prob,
+            flatten: false,
+        } => GraphRouter::SoftmaxTopK {
+            norm: norm_topk_prob,
+        },
+        Router::TopKThenSoftmax => GraphRouter::TopKSoftmax,
+        r => return Err(no(&format!("the {r:?} router"))),
+    };
+    let eps = ms.rms_norm_eps;
+    let layers = ms.num_hidden_layers.max(0) as usize;
+    let (mut quant, mut router_quant) = (None, None);
+    let embed = embedding(m.embed_tokens(), &t, &mut quant)?;
+    let head = m
+        .lm_head()
+        .map(|l| linear(l, "lm_head", &mut quant))
+        .transpose()?;
+    let (mut rope, mut rope_layers) = (None::<GraphRope>, Vec::with_capacity(layers));
+    let (mut moe_layers, mut graph_layers) = (Vec::new(), Vec::with_capacity(layers));
+    let mut qk_norm = None;
+    for i in 0..layers {
+        let v = m.layer_view(i).ok_or_else(|| layer(i, "is missing"))?;
+        let w = |s: &str| format!("`{t}`: layer {i} {s}");
+        if let Some(what) = v.other.first() {
+            return Err(layer(i, &format!("has {what}")));
+        }
+        match v.rope {
+            Some(r) => {
+                let g = graph_rope(r, |e| layer(i, e))?;
+                match &rope {
+                    Some(first) if *first != g => {
+                        return Err(no("layers with different rotary embeddings"))
+                    }
+                    Some(_) => {}
+                    None => rope = Some(g),
+                }
+                rope_layers.push(true);
+            }
+            None => rope_layers.push(false),
+        }
+        let norms = match (v.q_norm, v.k_norm) {
+            (Some(q), Some(k)) => {
+                if q.eps != eps || k.eps != eps {
+                    return Err(layer(i, "has q/k norms with another eps"));
+                }
+                Some((q.weight.clone(), k.weight.clone()))
+            }
+            (None, None) => None,
+            _ => return Err(layer(i, "has a q norm without a k norm")),
+        };
+        if *qk_norm.get_or_insert(norms.is_some()) != norms.is_some() {
+            return Err(no("q/k norms on some layers only"));
+        }
+        let (Some(k), Some(vv)) = (v.k, v.v) else {
+            return Err(layer(i, "takes another layer's keys and values"));
+        };
+        let (gate, up, down, router_w) = match v.ffn {
+            MoeFfnView::Dense(mlp) => {
+                let (g, u, d) = mlp
+                    .gate_up_down()
+                    .ok_or_else(|| layer(i, "has an MLP without gate and up projections"))?;
+                moe_layers.push(false);
+                (
+                    linear(g, &w("gate_proj"), &mut quant)?,
+                    linear(u, &w("up_proj"), &mut quant)?,
+                    linear(d, &w("down_proj"), &mut quant)?,
+                    None,
+                )
+            }
+            MoeFfnView::Sparse(b) => {
+                if let Some(what) = b.extras_present().first() {
+                    return Err(layer(i, &format!("has {what}")));
+                }
+                if b.top_k() != ms.top_k {
+                    return Err(layer(i, "chooses another number of experts"));
+                }
+                let e = b.experts();
+                moe_layers.push(true);
+                (
+                    switch_linear(&e.gate_proj, &w("experts' gate_proj"), &mut quant)?,
+                    switch_linear(&e.up_proj, &w("experts' up_proj"), &mut quant)?,
+                    switch_linear(&e.down_proj, &w("experts' down_proj"), &mut quant)?,
+                    Some(linear(b.gate(), &w("router"), &mut router_quant)?),
+                )
+            }
+        };
+        let norm = |n: &Norm, what: &str| -> Result<mlx_core::Array, GraphGap> {
+            match n {
+                Norm::Rms(r) if r.eps == eps => Ok(r.weight.clone()),
+                _ => Err(part(&w(what), "not an RMSNorm of the model's eps")),
+            }
+        };
+        let (q_norm, k_norm) = norms.unzip();
+        graph_layers.push(GraphLayer {
+            q: linear(v.q, &w("q_proj"), &mut quant)?,
+            k: linear(k, &w("k_proj"), &mut quant)?,
+            v: linear(vv, &w("v_proj"), &mut quant)?,
+            o: linear(v.o, &w("o_proj"), &mut quant)?,
+            gate,
+            up,
+            down,
+            router: router_w,
+            input_norm: norm(v.input_norm, "input norm")?,
+            post_norm: norm(v.post_attention_norm, "post-attention norm")?,
+            q_norm,
+            k_norm,
+            post_attn_norm: None,
+            post_mlp_norm: None,
+        });
+    }
+    let Some(rope) = rope else {
+        return Err(no("a model without rotary positions"));
+    };
+    let attn_scale = m.layer_view(0).map_or(0.0, |v| v.scale);
+    let final_norm = match m.final_norm() {
+        Norm::Rms(r) if r.eps == eps => r.weight.clone(),
+        _ => return Err(part(&format!("`{t}`: final norm"), "not an RMSNorm")),
+    };
+    let width = ms.moe_intermediate_size.max(0) as usize;
+    // The dense MLP's width where a layer has one, else the experts' (unused).
+    let dense = moe_layers.iter().any(|&e| !e);
+    let spec = GraphSpec {
+        model_type: t.clone(),
+        hidden: ms.hidden_size.max(0) as usize,
+        layers,
+        heads: ms.n_heads.max(0) as usize,
+        kv_heads: ms.n_kv_heads.max(0) as usize,
+        head_dim: ms.head_dim.max(0) as usize,
+        intermediate: if dense {
+            ms.intermediate_size.max(0) as usize
+        } else {
+            width
+        },
+        vocab: m.embed_tokens().shape().0 as usize,
+        eps,
+        attn_scale,
+        rope,
+        rope_layers,
+        tied: head.is_none(),
+        qkv_bias: ms.qkv_bias,
+        qk_norm: qk_norm.unwrap_or(false),
+        quant,
+        embed_scale: 1.0,
+        sandwich: false,
+        gelu: false,
+        sliding: Vec::new(),
+        sliding_window: 0,
+        local_rope: None,
+        attn_softcap: 0.0,
+        final_softcap: 0.0,
+        residual_scale: 0.0,
+        logit_div: 0.0,
+        moe: Some(GraphMoe {
+            experts: ms.num_experts.max(0) as usize,
+            top_k: ms.top_k.max(0) as usize,
+            intermediate: width,
+            router,
+            layers: moe_layers,
+            router_quant,
+        }),
+    };
+    Ok((
+        spec,
+        GraphWeights {
+            embed,
+            head,
+            final_norm,
+            layers: graph_layers,
+        },
+    ))
 }
 
 /// `x` as a bfloat16 value (what MLX multiplies by when a weak scalar meets bfloat16
@@ -362,25 +612,32 @@ fn rms_eps(n: &Norm, what: &str) -> Result<(mlx_core::Array, f32), GraphGap> {
     }
 }
 
-fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap> {
-    let t = spec.model_type.clone();
-    let mut quant = None;
-    let embed = match m.embed_tokens() {
-        Embedding::Dense(w) => GraphLinear {
+/// The embedding's arrays (its quantization joins `quant`).
+fn embedding(
+    e: &Embedding,
+    t: &str,
+    quant: &mut Option<(usize, usize)>,
+) -> Result<GraphLinear, GraphGap> {
+    match e {
+        Embedding::Dense(w) => Ok(GraphLinear {
             weight: w.clone(),
             scales: None,
             biases: None,
             bias: None,
-        },
-        Embedding::Quantized(q) => quantized(q, "embed_tokens", &mut quant)?,
-        Embedding::Adapted(_) => return Err(part(&format!("`{t}`"), "an adapted embedding")),
-        Embedding::Ggml(_) => {
-            return Err(part(
-                &format!("`{t}`"),
-                "GGML blocks kept for the CPU decoder",
-            ))
-        }
-    };
+        }),
+        Embedding::Quantized(q) => quantized(q, "embed_tokens", quant),
+        Embedding::Adapted(_) => Err(part(&format!("`{t}`"), "an adapted embedding")),
+        Embedding::Ggml(_) => Err(part(
+            &format!("`{t}`"),
+            "GGML blocks kept for the CPU decoder",
+        )),
+    }
+}
+
+fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap> {
+    let t = spec.model_type.clone();
+    let mut quant = None;
+    let embed = embedding(m.embed_tokens(), &t, &mut quant)?;
     let head = m
         .lm_head()
         .map(|l| linear(l, "lm_head", &mut quant))
@@ -476,6 +733,7 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap
             gate,
             up,
             down: lin(down, "down_proj")?,
+            router: None,
             input_norm: rms(v.pre_attn_norm, &w("input norm"))?,
             post_norm: rms(v.pre_mlp_norm, &w("post-attention norm"))?,
             q_norm,

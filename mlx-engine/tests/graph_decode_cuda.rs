@@ -5,7 +5,9 @@
 //! covered row written by `support/graph_models.rs` (llama3, yarn, linear RoPE, MQA, q/k/v
 //! biases, q/k norms, NoPE layers, 4 and 8 bits; gemma3_text's sandwich norms, GeGLU,
 //! embedding scale and sliding layers decoded past their window, in bfloat16 and 4 bits;
-//! gemma2's soft-caps; granite's multipliers; phi3's fused projections with partial longrope),
+//! gemma2's soft-caps; granite's multipliers; phi3's fused projections with partial longrope;
+//! the mixture-of-experts rows qwen3_moe, with a dense layer, in bfloat16 and in 4 bits with
+//! 8-bit routers, and mixtral in bfloat16 and 4 bits),
 //! each built from the loaded model
 //! (`mlx_engine::graph::map_model`). The same check on the bench models is `bench_generate
 //! --graph-check` (`xtask/gpu/graph.sh`). It also checks that `kernel_breakdown` and
@@ -58,8 +60,22 @@ fn graph_decoder_follows_the_mlx_forward() {
         .iter()
         .map(|n| (n.to_string(), root.join(n)))
         .collect();
-    for row in graph_models::rows() {
+    // The mixture-of-experts rows (qwen3_moe, mixtral) after the dense ones.
+    for row in graph_models::rows()
+        .into_iter()
+        .chain(graph_models::moe_rows())
+    {
         dirs.push((row.name.to_string(), graph_models::write(&tmp, &row)));
+    }
+    // MLX_GRAPH_FOLLOW_ROWS=a,b runs only those rows (device time is scarce: the MoE rows
+    // alone are `qwen3_moe,qwen3_moe_q4_r8,mixtral,mixtral_q4`).
+    if let Ok(picked) = std::env::var("MLX_GRAPH_FOLLOW_ROWS") {
+        let picked: Vec<&str> = picked.split(',').map(str::trim).collect();
+        dirs.retain(|(n, _)| picked.contains(&n.as_str()));
+        assert!(
+            !dirs.is_empty(),
+            "MLX_GRAPH_FOLLOW_ROWS names no row: {picked:?}"
+        );
     }
     // Every row runs, a failing one too (device time is scarce): the failures are listed at
     // the end.

@@ -168,6 +168,62 @@ fn every_covered_row_maps_with_its_knobs() {
 }
 
 #[test]
+fn moe_rows_map_with_their_knobs() {
+    use mlx_kernels::graph_decode::GraphRouter;
+    let root = tmp().join("moe");
+    for row in graph_models::moe_rows() {
+        let model = load(&graph_models::write(&root, &row));
+        let name = row.name;
+        let (spec, weights) = map_model(model.as_ref()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(model_unsupported(model.as_ref()), None, "{name}");
+        spec.check().unwrap();
+        weights.check(&spec).unwrap();
+        let m = spec.moe.as_ref().unwrap();
+        let qwen = name.starts_with("qwen3_moe");
+        assert_eq!(spec.qk_norm, qwen, "{name}");
+        assert_eq!(spec.tied, !qwen, "{name}");
+        assert_eq!(spec.quant, row.quant.map(|(g, b)| (g as usize, b as usize)));
+        let wide = row.quant.is_some();
+        let width = if wide { 128 } else { 64 };
+        assert_eq!(m.intermediate, width, "{name}");
+        if qwen {
+            assert_eq!((m.experts, m.top_k), (8, 2), "{name}");
+            assert_eq!(m.layers, [true, false, true], "{name}");
+            // Layer 1's dense MLP: the base's intermediate size.
+            assert_eq!(spec.intermediate, 128, "{name}");
+            assert_eq!(m.router, GraphRouter::SoftmaxTopK { norm: !wide }, "{name}");
+        } else {
+            assert_eq!((m.experts, m.top_k), (4, 2), "{name}");
+            assert_eq!(m.layers, [true; 3], "{name}");
+            assert_eq!(m.router, GraphRouter::TopKSoftmax, "{name}");
+        }
+        // The routers in their own quantization (8 bits in the `_r8` row).
+        let router_q = match (row.quant, name.ends_with("_r8")) {
+            (Some(_), true) => Some((64, 8)),
+            (q, _) => q.map(|(g, b)| (g as usize, b as usize)),
+        };
+        assert_eq!(m.router_quant, router_q, "{name}");
+        for (i, l) in weights.layers.iter().enumerate() {
+            assert_eq!(l.router.is_some(), m.layers[i], "{name} {i}");
+            if m.layers[i] {
+                // The experts as the model holds them: stacked, no copy.
+                assert_eq!(l.gate.weight.shape()[0], m.experts as i32, "{name}");
+            }
+        }
+        // Batched decode of a mixture-of-experts model is refused with the reason.
+        let opts = mlx_kernels::graph_decode::GraphOptions {
+            sequences: 2,
+            ..Default::default()
+        };
+        let e = mlx_kernels::graph_decode::GraphDecoder::with_options(spec, &weights, 64, &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("one sequence a step"), "{name}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
 fn other_rows_name_the_reason() {
     let d = models().join("dense");
     for (dir, what) in [
@@ -182,7 +238,12 @@ fn other_rows_name_the_reason() {
         (d.join("smollm3_sliding"), "head_dim 8"),
         (d.join("internlm3"), "bias"),
         (models().join("mistral_bias_llama3rope"), "MLP"),
-        (models().join("qwen3_moe"), "dedicated port"),
+        // qwen3_moe and mixtral map (map_moe); their fixtures' float32 does not.
+        (models().join("qwen3_moe"), "bfloat16"),
+        (models().join("mixtral"), "bfloat16"),
+        (models().join("qwen2_moe"), "a shared expert"),
+        (models().join("gpt_oss"), "attention sinks"),
+        (models().join("olmoe"), "experts with biases"),
         // A covered row in float32: the dtype is named.
         (models().join("dense_f32"), "bfloat16"),
         // Heads of 8 are below the kernels' smallest head.

@@ -362,11 +362,20 @@ struct MvStream {
   const unsigned char* wg;
   const u32* sg;
   int last;
+  // Experts (graph_moe.cu; null elsewhere): the rows are `rpe` a slot, slot j's rows those of
+  // expert sel[j] in the stacked weights (a row group never straddles two slots).
+  const int* sel;
+  ll rpe;
 
   __device__ __forceinline__ void group() {
     const ll row0 = MV_ROWS * lp;
-    wg = W + row0 * row_bytes;
-    sg = SB + row0 * G;
+    ll prow = row0;
+    if (sel && lp < groups) {
+      const ll j = row0 / rpe;
+      prow = (ll)sel[j] * rpe + (row0 - j * rpe);
+    }
+    wg = W + prow * row_bytes;
+    sg = SB + prow * G;
     last = N - 1 - row0 < MV_ROWS - 1 ? (int)(N - 1 - row0) : MV_ROWS - 1;
   }
 
@@ -390,9 +399,11 @@ struct MvStream {
 
   // acc[b][r] += row r . x_b over chunk c, from slot u, for each sequence b (its input at
   // xs + b xstride bytes, its chunk sums at xc + b xstride bytes).
-  __device__ __forceinline__ void compute(int u, int c, const bf16_t* xs, const float* xc,
-                                          int xstride, float (*acc)[MV_ROWS]) {
+  // The row group's input starts co chunks into xs and xc (per-slot inputs; 0 otherwise).
+  __device__ __forceinline__ void compute(int u, int c, int co, const bf16_t* xs,
+                                          const float* xc, int xstride, float (*acc)[MV_ROWS]) {
     if (c >= C) return;
+    c += co;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       const bf16_t* xsb = (const bf16_t*)((const unsigned char*)xs + b * xstride);
@@ -827,20 +838,29 @@ __device__ __forceinline__ void mv_run_mma(const void* W, const u32* SB, const b
 // stride over the row groups, streaming their chunks (MvStream). The first MV_EARLY chunks
 // are loaded before waiting for the previous kernel (weights do not depend on it), the rest
 // of the first MV_BATCH after the prologue.
+//
+// Experts (graph_moe.cu's expert products; the defaults elsewhere): with `sel`, the N rows are
+// slots of `rpe` rows, slot j's those of expert sel[j] in the stacked weights W [E rpe, K]
+// (read after the wait for the previous kernel, which wrote sel: the caller waits first); with
+// `per_slot`, slot j's input is its own, xin + j K (the N / rpe inputs side by side in shared
+// memory), else every slot's is xin.
 template <int BITS, class Pre, class Epi>
 __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_t* xin,
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,
                                        double eps, unsigned char* smem, float* red, Trace& tr,
-                                       Pre pre, Epi epi) {
+                                       Pre pre, Epi epi, const int* sel = nullptr, ll rpe = 1,
+                                       bool per_slot = false) {
 #if MV_MMA
-  if (BITS == 4 && gs == 64) {
+  if (BITS == 4 && gs == 64 && !sel) {
     mv_run_mma(W, SB, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
     return;
   }
 #endif
+  // The input's width: K, or the slots' inputs side by side.
+  const ll Kx = per_slot ? N / rpe * K : K;
   bf16_t* xs = (bf16_t*)smem;
-  float* xc = mv_chunk_sums(smem, K);
-  const int xstride = mv_row_bytes(K, BITS);
+  float* xc = mv_chunk_sums(smem, Kx);
+  const int xstride = mv_row_bytes(Kx, BITS);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   MvStream<BITS> m;
   m.W = (const unsigned char*)W;
@@ -856,6 +876,8 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
   m.lane = lane;
   m.lp = (ll)blockIdx.x * MV_WARPS + warp;
   m.lk = 0;
+  m.sel = sel;
+  m.rpe = rpe;
   m.group();
 #pragma unroll
   for (int u = 0; u < MV_EARLY; ++u) m.load(u);
@@ -863,8 +885,8 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
   tr.mark(1);
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
-    mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, K), red,
-                xin + b * K, normw, K, norm, eps, BITS);
+    mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, Kx), red,
+                xin + b * Kx, normw, Kx, norm, eps, BITS);
   }
   tr.mark(2);
 #pragma unroll
@@ -881,11 +903,14 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
   for (int b = 0; b < NB; ++b)
 #pragma unroll
     for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = 0.f;
+  // With per-slot inputs, the row group's input begins coff chunks into the shared input.
+  auto coff = [&](ll q) -> int { return per_slot ? (int)(MV_ROWS * q / rpe) * m.C : 0; };
+  int co = coff(p);
   while (p < m.groups) {
 #pragma unroll
     for (int u = 0; u < MV_BATCH; ++u) {
       if (p < m.groups) {
-        m.compute(u, lane + 32 * k, xs, xc, xstride, acc);
+        m.compute(u, lane + 32 * k, co, xs, xc, xstride, acc);
         m.load(u);
         if (++k == m.per_lane) {
 #pragma unroll
@@ -898,6 +923,7 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
           }
           k = 0;
           p += m.stride;
+          co = coff(p);
 #pragma unroll
           for (int b = 0; b < NB; ++b)
             if (lane == 0 && p < m.groups) early[b] = pre(MV_ROWS * p, b);

@@ -19,7 +19,9 @@
 //!
 //! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's q/k norms, Gemma's
 //! sandwich norms, GeGLU, embedding scale, sliding layers and soft-caps; granite's residual
-//! multiplier and logits scaling);
+//! multiplier and logits scaling; mixtures of experts, [`GraphMoe`]: qwen3_moe's and mixtral's
+//! routers, the chosen experts' products read in place from the stacked weights
+//! (`graph_moe.cu`), one sequence a step);
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales; head size 16-128; greedy decoding; one sequence. The prompt is processed
 //! by MLX (the model's own forward, which is exact) and its KV cache copied in with
@@ -68,6 +70,16 @@ const QK_NORM_KERNEL: (&str, u32) = ("qk_norm_rope", 12);
 /// ([`GraphSpec::sandwich`]).
 pub const GEMMA_SOURCE: &str = include_str!("graph_gemma.cu");
 const GEMMA_KERNEL: (&str, u32) = ("norm_add", 5);
+
+/// Mixture-of-experts layers (`moe_route`, `matvec_experts`, `moe_combine`), appended to
+/// [`SOURCE`] only for a model with them ([`GraphSpec::moe`]).
+pub const MOE_SOURCE: &str = include_str!("graph_moe.cu");
+const MOE_KERNELS: [(&str, u32); 3] =
+    [("moe_route", 7), ("matvec_experts", 15), ("moe_combine", 5)];
+/// The most experts a router chooses from (`MOE_MAX_EXPERTS` in the source) and the most it
+/// chooses (one warp's lanes).
+pub const MOE_MAX_EXPERTS: usize = 1024;
+pub const MOE_MAX_TOP_K: usize = 32;
 
 const KERNELS: &[(&str, u32)] = &[
     ("embed", 18),
@@ -342,6 +354,35 @@ impl GraphRope {
     }
 }
 
+/// How a mixture-of-experts router chooses its experts and weighs them, as the row's mlx-lm
+/// block orders it (`moe_route` in `graph_moe.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphRouter {
+    /// qwen3_moe: the softmax of the logits (bfloat16), its `top_k` largest, with `norm`
+    /// divided by their sum (`norm_topk_prob`).
+    SoftmaxTopK { norm: bool },
+    /// mixtral: the `top_k` largest logits, the softmax over them.
+    TopKSoftmax,
+}
+
+/// The experts of a mixture-of-experts model ([`GraphSpec::moe`]): per token, the router
+/// picks `top_k` of `experts` SwiGLU experts of width `intermediate` and sums their outputs,
+/// weighted. One sequence a step (each sequence would route to its own experts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphMoe {
+    pub experts: usize,
+    pub top_k: usize,
+    /// An expert's width.
+    pub intermediate: usize,
+    pub router: GraphRouter,
+    /// Per layer: experts (`true`), or a dense MLP of [`GraphSpec::intermediate`] (qwen3_moe's
+    /// `mlp_only_layers`).
+    pub layers: Vec<bool>,
+    /// The routers' quantization, (group size, bits), where it is their own (mlx-lm's convert
+    /// quantizes qwen3_moe's routers to 8 bits, the rest to 4); `None`: bfloat16 routers.
+    pub router_quant: Option<(usize, usize)>,
+}
+
 /// What the decoder runs: a pre-norm decoder-only transformer (RMSNorm, attention with RoPE
 /// and grouped-query heads, SwiGLU), as described by the loaded model (mlx-engine builds it
 /// from the model's descriptor row and its arrays: `mlx_engine::graph`). Nothing here reads a
@@ -397,6 +438,8 @@ pub struct GraphSpec {
     pub residual_scale: f32,
     /// granite's logits scaling (a bfloat16 value; 0: none): the logits are divided by it.
     pub logit_div: f32,
+    /// The experts of a mixture-of-experts model (qwen3_moe, mixtral); `None`: dense.
+    pub moe: Option<GraphMoe>,
 }
 
 impl GraphSpec {
@@ -523,6 +566,49 @@ impl GraphSpec {
                 ));
             }
         }
+        if let Some(m) = &s.moe {
+            if !(1..=MOE_MAX_EXPERTS).contains(&m.experts) {
+                return Err(format!(
+                    "moe: {} experts; the graph decoder routes over 1 to {MOE_MAX_EXPERTS}",
+                    m.experts
+                ));
+            }
+            if m.top_k == 0 || m.top_k > m.experts.min(MOE_MAX_TOP_K) {
+                return Err(format!(
+                    "moe: {} experts a token of {}; at most {MOE_MAX_TOP_K}",
+                    m.top_k, m.experts
+                ));
+            }
+            if m.layers.len() != s.layers {
+                return Err(format!(
+                    "moe: {} layer entries for {} layers",
+                    m.layers.len(),
+                    s.layers
+                ));
+            }
+            if s.sandwich || s.residual_scale > 0.0 {
+                return Err("moe: with sandwich norms or a residual multiplier".into());
+            }
+            if let Some((gs, bits)) = m.router_quant {
+                if ![32, 64, 128].contains(&gs) || ![4, 8].contains(&bits) || s.hidden % gs != 0 {
+                    return Err(format!(
+                        "moe: router quantization group size {gs}, bits {bits}; the graph \
+                         decoder runs groups of 32, 64 or 128 dividing hidden with 4 or 8 bits"
+                    ));
+                }
+            }
+            let (gs, align) = match s.quant {
+                Some((gs, _)) => (gs, 32),
+                None => (1, 8),
+            };
+            let i = m.intermediate;
+            if i == 0 || i % align != 0 || i % gs != 0 {
+                return Err(format!(
+                    "moe: expert width {i}: not a positive multiple of {}",
+                    align.max(gs)
+                ));
+            }
+        }
         // matvec_qkv indexes its rows in 32 bits.
         if s.qkv_rows() > i32::MAX as usize {
             return Err(format!(
@@ -554,6 +640,38 @@ impl GraphSpec {
     fn qkv_rows(&self) -> usize {
         (self.heads + 2 * self.kv_heads) * self.head_dim
     }
+
+    /// Whether layer `i` routes to experts.
+    fn moe_layer(&self, i: usize) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| m.layers.get(i).copied().unwrap_or(false))
+    }
+
+    /// The (input width, bits) of every matrix-vector launch a step makes that takes its
+    /// input through shared memory (the routers' and experts' included).
+    fn mv_inputs(&self) -> Vec<(usize, usize)> {
+        let bits = self.group_and_bits().1;
+        let mut v = vec![
+            (self.hidden, bits),
+            (self.intermediate, bits),
+            (self.heads * self.head_dim, bits),
+        ];
+        if let Some(m) = &self.moe {
+            v.push((self.hidden, m.router_quant.map_or(16, |q| q.1)));
+            v.push((m.top_k * m.intermediate, bits));
+        }
+        v
+    }
+
+    /// The most shared memory one sequence's input takes in a matrix-vector launch.
+    fn mv_shared_per_sequence(&self) -> u32 {
+        self.mv_inputs()
+            .into_iter()
+            .map(|(k, bits)| mv_shared_bytes(k, bits))
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// A linear layer's (or the embedding's) arrays, as the loaded model holds them: a bfloat16
@@ -583,9 +701,14 @@ pub struct GraphLayer {
     pub k: GraphLinear,
     pub v: GraphLinear,
     pub o: GraphLinear,
+    /// The MLP's projections; in a layer with experts ([`GraphSpec::moe`]), the experts'
+    /// stacked ones as the model holds them (`[experts, width, hidden]` and
+    /// `[experts, hidden, width]`, and their scales and biases likewise).
     pub gate: GraphLinear,
     pub up: GraphLinear,
     pub down: GraphLinear,
+    /// The router (`[experts, hidden]`) of a layer with experts; `None` elsewhere.
+    pub router: Option<GraphLinear>,
 }
 
 /// The loaded model's arrays the decoder reads (clones of its handles: no copy of the data).
@@ -621,21 +744,37 @@ impl GraphWeights {
             k: usize,
             bias: bool,
         ) {
-            match s.quant {
+            lin_q(p, s.quant, &[], name, l, n, k, bias)
+        }
+        /// A linear of `quant`, its arrays with the leading dimensions `lead` (the experts).
+        #[allow(clippy::too_many_arguments)]
+        fn lin_q(
+            p: &mut Vec<String>,
+            quant: Option<(usize, usize)>,
+            lead: &[usize],
+            name: &str,
+            l: &GraphLinear,
+            n: usize,
+            k: usize,
+            bias: bool,
+        ) {
+            let shape =
+                |last: usize| -> Vec<usize> { lead.iter().copied().chain([n, last]).collect() };
+            match quant {
                 None => {
                     want(
                         p,
                         &format!("{name}.weight"),
                         &l.weight,
-                        &[n, k],
+                        &shape(k),
                         Dtype::Bfloat16,
                     );
                     if l.scales.is_some() || l.biases.is_some() {
-                        p.push(format!("{name}: quantized in a bfloat16 model"));
+                        p.push(format!("{name}: quantized where bfloat16 is expected"));
                     }
                 }
                 Some((gs, bits)) => {
-                    let sh = [n, k * bits / 32];
+                    let sh = shape(k * bits / 32);
                     want(p, &format!("{name}.weight"), &l.weight, &sh, Dtype::Uint32);
                     for (part, a) in [("scales", &l.scales), ("biases", &l.biases)] {
                         match a {
@@ -643,7 +782,7 @@ impl GraphWeights {
                                 p,
                                 &format!("{name}.{part}"),
                                 a,
-                                &[n, k / gs],
+                                &shape(k / gs),
                                 Dtype::Bfloat16,
                             ),
                             None => p.push(format!("{name}: no {part}")),
@@ -682,25 +821,75 @@ impl GraphWeights {
             lin(&mut p, s, &n("k_proj"), &l.k, s.kv_heads * d, h, b);
             lin(&mut p, s, &n("v_proj"), &l.v, s.kv_heads * d, h, b);
             lin(&mut p, s, &n("o_proj"), &l.o, h, s.heads * d, false);
-            lin(
-                &mut p,
-                s,
-                &n("gate_proj"),
-                &l.gate,
-                s.intermediate,
-                h,
-                false,
-            );
-            lin(&mut p, s, &n("up_proj"), &l.up, s.intermediate, h, false);
-            lin(
-                &mut p,
-                s,
-                &n("down_proj"),
-                &l.down,
-                h,
-                s.intermediate,
-                false,
-            );
+            match (&s.moe, &l.router) {
+                (Some(m), Some(r)) if s.moe_layer(i) => {
+                    let e = [m.experts];
+                    let iw = m.intermediate;
+                    lin_q(
+                        &mut p,
+                        m.router_quant,
+                        &[],
+                        &n("router"),
+                        r,
+                        m.experts,
+                        h,
+                        false,
+                    );
+                    lin_q(
+                        &mut p,
+                        s.quant,
+                        &e,
+                        &n("experts.gate_proj"),
+                        &l.gate,
+                        iw,
+                        h,
+                        false,
+                    );
+                    lin_q(
+                        &mut p,
+                        s.quant,
+                        &e,
+                        &n("experts.up_proj"),
+                        &l.up,
+                        iw,
+                        h,
+                        false,
+                    );
+                    lin_q(
+                        &mut p,
+                        s.quant,
+                        &e,
+                        &n("experts.down_proj"),
+                        &l.down,
+                        h,
+                        iw,
+                        false,
+                    );
+                }
+                (_, Some(_)) => p.push(format!("{}: a router in a dense layer", n("router"))),
+                (Some(_), None) if s.moe_layer(i) => p.push(format!("{}: missing", n("router"))),
+                _ => {
+                    lin(
+                        &mut p,
+                        s,
+                        &n("gate_proj"),
+                        &l.gate,
+                        s.intermediate,
+                        h,
+                        false,
+                    );
+                    lin(&mut p, s, &n("up_proj"), &l.up, s.intermediate, h, false);
+                    lin(
+                        &mut p,
+                        s,
+                        &n("down_proj"),
+                        &l.down,
+                        h,
+                        s.intermediate,
+                        false,
+                    );
+                }
+            }
             want(
                 &mut p,
                 &n("input_norm"),
@@ -753,6 +942,10 @@ struct Lin {
     sb: Option<Buffer>,
     n: usize,
     k: usize,
+    /// The kernels' `gs` and `bits` for it: its quantization, or (1, 16) for bfloat16 (the
+    /// spec's, or a router's own).
+    gs: usize,
+    bits: usize,
 }
 
 #[derive(Debug)]
@@ -774,8 +967,12 @@ struct Layer {
     /// the norm, not in matvec_qkv.
     qk_norm: Option<(Buffer, Buffer)>,
     o: Lin,
+    /// Gate/up interleaved and down; with experts, every expert's (`experts` times the rows,
+    /// each expert's gate/up interleaved), read through the router's choice.
     gu: Lin,
     down: Lin,
+    /// The router of a layer with experts.
+    router: Option<Lin>,
     kc: Buffer,
     vc: Buffer,
 }
@@ -807,6 +1004,13 @@ struct Activations {
     /// Each row's logit bias (float32, vocab a row; zeros unless set_row_bias set one),
     /// added where the greedy sampler reads the logits.
     bias: Buffer,
+    /// Mixture-of-experts layers: the router's logits (bfloat16, experts), the chosen experts
+    /// (int32, top_k) and their weights (float32, top_k), the experts' outputs (bfloat16,
+    /// top_k x hidden); a word each in a dense model.
+    gates: Buffer,
+    sel: Buffer,
+    wts: Buffer,
+    ey: Buffer,
 }
 
 /// A model's decode step as a replayed CUDA graph. See the module docs.
@@ -929,10 +1133,43 @@ enum Layout {
     Qkv { pairs: usize },
 }
 
-/// Uploads a linear layer made of `parts` (q, k, v; gate, up; or one) laid out as `layout`.
+/// Uploads a linear layer made of `parts` (q, k, v; gate, up; or one) laid out as `layout`,
+/// quantized as the spec says.
 fn upload_lin(
     rt: &mut GpuRuntime,
     s: &GraphSpec,
+    parts: &[&GraphLinear],
+    layout: Layout,
+) -> Result<(Lin, Option<Buffer>)> {
+    upload_lin_q(rt, s, s.quant, parts, layout)
+}
+
+/// A layer's stacked experts (`[experts, n, c]` arrays) as one linear of `experts * n` rows:
+/// views of the model's arrays, reshaped.
+fn flat_experts(l: &GraphLinear) -> Result<GraphLinear> {
+    let flat = |a: &Array| -> Result<Array> {
+        let sh = a.shape();
+        match sh.as_slice() {
+            [e, n, c] => a.reshape(&[e * n, *c]),
+            _ => Err(invalid(
+                "graph_decoder",
+                format!("experts: {sh:?}, expected [experts, rows, columns]"),
+            )),
+        }
+    };
+    Ok(GraphLinear {
+        weight: flat(&l.weight)?,
+        scales: l.scales.as_ref().map(flat).transpose()?,
+        biases: l.biases.as_ref().map(flat).transpose()?,
+        bias: None,
+    })
+}
+
+/// [`upload_lin`] with the linear's own quantization `quant`.
+fn upload_lin_q(
+    rt: &mut GpuRuntime,
+    s: &GraphSpec,
+    quant: Option<(usize, usize)>,
     parts: &[&GraphLinear],
     layout: Layout,
 ) -> Result<(Lin, Option<Buffer>)> {
@@ -969,13 +1206,13 @@ fn upload_lin(
     let (n, k) = {
         let sh = w.shape();
         let n = sh[0] as usize;
-        let k = match s.quant {
+        let k = match quant {
             Some((_, bits)) => sh[1] as usize * 32 / bits,
             None => sh[1] as usize,
         };
         (n, k)
     };
-    let sb = match s.quant {
+    let sb = match quant {
         Some(_) => {
             let scales = lay(&|l| l.scales.clone())?;
             let biases = lay(&|l| l.biases.clone())?;
@@ -994,6 +1231,8 @@ fn upload_lin(
             sb,
             n,
             k,
+            gs: quant.map_or(1, |q| q.0),
+            bits: quant.map_or(16, |q| q.1),
         },
         bias,
     ))
@@ -1039,6 +1278,17 @@ impl GraphDecoder {
             return Err(invalid(
                 "graph_decoder",
                 format!("chunks_before_wait {early}: must be 1 to chunks_in_flight ({batch})"),
+            ));
+        }
+        if spec.moe.is_some() && opts.sequences > 1 {
+            return Err(invalid(
+                "graph_decoder",
+                format!(
+                    "sequences {}: a mixture-of-experts model decodes one sequence a step in \
+                     the graph decoder (each sequence routes to its own experts; batched \
+                     expert products are not written yet)",
+                    opts.sequences
+                ),
             ));
         }
         if !(1..=MAX_SEQUENCES).contains(&opts.sequences) {
@@ -1087,6 +1337,10 @@ impl GraphDecoder {
             kernels.push(GEMMA_KERNEL);
             source.push_str(GEMMA_SOURCE);
         }
+        if spec.moe.is_some() {
+            kernels.extend(MOE_KERNELS);
+            source.push_str(MOE_SOURCE);
+        }
         let mut rt = GpuRuntime::new(&source, &kernels)?;
         let kernels_s = t0.elapsed().as_secs_f64();
         let t1 = std::time::Instant::now();
@@ -1122,6 +1376,23 @@ impl GraphDecoder {
                 _ => None,
             };
             let (qkv, qkv_bias) = upload_lin(&mut rt, s, &[&l.q, &l.k, &l.v], layout)?;
+            // A layer with experts: its router, and the experts' stacked projections as one
+            // linear each (gate/up interleaved within each expert).
+            let (gu, down, router) = match (&s.moe, &l.router) {
+                (Some(m), Some(r)) if s.moe_layer(i) => {
+                    let (g, u) = (flat_experts(&l.gate)?, flat_experts(&l.up)?);
+                    (
+                        upload_lin(&mut rt, s, &[&g, &u], Layout::Interleave)?.0,
+                        upload_lin(&mut rt, s, &[&flat_experts(&l.down)?], Layout::Plain)?.0,
+                        Some(upload_lin_q(&mut rt, s, m.router_quant, &[r], Layout::Plain)?.0),
+                    )
+                }
+                _ => (
+                    upload_lin(&mut rt, s, &[&l.gate, &l.up], Layout::Interleave)?.0,
+                    upload_lin(&mut rt, s, &[&l.down], Layout::Plain)?.0,
+                    None,
+                ),
+            };
             layers.push(Layer {
                 in_norm: put(&mut rt, &l.input_norm)?,
                 post_norm: put(&mut rt, &l.post_norm)?,
@@ -1133,8 +1404,9 @@ impl GraphDecoder {
                 post_norms,
                 qk_norm,
                 o: upload_lin(&mut rt, s, &[&l.o], Layout::Plain)?.0,
-                gu: upload_lin(&mut rt, s, &[&l.gate, &l.up], Layout::Interleave)?.0,
-                down: upload_lin(&mut rt, s, &[&l.down], Layout::Plain)?.0,
+                gu,
+                down,
+                router,
                 kc: rt.alloc(kv_bytes)?,
                 vc: rt.alloc(kv_bytes)?,
             });
@@ -1147,11 +1419,16 @@ impl GraphDecoder {
         let inv2 = bytes(s.local_rope.as_ref().unwrap_or(&s.rope));
         let ns = capacity / ATTN_CHUNK;
         // Every buffer holds one row a sequence (row b at b times a row's size).
+        // With experts, the chosen experts' activations side by side (NB is 1).
+        let (moe_e, moe_k, moe_i) = s
+            .moe
+            .as_ref()
+            .map_or((1, 1, 0), |m| (m.experts, m.top_k, m.intermediate));
         let acts = Activations {
             h: rt.alloc(total * h * 2)?,
             qkv: rt.alloc(total * s.qkv_rows() * 2)?,
             attn: rt.alloc(total * s.heads * d * 2)?,
-            act: rt.alloc(total * i_sz * 2)?,
+            act: rt.alloc(total * i_sz.max(moe_k * moe_i) * 2)?,
             y: rt.alloc(total * h * 2)?,
             logits: rt.alloc(total * s.vocab * 4)?,
             state: rt.alloc(total * 16)?,
@@ -1165,9 +1442,13 @@ impl GraphDecoder {
             am_part: rt.alloc(total * (2 * s.vocab.div_ceil(ARGMAX_SLICE) + 2) * 4)?,
             am_ctl: rt.alloc(total * 16)?,
             bias: rt.alloc(total * s.vocab * 4)?,
+            gates: rt.alloc(moe_e.max(2) * 2)?,
+            sel: rt.alloc(moe_k * 4)?,
+            wts: rt.alloc(moe_k * 4)?,
+            ey: rt.alloc(if s.moe.is_some() { moe_k * h * 2 } else { 4 })?,
         };
-        let max_k = h.max(i_sz).max(s.heads * d);
-        let shared = mv_shared_bytes(max_k, s.group_and_bits().1) * nb as u32;
+        let max_k = s.mv_inputs().into_iter().map(|x| x.0).max().unwrap_or(h);
+        let shared = s.mv_shared_per_sequence() * nb as u32;
         if shared + MV_STATIC_SHARED > MV_SHARED_MAX {
             return Err(invalid(
                 "graph_decoder",
@@ -1181,7 +1462,12 @@ impl GraphDecoder {
         }
         // Past 48 KiB less the kernels' static shared memory, opt in.
         if shared + MV_STATIC_SHARED > 48 * 1024 {
-            for k in ["matvec", "matvec_qkv"] {
+            let experts = if s.moe.is_some() {
+                &["matvec_experts"][..]
+            } else {
+                &[]
+            };
+            for &k in ["matvec", "matvec_qkv"].iter().chain(experts) {
                 let k = rt.kernel(k)?;
                 rt.set_shared_limit(k, shared)?;
             }
@@ -1460,11 +1746,10 @@ impl GraphDecoder {
     /// describes: the kernels hold each sequence's input in shared memory (at most
     /// [`TILE_SEQUENCES`]).
     pub fn max_sequences(spec: &GraphSpec) -> u32 {
-        let max_k = spec
-            .hidden
-            .max(spec.intermediate)
-            .max(spec.heads * spec.head_dim);
-        let per = mv_shared_bytes(max_k, spec.group_and_bits().1).max(1);
+        if spec.moe.is_some() {
+            return 1;
+        }
+        let per = spec.mv_shared_per_sequence().max(1);
         ((MV_SHARED_MAX - MV_STATIC_SHARED) / per).clamp(1, TILE_SEQUENCES)
     }
 
@@ -1761,15 +2046,29 @@ impl GraphDecoder {
     /// attention) they read.
     fn part_load(&self, part: Part) -> (usize, usize) {
         let s = &self.step.shape;
-        let (gs, bits) = s.group_and_bits();
+        let bits = s.group_and_bits().1;
         let lin_bytes = |l: &Lin| {
-            let scales = if bits == 16 {
+            let scales = if l.bits == 16 {
                 0
             } else {
-                2 * 2 * l.n * (l.k / gs)
+                2 * 2 * l.n * (l.k / l.gs)
             };
-            l.n * l.k * bits / 8 + scales
+            l.n * l.k * l.bits / 8 + scales
         };
+        // A layer with experts reads top_k of its experts' rows, and its router.
+        let (top_k, experts) = s.moe.as_ref().map_or((1, 1), |m| (m.top_k, m.experts));
+        let mlp_bytes = |l: &Layer, lin: &Lin| match l.router {
+            Some(_) => lin_bytes(lin) / experts * top_k,
+            None => lin_bytes(lin),
+        };
+        // Kernels a layer's gate/up and down parts launch: with experts, the router, the
+        // choice and the experts' gate/up; the experts' down and the weighted sum.
+        let moe_layers = self
+            .step
+            .layers
+            .iter()
+            .filter(|l| l.router.is_some())
+            .count();
         let layers = |f: &dyn Fn(&Layer) -> usize| -> (usize, usize) {
             (self.step.layers.len(), self.step.layers.iter().map(f).sum())
         };
@@ -1791,11 +2090,19 @@ impl GraphDecoder {
                 // With sandwich norms, norm_add after each (reading its hidden weights).
                 let sw = self.step.layers.iter().filter(|l| l.post_norms.is_some());
                 let (nsw, swb) = (sw.clone().count(), sw.count() * 2 * s.hidden);
-                let (n, bytes) =
-                    layers(&|l| lin_bytes(if part == Part::Output { &l.o } else { &l.down }));
+                let (n, bytes) = if part == Part::Output {
+                    layers(&|l| lin_bytes(&l.o))
+                } else {
+                    let (n, b) = layers(&|l| mlp_bytes(l, &l.down));
+                    (n + moe_layers, b)
+                };
                 (n + nsw, bytes + swb)
             }
-            Part::GateUp => layers(&|l| lin_bytes(&l.gu)),
+            Part::GateUp => {
+                let (n, b) =
+                    layers(&|l| mlp_bytes(l, &l.gu) + l.router.as_ref().map_or(0, &lin_bytes));
+                (n + 2 * moe_layers, b)
+            }
             Part::Head => (1, lin_bytes(&self.step.head)),
             Part::Argmax => (2, s.vocab * 4),
         }
@@ -2028,7 +2335,7 @@ fn matvec_tile(
 ) -> Result<()> {
     let k = rt.kernel("matvec")?;
     let s = &rec.step.shape;
-    let (gs, bits) = s.group_and_bits();
+    let (gs, bits) = (lin.gs, lin.bits);
     let shared = mv_shared_bytes(lin.k, bits) * rec.step.nb as u32;
     // Tile t's first row of the input, the residual and the output.
     let rows = t * rec.step.nb;
@@ -2108,6 +2415,119 @@ struct Step {
     tiles: usize,
     /// Tiles take 4-bit weights in groups of 64 through the tensor cores (`MV_MMA`).
     mma: bool,
+}
+
+/// A layer's mixture-of-experts block (one sequence): the router's logits of the normed input,
+/// the choice, the chosen experts' gate/up (SwiGLU) and down products, and the weighted sum
+/// added to the residual (`graph_moe.cu`).
+fn record_experts(
+    rec: &mut Recorder,
+    rt: &mut GpuRuntime,
+    l: &Layer,
+    router: &Lin,
+    m: &GraphMoe,
+) -> Result<()> {
+    let step: &Step = rec.step;
+    let (s, a) = (&step.shape, &step.acts);
+    let (h, iw, k) = (s.hidden, m.intermediate, m.top_k);
+    matvec(
+        rec,
+        rt,
+        Part::GateUp,
+        router,
+        a.h,
+        Some(l.post_norm),
+        None,
+        a.gates,
+        MODE_NORM,
+    )?;
+    let (kind, norm) = match m.router {
+        GraphRouter::SoftmaxTopK { norm } => (0, i64::from(norm)),
+        GraphRouter::TopKSoftmax => (1, 0),
+    };
+    let k_route = rt.kernel("moe_route")?;
+    rec.launch(
+        rt,
+        Part::GateUp,
+        k_route,
+        [1, 1, 1],
+        [32, 1, 1],
+        0,
+        &[
+            Arg::Buf(a.gates, 0),
+            Arg::Buf(a.sel, 0),
+            Arg::Buf(a.wts, 0),
+            Arg::I64(m.experts as i64),
+            Arg::I64(k as i64),
+            Arg::I64(kind),
+            Arg::I64(norm),
+        ],
+    )?;
+    let k_exp = rt.kernel("matvec_experts")?;
+    // (part, weights, input, norm, output, rows a slot, mode, per-slot inputs, input width)
+    let launches = [
+        (
+            Part::GateUp,
+            &l.gu,
+            a.h,
+            Some(l.post_norm),
+            a.act,
+            2 * iw,
+            MODE_NORM | MODE_SWIGLU,
+            false,
+            h,
+        ),
+        (Part::Down, &l.down, a.act, None, a.ey, h, 0, true, k * iw),
+    ];
+    for (part, lin, x, norm, out, rpe, mode, per_slot, kx) in launches {
+        let shared = mv_shared_bytes(kx, lin.bits);
+        let rows = k * rpe;
+        let resident = rt
+            .resident_blocks(k_exp, MV_THREADS, shared)?
+            .min(rec.step.mv_cap);
+        rec.launch(
+            rt,
+            part,
+            k_exp,
+            [mv_blocks(rows, rec.step.rows, resident), 1, 1],
+            [MV_THREADS, 1, 1],
+            shared,
+            &[
+                Arg::Buf(lin.w, 0),
+                opt(lin.sb, x),
+                Arg::Buf(x, 0),
+                opt(norm, x),
+                Arg::Buf(out, 0),
+                Arg::Buf(a.sel, 0),
+                Arg::I64(rows as i64),
+                Arg::I64(lin.k as i64),
+                Arg::I64(lin.bits as i64),
+                Arg::I64(lin.gs as i64),
+                Arg::I64(mode),
+                Arg::F64(s.eps as f64),
+                Arg::I64(rpe as i64),
+                Arg::I64(i64::from(per_slot)),
+                rec.trace_arg(),
+            ],
+        )?;
+    }
+    let k_comb = rt.kernel("moe_combine")?;
+    rec.launch(
+        rt,
+        Part::Down,
+        k_comb,
+        [h.div_ceil(256) as u32, 1, 1],
+        [256, 1, 1],
+        0,
+        &[
+            Arg::Buf(a.ey, 0),
+            Arg::Buf(a.wts, 0),
+            Arg::Buf(a.h, 0),
+            Arg::I64(h as i64),
+            Arg::I64(k as i64),
+        ],
+    )?;
+    Ok(())
 }
 
 /// Records one decode step (while capturing), or only one part's kernels of it; with a
@@ -2329,7 +2749,11 @@ fn record_step(
                 res_mode,
             ),
         ];
-        for (j, (part, lin, x, norm, res, out, mode)) in mlp.into_iter().enumerate() {
+        // A layer with experts: the output projection here, its feed-forward block below.
+        let dense_parts = if l.router.is_some() { 1 } else { 3 };
+        for (j, (part, lin, x, norm, res, out, mode)) in
+            mlp.into_iter().enumerate().take(dense_parts)
+        {
             matvec(&mut rec, rt, part, lin, x, norm, res, out, mode)?;
             if let (Some((pa, pm)), 0 | 2) = (l.post_norms, j) {
                 let k_na = rt.kernel(GEMMA_KERNEL.0)?;
@@ -2351,6 +2775,9 @@ fn record_step(
                     )?;
                 }
             }
+        }
+        if let (Some(router), Some(m)) = (&l.router, &s.moe) {
+            record_experts(&mut rec, rt, l, router, m)?;
         }
     }
     matvec(
@@ -2455,6 +2882,7 @@ mod tests {
             final_softcap: 0.0,
             residual_scale: 0.0,
             logit_div: 0.0,
+            moe: None,
         }
     }
 
@@ -2492,9 +2920,103 @@ mod tests {
                     gate: dense(s.intermediate, h),
                     up: dense(s.intermediate, h),
                     down: dense(h, s.intermediate),
+                    router: None,
                 })
                 .collect(),
         }
+    }
+
+    /// [`tiny_spec`] with experts: 8 of width 32, 2 a token, layer 1 dense.
+    fn tiny_moe_spec() -> GraphSpec {
+        GraphSpec {
+            model_type: "qwen3_moe".into(),
+            moe: Some(GraphMoe {
+                experts: 8,
+                top_k: 2,
+                intermediate: 32,
+                router: GraphRouter::SoftmaxTopK { norm: true },
+                layers: vec![true, false],
+                router_quant: None,
+            }),
+            ..tiny_spec()
+        }
+    }
+
+    /// [`tiny_weights`] with the experts' stacked arrays and a router in the MoE layers.
+    fn tiny_moe_weights(s: &GraphSpec) -> GraphWeights {
+        let mut w = tiny_weights(s);
+        let m = s.moe.as_ref().unwrap();
+        let (e, i, h) = (m.experts as i32, m.intermediate as i32, s.hidden as i32);
+        for (l, &moe) in w.layers.iter_mut().zip(&m.layers) {
+            if moe {
+                let stacked = |n, k| GraphLinear {
+                    weight: zeros(&[e, n, k]),
+                    scales: None,
+                    biases: None,
+                    bias: None,
+                };
+                l.gate = stacked(i, h);
+                l.up = stacked(i, h);
+                l.down = stacked(h, i);
+                l.router = Some(dense(m.experts, s.hidden));
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn moe_specs_and_weights_name_their_problems() {
+        let s = tiny_moe_spec();
+        s.check().unwrap();
+        tiny_moe_weights(&s).check(&s).unwrap();
+        type Edit = fn(&mut GraphMoe);
+        for (f, what) in [
+            ((|m| m.experts = 0) as Edit, "0 experts"),
+            (|m| m.experts = 2000, "2000 experts"),
+            (|m| m.top_k = 9, "9 experts a token of 8"),
+            (|m| m.top_k = 0, "0 experts a token"),
+            (|m| m.layers = vec![true], "1 layer entries"),
+            (|m| m.intermediate = 20, "expert width 20"),
+            (|m| m.router_quant = Some((64, 3)), "router quantization"),
+        ] {
+            let mut t = s.clone();
+            f(t.moe.as_mut().unwrap());
+            let e = t.check().unwrap_err();
+            assert!(e.contains(what), "{what}: {e}");
+        }
+        let mut w = tiny_moe_weights(&s);
+        w.layers[0].router = None;
+        w.layers[1].router = Some(dense(8, 64));
+        w.layers[0].down = dense(64, 32);
+        let e = w.check(&s).unwrap_err();
+        for what in [
+            "layers.0.router: missing",
+            "layers.1.router: a router in a dense layer",
+        ] {
+            assert!(e.contains(what), "{what}: {e}");
+        }
+        let mut w = tiny_moe_weights(&s);
+        w.layers[0].down = dense(64, 32);
+        let e = w.check(&s).unwrap_err();
+        assert!(
+            e.contains(
+                "layers.0.experts.down_proj.weight: [64, 32] bfloat16, expected [8, 64, 32]"
+            ),
+            "{e}"
+        );
+        // A mixture-of-experts model decodes one sequence a step.
+        let opts = GraphOptions {
+            sequences: 2,
+            ..GraphOptions::default()
+        };
+        let e = GraphDecoder::with_options(s.clone(), &tiny_moe_weights(&s), 64, &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("one sequence a step"), "{e}");
+        assert_eq!(GraphDecoder::max_sequences(&s), 1);
+        // The experts' down product takes the top_k activations side by side as its input.
+        assert!(s.mv_inputs().contains(&(64, 16)));
+        assert!(s.mv_inputs().contains(&(2 * 32, 16)));
     }
 
     #[test]
@@ -2830,11 +3352,15 @@ mod tests {
 
     #[test]
     fn every_kernel_in_the_source_is_declared_with_its_arity() {
-        let all = format!("{SOURCE}{QK_NORM_SOURCE}{GEMMA_SOURCE}");
-        for (k, _) in [QK_NORM_KERNEL, GEMMA_KERNEL] {
+        let all = format!("{SOURCE}{QK_NORM_SOURCE}{GEMMA_SOURCE}{MOE_SOURCE}");
+        for (k, _) in [QK_NORM_KERNEL, GEMMA_KERNEL].iter().chain(&MOE_KERNELS) {
             assert!(!SOURCE.contains(k), "{k} is only in its own source");
         }
-        for (name, arity) in KERNELS.iter().chain([&QK_NORM_KERNEL, &GEMMA_KERNEL]) {
+        for (name, arity) in KERNELS
+            .iter()
+            .chain([&QK_NORM_KERNEL, &GEMMA_KERNEL])
+            .chain(&MOE_KERNELS)
+        {
             let source = all.as_str();
             // `extern "C" __global__ void [__launch_bounds__(..)] name(`
             let start = source

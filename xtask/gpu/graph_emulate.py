@@ -10,6 +10,12 @@ are launched from here in the order `graph_decode.rs` records one step (`record_
 device buffers laid out as `GraphDecoder::load` lays them out (q/k rows paired for RoPE unless
 it is traditional, gate/up interleaved).
 
+Mixture-of-experts rows (`make_qwen3_moe`, `make_qwen3_moe_k3`, `make_mixtral`, also quantized
+with `q4:`, and `q4r8:` with the routers in 8 bits as mlx-lm's convert writes qwen3_moe): the
+router, `moe_route`, the chosen experts' `matvec_experts` and `moe_combine` (graph_moe.cu), in
+the order `record_experts` launches them; `route_check` runs `moe_route` alone against
+mlx-lm's routers on the same bfloat16 logits.
+
 First the greedy sampler's two kernels alone (`sampler_check`: vocabularies of one to 25
 blocks, ties and near ties) against mlx-lm's pick. Then, for each llama fixture (default: the
 three `GraphDecoder` accepts, `dense_bf16_mha` with traditional RoPE and MHA,
@@ -49,10 +55,10 @@ from mlx_lm.utils import load_model
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-# graph_decode.cu, graph_qk_norm.cu and graph_gemma.cu (which the decoder appends only for a
-# model with q/k norms, with sandwich norms; always here).
+# graph_decode.cu, graph_qk_norm.cu, graph_gemma.cu and graph_moe.cu (which the decoder appends
+# only for a model with q/k norms, with sandwich norms, with experts; always here).
 CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
-             for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu"))
+             for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
 RS = (ROOT / "mlx-kernels" / "src" / "graph_decode.rs").read_text()
 BOUND_REL, BOUND_AGREE = (
     float(x) for x in re.search(r"TEACHER_FORCED_BOUNDS: \(f32, f32\) = \((.*?), (.*?)\);", RS).groups()
@@ -88,6 +94,7 @@ float g_fs[32][32];
 int g_is[32][32];
 alignas(16) unsigned char g_smem[256 * 1024];
 inline void __syncthreads() { g_bar->arrive_and_wait(); }
+inline void __syncwarp() { g_wbar[threadIdx.x >> 5]->arrive_and_wait(); }
 inline void __threadfence() {}
 template <class T> inline T shfl(T (&slot)[32][32], T v, int o) {
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
@@ -179,6 +186,9 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 7: run_grid(gx, gy, bx, [=] { norm_add(P(const bf16_t*, 0), P(const bf16_t*, 1), P(bf16_t*, 2), L(3), D_(a[4])); }); break;
     case 4: run_grid(gx, gy, bx, [=] { argmax_partial(P(const float*, 0), P(const float*, 1), P(float*, 2), P(int*, 3), L(4)); }); break;
     case 6: run_grid(gx, gy, bx, [=] { qk_norm_rope(P(bf16_t*, 0), P(bf16_t*, 1), P(const int*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const float*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11])); }); break;
+    case 8: run_grid(gx, gy, bx, [=] { moe_route(P(const bf16_t*, 0), P(int*, 1), P(float*, 2), L(3), L(4), L(5), L(6)); }); break;
+    case 9: run_grid(gx, gy, bx, [=] { matvec_experts(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(const int*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11]), L(12), L(13), P(u64*, 14)); }); break;
+    case 10: run_grid(gx, gy, bx, [=] { moe_combine(P(const bf16_t*, 0), P(const float*, 1), P(bf16_t*, 2), L(3), L(4)); }); break;
     case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(const float*, 2), P(int*, 3), P(int*, 4), P(int*, 5), L(6), L(7)); }); break;
   }
 }
@@ -318,14 +328,45 @@ MADE = {
                          mlp_bias=False, max_position_embeddings=2048),
     "make_gemma2": dict(model_type="gemma2", head_dim=16, query_pre_attn_scalar=16,
                         attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+    # qwen3_moe: 8 experts of width 64, 2 a token, the weights renormalised (norm_topk_prob);
+    # layer 1 a dense MLP (mlp_only_layers), per-head q/k norms, an untied head.
+    "make_qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=8,
+                           num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1,
+                           mlp_only_layers=[1], norm_topk_prob=True, max_position_embeddings=2048,
+                           tie_word_embeddings=False),
+    # The same without renormalisation, 3 experts a token of 6 (not in the default list: its
+    # 8 teacher-forced steps hold one pick whose reference logits are one bfloat16 step apart,
+    # results/gpu/2026-12-05-s27-moe).
+    "make_qwen3_moe_k3": dict(model_type="qwen3_moe", head_dim=16, num_experts=6,
+                              num_experts_per_tok=3, moe_intermediate_size=64,
+                              decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=False,
+                              max_position_embeddings=2048, tie_word_embeddings=False),
+    # mixtral: 4 experts of width 128 (its intermediate_size), 2 a token, top-k then softmax.
+    "make_mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
 }
+
+
+GATHER_MM = mx.gather_mm
+from mlx_lm.models.switch_layers import SwitchGLU as _SwitchGLU  # noqa: E402
+
+SWITCH_GLU_CALL = _SwitchGLU.__call__
+
+
+def gather_mm_f32(a, b, *args, **kwargs):
+    """mx.gather_mm for bfloat16 on the CPU (see run): float32 products rounded once."""
+    if a.dtype == mx.bfloat16:
+        return GATHER_MM(a.astype(mx.float32), b.astype(mx.float32), *args, **kwargs).astype(mx.bfloat16)
+    return GATHER_MM(a, b, *args, **kwargs)
 
 
 def run(lib, name):
     # "q4:FIXTURE": the fixture quantized here to 4 bits in groups of 64 (mlx's nn.quantize,
     # as mlx-lm's convert does), for the 4-bit path the fixtures lack in bfloat16.
-    quantize = name.startswith("q4:")
-    base = name.removeprefix("q4:")
+    # "q4r8:FIXTURE": the same with the MoE router in 8 bits, as mlx-lm's convert quantizes
+    # qwen3_moe (its `quant_predicate`: `mlp.gate` 8 bits in groups of 64).
+    quantize = name.startswith(("q4:", "q4r8:"))
+    router8 = name.startswith("q4r8:")
+    base = name.split(":", 1)[1] if quantize else name
     if base in MADE:
         # A seeded random model of the row's own mlx-lm class (the dense fixtures of these
         # rows have heads of 8, below the decoder's smallest head).
@@ -337,14 +378,26 @@ def run(lib, name):
         model = model_class(args_class.from_dict(config))
         mx.eval(model.parameters())
     else:
-        model, config = load_model(ROOT / "mlx-models" / "tests" / "models" / base)
+        # A fixture's name, or a model directory's path (a bench model written by
+        # xtask/oracle/bench_models.py, say).
+        path = Path(base) if base.startswith("/") else ROOT / "mlx-models" / "tests" / "models" / base
+        model, config = load_model(path)
     # The decoder runs bfloat16 activations: float fixtures are cast, as `--dtype bfloat16`.
     model.set_dtype(mx.bfloat16)
     if quantize:
         import mlx.nn as nn
-        nn.quantize(model, group_size=64, bits=4)
+        if router8:
+            nn.quantize(model, group_size=64, bits=4, class_predicate=lambda path, m: (
+                {"group_size": 64, "bits": 8} if path.endswith("mlp.gate") else hasattr(m, "to_quantized")))
+        else:
+            nn.quantize(model, group_size=64, bits=4)
         config = dict(config, quantization={"group_size": 64, "bits": 4})
     p = dict(tree_flatten(model.parameters()))
+    if any(".switch_mlp." in k for k in p) and not quantize:
+        # MLX's CPU GatherMM takes float32 only: the bfloat16 experts' products of the
+        # reference run in float32 and are rounded to bfloat16 once (what a bfloat16 matmul
+        # computes: float32 sums, one rounding).
+        mx.gather_mm = gather_mm_f32
     H, nl = config["hidden_size"], config["num_hidden_layers"]
     nh = config["num_attention_heads"]
     nkv = config.get("num_key_value_heads", nh)
@@ -428,6 +481,56 @@ def run(lib, name):
         rows = sum(bits(p[f"{n}.weight"]).shape[0] for n in names)
         return out, rows
 
+    # Mixture-of-experts layers (qwen3_moe, mixtral): the router, and the experts' stacked
+    # gate/up (interleaved per expert: each expert's [I, K] flattened into the rows) and down.
+    mt = config["model_type"]
+    moe_mod = "block_sparse_moe" if mt == "mixtral" else "mlp"
+    moe_k = config.get("num_experts_per_tok", 0)
+    moe_e = config.get("num_experts", config.get("num_local_experts", 0))
+    moe_i = config.get("moe_intermediate_size", inter) if mt != "mixtral" else inter
+    # GraphRouter: 0 softmax then top-k (qwen3_moe; norm_topk_prob), 1 top-k then softmax.
+    moe_kind = 1 if mt == "mixtral" else 0
+    moe_norm = int(bool(config.get("norm_topk_prob", False)))
+
+    # Each layer-step's chosen experts: ours (moe_route's sel) and mlx-lm's (the indices its
+    # SwitchGLU is called with, one token at a time), as sorted lists.
+    chosen_ours, chosen_ref = [], []
+    from mlx_lm.models import switch_layers
+
+    def record(self, x, indices):
+        if indices.size == moe_k:
+            chosen_ref.append(sorted(np.array(indices).reshape(-1).tolist()))
+        return SWITCH_GLU_CALL(self, x, indices)
+
+    switch_layers.SwitchGLU.__call__ = record
+
+    def qparams(name, k):
+        """A linear's own (group size, bits) from its arrays' shapes; (1, 16) for bfloat16."""
+        if f"{name}.scales" not in p:
+            return 1, 16
+        return k // p[f"{name}.scales"].shape[-1], p[f"{name}.weight"].shape[-1] * 32 // k
+
+    def expert_lin(names, mode):
+        out = []
+        for part in parts:
+            xs = [bits(p[f"{n}.{part}"]) for n in names]
+            xs = [x.reshape(-1, x.shape[-1]) for x in xs]  # [E, n, c] -> [E n, c]
+            out.append(e.buf(interleave(xs[0], xs[1]) if mode == "gu" else xs[0]))
+        out = [out[0], e.buf(np.stack(out[1:], -1))] if q else [out[0], zero]
+        return out
+
+    def moe_layer(pre):
+        sw = f"{pre}.{moe_mod}.switch_mlp"
+        if f"{sw}.gate_proj.weight" not in p:
+            return None
+        router = f"{pre}.{moe_mod}.gate"
+        rparts = ["weight", "scales", "biases"] if f"{router}.scales" in p else ["weight"]
+        rw = [bits(p[f"{router}.{x}"]) for x in rparts]
+        rbuf = [e.buf(rw[0]), e.buf(np.stack(rw[1:], -1)) if len(rw) > 1 else zero]
+        return dict(router=rbuf, rq=qparams(router, H),
+                    gu=expert_lin([f"{sw}.gate_proj", f"{sw}.up_proj"], "gu"),
+                    down=expert_lin([f"{sw}.down_proj"], None))
+
     cap = -(-(PROMPT + 8) // 64) * 64
     ns = cap // 64
     embed, _ = lin(["model.embed_tokens"])
@@ -436,6 +539,7 @@ def run(lib, name):
     layers = []
     for i in range(nl):
         pre = f"model.layers.{i}"
+        ml = moe_layer(pre)
         layers.append(dict(
             inn=e.buf(norm_w(f"{pre}.input_layernorm.weight")),
             post=e.buf(norm_w(f"{pre}.pre_feedforward_layernorm.weight" if sandwich
@@ -450,16 +554,24 @@ def run(lib, name):
             kn=e.buf(norm_w(f"{pre}.self_attn.k_norm.weight")) if qk_norm else None,
             bias=qkv_bias(pre, ropes[i][0]),
             o=lin([f"{pre}.self_attn.o_proj"]),
-            gu=lin([f"{pre}.mlp.gate_proj", f"{pre}.mlp.up_proj"], "gu"),
-            down=lin([f"{pre}.mlp.down_proj"]),
+            moe=ml,
+            gu=None if ml else lin([f"{pre}.mlp.gate_proj", f"{pre}.mlp.up_proj"], "gu"),
+            down=None if ml else lin([f"{pre}.mlp.down_proj"]),
             kc=e.buf(np.zeros(NB * nkv * cap * d, np.uint16)),
             vc=e.buf(np.zeros(NB * nkv * cap * d, np.uint16)),
         ))
+    if NB > 1 and any(L["moe"] for L in layers):
+        print(f"{name}: skipped with {NB} sequences (the decoder takes one for a model with experts)")
+        return True
     # One row a sequence in every buffer.
     h = e.buf(np.zeros(NB * H, np.uint16))
     qb = e.buf(np.zeros(NB * (nh + 2 * nkv) * d, np.uint16))
     attn = e.buf(np.zeros(NB * nh * d, np.uint16))
-    act = e.buf(np.zeros(NB * inter, np.uint16))
+    act = e.buf(np.zeros(NB * max(inter, moe_k * moe_i), np.uint16))
+    gates = e.buf(np.zeros(max(moe_e, 1), np.uint16))  # the router's logits
+    sel = e.buf(np.zeros(max(moe_k, 1), np.int32))  # the chosen experts
+    wts = e.buf(np.zeros(max(moe_k, 1), np.float32))  # and their weights
+    ey = e.buf(np.zeros(max(moe_k, 1) * H, np.uint16))  # the chosen experts' outputs
     logits = e.buf(np.zeros(NB * V, np.float32))
     state = e.buf(np.zeros(4 * NB, np.int32))
     tokens = e.buf(np.zeros(NB * 2 * cap, np.int32))  # token, log-probability bits
@@ -503,6 +615,23 @@ def run(lib, name):
                 mv(L["gu"], h, L["post"], None, act, 1 | 4 | (16 if gemma else 0))
                 mv(L["down"], act, None, None, y, 0)
                 e.launch(7, (NB, 1), 256, [y, L["pm"], h, H, float(np.float32(eps))])
+            elif L["moe"]:
+                m = L["moe"]
+                mv(L["o"], attn, None, h, h, 2)
+                (rw, rsb), (rgs, rbits) = m["router"], m["rq"]
+                e.launch(1, mv_grid(moe_e), 256, [rw, rsb, h, L["post"], h, gates, moe_e, H, rbits, rgs, 1,
+                                                  float(np.float32(eps)), 0, 0.0])
+                e.launch(8, (1, 1), 32, [gates, sel, wts, moe_e, moe_k, moe_kind, moe_norm])
+                chosen_ours.append(sorted(sel.tolist()))
+                w, sb = m["gu"]
+                e.launch(9, mv_grid(moe_k * 2 * moe_i), 256,
+                         [w, sb, h, L["post"], act, sel, moe_k * 2 * moe_i, H, nbits, gs, 1 | 4,
+                          float(np.float32(eps)), 2 * moe_i, 0, 0])
+                w, sb = m["down"]
+                e.launch(9, mv_grid(moe_k * H), 256,
+                         [w, sb, act, act, ey, sel, moe_k * H, moe_i, nbits, gs, 0,
+                          float(np.float32(eps)), H, 1, 0])
+                e.launch(10, (-(-H // 256), 1), 256, [ey, wts, h, H, moe_k])
             else:
                 mv(L["o"], attn, None, h, h, 2)
                 mv(L["gu"], h, L["post"], None, act, 1 | 4)
@@ -541,6 +670,7 @@ def run(lib, name):
         joins[NB - 1] = 2
     rows = {}
     worst, agree, count = 0.0, 0, 0
+    margins = []
     for step_i in range(steps):
         for b in range(NB):
             if step_i == joins[b]:
@@ -573,22 +703,39 @@ def run(lib, name):
             rel = float(np.max(np.abs(ref - lg)) / max(np.max(np.abs(ref)), 1e-6))
             worst = max(worst, rel)
             agree += int(np.argmax(ref) == np.argmax(lg))
+            if np.argmax(ref) != np.argmax(lg):
+                # How near a tie the reference had it: its pick's logit less ours, relative.
+                margins.append(float((ref.max() - ref[np.argmax(lg)]) / max(np.max(np.abs(ref)), 1e-6)))
             count += 1
             r["token"] = int(np.argmax(ref))
     steps = count
     share = agree / steps
+    tie_note = f"; where the picks differ, the reference's margin between them: {margins}" if margins else ""
+    moe_note = ""
+    if any(L["moe"] for L in layers):
+        rq = next(L["moe"]["rq"] for L in layers if L["moe"])
+        moe_note = (f", experts {moe_e} choosing {moe_k} of width {moe_i} "
+                    f"({'top-k then softmax' if moe_kind else 'softmax then top-k'}, norm {moe_norm}) "
+                    f"in layers {[i for i, L in enumerate(layers) if L['moe']]}, router bits {rq[1]}; "
+                    f"the same experts as mlx-lm's in {sum(a == b for a, b in zip(chosen_ours, chosen_ref))} "
+                    f"of {len(chosen_ref)} layer-steps")
     ok = worst <= BOUND_REL and share >= BOUND_AGREE
     note = ""
     if q and not ok:
         # Which side is off: one projection against float64 over the dequantized weights.
-        mlx_err, ours_err = projection_errors(e, p, "model.layers.0.mlp.down_proj", gs, nbits)
-        note = (f"; down_proj of layer 0 against float64: mlx-lm (CPU) {mlx_err:.4f}, "
+        # (A dense down projection: layer 0's, or with experts the first dense layer's, or
+        # the attention's output projection.)
+        dense = [k[:-len(".weight")] for k in p
+                 if k.endswith(".mlp.down_proj.weight") and ".switch_mlp." not in k] or \
+            ["model.layers.0.self_attn.o_proj"]
+        mlx_err, ours_err = projection_errors(e, p, dense[0], gs, nbits)
+        note = (f"; {dense[0]} against float64: mlx-lm (CPU) {mlx_err:.4f}, "
                 f"ours {ours_err:.4f}")
         ok = ours_err < mlx_err and share >= 0.75
     print(f"{name} (rows per warp {ROWS}, sequences {NB}, row-steps {count}): max relative logit difference {worst:.5f}, greedy agreement {share:.2f} "
           f"(traditional RoPE {trad}, rotated pairs {[r[0] for r in ropes]}, q/k/v bias {has_bias}, "
           f"bits {nbits}, tied {tied}, sandwich {sandwich}, window {window} on {sliding}, soft-caps "
-          f"{attn_cap}/{final_cap}){note} {'ok' if ok else 'FAILED'}")
+          f"{attn_cap}/{final_cap}{moe_note}){note}{tie_note} {'ok' if ok else 'FAILED'}")
     return ok
 
 
@@ -644,6 +791,54 @@ def tile_check(lib):
         print(f"tile check (sequences {NB}, tensor cores {MMA}): {n} x {k}, largest difference to "
               f"float64 {rel:.5f} of the largest output (MLX CPU quantized_matmul {rel_mlx:.5f}) "
               f"{'ok' if good else 'FAILED'}")
+    return ok
+
+
+def route_check(lib):
+    """moe_route alone against mlx-lm's routers over the same bfloat16 gate logits:
+    qwen3_moe's (softmax, the k largest, optionally renormalised) and mixtral's (the k
+    largest logits, softmax over them), for 4 to 130 experts and 1 to 8 a token, with
+    near-ties. The chosen experts as a set and each one's weight, bit for bit; where two
+    probabilities tie in bfloat16, the chosen values (which expert wins a tie is each side's
+    own: MLX's argpartition leaves it open)."""
+    e = Emu(lib)
+    rng = np.random.default_rng(11)
+    ok = True
+    for n, k, kind, norm, spread in [(4, 2, 0, 1, 1.0), (8, 2, 0, 0, 1.0), (128, 8, 0, 1, 1.0),
+                                     (128, 8, 0, 1, 0.05), (130, 3, 0, 0, 2.0), (8, 2, 1, 0, 1.0),
+                                     (4, 1, 1, 0, 1.0), (64, 8, 1, 0, 0.05), (128, 8, 1, 0, 3.0)]:
+        for trial in range(4):
+            g = mx.array(rng.normal(0, spread, n).astype(np.float32)).astype(mx.bfloat16)
+            gb = e.buf(bits(g))
+            sel = e.buf(np.zeros(k, np.int32))
+            w = e.buf(np.zeros(k, np.float32))
+            e.launch(8, (1, 1), 32, [gb, sel, w, n, k, kind, norm])
+            if kind == 0:  # qwen3_moe.py
+                gates = mx.softmax(g, axis=-1, precise=True)
+                inds = mx.argpartition(gates, kth=-k, axis=-1)[..., -k:]
+                scores = mx.take_along_axis(gates, inds, axis=-1)
+                if norm:
+                    scores /= mx.sum(scores, axis=-1, keepdims=True)
+                chosen = mx.take_along_axis(gates, inds, axis=-1)
+                ours_chosen = np.array(gates.astype(mx.float32))[sel]
+            else:  # mixtral.py
+                inds = mx.argpartition(-g, kth=k - 1, axis=-1)[..., :k]
+                scores = mx.softmax(mx.take_along_axis(g, inds, axis=-1), axis=-1, precise=True)
+                chosen = mx.take_along_axis(g, inds, axis=-1)
+                ours_chosen = np.array(g.astype(mx.float32))[sel]
+            ref_i = [int(x) for x in np.array(inds)]
+            ref_w = dict(zip(ref_i, np.array(scores.astype(mx.float32)).tolist()))
+            same_set = sorted(ref_i) == sorted(sel.tolist())
+            same_vals = sorted(np.array(chosen.astype(mx.float32)).tolist()) == sorted(ours_chosen.tolist())
+            if same_set:
+                good = all(ref_w[int(i)] == float(x) for i, x in zip(sel, w))
+            else:  # a tie resolved otherwise: the same values chosen, weights as multisets
+                good = same_vals and sorted(ref_w.values()) == sorted(w.tolist())
+            ok &= bool(good)
+            if not good or trial == 0:
+                print(f"route check ({'softmax, top-k' if kind == 0 else 'top-k, softmax'}, norm {norm}, "
+                      f"{n} experts, k {k}, spread {spread}, trial {trial}): experts {'equal' if same_set else 'differ in a tie' if same_vals else 'DIFFER'}, "
+                      f"weights {'bit-equal' if good else 'DIFFER'} {'ok' if good else 'FAILED'}")
     return ok
 
 
@@ -734,13 +929,14 @@ def main():
     names = sys.argv[1:] or ["dense_bf16_mha", "dense_bf16_untied", "q8_g32_bf16", "q4:dense_bf16_untied",
                              "yarn_rope", "make_qwen2", "make_smollm3", "make_llama3", "q4:make_qwen2",
                              "make_mistral_linear", "make_qwen3", "q4:make_qwen3", "make_gemma3",
-                             "q4:make_gemma3", "make_gemma2"]
+                             "q4:make_gemma3", "make_gemma2", "make_qwen3_moe", "q4:make_qwen3_moe",
+                             "q4r8:make_qwen3_moe", "make_mixtral", "q4:make_mixtral"]
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         # GRAPH_EMU_SKIP_SAMPLER=1: the rows only (the sampler check takes minutes on a loaded
         # machine and does not depend on the model).
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
-        results = sampler + [tile_check(lib)] + [run(lib, n) for n in names]
+        results = sampler + [tile_check(lib), route_check(lib)] + [run(lib, n) for n in names]
     sys.exit(0 if all(results) else 1)
 
 

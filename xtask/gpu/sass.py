@@ -119,7 +119,7 @@ def main():
     src = (f"#define MV_ROWS {a.rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n"
            f"#define NB {a.nb}\n#define MV_MMA {a.mma}\n"
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
-                     for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu")))
+                     for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu")))
     cubin, log = compile_cubin(src)
     if not os.path.exists(NVDISASM):
         for name, regs, stack, st, ld in resources(log):

@@ -131,6 +131,48 @@ pub fn rows() -> Vec<Row> {
     ]
 }
 
+/// The mixture-of-experts rows (mlx_engine::graph::map_moe): qwen3_moe with a dense layer
+/// (`mlp_only_layers`) and renormalised weights in bfloat16; qwen3_moe in 4 bits with its
+/// routers in 8 (as mlx-lm's convert writes it: `_r8`); mixtral (top-k then softmax) in
+/// bfloat16 and 4 bits. Routers drawn wide (std 2 / sqrt(hidden)) so that the experts' scores
+/// rarely tie in bfloat16 (a tie is each side's own to break).
+pub fn moe_rows() -> Vec<Row> {
+    let qwen3_moe = |h: i32, heads: i32, width: i32, norm: bool| {
+        json!({"model_type": "qwen3_moe", "hidden_size": h, "num_attention_heads": heads,
+            "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": width, "decoder_sparse_step": 1, "mlp_only_layers": [1],
+            "norm_topk_prob": norm, "max_position_embeddings": 2048,
+            "tie_word_embeddings": false})
+    };
+    let mixtral = |h: i32, heads: i32, width: i32| {
+        json!({"model_type": "mixtral", "hidden_size": h, "num_attention_heads": heads,
+            "intermediate_size": width, "num_local_experts": 4, "num_experts_per_tok": 2})
+    };
+    vec![
+        Row {
+            name: "qwen3_moe",
+            config: qwen3_moe(64, 4, 64, true),
+            quant: None,
+        },
+        Row {
+            // Hidden and expert width 128: every quantized input past the group (llama3_q4).
+            name: "qwen3_moe_q4_r8",
+            config: qwen3_moe(128, 8, 128, false),
+            quant: Some((64, 4)),
+        },
+        Row {
+            name: "mixtral",
+            config: mixtral(64, 4, 64),
+            quant: None,
+        },
+        Row {
+            name: "mixtral_q4",
+            config: mixtral(128, 8, 128),
+            quant: Some((64, 4)),
+        },
+    ]
+}
+
 fn gemma3() -> Value {
     json!({"model_type": "gemma3_text", "head_dim": 16, "query_pre_attn_scalar": 16,
         "sliding_window": 48, "sliding_window_pattern": 2, "rope_theta": 1000000.0,
@@ -169,13 +211,46 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         .map_or(h / heads, |v| v as i32);
     let mt = row.config["model_type"].as_str().unwrap_or("");
     let bias = mt == "qwen2";
-    let qk_norm = mt == "qwen3" || mt == "gemma3_text";
+    let qk_norm = mt == "qwen3" || mt == "qwen3_moe" || mt == "gemma3_text";
     // phi3: one qkv_proj (q, k, v rows) and one gate_up_proj (gate, up rows).
     let phi3 = mt == "phi3";
     // Gemma: norms are `1 + w` (weights near 0), sandwich norms around attention and MLP.
     let gemma = mt.starts_with("gemma");
     let norm_loc = if gemma { 0.0 } else { 1.0 };
     let tied = cfg["tie_word_embeddings"].as_bool().unwrap();
+    // Mixture of experts: the layers with experts, their count and width, the block's name;
+    // `_r8` rows' routers in 8 bits (a per-module override, as mlx-lm's convert writes it).
+    let experts = cfg
+        .get("num_experts")
+        .or_else(|| cfg.get("num_local_experts"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0) as i32;
+    let moe_width = if mt == "mixtral" {
+        inter
+    } else {
+        cfg.get("moe_intermediate_size")
+            .and_then(Value::as_i64)
+            .unwrap_or(0) as i32
+    };
+    let dense_layers: Vec<i64> = cfg
+        .get("mlp_only_layers")
+        .and_then(Value::as_array)
+        .map(|v| v.iter().filter_map(Value::as_i64).collect())
+        .unwrap_or_default();
+    let block = if mt == "mixtral" {
+        "block_sparse_moe"
+    } else {
+        "mlp"
+    };
+    let router8 = row.name.ends_with("_r8");
+    if router8 {
+        for i in 0..layers {
+            if !dense_layers.contains(&(i as i64)) {
+                cfg["quantization"][format!("model.layers.{i}.{block}.gate")] =
+                    json!({"group_size": 64, "bits": 8});
+            }
+        }
+    }
     let mut seed = 0u64;
     let mut draw = |shape: &[i32], scale: f32, loc: f32| -> Array {
         seed += 1;
@@ -233,20 +308,45 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         }
         let w = draw(&[h, heads * d], s, 0.0);
         lin(&mut t, format!("{p}.self_attn.o_proj"), w);
-        for x in ["gate", "up"] {
-            let w = draw(&[inter, h], s, 0.0);
-            if phi3 {
-                fused.push(w);
-                continue;
+        if experts > 0 && !dense_layers.contains(&(i as i64)) {
+            let r = draw(&[experts, h], 2.0 * s, 0.0);
+            let name = format!("{p}.{block}.gate");
+            match (row.quant, router8) {
+                (Some(_), true) => {
+                    let (q, sc, bi) = quantize(&r, 64, 8, QuantMode::Affine, None).unwrap();
+                    t.push((format!("{name}.weight"), q));
+                    t.push((format!("{name}.scales"), sc));
+                    t.push((format!("{name}.biases"), bi.unwrap()));
+                }
+                _ => lin(&mut t, name, r),
             }
-            lin(&mut t, format!("{p}.mlp.{x}_proj"), w);
+            let sw = format!("{p}.{block}.switch_mlp");
+            for x in ["gate", "up"] {
+                let w = draw(&[experts, moe_width, h], s, 0.0);
+                lin(&mut t, format!("{sw}.{x}_proj"), w);
+            }
+            let w = draw(
+                &[experts, h, moe_width],
+                1.0 / (moe_width as f32).sqrt(),
+                0.0,
+            );
+            lin(&mut t, format!("{sw}.down_proj"), w);
+        } else {
+            for x in ["gate", "up"] {
+                let w = draw(&[inter, h], s, 0.0);
+                if phi3 {
+                    fused.push(w);
+                    continue;
+                }
+                lin(&mut t, format!("{p}.mlp.{x}_proj"), w);
+            }
+            if phi3 {
+                let w = ops::concatenate(&fused.iter().collect::<Vec<_>>(), 0, None).unwrap();
+                lin(&mut t, format!("{p}.mlp.gate_up_proj"), w);
+            }
+            let w = draw(&[h, inter], 1.0 / (inter as f32).sqrt(), 0.0);
+            lin(&mut t, format!("{p}.mlp.down_proj"), w);
         }
-        if phi3 {
-            let w = ops::concatenate(&fused.iter().collect::<Vec<_>>(), 0, None).unwrap();
-            lin(&mut t, format!("{p}.mlp.gate_up_proj"), w);
-        }
-        let w = draw(&[h, inter], 1.0 / (inter as f32).sqrt(), 0.0);
-        lin(&mut t, format!("{p}.mlp.down_proj"), w);
         let norms: &[&str] = if gemma {
             &[
                 "input_layernorm",

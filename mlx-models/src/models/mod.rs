@@ -218,6 +218,12 @@ pub trait LanguageModel: Send {
         None
     }
 
+    /// The mixture-of-experts model behind this one (mixtral, qwen3_moe and the other rows of
+    /// `moe.rs`), read-only, for decoders that run the model's own arrays; `None` elsewhere.
+    fn as_moe(&self) -> Option<&moe::Model> {
+        None
+    }
+
     /// [`LanguageModel::as_dense`], mutable: AWQ (`crate::awq`) runs its layers' parts and
     /// rewrites their weights in place.
     fn as_dense_mut(&mut self) -> Option<&mut dense::Model> {

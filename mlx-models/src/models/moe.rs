@@ -466,6 +466,107 @@ impl Model {
     }
 }
 
+/// One layer of a [`Model`] as read-only parts, for decoders that run the model's own arrays
+/// (mlx-engine's graph decoder): [`Model::layer_view`].
+pub struct MoeLayerView<'a> {
+    pub input_norm: &'a Norm,
+    pub post_attention_norm: &'a Norm,
+    pub q: &'a Linear,
+    /// `None` on a layer that takes another layer's keys and values, or fuses them into `q`.
+    pub k: Option<&'a Linear>,
+    pub v: Option<&'a Linear>,
+    pub o: &'a Linear,
+    /// Per-head q/k norms ([`QkNorm::PerHead`]); other placements are named in `other`.
+    pub q_norm: Option<&'a RmsNorm>,
+    pub k_norm: Option<&'a RmsNorm>,
+    /// The rotary embedding (`None`: the layer skips it).
+    pub rope: Option<&'a Rope>,
+    /// The attention's softmax scale.
+    pub scale: f32,
+    /// What the layer has beyond pre-norm attention with separate projections and the
+    /// feed-forward block (for messages: attention sinks, a fused projection, gates, sandwich
+    /// norms, a residual multiplier, sharded norms, full-width or after-rope q/k norms).
+    pub other: Vec<&'static str>,
+    pub ffn: MoeFfnView<'a>,
+}
+
+/// A layer's feed-forward block ([`MoeLayerView::ffn`]).
+pub enum MoeFfnView<'a> {
+    /// A dense SwiGLU MLP (qwen3_moe's `mlp_only_layers`).
+    Dense(&'a Mlp),
+    /// The router, the experts and what the block may add ([`SparseMoe::extras_present`]).
+    Sparse(&'a SparseMoe),
+}
+
+impl Model {
+    /// The row's knobs.
+    pub fn spec(&self) -> &MoeSpec {
+        &self.spec
+    }
+
+    pub fn embed_tokens(&self) -> &Embedding {
+        &self.embed_tokens
+    }
+
+    /// The untied head (`None`: tied to the embedding).
+    pub fn lm_head(&self) -> Option<&Linear> {
+        self.lm_head.as_ref()
+    }
+
+    pub fn final_norm(&self) -> &Norm {
+        &self.norm
+    }
+
+    /// Whether this rank holds a pipeline stage or tensor-parallel shards (then its arrays are
+    /// not the whole model's).
+    pub fn is_sharded(&self) -> bool {
+        self.pipeline.is_some()
+            || self.layers.iter().any(|l| {
+                l.self_attn.sharded_norms.is_some() || matches!(&l.ffn, Ffn::Sparse(m) if m.sharded)
+            })
+    }
+
+    /// Layer `i`'s parts (`None` past the last layer).
+    pub fn layer_view(&self, i: usize) -> Option<MoeLayerView<'_>> {
+        let l = self.layers.get(i)?;
+        let a = &l.self_attn;
+        let mut other = Vec::new();
+        for (present, what) in [
+            (a.sinks.is_some(), "attention sinks"),
+            (a.fused_qkv, "a fused q/k/v projection"),
+            (a.out_gate.is_some(), "an attention output gate"),
+            (a.head_gate.is_some(), "a head-wise attention gate"),
+            (a.sharded_norms.is_some(), "sharded q/k norms"),
+            (l.mlp_norms.is_some(), "sandwich norms"),
+            (l.residual_multiplier.is_some(), "a residual multiplier"),
+            (a.qk_norm == QkNorm::Full, "q/k norms over all heads"),
+            (a.qk_norm == QkNorm::AfterRope, "q/k norms after the rope"),
+        ] {
+            if present {
+                other.push(what);
+            }
+        }
+        let per_head = a.qk_norm == QkNorm::PerHead;
+        Some(MoeLayerView {
+            input_norm: &l.input_layernorm,
+            post_attention_norm: &l.post_attention_layernorm,
+            q: &a.q_proj,
+            k: a.k_proj.as_ref(),
+            v: a.v_proj.as_ref(),
+            o: &a.o_proj,
+            q_norm: a.q_norm.as_ref().filter(|_| per_head),
+            k_norm: a.k_norm.as_ref().filter(|_| per_head),
+            rope: a.use_rope.then_some(&a.rope),
+            scale: a.scale,
+            other,
+            ffn: match &l.ffn {
+                Ffn::Dense(m) => MoeFfnView::Dense(m),
+                Ffn::Sparse(m) => MoeFfnView::Sparse(m),
+            },
+        })
+    }
+}
+
 /// The rows' `sanitize`: drop a tied `lm_head`, and stack per-expert checkpoints
 /// (`experts.<e>.<proj>.{weight,scales,biases}`, mixtral's `w1`/`w2`/`w3`) into `switch_mlp`.
 fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
@@ -1036,6 +1137,10 @@ impl Model {
 
 impl LanguageModel for Model {
     port_entry_points!(spec);
+
+    fn as_moe(&self) -> Option<&Model> {
+        Some(self)
+    }
 
     fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         Model::shard_tensor_parallel(self, size, rank)

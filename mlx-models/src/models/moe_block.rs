@@ -395,6 +395,43 @@ pub(crate) struct MoeParts {
 }
 
 impl SparseMoe {
+    /// Experts a token.
+    pub fn top_k(&self) -> i32 {
+        self.top_k
+    }
+
+    /// How the router chooses.
+    pub fn router(&self) -> Router {
+        self.router
+    }
+
+    /// The router's linear (the gate logits).
+    pub fn gate(&self) -> &Linear {
+        &self.gate
+    }
+
+    /// The experts.
+    pub fn experts(&self) -> &SwitchGlu {
+        &self.switch_mlp
+    }
+
+    /// What the block has beyond the router and the experts (for messages): a shared
+    /// expert, plain shared experts, a correction bias, a coefficient, an output scale, a
+    /// sharded sum.
+    pub fn extras_present(&self) -> Vec<&'static str> {
+        [
+            (self.shared_expert.is_some(), "a gated shared expert"),
+            (self.plain_shared.is_some(), "shared experts"),
+            (self.correction_bias.is_some(), "a router correction bias"),
+            (self.coefficient.is_some(), "a shared-expert coefficient"),
+            (self.output_scale.is_some(), "an output scale"),
+            (self.sharded, "tensor-parallel shards"),
+        ]
+        .into_iter()
+        .filter_map(|(p, w)| p.then_some(w))
+        .collect()
+    }
+
     /// The block at `path` (`gate`, `switch_mlp`, optional `shared_expert` and
     /// `shared_expert_gate`).
     pub fn load_parts(w: &mut Weights, path: &str, s: &SparseMoeParams) -> Result<SparseMoe> {

@@ -1,0 +1,153 @@
+
+// Mixture-of-experts layers (appended to graph_decode.cu's source only for a model with them:
+// GraphSpec::moe). One layer's feed-forward block is four launches after the output
+// projection (graph_decode.rs records them):
+// - the router, a matvec (MODE_NORM) of the post-attention-normed input: the E gate logits;
+// - moe_route: the k chosen experts and their weights, as the row's mlx-lm block orders it;
+// - matvec_experts over the k chosen experts' gate/up rows (interleaved per expert, as the
+//   dense MLP's), SwiGLU in the epilogue: the k activations side by side;
+// - matvec_experts over their down rows, each slot its own activation: the k outputs;
+// - moe_combine: h += sum_j w_j y_j.
+// Batched decode is not taken (each row would choose its own experts): NB is 1.
+
+// The most experts a router chooses from (moe_route's shared memory; checked by the host).
+#define MOE_MAX_EXPERTS 1024
+
+// Router kinds (GraphRouter in graph_decode.rs).
+// SOFTMAX_TOPK (qwen3_moe): p = softmax(g) (precise: float32, rounded to bfloat16), the k
+//   largest p, w = those p; with norm, w / sum(w) (the sum in float32 in order, rounded; the
+//   quotient rounded).
+// TOPK_SOFTMAX (mixtral): the k largest g; w = softmax of those (precise, rounded).
+#define MOE_SOFTMAX_TOPK 0
+#define MOE_TOPK_SOFTMAX 1
+
+// Warp-wide (largest value, then smallest index) reduction: every lane gets the winner.
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The k chosen experts (sel, in order of choice: the largest first, the smallest index among
+// equals) and their weights (w, bfloat16 values as floats) from the router's E logits g
+// (bfloat16). One warp. A NaN counts as -inf; every sel is in [0, E) and none repeats.
+extern "C" __global__ void __launch_bounds__(32) moe_route(const bf16_t* g, int* sel, float* w,
+                                                           ll E, ll k, ll kind, ll norm) {
+  __shared__ float v[MOE_MAX_EXPERTS];
+  __shared__ int taken[MOE_MAX_EXPERTS];
+  __shared__ float chosen[32];
+  pdl_wait_then_release();
+  const int lane = threadIdx.x;
+  const int n = (int)E;
+  for (int e = lane; e < n; e += 32) {
+    const float x = bf2f(g[e]);
+    v[e] = x != x ? NEG_INF : x;
+    taken[e] = 0;
+  }
+  __syncwarp();
+  if (kind == MOE_SOFTMAX_TOPK) {
+    // softmax(g, precise=True): exp(g - max) / sum in float32, rounded to bfloat16.
+    float m = NEG_INF;
+    for (int e = lane; e < n; e += 32) m = fmaxf(m, v[e]);
+    m = warp_max(m);
+    float s = 0.f;
+    for (int e = lane; e < n; e += 32) s += expf(v[e] - m);
+    s = warp_sum(s);
+    __syncwarp();
+    for (int e = lane; e < n; e += 32) v[e] = rbf(expf(v[e] - m) / s);
+    __syncwarp();
+  }
+  // k rounds of the largest value not yet taken.
+  for (int j = 0; j < (int)k; ++j) {
+    float best = NEG_INF;
+    int bi = n;
+    for (int e = lane; e < n; e += 32) {
+      if (!taken[e] && (bi == n || v[e] > best)) {
+        best = v[e];
+        bi = e;
+      }
+    }
+    warp_best(best, bi);
+    __syncwarp();
+    if (lane == 0) {
+      sel[j] = bi;
+      chosen[j] = best;
+      taken[bi] = 1;
+    }
+    __syncwarp();
+  }
+  if (lane != 0) return;
+  if (kind == MOE_SOFTMAX_TOPK) {
+    float s = 0.f;
+    for (int j = 0; j < (int)k; ++j) s += chosen[j];
+    s = rbf(s);
+    for (int j = 0; j < (int)k; ++j) w[j] = norm ? rbf(chosen[j] / s) : chosen[j];
+  } else {
+    float m = NEG_INF;
+    for (int j = 0; j < (int)k; ++j) m = fmaxf(m, chosen[j]);
+    float s = 0.f;
+    for (int j = 0; j < (int)k; ++j) s += expf(chosen[j] - m);
+    for (int j = 0; j < (int)k; ++j) w[j] = rbf(expf(chosen[j] - m) / s);
+  }
+}
+
+// The chosen experts' matrix-vector products (mv_run with sel): rows [j rpe, (j + 1) rpe) of
+// the N = k rpe rows are expert sel[j]'s rows of the stacked W [E rpe, K]. mode:
+// NORM | SWIGLU: gate/up, each expert's rows interleaved (gate_i, up_i): out[i / 2] =
+//   silu(gate_i) up_i, rounded as matvec's SwiGLU (the k activations side by side);
+// 0 with per_slot: down, slot j's input xin + j K (the activations): out[i] = W_i x (the k
+//   outputs side by side).
+// The experts are known only once moe_route has run: the first weights load after the wait.
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_experts(
+    const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, bf16_t* out,
+    const int* sel, ll N, ll K, ll bits, ll gs, ll mode, double eps, ll rpe, ll per_slot,
+    u64* trace) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[MV_WARPS];
+  Trace tr{trace, {0, 0, 0, 0}};
+  tr.mark(0);
+  pdl_wait_then_release();
+  struct None {};
+  auto pre = [&](ll, int) { return None{}; };
+  auto epi = [&](ll r0, int, const float* acc, const None&) {
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r += 2) {
+      const ll i = r0 + r;  // rows i and i + 1 (N is even)
+      if (i >= N) break;
+      if (mode & MODE_SWIGLU) {
+        const float gt = rbf(acc[r]), u = rbf(acc[r + 1]);
+        const float sg = rbf(1.f / (1.f + expf(-gt)));
+        out[i / 2] = f2bf(rbf(gt * sg) * u);
+      } else {
+        out[i] = f2bf(acc[r]);
+        out[i + 1] = f2bf(acc[r + 1]);
+      }
+    }
+  };
+  MV_DISPATCH(bits, W, SB, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
+              pre, epi, sel, rpe, per_slot != 0)
+  tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
+}
+
+// h = h + sum_j w_j y_j for the k expert outputs y (bfloat16, H each) and their weights w,
+// as mlx-lm's block computes it in bfloat16: each product rounded, their sum (float32, in
+// order) rounded, then the residual add rounded. Blocks of 256 over H.
+extern "C" __global__ void __launch_bounds__(256) moe_combine(const bf16_t* y, const float* w,
+                                                              bf16_t* h, ll H, ll k) {
+  pdl_wait_then_release();
+  const ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= H) return;
+  float s = 0.f;
+  for (int j = 0; j < (int)k; ++j) s += rbf(bf2f(y[j * H + i]) * w[j]);
+  h[i] = f2bf(bf2f(h[i]) + rbf(s));
+}
