@@ -83,7 +83,7 @@ pub(super) unsafe fn rows(
         tiles -= 1;
         // SAFETY: rows t0..t0 + mt of qx start at these offsets; the contract is forwarded.
         unsafe {
-            let q = qx.from_row(t0, cols);
+            let q = qx.rows_from(t0, cols);
             // Only the first pass prefetches: the others find the block's rows in cache.
             let pf = t0 == 0;
             let o = out.from(t0 * n);

@@ -507,7 +507,7 @@ pub fn matmul_t_each_prefetch(
                     let mt = (m - t0).min(tile);
                     // SAFETY: as above, with the inputs quantized to int16.
                     unsafe {
-                        let q = q.from_row(t0, cols);
+                        let q = q.rows_from(t0, cols);
                         if wide {
                             // As `matmul_t` picks for one input (Isa::Avx512: AVX-512 F/BW/VL
                             // checked by CpuContext).

@@ -672,7 +672,7 @@ impl QuantX16 {
     /// # Safety
     /// Rows `t0..` exist in every buffer (`h` may be null).
     #[inline]
-    pub(super) unsafe fn from_row(self, t0: usize, cols: usize) -> QuantX16 {
+    pub(super) unsafe fn rows_from(self, t0: usize, cols: usize) -> QuantX16 {
         let c = t0 * (cols / 32);
         // SAFETY: the caller's (offsets within the buffers).
         unsafe {
