@@ -238,13 +238,17 @@ type Store = (Vec<u32>, Vec<f16>, Vec<f16>, usize, usize, u32);
 /// head) and `attention_f16` at a depth, under `Int16Q8Int8`: median ms per part over the
 /// steps, and the same step with one layer's weights reused 30 times (`hot`: from cache, so
 /// what is left is compute and hand-offs). Beside it, a 2-thread read of the same bytes (the
-/// bandwidth bound). `cpu_matvec step [THREADS] [DEPTH] [STEPS]`.
+/// bandwidth bound). `cpu_matvec step [THREADS] [DEPTH] [STEPS]`; `STEP_SHAPE=360m` for
+/// SmolLM2-360M's shapes, `STEP_GROUP=64` for 4-bit groups of 64, `STEP_PAIR=1` for the pair
+/// kernel (`CpuContext::split4` false).
 fn step() -> Result<(), Box<dyn std::error::Error>> {
     let threads: usize = std::env::args().nth(2).map_or(Ok(0), |s| s.parse())?;
     let depth: usize = std::env::args().nth(3).map_or(Ok(600), |s| s.parse())?;
     let nsteps: usize = std::env::args().nth(4).map_or(Ok(60), |s| s.parse())?;
     let mut ctx = CpuContext::new(threads)?;
     ctx.activations = Activations::Int16Q8Int8;
+    // `STEP_PAIR=1`: the 4-bit products through the pair kernel (`CpuContext::split4` false).
+    ctx.split4 = std::env::var("STEP_PAIR").is_err();
     // `STEP_SHAPE=360m`: SmolLM2-360M's shapes (the official bench's Q4_0 / Q8_0 rows);
     // `STEP_GROUP=64`: the 4-bit layers in groups of 64 (an `mlx convert` g64 directory).
     let m360 = std::env::var("STEP_SHAPE").is_ok_and(|v| v == "360m");
@@ -260,8 +264,9 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
     };
     let group4: usize = std::env::var("STEP_GROUP").map_or(Ok(32), |s| s.parse())?;
     println!(
-        "shape {}, 4-bit groups of {group4}",
-        if m360 { "360m" } else { "135m" }
+        "shape {}, 4-bit groups of {group4}, {} kernel",
+        if m360 { "360m" } else { "135m" },
+        if ctx.split4 { "split" } else { "pair" }
     );
     let mut rng = Lcg(5);
     let mut mk = |rows: usize, cols: usize, bits: usize| -> Store {
