@@ -15,6 +15,10 @@
 //! many runs. `f32` (the default):
 //! float inputs (`Activations::F32`); `int16`: int16 inputs (`Int16Q8Int8`, the CPU decoder's
 //! default); `int8`: int8 inputs (`Int8`).
+//! `cpu_matvec split [THREADS]` times a decode step's 4-bit products (`matmul_t_each`, one
+//! input, `Int16Q8Int8`) at SmolLM2-135M's and SmolLM2-360M's shapes, groups of 32 and 64 with
+//! float16 scales, through the split-byte kernel (`CpuContext::split4`, the default) and the
+//! pair kernel, alternating in this process: the fastest of many runs of each, and their ratio.
 //! `cpu_matvec kgemm [THREADS] [M]` times a prompt block's GGML products (M rows, 32 by default:
 //! the CPU decoder's prefill block) at the same shapes three ways, alternating in this process:
 //! `matmul_t` (the panel kernels of `cpu::kgemm`: each weight panel decoded once to floats),
@@ -63,6 +67,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if std::env::args().nth(1).as_deref() == Some("step") {
         return step();
+    }
+    if std::env::args().nth(1).as_deref() == Some("split") {
+        return split();
     }
     let act = match std::env::args().nth(1).as_deref() {
         Some("f32") => Activations::F32,
@@ -231,20 +238,40 @@ type Store = (Vec<u32>, Vec<f16>, Vec<f16>, usize, usize, u32);
 /// head) and `attention_f16` at a depth, under `Int16Q8Int8`: median ms per part over the
 /// steps, and the same step with one layer's weights reused 30 times (`hot`: from cache, so
 /// what is left is compute and hand-offs). Beside it, a 2-thread read of the same bytes (the
-/// bandwidth bound). `cpu_matvec step [THREADS] [DEPTH] [STEPS]`.
+/// bandwidth bound). `cpu_matvec step [THREADS] [DEPTH] [STEPS]`; `STEP_SHAPE=360m` for
+/// SmolLM2-360M's shapes, `STEP_GROUP=64` for 4-bit groups of 64, `STEP_PAIR=1` for the pair
+/// kernel (`CpuContext::split4` false).
 fn step() -> Result<(), Box<dyn std::error::Error>> {
     let threads: usize = std::env::args().nth(2).map_or(Ok(0), |s| s.parse())?;
     let depth: usize = std::env::args().nth(3).map_or(Ok(600), |s| s.parse())?;
     let nsteps: usize = std::env::args().nth(4).map_or(Ok(60), |s| s.parse())?;
     let mut ctx = CpuContext::new(threads)?;
     ctx.activations = Activations::Int16Q8Int8;
-    let (hid, inter, qd, kd, layers, vocab) =
-        (576usize, 1536usize, 576usize, 192usize, 30usize, 49152usize);
-    let (nh, nkv, hd) = (9usize, 3usize, 64usize);
+    // `STEP_PAIR=1`: the 4-bit products through the pair kernel (`CpuContext::split4` false).
+    ctx.split4 = std::env::var("STEP_PAIR").is_err();
+    // `STEP_SHAPE=360m`: SmolLM2-360M's shapes (the official bench's Q4_0 / Q8_0 rows);
+    // `STEP_GROUP=64`: the 4-bit layers in groups of 64 (an `mlx convert` g64 directory).
+    let m360 = std::env::var("STEP_SHAPE").is_ok_and(|v| v == "360m");
+    let (hid, inter, qd, kd, layers, vocab) = if m360 {
+        (960usize, 2560usize, 960usize, 320usize, 32usize, 49152usize)
+    } else {
+        (576usize, 1536usize, 576usize, 192usize, 30usize, 49152usize)
+    };
+    let (nh, nkv, hd) = if m360 {
+        (15usize, 5usize, 64usize)
+    } else {
+        (9usize, 3usize, 64usize)
+    };
+    let group4: usize = std::env::var("STEP_GROUP").map_or(Ok(32), |s| s.parse())?;
+    println!(
+        "shape {}, 4-bit groups of {group4}, {} kernel",
+        if m360 { "360m" } else { "135m" },
+        if ctx.split4 { "split" } else { "pair" }
+    );
     let mut rng = Lcg(5);
     let mut mk = |rows: usize, cols: usize, bits: usize| -> Store {
         let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.next()).collect();
-        let g = rows * cols / 32;
+        let g = rows * cols / if bits == 4 { group4 } else { 32 };
         let s: Vec<f16> = (0..g).map(|_| f16::from_f32(rng.unit() * 0.1)).collect();
         let b: Vec<f16> = (0..g).map(|_| f16::from_f32(rng.unit() * 0.1)).collect();
         (words, s, b, rows, cols, bits as u32)
@@ -264,7 +291,7 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     let head_store = mk(vocab, hid, 8);
-    fn mat(s: &Store) -> Matrix<'_> {
+    fn mat(s: &Store, group4: usize) -> Matrix<'_> {
         Matrix::affine(
             &s.0,
             Floats::F16(&s.1),
@@ -272,12 +299,15 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
             s.3,
             s.4,
             s.5,
-            32,
+            if s.5 == 4 { group4 } else { 32 },
         )
         .unwrap()
     }
-    let mats: Vec<Vec<Matrix<'_>>> = stores.iter().map(|l| l.iter().map(mat).collect()).collect();
-    let head = mat(&head_store);
+    let mats: Vec<Vec<Matrix<'_>>> = stores
+        .iter()
+        .map(|l| l.iter().map(|s| mat(s, group4)).collect())
+        .collect();
+    let head = mat(&head_store, group4);
     // As the CPU decoder does with a model's weights (`MLX_CPU_HUGEPAGES=0`: not).
     let mut spans: Vec<(usize, usize)> = mats.iter().flatten().flat_map(|m| m.spans()).collect();
     spans.extend(head.spans());
@@ -843,5 +873,78 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
         totals[2],
         totals[2] as f64 / totals[0] as f64
     );
+    Ok(())
+}
+
+/// The 4-bit decode products through the split-byte and the pair kernel, alternating.
+fn split() -> Result<(), Box<dyn std::error::Error>> {
+    let threads: usize = std::env::args().nth(2).map_or(Ok(1), |s| s.parse())?;
+    let ctxs = [true, false]
+        .iter()
+        .map(|&on| {
+            let mut c = CpuContext::new(threads)?;
+            c.activations = Activations::Int16Q8Int8;
+            c.split4 = on;
+            Ok(c)
+        })
+        .collect::<mlx_core::Result<Vec<_>>>()?;
+    let mut rng = Lcg(11);
+    let mut scratch = RowsScratch::default();
+    println!("{threads} thread(s); fastest run of each kernel, ns (weight GB/s)");
+    for (shape, rows, cols) in [
+        ("135m q", 576, 576),
+        ("135m gate", 1536, 576),
+        ("135m down", 576, 1536),
+        ("360m q", 960, 960),
+        ("360m k", 320, 960),
+        ("360m gate", 2560, 960),
+        ("360m down", 960, 2560),
+    ] {
+        for group in [32usize, 64] {
+            let words: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next()).collect();
+            let groups = rows * cols / group;
+            let scales: Vec<f16> = (0..groups)
+                .map(|_| f16::from_f32(rng.unit() * 0.1))
+                .collect();
+            let biases: Vec<f16> = (0..groups)
+                .map(|_| f16::from_f32(rng.unit() * 0.1))
+                .collect();
+            let w = Matrix::affine(
+                &words,
+                Floats::F16(&scales),
+                Floats::F16(&biases),
+                rows,
+                cols,
+                4,
+                group,
+            )?;
+            let bytes = words.len() * 4 + groups * 4;
+            let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+            let mut out = vec![0f32; rows];
+            let reps = (400_000_000 / (rows * cols)).clamp(50, 3000);
+            let mut best = [u64::MAX; 2];
+            for _ in 0..reps {
+                for (k, ctx) in ctxs.iter().enumerate() {
+                    let t = std::time::Instant::now();
+                    let mut jobs = [MatJob {
+                        w: &w,
+                        bias: None,
+                        out: &mut out,
+                    }];
+                    matmul_t_each(ctx, std::hint::black_box(&x), 1, &mut jobs, &mut scratch)?;
+                    best[k] = best[k].min(t.elapsed().as_nanos() as u64);
+                }
+            }
+            println!(
+                "{shape:<10} {rows}x{cols} g{group}: split {} ns ({:.1}), pair {} ns ({:.1}), \
+                 split/pair time {:.3}",
+                best[0],
+                bytes as f64 / best[0] as f64,
+                best[1],
+                bytes as f64 / best[1] as f64,
+                best[0] as f64 / best[1] as f64
+            );
+        }
+    }
     Ok(())
 }

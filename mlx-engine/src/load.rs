@@ -228,9 +228,11 @@ pub struct LoadSpec {
     /// `--adapter-path`.
     pub adapter_path: Option<PathBuf>,
     /// A GGUF file's k-quant and other GGML-block linear weights kept as their blocks for the
-    /// CPU decoder (`GgufTensors::Blocks`) instead of dequantized, and its linear layers'
-    /// Q4_0 / Q4_1 / Q8_0 scales and biases in half precision as stored: set when the CPU
-    /// decoder is to run (the MLX forward still runs on them, dequantizing on use, with the
+    /// CPU decoder (`GgufTensors::Blocks`) instead of dequantized, and the linear layers'
+    /// quantization scales and biases in their stored dtype under the `dtype` cast (a GGUF
+    /// file's Q4_0 / Q4_1 / Q8_0 half-precision ones; an MLX affine directory's float16 or
+    /// bfloat16 ones: [`mlx_models::load::load_model_dir_as`]): set when the CPU decoder is
+    /// to run (the MLX forward still runs on them, dequantizing or widening on use, with the
     /// same bits); ignored with `adapter_path`.
     pub gguf_blocks: bool,
 }
@@ -383,7 +385,9 @@ fn load_path(
             adapters: None,
         })
     } else if path.is_dir() {
-        let (model, config, params) = mlx_models::load::load_model_dir_mtp(path, &opts, mtp)?;
+        // Loading for the CPU decoder: an affine directory's linear scales stay as stored.
+        let (model, config, params) =
+            mlx_models::load::load_model_dir_as(path, &opts, mtp, blocks)?;
         // Counted over the parameters the model took (its module tree, after `sanitize`).
         let draws = construction_draws(&config, &params).map_err(|e| e.to_string());
         let tokenizer = Tokenizer::from_dir(path).map_err(|source| LoadError::Tokenizer {

@@ -69,9 +69,26 @@ pub fn load_model_dir_mtp(
     opts: &LoadOptions,
     mtp: bool,
 ) -> Result<(Box<dyn LanguageModel>, ModelConfig, ParamShapes)> {
+    load_model_dir_as(dir, opts, mtp, false)
+}
+
+/// [`load_model_dir_mtp`]; with `keep_linear_scales`, the linear layers' quantization scales
+/// and biases keep their stored dtype under `opts.dtype`'s cast ([`Weights::keep_linear_scales`]):
+/// the loading for the CPU decoder, whose kernels read half-precision scales in place (an MLX
+/// affine directory's float16 or bfloat16 scales; the exact path gets the same bits, as MLX's
+/// `quantized_matmul` widens them to the input's dtype).
+pub fn load_model_dir_as(
+    dir: &Path,
+    opts: &LoadOptions,
+    mtp: bool,
+    keep_linear_scales: bool,
+) -> Result<(Box<dyn LanguageModel>, ModelConfig, ParamShapes)> {
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let tensors = load_weights(dir)?;
-    let weights = Weights::new(tensors, config.quantization.clone(), opts.dtype).with_mtp(mtp);
+    let mut weights = Weights::new(tensors, config.quantization.clone(), opts.dtype).with_mtp(mtp);
+    if keep_linear_scales {
+        weights = weights.keep_linear_scales();
+    }
     let (model, params) = build_with_params(&config, weights)?;
     if mtp && model.mtp().is_none() {
         return Err(crate::error::ModelError::Config(format!(

@@ -83,7 +83,8 @@ impl Weights {
 
     /// Linear layers' quantization scales and biases keep their stored dtype (a GGUF file's
     /// half-precision Q4_0 / Q4_1 / Q8_0 scales) when the other floating tensors are cast:
-    /// the loading for the CPU decoder (`GgufTensors::Blocks`), whose kernels read the
+    /// the loading for the CPU decoder (`GgufTensors::Blocks`, and an HF directory's
+    /// float16/bfloat16 scales through `load::load_model_dir_as`), whose kernels read the
     /// half-precision scales in place (a sixth fewer bytes a decode step for 4-bit rows in
     /// groups of 32). MLX's `quantized_matmul` gives the same bits with either (it widens
     /// the scales to the input's dtype, exactly). Embeddings keep the cast: their lookup

@@ -82,3 +82,53 @@ fn cached_decode_equals_one_full_forward() {
         .fold(0.0f32, f32::max);
     assert!(max_diff < 1e-4, "max |diff| {max_diff}");
 }
+
+/// Half-precision directories loaded in float32 as for the CPU decoder
+/// (`load_model_dir_as(..., keep_linear_scales)`: the linear layers' scales and biases keep
+/// their stored float16 / bfloat16, everything else is cast) give mlx-lm's float32 logits
+/// (`set_dtype(mx.float32)`, `cargo xtask goldens affine_f32`) to the last bit, as the plain
+/// float32 load does; and the scales are what the loader says.
+#[test]
+fn half_directories_loaded_for_the_cpu_decoder_match_mlx_lm_f32() {
+    use mlx_models::load::load_model_dir_as;
+    const HALF: &[(&str, Option<Dtype>)] = &[
+        ("q4_g64_f16", Some(Dtype::Float16)),
+        ("q8_g64", Some(Dtype::Float16)),
+        ("q8_g32_bf16", Some(Dtype::Bfloat16)),
+        ("dense_f16", None),
+        ("dense_bf16_untied", None),
+    ];
+    let opts = LoadOptions {
+        dtype: Some(Dtype::Float32),
+    };
+    let names: Vec<&str> = HALF.iter().map(|(n, _)| *n).collect();
+    model_check::check_all(&names, |name| {
+        let stored = HALF.iter().find(|(n, _)| *n == name).unwrap().1;
+        let golden = root().join(format!("goldens/affine_f32/{name}.safetensors"));
+        for keep in [false, true] {
+            let (mut model, _, _) =
+                load_model_dir_as(&root().join("models").join(name), &opts, false, keep)
+                    .map_err(|e| e.to_string())?;
+            model_check::check_loaded_full(model.as_ref(), &golden)
+                .map_err(|e| format!("keep_linear_scales {keep}: {e}"))?;
+            let mut seen = 0;
+            for layer in model
+                .as_trainable_mut()
+                .expect("a dense model is trainable")
+                .layer_parameters_mut()
+                .map_err(|e| e.to_string())?
+            {
+                for p in layer {
+                    if p.name.ends_with(".scales") || p.name.ends_with(".biases") {
+                        let want = if keep { stored } else { Some(Dtype::Float32) };
+                        assert_eq!(Some(p.value.dtype()), want, "{name}: {}", p.name);
+                        seen += 1;
+                    }
+                }
+            }
+            // Two layers of seven quantized linears, scales and biases each.
+            assert_eq!(seen, if stored.is_some() { 2 * 7 * 2 } else { 0 }, "{name}");
+        }
+        Ok(())
+    });
+}

@@ -1,8 +1,10 @@
-//! The products of a speculative verification pass (or a batched decode step) over 4-bit
-//! affine weights in groups of 32 with half-precision scales and biases (GGUF's Q4_0 / Q4_1
-//! as MLX loads them: SmolLM2-135M's layers), with the CPU decoder's int16 inputs on AVX-512.
+//! The products of a decode step, a speculative verification pass or a batched decode step
+//! over 4-bit affine weights in groups of 32 to 512 (32 times a power of two) with float16,
+//! bfloat16 or float32 scales and biases (GGUF's Q4_0 / Q4_1 as MLX loads them: SmolLM2-135M's
+//! layers; `mlx convert`'s g64 and g32 directories), with the CPU decoder's int16 inputs on
+//! AVX-512.
 //!
-//! Each row's sum is [`x86::dot4_512_h`](super::x86)'s, the function the one-row kernel
+//! Each row's sum is [`x86::dot4_512_any`](super::x86)'s, the function the one-row kernel
 //! (`rows_int16_512`) calls, so every input row gets the bits it gets alone (tier:
 //! bit-identical, `each_row_is_what_it_is_alone` in `batch.rs` and this file's test); up to
 //! [`WIDE_TILE`](super::x86::WIDE_TILE) inputs share one pass over each weight row (its bytes
@@ -10,7 +12,8 @@
 //! stream from memory while the rows' arithmetic runs. A weight row is ~360 bytes (codes,
 //! scales, biases), read once per pass; without a prefetch the loads of the next row only
 //! start when its sums do, so the memory time adds to the arithmetic instead of overlapping
-//! it. Here each row prefetches the one [`PREFETCH_ROWS`] ahead.
+//! it. Here each row prefetches the one [`PREFETCH_ROWS`] ahead (its codes' lines and all of its
+//! scales' and biases').
 //!
 //! The plain reference is `x86::rows_int16_512` (the same sums, no prefetch); the micro
 //! benchmark is `cargo run --release -p mlx-core --example cpu_rows -- [THREADS] [MAX_ROWS]`.
@@ -18,7 +21,10 @@
 use std::arch::x86_64::*;
 
 use super::matmul::{Floats, Kind, Matrix};
-use super::x86::{dot4_512_h, QuantX16, MAX_CHUNKS, WIDE_TILE};
+use super::x86::{
+    dot4_512_any, floats_ptr, scales_kind, split_covers, QuantX16, MAX_CHUNKS, SCALES_F32,
+    WIDE_TILE,
+};
 use super::SharedOut;
 
 /// How many weight rows ahead each row prefetches (a few rows: ~1.4 KB at SmolLM2's 576
@@ -43,20 +49,10 @@ fn pf_knobs() -> (usize, usize) {
     })
 }
 
-/// Whether [`rows`] takes `w`: 4-bit affine, groups of 32, half-precision scales and biases,
-/// at most [`MAX_CHUNKS`] chunks a row.
+/// Whether [`rows`] takes `w`: 4-bit affine in groups of 32 to 512 (32 times a power of two)
+/// with scales and biases of one float dtype, at most [`MAX_CHUNKS`] chunks a row.
 pub(super) fn supports(w: &Matrix<'_>) -> bool {
-    matches!(
-        w.kind,
-        Kind::Affine {
-            bits: 4,
-            group: 32,
-            scales: Floats::F16(_),
-            biases: Floats::F16(_),
-            ..
-        }
-    ) && w.cols() % 32 == 0
-        && w.cols() / 32 <= MAX_CHUNKS
+    split_covers(w) && w.cols() % 32 == 0 && w.cols() / 32 <= MAX_CHUNKS
 }
 
 /// Rows `r0..r1` of `out = x W^T (+ bias)` for the `m` int16-quantized inputs `qx` (as
@@ -78,7 +74,6 @@ pub(super) unsafe fn rows(
     bias: Option<Floats<'_>>,
 ) {
     let (n, cols) = (w.rows(), w.cols());
-    let chunks = cols / 32;
     // Past one tile, tiles of even size (7 rows as 4 + 3, not 6 + 1: a one-row pass over the
     // weights costs nearly what a one-row product does).
     let mut tiles = m.div_ceil(WIDE_TILE);
@@ -86,15 +81,9 @@ pub(super) unsafe fn rows(
     while t0 < m {
         let mt = (m - t0).div_ceil(tiles);
         tiles -= 1;
-        let c = t0 * chunks;
         // SAFETY: rows t0..t0 + mt of qx start at these offsets; the contract is forwarded.
         unsafe {
-            let q = QuantX16 {
-                q: qx.q.add(t0 * cols),
-                p: qx.p.add(t0 * cols),
-                d: qx.d.add(c),
-                s: qx.s.add(c),
-            };
+            let q = qx.rows_from(t0, cols);
             // Only the first pass prefetches: the others find the block's rows in cache.
             let pf = t0 == 0;
             let o = out.from(t0 * n);
@@ -124,49 +113,62 @@ unsafe fn rows_m<const MT: usize>(
 ) {
     let Kind::Affine {
         words,
-        scales: Floats::F16(sh),
-        biases: Floats::F16(bh),
+        scales,
+        biases,
         bits: 4,
-        group: 32,
+        group,
     } = w.kind
     else {
         return;
     };
+    let Some(kind) = scales_kind(scales, biases) else {
+        return;
+    };
     let (rows, cols) = (w.rows(), w.cols());
     let chunks = cols / 32;
+    let groups = cols / group;
+    let shift = (group / 32).trailing_zeros();
+    let esz = if kind == SCALES_F32 { 4 } else { 2 };
     let row_bytes = cols / 2;
     let bytes = words.as_ptr() as *const u8;
+    let (sp, bp) = (floats_ptr(scales), floats_ptr(biases));
     assert!(
-        r1 <= rows && sh.len() >= rows * chunks && bh.len() >= rows * chunks,
+        r1 <= rows && scales.len() >= rows * groups && biases.len() >= rows * groups,
         "affine_rows: rows {r0}..{r1} of {rows}, scales out of range"
     );
-    // SAFETY (whole body): rows r0..r1 lie within `words`, `sh` and `bh` (Matrix::affine's
-    // checks and the assert); prefetches are hints and only name rows that exist; the
-    // contract of `dot4_512_h` is `rows`'.
+    // SAFETY (whole body): rows r0..r1 lie within `words`, the scales and the biases
+    // (Matrix::affine's checks and the assert); prefetches are hints and only name rows that
+    // exist; the contract of `dot4_512_any` is `rows`'.
     unsafe {
-        // The lines of weight row `r` (codes, scales, biases) on their way to L1.
-        let fetch = |r: usize| {
+        // The lines of weight row `r` (codes, scales, biases) on their way to L1 (`T0`) or L2.
+        let lines = |r: usize, hint: i32| {
             let p = bytes.add(r * row_bytes) as *const i8;
+            let pre = |p: *const i8| {
+                if hint == 0 {
+                    _mm_prefetch::<_MM_HINT_T0>(p)
+                } else {
+                    _mm_prefetch::<_MM_HINT_T1>(p)
+                }
+            };
             let mut o = 0;
             while o < row_bytes {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(o));
+                pre(p.add(o));
                 o += 64;
             }
-            _mm_prefetch::<_MM_HINT_T0>(p.add(row_bytes - 1));
-            _mm_prefetch::<_MM_HINT_T0>(sh.as_ptr().add(r * chunks) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(bh.as_ptr().add(r * chunks) as *const i8);
-        };
-        let far = |r: usize| {
-            let p = bytes.add(r * row_bytes) as *const i8;
-            let mut o = 0;
-            while o < row_bytes {
-                _mm_prefetch::<_MM_HINT_T1>(p.add(o));
-                o += 64;
+            pre(p.add(row_bytes - 1));
+            let sb = groups * esz;
+            for base in [sp, bp] {
+                let q = base.add(r * sb) as *const i8;
+                let mut o = 0;
+                while o < sb {
+                    pre(q.add(o));
+                    o += 64;
+                }
+                pre(q.add(sb - 1));
             }
-            _mm_prefetch::<_MM_HINT_T1>(p.add(row_bytes - 1));
-            _mm_prefetch::<_MM_HINT_T1>(sh.as_ptr().add(r * chunks) as *const i8);
-            _mm_prefetch::<_MM_HINT_T1>(bh.as_ptr().add(r * chunks) as *const i8);
         };
+        let fetch = |r: usize| lines(r, 0);
+        let far = |r: usize| lines(r, 1);
         let (ahead, far_ahead) = pf_knobs();
         if prefetch {
             // The block's first rows at once (the loop below reaches each row ahead of it).
@@ -175,8 +177,8 @@ unsafe fn rows_m<const MT: usize>(
             }
         }
         for r in r0..r1 {
-            let s0 = sh.as_ptr().add(r * chunks) as *const u16;
-            let b0 = bh.as_ptr().add(r * chunks) as *const u16;
+            let s0 = sp.add(r * groups * esz);
+            let b0 = bp.add(r * groups * esz);
             let rb = bytes.add(r * row_bytes);
             if prefetch && r + ahead < rows {
                 fetch(r + ahead);
@@ -184,7 +186,7 @@ unsafe fn rows_m<const MT: usize>(
             if prefetch && far_ahead > 0 && r + far_ahead < rows {
                 far(r + far_ahead);
             }
-            let v = dot4_512_h::<MT>(rb, s0, b0, chunks, qx);
+            let v = dot4_512_any::<MT>(kind, rb, s0, b0, chunks, shift, qx);
             let b = bias.map_or(0.0, |b| b.get(r));
             for (t, v) in v.iter().enumerate() {
                 out.write(t * rows + r, v + b);

@@ -23,6 +23,8 @@ use crate::{Error, Result};
 pub struct RowsScratch {
     q16: Vec<i16>,
     p16: Vec<i16>,
+    /// The int16 codes split into bytes (`x86::split_x16`) for the AVX-512 4-bit kernel.
+    h16: Vec<u8>,
     q8: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
@@ -372,12 +374,35 @@ pub fn matmul_t_each_prefetch(
                 super::x86::quantize_x16(x, &mut scratch.q16, &mut scratch.d, &mut scratch.s)
             };
             scratch.p16.resize(m * cols, 0);
-            super::x86::permute_x16(&scratch.q16, cols, &mut scratch.p16);
+            // The permuted codes only where a 512-bit kernel reads them (on AVX2 the int16
+            // kernels read the natural order; on AVX-512 the split bytes serve the 4-bit rows
+            // of `split_covers`).
+            let avx512 = ctx.isa == Isa::Avx512;
+            let split = avx512 && ctx.split4;
+            if avx512
+                && jobs
+                    .iter()
+                    .zip(&paths)
+                    .any(|(j, &k)| k == Path::Int16 && super::x86::needs_permuted(j.w, split))
+            {
+                super::x86::permute_x16(&scratch.q16, cols, &mut scratch.p16);
+            }
+            // The 512-bit 4-bit kernel's split bytes (`dot4_512_s`).
+            let hs = super::x86::split_stride(cols);
+            let h = if split {
+                scratch.h16.resize(m * hs, 0);
+                super::x86::split_x16(&scratch.q16, cols, &mut scratch.h16);
+                scratch.h16.as_ptr()
+            } else {
+                std::ptr::null()
+            };
             b = Some(super::x86::QuantX16 {
                 q: scratch.q16.as_ptr(),
                 p: scratch.p16.as_ptr(),
                 d: scratch.d.as_ptr(),
                 s: scratch.s.as_ptr(),
+                h,
+                hs,
             });
         }
         (a, b, n, p)
@@ -480,15 +505,9 @@ pub fn matmul_t_each_prefetch(
                 let mut t0 = 0;
                 while t0 < m {
                     let mt = (m - t0).min(tile);
-                    let c = t0 * cols / 32;
                     // SAFETY: as above, with the inputs quantized to int16.
                     unsafe {
-                        let q = super::x86::QuantX16 {
-                            q: q.q.add(t0 * cols),
-                            p: q.p.add(t0 * cols),
-                            d: q.d.add(c),
-                            s: q.s.add(c),
-                        };
+                        let q = q.rows_from(t0, cols);
                         if wide {
                             // As `matmul_t` picks for one input (Isa::Avx512: AVX-512 F/BW/VL
                             // checked by CpuContext).

@@ -456,12 +456,28 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
                         &mut b.s[..chunks],
                     )
                 };
-                super::x86::permute_x16(&b.q[..m * cols], cols, &mut b.p[..m * cols]);
+                // The permuted codes only where a 512-bit kernel reads them (see
+                // `matmul_t_each`), and the split bytes of the 512-bit 4-bit kernel
+                // (`dot4_512_s`), as `matmul_t_each` makes them (the same sums each input).
+                let split = isa == Isa::Avx512 && ctx.split4;
+                if isa == Isa::Avx512 && jobs.iter().any(|j| super::x86::needs_permuted(j.w, split))
+                {
+                    super::x86::permute_x16(&b.q[..m * cols], cols, &mut b.p[..m * cols]);
+                }
+                let hs = super::x86::split_stride(cols);
+                let h = if split {
+                    super::x86::split_x16(&b.q[..m * cols], cols, &mut b.h[..m * hs]);
+                    b.h.as_ptr()
+                } else {
+                    std::ptr::null()
+                };
                 let q = super::x86::QuantX16 {
                     q: b.q.as_ptr(),
                     p: b.p.as_ptr(),
                     d: b.d.as_ptr(),
                     s: b.s.as_ptr(),
+                    h,
+                    hs,
                 };
                 (None, Some(q))
             }
@@ -518,6 +534,8 @@ struct QBuf {
 struct QBuf16 {
     q: [i16; INT8_MAX_M * super::x86::MAX_BUF],
     p: [i16; INT8_MAX_M * super::x86::MAX_BUF],
+    /// `q` split into bytes, rows padded to whole quads of chunks (`x86::split_x16`).
+    h: [u8; INT8_MAX_M * (super::x86::MAX_BUF + 128) * 2],
     d: [f32; INT8_MAX_M * super::x86::MAX_BUF / 32],
     s: [f32; INT8_MAX_M * super::x86::MAX_BUF / 32],
 }

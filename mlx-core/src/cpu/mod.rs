@@ -158,6 +158,11 @@ pub struct CpuContext {
     pub isa: Isa,
     /// Float32 by default.
     pub activations: Activations,
+    /// The 4-bit products over int16 inputs on AVX-512 through the split-byte kernel
+    /// (`x86::dot4_512_s`: the inputs' codes as high and low bytes, `vpdpbusd`), the default;
+    /// false: the pair kernel (`x86::dot4_512_g`, `vpmaddwd` + `vpdpwssd`), the same integer
+    /// sums scaled in another order. For measuring the two side by side.
+    pub split4: bool,
 }
 
 impl CpuContext {
@@ -183,6 +188,7 @@ impl CpuContext {
             pool: ThreadPool::new(threads)?,
             isa,
             activations: Activations::F32,
+            split4: true,
         })
     }
 }

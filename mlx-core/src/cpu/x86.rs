@@ -653,12 +653,99 @@ pub(super) unsafe fn rows_q4_int8(
 /// row and chunk of 32 values a scale `d = max|x| / 32767` and the codes `round(x / d)` in
 /// their natural order; `s` is the chunk's float sum (what the rows' biases multiply); `p`
 /// the same codes in [`permute_x16`]'s order (what the 512-bit 4-bit kernel reads).
+///
+/// `h` (null where not made): the same codes in [`split_x16`]'s layout, `hs` bytes a row (what
+/// the 512-bit 4-bit kernel [`dot4_512_s`] reads).
 #[derive(Clone, Copy)]
 pub(super) struct QuantX16 {
     pub(super) q: *const i16,
     pub(super) p: *const i16,
     pub(super) d: *const f32,
     pub(super) s: *const f32,
+    pub(super) h: *const u8,
+    pub(super) hs: usize,
+}
+
+impl QuantX16 {
+    /// The inputs from row `t0` on (their codes, scales and sums; `cols` values a row).
+    ///
+    /// # Safety
+    /// Rows `t0..` exist in every buffer (`h` may be null).
+    #[inline]
+    pub(super) unsafe fn rows_from(self, t0: usize, cols: usize) -> QuantX16 {
+        let c = t0 * (cols / 32);
+        // SAFETY: the caller's (offsets within the buffers).
+        unsafe {
+            QuantX16 {
+                q: self.q.add(t0 * cols),
+                p: self.p.add(t0 * cols),
+                d: self.d.add(c),
+                s: self.s.add(c),
+                h: if self.h.is_null() {
+                    self.h
+                } else {
+                    self.h.add(t0 * self.hs)
+                },
+                hs: self.hs,
+            }
+        }
+    }
+}
+
+/// Whether the 512-bit int16 kernels take `w`'s rows through [`dot4_512_any`] (4-bit affine
+/// in groups of 32 to 512 with scales and biases of one dtype): the others of 4 bits read
+/// the inputs' [`permute_x16`] codes.
+pub(super) fn split_covers(w: &Matrix<'_>) -> bool {
+    matches!(w.kind, Kind::Affine { bits: 4, group, scales, biases, .. }
+        if group % 32 == 0 && (group / 32).is_power_of_two() && group <= 512
+            && scales_kind(scales, biases).is_some())
+}
+
+/// Whether the 512-bit int16 kernel reads [`permute_x16`]'s codes for `w`: 4-bit rows that
+/// [`split_covers`] leaves out, or all 4-bit rows when the inputs are not `split` (no
+/// [`split_x16`] bytes: [`dot4_512_g`]).
+pub(super) fn needs_permuted(w: &Matrix<'_>, split: bool) -> bool {
+    matches!(w.kind, Kind::Affine { bits: 4, .. }) && !(split && split_covers(w))
+}
+
+/// Bytes a row of `cols` int16 codes takes in [`split_x16`]'s layout (whole quads of chunks).
+pub(super) fn split_stride(cols: usize) -> usize {
+    (cols / 32).div_ceil(4) * 256
+}
+
+/// The int16 codes `q` (rows of `cols`, a multiple of 32) split into bytes for [`dot4_512_s`]:
+/// each code `x = 256 * hi + lo` (`hi = x >> 8` signed, `lo = x & 255` unsigned; exact). Per
+/// row, quads of four chunks (the last padded with zeros) of 256 bytes: the `hi` bytes of
+/// the codes at even positions, `hi` at odd positions, `lo` at even, `lo` at odd (64 each:
+/// 16 per chunk, in chunk order). A quad of 4-bit weight chunks (64 bytes) masked to its low
+/// nibbles (even positions) or shifted to its high ones (odd) then meets them byte for byte.
+pub(super) fn split_x16(q: &[i16], cols: usize, h: &mut [u8]) {
+    if super::Isa::Avx512.available() {
+        // SAFETY: the CPU has AVX-512 F/BW/VL (checked).
+        unsafe { split_x16_512(q, cols, h) };
+        return;
+    }
+    split_x16_scalar(q, cols, h);
+}
+
+/// [`split_x16`] in portable code.
+fn split_x16_scalar(q: &[i16], cols: usize, h: &mut [u8]) {
+    let chunks = cols / 32;
+    let stride = split_stride(cols);
+    for (rq, rh) in q.chunks_exact(cols).zip(h.chunks_exact_mut(stride)) {
+        rh[chunks / 4 * 256..].fill(0);
+        for c in 0..chunks {
+            let base = c / 4 * 256 + c % 4 * 16;
+            let x = &rq[c * 32..c * 32 + 32];
+            for j in 0..16 {
+                let (e, o) = (x[2 * j], x[2 * j + 1]);
+                rh[base + j] = (e >> 8) as u8;
+                rh[base + 64 + j] = (o >> 8) as u8;
+                rh[base + 128 + j] = e as u8;
+                rh[base + 192 + j] = o as u8;
+            }
+        }
+    }
 }
 
 /// The int16 codes `q` (rows of `cols`, a multiple of 32) reordered for [`dot4_512`]: in each
@@ -764,19 +851,49 @@ unsafe fn dot4_512<const MT: usize>(
     }
 }
 
+/// [`split_x16`] a chunk at a time in 512-bit registers (the same bytes).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn split_x16_512(q: &[i16], cols: usize, h: &mut [u8]) {
+    let chunks = cols / 32;
+    let stride = split_stride(cols);
+    for (rq, rh) in q.chunks_exact(cols).zip(h.chunks_exact_mut(stride)) {
+        rh[chunks / 4 * 256..].fill(0);
+        assert!(rq.len() >= chunks * 32 && rh.len() >= chunks.div_ceil(4) * 256);
+        // SAFETY: chunk c reads rq[32c..32c + 32] and writes 16 bytes at four offsets below
+        // (c / 4 + 1) * 256, all in bounds (the assert).
+        unsafe {
+            for c in 0..chunks {
+                let v = _mm512_loadu_si512(rq.as_ptr().add(c * 32) as *const _);
+                // The codes at even positions are the low halves of the 32-bit lanes, the odd
+                // ones the high halves.
+                let e = _mm512_cvtepi32_epi16(v);
+                let o = _mm512_cvtepi32_epi16(_mm512_srai_epi32::<16>(v));
+                let d = rh.as_mut_ptr().add(c / 4 * 256 + c % 4 * 16);
+                let put = |off: usize, x: __m128i| _mm_storeu_si128(d.add(off) as *mut __m128i, x);
+                put(0, _mm256_cvtepi16_epi8(_mm256_srai_epi16::<8>(e)));
+                put(64, _mm256_cvtepi16_epi8(_mm256_srai_epi16::<8>(o)));
+                put(128, _mm256_cvtepi16_epi8(e));
+                put(192, _mm256_cvtepi16_epi8(o));
+            }
+        }
+    }
+}
+
 /// [`dot4_512`] for a row in groups of 32 with half-precision scales and biases (`s0`, `b0`:
 /// the row's `chunks` of each), its factors kept in registers instead of a stack buffer: the
 /// bias term first (bias times the input's float sum, 16 chunks at a time), then per block of
 /// 16 chunks the factors (scale times input scale) in one register per input, each pair's
 /// two picked out by one permute. The same operations in the same order as the buffered
 /// version (bit-identical sums); a store of the factors followed by narrow reloads of them
-/// stalled store forwarding.
+/// stalled store forwarding. [`dot4_512_g`] with float16 scales and groups of 32.
 ///
 /// # Safety
 /// As [`dot4_512`], with `s0` and `b0` holding `chunks` halves each and `qx` `MT` rows of
 /// `chunks` scales and sums.
 #[inline]
-#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn dot4_512_h<const MT: usize>(
     rb: *const u8,
@@ -785,8 +902,78 @@ pub(super) unsafe fn dot4_512_h<const MT: usize>(
     chunks: usize,
     qx: QuantX16,
 ) -> [f32; MT] {
+    // SAFETY: forwarded contract (groups of 32: `chunks` halves of each).
+    unsafe { dot4_512_g::<MT, SCALES_F16>(rb, s0 as *const u8, b0 as *const u8, chunks, 0, qx) }
+}
+
+/// The scale dtypes of [`dot4_512_g`]: float16, bfloat16, float32.
+pub(super) const SCALES_F16: u8 = 0;
+pub(super) const SCALES_BF16: u8 = 1;
+pub(super) const SCALES_F32: u8 = 2;
+
+/// The [`dot4_512_g`] scale dtype of an affine matrix's scales and biases (`None` where the
+/// two differ).
+pub(super) fn scales_kind(scales: Floats<'_>, biases: Floats<'_>) -> Option<u8> {
+    match (scales, biases) {
+        (Floats::F16(_), Floats::F16(_)) => Some(SCALES_F16),
+        (Floats::Bf16(_), Floats::Bf16(_)) => Some(SCALES_BF16),
+        (Floats::F32(_), Floats::F32(_)) => Some(SCALES_F32),
+        _ => None,
+    }
+}
+
+/// The address of a float array's first element, as bytes.
+pub(super) fn floats_ptr(f: Floats<'_>) -> *const u8 {
+    match f {
+        Floats::F32(s) => s.as_ptr() as *const u8,
+        Floats::F16(s) => s.as_ptr() as *const u8,
+        Floats::Bf16(s) => s.as_ptr() as *const u8,
+    }
+}
+
+/// Up to 16 scales of dtype `K` from element `i` of `p` (the lanes of `mask`; the others 0),
+/// widened to float32 (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load_scales16<const K: u8>(p: *const u8, i: usize, mask: __mmask16) -> __m512 {
+    // SAFETY: the caller's: the masked lanes lie within the array (masked-off lanes read
+    // nothing).
+    unsafe {
+        match K {
+            SCALES_F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                mask,
+                (p as *const u16).add(i) as *const _,
+            )),
+            SCALES_BF16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_maskz_loadu_epi16(mask, (p as *const u16).add(i) as *const _),
+            ))),
+            _ => _mm512_maskz_loadu_ps(mask, (p as *const f32).add(i)),
+        }
+    }
+}
+
+/// [`dot4_512_h`] for a row in groups of `32 << shift` values (`shift` at most 4) with scales
+/// and biases of dtype `K` (`s0`, `b0`: the row's `chunks >> shift` of each): per block of 16
+/// chunks the block's scales (and biases) loaded once and spread to their chunks by one
+/// permute, so a group of 64 costs what a group of 32 does and reads half the scales. With
+/// float16 scales and `shift` 0, `dot4_512_h` (the same operations).
+///
+/// # Safety
+/// As [`dot4_512`], with `chunks` a multiple of `1 << shift`, `s0` and `b0` holding
+/// `chunks >> shift` values of dtype `K` each and `qx` `MT` rows of `chunks` scales and sums.
+#[inline]
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot4_512_g<const MT: usize, const K: u8>(
+    rb: *const u8,
+    s0: *const u8,
+    b0: *const u8,
+    chunks: usize,
+    shift: u32,
+    qx: QuantX16,
+) -> [f32; MT] {
     // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
-    // row's last chunk read nothing).
+    // row's last chunk or group read nothing).
     unsafe {
         let mask_of = |k: usize| -> __mmask16 {
             if k == 16 {
@@ -795,11 +982,27 @@ pub(super) unsafe fn dot4_512_h<const MT: usize>(
                 (1u16 << k) - 1
             }
         };
+        // Lane l of a block's chunks takes group l >> shift of the block's groups.
+        let spread = _mm512_srlv_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+            _mm512_set1_epi32(shift as i32),
+        );
+        // The block's per-chunk values of a per-group array (`c0` a multiple of 16, `k`
+        // chunks from it: `k >> shift` groups).
+        let per_chunk = |p: *const u8, c0: usize, k: usize| -> __m512 {
+            let v = load_scales16::<K>(p, c0 >> shift, mask_of(k >> shift));
+            if shift == 0 {
+                v
+            } else {
+                _mm512_permutexvar_ps(spread, v)
+            }
+        };
         let mut a0 = [_mm512_setzero_ps(); MT];
         let mut c0 = 0;
         while c0 < chunks {
-            let mask = mask_of((chunks - c0).min(16));
-            let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            let bv = per_chunk(b0, c0, k);
             for t in 0..MT {
                 let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
                 a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
@@ -816,7 +1019,7 @@ pub(super) unsafe fn dot4_512_h<const MT: usize>(
         while c0 < chunks {
             let k = (chunks - c0).min(16);
             let mask = mask_of(k);
-            let sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
+            let sv = per_chunk(s0, c0, k);
             let mut f = [_mm512_setzero_ps(); MT];
             for t in 0..MT {
                 let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
@@ -873,6 +1076,155 @@ pub(super) unsafe fn dot4_512_h<const MT: usize>(
             out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
         }
         out
+    }
+}
+
+/// [`dot4_512_g`] over the inputs' [`split_x16`] bytes (`qx.h`, `qx.hs` bytes a row; not
+/// null): a quad of chunks (64 weight bytes: 128 codes) a step, its low and high nibbles
+/// (one mask, one shift) summed against the inputs' high bytes by two `vpdpbusd`, shifted by
+/// 8 bits, then against their low bytes by two more: each int32 lane sums 4 codes of one
+/// chunk (lanes `4k..4k + 4`: chunk `k` of the quad), exactly the integer sums of the int16
+/// kernels, in 11 instructions a quad where [`dot4_512_g`] takes 18 (its `vpmovzxbw`, shift,
+/// `vpmaddwd`, `vpdpwssd`, permute and conversion a pair). Each lane is then scaled by its
+/// chunk's factor (group scale times input scale, one permute a quad). A partial last quad
+/// loads its weight bytes masked (the inputs are padded with zeros). Sums in another order
+/// than `dot4_512_g`'s (tier L3 against it: `dot4_512_s_is_dot4_512_g_up_to_rounding`).
+///
+/// # Safety
+/// As [`dot4_512_g`], with `qx.h` holding `MT` rows of `qx.hs` bytes in `split_x16`'s layout.
+#[inline]
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot4_512_s<const MT: usize, const K: u8>(
+    rb: *const u8,
+    s0: *const u8,
+    b0: *const u8,
+    chunks: usize,
+    shift: u32,
+    qx: QuantX16,
+) -> [f32; MT] {
+    // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
+    // row's last chunk or group read nothing; the split inputs are padded to whole quads).
+    unsafe {
+        let mask_of = |k: usize| -> __mmask16 {
+            if k == 16 {
+                0xffff
+            } else {
+                (1u16 << k) - 1
+            }
+        };
+        let spread = _mm512_srlv_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+            _mm512_set1_epi32(shift as i32),
+        );
+        let per_chunk = |p: *const u8, c0: usize, k: usize| -> __m512 {
+            let v = load_scales16::<K>(p, c0 >> shift, mask_of(k >> shift));
+            if shift == 0 {
+                v
+            } else {
+                _mm512_permutexvar_ps(spread, v)
+            }
+        };
+        let mut a0 = [_mm512_setzero_ps(); MT];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            let bv = per_chunk(b0, c0, k);
+            for t in 0..MT {
+                let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+                a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
+            }
+            c0 += 16;
+        }
+        let nib = _mm512_set1_epi8(0x0f);
+        // Lane l of a quad's sums belongs to its chunk l / 4.
+        let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        let zero = _mm512_setzero_si512();
+        let mut a1 = [_mm512_setzero_ps(); MT];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            let sv = per_chunk(s0, c0, k);
+            let mut f = [_mm512_setzero_ps(); MT];
+            for t in 0..MT {
+                let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+                f[t] = _mm512_mul_ps(sv, dv);
+            }
+            let step = |j: usize, acc: &mut [__m512; MT]| {
+                let c = c0 + j;
+                let n = (k - j).min(4) * 16;
+                let wv = if n == 64 {
+                    _mm512_loadu_si512(rb.add(c * 16) as *const _)
+                } else {
+                    _mm512_maskz_loadu_epi8((1u64 << n) - 1, rb.add(c * 16) as *const _)
+                };
+                let lo = _mm512_and_si512(wv, nib);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), nib);
+                let idx = _mm512_add_epi32(quad, _mm512_set1_epi32(j as i32));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xp = qx.h.add(t * qx.hs + c / 4 * 256);
+                    let ld = |o: usize| _mm512_loadu_si512(xp.add(o) as *const _);
+                    let sum = _mm512_dpbusd_epi32(zero, lo, ld(0));
+                    let sum = _mm512_dpbusd_epi32(sum, hi, ld(64));
+                    let sum = _mm512_slli_epi32::<8>(sum);
+                    let sum = _mm512_dpbusd_epi32(sum, ld(128), lo);
+                    let sum = _mm512_dpbusd_epi32(sum, ld(192), hi);
+                    let fv = _mm512_permutexvar_ps(idx, f[t]);
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
+                }
+            };
+            // c0 is a multiple of 16: quads at c % 8 == 0 go to a0, the others to a1.
+            let mut j = 0;
+            while j + 4 < k {
+                step(j, &mut a0);
+                step(j + 4, &mut a1);
+                j += 8;
+            }
+            if j < k {
+                step(j, &mut a0);
+            }
+            c0 += 16;
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+        }
+        out
+    }
+}
+
+/// [`dot4_512_s`] (where `qx.h` holds the split inputs) or [`dot4_512_g`], for scales of
+/// dtype `kind`.
+///
+/// # Safety
+/// As `dot4_512_s` / `dot4_512_g`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot4_512_any<const MT: usize>(
+    kind: u8,
+    rb: *const u8,
+    s0: *const u8,
+    b0: *const u8,
+    chunks: usize,
+    shift: u32,
+    qx: QuantX16,
+) -> [f32; MT] {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if qx.h.is_null() {
+            return match kind {
+                SCALES_F16 => dot4_512_g::<MT, SCALES_F16>(rb, s0, b0, chunks, shift, qx),
+                SCALES_BF16 => dot4_512_g::<MT, SCALES_BF16>(rb, s0, b0, chunks, shift, qx),
+                _ => dot4_512_g::<MT, SCALES_F32>(rb, s0, b0, chunks, shift, qx),
+            };
+        }
+        match kind {
+            SCALES_F16 => dot4_512_s::<MT, SCALES_F16>(rb, s0, b0, chunks, shift, qx),
+            SCALES_BF16 => dot4_512_s::<MT, SCALES_BF16>(rb, s0, b0, chunks, shift, qx),
+            _ => dot4_512_s::<MT, SCALES_F32>(rb, s0, b0, chunks, shift, qx),
+        }
     }
 }
 
@@ -1662,6 +2014,36 @@ unsafe fn rows_int16_512_m<const MT: usize>(
     let cb = 4 * bits as usize;
     let bytes = words.as_ptr() as *const u8;
     let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
+    // 4-bit rows in groups of up to 512 with scales and biases of one dtype: their factors
+    // in registers ([`dot4_512_any`]).
+    if split_covers(w) {
+        if let Some(kind) = scales_kind(scales, biases) {
+            assert!(
+                scales.len() >= r1 * groups && biases.len() >= r1 * groups,
+                "scales out of range"
+            );
+            let esz = if kind == SCALES_F32 { 4 } else { 2 };
+            let (sp, bp) = (floats_ptr(scales), floats_ptr(biases));
+            let pf = prefetch_rows(row_bytes);
+            for r in r0..r1 {
+                prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
+                // SAFETY: row r's codes and `groups` scales and biases lie within the arrays
+                // (Matrix::affine's checks and the assert); the rest is this function's
+                // contract.
+                let v = unsafe {
+                    let (s0, b0) = (sp.add(r * groups * esz), bp.add(r * groups * esz));
+                    let rb = bytes.add(r * row_bytes);
+                    dot4_512_any::<MT>(kind, rb, s0, b0, chunks, shift, qx)
+                };
+                let b = bias_of(r);
+                for t in 0..MT {
+                    // SAFETY: row r of the output is this caller's alone.
+                    unsafe { out.write(t * rows + r, v[t] + b) };
+                }
+            }
+            return;
+        }
+    }
     // SAFETY (whole body): as rows_int16_m; the per-chunk factor buffer holds chunks <=
     // MAX_GROUPS * per values per input (checked by `supports`: cols / group <= MAX_GROUPS
     // and chunks = groups * per; see the assert).
@@ -2857,6 +3239,8 @@ mod tests {
                     p: p.as_ptr(),
                     d: d.as_ptr(),
                     s: sm.as_ptr(),
+                    h: std::ptr::null(),
+                    hs: 0,
                 };
                 macro_rules! check {
                     ($mt:literal) => {{
@@ -2906,6 +3290,267 @@ mod tests {
                 check!(2);
                 check!(3);
                 check!(4);
+            }
+        }
+    }
+
+    /// [`dot4_512_g`] and [`dot4_512_s`] (over [`split_x16`]'s bytes) over groups of 32 to 256
+    /// with float16, bfloat16 and float32 scales against a float64 sum of the same terms (each chunk's integer dot product times its
+    /// group scale times the input scale, plus the group bias times the input's float sum):
+    /// within 1e-6 of the terms' magnitude (tier L3: summation order); and with float16
+    /// scales in groups of 32 it is [`dot4_512_h`] bit for bit.
+    #[test]
+    fn dot4_512_g_matches_a_float64_sum() {
+        if !super::super::Isa::Avx512.available() {
+            return;
+        }
+        let mut seed = 21u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for (chunks, shift) in [(18usize, 0u32), (18, 1), (36, 2), (48, 3), (30, 1), (64, 2)] {
+            let cols = chunks * 32;
+            let groups = chunks >> shift;
+            let bytes: Vec<u8> = (0..chunks * 16).map(|_| next() as u8).collect();
+            let sf: Vec<f32> = (0..groups)
+                .map(|_| half::f16::from_f32((next() % 1000) as f32 / 7e4).to_f32())
+                .collect();
+            let bf: Vec<f32> = (0..groups)
+                .map(|_| half::f16::from_f32((next() % 1000) as f32 / -3e4).to_f32())
+                .collect();
+            let x: Vec<f32> = (0..4 * cols)
+                .map(|_| (next() % 20001) as f32 / 1e4 - 1.0)
+                .collect();
+            let (mut q, mut d, mut sm) = (
+                vec![0i16; 4 * cols],
+                vec![0f32; 4 * chunks],
+                vec![0f32; 4 * chunks],
+            );
+            let mut p = vec![0i16; 4 * cols];
+            let sh: Vec<u16> = sf
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect();
+            let bh: Vec<u16> = bf
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect();
+            let sb: Vec<u16> = sf
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect();
+            let bb: Vec<u16> = bf
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect();
+            let sbf: Vec<f32> = sb
+                .iter()
+                .map(|&v| half::bf16::from_bits(v).to_f32())
+                .collect();
+            let bbf: Vec<f32> = bb
+                .iter()
+                .map(|&v| half::bf16::from_bits(v).to_f32())
+                .collect();
+            // SAFETY: AVX-512 (and so AVX2) checked above; the buffers have the sizes the
+            // kernels read.
+            unsafe {
+                quantize_x16(&x, &mut q, &mut d, &mut sm);
+                permute_x16(&q, cols, &mut p);
+                let qx = QuantX16 {
+                    q: q.as_ptr(),
+                    p: p.as_ptr(),
+                    d: d.as_ptr(),
+                    s: sm.as_ptr(),
+                    h: std::ptr::null(),
+                    hs: 0,
+                };
+                let hs = split_stride(cols);
+                let mut hb = vec![0u8; 4 * hs];
+                split_x16(&q, cols, &mut hb);
+                let qs = QuantX16 {
+                    h: hb.as_ptr(),
+                    hs,
+                    ..qx
+                };
+                // The float64 sum of row input `t` with scales `s` and biases `b`, and the sum
+                // of its terms' magnitudes.
+                let reference = |t: usize, s: &[f32], b: &[f32]| -> (f64, f64) {
+                    let (mut v, mut mag) = (0f64, 0f64);
+                    for c in 0..chunks {
+                        let mut dot = 0i64;
+                        for j in 0..32 {
+                            let byte = bytes[c * 16 + j / 2];
+                            let w = if j % 2 == 0 { byte & 15 } else { byte >> 4 };
+                            dot += w as i64 * q[t * cols + c * 32 + j] as i64;
+                        }
+                        let g = c >> shift;
+                        let a = dot as f64 * s[g] as f64 * d[t * chunks + c] as f64;
+                        let bt = b[g] as f64 * sm[t * chunks + c] as f64;
+                        v += a + bt;
+                        mag += a.abs() + bt.abs();
+                    }
+                    (v, mag)
+                };
+                macro_rules! check {
+                    ($mt:literal) => {{
+                        let runs: [([f32; $mt], &[f32], &[f32], &str); 6] = [
+                            (
+                                dot4_512_s::<$mt, SCALES_F16>(
+                                    bytes.as_ptr(),
+                                    sh.as_ptr() as *const u8,
+                                    bh.as_ptr() as *const u8,
+                                    chunks,
+                                    shift,
+                                    qs,
+                                ),
+                                &sf,
+                                &bf,
+                                "split f16",
+                            ),
+                            (
+                                dot4_512_s::<$mt, SCALES_BF16>(
+                                    bytes.as_ptr(),
+                                    sb.as_ptr() as *const u8,
+                                    bb.as_ptr() as *const u8,
+                                    chunks,
+                                    shift,
+                                    qs,
+                                ),
+                                &sbf,
+                                &bbf,
+                                "split bf16",
+                            ),
+                            (
+                                dot4_512_s::<$mt, SCALES_F32>(
+                                    bytes.as_ptr(),
+                                    sf.as_ptr() as *const u8,
+                                    bf.as_ptr() as *const u8,
+                                    chunks,
+                                    shift,
+                                    qs,
+                                ),
+                                &sf,
+                                &bf,
+                                "split f32",
+                            ),
+                            (
+                                dot4_512_g::<$mt, SCALES_F16>(
+                                    bytes.as_ptr(),
+                                    sh.as_ptr() as *const u8,
+                                    bh.as_ptr() as *const u8,
+                                    chunks,
+                                    shift,
+                                    qx,
+                                ),
+                                &sf,
+                                &bf,
+                                "f16",
+                            ),
+                            (
+                                dot4_512_g::<$mt, SCALES_BF16>(
+                                    bytes.as_ptr(),
+                                    sb.as_ptr() as *const u8,
+                                    bb.as_ptr() as *const u8,
+                                    chunks,
+                                    shift,
+                                    qx,
+                                ),
+                                &sbf,
+                                &bbf,
+                                "bf16",
+                            ),
+                            (
+                                dot4_512_g::<$mt, SCALES_F32>(
+                                    bytes.as_ptr(),
+                                    sf.as_ptr() as *const u8,
+                                    bf.as_ptr() as *const u8,
+                                    chunks,
+                                    shift,
+                                    qx,
+                                ),
+                                &sf,
+                                &bf,
+                                "f32",
+                            ),
+                        ];
+                        for (got, s, b, what) in runs {
+                            for t in 0..$mt {
+                                let (want, mag) = reference(t, s, b);
+                                assert!(
+                                    (got[t] as f64 - want).abs() <= 1e-6 * mag,
+                                    "{what} chunks {chunks} shift {shift} MT {} input {t}: \
+                                     {} vs {want}",
+                                    $mt,
+                                    got[t]
+                                );
+                            }
+                        }
+                        if shift == 0 {
+                            let h = dot4_512_h::<$mt>(
+                                bytes.as_ptr(),
+                                sh.as_ptr(),
+                                bh.as_ptr(),
+                                chunks,
+                                qx,
+                            );
+                            let g = dot4_512_g::<$mt, SCALES_F16>(
+                                bytes.as_ptr(),
+                                sh.as_ptr() as *const u8,
+                                bh.as_ptr() as *const u8,
+                                chunks,
+                                0,
+                                qx,
+                            );
+                            for t in 0..$mt {
+                                assert_eq!(h[t].to_bits(), g[t].to_bits());
+                            }
+                        }
+                    }};
+                }
+                check!(1);
+                check!(2);
+                check!(4);
+            }
+        }
+    }
+
+    /// [`split_x16`]'s 512-bit version writes the portable version's bytes, and the bytes
+    /// put each code back together (`256 * hi + lo`), padding zero.
+    #[test]
+    fn split_x16_bytes() {
+        if !super::super::Isa::Avx512.available() {
+            return;
+        }
+        for cols in [32usize, 64, 96, 576, 960] {
+            let q: Vec<i16> = (0..2 * cols)
+                .map(|i| ((i as i64 * 7919 + 13) % 65535 - 32767) as i16)
+                .collect();
+            let hs = split_stride(cols);
+            let (mut a, mut b) = (vec![7u8; 2 * hs], vec![9u8; 2 * hs]);
+            split_x16_scalar(&q, cols, &mut a);
+            // SAFETY: AVX-512 checked above.
+            unsafe { split_x16_512(&q, cols, &mut b) };
+            assert_eq!(a, b, "cols {cols}");
+            for r in 0..2 {
+                for i in 0..cols {
+                    let (c, j) = (i / 32, i % 32);
+                    let at =
+                        r * hs + c / 4 * 256 + c % 4 * 16 + j / 2 + if j % 2 == 1 { 64 } else { 0 };
+                    let v = 256 * (a[at] as i8 as i32) + a[at + 128] as i32;
+                    assert_eq!(v, q[r * cols + i] as i32, "cols {cols} row {r} code {i}");
+                }
+                let used = (cols / 32) / 4 * 256 + (cols / 32) % 4 * 16;
+                if (cols / 32) % 4 != 0 {
+                    for part in 0..4 {
+                        let from =
+                            r * hs + used - (cols / 32) % 4 * 16 + part * 64 + (cols / 32) % 4 * 16;
+                        let to = r * hs + used - (cols / 32) % 4 * 16 + part * 64 + 64;
+                        assert!(a[from..to].iter().all(|&v| v == 0), "padding");
+                    }
+                }
             }
         }
     }
