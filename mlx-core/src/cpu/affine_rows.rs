@@ -3,8 +3,11 @@
 //! as MLX loads them: SmolLM2-135M's layers), with the CPU decoder's int16 inputs on AVX-512.
 //!
 //! Each row's sum is [`x86::dot4_512_h`](super::x86)'s, the function the one-row kernel
-//! (`rows_int16_512`) calls, so every input row gets the bits it gets alone (tier:
-//! bit-identical, `each_row_is_what_it_is_alone` in `batch.rs` and this file's test); up to
+//! (`rows_int16_512`) calls, bit for bit, so every input row gets the bits it gets alone
+//! (tier: bit-identical, `each_row_is_what_it_is_alone` in `batch.rs` and this file's
+//! tests). It is computed by [`dot4_512_hm`], the same sums with a float read of the integer
+//! lanes in place of a conversion, which takes one operation a pair and input off the
+//! integer multiply port (`MLX_CPU_ROWS_SUMS=plain`: `dot4_512_h` itself, for measuring); up to
 //! [`WIDE_TILE`](super::x86::WIDE_TILE) inputs share one pass over each weight row (its bytes
 //! loaded and unpacked once, the rows' sums register-blocked). What this adds: the weights
 //! stream from memory while the rows' arithmetic runs. A weight row is ~360 bytes (codes,
@@ -18,7 +21,7 @@
 use std::arch::x86_64::*;
 
 use super::matmul::{Floats, Kind, Matrix};
-use super::x86::{dot4_512_h, QuantX16, MAX_CHUNKS, WIDE_TILE};
+use super::x86::{dot4_512_h, hsum, QuantX16, MAX_CHUNKS, WIDE_TILE};
 use super::SharedOut;
 
 /// How many weight rows ahead each row prefetches (a few rows: ~1.4 KB at SmolLM2's 576
@@ -41,6 +44,141 @@ fn pf_knobs() -> (usize, usize) {
             get("MLX_CPU_PF_FAR", 0),
         )
     })
+}
+
+/// `MLX_CPU_ROWS_SUMS=plain`: the rows' sums through [`dot4_512_h`] (the one-row kernel's
+/// instructions) instead of [`dot4_512_hm`] (the same bits); for measuring one against the
+/// other in one binary.
+fn plain_sums() -> bool {
+    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *P.get_or_init(|| std::env::var("MLX_CPU_ROWS_SUMS").is_ok_and(|v| v == "plain"))
+}
+
+/// The float of an int32 lane sum in `(-2^22, 2^22)` without a conversion instruction: the
+/// integer sums start from the bits of `1.5 * 2^23` ([`MAGIC_BITS`]), so the lane read as a
+/// float is `1.5 * 2^23 + sum` exactly (one unit in the last place is 1 there), and
+/// subtracting [`MAGIC`] leaves `sum`, exactly what `cvtepi32_ps` gives (a zero sum is +0
+/// both ways).
+const MAGIC_BITS: i32 = 0x4B40_0000;
+const MAGIC: f32 = 12_582_912.0;
+
+/// [`dot4_512_h`]'s sums, bit for bit, with fewer operations on the integer multiply port
+/// for each input: each pair's lane sums start from [`MAGIC_BITS`] in the first
+/// `vpdpwssd` (in place of `vpmaddwd` from zero) and become floats by one subtraction (in
+/// place of `vcvtdq2ps`). A lane sums four products of a 4-bit code (0-15) and an int16
+/// code (`|q| <= 32767`, [`quantize_x16`](super::x86)): `|sum| <= 4 * 15 * 32767 <
+/// 2^21`, inside the range where the float read is exact. On cores whose 512-bit integer
+/// multiplies and conversions share one port (Intel's), a row's work a pair was three
+/// operations on that port and is two; the subtraction goes to either floating-point port.
+///
+/// # Safety
+/// As [`dot4_512_h`].
+#[inline]
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot4_512_hm<const MT: usize>(
+    rb: *const u8,
+    s0: *const u16,
+    b0: *const u16,
+    chunks: usize,
+    qx: QuantX16,
+) -> [f32; MT] {
+    // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
+    // row's last chunk read nothing).
+    unsafe {
+        let mask_of = |k: usize| -> __mmask16 {
+            if k == 16 {
+                0xffff
+            } else {
+                (1u16 << k) - 1
+            }
+        };
+        let mut a0 = [_mm512_setzero_ps(); MT];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let mask = mask_of((chunks - c0).min(16));
+            let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+            for t in 0..MT {
+                let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+                a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
+            }
+            c0 += 16;
+        }
+        let nib = _mm512_set1_epi16(0x000f);
+        let magic = _mm512_set1_epi32(MAGIC_BITS);
+        let magic_f = _mm512_set1_ps(MAGIC);
+        // Lanes 0-7: the pair's first chunk; 8-15: its second.
+        let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let qp = qx.p;
+        let mut a1 = [_mm512_setzero_ps(); MT];
+        let mut tail = [_mm256_setzero_ps(); MT];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            let sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
+            let mut f = [_mm512_setzero_ps(); MT];
+            for t in 0..MT {
+                let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+                f[t] = _mm512_mul_ps(sv, dv);
+            }
+            let pair = |j: usize, acc: &mut [__m512; MT]| {
+                let c = c0 + j;
+                let wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256(rb.add(c * 16) as *const __m256i));
+                let lo = _mm512_and_si512(wv, nib);
+                let hi = _mm512_srli_epi16::<4>(wv);
+                let idx = _mm512_add_epi32(base, _mm512_set1_epi32(j as i32));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xp = qp.add(t * chunks * 32 + c * 32);
+                    let sum = _mm512_dpwssd_epi32(magic, lo, _mm512_loadu_si512(xp as *const _));
+                    let sum =
+                        _mm512_dpwssd_epi32(sum, hi, _mm512_loadu_si512(xp.add(32) as *const _));
+                    let fv = _mm512_permutexvar_ps(idx, f[t]);
+                    let v = _mm512_sub_ps(_mm512_castsi512_ps(sum), magic_f);
+                    *a = _mm512_fmadd_ps(v, fv, *a);
+                }
+            };
+            // c0 is a multiple of 16: pairs at c % 4 == 0 go to a0, as in `dot4_512_h`.
+            let mut j = 0;
+            while j + 4 <= k {
+                pair(j, &mut a0);
+                pair(j + 2, &mut a1);
+                j += 4;
+            }
+            if j + 2 <= k {
+                pair(j, &mut a0);
+                j += 2;
+            }
+            if j < k {
+                let c = c0 + j;
+                let wv = _mm256_cvtepu8_epi16(_mm_loadu_si128(rb.add(c * 16) as *const __m128i));
+                let lo = _mm256_and_si256(wv, _mm256_set1_epi16(0x000f));
+                let hi = _mm256_srli_epi16::<4>(wv);
+                let idx = _mm512_set1_epi32(j as i32);
+                let magic = _mm256_set1_epi32(MAGIC_BITS);
+                let magic_f = _mm256_set1_ps(MAGIC);
+                for (t, a) in tail.iter_mut().enumerate() {
+                    let xp = qp.add(t * chunks * 32 + c * 32);
+                    let sum =
+                        _mm256_dpwssd_epi32(magic, lo, _mm256_loadu_si256(xp as *const __m256i));
+                    let sum = _mm256_dpwssd_epi32(
+                        sum,
+                        hi,
+                        _mm256_loadu_si256(xp.add(16) as *const __m256i),
+                    );
+                    let fv = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, f[t]));
+                    let v = _mm256_sub_ps(_mm256_castsi256_ps(sum), magic_f);
+                    *a = _mm256_fmadd_ps(v, fv, *a);
+                }
+            }
+            c0 += 16;
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
+        }
+        out
+    }
 }
 
 /// Whether [`rows`] takes `w`: 4-bit affine, groups of 32, half-precision scales and biases,
@@ -168,6 +306,7 @@ unsafe fn rows_m<const MT: usize>(
             _mm_prefetch::<_MM_HINT_T1>(bh.as_ptr().add(r * chunks) as *const i8);
         };
         let (ahead, far_ahead) = pf_knobs();
+        let plain = plain_sums();
         if prefetch {
             // The block's first rows at once (the loop below reaches each row ahead of it).
             for r in r0..(r0 + ahead).min(r1) {
@@ -184,7 +323,11 @@ unsafe fn rows_m<const MT: usize>(
             if prefetch && far_ahead > 0 && r + far_ahead < rows {
                 far(r + far_ahead);
             }
-            let v = dot4_512_h::<MT>(rb, s0, b0, chunks, qx);
+            let v = if plain {
+                dot4_512_h::<MT>(rb, s0, b0, chunks, qx)
+            } else {
+                dot4_512_hm::<MT>(rb, s0, b0, chunks, qx)
+            };
             let b = bias.map_or(0.0, |b| b.get(r));
             for (t, v) in v.iter().enumerate() {
                 out.write(t * rows + r, v + b);
@@ -210,6 +353,114 @@ mod tests {
                 ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
             })
             .collect()
+    }
+
+    /// [`dot4_512_hm`] against [`dot4_512_h`] (the one-row kernel's sums), 1-6 inputs, bit
+    /// for bit: random codes, then the extremes of the float read's range (every nibble 15
+    /// against codes of +-32767, all of one sign, so lane sums reach +-4 * 15 * 32767), zero
+    /// sums and codes of mixed sign, over chunk counts with an unpaired chunk (17, 19) and a
+    /// partial block of 16 (18, 35). Tier: bit-identical. Skipped without AVX-512.
+    #[test]
+    fn magic_sums_are_the_plain_sums_bit_for_bit() {
+        if !Isa::Avx512.available() {
+            eprintln!("no AVX-512: dot4_512_hm is not reached here");
+            return;
+        }
+        let mut seed = 5u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as u32
+        };
+        for case in 0..5 {
+            for chunks in [1usize, 2, 17, 18, 19, 35, 48] {
+                let cols = chunks * 32;
+                let m = 6;
+                let bytes: Vec<u8> = (0..chunks * 16)
+                    .map(|_| match case {
+                        1 | 2 => 0xff,
+                        3 => 0,
+                        _ => next() as u8,
+                    })
+                    .collect();
+                let q: Vec<i16> = (0..m * cols)
+                    .map(|i| match case {
+                        1 => 32767,
+                        2 => -32767,
+                        4 => {
+                            if i % 2 == 0 {
+                                32767
+                            } else {
+                                -32767
+                            }
+                        }
+                        _ => ((next() % 65535) as i32 - 32767) as i16,
+                    })
+                    .collect();
+                let mut p = vec![0i16; m * cols];
+                crate::cpu::x86::permute_x16(&q, cols, &mut p);
+                let d: Vec<f32> = (0..m * chunks)
+                    .map(|_| (next() % 1000) as f32 / 3e6)
+                    .collect();
+                let sm: Vec<f32> = (0..m * chunks)
+                    .map(|_| (next() % 1000) as f32 / 7e2 - 0.7)
+                    .collect();
+                let sc: Vec<u16> = (0..chunks)
+                    .map(|_| half::f16::from_f32((next() % 1000) as f32 / 7e4).to_bits())
+                    .collect();
+                let bi: Vec<u16> = (0..chunks)
+                    .map(|_| half::f16::from_f32((next() % 1000) as f32 / -3e4).to_bits())
+                    .collect();
+                let qx = QuantX16 {
+                    q: q.as_ptr(),
+                    p: p.as_ptr(),
+                    d: d.as_ptr(),
+                    s: sm.as_ptr(),
+                };
+                macro_rules! check {
+                    ($mt:literal) => {{
+                        // SAFETY: AVX-512 checked above; the buffers hold `m >= $mt` rows of
+                        // `chunks` chunks (codes, permuted codes, scales, sums) and one weight
+                        // row of `chunks` chunks with its halves.
+                        let (a, b) = unsafe {
+                            (
+                                dot4_512_h::<$mt>(
+                                    bytes.as_ptr(),
+                                    sc.as_ptr(),
+                                    bi.as_ptr(),
+                                    chunks,
+                                    qx,
+                                ),
+                                dot4_512_hm::<$mt>(
+                                    bytes.as_ptr(),
+                                    sc.as_ptr(),
+                                    bi.as_ptr(),
+                                    chunks,
+                                    qx,
+                                ),
+                            )
+                        };
+                        for t in 0..$mt {
+                            assert_eq!(
+                                a[t].to_bits(),
+                                b[t].to_bits(),
+                                "case {case}, {chunks} chunks, MT {}, input {t}: {} vs {}",
+                                $mt,
+                                a[t],
+                                b[t]
+                            );
+                        }
+                    }};
+                }
+                check!(1);
+                check!(2);
+                check!(3);
+                check!(4);
+                check!(5);
+                check!(6);
+            }
+        }
     }
 
     /// Every row of 1..=8 inputs through `matmul_t_each` (this file's kernel, prefetching)
