@@ -5,9 +5,10 @@
 //! Each row's sum is [`x86::dot4_512_h`](super::x86)'s, the function the one-row kernel
 //! (`rows_int16_512`) calls, bit for bit, so every input row gets the bits it gets alone
 //! (tier: bit-identical, `each_row_is_what_it_is_alone` in `batch.rs` and this file's
-//! tests). It is computed by [`dot4_512_hm`], the same sums with a float read of the integer
-//! lanes in place of a conversion, which takes one operation a pair and input off the
-//! integer multiply port (`MLX_CPU_ROWS_SUMS=plain`: `dot4_512_h` itself, for measuring); up to
+//! tests); `MLX_CPU_ROWS_SUMS=magic` computes them by [`dot4_512_hm`] instead, the same sums
+//! with a float read of the integer lanes in place of a conversion, one operation a pair and
+//! input off the integer multiply port (off by default until an idle A/B settles it:
+//! `results/bench/2026-12-05-s27-spec/`); up to
 //! [`WIDE_TILE`](super::x86::WIDE_TILE) inputs share one pass over each weight row (its bytes
 //! loaded and unpacked once, the rows' sums register-blocked). What this adds: the weights
 //! stream from memory while the rows' arithmetic runs. A weight row is ~360 bytes (codes,
@@ -46,12 +47,12 @@ fn pf_knobs() -> (usize, usize) {
     })
 }
 
-/// `MLX_CPU_ROWS_SUMS=plain`: the rows' sums through [`dot4_512_h`] (the one-row kernel's
-/// instructions) instead of [`dot4_512_hm`] (the same bits); for measuring one against the
-/// other in one binary.
+/// Whether the rows' sums go through [`dot4_512_h`] (the one-row kernel's instructions, the
+/// default) rather than [`dot4_512_hm`] (the same bits, `MLX_CPU_ROWS_SUMS=magic`); for
+/// measuring one against the other in one binary.
 fn plain_sums() -> bool {
     static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *P.get_or_init(|| std::env::var("MLX_CPU_ROWS_SUMS").is_ok_and(|v| v == "plain"))
+    *P.get_or_init(|| std::env::var("MLX_CPU_ROWS_SUMS").map_or(true, |v| v != "magic"))
 }
 
 /// The float of an int32 lane sum in `(-2^22, 2^22)` without a conversion instruction: the
