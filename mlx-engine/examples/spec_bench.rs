@@ -94,10 +94,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cost: usize = arg("--cost", 0);
 
     let path = mlx_engine::fetch::smollm2_gguf()?;
+    // As `mlx generate` loads it for the CPU decoder (`--dtype auto`, GGUF blocks and the
+    // Q4_1 / Q8_0 half-precision scales kept): the same kernels as the command's.
     let spec = LoadSpec {
-        dtype: "f32".into(),
+        dtype: "auto".into(),
         adapter_path: None,
-        gguf_blocks: false,
+        gguf_blocks: true,
     };
     let m = load(&ModelRef::Path(path.clone()), &spec, &mut Quiet)?;
     let messages = vec![serde_json::json!({
@@ -289,9 +291,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let md = format!(
             "# Prompt-lookup speculation on the CPU decoder\n\n\
              `cargo xtask bench spec` (`mlx-engine/examples/spec_bench.rs`), release build, \
-             SmolLM2-135M-Instruct Q4_1 GGUF (`--dtype f32`, the CPU decoder's int16 \
-             activations), {} threads, prompt {} tokens (a copy-edit request over a passage with \
-             repeated spans, ChatML), at most {max_tokens} tokens, greedy, stop at EOS; prompt \
+             SmolLM2-135M-Instruct Q4_1 GGUF (loaded as `mlx generate` loads it for the CPU \
+             decoder: half-precision scales, the CPU decoder's int16 activations), {} \
+             threads, prompt {} tokens (a copy-edit request over a passage with repeated spans, ChatML), at most {max_tokens} tokens, greedy, stop at EOS; prompt \
              lookup n-gram {ngram}, up to {k} draft tokens (adaptive: {}, longest-context lookup: {}, \
              drafts capped by the matched context plus {slack}: {}) verified in one batched pass; plain = \
              the same decoder one token a step. Rounds alternate the two; decode rate = \
