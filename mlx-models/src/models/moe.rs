@@ -12,8 +12,8 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    join, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames, Norm, NormKind, Rope,
-    RopeScaling, SwitchActivation, Walk, Walkable,
+    join, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames, Norm, NormKind,
+    RmsNorm, Rope, RopeScaling, SwitchActivation, Walk, Walkable,
 };
 use crate::models::checkpoint::{layer_stack, LayerArrays};
 pub(crate) use crate::models::kit::{Attention, AttentionSpec};
@@ -541,11 +541,16 @@ impl Model {
             (l.residual_multiplier.is_some(), "a residual multiplier"),
             (a.qk_norm == QkNorm::Full, "q/k norms over all heads"),
             (a.qk_norm == QkNorm::AfterRope, "q/k norms after the rope"),
+            (
+                a.qk_norm == QkNorm::PerHeadTransposed,
+                "per-head q/k norms on the transposed heads",
+            ),
         ] {
             if present {
                 other.push(what);
             }
         }
+        other.extend(a.unusual());
         let per_head = a.qk_norm == QkNorm::PerHead;
         Some(MoeLayerView {
             input_norm: &l.input_layernorm,
@@ -556,8 +561,8 @@ impl Model {
             o: &a.o_proj,
             q_norm: a.q_norm.as_ref().filter(|_| per_head),
             k_norm: a.k_norm.as_ref().filter(|_| per_head),
-            rope: a.use_rope.then_some(&a.rope),
-            scale: a.scale,
+            rope: a.rope.as_ref(),
+            scale: a.scale(),
             other,
             ffn: match &l.ffn {
                 Ffn::Dense(m) => MoeFfnView::Dense(m),

@@ -96,6 +96,28 @@ pub(crate) struct Attention {
 }
 
 impl Attention {
+    /// The scores' scale.
+    pub(crate) fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// The options a reader of this attention's arrays (the graph decoder, through
+    /// `moe::Model::layer_view`) cannot see from its public parts, named for messages: a
+    /// value scale, per-head q/k weights, gated queries.
+    pub(crate) fn unusual(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.value_scale.is_some() {
+            v.push("a value scale");
+        }
+        if self.head_weights.is_some() {
+            v.push("per-head q/k weights");
+        }
+        if self.query_gate {
+            v.push("gated queries");
+        }
+        v
+    }
+
     /// `q_proj`, `k_proj`, `v_proj`, `o_proj` under `p` (`d` wide, `h` query and `kv` key-value
     /// heads of `hd`, with biases when `bias`), scores scaled by `scale`; no norms, no rope.
     pub(crate) fn load(
