@@ -232,6 +232,7 @@ fn requantized_like(fused: &Array, like: &QuantizedWeight) -> Result<QuantizedWe
         group_size: like.group_size,
         bits: like.bits,
         mode: like.mode,
+        lookup_dtype: None,
     })
 }
 

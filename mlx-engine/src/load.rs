@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use mlx_core::prelude::*;
 use mlx_core::DeviceType;
 use mlx_models::config::ModelConfig;
-use mlx_models::gguf::{load_gguf_model_with, GgufTensors};
+use mlx_models::gguf::{load_gguf_model_from, GgufTensors};
 use mlx_models::load::{LoadOptions, ModelInfo};
 use mlx_models::{LanguageModel, ModelError};
 use serde_json::Value;
@@ -307,6 +307,10 @@ pub fn load_mtp(
     // path does.
     let blocks = spec.gguf_blocks && spec.adapter_path.is_none();
     let mut m = load_path(&path, &spec.dtype, events, mtp, blocks)?;
+    // What loading freed (file buffers, the reader's and the tokenizer build's temporaries,
+    // arrays replaced by their cast) goes back to the system rather than staying resident
+    // in the allocator's arenas beside the weights for the whole run.
+    let _ = mlx_core::memory::release_free_memory();
     if let Some(w) = crate::stream::eos_outside_vocab(m.model.as_ref(), &m.tokenizer) {
         events.note(&w);
     }
@@ -351,7 +355,14 @@ fn load_path(
         } else {
             GgufTensors::Auto
         };
-        let (model, g) = load_gguf_model_with(path, &opts, how)?;
+        // The tokenizer is built from the header before any tensor is read: its build's
+        // transient memory (tens of MB for a 49k-token BPE) is then free again when the
+        // weights arrive, instead of adding to the weights' peak. Its error still comes after
+        // the model's, as when it was built last.
+        let header = mlx_models::gguf::read_gguf_header_of(path)?;
+        let tokenizer = tokenizer_data(&header.metadata).and_then(|t| t.build());
+        let _ = mlx_core::memory::release_free_memory();
+        let (model, g) = load_gguf_model_from(path, Some(header), &opts, how)?;
         let mut all = shapes(&g.tensors);
         all.extend(
             g.blocks
@@ -363,10 +374,7 @@ fn load_path(
             path: path.to_path_buf(),
             source,
         };
-        let mut tokenizer = tokenizer_data(&g.metadata)
-            .map_err(tok_err)?
-            .build()
-            .map_err(tok_err)?;
+        let mut tokenizer = tokenizer.map_err(tok_err)?;
         if tokenizer.has_chat_template() {
             tokenizer.set_chat_template_origin(format!(
                 "{}: GGUF metadata `tokenizer.chat_template`",

@@ -62,7 +62,9 @@ fn smollm2_gguf_f32_matches_mlx_lm() {
 }
 
 /// Loaded as for the CPU decoder (`GgufTensors::Blocks`: the linear layers' Q4_1 scales and
-/// biases keep their half precision under the float32 cast, the embedding's are cast): the
+/// biases and the embedding's Q8_0 ones keep their half precision under the float32 cast; an
+/// embedding lookup widens the gathered rows, the tied head's `quantized_matmul` widens them
+/// itself): the
 /// exact path's logits are still mlx-lm's float32 ones to the last bit, and the scales are
 /// what the loader says.
 #[test]
@@ -85,6 +87,20 @@ fn smollm2_gguf_f32_cpu_decoder_load_matches_mlx_lm() {
         }
     }
     assert_eq!(seen, 30 * 7 * 2);
+    // The embedding (also the tied head) keeps its scales too: no float32 copy of them.
+    let mut top = 0;
+    for (name, m) in trainable.top_modules_mut() {
+        if let mlx_models::models::TopModuleMut::Embedding(
+            mlx_models::layers::Embedding::Quantized(q),
+        ) = m
+        {
+            assert_eq!(q.scales.dtype(), Dtype::Float16, "{name}");
+            assert_eq!(q.biases.as_ref().unwrap().dtype(), Dtype::Float16, "{name}");
+            assert_eq!(q.lookup_dtype, Some(Dtype::Float32), "{name}");
+            top += 1;
+        }
+    }
+    assert_eq!(top, 1);
 }
 
 #[test]

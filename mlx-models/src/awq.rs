@@ -171,6 +171,7 @@ fn quantized_weight(w: &Array, group_size: i32, bits: i32) -> Result<QuantizedWe
         group_size,
         bits,
         mode: QuantMode::Affine,
+        lookup_dtype: None,
     })
 }
 

@@ -442,13 +442,44 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
     read_gguf_with(path, GgufTensors::Auto)
 }
 
+/// The header (metadata and tensor infos, no tensor data) of the GGUF file at `path`, with
+/// this crate's error naming the file: what [`read_gguf_from`] and [`load_gguf_model_from`]
+/// take.
+pub fn read_gguf_header_of(path: &Path) -> Result<mlx_core::io::GgufHeader> {
+    read_gguf_header(path).map_err(|e| gguf_err(path, e))
+}
+
 /// [`read_gguf`] with the tensors obtained as `how` says.
 pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
-    // The header is read once here; MLX's own reader parses the file for its tensors.
+    let header = match how {
+        // MLX's own reader parses the file itself.
+        GgufTensors::Mlx => None,
+        _ => Some(read_gguf_header_of(path)?),
+    };
+    read_gguf_from(path, header, how)
+}
+
+/// [`read_gguf_with`] on a header already read by [`read_gguf_header`] (`None` only with
+/// [`GgufTensors::Mlx`], whose reader parses the file itself; a header given to it is
+/// unused): a caller that needs the metadata first (the tokenizer, built before any tensor
+/// is read so that its transient memory is gone before the weights arrive) reads the header
+/// once.
+pub fn read_gguf_from(
+    path: &Path,
+    header: Option<mlx_core::io::GgufHeader>,
+    how: GgufTensors,
+) -> Result<GgufModel> {
+    let header = match (how, header) {
+        (GgufTensors::Mlx, _) => None,
+        (_, Some(h)) => Some(h),
+        (_, None) => Some(read_gguf_header_of(path)?),
+    };
     let mut kept = Vec::new();
-    let (raw, metadata) = match how {
-        GgufTensors::Blocks => {
-            let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
+    let (raw, metadata) = match (how, header) {
+        (GgufTensors::Mlx, _) | (_, None) => {
+            load_gguf(path, None).map_err(|e| gguf_err(path, e))?
+        }
+        (GgufTensors::Blocks, Some(header)) => {
             if all_native(&header) {
                 // As `Auto`: MLX's affine triples, which the CPU decoder reads.
                 native_streamed(path, header)?
@@ -464,16 +495,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 (raw, metadata)
             }
         }
-        GgufTensors::Auto => {
-            let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
+        (GgufTensors::Auto, Some(header)) => {
             if all_native(&header) {
                 native_streamed(path, header)?
             } else {
                 dequantized_with(path, header)?
             }
         }
-        GgufTensors::Dequantize => read_gguf_dequantized(path)?,
-        GgufTensors::Mlx => load_gguf(path, None).map_err(|e| gguf_err(path, e))?,
+        (GgufTensors::Dequantize, Some(header)) => dequantized_with(path, header)?,
     };
     let arch_name = meta_str(&metadata, "general.architecture").unwrap_or("");
     if let Some((_, why)) = GGUF_ENCODERS.iter().find(|(a, _)| *a == arch_name) {
@@ -1072,7 +1101,17 @@ pub fn load_gguf_model_with(
     opts: &LoadOptions,
     how: GgufTensors,
 ) -> Result<(Box<dyn LanguageModel>, GgufModel)> {
-    let g = read_gguf_with(path, how)?;
+    load_gguf_model_from(path, None, opts, how)
+}
+
+/// [`load_gguf_model_with`] on a header already read ([`read_gguf_from`]).
+pub fn load_gguf_model_from(
+    path: &Path,
+    header: Option<mlx_core::io::GgufHeader>,
+    opts: &LoadOptions,
+    how: GgufTensors,
+) -> Result<(Box<dyn LanguageModel>, GgufModel)> {
+    let g = read_gguf_from(path, header, how)?;
     let mut weights = Weights::new(g.tensors.clone(), None, opts.dtype).with_ggml(g.blocks.clone());
     if how == GgufTensors::Blocks {
         // Loading for the CPU decoder: its kernels read the half-precision scales in place.

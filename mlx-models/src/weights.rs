@@ -87,11 +87,23 @@ impl Weights {
     /// float16/bfloat16 scales through `load::load_model_dir_as`), whose kernels read the
     /// half-precision scales in place (a sixth fewer bytes a decode step for 4-bit rows in
     /// groups of 32). MLX's `quantized_matmul` gives the same bits with either (it widens
-    /// the scales to the input's dtype, exactly). Embeddings keep the cast: their lookup
-    /// (`dequantize`) computes in the scales' dtype.
+    /// the scales to the input's dtype, exactly). Quantized embeddings keep theirs too
+    /// ([`crate::layers::QuantizedWeight::load_embedding`]): their lookup (`dequantize`, which
+    /// computes in the scales' dtype) widens the gathered rows first, so no float32 copy of
+    /// the table's scales is made.
     pub fn keep_linear_scales(mut self) -> Self {
         self.keep_linear_scales = true;
         self
+    }
+
+    /// Whether [`Weights::keep_linear_scales`] was asked for.
+    pub fn keeps_linear_scales(&self) -> bool {
+        self.keep_linear_scales
+    }
+
+    /// The dtype floating tensors are cast to as they are taken (`None`: stored dtypes).
+    pub fn cast_dtype(&self) -> Option<Dtype> {
+        self.dtype
     }
 
     /// [`Weights::take`] for a quantized linear layer's scales or biases: uncast under

@@ -45,7 +45,7 @@ impl Embedding {
             return Ok(Embedding::Ggml(Box::new(g)));
         }
         match q {
-            Some(q) => Ok(Embedding::Quantized(QuantizedWeight::load(
+            Some(q) => Ok(Embedding::Quantized(QuantizedWeight::load_embedding(
                 w, path, num, dims, &q,
             )?)),
             None => Ok(Embedding::Dense(
@@ -78,10 +78,19 @@ impl Embedding {
             Embedding::Ggml(g) => g.rows_of(ids),
             Embedding::Quantized(q) => {
                 let rows = |a: &Array| ops::take(a, ids, 0, None);
-                let biases = q.biases.as_ref().map(rows).transpose()?;
+                // Scales kept in their stored dtype are widened row by row (exactly) to the
+                // dtype they would have been cast to at load.
+                let factors = |a: &Array| -> Result<Array> {
+                    let r = rows(a)?;
+                    match q.lookup_dtype {
+                        Some(d) if r.dtype() != d => Ok(r.astype(d)?),
+                        _ => Ok(r),
+                    }
+                };
+                let biases = q.biases.as_ref().map(factors).transpose()?;
                 Ok(quantized::dequantize(
                     &rows(&q.weight)?,
-                    &rows(&q.scales)?,
+                    &factors(&q.scales)?,
                     biases.as_ref(),
                     q.group_size,
                     q.bits,

@@ -19,6 +19,12 @@ pub struct QuantizedWeight {
     pub group_size: i32,
     pub bits: i32,
     pub mode: QuantMode,
+    /// The dtype an embedding lookup widens the gathered rows' `scales` and `biases` to before
+    /// dequantizing them: set when they were kept in their stored dtype under a load's cast
+    /// (an embedding loaded under [`Weights::keep_linear_scales`]), so the rows come out
+    /// bit for bit as from scales cast at load (widening is exact), at the cast's dtype,
+    /// without a second copy of the table's scales. `None`: dequantize in the scales' dtype.
+    pub lookup_dtype: Option<Dtype>,
 }
 
 impl QuantizedWeight {
@@ -76,6 +82,28 @@ impl QuantizedWeight {
         Self::load_as(w, path, rows, cols, q, true)
     }
 
+    /// [`QuantizedWeight::load`] for an embedding table: under
+    /// [`Weights::keep_linear_scales`] its scales and biases keep their stored dtype too, and
+    /// [`QuantizedWeight::lookup_dtype`] says what a lookup widens the gathered rows to (the
+    /// load's cast dtype); the tied head's `quantized_matmul` widens them itself, with the
+    /// same bits. The CPU decoder reads the stored scales in place.
+    pub fn load_embedding(
+        w: &mut Weights,
+        path: &str,
+        rows: i32,
+        cols: i32,
+        q: &QuantParams,
+    ) -> Result<QuantizedWeight> {
+        let kept = w.keeps_linear_scales();
+        let mut qw = Self::load_as(w, path, rows, cols, q, kept)?;
+        if kept {
+            qw.lookup_dtype = w
+                .cast_dtype()
+                .filter(|&d| qw.scales.dtype().is_floating() && qw.scales.dtype() != d);
+        }
+        Ok(qw)
+    }
+
     fn load_as(
         w: &mut Weights,
         path: &str,
@@ -118,6 +146,7 @@ impl QuantizedWeight {
             group_size: q.group_size,
             bits: q.bits,
             mode,
+            lookup_dtype: None,
         })
     }
 

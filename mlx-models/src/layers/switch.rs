@@ -101,6 +101,7 @@ impl SwitchLinear {
                         group_size: q.group_size,
                         bits: q.bits,
                         mode,
+                        lookup_dtype: None,
                     },
                     bias: b,
                 })
