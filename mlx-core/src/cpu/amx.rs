@@ -495,6 +495,7 @@ unsafe impl Sync for SharedXb {}
 /// # Safety
 /// AVX-512 F/BW + BF16; `xb` holds `m.div_ceil(PASS) * cols / 32 * 4 * TILE` values, of which
 /// this caller alone writes the two tiles of (`half`, `kb`).
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn split_inputs(x: &[f32], m: usize, cols: usize, half: usize, kb: usize, xb: SharedXb) {
     let kblocks = cols / 32;
@@ -525,6 +526,7 @@ unsafe fn split_inputs(x: &[f32], m: usize, cols: usize, half: usize, kb: usize,
 }
 
 /// A 16 x 16 matrix of 32-bit lanes (one row a vector) transposed.
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
@@ -660,6 +662,7 @@ mod tests {
     /// The splits: `hi + lo` is within `2^-17 |v|` of `v` (16 significant bits), in order
     /// (`split` from the values in order, `split_pairs` from the evens and the odds).
     #[test]
+    #[allow(clippy::needless_range_loop)]
     fn split_keeps_sixteen_bits() {
         if !available() {
             return;
