@@ -1543,12 +1543,14 @@ fn activations_from_env() -> Result<Activations> {
     }
 }
 
-/// Whether prompt blocks may use AMX's tiles where the CPU has them (`cpu::amx`): yes unless
-/// `MLX_CPU_AMX` is `0` (a measurement knob; `1` or unset: where available).
+/// Whether prompt blocks may use AMX's tiles where the CPU has them (`cpu::amx`): only when
+/// `MLX_CPU_AMX` is `1` for now (`0` or unset: the AVX-512 kernels). Off by default until the
+/// quality gate (`cargo xtask cpu-quality smollm2`) has been run with it on: the session that
+/// wrote it could not finish that run (results/bench/2026-12-05-s27-cpu-prefill/).
 fn amx_from_env() -> Result<bool> {
     match std::env::var("MLX_CPU_AMX").ok().as_deref() {
-        None | Some("") | Some("1") => Ok(true),
-        Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        None | Some("") | Some("0") => Ok(false),
         Some(o) => Err(EngineError::Options {
             option: "MLX_CPU_AMX".into(),
             problem: format!("{o}: expected 0 or 1"),
