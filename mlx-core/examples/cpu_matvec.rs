@@ -25,6 +25,12 @@
 //! the per-row kernels with float inputs (four rows a pass: what `matmul_t` ran before) and
 //! with int8 inputs summed by VNNI (`Int8Vnni`, llama.cpp's way with Q8_0 activations), both
 //! through `matmul_t_each`. Prints the fastest of many runs and GFLOP/s (2 per weight and row).
+//! `cpu_matvec prefill [THREADS] [M]` times a prompt block's affine products (M rows, 32 by
+//! default) at SmolLM2-360M's shapes (what its Q4_0 / Q8_0 GGUFs load as: 4-bit and 8-bit in
+//! groups of 32 with float16 scales; and 4-bit in groups of 64, an MLX model) under the CPU
+//! decoder's default activations, with AMX's tiles (`cpu::amx`, where the CPU has them) and
+//! without (the AVX-512 float kernel), alternating in this process: fastest of many runs and
+//! G multiply-adds/s.
 
 use half::f16;
 use mlx_core::cpu::{
@@ -47,6 +53,9 @@ impl Lcg {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::args().nth(1).as_deref() == Some("prefill") {
+        return prefill();
+    }
     if std::env::args().nth(1).as_deref() == Some("each") {
         return each();
     }
@@ -945,6 +954,100 @@ fn split() -> Result<(), Box<dyn std::error::Error>> {
                 best[0] as f64 / best[1] as f64
             );
         }
+    }
+    Ok(())
+}
+
+/// Prompt-block affine products with and without AMX (see the module's note).
+fn prefill() -> Result<(), Box<dyn std::error::Error>> {
+    let threads: usize = std::env::args()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let m: usize = std::env::args()
+        .nth(3)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    let mut ctx = CpuContext::new(threads)?;
+    ctx.activations = Activations::Int16Q8Int8;
+    let amx = ctx.amx;
+    let mut rng = Lcg(7);
+    println!("threads {threads}, m {m}, {}", ctx.kernels());
+    for (bits, group) in [(4u32, 32usize), (8, 32), (4, 64)] {
+        let mut totals = [0u64; 2];
+        let mut macs = 0usize;
+        for (rows, cols, what) in [
+            (960, 960, "q_proj"),
+            (320, 960, "k_proj"),
+            (960, 960, "o_proj"),
+            (2560, 960, "gate_proj"),
+            (960, 2560, "down_proj"),
+        ] {
+            let words: Vec<u32> = (0..rows * cols * bits as usize / 32)
+                .map(|_| rng.next())
+                .collect();
+            let groups = rows * cols / group;
+            let scales: Vec<f16> = (0..groups)
+                .map(|_| f16::from_f32(rng.unit() * 0.01))
+                .collect();
+            let biases: Vec<f16> = (0..groups)
+                .map(|_| f16::from_f32(rng.unit() * 0.05))
+                .collect();
+            let w = Matrix::affine(
+                &words,
+                Floats::F16(&scales),
+                Floats::F16(&biases),
+                rows,
+                cols,
+                bits,
+                group,
+            )?;
+            let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
+            let mut out = vec![0f32; m * rows];
+            let reps = (400_000_000 / (rows * cols * m)).clamp(5, 400);
+            let mut best = [u64::MAX; 2];
+            for _ in 0..reps {
+                for (k, b) in best.iter_mut().enumerate() {
+                    ctx.amx = amx && k == 0;
+                    let t = std::time::Instant::now();
+                    let mut jobs = [MatJob {
+                        w: &w,
+                        bias: None,
+                        out: &mut out,
+                    }];
+                    matmul_t(&ctx, std::hint::black_box(&x), m, &mut jobs)?;
+                    *b = (*b).min(t.elapsed().as_nanos() as u64);
+                }
+            }
+            let gmac = (rows * cols * m) as f64;
+            macs += rows * cols * m * if what == "k_proj" { 2 } else { 1 };
+            println!(
+                "{bits}-bit g{group} {what} {rows}x{cols}: amx {} ns ({:.1} G MAC/s), \
+                 avx512 {} ns ({:.1}), {:.2}x",
+                best[0],
+                gmac / best[0] as f64,
+                best[1],
+                gmac / best[1] as f64,
+                best[1] as f64 / best[0] as f64
+            );
+            let twice = if what == "k_proj" { 2 } else { 1 };
+            let up = if what == "gate_proj" { 2 } else { 1 };
+            for (t, b) in totals.iter_mut().zip(best) {
+                *t += b * twice * up;
+            }
+            if what == "gate_proj" {
+                macs += rows * cols * m;
+            }
+        }
+        println!(
+            "{bits}-bit g{group} one layer (q k v o gate up down): amx {} ns ({:.1} G MAC/s), \
+             avx512 {} ns ({:.1}), {:.2}x",
+            totals[0],
+            macs as f64 / totals[0] as f64,
+            totals[1],
+            macs as f64 / totals[1] as f64,
+            totals[1] as f64 / totals[0] as f64
+        );
     }
     Ok(())
 }

@@ -386,6 +386,11 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
     if jobs.iter().any(|j| j.w.trellis_view().is_some()) {
         return super::trellis::matmul_jobs(ctx, x, m, jobs);
     }
+    // A prompt block over affine weights on AMX's tiles.
+    #[cfg(target_arch = "x86_64")]
+    if super::amx::applies(ctx, m, jobs) {
+        return super::amx::matmul_jobs(ctx, x, m, jobs);
+    }
     // A prompt block over GGML blocks: each weight panel decoded once for all rows.
     #[cfg(target_arch = "x86_64")]
     if super::kgemm::applies(ctx, m, jobs) {

@@ -16,6 +16,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod affine_rows;
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 mod batch;
 #[cfg(target_arch = "x86_64")]
 mod kgemm;
@@ -163,6 +165,10 @@ pub struct CpuContext {
     /// false: the pair kernel (`x86::dot4_512_g`, `vpmaddwd` + `vpdpwssd`), the same integer
     /// sums scaled in another order. For measuring the two side by side.
     pub split4: bool,
+    /// Whether a prompt block's 4- and 8-bit affine products under int16 activations run on
+    /// AMX's bfloat16 tiles (`cpu::amx`): set where the CPU and OS have them; clear it to keep
+    /// the AVX-512 kernels.
+    pub amx: bool,
 }
 
 impl CpuContext {
@@ -184,12 +190,25 @@ impl CpuContext {
         } else {
             threads
         };
+        #[cfg(target_arch = "x86_64")]
+        let amx = isa == Isa::Avx512 && amx::available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let amx = false;
         Ok(CpuContext {
             pool: ThreadPool::new(threads)?,
             isa,
             activations: Activations::F32,
             split4: true,
+            amx,
         })
+    }
+
+    /// The kernels' name: the instruction set's, with `+amx` where [`CpuContext::amx`] is set.
+    pub fn kernels(&self) -> &'static str {
+        match (self.isa, self.amx) {
+            (Isa::Avx512, true) => "avx512+vnni+amx",
+            (isa, _) => isa.name(),
+        }
     }
 }
 
