@@ -859,6 +859,34 @@ pub fn quantize_ldlq(
     for i in 0..cols {
         h[i * cols + i] += damp;
     }
+    // The blocks' coding order (the last coded first): as stored, or with
+    // `MLX_TRELLIS_ORDER=act` the blocks sorted by their share of the Hessian's trace
+    // (`tr H_jj`), the largest coded first (GPTQ's act-order, by blocks). `perm[p]`: the
+    // stored block at position `p`; the Hessian and the rows are permuted to that order, the
+    // codes written back to their stored blocks.
+    let (b, nb) = (spec.block, cols / spec.block);
+    let mut perm: Vec<usize> = (0..nb).collect();
+    if std::env::var("MLX_TRELLIS_ORDER").is_ok_and(|v| v == "act") {
+        let tr: Vec<f64> = (0..nb)
+            .map(|j| (j * b..(j + 1) * b).map(|i| h[i * cols + i]).sum())
+            .collect();
+        perm.sort_by(|&a, &c| tr[a].total_cmp(&tr[c]));
+    }
+    let src = |i: usize| perm[i / b] * b + i % b;
+    if perm.iter().enumerate().any(|(p, &q)| p != q) {
+        let hq = h.clone();
+        for i in 0..cols {
+            for j in 0..cols {
+                h[i * cols + j] = hq[src(i) * cols + src(j)];
+            }
+        }
+        let wq = wt.clone();
+        for r in 0..rows {
+            for i in 0..cols {
+                wt[r * cols + i] = wq[r * cols + src(i)];
+            }
+        }
+    }
     let lf = block_ldl(&h, cols, spec.block)?;
     // Transposed, so the feedback of a column reads a contiguous run.
     let mut lt = vec![0.0f64; cols * cols];
@@ -880,7 +908,7 @@ pub fn quantize_ldlq(
     let isa = super::Isa::detect();
     let threads = threads.max(1).min(rows);
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let (b, bw, nb) = (spec.block, spec.block_words(), cols / spec.block);
+    let bw = spec.block_words();
     let grid: &[f32] = &ldlq_grid();
     // Each row's refitted scale (f32 bits), written by the thread that coded the row.
     let fitted: Vec<std::sync::atomic::AtomicU32> = rms
@@ -926,7 +954,7 @@ pub fn quantize_ldlq(
                                     let t = f64::from(row[j0 + c]) + dot(&err[j0 + b..], fb);
                                     *xi = (t / f64::from(sc)) as f32;
                                 }
-                                let bo = &mut cand[j * bw..(j + 1) * bw];
+                                let bo = &mut cand[perm[j] * bw..(perm[j] + 1) * bw];
                                 encode_block(isa, spec, &x, &codes, &mut scratch, bo);
                                 decode_row(spec, bo, sc, &mut dec);
                                 for (((e, cd), &v), &d) in err[j0..j0 + b]
