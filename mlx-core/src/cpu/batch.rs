@@ -314,7 +314,15 @@ pub fn matmul_t_each_prefetch(
         return Ok(());
     }
     if jobs.iter().any(|j| j.w.trellis_view().is_some()) {
-        return super::trellis::matmul_jobs(ctx, x, m, jobs);
+        // The KV prefetch spread over the trellis products' row chunks, as over the blocks
+        // below.
+        let hook = |b: usize, n: usize| {
+            if let Some(p) = &pf {
+                p.block(b, n)
+            }
+        };
+        let hook: Option<&(dyn Fn(usize, usize) + Sync)> = pf.is_some().then_some(&hook);
+        return super::trellis::matmul_jobs(ctx, x, m, jobs, hook);
     }
     if jobs.iter().any(|j| super::kquant::is_ggml(j.w)) {
         // Each row's bits do not depend on the rows that come with it.

@@ -384,7 +384,7 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
         return Ok(());
     }
     if jobs.iter().any(|j| j.w.trellis_view().is_some()) {
-        return super::trellis::matmul_jobs(ctx, x, m, jobs);
+        return super::trellis::matmul_jobs(ctx, x, m, jobs, None);
     }
     // A prompt block over affine weights on AMX's tiles.
     #[cfg(target_arch = "x86_64")]

@@ -23,6 +23,9 @@
 //! unconstrained pass over the rotated block fixes the wrap-around bits, then a pass
 //! constrained to them), on every core.
 
+use std::cell::{RefCell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
 /// 1MAD's multiplier.
 pub const MAD_A: u32 = 34_038_481;
 /// 1MAD's addend.
@@ -847,9 +850,42 @@ pub fn quantize_ldlq(
     incoherent(&mut hp, cols, cols, &sv, &sv);
     let mut h: Vec<f64> = hp.iter().map(|&v| f64::from(v)).collect();
     let mean_diag = (0..cols).map(|i| h[i * cols + i]).sum::<f64>() / cols as f64;
-    let damp = 0.01 * mean_diag.max(f64::MIN_POSITIVE);
+    let damp_frac = std::env::var("MLX_TRELLIS_DAMP")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .unwrap_or(0.01);
+    let damp = damp_frac * mean_diag.max(f64::MIN_POSITIVE);
     for i in 0..cols {
         h[i * cols + i] += damp;
+    }
+    // The blocks' coding order (the last coded first): as stored, or with
+    // `MLX_TRELLIS_ORDER=act` the blocks sorted by their share of the Hessian's trace
+    // (`tr H_jj`), the largest coded first (GPTQ's act-order, by blocks). `perm[p]`: the
+    // stored block at position `p`; the Hessian and the rows are permuted to that order, the
+    // codes written back to their stored blocks.
+    let (b, nb) = (spec.block, cols / spec.block);
+    let mut perm: Vec<usize> = (0..nb).collect();
+    if std::env::var("MLX_TRELLIS_ORDER").is_ok_and(|v| v == "act") {
+        let tr: Vec<f64> = (0..nb)
+            .map(|j| (j * b..(j + 1) * b).map(|i| h[i * cols + i]).sum())
+            .collect();
+        perm.sort_by(|&a, &c| tr[a].total_cmp(&tr[c]));
+    }
+    let src = |i: usize| perm[i / b] * b + i % b;
+    if perm.iter().enumerate().any(|(p, &q)| p != q) {
+        let hq = h.clone();
+        for i in 0..cols {
+            for j in 0..cols {
+                h[i * cols + j] = hq[src(i) * cols + src(j)];
+            }
+        }
+        let wq = wt.clone();
+        for r in 0..rows {
+            for i in 0..cols {
+                wt[r * cols + i] = wq[r * cols + src(i)];
+            }
+        }
     }
     let lf = block_ldl(&h, cols, spec.block)?;
     // Transposed, so the feedback of a column reads a contiguous run.
@@ -872,7 +908,8 @@ pub fn quantize_ldlq(
     let isa = super::Isa::detect();
     let threads = threads.max(1).min(rows);
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let (b, bw, nb) = (spec.block, spec.block_words(), cols / spec.block);
+    let bw = spec.block_words();
+    let grid: &[f32] = &ldlq_grid();
     // Each row's refitted scale (f32 bits), written by the thread that coded the row.
     let fitted: Vec<std::sync::atomic::AtomicU32> = rms
         .iter()
@@ -892,6 +929,7 @@ pub fn quantize_ldlq(
                     let mut err = vec![0.0f64; cols];
                     let mut coded = vec![0.0f64; cols];
                     let mut row64 = vec![0.0f64; cols];
+                    let mut cand = vec![0u32; wpr];
                     loop {
                         let r = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         if r >= rows {
@@ -899,44 +937,55 @@ pub fn quantize_ldlq(
                         }
                         let mut out = slots[r].lock().unwrap_or_else(|e| e.into_inner());
                         let row = &wt[r * cols..(r + 1) * cols];
-                        err.iter_mut().for_each(|e| *e = 0.0);
-                        for j in (0..nb).rev() {
-                            let j0 = j * b;
-                            for (c, xi) in x.iter_mut().enumerate() {
-                                let fb = &lt[(j0 + c) * cols + j0 + b..(j0 + c + 1) * cols];
-                                let t = f64::from(row[j0 + c]) + dot(&err[j0 + b..], fb);
-                                *xi = (t / f64::from(rms[r])) as f32;
-                            }
-                            let bo = &mut out[j * bw..(j + 1) * bw];
-                            encode_block(isa, spec, &x, &codes, &mut scratch, bo);
-                            decode_row(spec, bo, rms[r], &mut dec);
-                            for (((e, cd), &v), &d) in err[j0..j0 + b]
-                                .iter_mut()
-                                .zip(&mut coded[j0..j0 + b])
-                                .zip(&row[j0..j0 + b])
-                                .zip(&dec)
-                            {
-                                *e = f64::from(v) - f64::from(d);
-                                *cd = f64::from(d);
-                            }
-                        }
-                        // The scale under the damped Hessian: `c^T H w / c^T H c`, with `c`
-                        // the coded row at scale `rms` (so the ratio multiplies `rms`).
                         for (o, &v) in row64.iter_mut().zip(row) {
                             *o = f64::from(v);
                         }
-                        let (mut num, mut den) = (0.0f64, 0.0f64);
-                        for (hr, &ci) in h.chunks_exact(cols).zip(&coded) {
-                            let (hc, hw) = two_dots(hr, &coded, &row64);
-                            num += ci * hw;
-                            den += ci * hc;
-                        }
-                        if den > 0.0 && num > 0.0 {
-                            let ratio = num / den;
-                            fitted[r].store(
-                                ((f64::from(rms[r]) * ratio) as f32).to_bits(),
-                                std::sync::atomic::Ordering::Relaxed,
-                            );
+                        // The row coded at each candidate scale (`rms` times the grid's
+                        // factors); kept: the codes whose refitted scale leaves the least
+                        // output error `w'Hw - (c'Hw)^2 / c'Hc`.
+                        let mut best = f64::INFINITY;
+                        for &g in grid {
+                            let sc = rms[r] * g;
+                            err.iter_mut().for_each(|e| *e = 0.0);
+                            for j in (0..nb).rev() {
+                                let j0 = j * b;
+                                for (c, xi) in x.iter_mut().enumerate() {
+                                    let fb = &lt[(j0 + c) * cols + j0 + b..(j0 + c + 1) * cols];
+                                    let t = f64::from(row[j0 + c]) + dot(&err[j0 + b..], fb);
+                                    *xi = (t / f64::from(sc)) as f32;
+                                }
+                                let bo = &mut cand[perm[j] * bw..(perm[j] + 1) * bw];
+                                encode_block(isa, spec, &x, &codes, &mut scratch, bo);
+                                decode_row(spec, bo, sc, &mut dec);
+                                for (((e, cd), &v), &d) in err[j0..j0 + b]
+                                    .iter_mut()
+                                    .zip(&mut coded[j0..j0 + b])
+                                    .zip(&row[j0..j0 + b])
+                                    .zip(&dec)
+                                {
+                                    *e = f64::from(v) - f64::from(d);
+                                    *cd = f64::from(d);
+                                }
+                            }
+                            // The scale under the damped Hessian: `c^T H w / c^T H c`, with
+                            // `c` the coded row at scale `sc` (so the ratio multiplies `sc`).
+                            let (mut num, mut den) = (0.0f64, 0.0f64);
+                            for (hr, &ci) in h.chunks_exact(cols).zip(&coded) {
+                                let (hc, hw) = two_dots(hr, &coded, &row64);
+                                num += ci * hw;
+                                den += ci * hc;
+                            }
+                            let e = if den > 0.0 { -num * num / den } else { 0.0 };
+                            if e < best || best == f64::INFINITY {
+                                best = e;
+                                out.copy_from_slice(&cand);
+                                let s = if den > 0.0 && num > 0.0 {
+                                    ((f64::from(sc) * (num / den)) as f32).to_bits()
+                                } else {
+                                    sc.to_bits()
+                                };
+                                fitted[r].store(s, std::sync::atomic::Ordering::Relaxed);
+                            }
                         }
                     }
                 });
@@ -948,6 +997,21 @@ pub fn quantize_ldlq(
         .map(|v| f32::from_bits(v.load(std::sync::atomic::Ordering::Relaxed)))
         .collect();
     Ok((words, scales))
+}
+
+/// The factors of the rows' RMS at which LDLQ codes each row (the best kept):
+/// `MLX_TRELLIS_GRID` (comma-separated; an experiment's knob), else 1 alone.
+fn ldlq_grid() -> Vec<f32> {
+    std::env::var("MLX_TRELLIS_GRID")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|f| f.trim().parse::<f32>().ok())
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .collect::<Vec<_>>()
+        })
+        .filter(|g| !g.is_empty())
+        .unwrap_or_else(|| vec![1.0])
 }
 
 /// `a . b` in eight running sums (so the loop vectorizes): LDLQ's feedback.
@@ -1213,11 +1277,10 @@ fn lut_order(i: usize) -> usize {
 }
 
 /// The table path's input, prepared once a product: permuted to the kernel's order
-/// ([`lut_order`] within each group of 64).
-fn lut_input(x: &[f32]) -> Vec<f32> {
-    (0..x.len())
-        .map(|i| x[i / 64 * 64 + lut_order(i % 64)])
-        .collect()
+/// ([`lut_order`] within each group of 64), into `out` (`x.len()` long).
+fn lut_input_into(x: &[f32], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend((0..x.len()).map(|i| x[i / 64 * 64 + lut_order(i % 64)]));
 }
 
 /// Position `i` of a group of 64 weights in the int16 table kernel's input: the even codes'
@@ -1256,22 +1319,105 @@ enum Prepared {
     I16(Vec<i16>, f32),
 }
 
+/// `max |x|` (NaN values ignored, as `f32::max` does), in 16 lanes so the compiler
+/// vectorizes it (`max` is exact, so the lanes' order changes no bit).
+fn abs_max(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (a, &v) in lanes.iter_mut().zip(c) {
+            *a = a.max(v.abs());
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0.0f32, |a, v| a.max(v.abs()));
+    lanes.iter().fold(tail, |a, &v| a.max(v))
+}
+
 /// The int16 table path's input ([`Prepared`]'s `q` and `d`; `x` whole groups of 64, as the
-/// table path's columns are). Runs on the caller's thread before each product, so it is kept
-/// free of calls: the rounding is `v + 0.5 * sign(v)` truncated (half away from zero; the
-/// cast saturates at the int16 range).
-fn lut_input16(x: &[f32]) -> (Vec<i16>, f32) {
-    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-    let d = amax / X16_MAX;
+/// table path's columns are) into `q` (`x.len()` long); returns `d`. Part of a product's
+/// input transform (on one worker while the others run other jobs' rows), so it takes the
+/// AVX-512 BW twin where the CPU has it ([`lut_input16_avx512`], the same bits);
+/// [`lut_input16_portable`] is its reference: the rounding is `v + 0.5 * sign(v)` truncated
+/// (half away from zero; the cast saturates at the int16 range, NaN gives 0).
+fn lut_input16_into(x: &[f32], q: &mut [i16]) -> f32 {
+    let d = abs_max(x) / X16_MAX;
     let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-    let mut q = vec![0i16; x.len()];
+    #[cfg(target_arch = "x86_64")]
+    if x.len() % 64 == 0
+        && q.len() == x.len()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+    {
+        // SAFETY: AVX-512 F/BW are present; `x` and `q` are whole groups of 64 of one length.
+        unsafe { lut_input16_avx512(x, inv, q) };
+        return d;
+    }
+    lut_input16_portable(x, inv, q);
+    d
+}
+
+/// [`lut_input16_into`]'s portable loop: `q[i]` = `x`'s value at [`lut_order16`] of `i`
+/// within its group of 64, times `inv`, rounded half away from zero (saturating).
+fn lut_input16_portable(x: &[f32], inv: f32, q: &mut [i16]) {
     for (qc, xc) in q.chunks_exact_mut(64).zip(x.chunks_exact(64)) {
         for (o, &j) in qc.iter_mut().zip(ORDER16.iter()) {
             let v = xc[j as usize] * inv;
             *o = (v + 0.5f32.copysign(v)) as i16;
         }
     }
-    (q, d)
+}
+
+/// [`lut_input16_portable`] on AVX-512 BW, bit for bit: per group of 64 the same products and
+/// sums, NaN lanes zeroed and the rest clamped to the int16 range before a truncating
+/// conversion (what Rust's saturating cast gives), then two `vpermt2w` into [`lut_order16`].
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW; `x.len() == q.len()`, a multiple of 64.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn lut_input16_avx512(x: &[f32], inv: f32, q: &mut [i16]) {
+    use std::arch::x86_64::*;
+    const IDX: [[u16; 32]; 2] = {
+        let mut t = [[0u16; 32]; 2];
+        let mut i = 0;
+        while i < 64 {
+            t[i / 32][i % 32] = ORDER16[i] as u16;
+            i += 1;
+        }
+        t
+    };
+    // SAFETY (whole body): every load and store lies in groups of 64 below `x.len()` =
+    // `q.len()` (the caller's contract).
+    unsafe {
+        let lo_idx = _mm512_loadu_si512(IDX[0].as_ptr() as *const _);
+        let hi_idx = _mm512_loadu_si512(IDX[1].as_ptr() as *const _);
+        let vinv = _mm512_set1_ps(inv);
+        let half = _mm512_castps_si512(_mm512_set1_ps(0.5));
+        let sign = _mm512_set1_epi32(i32::MIN);
+        let (lo, hi) = (_mm512_set1_ps(-32768.0), _mm512_set1_ps(32767.0));
+        let conv = |p: *const f32| {
+            let v = _mm512_mul_ps(_mm512_loadu_ps(p), vinv);
+            // `0.5` with `v`'s sign (`copysign`), in integer ops (AVX-512 F has no float
+            // bitwise ones).
+            let sv = _mm512_or_si512(half, _mm512_and_si512(_mm512_castps_si512(v), sign));
+            let r = _mm512_add_ps(v, _mm512_castsi512_ps(sv));
+            let ord = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r);
+            let c = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+            _mm512_cvtepi32_epi16(_mm512_maskz_cvttps_epi32(ord, c))
+        };
+        for g in (0..x.len()).step_by(64) {
+            let p = x.as_ptr().add(g);
+            let a = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(conv(p)), conv(p.add(16)));
+            let b =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(conv(p.add(32))), conv(p.add(48)));
+            let o = q.as_mut_ptr().add(g);
+            _mm512_storeu_si512(o as *mut _, _mm512_permutex2var_epi16(a, lo_idx, b));
+            _mm512_storeu_si512(o.add(32) as *mut _, _mm512_permutex2var_epi16(a, hi_idx, b));
+        }
+    }
 }
 
 impl LutPlan {
@@ -1552,19 +1698,35 @@ impl TrellisMatvec {
     /// The table path's input for `x` ([`Prepared`]; int16 where [`TrellisMatvec::int16_inputs`]
     /// asked for them), when the table path runs.
     fn prepare(&self, x: &[f32]) -> Option<Prepared> {
-        self.prepare_as(x, self.int16)
+        let mut p = None;
+        self.prepare_into(x, self.int16, &mut p);
+        p
     }
 
-    /// As [`TrellisMatvec::prepare`], int16 inputs where `int16`.
-    fn prepare_as(&self, x: &[f32], int16: bool) -> Option<Prepared> {
-        self.lut.as_ref().map(|_| {
-            if int16 {
-                let (q, d) = lut_input16(x);
-                Prepared::I16(q, d)
-            } else {
-                Prepared::F32(lut_input(x))
+    /// As [`TrellisMatvec::prepare`] into `out` (its buffers reused), int16 inputs where
+    /// `int16`.
+    fn prepare_into(&self, x: &[f32], int16: bool, out: &mut Option<Prepared>) {
+        if self.lut.is_none() {
+            *out = None;
+            return;
+        }
+        match (int16, out) {
+            (true, Some(Prepared::I16(q, d))) => {
+                q.resize(x.len(), 0);
+                *d = lut_input16_into(x, q);
             }
-        })
+            (false, Some(Prepared::F32(f))) => lut_input_into(x, f),
+            (true, o) => {
+                let mut q = vec![0i16; x.len()];
+                let d = lut_input16_into(x, &mut q);
+                *o = Some(Prepared::I16(q, d));
+            }
+            (false, o) => {
+                let mut f = Vec::new();
+                lut_input_into(x, &mut f);
+                *o = Some(Prepared::F32(f));
+            }
+        }
     }
 
     /// Rows `r0..r0 + y.len()` with the input already prepared ([`TrellisMatvec::prepare`]);
@@ -2330,6 +2492,129 @@ mod tests {
     }
 
     #[test]
+    fn int16_input_preparation_simd_gives_the_portable_bits() {
+        // Gaussian values, a loud one, and the edge cases (NaN, infinities, past the int16
+        // range, half steps, signed zeros), at several steps `inv`.
+        let mut x = gauss(512, 77);
+        x[3] = 40.0;
+        x[64] = f32::NAN;
+        x[65] = f32::INFINITY;
+        x[66] = f32::NEG_INFINITY;
+        x[67] = -0.0;
+        x[68] = 0.0;
+        x[69] = 1e30;
+        x[70] = -1e30;
+        for inv in [0.0f32, 1.0, 819.1, 32767.0 / 40.0, 1e9, f32::INFINITY] {
+            for v in [10.5f32, -10.5, 32767.5, -32768.5, 32766.5, 0.5, -0.5] {
+                x[71] = v / inv.max(1e-30);
+                let mut a = vec![0i16; x.len()];
+                lut_input16_portable(&x, inv, &mut a);
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx512bw") {
+                    let mut c = vec![0i16; x.len()];
+                    // SAFETY: AVX-512 F/BW present; equal lengths, a multiple of 64.
+                    unsafe { lut_input16_avx512(&x, inv, &mut c) };
+                    assert_eq!(a, c, "inv {inv}, v {v}");
+                }
+            }
+        }
+        // The dispatching entry: the same step and values as the portable loop.
+        let x = gauss(576, 78);
+        let mut q = vec![0i16; 576];
+        let d = lut_input16_into(&x, &mut q);
+        let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        assert_eq!(d.to_bits(), (amax / X16_MAX).to_bits());
+        let mut want = vec![0i16; 576];
+        lut_input16_portable(&x, 1.0 / d, &mut want);
+        assert_eq!(q, want);
+    }
+
+    #[test]
+    fn trellis_calls_with_biases_odd_hadamard_blocks_and_one_thread_give_each_its_bits() {
+        use crate::cpu::{matmul_t, Activations, CpuContext, Floats, Isa, MatJob, Matrix};
+        let spec = TrellisSpec {
+            k: 3,
+            l: 8,
+            block: 32,
+        };
+        // Rows 40 and 24: Hadamard blocks of 8, so a chunk of 16 rows spans two and a block
+        // two chunks; 3 jobs (as q, k, v); one and two threads; one input row and six.
+        let cols = 128;
+        let shapes = [64usize, 40, 24];
+        let coded: Vec<_> = shapes
+            .iter()
+            .map(|&rows| {
+                let w = gauss(rows * cols, rows as u64 + 3);
+                let (words, scales) = quantize(&spec, &w, rows, cols, rows as u64, 2).unwrap();
+                let (su, sv) = layer_signs(rows as u64 + 1, rows, cols);
+                (words, scales, su, sv)
+            })
+            .collect();
+        let bias: Vec<f32> = gauss(40, 5);
+        for threads in [1, 2] {
+            for act in [Activations::F32, Activations::Int16] {
+                let mut ctx = CpuContext::with_isa(threads, Isa::detect()).unwrap();
+                ctx.activations = act;
+                let plan = TrellisMatvec::new(&spec, cols).unwrap();
+                let plan = if act == Activations::F32 {
+                    plan
+                } else {
+                    plan.int16_inputs()
+                };
+                let views: Vec<TrellisView> = coded
+                    .iter()
+                    .map(|(w, s, su, sv)| TrellisView::new(w, s, su, sv, &plan).unwrap())
+                    .collect();
+                let mats: Vec<Matrix> = views.iter().map(|&v| Matrix::trellis(v)).collect();
+                for m in [1usize, 6] {
+                    let x = gauss(m * cols, 9 + m as u64);
+                    let mut ys: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![0.0; m * r]).collect();
+                    let [y0, y1, y2] = &mut ys[..] else {
+                        unreachable!()
+                    };
+                    let mut jobs = [
+                        MatJob {
+                            w: &mats[0],
+                            bias: None,
+                            out: y0,
+                        },
+                        MatJob {
+                            w: &mats[1],
+                            bias: Some(Floats::F32(&bias)),
+                            out: y1,
+                        },
+                        MatJob {
+                            w: &mats[2],
+                            bias: None,
+                            out: y2,
+                        },
+                    ];
+                    matmul_t(&ctx, &x, m, &mut jobs).unwrap();
+                    for (j, (v, got)) in views.iter().zip(&ys).enumerate() {
+                        let rows = v.rows();
+                        let mut xh = vec![0.0; cols];
+                        for r in 0..m {
+                            let mut want = vec![0.0; rows];
+                            v.matvec(&ctx.pool, &x[r * cols..(r + 1) * cols], &mut xh, &mut want)
+                                .unwrap();
+                            if j == 1 {
+                                for (o, b) in want.iter_mut().zip(&bias) {
+                                    *o += b;
+                                }
+                            }
+                            let same = want
+                                .iter()
+                                .zip(&got[r * rows..(r + 1) * rows])
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{threads} threads {act:?} m {m}: job {j}, row {r}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn int16_table_path_sums_long_rows_within_its_bound() {
         // Rows past the int16 kernels' 32-bit flush (2048 weights), an input with one loud
         // value (a coarse step): the L3 bound of the fused path's test still holds.
@@ -2684,6 +2969,15 @@ impl<'a> TrellisView<'a> {
         }
     }
 
+    /// [`TrellisView::output_transform`] of one Hadamard block of rows: `y` holds rows
+    /// `r0..r0 + y.len()`, `y.len()` the block (the blocks are independent, so the same bits).
+    fn output_block(&self, y: &mut [f32], r0: usize) {
+        fwht_blocks(y, y.len());
+        for (o, &s) in y.iter_mut().zip(&self.su[r0..]) {
+            *o *= s;
+        }
+    }
+
     /// Element `(r, c)` of the logical matrix (an embedding row's value; slow: it decodes the
     /// Hadamard blocks that hold it).
     pub fn value(&self, r: usize, c: usize) -> f32 {
@@ -2713,21 +3007,83 @@ impl<'a> TrellisView<'a> {
     }
 }
 
+/// One transformed input of a [`matmul_jobs`] call (a trellis job's `H_c (sv * x)` for one
+/// input row, and the table path's input made from it): written once by the worker that
+/// claimed it, then `ready` set (release); read by every worker after it sees `ready`
+/// (acquire).
+struct Slot {
+    ready: AtomicBool,
+    x: UnsafeCell<Vec<f32>>,
+    p: UnsafeCell<Option<Prepared>>,
+}
+
+// SAFETY: `x` and `p` are written only by the one worker that claimed the slot (an atomic
+// counter hands each slot out once a pool run) before it sets `ready` with release ordering,
+// and read only after `ready` is seen set with acquire ordering, until the run ends.
+unsafe impl Sync for Slot {}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            ready: AtomicBool::new(false),
+            x: UnsafeCell::new(Vec::new()),
+            p: UnsafeCell::new(None),
+        }
+    }
+}
+
+/// A call's reusable buffers (the caller thread's, so a decode step allocates nothing): the
+/// slots and the per-Hadamard-block counts of finished rows.
+#[derive(Default)]
+struct CallScratch {
+    slots: Vec<Slot>,
+    done: Vec<AtomicUsize>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<CallScratch> = RefCell::new(CallScratch::default());
+}
+
+/// Rows of a trellis job's output a work item computes.
+const CHUNK: usize = 16;
+
+/// Waits (spinning, then yielding) until `slot` is ready. The slot was claimed by a worker
+/// inside this pool run that finishes it without waiting on anything.
+#[inline]
+fn wait_ready(slot: &Slot) {
+    let mut i = 0u32;
+    while !slot.ready.load(Ordering::Acquire) {
+        if i < 4096 {
+            std::hint::spin_loop();
+            i += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
 /// [`super::matmul_t`] / [`super::matmul_t_each`] for a call holding a trellis matrix (checked
 /// by the caller): the other jobs through `matmul_t` one at a time; then per input row (a
 /// prompt's rows [`PROMPT_INPUTS`] at a time, each group's codes made once for all of them)
-/// the trellis jobs' input transforms, one pool run over all their rows (q, k and v, or gate
-/// and up, share one dispatch; every output gets the bits it gets alone), their output
-/// transforms.
+/// one pool run over the trellis jobs (q, k and v, or gate and up, share it) in which
+/// - the workers first take the jobs' input transforms (signs, Hadamard blocks, the table
+///   path's input) one job and input row each;
+/// - then chunks of [`CHUNK`] rows (each worker its own region first, [`super::Regions`]),
+///   each waiting for its job's transformed input;
+/// - the worker that finishes the last rows of a Hadamard block of an output applies that
+///   block's output transform (and the bias).
+///
+/// Every output gets the bits [`TrellisView::matvec`] gives it alone. `pf(b, blocks)` runs
+/// before work item `b` of `blocks` (the decoder's KV prefetch hint).
 pub(super) fn matmul_jobs(
     ctx: &super::CpuContext,
     x: &[f32],
     m: usize,
     jobs: &mut [super::MatJob<'_, '_>],
+    pf: Option<&(dyn Fn(usize, usize) + Sync)>,
 ) -> crate::Result<()> {
-    const CHUNK: usize = 16;
     let op = "cpu::matmul_t (trellis)";
-    let mut trellis = Vec::new();
+    let mut trellis: Vec<(usize, TrellisView<'_>)> = Vec::with_capacity(jobs.len());
     for (i, j) in jobs.iter_mut().enumerate() {
         match j.w.trellis_view() {
             Some(t) => trellis.push((i, t)),
@@ -2741,8 +3097,9 @@ pub(super) fn matmul_jobs(
     // The table path's inputs: int16 unless the context asks for float32 activations.
     let int16 = !matches!(ctx.activations, super::Activations::F32);
     const MT: usize = PROMPT_INPUTS;
-    let mut xh: Vec<Vec<f32>> = vec![vec![0.0f32; cols]; trellis.len() * MT];
-    let mut work = Vec::new();
+    let nt = trellis.len();
+    // Per trellis job: its first chunk, its first Hadamard-block counter (of MT inputs).
+    let (mut chunk0, mut done0) = (vec![0usize; nt + 1], vec![0usize; nt + 1]);
     for (k, &(i, t)) in trellis.iter().enumerate() {
         let rows = t.rows();
         let bad = t.cols() != cols || x.len() < m * cols || jobs[i].out.len() < m * rows;
@@ -2757,87 +3114,146 @@ pub(super) fn matmul_jobs(
                 ),
             ));
         }
+        if let Some(b) = jobs[i].bias {
+            if b.len() != rows {
+                return Err(crate::Error::invalid(
+                    op,
+                    format!("bias of {} for {rows} rows", b.len()),
+                ));
+            }
+        }
         t.plan
-            .check(t.words, t.scales, &xh[k * MT], 0, rows)
+            .check(t.words, t.scales, &x[..cols], 0, rows)
             .map_err(|e| crate::Error::invalid(op, e))?;
-        for r0 in (0..rows).step_by(CHUNK) {
-            work.push((k, r0, CHUNK.min(rows - r0)));
-        }
+        chunk0[k + 1] = chunk0[k] + rows.div_ceil(CHUNK);
+        done0[k + 1] = done0[k] + MT * (rows / hadamard_block(rows));
     }
-    // Input rows go MT at a time (a prompt), the rest one at a time; slot `k * MT + u` holds
-    // job `k`'s transformed input row `r + u`.
-    let mut r = 0;
-    while r < m {
-        let mt = if m - r >= MT { MT } else { 1 };
-        for (k, &(_, t)) in trellis.iter().enumerate() {
-            for u in 0..mt {
-                t.input_transform(&x[(r + u) * cols..(r + u + 1) * cols], &mut xh[k * MT + u]);
-            }
+    let chunks = chunk0[nt];
+    SCRATCH.with(|cell| {
+        // A nested call (never made: the pool runs one job at a time) gets fresh buffers.
+        let mut fresh = CallScratch::default();
+        let mut guard = cell.try_borrow_mut();
+        let sc = match guard.as_mut() {
+            Ok(g) => &mut **g,
+            Err(_) => &mut fresh,
+        };
+        while sc.slots.len() < nt * MT {
+            sc.slots.push(Slot::new());
         }
-        let prepared: Vec<Option<Prepared>> = (0..trellis.len() * MT)
-            .map(|s| {
-                if s % MT < mt {
-                    trellis[s / MT].1.plan.prepare_as(&xh[s], int16)
-                } else {
-                    None
-                }
-            })
+        while sc.done.len() < done0[nt] {
+            sc.done.push(AtomicUsize::new(0));
+        }
+        let (slots, done) = (&mut sc.slots[..nt * MT], &sc.done[..done0[nt]]);
+        for s in slots.iter_mut() {
+            s.x.get_mut().resize(cols, 0.0);
+        }
+        let slots = &*slots;
+        let outs: Vec<super::SharedOut> = jobs
+            .iter_mut()
+            .map(|j| super::SharedOut::new(j.out))
             .collect();
-        let mut outs = Vec::with_capacity(trellis.len() * MT);
-        for &(i, t) in &trellis {
-            let rows = t.rows();
-            for u in 0..MT {
-                outs.push(if u < mt {
-                    super::SharedOut::new(&mut jobs[i].out[(r + u) * rows..(r + u + 1) * rows])
-                } else {
-                    super::SharedOut::new(&mut [])
-                });
+        let outs = &outs[..];
+        let biases: Vec<Option<super::Floats<'_>>> = jobs.iter().map(|j| j.bias).collect();
+        let threads = ctx.pool.threads();
+        // Input rows go MT at a time (a prompt), the rest one at a time; slot `k * MT + u`
+        // holds job `k`'s transformed input row `r + u`.
+        let mut r = 0;
+        while r < m {
+            let mt = if m - r >= MT { MT } else { 1 };
+            for s in slots {
+                s.ready.store(false, Ordering::Relaxed);
             }
-        }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        ctx.pool.run(&|_, _| loop {
-            let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(&(k, r0, n)) = work.get(c) else {
-                break;
-            };
-            let t = &trellis[k].1;
-            if mt == MT {
-                let xs: [&[f32]; MT] = std::array::from_fn(|u| xh[k * MT + u].as_slice());
-                let ps: [Option<&Prepared>; MT] =
-                    std::array::from_fn(|u| prepared[k * MT + u].as_ref());
-                t.plan
-                    .rows_prepared_multi(t.words, t.scales, xs, ps, r0, n, &mut |u, i, v| {
-                        // SAFETY: work item `c` is taken by exactly one worker (the atomic
-                        // counter) and the items of one job cover disjoint row ranges of its
-                        // output rows, which outlive the pool run.
-                        unsafe { outs[k * MT + u].write(r0 + i, v) }
-                    });
-            } else {
-                // SAFETY: as above.
-                let ys = unsafe { outs[k * MT].range(r0, n) };
-                t.plan.rows_prepared(
-                    t.words,
-                    t.scales,
-                    &xh[k * MT],
-                    prepared[k * MT].as_ref(),
-                    r0,
-                    ys,
-                );
+            for c in done {
+                c.store(0, Ordering::Relaxed);
             }
-        });
-        for &(i, t) in &trellis {
-            let rows = t.rows();
-            for u in 0..mt {
-                let yr = &mut jobs[i].out[(r + u) * rows..(r + u + 1) * rows];
-                t.output_transform(yr);
-                if let Some(b) = jobs[i].bias {
-                    for (i, o) in yr.iter_mut().enumerate() {
-                        *o += b.get(i);
+            let next_slot = AtomicUsize::new(0);
+            let regions = super::Regions::new(chunks, threads);
+            let trellis = &trellis;
+            let (chunk0, done0, biases) = (&chunk0, &done0, &biases);
+            ctx.pool.run(&|worker, _| {
+                // The input transforms: one job and input row a claim.
+                loop {
+                    let s = next_slot.fetch_add(1, Ordering::Relaxed);
+                    if s >= nt * mt {
+                        break;
+                    }
+                    let (k, u) = (s / mt, s % mt);
+                    let t = &trellis[k].1;
+                    let slot = &slots[k * MT + u];
+                    // SAFETY: slot `k * MT + u` is claimed by this worker alone (the atomic
+                    // counter) and nobody reads it before `ready`.
+                    let (xs, ps) = unsafe { (&mut *slot.x.get(), &mut *slot.p.get()) };
+                    t.input_transform(&x[(r + u) * cols..(r + u + 1) * cols], xs);
+                    t.plan.prepare_into(xs, int16, ps);
+                    slot.ready.store(true, Ordering::Release);
+                }
+                // The rows.
+                while let Some(c) = regions.claim(worker) {
+                    if let Some(f) = pf {
+                        f(c, chunks);
+                    }
+                    let k = chunk0.partition_point(|&c0| c0 <= c) - 1;
+                    let (i, t) = trellis[k];
+                    let rows = t.rows();
+                    let r0 = (c - chunk0[k]) * CHUNK;
+                    let n = CHUNK.min(rows - r0);
+                    for u in 0..mt {
+                        wait_ready(&slots[k * MT + u]);
+                    }
+                    // SAFETY (the reads below): every slot of job `k` is ready (acquire), and
+                    // no worker writes it again in this run.
+                    let xs = |u: usize| unsafe { (*slots[k * MT + u].x.get()).as_slice() };
+                    let ps = |u: usize| unsafe { (*slots[k * MT + u].p.get()).as_ref() };
+                    let out = outs[i];
+                    if mt == MT {
+                        t.plan.rows_prepared_multi(
+                            t.words,
+                            t.scales,
+                            std::array::from_fn(xs),
+                            std::array::from_fn(ps),
+                            r0,
+                            n,
+                            // SAFETY: chunk `c` is claimed by exactly one worker (the regions)
+                            // and the chunks of one job cover disjoint row ranges of its
+                            // outputs, which outlive the pool run.
+                            &mut |u, j, v| unsafe { out.write((r + u) * rows + r0 + j, v) },
+                        );
+                    } else {
+                        // SAFETY: as above.
+                        let ys = unsafe { out.range(r * rows + r0, n) };
+                        t.plan
+                            .rows_prepared(t.words, t.scales, xs(0), ps(0), r0, ys);
+                    }
+                    // Count the rows into their Hadamard blocks; the worker that completes a
+                    // block transforms it (acquire-release: it sees every worker's rows).
+                    let hb = hadamard_block(rows);
+                    let nhb = rows / hb;
+                    let mut a = r0;
+                    while a < r0 + n {
+                        let b = (a / hb + 1) * hb;
+                        let e = b.min(r0 + n);
+                        for u in 0..mt {
+                            let cnt = &done[done0[k] + u * nhb + a / hb];
+                            if cnt.fetch_add(e - a, Ordering::AcqRel) + (e - a) == hb {
+                                let lo = (r + u) * rows + b - hb;
+                                // SAFETY: all `hb` rows of this block are written (the count)
+                                // and only this worker completed it, so nobody else touches
+                                // them in this run.
+                                let yb = unsafe { out.range(lo, hb) };
+                                t.output_block(yb, b - hb);
+                                if let Some(bias) = biases[i] {
+                                    for (j, o) in yb.iter_mut().enumerate() {
+                                        *o += bias.get(b - hb + j);
+                                    }
+                                }
+                            }
+                        }
+                        a = e;
                     }
                 }
-            }
+            });
+            r += mt;
         }
-        r += mt;
-    }
+    });
     Ok(())
 }
