@@ -206,7 +206,8 @@ fn moe_rows_map_with_their_knobs() {
         for (i, l) in weights.layers.iter().enumerate() {
             assert_eq!(l.router.is_some(), m.layers[i], "{name} {i}");
             if m.layers[i] {
-                // The experts as the model holds them: stacked, no copy.
+                // The experts as the model holds them: stacked, no copy at the mapping stage (the
+                // decoder then lays them out in its own device buffers).
                 assert_eq!(l.gate.weight.shape()[0], m.experts as i32, "{name}");
             }
         }

@@ -20,8 +20,9 @@
 //! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's q/k norms, Gemma's
 //! sandwich norms, GeGLU, embedding scale, sliding layers and soft-caps; granite's residual
 //! multiplier and logits scaling; mixtures of experts, [`GraphMoe`]: qwen3_moe's and mixtral's
-//! routers, the chosen experts' products read in place from the stacked weights
-//! (`graph_moe.cu`), one sequence a step);
+//! routers, the chosen experts' products read in place from the decoder's device copy of
+//! the stacked weights (`graph_moe.cu`; like every weight the decoder holds, a second copy
+//! beside MLX's, counted in a generation's peak memory), one sequence a step);
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales; head size 16-128; greedy decoding; one sequence. The prompt is processed
 //! by MLX (the model's own forward, which is exact) and its KV cache copied in with

@@ -96,9 +96,13 @@ impl Weights {
         self
     }
 
-    /// Whether [`Weights::keep_linear_scales`] was asked for.
+    /// Whether scales keep their stored dtype: [`Weights::keep_linear_scales`] was asked for
+    /// and the cast is to float32 (or there is none). A half-precision cast keeps casting them:
+    /// MLX's `quantized_matmul` promotes a float16 input with bfloat16 scales (or the reverse)
+    /// to float32, which would change the MLX forward's numbers and dtype, while a float32
+    /// input widens half scales exactly.
     pub fn keeps_linear_scales(&self) -> bool {
-        self.keep_linear_scales
+        self.keep_linear_scales && self.dtype.is_none_or(|d| d == Dtype::Float32)
     }
 
     /// The dtype floating tensors are cast to as they are taken (`None`: stored dtypes).
@@ -109,7 +113,7 @@ impl Weights {
     /// [`Weights::take`] for a quantized linear layer's scales or biases: uncast under
     /// [`Weights::keep_linear_scales`].
     pub fn take_linear_scales(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
-        if !self.keep_linear_scales {
+        if !self.keeps_linear_scales() {
             return self.take(name, shape);
         }
         let dtype = self.dtype.take();

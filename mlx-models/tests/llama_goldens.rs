@@ -132,3 +132,33 @@ fn half_directories_loaded_for_the_cpu_decoder_match_mlx_lm_f32() {
         Ok(())
     });
 }
+
+#[test]
+fn kept_scales_only_under_a_float32_cast() {
+    // MLX's quantized_matmul widens half scales exactly into a float32 input, but promotes a
+    // float16 input with bfloat16 scales (or the reverse) to float32: a half cast keeps casting
+    // the scales, so the MLX forward over such a load is unchanged.
+    use mlx_models::weights::Weights;
+    use std::collections::BTreeMap;
+    let scales = || {
+        let mut m = BTreeMap::new();
+        m.insert(
+            "l.scales".to_string(),
+            mlx_core::Array::from_slice(&[1.0f32, 2.0], &[1, 2])
+                .unwrap()
+                .astype(mlx_core::Dtype::Float16)
+                .unwrap(),
+        );
+        m
+    };
+    for (cast, want) in [
+        (Some(mlx_core::Dtype::Float32), mlx_core::Dtype::Float16),
+        (None, mlx_core::Dtype::Float16),
+        (Some(mlx_core::Dtype::Bfloat16), mlx_core::Dtype::Bfloat16),
+    ] {
+        let mut w = Weights::new(scales(), None, cast).keep_linear_scales();
+        let got = w.take_linear_scales("l.scales", &[1, 2]).unwrap();
+        assert_eq!(got.dtype(), want, "cast {cast:?}");
+        assert_eq!(w.keeps_linear_scales(), want == mlx_core::Dtype::Float16);
+    }
+}
