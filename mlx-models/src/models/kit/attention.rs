@@ -560,7 +560,13 @@ impl Attention {
             }
         }
         let split = |y: &Array, n: i32| ops::reshape(y, &[b, l, n, -1], None);
-        let mut queries = split(&queries, self.n_heads)?;
+        // Gated queries are in heads already (`Qwen3NextAttention` splits the gate off the
+        // heads' view and reshapes nothing more): no second reshape, as mlx-lm's graph has none.
+        let mut queries = if query_gate.is_some() {
+            queries
+        } else {
+            split(&queries, self.n_heads)?
+        };
         let mut keys = split(&keys, self.n_kv_heads)?;
         if self.qk_norm == QkNorm::PerHead {
             queries = norm(&self.q_norm, queries)?;
