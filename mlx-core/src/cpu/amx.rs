@@ -560,22 +560,9 @@ unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
 #[cfg(test)]
 mod tests {
     use super::super::matmul_t;
+    use super::super::test_rng::Lcg;
     use super::*;
     use half::f16;
-
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self) -> u32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (self.0 >> 33) as u32
-        }
-        fn unit(&mut self) -> f32 {
-            self.next() as f32 / (1u64 << 31) as f32 - 0.5
-        }
-    }
 
     fn amx_ctx() -> Option<CpuContext> {
         let mut ctx = CpuContext::new(2).unwrap();

@@ -654,22 +654,9 @@ fn decode_for_test(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<f
 #[cfg(test)]
 mod tests {
     use super::super::kquant::dequantize_row;
+    use super::super::test_rng::Lcg;
     use super::super::{matmul_t, Activations};
     use super::*;
-
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self) -> u32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (self.0 >> 33) as u32
-        }
-        fn unit(&mut self) -> f32 {
-            self.next() as f32 / (1u64 << 31) as f32 - 0.5
-        }
-    }
 
     const TYPES: [GgmlType; 8] = [
         GgmlType::Q4_0,

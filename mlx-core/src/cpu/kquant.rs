@@ -788,19 +788,9 @@ pub fn matvec_with(
 #[cfg(test)]
 mod tests {
     use super::super::matmul::Floats;
+    use super::super::test_rng::Lcg;
     use super::super::{matmul_t, matmul_t_each, RowsScratch};
     use super::*;
-
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self) -> u32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (self.0 >> 33) as u32
-        }
-    }
 
     /// Seeded rows of `ty`: random code bytes, half-precision factors set to small finite
     /// values (positive and negative).

@@ -260,3 +260,26 @@ impl SharedOut {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), n) }
     }
 }
+
+/// The seeded generator the kernels' tests draw their inputs from (one LCG, Knuth's MMIX
+/// constants).
+#[cfg(test)]
+pub(crate) mod test_rng {
+    pub(crate) struct Lcg(pub(crate) u64);
+
+    impl Lcg {
+        /// The next 31 random bits.
+        pub(crate) fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) as u32
+        }
+
+        /// A value in [-0.5, 0.5).
+        pub(crate) fn unit(&mut self) -> f32 {
+            self.next() as f32 / (1u64 << 31) as f32 - 0.5
+        }
+    }
+}

@@ -427,18 +427,8 @@ unsafe fn weighted_tile<E: Widen16>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_rng::Lcg;
     use super::*;
-
-    struct Lcg(u64);
-    impl Lcg {
-        fn unit(&mut self) -> f32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (self.0 >> 33) as f32 / (1u64 << 31) as f32 - 0.5
-        }
-    }
 
     /// The plain reference in float64: each row over its window, softmax, weighted sum.
     #[allow(clippy::too_many_arguments)]
