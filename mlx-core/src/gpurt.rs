@@ -1,8 +1,9 @@
 //! A small CUDA runtime of our own beside MLX: kernels compiled from CUDA C source with NVRTC,
 //! device buffers, launches, and CUDA graphs captured once and replayed.
 //!
-//! MLX schedules every primitive of a step on the host (~3 us each on its CUDA back-end), so a
-//! decode step of ~1,000 primitives costs milliseconds of host time whatever the GPU does. A
+//! MLX schedules every primitive of a step on the host (microseconds each on its CUDA
+//! back-end), so a decode step of around a thousand primitives costs milliseconds of host time
+//! whatever the GPU does (`results/gpu/README.md`). A
 //! graph captured here is replayed by one driver call. This module is the safe, owning side;
 //! the kernels themselves live where they are used (`mlx-kernels`' graph decoder).
 //!

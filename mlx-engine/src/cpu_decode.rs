@@ -1544,8 +1544,8 @@ fn activations_from_env() -> Result<Activations> {
 }
 
 /// Whether prompt blocks may use AMX's tiles where the CPU has them (`cpu::amx`): yes unless
-/// `MLX_CPU_AMX` is `0`. The SmolLM2 quality gate (`cargo xtask cpu-quality smollm2`) passed
-/// with it on: prefill blocks 99.95% top-1, 0.010% perplexity gap
+/// `MLX_CPU_AMX` is `0`. On by default because the SmolLM2 quality gate (`cargo xtask
+/// cpu-quality smollm2`) passes with it on
 /// (results/bench/2026-12-05-s27-cpu-prefill/quality-smollm2.txt).
 fn amx_from_env() -> Result<bool> {
     match std::env::var("MLX_CPU_AMX").ok().as_deref() {

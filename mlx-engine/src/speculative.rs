@@ -682,12 +682,12 @@ const KEY_BUCKET: i32 = 256;
 
 /// The attention of a verification round (and of a draft step) on MLX's CUDA back-end. There MLX
 /// sends attention with more than one query row to cuDNN, whose graph cache is keyed by the
-/// shapes: every round's key length is new, so every round built a new cuDNN graph (~44 ms a
-/// call, the round ~150 ms; results/gpu/2026-12-04-s24-spec-attn). A forward of 2..=FEW_QUERIES
-/// queries over a longer cache attends over keys padded to a multiple of KEY_BUCKET, the padding
-/// masked ([`mlx_models::layers::bucketed_scaled_dot_product_attention`]: cuDNN builds one graph
-/// a bucket; 0.14-0.18 ms a call at 8B shapes in that probe, against 0.23-0.71 ms for plain ops
-/// over keys that grow, which pay a per-shape cost of their own); an array mask (a sliding
+/// shapes: every round's key length is new, so every round built a new cuDNN graph, which cost
+/// more than the round's other work (results/gpu/2026-12-04-s24-spec-attn). A forward of
+/// 2..=FEW_QUERIES queries over a longer cache attends over keys padded to a multiple of
+/// KEY_BUCKET, the padding masked ([`mlx_models::layers::bucketed_scaled_dot_product_attention`]:
+/// cuDNN builds one graph a bucket, and plain ops over keys that grow pay a per-shape cost of
+/// their own; the figures are in that folder); an array mask (a sliding
 /// window) goes through plain ops ([`mlx_models::layers::plain_scaled_dot_product_attention`]).
 /// Everything else, and every other back-end (the CPU path is untouched), keeps MLX's SDPA.
 /// Against mlx-lm's cuDNN attention on the GPU the tier is L3 (a different reduction order).

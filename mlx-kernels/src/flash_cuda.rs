@@ -23,8 +23,8 @@
 //! Checked without a GPU: every kernel compiles with NVRTC for every dtype against MLX's own
 //! `cuda_kernel` header (`xtask/gpu/nvrtc_check.py`), and the exact sources, run on the CPU with
 //! one thread per CUDA thread (`xtask/gpu/flash_emulate.py`), match a dense attention in double
-//! within the bounds below. On the H200 (`tests/cuda.rs` through `xtask/gpu/flash.sh`, results
-//! in `results/gpu/flash/`) the forward and gradients are within those bounds of the
+//! within the bounds below. On a CUDA device (`tests/cuda.rs` through `xtask/gpu/flash.sh`,
+//! results in `results/gpu/flash/`) the forward and gradients are within those bounds of the
 //! float32 materialised attention, and the backward matches finite differences. They are
 //! scalar FMA kernels: memory O(L), speed well below MLX's cuDNN SDPA.
 

@@ -1,9 +1,9 @@
 //! The graph decoder: a llama decode step as a CUDA graph of our own kernels, captured once and
 //! replayed for every token ([`GraphDecoder`]).
 //!
-//! Why: MLX 0.32.4's CUDA back-end spends ~3 us of host time scheduling each primitive, and a
-//! decode step of a 30-layer llama is 800-1,500 primitives, so MLX decodes at a few hundred
-//! tokens a second whatever the GPU could do (`results/gpu/README.md`). Here one step is
+//! Why: MLX 0.32.4's CUDA back-end spends microseconds of host time scheduling each
+//! primitive, and a decode step of a llama is around a thousand primitives, so MLX's decode
+//! speed is bound by the host whatever the GPU could do (`results/gpu/README.md`). Here one step is
 //! 5 kernels a layer (`graph_decode.cu`): RMSNorm fused into the projections that follow it;
 //! q/k/v as one matrix whose epilogue applies RoPE and writes the cache (the q and k rows are
 //! permuted so that a warp's two rows are a rotation pair); attention split over the sequence,
@@ -119,8 +119,8 @@ pub struct GraphOptions {
     /// true; off where the driver cannot).
     pub programmatic_launch: bool,
     /// Rows of a weight matrix one warp computes at once, sharing each input load: 2
-    /// (default) or 4 (measured slower for whole steps on the H200, though faster for some
-    /// matrices alone: `results/gpu/README.md`).
+    /// (default) or 4 (slower for whole steps, though faster for some matrices alone:
+    /// `results/gpu/README.md`).
     pub rows_per_warp: u32,
     /// 16-byte chunks of each of its rows a lane keeps in flight: 1 to 8, with at most 16
     /// loads a lane (`rows_per_warp` times this). Default `8 / rows_per_warp`.

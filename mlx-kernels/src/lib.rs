@@ -68,7 +68,7 @@ pub enum Tier {
     /// Bit-equal with the reference (L2).
     Exact,
     /// Within `max_ulps` units in the last place of the output dtype, elementwise (L3,
-    /// with the bound measured on the H200 and stated where the kernel is defined).
+    /// with the bound measured on a CUDA device and stated where the kernel is defined).
     Bounded { max_ulps: u32 },
 }
 

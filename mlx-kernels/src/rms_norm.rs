@@ -16,7 +16,7 @@ use crate::{check_float, check_same_dtype, invalid, n_reads, with_kernel, Path, 
 
 /// The fused kernel against [`add_rms_norm_reference`] on the same CUDA device: `h` and `out`
 /// bit-equal (checked by `tests/cuda.rs` over float32, float16 and bfloat16 and several
-/// widths, on the H200).
+/// widths on a CUDA device, `xtask/gpu/`).
 pub const TIER: Tier = Tier::Exact;
 
 const OP: &str = "add_rms_norm";

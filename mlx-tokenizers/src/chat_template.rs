@@ -153,9 +153,8 @@ impl ChatTemplateOptions {
 /// 1.1 MB of text). So the base is over 300 times the fixed part, and the per-message part alone
 /// over 20 times what a message needs. (Paying for comparisons and concatenations,
 /// `template_bounds.rs`, added about a tenth: 831 fuel for Qwen3's first turn, about 110 a
-/// message.) A runaway template on a short chat stops within about
-/// 50 ms of CPU on the 2-core x86-64 build machine (was up to 3.4 s with the earlier fixed budget
-/// of 2,000,000); the campaign figures are in `results/fuzz/template.md`.
+/// message.) Sized from the input rather than fixed, so a runaway template on a short chat
+/// stops early; the fuzzing campaign's times are in `results/fuzz/template.md`.
 pub const TEMPLATE_FUEL: u64 = 250_000;
 /// The fuel a render gets per message, tool and document it is given.
 pub const TEMPLATE_FUEL_PER_ITEM: u64 = 2_000;

@@ -12,7 +12,8 @@
 //! (`Int8`, `Int8Vnni`, `Int8Normed`) they are quantized once per call to int8 per 32 values
 //! (`d = max|x| / 127`, `q = round(x / d)`, llama.cpp's Q8_0 activations; the exact float sum of
 //! each 32 kept for the blocks' minimums): faster, but on Gemma 3 270M they failed the quality
-//! gate (95.7% top-1 over 512 positions). Each 32-value chunk of a weight row is decoded to integer codes
+//! gate (results/bench/2026-12-04-cpu-gemma3-kquant/README.md). Each 32-value chunk of a weight
+//! row is decoded to integer codes
 //! `w` with an integer scale per 16 values (Q6_K, Q3_K, Q2_K's sub-blocks; else 1), a float
 //! factor `f` and a float minimum `b`, so that a weight is `f * scale * w - b` exactly as the
 //! format defines it. A chunk's product with an input is then

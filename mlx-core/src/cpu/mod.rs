@@ -133,7 +133,7 @@ pub enum Activations {
     /// each chunk's largest input to each product's terms, as `Int8`. Where the CPU lacks
     /// AVX-512 VNNI, as `Int16Q8Int8`. Only through [`matmul_t_each`]; [`matmul_t`] takes
     /// it as `Int16`. Not the CPU decoder's default: on SmolLM2-135M it fails the quality
-    /// gate (92.6% top-1 agreement over 2,000 positions, perplexity 2.3% apart).
+    /// gate (results/bench/2026-12-04-cpu-session19/README.md).
     Int8Vnni,
     /// As `Int8Vnni` for the products whose inputs are RMSNorm outputs (the caller says
     /// which: [`matmul_t_each_with`] and [`Activations::unnormed`]), as `Int16Q8Int8` for the

@@ -178,9 +178,9 @@ pub fn plain_scaled_dot_product_attention(
 /// padded with zeros to a multiple of `bucket` positions and a boolean mask that hides the
 /// padding (a causal mask keeps its bottom-right alignment: query i of l sees the keys up to
 /// kl - l + i). On MLX's CUDA back-end the fused kernel runs cuDNN for more than one query,
-/// whose graphs are cached by shape: keys that grow every call built a graph every call (~44
-/// ms), padded ones build one a bucket; at 8B shapes 0.14-0.18 ms a call after it, against
-/// 0.23-0.71 ms for the plain ops over keys that grow (results/gpu/2026-12-04-s24-spec-attn).
+/// whose graphs are cached by shape: keys that grow every call built a graph every call, padded
+/// ones build one a bucket, after which a call is cheaper than the plain ops over keys that
+/// grow (figures: results/gpu/2026-12-04-s24-spec-attn).
 /// `None` for an array mask (left to the caller).
 pub fn bucketed_scaled_dot_product_attention(
     queries: &Array,
