@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
-"""Issue #29's closing figures for a source tree: lines per crate, the largest files, the
-import circles among mlx-models' modules, `Other(` sites per crate and README words.
+"""Issue #29's closing figures for a source tree: lines per crate (`src/` and `tests/` apart),
+the 15 largest source files, the import circles among each crate's modules, `Other(` sites and
+`Result<_, String>` lines per crate, and the words of the README and of docs/*.md.
 
     python3 xtask/stats/consolidation_figures.py [ROOT]
 
 ROOT defaults to the current directory (a checkout, or `git archive REV | tar -x` of one).
 Duplicate pairs come from the workplace `duplicates` tool, not from here. Prints Markdown.
+
+The counting rules (each is one grep, so a column can be checked by hand):
+- lines: every line of every `*.rs` file under `CRATE/src` (and, apart, `CRATE/tests`);
+- `Other(`: textual occurrences, as `grep -o "Other(" -r --include=*.rs CRATE/src | wc -l`;
+- `Result<_, String>`: lines matching `Result<[^;{]*, ?String>`, as
+  `grep -rnE "Result<[^;{]*, ?String>" --include=*.rs mlx-*/src | grep -v "^mlx-cli/"` counts
+  them (the library crates: every crate but mlx-cli; xtask is not counted);
+- words: `len(text.split())`, as `wc -w`.
 """
 import os
 import re
@@ -120,39 +129,60 @@ def sccs(edges):
     return out
 
 
+RESULT_STRING = re.compile(r"Result<[^;{]*, ?String>")
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "."
-    print("| crate | src lines | `Other(` sites |")
-    print("| --- | ---: | ---: |")
-    total = [0, 0]
+    print("| crate | src lines | tests lines | `Other(` sites | `Result<_, String>` lines |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    total = [0, 0, 0, 0]
     allfiles = []
     for c in crates(root):
-        ls, oth = 0, 0
+        ls, lt, oth, rs = 0, 0, 0, 0
         for p in rs_files(root, os.path.join(c, "src")):
             n = lines(p)
             ls += n
             allfiles.append((n, os.path.relpath(p, root)))
-            oth += open(p, encoding="utf-8", errors="replace").read().count("Other(")
-        total[0] += ls
-        total[1] += oth
-        print(f"| {c} | {ls} | {oth} |")
-    print(f"| total | {total[0]} | {total[1]} |")
+            text = open(p, encoding="utf-8", errors="replace").read()
+            oth += text.count("Other(")
+            if c.startswith("mlx-") and c != "mlx-cli":
+                rs += sum(1 for line in text.splitlines() if RESULT_STRING.search(line))
+        for p in rs_files(root, os.path.join(c, "tests")):
+            lt += lines(p)
+        for i, v in enumerate((ls, lt, oth, rs)):
+            total[i] += v
+        lib = "" if c.startswith("mlx-") and c != "mlx-cli" else " (not counted)"
+        print(f"| {c} | {ls} | {lt} | {oth} | {rs if not lib else '-'}{lib} |")
+    print(f"| total | {total[0]} | {total[1]} | {total[2]} | {total[3]} |")
     print()
-    print("Largest source files (lines):")
+    print("Largest source files (lines, `src/` of every crate):")
     print()
-    for n, p in sorted(allfiles, reverse=True)[:10]:
+    for n, p in sorted(allfiles, reverse=True)[:15]:
         print(f"- {p}: {n}")
     print()
-    files, edges = import_graph(os.path.join(root, "mlx-models", "src"))
-    comps = sorted((c for c in sccs(edges) if len(c) > 1), key=len, reverse=True)
-    print(f"mlx-models import circles (strongly connected module sets of 2 or more files): {len(comps)}")
-    for c in comps:
-        names = sorted("::".join(m) or "lib" for m in c)
-        print(f"- {len(c)} files: {', '.join(names)}")
+    print("Import circles (strongly connected sets of 2 or more module files, by `crate::`,")
+    print("`super::` and `self::` paths outside comments and macro bodies):")
     print()
-    readme = os.path.join(root, "README.md")
-    if os.path.exists(readme):
-        print(f"README.md words: {len(open(readme, encoding='utf-8').read().split())}")
+    for c in crates(root):
+        files, edges = import_graph(os.path.join(root, c, "src"))
+        comps = sorted((k for k in sccs(edges) if len(k) > 1), key=len, reverse=True)
+        if not comps:
+            continue
+        print(f"- {c}: {len(comps)}")
+        for k in comps:
+            names = sorted("::".join(m) or "lib" for m in k)
+            print(f"  - {len(k)} files: {', '.join(names)}")
+    print()
+    print("Words (`wc -w`):")
+    print()
+    docs = ["README.md"]
+    if os.path.isdir(os.path.join(root, "docs")):
+        docs += sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(root, "docs")) if f.endswith(".md"))
+    for d in docs:
+        p = os.path.join(root, d)
+        if os.path.exists(p):
+            print(f"- {d}: {len(open(p, encoding='utf-8').read().split())}")
 
 
 if __name__ == "__main__":
