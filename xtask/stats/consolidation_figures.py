@@ -65,7 +65,9 @@ def strip_macro_bodies(text):
 
 def import_graph(src):
     """Edges between module files of one crate: a file naming `crate::a::b` (or `super::`,
-    `self::`) depends on the longest module prefix of that path that is a file."""
+    `self::`, or a glob import `super::*`) depends on the longest module prefix of that path
+    that is a file. Bare paths (`pub use child::X` in a parent, `moe::Model` after
+    `use super::*`) are not followed, as the earlier figures did not follow them."""
     files = {module_of(src, p): p for p in rs_files(src, "")}
     edges = {m: set() for m in files}
     for m, p in files.items():
@@ -82,6 +84,9 @@ def import_graph(src):
                 if item:
                     paths.append((g.group(1), g.group(2) + "::" + item))
         for g in re.finditer(r"\b(crate|super|self)((?:::\w+)+)", text):
+            paths.append((g.group(1), g.group(2)))
+        # Glob imports (`use super::*`) depend on the module they name.
+        for g in re.finditer(r"\b(crate|super|self)((?:::\w+)*)::\*", text):
             paths.append((g.group(1), g.group(2)))
         for head, tail in paths:
             parts = [x for x in tail.split("::") if x and x != "self"]
@@ -162,7 +167,8 @@ def main():
         print(f"- {p}: {n}")
     print()
     print("Import circles (strongly connected sets of 2 or more module files, by `crate::`,")
-    print("`super::` and `self::` paths outside comments and macro bodies):")
+    print("`super::` and `self::` paths and glob imports, outside comments and macro bodies;")
+    print("bare paths such as a parent's `pub use child::X` are not followed):")
     print()
     for c in crates(root):
         files, edges = import_graph(os.path.join(root, c, "src"))
