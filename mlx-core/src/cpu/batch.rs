@@ -431,6 +431,8 @@ pub fn matmul_t_each_prefetch(
     let regions = super::Regions::new(blocks, threads);
     let shared = shared_counter();
     let isa = ctx.isa;
+    #[cfg(target_arch = "x86_64")]
+    let lane4 = ctx.lane4;
     ctx.pool.run(&|worker, _| loop {
         let b = if shared {
             next.fetch_add(1, Ordering::Relaxed)
@@ -502,6 +504,12 @@ pub fn matmul_t_each_prefetch(
                 let Some(q) = qx16 else { break };
                 // The kernel `matmul_t` picks for one input; each input row's sums are
                 // independent of how many rows a call takes (`each_row_is_what_it_is_alone`).
+                if isa == Isa::Avx512 && lane4 && super::amx_verify::supports(&w) {
+                    // SAFETY: as below (Isa::Avx512, q holding m rows of codes, scales and
+                    // sums, these weight rows of the output this worker's alone).
+                    unsafe { super::amx_verify::rows(&w, r0, r1, q.q, q.d, q.s, m, out, bias) };
+                    continue;
+                }
                 let wide = isa == Isa::Avx512 && cols / 32 <= super::x86::MAX_CHUNKS;
                 if wide && super::affine_rows::supports(&w) {
                     // SAFETY: as below (Isa::Avx512, the inputs quantized to int16, these

@@ -413,6 +413,8 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
     }
     let next = AtomicUsize::new(0);
     let isa = ctx.isa;
+    #[cfg(target_arch = "x86_64")]
+    let lane4 = ctx.lane4;
     // Int8/int16 activations: `x` quantized once here (on the stack: no allocation), read by
     // every product of the call that the integer kernels take.
     #[cfg(target_arch = "x86_64")]
@@ -508,6 +510,12 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(q) = qx16.filter(|_| int16_kernel(&w)) {
+            if isa == Isa::Avx512 && lane4 && super::amx_verify::supports(&w) {
+                // SAFETY: as below (Isa::Avx512: AVX-512 F/BW/VL + VNNI), q holding m rows of
+                // codes, scales and sums.
+                unsafe { super::amx_verify::rows(&w, r0, r1, q.q, q.d, q.s, m, out, bias) };
+                continue;
+            }
             if isa == Isa::Avx512 && w.cols / 32 <= super::x86::MAX_CHUNKS {
                 // SAFETY: as below, and Isa::Avx512 was checked available by CpuContext.
                 unsafe { super::x86::rows_int16_512(&w, r0, r1, q, m, out, bias) };

@@ -18,6 +18,8 @@
 mod affine_rows;
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
+#[cfg(target_arch = "x86_64")]
+pub mod amx_verify;
 mod batch;
 #[cfg(target_arch = "x86_64")]
 mod kgemm;
@@ -169,6 +171,11 @@ pub struct CpuContext {
     /// AMX's bfloat16 tiles (`cpu::amx`): set where the CPU and OS have them; clear it to keep
     /// the AVX-512 kernels.
     pub amx: bool,
+    /// The 4-bit float16 affine products over int16 inputs on AVX-512 (the decode step's and
+    /// the verification pass's) through `amx_verify::rows` (chunk-sum arithmetic, rows in the
+    /// vector lanes: other bits than the default kernel's, cheaper extra rows). Off by default;
+    /// `MLX_CPU_LANE4=1` sets it. An experiment of #33 (session 28).
+    pub lane4: bool,
 }
 
 impl CpuContext {
@@ -200,6 +207,7 @@ impl CpuContext {
             activations: Activations::F32,
             split4: true,
             amx,
+            lane4: std::env::var("MLX_CPU_LANE4").is_ok_and(|v| v == "1"),
         })
     }
 
