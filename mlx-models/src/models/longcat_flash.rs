@@ -17,6 +17,7 @@ use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
     SwitchGlu,
 };
+use crate::models::moe_block::Router;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -74,8 +75,7 @@ fn d_ngram_k() -> i64 {
 struct Moe {
     top_k: i32,
     n_routed: i32,
-    norm_topk_prob: bool,
-    routed_scaling_factor: f32,
+    router: Router,
     switch_mlp: SwitchGlu,
     classifier: Linear,
     e_score_correction_bias: Array,
@@ -86,29 +86,12 @@ struct Moe {
 
 impl Moe {
     fn forward(&self, x: &Array) -> Result<Array> {
-        let k = self.top_k;
-        // The router.
-        let dtype = x.dtype();
+        // The router: the shared block's [`Router::SoftmaxCorrectedUpper`].
         let logits = self.classifier.forward(x)?;
-        let scores = ops::softmax(&logits, &[-1], false, None)?;
-        let corrected = (&scores + &self.e_score_correction_bias)?;
-        let n = corrected.shape().last().copied().unwrap_or(0);
-        let inds = ops::slice_axis(
-            &ops::argpartition(&corrected, -k, -1, None)?,
-            -1,
-            n - k,
-            n,
-            None,
-        )?;
-        let inds = ops::stop_gradient(&inds, None)?;
-        let mut weights = ops::take_along_axis(&scores, &inds, -1, None)?;
-        if self.norm_topk_prob {
-            let d = ops::add_scalar(&ops::sum(&weights, &[-1], true, None)?, 1e-20f32, None)?;
-            weights = (&weights / &d)?;
-        }
-        let weights =
-            ops::multiply_scalar(&weights, self.routed_scaling_factor, None)?.astype(dtype)?;
-        // The experts.
+        let bias = Some(&self.e_score_correction_bias);
+        let (inds, weights, _) = self.router.select(&logits, self.top_k, bias, x)?;
+        // The experts: indices past the routed experts are identity experts, zeroed here and
+        // added as `x` times their summed weight.
         let mask = ops::greater_equal(
             &inds,
             &Scalar::Int(i64::from(self.n_routed)).to_array_like(inds.dtype())?,
@@ -294,8 +277,10 @@ impl Model {
             let mlp = Moe {
                 top_k: a.moe_topk,
                 n_routed: a.n_routed_experts,
-                norm_topk_prob: a.norm_topk_prob,
-                routed_scaling_factor: a.routed_scaling_factor as f32,
+                router: Router::SoftmaxCorrectedUpper {
+                    norm_topk_prob: a.norm_topk_prob,
+                    routed_scaling_factor: a.routed_scaling_factor,
+                },
                 switch_mlp: SwitchGlu::load(
                     w,
                     &format!("{p}.mlp.switch_mlp"),
