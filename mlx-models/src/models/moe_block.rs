@@ -1,8 +1,9 @@
 //! The mixture-of-experts block the ports share: the routers ([`Router`], DeepSeek's grouped
 //! choice [`group_expert_select`]), the experts with their optional shared experts
 //! ([`SparseMoe`], its extras [`BlockExtras`]), and a layer's feed-forward block, dense or
-//! sparse ([`Ffn`]). `moe.rs` (the MoE rows), lfm2, qwen3_next, jamba, granitemoehybrid,
-//! mimo_v2_flash, kda and kimi_k3 build on it.
+//! sparse ([`Ffn`]). Every MoE port routes through [`Router::select`]; `moe.rs` (the MoE
+//! rows), lfm2, qwen3_next, jamba, granitemoehybrid, mimo_v2_flash, llama4, minimax_m3,
+//! step3p5, deepseek, bailing_linear and longcat_flash use the whole block.
 
 use mlx_core::prelude::*;
 
@@ -118,6 +119,7 @@ pub enum Router {
     /// deepseek_v3's family (deepseek_v3, kimi_k25, glm4_moe(_lite), dots1, mistral4, ...):
     /// the compiled `group_expert_select` with [`GroupSelect::deepseek`]'s constants, the
     /// correction bias an input when the block has one; the weighted sum cast back.
+    /// kimi_linear, kimi_k3 and nemotron_h route with it too, with their own constants.
     DeepseekGroup(GroupSelect),
     /// dbrx: softmax of the float32 logits, the lower choice, the chosen over their L1 norm
     /// (`mx.linalg.norm(scores, ord=1)`: the sum of their absolute values), cast to the
@@ -246,11 +248,7 @@ impl GroupSelect {
 /// exaone_moe.py's `group_expert_select(gates, bias, top_k, ...)` as an `mx.compile`d
 /// function (not shapeless): one compiled function per thread and per set of constants, as
 /// `mx.compile` keys its cache on the non-array arguments.
-pub(crate) fn group_expert_select(
-    gates: &Array,
-    bias: &Array,
-    key: GroupSelect,
-) -> Result<(Array, Array)> {
+fn group_expert_select(gates: &Array, bias: &Array, key: GroupSelect) -> Result<(Array, Array)> {
     use mlx_core::compile::{compile, Compiled};
     use std::cell::RefCell;
     use std::collections::HashMap;
@@ -427,6 +425,10 @@ pub struct SparseMoe {
     /// The tokens flattened to `(B * L, D)` before the router and the output reshaped back
     /// (minimax_m3; olmoe through its router's `flatten`).
     pub(crate) flatten: bool,
+    /// longcat_flash's identity ("zero") experts ([`SparseMoe::with_identity_experts`]): the
+    /// router's indices from this one on run no expert; their weights are zeroed for the
+    /// experts and their sum times the input is added after the (sharded) experts' sum.
+    pub(crate) identity_from: Option<i32>,
 }
 
 /// What a port that loads its block's parts itself hands [`SparseMoe::from_parts`]: ports
@@ -480,6 +482,7 @@ impl SparseMoe {
             (self.coefficient.is_some(), "a shared-expert coefficient"),
             (self.output_scale.is_some(), "an output scale"),
             (self.sharded, "tensor-parallel shards"),
+            (self.identity_from.is_some(), "identity experts"),
         ]
         .into_iter()
         .filter_map(|(p, w)| p.then_some(w))
@@ -567,6 +570,7 @@ impl SparseMoe {
             coefficient,
             output_scale: extras.output_scale,
             flatten: false,
+            identity_from: None,
         })
     }
 
@@ -591,7 +595,17 @@ impl SparseMoe {
             coefficient: None,
             output_scale: None,
             flatten: p.flatten,
+            identity_from: None,
         }
+    }
+
+    /// longcat_flash's `LongcatFlashMoE`: the router's indices from `n_routed` on are
+    /// identity experts (`zero_expert_type` `identity`). They are sent to expert 0 with a zero
+    /// weight, and `x` times their summed weight is added after the experts' sum (after the
+    /// sharded sum, so it is not summed over the ranks).
+    pub(crate) fn with_identity_experts(mut self, n_routed: i32) -> SparseMoe {
+        self.identity_from = Some(n_routed);
+        self
     }
 
     /// Walks the router, the experts' switch linears (then the router's correction bias),
@@ -658,6 +672,23 @@ impl SparseMoe {
         };
         let bias = self.correction_bias.as_ref().map(|(_, b)| b);
         let (inds, scores, cast_back) = self.router.select(&gates, k, bias, &x_in)?;
+        // longcat_flash: `mask = inds >= n_routed`, those indices sent to expert 0 with a zero
+        // weight; the routed weights kept for the identity share.
+        let (inds, scores, identity) = match self.identity_from {
+            Some(n_routed) => {
+                let mask = ops::greater_equal(
+                    &inds,
+                    &Scalar::Int(i64::from(n_routed)).to_array_like(inds.dtype())?,
+                    None,
+                )?;
+                let zero_i = Scalar::Int(0).to_array_like(inds.dtype())?;
+                let inds = ops::where_(&mask, &zero_i, &inds, None)?;
+                let zero_w = Scalar::Float(0.0).to_array_like(scores.dtype())?;
+                let regular = ops::where_(&mask, &zero_w, &scores, None)?;
+                (inds, regular, Some((mask, scores, zero_w)))
+            }
+            None => (inds, scores, None),
+        };
         let mut out = if self.router == Router::SigmoidScaledInput {
             // llama4: `experts(x * scores, indices).squeeze(2)`.
             let y = self.switch_mlp.forward(&(&x_in * &scores)?, &inds)?;
@@ -696,6 +727,15 @@ impl SparseMoe {
         }
         if self.sharded {
             out = mlx_core::distributed::all_sum(&out, None, None)?;
+        }
+        if let Some((mask, weights, zero_w)) = identity {
+            let share = ops::sum(
+                &ops::where_(&mask, &weights, &zero_w, None)?,
+                &[-1],
+                true,
+                None,
+            )?;
+            out = (&out + &(&x_in * &share)?)?;
         }
         Ok(out)
     }
