@@ -33,6 +33,67 @@ pub const MAD_B: u32 = 76_625_530;
 /// 1MAD's divisor (the byte sum's standard deviation).
 pub const MAD_SCALE: f32 = 147.800_54;
 
+/// A trellis code's shape: `k` bits a weight, an `l`-bit state, blocks of `block` weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrellisSpec {
+    pub k: u32,
+    pub l: u32,
+    pub block: usize,
+}
+
+impl TrellisSpec {
+    /// Checks the shape: `k` in 2..=4, `l` in `k + 1..=16`, a block whose bit count is a
+    /// whole number of words and at least `l` bits.
+    pub fn check(&self) -> Result<(), TrellisError> {
+        if !(2..=4).contains(&self.k) {
+            return Err(TrellisError::Bits { k: self.k });
+        }
+        if self.l <= self.k || self.l > 16 {
+            return Err(TrellisError::StateBits {
+                k: self.k,
+                l: self.l,
+            });
+        }
+        if self.block == 0 || (self.block * self.k as usize) % 32 != 0 {
+            return Err(TrellisError::BlockWords {
+                block: self.block,
+                k: self.k,
+            });
+        }
+        if self.block * (self.k as usize) < self.l as usize || self.block > 4096 {
+            return Err(TrellisError::BlockSize {
+                block: self.block,
+                min: (self.l as usize).div_ceil(self.k as usize),
+            });
+        }
+        Ok(())
+    }
+
+    /// Words a block takes.
+    pub fn block_words(&self) -> usize {
+        self.block * self.k as usize / 32
+    }
+
+    /// Checks that `(rows, cols)` can be coded: `cols` a multiple of the block.
+    pub fn check_shape(&self, rows: usize, cols: usize) -> Result<(), TrellisError> {
+        self.check()?;
+        if rows == 0 || cols == 0 || cols % self.block != 0 {
+            return Err(TrellisError::Shape {
+                rows,
+                cols,
+                block: self.block,
+            });
+        }
+        Ok(())
+    }
+
+    /// Bit offset (in the block's stream) of the first bit of weight `t`'s window.
+    pub fn window_start(&self, t: usize) -> usize {
+        let bits = self.block * self.k as usize;
+        ((t + 1) * self.k as usize + bits - self.l as usize) % bits
+    }
+}
+
 /// What a trellis code's shape, a matrix or a kernel's buffers got wrong: the operation, the
 /// parameter and the numbers.
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
@@ -137,67 +198,6 @@ pub enum TrellisError {
         scratch: usize,
         outputs: usize,
     },
-}
-
-/// A trellis code's shape: `k` bits a weight, an `l`-bit state, blocks of `block` weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TrellisSpec {
-    pub k: u32,
-    pub l: u32,
-    pub block: usize,
-}
-
-impl TrellisSpec {
-    /// Checks the shape: `k` in 2..=4, `l` in `k + 1..=16`, a block whose bit count is a
-    /// whole number of words and at least `l` bits.
-    pub fn check(&self) -> Result<(), TrellisError> {
-        if !(2..=4).contains(&self.k) {
-            return Err(TrellisError::Bits { k: self.k });
-        }
-        if self.l <= self.k || self.l > 16 {
-            return Err(TrellisError::StateBits {
-                k: self.k,
-                l: self.l,
-            });
-        }
-        if self.block == 0 || (self.block * self.k as usize) % 32 != 0 {
-            return Err(TrellisError::BlockWords {
-                block: self.block,
-                k: self.k,
-            });
-        }
-        if self.block * (self.k as usize) < self.l as usize || self.block > 4096 {
-            return Err(TrellisError::BlockSize {
-                block: self.block,
-                min: (self.l as usize).div_ceil(self.k as usize),
-            });
-        }
-        Ok(())
-    }
-
-    /// Words a block takes.
-    pub fn block_words(&self) -> usize {
-        self.block * self.k as usize / 32
-    }
-
-    /// Checks that `(rows, cols)` can be coded: `cols` a multiple of the block.
-    pub fn check_shape(&self, rows: usize, cols: usize) -> Result<(), TrellisError> {
-        self.check()?;
-        if rows == 0 || cols == 0 || cols % self.block != 0 {
-            return Err(TrellisError::Shape {
-                rows,
-                cols,
-                block: self.block,
-            });
-        }
-        Ok(())
-    }
-
-    /// Bit offset (in the block's stream) of the first bit of weight `t`'s window.
-    pub fn window_start(&self, t: usize) -> usize {
-        let bits = self.block * self.k as usize;
-        ((t + 1) * self.k as usize + bits - self.l as usize) % bits
-    }
 }
 
 /// The 1MAD code of a state.
