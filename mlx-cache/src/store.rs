@@ -36,9 +36,9 @@ impl QuantSpec {
     pub fn new(group_size: i32, bits: i32) -> Result<QuantSpec> {
         QuantMode::Affine
             .check(group_size, bits)
-            .map_err(|message| Error::InvalidArgument {
+            .map_err(|e| Error::InvalidArgument {
                 op: "QuantizedKVCache",
-                message,
+                message: e.to_string(),
             })?;
         Ok(QuantSpec { group_size, bits })
     }

@@ -299,8 +299,8 @@ impl Side {
             }
             tq::fwht_blocks(v, hb);
         }
-        let (words, scales) =
-            tq::encode_rows(&self.spec, &t, rows * m, cdim, threads()).map_err(err)?;
+        let (words, scales) = tq::encode_rows(&self.spec, &t, rows * m, cdim, threads())
+            .map_err(|e| err(e.to_string()))?;
         let wpt = self.words_per_token();
         let keep = (self.window + self.history) * dim;
         for r in 0..rows {
@@ -362,7 +362,7 @@ impl Side {
                     th,
                     &mut coded,
                 )
-                .map_err(err)?;
+                .map_err(|e| err(e.to_string()))?;
                 let c = &self.center[r * dim..(r + 1) * dim];
                 let g = &self.norm[r * dim..(r + 1) * dim];
                 for (o, v) in chunk

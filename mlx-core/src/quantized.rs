@@ -70,25 +70,49 @@ impl QuantMode {
     /// 1-6 or 8 bits in groups of 32, 64 or 128; mxfp4: 4 bits / 32; nvfp4: 4 / 16; mxfp8:
     /// 8 / 32), so a bad value is refused before any array is quantized or unpacked (MLX
     /// itself divides by the bit width on some paths). The message names the bad parameter.
-    pub fn check(self, group_size: i32, bits: i32) -> std::result::Result<(), String> {
-        let (groups, bit_widths): (&[i32], &[i32]) = match self {
+    pub fn check(self, group_size: i32, bits: i32) -> std::result::Result<(), QuantParamError> {
+        let (groups, bit_widths): (&'static [i32], &'static [i32]) = match self {
             QuantMode::Affine => (&[32, 64, 128], &[1, 2, 3, 4, 5, 6, 8]),
             QuantMode::Mxfp4 => (&[32], &[4]),
             QuantMode::Mxfp8 => (&[32], &[8]),
             QuantMode::Nvfp4 => (&[16], &[4]),
         };
         if !bit_widths.contains(&bits) {
-            return Err(format!(
-                "bits {bits} is not supported by {self} quantization (expected one of {bit_widths:?})"
-            ));
+            return Err(QuantParamError::Bits {
+                mode: self,
+                bits,
+                expected: bit_widths,
+            });
         }
         if !groups.contains(&group_size) {
-            return Err(format!(
-                "group_size {group_size} is not supported by {self} quantization (expected one of {groups:?})"
-            ));
+            return Err(QuantParamError::GroupSize {
+                mode: self,
+                group_size,
+                expected: groups,
+            });
         }
         Ok(())
     }
+}
+
+/// Why [`QuantMode::check`] refuses a bit width or group size: the parameter, its value, the
+/// mode and the values the mode takes.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum QuantParamError {
+    #[error("bits {bits} is not supported by {mode} quantization (expected one of {expected:?})")]
+    Bits {
+        mode: QuantMode,
+        bits: i32,
+        expected: &'static [i32],
+    },
+    #[error(
+        "group_size {group_size} is not supported by {mode} quantization (expected one of {expected:?})"
+    )]
+    GroupSize {
+        mode: QuantMode,
+        group_size: i32,
+        expected: &'static [i32],
+    },
 }
 
 impl std::fmt::Display for QuantMode {

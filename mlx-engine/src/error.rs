@@ -105,9 +105,6 @@ pub enum EngineError {
         index: usize,
         source: Box<EngineError>,
     },
-    /// An invalid argument or state not covered above (the CPU decoder's own checks).
-    #[error("{0}")]
-    Other(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

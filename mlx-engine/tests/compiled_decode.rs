@@ -280,9 +280,10 @@ fn a_failed_step_leaves_every_cache_byte_for_byte_and_reruns_uncompiled() {
         for fail_at in 0..layers {
             dec.set_fault_hook(Some(Box::new(move |layer| {
                 if layer == fail_at {
-                    Err(EngineError::Other(format!(
-                        "injected fault at layer {layer}"
-                    )))
+                    Err(EngineError::Internal {
+                        what: "the test's fault hook".into(),
+                        problem: format!("injected fault at layer {layer}"),
+                    })
                 } else {
                     Ok(())
                 }

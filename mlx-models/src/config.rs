@@ -290,18 +290,29 @@ impl QuantParams {
     }
 
     /// Checks the mode, bits and group size against what MLX accepts.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), QuantParamsError> {
         if let Some(t) = &self.trellis {
-            return self.trellis_spec(t).check();
+            return Ok(self.trellis_spec(t).check()?);
         }
-        let mode = QuantMode::from_name(&self.mode).ok_or_else(|| {
-            format!(
-                "unknown `mode` {:?} (expected affine, mxfp4, nvfp4, mxfp8 or trellis)",
-                self.mode
-            )
-        })?;
-        mode.check(self.group_size, self.bits)
+        let mode = QuantMode::from_name(&self.mode)
+            .ok_or_else(|| QuantParamsError::UnknownMode(self.mode.clone()))?;
+        Ok(mode.check(self.group_size, self.bits)?)
     }
+}
+
+/// Why [`QuantParams::validate`] refuses a quantization entry (the message names the
+/// parameter; the caller adds the file and the entry).
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum QuantParamsError {
+    /// A `trellis` entry whose code shape does not hold.
+    #[error(transparent)]
+    Trellis(#[from] mlx_core::cpu::trellis::TrellisError),
+    /// A `mode` MLX does not have.
+    #[error("unknown `mode` {0:?} (expected affine, mxfp4, nvfp4, mxfp8 or trellis)")]
+    UnknownMode(String),
+    /// Bits or a group size the mode does not take.
+    #[error(transparent)]
+    Mode(#[from] mlx_core::quantized::QuantParamError),
 }
 
 impl QuantParams {

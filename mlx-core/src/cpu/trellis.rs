@@ -44,29 +44,27 @@ pub struct TrellisSpec {
 impl TrellisSpec {
     /// Checks the shape: `k` in 2..=4, `l` in `k + 1..=16`, a block whose bit count is a
     /// whole number of words and at least `l` bits.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TrellisError> {
         if !(2..=4).contains(&self.k) {
-            return Err(format!("trellis bits must be 2, 3 or 4, got {}", self.k));
+            return Err(TrellisError::Bits { k: self.k });
         }
         if self.l <= self.k || self.l > 16 {
-            return Err(format!(
-                "trellis state bits L must be in {}..=16, got {}",
-                self.k + 1,
-                self.l
-            ));
+            return Err(TrellisError::StateBits {
+                k: self.k,
+                l: self.l,
+            });
         }
         if self.block == 0 || (self.block * self.k as usize) % 32 != 0 {
-            return Err(format!(
-                "trellis block of {} weights at {} bits is not a whole number of 32-bit words",
-                self.block, self.k
-            ));
+            return Err(TrellisError::BlockWords {
+                block: self.block,
+                k: self.k,
+            });
         }
         if self.block * (self.k as usize) < self.l as usize || self.block > 4096 {
-            return Err(format!(
-                "trellis block of {} weights is outside {}..=4096",
-                self.block,
-                (self.l as usize).div_ceil(self.k as usize)
-            ));
+            return Err(TrellisError::BlockSize {
+                block: self.block,
+                min: (self.l as usize).div_ceil(self.k as usize),
+            });
         }
         Ok(())
     }
@@ -77,13 +75,14 @@ impl TrellisSpec {
     }
 
     /// Checks that `(rows, cols)` can be coded: `cols` a multiple of the block.
-    pub fn check_shape(&self, rows: usize, cols: usize) -> Result<(), String> {
+    pub fn check_shape(&self, rows: usize, cols: usize) -> Result<(), TrellisError> {
         self.check()?;
         if rows == 0 || cols == 0 || cols % self.block != 0 {
-            return Err(format!(
-                "a ({rows}, {cols}) matrix cannot be cut into trellis blocks of {}",
-                self.block
-            ));
+            return Err(TrellisError::Shape {
+                rows,
+                cols,
+                block: self.block,
+            });
         }
         Ok(())
     }
@@ -93,6 +92,112 @@ impl TrellisSpec {
         let bits = self.block * self.k as usize;
         ((t + 1) * self.k as usize + bits - self.l as usize) % bits
     }
+}
+
+/// What a trellis code's shape, a matrix or a kernel's buffers got wrong: the operation, the
+/// parameter and the numbers.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum TrellisError {
+    /// `k` outside 2..=4.
+    #[error("trellis bits must be 2, 3 or 4, got {k}")]
+    Bits { k: u32 },
+    /// The state width `L` outside `k + 1..=16`.
+    #[error("trellis state bits L must be in {}..=16, got {l}", .k + 1)]
+    StateBits { k: u32, l: u32 },
+    /// A block whose bits are not whole 32-bit words.
+    #[error("trellis block of {block} weights at {k} bits is not a whole number of 32-bit words")]
+    BlockWords { block: usize, k: u32 },
+    /// A block shorter than the state or longer than 4096 weights.
+    #[error("trellis block of {block} weights is outside {min}..=4096")]
+    BlockSize { block: usize, min: usize },
+    /// A matrix whose rows cannot be cut into blocks.
+    #[error("a ({rows}, {cols}) matrix cannot be cut into trellis blocks of {block}")]
+    Shape {
+        rows: usize,
+        cols: usize,
+        block: usize,
+    },
+    /// [`quantize`] / [`encode_rows`] (`op`): the values do not fill the matrix.
+    #[error("trellis {op}: {values} values for a ({rows}, {cols}) matrix")]
+    Values {
+        op: &'static str,
+        values: usize,
+        rows: usize,
+        cols: usize,
+    },
+    /// [`quantize`] / [`encode_rows`] (`op`): a NaN or infinity at this row and column.
+    #[error("trellis {op}: a non-finite value at ({row}, {col})")]
+    NonFinite {
+        op: &'static str,
+        row: usize,
+        col: usize,
+    },
+    /// [`quantize_ldlq`]: the weights or the Hessian do not fit the matrix.
+    #[error(
+        "trellis LDLQ: {weights} weights and a Hessian of {hessian} values for a ({rows}, {cols}) matrix"
+    )]
+    LdlqSizes {
+        weights: usize,
+        hessian: usize,
+        rows: usize,
+        cols: usize,
+    },
+    /// [`quantize_ldlq`]: a NaN or infinity among the weights or the Hessian.
+    #[error("trellis LDLQ: a non-finite weight or Hessian value")]
+    LdlqNonFinite,
+    /// [`quantize_ldlq`]: the (damped) Hessian's Cholesky factor fails at this column.
+    #[error("trellis LDLQ: the Hessian is not positive definite at column {column}")]
+    NotPositiveDefinite { column: usize },
+    /// [`decode`]: the buffers do not fit the matrix.
+    #[error(
+        "trellis decode: {words} words, {scales} scales, {outputs} outputs for a ({rows}, {cols}) matrix"
+    )]
+    DecodeSizes {
+        words: usize,
+        scales: usize,
+        outputs: usize,
+        rows: usize,
+        cols: usize,
+    },
+    /// [`TrellisMatvec`]: the row range overflows `usize`.
+    #[error("trellis matvec: row range overflows")]
+    RowRangeOverflow,
+    /// [`TrellisMatvec`]: the words, scales or input are too short for the rows asked.
+    #[error(
+        "trellis matvec: rows {r0}..{end} of {cols}-wide rows need {needed} words, {end} scales \
+         and {cols} inputs, got {words}, {scales} and {inputs}"
+    )]
+    MatvecSizes {
+        r0: usize,
+        end: usize,
+        cols: usize,
+        needed: usize,
+        words: usize,
+        scales: usize,
+        inputs: usize,
+    },
+    /// [`TrellisView::new`]: the pieces do not fit each other.
+    #[error(
+        "trellis view: a ({rows}, {cols}) matrix needs {needed} words, {rows} scales and a plan \
+         of {cols} columns, got {words}, {scales} and {plan_cols}"
+    )]
+    ViewSizes {
+        rows: usize,
+        cols: usize,
+        needed: usize,
+        words: usize,
+        scales: usize,
+        plan_cols: usize,
+    },
+    /// [`TrellisView::matvec`]: the input, scratch or output length is wrong.
+    #[error("trellis matvec: ({rows}, {cols}) with {inputs} inputs, {scratch} scratch and {outputs} outputs")]
+    ViewMatvecSizes {
+        rows: usize,
+        cols: usize,
+        inputs: usize,
+        scratch: usize,
+        outputs: usize,
+    },
 }
 
 /// The 1MAD code of a state.
@@ -651,20 +756,22 @@ pub fn quantize(
     cols: usize,
     seed: u64,
     threads: usize,
-) -> Result<(Vec<u32>, Vec<f32>), String> {
+) -> Result<(Vec<u32>, Vec<f32>), TrellisError> {
     spec.check_shape(rows, cols)?;
     if w.len() != rows * cols {
-        return Err(format!(
-            "trellis quantize: {} values for a ({rows}, {cols}) matrix",
-            w.len()
-        ));
+        return Err(TrellisError::Values {
+            op: "quantize",
+            values: w.len(),
+            rows,
+            cols,
+        });
     }
     if let Some(i) = w.iter().position(|v| !v.is_finite()) {
-        return Err(format!(
-            "trellis quantize: a non-finite value at ({}, {})",
-            i / cols,
-            i % cols
-        ));
+        return Err(TrellisError::NonFinite {
+            op: "quantize",
+            row: i / cols,
+            col: i % cols,
+        });
     }
     let (su, sv) = layer_signs(seed, rows, cols);
     let mut wt = w.to_vec();
@@ -683,20 +790,22 @@ pub fn encode_rows(
     rows: usize,
     cols: usize,
     threads: usize,
-) -> Result<(Vec<u32>, Vec<f32>), String> {
+) -> Result<(Vec<u32>, Vec<f32>), TrellisError> {
     spec.check_shape(rows, cols)?;
     if wt.len() != rows * cols {
-        return Err(format!(
-            "trellis encode: {} values for a ({rows}, {cols}) matrix",
-            wt.len()
-        ));
+        return Err(TrellisError::Values {
+            op: "encode",
+            values: wt.len(),
+            rows,
+            cols,
+        });
     }
     if let Some(i) = wt.iter().position(|v| !v.is_finite()) {
-        return Err(format!(
-            "trellis encode: a non-finite value at ({}, {})",
-            i / cols,
-            i % cols
-        ));
+        return Err(TrellisError::NonFinite {
+            op: "encode",
+            row: i / cols,
+            col: i % cols,
+        });
     }
     let rms: Vec<f32> = wt
         .chunks_exact(cols)
@@ -769,7 +878,7 @@ pub fn encode_rows(
 /// blocks of `b`: `h = (I + A) D (I + A)^T` with `A` strictly block-lower and `D` block
 /// diagonal; returns `I + A` (row-major, f64). From the Cholesky factor `C` (`h = C C^T`):
 /// `I + A = C blockdiag(C_jj)^-1`.
-fn block_ldl(h: &[f64], n: usize, b: usize) -> Result<Vec<f64>, String> {
+fn block_ldl(h: &[f64], n: usize, b: usize) -> Result<Vec<f64>, TrellisError> {
     let mut c = vec![0.0f64; n * n];
     for j in 0..n {
         let mut d = h[j * n + j];
@@ -777,9 +886,7 @@ fn block_ldl(h: &[f64], n: usize, b: usize) -> Result<Vec<f64>, String> {
             d -= c[j * n + k] * c[j * n + k];
         }
         if d <= 0.0 || !d.is_finite() {
-            return Err(format!(
-                "trellis LDLQ: the Hessian is not positive definite at column {j}"
-            ));
+            return Err(TrellisError::NotPositiveDefinite { column: j });
         }
         let d = d.sqrt();
         c[j * n + j] = d;
@@ -831,17 +938,18 @@ pub fn quantize_ldlq(
     seed: u64,
     threads: usize,
     hessian: &[f32],
-) -> Result<(Vec<u32>, Vec<f32>), String> {
+) -> Result<(Vec<u32>, Vec<f32>), TrellisError> {
     spec.check_shape(rows, cols)?;
     if w.len() != rows * cols || hessian.len() != cols * cols {
-        return Err(format!(
-            "trellis LDLQ: {} weights and a Hessian of {} values for a ({rows}, {cols}) matrix",
-            w.len(),
-            hessian.len()
-        ));
+        return Err(TrellisError::LdlqSizes {
+            weights: w.len(),
+            hessian: hessian.len(),
+            rows,
+            cols,
+        });
     }
     if w.iter().chain(hessian).any(|v| !v.is_finite()) {
-        return Err("trellis LDLQ: a non-finite weight or Hessian value".into());
+        return Err(TrellisError::LdlqNonFinite);
     }
     let (su, sv) = layer_signs(seed, rows, cols);
     let mut wt = w.to_vec();
@@ -1095,16 +1203,17 @@ pub fn decode(
     cols: usize,
     threads: usize,
     out: &mut [f32],
-) -> Result<(), String> {
+) -> Result<(), TrellisError> {
     spec.check_shape(rows, cols)?;
     let wpr = cols * spec.k as usize / 32;
     if words.len() != rows * wpr || scales.len() != rows || out.len() != rows * cols {
-        return Err(format!(
-            "trellis decode: {} words, {} scales, {} outputs for a ({rows}, {cols}) matrix",
-            words.len(),
-            scales.len(),
-            out.len()
-        ));
+        return Err(TrellisError::DecodeSizes {
+            words: words.len(),
+            scales: scales.len(),
+            outputs: out.len(),
+            rows,
+            cols,
+        });
     }
     let threads = threads.max(1).min(rows);
     let per = rows.div_ceil(threads);
@@ -1543,13 +1652,17 @@ macro_rules! lut_codes {
 
 impl TrellisMatvec {
     /// The plan for `cols`-wide rows of `spec` on the best path this CPU runs.
-    pub fn new(spec: &TrellisSpec, cols: usize) -> Result<TrellisMatvec, String> {
+    pub fn new(spec: &TrellisSpec, cols: usize) -> Result<TrellisMatvec, TrellisError> {
         Self::with_simd(spec, cols, true)
     }
 
     /// As [`TrellisMatvec::new`]; `simd = false` forces the portable path (the SIMD path's
     /// reference in tests).
-    pub fn with_simd(spec: &TrellisSpec, cols: usize, simd: bool) -> Result<TrellisMatvec, String> {
+    pub fn with_simd(
+        spec: &TrellisSpec,
+        cols: usize,
+        simd: bool,
+    ) -> Result<TrellisMatvec, TrellisError> {
         spec.check_shape(1, cols)?;
         let bw = spec.block_words();
         let l = spec.l as usize;
@@ -1617,22 +1730,19 @@ impl TrellisMatvec {
         x: &[f32],
         r0: usize,
         n: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), TrellisError> {
         let wpr = self.cols * self.spec.k as usize / 32;
-        let end = r0
-            .checked_add(n)
-            .ok_or("trellis matvec: row range overflows")?;
+        let end = r0.checked_add(n).ok_or(TrellisError::RowRangeOverflow)?;
         if x.len() != self.cols || words.len() < end * wpr || scales.len() < end {
-            return Err(format!(
-                "trellis matvec: rows {r0}..{end} of {}-wide rows need {} words, {end} scales and \
-                 {} inputs, got {}, {} and {}",
-                self.cols,
-                end * wpr,
-                self.cols,
-                words.len(),
-                scales.len(),
-                x.len()
-            ));
+            return Err(TrellisError::MatvecSizes {
+                r0,
+                end,
+                cols: self.cols,
+                needed: end * wpr,
+                words: words.len(),
+                scales: scales.len(),
+                inputs: x.len(),
+            });
         }
         Ok(())
     }
@@ -1645,7 +1755,7 @@ impl TrellisMatvec {
         x: &[f32],
         r0: usize,
         y: &mut [f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), TrellisError> {
         self.check(words, scales, x, r0, y.len())?;
         #[cfg(target_arch = "x86_64")]
         if self.lut.is_some() {
@@ -1672,7 +1782,7 @@ impl TrellisMatvec {
         scales: &[f32],
         x: &[f32],
         y: &mut [f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), TrellisError> {
         let rows = y.len();
         self.check(words, scales, x, 0, rows)?;
         // The table path's input is permuted once, not once a chunk of rows.
@@ -2897,19 +3007,19 @@ impl<'a> TrellisView<'a> {
         su: &'a [f32],
         sv: &'a [f32],
         plan: &'a TrellisMatvec,
-    ) -> Result<TrellisView<'a>, String> {
+    ) -> Result<TrellisView<'a>, TrellisError> {
         let (rows, cols) = (su.len(), sv.len());
         plan.spec.check_shape(rows, cols)?;
         let wpr = cols * plan.spec.k as usize / 32;
         if plan.cols != cols || words.len() != rows * wpr || scales.len() != rows {
-            return Err(format!(
-                "trellis view: a ({rows}, {cols}) matrix needs {} words, {rows} scales and a \
-                 plan of {cols} columns, got {}, {} and {}",
-                rows * wpr,
-                words.len(),
-                scales.len(),
-                plan.cols
-            ));
+            return Err(TrellisError::ViewSizes {
+                rows,
+                cols,
+                needed: rows * wpr,
+                words: words.len(),
+                scales: scales.len(),
+                plan_cols: plan.cols,
+            });
         }
         Ok(TrellisView {
             words,
@@ -2937,15 +3047,16 @@ impl<'a> TrellisView<'a> {
         x: &[f32],
         xh: &mut [f32],
         y: &mut [f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), TrellisError> {
         let (rows, cols) = (self.rows(), self.cols());
         if x.len() != cols || xh.len() != cols || y.len() != rows {
-            return Err(format!(
-                "trellis matvec: ({rows}, {cols}) with {} inputs, {} scratch and {} outputs",
-                x.len(),
-                xh.len(),
-                y.len()
-            ));
+            return Err(TrellisError::ViewMatvecSizes {
+                rows,
+                cols,
+                inputs: x.len(),
+                scratch: xh.len(),
+                outputs: y.len(),
+            });
         }
         self.input_transform(x, xh);
         self.plan.par(pool, self.words, self.scales, xh, y)?;
@@ -3124,7 +3235,7 @@ pub(super) fn matmul_jobs(
         }
         t.plan
             .check(t.words, t.scales, &x[..cols], 0, rows)
-            .map_err(|e| crate::Error::invalid(op, e))?;
+            .map_err(|e| crate::Error::invalid(op, e.to_string()))?;
         chunk0[k + 1] = chunk0[k] + rows.div_ceil(CHUNK);
         done0[k + 1] = done0[k] + MT * (rows / hadamard_block(rows));
     }

@@ -171,7 +171,7 @@ impl TrellisWeight {
             }
         };
         tc::TrellisView::new(words, scales, &self.su_host, &self.sv_host, &self.plan)
-            .map_err(ModelError::Config)
+            .map_err(|e| ModelError::Config(e.to_string()))
     }
 
     /// The stored matrix `Wt` (scaled rows, before the incoherence is undone), float32,
@@ -225,7 +225,7 @@ impl TrellisWeight {
         )
         .map_err(|problem| ModelError::Tensor {
             name: "trellis-coded weight".into(),
-            problem,
+            problem: problem.to_string(),
         })?;
         Ok(Array::from_slice(&out, &[self.rows, self.cols])?)
     }
@@ -284,7 +284,7 @@ impl TrellisWeight {
                 .par(pool, words, scales, xr, yr)
                 .map_err(|problem| ModelError::Tensor {
                     name: "trellis-coded weight".into(),
-                    problem,
+                    problem: problem.to_string(),
                 })?;
         }
         if let Some(last) = shape.last_mut() {

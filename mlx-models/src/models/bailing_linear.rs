@@ -31,7 +31,7 @@ use crate::layers::ssm::arrays_cache;
 use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, SwitchActivation, SwitchGlu,
 };
-use crate::models::moe_block::lower_top_k;
+use crate::models::moe_block::{Ffn, MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -599,129 +599,6 @@ fn slopes(n: i32, layers: i32, layer: i32, hybrid: bool) -> Result<Array> {
     Ok((&ops::negative(&s, None)? * factor as f32)?)
 }
 
-/// The MoE router (`Gate`): plain ops.
-#[derive(Clone)]
-struct Gate {
-    gate_proj: Linear,
-    expert_bias: Option<Array>,
-    top_k: i32,
-    n_group: i32,
-    topk_group: i32,
-    routed_scaling_factor: f64,
-    norm_topk_prob: bool,
-    sigmoid: bool,
-    /// bailing_hybrid: dropped groups at `-inf` (only when `n_group > topk_group`), the
-    /// renormalization over the sum + 1e-20.
-    hybrid: bool,
-}
-
-impl Gate {
-    /// `group_expert_select(gate_proj(x), ...)`.
-    fn route(&self, x: &Array) -> Result<(Array, Array)> {
-        let gates = self.gate_proj.forward(x)?;
-        let in_type = gates.dtype();
-        let g = gates.astype(Dtype::Float32)?;
-        let scores = if self.sigmoid {
-            ops::sigmoid(&g, None)?
-        } else {
-            ops::softmax(&g, &[-1], false, None)?
-        };
-        let mut sel = match &self.expert_bias {
-            Some(b) => (&scores + b)?,
-            None => scores.clone(),
-        };
-        if self.hybrid && self.n_group - self.topk_group > 0 {
-            let n_drop = self.n_group - self.topk_group;
-            let grouped = ops::unflatten(&sel, -1, &[self.n_group, -1], None)?;
-            let group_scores = ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
-            let idx = ops::slice_axis(
-                &ops::argpartition(&group_scores, n_drop - 1, -2, None)?,
-                -2,
-                0,
-                n_drop,
-                None,
-            )?;
-            let masked = ops::put_along_axis(
-                &grouped,
-                &ops::stop_gradient(&idx, None)?,
-                &Array::from_f32(f32::NEG_INFINITY, grouped.dtype())?,
-                -2,
-                None,
-            )?;
-            sel = ops::flatten(&masked, -2, -1, None)?;
-        } else if !self.hybrid && self.n_group > 1 {
-            let grouped = ops::unflatten(&sel, -1, &[self.n_group, -1], None)?;
-            let group_scores = ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
-            let k = self.n_group - self.topk_group;
-            sel = if k > 0 {
-                let idx = ops::slice_axis(
-                    &ops::argpartition(&group_scores, k - 1, -2, None)?,
-                    -2,
-                    0,
-                    k,
-                    None,
-                )?;
-                let zeroed = ops::put_along_axis(
-                    &grouped,
-                    &ops::stop_gradient(&idx, None)?,
-                    &Array::from_f32(0.0, Dtype::Float32)?,
-                    -2,
-                    None,
-                )?;
-                ops::flatten(&zeroed, -2, -1, None)?
-            } else {
-                ops::flatten(&grouped, -2, -1, None)?
-            };
-        }
-        let inds = lower_top_k(&sel, self.top_k)?;
-        let mut w = ops::take_along_axis(&scores, &inds, -1, None)?;
-        if self.top_k > 1 && self.norm_topk_prob {
-            let mut total = ops::sum(&w, &[-1], true, None)?;
-            if self.hybrid {
-                total = (&total + 1e-20f32)?;
-            }
-            w = (&w / &total)?;
-        }
-        let w = (&w * self.routed_scaling_factor as f32)?;
-        Ok((inds, w.astype(in_type)?))
-    }
-}
-
-#[derive(Clone)]
-struct SparseMoe {
-    gate: Gate,
-    switch_mlp: SwitchGlu,
-    shared_experts: Option<Mlp>,
-}
-
-#[derive(Clone)]
-enum Ffn {
-    Dense(Mlp),
-    Moe(Box<SparseMoe>),
-}
-
-impl Ffn {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        match self {
-            Ffn::Dense(m) => m.forward(x),
-            Ffn::Moe(m) => {
-                let (inds, w) = m.gate.route(x)?;
-                let y = m.switch_mlp.forward(x, &inds)?;
-                let mut out = ops::sum(
-                    &(&y * &ops::expand_dims(&w, &[-1], None)?)?,
-                    &[-2],
-                    false,
-                    None,
-                )?;
-                if let Some(s) = &m.shared_experts {
-                    out = (&out + &s.forward(x)?)?;
-                }
-                Ok(out)
-            }
-        }
-    }
-}
-
 #[derive(Clone)]
 enum Mixer {
     Global(Box<kit::Attention>),
@@ -992,21 +869,39 @@ impl Model {
                     Some(s) => s * a.num_shared_experts,
                     None => a.moe_intermediate_size * a.num_shared_experts,
                 };
-                Ffn::Moe(Box::new(SparseMoe {
-                    gate: Gate {
-                        gate_proj: Linear::load(
-                            w,
-                            &format!("{m}.gate.gate_proj"),
-                            d,
-                            experts,
-                            false,
-                        )?,
-                        expert_bias: if a.moe_router_enable_expert_bias {
-                            Some(w.take(&format!("{m}.gate.expert_bias"), &[experts])?)
-                        } else {
-                            None
-                        },
-                        top_k: a.num_experts_per_tok,
+                // `SparseMoeBlock` declares switch_mlp, gate, shared_experts; the weights load
+                // in the port's order (gate.gate_proj, gate.expert_bias, switch_mlp,
+                // shared_experts), as before.
+                let gate = Linear::load(w, &format!("{m}.gate.gate_proj"), d, experts, false)?;
+                let correction_bias = if a.moe_router_enable_expert_bias {
+                    Some((
+                        "gate.expert_bias",
+                        w.take(&format!("{m}.gate.expert_bias"), &[experts])?,
+                    ))
+                } else {
+                    None
+                };
+                let switch_mlp = SwitchGlu::load(
+                    w,
+                    &format!("{m}.switch_mlp"),
+                    d,
+                    a.moe_intermediate_size,
+                    experts,
+                    a.use_bias,
+                    SwitchActivation::SwiGlu,
+                )?;
+                let plain_shared = if a.num_shared_experts > 0 && a.moe_router_enable_shared_expert
+                {
+                    Some((
+                        "shared_experts",
+                        mlp_load(w, &format!("{m}.shared_experts"), shared_size)?,
+                    ))
+                } else {
+                    None
+                };
+                Ffn::Sparse(Box::new(SparseMoe::from_parts(MoeParts {
+                    top_k: a.num_experts_per_tok,
+                    router: Router::BailingPlain {
                         n_group: a.n_group,
                         topk_group: a.topk_group,
                         routed_scaling_factor: a.routed_scaling_factor,
@@ -1014,22 +909,13 @@ impl Model {
                         sigmoid,
                         hybrid: a.hybrid,
                     },
-                    switch_mlp: SwitchGlu::load(
-                        w,
-                        &format!("{m}.switch_mlp"),
-                        d,
-                        a.moe_intermediate_size,
-                        experts,
-                        a.use_bias,
-                        SwitchActivation::SwiGlu,
-                    )?,
-                    shared_experts: if a.num_shared_experts > 0 && a.moe_router_enable_shared_expert
-                    {
-                        Some(mlp_load(w, &format!("{m}.shared_experts"), shared_size)?)
-                    } else {
-                        None
-                    },
-                }))
+                    gate,
+                    experts: switch_mlp,
+                    names: ["gate.gate_proj", "switch_mlp"],
+                    correction_bias,
+                    plain_shared,
+                    flatten: false,
+                })))
             } else {
                 Ffn::Dense(mlp_load(w, &format!("{p}.mlp"), a.intermediate_size)?)
             };

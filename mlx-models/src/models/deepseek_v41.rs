@@ -23,6 +23,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::{
     swiglu, Embedding, Linear, RmsNorm, Rope, SwitchActivation, SwitchGlu, SwitchLinear,
 };
+use crate::models::moe_block::{Router, ScoreFunc};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -1234,10 +1235,8 @@ struct Moe {
     gate_weight: Array,
     e_score_correction_bias: Array,
     top_k: i32,
-    score_func: String,
-    gate_temp: f64,
-    norm_topk_prob: bool,
-    route_scale: f64,
+    /// The shared block's [`Router::DeepseekV4`].
+    router: Router,
     experts: SwitchGlu,
     shared_gate: Linear,
     shared_up: Linear,
@@ -1257,10 +1256,16 @@ impl Moe {
             gate_weight: w.take(&p("gate.weight"), &[e, d])?,
             e_score_correction_bias: w.take(&p("gate.e_score_correction_bias"), &[e])?,
             top_k: a.num_experts_per_tok,
-            score_func: a.scoring_func.clone(),
-            gate_temp: a.gate_temp,
-            norm_topk_prob: a.norm_topk_prob,
-            route_scale: a.routed_scaling_factor,
+            router: Router::DeepseekV4 {
+                score: match a.scoring_func.as_str() {
+                    "sigmoid" => ScoreFunc::Sigmoid,
+                    "softmax" => ScoreFunc::Softmax,
+                    _ => ScoreFunc::SqrtSoftplus,
+                },
+                gate_temp: a.gate_temp,
+                norm_topk_prob: a.norm_topk_prob,
+                route_scale: a.routed_scaling_factor,
+            },
             experts: SwitchGlu::load(
                 w,
                 &p("experts.switch_mlp"),
@@ -1279,28 +1284,16 @@ impl Moe {
         })
     }
 
-    /// `Router.__call__`: the chosen experts and their weights.
+    /// `Router.__call__`: the float32 logits against the raw gate weight, then the shared
+    /// block's [`Router::DeepseekV4`] rule.
     fn route(&self, x: &Array) -> Result<(Array, Array)> {
         let logits = ops::matmul(
             &x.astype(Dtype::Float32)?,
             &ops::transpose_all(&self.gate_weight.astype(Dtype::Float32)?, None)?,
             None,
         )?;
-        let logits = ops::divide(&logits, &weak(self.gate_temp, &logits)?, None)?;
-        let scores = match self.score_func.as_str() {
-            "sigmoid" => ops::sigmoid(&logits, None)?,
-            "softmax" => ops::softmax(&logits, &[-1], false, None)?,
-            _ => ops::sqrt(&crate::layers::ssm::softplus(&logits)?, None)?,
-        };
-        let biased = ops::add(&scores, &self.e_score_correction_bias, None)?;
-        let chosen = ops::argpartition(&ops::negative(&biased, None)?, self.top_k - 1, -1, None)?;
-        let chosen = ops::slice_axis(&chosen, -1, 0, self.top_k, None)?;
-        let mut weights = ops::take_along_axis(&scores, &chosen, -1, None)?;
-        if self.norm_topk_prob && self.top_k > 1 {
-            let s = ops::sum(&weights, &[-1], true, None)?;
-            weights = ops::divide(&weights, &ops::add(&s, &weak(1e-20, &s)?, None)?, None)?;
-        }
-        let weights = ops::multiply(&weights, &weak(self.route_scale, &weights)?, None)?;
+        let bias = Some(&self.e_score_correction_bias);
+        let (chosen, weights, _) = self.router.select(&logits, self.top_k, bias, x)?;
         Ok((chosen, weights))
     }
 

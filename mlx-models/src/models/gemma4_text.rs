@@ -17,6 +17,7 @@ use crate::layers::{
     SwitchActivation, SwitchGlu, Walk, Walkable,
 };
 use crate::models::checkpoint::{checkpointed_many, concat_cache, LayerArrays};
+use crate::models::moe_block::Router;
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -423,23 +424,16 @@ struct Moe {
 }
 
 impl Moe {
+    /// `Router.__call__`: its scaled RMS norm and projection, then the shared block's
+    /// [`Router::UpperTopKThenSoftmaxScaled`] (the upper top-k, a softmax over the chosen,
+    /// `per_expert_scale[inds]`).
     fn route(&self, x: &Array) -> Result<(Array, Array)> {
         let w = ops::multiply_scalar(&self.scale, self.root_size, None)?;
         let x = fast::rms_norm(x, Some(&w), self.eps, None)?;
         let scores = self.proj.forward(&x)?;
-        let k = self.top_k;
-        let n = scores.shape().last().copied().unwrap_or(0);
-        let inds = ops::slice_axis(
-            &ops::argpartition(&scores, -k, -1, None)?,
-            -1,
-            n - k,
-            n,
-            None,
-        )?;
-        let inds = ops::stop_gradient(&inds, None)?;
-        let weights = ops::take_along_axis(&scores, &inds, -1, None)?;
-        let weights = ops::softmax(&weights, &[-1], false, None)?;
-        let weights = (&weights * &ops::take(&self.per_expert_scale, &inds, 0, None)?)?;
+        let scale = Some(&self.per_expert_scale);
+        let (inds, weights, _) =
+            Router::UpperTopKThenSoftmaxScaled.select(&scores, self.top_k, scale, &x)?;
         Ok((inds, weights))
     }
 }

@@ -27,7 +27,7 @@ use crate::layers::{
     silu, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, SwitchActivation, SwitchGlu,
 };
 use crate::models::checkpoint::layer_loop;
-use crate::models::moe_block::{group_expert_select, lower_top_k, GroupSelect};
+use crate::models::moe_block::{self, GroupSelect};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -609,79 +609,44 @@ impl Kda {
     }
 }
 
-/// The router of a MoE block.
+/// The router of a MoE block: its projection, its learned bias, and the shared block's rule
+/// ([`moe_block::Router::select`]).
 #[derive(Clone)]
-pub(super) enum Router {
-    /// kimi_linear: `gate` an `nn.Linear`, then its compiled `_group_expert_select` with the
-    /// block's `e_score_correction_bias`.
-    Kimi {
-        gate: Linear,
-        bias: Array,
-        select: GroupSelect,
-    },
-    /// bailing_moe_v3's `BailingGate` (plain ops): float32 logits against a raw `weight`,
-    /// sigmoid scores plus `expert_bias` for the choice, the weakest groups set to `-inf`,
-    /// the chosen unbiased scores over their sum + 1e-20, times `routed_scaling_factor`.
-    Bailing {
-        weight: Array,
-        expert_bias: Array,
-        top_k: i32,
-        n_group: i32,
-        topk_group: i32,
-        routed_scaling_factor: f64,
-    },
+pub(super) struct Router {
+    pub(super) gate: Gate,
+    /// kimi_linear's `e_score_correction_bias`, bailing_moe_v3's `expert_bias`.
+    pub(super) bias: Array,
+    pub(super) top_k: i32,
+    /// kimi_linear and kimi_k3: [`moe_block::Router::DeepseekGroup`] (the compiled
+    /// `group_expert_select` with kimi's constants); bailing_moe_v3:
+    /// [`moe_block::Router::BailingV3`].
+    pub(super) rule: moe_block::Router,
+}
+
+/// A MoE router's projection.
+#[derive(Clone)]
+pub(super) enum Gate {
+    /// kimi_linear: `gate`, an `nn.Linear`.
+    Linear(Linear),
+    /// bailing_moe_v3's `BailingGate`: float32 logits against a raw `weight`.
+    Float32(Array),
 }
 
 impl Router {
     fn route(&self, x: &Array) -> Result<(Array, Array)> {
-        match self {
-            Router::Kimi { gate, bias, select } => {
-                group_expert_select(&gate.forward(x)?, bias, *select)
-            }
-            Router::Bailing {
-                weight,
-                expert_bias,
-                top_k,
-                n_group,
-                topk_group,
-                routed_scaling_factor,
-            } => {
+        let gates = match &self.gate {
+            Gate::Linear(gate) => gate.forward(x)?,
+            Gate::Float32(weight) => {
                 let w = weight.astype(Dtype::Float32)?;
-                let logits = ops::matmul(
+                ops::matmul(
                     &x.astype(Dtype::Float32)?,
                     &ops::transpose(&w, &[1, 0], None)?,
                     None,
-                )?;
-                let scores = ops::sigmoid(&logits.astype(Dtype::Float32)?, None)?;
-                let mut routing = (&scores + expert_bias)?;
-                routing = ops::unflatten(&routing, -1, &[*n_group, -1], None)?;
-                let group_scores = ops::sum(&ops::topk(&routing, 2, -1, None)?, &[-1], true, None)?;
-                let masked = n_group - topk_group;
-                // `argpartition(kth=-1)[..., :0, :]` picks nothing: no group is masked.
-                if masked > 0 {
-                    let idx = ops::slice_axis(
-                        &ops::argpartition(&group_scores, masked - 1, -2, None)?,
-                        -2,
-                        0,
-                        masked,
-                        None,
-                    )?;
-                    routing = ops::put_along_axis(
-                        &routing,
-                        &ops::stop_gradient(&idx, None)?,
-                        &Array::from_f32(f32::NEG_INFINITY, Dtype::Float32)?,
-                        -2,
-                        None,
-                    )?;
-                }
-                let routing = ops::flatten(&routing, -2, -1, None)?;
-                let inds = lower_top_k(&routing, *top_k)?;
-                let selected = ops::take_along_axis(&scores, &inds, -1, None)?;
-                let total = (&ops::sum(&selected, &[-1], true, None)? + 1e-20f32)?;
-                let selected = (&selected / &total)?;
-                Ok((inds, (&selected * *routed_scaling_factor as f32)?))
+                )?
             }
-        }
+        };
+        let (inds, scores, _) = self.rule.select(&gates, self.top_k, Some(&self.bias), x)?;
+        Ok((inds, scores))
     }
 }
 
@@ -1260,10 +1225,11 @@ impl Model {
             let mlp = if moe {
                 let m = |n: &str| format!("{p}.mlp.{n}");
                 Ffn::Moe(Box::new(SparseMoe {
-                    router: Router::Kimi {
-                        gate: Linear::load(w, &m("gate"), d, a.num_experts, false)?,
+                    router: Router {
+                        gate: Gate::Linear(Linear::load(w, &m("gate"), d, a.num_experts, false)?),
                         bias: w.take(&m("e_score_correction_bias"), &[a.num_experts])?,
-                        select: GroupSelect {
+                        top_k: a.num_experts_per_token,
+                        rule: moe_block::Router::DeepseekGroup(GroupSelect {
                             top_k: a.num_experts_per_token,
                             n_group: a.num_expert_group,
                             topk_group: a.topk_group,
@@ -1277,7 +1243,7 @@ impl Model {
                             grouped: a.num_expert_group > 1,
                             norm_any_k: false,
                             eps: true,
-                        },
+                        }),
                     },
                     switch_mlp: SwitchGlu::load(
                         w,
@@ -1502,13 +1468,15 @@ impl Model {
             let mlp = if moe {
                 let m = |n: &str| format!("{p}.mlp.{n}");
                 Ffn::Moe(Box::new(SparseMoe {
-                    router: Router::Bailing {
-                        weight: w.take(&m("gate.weight"), &[a.num_experts, d])?,
-                        expert_bias: w.take(&m("gate.expert_bias"), &[a.num_experts])?,
+                    router: Router {
+                        gate: Gate::Float32(w.take(&m("gate.weight"), &[a.num_experts, d])?),
+                        bias: w.take(&m("gate.expert_bias"), &[a.num_experts])?,
                         top_k: a.num_experts_per_tok,
-                        n_group: a.n_group,
-                        topk_group: a.topk_group,
-                        routed_scaling_factor: a.routed_scaling_factor,
+                        rule: moe_block::Router::BailingV3 {
+                            n_group: a.n_group,
+                            topk_group: a.topk_group,
+                            routed_scaling_factor: a.routed_scaling_factor,
+                        },
                     },
                     switch_mlp: SwitchGlu::load(
                         w,

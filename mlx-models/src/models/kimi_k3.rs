@@ -22,10 +22,10 @@ use crate::error::{ModelError, Result};
 use crate::layers::activations::one;
 use crate::layers::{Embedding, Linear, RmsNorm, SwitchActivation, SwitchGlu};
 use crate::models::kda::{
-    self, DenseMlp, Ffn, GateKind, Kda, KdaSpec, Mixer, MlaGate, NopeMla, Router, SituMlp,
+    self, DenseMlp, Ffn, Gate, GateKind, Kda, KdaSpec, Mixer, MlaGate, NopeMla, Router, SituMlp,
     SparseMoe,
 };
-use crate::models::moe_block::GroupSelect;
+use crate::models::moe_block::{self, GroupSelect};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -547,10 +547,11 @@ impl Model {
                     None
                 };
                 Ffn::Moe(Box::new(SparseMoe {
-                    router: Router::Kimi {
-                        gate,
+                    router: Router {
+                        gate: Gate::Linear(gate),
                         bias,
-                        select: GroupSelect {
+                        top_k: a.num_experts_per_token,
+                        rule: moe_block::Router::DeepseekGroup(GroupSelect {
                             top_k: a.num_experts_per_token,
                             n_group: a.num_expert_group,
                             topk_group: a.topk_group,
@@ -564,7 +565,7 @@ impl Model {
                             grouped: a.num_expert_group > 1,
                             norm_any_k: false,
                             eps: true,
-                        },
+                        }),
                     },
                     switch_mlp,
                     situ: Some((beta, linear_beta)),

@@ -17,6 +17,7 @@ use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
     SwitchGlu,
 };
+use crate::models::moe_block::{MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -69,74 +70,12 @@ fn d_ngram_k() -> i64 {
     4
 }
 
-/// `LongcatFlashTopkRouter` + `LongcatFlashMoE`.
-#[derive(Clone)]
-struct Moe {
-    top_k: i32,
-    n_routed: i32,
-    norm_topk_prob: bool,
-    routed_scaling_factor: f32,
-    switch_mlp: SwitchGlu,
-    classifier: Linear,
-    e_score_correction_bias: Array,
-    /// mlx-lm's `sharding_group` (`shard()`): the routed experts' output summed over the
-    /// group before the identity experts' share is added.
-    sharded: bool,
-}
-
-impl Moe {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let k = self.top_k;
-        // The router.
-        let dtype = x.dtype();
-        let logits = self.classifier.forward(x)?;
-        let scores = ops::softmax(&logits, &[-1], false, None)?;
-        let corrected = (&scores + &self.e_score_correction_bias)?;
-        let n = corrected.shape().last().copied().unwrap_or(0);
-        let inds = ops::slice_axis(
-            &ops::argpartition(&corrected, -k, -1, None)?,
-            -1,
-            n - k,
-            n,
-            None,
-        )?;
-        let inds = ops::stop_gradient(&inds, None)?;
-        let mut weights = ops::take_along_axis(&scores, &inds, -1, None)?;
-        if self.norm_topk_prob {
-            let d = ops::add_scalar(&ops::sum(&weights, &[-1], true, None)?, 1e-20f32, None)?;
-            weights = (&weights / &d)?;
-        }
-        let weights =
-            ops::multiply_scalar(&weights, self.routed_scaling_factor, None)?.astype(dtype)?;
-        // The experts.
-        let mask = ops::greater_equal(
-            &inds,
-            &Scalar::Int(i64::from(self.n_routed)).to_array_like(inds.dtype())?,
-            None,
-        )?;
-        let zero_i = Scalar::Int(0).to_array_like(inds.dtype())?;
-        let inds = ops::where_(&mask, &zero_i, &inds, None)?;
-        let zero_w = Scalar::Float(0.0).to_array_like(weights.dtype())?;
-        let regular = ops::where_(&mask, &zero_w, &weights, None)?;
-        let y = self.switch_mlp.forward(x, &inds)?;
-        let weighted = (&y * &ops::expand_dims(&regular, &[-1], None)?)?;
-        let mut out = ops::sum(&weighted, &[-2], false, None)?;
-        if self.sharded {
-            out = mlx_core::distributed::all_sum(&out, None, None)?;
-        }
-        let identity = ops::sum(
-            &ops::where_(&mask, &weights, &zero_w, None)?,
-            &[-1],
-            true,
-            None,
-        )?;
-        Ok((&out + &(x * &identity)?)?)
-    }
-}
-
 #[derive(Clone)]
 struct Layer {
-    mlp: Moe,
+    /// `LongcatFlashTopkRouter` + `LongcatFlashMoE`: the shared block with
+    /// [`Router::SoftmaxCorrectedUpper`] and identity experts
+    /// ([`SparseMoe::with_identity_experts`]).
+    mlp: SparseMoe,
     self_attn: [MlaAttention; 2],
     mlps: [Mlp; 2],
     input_layernorm: [RmsNorm; 2],
@@ -291,33 +230,42 @@ impl Model {
         let mut layers = Vec::with_capacity(a.num_layers as usize);
         for l in 0..a.num_layers {
             let p = format!("model.layers.{l}");
-            let mlp = Moe {
+            // The weights load in the port's order (switch_mlp, router.classifier,
+            // router.e_score_correction_bias).
+            let experts = SwitchGlu::load(
+                w,
+                &format!("{p}.mlp.switch_mlp"),
+                dim,
+                a.expert_ffn_hidden_size,
+                a.n_routed_experts,
+                false,
+                SwitchActivation::SwiGlu,
+            )?;
+            let gate = Linear::load(
+                w,
+                &format!("{p}.mlp.router.classifier"),
+                dim,
+                n_total,
+                a.router_bias,
+            )?;
+            let bias = w.take(
+                &format!("{p}.mlp.router.e_score_correction_bias"),
+                &[n_total],
+            )?;
+            let mlp = SparseMoe::from_parts(MoeParts {
                 top_k: a.moe_topk,
-                n_routed: a.n_routed_experts,
-                norm_topk_prob: a.norm_topk_prob,
-                routed_scaling_factor: a.routed_scaling_factor as f32,
-                switch_mlp: SwitchGlu::load(
-                    w,
-                    &format!("{p}.mlp.switch_mlp"),
-                    dim,
-                    a.expert_ffn_hidden_size,
-                    a.n_routed_experts,
-                    false,
-                    SwitchActivation::SwiGlu,
-                )?,
-                classifier: Linear::load(
-                    w,
-                    &format!("{p}.mlp.router.classifier"),
-                    dim,
-                    n_total,
-                    a.router_bias,
-                )?,
-                sharded: false,
-                e_score_correction_bias: w.take(
-                    &format!("{p}.mlp.router.e_score_correction_bias"),
-                    &[n_total],
-                )?,
-            };
+                router: Router::SoftmaxCorrectedUpper {
+                    norm_topk_prob: a.norm_topk_prob,
+                    routed_scaling_factor: a.routed_scaling_factor,
+                },
+                gate,
+                experts,
+                names: ["router.classifier", "switch_mlp"],
+                correction_bias: Some(("router.e_score_correction_bias", bias)),
+                plain_shared: None,
+                flatten: false,
+            })
+            .with_identity_experts(a.n_routed_experts);
             let attn = |w: &mut Weights, i: usize| -> Result<MlaAttention> {
                 MlaAttention::load(
                     false,

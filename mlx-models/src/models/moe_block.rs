@@ -1,8 +1,9 @@
 //! The mixture-of-experts block the ports share: the routers ([`Router`], DeepSeek's grouped
 //! choice [`group_expert_select`]), the experts with their optional shared experts
 //! ([`SparseMoe`], its extras [`BlockExtras`]), and a layer's feed-forward block, dense or
-//! sparse ([`Ffn`]). `moe.rs` (the MoE rows), lfm2, qwen3_next, jamba, granitemoehybrid,
-//! mimo_v2_flash, kda and kimi_k3 build on it.
+//! sparse ([`Ffn`]). Every MoE port routes through [`Router::select`]; `moe.rs` (the MoE
+//! rows), lfm2, qwen3_next, jamba, granitemoehybrid, mimo_v2_flash, llama4, minimax_m3,
+//! step3p5, deepseek, bailing_linear and longcat_flash use the whole block.
 
 use mlx_core::prelude::*;
 
@@ -118,12 +119,67 @@ pub enum Router {
     /// deepseek_v3's family (deepseek_v3, kimi_k25, glm4_moe(_lite), dots1, mistral4, ...):
     /// the compiled `group_expert_select` with [`GroupSelect::deepseek`]'s constants, the
     /// correction bias an input when the block has one; the weighted sum cast back.
+    /// kimi_linear, kimi_k3 and nemotron_h route with it too, with their own constants.
     DeepseekGroup(GroupSelect),
     /// dbrx: softmax of the float32 logits, the lower choice, the chosen over their L1 norm
     /// (`mx.linalg.norm(scores, ord=1)`: the sum of their absolute values), cast to the
     /// input's dtype. dbrx routes with it but runs its experts itself, token by token (see
     /// `dbrx.rs`), so no [`SparseMoe`] holds it.
     SoftmaxL1,
+    /// bailing_moe_linear's `group_expert_select` and bailing_hybrid's `Gate` (plain ops):
+    /// sigmoid or softmax of the float32 logits, plus the expert bias for the choice; the
+    /// `n_group - topk_group` weakest groups (by their top-2 sum) zeroed when `n_group > 1`,
+    /// or set to `-inf` when `hybrid`; the lower choice; the chosen unbiased scores over their
+    /// sum (`sum + 1e-20` when `hybrid`) when `k > 1` and `norm_topk_prob`, times
+    /// `routed_scaling_factor`, cast to the logits' dtype.
+    BailingPlain {
+        n_group: i32,
+        topk_group: i32,
+        routed_scaling_factor: f64,
+        norm_topk_prob: bool,
+        sigmoid: bool,
+        hybrid: bool,
+    },
+    /// bailing_moe_v3's `BailingGate` on the float32 logits its port computes against the raw
+    /// `weight`: sigmoid scores plus `expert_bias` for the choice, the weakest groups set to
+    /// `-inf`, the lower choice, the chosen unbiased scores over their sum + 1e-20 whatever
+    /// `k`, times `routed_scaling_factor`.
+    BailingV3 {
+        n_group: i32,
+        topk_group: i32,
+        routed_scaling_factor: f64,
+    },
+    /// deepseek_v41's `Router` on the float32 logits its port computes: the logits over
+    /// `gate_temp`, scored by [`ScoreFunc`], plus the correction bias for the lower choice, the
+    /// chosen unbiased scores over their sum + 1e-20 when `k > 1` and `norm_topk_prob`, times
+    /// `route_scale` (scalars weak in the scores' dtype); not cast.
+    DeepseekV4 {
+        score: ScoreFunc,
+        gate_temp: f64,
+        norm_topk_prob: bool,
+        route_scale: f64,
+    },
+    /// gemma4_text's `Router` (on its own scaled RMS norm of the input): the upper choice
+    /// (`argpartition(gates, -k)[..., -k:]`) on the logits, a softmax over the chosen, times
+    /// `per_expert_scale[inds]` (the block's array, passed as `select`'s `router_array`).
+    UpperTopKThenSoftmaxScaled,
+    /// longcat_flash's `LongcatFlashTopkRouter`: softmax of the logits plus the correction bias
+    /// for the upper choice, the chosen unbiased scores over `sum + 1e-20` when
+    /// `norm_topk_prob`, times `routed_scaling_factor`, cast to the input's dtype (the
+    /// identity experts' indices are the port's).
+    SoftmaxCorrectedUpper {
+        norm_topk_prob: bool,
+        routed_scaling_factor: f64,
+    },
+}
+
+/// deepseek_v41's `scoring_func`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoreFunc {
+    Sigmoid,
+    Softmax,
+    /// `sqrt(softplus(logits))` (`sqrtsoftplus`).
+    SqrtSoftplus,
 }
 
 /// The constant arguments of a compiled `group_expert_select`.
@@ -192,11 +248,7 @@ impl GroupSelect {
 /// exaone_moe.py's `group_expert_select(gates, bias, top_k, ...)` as an `mx.compile`d
 /// function (not shapeless): one compiled function per thread and per set of constants, as
 /// `mx.compile` keys its cache on the non-array arguments.
-pub(crate) fn group_expert_select(
-    gates: &Array,
-    bias: &Array,
-    key: GroupSelect,
-) -> Result<(Array, Array)> {
+fn group_expert_select(gates: &Array, bias: &Array, key: GroupSelect) -> Result<(Array, Array)> {
     use mlx_core::compile::{compile, Compiled};
     use std::cell::RefCell;
     use std::collections::HashMap;
@@ -373,6 +425,10 @@ pub struct SparseMoe {
     /// The tokens flattened to `(B * L, D)` before the router and the output reshaped back
     /// (minimax_m3; olmoe through its router's `flatten`).
     pub(crate) flatten: bool,
+    /// longcat_flash's identity ("zero") experts ([`SparseMoe::with_identity_experts`]): the
+    /// router's indices from this one on run no expert; their weights are zeroed for the
+    /// experts and their sum times the input is added after the (sharded) experts' sum.
+    pub(crate) identity_from: Option<i32>,
 }
 
 /// What a port that loads its block's parts itself hands [`SparseMoe::from_parts`]: ports
@@ -426,6 +482,7 @@ impl SparseMoe {
             (self.coefficient.is_some(), "a shared-expert coefficient"),
             (self.output_scale.is_some(), "an output scale"),
             (self.sharded, "tensor-parallel shards"),
+            (self.identity_from.is_some(), "identity experts"),
         ]
         .into_iter()
         .filter_map(|(p, w)| p.then_some(w))
@@ -513,6 +570,7 @@ impl SparseMoe {
             coefficient,
             output_scale: extras.output_scale,
             flatten: false,
+            identity_from: None,
         })
     }
 
@@ -537,7 +595,17 @@ impl SparseMoe {
             coefficient: None,
             output_scale: None,
             flatten: p.flatten,
+            identity_from: None,
         }
+    }
+
+    /// longcat_flash's `LongcatFlashMoE`: the router's indices from `n_routed` on are
+    /// identity experts (`zero_expert_type` `identity`). They are sent to expert 0 with a zero
+    /// weight, and `x` times their summed weight is added after the experts' sum (after the
+    /// sharded sum, so it is not summed over the ranks).
+    pub(crate) fn with_identity_experts(mut self, n_routed: i32) -> SparseMoe {
+        self.identity_from = Some(n_routed);
+        self
     }
 
     /// Walks the router, the experts' switch linears (then the router's correction bias),
@@ -604,6 +672,23 @@ impl SparseMoe {
         };
         let bias = self.correction_bias.as_ref().map(|(_, b)| b);
         let (inds, scores, cast_back) = self.router.select(&gates, k, bias, &x_in)?;
+        // longcat_flash: `mask = inds >= n_routed`, those indices sent to expert 0 with a zero
+        // weight; the routed weights kept for the identity share.
+        let (inds, scores, identity) = match self.identity_from {
+            Some(n_routed) => {
+                let mask = ops::greater_equal(
+                    &inds,
+                    &Scalar::Int(i64::from(n_routed)).to_array_like(inds.dtype())?,
+                    None,
+                )?;
+                let zero_i = Scalar::Int(0).to_array_like(inds.dtype())?;
+                let inds = ops::where_(&mask, &zero_i, &inds, None)?;
+                let zero_w = Scalar::Float(0.0).to_array_like(scores.dtype())?;
+                let regular = ops::where_(&mask, &zero_w, &scores, None)?;
+                (inds, regular, Some((mask, scores, zero_w)))
+            }
+            None => (inds, scores, None),
+        };
         let mut out = if self.router == Router::SigmoidScaledInput {
             // llama4: `experts(x * scores, indices).squeeze(2)`.
             let y = self.switch_mlp.forward(&(&x_in * &scores)?, &inds)?;
@@ -643,6 +728,15 @@ impl SparseMoe {
         if self.sharded {
             out = mlx_core::distributed::all_sum(&out, None, None)?;
         }
+        if let Some((mask, weights, zero_w)) = identity {
+            let share = ops::sum(
+                &ops::where_(&mask, &weights, &zero_w, None)?,
+                &[-1],
+                true,
+                None,
+            )?;
+            out = (&out + &(&x_in * &share)?)?;
+        }
         Ok(out)
     }
 }
@@ -650,8 +744,10 @@ impl SparseMoe {
 impl Router {
     /// The experts each token goes to and their weights, from the router's logits `gates`:
     /// `(inds, scores, cast_back)`, `cast_back` when the weighted sum is cast back to the
-    /// experts' dtype. `correction_bias` is the block's ([`BlockExtras::correction_bias`]);
-    /// `x_in` the router's input (its dtype and shape).
+    /// experts' dtype. `correction_bias` is the block's ([`BlockExtras::correction_bias`]),
+    /// or the router's one learned per-expert array of a port that routes with `select`
+    /// itself (gemma4_text's `per_expert_scale`); `x_in` the router's input (its dtype and
+    /// shape).
     pub(crate) fn select(
         self,
         gates: &Array,
@@ -837,25 +933,8 @@ impl Router {
                     None => scores.clone(),
                 };
                 if n_group > 1 {
-                    let grouped = ops::unflatten(&selection, -1, &[n_group, -1], None)?;
-                    let group_scores =
-                        ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
-                    let kk = n_group - topk_group;
-                    let idx = ops::slice_axis(
-                        &ops::argpartition(&group_scores, kk - 1, -2, None)?,
-                        -2,
-                        0,
-                        kk,
-                        None,
-                    )?;
-                    let zeroed = ops::put_along_axis(
-                        &grouped,
-                        &ops::stop_gradient(&idx, None)?,
-                        &Array::from_f32(0.0, Dtype::Float32)?,
-                        -2,
-                        None,
-                    )?;
-                    selection = ops::flatten(&zeroed, -2, -1, None)?;
+                    let zero = Array::from_f32(0.0, Dtype::Float32)?;
+                    selection = drop_groups(&selection, n_group, n_group - topk_group, &zero)?;
                 }
                 let inds = lower_top_k(&selection, k)?;
                 let mut chosen = ops::take_along_axis(&scores, &inds, -1, None)?;
@@ -969,6 +1048,126 @@ impl Router {
                 let l1 = ops::sum(&ops::abs(&scores, None)?, &[-1], true, None)?;
                 (inds, (&scores / &l1)?.astype(x_in.dtype())?, false)
             }
+            Router::BailingPlain {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+                norm_topk_prob,
+                sigmoid,
+                hybrid,
+            } => {
+                let in_type = gates.dtype();
+                let g = gates.astype(Dtype::Float32)?;
+                let scores = if sigmoid {
+                    ops::sigmoid(&g, None)?
+                } else {
+                    ops::softmax(&g, &[-1], false, None)?
+                };
+                let mut sel = match correction_bias {
+                    Some(b) => (&scores + b)?,
+                    None => scores.clone(),
+                };
+                let n_drop = n_group - topk_group;
+                if hybrid && n_drop > 0 {
+                    let fill = Array::from_f32(f32::NEG_INFINITY, sel.dtype())?;
+                    sel = drop_groups(&sel, n_group, n_drop, &fill)?;
+                } else if !hybrid && n_group > 1 {
+                    let zero = Array::from_f32(0.0, Dtype::Float32)?;
+                    sel = drop_groups(&sel, n_group, n_drop, &zero)?;
+                }
+                let inds = lower_top_k(&sel, k)?;
+                let mut w = ops::take_along_axis(&scores, &inds, -1, None)?;
+                if k > 1 && norm_topk_prob {
+                    let mut total = ops::sum(&w, &[-1], true, None)?;
+                    if hybrid {
+                        total = (&total + 1e-20f32)?;
+                    }
+                    w = (&w / &total)?;
+                }
+                let w = (&w * routed_scaling_factor as f32)?;
+                (inds, w.astype(in_type)?, false)
+            }
+            Router::BailingV3 {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+            } => {
+                let scores = ops::sigmoid(&gates.astype(Dtype::Float32)?, None)?;
+                let routing = match correction_bias {
+                    Some(b) => (&scores + b)?,
+                    None => scores.clone(),
+                };
+                let fill = Array::from_f32(f32::NEG_INFINITY, Dtype::Float32)?;
+                let routing = drop_groups(&routing, n_group, n_group - topk_group, &fill)?;
+                let inds = lower_top_k(&routing, k)?;
+                let selected = ops::take_along_axis(&scores, &inds, -1, None)?;
+                let total = (&ops::sum(&selected, &[-1], true, None)? + 1e-20f32)?;
+                let selected = (&selected / &total)?;
+                (inds, (&selected * routed_scaling_factor as f32)?, false)
+            }
+            Router::DeepseekV4 {
+                score,
+                gate_temp,
+                norm_topk_prob,
+                route_scale,
+            } => {
+                let weak = |v: f64, like: &Array| Scalar::from(v).to_array_like(like.dtype());
+                let logits = ops::divide(&gates, &weak(gate_temp, &gates)?, None)?;
+                let scores = match score {
+                    ScoreFunc::Sigmoid => ops::sigmoid(&logits, None)?,
+                    ScoreFunc::Softmax => ops::softmax(&logits, &[-1], false, None)?,
+                    ScoreFunc::SqrtSoftplus => {
+                        ops::sqrt(&crate::layers::ssm::softplus(&logits)?, None)?
+                    }
+                };
+                let biased = match correction_bias {
+                    Some(b) => ops::add(&scores, b, None)?,
+                    None => scores.clone(),
+                };
+                let chosen = ops::argpartition(&ops::negative(&biased, None)?, k - 1, -1, None)?;
+                let chosen = ops::slice_axis(&chosen, -1, 0, k, None)?;
+                let mut weights = ops::take_along_axis(&scores, &chosen, -1, None)?;
+                if norm_topk_prob && k > 1 {
+                    let s = ops::sum(&weights, &[-1], true, None)?;
+                    weights = ops::divide(&weights, &ops::add(&s, &weak(1e-20, &s)?, None)?, None)?;
+                }
+                let weights = ops::multiply(&weights, &weak(route_scale, &weights)?, None)?;
+                (chosen, weights, false)
+            }
+            Router::UpperTopKThenSoftmaxScaled => {
+                let n = gates.shape().last().copied().unwrap_or(0);
+                let inds = last(&ops::argpartition(&gates, -k, -1, None)?, n - k, n)?;
+                let inds = ops::stop_gradient(&inds, None)?;
+                let weights = ops::take_along_axis(&gates, &inds, -1, None)?;
+                let weights = ops::softmax(&weights, &[-1], false, None)?;
+                let weights = match correction_bias {
+                    Some(scale) => (&weights * &ops::take(scale, &inds, 0, None)?)?,
+                    None => weights,
+                };
+                (inds, weights, false)
+            }
+            Router::SoftmaxCorrectedUpper {
+                norm_topk_prob,
+                routed_scaling_factor,
+            } => {
+                let scores = ops::softmax(&gates, &[-1], false, None)?;
+                let corrected = match correction_bias {
+                    Some(b) => (&scores + b)?,
+                    None => scores.clone(),
+                };
+                let n = corrected.shape().last().copied().unwrap_or(0);
+                let inds = last(&ops::argpartition(&corrected, -k, -1, None)?, n - k, n)?;
+                let inds = ops::stop_gradient(&inds, None)?;
+                let mut weights = ops::take_along_axis(&scores, &inds, -1, None)?;
+                if norm_topk_prob {
+                    let d =
+                        ops::add_scalar(&ops::sum(&weights, &[-1], true, None)?, 1e-20f32, None)?;
+                    weights = (&weights / &d)?;
+                }
+                let weights = ops::multiply_scalar(&weights, routed_scaling_factor as f32, None)?
+                    .astype(x_in.dtype())?;
+                (inds, weights, false)
+            }
             Router::NormalizedTopK { sigmoid } => {
                 let g = gates.astype(Dtype::Float32)?;
                 let g = if sigmoid {
@@ -1018,6 +1217,27 @@ fn sparsemixer(gates: &Array, k: i32, jitter_eps: f64) -> Result<(Array, Array)>
         ops::concatenate(&inds, -1, None)?,
         ops::concatenate(&scores, -1, None)?,
     ))
+}
+
+/// The `n_drop` weakest of `n_group` groups of `scores`, ranked by the sum of their two best
+/// scores, set to `fill`: `unflatten`, `topk(2).sum`, `argpartition(kth=n_drop - 1,
+/// axis=-2)[..., :n_drop, :]`, `put_along_axis`, `flatten`. With no group to drop the groups
+/// are ranked and kept (mlx-lm's `[..., :0, :]` picks none).
+fn drop_groups(scores: &Array, n_group: i32, n_drop: i32, fill: &Array) -> Result<Array> {
+    let grouped = ops::unflatten(scores, -1, &[n_group, -1], None)?;
+    let group_scores = ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
+    if n_drop <= 0 {
+        return Ok(ops::flatten(&grouped, -2, -1, None)?);
+    }
+    let idx = ops::slice_axis(
+        &ops::argpartition(&group_scores, n_drop - 1, -2, None)?,
+        -2,
+        0,
+        n_drop,
+        None,
+    )?;
+    let dropped = ops::put_along_axis(&grouped, &ops::stop_gradient(&idx, None)?, fill, -2, None)?;
+    Ok(ops::flatten(&dropped, -2, -1, None)?)
 }
 
 /// `stop_gradient(argpartition(-gates, kth=k - 1, axis=-1)[..., :k])`.

@@ -17,7 +17,7 @@ use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{relu2, Embedding, Linear, RmsNorm, SwitchMlp};
 use crate::models::kit::{self, Attention};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
-use crate::models::moe_block::{group_expert_select, GroupSelect};
+use crate::models::moe_block::{GroupSelect, Router};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -369,8 +369,10 @@ impl Moe {
     }
 
     fn forward(&self, x: &Array) -> Result<Array> {
-        let (inds, scores) =
-            group_expert_select(&self.gate.forward(x)?, &self.correction_bias, self.select)?;
+        let k = self.select.top_k;
+        let bias = Some(&self.correction_bias);
+        let (inds, scores, _) =
+            Router::DeepseekGroup(self.select).select(&self.gate.forward(x)?, k, bias, x)?;
         let h = match &self.latent {
             Some((fc1, _)) => fc1.forward(x)?,
             None => x.clone(),

@@ -1,8 +1,9 @@
 //! mlx-lm 0.32.2 `models/phixtral.py`: Phi-2 parallel blocks (one LayerNorm feeding both the
 //! attention and the experts, `attn + moe + x`) whose MLP is a mixture of Phi-2 MLPs
-//! ([`SwitchMlp`] with biases, softmax over the top-k gate logits). The attention has a fused
-//! `Wqkv` with bias, a partial rope (`rotary_dim`), and float32 queries; the head is a
-//! LayerNorm and a linear with bias. Inference only (no adapters or full fine-tuning).
+//! ([`SwitchMlp`] with biases, routed by the shared block's [`Router::TopKThenSoftmax`]). The
+//! attention has a fused `Wqkv` with bias, a partial rope (`rotary_dim`), and float32 queries;
+//! the head is a LayerNorm and a linear with bias. Inference only (no adapters or full
+//! fine-tuning).
 
 use mlx_cache::Cache;
 use mlx_core::prelude::*;
@@ -11,6 +12,7 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, Embedding, LayerNorm, Linear, Rope, SwitchMlp};
+use crate::models::moe_block::Router;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -144,12 +146,13 @@ impl Model {
         b.out_proj.forward(&kit::merge_heads(&out.astype(dtype)?)?)
     }
 
-    /// `MOE.__call__`: the top-k gate logits, softmaxed (precise), weight each expert's MLP.
+    /// `MOE.__call__`: the block's [`Router::TopKThenSoftmax`] (mixtral's rule: the top-k gate
+    /// logits, softmaxed precisely) weighting each expert's MLP. The experts are GELU
+    /// [`SwitchMlp`]s (`fc1`, `fc2`), which `SparseMoe`'s SwiGLU experts are not.
     fn moe(&self, b: &Block, x: &Array) -> Result<Array> {
         let gates = b.gate.forward(x)?;
-        let inds = crate::models::moe_block::lower_top_k(&gates, self.args.num_experts_per_tok)?;
-        let scores = ops::take_along_axis(&gates, &inds, -1, None)?;
-        let scores = ops::softmax(&scores, &[-1], true, None)?;
+        let k = self.args.num_experts_per_tok;
+        let (inds, scores, _) = Router::TopKThenSoftmax.select(&gates, k, None, x)?;
         let y = b.switch_mlp.forward(x, &inds)?;
         let y = (&y * &ops::expand_dims(&scores, &[-1], None)?)?;
         Ok(ops::sum(&y, &[-2], false, None)?)
