@@ -132,6 +132,14 @@ impl Norm {
         Ok(Norm::RmsPlus(RmsNorm::load(w, path, dims, eps)?, offset))
     }
 
+    /// The plain `nn.RMSNorm` inside, when it is one.
+    pub fn as_rms(&self) -> Option<&RmsNorm> {
+        match self {
+            Norm::Rms(n) => Some(n),
+            _ => None,
+        }
+    }
+
     /// The norm's arrays under `path` (`weight`, `bias`), as mlx-lm names and stores them.
     pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
         match self {
