@@ -60,6 +60,9 @@ pub(crate) enum Score {
     SoftCapped(f32),
     /// OLMo's scores written out (olmo.py).
     Manual,
+    /// gear.py's `_softcap_attention`: the keys' and values' heads repeated by broadcast, the
+    /// scores capped by `cap * tanh(s / cap)`, a causal mask built from positions.
+    SoftCappedRepeated(f32),
 }
 
 /// Cohere's and StableLM's q/k layer norms, which are not [`Norm`]s: each head normed by a
@@ -970,6 +973,9 @@ impl Attention {
         let out = match (self.score, kv) {
             (Score::SoftCapped(cap), _) => self.softcapped(&queries, kv, mask, cap)?,
             (Score::Manual, _) => self.manual_attention(&queries, kv, mask)?,
+            (Score::SoftCappedRepeated(cap), _) => {
+                self.softcapped_repeated(&queries, kv, mask, cap)?
+            }
             (Score::Sdpa(Upcast::None), _) | (Score::Sdpa(_), Kv::Quantized { .. }) => {
                 sdpa(&queries, kv)?
             }
@@ -1102,6 +1108,58 @@ impl Attention {
         } else {
             Ok(out)
         }
+    }
+
+    /// gear.py's `_softcap_attention` ([`Score::SoftCappedRepeated`]).
+    fn softcapped_repeated(
+        &self,
+        queries: &Array,
+        kv_all: &Kv,
+        mask: &AttentionMask,
+        softcap: f32,
+    ) -> Result<Array> {
+        let Kv::Dense { keys, values } = kv_all else {
+            return Err(ModelError::Cache { what: "gear".into(), problem: "soft-capped attention needs a dense KV cache (mlx-lm's runs on plain keys and values)".into() });
+        };
+        let repeats = queries.shape()[1] / keys.shape()[1];
+        let repeat_kv = |x: &Array| -> Result<Array> {
+            if repeats == 1 {
+                return Ok(x.clone());
+            }
+            let s = x.shape();
+            let y = ops::expand_dims(x, &[2], None)?;
+            let y = ops::broadcast_to(&y, &[s[0], s[1], repeats, s[2], s[3]], None)?;
+            Ok(ops::reshape(&y, &[s[0], s[1] * repeats, s[2], s[3]], None)?)
+        };
+        let (keys, values) = (repeat_kv(keys)?, repeat_kv(values)?);
+        let q = ops::multiply_scalar(queries, self.scale, None)?;
+        let scores = ops::matmul(&q, &ops::swapaxes(&keys, -1, -2, None)?, None)?;
+        let mut scores = crate::layers::softcap(&scores, softcap)?;
+        let ss = scores.shape();
+        let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
+        let bool_mask = match mask {
+            AttentionMask::None => None,
+            AttentionMask::Causal => {
+                let qi = ops::arange(f64::from(kl - ql), f64::from(kl), 1.0, Dtype::Int32, None)?;
+                let ki = ops::arange(0.0, f64::from(kl), 1.0, Dtype::Int32, None)?;
+                Some(ops::greater_equal(
+                    &ops::expand_dims(&qi, &[1], None)?,
+                    &ops::expand_dims(&ki, &[0], None)?,
+                    None,
+                )?)
+            }
+            AttentionMask::Array(m) if m.dtype() == Dtype::Bool => Some(m.clone()),
+            AttentionMask::Array(m) => {
+                scores = (&scores + m)?;
+                None
+            }
+        };
+        if let Some(m) = bool_mask {
+            let min = crate::layers::finfo_min(scores.dtype());
+            scores = ops::where_scalar(&m, &scores, min, None)?;
+        }
+        let scores = ops::softmax(&scores, &[-1], true, None)?;
+        Ok(ops::matmul(&scores, &values, None)?)
     }
 
     fn output_gated(&self, x: &Array, out: &Array, query_gate: Option<&Array>) -> Result<Array> {
