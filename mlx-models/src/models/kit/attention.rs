@@ -185,6 +185,12 @@ pub(crate) struct Attention {
     pub(crate) contiguous: bool,
     /// bitnet's `attn_sub_norm` before the output projection.
     pub(crate) sub_norm: Option<Norm>,
+    /// gemma3n: the values' heads normed (a weightless RMS norm) before they move ahead of
+    /// the positions.
+    pub(crate) value_norm: Option<Norm>,
+    /// gemma3n's KV-shared layers: with a cache (another layer's, written earlier in this
+    /// step) attend over the keys and values it holds, without writing to it.
+    pub(crate) kv_from_cache: bool,
 }
 
 impl Attention {
@@ -303,6 +309,8 @@ impl Attention {
             kv_tile: None,
             contiguous: false,
             sub_norm: None,
+            value_norm: None,
+            kv_from_cache: false,
         }
     }
 
@@ -509,6 +517,8 @@ impl Attention {
             kv_tile: None,
             contiguous: false,
             sub_norm: None,
+            value_norm: None,
+            kv_from_cache: false,
         })
     }
 
@@ -713,6 +723,18 @@ impl Attention {
         self.run(x, mask, None, cache, shared)
     }
 
+    /// [`Attention::forward`] with the rope at `offset` (gemma3n: one offset for the whole
+    /// pass, read before its KV-shared layers' caches advanced).
+    pub(crate) fn forward_at(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+        offset: usize,
+    ) -> Result<Array> {
+        Ok(self.run_at(x, mask, None, cache, None, Some(offset))?.0)
+    }
+
     fn run(
         &self,
         x: &Array,
@@ -721,8 +743,21 @@ impl Attention {
         cache: Option<&mut Box<dyn Cache>>,
         shared: Option<&(Array, Array)>,
     ) -> Result<(Array, (Array, Array))> {
+        self.run_at(x, mask, query_scale, cache, shared, None)
+    }
+
+    /// The whole attention; the rope at `offset` when given, else at the cache's.
+    fn run_at(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        query_scale: Option<&Array>,
+        cache: Option<&mut Box<dyn Cache>>,
+        shared: Option<&(Array, Array)>,
+        offset: Option<usize>,
+    ) -> Result<(Array, (Array, Array))> {
         // A batched cache (left-padded rows) carries one offset per row.
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        let offset = offset.unwrap_or_else(|| cache.as_ref().map_or(0, |c| c.offset()));
         let offsets = match &cache {
             Some(c) if self.row_offsets => c.offsets(),
             _ => None,
@@ -733,6 +768,11 @@ impl Attention {
         };
         let (p, kv_states) = self.project_full(x, at, shared)?;
         let kv = match cache {
+            // The keys and values projected above are left unused (never evaluated).
+            Some(c) if self.kv_from_cache => c.fetch()?.ok_or_else(|| ModelError::Cache {
+                what: "a KV-shared layer".into(),
+                problem: "its cache holds no keys and values".into(),
+            })?,
             Some(c) => c.update_and_fetch(&p.keys, &p.values)?,
             None => Kv::Dense {
                 keys: p.keys,
@@ -898,7 +938,11 @@ impl Attention {
             queries = per_head(&queries, qw)?;
             keys = per_head(&keys, kw)?;
         }
-        let mut values = self.heads_transpose(&split(&values, ks)?)?;
+        let mut values = split(&values, ks)?;
+        if let Some(n) = &self.value_norm {
+            values = n.forward(&values)?;
+        }
+        let mut values = self.heads_transpose(&values)?;
         if let Some(v) = self.value_scale {
             values = ops::multiply_scalar(&values, v, None)?;
         }
