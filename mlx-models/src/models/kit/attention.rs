@@ -447,79 +447,37 @@ impl Attention {
                 Some(Norm::Rms(RmsNorm::load(w, &p(k_name), k_dims, s.eps)?)),
             ),
         };
-        Ok(Attention {
-            n_heads: s.n_heads,
-            n_kv_heads: s.n_kv_heads,
-            head_dim: hd,
-            scale: if s.inv_sqrt_scale {
-                (1.0 / f64::from(hd).sqrt()) as f32
-            } else {
-                f64::from(hd).powf(-0.5) as f32
-            },
-            qk_norm: s.qk_norm,
-            q_proj: match fused {
-                Some(name) => Linear::load(
-                    w,
-                    &p(name),
-                    dim,
-                    (s.n_heads + 2 * s.n_kv_heads) * hd,
-                    s.qkv_bias,
-                )?,
-                None => Linear::load(w, &p("q_proj"), dim, s.n_heads * hd, s.qkv_bias)?,
-            },
-            k_proj: if kv_proj {
-                Some(Linear::load(
-                    w,
-                    &p("k_proj"),
-                    dim,
-                    s.n_kv_heads * hd,
-                    s.qkv_bias,
-                )?)
-            } else {
-                None
-            },
-            v_proj: if kv_proj {
-                Some(Linear::load(
-                    w,
-                    &p("v_proj"),
-                    dim,
-                    s.n_kv_heads * hd,
-                    s.qkv_bias,
-                )?)
-            } else {
-                None
-            },
-            o_proj: Linear::load(w, &p(o_name), s.n_heads * hd, dim, s.o_bias)?,
-            q_norm,
-            k_norm,
-            sinks: if s.sinks {
-                Some(w.take(&p("sinks"), &[s.n_heads])?)
-            } else {
-                None
-            },
-            layer_norms: None,
-            rope: Some(s.rope),
-            rope_slice_concat: false,
-            row_offsets: false,
-            fused: fused.map(|_| QkvLayout::Split),
-            q_name: fused.unwrap_or("q_proj"),
-            kv_names: ["k_proj", "v_proj"],
-            out_gate: None,
-            head_gate: None,
-            gate_name: "g_proj",
-            value_scale: None,
-            sink_name: "sinks",
-            head_weights: None,
-            query_gate: false,
-            names: s.names,
-            sharded_norms: None,
-            score: Score::Sdpa(Upcast::None),
-            kv_tile: None,
-            contiguous: false,
-            sub_norm: None,
-            value_norm: None,
-            kv_from_cache: false,
-        })
+        let (h, kv) = (s.n_heads, s.n_kv_heads);
+        let q_proj = match fused {
+            Some(name) => Linear::load(w, &p(name), dim, (h + 2 * kv) * hd, s.qkv_bias)?,
+            None => Linear::load(w, &p("q_proj"), dim, h * hd, s.qkv_bias)?,
+        };
+        let kv_proj = if kv_proj {
+            let mut l = |n: &str| Linear::load(w, &p(n), dim, kv * hd, s.qkv_bias);
+            (Some(l("k_proj")?), Some(l("v_proj")?))
+        } else {
+            (None, None)
+        };
+        let o_proj = Linear::load(w, &p(o_name), h * hd, dim, s.o_bias)?;
+        let scale = if s.inv_sqrt_scale {
+            (1.0 / f64::from(hd).sqrt()) as f32
+        } else {
+            f64::from(hd).powf(-0.5) as f32
+        };
+        let mut a = Attention::from_parts(q_proj, kv_proj, o_proj, (h, kv, hd), scale);
+        if s.sinks {
+            a.sinks = Some(w.take(&p("sinks"), &[h])?);
+        }
+        if let Some(name) = fused {
+            a.fused = Some(QkvLayout::Split);
+            a.q_name = name;
+        }
+        a.qk_norm = s.qk_norm;
+        a.q_norm = q_norm;
+        a.k_norm = k_norm;
+        a.rope = Some(s.rope);
+        a.names = s.names;
+        Ok(a)
     }
 
     /// Learned per-head sinks `{p}.{name}` (one per query head).
