@@ -105,6 +105,8 @@ pub enum Norm {
     /// PLaMo 3's `RMSNorm(offset=...)`: `rms_norm(x, weight + offset, eps)`, the offset a
     /// weak Python float (the weight's dtype).
     RmsPlus(RmsNorm, f32),
+    /// Gear's `GearRMSNorm`: `rms_norm(x, (1.0 + weight).astype(x.dtype), eps)`.
+    RmsOffsetCast(RmsNorm),
 }
 
 impl Norm {
@@ -132,10 +134,20 @@ impl Norm {
         Ok(Norm::RmsPlus(RmsNorm::load(w, path, dims, eps)?, offset))
     }
 
+    /// The plain `nn.RMSNorm` inside, when it is one.
+    pub fn as_rms(&self) -> Option<&RmsNorm> {
+        match self {
+            Norm::Rms(n) => Some(n),
+            _ => None,
+        }
+    }
+
     /// The norm's arrays under `path` (`weight`, `bias`), as mlx-lm names and stores them.
     pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
         match self {
-            Norm::Rms(n) | Norm::RmsOffset(n) | Norm::RmsPlus(n, _) => n.parameters_mut(path, out),
+            Norm::Rms(n) | Norm::RmsOffset(n) | Norm::RmsPlus(n, _) | Norm::RmsOffsetCast(n) => {
+                n.parameters_mut(path, out)
+            }
             Norm::RmsNoWeight { .. } => {}
             Norm::Layer(n) | Norm::LayerOffset(n) => {
                 if let Some(w) = &mut n.weight {
@@ -165,6 +177,10 @@ impl Norm {
                 n.eps,
                 None,
             )?),
+            Norm::RmsOffsetCast(n) => {
+                let weight = (1.0f32 + &n.weight)?.astype(x.dtype())?;
+                Ok(fast::rms_norm(x, Some(&weight), n.eps, None)?)
+            }
             Norm::Layer(n) => n.forward(x),
             // `self.weight + 1`: a weak Python int, so the weight's dtype.
             Norm::LayerOffset(n) => {

@@ -10,14 +10,16 @@ use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    clip_residual, join, scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut,
-    Mlp, MlpNames, Norm, NormKind, Rope, Walk,
+    clip_residual, join, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpNames, Norm, NormKind,
+    Rope, Walk,
 };
 use crate::models::checkpoint::concat_cache;
 use crate::models::descriptor::{
     Descriptor, EmbedScale, Head, LogitScale, Names, Placement, QkNorm, QkvLayout, RopeSpec,
-    RopeTable, Upcast,
+    RopeTable,
 };
+use crate::models::kit::{self, RopeAt};
+use crate::models::moe::QkNorm as MoeQkNorm;
 use crate::models::{LanguageModel, LogitTransform, OutputHead, SegmentedDecode};
 use crate::weights::Weights;
 
@@ -36,64 +38,6 @@ fn init_rope(r: &RopeSpec) -> Result<Rope> {
         r.scaling.as_ref(),
         r.max_position_embeddings,
     )
-}
-
-#[derive(Clone)]
-enum Qkv {
-    Separate {
-        q: Linear,
-        k: Linear,
-        v: Linear,
-    },
-    Fused(Linear),
-    /// Per KV head: `groups` query heads, then its key, then its value.
-    Interleaved(Linear),
-    /// Per head: `[q | k | v]`.
-    PerHead(Linear),
-}
-
-#[derive(Clone)]
-enum QkNormLayers {
-    None,
-    /// `rms_norm` (or layer norm) per head or over the full projection.
-    Norm {
-        q: Norm,
-        k: Norm,
-        at: QkNorm,
-    },
-    /// Cohere's `LayerNorm2D`: `weight * layer_norm(x, None, None, eps)`.
-    LayerNorm2d {
-        q: Array,
-        k: Array,
-        eps: f32,
-    },
-    /// StableLM's `LayerNormPerHead`: one weight per head (`norms.<h>.weight`), stacked at
-    /// every call, then as `LayerNorm2d`.
-    PerHead {
-        q: Vec<Array>,
-        k: Vec<Array>,
-        eps: f32,
-    },
-}
-
-/// `weight * mx.fast.layer_norm(x, None, None, eps)` (Cohere's `LayerNorm2D`, StableLM's
-/// `LayerNormPerHead` after its `mx.stack`).
-fn scaled_layer_norm(weight: &Array, x: &Array, eps: f32) -> Result<Array> {
-    Ok((weight * &mlx_core::fast::layer_norm(x, None, None, eps, None)?)?)
-}
-
-/// `mx.stack([n.weight for n in self.norms])`.
-fn stack_heads(rows: &[Array]) -> Result<Array> {
-    let refs: Vec<&Array> = rows.iter().collect();
-    Ok(ops::stack(&refs, 0, None)?)
-}
-
-/// Where rope rotates: a position (a plain cache's offset) or an int32 array of offsets (a
-/// batched cache's per-row offsets, or the compiled decode step's scalar input).
-#[derive(Clone, Copy)]
-enum RopeAt<'a> {
-    Int(usize),
-    Array(&'a Array),
 }
 
 /// One layer's weights as the dense model holds them, read-only: for decoders that run the
@@ -124,552 +68,108 @@ pub struct LayerView<'a> {
     pub mlp: &'a Mlp,
 }
 
-#[derive(Clone)]
-pub struct Attention {
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
-    softcap: Option<f32>,
-    upcast: Upcast,
-    slice_concat: bool,
-    manual: bool,
-    /// [`Descriptor::contiguous_heads`].
-    contiguous: bool,
-    kv_tile: Option<i32>,
-    sub_norm: Option<Norm>,
-    qkv: Qkv,
-    /// The head-wise output gate (`hidden -> heads`), with its module name.
-    gate: Option<(&'static str, Linear)>,
-    o_proj: Linear,
-    qk_norm: QkNormLayers,
-    rope: Option<Rope>,
-}
-
-/// The attention's projections, under their module paths inside the layer (mlx-lm's
-/// names), in declaration order.
-fn attn_linears<'a>(
-    qkv: &'a mut Qkv,
-    gate: &'a mut Option<(&'static str, Linear)>,
-    o_proj: &'a mut Linear,
-    n: &Names,
-) -> Vec<(String, &'a mut Linear)> {
-    let mut out = Vec::new();
-    match qkv {
-        Qkv::Separate { q, k, v } => {
-            out.push((join(n.attn, n.q), q));
-            out.push((join(n.attn, n.k), k));
-            out.push((join(n.attn, n.v), v));
+/// The descriptor's attention for the layer at `path` ([`kit::Attention`] with the row's
+/// layout, norms, scores and rope; `sliding` picks the local rope, `nope` drops it), loaded
+/// in mlx-lm's declaration order: q/k/v (or the fused projection), the head gate, o, the q/k
+/// norms, the sub-norm.
+fn load_attention(
+    d: &Descriptor,
+    w: &mut Weights,
+    path: &str,
+    sliding: bool,
+    nope: bool,
+) -> Result<kit::Attention> {
+    let n = &d.names;
+    let (dim, nh, nkv, hd) = (d.hidden_size, d.n_heads, d.n_kv_heads, d.head_dim);
+    let width = |heads: i32| {
+        heads.checked_mul(hd).filter(|w| *w > 0).ok_or_else(|| {
+            ModelError::Config(format!(
+                "{}: {heads} heads x head_dim {hd} is not a positive 32-bit size",
+                d.model_type
+            ))
+        })
+    };
+    width(nh)?;
+    width(nkv)?;
+    let p = |s: &str| join(path, s);
+    let (q_proj, kv_proj, fused) = match n.qkv {
+        Some(f) => {
+            let l = Linear::load(w, &p(f), dim, (nh + 2 * nkv) * hd, d.qkv_bias)?;
+            (l, (None, None), Some(n.qkv_layout))
         }
-        Qkv::Fused(l) | Qkv::Interleaved(l) | Qkv::PerHead(l) => {
-            out.push((join(n.attn, n.qkv.unwrap_or("qkv_proj")), l));
+        None => {
+            let q = Linear::load(w, &p(n.q), dim, nh * hd, d.qkv_bias)?;
+            let k = Linear::load(w, &p(n.k), dim, nkv * hd, d.qkv_bias)?;
+            let v = Linear::load(w, &p(n.v), dim, nkv * hd, d.qkv_bias)?;
+            (q, (Some(k), Some(v)), None)
         }
-    }
+    };
+    let gate = match d.head_gate {
+        Some(g) => Some((g, Linear::load(w, &p(g), dim, nh, d.qkv_bias)?)),
+        None => None,
+    };
+    let o_proj = Linear::load(w, &p(n.o), nh * hd, dim, d.o_bias)?;
+    let scale = d.attn_scale as f32;
+    let mut a = kit::Attention::from_parts(q_proj, kv_proj, o_proj, (nh, nkv, hd), scale)
+        .with_names(n.qkv.unwrap_or(n.q), [n.k, n.v], [n.o, n.q_norm, n.k_norm]);
+    a.fused = fused;
     if let Some((name, g)) = gate {
-        out.push((join(n.attn, name), g));
+        a = a.with_gate(kit::HeadGate::SigmoidF32, name, g);
     }
-    out.push((join(n.attn, n.o), o_proj));
-    out
-}
-
-impl Attention {
-    /// Walks the projections, then the QK norms, under `path` (the layer's).
-    fn walk<'a>(&'a mut self, path: &str, n: &Names, w: &mut Walk<'a>) {
-        let Attention {
-            qkv,
-            gate,
-            o_proj,
-            qk_norm,
-            ..
-        } = self;
-        for (name, l) in attn_linears(qkv, gate, o_proj, n) {
-            w.linear(&join(path, &name), l);
-        }
-        let norm_path = |name: &str| join(path, &join(n.attn, name));
-        match qk_norm {
-            QkNormLayers::None => {}
-            QkNormLayers::Norm { q, k, .. } => {
-                w.norm(&norm_path(n.q_norm), q);
-                w.norm(&norm_path(n.k_norm), k);
-            }
-            QkNormLayers::LayerNorm2d { q, k, .. } => {
-                w.array(&norm_path(n.q_norm), "weight", q);
-                w.array(&norm_path(n.k_norm), "weight", k);
-            }
-            QkNormLayers::PerHead { q, k, .. } => {
-                for (name, rows) in [(n.q_norm, q), (n.k_norm, k)] {
-                    let path = norm_path(name);
-                    for (h, a) in rows.iter_mut().enumerate() {
-                        w.array(&join(&path, &format!("norms.{h}")), "weight", a);
-                    }
-                }
-            }
-        }
-    }
-
-    fn linears(&self) -> Vec<&Linear> {
-        let mut out: Vec<&Linear> = match &self.qkv {
-            Qkv::Separate { q, k, v } => vec![q, k, v],
-            Qkv::Fused(l) | Qkv::Interleaved(l) | Qkv::PerHead(l) => vec![l],
-        };
-        if let Some((_, g)) = &self.gate {
-            out.push(g);
-        }
-        out.push(&self.o_proj);
-        out
-    }
-
-    fn load(
-        d: &Descriptor,
-        w: &mut Weights,
-        path: &str,
-        sliding: bool,
-        nope: bool,
-    ) -> Result<Attention> {
-        let n = &d.names;
-        let (dim, nh, nkv, hd) = (d.hidden_size, d.n_heads, d.n_kv_heads, d.head_dim);
-        let width = |heads: i32| {
-            heads.checked_mul(hd).filter(|w| *w > 0).ok_or_else(|| {
-                ModelError::Config(format!(
-                    "{}: {heads} heads x head_dim {hd} is not a positive 32-bit size",
-                    d.model_type
-                ))
-            })
-        };
-        width(nh)?;
-        width(nkv)?;
-        let p = |s: &str| join(path, s);
-        let qkv = match n.qkv {
-            Some(f) => {
-                let l = Linear::load(w, &p(f), dim, (nh + 2 * nkv) * hd, d.qkv_bias)?;
-                match n.qkv_layout {
-                    QkvLayout::Split => Qkv::Fused(l),
-                    QkvLayout::Interleaved => Qkv::Interleaved(l),
-                    QkvLayout::PerHead => Qkv::PerHead(l),
-                }
-            }
-            None => Qkv::Separate {
-                q: Linear::load(w, &p(n.q), dim, nh * hd, d.qkv_bias)?,
-                k: Linear::load(w, &p(n.k), dim, nkv * hd, d.qkv_bias)?,
-                v: Linear::load(w, &p(n.v), dim, nkv * hd, d.qkv_bias)?,
-            },
-        };
-        let gate = match d.head_gate {
-            Some(g) => Some((g, Linear::load(w, &p(g), dim, nh, d.qkv_bias)?)),
-            None => None,
-        };
-        let o_proj = Linear::load(w, &p(n.o), nh * hd, dim, d.o_bias)?;
-        let eps = d.norm_eps;
-        let qk_kind = d.qk_norm_kind.unwrap_or(d.norm);
-        let qk_norm = match d.qk_norm {
-            QkNorm::None => QkNormLayers::None,
-            QkNorm::PerHead | QkNorm::PerHeadTransposed | QkNorm::PerHeadAfterRope => {
-                QkNormLayers::Norm {
-                    q: Norm::load(w, &p(n.q_norm), qk_kind, hd, eps)?,
-                    k: Norm::load(w, &p(n.k_norm), qk_kind, hd, eps)?,
-                    at: d.qk_norm,
-                }
-            }
-            QkNorm::Full => QkNormLayers::Norm {
-                q: Norm::load(w, &p(n.q_norm), qk_kind, nh * hd, eps)?,
-                k: Norm::load(w, &p(n.k_norm), qk_kind, nkv * hd, eps)?,
-                at: QkNorm::Full,
-            },
-            QkNorm::LayerNorm2d => QkNormLayers::LayerNorm2d {
+    let eps = d.norm_eps;
+    let qk_kind = d.qk_norm_kind.unwrap_or(d.norm);
+    let mut norms = |at: MoeQkNorm, q_dims: i32, k_dims: i32| -> Result<()> {
+        a.q_norm = Some(Norm::load(w, &p(n.q_norm), qk_kind, q_dims, eps)?);
+        a.k_norm = Some(Norm::load(w, &p(n.k_norm), qk_kind, k_dims, eps)?);
+        a.qk_norm = at;
+        Ok(())
+    };
+    match d.qk_norm {
+        QkNorm::None => {}
+        QkNorm::PerHead => norms(MoeQkNorm::PerHead, hd, hd)?,
+        QkNorm::PerHeadTransposed => norms(MoeQkNorm::PerHeadTransposed, hd, hd)?,
+        QkNorm::PerHeadAfterRope => norms(MoeQkNorm::AfterRope, hd, hd)?,
+        QkNorm::Full => norms(MoeQkNorm::Full, nh * hd, nkv * hd)?,
+        QkNorm::LayerNorm2d => {
+            a.layer_norms = Some(Box::new(kit::LayerNormQk::TwoD {
                 q: w.take(&format!("{}.weight", p(n.q_norm)), &[nh, hd])?,
                 k: w.take(&format!("{}.weight", p(n.k_norm)), &[nkv, hd])?,
                 eps,
-            },
-            QkNorm::LayerNormPerHead => {
-                let mut rows = |name: &str, heads: i32| -> Result<Vec<Array>> {
-                    (0..heads)
-                        .map(|h| w.take(&format!("{}.norms.{h}.weight", p(name)), &[hd]))
-                        .collect()
-                };
-                QkNormLayers::PerHead {
-                    q: rows(n.q_norm, nh)?,
-                    k: rows(n.k_norm, nkv)?,
-                    eps,
-                }
-            }
-        };
-        let spec = match (&d.local_rope, sliding) {
-            _ if nope => None,
-            (Some(local), true) => Some(local),
-            _ => d.rope.as_ref(),
-        };
-        Ok(Attention {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            scale: d.attn_scale as f32,
-            softcap: d.attn_logit_softcap.map(|c| c as f32),
-            upcast: d.upcast,
-            slice_concat: d.rope_slice_concat,
-            manual: d.manual_attention,
-            contiguous: d.contiguous_heads,
-            kv_tile: d.kv_tile,
-            sub_norm: if d.sub_norms {
-                Some(Norm::load(
-                    w,
-                    &p("attn_sub_norm"),
-                    d.norm,
-                    d.hidden_size,
-                    d.norm_eps,
-                )?)
-            } else {
-                None
-            },
-            qkv,
-            gate,
-            o_proj,
-            qk_norm,
-            rope: spec.map(init_rope).transpose()?,
-        })
-    }
-
-    fn forward(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
-        // A batched cache (left-padded rows) carries one offset per row.
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let offsets = cache.as_ref().and_then(|c| c.offsets());
-        let at = match &offsets {
-            Some(o) => RopeAt::Array(o),
-            None => RopeAt::Int(offset),
-        };
-        let (queries, keys, values) = self.project(x, at)?;
-        let kv = match cache {
-            Some(c) => c.update_and_fetch(&keys, &values)?,
-            None => Kv::Dense { keys, values },
-        };
-        let out = self.attend(&queries, &kv, ctx)?;
-        self.output(x, &out)
-    }
-
-    /// Everything before the cache write: projections, QK norms, head split and rope at `at`;
-    /// queries, keys and values as `(B, heads, L, head_dim)`.
-    fn project(&self, x: &Array, at: RopeAt<'_>) -> Result<(Array, Array, Array)> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let (mut queries, mut keys, values) = match &self.qkv {
-            Qkv::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
-            Qkv::Fused(f) => {
-                let qp = self.n_heads * self.head_dim;
-                let mut parts = ops::split_at(
-                    &f.forward(x)?,
-                    &[qp, qp + self.n_kv_heads * self.head_dim],
-                    -1,
-                    None,
-                )?
-                .into_iter();
-                match (parts.next(), parts.next(), parts.next()) {
-                    (Some(q), Some(k), Some(v)) => (q, k, v),
-                    _ => {
-                        return Err(ModelError::Internal {
-                            what: "qkv split".into(),
-                            problem: "gave fewer than 3".into(),
-                        })
-                    }
-                }
-            }
-            Qkv::Interleaved(f) => {
-                // internlm2.py: reshape (B, L, -1, 2 + groups, head_dim); queries are
-                // `[..., :groups, :]`, keys `[..., -2, :]`, values `[..., -1, :]`.
-                let groups = self.n_heads / self.n_kv_heads;
-                let qkv =
-                    ops::reshape(&f.forward(x)?, &[b, l, -1, 2 + groups, self.head_dim], None)?;
-                let q = ops::slice_axis(&qkv, 3, 0, groups, None)?;
-                let q = ops::reshape(&q, &[b, l, -1, self.head_dim], None)?;
-                let pick = |i: i32| -> Result<Array> {
-                    let a = ops::slice_axis(&qkv, 3, i, i + 1, None)?;
-                    Ok(ops::squeeze(&a, &[3], None)?)
-                };
-                (q, pick(groups)?, pick(groups + 1)?)
-            }
-            Qkv::PerHead(f) => {
-                // gpt_neox.py: reshape (B, L, heads, 3 * head_dim), split in three.
-                let qkv = ops::reshape(
-                    &f.forward(x)?,
-                    &[b, l, self.n_heads, 3 * self.head_dim],
-                    None,
-                )?;
-                let mut parts = ops::split_equal(&qkv, 3, -1, None)?.into_iter();
-                match (parts.next(), parts.next(), parts.next()) {
-                    (Some(q), Some(k), Some(v)) => (q, k, v),
-                    _ => {
-                        return Err(ModelError::Internal {
-                            what: "qkv split".into(),
-                            problem: "gave fewer than 3".into(),
-                        })
-                    }
-                }
-            }
-        };
-        if let QkNormLayers::Norm {
-            q,
-            k,
-            at: QkNorm::Full,
-        } = &self.qk_norm
-        {
-            queries = q.forward(&queries)?;
-            keys = k.forward(&keys)?;
+            }));
         }
-        // gpt_neox's per-head layout is already `(B, L, heads, head_dim)`: mlx-lm reshapes
-        // nothing more there.
-        let per_head = matches!(self.qkv, Qkv::PerHead(_));
-        let split = |y: &Array, n: i32| -> mlx_core::Result<Array> {
-            if per_head {
-                return Ok(y.clone());
-            }
-            ops::reshape(y, &[b, l, n, -1], None)
-        };
-        let mut queries = split(&queries, self.n_heads)?;
-        let mut keys = split(&keys, self.n_kv_heads)?;
-        match &self.qk_norm {
-            QkNormLayers::Norm {
-                q,
-                k,
-                at: QkNorm::PerHead,
-            } => {
-                queries = q.forward(&queries)?;
-                keys = k.forward(&keys)?;
-            }
-            QkNormLayers::LayerNorm2d { q, k, eps } => {
-                queries = scaled_layer_norm(q, &queries, *eps)?;
-                keys = scaled_layer_norm(k, &keys, *eps)?;
-            }
-            QkNormLayers::PerHead { q, k, eps } => {
-                queries = scaled_layer_norm(&stack_heads(q)?, &queries, *eps)?;
-                keys = scaled_layer_norm(&stack_heads(k)?, &keys, *eps)?;
-            }
-            _ => {}
-        }
-        let t = |y: &Array| self.heads_transpose(y);
-        let mut queries = t(&queries)?;
-        let mut keys = t(&keys)?;
-        if let QkNormLayers::Norm {
-            q,
-            k,
-            at: QkNorm::PerHeadTransposed,
-        } = &self.qk_norm
-        {
-            queries = q.forward(&queries)?;
-            keys = k.forward(&keys)?;
-        }
-        let values = t(&split(&values, self.n_kv_heads)?)?;
-        let rotate = |r: &Rope, y: &Array| -> Result<Array> {
-            match at {
-                RopeAt::Array(o) => r.forward_offsets(y, o),
-                RopeAt::Int(offset) => r.forward(y, offset),
-            }
-        };
-        let rope = |y: Array| -> Result<Array> {
-            match &self.rope {
-                Some(r) if self.slice_concat => {
-                    // gptj.py: rope on `x[..., :dims]`, then concatenated with the rest.
-                    let last = self.head_dim;
-                    let rot = ops::slice_axis(&y, 3, 0, r.dims(), None)?;
-                    let pass = ops::slice_axis(&y, 3, r.dims(), last, None)?;
-                    let rot = rotate(r, &rot)?;
-                    Ok(ops::concatenate(&[&rot, &pass], -1, None)?)
-                }
-                Some(r) => rotate(r, &y),
-                None => Ok(y),
-            }
-        };
-        let mut queries = rope(queries)?;
-        let mut keys = rope(keys)?;
-        if let QkNormLayers::Norm {
-            q,
-            k,
-            at: QkNorm::PerHeadAfterRope,
-        } = &self.qk_norm
-        {
-            queries = q.forward(&queries)?;
-            keys = k.forward(&keys)?;
-        }
-        Ok((queries, keys, values))
-    }
-
-    /// Attention of `queries` over what the cache returned, `(B, heads, L, head_dim)`.
-    fn attend(&self, queries: &Array, kv: &Kv, ctx: &Ctx) -> Result<Array> {
-        let mask = ctx.mask;
-        let tiled;
-        let kv = match (self.kv_tile, kv) {
-            (Some(n), Kv::Dense { keys, values }) => {
-                let reps = [1, n, 1, 1];
-                tiled = Kv::Dense {
-                    keys: ops::tile(keys, &reps, None)?,
-                    values: ops::tile(values, &reps, None)?,
-                };
-                &tiled
-            }
-            (Some(_), Kv::Quantized { .. }) => {
-                return Err(ModelError::Cache {
-                    what: "tiled KV heads (plamo)".into(),
-                    problem: "cannot read a quantized KV cache".into(),
-                })
-            }
-            (None, kv) => kv,
-        };
-        let mut queries = queries.clone();
-        if let Some(s) = ctx.query_scale {
-            queries = (&queries * s)?;
-        }
-        let out = match (self.softcap, self.upcast, kv) {
-            (Some(cap), _, _) => self.softcapped(&queries, kv, mask, cap)?,
-            (None, _, _) if self.manual => self.manual_attention(&queries, kv, mask)?,
-            (None, Upcast::None, _) | (None, _, Kv::Quantized { .. }) => {
-                scaled_dot_product_attention(&queries, kv, self.scale, mask, None)?
-            }
-            (None, Upcast::QueriesIfF16, _) if queries.dtype() != Dtype::Float16 => {
-                scaled_dot_product_attention(&queries, kv, self.scale, mask, None)?
-            }
-            (None, Upcast::QueriesIfF16, _) => scaled_dot_product_attention(
-                &queries.astype(Dtype::Float32)?,
-                kv,
-                self.scale,
-                mask,
-                None,
-            )?
-            .astype(queries.dtype())?,
-            (None, up, Kv::Dense { keys, values }) => {
-                let f32_ = |a: &Array| a.astype(Dtype::Float32);
-                let keys = match up {
-                    Upcast::QueriesKeys => f32_(keys)?,
-                    _ => keys.clone(),
-                };
-                let kv32 = Kv::Dense {
-                    keys,
-                    values: values.clone(),
-                };
-                scaled_dot_product_attention(&f32_(&queries)?, &kv32, self.scale, mask, None)?
-                    .astype(values.dtype())?
-            }
-        };
-        Ok(out)
-    }
-
-    /// `transpose(0, 2, 1, 3)`, made contiguous where mlx-lm does ([`Descriptor::contiguous_heads`]).
-    fn heads_transpose(&self, y: &Array) -> Result<Array> {
-        let y = ops::transpose(y, &[0, 2, 1, 3], None)?;
-        if self.contiguous {
-            return Ok(ops::contiguous(&y, false, None)?);
-        }
-        Ok(y)
-    }
-
-    /// The output projection of the attention result `(B, heads, L, head_dim)`; `x` is the
-    /// attention's input, which the output gate (spark2_5) reads.
-    fn output(&self, x: &Array, out: &Array) -> Result<Array> {
-        let s = out.shape();
-        let (b, l) = (s[0], s[2]);
-        let mut out = self.heads_transpose(out)?;
-        if let Some((_, g)) = &self.gate {
-            // spark2_5.py: `sigmoid(g_proj(x).astype(float32)).astype(output.dtype)`, per head.
-            let gate = ops::sigmoid(&g.forward(x)?.astype(Dtype::Float32)?, None)?;
-            let gate = ops::expand_dims(&gate.astype(out.dtype())?, &[-1], None)?;
-            out = (&out * &gate)?;
-        }
-        let out = ops::reshape(&out, &[b, l, -1], None)?;
-        match &self.sub_norm {
-            Some(n) => self.o_proj.forward(&n.forward(&out)?),
-            None => self.o_proj.forward(&out),
+        QkNorm::LayerNormPerHead => {
+            let mut rows = |name: &str, heads: i32| -> Result<Vec<Array>> {
+                (0..heads)
+                    .map(|h| w.take(&format!("{}.norms.{h}.weight", p(name)), &[hd]))
+                    .collect()
+            };
+            a.layer_norms = Some(Box::new(kit::LayerNormQk::PerHead {
+                q: rows(n.q_norm, nh)?,
+                k: rows(n.k_norm, nkv)?,
+                eps,
+            }));
         }
     }
-
-    /// OLMo's attention as olmo.py writes it (one head per KV head).
-    fn manual_attention(&self, queries: &Array, kv: &Kv, mask: &AttentionMask) -> Result<Array> {
-        let Kv::Dense { keys, values } = kv else {
-            return Err(ModelError::Cache {
-                what: "OLMo's attention".into(),
-                problem: "needs a dense (unquantized) cache".into(),
-            });
-        };
-        let q = (queries * self.scale)?;
-        let mut scores = ops::matmul(&q, &ops::transpose(keys, &[0, 1, 3, 2], None)?, None)?;
-        match mask {
-            AttentionMask::None => {}
-            AttentionMask::Array(m) if m.dtype() != Dtype::Bool => scores = (&scores + m)?,
-            other => {
-                // mlx-lm adds the mask as is (and fails on its "causal" string); here a
-                // boolean or causal mask becomes the additive 0 / -inf it means.
-                let ss = scores.shape();
-                let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
-                let allowed = match other {
-                    AttentionMask::Array(m) => m.clone(),
-                    _ => mlx_cache::mask::create_causal_mask(
-                        ql.max(0) as usize,
-                        (kl - ql).max(0) as usize,
-                        None,
-                    )?,
-                };
-                let zero = Array::from_f32(0.0, scores.dtype())?;
-                let ninf = Array::from_f32(f32::NEG_INFINITY, scores.dtype())?;
-                scores = (&scores + &ops::where_(&allowed, &zero, &ninf, None)?)?;
-            }
-        }
-        let dtype = scores.dtype();
-        let scores = ops::softmax(&scores.astype(Dtype::Float32)?, &[-1], false, None)?;
-        Ok(ops::matmul(&scores.astype(dtype)?, values, None)?)
+    let spec = match (&d.local_rope, sliding) {
+        _ if nope => None,
+        (Some(local), true) => Some(local),
+        _ => d.rope.as_ref(),
+    };
+    a.rope = spec.map(init_rope).transpose()?;
+    a.rope_slice_concat = d.rope_slice_concat;
+    a.row_offsets = true;
+    a.score = match d.attn_logit_softcap {
+        Some(cap) => kit::Score::SoftCapped(cap as f32),
+        None if d.manual_attention => kit::Score::Manual,
+        None => kit::Score::Sdpa(d.upcast),
+    };
+    a.contiguous = d.contiguous_heads;
+    a.kv_tile = d.kv_tile;
+    if d.sub_norms {
+        let sub = Norm::load(w, &p("attn_sub_norm"), d.norm, d.hidden_size, d.norm_eps)?;
+        a.sub_norm = Some(sub);
     }
-
-    /// Gemma 2's attention with a logit soft cap, written out as mlx-lm does.
-    fn softcapped(
-        &self,
-        queries: &Array,
-        kv: &Kv,
-        mask: &AttentionMask,
-        cap: f32,
-    ) -> Result<Array> {
-        let Kv::Dense { keys, values } = kv else {
-            return Err(ModelError::Cache {
-                what: "attention logit soft-capping".into(),
-                problem: "needs a dense (unquantized) cache".into(),
-            });
-        };
-        let qs = queries.shape();
-        let (b, l) = (qs[0], qs[2]);
-        let repeats = self.n_heads / self.n_kv_heads;
-        let mut queries = (queries * self.scale)?;
-        let (mut keys, mut values) = (keys.clone(), values.clone());
-        if repeats > 1 {
-            queries = ops::reshape(
-                &queries,
-                &[b, self.n_kv_heads, repeats, l, self.head_dim],
-                None,
-            )?;
-            keys = ops::expand_dims(&keys, &[2], None)?;
-            values = ops::expand_dims(&values, &[2], None)?;
-        }
-        let scores = ops::matmul(&queries, &ops::swapaxes(&keys, -1, -2, None)?, None)?;
-        let mut scores = crate::layers::softcap(&scores, cap)?;
-        match mask {
-            AttentionMask::None => {}
-            AttentionMask::Array(m) if m.dtype() == Dtype::Bool => {
-                let min = crate::layers::finfo_min(scores.dtype());
-                let fill = Array::from_f32(min, scores.dtype())?;
-                scores = ops::where_(m, &scores, &fill, None)?;
-            }
-            AttentionMask::Array(m) => scores = (&scores + m)?,
-            AttentionMask::Causal => {
-                return Err(ModelError::Input {
-                    what: "soft-capped attention".into(),
-                    problem: "needs an explicit mask array".into(),
-                })
-            }
-        }
-        let scores = ops::softmax(&scores, &[-1], true, None)?;
-        let out = ops::matmul(&scores, &values, None)?;
-        if repeats > 1 {
-            Ok(ops::reshape(
-                &out,
-                &[b, self.n_heads, l, self.head_dim],
-                None,
-            )?)
-        } else {
-            Ok(out)
-        }
-    }
+    Ok(a)
 }
 
 #[derive(Clone)]
@@ -678,7 +178,7 @@ pub struct TransformerBlock {
     placement: Placement,
     residual_multiplier: Option<f32>,
     clip_residual: bool,
-    self_attn: Attention,
+    self_attn: kit::Attention,
     mlp: Mlp,
     pre_attn: Option<Norm>,
     post_attn: Option<Norm>,
@@ -759,7 +259,7 @@ impl TransformerBlock {
             placement: d.placement,
             residual_multiplier: d.residual_multiplier.map(|m| m as f32),
             clip_residual: d.clip_residual,
-            self_attn: Attention::load(
+            self_attn: load_attention(
                 d,
                 w,
                 &join(p, n.attn),
@@ -867,7 +367,7 @@ impl TransformerBlock {
             post_mlp,
             ..
         } = self;
-        self_attn.walk(path, n, w);
+        self_attn.walk(&join(path, n.attn), w);
         mlp.walk(&join(path, n.mlp), &n.mlp_names, w);
         for (norm, name) in [
             (pre_attn, n.pre_attn_norm),
@@ -983,7 +483,9 @@ impl TransformerBlock {
     /// The attention sub-step, recorded (input and output) when tracing.
     fn attn(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
         ctx.tap("attn_in", x);
-        let y = self.self_attn.forward(x, ctx, cache)?;
+        let y = self
+            .self_attn
+            .forward_scaled(x, ctx.mask, ctx.query_scale, cache)?;
         ctx.tap("attn", &y);
         Ok(y)
     }
@@ -1069,16 +571,16 @@ impl Model {
         for (i, l) in self.layers.iter_mut().enumerate() {
             let what = |m: &str| format!("model.layers.{i}.{m}");
             let a = &mut l.self_attn;
-            if a.gate.is_some() {
+            if a.head_gate.is_some() {
                 return Err(ModelError::Parallel {
                     kind: crate::Parallelism::Tensor,
                     what: what("self_attn").to_string(),
                     problem: "a gated attention cannot be sharded yet".into(),
                 });
             }
-            match &mut a.qkv {
-                Qkv::Separate { q, k, v } => {
-                    all_to_sharded(q, size, rank, &what("self_attn.q_proj"))?;
+            match (a.fused, a.k_proj.as_mut(), a.v_proj.as_mut()) {
+                (None, Some(k), Some(v)) => {
+                    all_to_sharded(&mut a.q_proj, size, rank, &what("self_attn.q_proj"))?;
                     all_to_sharded(k, size, rank, &what("self_attn.k_proj"))?;
                     all_to_sharded(v, size, rank, &what("self_attn.v_proj"))?;
                 }
@@ -1290,17 +792,13 @@ impl Model {
     pub fn layer_view(&self, i: usize) -> Option<LayerView<'_>> {
         let b = self.layers.get(i)?;
         let a = &b.self_attn;
-        let (q, k, v) = match &a.qkv {
-            Qkv::Separate { q, k, v } => (Some(q), Some(k), Some(v)),
-            _ => (None, None, None),
+        let (q, k, v) = match a.fused {
+            None => (Some(&a.q_proj), a.k_proj.as_ref(), a.v_proj.as_ref()),
+            Some(_) => (None, None, None),
         };
-        let qkv = match &a.qkv {
-            Qkv::Fused(l) => Some(l),
+        let qkv = match a.fused {
+            Some(QkvLayout::Split) => Some(&a.q_proj),
             _ => None,
-        };
-        let (q_norm, k_norm) = match &a.qk_norm {
-            QkNormLayers::Norm { q, k, .. } => (Some(q), Some(k)),
-            _ => (None, None),
         };
         Some(LayerView {
             sliding: b.sliding,
@@ -1313,13 +811,10 @@ impl Model {
             v,
             qkv,
             o: &a.o_proj,
-            head_gate: a.gate.is_some(),
-            q_norm,
-            k_norm,
-            other_qk_norm: matches!(
-                a.qk_norm,
-                QkNormLayers::LayerNorm2d { .. } | QkNormLayers::PerHead { .. }
-            ),
+            head_gate: a.head_gate.is_some(),
+            q_norm: a.q_norm.as_ref(),
+            k_norm: a.k_norm.as_ref(),
+            other_qk_norm: a.layer_norms.is_some(),
             rope: a.rope.as_ref(),
             mlp: &b.mlp,
         })
@@ -1443,7 +938,7 @@ impl Model {
             && self.desc.query_scale.is_none()
             && self.layers.iter().all(|l| {
                 l.sequential()
-                    && l.self_attn.gate.is_none()
+                    && l.self_attn.head_gate.is_none()
                     && l.self_attn
                         .rope
                         .as_ref()
@@ -1769,13 +1264,7 @@ impl SegmentedDecode for Model {
             what: format!("layer {layer}"),
             problem: format!("out of range: the model has {}", self.layers.len()),
         })?;
-        let ctx = Ctx {
-            mask,
-            query_scale: None,
-            layer,
-            trace: None,
-        };
-        l.self_attn.attend(queries, kv, &ctx)
+        l.self_attn.attend(queries, kv, mask, None)
     }
 }
 
@@ -1916,12 +1405,12 @@ impl Model {
         for l in &self.layers {
             // Sliding layers run under the one causal mask (`awq_run`), as mlx-lm calls them.
             if (!gemma && l.clip_residual)
-                || l.self_attn.gate.is_some()
+                || l.self_attn.head_gate.is_some()
                 || l.residual_multiplier.is_some()
             {
                 return Err("a clipped residual, gated attention or scaled residuals".into());
             }
-            if !matches!(l.self_attn.qkv, Qkv::Separate { .. }) {
+            if l.self_attn.fused.is_some() {
                 return Err("fused q/k/v projections".into());
             }
             if l.self_attn.sub_norm.is_some() {
@@ -1964,7 +1453,9 @@ impl Model {
         };
         match part {
             AwqPart::Block => l.forward(x, &ctx, None),
-            AwqPart::Attention => l.self_attn.forward(x, &ctx, None),
+            AwqPart::Attention => l
+                .self_attn
+                .forward_scaled(x, ctx.mask, ctx.query_scale, None),
             AwqPart::Mlp => l.mlp.forward(x),
         }
     }
@@ -1991,7 +1482,7 @@ impl Model {
             });
         };
         let walked = crate::layers::Walk::linears(|w| {
-            self_attn.walk("", names, w);
+            self_attn.walk(names.attn, w);
             mlp.walk(names.mlp, &names.mlp_names, w);
         });
         let mut linears = Vec::with_capacity(walked.len());

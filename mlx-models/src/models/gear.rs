@@ -8,17 +8,16 @@
 //! per-head q/k norms and optionally mlx-lm's plain-ops soft-capped attention; the head is tied
 //! or separate with an optional final tanh soft cap. Inference only.
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, DepthwiseConv};
-use crate::layers::{
-    finfo_min, gelu, gelu_approx, scaled_dot_product_attention, silu, Embedding, Linear, Rope,
-    RopeScaling,
-};
+use crate::layers::{gelu, gelu_approx, silu, Embedding, Linear, Norm, RmsNorm, Rope, RopeScaling};
+use crate::models::descriptor::Upcast;
+use crate::models::moe::QkNorm;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -73,24 +72,9 @@ pub struct ModelArgs {
     pub use_bidirectional_attention: bool,
 }
 
-/// `GearRMSNorm`: `rms_norm(x, (1.0 + weight).astype(x.dtype), eps)`.
-struct GearNorm {
-    weight: Array,
-    eps: f32,
-}
-
-impl GearNorm {
-    fn load(w: &mut Weights, p: &str, dims: i32, eps: f32) -> Result<GearNorm> {
-        Ok(GearNorm {
-            weight: w.take(&format!("{p}.weight"), &[dims])?,
-            eps,
-        })
-    }
-
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let weight = (1.0f32 + &self.weight)?.astype(x.dtype())?;
-        Ok(fast::rms_norm(x, Some(&weight), self.eps, None)?)
-    }
+/// `GearRMSNorm` ([`Norm::RmsOffsetCast`]).
+fn gear_norm(w: &mut Weights, p: &str, dims: i32, eps: f32) -> Result<Norm> {
+    Ok(Norm::RmsOffsetCast(RmsNorm::load(w, p, dims, eps)?))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -107,29 +91,21 @@ enum Act {
     Silu,
 }
 
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: GearNorm,
-    k_norm: GearNorm,
-    rope: Rope,
-}
-
 struct Mixer {
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
-    q_norm: GearNorm,
-    k_norm: GearNorm,
+    q_norm: Norm,
+    k_norm: Norm,
     key_conv: DepthwiseConv,
     value_conv: DepthwiseConv,
 }
 
 enum Temporal {
-    Attention(Box<Attention>),
+    /// `Attention` ([`kit::Attention`]): per-head `GearRMSNorm` q/k norms, the rope, and
+    /// `_softcap_attention` when `attn_logit_softcapping` is set.
+    Attention(Box<kit::Attention>),
     Mixer(Box<Mixer>),
 }
 
@@ -139,21 +115,20 @@ struct Layer {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
-    input_layernorm: GearNorm,
-    post_attention_layernorm: GearNorm,
-    pre_feedforward_layernorm: GearNorm,
-    post_feedforward_layernorm: GearNorm,
+    input_layernorm: Norm,
+    post_attention_layernorm: Norm,
+    pre_feedforward_layernorm: Norm,
+    post_feedforward_layernorm: Norm,
 }
 
 pub struct Model {
     args: ModelArgs,
     embed_tokens: Embedding,
     layers: Vec<Layer>,
-    norm: GearNorm,
+    norm: Norm,
     lm_head: Option<Linear>,
     act: Act,
     kv_heads: i32,
-    scale: f32,
 }
 
 impl Model {
@@ -226,6 +201,9 @@ impl Model {
             args.attention_bias,
             args.rms_norm_eps as f32,
         );
+        // `query_pre_attn_scalar ** -0.5`.
+        let qpas = args.query_pre_attn_scalar.unwrap_or(f64::from(hd));
+        let scale = qpas.powf(-0.5) as f32;
         let mut layers = Vec::with_capacity(n);
         for (i, t) in types.iter().enumerate() {
             let p = |s: &str| format!("model.layers.{i}.{s}");
@@ -249,8 +227,8 @@ impl Model {
                     k_proj: Linear::load(w, &m("k_proj"), d, kv * hd, bias)?,
                     v_proj: Linear::load(w, &m("v_proj"), d, kv * hd, bias)?,
                     o_proj: Linear::load(w, &m("o_proj"), h * hd, d, bias)?,
-                    q_norm: GearNorm::load(w, &m("q_norm"), hd, eps)?,
-                    k_norm: GearNorm::load(w, &m("k_norm"), hd, eps)?,
+                    q_norm: gear_norm(w, &m("q_norm"), hd, eps)?,
+                    k_norm: gear_norm(w, &m("k_norm"), hd, eps)?,
                     key_conv: DepthwiseConv::load(
                         w,
                         &m("key_conv"),
@@ -274,21 +252,18 @@ impl Model {
                 } else {
                     (args.rope_theta, args.rope_scaling.as_ref())
                 };
-                Temporal::Attention(Box::new(Attention {
-                    q_proj: Linear::load(w, &a("q_proj"), d, h * hd, bias)?,
-                    k_proj: Linear::load(w, &a("k_proj"), d, kv * hd, bias)?,
-                    v_proj: Linear::load(w, &a("v_proj"), d, kv * hd, bias)?,
-                    o_proj: Linear::load(w, &a("o_proj"), h * hd, d, bias)?,
-                    q_norm: GearNorm::load(w, &a("q_norm"), hd, eps)?,
-                    k_norm: GearNorm::load(w, &a("k_norm"), hd, eps)?,
-                    rope: Rope::initialize(
-                        hd,
-                        theta,
-                        false,
-                        scaling,
-                        args.max_position_embeddings,
-                    )?,
-                }))
+                let at = p("self_attn");
+                let mut attn = kit::Attention::load(w, &at, (d, h, kv, hd), bias, scale)?;
+                attn.q_norm = Some(gear_norm(w, &a("q_norm"), hd, eps)?);
+                attn.k_norm = Some(gear_norm(w, &a("k_norm"), hd, eps)?);
+                attn.qk_norm = QkNorm::PerHead;
+                attn.score = match args.attn_logit_softcapping {
+                    Some(cap) if cap != 0.0 => kit::Score::SoftCappedRepeated(cap as f32),
+                    _ => kit::Score::Sdpa(Upcast::None),
+                };
+                let rope =
+                    Rope::initialize(hd, theta, false, scaling, args.max_position_embeddings)?;
+                Temporal::Attention(Box::new(attn.with_rope(Some(rope))))
             };
             let ffn = args.intermediate_size;
             layers.push(Layer {
@@ -297,123 +272,22 @@ impl Model {
                 gate_proj: Linear::load(w, &p("mlp.gate_proj"), d, ffn, false)?,
                 up_proj: Linear::load(w, &p("mlp.up_proj"), d, ffn, false)?,
                 down_proj: Linear::load(w, &p("mlp.down_proj"), ffn, d, false)?,
-                input_layernorm: GearNorm::load(w, &p("input_layernorm"), d, eps)?,
-                post_attention_layernorm: GearNorm::load(
-                    w,
-                    &p("post_attention_layernorm"),
-                    d,
-                    eps,
-                )?,
-                pre_feedforward_layernorm: GearNorm::load(
-                    w,
-                    &p("pre_feedforward_layernorm"),
-                    d,
-                    eps,
-                )?,
-                post_feedforward_layernorm: GearNorm::load(
-                    w,
-                    &p("post_feedforward_layernorm"),
-                    d,
-                    eps,
-                )?,
+                input_layernorm: gear_norm(w, &p("input_layernorm"), d, eps)?,
+                post_attention_layernorm: gear_norm(w, &p("post_attention_layernorm"), d, eps)?,
+                pre_feedforward_layernorm: gear_norm(w, &p("pre_feedforward_layernorm"), d, eps)?,
+                post_feedforward_layernorm: gear_norm(w, &p("post_feedforward_layernorm"), d, eps)?,
             });
         }
         let lm_head = crate::models::load_lm_head(w, args.tie_word_embeddings, d, args.vocab_size)?;
-        let qpas = args.query_pre_attn_scalar.unwrap_or(f64::from(hd));
         Ok(Model {
             embed_tokens: Embedding::load(w, "model.embed_tokens", args.vocab_size, d)?,
             layers,
-            norm: GearNorm::load(w, "model.norm", d, eps)?,
+            norm: gear_norm(w, "model.norm", d, eps)?,
             lm_head,
             act,
             kv_heads: kv,
-            // `query_pre_attn_scalar ** -0.5`.
-            scale: qpas.powf(-0.5) as f32,
             args,
         })
-    }
-
-    fn attention(
-        &self,
-        a: &Attention,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let (h, kv, hd) = (
-            self.args.num_attention_heads,
-            self.kv_heads,
-            self.args.head_dim,
-        );
-        let q = ops::reshape(&a.q_proj.forward(x)?, &[b, l, h, hd], None)?;
-        let k = ops::reshape(&a.k_proj.forward(x)?, &[b, l, kv, hd], None)?;
-        let v = ops::reshape(&a.v_proj.forward(x)?, &[b, l, kv, hd], None)?;
-        let t = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
-        let q = t(&a.q_norm.forward(&q)?)?;
-        let k = t(&a.k_norm.forward(&k)?)?;
-        let v = t(&v)?;
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let q = a.rope.forward(&q, offset)?;
-        let kv_all = kit::cached_kv(cache, a.rope.forward(&k, offset)?, v)?;
-        let out = match self.args.attn_logit_softcapping {
-            Some(cap) if cap != 0.0 => self.softcap_attention(&q, &kv_all, cap as f32, mask)?,
-            _ => scaled_dot_product_attention(&q, &kv_all, self.scale, mask, None)?,
-        };
-        a.o_proj.forward(&kit::merge_heads(&out)?)
-    }
-
-    /// `_softcap_attention`.
-    fn softcap_attention(
-        &self,
-        queries: &Array,
-        kv_all: &Kv,
-        softcap: f32,
-        mask: &AttentionMask,
-    ) -> Result<Array> {
-        let Kv::Dense { keys, values } = kv_all else {
-            return Err(ModelError::Cache { what: "gear".into(), problem: "soft-capped attention needs a dense KV cache (mlx-lm's runs on plain keys and values)".into() });
-        };
-        let repeats = queries.shape()[1] / keys.shape()[1];
-        let repeat_kv = |x: &Array| -> Result<Array> {
-            if repeats == 1 {
-                return Ok(x.clone());
-            }
-            let s = x.shape();
-            let y = ops::expand_dims(x, &[2], None)?;
-            let y = ops::broadcast_to(&y, &[s[0], s[1], repeats, s[2], s[3]], None)?;
-            Ok(ops::reshape(&y, &[s[0], s[1] * repeats, s[2], s[3]], None)?)
-        };
-        let (keys, values) = (repeat_kv(keys)?, repeat_kv(values)?);
-        let q = ops::multiply_scalar(queries, self.scale, None)?;
-        let scores = ops::matmul(&q, &ops::swapaxes(&keys, -1, -2, None)?, None)?;
-        let mut scores = crate::layers::softcap(&scores, softcap)?;
-        let ss = scores.shape();
-        let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
-        let bool_mask = match mask {
-            AttentionMask::None => None,
-            AttentionMask::Causal => {
-                let qi = ops::arange(f64::from(kl - ql), f64::from(kl), 1.0, Dtype::Int32, None)?;
-                let ki = ops::arange(0.0, f64::from(kl), 1.0, Dtype::Int32, None)?;
-                Some(ops::greater_equal(
-                    &ops::expand_dims(&qi, &[1], None)?,
-                    &ops::expand_dims(&ki, &[0], None)?,
-                    None,
-                )?)
-            }
-            AttentionMask::Array(m) if m.dtype() == Dtype::Bool => Some(m.clone()),
-            AttentionMask::Array(m) => {
-                scores = (&scores + m)?;
-                None
-            }
-        };
-        if let Some(m) = bool_mask {
-            let min = finfo_min(scores.dtype());
-            scores = ops::where_scalar(&m, &scores, min, None)?;
-        }
-        let scores = ops::softmax(&scores, &[-1], true, None)?;
-        Ok(ops::matmul(&scores, &values, None)?)
     }
 
     /// `ConvKVGatedMixer.__call__`.
@@ -515,7 +389,7 @@ impl Model {
                     } else {
                         &full_mask
                     };
-                    self.attention(a, &x, mask, cache)?
+                    a.forward(&x, mask, cache)?
                 }
                 Temporal::Mixer(m) => {
                     self.mixer(m, &x, conv_mask.as_ref(), arrays_cache(cache, i)?)?

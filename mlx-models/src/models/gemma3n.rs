@@ -13,17 +13,13 @@
 //! Inference only (no adapters or full fine-tuning).
 
 use mlx_cache::{AttentionMask, Cache};
-use mlx_core::fast;
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::{parse_args, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::layers::{
-    finfo_min, gelu_approx, gelu_topk, scaled_dot_product_attention, Embedding, Linear, RmsNorm,
-    Rope,
-};
+use crate::layers::{finfo_min, gelu_approx, gelu_topk, Embedding, Linear, Norm, RmsNorm, Rope};
 use crate::models::{kit, LanguageModel, LogitTransform, OutputHead};
 use crate::weights::Weights;
 
@@ -295,77 +291,23 @@ fn rescale_streams(h: &Array, target: &Array, dtype: Dtype) -> Result<Array> {
     set_streams_from(h, 1, &(&tail * &ratio)?)
 }
 
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    eps: f32,
-    head_dim: i32,
-    rope: Rope,
-    /// A KV-shared layer: with a cache it reads the owner's keys and values.
-    shared: bool,
-}
-
-impl Attention {
-    fn load(a: &TextConfig, w: &mut Weights, p: &str, i: usize) -> Result<Attention> {
-        let p = |n: &str| format!("{p}.{n}");
-        let (d, hd) = (a.hidden_size, a.head_dim);
-        let (h, kvh) = (a.num_attention_heads, a.num_key_value_heads);
-        let eps = a.rms_norm_eps as f32;
-        let base = if a.sliding(i) {
-            a.rope_local_base_freq
-        } else {
-            a.rope_theta
-        };
-        Ok(Attention {
-            q_proj: Linear::load(w, &p("q_proj"), d, h * hd, false)?,
-            k_proj: Linear::load(w, &p("k_proj"), d, kvh * hd, false)?,
-            v_proj: Linear::load(w, &p("v_proj"), d, kvh * hd, false)?,
-            o_proj: Linear::load(w, &p("o_proj"), h * hd, d, false)?,
-            q_norm: RmsNorm::load(w, &p("q_norm"), hd, eps)?,
-            k_norm: RmsNorm::load(w, &p("k_norm"), hd, eps)?,
-            eps,
-            head_dim: hd,
-            rope: Rope::initialize(hd, base, false, None, None)?,
-            shared: i >= a.first_shared(),
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-        offset: usize,
-    ) -> Result<Array> {
-        let s = x.shape();
-        let heads = |y: &Array| ops::reshape(y, &[s[0], s[1], -1, self.head_dim], None);
-        let queries = self.q_norm.forward(&heads(&self.q_proj.forward(x)?)?)?;
-        let kv = match cache {
-            Some(c) if self.shared => c.fetch()?.ok_or_else(|| ModelError::Cache {
-                what: "gemma3n".into(),
-                problem: "a KV-shared layer's cache holds no keys and values".into(),
-            })?,
-            cache => {
-                let keys = self.k_norm.forward(&heads(&self.k_proj.forward(x)?)?)?;
-                let keys = self
-                    .rope
-                    .forward(&ops::transpose(&keys, &[0, 2, 1, 3], None)?, offset)?;
-                let values = heads(&self.v_proj.forward(x)?)?;
-                let values = fast::rms_norm(&values, None, self.eps, None)?;
-                let values = ops::transpose(&values, &[0, 2, 1, 3], None)?;
-                kit::cached_kv(cache, keys, values)?
-            }
-        };
-        let queries = self
-            .rope
-            .forward(&ops::transpose(&queries, &[0, 2, 1, 3], None)?, offset)?;
-        let out = scaled_dot_product_attention(&queries, &kv, 1.0, mask, None)?;
-        self.o_proj.forward(&kit::merge_heads(&out)?)
-    }
+/// `Gemma3nAttention` ([`kit::Attention`]): per-head q/k norms, weightless-normed values,
+/// scale 1, the rope of the layer's kind; a KV-shared layer (from `num_kv_shared_layers` on)
+/// reads its owner's cache instead of writing one.
+fn attention(a: &TextConfig, w: &mut Weights, p: &str, i: usize) -> Result<kit::Attention> {
+    let (d, hd) = (a.hidden_size, a.head_dim);
+    let (h, kvh) = (a.num_attention_heads, a.num_key_value_heads);
+    let eps = a.rms_norm_eps as f32;
+    let base = if a.sliding(i) {
+        a.rope_local_base_freq
+    } else {
+        a.rope_theta
+    };
+    let mut at =
+        kit::Attention::load(w, p, (d, h, kvh, hd), false, 1.0)?.with_head_norms(w, p, eps)?;
+    at.value_norm = Some(Norm::RmsNoWeight { eps });
+    at.kv_from_cache = i >= a.first_shared();
+    Ok(at.with_rope(Some(Rope::initialize(hd, base, false, None, None)?)))
 }
 
 struct Mlp {
@@ -498,7 +440,7 @@ impl AltUp {
 }
 
 struct Layer {
-    self_attn: Attention,
+    self_attn: kit::Attention,
     mlp: Mlp,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
@@ -526,7 +468,7 @@ impl Layer {
             Linear::load(w, &format!("{p}.{n}"), i, o, false)
         };
         Ok(Layer {
-            self_attn: Attention::load(a, w, &format!("{p}.self_attn"), i)?,
+            self_attn: attention(a, w, &format!("{p}.self_attn"), i)?,
             mlp: Mlp::load(a, w, &format!("{p}.mlp"), i)?,
             input_layernorm: norm(w, "input_layernorm", d)?,
             post_attention_layernorm: norm(w, "post_attention_layernorm", d)?,
@@ -560,7 +502,7 @@ impl Layer {
             .laurel_right
             .forward(&self.laurel_left.forward(&normed)?)?;
         let laurel = (&normed + &self.post_laurel_norm.forward(&laurel)?)?;
-        let attn = self.self_attn.forward(&normed, mask, cache, offset)?;
+        let attn = self.self_attn.forward_at(&normed, mask, cache, offset)?;
         let attn = self.post_attention_layernorm.forward(&attn)?;
         let attn_gated = (&active_prediction + &attn)?;
         let attn_laurel = ops::multiply_scalar(&(&attn_gated + &laurel)?, 2.0f64.powf(-0.5), None)?;

@@ -9,7 +9,7 @@ use crate::error::{ModelError, Result};
 use crate::weights::Weights;
 
 mod attention;
-pub(crate) use attention::{Attention, AttentionSpec, HeadGate};
+pub(crate) use attention::{Attention, AttentionSpec, HeadGate, LayerNormQk, RopeAt, Score};
 
 /// Every `(field, value)` positive, else a config error naming `config.json`, the type and the
 /// field.

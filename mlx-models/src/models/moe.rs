@@ -533,7 +533,7 @@ impl Model {
         let mut other = Vec::new();
         for (present, what) in [
             (a.sinks.is_some(), "attention sinks"),
-            (a.fused_qkv, "a fused q/k/v projection"),
+            (a.fused.is_some(), "a fused q/k/v projection"),
             (a.out_gate.is_some(), "an attention output gate"),
             (a.head_gate.is_some(), "a head-wise attention gate"),
             (a.sharded_norms.is_some(), "sharded q/k norms"),
@@ -559,8 +559,16 @@ impl Model {
             k: a.k_proj.as_ref(),
             v: a.v_proj.as_ref(),
             o: &a.o_proj,
-            q_norm: a.q_norm.as_ref().filter(|_| per_head),
-            k_norm: a.k_norm.as_ref().filter(|_| per_head),
+            q_norm: a
+                .q_norm
+                .as_ref()
+                .and_then(Norm::as_rms)
+                .filter(|_| per_head),
+            k_norm: a
+                .k_norm
+                .as_ref()
+                .and_then(Norm::as_rms)
+                .filter(|_| per_head),
             rope: a.rope.as_ref(),
             scale: a.scale(),
             other,
@@ -984,7 +992,7 @@ impl Attention {
                 ),
             });
         }
-        if self.fused_qkv
+        if self.fused.is_some()
             || self.out_gate.is_some()
             || self.head_gate.is_some()
             || self.sinks.is_some()
@@ -1051,7 +1059,7 @@ impl Model {
                     ),
                 });
             }
-            if a.fused_qkv || a.out_gate.is_some() || a.head_gate.is_some() {
+            if a.fused.is_some() || a.out_gate.is_some() || a.head_gate.is_some() {
                 return Err(ModelError::Parallel {
                     kind: crate::Parallelism::Tensor,
                     what: what("self_attn").to_string(),
@@ -1078,7 +1086,7 @@ impl Model {
                     });
                 }
                 for (n, name) in [(&mut a.q_norm, "q_norm"), (&mut a.k_norm, "k_norm")] {
-                    if let Some(n) = n.as_mut() {
+                    if let Some(Norm::Rms(n)) = n.as_mut() {
                         n.weight =
                             split_last(&n.weight, size, rank, &what(&format!("self_attn.{name}")))?;
                     }

@@ -715,8 +715,8 @@ impl GatedDeltaNet {
 
 #[derive(Clone)]
 enum Mixer {
-    Linear(GatedDeltaNet),
-    Attention(kit::Attention),
+    Linear(Box<GatedDeltaNet>),
+    Attention(Box<kit::Attention>),
 }
 
 #[derive(Clone)]
@@ -737,8 +737,8 @@ impl Walkable for DecoderLayer {
             post_attention_layernorm,
         } = self;
         match mixer {
-            Mixer::Linear(m) => w.module(&join(path, "linear_attn"), m),
-            Mixer::Attention(a) => w.module(&join(path, "self_attn"), a),
+            Mixer::Linear(m) => w.module(&join(path, "linear_attn"), m.as_mut()),
+            Mixer::Attention(a) => w.module(&join(path, "self_attn"), a.as_mut()),
         }
         mlp.walk(&join(path, "mlp"), w);
         w.rms_norm(&join(path, "input_layernorm"), input_layernorm);
@@ -795,9 +795,13 @@ fn load_layer(
     let eps = args.rms_norm_eps as f32;
     let dim = args.hidden_size;
     let mixer = if linear {
-        Mixer::Linear(GatedDeltaNet::load(args, w, &format!("{p}.linear_attn"))?)
+        Mixer::Linear(Box::new(GatedDeltaNet::load(
+            args,
+            w,
+            &format!("{p}.linear_attn"),
+        )?))
     } else {
-        Mixer::Attention(attention(args, w, &format!("{p}.self_attn"))?)
+        Mixer::Attention(Box::new(attention(args, w, &format!("{p}.self_attn"))?))
     };
     let mlp = if sparse {
         Ffn::Sparse(Box::new(SparseMoe::load_parts(
