@@ -1,0 +1,297 @@
+//! Trellis-coded linears on the GPU (`graph_trellis.cu`, `"mode": "trellis"`; the format is
+//! [`mlx_core::cpu::trellis`]'s): the kernels' source and the host's launch plan of one
+//! linear, [`TrellisPlan`]. A linear `y = su * H_r (Wt (H_c (sv * x)))` is three launches:
+//! `trellis_input` (the optional RMSNorm, the signs and the input's Hadamard blocks, float32
+//! out), `trellis_matvec` (the fused decode-and-dot: each weight's 1MAD code computed in
+//! registers from its own window of the row's words) and `trellis_output` (the output's
+//! Hadamard blocks and signs, bfloat16 rounding, then the op that follows: bias, residual add,
+//! SwiGLU with the gate's output, or float32 logits). `trellis_decode` writes the decoded
+//! matrix, the device twin of `cpu::trellis::decode_row`.
+//!
+//! # Tier
+//!
+//! Checked on the CPU by `xtask/gpu/trellis_emulate.py` (the source run as C++ against
+//! `examples/trellis_reference.rs`'s Rust references at SmolLM2-135M's shapes):
+//! `trellis_decode`, `trellis_input` (without the norm) and `trellis_output` are L2, bit-exact
+//! against `decode_row` and `fwht_blocks`; `trellis_matvec` sums in its own order (L3 against
+//! the float64 product of the decoded matrix, within the rounding bound written in the
+//! script), and so is the whole linear against the CPU decoder's `TrellisView::matvec`.
+//!
+//! The graph decoder does not launch these yet: [`crate::graph_decode::GraphDecoder`] takes
+//! affine and bfloat16 weights, and `mlx_engine::graph` refuses a trellis-coded linear with the
+//! reason, so `auto` falls back to the MLX path (results/gpu/2026-12-05-s28-trellis/ has the
+//! plan for wiring them into the step).
+
+use mlx_core::cpu::trellis::{hadamard_block, TrellisSpec};
+
+/// The kernels' CUDA source, appended to [`crate::graph_decode::SOURCE`] (whose helpers it
+/// uses) for a model with trellis-coded linears.
+pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
+
+/// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
+/// checks).
+pub const TRELLIS_KERNELS: [(&str, u32); 4] = [
+    ("trellis_decode", 8),
+    ("trellis_input", 9),
+    ("trellis_matvec", 10),
+    ("trellis_output", 9),
+];
+
+/// Threads a block of every trellis kernel (`TRELLIS_THREADS` in the source).
+pub const TRELLIS_THREADS: u32 = 256;
+/// The largest Hadamard block the transforms hold in shared memory (`TRELLIS_MAX_HB`; the cap
+/// of [`hadamard_block`]).
+pub const TRELLIS_MAX_HB: usize = 4096;
+/// The most dynamic shared memory a block of `trellis_matvec` may take (the H100's and
+/// H200's 227 KiB a block, opted in).
+pub const TRELLIS_MAX_SHARED: u32 = 227 * 1024;
+
+/// `trellis_output`'s modes (graph_decode.cu's `MODE_RES`, `MODE_SWIGLU`, `MODE_F32`, and
+/// `TRELLIS_RAW`): `0` writes the bfloat16 output.
+pub const OUT_RES: i64 = 2;
+pub const OUT_SWIGLU: i64 = 4;
+pub const OUT_F32: i64 = 8;
+/// With [`OUT_F32`]: the transform's float32 values, not rounded to bfloat16 (the L2 check's).
+pub const OUT_RAW: i64 = 32;
+
+/// Multiprocessors [`lanes_per_row`] assumes when the device's count is not known (the H100
+/// SXM's and H200's).
+pub const DEFAULT_SMS: u32 = 132;
+
+/// Whether `spec` takes `trellis_matvec`'s unrolled path: blocks of 32 with `L` 8 (the
+/// quantizer's 3-bit choice) or blocks of 64 with `L` 12 (the config's defaults). Any other
+/// shape runs the general path (each window read through L1), with the same results.
+pub fn is_fast(spec: &TrellisSpec) -> bool {
+    matches!((spec.block, spec.l), (32, 8) | (64, 12))
+}
+
+/// Lanes of a warp that share one row of `trellis_matvec` (1 to 32, a power of two): the
+/// fast path gives each lane whole blocks, so fewer lanes a row waste fewer of them on a row of
+/// few blocks, but leave fewer warps to fill the GPU. Chosen to maximise the lanes' share of
+/// useful blocks times the share of `4 * sms` warps the grid fills (ties: more lanes). The
+/// general path strides over single weights: 32.
+pub fn lanes_per_row(spec: &TrellisSpec, rows: usize, cols: usize, sms: u32) -> u32 {
+    if !is_fast(spec) || spec.block == 0 {
+        return 32;
+    }
+    let nb = (cols / spec.block).max(1);
+    let want = 4.0 * f64::from(sms.max(1));
+    let mut best = (32u32, -1.0f64);
+    for g in [32u32, 16, 8, 4, 2, 1] {
+        let gu = g as usize;
+        let eff = nb as f64 / (nb.div_ceil(gu) * gu) as f64;
+        let fill = (rows as f64 * f64::from(g) / 32.0 / want).min(1.0);
+        let score = eff * fill;
+        if score > best.1 + 1e-12 {
+            best = (g, score);
+        }
+    }
+    best.0
+}
+
+/// Floats of padding a 32 inputs in `trellis_matvec`'s shared input (`trellis_pad`).
+fn pad(block: usize) -> usize {
+    if block == 32 {
+        2
+    } else {
+        1
+    }
+}
+
+/// How one trellis-coded `(rows, cols)` linear launches (checked against the kernels' limits
+/// before the GPU is touched).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrellisPlan {
+    pub spec: TrellisSpec,
+    pub rows: usize,
+    pub cols: usize,
+    /// The output's and the input's Hadamard blocks.
+    pub hb_rows: usize,
+    pub hb_cols: usize,
+    /// Their `1 / sqrt(block)` factors as the CPU's transform computes them (float32).
+    pub hscale_rows: f32,
+    pub hscale_cols: f32,
+    /// `trellis_matvec`'s lanes a row ([`lanes_per_row`]).
+    pub lanes_per_row: u32,
+    /// `trellis_matvec`'s dynamic shared memory (the padded float32 input).
+    pub shared_bytes: u32,
+}
+
+impl TrellisPlan {
+    /// The plan of a `(rows, cols)` matrix of `spec` on a GPU of `sms` multiprocessors; `Err`
+    /// names the problem.
+    pub fn new(
+        spec: &TrellisSpec,
+        rows: usize,
+        cols: usize,
+        sms: u32,
+    ) -> std::result::Result<TrellisPlan, String> {
+        spec.check_shape(rows, cols)?;
+        if rows >= 1 << 31 || cols >= 1 << 31 {
+            return Err(format!(
+                "a ({rows}, {cols}) trellis matrix: not 31-bit sizes"
+            ));
+        }
+        let (hb_rows, hb_cols) = (hadamard_block(rows), hadamard_block(cols));
+        let bytes = (cols + pad(spec.block) * cols.div_ceil(32)) * 4;
+        if bytes > TRELLIS_MAX_SHARED as usize {
+            return Err(format!(
+                "a trellis matrix of {cols} inputs: its input takes {bytes} bytes of shared \
+                 memory, more than {TRELLIS_MAX_SHARED}"
+            ));
+        }
+        Ok(TrellisPlan {
+            spec: *spec,
+            rows,
+            cols,
+            hb_rows,
+            hb_cols,
+            hscale_rows: 1.0 / (hb_rows as f32).sqrt(),
+            hscale_cols: 1.0 / (hb_cols as f32).sqrt(),
+            lanes_per_row: lanes_per_row(spec, rows, cols, sms),
+            shared_bytes: bytes as u32,
+        })
+    }
+
+    /// `trellis_input`'s grid: a block per Hadamard block of the input, `sequences` rows.
+    pub fn input_grid(&self, sequences: u32) -> (u32, u32) {
+        ((self.cols / self.hb_cols) as u32, sequences)
+    }
+
+    /// `trellis_matvec`'s grid: enough blocks for every row group, at most `resident` (the
+    /// blocks the GPU holds at once; the warps stride over the rest).
+    pub fn matvec_grid(&self, sequences: u32, resident: u32) -> (u32, u32) {
+        let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / self.lanes_per_row as usize);
+        let blocks = self
+            .rows
+            .div_ceil(rows_per_block)
+            .min(resident.max(1) as usize);
+        (blocks as u32, sequences)
+    }
+
+    /// `trellis_output`'s grid: a block per Hadamard block of the output.
+    pub fn output_grid(&self, sequences: u32) -> (u32, u32) {
+        ((self.rows / self.hb_rows) as u32, sequences)
+    }
+
+    /// Bytes of the coded weights (`rows * cols * k / 8`) and the row scales (float32).
+    pub fn weight_bytes(&self) -> usize {
+        self.rows * self.cols * self.spec.k as usize / 8 + 4 * self.rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(k: u32, l: u32, block: usize) -> TrellisSpec {
+        TrellisSpec { k, l, block }
+    }
+
+    fn define(name: &str) -> i64 {
+        let all = format!("{}{TRELLIS_SOURCE}", crate::graph_decode::SOURCE);
+        let line = all
+            .lines()
+            .find(|l| l.starts_with(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("#define {name}"));
+        let v = line
+            .split_whitespace()
+            .nth(2)
+            .unwrap()
+            .trim_end_matches('u');
+        v.parse().unwrap_or_else(|_| panic!("#define {name}: {v}"))
+    }
+
+    #[test]
+    fn the_constants_are_the_sources() {
+        assert_eq!(define("TRELLIS_THREADS"), i64::from(TRELLIS_THREADS));
+        assert_eq!(define("TRELLIS_MAX_HB"), TRELLIS_MAX_HB as i64);
+        assert_eq!(define("MODE_RES"), OUT_RES);
+        assert_eq!(define("MODE_SWIGLU"), OUT_SWIGLU);
+        assert_eq!(define("MODE_F32"), OUT_F32);
+        assert_eq!(define("TRELLIS_RAW"), OUT_RAW);
+        assert_eq!(
+            define("TRELLIS_MAD_A"),
+            i64::from(mlx_core::cpu::trellis::MAD_A)
+        );
+        assert_eq!(
+            define("TRELLIS_MAD_B"),
+            i64::from(mlx_core::cpu::trellis::MAD_B)
+        );
+        assert!(TRELLIS_SOURCE.contains(&format!(
+            "#define TRELLIS_MAD_SCALE {:?}f",
+            f64::from(mlx_core::cpu::trellis::MAD_SCALE)
+        )));
+        assert_eq!(hadamard_block(1 << 20), TRELLIS_MAX_HB);
+    }
+
+    #[test]
+    fn every_kernel_is_declared_with_its_arity() {
+        let source = TRELLIS_SOURCE;
+        for (name, arity) in TRELLIS_KERNELS {
+            assert!(
+                !crate::graph_decode::SOURCE.contains(&format!(" {name}(")),
+                "{name} is only in its own source"
+            );
+            let start = source
+                .match_indices(&format!(" {name}("))
+                .map(|(i, _)| i)
+                .find(|&i| {
+                    source[..i]
+                        .rsplit('\n')
+                        .next()
+                        .unwrap()
+                        .contains("__global__ void")
+                })
+                .unwrap_or_else(|| panic!("{name} is not in the source"));
+            let params = &source[start..][..source[start..].find(')').unwrap()];
+            assert_eq!(params.matches(',').count() + 1, arity as usize, "{name}");
+        }
+    }
+
+    #[test]
+    fn lanes_fill_the_blocks_and_the_gpu() {
+        let s = spec(3, 8, 32);
+        // SmolLM2-135M: 576 inputs are 18 blocks, 1,536 are 48.
+        assert_eq!(lanes_per_row(&s, 576, 576, DEFAULT_SMS), 32);
+        assert_eq!(lanes_per_row(&s, 576, 1536, DEFAULT_SMS), 32);
+        // Llama-3-8B's shapes: 128 and 448 blocks, whole rounds at 32 lanes.
+        assert_eq!(lanes_per_row(&s, 4096, 4096, DEFAULT_SMS), 32);
+        assert_eq!(lanes_per_row(&s, 4096, 14336, DEFAULT_SMS), 32);
+        // Many rows of few blocks: fewer lanes a row waste fewer.
+        assert_eq!(lanes_per_row(&s, 1 << 16, 96, DEFAULT_SMS), 1);
+        assert_eq!(lanes_per_row(&s, 1 << 16, 576, DEFAULT_SMS), 2);
+        // The general path strides over weights.
+        assert_eq!(lanes_per_row(&spec(2, 16, 64), 16, 576, DEFAULT_SMS), 32);
+        for rows in [1, 7, 192, 576, 4096] {
+            for cols in [32, 96, 576, 1536] {
+                let g = lanes_per_row(&s, rows, cols, DEFAULT_SMS);
+                assert!(g.is_power_of_two() && g <= 32, "{rows} {cols}: {g}");
+            }
+        }
+    }
+
+    #[test]
+    fn plans_check_the_shape_before_the_gpu() {
+        let p = TrellisPlan::new(&spec(3, 8, 32), 576, 1536, DEFAULT_SMS).unwrap();
+        assert_eq!((p.hb_rows, p.hb_cols), (64, 512));
+        assert_eq!(p.hscale_cols, 1.0 / (512f32).sqrt());
+        assert_eq!(p.shared_bytes as usize, (1536 + 2 * 48) * 4);
+        assert_eq!(p.input_grid(1), (3, 1));
+        assert_eq!(p.output_grid(2), (9, 2));
+        assert_eq!(p.matvec_grid(1, 1000), (72, 1));
+        assert_eq!(p.matvec_grid(1, 4), (4, 1));
+        assert_eq!(p.weight_bytes(), 576 * 1536 * 3 / 8 + 4 * 576);
+        assert!(is_fast(&p.spec));
+        assert!(is_fast(&spec(2, 12, 64)) && !is_fast(&spec(2, 16, 64)));
+        for (s, rows, cols, what) in [
+            (spec(3, 8, 32), 576, 100, "cannot be cut"),
+            (spec(5, 8, 32), 576, 576, "bits must be"),
+            (spec(3, 8, 32), 4, 1 << 16, "shared memory"),
+            (spec(3, 8, 32), 1 << 31, 32, "31-bit"),
+        ] {
+            let e = TrellisPlan::new(&s, rows, cols, DEFAULT_SMS).unwrap_err();
+            assert!(e.contains(what), "{e}");
+        }
+    }
+}
