@@ -303,9 +303,11 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec(
 //   thread);
 // - MODE_SWIGLU: out = silu(res) * v (res the gate's output, this the up projection's; the
 //   rounding of graph_decode.cu's SwiGLU epilogue);
-// - MODE_F32: out = v as float32; with MODE_F32 | MODE_RAW (32) the unrounded float32 y (the
+// - MODE_F32: out = v as float32; with MODE_F32 | TRELLIS_RAW the unrounded float32 y (the
 //   transform's own bits, for the L2 check).
+// The bias is read only with TRELLIS_BIAS (the runtime passes no null pointers).
 #define TRELLIS_RAW 32
+#define TRELLIS_BIAS 64
 extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
     const float* z, const float* su, const bf16_t* bias, const bf16_t* res, void* out, ll N,
     ll hb, double hscale, ll mode) {
@@ -323,7 +325,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
       continue;
     }
     float v = rbf(y);
-    if (bias) v = rbf(v + bf2f(bias[r]));
+    if (mode & TRELLIS_BIAS) v = rbf(v + bf2f(bias[r]));
     if (mode & MODE_F32) {
       ((float*)out)[b * N + r] = v;
     } else if (mode & MODE_RES) {

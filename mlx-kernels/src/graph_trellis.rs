@@ -23,6 +23,7 @@
 //! plan for wiring them into the step).
 
 use mlx_core::cpu::trellis::{hadamard_block, TrellisSpec};
+use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Kernel};
 
 /// The kernels' CUDA source, appended to [`crate::graph_decode::SOURCE`] (whose helpers it
 /// uses) for a model with trellis-coded linears.
@@ -53,6 +54,8 @@ pub const OUT_SWIGLU: i64 = 4;
 pub const OUT_F32: i64 = 8;
 /// With [`OUT_F32`]: the transform's float32 values, not rounded to bfloat16 (the L2 check's).
 pub const OUT_RAW: i64 = 32;
+/// Add the bias (bfloat16, one a row) after the rounding.
+pub const OUT_BIAS: i64 = 64;
 
 /// Multiprocessors [`lanes_per_row`] assumes when the device's count is not known (the H100
 /// SXM's and H200's).
@@ -180,6 +183,268 @@ impl TrellisPlan {
     }
 }
 
+fn bytes_f32(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// [`TrellisGpu`]'s kernels and device buffers (indices: copied into launches and captures).
+#[derive(Debug, Clone, Copy)]
+struct Parts {
+    kernels: [Kernel; 4],
+    words: Buffer,
+    scales: Buffer,
+    su: Buffer,
+    sv: Buffer,
+    /// Scratch: the input (bfloat16), the norm's weights, xh, z, the output, the decoded matrix.
+    x: Buffer,
+    normw: Buffer,
+    xh: Buffer,
+    z: Buffer,
+    y: Buffer,
+    dec: Buffer,
+}
+
+/// One trellis-coded linear on the GPU, each kernel launched alone: the `cuda` test set's
+/// device check of the kernels against `mlx_core::cpu::trellis`, and their timing. The words,
+/// float32 scales and signs are uploaded once; inputs and outputs go through host slices. One
+/// sequence.
+pub struct TrellisGpu {
+    rt: GpuRuntime,
+    plan: TrellisPlan,
+    parts: Parts,
+}
+
+fn invalid(op: &'static str, msg: String) -> mlx_core::Error {
+    mlx_core::Error::InvalidArgument { op, message: msg }
+}
+
+impl TrellisGpu {
+    /// Compiles the kernels (after the graph decoder's source, whose helpers they use) and
+    /// uploads one matrix: `words` (`rows * cols * k / 32`), `scales` (`rows`), the signs `su`
+    /// (`rows`) and `sv` (`cols`), as `plan` shapes them.
+    pub fn new(
+        plan: TrellisPlan,
+        words: &[u32],
+        scales: &[f32],
+        su: &[f32],
+        sv: &[f32],
+    ) -> mlx_core::Result<TrellisGpu> {
+        let (rows, cols) = (plan.rows, plan.cols);
+        let wpr = cols * plan.spec.k as usize / 32;
+        let sizes = (words.len(), scales.len(), su.len(), sv.len());
+        if sizes != (rows * wpr, rows, rows, cols) {
+            return Err(invalid(
+                "TrellisGpu::new",
+                format!(
+                    "a ({rows}, {cols}) matrix needs {} words, {rows} scales, {rows} and {cols}                      signs; got {sizes:?}",
+                    rows * wpr
+                ),
+            ));
+        }
+        let source = format!("{}{TRELLIS_SOURCE}", crate::graph_decode::SOURCE);
+        let mut rt = GpuRuntime::new(&source, &TRELLIS_KERNELS)?;
+        let kernels = [
+            rt.kernel("trellis_decode")?,
+            rt.kernel("trellis_input")?,
+            rt.kernel("trellis_matvec")?,
+            rt.kernel("trellis_output")?,
+        ];
+        if plan.shared_bytes > 48 * 1024 {
+            rt.set_shared_limit(kernels[2], plan.shared_bytes)?;
+        }
+        let wb: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let parts = Parts {
+            kernels,
+            words: rt.alloc_from(&wb)?,
+            scales: rt.alloc_from(&bytes_f32(scales))?,
+            su: rt.alloc_from(&bytes_f32(su))?,
+            sv: rt.alloc_from(&bytes_f32(sv))?,
+            x: rt.alloc(2 * cols)?,
+            normw: rt.alloc(2 * cols)?,
+            xh: rt.alloc(4 * cols)?,
+            z: rt.alloc(4 * rows)?,
+            y: rt.alloc(4 * rows)?,
+            dec: rt.alloc(4 * rows * cols)?,
+        };
+        Ok(TrellisGpu { rt, plan, parts })
+    }
+
+    pub fn plan(&self) -> &TrellisPlan {
+        &self.plan
+    }
+
+    fn download(&mut self, b: Buffer, n: usize) -> mlx_core::Result<Vec<f32>> {
+        self.rt.synchronize()?;
+        let mut out = vec![0u8; 4 * n];
+        self.rt.download(b, 0, &mut out)?;
+        Ok(floats(&out))
+    }
+
+    /// `trellis_decode`: the decoded matrix (`rows * cols`, row-major).
+    pub fn decode(&mut self) -> mlx_core::Result<Vec<f32>> {
+        let (p, q) = (&self.plan, self.parts);
+        let (rows, cols) = (p.rows, p.cols);
+        let grid = (rows * (cols / p.spec.block))
+            .div_ceil(TRELLIS_THREADS as usize)
+            .min(1 << 16) as u32;
+        let args = [
+            Arg::Buf(q.words, 0),
+            Arg::Buf(q.scales, 0),
+            Arg::Buf(q.dec, 0),
+            Arg::I64(rows as i64),
+            Arg::I64(cols as i64),
+            Arg::I64(i64::from(p.spec.k)),
+            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(p.spec.block as i64),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        self.rt
+            .launch(q.kernels[0], [grid, 1, 1], threads, 0, &args)?;
+        self.download(q.dec, rows * cols)
+    }
+
+    /// `trellis_input`: `xh` from the bfloat16 input `x` (its bits), first normed with
+    /// `norm` (the weights' bfloat16 bits, epsilon) where given.
+    pub fn input(&mut self, x: &[u16], norm: Option<(&[u16], f64)>) -> mlx_core::Result<Vec<f32>> {
+        let (p, q) = (&self.plan, self.parts);
+        let cols = p.cols;
+        if x.len() != cols || norm.is_some_and(|(w, _)| w.len() != cols) {
+            return Err(invalid(
+                "TrellisGpu::input",
+                format!("{cols} inputs and norm weights expected"),
+            ));
+        }
+        let halves = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
+        self.rt.upload(q.x, 0, &halves(x))?;
+        if let Some((w, _)) = norm {
+            self.rt.upload(q.normw, 0, &halves(w))?;
+        }
+        let (gx, gy) = p.input_grid(1);
+        let eps = norm.map(|n| n.1);
+        let args = [
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.normw, 0),
+            Arg::Buf(q.sv, 0),
+            Arg::Buf(q.xh, 0),
+            Arg::I64(cols as i64),
+            Arg::I64(p.hb_cols as i64),
+            Arg::F64(f64::from(p.hscale_cols)),
+            Arg::I64(i64::from(eps.is_some())),
+            Arg::F64(eps.unwrap_or(0.0)),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        self.rt
+            .launch(q.kernels[1], [gx, gy, 1], threads, 0, &args)?;
+        self.download(q.xh, cols)
+    }
+
+    /// `trellis_matvec`: `z` from `xh`, `lanes` lanes a row (the plan's where `None`).
+    pub fn matvec(&mut self, xh: &[f32], lanes: Option<u32>) -> mlx_core::Result<Vec<f32>> {
+        if xh.len() != self.plan.cols {
+            let msg = format!("{} inputs expected", self.plan.cols);
+            return Err(invalid("TrellisGpu::matvec", msg));
+        }
+        self.rt.upload(self.parts.xh, 0, &bytes_f32(xh))?;
+        let resident = self.resident()?;
+        launch_matvec(&mut self.rt, &self.plan, &self.parts, lanes, resident)?;
+        self.download(self.parts.z, self.plan.rows)
+    }
+
+    fn resident(&self) -> mlx_core::Result<u32> {
+        let k = self.parts.kernels[2];
+        self.rt
+            .resident_blocks(k, TRELLIS_THREADS, self.plan.shared_bytes)
+    }
+
+    /// `trellis_output` in float32: `y` from `z` (`raw`: the transform's own values; else
+    /// rounded to bfloat16 values).
+    pub fn output(&mut self, z: &[f32], raw: bool) -> mlx_core::Result<Vec<f32>> {
+        let (p, q) = (&self.plan, self.parts);
+        if z.len() != p.rows {
+            return Err(invalid(
+                "TrellisGpu::output",
+                format!("{} rows expected", p.rows),
+            ));
+        }
+        self.rt.upload(q.z, 0, &bytes_f32(z))?;
+        let (gx, gy) = p.output_grid(1);
+        let mode = OUT_F32 | if raw { OUT_RAW } else { 0 };
+        let args = [
+            Arg::Buf(q.z, 0),
+            Arg::Buf(q.su, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.y, 0),
+            Arg::I64(p.rows as i64),
+            Arg::I64(p.hb_rows as i64),
+            Arg::F64(f64::from(p.hscale_rows)),
+            Arg::I64(mode),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        self.rt
+            .launch(q.kernels[3], [gx, gy, 1], threads, 0, &args)?;
+        self.download(q.y, p.rows)
+    }
+
+    /// Seconds one `trellis_matvec` launch takes on the input last given: `reps` launches
+    /// captured in one CUDA graph, replayed once to warm up, then once timed. Every launch
+    /// reads the same matrix, so one that fits the L2 cache (an 8B layer's at 3 bits does) is
+    /// read from there: this times the kernel's arithmetic ceiling, not DRAM streaming.
+    pub fn time_matvec(&mut self, reps: u32, lanes: Option<u32>) -> mlx_core::Result<f64> {
+        let resident = self.resident()?;
+        let (plan, parts) = (self.plan.clone(), self.parts);
+        let reps = reps.max(1);
+        let g = self.rt.capture(|rt| {
+            (0..reps).try_for_each(|_| launch_matvec(rt, &plan, &parts, lanes, resident))
+        })?;
+        self.rt.replay(g, 1)?;
+        self.rt.synchronize()?;
+        let t = std::time::Instant::now();
+        self.rt.replay(g, 1)?;
+        self.rt.synchronize()?;
+        Ok(t.elapsed().as_secs_f64() / f64::from(reps))
+    }
+}
+
+/// Queues `trellis_matvec` (`xh` to `z`) with `lanes` lanes a row (the plan's where `None`),
+/// at most `resident` blocks.
+fn launch_matvec(
+    rt: &mut GpuRuntime,
+    p: &TrellisPlan,
+    q: &Parts,
+    lanes: Option<u32>,
+    resident: u32,
+) -> mlx_core::Result<()> {
+    let lpr = lanes.unwrap_or(p.lanes_per_row);
+    if !lpr.is_power_of_two() || lpr > 32 {
+        let msg = format!("{lpr} lanes a row: a power of two up to 32");
+        return Err(invalid("TrellisGpu::matvec", msg));
+    }
+    let mut p = p.clone();
+    p.lanes_per_row = lpr;
+    let (gx, gy) = p.matvec_grid(1, resident);
+    let args = [
+        Arg::Buf(q.words, 0),
+        Arg::Buf(q.scales, 0),
+        Arg::Buf(q.xh, 0),
+        Arg::Buf(q.z, 0),
+        Arg::I64(p.rows as i64),
+        Arg::I64(p.cols as i64),
+        Arg::I64(i64::from(p.spec.k)),
+        Arg::I64(i64::from(p.spec.l)),
+        Arg::I64(p.spec.block as i64),
+        Arg::I64(i64::from(lpr)),
+    ];
+    let threads = [TRELLIS_THREADS, 1, 1];
+    rt.launch(q.kernels[2], [gx, gy, 1], threads, p.shared_bytes, &args)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +475,7 @@ mod tests {
         assert_eq!(define("MODE_SWIGLU"), OUT_SWIGLU);
         assert_eq!(define("MODE_F32"), OUT_F32);
         assert_eq!(define("TRELLIS_RAW"), OUT_RAW);
+        assert_eq!(define("TRELLIS_BIAS"), OUT_BIAS);
         assert_eq!(
             define("TRELLIS_MAD_A"),
             i64::from(mlx_core::cpu::trellis::MAD_A)
