@@ -29,7 +29,7 @@
 // The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
 // The byte sum is one dp4a against ones, accumulated onto the bits of 2^23 (the sum is below
 // 2^23, so adding is or-ing it into the mantissa), and one add takes 2^23 + 510 off: three
-// instructions with the multiply-add, no conversion (I2F runs at a quarter of the FMA rate).
+// instructions with the multiply-add, no conversion (I2F issues at a fraction of FFMA's rate).
 __device__ __forceinline__ float trellis_code(u32 state) {
   const u32 x = state * TRELLIS_MAD_A + TRELLIS_MAD_B;
   return __uint_as_float(__dp4a(x, 0x01010101u, CODE_EXP)) - (CODE_OFF + 510.f);
