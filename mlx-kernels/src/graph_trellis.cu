@@ -111,6 +111,23 @@ __device__ __forceinline__ void trellis_fwht(float* buf, int hb, float hscale) {
   __syncthreads();
 }
 
+// 1 / rms of the K bfloat16 inputs, the block's threads together (each thread's strided sum
+// of squares, warp trees, the warps' sums in order): trellis_input and trellis_matvec_in
+// reduce in this one order, so they norm to the same bits.
+__device__ __forceinline__ float trellis_inv_rms(const bf16_t* xin, ll K, double eps, float* red) {
+  float ss = 0.f;
+  for (ll i = threadIdx.x; i < K; i += blockDim.x) {
+    const float v = bf2f(xin[i]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int i = 0; i < (int)(blockDim.x >> 5); ++i) tot += red[i];
+  return rsqrtf(tot / (float)K + (float)eps);
+}
+
 // xh = H_c (sv * x) for Hadamard block blockIdx.x (of hb inputs), sequence blockIdx.y: x =
 // xin (bfloat16), or with norm rms_norm(xin, normw, eps) rounded as MLX's fast.rms_norm rounds
 // it (norm2 in graph_decode.cu; every block sums the squares of the whole input, from L2).
@@ -124,20 +141,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_input(
   xin += (ll)blockIdx.y * K;
   xh += (ll)blockIdx.y * K;
   const ll c0 = (ll)blockIdx.x * hb;
-  float inv = 1.f;
-  if (norm) {
-    float ss = 0.f;
-    for (ll i = threadIdx.x; i < K; i += blockDim.x) {
-      const float v = bf2f(xin[i]);
-      ss += v * v;
-    }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float tot = 0.f;
-    for (int i = 0; i < (int)(blockDim.x >> 5); ++i) tot += red[i];
-    inv = rsqrtf(tot / (float)K + (float)eps);
-  }
+  const float inv = norm ? trellis_inv_rms(xin, K, eps, red) : 1.f;
   for (int i = threadIdx.x; i < hb; i += blockDim.x) {
     float v = bf2f(xin[c0 + i]);
     if (norm) v = rbf(bf2f(normw[c0 + i]) * rbf(v * inv));
@@ -246,22 +250,10 @@ __device__ __forceinline__ float trellis_row_any(const u32* row, const float* xs
   return acc;
 }
 
-// z[r] = scale[r] / 147.8... * sum_c (byte sum - 510)(state_rc) xh[c] for the N rows of a
-// trellis matrix (K inputs, kb bits, L-bit states, blocks of `block`), xh float32 (the
-// transformed input, trellis_input's), z float32; sequence blockIdx.y. The input is staged in
-// shared memory (K + pad K / 32 floats, dynamic: trellis_xs), the weights streamed. lpr lanes
-// a row (1, 2, 4, 8, 16 or 32).
-extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec(
-    const u32* W, const float* scales, const float* xh, float* z, ll N, ll K, ll kb, ll L,
-    ll block, ll lpr) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* xs = (float*)smem;
-  xh += (ll)blockIdx.y * K;
-  z += (ll)blockIdx.y * N;
-  pdl_wait_then_release();
-  const int pad = trellis_pad(block);
-  for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
-  __syncthreads();
+// The rows of trellis_matvec and trellis_matvec_in, the input in shared memory (xs).
+__device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, const float* xs,
+                                             float* z, ll N, ll K, ll kb, ll L, ll block,
+                                             ll lpr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = (int)lpr, j = lane % g, rpw = 32 / g;
   const ll wpr = K * kb / 32, nb = K / block;
@@ -293,6 +285,67 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec(
     for (int o = g / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (r < N && j == 0) z[r] = acc * (scales[r] / TRELLIS_MAD_SCALE);
   }
+}
+
+// z[r] = scale[r] / 147.8... * sum_c (byte sum - 510)(state_rc) xh[c] for the N rows of a
+// trellis matrix (K inputs, kb bits, L-bit states, blocks of `block`), xh float32 (the
+// transformed input, trellis_input's), z float32; sequence blockIdx.y. The input is staged in
+// shared memory (K + pad K / 32 floats, dynamic: trellis_xs), the weights streamed. lpr lanes
+// a row (1, 2, 4, 8, 16 or 32).
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec(
+    const u32* W, const float* scales, const float* xh, float* z, ll N, ll K, ll kb, ll L,
+    ll block, ll lpr) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* xs = (float*)smem;
+  xh += (ll)blockIdx.y * K;
+  z += (ll)blockIdx.y * N;
+  pdl_wait_then_release();
+  const int pad = trellis_pad(block);
+  for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
+  __syncthreads();
+  trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
+}
+
+// trellis_matvec with trellis_input in its prologue: every block makes the whole transformed
+// input H_c (sv * x) (x = xin, or rms_norm(xin, normw, eps)) in its shared memory, padded as
+// trellis_matvec's, with trellis_input's arithmetic in the same order (the same norm
+// reduction, the same butterflies), so z is bit-equal to trellis_input then trellis_matvec.
+// One launch instead of two, for K * log2(hb) adds a block: where the input is narrow against
+// the rows' work (the host's choice).
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_in(
+    const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
+    float* z, ll N, ll K, ll kb, ll L, ll block, ll lpr, ll hb, double hscale, ll norm,
+    double eps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[TRELLIS_THREADS / 32];
+  float* xs = (float*)smem;
+  xin += (ll)blockIdx.y * K;
+  z += (ll)blockIdx.y * N;
+  pdl_wait_then_release();
+  const int pad = trellis_pad(block);
+  const float inv = norm ? trellis_inv_rms(xin, K, eps, red) : 1.f;
+  for (ll c = threadIdx.x; c < K; c += blockDim.x) {
+    float v = bf2f(xin[c]);
+    if (norm) v = rbf(bf2f(normw[c]) * rbf(v * inv));
+    xs[trellis_xs(c, pad)] = v * sv[c];
+  }
+  // trellis_fwht over every Hadamard block of the input at once (each element's adds as
+  // there), through the padded index.
+  for (ll h = 1; h < hb; h <<= 1) {
+    __syncthreads();
+    for (ll p = threadIdx.x; p < K / 2; p += blockDim.x) {
+      const ll q = p % (hb / 2);
+      const ll i = (p / (hb / 2)) * hb + (q / h) * 2 * h + (q % h);
+      const int ia = trellis_xs(i, pad), ib = trellis_xs(i + h, pad);
+      const float a = xs[ia], b = xs[ib];
+      xs[ia] = a + b;
+      xs[ib] = a - b;
+    }
+  }
+  __syncthreads();
+  for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] *= (float)hscale;
+  __syncthreads();
+  trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
 }
 
 // Output modes (graph_decode.cu's MODE_RES, MODE_SWIGLU, MODE_F32 values).

@@ -5,15 +5,17 @@
 //! out), `trellis_matvec` (the fused decode-and-dot: each weight's 1MAD code computed in
 //! registers from its own window of the row's words) and `trellis_output` (the output's
 //! Hadamard blocks and signs, bfloat16 rounding, then the op that follows: bias, residual add,
-//! SwiGLU with the gate's output, or float32 logits). `trellis_decode` writes the decoded
-//! matrix, the device twin of `cpu::trellis::decode_row`.
+//! SwiGLU with the gate's output, or float32 logits). `trellis_matvec_in` is the product with
+//! `trellis_input` in its prologue (one launch for two, bit-equal to them). `trellis_decode`
+//! writes the decoded matrix, the device twin of `cpu::trellis::decode_row`.
 //!
 //! # Tier
 //!
 //! Checked on the CPU by `xtask/gpu/trellis_emulate.py` (the source run as C++ against
 //! `examples/trellis_reference.rs`'s Rust references at SmolLM2-135M's shapes):
 //! `trellis_decode`, `trellis_input` (without the norm) and `trellis_output` are L2, bit-exact
-//! against `decode_row` and `fwht_blocks`; `trellis_matvec` sums in its own order (L3 against
+//! against `decode_row` and `fwht_blocks`, and `trellis_matvec_in` is bit-equal to
+//! `trellis_input` then `trellis_matvec`; `trellis_matvec` sums in its own order (L3 against
 //! the float64 product of the decoded matrix, within the rounding bound written in the
 //! script), and so is the whole linear against the CPU decoder's `TrellisView::matvec`.
 //!
@@ -31,11 +33,12 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
 /// checks).
-pub const TRELLIS_KERNELS: [(&str, u32); 4] = [
+pub const TRELLIS_KERNELS: [(&str, u32); 5] = [
     ("trellis_decode", 8),
     ("trellis_input", 9),
     ("trellis_matvec", 10),
     ("trellis_output", 9),
+    ("trellis_matvec_in", 16),
 ];
 
 /// Threads a block of every trellis kernel (`TRELLIS_THREADS` in the source).
@@ -196,7 +199,7 @@ fn floats(b: &[u8]) -> Vec<f32> {
 /// [`TrellisGpu`]'s kernels and device buffers (indices: copied into launches and captures).
 #[derive(Debug, Clone, Copy)]
 struct Parts {
-    kernels: [Kernel; 4],
+    kernels: [Kernel; 5],
     words: Buffer,
     scales: Buffer,
     su: Buffer,
@@ -254,9 +257,11 @@ impl TrellisGpu {
             rt.kernel("trellis_input")?,
             rt.kernel("trellis_matvec")?,
             rt.kernel("trellis_output")?,
+            rt.kernel("trellis_matvec_in")?,
         ];
         if plan.shared_bytes > 48 * 1024 {
             rt.set_shared_limit(kernels[2], plan.shared_bytes)?;
+            rt.set_shared_limit(kernels[4], plan.shared_bytes)?;
         }
         let wb: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let parts = Parts {
@@ -354,6 +359,55 @@ impl TrellisGpu {
         let resident = self.resident()?;
         launch_matvec(&mut self.rt, &self.plan, &self.parts, lanes, resident)?;
         self.download(self.parts.z, self.plan.rows)
+    }
+
+    /// `trellis_matvec_in`: `z` from the bfloat16 input `x` (its bits), normed with `norm`
+    /// where given, the input transform in the product's prologue (the plan's lanes a row).
+    pub fn matvec_in(
+        &mut self,
+        x: &[u16],
+        norm: Option<(&[u16], f64)>,
+    ) -> mlx_core::Result<Vec<f32>> {
+        let cols = self.plan.cols;
+        if x.len() != cols || norm.is_some_and(|(w, _)| w.len() != cols) {
+            return Err(invalid(
+                "TrellisGpu::matvec_in",
+                format!("{cols} inputs and norm weights expected"),
+            ));
+        }
+        let q = self.parts;
+        let halves = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
+        self.rt.upload(q.x, 0, &halves(x))?;
+        if let Some((w, _)) = norm {
+            self.rt.upload(q.normw, 0, &halves(w))?;
+        }
+        let resident = self.resident()?;
+        let p = &self.plan;
+        let (gx, gy) = p.matvec_grid(1, resident);
+        let eps = norm.map(|n| n.1);
+        let args = [
+            Arg::Buf(q.words, 0),
+            Arg::Buf(q.scales, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.normw, 0),
+            Arg::Buf(q.sv, 0),
+            Arg::Buf(q.z, 0),
+            Arg::I64(p.rows as i64),
+            Arg::I64(cols as i64),
+            Arg::I64(i64::from(p.spec.k)),
+            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(p.spec.block as i64),
+            Arg::I64(i64::from(p.lanes_per_row)),
+            Arg::I64(p.hb_cols as i64),
+            Arg::F64(f64::from(p.hscale_cols)),
+            Arg::I64(i64::from(eps.is_some())),
+            Arg::F64(eps.unwrap_or(0.0)),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        let shared = p.shared_bytes;
+        self.rt
+            .launch(q.kernels[4], [gx, gy, 1], threads, shared, &args)?;
+        self.download(q.z, p.rows)
     }
 
     fn resident(&self) -> mlx_core::Result<u32> {

@@ -383,7 +383,8 @@ fn flash_fused_gradients_match_finite_differences() {
 
 /// The trellis kernels (`graph_trellis.cu`, through `graph_trellis::TrellisGpu`) on the device
 /// against `mlx_core::cpu::trellis` at SmolLM2-135M's shapes and Llama-3-8B's widest: the
-/// decoded matrix, the input transform and the output transform bit for bit (L2), the product
+/// decoded matrix, the input transform, the output transform and the product with the input
+/// transform in its prologue (against the two launches) bit for bit (L2), the product
 /// within the rounding bound `xtask/gpu/trellis_emulate.py` states (L3), for the host's lanes
 /// a row and for 1 and 32. Then each shape's product is timed alone (kernel-level, printed as
 /// weights and weight bytes a second, the matrix L2-resident: the kernel's arithmetic ceiling,
@@ -487,6 +488,22 @@ fn trellis_kernels_match_the_cpu_references() {
                 );
                 worst = worst.max(err / bound);
             }
+        }
+
+        // L2: the input transform fused into the product's prologue, with and without the
+        // norm, against the two launches.
+        let normw: Vec<u16> = (0..cols)
+            .map(|_| bf16_bits(0.5 + (next() % 1000) as f32 / 1000.0))
+            .collect();
+        for norm in [None, Some((normw.as_slice(), 1e-5))] {
+            let xin = g.input(&xbits, norm).unwrap();
+            let two = g.matvec(&xin, None).unwrap();
+            let one = g.matvec_in(&xbits, norm).unwrap();
+            assert!(
+                bits(&one) == bits(&two),
+                "{what}: trellis_matvec_in (norm {})",
+                norm.is_some()
+            );
         }
 
         // L2: the output transform on the CPU kernel's product.

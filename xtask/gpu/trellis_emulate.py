@@ -19,7 +19,9 @@ Checks, per case (`trellis_reference.rs` names the references):
 - L3: the whole linear (`trellis_input` -> `trellis_matvec` -> `trellis_output`) against the CPU
   decoder's `TrellisView::matvec`, within the two products' bounds carried through the output
   transform;
-- L3: `trellis_input` with the RMSNorm prologue against a float64 norm, within bfloat16 rounding.
+- L3: `trellis_input` with the RMSNorm prologue against a float64 norm, within bfloat16 rounding;
+- L2: `trellis_matvec_in` (the input transform, with and without the norm, in the product's
+  prologue) equals `trellis_input` then `trellis_matvec` bit for bit.
 
 The product's bound: every code is an exact integer (|c| <= 510) and every input a float32, so
 each FMA rounds once; a lane's sum is two FMA chains of at most m = ceil(blocks / lpr) *
@@ -84,6 +86,7 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 0: run_grid(gx, gy, bx, [=] { trellis_decode(P(const u32*, 0), P(const float*, 1), P(float*, 2), L(3), L(4), L(5), L(6), L(7)); }); break;
     case 1: run_grid(gx, gy, bx, [=] { trellis_input(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const float*, 2), P(float*, 3), L(4), L(5), D_(a[6]), L(7), D_(a[8])); }); break;
     case 2: run_grid(gx, gy, bx, [=] { trellis_matvec(P(const u32*, 0), P(const float*, 1), P(const float*, 2), P(float*, 3), L(4), L(5), L(6), L(7), L(8), L(9)); }); break;
+    case 4: run_grid(gx, gy, bx, [=] { trellis_matvec_in(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), L(6), L(7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), L(14), D_(a[15])); }); break;
     case 3: run_grid(gx, gy, bx, [=] { trellis_output(P(const float*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(void*, 4), L(5), L(6), D_(a[7]), L(8)); }); break;
   }
 }
@@ -224,6 +227,20 @@ def run_case(lib, d):
         if g == g0:
             z_host = z
     out[f"matvec L3 (lanes a row {lprs}, the host's {g0}; worst error / bound {worst:.3f})"] = ok
+
+    # L2: the input transform fused into the product's prologue (trellis_matvec_in) against
+    # trellis_input then trellis_matvec, with and without the norm.
+    same = True
+    rows_per_block = (THREADS // 32) * (32 // g0)
+    grid = (max(1, min((N + rows_per_block - 1) // rows_per_block, RESIDENT)), 1)
+    for norm, xin in ((0, xh), (1, xhn)):
+        z_two = np.zeros(N, np.float32)
+        launch(lib, 2, grid, THREADS, [words, scales, xin, z_two, N, K, k, L, block, g0], keep)
+        z_one = np.zeros(N, np.float32)
+        launch(lib, 4, grid, THREADS, [words, scales, xb, nwb, sv, z_one, N, K, k, L, block, g0,
+                                       hc, m["hscale_cols"], norm, 1e-5], keep)
+        same &= bits_equal(z_one, z_two)
+    out["matvec with the input fused L2"] = same
 
     # L2: the output transform on the CPU kernel's z.
     y = np.zeros(N, np.float32)
