@@ -361,14 +361,14 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_in(
 // The bias is read only with TRELLIS_BIAS (the runtime passes no null pointers).
 #define TRELLIS_RAW 32
 #define TRELLIS_BIAS 64
-extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
-    const float* z, const float* su, const bf16_t* bias, const bf16_t* res, void* out, ll N,
-    ll hb, double hscale, ll mode) {
-  __shared__ float buf[TRELLIS_MAX_HB];
-  pdl_wait_then_release();
-  const ll r0 = (ll)blockIdx.x * hb, b = blockIdx.y;
+// Hadamard block [r0, r0 + hb) of sequence b's output from its z (read through L2: another
+// block may have written it), as the modes above say; buf is the block's shared scratch.
+__device__ __forceinline__ void trellis_output_block(const float* z, const float* su,
+                                                     const bf16_t* bias, const bf16_t* res,
+                                                     void* out, ll N, ll hb, double hscale,
+                                                     ll mode, ll r0, ll b, float* buf) {
   z += b * N;
-  for (int i = threadIdx.x; i < hb; i += blockDim.x) buf[i] = z[r0 + i];
+  for (int i = threadIdx.x; i < hb; i += blockDim.x) buf[i] = __ldcg(z + r0 + i);
   trellis_fwht(buf, (int)hb, (float)hscale);
   for (int i = threadIdx.x; i < hb; i += blockDim.x) {
     const ll r = r0 + i;
@@ -389,6 +389,63 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
       ((bf16_t*)out)[b * N + r] = f2bf(rbf(g * sg) * v);
     } else {
       ((bf16_t*)out)[b * N + r] = f2bf(v);
+    }
+  }
+  __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
+    const float* z, const float* su, const bf16_t* bias, const bf16_t* res, void* out, ll N,
+    ll hb, double hscale, ll mode) {
+  __shared__ float buf[TRELLIS_MAX_HB];
+  pdl_wait_then_release();
+  trellis_output_block(z, su, bias, res, out, N, hb, hscale, mode, (ll)blockIdx.x * hb,
+                       blockIdx.y, buf);
+}
+
+// trellis_matvec with trellis_output in its epilogue: each block writes its rows of z, then
+// counts them into their Hadamard blocks of rows (counts: one int a Hadamard block and
+// sequence, zero before the launch); the block whose rows complete a Hadamard block applies
+// the output transform and the following op to it (the same arithmetic as trellis_output, so
+// the same bits), and sets its count back to zero for the next launch (a replayed graph). As
+// attention's combine by the last block: every writer fences its z before the count, the
+// completing block reads z through L2.
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_out(
+    const u32* W, const float* scales, const float* xh, float* z, int* counts, const float* su,
+    const bf16_t* bias, const bf16_t* res, void* out, ll N, ll K, ll kb, ll L, ll block,
+    ll lpr, ll hb, double hscale, ll mode) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float buf[TRELLIS_MAX_HB];
+  __shared__ int last;
+  float* xs = (float*)smem;
+  const ll b = blockIdx.y;
+  xh += b * K;
+  pdl_wait_then_release();
+  const int pad = trellis_pad(block);
+  for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
+  __syncthreads();
+  trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
+  __threadfence();
+  __syncthreads();
+  // The block's rows: chunks of RB consecutive rows, RB apart by the grid.
+  const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr), nhb = N / hb;
+  for (ll c = (ll)blockIdx.x * RB; c < N; c += (ll)gridDim.x * RB) {
+    const ll e = c + RB < N ? c + RB : N;
+    for (ll a = c; a < e;) {
+      const ll h = a / hb, end = (h + 1) * hb < e ? (h + 1) * hb : e;
+      if (threadIdx.x == 0) {
+        const int n = (int)(end - a);
+        int* cnt = counts + b * nhb + h;
+        last = atomicAdd(cnt, n) + n == (int)hb;
+        if (last) {
+          __threadfence();
+          atomicExch(cnt, 0);
+        }
+      }
+      __syncthreads();
+      if (last) trellis_output_block(z, su, bias, res, out, N, hb, hscale, mode, h * hb, b, buf);
+      __syncthreads();
+      a = end;
     }
   }
 }

@@ -6,7 +6,9 @@
 //! registers from its own window of the row's words) and `trellis_output` (the output's
 //! Hadamard blocks and signs, bfloat16 rounding, then the op that follows: bias, residual add,
 //! SwiGLU with the gate's output, or float32 logits). `trellis_matvec_in` is the product with
-//! `trellis_input` in its prologue (one launch for two, bit-equal to them). `trellis_decode`
+//! `trellis_input` in its prologue (one launch for two, bit-equal to them), and
+//! `trellis_matvec_out` with `trellis_output` in its epilogue (the last block to finish a
+//! Hadamard block of rows transforms it; bit-equal to the two launches). `trellis_decode`
 //! writes the decoded matrix, the device twin of `cpu::trellis::decode_row`.
 //!
 //! # Tier
@@ -33,12 +35,13 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
 /// checks).
-pub const TRELLIS_KERNELS: [(&str, u32); 5] = [
+pub const TRELLIS_KERNELS: [(&str, u32); 6] = [
     ("trellis_decode", 8),
     ("trellis_input", 9),
     ("trellis_matvec", 10),
     ("trellis_output", 9),
     ("trellis_matvec_in", 16),
+    ("trellis_matvec_out", 18),
 ];
 
 /// Threads a block of every trellis kernel (`TRELLIS_THREADS` in the source).
@@ -46,9 +49,10 @@ pub const TRELLIS_THREADS: u32 = 256;
 /// The largest Hadamard block the transforms hold in shared memory (`TRELLIS_MAX_HB`; the cap
 /// of [`hadamard_block`]).
 pub const TRELLIS_MAX_HB: usize = 4096;
-/// The most dynamic shared memory a block of `trellis_matvec` may take (the H100's and
-/// H200's 227 KiB a block, opted in).
-pub const TRELLIS_MAX_SHARED: u32 = 227 * 1024;
+/// The most dynamic shared memory a block of `trellis_matvec` may take: the H100's and
+/// H200's 227 KiB a block (opted in), less `trellis_matvec_out`'s static 16 KiB Hadamard
+/// buffer and its reductions.
+pub const TRELLIS_MAX_SHARED: u32 = (227 - 17) * 1024;
 
 /// `trellis_output`'s modes (graph_decode.cu's `MODE_RES`, `MODE_SWIGLU`, `MODE_F32`, and
 /// `TRELLIS_RAW`): `0` writes the bfloat16 output.
@@ -199,7 +203,7 @@ fn floats(b: &[u8]) -> Vec<f32> {
 /// [`TrellisGpu`]'s kernels and device buffers (indices: copied into launches and captures).
 #[derive(Debug, Clone, Copy)]
 struct Parts {
-    kernels: [Kernel; 5],
+    kernels: [Kernel; 6],
     words: Buffer,
     scales: Buffer,
     su: Buffer,
@@ -211,6 +215,8 @@ struct Parts {
     z: Buffer,
     y: Buffer,
     dec: Buffer,
+    /// `trellis_matvec_out`'s counts, one a Hadamard block of rows (zero between launches).
+    counts: Buffer,
 }
 
 /// One trellis-coded linear on the GPU, each kernel launched alone: the `cuda` test set's
@@ -258,10 +264,14 @@ impl TrellisGpu {
             rt.kernel("trellis_matvec")?,
             rt.kernel("trellis_output")?,
             rt.kernel("trellis_matvec_in")?,
+            rt.kernel("trellis_matvec_out")?,
         ];
-        if plan.shared_bytes > 48 * 1024 {
-            rt.set_shared_limit(kernels[2], plan.shared_bytes)?;
-            rt.set_shared_limit(kernels[4], plan.shared_bytes)?;
+        // trellis_matvec_out's static Hadamard buffer and reductions come on top.
+        let static_out = 4 * TRELLIS_MAX_HB as u32 + 64;
+        if plan.shared_bytes + static_out > 48 * 1024 {
+            for k in [kernels[2], kernels[4], kernels[5]] {
+                rt.set_shared_limit(k, plan.shared_bytes)?;
+            }
         }
         let wb: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let parts = Parts {
@@ -276,6 +286,7 @@ impl TrellisGpu {
             z: rt.alloc(4 * rows)?,
             y: rt.alloc(4 * rows)?,
             dec: rt.alloc(4 * rows * cols)?,
+            counts: rt.alloc_from(&vec![0u8; 4 * (rows / plan.hb_rows)])?,
         };
         Ok(TrellisGpu { rt, plan, parts })
     }
@@ -408,6 +419,48 @@ impl TrellisGpu {
         self.rt
             .launch(q.kernels[4], [gx, gy, 1], threads, shared, &args)?;
         self.download(q.z, p.rows)
+    }
+
+    /// `trellis_matvec_out` in float32 (`raw`: unrounded): `y` from `xh`, the output transform
+    /// in the product's epilogue (the plan's lanes a row).
+    pub fn matvec_out(&mut self, xh: &[f32], raw: bool) -> mlx_core::Result<Vec<f32>> {
+        if xh.len() != self.plan.cols {
+            let msg = format!("{} inputs expected", self.plan.cols);
+            return Err(invalid("TrellisGpu::matvec_out", msg));
+        }
+        let q = self.parts;
+        self.rt.upload(q.xh, 0, &bytes_f32(xh))?;
+        let resident =
+            self.rt
+                .resident_blocks(q.kernels[5], TRELLIS_THREADS, self.plan.shared_bytes)?;
+        let p = &self.plan;
+        let (gx, gy) = p.matvec_grid(1, resident);
+        let mode = OUT_F32 | if raw { OUT_RAW } else { 0 };
+        let args = [
+            Arg::Buf(q.words, 0),
+            Arg::Buf(q.scales, 0),
+            Arg::Buf(q.xh, 0),
+            Arg::Buf(q.z, 0),
+            Arg::Buf(q.counts, 0),
+            Arg::Buf(q.su, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.y, 0),
+            Arg::I64(p.rows as i64),
+            Arg::I64(p.cols as i64),
+            Arg::I64(i64::from(p.spec.k)),
+            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(p.spec.block as i64),
+            Arg::I64(i64::from(p.lanes_per_row)),
+            Arg::I64(p.hb_rows as i64),
+            Arg::F64(f64::from(p.hscale_rows)),
+            Arg::I64(mode),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        let shared = p.shared_bytes;
+        self.rt
+            .launch(q.kernels[5], [gx, gy, 1], threads, shared, &args)?;
+        self.download(q.y, p.rows)
     }
 
     fn resident(&self) -> mlx_core::Result<u32> {

@@ -384,7 +384,8 @@ fn flash_fused_gradients_match_finite_differences() {
 /// The trellis kernels (`graph_trellis.cu`, through `graph_trellis::TrellisGpu`) on the device
 /// against `mlx_core::cpu::trellis` at SmolLM2-135M's shapes and Llama-3-8B's widest: the
 /// decoded matrix, the input transform, the output transform and the product with the input
-/// transform in its prologue (against the two launches) bit for bit (L2), the product
+/// transform in its prologue or the output transform in its epilogue (against the two
+/// launches) bit for bit (L2), the product
 /// within the rounding bound `xtask/gpu/trellis_emulate.py` states (L3), for the host's lanes
 /// a row and for 1 and 32. Then each shape's product is timed alone (kernel-level, printed as
 /// weights and weight bytes a second, the matrix L2-resident: the kernel's arithmetic ceiling,
@@ -503,6 +504,18 @@ fn trellis_kernels_match_the_cpu_references() {
                 bits(&one) == bits(&two),
                 "{what}: trellis_matvec_in (norm {})",
                 norm.is_some()
+            );
+        }
+
+        // L2: the output transform fused into the product's epilogue against the two
+        // launches (twice: the counts must be back at zero after the first).
+        let z_two = g.matvec(&xh_ref, None).unwrap();
+        let y_two = g.output(&z_two, true).unwrap();
+        for round in 0..2 {
+            let y_one = g.matvec_out(&xh_ref, true).unwrap();
+            assert!(
+                bits(&y_one) == bits(&y_two),
+                "{what}: trellis_matvec_out, launch {round}"
             );
         }
 

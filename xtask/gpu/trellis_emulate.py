@@ -21,7 +21,11 @@ Checks, per case (`trellis_reference.rs` names the references):
   transform;
 - L3: `trellis_input` with the RMSNorm prologue against a float64 norm, within bfloat16 rounding;
 - L2: `trellis_matvec_in` (the input transform, with and without the norm, in the product's
-  prologue) equals `trellis_input` then `trellis_matvec` bit for bit.
+  prologue) equals `trellis_input` then `trellis_matvec` bit for bit;
+- L2: `trellis_matvec_out` (the output transform and its op by the last block of each Hadamard
+  block of rows) equals `trellis_matvec` then `trellis_output` bit for bit, and leaves its
+  counts at zero. Blocks run one after another here, so this checks the counting and the
+  arithmetic, not the GPU's memory ordering (the fences).
 
 The product's bound: every code is an exact integer (|c| <= 510) and every input a float32, so
 each FMA rounds once; a lane's sum is two FMA chains of at most m = ceil(blocks / lpr) *
@@ -87,6 +91,7 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 1: run_grid(gx, gy, bx, [=] { trellis_input(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const float*, 2), P(float*, 3), L(4), L(5), D_(a[6]), L(7), D_(a[8])); }); break;
     case 2: run_grid(gx, gy, bx, [=] { trellis_matvec(P(const u32*, 0), P(const float*, 1), P(const float*, 2), P(float*, 3), L(4), L(5), L(6), L(7), L(8), L(9)); }); break;
     case 4: run_grid(gx, gy, bx, [=] { trellis_matvec_in(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), L(6), L(7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), L(14), D_(a[15])); }); break;
+    case 5: run_grid(gx, gy, bx, [=] { trellis_matvec_out(P(const u32*, 0), P(const float*, 1), P(const float*, 2), P(float*, 3), P(int*, 4), P(const float*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(void*, 8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), L(17)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { trellis_output(P(const float*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(void*, 4), L(5), L(6), D_(a[7]), L(8)); }); break;
   }
 }
@@ -96,7 +101,7 @@ THREADS = 256  # TRELLIS_THREADS
 # The grid cap of trellis_matvec here (the GPU's resident blocks): small, so that warps stride
 # over several row groups as on the GPU for large matrices.
 RESIDENT = int(os.environ.get("TRELLIS_EMU_RESIDENT", "3"))
-MODE_F32, MODE_RAW = 8, 32
+MODE_RES, MODE_F32, MODE_RAW = 2, 8, 32
 SMS = 132  # lanes_per_row's multiprocessors (H100 SXM; the H200 has as many)
 
 
@@ -248,6 +253,27 @@ def run_case(lib, d):
     yb = np.zeros(N, np.uint16)
     launch(lib, 3, (N // hr, 1), THREADS, [z_cpu, su, None, None, yb, N, hr, m["hscale_rows"], 0], keep)
     out["output L2"] = bits_equal(y, yt) and np.array_equal(yb, to_bf16_bits(rbf_np(yt)))
+
+    # L2: the output transform fused into the product's epilogue (trellis_matvec_out: the last
+    # block of each Hadamard block of rows) against trellis_matvec then trellis_output, float32
+    # unrounded and bfloat16; its counts are back to zero after each launch.
+    # The bfloat16 case adds into a residual in place (MODE_RES, out = res), as the decoder's
+    # projections do: a Hadamard block transformed twice, or before its rows are all written
+    # and again after, adds twice, so this catches what running the blocks in order hides.
+    fused_ok = True
+    res0 = to_bf16_bits(rbf_np(np.linspace(-1, 1, N, dtype=np.float32)))
+    for mode, dt in ((MODE_F32 | MODE_RAW, np.float32), (MODE_RES, np.uint16)):
+        zf = np.zeros(N, np.float32)
+        counts = np.zeros(N // hr, np.int32)
+        yf = res0.copy() if dt == np.uint16 else np.zeros(N, dt)
+        launch(lib, 5, grid, THREADS, [words, scales, xh_ref, zf, counts, su, None, yf, yf, N, K, k, L,
+                                       block, g0, hr, m["hscale_rows"], mode], keep)
+        z2 = np.zeros(N, np.float32)
+        launch(lib, 2, grid, THREADS, [words, scales, xh_ref, z2, N, K, k, L, block, g0], keep)
+        y2 = res0.copy() if dt == np.uint16 else np.zeros(N, dt)
+        launch(lib, 3, (N // hr, 1), THREADS, [z2, su, None, y2, y2, N, hr, m["hscale_rows"], mode], keep)
+        fused_ok &= np.array_equal(yf.view(np.uint8), y2.view(np.uint8)) and not counts.any()
+    out["matvec with the output fused L2"] = fused_ok
 
     # L3: the whole linear against TrellisView::matvec.
     ye = np.zeros(N, np.float32)
