@@ -262,6 +262,36 @@ fn other_rows_name_the_reason() {
     }
 }
 
+/// A trellis-coded model (`"mode": "trellis"`, converted here from a covered bfloat16 row):
+/// the graph decoder does not launch the trellis kernels yet (mlx-kernels' `graph_trellis`),
+/// so `--decoder auto` names the first trellis linear and falls back to the MLX path.
+#[test]
+fn a_trellis_model_names_its_trellis_linear() {
+    use mlx_models::config::TrellisParams;
+    use mlx_models::convert::{convert, ConvertOptions};
+    let dst = tmp().join("trellis3");
+    let _ = std::fs::remove_dir_all(&dst);
+    let opts = ConvertOptions {
+        quantize: true,
+        q_bits: Some(3),
+        trellis: Some(TrellisParams {
+            trellis_l: 8,
+            seed: 0,
+        }),
+        ..ConvertOptions::default()
+    };
+    convert(
+        &models().join("dense_bf16_untied"),
+        &dst,
+        &opts,
+        &mut |_| {},
+    )
+    .unwrap();
+    let model = load(&dst);
+    let why = model_unsupported(model.as_ref()).expect("a trellis model maps");
+    assert!(why.contains("a trellis-coded linear"), "{why}");
+}
+
 #[test]
 fn options_the_decoder_does_not_take_are_named() {
     let greedy = GenerateOptions::default();

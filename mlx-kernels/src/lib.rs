@@ -16,6 +16,11 @@
 //! materialised attention ([`attention_reference`]), its tier L3 with stated bounds on both
 //! paths.
 //!
+//! [`graph_trellis`] holds the CUDA kernels of trellis-coded linears (decode, the fused
+//! decode-and-dot, the Hadamard transforms with the op that follows) and their launch plans,
+//! checked on the CPU emulator against `mlx_core::cpu::trellis` (L2 for decode and transforms,
+//! L3 with a rounding bound for the product); the graph decoder does not launch them yet.
+//!
 //! Tiers (as in the project): L1 is bit-equality with the oracle (mlx-lm) for the same
 //! weights, dtype and back-end; L2 is bit-equality of the fused kernel with its plain-ops
 //! reference on the same back-end; L3 is agreement within a measured bound. The references
@@ -35,6 +40,7 @@ use mlx_core::{Array, Dtype, Error, Result};
 pub mod flash_attention;
 pub mod flash_cuda;
 pub mod graph_decode;
+pub mod graph_trellis;
 pub mod rms_norm;
 pub mod swiglu;
 

@@ -380,3 +380,166 @@ fn flash_fused_gradients_match_finite_differences() {
         );
     }
 }
+
+/// The trellis kernels (`graph_trellis.cu`, through `graph_trellis::TrellisGpu`) on the device
+/// against `mlx_core::cpu::trellis` at SmolLM2-135M's shapes and Llama-3-8B's widest: the
+/// decoded matrix, the input transform, the output transform and the product with the input
+/// transform in its prologue or the output transform in its epilogue (against the two
+/// launches) bit for bit (L2), the product
+/// within the rounding bound `xtask/gpu/trellis_emulate.py` states (L3), for the host's lanes
+/// a row and for 1 and 32. Then each shape's product is timed alone (kernel-level, printed as
+/// weights and weight bytes a second, the matrix L2-resident: the kernel's arithmetic ceiling,
+/// evidence for the decoder's design, not a target).
+#[test]
+fn trellis_kernels_match_the_cpu_references() {
+    use mlx_core::cpu::trellis as tc;
+    use mlx_kernels::graph_trellis::{TrellisGpu, TrellisPlan, DEFAULT_SMS};
+    gpu();
+    let mut seed = 0x7E11_15C0_u64;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        seed >> 11
+    };
+    let bf16_bits = |v: f32| -> u16 {
+        let u = v.to_bits();
+        (u.wrapping_add(0x7FFF + ((u >> 16) & 1)) >> 16) as u16
+    };
+    for (k, l, block, rows, cols) in [
+        (3u32, 8u32, 32usize, 576usize, 576usize),
+        (3, 8, 32, 1536, 576),
+        (3, 8, 32, 576, 1536),
+        (2, 8, 32, 192, 576),
+        (4, 8, 32, 576, 576),
+        (3, 12, 64, 576, 1536),
+        (2, 16, 64, 192, 576),
+        (3, 8, 32, 4096, 14336),
+    ] {
+        let spec = tc::TrellisSpec { k, l, block };
+        let plan = TrellisPlan::new(&spec, rows, cols, DEFAULT_SMS).unwrap();
+        let wpr = cols * k as usize / 32;
+        let words: Vec<u32> = (0..rows * wpr).map(|_| next() as u32).collect();
+        let scales: Vec<f32> = (0..rows)
+            .map(|_| 0.01 + 0.03 * (next() % 1000) as f32 / 1000.0)
+            .collect();
+        let (su, sv) = tc::layer_signs(tc::layer_seed(3, "layers.0.proj"), rows, cols);
+        let xbits: Vec<u16> = (0..cols)
+            .map(|_| bf16_bits((next() % 2001) as f32 / 500.0 - 2.0))
+            .collect();
+        let x: Vec<f32> = xbits
+            .iter()
+            .map(|&b| f32::from_bits(u32::from(b) << 16))
+            .collect();
+        let what = format!("trellis k {k} L {l} block {block} ({rows}, {cols})");
+        let mut g = TrellisGpu::new(plan.clone(), &words, &scales, &su, &sv).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+
+        // L2: the decoded matrix.
+        let dec = g.decode().unwrap();
+        let mut want = vec![0f32; rows * cols];
+        for r in 0..rows {
+            tc::decode_row(
+                &spec,
+                &words[r * wpr..(r + 1) * wpr],
+                scales[r],
+                &mut want[r * cols..(r + 1) * cols],
+            );
+        }
+        assert!(bits(&dec) == bits(&want), "{what}: decode");
+
+        // L2: the input transform.
+        let xh = g.input(&xbits, None).unwrap();
+        let mut xh_ref: Vec<f32> = x.iter().zip(&sv).map(|(a, s)| a * s).collect();
+        tc::fwht_blocks(&mut xh_ref, plan.hb_cols);
+        assert!(bits(&xh) == bits(&xh_ref), "{what}: input transform");
+
+        // L3: the product, within its rounding bound.
+        let nb = cols / block;
+        let fast = matches!((block, l), (32, 8) | (64, 12));
+        let mut worst = 0f64;
+        for lanes in [None, Some(1), Some(32)] {
+            let z = g.matvec(&xh_ref, lanes).unwrap();
+            let lpr = lanes.unwrap_or(plan.lanes_per_row) as usize;
+            let chain = if fast {
+                let per = nb.div_ceil(lpr);
+                per * (block / 2) + per
+            } else {
+                cols.div_ceil(lpr)
+            };
+            let steps = chain + lpr.trailing_zeros() as usize + 3;
+            for r in 0..rows {
+                let row = &want[r * cols..(r + 1) * cols];
+                let exact: f64 = row
+                    .iter()
+                    .zip(&xh_ref)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                let s: f64 = row
+                    .iter()
+                    .zip(&xh_ref)
+                    .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                    .sum();
+                let bound = steps as f64 * 2f64.powi(-24) * s + 2f64.powi(-23) * s;
+                let err = (f64::from(z[r]) - exact).abs();
+                assert!(
+                    err <= bound,
+                    "{what}: row {r} lanes {lpr}: {} vs {exact} (bound {bound})",
+                    z[r]
+                );
+                worst = worst.max(err / bound);
+            }
+        }
+
+        // L2: the input transform fused into the product's prologue, with and without the
+        // norm, against the two launches.
+        let normw: Vec<u16> = (0..cols)
+            .map(|_| bf16_bits(0.5 + (next() % 1000) as f32 / 1000.0))
+            .collect();
+        for norm in [None, Some((normw.as_slice(), 1e-5))] {
+            let xin = g.input(&xbits, norm).unwrap();
+            let two = g.matvec(&xin, None).unwrap();
+            let one = g.matvec_in(&xbits, norm).unwrap();
+            assert!(
+                bits(&one) == bits(&two),
+                "{what}: trellis_matvec_in (norm {})",
+                norm.is_some()
+            );
+        }
+
+        // L2: the output transform fused into the product's epilogue against the two
+        // launches (twice: the counts must be back at zero after the first).
+        let z_two = g.matvec(&xh_ref, None).unwrap();
+        let y_two = g.output(&z_two, true).unwrap();
+        for round in 0..2 {
+            let y_one = g.matvec_out(&xh_ref, true).unwrap();
+            assert!(
+                bits(&y_one) == bits(&y_two),
+                "{what}: trellis_matvec_out, launch {round}"
+            );
+        }
+
+        // L2: the output transform on the CPU kernel's product.
+        let cpu = tc::TrellisMatvec::new(&spec, cols).unwrap();
+        let mut z = vec![0f32; rows];
+        cpu.rows(&words, &scales, &xh_ref, 0, &mut z).unwrap();
+        let y = g.output(&z, true).unwrap();
+        let mut y_ref = z.clone();
+        tc::fwht_blocks(&mut y_ref, plan.hb_rows);
+        for (o, s) in y_ref.iter_mut().zip(&su) {
+            *o *= s;
+        }
+        assert!(bits(&y) == bits(&y_ref), "{what}: output transform");
+
+        let t = g.time_matvec(200, None).unwrap();
+        let weights = (rows * cols) as f64;
+        println!(
+            "{what}: decode, transforms bit-equal; product worst error / bound {worst:.3}; \
+             trellis_matvec {:.2} us, {:.0} Gweights/s, {:.0} GB/s of weights (lanes {})",
+            t * 1e6,
+            weights / t / 1e9,
+            plan.weight_bytes() as f64 / t / 1e9,
+            plan.lanes_per_row
+        );
+    }
+}

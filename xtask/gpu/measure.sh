@@ -9,7 +9,11 @@
 #          `mlx_lm benchmark`, with peak memory, and the copy bandwidth);
 #   moe    the Qwen3-30B-A3B-shaped 4-bit model written, then one bench round of the three sides;
 #   probe  spec_probe.py on the echo pair (a speculative round's parts timed alone, mlx-lm's models);
-#   serve  batched.sh's serve bench only (SERVE_MODELS, SERVE_SIDES, SERVE_CLIENTS, MAX_BATCH).
+#   serve  batched.sh's serve bench only (SERVE_MODELS, SERVE_SIDES, SERVE_CLIENTS, MAX_BATCH);
+#   trellis  issue #34's decode row: each of TRELLIS_MODELS (affine 4-bit dirs setup wrote) gets a
+#          trellis-3 twin (trellis_bench_model.py, copied into .gpu/c: L 8, blocks of 32, random
+#          codes), then `mlx benchmark` on both, `--decoder auto` and `--decoder mlx`, alternating,
+#          TRELLIS_ROUNDS rounds (the JSON names the decoder that ran and why auto fell back).
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -67,6 +71,28 @@ for part in ${PARTS:-setup test spec bench moe}; do
         esac >> $OUT/moe.log
       done
       grep -h "written\|averages\|Averages\|== moe\|decoder" $OUT/moe.log | cut -c1-220 ;;
+    trellis)
+      need trellis 120 || continue
+      export LD_LIBRARY_PATH="$SITE/mlx/lib"
+      mkdir -p /opt/bin && [ -x /opt/bin/mlx ] || { xz -dc $C/mlx.xz > /opt/bin/mlx && chmod +x /opt/bin/mlx; }
+      TM=${TRELLIS_MODELS:-llama-135m-q4 llama31-8b-q4}
+      for m in $TM; do
+        timeout $(left) python3 $C/trellis_bench_model.py /opt/models/$m /opt/models/$m-t3 --bits 3 \
+          --trellis-l 8 --block 32 >> $OUT/trellis.log 2>&1
+      done
+      for r in $(seq ${TRELLIS_ROUNDS:-2}); do
+        for m in $TM; do
+          for v in $m $m-t3; do
+            for d in auto mlx; do
+              [ $(left) -lt 30 ] && break 4
+              echo "== trellis round $r $v --decoder $d" >> $OUT/trellis.log
+              timeout $(left) /opt/bin/mlx benchmark --model /opt/models/$v -p ${P:-512} -g ${G:-128} \
+                -n ${N:-3} --json --decoder $d 2>&1 | grep -v '^{"trial"' >> $OUT/trellis.log
+            done
+          done
+        done
+      done
+      grep -h "written\|== trellis\|averages" $OUT/trellis.log | cut -c1-260 ;;
   esac
 done
 echo "measure-done at ${SECONDS} s" | tee -a $OUT/parts.log

@@ -112,6 +112,8 @@ def main():
     ap.add_argument("--nb", type=int, default=1, help="sequences a step (GraphOptions::sequences)")
     ap.add_argument("--mma", type=int, default=0, help="tensor-core tiles (MV_MMA)")
     ap.add_argument("--kernel", default="matvec")
+    ap.add_argument("--trellis", action="store_true",
+                    help="append graph_trellis.cu (the trellis kernels; --kernel trellis_matvec)")
     ap.add_argument("--dump")
     a = ap.parse_args()
     batch = a.batch or 8 // a.rows
@@ -119,7 +121,8 @@ def main():
     src = (f"#define MV_ROWS {a.rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n"
            f"#define NB {a.nb}\n#define MV_MMA {a.mma}\n"
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
-                     for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu")))
+                     for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu")
+                     + (("graph_trellis.cu",) if a.trellis else ())))
     cubin, log = compile_cubin(src)
     if not os.path.exists(NVDISASM):
         for name, regs, stack, st, ld in resources(log):
@@ -134,8 +137,9 @@ def main():
                               text=True).stdout
     if a.dump:
         pathlib.Path(a.dump).write_text(sass)
-    total, found = loops(sass, a.kernel)
-    print(f"{a.kernel}: {total} instructions; innermost loops of 1,000 or more:")
+    least = 200 if a.kernel.startswith("trellis") else 1000
+    total, found = loops(sass, a.kernel, least)
+    print(f"{a.kernel}: {total} instructions; innermost loops of {least:,} or more:")
     for s, j, mix in found:
         top = ", ".join(f"{k} {v}" for k, v in mix.most_common(8))
         print(f"  {s}-{j} ({j - s + 1}): {top}")

@@ -1,0 +1,451 @@
+// Trellis-coded linears (`"mode": "trellis"`; the format is mlx_core::cpu::trellis's module
+// doc): appended to graph_decode.cu's source (it uses that file's bfloat16 helpers, warp_sum,
+// pdl_wait_then_release and CODE_EXP) for a model with trellis weights. A linear
+// y = su * H_r (Wt (H_c (sv * x))) is three launches:
+// - trellis_input: xh = H_c (sv * x) in float32 (x the bfloat16 input, or rms_norm of it,
+//   rounded as MLX's fast.rms_norm rounds it): one block per Hadamard block of the input;
+// - trellis_matvec: z = Wt xh, the weights decoded in registers inside the dot product;
+// - trellis_output: y = su * H_r z, rounded to bfloat16 as MLX rounds the linear's output,
+//   then the following op (bias, residual add, SwiGLU with the gate's output, or float32).
+// trellis_decode writes the decoded matrix (scale * code per weight), the device twin of
+// cpu::trellis::decode_row, bit for bit.
+//
+// Tiers (xtask/gpu/trellis_emulate.py runs this source as C++ on the CPU against the Rust
+// references): trellis_decode, trellis_input (no norm) and trellis_output are L2, bit-exact
+// against cpu::trellis::decode_row and fwht_blocks (the butterflies are the portable loop's,
+// each element's adds in the same order, the 1 / sqrt(block) factor passed from the host);
+// trellis_matvec sums in its own order (lanes, then a warp tree), so it is L3 against the
+// float64 product of the decoded matrix, with a rounding-error bound written in the check.
+
+// 1MAD's constants (cpu::trellis::MAD_A, MAD_B, MAD_SCALE).
+#define TRELLIS_MAD_A 34038481u
+#define TRELLIS_MAD_B 76625530u
+#define TRELLIS_MAD_SCALE 147.800537109375f
+// The largest Hadamard block the transforms take (hadamard_block's cap), float32 in shared
+// memory.
+#define TRELLIS_MAX_HB 4096
+#define TRELLIS_THREADS 256
+
+// The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
+// The byte sum is one dp4a against ones, accumulated onto the bits of 2^23 (the sum is below
+// 2^23, so adding is or-ing it into the mantissa), and one add takes 2^23 + 510 off: three
+// instructions with the multiply-add, no conversion (I2F issues at a fraction of FFMA's rate).
+__device__ __forceinline__ float trellis_code(u32 state) {
+  const u32 x = state * TRELLIS_MAD_A + TRELLIS_MAD_B;
+  return __uint_as_float(__dp4a(x, 0x01010101u, CODE_EXP)) - (CODE_OFF + 510.f);
+}
+
+// Bit offset (in a block's stream of bits = block * kb bits) of the first bit of weight t's
+// L-bit window (TrellisSpec::window_start).
+__device__ __forceinline__ int trellis_window_start(int t, int kb, int L, int bits) {
+  return ((t + 1) * kb + bits - L) % bits;
+}
+
+// Weight t's state from a block's words (bw of them), read independently of its neighbours.
+__device__ __forceinline__ u32 trellis_window(const u32* words, int bw, int t, int kb, int L,
+                                              int bits) {
+  const int start = trellis_window_start(t, kb, L, bits);
+  const int a = start >> 5, off = start & 31;
+  const u32 hi = words[a], lo = words[a + 1 == bw ? 0 : a + 1];
+  const u64 v = (((u64)hi << 32) | lo) >> (64 - off - L);
+  return (u32)v & ((1u << L) - 1u);
+}
+
+// Block b of row r of the decoded matrix (trellis_decode).
+__device__ __forceinline__ void trellis_decode_block(const u32* W, const float* scales,
+                                                     float* out, ll r, ll b, ll K, ll kb, ll L,
+                                                     ll block, ll bw, ll bits) {
+  const u32* words = W + r * (K * kb / 32) + b * bw;
+  float* o = out + r * K + b * block;
+  const float scale = scales[r];
+  const u32 mask = (1u << L) - 1u, kmask = (1u << kb) - 1u;
+  u32 state = trellis_window(words, (int)bw, 0, (int)kb, (int)L, (int)bits);
+  auto code = [&](u32 s) {
+    const u32 x = s * TRELLIS_MAD_A + TRELLIS_MAD_B;
+    const u32 y = (x & 0x00FF00FFu) + ((x >> 8) & 0x00FF00FFu);
+    const u32 sum = (y & 0xFFFFu) + (y >> 16);
+    return (float)((int)sum - 510) / TRELLIS_MAD_SCALE * scale;
+  };
+  o[0] = code(state);
+  ll pos = kb;
+  for (ll t = 1; t < block; ++t, pos += kb) {
+    const ll a = pos >> 5, off = pos & 31;
+    u32 v;
+    if (off + kb <= 32) {
+      v = (words[a] >> (32 - off - kb)) & kmask;
+    } else {
+      const u64 both = ((u64)words[a] << 32) | words[(a + 1) % bw];
+      v = (u32)(both >> (64 - off - kb)) & kmask;
+    }
+    state = ((state << kb) | v) & mask;
+    o[t] = code(state);
+  }
+}
+
+// The decoded matrix: out[r, c] = scale[r] * code(state_rc), code = (byte sum - 510) / 147.8...
+// as decode_row computes it (sequential states: the first from its window, then k new bits a
+// weight). One thread a block of a row, the grid striding over them.
+extern "C" __global__ void trellis_decode(const u32* W, const float* scales, float* out, ll N,
+                                          ll K, ll kb, ll L, ll block) {
+  const ll nb = K / block, bw = block * kb / 32, bits = block * kb;
+  for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < N * nb;
+       i += (ll)gridDim.x * blockDim.x)
+    trellis_decode_block(W, scales, out, i / nb, i % nb, K, kb, L, block, bw, bits);
+}
+
+// In-place orthonormal Walsh-Hadamard transform of buf[0, hb) (shared), the block's threads
+// together: the butterflies of fwht_blocks_portable, span by span (each element's adds in the
+// same order, so the same bits), then times hscale (1 / sqrt(hb), the host's float32 value).
+__device__ __forceinline__ void trellis_fwht(float* buf, int hb, float hscale) {
+  for (int h = 1; h < hb; h <<= 1) {
+    __syncthreads();
+    for (int p = threadIdx.x; p < hb / 2; p += blockDim.x) {
+      const int i = (p / h) * 2 * h + (p % h);
+      const float a = buf[i], b = buf[i + h];
+      buf[i] = a + b;
+      buf[i + h] = a - b;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < hb; i += blockDim.x) buf[i] *= hscale;
+  __syncthreads();
+}
+
+// 1 / rms of the K bfloat16 inputs, the block's threads together (each thread's strided sum
+// of squares, warp trees, the warps' sums in order): trellis_input and trellis_matvec_in
+// reduce in this one order, so they norm to the same bits.
+__device__ __forceinline__ float trellis_inv_rms(const bf16_t* xin, ll K, double eps, float* red) {
+  float ss = 0.f;
+  for (ll i = threadIdx.x; i < K; i += blockDim.x) {
+    const float v = bf2f(xin[i]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int i = 0; i < (int)(blockDim.x >> 5); ++i) tot += red[i];
+  return rsqrtf(tot / (float)K + (float)eps);
+}
+
+// xh = H_c (sv * x) for Hadamard block blockIdx.x (of hb inputs), sequence blockIdx.y: x =
+// xin (bfloat16), or with norm rms_norm(xin, normw, eps) rounded as MLX's fast.rms_norm rounds
+// it (norm2 in graph_decode.cu; every block sums the squares of the whole input, from L2).
+// xh is float32, as TrellisLinear's product runs in float32.
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_input(
+    const bf16_t* xin, const bf16_t* normw, const float* sv, float* xh, ll K, ll hb,
+    double hscale, ll norm, double eps) {
+  __shared__ float buf[TRELLIS_MAX_HB];
+  __shared__ float red[TRELLIS_THREADS / 32];
+  pdl_wait_then_release();
+  xin += (ll)blockIdx.y * K;
+  xh += (ll)blockIdx.y * K;
+  const ll c0 = (ll)blockIdx.x * hb;
+  const float inv = norm ? trellis_inv_rms(xin, K, eps, red) : 1.f;
+  for (int i = threadIdx.x; i < hb; i += blockDim.x) {
+    float v = bf2f(xin[c0 + i]);
+    if (norm) v = rbf(bf2f(normw[c0 + i]) * rbf(v * inv));
+    buf[i] = v * sv[c0 + i];
+  }
+  trellis_fwht(buf, (int)hb, (float)hscale);
+  for (int i = threadIdx.x; i < hb; i += blockDim.x) xh[c0 + i] = buf[i];
+}
+
+// The input's element c sits at xs[c + pad (c / 32)] in shared memory, pad 2 for blocks of 32
+// and 1 otherwise (trellis_pad): the lanes of a warp reading elements t and t + 1 of 32
+// consecutive blocks (the fast path's 8-byte loads: a block then starts at an even float) hit
+// distinct banks in each half-warp's phase, blocks of 32 at 34 floats apart, of 64 at 66.
+__device__ __forceinline__ int trellis_pad(ll block) { return block == 32 ? 2 : 1; }
+__device__ __forceinline__ int trellis_xs(ll c, int pad) { return (int)(c + pad * (c >> 5)); }
+
+// One block of BLOCK weights at KB bits with an L-bit state (the fast cases: blocks of 32 with
+// L 8, blocks of 64 with L 12): its words in registers, each weight's window one funnel shift
+// (or one shift where it sits in one word) at a position known at compile time, its code in
+// registers (trellis_code), two FMA chains. No state is carried from weight to weight, so
+// nothing serializes the 32 or 64 codes but the two accumulators.
+template <int KB, int L, int BLOCK>
+__device__ __forceinline__ float trellis_block(const u32* w, const float* xs) {
+  constexpr int BITS = BLOCK * KB, BW = BITS / 32, PAD = BLOCK == 32 ? 2 : 1;
+  constexpr u32 MASK = (1u << L) - 1u;
+  float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+  for (int t = 0; t < BLOCK; ++t) {
+    const int start = ((t + 1) * KB + BITS - L) % BITS;
+    const int a = start >> 5, off = start & 31;
+    u32 state;
+    if (off + L <= 32) {
+      state = (w[a] >> (32 - off - L)) & MASK;
+    } else {
+      state = __funnelshift_r(w[a + 1 == BW ? 0 : a + 1], w[a], 64 - off - L) & MASK;
+    }
+    const float c = trellis_code(state);
+    if (t & 1) {
+      acc1 = fmaf(c, xs[t + PAD * (t >> 5)], acc1);
+    } else {
+      acc0 = fmaf(c, xs[t + PAD * (t >> 5)], acc0);
+    }
+  }
+  return acc0 + acc1;
+}
+
+// A block's BW words in 16-byte loads where BW is a multiple of 4 (4 bits), else 8-byte ones
+// where even, else one at a time (3 bits, blocks of 32: the three loads of a warp cover one
+// contiguous span, the second and third from L1). Rows are aligned to match (K a multiple of
+// the block). 16-byte loads bypass L1: weights are read once a step.
+template <int BW>
+__device__ __forceinline__ void trellis_load(const u32* p, u32* w) {
+  if (BW % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < BW / 4; ++i) {
+      const uint4 v = ld_stream((const uint4*)p + i);
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  } else if (BW % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < BW / 2; ++i) {
+      const uint2 v = ((const uint2*)p)[i];
+      w[2 * i] = v.x;
+      w[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < BW; ++i) w[i] = p[i];
+  }
+}
+
+// The fast path's rows: lane j of a group of lpr lanes (32 / lpr rows a warp, the warps of a
+// block on consecutive rows) takes blocks j, j + lpr, ... of its row; the group's sums meet in
+// a shuffle tree. The host picks lpr (graph_trellis.rs, lanes_per_row) so that the blocks fill
+// the lanes and the grid fills the GPU; the lanes of a warp read neighbouring blocks of
+// neighbouring rows, one contiguous span of words.
+template <int KB, int L, int BLOCK>
+__device__ __forceinline__ float trellis_row(const u32* row, const float* xs, int j, int lpr,
+                                             ll nb) {
+  constexpr int BW = BLOCK * KB / 32;
+  float acc = 0.f;
+  for (ll b = j; b < nb; b += lpr) {
+    u32 w[BW];
+    trellis_load<BW>(row + b * BW, w);
+    acc += trellis_block<KB, L, BLOCK>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1));
+  }
+  return acc;
+}
+
+// Any shape (k 2..4, L up to 16, any block): lane j of the group takes weights j, j + lpr, ...
+// of its row, each window read from its block's words (through L1).
+__device__ __forceinline__ float trellis_row_any(const u32* row, const float* xs, int j, int lpr,
+                                                 ll K, ll kb, ll L, ll block) {
+  const ll bw = block * kb / 32, bits = block * kb;
+  const u32 mask = (1u << L) - 1u;
+  const int pad = trellis_pad(block);
+  float acc = 0.f;
+  for (ll c = j; c < K; c += lpr) {
+    const ll b = c / block, t = c % block;
+    const u32 s = trellis_window(row + b * bw, (int)bw, (int)t, (int)kb, (int)L, (int)bits) & mask;
+    acc = fmaf(trellis_code(s), xs[trellis_xs(c, pad)], acc);
+  }
+  return acc;
+}
+
+// The rows of trellis_matvec and trellis_matvec_in, the input in shared memory (xs).
+__device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, const float* xs,
+                                             float* z, ll N, ll K, ll kb, ll L, ll block,
+                                             ll lpr) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int g = (int)lpr, j = lane % g, rpw = 32 / g;
+  const ll wpr = K * kb / 32, nb = K / block;
+  // The fast cases: blocks of 32 with L 8 (the quantizer's 3-bit choice), blocks of 64 with
+  // L 12 (the config's defaults).
+  const bool f32 = block == 32 && L == 8, f64 = block == 64 && L == 12;
+  for (ll r0 = ((ll)blockIdx.x * warps + warp) * rpw; r0 < N; r0 += (ll)gridDim.x * warps * rpw) {
+    const ll r = r0 + lane / g;
+    float acc = 0.f;
+    if (r < N) {
+      const u32* row = W + r * wpr;
+      if (f32 && kb == 2) {
+        acc = trellis_row<2, 8, 32>(row, xs, j, g, nb);
+      } else if (f32 && kb == 3) {
+        acc = trellis_row<3, 8, 32>(row, xs, j, g, nb);
+      } else if (f32 && kb == 4) {
+        acc = trellis_row<4, 8, 32>(row, xs, j, g, nb);
+      } else if (f64 && kb == 2) {
+        acc = trellis_row<2, 12, 64>(row, xs, j, g, nb);
+      } else if (f64 && kb == 3) {
+        acc = trellis_row<3, 12, 64>(row, xs, j, g, nb);
+      } else if (f64 && kb == 4) {
+        acc = trellis_row<4, 12, 64>(row, xs, j, g, nb);
+      } else {
+        acc = trellis_row_any(row, xs, j, g, K, kb, L, block);
+      }
+    }
+    // The group's lanes are consecutive (g a power of two): a shuffle tree inside it.
+    for (int o = g / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (r < N && j == 0) z[r] = acc * (scales[r] / TRELLIS_MAD_SCALE);
+  }
+}
+
+// z[r] = scale[r] / 147.8... * sum_c (byte sum - 510)(state_rc) xh[c] for the N rows of a
+// trellis matrix (K inputs, kb bits, L-bit states, blocks of `block`), xh float32 (the
+// transformed input, trellis_input's), z float32; sequence blockIdx.y. The input is staged in
+// shared memory (K + pad K / 32 floats, dynamic: trellis_xs), the weights streamed. lpr lanes
+// a row (1, 2, 4, 8, 16 or 32).
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec(
+    const u32* W, const float* scales, const float* xh, float* z, ll N, ll K, ll kb, ll L,
+    ll block, ll lpr) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* xs = (float*)smem;
+  xh += (ll)blockIdx.y * K;
+  z += (ll)blockIdx.y * N;
+  pdl_wait_then_release();
+  const int pad = trellis_pad(block);
+  for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
+  __syncthreads();
+  trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
+}
+
+// trellis_matvec with trellis_input in its prologue: every block makes the whole transformed
+// input H_c (sv * x) (x = xin, or rms_norm(xin, normw, eps)) in its shared memory, padded as
+// trellis_matvec's, with trellis_input's arithmetic in the same order (the same norm
+// reduction, the same butterflies), so z is bit-equal to trellis_input then trellis_matvec.
+// One launch instead of two, for K * log2(hb) adds a block: where the input is narrow against
+// the rows' work (the host's choice).
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_in(
+    const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
+    float* z, ll N, ll K, ll kb, ll L, ll block, ll lpr, ll hb, double hscale, ll norm,
+    double eps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[TRELLIS_THREADS / 32];
+  float* xs = (float*)smem;
+  xin += (ll)blockIdx.y * K;
+  z += (ll)blockIdx.y * N;
+  pdl_wait_then_release();
+  const int pad = trellis_pad(block);
+  const float inv = norm ? trellis_inv_rms(xin, K, eps, red) : 1.f;
+  for (ll c = threadIdx.x; c < K; c += blockDim.x) {
+    float v = bf2f(xin[c]);
+    if (norm) v = rbf(bf2f(normw[c]) * rbf(v * inv));
+    xs[trellis_xs(c, pad)] = v * sv[c];
+  }
+  // trellis_fwht over every Hadamard block of the input at once (each element's adds as
+  // there), through the padded index.
+  for (ll h = 1; h < hb; h <<= 1) {
+    __syncthreads();
+    for (ll p = threadIdx.x; p < K / 2; p += blockDim.x) {
+      const ll q = p % (hb / 2);
+      const ll i = (p / (hb / 2)) * hb + (q / h) * 2 * h + (q % h);
+      const int ia = trellis_xs(i, pad), ib = trellis_xs(i + h, pad);
+      const float a = xs[ia], b = xs[ib];
+      xs[ia] = a + b;
+      xs[ib] = a - b;
+    }
+  }
+  __syncthreads();
+  for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] *= (float)hscale;
+  __syncthreads();
+  trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
+}
+
+// Output modes (graph_decode.cu's MODE_RES, MODE_SWIGLU, MODE_F32 values).
+// y = su * H_r z for Hadamard block blockIdx.x (hb rows), sequence blockIdx.y, then
+// v = bfloat16(y) (+ bias, rounded), and
+// - no mode: out = v (bfloat16);
+// - MODE_RES: out = res + v (bfloat16; out may be res: each element read and written by one
+//   thread);
+// - MODE_SWIGLU: out = silu(res) * v (res the gate's output, this the up projection's; the
+//   rounding of graph_decode.cu's SwiGLU epilogue);
+// - MODE_F32: out = v as float32; with MODE_F32 | TRELLIS_RAW the unrounded float32 y (the
+//   transform's own bits, for the L2 check).
+// The bias is read only with TRELLIS_BIAS (the runtime passes no null pointers).
+#define TRELLIS_RAW 32
+#define TRELLIS_BIAS 64
+// Hadamard block [r0, r0 + hb) of sequence b's output from its z (read through L2: another
+// block may have written it), as the modes above say; buf is the block's shared scratch.
+__device__ __forceinline__ void trellis_output_block(const float* z, const float* su,
+                                                     const bf16_t* bias, const bf16_t* res,
+                                                     void* out, ll N, ll hb, double hscale,
+                                                     ll mode, ll r0, ll b, float* buf) {
+  z += b * N;
+  for (int i = threadIdx.x; i < hb; i += blockDim.x) buf[i] = __ldcg(z + r0 + i);
+  trellis_fwht(buf, (int)hb, (float)hscale);
+  for (int i = threadIdx.x; i < hb; i += blockDim.x) {
+    const ll r = r0 + i;
+    const float y = buf[i] * su[r];
+    if ((mode & MODE_F32) && (mode & TRELLIS_RAW)) {
+      ((float*)out)[b * N + r] = y;
+      continue;
+    }
+    float v = rbf(y);
+    if (mode & TRELLIS_BIAS) v = rbf(v + bf2f(bias[r]));
+    if (mode & MODE_F32) {
+      ((float*)out)[b * N + r] = v;
+    } else if (mode & MODE_RES) {
+      ((bf16_t*)out)[b * N + r] = f2bf(bf2f(res[b * N + r]) + v);
+    } else if (mode & MODE_SWIGLU) {
+      const float g = bf2f(res[b * N + r]);
+      const float sg = rbf(1.f / (1.f + expf(-g)));
+      ((bf16_t*)out)[b * N + r] = f2bf(rbf(g * sg) * v);
+    } else {
+      ((bf16_t*)out)[b * N + r] = f2bf(v);
+    }
+  }
+  __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
+    const float* z, const float* su, const bf16_t* bias, const bf16_t* res, void* out, ll N,
+    ll hb, double hscale, ll mode) {
+  __shared__ float buf[TRELLIS_MAX_HB];
+  pdl_wait_then_release();
+  trellis_output_block(z, su, bias, res, out, N, hb, hscale, mode, (ll)blockIdx.x * hb,
+                       blockIdx.y, buf);
+}
+
+// trellis_matvec with trellis_output in its epilogue: each block writes its rows of z, then
+// counts them into their Hadamard blocks of rows (counts: one int a Hadamard block and
+// sequence, zero before the launch); the block whose rows complete a Hadamard block applies
+// the output transform and the following op to it (the same arithmetic as trellis_output, so
+// the same bits), and sets its count back to zero for the next launch (a replayed graph). As
+// attention's combine by the last block: every writer fences its z before the count, the
+// completing block reads z through L2.
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_out(
+    const u32* W, const float* scales, const float* xh, float* z, int* counts, const float* su,
+    const bf16_t* bias, const bf16_t* res, void* out, ll N, ll K, ll kb, ll L, ll block,
+    ll lpr, ll hb, double hscale, ll mode) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float buf[TRELLIS_MAX_HB];
+  __shared__ int last;
+  float* xs = (float*)smem;
+  const ll b = blockIdx.y;
+  xh += b * K;
+  pdl_wait_then_release();
+  const int pad = trellis_pad(block);
+  for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
+  __syncthreads();
+  trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
+  __threadfence();
+  __syncthreads();
+  // The block's rows: chunks of RB consecutive rows, RB apart by the grid.
+  const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr), nhb = N / hb;
+  for (ll c = (ll)blockIdx.x * RB; c < N; c += (ll)gridDim.x * RB) {
+    const ll e = c + RB < N ? c + RB : N;
+    for (ll a = c; a < e;) {
+      const ll h = a / hb, end = (h + 1) * hb < e ? (h + 1) * hb : e;
+      if (threadIdx.x == 0) {
+        const int n = (int)(end - a);
+        int* cnt = counts + b * nhb + h;
+        last = atomicAdd(cnt, n) + n == (int)hb;
+        if (last) {
+          __threadfence();
+          atomicExch(cnt, 0);
+        }
+      }
+      __syncthreads();
+      if (last) trellis_output_block(z, su, bias, res, out, N, hb, hscale, mode, h * hb, b, buf);
+      __syncthreads();
+      a = end;
+    }
+  }
+}

@@ -1,0 +1,670 @@
+//! Trellis-coded linears on the GPU (`graph_trellis.cu`, `"mode": "trellis"`; the format is
+//! [`mlx_core::cpu::trellis`]'s): the kernels' source and the host's launch plan of one
+//! linear, [`TrellisPlan`]. A linear `y = su * H_r (Wt (H_c (sv * x)))` is three launches:
+//! `trellis_input` (the optional RMSNorm, the signs and the input's Hadamard blocks, float32
+//! out), `trellis_matvec` (the fused decode-and-dot: each weight's 1MAD code computed in
+//! registers from its own window of the row's words) and `trellis_output` (the output's
+//! Hadamard blocks and signs, bfloat16 rounding, then the op that follows: bias, residual add,
+//! SwiGLU with the gate's output, or float32 logits). `trellis_matvec_in` is the product with
+//! `trellis_input` in its prologue (one launch for two, bit-equal to them), and
+//! `trellis_matvec_out` with `trellis_output` in its epilogue (the last block to finish a
+//! Hadamard block of rows transforms it; bit-equal to the two launches). `trellis_decode`
+//! writes the decoded matrix, the device twin of `cpu::trellis::decode_row`.
+//!
+//! # Tier
+//!
+//! Checked on the CPU by `xtask/gpu/trellis_emulate.py` (the source run as C++ against
+//! `examples/trellis_reference.rs`'s Rust references at SmolLM2-135M's shapes):
+//! `trellis_decode`, `trellis_input` (without the norm) and `trellis_output` are L2, bit-exact
+//! against `decode_row` and `fwht_blocks`, and `trellis_matvec_in` is bit-equal to
+//! `trellis_input` then `trellis_matvec`; `trellis_matvec` sums in its own order (L3 against
+//! the float64 product of the decoded matrix, within the rounding bound written in the
+//! script), and so is the whole linear against the CPU decoder's `TrellisView::matvec`.
+//!
+//! The graph decoder does not launch these yet: [`crate::graph_decode::GraphDecoder`] takes
+//! affine and bfloat16 weights, and `mlx_engine::graph` refuses a trellis-coded linear with the
+//! reason, so `auto` falls back to the MLX path (results/gpu/2026-12-05-s28-trellis/ has the
+//! plan for wiring them into the step).
+
+use mlx_core::cpu::trellis::{hadamard_block, TrellisSpec};
+use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Kernel};
+
+/// The kernels' CUDA source, appended to [`crate::graph_decode::SOURCE`] (whose helpers it
+/// uses) for a model with trellis-coded linears.
+pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
+
+/// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
+/// checks).
+pub const TRELLIS_KERNELS: [(&str, u32); 6] = [
+    ("trellis_decode", 8),
+    ("trellis_input", 9),
+    ("trellis_matvec", 10),
+    ("trellis_output", 9),
+    ("trellis_matvec_in", 16),
+    ("trellis_matvec_out", 18),
+];
+
+/// Threads a block of every trellis kernel (`TRELLIS_THREADS` in the source).
+pub const TRELLIS_THREADS: u32 = 256;
+/// The largest Hadamard block the transforms hold in shared memory (`TRELLIS_MAX_HB`; the cap
+/// of [`hadamard_block`]).
+pub const TRELLIS_MAX_HB: usize = 4096;
+/// The most dynamic shared memory a block of `trellis_matvec` may take: the H100's and
+/// H200's 227 KiB a block (opted in), less `trellis_matvec_out`'s static 16 KiB Hadamard
+/// buffer and its reductions.
+pub const TRELLIS_MAX_SHARED: u32 = (227 - 17) * 1024;
+
+/// `trellis_output`'s modes (graph_decode.cu's `MODE_RES`, `MODE_SWIGLU`, `MODE_F32`, and
+/// `TRELLIS_RAW`): `0` writes the bfloat16 output.
+pub const OUT_RES: i64 = 2;
+pub const OUT_SWIGLU: i64 = 4;
+pub const OUT_F32: i64 = 8;
+/// With [`OUT_F32`]: the transform's float32 values, not rounded to bfloat16 (the L2 check's).
+pub const OUT_RAW: i64 = 32;
+/// Add the bias (bfloat16, one a row) after the rounding.
+pub const OUT_BIAS: i64 = 64;
+
+/// Multiprocessors [`lanes_per_row`] assumes when the device's count is not known (the H100
+/// SXM's and H200's).
+pub const DEFAULT_SMS: u32 = 132;
+
+/// Whether `spec` takes `trellis_matvec`'s unrolled path: blocks of 32 with `L` 8 (the
+/// quantizer's 3-bit choice) or blocks of 64 with `L` 12 (the config's defaults). Any other
+/// shape runs the general path (each window read through L1), with the same results.
+pub fn is_fast(spec: &TrellisSpec) -> bool {
+    matches!((spec.block, spec.l), (32, 8) | (64, 12))
+}
+
+/// Lanes of a warp that share one row of `trellis_matvec` (1 to 32, a power of two): the
+/// fast path gives each lane whole blocks, so fewer lanes a row waste fewer of them on a row of
+/// few blocks, but leave fewer warps to fill the GPU. Chosen to maximise the lanes' share of
+/// useful blocks times the share of `4 * sms` warps the grid fills (ties: more lanes). The
+/// general path strides over single weights: 32.
+pub fn lanes_per_row(spec: &TrellisSpec, rows: usize, cols: usize, sms: u32) -> u32 {
+    if !is_fast(spec) || spec.block == 0 {
+        return 32;
+    }
+    let nb = (cols / spec.block).max(1);
+    let want = 4.0 * f64::from(sms.max(1));
+    let mut best = (32u32, -1.0f64);
+    for g in [32u32, 16, 8, 4, 2, 1] {
+        let gu = g as usize;
+        let eff = nb as f64 / (nb.div_ceil(gu) * gu) as f64;
+        let fill = (rows as f64 * f64::from(g) / 32.0 / want).min(1.0);
+        let score = eff * fill;
+        if score > best.1 + 1e-12 {
+            best = (g, score);
+        }
+    }
+    best.0
+}
+
+/// Floats of padding a 32 inputs in `trellis_matvec`'s shared input (`trellis_pad`).
+fn pad(block: usize) -> usize {
+    if block == 32 {
+        2
+    } else {
+        1
+    }
+}
+
+/// How one trellis-coded `(rows, cols)` linear launches (checked against the kernels' limits
+/// before the GPU is touched).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrellisPlan {
+    pub spec: TrellisSpec,
+    pub rows: usize,
+    pub cols: usize,
+    /// The output's and the input's Hadamard blocks.
+    pub hb_rows: usize,
+    pub hb_cols: usize,
+    /// Their `1 / sqrt(block)` factors as the CPU's transform computes them (float32).
+    pub hscale_rows: f32,
+    pub hscale_cols: f32,
+    /// `trellis_matvec`'s lanes a row ([`lanes_per_row`]).
+    pub lanes_per_row: u32,
+    /// `trellis_matvec`'s dynamic shared memory (the padded float32 input).
+    pub shared_bytes: u32,
+}
+
+impl TrellisPlan {
+    /// The plan of a `(rows, cols)` matrix of `spec` on a GPU of `sms` multiprocessors; `Err`
+    /// names the problem.
+    pub fn new(
+        spec: &TrellisSpec,
+        rows: usize,
+        cols: usize,
+        sms: u32,
+    ) -> std::result::Result<TrellisPlan, String> {
+        spec.check_shape(rows, cols)?;
+        if rows >= 1 << 31 || cols >= 1 << 31 {
+            return Err(format!(
+                "a ({rows}, {cols}) trellis matrix: not 31-bit sizes"
+            ));
+        }
+        let (hb_rows, hb_cols) = (hadamard_block(rows), hadamard_block(cols));
+        let bytes = (cols + pad(spec.block) * cols.div_ceil(32)) * 4;
+        if bytes > TRELLIS_MAX_SHARED as usize {
+            return Err(format!(
+                "a trellis matrix of {cols} inputs: its input takes {bytes} bytes of shared \
+                 memory, more than {TRELLIS_MAX_SHARED}"
+            ));
+        }
+        Ok(TrellisPlan {
+            spec: *spec,
+            rows,
+            cols,
+            hb_rows,
+            hb_cols,
+            hscale_rows: 1.0 / (hb_rows as f32).sqrt(),
+            hscale_cols: 1.0 / (hb_cols as f32).sqrt(),
+            lanes_per_row: lanes_per_row(spec, rows, cols, sms),
+            shared_bytes: bytes as u32,
+        })
+    }
+
+    /// `trellis_input`'s grid: a block per Hadamard block of the input, `sequences` rows.
+    pub fn input_grid(&self, sequences: u32) -> (u32, u32) {
+        ((self.cols / self.hb_cols) as u32, sequences)
+    }
+
+    /// `trellis_matvec`'s grid: enough blocks for every row group, at most `resident` (the
+    /// blocks the GPU holds at once; the warps stride over the rest).
+    pub fn matvec_grid(&self, sequences: u32, resident: u32) -> (u32, u32) {
+        let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / self.lanes_per_row as usize);
+        let blocks = self
+            .rows
+            .div_ceil(rows_per_block)
+            .min(resident.max(1) as usize);
+        (blocks as u32, sequences)
+    }
+
+    /// `trellis_output`'s grid: a block per Hadamard block of the output.
+    pub fn output_grid(&self, sequences: u32) -> (u32, u32) {
+        ((self.rows / self.hb_rows) as u32, sequences)
+    }
+
+    /// Bytes of the coded weights (`rows * cols * k / 8`) and the row scales (float32).
+    pub fn weight_bytes(&self) -> usize {
+        self.rows * self.cols * self.spec.k as usize / 8 + 4 * self.rows
+    }
+}
+
+fn bytes_f32(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// [`TrellisGpu`]'s kernels and device buffers (indices: copied into launches and captures).
+#[derive(Debug, Clone, Copy)]
+struct Parts {
+    kernels: [Kernel; 6],
+    words: Buffer,
+    scales: Buffer,
+    su: Buffer,
+    sv: Buffer,
+    /// Scratch: the input (bfloat16), the norm's weights, xh, z, the output, the decoded matrix.
+    x: Buffer,
+    normw: Buffer,
+    xh: Buffer,
+    z: Buffer,
+    y: Buffer,
+    dec: Buffer,
+    /// `trellis_matvec_out`'s counts, one a Hadamard block of rows (zero between launches).
+    counts: Buffer,
+}
+
+/// One trellis-coded linear on the GPU, each kernel launched alone: the `cuda` test set's
+/// device check of the kernels against `mlx_core::cpu::trellis`, and their timing. The words,
+/// float32 scales and signs are uploaded once; inputs and outputs go through host slices. One
+/// sequence.
+pub struct TrellisGpu {
+    rt: GpuRuntime,
+    plan: TrellisPlan,
+    parts: Parts,
+}
+
+fn invalid(op: &'static str, msg: String) -> mlx_core::Error {
+    mlx_core::Error::InvalidArgument { op, message: msg }
+}
+
+impl TrellisGpu {
+    /// Compiles the kernels (after the graph decoder's source, whose helpers they use) and
+    /// uploads one matrix: `words` (`rows * cols * k / 32`), `scales` (`rows`), the signs `su`
+    /// (`rows`) and `sv` (`cols`), as `plan` shapes them.
+    pub fn new(
+        plan: TrellisPlan,
+        words: &[u32],
+        scales: &[f32],
+        su: &[f32],
+        sv: &[f32],
+    ) -> mlx_core::Result<TrellisGpu> {
+        let (rows, cols) = (plan.rows, plan.cols);
+        let wpr = cols * plan.spec.k as usize / 32;
+        let sizes = (words.len(), scales.len(), su.len(), sv.len());
+        if sizes != (rows * wpr, rows, rows, cols) {
+            return Err(invalid(
+                "TrellisGpu::new",
+                format!(
+                    "a ({rows}, {cols}) matrix needs {} words, {rows} scales, {rows} and {cols}                      signs; got {sizes:?}",
+                    rows * wpr
+                ),
+            ));
+        }
+        let source = format!("{}{TRELLIS_SOURCE}", crate::graph_decode::SOURCE);
+        let mut rt = GpuRuntime::new(&source, &TRELLIS_KERNELS)?;
+        let kernels = [
+            rt.kernel("trellis_decode")?,
+            rt.kernel("trellis_input")?,
+            rt.kernel("trellis_matvec")?,
+            rt.kernel("trellis_output")?,
+            rt.kernel("trellis_matvec_in")?,
+            rt.kernel("trellis_matvec_out")?,
+        ];
+        // trellis_matvec_out's static Hadamard buffer and reductions come on top.
+        let static_out = 4 * TRELLIS_MAX_HB as u32 + 64;
+        if plan.shared_bytes + static_out > 48 * 1024 {
+            for k in [kernels[2], kernels[4], kernels[5]] {
+                rt.set_shared_limit(k, plan.shared_bytes)?;
+            }
+        }
+        let wb: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let parts = Parts {
+            kernels,
+            words: rt.alloc_from(&wb)?,
+            scales: rt.alloc_from(&bytes_f32(scales))?,
+            su: rt.alloc_from(&bytes_f32(su))?,
+            sv: rt.alloc_from(&bytes_f32(sv))?,
+            x: rt.alloc(2 * cols)?,
+            normw: rt.alloc(2 * cols)?,
+            xh: rt.alloc(4 * cols)?,
+            z: rt.alloc(4 * rows)?,
+            y: rt.alloc(4 * rows)?,
+            dec: rt.alloc(4 * rows * cols)?,
+            counts: rt.alloc_from(&vec![0u8; 4 * (rows / plan.hb_rows)])?,
+        };
+        Ok(TrellisGpu { rt, plan, parts })
+    }
+
+    pub fn plan(&self) -> &TrellisPlan {
+        &self.plan
+    }
+
+    fn download(&mut self, b: Buffer, n: usize) -> mlx_core::Result<Vec<f32>> {
+        self.rt.synchronize()?;
+        let mut out = vec![0u8; 4 * n];
+        self.rt.download(b, 0, &mut out)?;
+        Ok(floats(&out))
+    }
+
+    /// `trellis_decode`: the decoded matrix (`rows * cols`, row-major).
+    pub fn decode(&mut self) -> mlx_core::Result<Vec<f32>> {
+        let (p, q) = (&self.plan, self.parts);
+        let (rows, cols) = (p.rows, p.cols);
+        let grid = (rows * (cols / p.spec.block))
+            .div_ceil(TRELLIS_THREADS as usize)
+            .min(1 << 16) as u32;
+        let args = [
+            Arg::Buf(q.words, 0),
+            Arg::Buf(q.scales, 0),
+            Arg::Buf(q.dec, 0),
+            Arg::I64(rows as i64),
+            Arg::I64(cols as i64),
+            Arg::I64(i64::from(p.spec.k)),
+            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(p.spec.block as i64),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        self.rt
+            .launch(q.kernels[0], [grid, 1, 1], threads, 0, &args)?;
+        self.download(q.dec, rows * cols)
+    }
+
+    /// `trellis_input`: `xh` from the bfloat16 input `x` (its bits), first normed with
+    /// `norm` (the weights' bfloat16 bits, epsilon) where given.
+    pub fn input(&mut self, x: &[u16], norm: Option<(&[u16], f64)>) -> mlx_core::Result<Vec<f32>> {
+        let (p, q) = (&self.plan, self.parts);
+        let cols = p.cols;
+        if x.len() != cols || norm.is_some_and(|(w, _)| w.len() != cols) {
+            return Err(invalid(
+                "TrellisGpu::input",
+                format!("{cols} inputs and norm weights expected"),
+            ));
+        }
+        let halves = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
+        self.rt.upload(q.x, 0, &halves(x))?;
+        if let Some((w, _)) = norm {
+            self.rt.upload(q.normw, 0, &halves(w))?;
+        }
+        let (gx, gy) = p.input_grid(1);
+        let eps = norm.map(|n| n.1);
+        let args = [
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.normw, 0),
+            Arg::Buf(q.sv, 0),
+            Arg::Buf(q.xh, 0),
+            Arg::I64(cols as i64),
+            Arg::I64(p.hb_cols as i64),
+            Arg::F64(f64::from(p.hscale_cols)),
+            Arg::I64(i64::from(eps.is_some())),
+            Arg::F64(eps.unwrap_or(0.0)),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        self.rt
+            .launch(q.kernels[1], [gx, gy, 1], threads, 0, &args)?;
+        self.download(q.xh, cols)
+    }
+
+    /// `trellis_matvec`: `z` from `xh`, `lanes` lanes a row (the plan's where `None`).
+    pub fn matvec(&mut self, xh: &[f32], lanes: Option<u32>) -> mlx_core::Result<Vec<f32>> {
+        if xh.len() != self.plan.cols {
+            let msg = format!("{} inputs expected", self.plan.cols);
+            return Err(invalid("TrellisGpu::matvec", msg));
+        }
+        self.rt.upload(self.parts.xh, 0, &bytes_f32(xh))?;
+        let resident = self.resident()?;
+        launch_matvec(&mut self.rt, &self.plan, &self.parts, lanes, resident)?;
+        self.download(self.parts.z, self.plan.rows)
+    }
+
+    /// `trellis_matvec_in`: `z` from the bfloat16 input `x` (its bits), normed with `norm`
+    /// where given, the input transform in the product's prologue (the plan's lanes a row).
+    pub fn matvec_in(
+        &mut self,
+        x: &[u16],
+        norm: Option<(&[u16], f64)>,
+    ) -> mlx_core::Result<Vec<f32>> {
+        let cols = self.plan.cols;
+        if x.len() != cols || norm.is_some_and(|(w, _)| w.len() != cols) {
+            return Err(invalid(
+                "TrellisGpu::matvec_in",
+                format!("{cols} inputs and norm weights expected"),
+            ));
+        }
+        let q = self.parts;
+        let halves = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
+        self.rt.upload(q.x, 0, &halves(x))?;
+        if let Some((w, _)) = norm {
+            self.rt.upload(q.normw, 0, &halves(w))?;
+        }
+        let resident = self.resident()?;
+        let p = &self.plan;
+        let (gx, gy) = p.matvec_grid(1, resident);
+        let eps = norm.map(|n| n.1);
+        let args = [
+            Arg::Buf(q.words, 0),
+            Arg::Buf(q.scales, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.normw, 0),
+            Arg::Buf(q.sv, 0),
+            Arg::Buf(q.z, 0),
+            Arg::I64(p.rows as i64),
+            Arg::I64(cols as i64),
+            Arg::I64(i64::from(p.spec.k)),
+            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(p.spec.block as i64),
+            Arg::I64(i64::from(p.lanes_per_row)),
+            Arg::I64(p.hb_cols as i64),
+            Arg::F64(f64::from(p.hscale_cols)),
+            Arg::I64(i64::from(eps.is_some())),
+            Arg::F64(eps.unwrap_or(0.0)),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        let shared = p.shared_bytes;
+        self.rt
+            .launch(q.kernels[4], [gx, gy, 1], threads, shared, &args)?;
+        self.download(q.z, p.rows)
+    }
+
+    /// `trellis_matvec_out` in float32 (`raw`: unrounded): `y` from `xh`, the output transform
+    /// in the product's epilogue (the plan's lanes a row).
+    pub fn matvec_out(&mut self, xh: &[f32], raw: bool) -> mlx_core::Result<Vec<f32>> {
+        if xh.len() != self.plan.cols {
+            let msg = format!("{} inputs expected", self.plan.cols);
+            return Err(invalid("TrellisGpu::matvec_out", msg));
+        }
+        let q = self.parts;
+        self.rt.upload(q.xh, 0, &bytes_f32(xh))?;
+        let resident =
+            self.rt
+                .resident_blocks(q.kernels[5], TRELLIS_THREADS, self.plan.shared_bytes)?;
+        let p = &self.plan;
+        let (gx, gy) = p.matvec_grid(1, resident);
+        let mode = OUT_F32 | if raw { OUT_RAW } else { 0 };
+        let args = [
+            Arg::Buf(q.words, 0),
+            Arg::Buf(q.scales, 0),
+            Arg::Buf(q.xh, 0),
+            Arg::Buf(q.z, 0),
+            Arg::Buf(q.counts, 0),
+            Arg::Buf(q.su, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.y, 0),
+            Arg::I64(p.rows as i64),
+            Arg::I64(p.cols as i64),
+            Arg::I64(i64::from(p.spec.k)),
+            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(p.spec.block as i64),
+            Arg::I64(i64::from(p.lanes_per_row)),
+            Arg::I64(p.hb_rows as i64),
+            Arg::F64(f64::from(p.hscale_rows)),
+            Arg::I64(mode),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        let shared = p.shared_bytes;
+        self.rt
+            .launch(q.kernels[5], [gx, gy, 1], threads, shared, &args)?;
+        self.download(q.y, p.rows)
+    }
+
+    fn resident(&self) -> mlx_core::Result<u32> {
+        let k = self.parts.kernels[2];
+        self.rt
+            .resident_blocks(k, TRELLIS_THREADS, self.plan.shared_bytes)
+    }
+
+    /// `trellis_output` in float32: `y` from `z` (`raw`: the transform's own values; else
+    /// rounded to bfloat16 values).
+    pub fn output(&mut self, z: &[f32], raw: bool) -> mlx_core::Result<Vec<f32>> {
+        let (p, q) = (&self.plan, self.parts);
+        if z.len() != p.rows {
+            return Err(invalid(
+                "TrellisGpu::output",
+                format!("{} rows expected", p.rows),
+            ));
+        }
+        self.rt.upload(q.z, 0, &bytes_f32(z))?;
+        let (gx, gy) = p.output_grid(1);
+        let mode = OUT_F32 | if raw { OUT_RAW } else { 0 };
+        let args = [
+            Arg::Buf(q.z, 0),
+            Arg::Buf(q.su, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.y, 0),
+            Arg::I64(p.rows as i64),
+            Arg::I64(p.hb_rows as i64),
+            Arg::F64(f64::from(p.hscale_rows)),
+            Arg::I64(mode),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        self.rt
+            .launch(q.kernels[3], [gx, gy, 1], threads, 0, &args)?;
+        self.download(q.y, p.rows)
+    }
+
+    /// Seconds one `trellis_matvec` launch takes on the input last given: `reps` launches
+    /// captured in one CUDA graph, replayed once to warm up, then once timed. Every launch
+    /// reads the same matrix, so one that fits the L2 cache (an 8B layer's at 3 bits does) is
+    /// read from there: this times the kernel's arithmetic ceiling, not DRAM streaming.
+    pub fn time_matvec(&mut self, reps: u32, lanes: Option<u32>) -> mlx_core::Result<f64> {
+        let resident = self.resident()?;
+        let (plan, parts) = (self.plan.clone(), self.parts);
+        let reps = reps.max(1);
+        let g = self.rt.capture(|rt| {
+            (0..reps).try_for_each(|_| launch_matvec(rt, &plan, &parts, lanes, resident))
+        })?;
+        self.rt.replay(g, 1)?;
+        self.rt.synchronize()?;
+        let t = std::time::Instant::now();
+        self.rt.replay(g, 1)?;
+        self.rt.synchronize()?;
+        Ok(t.elapsed().as_secs_f64() / f64::from(reps))
+    }
+}
+
+/// Queues `trellis_matvec` (`xh` to `z`) with `lanes` lanes a row (the plan's where `None`),
+/// at most `resident` blocks.
+fn launch_matvec(
+    rt: &mut GpuRuntime,
+    p: &TrellisPlan,
+    q: &Parts,
+    lanes: Option<u32>,
+    resident: u32,
+) -> mlx_core::Result<()> {
+    let lpr = lanes.unwrap_or(p.lanes_per_row);
+    if !lpr.is_power_of_two() || lpr > 32 {
+        let msg = format!("{lpr} lanes a row: a power of two up to 32");
+        return Err(invalid("TrellisGpu::matvec", msg));
+    }
+    let mut p = p.clone();
+    p.lanes_per_row = lpr;
+    let (gx, gy) = p.matvec_grid(1, resident);
+    let args = [
+        Arg::Buf(q.words, 0),
+        Arg::Buf(q.scales, 0),
+        Arg::Buf(q.xh, 0),
+        Arg::Buf(q.z, 0),
+        Arg::I64(p.rows as i64),
+        Arg::I64(p.cols as i64),
+        Arg::I64(i64::from(p.spec.k)),
+        Arg::I64(i64::from(p.spec.l)),
+        Arg::I64(p.spec.block as i64),
+        Arg::I64(i64::from(lpr)),
+    ];
+    let threads = [TRELLIS_THREADS, 1, 1];
+    rt.launch(q.kernels[2], [gx, gy, 1], threads, p.shared_bytes, &args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(k: u32, l: u32, block: usize) -> TrellisSpec {
+        TrellisSpec { k, l, block }
+    }
+
+    fn define(name: &str) -> i64 {
+        let all = format!("{}{TRELLIS_SOURCE}", crate::graph_decode::SOURCE);
+        let line = all
+            .lines()
+            .find(|l| l.starts_with(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("#define {name}"));
+        let v = line
+            .split_whitespace()
+            .nth(2)
+            .unwrap()
+            .trim_end_matches('u');
+        v.parse().unwrap_or_else(|_| panic!("#define {name}: {v}"))
+    }
+
+    #[test]
+    fn the_constants_are_the_sources() {
+        assert_eq!(define("TRELLIS_THREADS"), i64::from(TRELLIS_THREADS));
+        assert_eq!(define("TRELLIS_MAX_HB"), TRELLIS_MAX_HB as i64);
+        assert_eq!(define("MODE_RES"), OUT_RES);
+        assert_eq!(define("MODE_SWIGLU"), OUT_SWIGLU);
+        assert_eq!(define("MODE_F32"), OUT_F32);
+        assert_eq!(define("TRELLIS_RAW"), OUT_RAW);
+        assert_eq!(define("TRELLIS_BIAS"), OUT_BIAS);
+        assert_eq!(
+            define("TRELLIS_MAD_A"),
+            i64::from(mlx_core::cpu::trellis::MAD_A)
+        );
+        assert_eq!(
+            define("TRELLIS_MAD_B"),
+            i64::from(mlx_core::cpu::trellis::MAD_B)
+        );
+        assert!(TRELLIS_SOURCE.contains(&format!(
+            "#define TRELLIS_MAD_SCALE {:?}f",
+            f64::from(mlx_core::cpu::trellis::MAD_SCALE)
+        )));
+        assert_eq!(hadamard_block(1 << 20), TRELLIS_MAX_HB);
+    }
+
+    #[test]
+    fn every_kernel_is_declared_with_its_arity() {
+        let source = TRELLIS_SOURCE;
+        for (name, arity) in TRELLIS_KERNELS {
+            assert!(
+                !crate::graph_decode::SOURCE.contains(&format!(" {name}(")),
+                "{name} is only in its own source"
+            );
+            let start = source
+                .match_indices(&format!(" {name}("))
+                .map(|(i, _)| i)
+                .find(|&i| {
+                    source[..i]
+                        .rsplit('\n')
+                        .next()
+                        .unwrap()
+                        .contains("__global__ void")
+                })
+                .unwrap_or_else(|| panic!("{name} is not in the source"));
+            let params = &source[start..][..source[start..].find(')').unwrap()];
+            assert_eq!(params.matches(',').count() + 1, arity as usize, "{name}");
+        }
+    }
+
+    #[test]
+    fn lanes_fill_the_blocks_and_the_gpu() {
+        let s = spec(3, 8, 32);
+        // SmolLM2-135M: 576 inputs are 18 blocks, 1,536 are 48.
+        assert_eq!(lanes_per_row(&s, 576, 576, DEFAULT_SMS), 32);
+        assert_eq!(lanes_per_row(&s, 576, 1536, DEFAULT_SMS), 32);
+        // Llama-3-8B's shapes: 128 and 448 blocks, whole rounds at 32 lanes.
+        assert_eq!(lanes_per_row(&s, 4096, 4096, DEFAULT_SMS), 32);
+        assert_eq!(lanes_per_row(&s, 4096, 14336, DEFAULT_SMS), 32);
+        // Many rows of few blocks: fewer lanes a row waste fewer.
+        assert_eq!(lanes_per_row(&s, 1 << 16, 96, DEFAULT_SMS), 1);
+        assert_eq!(lanes_per_row(&s, 1 << 16, 576, DEFAULT_SMS), 2);
+        // The general path strides over weights.
+        assert_eq!(lanes_per_row(&spec(2, 16, 64), 16, 576, DEFAULT_SMS), 32);
+        for rows in [1, 7, 192, 576, 4096] {
+            for cols in [32, 96, 576, 1536] {
+                let g = lanes_per_row(&s, rows, cols, DEFAULT_SMS);
+                assert!(g.is_power_of_two() && g <= 32, "{rows} {cols}: {g}");
+            }
+        }
+    }
+
+    #[test]
+    fn plans_check_the_shape_before_the_gpu() {
+        let p = TrellisPlan::new(&spec(3, 8, 32), 576, 1536, DEFAULT_SMS).unwrap();
+        assert_eq!((p.hb_rows, p.hb_cols), (64, 512));
+        assert_eq!(p.hscale_cols, 1.0 / (512f32).sqrt());
+        assert_eq!(p.shared_bytes as usize, (1536 + 2 * 48) * 4);
+        assert_eq!(p.input_grid(1), (3, 1));
+        assert_eq!(p.output_grid(2), (9, 2));
+        assert_eq!(p.matvec_grid(1, 1000), (72, 1));
+        assert_eq!(p.matvec_grid(1, 4), (4, 1));
+        assert_eq!(p.weight_bytes(), 576 * 1536 * 3 / 8 + 4 * 576);
+        assert!(is_fast(&p.spec));
+        assert!(is_fast(&spec(2, 12, 64)) && !is_fast(&spec(2, 16, 64)));
+        for (s, rows, cols, what) in [
+            (spec(3, 8, 32), 576, 100, "cannot be cut"),
+            (spec(5, 8, 32), 576, 576, "bits must be"),
+            (spec(3, 8, 32), 4, 1 << 16, "shared memory"),
+            (spec(3, 8, 32), 1 << 31, 32, "31-bit"),
+        ] {
+            let e = TrellisPlan::new(&s, rows, cols, DEFAULT_SMS).unwrap_err();
+            assert!(e.contains(what), "{e}");
+        }
+    }
+}
