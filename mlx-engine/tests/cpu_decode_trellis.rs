@@ -42,6 +42,7 @@ fn a_trellis_model_decodes_on_the_cpu_decoder_near_the_exact_path() {
             trellis: Some(TrellisParams {
                 trellis_l: 8,
                 seed: 3,
+                trellis_code: Default::default(),
             }),
             ..ConvertOptions::default()
         };

@@ -18,6 +18,7 @@ fn params(bits: i32, block: i32, l: u32) -> (QuantParams, TrellisParams) {
     let t = TrellisParams {
         trellis_l: l,
         seed: 42,
+        trellis_code: Default::default(),
     };
     (
         QuantParams {
