@@ -2024,6 +2024,13 @@ impl TrellisMatvec {
                     };
                     return;
                 }
+                [Prepared::S8(sa), Prepared::S8(sb), Prepared::S8(sc), Prepared::S8(sd)] => {
+                    // SAFETY: as above.
+                    unsafe {
+                        self.rows_lut8_multi(lut, words, scales, [sa, sb, sc, sd], r0, n, out)
+                    };
+                    return;
+                }
                 [Prepared::F32(fa), Prepared::F32(fb), Prepared::F32(fc), Prepared::F32(fd)] => {
                     let f = [&fa[..], &fb[..], &fc[..], &fd[..]];
                     // SAFETY: as above.
@@ -2451,6 +2458,116 @@ impl TrellisMatvec {
                     total += _mm512_reduce_add_epi64(wide);
                 }
                 *yo = (total - corr) as f32 * (scales[r0 + i] / f * sp.d);
+            }
+        }
+    }
+
+    /// [`TrellisMatvec::rows_lut8`] for [`PROMPT_INPUTS`] inputs at once: each group's code
+    /// bytes made once for all of them, each input with its own exact sums, so its outputs
+    /// have the bits it gets alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_lut8_multi(
+        &self,
+        lut: &LutPlan,
+        words: &[u32],
+        scales: &[f32],
+        sp: [&Split; PROMPT_INPUTS],
+        r0: usize,
+        n: usize,
+        out: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        use std::arch::x86_64::*;
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = lut.span_words;
+        let nb = self.cols / lut.span;
+        let groups = lut.span / 64;
+        let window = (X8_WINDOW / lut.span).max(1);
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
+        let full = spec.l == 8;
+        let f = spec.code.divisor();
+        // SAFETY: as in `rows_lut8`, each input holding `nb * span` values.
+        unsafe {
+            let tw = |i: usize| _mm512_loadu_si512(lut.w8.as_ptr().add(64 * i) as *const _);
+            let (t0, t1, t2, t3) = (tw(0), tw(1), tw(2), tw(3));
+            let idx: [__m512i; 4] = std::array::from_fn(|g| {
+                if g < groups {
+                    _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            let ctrl: [__m512i; 4] = std::array::from_fn(|g| {
+                if g < groups {
+                    _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            for i in 0..n {
+                let row = words.as_ptr().add((r0 + i) * wpr);
+                let mut total = [0i64; PROMPT_INPUTS];
+                let mut b = 0;
+                while b < nb {
+                    let end = (b + window).min(nb);
+                    // Per input: low and high sums of the even and the odd groups, as
+                    // `rows_lut8` keeps them.
+                    let mut acc = [[_mm512_setzero_si512(); 4]; PROMPT_INPUTS];
+                    while b < end {
+                        let at = (r0 + i) * wpr + b * bw;
+                        let wv = if at + 16 <= words.len() {
+                            _mm512_loadu_si512(row.add(b * bw) as *const _)
+                        } else {
+                            _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                        };
+                        for g in 0..groups {
+                            let data = _mm512_permutexvar_epi32(idx[g], wv);
+                            let st = _mm512_multishift_epi64_epi8(ctrl[g], data);
+                            let st = if full {
+                                st
+                            } else {
+                                _mm512_and_si512(st, bmask)
+                            };
+                            let top = _mm512_movepi8_mask(st);
+                            let w = _mm512_mask_blend_epi8(
+                                top,
+                                _mm512_permutex2var_epi8(t0, st, t1),
+                                _mm512_permutex2var_epi8(t2, st, t3),
+                            );
+                            let o = b * lut.span + 64 * g;
+                            let j = 2 * ((b * groups + g) % 2);
+                            for (a, x) in acc.iter_mut().zip(sp) {
+                                let xl = _mm512_loadu_si512(x.lo.as_ptr().add(o) as *const _);
+                                let xh = _mm512_loadu_si512(x.hi.as_ptr().add(o) as *const _);
+                                a[j] = _mm512_dpbusd_epi32(a[j], w, xl);
+                                a[j + 1] = _mm512_dpbusd_epi32(a[j + 1], w, xh);
+                            }
+                        }
+                        b += 1;
+                    }
+                    for (t, a) in total.iter_mut().zip(&acc) {
+                        // The same lanes as `rows_lut8`'s: exact, so the same sums.
+                        let lanes = _mm512_add_epi32(
+                            _mm512_add_epi32(
+                                _mm512_slli_epi32::<8>(_mm512_add_epi32(a[1], a[3])),
+                                a[0],
+                            ),
+                            a[2],
+                        );
+                        let wide = _mm512_add_epi64(
+                            _mm512_cvtepi32_epi64(_mm512_castsi512_si256(lanes)),
+                            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(lanes)),
+                        );
+                        *t += _mm512_reduce_add_epi64(wide);
+                    }
+                }
+                for (t, x) in sp.iter().enumerate() {
+                    let v = (total[t] - 128 * x.sum) as f32 * (scales[r0 + i] / f * x.d);
+                    out(t, i, v);
+                }
             }
         }
     }
