@@ -130,6 +130,7 @@ impl TrellisKvSpec {
             k: self.bits,
             l: self.l,
             block: self.coded_dim(dim),
+            code: mlx_core::cpu::trellis::TrellisCode::Mad,
         };
         spec.check().map_err(|e| Error::InvalidArgument {
             op: "TrellisKVCache",

@@ -39,6 +39,10 @@ pub struct ConvertArgs {
     /// `--q-mode trellis`: the seed of the random Hadamard incoherence (stored in the config).
     #[arg(long, default_value_t = 0)]
     pub q_seed: u64,
+    /// `--q-mode trellis`: the code the states decode to: `1mad` (QTIP's), or `1mad8` (1MAD
+    /// rounded to int8; L <= 8 runs the CPU decoder's int8 kernel).
+    #[arg(long, default_value = "1mad", value_parser = ["1mad", "1mad8"])]
+    pub q_trellis_code: String,
     /// `--q-mode trellis`: a `.safetensors` file of `<linear path>.hessian` (each linear's
     /// input second moment on calibration text, `xtask/quant/trellis_hessians.py`): those
     /// linears are rounded by LDLQ instead of plain Viterbi.
@@ -62,6 +66,8 @@ impl ConvertArgs {
         let trellis = (self.q_mode == "trellis").then_some(mlx_models::config::TrellisParams {
             trellis_l: self.q_trellis_l,
             seed: self.q_seed,
+            trellis_code: mlx_core::cpu::trellis::TrellisCode::from_name(&self.q_trellis_code)
+                .unwrap_or_default(),
         });
         let q_mode = if trellis.is_some() {
             QuantMode::Affine

@@ -27,7 +27,12 @@ fn main() {
         })
         .collect();
     for k in [2u32, 3, 4] {
-        let spec = TrellisSpec { k, l, block: 64 };
+        let spec = TrellisSpec {
+            k,
+            l,
+            block: 64,
+            code: mlx_core::cpu::trellis::TrellisCode::Mad,
+        };
         let t = std::time::Instant::now();
         let (words, scales) = quantize(&spec, &w, rows, cols, 7, threads).expect("quantize");
         let secs = t.elapsed().as_secs_f64();

@@ -4,7 +4,7 @@
 //! 64, its default int16 activations, one thread and every thread), and the whole product the
 //! CPU decoder runs for a trellis linear (`cpu::Matrix::trellis` through `matmul_t`: signs, block
 //! Walsh-Hadamard transforms of input and output, the fused kernel on every thread).
-//! `cargo run --release -p mlx-core --example trellis_matvec [L] [THREADS] [BLOCK] [f32]`
+//! `cargo run --release -p mlx-core --example trellis_matvec [L] [THREADS] [BLOCK] [f32|int16] [1mad|1mad8]`
 //! (release: the portable kernels are compiler-vectorized Rust, tens of times slower in a debug
 //! build; `f32`: the table path with float32 inputs instead of its default int16 ones).
 
@@ -33,6 +33,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(mlx_core::cpu::available_threads);
     let block: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(64);
     let exact = args.next().as_deref() == Some("f32");
+    // A fifth argument names the code (`1mad`, the default, or `1mad8`).
+    let code = args
+        .next()
+        .and_then(|s| mlx_core::cpu::trellis::TrellisCode::from_name(&s))
+        .unwrap_or_default();
     let mut ctx1 = CpuContext::with_isa(1, mlx_core::cpu::Isa::detect())?;
     ctx1.activations = Activations::Int16;
     let mut ctxn = CpuContext::with_isa(threads, mlx_core::cpu::Isa::detect())?;
@@ -47,17 +52,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut tot = [0f64; 7];
     let mut stream = [0f64; 2];
     println!(
-        "isa {:?}, trellis SIMD {}, table path {} ({} inputs), {threads} threads, L {l}",
+        "isa {:?}, trellis SIMD {}, table path {} ({} inputs), {threads} threads, L {l}, code {}",
         ctx1.isa,
         mlx_core::cpu::trellis::simd_available(),
         mlx_core::cpu::trellis::lut_available() && l <= 8,
-        if exact { "float32" } else { "int16" }
+        if exact { "float32" } else { "int16" },
+        code.name()
     );
     // (rows, cols, per layer): q/o, k/v, gate/up, down.
     for (rows, cols, per_layer) in [(576, 576, 2), (192, 576, 2), (1536, 576, 2), (576, 1536, 1)] {
         let w: Vec<f32> = (0..rows * cols).map(|_| unit()).collect();
         let x: Vec<f32> = (0..cols).map(|_| unit()).collect();
-        let spec = TrellisSpec { k: 3, l, block };
+        let spec = TrellisSpec {
+            k: 3,
+            l,
+            block,
+            code,
+        };
         // Rows do not change the kernel's cost: code 64 of them and repeat the words.
         let (w64, s64) = quantize(&spec, &w[..64 * cols], 64, cols, 1, 2)?;
         let words: Vec<u32> = (0..rows / 64).flat_map(|_| w64.iter().copied()).collect();

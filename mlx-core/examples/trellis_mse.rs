@@ -73,7 +73,12 @@ fn report(name: &str, w: &[f32], rows: usize, cols: usize, ls: &[u32], block: us
         let aff = rel_mse(w, &affine(w, rows, cols, k as i32));
         let mut line = format!("{name} ({rows}x{cols}) {k} bits: affine g64 {aff:.5}");
         for &l in ls {
-            let spec = TrellisSpec { k, l, block };
+            let spec = TrellisSpec {
+                k,
+                l,
+                block,
+                code: mlx_core::cpu::trellis::TrellisCode::Mad,
+            };
             let t = std::time::Instant::now();
             let e = trellis(w, rows, cols, &spec, th);
             line += &format!(", trellis L{l} {e:.5} ({:.1}s)", t.elapsed().as_secs_f64());
@@ -123,7 +128,12 @@ fn hessians(file: &str, ls: &[u32], block: usize, threads: usize) {
                 out_err(&w, &diff(&aq), &h, cols)
             );
             for &l in ls {
-                let spec = TrellisSpec { k, l, block };
+                let spec = TrellisSpec {
+                    k,
+                    l,
+                    block,
+                    code: mlx_core::cpu::trellis::TrellisCode::Mad,
+                };
                 let seed = 17;
                 let (su, sv) = layer_signs(seed, rows, cols);
                 let mut wt = w.clone();

@@ -71,7 +71,12 @@ fn trellis_error_is_clearly_below_affine_at_every_width() {
         // L 8 at 2 and 3 bits; at 4 bits L 8 (16 predecessor groups) is only ~5% better
         // than affine, so the 4-bit row uses L 12.
         let l = if k == 4 { 12 } else { 8 };
-        let spec = TrellisSpec { k, l, block: 64 };
+        let spec = TrellisSpec {
+            k,
+            l,
+            block: 64,
+            code: mlx_core::cpu::trellis::TrellisCode::Mad,
+        };
         let (words, scales) = quantize(&spec, &w, rows, cols, seed, 2).unwrap();
         let mut out = vec![0.0; w.len()];
         decode(&spec, &words, &scales, rows, cols, 2, &mut out).unwrap();

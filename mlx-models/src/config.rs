@@ -67,6 +67,24 @@ pub struct TrellisParams {
     pub trellis_l: u32,
     /// `seed`: the incoherence signs' seed (default 0), mixed with each layer's path.
     pub seed: u64,
+    /// `trellis_code`: the code the states decode to, `"1mad"` (the default, not written)
+    /// or `"1mad8"` (1MAD rounded to int8: the CPU decoder's int8 kernel).
+    #[serde(
+        skip_serializing_if = "is_default_code",
+        serialize_with = "serialize_code"
+    )]
+    pub trellis_code: mlx_core::cpu::trellis::TrellisCode,
+}
+
+fn is_default_code(c: &mlx_core::cpu::trellis::TrellisCode) -> bool {
+    *c == mlx_core::cpu::trellis::TrellisCode::Mad
+}
+
+fn serialize_code<S: serde::Serializer>(
+    c: &mlx_core::cpu::trellis::TrellisCode,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(c.name())
 }
 
 /// The trellis defaults: `group_size` (block) 64, 2 bits, `trellis_l` 12.
@@ -271,9 +289,22 @@ impl QuantParams {
                 }),
             };
             let l = opt("trellis_l")?.unwrap_or(u64::from(TRELLIS_DEFAULTS.2));
+            let trellis_code = match v.get("trellis_code") {
+                None | Some(Value::Null) => mlx_core::cpu::trellis::TrellisCode::Mad,
+                Some(x) => x
+                    .as_str()
+                    .and_then(mlx_core::cpu::trellis::TrellisCode::from_name)
+                    .ok_or_else(|| {
+                        ModelError::Config(format!(
+                            "quantization{ctx}: `trellis_code` must be \"1mad\" or \"1mad8\", \
+                             got {x}"
+                        ))
+                    })?,
+            };
             Some(TrellisParams {
                 trellis_l: u32::try_from(l).unwrap_or(u32::MAX),
                 seed: opt("seed")?.unwrap_or(0),
+                trellis_code,
             })
         } else {
             None
@@ -322,6 +353,7 @@ impl QuantParams {
             k: u32::try_from(self.bits).unwrap_or(0),
             l: t.trellis_l,
             block: usize::try_from(self.group_size).unwrap_or(0),
+            code: t.trellis_code,
         }
     }
 }

@@ -277,6 +277,9 @@ impl LayerQuant {
                 m.insert("mode".into(), Value::from("trellis"));
                 m.insert("trellis_l".into(), Value::from(t.trellis_l));
                 m.insert("seed".into(), Value::from(t.seed));
+                if t.trellis_code != mlx_core::cpu::trellis::TrellisCode::Mad {
+                    m.insert("trellis_code".into(), Value::from(t.trellis_code.name()));
+                }
             }
             None => {
                 m.insert("mode".into(), Value::from(self.mode.name()));

@@ -18,6 +18,7 @@ fn params(bits: i32, block: i32, l: u32) -> (QuantParams, TrellisParams) {
     let t = TrellisParams {
         trellis_l: l,
         seed: 42,
+        trellis_code: Default::default(),
     };
     (
         QuantParams {
@@ -58,6 +59,47 @@ fn plain_ops_decode_equals_the_cpu_kernel_bit_for_bit() {
             .count();
         assert_eq!(differ, 0, "{bits} bits, L {l}: {differ} values differ");
     }
+}
+
+/// The `1mad8` code (`"trellis_code": "1mad8"`): parsed from the config, the plain-ops decode
+/// (a take on the state table) bit-equal to the CPU kernel's, within 1% of 1MAD's error.
+#[test]
+fn the_int8_code_loads_and_decodes_bit_for_bit() {
+    let cfg = trellis_config(r#", "trellis_code": "1mad8""#);
+    let q = cfg.quantization.unwrap().default;
+    let t = q.trellis.unwrap();
+    assert_eq!(t.trellis_code, mlx_core::cpu::trellis::TrellisCode::Mad8);
+    assert_eq!(
+        serde_json::to_value(&q).unwrap()["trellis_code"],
+        serde_json::json!("1mad8")
+    );
+    let w = seeded(&[48, 128], 5);
+    let wv = to_vec(&w);
+    let mut errors = Vec::new();
+    for code in [
+        mlx_core::cpu::trellis::TrellisCode::Mad,
+        mlx_core::cpu::trellis::TrellisCode::Mad8,
+    ] {
+        let (mut q, mut t) = params(3, 32, 8);
+        t.trellis_code = code;
+        q.trellis = Some(t);
+        let (words, scales) = quantize_trellis(&w, "m.up", &q, &t, 2, None).unwrap();
+        let tw = TrellisWeight::new(words, scales, q.trellis_spec(&t), t, "m.up", 48, 128).unwrap();
+        let r = to_vec(&tw.decode_reference().unwrap());
+        let k = to_vec(&tw.decode_kernel().unwrap());
+        assert!(
+            r.iter().zip(&k).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{code:?}"
+        );
+        let dq = to_vec(&tw.dequantize().unwrap());
+        errors.push(
+            dq.iter()
+                .zip(&wv)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f32>(),
+        );
+    }
+    assert!(errors[1] <= errors[0] * 1.01, "{errors:?}");
 }
 
 #[test]
@@ -236,6 +278,7 @@ fn only_linears_are_trellis_coded_and_bad_entries_are_config_errors() {
         (r#""bits": 2, "trellis_l": 17"#, "L"),
         (r#""bits": 3, "group_size": 10"#, "block"),
         (r#""bits": 2, "seed": -1"#, "seed"),
+        (r#""bits": 3, "trellis_code": "2mad""#, "trellis_code"),
     ] {
         let err = ModelConfig::from_json_str(&format!(
             r#"{{"model_type": "llama", "quantization": {{"mode": "trellis", "group_size": 64, {entry}}}}}"#

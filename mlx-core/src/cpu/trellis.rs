@@ -33,12 +33,90 @@ pub const MAD_B: u32 = 76_625_530;
 /// 1MAD's divisor (the byte sum's standard deviation).
 pub const MAD_SCALE: f32 = 147.800_54;
 
-/// A trellis code's shape: `k` bits a weight, an `l`-bit state, blocks of `block` weights.
+/// 1MAD's divisor for [`TrellisCode::Mad8`]'s int8 codes: `127 / 510` of [`MAD_SCALE`], so a
+/// state's int8 code over it is close to its 1MAD value.
+pub const MAD8_SCALE: f32 = MAD_SCALE * 127.0 / 510.0;
+
+/// The computed code a state decodes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TrellisCode {
+    /// QTIP's 1MAD: the byte sum minus 510 over [`MAD_SCALE`] (config name `1mad`).
+    #[default]
+    Mad,
+    /// 1MAD rounded to int8: `round(c * 127 / 510)` of the 1MAD integer `c = sum - 510`
+    /// (half away from zero, in `-127..=127`) over [`MAD8_SCALE`] (config name `1mad8`). The
+    /// encoder and every decoder use these values, so the CPU decoder's int8 kernel
+    /// (`vpermt2b` lookups straight into `vpdpbusd`) is exact against its plain reference.
+    Mad8,
+}
+
+impl TrellisCode {
+    /// The config name (`trellis_code`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TrellisCode::Mad => "1mad",
+            TrellisCode::Mad8 => "1mad8",
+        }
+    }
+
+    /// The code of a config name.
+    pub fn from_name(name: &str) -> Option<TrellisCode> {
+        match name {
+            "1mad" => Some(TrellisCode::Mad),
+            "1mad8" => Some(TrellisCode::Mad8),
+            _ => None,
+        }
+    }
+
+    /// The integer code of a state (its value times [`TrellisCode::divisor`]).
+    #[inline(always)]
+    pub fn int(self, state: u32) -> i32 {
+        let c = mad_sum(state) - 510;
+        match self {
+            TrellisCode::Mad => c,
+            TrellisCode::Mad8 => {
+                let r = (c.abs() * 127 + 255) / 510;
+                if c < 0 {
+                    -r
+                } else {
+                    r
+                }
+            }
+        }
+    }
+
+    /// What the integer codes are divided by.
+    pub fn divisor(self) -> f32 {
+        match self {
+            TrellisCode::Mad => MAD_SCALE,
+            TrellisCode::Mad8 => MAD8_SCALE,
+        }
+    }
+
+    /// The value of a state: [`TrellisCode::int`] over [`TrellisCode::divisor`] (for
+    /// [`TrellisCode::Mad`] the bits of [`code_1mad`]).
+    #[inline(always)]
+    pub fn value(self, state: u32) -> f32 {
+        self.int(state) as f32 / self.divisor()
+    }
+}
+
+/// 1MAD's byte sum of a state (`0..=1020`).
+#[inline(always)]
+fn mad_sum(state: u32) -> i32 {
+    let x = state.wrapping_mul(MAD_A).wrapping_add(MAD_B);
+    let y = (x & 0x00FF_00FF) + ((x >> 8) & 0x00FF_00FF);
+    ((y & 0xFFFF) + (y >> 16)) as i32
+}
+
+/// A trellis code's shape: `k` bits a weight, an `l`-bit state, blocks of `block` weights,
+/// and the code the states decode to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TrellisSpec {
     pub k: u32,
     pub l: u32,
     pub block: usize,
+    pub code: TrellisCode,
 }
 
 impl TrellisSpec {
@@ -746,6 +824,11 @@ pub fn code_table(l: u32) -> Vec<f32> {
     (0..1u32 << l).map(code_1mad).collect()
 }
 
+/// The table of every `L`-bit state's value under the spec's code.
+pub fn spec_code_table(spec: &TrellisSpec) -> Vec<f32> {
+    (0..1u32 << spec.l).map(|s| spec.code.value(s)).collect()
+}
+
 /// Trellis-quantizes a row-major `(rows, cols)` matrix: incoherence with the signs of
 /// `seed`, per-row normalization, Viterbi on `threads` threads, least-squares row scales.
 /// Returns `(words (rows, cols * k / 32), scales (rows))`.
@@ -814,7 +897,7 @@ pub fn encode_rows(
             ((ss / cols as f64).sqrt() as f32).max(f32::MIN_POSITIVE)
         })
         .collect();
-    let codes = code_table(spec.l);
+    let codes = spec_code_table(spec);
     let wpr = cols * spec.k as usize / 32;
     let mut words = vec![0u32; rows * wpr];
     let isa = super::Isa::detect();
@@ -1010,7 +1093,7 @@ pub fn quantize_ldlq(
             ((ss / cols as f64).sqrt() as f32).max(f32::MIN_POSITIVE)
         })
         .collect();
-    let codes = code_table(spec.l);
+    let codes = spec_code_table(spec);
     let wpr = cols * spec.k as usize / 32;
     let mut words = vec![0u32; rows * wpr];
     let isa = super::Isa::detect();
@@ -1175,7 +1258,7 @@ pub fn decode_row(spec: &TrellisSpec, words: &[u32], scale: f32, out: &mut [f32]
     for (bwords, bout) in words.chunks_exact(bw).zip(out.chunks_exact_mut(spec.block)) {
         // The first state from its window, then k new bits a weight, sequentially.
         let mut state = window(spec, bwords, 0);
-        bout[0] = code_1mad(state) * scale;
+        bout[0] = spec.code.value(state) * scale;
         let mut bitpos = k; // next bit of the stream
         for o in bout.iter_mut().skip(1) {
             let a = bitpos / 32;
@@ -1188,7 +1271,7 @@ pub fn decode_row(spec: &TrellisSpec, words: &[u32], scale: f32, out: &mut [f32]
                 ((((hi << 32) | lo) >> (64 - off - k)) as u32) & ((1 << k) - 1)
             };
             state = ((state << k) | v) & mask;
-            *o = code_1mad(state) * scale;
+            *o = spec.code.value(state) * scale;
             bitpos += k;
         }
     }
@@ -1308,6 +1391,16 @@ pub fn matvec_rows(
     y: &mut [f32],
 ) {
     let wpr = cols * spec.k as usize / 32;
+    if spec.code != TrellisCode::Mad {
+        // This first kernel computes 1MAD only: other codes decode the row and dot it.
+        let mut dec = vec![0.0f32; cols];
+        for (i, yo) in y.iter_mut().enumerate() {
+            let r = r0 + i;
+            decode_row(spec, &words[r * wpr..(r + 1) * wpr], 1.0, &mut dec);
+            *yo = dec.iter().zip(x).map(|(a, b)| a * b).sum::<f32>() * scales[r];
+        }
+        return;
+    }
     let bw = spec.block_words();
     let (a, a1, sh) = window_table(spec);
     let mask = (1u64 << spec.l) - 1;
@@ -1375,6 +1468,8 @@ struct LutPlan {
     ctrl: Vec<u8>,
     lo: [u8; 256],
     hi: [u8; 256],
+    /// [`TrellisCode::Mad8`]'s codes plus 128 (the int8 kernel's unsigned operand).
+    w8: [u8; 256],
 }
 
 /// Position `i` of a group of 64 weights as the table kernel meets them: four vectors of 16,
@@ -1426,6 +1521,112 @@ const X16_FLUSH: usize = 2048;
 enum Prepared {
     F32(Vec<f32>),
     I16(Vec<i16>, f32),
+    /// [`TrellisCode::Mad8`]'s int8 kernel input ([`split_input_into`]).
+    S8(Split),
+}
+
+/// The int8 kernel's input (`L <= 8`, [`TrellisCode::Mad8`]): `x ~= d * q` with
+/// `q = round(x / d)`, `d = max |x| / 32639` (half away from zero, natural order), as two
+/// signed bytes `q = 256 * hi + lo` (`lo` in `-128..=127`, so `hi` stays in `-127..=127`),
+/// and `sum q` (the kernel's weights are the codes plus 128: it takes `128 * sum q` off).
+#[derive(Clone, Debug, Default)]
+struct Split {
+    lo: Vec<i8>,
+    hi: Vec<i8>,
+    sum: i64,
+    d: f32,
+}
+
+/// The bound on the int8 kernel's input values (`256 * 127 + 127`).
+const X8_MAX: f32 = 32639.0;
+
+/// How many weights the int8 kernel sums in 32-bit lanes before adding them into 64-bit
+/// sums: a lane takes 4 products of at most `255 * 32639` a group of 64, so 2048 weights
+/// (32 groups) stay below `2^31` (1.07e9).
+const X8_WINDOW: usize = 2048;
+
+/// [`Split`] of `x` into `out` (its buffers reused): the int16 rounding of
+/// [`lut_input16_portable`] (at [`X8_MAX`]) in natural order, split into bytes. The AVX-512
+/// BW twin where the CPU has it ([`split_input_avx512`], the same bits).
+fn split_input_into(x: &[f32], out: &mut Split) {
+    let d = abs_max(x) / X8_MAX;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    out.lo.resize(x.len(), 0);
+    out.hi.resize(x.len(), 0);
+    out.d = d;
+    #[cfg(target_arch = "x86_64")]
+    if x.len() % 64 == 0
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+    {
+        // SAFETY: AVX-512 F/BW are present; `x`, `lo` and `hi` are whole groups of 64 of one
+        // length.
+        out.sum = unsafe { split_input_avx512(x, inv, &mut out.lo, &mut out.hi) };
+        return;
+    }
+    out.sum = split_input_portable(x, inv, &mut out.lo, &mut out.hi);
+}
+
+/// One value of [`split_input_into`]: `(lo, hi)` with `256 * hi + lo = q`.
+#[inline(always)]
+fn split_one(v: f32) -> (i8, i8, i32) {
+    let r = v + 0.5f32.copysign(v);
+    // Saturating at the bound (NaN gives 0), then truncated toward zero.
+    let q = (r.clamp(-X8_MAX, X8_MAX) as i32).clamp(-32639, 32639);
+    let lo = ((q + 128) & 255) - 128;
+    (lo as i8, ((q - lo) >> 8) as i8, q)
+}
+
+/// [`split_input_into`]'s portable loop (the reference of its SIMD twin); returns `sum q`.
+fn split_input_portable(x: &[f32], inv: f32, lo: &mut [i8], hi: &mut [i8]) -> i64 {
+    let mut sum = 0i64;
+    for ((&v, l), h) in x.iter().zip(lo.iter_mut()).zip(hi.iter_mut()) {
+        let (a, b, q) = split_one(v * inv);
+        *l = a;
+        *h = b;
+        sum += i64::from(q);
+    }
+    sum
+}
+
+/// [`split_input_portable`] on AVX-512 BW, bit for bit: the same product and rounding add,
+/// NaN lanes zeroed and the rest clamped to [`X8_MAX`] before a truncating conversion, then
+/// the bytes by integer ops; `sum q` in 64-bit lanes.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW; `x`, `lo` and `hi` have one length, a multiple of 64.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn split_input_avx512(x: &[f32], inv: f32, lo: &mut [i8], hi: &mut [i8]) -> i64 {
+    use std::arch::x86_64::*;
+    // SAFETY (whole body): every load and store lies below `x.len()` (the caller's contract).
+    unsafe {
+        let vinv = _mm512_set1_ps(inv);
+        let half = _mm512_castps_si512(_mm512_set1_ps(0.5));
+        let sign = _mm512_set1_epi32(i32::MIN);
+        let (vlo, vhi) = (_mm512_set1_ps(-X8_MAX), _mm512_set1_ps(X8_MAX));
+        let c128 = _mm512_set1_epi32(128);
+        let c255 = _mm512_set1_epi32(255);
+        let mut acc = _mm512_setzero_si512();
+        for g in (0..x.len()).step_by(16) {
+            let v = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(g)), vinv);
+            let sv = _mm512_or_si512(half, _mm512_and_si512(_mm512_castps_si512(v), sign));
+            let r = _mm512_add_ps(v, _mm512_castsi512_ps(sv));
+            let ord = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r);
+            let c = _mm512_min_ps(_mm512_max_ps(r, vlo), vhi);
+            let q = _mm512_maskz_cvttps_epi32(ord, c);
+            let l = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(q, c128), c255), c128);
+            let h = _mm512_srai_epi32::<8>(_mm512_sub_epi32(q, l));
+            _mm_storeu_si128(lo.as_mut_ptr().add(g) as *mut _, _mm512_cvtepi32_epi8(l));
+            _mm_storeu_si128(hi.as_mut_ptr().add(g) as *mut _, _mm512_cvtepi32_epi8(h));
+            acc = _mm512_add_epi64(acc, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(q)));
+            acc = _mm512_add_epi64(
+                acc,
+                _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(q)),
+            );
+        }
+        _mm512_reduce_add_epi64(acc)
+    }
 }
 
 /// `max |x|` (NaN values ignored, as `f32::max` does), in 16 lanes so the compiler
@@ -1563,12 +1764,14 @@ impl LutPlan {
             }
         }
         let (mut lo, mut hi) = ([0u8; 256], [0u8; 256]);
+        let mut w8 = [0u8; 256];
         for st in 0..1u32 << l {
-            let v = st.wrapping_mul(MAD_A).wrapping_add(MAD_B);
-            let sum: i32 = v.to_le_bytes().iter().map(|&b| i32::from(b)).sum();
-            let [b0, b1] = ((sum - 510) as i16).to_le_bytes();
+            let c = spec.code.int(st);
+            let [b0, b1] = (c as i16).to_le_bytes();
             lo[st as usize] = b0;
             hi[st as usize] = b1;
+            // The int8 kernel's operand: the code plus 128 as an unsigned byte.
+            w8[st as usize] = (c + 128).clamp(0, 255) as u8;
         }
         Some(LutPlan {
             span,
@@ -1577,6 +1780,7 @@ impl LutPlan {
             ctrl,
             lo,
             hi,
+            w8,
         })
     }
 }
@@ -1685,7 +1889,12 @@ impl TrellisMatvec {
             hi,
             lo,
             sh,
-            simd: simd && bw <= 16 && spec.block % 16 == 0 && simd_available(),
+            // The window-gather path computes 1MAD arithmetically.
+            simd: simd
+                && spec.code == TrellisCode::Mad
+                && bw <= 16
+                && spec.block % 16 == 0
+                && simd_available(),
             lut: if simd && lut_available() {
                 LutPlan::new(spec, cols)
             } else {
@@ -1820,6 +2029,17 @@ impl TrellisMatvec {
             *out = None;
             return;
         }
+        if int16 && self.spec.code == TrellisCode::Mad8 {
+            match out {
+                Some(Prepared::S8(sp)) => split_input_into(x, sp),
+                o => {
+                    let mut sp = Split::default();
+                    split_input_into(x, &mut sp);
+                    *o = Some(Prepared::S8(sp));
+                }
+            }
+            return;
+        }
         match (int16, out) {
             (true, Some(Prepared::I16(q, d))) => {
                 q.resize(x.len(), 0);
@@ -1860,6 +2080,7 @@ impl TrellisMatvec {
                 match input {
                     Prepared::I16(q, d) => self.rows_lut16(lut, words, scales, q, *d, r0, y),
                     Prepared::F32(f) => self.rows_lut(lut, words, scales, f, r0, y),
+                    Prepared::S8(sp) => self.rows_lut8(lut, words, scales, sp, r0, y),
                 }
             };
             return;
@@ -1913,6 +2134,13 @@ impl TrellisMatvec {
                     };
                     return;
                 }
+                [Prepared::S8(sa), Prepared::S8(sb), Prepared::S8(sc), Prepared::S8(sd)] => {
+                    // SAFETY: as above.
+                    unsafe {
+                        self.rows_lut8_multi(lut, words, scales, [sa, sb, sc, sd], r0, n, out)
+                    };
+                    return;
+                }
                 [Prepared::F32(fa), Prepared::F32(fb), Prepared::F32(fc), Prepared::F32(fd)] => {
                     let f = [&fa[..], &fb[..], &fc[..], &fd[..]];
                     // SAFETY: as above.
@@ -1945,12 +2173,10 @@ impl TrellisMatvec {
                     let both = (u64::from(bwords[self.hi[t] as usize]) << 32)
                         | u64::from(bwords[self.lo[t] as usize]);
                     let state = ((both >> self.sh[t]) as u32) & mask;
-                    let v = state.wrapping_mul(MAD_A).wrapping_add(MAD_B);
-                    let sum = v.to_le_bytes().iter().map(|&b| i32::from(b)).sum::<i32>() - 510;
-                    lanes[t % 16] += sum as f32 * xt;
+                    lanes[t % 16] += spec.code.int(state) as f32 * xt;
                 }
             }
-            *yo = lanes.iter().sum::<f32>() * (scales[r0 + i] / MAD_SCALE);
+            *yo = lanes.iter().sum::<f32>() * (scales[r0 + i] / spec.code.divisor());
         }
     }
 
@@ -2012,7 +2238,7 @@ impl TrellisMatvec {
                 }
                 let sum =
                     _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-                *yo = _mm512_reduce_add_ps(sum) * (scales[r0 + i] / MAD_SCALE);
+                *yo = _mm512_reduce_add_ps(sum) * (scales[r0 + i] / spec.code.divisor());
             }
         }
     }
@@ -2081,7 +2307,7 @@ impl TrellisMatvec {
                     out(
                         t,
                         i,
-                        _mm512_reduce_add_ps(sum) * (scales[r0 + i] / MAD_SCALE),
+                        _mm512_reduce_add_ps(sum) * (scales[r0 + i] / spec.code.divisor()),
                     );
                 }
             }
@@ -2150,7 +2376,7 @@ impl TrellisMatvec {
                         a1 = _mm512_setzero_si512();
                     }
                 }
-                *yo = _mm512_reduce_add_ps(accf) * (scales[r0 + i] / MAD_SCALE * d);
+                *yo = _mm512_reduce_add_ps(accf) * (scales[r0 + i] / spec.code.divisor() * d);
             }
         }
     }
@@ -2224,10 +2450,265 @@ impl TrellisMatvec {
                     out(
                         t,
                         i,
-                        _mm512_reduce_add_ps(*f) * (scales[r0 + i] / MAD_SCALE * d[t]),
+                        _mm512_reduce_add_ps(*f) * (scales[r0 + i] / spec.code.divisor() * d[t]),
                     );
                 }
             }
+        }
+    }
+
+    /// [`TrellisCode::Mad8`]'s int8 kernel (`L <= 8`, int16 activations): per group of 64
+    /// weights one `vpermd` and one `vpmultishiftqb` (the 64 states, in natural order as
+    /// [`lut_words!`] makes them), two `vpermt2b` and a blend (the codes plus 128 as unsigned
+    /// bytes from one 256-byte table), then two `vpdpbusd` against the input's low and high
+    /// bytes ([`Split`]): four shuffles where [`TrellisMatvec::rows_lut16`] takes six, and
+    /// one multiply-add where it takes two. The 32-bit lanes sum `(c + 128) * q` exactly
+    /// (`(high << 8) + low`, [`X8_WINDOW`] weights at most), then into 64-bit sums; the row's
+    /// exact integer `sum c * q` (less `128 * sum q`) times `scale / divisor * d` is the
+    /// output. Tier L2 against [`TrellisMatvec::rows_split_portable`] (the same integer, the
+    /// same float ops); L3 against the float32 product by the input's rounding, as
+    /// [`TrellisMatvec::rows_lut16`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_lut8(
+        &self,
+        lut: &LutPlan,
+        words: &[u32],
+        scales: &[f32],
+        sp: &Split,
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = lut.span_words;
+        let nb = self.cols / lut.span;
+        let groups = lut.span / 64;
+        // Steps (spans) a window of 32-bit sums takes.
+        let window = (X8_WINDOW / lut.span).max(1);
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
+        let full = spec.l == 8;
+        let corr = 128 * sp.sum;
+        let f = spec.code.divisor();
+        // SAFETY: as in `rows_lut`; `sp.lo` and `sp.hi` hold `nb * span` values, the plan
+        // `groups * 16` indices and `groups * 64` offsets (groups <= 4: a step is at most 16
+        // words of at least 2 bits a weight).
+        unsafe {
+            let tw = |i: usize| _mm512_loadu_si512(lut.w8.as_ptr().add(64 * i) as *const _);
+            let (t0, t1, t2, t3) = (tw(0), tw(1), tw(2), tw(3));
+            let idx: [__m512i; 4] = std::array::from_fn(|g| {
+                if g < groups {
+                    _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            let ctrl: [__m512i; 4] = std::array::from_fn(|g| {
+                if g < groups {
+                    _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            let (xlo, xhi) = (sp.lo.as_ptr(), sp.hi.as_ptr());
+            for (i, yo) in y.iter_mut().enumerate() {
+                let row = words.as_ptr().add((r0 + i) * wpr);
+                let mut total = 0i64;
+                let mut b = 0;
+                while b < nb {
+                    let end = (b + window).min(nb);
+                    let (mut lo0, mut hi0) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    let (mut lo1, mut hi1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    while b < end {
+                        let at = (r0 + i) * wpr + b * bw;
+                        let wv = if at + 16 <= words.len() {
+                            _mm512_loadu_si512(row.add(b * bw) as *const _)
+                        } else {
+                            _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                        };
+                        for g in 0..groups {
+                            let data = _mm512_permutexvar_epi32(idx[g], wv);
+                            let st = _mm512_multishift_epi64_epi8(ctrl[g], data);
+                            let st = if full {
+                                st
+                            } else {
+                                _mm512_and_si512(st, bmask)
+                            };
+                            let top = _mm512_movepi8_mask(st);
+                            let w = _mm512_mask_blend_epi8(
+                                top,
+                                _mm512_permutex2var_epi8(t0, st, t1),
+                                _mm512_permutex2var_epi8(t2, st, t3),
+                            );
+                            let o = b * lut.span + 64 * g;
+                            let xl = _mm512_loadu_si512(xlo.add(o) as *const _);
+                            let xh = _mm512_loadu_si512(xhi.add(o) as *const _);
+                            if (b * groups + g) % 2 == 0 {
+                                lo0 = _mm512_dpbusd_epi32(lo0, w, xl);
+                                hi0 = _mm512_dpbusd_epi32(hi0, w, xh);
+                            } else {
+                                lo1 = _mm512_dpbusd_epi32(lo1, w, xl);
+                                hi1 = _mm512_dpbusd_epi32(hi1, w, xh);
+                            }
+                        }
+                        b += 1;
+                    }
+                    // Exact (wrapping) 32-bit lanes: each is at most 2048 / 16 products.
+                    let lanes = _mm512_add_epi32(
+                        _mm512_add_epi32(_mm512_slli_epi32::<8>(_mm512_add_epi32(hi0, hi1)), lo0),
+                        lo1,
+                    );
+                    let wide = _mm512_add_epi64(
+                        _mm512_cvtepi32_epi64(_mm512_castsi512_si256(lanes)),
+                        _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(lanes)),
+                    );
+                    total += _mm512_reduce_add_epi64(wide);
+                }
+                *yo = (total - corr) as f32 * (scales[r0 + i] / f * sp.d);
+            }
+        }
+    }
+
+    /// [`TrellisMatvec::rows_lut8`] for [`PROMPT_INPUTS`] inputs at once: each group's code
+    /// bytes made once for all of them, each input with its own exact sums, so its outputs
+    /// have the bits it gets alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_lut8_multi(
+        &self,
+        lut: &LutPlan,
+        words: &[u32],
+        scales: &[f32],
+        sp: [&Split; PROMPT_INPUTS],
+        r0: usize,
+        n: usize,
+        out: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        use std::arch::x86_64::*;
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = lut.span_words;
+        let nb = self.cols / lut.span;
+        let groups = lut.span / 64;
+        let window = (X8_WINDOW / lut.span).max(1);
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
+        let full = spec.l == 8;
+        let f = spec.code.divisor();
+        // SAFETY: as in `rows_lut8`, each input holding `nb * span` values.
+        unsafe {
+            let tw = |i: usize| _mm512_loadu_si512(lut.w8.as_ptr().add(64 * i) as *const _);
+            let (t0, t1, t2, t3) = (tw(0), tw(1), tw(2), tw(3));
+            let idx: [__m512i; 4] = std::array::from_fn(|g| {
+                if g < groups {
+                    _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            let ctrl: [__m512i; 4] = std::array::from_fn(|g| {
+                if g < groups {
+                    _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            for i in 0..n {
+                let row = words.as_ptr().add((r0 + i) * wpr);
+                let mut total = [0i64; PROMPT_INPUTS];
+                let mut b = 0;
+                while b < nb {
+                    let end = (b + window).min(nb);
+                    // Per input: low and high sums of the even and the odd groups, as
+                    // `rows_lut8` keeps them.
+                    let mut acc = [[_mm512_setzero_si512(); 4]; PROMPT_INPUTS];
+                    while b < end {
+                        let at = (r0 + i) * wpr + b * bw;
+                        let wv = if at + 16 <= words.len() {
+                            _mm512_loadu_si512(row.add(b * bw) as *const _)
+                        } else {
+                            _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                        };
+                        for g in 0..groups {
+                            let data = _mm512_permutexvar_epi32(idx[g], wv);
+                            let st = _mm512_multishift_epi64_epi8(ctrl[g], data);
+                            let st = if full {
+                                st
+                            } else {
+                                _mm512_and_si512(st, bmask)
+                            };
+                            let top = _mm512_movepi8_mask(st);
+                            let w = _mm512_mask_blend_epi8(
+                                top,
+                                _mm512_permutex2var_epi8(t0, st, t1),
+                                _mm512_permutex2var_epi8(t2, st, t3),
+                            );
+                            let o = b * lut.span + 64 * g;
+                            let j = 2 * ((b * groups + g) % 2);
+                            for (a, x) in acc.iter_mut().zip(sp) {
+                                let xl = _mm512_loadu_si512(x.lo.as_ptr().add(o) as *const _);
+                                let xh = _mm512_loadu_si512(x.hi.as_ptr().add(o) as *const _);
+                                a[j] = _mm512_dpbusd_epi32(a[j], w, xl);
+                                a[j + 1] = _mm512_dpbusd_epi32(a[j + 1], w, xh);
+                            }
+                        }
+                        b += 1;
+                    }
+                    for (t, a) in total.iter_mut().zip(&acc) {
+                        // The same lanes as `rows_lut8`'s: exact, so the same sums.
+                        let lanes = _mm512_add_epi32(
+                            _mm512_add_epi32(
+                                _mm512_slli_epi32::<8>(_mm512_add_epi32(a[1], a[3])),
+                                a[0],
+                            ),
+                            a[2],
+                        );
+                        let wide = _mm512_add_epi64(
+                            _mm512_cvtepi32_epi64(_mm512_castsi512_si256(lanes)),
+                            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(lanes)),
+                        );
+                        *t += _mm512_reduce_add_epi64(wide);
+                    }
+                }
+                for (t, x) in sp.iter().enumerate() {
+                    let v = (total[t] - 128 * x.sum) as f32 * (scales[r0 + i] / f * x.d);
+                    out(t, i, v);
+                }
+            }
+        }
+    }
+
+    /// [`TrellisMatvec::rows_lut8`]'s plain reference: each weight's state from its window,
+    /// its int8 code, the exact integer `sum c * q` of the row in 64 bits, then the same float
+    /// ops.
+    #[cfg(test)]
+    fn rows_split_portable(
+        &self,
+        words: &[u32],
+        scales: &[f32],
+        sp: &Split,
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = spec.block_words();
+        let f = spec.code.divisor();
+        for (i, yo) in y.iter_mut().enumerate() {
+            let row = &words[(r0 + i) * wpr..(r0 + i + 1) * wpr];
+            let mut total = 0i64;
+            for (b, bwords) in row.chunks_exact(bw).enumerate() {
+                for (t, s) in block_states(spec, bwords).into_iter().enumerate() {
+                    let c = b * spec.block + t;
+                    let q = 256 * i64::from(sp.hi[c]) + i64::from(sp.lo[c]);
+                    total += i64::from(spec.code.int(s)) * q;
+                }
+            }
+            *yo = total as f32 * (scales[r0 + i] / f * sp.d);
         }
     }
 
@@ -2288,8 +2769,8 @@ impl TrellisMatvec {
                         c += 16;
                     }
                 }
-                *yo =
-                    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) * (scales[r0 + i] / MAD_SCALE);
+                *yo = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+                    * (scales[r0 + i] / spec.code.divisor());
             }
         }
     }
@@ -2347,7 +2828,12 @@ mod tests {
     #[test]
     fn windows_and_sequential_decode_agree_and_tail_bite() {
         for (k, l) in [(2, 8), (3, 10), (4, 16), (3, 16)] {
-            let spec = TrellisSpec { k, l, block: 32 };
+            let spec = TrellisSpec {
+                k,
+                l,
+                block: 32,
+                code: TrellisCode::Mad,
+            };
             spec.check().unwrap();
             let x = gauss(32, 7);
             let codes = code_table(l);
@@ -2425,7 +2911,12 @@ mod tests {
     #[test]
     fn encoder_equals_a_plain_viterbi() {
         for (k, l) in [(2, 6), (2, 8), (3, 8), (4, 8), (3, 10), (4, 10)] {
-            let spec = TrellisSpec { k, l, block: 64 };
+            let spec = TrellisSpec {
+                k,
+                l,
+                block: 64,
+                code: TrellisCode::Mad,
+            };
             let codes = code_table(l);
             let mut s = Scratch::new(&spec);
             for seed in 0..2 {
@@ -2460,7 +2951,12 @@ mod tests {
             (4, 12),
             (3, 14),
         ] {
-            let spec = TrellisSpec { k, l, block: 64 };
+            let spec = TrellisSpec {
+                k,
+                l,
+                block: 64,
+                code: TrellisCode::Mad,
+            };
             let codes = code_table(l);
             let mut s = Scratch::new(&spec);
             for seed in 0..3 {
@@ -2483,6 +2979,7 @@ mod tests {
                 k,
                 l: 12,
                 block: 256,
+                code: TrellisCode::Mad,
             };
             let (words, scales) = quantize(&spec, &x, 4, 256, 3, 2).unwrap();
             let mut out = vec![0.0; x.len()];
@@ -2542,6 +3039,7 @@ mod tests {
             k: 3,
             l: 8,
             block: 64,
+            code: TrellisCode::Mad,
         };
         // Five inputs: four through the several-input kernel, one alone; float32 and int16
         // activations (each against the plan that takes those inputs alone).
@@ -2642,81 +3140,94 @@ mod tests {
     #[test]
     fn trellis_calls_with_biases_odd_hadamard_blocks_and_one_thread_give_each_its_bits() {
         use crate::cpu::{matmul_t, Activations, CpuContext, Floats, Isa, MatJob, Matrix};
-        let spec = TrellisSpec {
-            k: 3,
-            l: 8,
-            block: 32,
-        };
-        // Rows 40 and 24: Hadamard blocks of 8, so a chunk of 16 rows spans two and a block
-        // two chunks; 3 jobs (as q, k, v); one and two threads; one input row and six.
-        let cols = 128;
-        let shapes = [64usize, 40, 24];
-        let coded: Vec<_> = shapes
-            .iter()
-            .map(|&rows| {
-                let w = gauss(rows * cols, rows as u64 + 3);
-                let (words, scales) = quantize(&spec, &w, rows, cols, rows as u64, 2).unwrap();
-                let (su, sv) = layer_signs(rows as u64 + 1, rows, cols);
-                (words, scales, su, sv)
-            })
-            .collect();
-        let bias: Vec<f32> = gauss(40, 5);
-        for threads in [1, 2] {
-            for act in [Activations::F32, Activations::Int16] {
-                let mut ctx = CpuContext::with_isa(threads, Isa::detect()).unwrap();
-                ctx.activations = act;
-                let plan = TrellisMatvec::new(&spec, cols).unwrap();
-                let plan = if act == Activations::F32 {
-                    plan
-                } else {
-                    plan.int16_inputs()
-                };
-                let views: Vec<TrellisView> = coded
-                    .iter()
-                    .map(|(w, s, su, sv)| TrellisView::new(w, s, su, sv, &plan).unwrap())
-                    .collect();
-                let mats: Vec<Matrix> = views.iter().map(|&v| Matrix::trellis(v)).collect();
-                for m in [1usize, 6] {
-                    let x = gauss(m * cols, 9 + m as u64);
-                    let mut ys: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![0.0; m * r]).collect();
-                    let [y0, y1, y2] = &mut ys[..] else {
-                        unreachable!()
+        // Both codes: 1mad8's int16 calls run the int8 kernel.
+        for code in [TrellisCode::Mad, TrellisCode::Mad8] {
+            let spec = TrellisSpec {
+                k: 3,
+                l: 8,
+                block: 32,
+                code,
+            };
+            // Rows 40 and 24: Hadamard blocks of 8, so a chunk of 16 rows spans two and a block
+            // two chunks; 3 jobs (as q, k, v); one and two threads; one input row and six.
+            let cols = 128;
+            let shapes = [64usize, 40, 24];
+            let coded: Vec<_> = shapes
+                .iter()
+                .map(|&rows| {
+                    let w = gauss(rows * cols, rows as u64 + 3);
+                    let (words, scales) = quantize(&spec, &w, rows, cols, rows as u64, 2).unwrap();
+                    let (su, sv) = layer_signs(rows as u64 + 1, rows, cols);
+                    (words, scales, su, sv)
+                })
+                .collect();
+            let bias: Vec<f32> = gauss(40, 5);
+            for threads in [1, 2] {
+                for act in [Activations::F32, Activations::Int16] {
+                    let mut ctx = CpuContext::with_isa(threads, Isa::detect()).unwrap();
+                    ctx.activations = act;
+                    let plan = TrellisMatvec::new(&spec, cols).unwrap();
+                    let plan = if act == Activations::F32 {
+                        plan
+                    } else {
+                        plan.int16_inputs()
                     };
-                    let mut jobs = [
-                        MatJob {
-                            w: &mats[0],
-                            bias: None,
-                            out: y0,
-                        },
-                        MatJob {
-                            w: &mats[1],
-                            bias: Some(Floats::F32(&bias)),
-                            out: y1,
-                        },
-                        MatJob {
-                            w: &mats[2],
-                            bias: None,
-                            out: y2,
-                        },
-                    ];
-                    matmul_t(&ctx, &x, m, &mut jobs).unwrap();
-                    for (j, (v, got)) in views.iter().zip(&ys).enumerate() {
-                        let rows = v.rows();
-                        let mut xh = vec![0.0; cols];
-                        for r in 0..m {
-                            let mut want = vec![0.0; rows];
-                            v.matvec(&ctx.pool, &x[r * cols..(r + 1) * cols], &mut xh, &mut want)
+                    let views: Vec<TrellisView> = coded
+                        .iter()
+                        .map(|(w, s, su, sv)| TrellisView::new(w, s, su, sv, &plan).unwrap())
+                        .collect();
+                    let mats: Vec<Matrix> = views.iter().map(|&v| Matrix::trellis(v)).collect();
+                    for m in [1usize, 6] {
+                        let x = gauss(m * cols, 9 + m as u64);
+                        let mut ys: Vec<Vec<f32>> =
+                            shapes.iter().map(|&r| vec![0.0; m * r]).collect();
+                        let [y0, y1, y2] = &mut ys[..] else {
+                            unreachable!()
+                        };
+                        let mut jobs = [
+                            MatJob {
+                                w: &mats[0],
+                                bias: None,
+                                out: y0,
+                            },
+                            MatJob {
+                                w: &mats[1],
+                                bias: Some(Floats::F32(&bias)),
+                                out: y1,
+                            },
+                            MatJob {
+                                w: &mats[2],
+                                bias: None,
+                                out: y2,
+                            },
+                        ];
+                        matmul_t(&ctx, &x, m, &mut jobs).unwrap();
+                        for (j, (v, got)) in views.iter().zip(&ys).enumerate() {
+                            let rows = v.rows();
+                            let mut xh = vec![0.0; cols];
+                            for r in 0..m {
+                                let mut want = vec![0.0; rows];
+                                v.matvec(
+                                    &ctx.pool,
+                                    &x[r * cols..(r + 1) * cols],
+                                    &mut xh,
+                                    &mut want,
+                                )
                                 .unwrap();
-                            if j == 1 {
-                                for (o, b) in want.iter_mut().zip(&bias) {
-                                    *o += b;
+                                if j == 1 {
+                                    for (o, b) in want.iter_mut().zip(&bias) {
+                                        *o += b;
+                                    }
                                 }
+                                let same = want
+                                    .iter()
+                                    .zip(&got[r * rows..(r + 1) * rows])
+                                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                                assert!(
+                                    same,
+                                    "{code:?} {threads} threads {act:?} m {m}: job {j}, row {r}"
+                                );
                             }
-                            let same = want
-                                .iter()
-                                .zip(&got[r * rows..(r + 1) * rows])
-                                .all(|(a, b)| a.to_bits() == b.to_bits());
-                            assert!(same, "{threads} threads {act:?} m {m}: job {j}, row {r}");
                         }
                     }
                 }
@@ -2732,6 +3243,7 @@ mod tests {
             k: 3,
             l: 8,
             block: 32,
+            code: TrellisCode::Mad,
         };
         let (rows, cols) = (3, 4160);
         let w = gauss(rows * cols, 41);
@@ -2771,11 +3283,150 @@ mod tests {
     }
 
     #[test]
+    fn mad8_code_is_1mad_rounded_to_int8() {
+        for s in 0..1u32 << 16 {
+            let c = TrellisCode::Mad.int(s);
+            let r = TrellisCode::Mad8.int(s);
+            assert!((-127..=127).contains(&r), "state {s}: {r}");
+            let exact = f64::from(c) * 127.0 / 510.0;
+            assert!(
+                (f64::from(r) - exact).abs() <= 0.5,
+                "state {s}: {r} vs {exact}"
+            );
+            assert_eq!(
+                TrellisCode::Mad.value(s).to_bits(),
+                code_1mad(s).to_bits(),
+                "state {s}"
+            );
+        }
+        assert_eq!(TrellisCode::from_name("1mad8"), Some(TrellisCode::Mad8));
+        assert_eq!(
+            TrellisCode::from_name(TrellisCode::Mad.name()),
+            Some(TrellisCode::Mad)
+        );
+        assert_eq!(TrellisCode::from_name("2mad"), None);
+    }
+
+    #[test]
+    fn split_input_simd_gives_the_portable_bits() {
+        let mut x = gauss(256, 61);
+        x[3] = f32::NAN;
+        x[5] = f32::INFINITY;
+        x[6] = f32::NEG_INFINITY;
+        x[9] = -0.0;
+        x[200] = 1e30;
+        for inv in [0.0f32, 1.0, 255.5, 1e4, 3e5] {
+            let (mut l0, mut h0) = (vec![0i8; 256], vec![0i8; 256]);
+            let s0 = split_input_portable(&x, inv, &mut l0, &mut h0);
+            for (i, (&l, &h)) in l0.iter().zip(&h0).enumerate() {
+                let (_, _, q) = split_one(x[i] * inv);
+                assert_eq!(256 * i32::from(h) + i32::from(l), q, "{i} at {inv}");
+                assert!(h > i8::MIN, "{i} at {inv}");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+            {
+                let (mut l1, mut h1) = (vec![0i8; 256], vec![0i8; 256]);
+                // SAFETY: the features were checked; the buffers are 256 long.
+                let s1 = unsafe { split_input_avx512(&x, inv, &mut l1, &mut h1) };
+                assert_eq!((s0, &l0, &h0), (s1, &l1, &h1), "at {inv}");
+            }
+        }
+    }
+
+    #[test]
+    fn int8_kernel_gives_its_reference_bits_and_the_product_within_its_bound() {
+        // L2: the int8 kernel (1mad8, int16 inputs) equals its plain reference bit for bit,
+        // past the 32-bit window (2048 weights), at L 8 and 7, 2/3/4 bits, blocks of 32 and
+        // 64; L3: within the input rounding's bound of the float32 product.
+        for (k, l, block, cols) in [
+            (3u32, 8u32, 32usize, 576usize),
+            (3, 8, 32, 4160),
+            (2, 8, 64, 1536),
+            (4, 7, 32, 640),
+            (3, 8, 64, 192),
+        ] {
+            let spec = TrellisSpec {
+                k,
+                l,
+                block,
+                code: TrellisCode::Mad8,
+            };
+            let rows = 5;
+            let w = gauss(rows * cols, 71 + cols as u64);
+            let (words, scales) = quantize(&spec, &w, rows, cols, 2, 2).unwrap();
+            let mut dense = vec![0.0; w.len()];
+            decode(&spec, &words, &scales, rows, cols, 1, &mut dense).unwrap();
+            let mut x = gauss(cols, 72);
+            x[11] = 30.0;
+            let plan = TrellisMatvec::new(&spec, cols).unwrap().int16_inputs();
+            let Some(Prepared::S8(sp)) = plan.prepare(&x) else {
+                // No table path on this CPU: nothing of the int8 kernel to test.
+                assert!(!lut_available());
+                return;
+            };
+            let mut want = vec![0.0; rows];
+            plan.rows_split_portable(&words, &scales, &sp, 0, &mut want);
+            let mut got = vec![0.0; rows];
+            plan.rows(&words, &scales, &x, 0, &mut got).unwrap();
+            for r in 0..rows {
+                assert_eq!(
+                    got[r].to_bits(),
+                    want[r].to_bits(),
+                    "{spec:?} {cols}: row {r}"
+                );
+                let d = &dense[r * cols..(r + 1) * cols];
+                let exact: f64 = d
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                let wabs: f64 = d.iter().map(|&a| f64::from(a).abs()).sum();
+                let norm: f64 = d
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                    .sum();
+                let bound = wabs * f64::from(sp.d) / 2.0 + 1e-5 * norm;
+                let g = f64::from(got[r]);
+                assert!(
+                    (g - exact).abs() <= bound,
+                    "{spec:?} {cols}: row {r}: {g} vs {exact} (bound {bound})"
+                );
+            }
+            // The float32 table path reads the same codes: the decoded product up to the
+            // summation order.
+            let exact_plan = TrellisMatvec::new(&spec, cols).unwrap();
+            let mut yf = vec![0.0; rows];
+            exact_plan.rows(&words, &scales, &x, 0, &mut yf).unwrap();
+            for r in 0..rows {
+                let d = &dense[r * cols..(r + 1) * cols];
+                let exact: f64 = d
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                let norm: f64 = d
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                    .sum();
+                assert!(
+                    (f64::from(yf[r]) - exact).abs() <= 1e-5 * norm,
+                    "{spec:?} row {r}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn matvec_equals_decoded_product() {
         let spec = TrellisSpec {
             k: 3,
             l: 10,
             block: 64,
+            code: TrellisCode::Mad,
         };
         let w = gauss(8 * 128, 5);
         let (words, scales) = quantize(&spec, &w, 8, 128, 9, 2).unwrap();
@@ -2815,7 +3466,12 @@ mod tests {
             (2, 16, 256),
             (3, 16, 96),
         ] {
-            let spec = TrellisSpec { k, l, block };
+            let spec = TrellisSpec {
+                k,
+                l,
+                block,
+                code: TrellisCode::Mad,
+            };
             let (rows, cols) = (5, 2 * block);
             let w = gauss(rows * cols, 21);
             let (words, scales) = quantize(&spec, &w, rows, cols, 4, 2).unwrap();
@@ -2884,6 +3540,7 @@ mod tests {
             k: 3,
             l: 8,
             block: 64,
+            code: TrellisCode::Mad,
         };
         let m = TrellisMatvec::new(&spec, 128).unwrap();
         let mut y = vec![0.0; 2];
@@ -2936,7 +3593,12 @@ mod tests {
             e
         };
         for k in [2u32, 3] {
-            let spec = TrellisSpec { k, l: 8, block: 64 };
+            let spec = TrellisSpec {
+                k,
+                l: 8,
+                block: 64,
+                code: TrellisCode::Mad,
+            };
             let (w0, s0) = quantize(&spec, &w, rows, cols, 3, 2).unwrap();
             let (w1, s1) = quantize_ldlq(&spec, &w, rows, cols, 3, 2, &h).unwrap();
             let (plain, ldlq) = (out_err(&w0, &s0, &spec), out_err(&w1, &s1, &spec));
@@ -2956,6 +3618,7 @@ mod tests {
             k: 2,
             l: 8,
             block: 64,
+            code: TrellisCode::Mad,
         };
         assert!(quantize_ldlq(&spec, &w, rows, cols, 3, 2, &h[1..]).is_err());
         let mut bad = h.clone();
@@ -2969,18 +3632,21 @@ mod tests {
             k: 5,
             l: 16,
             block: 64,
+            code: TrellisCode::Mad,
         };
         assert!(spec.check().is_err());
         let spec = TrellisSpec {
             k: 3,
             l: 16,
             block: 10,
+            code: TrellisCode::Mad,
         };
         assert!(spec.check().is_err());
         let spec = TrellisSpec {
             k: 2,
             l: 16,
             block: 64,
+            code: TrellisCode::Mad,
         };
         assert!(quantize(&spec, &[0.0; 100], 1, 100, 0, 1).is_err());
         assert!(quantize(&spec, &[f32::NAN; 64], 1, 64, 0, 1).is_err());

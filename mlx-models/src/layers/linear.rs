@@ -239,6 +239,7 @@ impl Linear {
                 let t = q.trellis.unwrap_or(crate::config::TrellisParams {
                     trellis_l: 0,
                     seed: 0,
+                    trellis_code: Default::default(),
                 });
                 Ok(Linear::Trellis {
                     weight: Box::new(TrellisWeight::load(w, path, out_dims, in_dims, &q, &t)?),

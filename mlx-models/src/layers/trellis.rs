@@ -196,6 +196,12 @@ impl TrellisWeight {
         let state = (&(&both >> &Array::from_vec(shift)?)?
             & &Array::scalar((1u64 << spec.l) - 1)?)?
             .astype(Dtype::Uint32)?;
+        if spec.code != tc::TrellisCode::Mad {
+            // Other codes: the state's value from the table of every state's value.
+            let table = Array::from_vec(tc::spec_code_table(spec))?;
+            let code = table.take(&state, 0)?.reshape(&[self.rows, self.cols])?;
+            return Ok((&code * &self.scales.astype(Dtype::Float32)?)?);
+        }
         let x = (&(&state * &Array::scalar(tc::MAD_A)?)? + &Array::scalar(tc::MAD_B)?)?;
         let pairs = Array::scalar(0x00FF_00FFu32)?;
         let y = (&(&x & &pairs)? + &(&(&x >> &Array::scalar(8u32)?)? & &pairs)?)?;
