@@ -277,6 +277,7 @@ fn a_trellis_model_names_its_trellis_linear() {
         trellis: Some(TrellisParams {
             trellis_l: 8,
             seed: 0,
+            trellis_code: Default::default(),
         }),
         ..ConvertOptions::default()
     };

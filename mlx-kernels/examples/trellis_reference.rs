@@ -21,7 +21,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use mlx_core::cpu::trellis::{self as tc, TrellisSpec};
+use mlx_core::cpu::trellis::{self as tc, TrellisCode, TrellisSpec};
 
 /// splitmix64.
 struct Rng(u64);
@@ -58,7 +58,7 @@ fn write<T: Copy>(dir: &Path, name: &str, v: &[T], to: fn(T) -> [u8; 4]) {
     f.write_all(&bytes).expect("write a reference file");
 }
 
-fn main() -> Result<(), String> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::env::args()
         .nth(1)
         .ok_or("usage: trellis_reference OUT_DIR")?;
@@ -83,7 +83,12 @@ fn main() -> Result<(), String> {
     let pool = mlx_core::cpu::ThreadPool::new(mlx_core::cpu::available_threads())
         .map_err(|e| e.to_string())?;
     for (i, &(k, l, block, rows, cols, coded)) in cases.iter().enumerate() {
-        let spec = TrellisSpec { k, l, block };
+        let spec = TrellisSpec {
+            k,
+            l,
+            block,
+            code: TrellisCode::Mad,
+        };
         spec.check_shape(rows, cols)?;
         let seed = 0x7E11_1500 + i as u64;
         let path = format!("model.layers.{i}.mlp.proj");

@@ -26,7 +26,7 @@
 //! reason, so `auto` falls back to the MLX path (results/gpu/2026-12-05-s28-trellis/ has the
 //! plan for wiring them into the step).
 
-use mlx_core::cpu::trellis::{hadamard_block, TrellisSpec};
+use mlx_core::cpu::trellis::{hadamard_block, TrellisCode, TrellisSpec};
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Kernel};
 
 /// The kernels' CUDA source, appended to [`crate::graph_decode::SOURCE`] (whose helpers it
@@ -136,7 +136,13 @@ impl TrellisPlan {
         cols: usize,
         sms: u32,
     ) -> std::result::Result<TrellisPlan, String> {
-        spec.check_shape(rows, cols)?;
+        spec.check_shape(rows, cols).map_err(|e| e.to_string())?;
+        if spec.code != TrellisCode::Mad {
+            return Err(format!(
+                "a trellis matrix of the {:?} code: the CUDA kernels compute the 1mad code only",
+                spec.code
+            ));
+        }
         if rows >= 1 << 31 || cols >= 1 << 31 {
             return Err(format!(
                 "a ({rows}, {cols}) trellis matrix: not 31-bit sizes"
@@ -557,7 +563,12 @@ mod tests {
     use super::*;
 
     fn spec(k: u32, l: u32, block: usize) -> TrellisSpec {
-        TrellisSpec { k, l, block }
+        TrellisSpec {
+            k,
+            l,
+            block,
+            code: TrellisCode::Mad,
+        }
     }
 
     fn define(name: &str) -> i64 {

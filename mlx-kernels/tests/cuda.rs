@@ -416,7 +416,12 @@ fn trellis_kernels_match_the_cpu_references() {
         (2, 16, 64, 192, 576),
         (3, 8, 32, 4096, 14336),
     ] {
-        let spec = tc::TrellisSpec { k, l, block };
+        let spec = tc::TrellisSpec {
+            k,
+            l,
+            block,
+            code: tc::TrellisCode::Mad,
+        };
         let plan = TrellisPlan::new(&spec, rows, cols, DEFAULT_SMS).unwrap();
         let wpr = cols * k as usize / 32;
         let words: Vec<u32> = (0..rows * wpr).map(|_| next() as u32).collect();
