@@ -1744,9 +1744,10 @@ fn head_each(
     cpu::rms_norm(&s.x[..n * hid], w.final_norm.floats(), w.eps, h)?;
     let logits = &mut s.logits[..n * w.vocab];
     let pf = next.and_then(|c| kv_prefetch(w, c, 0, [0.0, 1.0]));
+    // The logits' product: `Activations::head` (int16 inputs for a Q8_0 head).
     cpu::matmul_t_each_prefetch(
         ctx,
-        ctx.activations,
+        ctx.activations.head(),
         h,
         n,
         &mut [MatJob {
