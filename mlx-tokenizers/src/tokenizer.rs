@@ -835,35 +835,6 @@ impl TokenMap {
     }
 }
 
-#[cfg(test)]
-mod token_map_tests {
-    use super::TokenMap;
-
-    /// The packed map gives back every token as the list of strings held it: empty tokens,
-    /// missing ids (also the 64th and 65th: a second bitset word), multi-byte text, and
-    /// `None` past the end.
-    #[test]
-    fn token_map_is_the_list_it_packs() {
-        let mut list: Vec<Option<String>> = (0..70).map(|i| Some(format!("t{i}"))).collect();
-        list[0] = Some(String::new());
-        list[3] = None;
-        list[63] = None;
-        list[64] = None;
-        list[5] = Some("\u{0120}é漢".into());
-        let m = TokenMap::new(list.clone().into_iter());
-        assert_eq!(m.len(), 70);
-        for (i, t) in list.iter().enumerate() {
-            assert_eq!(m.get(i), Some(t.as_deref()), "{i}");
-        }
-        assert_eq!(m.get(70), None);
-        assert_eq!(
-            m.iter().collect::<Vec<_>>(),
-            list.iter().map(|t| t.as_deref()).collect::<Vec<_>>()
-        );
-        assert_eq!(TokenMap::new(std::iter::empty()).get(0), None);
-    }
-}
-
 /// The post-processor transformers' `update_post_processor` builds.
 fn bos_eos_template(
     add_bos: bool,
@@ -917,4 +888,33 @@ pub fn clean_up_tokenization(text: &str) -> String {
         .replace(" 's", "'s")
         .replace(" 've", "'ve")
         .replace(" 're", "'re")
+}
+
+#[cfg(test)]
+mod token_map_tests {
+    use super::TokenMap;
+
+    /// The packed map gives back every token as the list of strings held it: empty tokens,
+    /// missing ids (also the 64th and 65th: a second bitset word), multi-byte text, and
+    /// `None` past the end.
+    #[test]
+    fn token_map_is_the_list_it_packs() {
+        let mut list: Vec<Option<String>> = (0..70).map(|i| Some(format!("t{i}"))).collect();
+        list[0] = Some(String::new());
+        list[3] = None;
+        list[63] = None;
+        list[64] = None;
+        list[5] = Some("\u{0120}é漢".into());
+        let m = TokenMap::new(list.clone().into_iter());
+        assert_eq!(m.len(), 70);
+        for (i, t) in list.iter().enumerate() {
+            assert_eq!(m.get(i), Some(t.as_deref()), "{i}");
+        }
+        assert_eq!(m.get(70), None);
+        assert_eq!(
+            m.iter().collect::<Vec<_>>(),
+            list.iter().map(|t| t.as_deref()).collect::<Vec<_>>()
+        );
+        assert_eq!(TokenMap::new(std::iter::empty()).get(0), None);
+    }
 }
