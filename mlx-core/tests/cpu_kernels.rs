@@ -852,6 +852,53 @@ fn q8_int8_activations_stay_within_the_quantization_bound() -> Result<()> {
                         continue;
                     }
                     assert_ne!(ours, int16, "{what}: should take the int8 kernel");
+                    // Tight: the same products of the int8 inputs' values (d * code per
+                    // chunk of 32), through MLX, within the float summation bound of the
+                    // kernel's terms (codes times inputs, biases times the inputs' sums). The
+                    // biases must multiply the sums of those values, not of the float inputs:
+                    // else the inputs' rounding errors meet the unsigned codes (Q8_0's sit at
+                    // 128 + k) in place of the weights, several times the error of int8
+                    // inputs (SmolLM2's tied head parted from the exact path's greedy reply).
+                    let xd: Vec<f32> = xv
+                        .chunks_exact(32)
+                        .flat_map(|c| {
+                            let d = c.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                            c.iter()
+                                .map(move |v| (v * inv).round() * d)
+                                .collect::<Vec<_>>()
+                        })
+                        .collect();
+                    let tight = (&quantized::quantized_matmul(
+                        &Array::from_slice(&xd, &[m as i32, cols as i32])?,
+                        &wq,
+                        &s,
+                        Some(&b),
+                        true,
+                        group,
+                        bits,
+                        QuantMode::Affine,
+                        None,
+                    )? + &Array::from_slice(&bias, &[rows as i32])?)?
+                        .to_vec::<f32>()?;
+                    for t in 0..m {
+                        for r in 0..rows {
+                            let abs: f32 = (0..cols)
+                                .map(|i| {
+                                    let bg = bf[r * cols / 32 + i / 32];
+                                    let x = xd[t * cols + i];
+                                    ((wd[r * cols + i] - bg) * x).abs() + (bg * x).abs()
+                                })
+                                .sum();
+                            let bound = 2.0 * cols as f32 * f32::EPSILON * abs + 1e-5;
+                            let (a, e) = (ours[t * rows + r], tight[t * rows + r]);
+                            assert!(
+                                (a - e).abs() <= bound,
+                                "{what}: row {r} input {t}: ours {a}, MLX on the int8 inputs \
+                                 {e}, bound {bound}"
+                            );
+                        }
+                    }
                     for t in 0..m {
                         let xr = &xv[t * cols..(t + 1) * cols];
                         for r in 0..rows {
@@ -863,7 +910,7 @@ fn q8_int8_activations_stay_within_the_quantization_bound() -> Result<()> {
                                     .fold(0f32, |a, v| a.max(v.abs()));
                                 let bg = bf[r * cols / 32 + c];
                                 for i in c * 32..c * 32 + 32 {
-                                    quant += (wr[i] - bg).abs() * amax / 254.0;
+                                    quant += wr[i].abs() * amax / 254.0;
                                     abs += (wr[i] * xr[i]).abs() + (bg * xr[i]).abs();
                                 }
                             }
@@ -1114,7 +1161,7 @@ fn int8_vnni_activations_stay_within_the_quantization_bound() -> Result<()> {
                                     .fold(0f32, |a, v| a.max(v.abs()));
                                 let bg = bf[r * cols / group as usize + c * 32 / group as usize];
                                 for i in c * 32..c * 32 + 32 {
-                                    quant += (wr[i] - bg).abs() * amax / 254.0;
+                                    quant += wr[i].abs() * amax / 254.0;
                                     abs += (wr[i] * xr[i]).abs() + (bg * xr[i]).abs();
                                 }
                             }

@@ -1391,9 +1391,10 @@ impl<'m> CpuDecoder<'m> {
     }
 
     /// How the products read their inputs: [`Activations::Int16Q8Int8`] by default (the 4-
-    /// and 8-bit products of a decode step as int16 integer dot products, a Q8_0 head's as
-    /// int8 ones where the CPU has AVX-512 VNNI; `MLX_CPU_ACTIVATIONS` overrides it when the
-    /// decoder is made); [`Activations::Int16`] keeps the head int16; [`Activations::Int8`] and
+    /// and 8-bit products of a decode step as int16 integer dot products, Q8_0 linears' as
+    /// int8 ones where the CPU has AVX-512 VNNI, the head's int16 ([`Activations::head`]);
+    /// `MLX_CPU_ACTIVATIONS` overrides it when the decoder is made); [`Activations::Int16`]
+    /// keeps every product int16; [`Activations::Int8`] and
     /// [`Activations::Int8Vnni`] (int8 inputs for the 4-bit products too) are faster but fail
     /// the quality gate on SmolLM2; [`Activations::F32`] keeps every product in float32.
     pub fn set_activations(&mut self, a: Activations) {
@@ -1744,9 +1745,10 @@ fn head_each(
     cpu::rms_norm(&s.x[..n * hid], w.final_norm.floats(), w.eps, h)?;
     let logits = &mut s.logits[..n * w.vocab];
     let pf = next.and_then(|c| kv_prefetch(w, c, 0, [0.0, 1.0]));
+    // The logits' product: `Activations::head` (int16 inputs for a Q8_0 head).
     cpu::matmul_t_each_prefetch(
         ctx,
-        ctx.activations,
+        ctx.activations.head(),
         h,
         n,
         &mut [MatJob {

@@ -393,12 +393,17 @@ fn load_path(
             adapters: None,
         })
     } else if path.is_dir() {
+        // The tokenizer first, as for a GGUF: its build's transients (tens of MB for a
+        // 49k-token BPE's `tokenizer.json`) are free again before the weights arrive. Its error
+        // still comes after the model's.
+        let tokenizer = Tokenizer::from_dir(path);
+        let _ = mlx_core::memory::release_free_memory();
         // Loading for the CPU decoder: an affine directory's linear scales stay as stored.
         let (model, config, params) =
             mlx_models::load::load_model_dir_as(path, &opts, mtp, blocks)?;
         // Counted over the parameters the model took (its module tree, after `sanitize`).
         let draws = construction_draws(&config, &params).map_err(|e| e.to_string());
-        let tokenizer = Tokenizer::from_dir(path).map_err(|source| LoadError::Tokenizer {
+        let tokenizer = tokenizer.map_err(|source| LoadError::Tokenizer {
             path: path.to_path_buf(),
             source,
         })?;

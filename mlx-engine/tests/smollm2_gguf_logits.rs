@@ -87,17 +87,16 @@ fn smollm2_gguf_f32_cpu_decoder_load_matches_mlx_lm() {
         }
     }
     assert_eq!(seen, 30 * 7 * 2);
-    // The embedding (also the tied head) casts its scales like the other tensors for now
-    // (`QuantizedWeight::load_embedding`).
+    // The embedding (also the tied head) keeps its scales too: no float32 copy of them.
     let mut top = 0;
     for (name, m) in trainable.top_modules_mut() {
         if let mlx_models::models::TopModuleMut::Embedding(
             mlx_models::layers::Embedding::Quantized(q),
         ) = m
         {
-            assert_eq!(q.scales.dtype(), Dtype::Float32, "{name}");
-            assert_eq!(q.biases.as_ref().unwrap().dtype(), Dtype::Float32, "{name}");
-            assert_eq!(q.lookup_dtype, None, "{name}");
+            assert_eq!(q.scales.dtype(), Dtype::Float16, "{name}");
+            assert_eq!(q.biases.as_ref().unwrap().dtype(), Dtype::Float16, "{name}");
+            assert_eq!(q.lookup_dtype, Some(Dtype::Float32), "{name}");
             top += 1;
         }
     }

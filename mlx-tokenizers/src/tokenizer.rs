@@ -154,7 +154,7 @@ pub struct Tokenizer {
     thinking: Option<ThinkingMarkers>,
     detokenizer_kind: DetokenizerKind,
     /// `convert_ids_to_tokens(range(len(tokenizer)))`, shared by detokenizers.
-    token_map: std::sync::Arc<Vec<Option<String>>>,
+    token_map: std::sync::Arc<TokenMap>,
     /// An encoder of llama.cpp's that the backend has no model for (RWKV's byte trie, PLaMo 2's
     /// Viterbi search, SentencePiece with every score 0): `encode` runs it instead of the
     /// backend, which still decodes (but for SentencePiece, decoded as llama.cpp decodes).
@@ -489,7 +489,7 @@ impl Tokenizer {
 
         let detokenizer_kind = DetokenizerKind::for_decoder(inner.get_decoder());
         let size = inner.get_vocab_size(true);
-        let token_map = (0..size as u32).map(|i| inner.id_to_token(i)).collect();
+        let token_map = TokenMap::new((0..size as u32).map(|i| inner.id_to_token(i)));
 
         let mut tok = Tokenizer {
             inner: std::sync::Arc::new(inner),
@@ -772,8 +772,66 @@ impl Tokenizer {
     }
 
     /// `convert_ids_to_tokens(range(len(tokenizer)))`.
-    pub(crate) fn token_map(&self) -> std::sync::Arc<Vec<Option<String>>> {
+    pub(crate) fn token_map(&self) -> std::sync::Arc<TokenMap> {
         self.token_map.clone()
+    }
+}
+
+/// `convert_ids_to_tokens(range(n))` in two buffers: every token's text back to back and
+/// where each starts, an id without a token marked in `missing`. For a 49k-token vocabulary
+/// ~0.6 MB where one `String` per token took ~1.6 MB live (issue #31's peak memory).
+#[derive(Debug, Default)]
+pub(crate) struct TokenMap {
+    text: String,
+    /// `n + 1` offsets into `text`: token `i` is `text[starts[i]..starts[i + 1]]`.
+    starts: Vec<u32>,
+    /// Bit `i` set: id `i` has no token.
+    missing: Vec<u64>,
+}
+
+impl TokenMap {
+    pub(crate) fn new(tokens: impl Iterator<Item = Option<String>>) -> TokenMap {
+        let mut m = TokenMap {
+            starts: vec![0],
+            ..TokenMap::default()
+        };
+        for (i, t) in tokens.enumerate() {
+            if i / 64 >= m.missing.len() {
+                m.missing.push(0);
+            }
+            match t {
+                Some(t) => m.text.push_str(&t),
+                None => m.missing[i / 64] |= 1 << (i % 64),
+            }
+            // Vocabularies are far below 4 GB of text; saturate rather than wrap past it.
+            m.starts
+                .push(u32::try_from(m.text.len()).unwrap_or(u32::MAX));
+        }
+        m.text.shrink_to_fit();
+        m.starts.shrink_to_fit();
+        m
+    }
+
+    /// Ids in the map.
+    pub(crate) fn len(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    /// Token `i`: `None` past the map, `Some(None)` for an id without a token.
+    pub(crate) fn get(&self, i: usize) -> Option<Option<&str>> {
+        if i >= self.len() {
+            return None;
+        }
+        if (self.missing[i / 64] >> (i % 64)) & 1 == 1 {
+            return Some(None);
+        }
+        let (a, b) = (self.starts[i] as usize, self.starts[i + 1] as usize);
+        Some(self.text.get(a..b))
+    }
+
+    /// Every id's token in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Option<&str>> + '_ {
+        (0..self.len()).map(|i| self.get(i).flatten())
     }
 }
 
@@ -830,4 +888,33 @@ pub fn clean_up_tokenization(text: &str) -> String {
         .replace(" 's", "'s")
         .replace(" 've", "'ve")
         .replace(" 're", "'re")
+}
+
+#[cfg(test)]
+mod token_map_tests {
+    use super::TokenMap;
+
+    /// The packed map gives back every token as the list of strings held it: empty tokens,
+    /// missing ids (also the 64th and 65th: a second bitset word), multi-byte text, and
+    /// `None` past the end.
+    #[test]
+    fn token_map_is_the_list_it_packs() {
+        let mut list: Vec<Option<String>> = (0..70).map(|i| Some(format!("t{i}"))).collect();
+        list[0] = Some(String::new());
+        list[3] = None;
+        list[63] = None;
+        list[64] = None;
+        list[5] = Some("\u{0120}é漢".into());
+        let m = TokenMap::new(list.clone().into_iter());
+        assert_eq!(m.len(), 70);
+        for (i, t) in list.iter().enumerate() {
+            assert_eq!(m.get(i), Some(t.as_deref()), "{i}");
+        }
+        assert_eq!(m.get(70), None);
+        assert_eq!(
+            m.iter().collect::<Vec<_>>(),
+            list.iter().map(|t| t.as_deref()).collect::<Vec<_>>()
+        );
+        assert_eq!(TokenMap::new(std::iter::empty()).get(0), None);
+    }
 }

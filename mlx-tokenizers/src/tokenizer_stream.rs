@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use crate::tokenizer::{Result, Tokenizer};
+use crate::tokenizer::{Result, TokenMap, Tokenizer};
 
 /// Which of mlx-lm's detokenizers to use, chosen from the `tokenizer.json` decoder as mlx-lm's
 /// `tokenizer_utils.load` does.
@@ -131,7 +131,7 @@ enum State {
         text: String,
     },
     Bpe {
-        token_map: Arc<Vec<Option<String>>>,
+        token_map: Arc<TokenMap>,
         unflushed: String,
         text: String,
         /// Every byte as its token holds it, nothing trimmed (llama.cpp's RWKV vocabularies,
@@ -293,7 +293,7 @@ impl StreamingDetokenizer {
             } => {
                 // mlx-lm's fallback for ids past the vocabulary.
                 let v: &str = match token_map.get(token as usize) {
-                    Some(Some(t)) => t.as_str(),
+                    Some(Some(t)) => t,
                     Some(None) => "",
                     None => "!",
                 };

@@ -778,6 +778,9 @@ mod tests {
             Matrix::affine(&w8, Floats::F16(&sh), Floats::F16(&bh), rows, cols, 8, 32).unwrap(),
         ];
         assert_eq!(Activations::Int8Normed.unnormed(), Activations::Int16Q8Int8);
+        // The logits' product keeps int16 inputs under the default.
+        assert_eq!(Activations::Int16Q8Int8.head(), Activations::Int16);
+        assert_eq!(Activations::Int8Normed.head(), Activations::Int8Normed);
         assert_eq!(Activations::Int8Vnni.unnormed(), Activations::Int8Vnni);
         let mut ctx = CpuContext::new(2).unwrap();
         ctx.activations = Activations::Int8Normed;

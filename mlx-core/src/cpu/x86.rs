@@ -2303,18 +2303,27 @@ fn prefetch_affine_row(
 
 /// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) to int8 codes in their natural order
 /// for [`rows_q8_int8_512`]: per chunk of 32 values a scale `d = max|x| / 127`, the codes
-/// `round(x / d)` (half away from zero), and `s` the chunk's float sum (what the rows' biases
-/// multiply). Scalar code: a few hundred values per product.
+/// `round(x / d)` (half away from zero), and `s` the sum of the codes' values, `d` times the
+/// codes' integer sum (what the rows' biases multiply). The sum of the quantized values, not
+/// of the float inputs: MLX's Q8_0 rows are unsigned codes `128 + k` with bias `-128 x
+/// scale`, so with the float sums the inputs' rounding errors met the codes (`128 + k`) in
+/// place of the weights (`k`), several times int8 inputs' own error (SmolLM2's tied head
+/// parted from the exact path's greedy reply); with these sums the product is the weights
+/// times the quantized inputs, as llama.cpp's Q8_0 x Q8_0 dot. Scalar code: a few hundred
+/// values per product.
 pub(super) fn quantize_x8(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     for (c, chunk) in x.chunks_exact(32).enumerate() {
         let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
         let dc = amax / 127.0;
         let inv = if dc > 0.0 { 1.0 / dc } else { 0.0 };
+        let mut sum = 0i32;
         for (o, v) in q[c * 32..c * 32 + 32].iter_mut().zip(chunk) {
             *o = (v * inv).round() as i8;
+            sum += *o as i32;
         }
         d[c] = dc;
-        s[c] = chunk.iter().sum();
+        // |sum| <= 32 x 127: exact in f32.
+        s[c] = dc * sum as f32;
     }
 }
 

@@ -82,9 +82,11 @@ impl QuantizedWeight {
         Self::load_as(w, path, rows, cols, q, true)
     }
 
-    /// [`QuantizedWeight::load`] for an embedding table. Its scales are cast like any tensor
-    /// (even under [`Weights::keep_linear_scales`]); [`QuantizedWeight::lookup_dtype`], which
-    /// would let a lookup of kept half scales widen the gathered rows first, is left `None`.
+    /// [`QuantizedWeight::load`] for an embedding table: under
+    /// [`Weights::keep_linear_scales`] its scales and biases keep their stored dtype too, and
+    /// [`QuantizedWeight::lookup_dtype`] says what a lookup widens the gathered rows to (the
+    /// load's cast dtype); the tied head's `quantized_matmul` widens them itself, with the
+    /// same bits. The CPU decoder reads the stored scales in place.
     pub fn load_embedding(
         w: &mut Weights,
         path: &str,
@@ -92,12 +94,14 @@ impl QuantizedWeight {
         cols: i32,
         q: &QuantParams,
     ) -> Result<QuantizedWeight> {
-        // Cast like any tensor for now (`lookup_dtype` stays `None`): with the table's scales
-        // kept half, the CPU decoder's tied head read them through another kernel and
-        // SmolLM2's greedy reply parted from the exact path's at its third token (the step's
-        // log-probability moved by 0.08; mlx-cli `cli::decoder_flag_picks_the_decoder_and_says_why`).
-        // Keeping them again needs that kernel's error understood first.
-        Self::load_as(w, path, rows, cols, q, false)
+        let kept = w.keeps_linear_scales();
+        let mut qw = Self::load_as(w, path, rows, cols, q, kept)?;
+        if kept {
+            qw.lookup_dtype = w
+                .cast_dtype()
+                .filter(|&d| qw.scales.dtype().is_floating() && qw.scales.dtype() != d);
+        }
+        Ok(qw)
     }
 
     fn load_as(
