@@ -253,7 +253,7 @@ impl DecoderArgs {
             name: "cpu",
             note: format!(
                 "decoder: cpu ({}, {threads} threads)",
-                mlx_core::cpu::Isa::detect().name()
+                mlx_engine::cpu_decode::kernels()
             ),
         };
         let graph_choice = || DecoderChoice {

@@ -114,6 +114,12 @@ fn decoder_flag_picks_the_decoder_and_says_why() {
     let cpu: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(cpu["decoder"], "cpu", "{err}");
     assert!(err.contains("[mlx] decoder: cpu ("), "{err}");
+    // The kernels the decoder runs (`avx512+vnni+amx` where AMX's tiles run prompt blocks).
+    let kernels = format!(
+        "[mlx] decoder: cpu ({}, ",
+        mlx_engine::cpu_decode::kernels()
+    );
+    assert!(err.contains(&kernels), "{kernels} in {err}");
     let (code, out, err) = run(&["--decoder", "mlx", "--threads", "1"]);
     assert_eq!(code, 0, "{err}");
     let exact: Value = serde_json::from_str(out.trim()).unwrap();

@@ -30,7 +30,9 @@
 //! groups of 32 with float16 scales; and 4-bit in groups of 64, an MLX model) under the CPU
 //! decoder's default activations, with AMX's tiles (`cpu::amx`, where the CPU has them) and
 //! without (the AVX-512 float kernel), alternating in this process: fastest of many runs and
-//! G multiply-adds/s.
+//! G multiply-adds/s. `amx` is the default tile kernel (weights dequantized once a call, one
+//! 16-row panel a unit), `amx/pass` the one before it (dequantized once a pass of 32 inputs),
+//! `amx/2panel` the default over two panels a unit: all three give the same bits.
 
 use half::f16;
 use mlx_core::cpu::{
@@ -974,7 +976,7 @@ fn prefill() -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = Lcg(7);
     println!("threads {threads}, m {m}, {}", ctx.kernels());
     for (bits, group) in [(4u32, 32usize), (8, 32), (4, 64)] {
-        let mut totals = [0u64; 2];
+        let mut totals = [0u64; 4];
         let mut macs = 0usize;
         for (rows, cols, what) in [
             (960, 960, "q_proj"),
@@ -1005,10 +1007,11 @@ fn prefill() -> Result<(), Box<dyn std::error::Error>> {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
             let mut out = vec![0f32; m * rows];
             let reps = (400_000_000 / (rows * cols * m)).clamp(5, 400);
-            let mut best = [u64::MAX; 2];
+            let mut best = [u64::MAX; 4];
             for _ in 0..reps {
                 for (k, b) in best.iter_mut().enumerate() {
-                    ctx.amx = amx && k == 0;
+                    ctx.amx = amx && k < 3;
+                    mlx_core::cpu::amx::set_panel_mode(k);
                     let t = std::time::Instant::now();
                     let mut jobs = [MatJob {
                         w: &w,
@@ -1023,11 +1026,16 @@ fn prefill() -> Result<(), Box<dyn std::error::Error>> {
             macs += rows * cols * m * if what == "k_proj" { 2 } else { 1 };
             println!(
                 "{bits}-bit g{group} {what} {rows}x{cols}: amx {} ns ({:.1} G MAC/s), \
-                 avx512 {} ns ({:.1}), {:.2}x",
+                 amx/pass {} ns ({:.1}), amx/2panel {} ns ({:.1}), avx512 {} ns ({:.1}), \
+                 amx/pass {:.2}x",
                 best[0],
                 gmac / best[0] as f64,
                 best[1],
                 gmac / best[1] as f64,
+                best[2],
+                gmac / best[2] as f64,
+                best[3],
+                gmac / best[3] as f64,
                 best[1] as f64 / best[0] as f64
             );
             let twice = if what == "k_proj" { 2 } else { 1 };
@@ -1041,13 +1049,19 @@ fn prefill() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!(
             "{bits}-bit g{group} one layer (q k v o gate up down): amx {} ns ({:.1} G MAC/s), \
-             avx512 {} ns ({:.1}), {:.2}x",
+             amx/pass {} ns ({:.1}), amx/2panel {} ns ({:.1}), avx512 {} ns ({:.1}), \
+             amx/pass {:.2}x",
             totals[0],
             macs as f64 / totals[0] as f64,
             totals[1],
             macs as f64 / totals[1] as f64,
+            totals[2],
+            macs as f64 / totals[2] as f64,
+            totals[3],
+            macs as f64 / totals[3] as f64,
             totals[1] as f64 / totals[0] as f64
         );
+        mlx_core::cpu::amx::set_panel_mode(0);
     }
     Ok(())
 }

@@ -40,8 +40,10 @@ use mlx_models::LanguageModel;
 
 use crate::error::{EngineError, Result};
 
-/// Prompt tokens run through the layers together (each weight row is read once per block).
-pub const BLOCK: usize = 32;
+/// Prompt tokens run through the layers together (each weight row is read once per block):
+/// 64, so that the AMX tile kernels (`cpu::amx`) dequantize each weight once for 64 rows
+/// (`results/bench/2026-12-05-s28-q4prefill/`).
+pub const BLOCK: usize = 64;
 
 fn unsup(msg: impl Into<String>) -> EngineError {
     EngineError::CpuDecoderUnsupported(msg.into())
@@ -1557,6 +1559,17 @@ fn amx_from_env() -> Result<bool> {
             problem: format!("{o}: expected 0 or 1"),
         }),
     }
+}
+
+/// The kernels a CPU decoder made now runs (what [`CpuBatch::isa`] would say: `avx512+vnni+amx`
+/// where AMX's tiles run prompt blocks and `MLX_CPU_AMX` is not `0`, else the instruction
+/// set's name), for a statistics line written before the decoder is made.
+pub fn kernels() -> &'static str {
+    let isa = cpu::Isa::detect();
+    cpu::kernels_name(
+        isa,
+        cpu::amx_available(isa) && amx_from_env().unwrap_or(false),
+    )
 }
 
 impl<'m> CpuBatch<'m> {

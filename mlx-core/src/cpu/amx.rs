@@ -61,6 +61,27 @@ thread_local! {
     static XB: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
     /// A worker's panel scales and biases as float32.
     static SB: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A worker's C tiles between column chunks ([`panel_chunked`]): two tiles a pass and
+    /// panel.
+    static CB: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+}
+
+/// 32-column blocks a chunk of [`panel_chunked`]: the panel's dequantized rows of a chunk
+/// (hi / lo tile pairs, `2 * KC` tiles, 16 KiB) stay in the L1 cache while every pass reads
+/// them.
+const KC: usize = 8;
+
+/// Which panel kernel [`matmul_jobs`] takes: [`panel_chunked`] over one panel (0, the
+/// default; [`panel`] where `m <= PASS`), [`panel`] (1: the weights dequantized again for
+/// every pass of [`PASS`] inputs)
+/// or [`panel_chunked`] over two panels (2: no faster in `cpu_matvec prefill`). All give the
+/// same bits; a measurement knob for the micro-benchmark.
+static MODE: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets [`MODE`] (measurement only: every kernel gives the same bits).
+#[doc(hidden)]
+pub fn set_panel_mode(mode: usize) {
+    MODE.store(mode, Ordering::Relaxed);
 }
 
 /// Whether this CPU and operating system run the AMX bfloat16 tile products (CPUID's AMX-TILE,
@@ -126,6 +147,17 @@ pub(crate) fn matmul_jobs(
     m: usize,
     jobs: &mut [MatJob<'_, '_>],
 ) -> Result<()> {
+    matmul_jobs_with(ctx, x, m, jobs, MODE.load(Ordering::Relaxed))
+}
+
+/// [`matmul_jobs`] through the panel kernel `mode` names ([`MODE`]).
+fn matmul_jobs_with(
+    ctx: &CpuContext,
+    x: &[f32],
+    m: usize,
+    jobs: &mut [MatJob<'_, '_>],
+    mode: usize,
+) -> Result<()> {
     let cols = jobs[0].w.cols();
     let need = m.div_ceil(PASS) * (cols / 32) * 4 * TILE;
     XB.with(|xb| {
@@ -151,7 +183,7 @@ pub(crate) fn matmul_jobs(
             // `need` values of `xb`.
             unsafe { split_inputs(x, m, cols, u / kblocks, u % kblocks, dst) };
         });
-        run(ctx, xb, m, jobs);
+        run(ctx, xb, m, jobs, mode);
     });
     Ok(())
 }
@@ -183,13 +215,18 @@ static CONFIG: TileConfig = {
     c
 };
 
-fn run(ctx: &CpuContext, xb: &[u16], m: usize, jobs: &mut [MatJob<'_, '_>]) {
+fn run(ctx: &CpuContext, xb: &[u16], m: usize, jobs: &mut [MatJob<'_, '_>], mode: usize) {
+    // One pass: nothing to reuse, and `panel` spares the C tiles' stores and loads between
+    // chunks (the same bits).
+    let mode = if mode == 0 && m <= PASS { 1 } else { mode };
     type Plan<'p> = (Matrix<'p>, Option<Floats<'p>>, SharedOut, usize);
     let mut plan: [Option<Plan<'_>>; MAX_JOBS] = [None; MAX_JOBS];
+    // Weight rows a unit of work.
+    let unit = if mode == 2 { 2 * TR } else { TR };
     let mut panels = 0;
     for (p, j) in plan.iter_mut().zip(jobs.iter_mut()) {
         *p = Some((*j.w, j.bias, SharedOut::new(j.out), panels));
-        panels += j.w.rows().div_ceil(TR);
+        panels += j.w.rows().div_ceil(unit);
     }
     let next = AtomicUsize::new(0);
     ctx.pool.run(&|_, _| {
@@ -199,35 +236,59 @@ fn run(ctx: &CpuContext, xb: &[u16], m: usize, jobs: &mut [MatJob<'_, '_>]) {
         #[repr(C, align(64))]
         struct Panel([u16; 4 * TILE]);
         let mut a = Panel([0; 4 * TILE]);
+        // A chunk's dequantized rows ([`panel_chunked`]).
+        #[repr(C, align(64))]
+        struct Chunk([u16; 2 * KC * TILE]);
+        let mut ch = Chunk([0; 2 * KC * TILE]);
         SB.with(|sb| {
-            let mut sb = sb.borrow_mut();
-            loop {
-                let b = next.fetch_add(1, Ordering::Relaxed);
-                if b >= panels {
-                    break;
+            CB.with(|cb| {
+                let mut sb = sb.borrow_mut();
+                let mut cb = cb.borrow_mut();
+                let lines = m.div_ceil(PASS) * 2 * 2 * TR;
+                if cb.len() < lines {
+                    cb.resize(lines, Line([0; 32]));
                 }
-                let Some(&(w, bias, out, start)) = plan.iter().rev().flatten().find(|p| p.3 <= b)
-                else {
-                    break;
-                };
-                let n = w.rows();
-                let r0 = (b - start) * TR;
-                let r1 = (r0 + TR).min(n);
-                if !started {
-                    // SAFETY: AMX is available (`applies` saw `ctx.amx`); the configuration is
-                    // 64 readable bytes.
-                    unsafe { asm!("ldtilecfg [{0}]", in(reg) &CONFIG, options(nostack, readonly)) };
-                    started = true;
+                loop {
+                    let b = next.fetch_add(1, Ordering::Relaxed);
+                    if b >= panels {
+                        break;
+                    }
+                    let Some(&(w, bias, out, start)) =
+                        plan.iter().rev().flatten().find(|p| p.3 <= b)
+                    else {
+                        break;
+                    };
+                    let n = w.rows();
+                    let r0 = (b - start) * unit;
+                    let r1 = (r0 + unit).min(n);
+                    if !started {
+                        // SAFETY: AMX is available (`applies` saw `ctx.amx`); the configuration is
+                        // 64 readable bytes.
+                        unsafe {
+                            asm!("ldtilecfg [{0}]", in(reg) &CONFIG, options(nostack, readonly))
+                        };
+                        started = true;
+                    }
+                    // SAFETY: as in `matmul_jobs`; `w` is a 4- or 8-bit affine matrix (`applies`),
+                    // rows r0..r1 of every output are this worker's alone, `xb` holds the inputs'
+                    // passes ([`split_inputs`]).
+                    unsafe {
+                        match mode {
+                            1 => panel(&w, r0, r1, xb, m, &mut a.0, &mut c, &mut sb, out, bias),
+                            2 => panel_chunked::<2>(
+                                &w, r0, r1, xb, m, &mut ch.0, &mut cb, &mut sb, out, bias,
+                            ),
+                            _ => panel_chunked::<1>(
+                                &w, r0, r1, xb, m, &mut ch.0, &mut cb, &mut sb, out, bias,
+                            ),
+                        }
+                    };
                 }
-                // SAFETY: as in `matmul_jobs`; `w` is a 4- or 8-bit affine matrix (`applies`),
-                // rows r0..r1 of every output are this worker's alone, `xb` holds the inputs'
-                // passes ([`split_inputs`]).
-                unsafe { panel(&w, r0, r1, xb, m, &mut a.0, &mut c, &mut sb, out, bias) };
-            }
-            if started {
-                // SAFETY: tiles were configured above.
-                unsafe { asm!("tilerelease", options(nostack, nomem)) };
-            }
+                if started {
+                    // SAFETY: tiles were configured above.
+                    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+                }
+            })
         });
     });
 }
@@ -396,6 +457,222 @@ unsafe fn panel(
                 let (tile, col) = (t / 16, t % 16);
                 for (i, (o, b)) in o.iter_mut().zip(&bv).enumerate() {
                     *o = c[tile * TR * 16 + i * 16 + col] + b;
+                }
+            }
+        }
+    }
+}
+
+/// As [`panel`], the same bits, with the weights dequantized once a call instead of once a
+/// pass, over `NP` panels of [`TR`] rows (rows `r0..r1`, at most `NP * TR`): per chunk of
+/// `KC / NP` 32-column blocks, the rows are dequantized and split into `a` (hi / lo tile
+/// pairs, 16 KiB: in the L1 cache), then every pass of [`PASS`] inputs, for each panel, loads
+/// its two C tiles from `cb` (zero at the first chunk), runs the chunk's blocks (the same
+/// three tile products per 16 inputs in the same order as [`panel`]) and stores them back.
+/// Float32 C tiles are stored and loaded exactly, so each output's sums are [`panel`]'s. A
+/// prompt block of `m` rows dequantizes each weight once, against `m / 32` times in
+/// [`panel`]. With `NP = 2` the inputs' tiles of a chunk, read from the L2 cache by the first
+/// panel, are in the L1 cache for the second (half the L2 traffic of one panel at a time),
+/// but that measured no faster (`cpu_matvec prefill`): the default is `NP = 1`.
+///
+/// # Safety
+/// As [`panel`] (with `r1 - r0 <= NP * TR`); `cb` holds at least
+/// `m.div_ceil(PASS) * NP * 2 * TR` lines.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn panel_chunked<const NP: usize>(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    xb: &[u16],
+    m: usize,
+    a: &mut [u16; 2 * KC * TILE],
+    cb: &mut [Line],
+    sb: &mut Vec<f32>,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let kc_max = KC / NP;
+    let cols = w.cols();
+    let kblocks = cols / 32;
+    let n = w.rows();
+    let passes = m.div_ceil(PASS);
+    let Kind::Affine {
+        words,
+        scales,
+        biases,
+        bits,
+        group,
+    } = w.kind
+    else {
+        unreachable!("amx::panel_chunked takes affine matrices")
+    };
+    assert!(
+        (1..=2).contains(&NP)
+            && r0 < r1
+            && r1 - r0 <= NP * TR
+            && r1 <= n
+            && xb.len() >= passes * kblocks * 4 * TILE
+            && cb.len() >= passes * NP * 2 * TR,
+        "amx panel_chunked: sizes"
+    );
+    let bytes: &[u8] = {
+        // SAFETY: a u32 slice viewed as its bytes (alignment 1, same length in bytes).
+        unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, words.len() * 4) }
+    };
+    let row_bytes = cols * bits as usize / 8;
+    let groups = cols / group;
+    let per_group = group / 32;
+    let stride = 64usize;
+    let rows = r1 - r0;
+    // Panels that hold rows (the last may be short).
+    let np = rows.div_ceil(TR);
+    if sb.len() < 2 * NP * TR * groups {
+        sb.resize(2 * NP * TR * groups, 0.0);
+    }
+    let (ps, pb) = sb[..2 * NP * TR * groups].split_at_mut(NP * TR * groups);
+    for i in 0..rows {
+        let at = (r0 + i) * groups;
+        // SAFETY: F16C as the contract says; `at + groups` is within the matrix's groups.
+        unsafe {
+            widen(scales, at, &mut ps[i * groups..(i + 1) * groups]);
+            widen(biases, at, &mut pb[i * groups..(i + 1) * groups]);
+        }
+    }
+    let cp = cb.as_mut_ptr() as *mut f32;
+    // C tiles of (pass, panel): two tiles of TR x 16 float32.
+    // SAFETY (of each call): `pass < passes` and `p < NP`, within `cb` (asserted above).
+    let ctile = |pass: usize, p: usize| unsafe { cp.add((pass * NP + p) * 2 * TR * 16) };
+    // A tiles of (panel, block of the chunk): a hi / lo pair.
+    let atile = |p: usize, kc: usize| (p * kc_max + kc) * 2 * TILE;
+    // SAFETY: every pointer below stays inside `bytes` (rows r0..r1 < n, blocks < kblocks),
+    // `a` (64-byte aligned: the caller's; `NP * kc_max` = KC pairs), `cb` (`passes * NP * 2 *
+    // TR` lines, asserted), `ps`, `pb` and `xb` (sizes asserted and grown above); features and
+    // tiles as the contract says.
+    unsafe {
+        for k0 in (0..kblocks).step_by(kc_max) {
+            let kn = kc_max.min(kblocks - k0);
+            for kc in 0..kn {
+                let kb = k0 + kc;
+                let gi = kb / per_group;
+                for i in 0..rows {
+                    let buf = a.as_mut_ptr().add(atile(i / TR, kc));
+                    let ir = i % TR;
+                    let sv = _mm512_set1_ps(*ps.get_unchecked(i * groups + gi));
+                    let bv = _mm512_set1_ps(*pb.get_unchecked(i * groups + gi));
+                    let p = bytes
+                        .as_ptr()
+                        .add((r0 + i) * row_bytes + kb * 32 * bits as usize / 8);
+                    // Dword j holds values 2j and 2j + 1 (as in `panel`).
+                    let (e, o) = if bits == 4 {
+                        let d = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+                        (
+                            _mm512_and_si512(d, _mm512_set1_epi32(0x0f)),
+                            _mm512_srli_epi32::<4>(d),
+                        )
+                    } else {
+                        let d = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+                        (
+                            _mm512_and_si512(d, _mm512_set1_epi32(0xff)),
+                            _mm512_srli_epi32::<8>(d),
+                        )
+                    };
+                    let we = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e), sv, bv);
+                    let wo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(o), sv, bv);
+                    let (hi, lo) = split_pairs(we, wo);
+                    _mm512_store_si512(buf.add(ir * 32) as *mut _, hi);
+                    _mm512_store_si512(buf.add(TILE + ir * 32) as *mut _, lo);
+                }
+            }
+            for pass in 0..passes {
+                let tn = (m - pass * PASS).min(PASS);
+                for p in 0..np {
+                    let c0 = ctile(pass, p);
+                    let c1 = c0.add(TR * 16);
+                    if k0 == 0 {
+                        asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
+                    } else {
+                        asm!(
+                            "tileloadd tmm0, [{c} + {s}*1]",
+                            "tileloadd tmm1, [{c1} + {s}*1]",
+                            c = in(reg) c0,
+                            c1 = in(reg) c1,
+                            s = in(reg) stride,
+                            options(nostack, readonly),
+                        );
+                    }
+                    for kc in 0..kn {
+                        let buf = a.as_ptr().add(atile(p, kc));
+                        let xp = xb.as_ptr().add((pass * kblocks + k0 + kc) * 4 * TILE);
+                        if tn > 16 {
+                            asm!(
+                                "tileloadd tmm2, [{a} + {s}*1]",
+                                "tileloadd tmm4, [{x} + {s}*1]",
+                                "tileloadd tmm6, [{x1} + {s}*1]",
+                                "tdpbf16ps tmm0, tmm2, tmm4",
+                                "tdpbf16ps tmm1, tmm2, tmm6",
+                                "tileloadd tmm5, [{xl} + {s}*1]",
+                                "tileloadd tmm7, [{xl1} + {s}*1]",
+                                "tdpbf16ps tmm0, tmm2, tmm5",
+                                "tdpbf16ps tmm1, tmm2, tmm7",
+                                "tileloadd tmm3, [{al} + {s}*1]",
+                                "tdpbf16ps tmm0, tmm3, tmm4",
+                                "tdpbf16ps tmm1, tmm3, tmm6",
+                                a = in(reg) buf,
+                                al = in(reg) buf.add(TILE),
+                                x = in(reg) xp,
+                                xl = in(reg) xp.add(TILE),
+                                x1 = in(reg) xp.add(2 * TILE),
+                                xl1 = in(reg) xp.add(3 * TILE),
+                                s = in(reg) stride,
+                                options(nostack, readonly),
+                            );
+                        } else {
+                            asm!(
+                                "tileloadd tmm2, [{a} + {s}*1]",
+                                "tileloadd tmm4, [{x} + {s}*1]",
+                                "tdpbf16ps tmm0, tmm2, tmm4",
+                                "tileloadd tmm5, [{xl} + {s}*1]",
+                                "tdpbf16ps tmm0, tmm2, tmm5",
+                                "tileloadd tmm3, [{al} + {s}*1]",
+                                "tdpbf16ps tmm0, tmm3, tmm4",
+                                a = in(reg) buf,
+                                al = in(reg) buf.add(TILE),
+                                x = in(reg) xp,
+                                xl = in(reg) xp.add(TILE),
+                                s = in(reg) stride,
+                                options(nostack, readonly),
+                            );
+                        }
+                    }
+                    asm!(
+                        "tilestored [{c} + {s}*1], tmm0",
+                        "tilestored [{c1} + {s}*1], tmm1",
+                        c = in(reg) c0,
+                        c1 = in(reg) c1,
+                        s = in(reg) stride,
+                        options(nostack),
+                    );
+                }
+            }
+        }
+        for p in 0..np {
+            let (pr0, pr1) = (p * TR, ((p + 1) * TR).min(rows));
+            let mut bv = [0f32; TR];
+            if let Some(b) = bias {
+                for (i, v) in bv[..pr1 - pr0].iter_mut().enumerate() {
+                    *v = b.get(r0 + pr0 + i);
+                }
+            }
+            for pass in 0..passes {
+                let tn = (m - pass * PASS).min(PASS);
+                let c = std::slice::from_raw_parts(ctile(pass, p), 2 * TR * 16);
+                for t in 0..tn {
+                    let o = out.range((pass * PASS + t) * n + r0 + pr0, pr1 - pr0);
+                    let (tile, col) = (t / 16, t % 16);
+                    for (i, (o, b)) in o.iter_mut().zip(&bv).enumerate() {
+                        *o = c[tile * TR * 16 + i * 16 + col] + b;
+                    }
                 }
             }
         }
@@ -611,7 +888,7 @@ mod tests {
                 (Floats::F32(&sc), Floats::F32(&bi))
             };
             let w = Matrix::affine(&words, s, b, rows, cols, bits, group).unwrap();
-            for m in [8, 16, 17, 32, 33, 70] {
+            for m in [8, 16, 17, 32, 33, 70, 130] {
                 let x: Vec<f32> = (0..m * cols)
                     .map(|i| g.unit() * 10f32.powi((i % 7) as i32 - 3))
                     .collect();
@@ -639,6 +916,75 @@ mod tests {
                             (got - want).abs() <= bound,
                             "bits {bits} group {group} m {m} t {t} r {r}: {got} vs {want} \
                              (bound {bound})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// `panel_chunked` over one panel (the default) and over two (the weights dequantized
+    /// once a call) against `panel` (once a pass of 32 inputs): tier L2, bit for bit (the same
+    /// tile products in the same order per output; float32 C tiles stored and loaded exactly
+    /// between chunks). Columns of 1, 8, 9 and 12 blocks (tail chunks), 37 rows (a unit of 32
+    /// and one of 5: a short second panel, none), 4/8 bits, groups 32/64, a bias, m from 8 to
+    /// 130 (tail passes of 16 or fewer inputs).
+    #[test]
+    fn chunked_panels_equal_the_per_pass_panels() {
+        let Some(ctx) = amx_ctx() else {
+            return;
+        };
+        let mut g = Lcg(41);
+        for (bits, group, cols) in [
+            (4u32, 32usize, 256usize),
+            (8, 32, 288),
+            (4, 64, 384),
+            (4, 32, 32),
+        ] {
+            let rows = 37;
+            let words: Vec<u32> = (0..rows * cols * bits as usize / 32)
+                .map(|_| g.next())
+                .collect();
+            let groups = rows * cols / group;
+            let sc: Vec<f16> = (0..groups)
+                .map(|_| f16::from_f32(g.unit() * 0.02))
+                .collect();
+            let bi: Vec<f16> = (0..groups).map(|_| f16::from_f32(g.unit() * 0.1)).collect();
+            let bias: Vec<f32> = (0..rows).map(|i| i as f32 * 0.5 - 7.0).collect();
+            let w = Matrix::affine(
+                &words,
+                Floats::F16(&sc),
+                Floats::F16(&bi),
+                rows,
+                cols,
+                bits,
+                group,
+            )
+            .unwrap();
+            for m in [8, 16, 33, 64, 70, 130] {
+                let x: Vec<f32> = (0..m * cols)
+                    .map(|i| g.unit() * 10f32.powi((i % 5) as i32 - 2))
+                    .collect();
+                let mut outs = [
+                    vec![0f32; m * rows],
+                    vec![0f32; m * rows],
+                    vec![0f32; m * rows],
+                ];
+                for (o, mode) in outs.iter_mut().zip([1, 0, 2]) {
+                    let mut jobs = [MatJob {
+                        w: &w,
+                        bias: Some(Floats::F32(&bias)),
+                        out: o,
+                    }];
+                    assert!(applies(&ctx, m, &jobs));
+                    matmul_jobs_with(&ctx, &x, m, &mut jobs, mode).unwrap();
+                }
+                for (k, o) in outs[1..].iter().enumerate() {
+                    for (i, (a, b)) in outs[0].iter().zip(o).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "mode {k} bits {bits} group {group} cols {cols} m {m} at {i}: {a} vs {b}"
                         );
                     }
                 }

@@ -212,10 +212,7 @@ impl CpuContext {
         } else {
             threads
         };
-        #[cfg(target_arch = "x86_64")]
-        let amx = isa == Isa::Avx512 && amx::available();
-        #[cfg(not(target_arch = "x86_64"))]
-        let amx = false;
+        let amx = amx_available(isa);
         Ok(CpuContext {
             pool: ThreadPool::new(threads)?,
             isa,
@@ -228,10 +225,30 @@ impl CpuContext {
 
     /// The kernels' name: the instruction set's, with `+amx` where [`CpuContext::amx`] is set.
     pub fn kernels(&self) -> &'static str {
-        match (self.isa, self.amx) {
-            (Isa::Avx512, true) => "avx512+vnni+amx",
-            (isa, _) => isa.name(),
-        }
+        kernels_name(self.isa, self.amx)
+    }
+}
+
+/// The name of the kernels on `isa` with AMX's prompt-block tiles (`amx`) or not: the
+/// instruction set's ([`Isa::name`]), with `+amx` where AMX runs (only on [`Isa::Avx512`]).
+pub fn kernels_name(isa: Isa, amx: bool) -> &'static str {
+    match (isa, amx) {
+        (Isa::Avx512, true) => "avx512+vnni+amx",
+        (isa, _) => isa.name(),
+    }
+}
+
+/// Whether a [`CpuContext`] made now on `isa` would have [`CpuContext::amx`] set (the CPU and
+/// operating system run AMX's bfloat16 tiles: [`amx::available`]).
+pub fn amx_available(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == Isa::Avx512 && amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
     }
 }
 
@@ -281,6 +298,24 @@ impl SharedOut {
         );
         // SAFETY: in bounds (checked); exclusive per the contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), n) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statistics line's names: `+amx` only where AMX's tiles run, on AVX-512.
+    #[test]
+    fn kernels_names() {
+        assert_eq!(kernels_name(Isa::Avx512, true), "avx512+vnni+amx");
+        assert_eq!(kernels_name(Isa::Avx512, false), "avx512+vnni");
+        assert_eq!(kernels_name(Isa::Avx2, true), "avx2+fma");
+        assert_eq!(kernels_name(Isa::Scalar, false), "scalar");
+        let isa = Isa::detect();
+        let ctx = CpuContext::with_isa(1, isa).unwrap();
+        assert_eq!(ctx.amx, amx_available(isa));
+        assert_eq!(ctx.kernels(), kernels_name(isa, amx_available(isa)));
     }
 }
 
