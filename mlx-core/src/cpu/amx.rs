@@ -806,7 +806,7 @@ unsafe fn split_inputs(x: &[f32], m: usize, cols: usize, half: usize, kb: usize,
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
+pub(super) fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
     let mut t = [_mm512_setzero_si512(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);

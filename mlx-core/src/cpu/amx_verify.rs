@@ -45,6 +45,7 @@ use std::cell::RefCell;
 
 use half::f16;
 
+use super::amx::transpose16;
 use super::matmul::{Floats, Kind, Matrix};
 use super::SharedOut;
 
@@ -142,38 +143,6 @@ thread_local! {
     static F: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The AMX kernel's B tiles (512 bytes a chunk) and C tiles.
     static T: RefCell<(Vec<u8>, Vec<i32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-}
-
-/// A 16 x 16 matrix of 32-bit lanes (one row a vector) transposed (`amx::transpose16`'s
-/// steps).
-#[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
-    let mut t = [_mm512_setzero_si512(); 16];
-    for i in 0..8 {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    let mut u = [_mm512_setzero_si512(); 16];
-    for i in 0..4 {
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    let mut o = [_mm512_setzero_si512(); 16];
-    for j in 0..4 {
-        let v0 = _mm512_shuffle_i32x4::<0x44>(u[j], u[4 + j]);
-        let v1 = _mm512_shuffle_i32x4::<0xee>(u[j], u[4 + j]);
-        let v2 = _mm512_shuffle_i32x4::<0x44>(u[8 + j], u[12 + j]);
-        let v3 = _mm512_shuffle_i32x4::<0xee>(u[8 + j], u[12 + j]);
-        o[j] = _mm512_shuffle_i32x4::<0x88>(v0, v2);
-        o[4 + j] = _mm512_shuffle_i32x4::<0xdd>(v0, v2);
-        o[8 + j] = _mm512_shuffle_i32x4::<0x88>(v1, v3);
-        o[12 + j] = _mm512_shuffle_i32x4::<0xdd>(v1, v3);
-    }
-    o
 }
 
 fn mask16(k: usize) -> __mmask16 {
