@@ -40,7 +40,7 @@ pub struct ConvertArgs {
     #[arg(long, default_value_t = 0)]
     pub q_seed: u64,
     /// `--q-mode trellis`: the code the states decode to: `1mad` (QTIP's), or `1mad8` (1MAD
-    /// rounded to int8; L <= 8 runs the CPU decoder's int8 kernel).
+    /// rounded to int8, for the CPU decoder's int8 kernel: needs `--q-trellis-l` 8 or less).
     #[arg(long, default_value = "1mad", value_parser = ["1mad", "1mad8"])]
     pub q_trellis_code: String,
     /// `--q-mode trellis`: a `.safetensors` file of `<linear path>.hessian` (each linear's
@@ -77,6 +77,12 @@ impl ConvertArgs {
         };
         if self.quantize && self.dequantize {
             return Err("Choose either quantize or dequantize, not both.".into());
+        }
+        if trellis.is_none() && self.q_trellis_code != "1mad" {
+            return Err(format!(
+                "--q-trellis-code {}: only with --q-mode trellis (got --q-mode {})",
+                self.q_trellis_code, self.q_mode
+            ));
         }
         if self.quant_predicate.is_some() && (q_mode != QuantMode::Affine || trellis.is_some()) {
             return Err("Quant predicates only support 'affine' quantization.".into());

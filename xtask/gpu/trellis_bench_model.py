@@ -52,8 +52,11 @@ def main():
         if name.startswith(keep) or f"{base}.scales" not in weights:
             out[name] = w
             continue
-        if not name.endswith(".weight"):
+        if name in (f"{base}.scales", f"{base}.biases"):
             continue  # the affine scales and biases: replaced
+        if not name.endswith(".weight"):
+            out[name] = w  # a layer bias stays
+            continue
         rows, cols = w.shape[0], w.shape[1] * 32 // bits
         if cols % a.block:
             raise SystemExit(f"{base}: {cols} inputs are not whole blocks of {a.block}")

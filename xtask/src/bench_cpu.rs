@@ -524,15 +524,19 @@ impl Ctx<'_> {
         last_json(&out, "mlx info --json")
     }
 
-    /// The process's baseline peak (bytes): `mlx generate` (default decoder, the same thread
-    /// count) on [`BASELINE_MODEL`], one prompt token and one generated.
-    fn baseline(&self) -> Result<Option<u64>, String> {
+    /// The process's baseline peak (bytes): `mlx generate` (side 0: the default decoder; side
+    /// 1: `--decoder mlx`, as that side runs; the same thread count) on [`BASELINE_MODEL`], one
+    /// prompt token and one generated.
+    fn baseline(&self, side: usize) -> Result<Option<u64>, String> {
         let mut c = Command::new(&self.mlx);
         c.arg("generate")
             .arg("--model")
             .arg(workspace_root().join(BASELINE_MODEL))
             .args(["--prompt-ids", "1", "--max-tokens", "1", "--temp", "0"])
             .args(["--json", "--threads", &self.o.threads.to_string()]);
+        if side == 1 {
+            c.args(["--decoder", "mlx"]);
+        }
         let (out, peak) = run_peak(c, "mlx generate (process baseline)")?;
         last_json(&out, "mlx generate (process baseline)")?;
         Ok(peak)
@@ -698,7 +702,7 @@ pub(crate) fn run(o: &Options, py: &Path, started: Instant) -> Result<(), String
     };
     let uptime_before = loadavg();
     let mut lines = Vec::new();
-    let mut baselines = Vec::new();
+    let mut baselines: [Vec<f64>; 2] = Default::default();
     let mut gathered = Vec::new();
     let mut ids_by_len: Vec<(usize, String)> = Vec::new();
     let mut row_ids = Vec::new();
@@ -743,13 +747,20 @@ pub(crate) fn run(o: &Options, py: &Path, started: Instant) -> Result<(), String
             bw / 1e9,
             loadavg()
         ));
-        let base = ctx.baseline()?;
-        lines.push(format!(
-            "round {}: process baseline (mlx generate on {BASELINE_MODEL}) peak {} MB",
-            round + 1,
-            base.map_or("?".into(), |p| format!("{:.1}", mb(p)))
-        ));
-        baselines.push(base.map_or(f64::NAN, |b| b as f64));
+        for (side, b) in baselines.iter_mut().enumerate() {
+            // A failed baseline run costs its column, not the bench.
+            let base = ctx.baseline(side).unwrap_or_else(|e| {
+                lines.push(format!("round {}: process baseline failed: {e}", round + 1));
+                None
+            });
+            lines.push(format!(
+                "round {}: process baseline ({} on {BASELINE_MODEL}) peak {} MB",
+                round + 1,
+                SIDES[side],
+                base.map_or("?".into(), |p| format!("{:.1}", mb(p)))
+            ));
+            b.push(base.map_or(f64::NAN, |b| b as f64));
+        }
         for (g, ids) in gathered.iter_mut().zip(&row_ids) {
             g.roofline.push(bw / g.bytes as f64);
             for k in 0..4 {
@@ -790,7 +801,7 @@ pub(crate) fn run(o: &Options, py: &Path, started: Instant) -> Result<(), String
                 &uptime_before,
                 started,
                 round + 1,
-                median(&baselines),
+                [median(&baselines[0]), median(&baselines[1])],
             );
             write_table(o, &md)?;
         }
@@ -802,7 +813,7 @@ pub(crate) fn run(o: &Options, py: &Path, started: Instant) -> Result<(), String
         &uptime_before,
         started,
         o.rounds,
-        median(&baselines),
+        [median(&baselines[0]), median(&baselines[1])],
     );
     println!("{md}");
     let out = write_table(o, &md)?;
@@ -833,7 +844,7 @@ fn cell(x: f64, p: usize) -> String {
 }
 
 /// The Markdown table and the raw lines; `baseline` is the process's median baseline peak
-/// (bytes, NaN where unknown).
+/// for ours and ours exact (bytes, NaN where unknown).
 fn table(
     o: &Options,
     rows: &[Gathered],
@@ -841,7 +852,7 @@ fn table(
     before: &str,
     started: Instant,
     done: usize,
-    baseline: f64,
+    baseline: [f64; 2],
 ) -> String {
     let mut md = format!(
         "# CPU generation speed (issue #31)\n\n`cargo xtask bench {}` ({done} of {} round(s), \
@@ -853,14 +864,16 @@ fn table(
          model's bytes plus the CPU decoder's float16 KV cache at P + G positions; peak / (model \
          + KV) is the strict ratio of issue #31's memory target. Baseline = the median peak of \
          the same `mlx generate` on the tiny `{BASELINE_MODEL}` fixture (one token in, one out), \
-         measured each round: the process itself before any real weight ({} MB this run); \
+         measured each round with each side's decoder: the process itself before any real \
+         weight ({} and {} MB this run); \
          (peak - baseline) / (model + KV) is the ratio without it (ours and ours exact only: \
          mlx-lm's and llama.cpp's processes have baselines of their own, not measured). Rows \
          marked random weights are for speed only.\n\n",
         o.argv,
         o.rounds,
         o.threads,
-        cell(baseline / 1e6, 1)
+        cell(baseline[0] / 1e6, 1),
+        cell(baseline[1] / 1e6, 1)
     );
     md.push_str(
         "| row | side | prefill tok/s | decode tok/s | prefill / llama.cpp | decode / llama.cpp \
@@ -916,7 +929,7 @@ fn table(
                 mb(total),
                 cell(peak / total as f64, 2),
                 if side < 2 {
-                    cell((peak - baseline) / total as f64, 2)
+                    cell((peak - baseline[side]) / total as f64, 2)
                 } else {
                     String::new()
                 },

@@ -144,6 +144,20 @@ impl TrellisSpec {
                 min: (self.l as usize).div_ceil(self.k as usize),
             });
         }
+        if self.code == TrellisCode::Mad8 {
+            // Its codes are decoded only by the int8 table kernel (`LutPlan`): 8-bit states,
+            // steps of whole groups of 64 weights of at most 16 words. Anything else would
+            // run the scalar fallback, far slower than `1mad`.
+            let span = self.block.max(64);
+            let fits = span % self.block == 0 && span / self.block * self.block_words() <= 16;
+            if self.l > 8 || !fits {
+                return Err(TrellisError::Mad8Shape {
+                    l: self.l,
+                    block: self.block,
+                    k: self.k,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -188,6 +202,12 @@ pub enum TrellisError {
     /// A block shorter than the state or longer than 4096 weights.
     #[error("trellis block of {block} weights is outside {min}..=4096")]
     BlockSize { block: usize, min: usize },
+    /// The `1mad8` code outside its kernel's shapes.
+    #[error(
+        "trellis_code 1mad8 needs trellis_l <= 8 and a block of 32 or a multiple of 64 of at most \
+         512 bits, got L {l} and a block of {block} at {k} bits (use trellis_code 1mad otherwise)"
+    )]
+    Mad8Shape { l: u32, block: usize, k: u32 },
     /// A matrix whose rows cannot be cut into blocks.
     #[error("a ({rows}, {cols}) matrix cannot be cut into trellis blocks of {block}")]
     Shape {
