@@ -3325,6 +3325,28 @@ mod tests {
             Some(TrellisCode::Mad)
         );
         assert_eq!(TrellisCode::from_name("2mad"), None);
+        // 1mad8 only where its int8 kernel runs: 8-bit states, blocks of 32 or whole 64s.
+        let spec = |l, block| TrellisSpec {
+            k: 3,
+            l,
+            block,
+            code: TrellisCode::Mad8,
+        };
+        assert!(spec(8, 32).check().is_ok());
+        assert!(spec(8, 128).check().is_ok());
+        for (l, block) in [(12, 32), (9, 64), (8, 256)] {
+            let e = spec(l, block).check().unwrap_err();
+            assert!(
+                matches!(e, TrellisError::Mad8Shape { .. }) && e.to_string().contains("trellis_l"),
+                "L {l}, block {block}: {e}"
+            );
+        }
+        assert!(TrellisSpec {
+            code: TrellisCode::Mad,
+            ..spec(12, 256)
+        }
+        .check()
+        .is_ok());
     }
 
     #[test]
