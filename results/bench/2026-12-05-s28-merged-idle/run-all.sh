@@ -5,6 +5,7 @@ OUT=${OUT:?}
 MLX=${MLX:?}
 BASE=${BASE:-/work/s26-mlx/mlx}
 LB=${LB:-/work/llama-cpp/build-noamx/bin/llama-bench}
+export LLAMA_BENCH=${LLAMA_BENCH:-$LB}  # the side-by-side reads LLAMA_BENCH
 export LD_LIBRARY_PATH=/root/.cache/mlx-rs/runtime/mlx-cpu-0.32.4/mlx/lib
 mkdir -p $OUT
 t() { echo "$1 $(date -u) load $(cut -d' ' -f1-3 /proc/loadavg)" >> $OUT/times.txt; }
