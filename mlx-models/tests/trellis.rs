@@ -65,7 +65,19 @@ fn plain_ops_decode_equals_the_cpu_kernel_bit_for_bit() {
 /// (a take on the state table) bit-equal to the CPU kernel's, within 1% of 1MAD's error.
 #[test]
 fn the_int8_code_loads_and_decodes_bit_for_bit() {
-    let cfg = trellis_config(r#", "trellis_code": "1mad8""#);
+    // 1mad8 only with 8-bit states (its int8 kernel's), and the error names trellis_l.
+    let e = ModelConfig::from_json_str(
+        r#"{"model_type": "llama", "quantization": {"group_size": 64, "bits": 3,
+            "mode": "trellis", "trellis_l": 10, "seed": 42, "trellis_code": "1mad8"}}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("trellis_l") && e.contains("1mad8"), "{e}");
+    let cfg = ModelConfig::from_json_str(
+        r#"{"model_type": "llama", "quantization": {"group_size": 64, "bits": 3,
+            "mode": "trellis", "trellis_l": 8, "seed": 42, "trellis_code": "1mad8"}}"#,
+    )
+    .unwrap();
     let q = cfg.quantization.unwrap().default;
     let t = q.trellis.unwrap();
     assert_eq!(t.trellis_code, mlx_core::cpu::trellis::TrellisCode::Mad8);
