@@ -344,19 +344,9 @@ impl TrellisGpu {
     /// `trellis_input`: `xh` from the bfloat16 input `x` (its bits), first normed with
     /// `norm` (the weights' bfloat16 bits, epsilon) where given.
     pub fn input(&mut self, x: &[u16], norm: Option<(&[u16], f64)>) -> mlx_core::Result<Vec<f32>> {
+        self.upload_input("TrellisGpu::input", x, norm)?;
         let (p, q) = (&self.plan, self.parts);
         let cols = p.cols;
-        if x.len() != cols || norm.is_some_and(|(w, _)| w.len() != cols) {
-            return Err(invalid(
-                "TrellisGpu::input",
-                format!("{cols} inputs and norm weights expected"),
-            ));
-        }
-        let halves = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
-        self.rt.upload(q.x, 0, &halves(x))?;
-        if let Some((w, _)) = norm {
-            self.rt.upload(q.normw, 0, &halves(w))?;
-        }
         let (gx, gy) = p.input_grid(1);
         let eps = norm.map(|n| n.1);
         let args = [
@@ -395,19 +385,8 @@ impl TrellisGpu {
         x: &[u16],
         norm: Option<(&[u16], f64)>,
     ) -> mlx_core::Result<Vec<f32>> {
-        let cols = self.plan.cols;
-        if x.len() != cols || norm.is_some_and(|(w, _)| w.len() != cols) {
-            return Err(invalid(
-                "TrellisGpu::matvec_in",
-                format!("{cols} inputs and norm weights expected"),
-            ));
-        }
-        let q = self.parts;
-        let halves = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
-        self.rt.upload(q.x, 0, &halves(x))?;
-        if let Some((w, _)) = norm {
-            self.rt.upload(q.normw, 0, &halves(w))?;
-        }
+        self.upload_input("TrellisGpu::matvec_in", x, norm)?;
+        let (cols, q) = (self.plan.cols, self.parts);
         let resident = self.resident()?;
         let p = &self.plan;
         let (gx, gy) = p.matvec_grid(1, resident);
@@ -477,6 +456,29 @@ impl TrellisGpu {
         self.rt
             .launch(q.kernels[5], [gx, gy, 1], threads, shared, &args)?;
         self.download(q.y, p.rows)
+    }
+
+    /// Checks and uploads a bfloat16 input `x` (its bits) and, where given, the norm's weights,
+    /// for `trellis_input` and `trellis_matvec_in`.
+    fn upload_input(
+        &mut self,
+        op: &'static str,
+        x: &[u16],
+        norm: Option<(&[u16], f64)>,
+    ) -> mlx_core::Result<()> {
+        let (cols, q) = (self.plan.cols, self.parts);
+        if x.len() != cols || norm.is_some_and(|(w, _)| w.len() != cols) {
+            return Err(invalid(
+                op,
+                format!("{cols} inputs and norm weights expected"),
+            ));
+        }
+        let halves = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
+        self.rt.upload(q.x, 0, &halves(x))?;
+        if let Some((w, _)) = norm {
+            self.rt.upload(q.normw, 0, &halves(w))?;
+        }
+        Ok(())
     }
 
     fn resident(&self) -> mlx_core::Result<u32> {

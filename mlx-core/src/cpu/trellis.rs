@@ -144,19 +144,14 @@ impl TrellisSpec {
                 min: (self.l as usize).div_ceil(self.k as usize),
             });
         }
-        if self.code == TrellisCode::Mad8 {
-            // Its codes are decoded only by the int8 table kernel (`LutPlan`): 8-bit states,
-            // steps of whole groups of 64 weights of at most 16 words. Anything else would
-            // run the scalar fallback, far slower than `1mad`.
-            let span = self.block.max(64);
-            let fits = span % self.block == 0 && span / self.block * self.block_words() <= 16;
-            if self.l > 8 || !fits {
-                return Err(TrellisError::Mad8Shape {
-                    l: self.l,
-                    block: self.block,
-                    k: self.k,
-                });
-            }
+        // 1mad8's codes are decoded only by the table kernels (`LutPlan`); anything else would
+        // run the scalar fallback, far slower than `1mad`.
+        if self.code == TrellisCode::Mad8 && self.lut_span().is_none() {
+            return Err(TrellisError::Mad8Shape {
+                l: self.l,
+                block: self.block,
+                k: self.k,
+            });
         }
         Ok(())
     }
@@ -164,6 +159,18 @@ impl TrellisSpec {
     /// Words a block takes.
     pub fn block_words(&self) -> usize {
         self.block * self.k as usize / 32
+    }
+
+    /// The weights a step of the table kernels (`LutPlan`) reads, where they apply to this
+    /// shape: 8-bit states, whole groups of 64 weights (one block of a multiple of 64, or two
+    /// blocks of 32, whose words lie one after the other) of at most 16 words.
+    fn lut_span(&self) -> Option<usize> {
+        let span = self.block.max(64);
+        let fits = self.l <= 8
+            && span % self.block == 0
+            && span % 64 == 0
+            && span / self.block * self.block_words() <= 16;
+        fits.then_some(span)
     }
 
     /// Checks that `(rows, cols)` can be coded: `cols` a multiple of the block.
@@ -1753,14 +1760,8 @@ unsafe fn lut_input16_avx512(x: &[f32], inv: f32, q: &mut [i16]) {
 impl LutPlan {
     fn new(spec: &TrellisSpec, cols: usize) -> Option<LutPlan> {
         let (bw, l) = (spec.block_words(), spec.l as usize);
-        // A step reads whole groups of 64 weights: one block of a multiple of 64, or two
-        // blocks of 32 (their words lie one after the other).
-        let span = spec.block.max(64);
+        let span = spec.lut_span().filter(|span| cols % span == 0)?;
         let span_words = span / spec.block * bw;
-        if l > 8 || span_words > 16 || span % spec.block != 0 || span % 64 != 0 || cols % span != 0
-        {
-            return None;
-        }
         let bits = spec.block * spec.k as usize;
         let (mut idx, mut ctrl) = (Vec::new(), Vec::new());
         for u in 0..span / 8 {
