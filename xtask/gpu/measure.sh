@@ -4,6 +4,8 @@
 # .gpu/c of `cargo xtask gpu pack` (spec_gpu.sh, spec_cost.py and this script copied into .gpu/c):
 #   setup  product_setup.sh with MODELS (skipped when /opt/models holds them all);
 #   test   graph_decode_cuda's TESTS (default batched_equals_single) capped at TEST_S;
+#   ktest  mlx-kernels' `cuda` test set, KTESTS (default trellis_kernels_match_the_cpu_references)
+#          capped at KTEST_S;
 #   spec   spec_gpu.sh (draft-model speculation cost, forced acceptance);
 #   bench  product.sh's bench only (BENCH_MODELS, ROUNDS; `mlx benchmark --decoder auto|mlx` and
 #          `mlx_lm benchmark`, with peak memory, and the copy bandwidth);
@@ -38,6 +40,14 @@ for part in ${PARTS:-setup test spec bench moe}; do
       T=${TEST_S:-240}; [ $T -gt $(left) ] && T=$(left)
       timeout $T /opt/bin/graph_test --test-threads 1 --nocapture ${TESTS:-batched_equals_single} > $OUT/graph_test.log 2>&1
       echo "test rc=$?" >> $OUT/graph_test.log; tail -4 $OUT/graph_test.log ;;
+    ktest)
+      [ -f $C/kernels_test.xz ] || { echo "== skip ktest: no kernels_test.xz" | tee -a $OUT/parts.log; continue; }
+      need ktest 30 || continue
+      export LD_LIBRARY_PATH="$SITE/mlx/lib" MLXS_GPURT_CACHE=/tmp/gpurt-cache
+      mkdir -p /opt/bin && xz -dc $C/kernels_test.xz > /opt/bin/kernels_test && chmod +x /opt/bin/kernels_test
+      T=${KTEST_S:-90}; [ $T -gt $(left) ] && T=$(left)
+      timeout $T /opt/bin/kernels_test --test-threads 1 --nocapture ${KTESTS:-trellis_kernels_match_the_cpu_references} > $OUT/kernels_test.log 2>&1
+      echo "ktest rc=$?" >> $OUT/kernels_test.log; tail -6 $OUT/kernels_test.log ;;
     spec)
       need spec 60 && SPEC_S=60 timeout $(left) bash $C/spec_gpu.sh > $OUT/spec_run.log 2>&1
       tail -20 $OUT/spec_run.log ;;

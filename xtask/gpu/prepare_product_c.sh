@@ -17,11 +17,15 @@ fi
 export RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined"
 cargo build --release -p mlx-cli --features cuda
 cargo test --release -p mlx-engine --features cuda --test graph_decode_cuda --no-run
+# mlx-kernels' `cuda` test set (the fused kernels and the trellis kernels against their references).
+cargo test --release -p mlx-kernels --features cuda --test cuda --no-run
 T=${CARGO_TARGET_DIR:-target}
 strip -o "$DEST/c/mlx" "$T/release/mlx"
 strip -o "$DEST/c/graph_test" "$(ls -t "$T"/release/deps/graph_decode_cuda-* | grep -v '\.d$' | head -1)"
-xz -9 -T2 -f "$DEST/c/mlx" "$DEST/c/graph_test"
+strip -o "$DEST/c/kernels_test" "$(ls -t "$T"/release/deps/cuda-* | grep -v '\.d$' | head -1)"
+xz -9 -T2 -f "$DEST/c/mlx" "$DEST/c/graph_test" "$DEST/c/kernels_test"
 tar cJf "$DEST/c/fixtures.tar.xz" -C mlx-models/tests/models dense_bf16_mha dense_bf16_untied q8_g32_bf16
-cp xtask/gpu/product.sh xtask/oracle/bench_serve_client.py "$DEST/c/"
+cp xtask/gpu/product.sh xtask/gpu/measure.sh xtask/gpu/batched.sh xtask/gpu/trellis_bench_model.py \
+  xtask/oracle/bench_serve_client.py "$DEST/c/"
 git rev-parse HEAD > "$DEST/c/built-from"
 du -sb "$DEST/a" "$DEST/c"
