@@ -31,6 +31,7 @@
 
 use mlx_core::Dtype;
 pub use mlx_kernels::graph_decode::BuildTimes;
+use mlx_kernels::graph_decode::GraphTrellis;
 use mlx_kernels::graph_decode::{GraphLayer, GraphLinear, GraphRope, GraphSpec, GraphWeights};
 use mlx_kernels::graph_decode::{GraphMoe, GraphRouter};
 use mlx_models::layers::SwitchLinear;
@@ -228,6 +229,7 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
         residual_scale,
         logit_div,
         moe: None,
+        trellis: None,
     })
 }
 
@@ -243,6 +245,7 @@ fn switch_linear(
             scales: None,
             biases: None,
             bias: None,
+            trellis: None,
         }),
         SwitchLinear::Quantized { weight, bias: None } => quantized(weight, what, quant),
         SwitchLinear::Dense { .. } | SwitchLinear::Quantized { .. } => {
@@ -455,6 +458,7 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
             layers: moe_layers,
             router_quant,
         }),
+        trellis: None,
     };
     Ok((
         spec,
@@ -522,6 +526,7 @@ fn linear(
             scales: None,
             biases: None,
             bias: bias.clone(),
+            trellis: None,
         }),
         Linear::Quantized { weight, bias } => {
             let q = quantized(weight, what, quant)?;
@@ -531,7 +536,22 @@ fn linear(
             })
         }
         Linear::Adapted(_) => Err(part(what, "an adapted (LoRA/DoRA) linear")),
-        Linear::Trellis { .. } => Err(part(what, "a trellis-coded linear")),
+        // The words, row scales and signs as the loader made them ([`GraphSpec::trellis`]
+        // is the layers' common spec: `map_weights`).
+        Linear::Trellis { weight, bias } => {
+            let (su, sv) = weight.signs();
+            Ok(GraphLinear {
+                weight: weight.weight.clone(),
+                scales: Some(weight.scales.clone()),
+                biases: None,
+                bias: bias.clone(),
+                trellis: Some(GraphTrellis {
+                    spec: weight.spec,
+                    su: su.clone(),
+                    sv: sv.clone(),
+                }),
+            })
+        }
         Linear::Ggml { .. } => Err(part(what, "GGML blocks kept for the CPU decoder")),
     }
 }
@@ -539,6 +559,12 @@ fn linear(
 /// Rows `a..b` of a linear layer's arrays (weight, and scales, biases and bias where there are):
 /// slices, views of the loaded model's arrays (a fused projection's parts).
 fn split_rows(l: &GraphLinear, a: usize, b: usize, what: &str) -> Result<GraphLinear, GraphGap> {
+    if l.trellis.is_some() {
+        return Err(part(
+            what,
+            "a fused trellis-coded projection (its output transform mixes the parts' rows)",
+        ));
+    }
     let rows = l.weight.shape().first().copied().unwrap_or(0) as usize;
     if b > rows {
         return Err(part(
@@ -555,6 +581,7 @@ fn split_rows(l: &GraphLinear, a: usize, b: usize, what: &str) -> Result<GraphLi
         scales: l.scales.as_ref().map(cut).transpose()?,
         biases: l.biases.as_ref().map(cut).transpose()?,
         bias: l.bias.as_ref().map(cut).transpose()?,
+        trellis: None,
     })
 }
 
@@ -588,6 +615,7 @@ fn quantized(
                 .ok_or_else(|| part(what, "affine weights without biases"))?,
         ),
         bias: None,
+        trellis: None,
     })
 }
 
@@ -624,6 +652,7 @@ fn embedding(
             scales: None,
             biases: None,
             bias: None,
+            trellis: None,
         }),
         Embedding::Quantized(q) => quantized(q, "embed_tokens", quant),
         Embedding::Adapted(_) => Err(part(&format!("`{t}`"), "an adapted embedding")),
@@ -743,6 +772,12 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap
         });
     }
     spec.quant = quant;
+    // Trellis-coded layers: the first linear's spec (GraphWeights::check names a mix, or
+    // another spec).
+    spec.trellis = layers
+        .iter()
+        .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+        .find_map(|x| x.trellis.as_ref().map(|t| t.spec));
     Ok(GraphWeights {
         embed,
         head,

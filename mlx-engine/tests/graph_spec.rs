@@ -263,10 +263,12 @@ fn other_rows_name_the_reason() {
 }
 
 /// A trellis-coded model (`"mode": "trellis"`, converted here from a covered bfloat16 row):
-/// the graph decoder does not launch the trellis kernels yet (mlx-kernels' `graph_trellis`),
-/// so `--decoder auto` names the first trellis linear and falls back to the MLX path.
+/// every layer linear maps with its words, row scales and the loader's signs, one spec for all
+/// (`GraphSpec::trellis`), the embedding affine and the untied head trellis-coded as the
+/// converter writes them; a model mixing trellis and
+/// affine layer linears is refused, naming the linear.
 #[test]
-fn a_trellis_model_names_its_trellis_linear() {
+fn a_trellis_model_maps_its_trellis_linears() {
     use mlx_models::config::TrellisParams;
     use mlx_models::convert::{convert, ConvertOptions};
     let dst = tmp().join("trellis3");
@@ -289,8 +291,21 @@ fn a_trellis_model_names_its_trellis_linear() {
     )
     .unwrap();
     let model = load(&dst);
-    let why = model_unsupported(model.as_ref()).expect("a trellis model maps");
-    assert!(why.contains("a trellis-coded linear"), "{why}");
+    assert_eq!(model_unsupported(model.as_ref()), None);
+    let (spec, mut weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+    let t = spec.trellis.expect("a trellis spec");
+    assert_eq!((t.k, t.l), (3, 8));
+    let q = &weights.layers[0].q;
+    let g = q.trellis.as_ref().expect("q_proj is trellis-coded");
+    assert_eq!(g.su.shape(), [(spec.heads * spec.head_dim) as i32]);
+    assert_eq!(g.sv.shape(), [spec.hidden as i32]);
+    // The embedding stays affine; the converter codes the untied head with the layers.
+    assert!(weights.embed.trellis.is_none());
+    assert!(weights.head.as_ref().is_some_and(|h| h.trellis.is_some()));
+    // A mix: one layer linear affine (the embedding's arrays stand in), named.
+    weights.layers[0].o.trellis = None;
+    let why = weights.check(&spec).unwrap_err();
+    assert!(why.contains("layers.0.o_proj: not trellis-coded"), "{why}");
 }
 
 #[test]

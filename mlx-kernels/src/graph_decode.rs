@@ -56,7 +56,13 @@
 use std::collections::VecDeque;
 
 use mlx_core::cap_listing;
+use mlx_core::cpu::trellis::TrellisSpec;
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
+
+use crate::graph_trellis::{
+    TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, OUT_SWIGLU, TRELLIS_KERNELS,
+    TRELLIS_MAX_HB, TRELLIS_SOURCE, TRELLIS_THREADS,
+};
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
 /// The kernels' CUDA source.
@@ -441,6 +447,9 @@ pub struct GraphSpec {
     pub logit_div: f32,
     /// The experts of a mixture-of-experts model (qwen3_moe, mixtral); `None`: dense.
     pub moe: Option<GraphMoe>,
+    /// Every linear of the layers trellis-coded with this spec ([`GraphTrellis`]; the
+    /// embedding and head keep [`GraphSpec::quant`]); `None`: none is.
+    pub trellis: Option<TrellisSpec>,
 }
 
 impl GraphSpec {
@@ -610,6 +619,26 @@ impl GraphSpec {
                 ));
             }
         }
+        if s.trellis.is_some() {
+            for (on, what) in [
+                (s.moe.is_some(), "experts"),
+                (s.qk_norm, "q/k norms"),
+                (s.sandwich, "sandwich norms"),
+                (s.gelu, "GeGLU"),
+                (s.residual_scale > 0.0, "a residual multiplier"),
+                (
+                    s.final_softcap > 0.0 || s.logit_div > 0.0,
+                    "a logit soft-cap or scaling",
+                ),
+            ] {
+                if on {
+                    return Err(format!(
+                        "trellis-coded linears with {what}: the graph decoder's trellis step \
+                         runs dense pre-norm SwiGLU layers"
+                    ));
+                }
+            }
+        }
         // matvec_qkv indexes its rows in 32 bits.
         if s.qkv_rows() > i32::MAX as usize {
             return Err(format!(
@@ -677,13 +706,26 @@ impl GraphSpec {
 
 /// A linear layer's (or the embedding's) arrays, as the loaded model holds them: a bfloat16
 /// weight `[n, k]`, or MLX affine codes `[n, k * bits / 32]` (uint32) with bfloat16 `scales`
-/// and `biases` `[n, k / group]`; and an optional bfloat16 `bias` `[n]`.
+/// and `biases` `[n, k / group]`, or trellis codes `[n, k * bits / 32]` (uint32) with the
+/// row scales `[n, 1]` in `scales` and the signs in `trellis`; and an optional bfloat16
+/// `bias` `[n]`.
 #[derive(Debug, Clone)]
 pub struct GraphLinear {
     pub weight: Array,
     pub scales: Option<Array>,
     pub biases: Option<Array>,
     pub bias: Option<Array>,
+    /// A trellis-coded linear's spec and signs ([`GraphSpec::trellis`]).
+    pub trellis: Option<GraphTrellis>,
+}
+
+/// A trellis-coded linear's (`mlx_core::cpu::trellis`) spec and random signs as the loaded
+/// model made them (`TrellisWeight::signs`): `su` float32 `[n]` (rows), `sv` float32 `[k]`.
+#[derive(Debug, Clone)]
+pub struct GraphTrellis {
+    pub spec: TrellisSpec,
+    pub su: Array,
+    pub sv: Array,
 }
 
 /// One layer's arrays.
@@ -761,6 +803,12 @@ impl GraphWeights {
         ) {
             let shape =
                 |last: usize| -> Vec<usize> { lead.iter().copied().chain([n, last]).collect() };
+            if l.trellis.is_some() {
+                p.push(format!(
+                    "{name}: trellis-coded, the rest of the model's linears are not (a mix)"
+                ));
+                return;
+            }
             match quant {
                 None => {
                     want(
@@ -798,12 +846,34 @@ impl GraphWeights {
                 (None, true) => p.push(format!("{name}: no bias")),
             }
         }
+        /// A layer's linear: trellis-coded where the spec says so, else as `lin`.
+        #[allow(clippy::too_many_arguments)]
+        fn layer_lin(
+            p: &mut Vec<String>,
+            s: &GraphSpec,
+            name: &str,
+            l: &GraphLinear,
+            n: usize,
+            k: usize,
+            bias: bool,
+        ) {
+            match s.trellis {
+                Some(t) => trellis_lin(p, &t, name, l, n, k, bias),
+                None => lin(p, s, name, l, n, k, bias),
+            }
+        }
         let s = spec;
         let mut p = Vec::new();
         let (h, d) = (s.hidden, s.head_dim);
         lin(&mut p, s, "embed_tokens", &self.embed, s.vocab, h, false);
         match (&self.head, s.tied) {
-            (Some(l), false) => lin(&mut p, s, "lm_head", l, s.vocab, h, false),
+            // The converter trellis-codes an untied head with the layers.
+            (Some(l), false) => match s.trellis {
+                Some(t) if l.trellis.is_some() => {
+                    trellis_lin(&mut p, &t, "lm_head", l, s.vocab, h, false)
+                }
+                _ => lin(&mut p, s, "lm_head", l, s.vocab, h, false),
+            },
             (None, true) => {}
             (Some(_), true) => p.push("lm_head: given for a tied model".into()),
             (None, false) => p.push("lm_head: missing".into()),
@@ -818,10 +888,10 @@ impl GraphWeights {
         for (i, l) in self.layers.iter().enumerate() {
             let n = |x: &str| format!("layers.{i}.{x}");
             let b = s.qkv_bias;
-            lin(&mut p, s, &n("q_proj"), &l.q, s.heads * d, h, b);
-            lin(&mut p, s, &n("k_proj"), &l.k, s.kv_heads * d, h, b);
-            lin(&mut p, s, &n("v_proj"), &l.v, s.kv_heads * d, h, b);
-            lin(&mut p, s, &n("o_proj"), &l.o, h, s.heads * d, false);
+            layer_lin(&mut p, s, &n("q_proj"), &l.q, s.heads * d, h, b);
+            layer_lin(&mut p, s, &n("k_proj"), &l.k, s.kv_heads * d, h, b);
+            layer_lin(&mut p, s, &n("v_proj"), &l.v, s.kv_heads * d, h, b);
+            layer_lin(&mut p, s, &n("o_proj"), &l.o, h, s.heads * d, false);
             match (&s.moe, &l.router) {
                 (Some(m), Some(r)) if s.moe_layer(i) => {
                     let e = [m.experts];
@@ -870,7 +940,7 @@ impl GraphWeights {
                 (_, Some(_)) => p.push(format!("{}: a router in a dense layer", n("router"))),
                 (Some(_), None) if s.moe_layer(i) => p.push(format!("{}: missing", n("router"))),
                 _ => {
-                    lin(
+                    layer_lin(
                         &mut p,
                         s,
                         &n("gate_proj"),
@@ -879,8 +949,8 @@ impl GraphWeights {
                         h,
                         false,
                     );
-                    lin(&mut p, s, &n("up_proj"), &l.up, s.intermediate, h, false);
-                    lin(
+                    layer_lin(&mut p, s, &n("up_proj"), &l.up, s.intermediate, h, false);
+                    layer_lin(
                         &mut p,
                         s,
                         &n("down_proj"),
@@ -935,6 +1005,79 @@ impl GraphWeights {
     }
 }
 
+/// [`GraphWeights::check`] of a trellis-coded layer linear of `spec`: the words `[n, k * bits
+/// / 32]` (uint32), the row scales `[n, 1]` (bfloat16 or float32), the signs (float32 `[n]` and
+/// `[k]`), no affine biases, and the kernels' plan ([`TrellisPlan::new`]: shape, code, shared
+/// memory).
+fn trellis_lin(
+    p: &mut Vec<String>,
+    spec: &TrellisSpec,
+    name: &str,
+    l: &GraphLinear,
+    n: usize,
+    k: usize,
+    bias: bool,
+) {
+    let Some(t) = &l.trellis else {
+        p.push(format!(
+            "{name}: not trellis-coded, the rest of the model's linears are (a mix)"
+        ));
+        return;
+    };
+    if t.spec != *spec {
+        p.push(format!(
+            "{name}: trellis spec {:?}, the model's others {spec:?}",
+            t.spec
+        ));
+        return;
+    }
+    if let Err(e) = TrellisPlan::new(spec, n, k, DEFAULT_SMS) {
+        p.push(format!("{name}: {e}"));
+        return;
+    }
+    let dims = |a: &Array| -> Vec<usize> { a.shape().iter().map(|&x| x as usize).collect() };
+    let words = k * spec.k as usize / 32;
+    if dims(&l.weight) != [n, words] || l.weight.dtype() != Dtype::Uint32 {
+        p.push(format!(
+            "{name}.weight: {:?} {}, expected [{n}, {words}] uint32",
+            l.weight.shape(),
+            l.weight.dtype()
+        ));
+    }
+    match &l.scales {
+        Some(a) if dims(a) == [n, 1] && matches!(a.dtype(), Dtype::Bfloat16 | Dtype::Float32) => {}
+        Some(a) => p.push(format!(
+            "{name}.scales: {:?} {}, expected [{n}, 1] bfloat16 or float32",
+            a.shape(),
+            a.dtype()
+        )),
+        None => p.push(format!("{name}: no scales")),
+    }
+    if l.biases.is_some() {
+        p.push(format!("{name}: affine biases on a trellis-coded linear"));
+    }
+    for (what, a, len) in [("su", &t.su, n), ("sv", &t.sv, k)] {
+        if dims(a) != [len] || a.dtype() != Dtype::Float32 {
+            p.push(format!(
+                "{name}.{what}: {:?} {}, expected [{len}] float32",
+                a.shape(),
+                a.dtype()
+            ));
+        }
+    }
+    match (&l.bias, bias) {
+        (Some(b), true) if dims(b) == [n] && b.dtype() == Dtype::Bfloat16 => {}
+        (Some(b), true) => p.push(format!(
+            "{name}.bias: {:?} {}, expected [{n}] bfloat16",
+            b.shape(),
+            b.dtype()
+        )),
+        (None, false) => {}
+        (Some(_), false) => p.push(format!("{name}: a bias is not supported")),
+        (None, true) => p.push(format!("{name}: no bias")),
+    }
+}
+
 /// A linear layer's (or the embedding's) device tensors: the weights, and with quantized
 /// weights each group's scale and bias side by side (`pack_scales_biases`).
 #[derive(Debug, Clone, Copy)]
@@ -976,6 +1119,10 @@ struct Layer {
     router: Option<Lin>,
     kc: Buffer,
     vc: Buffer,
+    /// A layer of trellis-coded linears ([`GraphSpec::trellis`]): its linears, launched by
+    /// `record_trellis_attention` and `record_trellis_mlp` (`qkv`, `o`, `gu` and `down` above
+    /// then only describe the words for `part_load`).
+    trellis: Option<TrellisLayer>,
 }
 
 #[derive(Debug)]
@@ -1163,6 +1310,7 @@ fn flat_experts(l: &GraphLinear) -> Result<GraphLinear> {
         scales: l.scales.as_ref().map(flat).transpose()?,
         biases: l.biases.as_ref().map(flat).transpose()?,
         bias: None,
+        trellis: None,
     })
 }
 
@@ -1239,6 +1387,116 @@ fn upload_lin_q(
     ))
 }
 
+/// A trellis-coded linear on the device: the loaded model's words and signs, its row scales
+/// as float32, and its launch plan.
+#[derive(Debug, Clone, Copy)]
+struct TLin {
+    words: Buffer,
+    scales: Buffer,
+    su: Buffer,
+    sv: Buffer,
+    bias: Option<Buffer>,
+    /// `trellis_linear`'s counts (one int a Hadamard block of rows; zero between launches).
+    counts: Buffer,
+    rows: usize,
+    cols: usize,
+    hb_rows: usize,
+    hb_cols: usize,
+    hscale_rows: f32,
+    hscale_cols: f32,
+    lanes_per_row: u32,
+    shared_bytes: u32,
+}
+
+/// A layer's trellis-coded linears and the step's trellis scratch (shared by every layer).
+#[derive(Debug, Clone, Copy)]
+struct TrellisLayer {
+    spec: TrellisSpec,
+    q: TLin,
+    k: TLin,
+    v: TLin,
+    o: TLin,
+    gate: TLin,
+    up: TLin,
+    down: TLin,
+    /// The products before the output transform (float32, the widest output), and the gate's
+    /// output (bfloat16, intermediate), which the up projection's SwiGLU reads.
+    z: Buffer,
+    g: Buffer,
+}
+
+/// Uploads one trellis-coded linear (`TrellisPlan::new` checked it in `GraphWeights::check`).
+fn upload_tlin(rt: &mut GpuRuntime, spec: &TrellisSpec, l: &GraphLinear) -> Result<TLin> {
+    let (t, scales) = match (&l.trellis, &l.scales) {
+        (Some(t), Some(s)) => (t, s),
+        _ => {
+            return Err(invalid(
+                "graph_decoder",
+                "a trellis linear's parts are missing",
+            ))
+        }
+    };
+    let sh = l.weight.shape();
+    let rows = sh.first().copied().unwrap_or(0) as usize;
+    let cols = t.sv.size();
+    let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?)
+        .map_err(|e| invalid("graph_decoder", e))?;
+    Ok(TLin {
+        words: put(rt, &l.weight)?,
+        scales: put(rt, &scales.astype(Dtype::Float32)?)?,
+        su: put(rt, &t.su)?,
+        sv: put(rt, &t.sv)?,
+        bias: l.bias.as_ref().map(|b| put(rt, b)).transpose()?,
+        counts: rt.alloc_from(&vec![0u8; 4 * (rows / plan.hb_rows)])?,
+        rows,
+        cols,
+        hb_rows: plan.hb_rows,
+        hb_cols: plan.hb_cols,
+        hscale_rows: plan.hscale_rows,
+        hscale_cols: plan.hscale_cols,
+        lanes_per_row: plan.lanes_per_row,
+        shared_bytes: plan.shared_bytes,
+    })
+}
+
+/// A trellis layer's linears on the device, and `Lin`s describing their words (rows, inputs,
+/// bits) for the parts' byte counts.
+fn upload_trellis_layer(
+    rt: &mut GpuRuntime,
+    spec: &TrellisSpec,
+    l: &GraphLayer,
+    z: Buffer,
+    g: Buffer,
+) -> Result<(TrellisLayer, [Lin; 4])> {
+    let t = TrellisLayer {
+        spec: *spec,
+        q: upload_tlin(rt, spec, &l.q)?,
+        k: upload_tlin(rt, spec, &l.k)?,
+        v: upload_tlin(rt, spec, &l.v)?,
+        o: upload_tlin(rt, spec, &l.o)?,
+        gate: upload_tlin(rt, spec, &l.gate)?,
+        up: upload_tlin(rt, spec, &l.up)?,
+        down: upload_tlin(rt, spec, &l.down)?,
+        z,
+        g,
+    };
+    let lin = |w: &TLin, n: usize| Lin {
+        w: w.words,
+        sb: None,
+        n,
+        k: w.cols,
+        gs: 1,
+        bits: spec.k as usize,
+    };
+    let lins = [
+        lin(&t.q, t.q.rows + t.k.rows + t.v.rows),
+        lin(&t.o, t.o.rows),
+        lin(&t.gate, t.gate.rows + t.up.rows),
+        lin(&t.down, t.down.rows),
+    ];
+    Ok((t, lins))
+}
+
 impl GraphDecoder {
     /// Whether a CUDA driver and a GPU are there.
     pub fn available() -> bool {
@@ -1288,6 +1546,16 @@ impl GraphDecoder {
                     "sequences {}: a mixture-of-experts model decodes one sequence a step in \
                      the graph decoder (each sequence routes to its own experts; batched \
                      expert products are not written yet)",
+                    opts.sequences
+                ),
+            ));
+        }
+        if spec.trellis.is_some() && opts.sequences > 1 {
+            return Err(invalid(
+                "graph_decoder",
+                format!(
+                    "sequences {}: a model of trellis-coded linears decodes one sequence a step \
+                     in the graph decoder (its kernels take one input row)",
                     opts.sequences
                 ),
             ));
@@ -1342,6 +1610,10 @@ impl GraphDecoder {
             kernels.extend(MOE_KERNELS);
             source.push_str(MOE_SOURCE);
         }
+        if spec.trellis.is_some() {
+            kernels.extend(TRELLIS_KERNELS);
+            source.push_str(TRELLIS_SOURCE);
+        }
         let mut rt = GpuRuntime::new(&source, &kernels)?;
         let kernels_s = t0.elapsed().as_secs_f64();
         let t1 = std::time::Instant::now();
@@ -1349,13 +1621,40 @@ impl GraphDecoder {
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
         let w = weights;
         let (embed, _) = upload_lin(&mut rt, s, &[&w.embed], Layout::Plain)?;
-        let head = match &w.head {
-            Some(l) if !s.tied => upload_lin(&mut rt, s, &[l], Layout::Plain)?.0,
+        // A trellis-coded head (an untied head the converter coded with the layers).
+        let trellis_head = match (&w.head, &s.trellis) {
+            (Some(l), Some(t)) if !s.tied && l.trellis.is_some() => {
+                Some(upload_tlin(&mut rt, t, l)?)
+            }
+            _ => None,
+        };
+        let head = match (&w.head, &trellis_head) {
+            (_, Some(t)) => Lin {
+                w: t.words,
+                sb: None,
+                n: t.rows,
+                k: t.cols,
+                gs: 1,
+                bits: s.trellis.map_or(16, |t| t.k as usize),
+            },
+            (Some(l), None) if !s.tied => upload_lin(&mut rt, s, &[l], Layout::Plain)?.0,
             _ => embed,
         };
         let final_norm = put(&mut rt, &w.final_norm)?;
         // One cache slot a sequence.
         let kv_bytes = total * s.kv_heads * capacity * d * 2;
+        // A trellis model's scratch (one sequence): the products before the output transform
+        // and the gate's output.
+        let trellis_scratch = match s.trellis {
+            Some(_) => {
+                let widest = [s.heads * d, h, i_sz, s.vocab]
+                    .into_iter()
+                    .max()
+                    .unwrap_or(h);
+                Some((rt.alloc(widest * 4)?, rt.alloc(i_sz * 2)?))
+            }
+            None => None,
+        };
         let mut layers = Vec::with_capacity(s.layers);
         for (i, (l, rotates)) in w.layers.iter().zip(&s.rope_layers).enumerate() {
             let sliding = s.sliding.get(i).copied().unwrap_or(false);
@@ -1376,7 +1675,14 @@ impl GraphDecoder {
                 (Some(q), Some(k)) if s.qk_norm => Some((put(&mut rt, q)?, put(&mut rt, k)?)),
                 _ => None,
             };
-            let (qkv, qkv_bias) = upload_lin(&mut rt, s, &[&l.q, &l.k, &l.v], layout)?;
+            let tl = match (&s.trellis, trellis_scratch) {
+                (Some(ts), Some((z, g))) => Some(upload_trellis_layer(&mut rt, ts, l, z, g)?),
+                _ => None,
+            };
+            let (qkv, qkv_bias) = match &tl {
+                Some((_, x)) => (x[0], None),
+                None => upload_lin(&mut rt, s, &[&l.q, &l.k, &l.v], layout)?,
+            };
             // A layer with experts: its router, and the experts' stacked projections as one
             // linear each (gate/up interleaved within each expert).
             let (gu, down, router) = match (&s.moe, &l.router) {
@@ -1388,11 +1694,14 @@ impl GraphDecoder {
                         Some(upload_lin_q(&mut rt, s, m.router_quant, &[r], Layout::Plain)?.0),
                     )
                 }
-                _ => (
-                    upload_lin(&mut rt, s, &[&l.gate, &l.up], Layout::Interleave)?.0,
-                    upload_lin(&mut rt, s, &[&l.down], Layout::Plain)?.0,
-                    None,
-                ),
+                _ => match &tl {
+                    Some((_, x)) => (x[2], x[3], None),
+                    None => (
+                        upload_lin(&mut rt, s, &[&l.gate, &l.up], Layout::Interleave)?.0,
+                        upload_lin(&mut rt, s, &[&l.down], Layout::Plain)?.0,
+                        None,
+                    ),
+                },
             };
             layers.push(Layer {
                 in_norm: put(&mut rt, &l.input_norm)?,
@@ -1404,12 +1713,16 @@ impl GraphDecoder {
                 window: if sliding { s.sliding_window } else { 0 },
                 post_norms,
                 qk_norm,
-                o: upload_lin(&mut rt, s, &[&l.o], Layout::Plain)?.0,
+                o: match &tl {
+                    Some((_, x)) => x[1],
+                    None => upload_lin(&mut rt, s, &[&l.o], Layout::Plain)?.0,
+                },
                 gu,
                 down,
                 router,
                 kc: rt.alloc(kv_bytes)?,
                 vc: rt.alloc(kv_bytes)?,
+                trellis: tl.map(|x| x.0),
             });
         }
         let bytes = |r: &GraphRope| -> Vec<u8> {
@@ -1473,6 +1786,9 @@ impl GraphDecoder {
                 rt.set_shared_limit(k, shared)?;
             }
         }
+        if s.trellis.is_some() {
+            trellis_shared_limit(&mut rt, &layers, trellis_head)?;
+        }
         let mv_cap = match opts.blocks_per_sm {
             Some(b) => b.saturating_mul(rt.sm_count()?),
             None => u32::MAX,
@@ -1485,6 +1801,7 @@ impl GraphDecoder {
             layers,
             embed,
             head,
+            trellis_head,
             final_norm,
             pdl,
             rows,
@@ -2404,6 +2721,8 @@ struct Step {
     layers: Vec<Layer>,
     embed: Lin,
     head: Lin,
+    /// A trellis-coded head (`head` then only describes its words for `part_load`).
+    trellis_head: Option<TLin>,
     final_norm: Buffer,
     /// Programmatic dependent launch.
     pdl: bool,
@@ -2619,7 +2938,11 @@ fn record_step(
         .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
         .min(mv_cap);
     for l in layers {
-        for t in 0..tiles {
+        if let Some(tl) = &l.trellis {
+            record_trellis_qkv(&mut rec, rt, step, l, tl)?;
+        }
+        // A trellis layer's q/k/v: above.
+        for t in 0..tiles * usize::from(l.trellis.is_none()) {
             rec.launch(
                 rt,
                 Part::Qkv,
@@ -2751,7 +3074,13 @@ fn record_step(
             ),
         ];
         // A layer with experts: the output projection here, its feed-forward block below.
-        let dense_parts = if l.router.is_some() { 1 } else { 3 };
+        let dense_parts = if l.trellis.is_some() {
+            0
+        } else if l.router.is_some() {
+            1
+        } else {
+            3
+        };
         for (j, (part, lin, x, norm, res, out, mode)) in
             mlp.into_iter().enumerate().take(dense_parts)
         {
@@ -2780,18 +3109,39 @@ fn record_step(
         if let (Some(router), Some(m)) = (&l.router, &s.moe) {
             record_experts(&mut rec, rt, l, router, m)?;
         }
+        if let Some(tl) = &l.trellis {
+            record_trellis_mlp(&mut rec, rt, step, l, tl)?;
+        }
     }
-    matvec(
-        &mut rec,
-        rt,
-        Part::Head,
-        &head,
-        a.h,
-        Some(final_norm),
-        None,
-        a.logits,
-        MODE_NORM | MODE_F32,
-    )?;
+    match (&step.trellis_head, &s.trellis) {
+        (Some(th), Some(ts)) => trellis_launch(
+            &mut rec,
+            rt,
+            Part::Head,
+            ts,
+            th,
+            step.layers
+                .iter()
+                .find_map(|l| l.trellis.map(|t| t.z))
+                .unwrap_or(a.logits),
+            (a.h, 0),
+            Some(final_norm),
+            None,
+            (a.logits, 0),
+            OUT_F32,
+        )?,
+        _ => matvec(
+            &mut rec,
+            rt,
+            Part::Head,
+            &head,
+            a.h,
+            Some(final_norm),
+            None,
+            a.logits,
+            MODE_NORM | MODE_F32,
+        )?,
+    }
     let am_blocks = am_g as u32;
     let am_row = (2 * am_g + 2) * 4;
     for t in 0..tiles {
@@ -2832,6 +3182,202 @@ fn record_step(
         )?;
     }
     Ok(())
+}
+
+/// `trellis_linear`'s static shared memory (the output's Hadamard buffer, the reductions and
+/// the flag), on top of a plan's dynamic bytes.
+const TRELLIS_STATIC_SHARED: u32 = 4 * TRELLIS_MAX_HB as u32 + 4 * (TRELLIS_THREADS / 32) + 16;
+
+/// Opts `trellis_linear` in to the dynamic shared memory its widest input takes, where that is
+/// past the default 48 KiB (with its static buffers).
+fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin>) -> Result<()> {
+    let widest = layers
+        .iter()
+        .filter_map(|l| l.trellis.as_ref())
+        .flat_map(|t| [t.q, t.k, t.v, t.o, t.gate, t.up, t.down])
+        .chain(head)
+        .map(|t| t.shared_bytes)
+        .max()
+        .unwrap_or(0);
+    if widest + TRELLIS_STATIC_SHARED > 48 * 1024 {
+        let k = rt.kernel("trellis_linear")?;
+        rt.set_shared_limit(k, widest)?;
+    }
+    Ok(())
+}
+
+/// One `trellis_linear` launch (one sequence): `out = op(su * H_r (Wt (H_c (sv * x))))`, `x`
+/// the bfloat16 input at `x` (normed by `norm` first when given), the output's op `mode`
+/// (`graph_trellis::OUT_*`; the bias added where the linear has one) with `res`.
+#[allow(clippy::too_many_arguments)]
+fn trellis_launch(
+    rec: &mut Recorder,
+    rt: &mut GpuRuntime,
+    part: Part,
+    spec: &TrellisSpec,
+    w: &TLin,
+    z: Buffer,
+    x: (Buffer, usize),
+    norm: Option<Buffer>,
+    res: Option<Buffer>,
+    out: (Buffer, usize),
+    mode: i64,
+) -> Result<()> {
+    let k = rt.kernel("trellis_linear")?;
+    let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / w.lanes_per_row as usize);
+    let resident = rt
+        .resident_blocks(k, TRELLIS_THREADS, w.shared_bytes)?
+        .min(rec.step.mv_cap)
+        .max(1);
+    let blocks = w.rows.div_ceil(rows_per_block).min(resident as usize) as u32;
+    let mode = mode | if w.bias.is_some() { OUT_BIAS } else { 0 };
+    rec.launch(
+        rt,
+        part,
+        k,
+        [blocks, 1, 1],
+        [TRELLIS_THREADS, 1, 1],
+        w.shared_bytes,
+        &[
+            Arg::Buf(w.words, 0),
+            Arg::Buf(w.scales, 0),
+            Arg::Buf(x.0, x.1),
+            Arg::Buf(norm.unwrap_or(x.0), 0),
+            Arg::Buf(w.sv, 0),
+            Arg::Buf(z, 0),
+            Arg::Buf(w.counts, 0),
+            Arg::Buf(w.su, 0),
+            Arg::Buf(w.bias.unwrap_or(w.su), 0),
+            Arg::Buf(res.unwrap_or(out.0), 0),
+            Arg::Buf(out.0, out.1),
+            Arg::I64(w.rows as i64),
+            Arg::I64(w.cols as i64),
+            Arg::I64(i64::from(spec.k)),
+            Arg::I64(i64::from(spec.l)),
+            Arg::I64(spec.block as i64),
+            Arg::I64(i64::from(w.lanes_per_row)),
+            Arg::I64(w.hb_cols as i64),
+            Arg::F64(f64::from(w.hscale_cols)),
+            Arg::I64(i64::from(norm.is_some())),
+            Arg::F64(f64::from(rec.step.shape.eps)),
+            Arg::I64(w.hb_rows as i64),
+            Arg::F64(f64::from(w.hscale_rows)),
+            Arg::I64(mode),
+        ],
+    )
+}
+
+/// A trellis layer's q, k and v (one sequence): each a `trellis_linear` with the input norm
+/// in its prologue, writing bfloat16 q, k and v unrotated to `qkv` (`[q; k; v]`); then
+/// `trellis_rope_qkv` rotates q in place and writes k and v into the caches at the step's
+/// position. The attention that follows is the affine step's.
+fn record_trellis_qkv(
+    rec: &mut Recorder,
+    rt: &mut GpuRuntime,
+    step: &Step,
+    l: &Layer,
+    t: &TrellisLayer,
+) -> Result<()> {
+    let (s, a) = (&step.shape, &step.acts);
+    let (qn, kn) = (t.q.rows, t.k.rows);
+    for (w, off) in [(&t.q, 0), (&t.k, qn), (&t.v, qn + kn)] {
+        trellis_launch(
+            rec,
+            rt,
+            Part::Qkv,
+            &t.spec,
+            w,
+            t.z,
+            (a.h, 0),
+            Some(l.in_norm),
+            None,
+            (a.qkv, 2 * off),
+            0,
+        )?;
+    }
+    let k = rt.kernel("trellis_rope_qkv")?;
+    rec.launch(
+        rt,
+        Part::Qkv,
+        k,
+        [(s.heads + 2 * s.kv_heads) as u32, 1, 1],
+        [128, 1, 1],
+        0,
+        &[
+            Arg::Buf(a.qkv, 0),
+            Arg::Buf(l.kc, 0),
+            Arg::Buf(l.vc, 0),
+            Arg::Buf(a.state, 0),
+            Arg::Buf(a.rope, l.rope_off),
+            Arg::I64(s.heads as i64),
+            Arg::I64(s.kv_heads as i64),
+            Arg::I64(s.head_dim as i64),
+            Arg::I64(step.capacity as i64),
+            Arg::I64(l.nrot as i64),
+            Arg::I64(i64::from(s.rope.traditional)),
+        ],
+    )
+}
+
+/// A trellis layer's output projection (the residual added in its epilogue), gate (to `g`),
+/// up (SwiGLU with `g` in its epilogue, to `act`) and down (the residual added): four
+/// `trellis_linear` launches, the post-attention norm in gate's and up's prologues.
+fn record_trellis_mlp(
+    rec: &mut Recorder,
+    rt: &mut GpuRuntime,
+    step: &Step,
+    l: &Layer,
+    t: &TrellisLayer,
+) -> Result<()> {
+    let a = &step.acts;
+    let post_norm = l.post_norm;
+    let h = (a.h, 0);
+    let sp = &t.spec;
+    trellis_launch(
+        rec,
+        rt,
+        Part::Output,
+        sp,
+        &t.o,
+        t.z,
+        (a.attn, 0),
+        None,
+        Some(a.h),
+        h,
+        OUT_RES,
+    )?;
+    let gu = [
+        (&t.gate, None, (t.g, 0), 0),
+        (&t.up, Some(t.g), (a.act, 0), OUT_SWIGLU),
+    ];
+    for (w, res, out, mode) in gu {
+        trellis_launch(
+            rec,
+            rt,
+            Part::GateUp,
+            sp,
+            w,
+            t.z,
+            h,
+            Some(post_norm),
+            res,
+            out,
+            mode,
+        )?;
+    }
+    trellis_launch(
+        rec,
+        rt,
+        Part::Down,
+        sp,
+        &t.down,
+        t.z,
+        (a.act, 0),
+        None,
+        Some(a.h),
+        h,
+        OUT_RES,
+    )
 }
 
 #[cfg(test)]
@@ -2884,6 +3430,7 @@ mod tests {
             residual_scale: 0.0,
             logit_div: 0.0,
             moe: None,
+            trellis: None,
         }
     }
 
@@ -2897,6 +3444,7 @@ mod tests {
             scales: None,
             biases: None,
             bias: None,
+            trellis: None,
         }
     }
 
@@ -2955,6 +3503,7 @@ mod tests {
                     scales: None,
                     biases: None,
                     bias: None,
+                    trellis: None,
                 };
                 l.gate = stacked(i, h);
                 l.up = stacked(i, h);

@@ -312,16 +312,14 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec(
 // reduction, the same butterflies), so z is bit-equal to trellis_input then trellis_matvec.
 // One launch instead of two, for K * log2(hb) adds a block: where the input is narrow against
 // the rows' work (the host's choice).
-extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_in(
-    const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
-    float* z, ll N, ll K, ll kb, ll L, ll block, ll lpr, ll hb, double hscale, ll norm,
-    double eps) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[TRELLIS_THREADS / 32];
-  float* xs = (float*)smem;
-  xin += (ll)blockIdx.y * K;
-  z += (ll)blockIdx.y * N;
-  pdl_wait_then_release();
+// The prologue of trellis_matvec_in and trellis_linear: the whole transformed input
+// H_c (sv * x) (x = xin, or rms_norm(xin, normw, eps)) in shared memory xs, padded as
+// trellis_matvec's, with trellis_input's arithmetic in the same order (the same norm
+// reduction, the same butterflies).
+__device__ __forceinline__ void trellis_stage_input(float* xs, float* red, const bf16_t* xin,
+                                                    const bf16_t* normw, const float* sv, ll K,
+                                                    ll block, ll hb, double hscale, ll norm,
+                                                    double eps) {
   const int pad = trellis_pad(block);
   const float inv = norm ? trellis_inv_rms(xin, K, eps, red) : 1.f;
   for (ll c = threadIdx.x; c < K; c += blockDim.x) {
@@ -345,6 +343,23 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_in(
   __syncthreads();
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] *= (float)hscale;
   __syncthreads();
+}
+
+// trellis_matvec with trellis_input in its prologue: every block makes the whole transformed
+// input in its shared memory (trellis_stage_input), so z is bit-equal to trellis_input then
+// trellis_matvec. One launch instead of two, for K * log2(hb) adds a block: where the input
+// is narrow against the rows' work (the host's choice).
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_in(
+    const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
+    float* z, ll N, ll K, ll kb, ll L, ll block, ll lpr, ll hb, double hscale, ll norm,
+    double eps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[TRELLIS_THREADS / 32];
+  float* xs = (float*)smem;
+  xin += (ll)blockIdx.y * K;
+  z += (ll)blockIdx.y * N;
+  pdl_wait_then_release();
+  trellis_stage_input(xs, red, xin, normw, sv, K, block, hb, hscale, norm, eps);
   trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
 }
 
@@ -403,6 +418,42 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
                        blockIdx.y, buf);
 }
 
+// The epilogue of trellis_matvec_out and trellis_linear, after the block's rows of z
+// (sequence b) are written: the block counts them into their Hadamard blocks of rows (counts:
+// one int a Hadamard block and sequence, zero before the launch); the block whose rows complete
+// a Hadamard block applies the output transform and the following op to it (the same
+// arithmetic as trellis_output, so the same bits), and sets its count back to zero for the next
+// launch (a replayed graph). As attention's combine by the last block: every writer fences its
+// z before the count, the completing block reads z through L2.
+__device__ __forceinline__ void trellis_finish(const float* z, int* counts, const float* su,
+                                               const bf16_t* bias, const bf16_t* res, void* out,
+                                               ll N, ll lpr, ll hb, double hscale, ll mode, ll b,
+                                               float* buf, int* last) {
+  __threadfence();
+  __syncthreads();
+  // The block's rows: chunks of RB consecutive rows, RB apart by the grid.
+  const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr), nhb = N / hb;
+  for (ll c = (ll)blockIdx.x * RB; c < N; c += (ll)gridDim.x * RB) {
+    const ll e = c + RB < N ? c + RB : N;
+    for (ll a = c; a < e;) {
+      const ll h = a / hb, end = (h + 1) * hb < e ? (h + 1) * hb : e;
+      if (threadIdx.x == 0) {
+        const int n = (int)(end - a);
+        int* cnt = counts + b * nhb + h;
+        *last = atomicAdd(cnt, n) + n == (int)hb;
+        if (*last) {
+          __threadfence();
+          atomicExch(cnt, 0);
+        }
+      }
+      __syncthreads();
+      if (*last) trellis_output_block(z, su, bias, res, out, N, hb, hscale, mode, h * hb, b, buf);
+      __syncthreads();
+      a = end;
+    }
+  }
+}
+
 // trellis_matvec with trellis_output in its epilogue: each block writes its rows of z, then
 // counts them into their Hadamard blocks of rows (counts: one int a Hadamard block and
 // sequence, zero before the launch); the block whose rows complete a Hadamard block applies
@@ -425,27 +476,75 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_out
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
   __syncthreads();
   trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
-  __threadfence();
+  trellis_finish(z, counts, su, bias, res, out, N, lpr, hb, hscale, mode, b, buf, &last);
+}
+
+// A whole trellis-coded linear in one launch: trellis_matvec_in's prologue (the input's norm,
+// signs and Hadamard blocks, every block for the whole input), the product, and
+// trellis_matvec_out's epilogue (the output's Hadamard blocks, signs, rounding and op by the
+// block completing each Hadamard block of rows). Bit-equal to trellis_input, trellis_matvec,
+// trellis_output. The graph decoder's step launches one a linear (graph_decode.rs,
+// record_trellis_*); counts: one int a Hadamard block of rows and sequence, zero between
+// launches.
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_linear(
+    const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
+    float* z, int* counts, const float* su, const bf16_t* bias, const bf16_t* res, void* out,
+    ll N, ll K, ll kb, ll L, ll block, ll lpr, ll hbc, double hscalec, ll norm, double eps,
+    ll hbr, double hscaler, ll mode) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float buf[TRELLIS_MAX_HB];
+  __shared__ float red[TRELLIS_THREADS / 32];
+  __shared__ int last;
+  float* xs = (float*)smem;
+  const ll b = blockIdx.y;
+  xin += b * K;
+  pdl_wait_then_release();
+  trellis_stage_input(xs, red, xin, normw, sv, K, block, hbc, hscalec, norm, eps);
+  trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
+  trellis_finish(z, counts, su, bias, res, out, N, lpr, hbr, hscaler, mode, b, buf, &last);
+}
+
+// RoPE on q (in place) and k, and k and v into the caches at position state[1], after the
+// trellis q/k/v linears wrote q, k and v unrotated in their natural order to qkv ([q; k; v]
+// as matvec_qkv lays them out: the output transform mixes rows, so the rows cannot be paired
+// for RoPE as matvec_qkv's are). Block j < nh: q's head j; then k's heads; then v's. Pairs
+// (i, i + nrot), or (2i, 2i + 1) when traditional, rotated as matvec_qkv's epilogue rotates
+// them (rope: the step's cosines then sines, embed's). 128 threads, D <= 128. One sequence.
+extern "C" __global__ void __launch_bounds__(128) trellis_rope_qkv(
+    bf16_t* qkv, bf16_t* kc, bf16_t* vc, const int* state, const float* rope, ll nh, ll nkv,
+    ll D, ll cap, ll nrot, ll traditional) {
+  __shared__ float xs[128];
+  pdl_wait_then_release();
+  const int t = threadIdx.x, Di = (int)D, half = Di / 2, nr = (int)nrot;
+  const ll j = blockIdx.x;
+  const int pos = state[1];
+  if (pos < 0) return;  // an idle row
+  bf16_t* x = qkv + j * D;
+  const float v = t < Di ? bf2f(x[t]) : 0.f;
+  if (t < Di) xs[t] = v;
   __syncthreads();
-  // The block's rows: chunks of RB consecutive rows, RB apart by the grid.
-  const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr), nhb = N / hb;
-  for (ll c = (ll)blockIdx.x * RB; c < N; c += (ll)gridDim.x * RB) {
-    const ll e = c + RB < N ? c + RB : N;
-    for (ll a = c; a < e;) {
-      const ll h = a / hb, end = (h + 1) * hb < e ? (h + 1) * hb : e;
-      if (threadIdx.x == 0) {
-        const int n = (int)(end - a);
-        int* cnt = counts + b * nhb + h;
-        last = atomicAdd(cnt, n) + n == (int)hb;
-        if (last) {
-          __threadfence();
-          atomicExch(cnt, 0);
-        }
-      }
-      __syncthreads();
-      if (last) trellis_output_block(z, su, bias, res, out, N, hb, hscale, mode, h * hb, b, buf);
-      __syncthreads();
-      a = end;
+  if (t >= Di) return;
+  if (j >= nh + nkv) {
+    vc[((j - nh - nkv) * cap + pos) * D + t] = f2bf(v);
+    return;
+  }
+  float o = v;
+  if (traditional) {
+    const int i = t / 2;
+    if (i < nr) {
+      const float c = rope[i], s = rope[half + i];
+      const float x1 = xs[2 * i], x2 = xs[2 * i + 1];
+      o = (t & 1) ? x1 * s + x2 * c : x1 * c - x2 * s;
     }
+  } else if (t < 2 * nr) {
+    const int i = t < nr ? t : t - nr;
+    const float c = rope[i], s = rope[half + i];
+    const float x1 = xs[i], x2 = xs[i + nr];
+    o = t < nr ? x1 * c - x2 * s : x1 * s + x2 * c;
+  }
+  if (j < nh) {
+    x[t] = f2bf(o);
+  } else {
+    kc[((j - nh) * cap + pos) * D + t] = f2bf(o);
   }
 }

@@ -150,6 +150,12 @@ impl TrellisWeight {
         })
     }
 
+    /// The layer's random signs as the loader made them (float32): `su` over the rows, `sv`
+    /// over the columns (the GPU graph decoder uploads these, not a second derivation).
+    pub fn signs(&self) -> (&Array, &Array) {
+        (&self.su, &self.sv)
+    }
+
     pub(crate) fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
         // The scales may change through these: the host copy is made again when next needed.
         self.scales_host = std::sync::OnceLock::new();
