@@ -67,6 +67,16 @@ fn graph_decoder_follows_the_mlx_forward() {
     {
         dirs.push((row.name.to_string(), graph_models::write(&tmp, &row)));
     }
+    // Trellis-coded rows (`GraphSpec::trellis`): `dense_bf16_untied` converted to trellis
+    // 3-bit (L 8) in blocks of 64 (the kernels' general path) and of 32 (their unrolled path),
+    // every layer linear and the untied head coded, the embedding affine 4-bit; the reference
+    // is the model's own MLX forward (mlx-lm has no trellis mode).
+    for block in [64, 32] {
+        let name = format!("trellis3_b{block}");
+        let dst = tmp.join(&name);
+        convert_trellis(&root.join("dense_bf16_untied"), &dst, block);
+        dirs.push((name, dst));
+    }
     // MLX_GRAPH_FOLLOW_ROWS=a,b runs only those rows (device time is scarce: the MoE rows
     // alone are `qwen3_moe,qwen3_moe_q4_r8,mixtral,mixtral_q4`).
     if let Ok(picked) = std::env::var("MLX_GRAPH_FOLLOW_ROWS") {
@@ -90,6 +100,25 @@ fn graph_decoder_follows_the_mlx_forward() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
     assert!(failed.is_empty(), "rows failed: {failed:?}");
+}
+
+/// `src` converted to trellis 3-bit (L 8, seed 0) in blocks of `block`, into `dst`.
+fn convert_trellis(src: &std::path::Path, dst: &std::path::Path, block: i32) {
+    use mlx_models::config::TrellisParams;
+    use mlx_models::convert::{convert, ConvertOptions};
+    let _ = std::fs::remove_dir_all(dst);
+    let opts = ConvertOptions {
+        quantize: true,
+        q_bits: Some(3),
+        q_group_size: Some(block),
+        trellis: Some(TrellisParams {
+            trellis_l: 8,
+            seed: 0,
+            trellis_code: Default::default(),
+        }),
+        ..ConvertOptions::default()
+    };
+    convert(src, dst, &opts, &mut |_| {}).unwrap();
 }
 
 /// One row of [`graph_decoder_follows_the_mlx_forward`].
@@ -117,6 +146,9 @@ fn follow_row(name: &str, dir: &std::path::Path) {
             })
             .collect();
         let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+        // A trellis model's linears (`trellis_linear`) record no timeline: only attention's
+        // records are checked.
+        let trellis = spec.trellis.is_some();
         let mut dec = GraphDecoder::new(spec, &weights, 128).unwrap();
         dec.set_prefix(&kv).unwrap();
         let first = token;
@@ -182,7 +214,7 @@ fn follow_row(name: &str, dir: &std::path::Path) {
             same_bits(&plain2, &got),
             "{name}: logits changed by tracing"
         );
-        for kind in 1..=3 {
+        for kind in if trellis { 2..=2 } else { 1..=3 } {
             assert!(
                 records.iter().any(|r| r.what & 0xff == kind),
                 "{name}: no record of kernel kind {kind}"
@@ -207,7 +239,7 @@ fn follow_row(name: &str, dir: &std::path::Path) {
         // At least a record a kernel: per layer q/k/v, attention and three matrix-vector
         // products.
         assert!(
-            records.len() > 5 * model.num_layers(),
+            records.len() > if trellis { 1 } else { 5 } * model.num_layers(),
             "{name}: {} records",
             records.len()
         );

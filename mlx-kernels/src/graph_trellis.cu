@@ -548,3 +548,109 @@ extern "C" __global__ void __launch_bounds__(128) trellis_rope_qkv(
     kc[((j - nh) * cap + pos) * D + t] = f2bf(o);
   }
 }
+
+// Hadamard block [h0, h0 + hb) of slice zsl's rows (0 q, 1 k, 2 v) of trellis_qkv: the output
+// transform, signs, rounding and bias of trellis_output (mode 0), then in the block's shared
+// buffer RoPE as trellis_rope_qkv applies it (a head lies within one Hadamard block: D and the
+// block are powers of two, D divides the rows) and the write: q to qout, k and v into the
+// caches at position pos. The same bits as trellis_linear (mode 0) then trellis_rope_qkv.
+__device__ __forceinline__ void trellis_qkv_block(const float* z, const float* su,
+                                                  const bf16_t* bias, bf16_t* qout, bf16_t* kc,
+                                                  bf16_t* vc, const float* rope, ll D, ll cap,
+                                                  ll nrot, ll traditional, ll hb, double hscale,
+                                                  ll h0, ll zsl, int pos, float* buf) {
+  for (int i = threadIdx.x; i < hb; i += blockDim.x) buf[i] = __ldcg(z + h0 + i);
+  trellis_fwht(buf, (int)hb, (float)hscale);
+  for (int i = threadIdx.x; i < hb; i += blockDim.x) {
+    const ll r = h0 + i;
+    float v = rbf(buf[i] * su[r]);
+    if (bias) v = rbf(v + bf2f(bias[r]));
+    buf[i] = v;
+  }
+  __syncthreads();
+  const int Di = (int)D, half = Di / 2, nr = (int)nrot;
+  for (int i = threadIdx.x; i < hb; i += blockDim.x) {
+    const ll r = h0 + i, head = r / D;
+    const int t = (int)(r % D);
+    const float* xs = buf + (i - t);  // the head's values
+    float o = xs[t];
+    if (zsl < 2) {
+      if (traditional) {
+        const int j = t / 2;
+        if (j < nr) {
+          const float c = rope[j], s = rope[half + j];
+          const float x1 = xs[2 * j], x2 = xs[2 * j + 1];
+          o = (t & 1) ? x1 * s + x2 * c : x1 * c - x2 * s;
+        }
+      } else if (t < 2 * nr) {
+        const int j = t < nr ? t : t - nr;
+        const float c = rope[j], s = rope[half + j];
+        const float x1 = xs[j], x2 = xs[j + nr];
+        o = t < nr ? x1 * c - x2 * s : x1 * s + x2 * c;
+      }
+    }
+    if (zsl == 0) {
+      qout[r] = f2bf(o);
+    } else if (pos >= 0) {
+      (zsl == 1 ? kc : vc)[(head * cap + pos) * D + t] = f2bf(o);
+    }
+  }
+  __syncthreads();
+}
+
+// q, k and v of a trellis layer in one launch (one sequence): slice blockIdx.z of the grid
+// (0 q, 1 k, 2 v) is trellis_linear over that matrix's rows of the side-by-side words, row
+// scales, signs su and bias ([q; k; v] rows; sv: the three input sign vectors, K each; counts:
+// each matrix's Hadamard blocks of rows in turn), the input norm in its prologue; its epilogue
+// (trellis_qkv_block) applies RoPE and writes q to qout, k and v into the caches at position
+// state[1]. Bit-equal to three trellis_linear launches then trellis_rope_qkv (the emulator's
+// L2 check). bias: null for none.
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_qkv(
+    const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
+    float* z, int* counts, const float* su, const bf16_t* bias, bf16_t* qout, bf16_t* kc,
+    bf16_t* vc, const int* state, const float* rope, ll nh, ll nkv, ll D, ll cap, ll nrot,
+    ll traditional, ll K, ll kb, ll L, ll block, ll lpr_q, ll lpr_kv, ll hbc, double hscalec,
+    double eps, double hscale_q, double hscale_kv, ll has_bias) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float buf[TRELLIS_MAX_HB];
+  __shared__ float red[TRELLIS_THREADS / 32];
+  __shared__ int last;
+  float* xs = (float*)smem;
+  const ll zsl = blockIdx.z, Nq = nh * D, Nk = nkv * D;
+  const ll N = zsl == 0 ? Nq : Nk, r0 = zsl == 0 ? 0 : zsl == 1 ? Nq : Nq + Nk;
+  const ll lpr = zsl == 0 ? lpr_q : lpr_kv;
+  const ll hbq = (Nq & -Nq) < TRELLIS_MAX_HB ? (Nq & -Nq) : TRELLIS_MAX_HB;
+  const ll hbk = (Nk & -Nk) < TRELLIS_MAX_HB ? (Nk & -Nk) : TRELLIS_MAX_HB;
+  const ll hb = zsl == 0 ? hbq : hbk;
+  const double hs = zsl == 0 ? hscale_q : hscale_kv;
+  int* cnt = counts + (zsl == 0 ? 0 : zsl == 1 ? Nq / hbq : Nq / hbq + Nk / hbk);
+  const ll wpr = K * kb / 32;
+  pdl_wait_then_release();
+  const int pos = state[1];
+  trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
+  trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr);
+  __threadfence();
+  __syncthreads();
+  // trellis_finish's counting, over this slice's rows.
+  const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr);
+  for (ll c = (ll)blockIdx.x * RB; c < N; c += (ll)gridDim.x * RB) {
+    const ll e = c + RB < N ? c + RB : N;
+    for (ll a = c; a < e;) {
+      const ll h = a / hb, end = (h + 1) * hb < e ? (h + 1) * hb : e;
+      if (threadIdx.x == 0) {
+        const int n = (int)(end - a);
+        last = atomicAdd(cnt + h, n) + n == (int)hb;
+        if (last) {
+          __threadfence();
+          atomicExch(cnt + h, 0);
+        }
+      }
+      __syncthreads();
+      if (last)
+        trellis_qkv_block(z + r0, su + r0, has_bias ? bias + r0 : nullptr, qout + r0, kc, vc, rope,
+                          D, cap, nrot, traditional, hb, hs, h * hb, zsl, pos, buf);
+      __syncthreads();
+      a = end;
+    }
+  }
+}

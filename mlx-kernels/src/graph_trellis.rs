@@ -35,7 +35,7 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
 /// checks).
-pub const TRELLIS_KERNELS: [(&str, u32); 8] = [
+pub const TRELLIS_KERNELS: [(&str, u32); 9] = [
     ("trellis_decode", 8),
     ("trellis_input", 9),
     ("trellis_matvec", 10),
@@ -44,6 +44,7 @@ pub const TRELLIS_KERNELS: [(&str, u32); 8] = [
     ("trellis_matvec_out", 18),
     ("trellis_linear", 24),
     ("trellis_rope_qkv", 11),
+    ("trellis_qkv", 32),
 ];
 
 /// Threads a block of every trellis kernel (`TRELLIS_THREADS` in the source).

@@ -15,7 +15,9 @@
 #   trellis  issue #34's decode row: each of TRELLIS_MODELS (affine 4-bit dirs setup wrote) gets a
 #          trellis-3 twin (trellis_bench_model.py, copied into .gpu/c: L 8, blocks of 32, random
 #          codes), then `mlx benchmark` on both, `--decoder auto` and `--decoder mlx`, alternating,
-#          TRELLIS_ROUNDS rounds (the JSON names the decoder that ran and why auto fell back).
+#          TRELLIS_ROUNDS rounds (the JSON names the decoder that ran and why auto fell back);
+#          TRELLIS_DECODERS=auto skips `--decoder mlx` (on CUDA the MLX path runs trellis decode
+#          steps through the host's CPU kernel: slow, minutes for the 8B).
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -93,7 +95,7 @@ for part in ${PARTS:-setup test spec bench moe}; do
       for r in $(seq ${TRELLIS_ROUNDS:-2}); do
         for m in $TM; do
           for v in $m $m-t3; do
-            for d in auto mlx; do
+            for d in ${TRELLIS_DECODERS:-auto mlx}; do
               [ $(left) -lt 30 ] && break 4
               echo "== trellis round $r $v --decoder $d" >> $OUT/trellis.log
               timeout $(left) /opt/bin/mlx benchmark --model /opt/models/$v -p ${P:-512} -g ${G:-128} \
