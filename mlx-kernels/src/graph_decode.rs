@@ -1408,13 +1408,40 @@ struct TLin {
     shared_bytes: u32,
 }
 
+/// A trellis layer's q, k and v side by side for `trellis_qkv` (one launch): the words, row
+/// scales, signs `su` and biases in `[q; k; v]` row order, the three input sign vectors in
+/// turn, the counts of each matrix's Hadamard blocks of rows in turn; `q` and `k` describe the
+/// launch (rows, lanes, Hadamard blocks; v's are k's).
+#[derive(Debug, Clone, Copy)]
+struct TQkv {
+    words: Buffer,
+    scales: Buffer,
+    su: Buffer,
+    sv: Buffer,
+    bias: Option<Buffer>,
+    counts: Buffer,
+    q: TLinShape,
+    k: TLinShape,
+}
+
+/// A trellis linear's launch shape ([`TrellisPlan`]'s).
+#[derive(Debug, Clone, Copy)]
+struct TLinShape {
+    rows: usize,
+    cols: usize,
+    hb_rows: usize,
+    hb_cols: usize,
+    hscale_rows: f32,
+    hscale_cols: f32,
+    lanes_per_row: u32,
+    shared_bytes: u32,
+}
+
 /// A layer's trellis-coded linears and the step's trellis scratch (shared by every layer).
 #[derive(Debug, Clone, Copy)]
 struct TrellisLayer {
     spec: TrellisSpec,
-    q: TLin,
-    k: TLin,
-    v: TLin,
+    qkv: TQkv,
     o: TLin,
     gate: TLin,
     up: TLin,
@@ -1459,6 +1486,77 @@ fn upload_tlin(rt: &mut GpuRuntime, spec: &TrellisSpec, l: &GraphLinear) -> Resu
     })
 }
 
+/// The launch shape of a `(rows, cols)` trellis matrix of `spec`.
+fn tlin_shape(rt: &GpuRuntime, spec: &TrellisSpec, rows: usize, cols: usize) -> Result<TLinShape> {
+    let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?)
+        .map_err(|e| invalid("graph_decoder", e))?;
+    Ok(TLinShape {
+        rows,
+        cols,
+        hb_rows: plan.hb_rows,
+        hb_cols: plan.hb_cols,
+        hscale_rows: plan.hscale_rows,
+        hscale_cols: plan.hscale_cols,
+        lanes_per_row: plan.lanes_per_row,
+        shared_bytes: plan.shared_bytes,
+    })
+}
+
+/// A trellis layer's q, k and v side by side on the device ([`TQkv`]): the loaded arrays
+/// concatenated by rows (the signs `sv` in turn), as the affine q/k/v are.
+fn upload_tqkv(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: [&GraphLinear; 3]) -> Result<TQkv> {
+    let missing = || invalid("graph_decoder", "a trellis linear's parts are missing");
+    let mut ts = Vec::with_capacity(3);
+    for p in parts {
+        match (&p.trellis, &p.scales) {
+            (Some(t), Some(s)) => ts.push((t, s)),
+            _ => return Err(missing()),
+        }
+    }
+    let rows = |p: &GraphLinear| p.weight.shape().first().copied().unwrap_or(0) as usize;
+    let cols = ts[0].0.sv.size();
+    let (q, k) = (
+        tlin_shape(rt, spec, rows(parts[0]), cols)?,
+        tlin_shape(rt, spec, rows(parts[1]), cols)?,
+    );
+    if rows(parts[2]) != k.rows || ts.iter().any(|t| t.0.sv.size() != cols) {
+        return Err(invalid(
+            "graph_decoder",
+            "trellis q/k/v: v's rows are not k's, or their inputs differ",
+        ));
+    }
+    let cat = |xs: Vec<Array>| -> Result<Array> {
+        let refs: Vec<&Array> = xs.iter().collect();
+        ops::concatenate(&refs, 0, None)
+    };
+    let words = cat(parts.iter().map(|p| p.weight.clone()).collect())?;
+    let scales = cat(ts
+        .iter()
+        .map(|t| t.1.astype(Dtype::Float32))
+        .collect::<Result<_>>()?)?;
+    let su = cat(ts.iter().map(|t| t.0.su.clone()).collect())?;
+    let sv = cat(ts.iter().map(|t| t.0.sv.clone()).collect())?;
+    let bias = match parts
+        .iter()
+        .map(|p| p.bias.clone())
+        .collect::<Option<Vec<_>>>()
+    {
+        Some(b) => Some(put(rt, &cat(b)?)?),
+        None => None,
+    };
+    let counts = q.rows / q.hb_rows + 2 * (k.rows / k.hb_rows);
+    Ok(TQkv {
+        words: put(rt, &words)?,
+        scales: put(rt, &scales)?,
+        su: put(rt, &su)?,
+        sv: put(rt, &sv)?,
+        bias,
+        counts: rt.alloc_from(&vec![0u8; 4 * counts])?,
+        q,
+        k,
+    })
+}
+
 /// A trellis layer's linears on the device, and `Lin`s describing their words (rows, inputs,
 /// bits) for the parts' byte counts.
 fn upload_trellis_layer(
@@ -1470,9 +1568,7 @@ fn upload_trellis_layer(
 ) -> Result<(TrellisLayer, [Lin; 4])> {
     let t = TrellisLayer {
         spec: *spec,
-        q: upload_tlin(rt, spec, &l.q)?,
-        k: upload_tlin(rt, spec, &l.k)?,
-        v: upload_tlin(rt, spec, &l.v)?,
+        qkv: upload_tqkv(rt, spec, [&l.q, &l.k, &l.v])?,
         o: upload_tlin(rt, spec, &l.o)?,
         gate: upload_tlin(rt, spec, &l.gate)?,
         up: upload_tlin(rt, spec, &l.up)?,
@@ -1488,8 +1584,14 @@ fn upload_trellis_layer(
         gs: 1,
         bits: spec.k as usize,
     };
+    let q = TLin {
+        words: t.qkv.words,
+        rows: t.qkv.q.rows + 2 * t.qkv.k.rows,
+        cols: t.qkv.q.cols,
+        ..t.o
+    };
     let lins = [
-        lin(&t.q, t.q.rows + t.k.rows + t.v.rows),
+        lin(&q, q.rows),
         lin(&t.o, t.o.rows),
         lin(&t.gate, t.gate.rows + t.up.rows),
         lin(&t.down, t.down.rows),
@@ -1647,7 +1749,7 @@ impl GraphDecoder {
         // and the gate's output.
         let trellis_scratch = match s.trellis {
             Some(_) => {
-                let widest = [s.heads * d, h, i_sz, s.vocab]
+                let widest = [s.qkv_rows(), h, i_sz, s.vocab]
                     .into_iter()
                     .max()
                     .unwrap_or(h);
@@ -3194,14 +3296,23 @@ fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin
     let widest = layers
         .iter()
         .filter_map(|l| l.trellis.as_ref())
-        .flat_map(|t| [t.q, t.k, t.v, t.o, t.gate, t.up, t.down])
+        .flat_map(|t| [t.o, t.gate, t.up, t.down])
         .chain(head)
         .map(|t| t.shared_bytes)
         .max()
         .unwrap_or(0);
-    if widest + TRELLIS_STATIC_SHARED > 48 * 1024 {
-        let k = rt.kernel("trellis_linear")?;
-        rt.set_shared_limit(k, widest)?;
+    // trellis_qkv's input is the hidden state, as o's output and gate's input are.
+    let qkv = layers
+        .iter()
+        .filter_map(|l| l.trellis.as_ref())
+        .map(|t| t.qkv.q.shared_bytes)
+        .max()
+        .unwrap_or(0);
+    for (name, bytes) in [("trellis_linear", widest), ("trellis_qkv", qkv)] {
+        if bytes + TRELLIS_STATIC_SHARED > 48 * 1024 {
+            let k = rt.kernel(name)?;
+            rt.set_shared_limit(k, bytes)?;
+        }
     }
     Ok(())
 }
@@ -3267,10 +3378,10 @@ fn trellis_launch(
     )
 }
 
-/// A trellis layer's q, k and v (one sequence): each a `trellis_linear` with the input norm
-/// in its prologue, writing bfloat16 q, k and v unrotated to `qkv` (`[q; k; v]`); then
-/// `trellis_rope_qkv` rotates q in place and writes k and v into the caches at the step's
-/// position. The attention that follows is the affine step's.
+/// A trellis layer's q, k and v (one sequence) in one `trellis_qkv` launch: grid slice z of
+/// the three matrices, the input norm in its prologue, RoPE and the cache write in its
+/// epilogue (bit-equal to three `trellis_linear` launches then `trellis_rope_qkv`: the
+/// emulator's check). The attention that follows is the affine step's.
 fn record_trellis_qkv(
     rec: &mut Recorder,
     rt: &mut GpuRuntime,
@@ -3278,32 +3389,35 @@ fn record_trellis_qkv(
     l: &Layer,
     t: &TrellisLayer,
 ) -> Result<()> {
-    let (s, a) = (&step.shape, &step.acts);
-    let (qn, kn) = (t.q.rows, t.k.rows);
-    for (w, off) in [(&t.q, 0), (&t.k, qn), (&t.v, qn + kn)] {
-        trellis_launch(
-            rec,
-            rt,
-            Part::Qkv,
-            &t.spec,
-            w,
-            t.z,
-            (a.h, 0),
-            Some(l.in_norm),
-            None,
-            (a.qkv, 2 * off),
-            0,
-        )?;
-    }
-    let k = rt.kernel("trellis_rope_qkv")?;
+    let (s, a, f) = (&step.shape, &step.acts, &t.qkv);
+    let k = rt.kernel("trellis_qkv")?;
+    let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / f.q.lanes_per_row as usize);
+    // Three slices of the grid: a third of the resident blocks each.
+    let resident = rt
+        .resident_blocks(k, TRELLIS_THREADS, f.q.shared_bytes)?
+        .min(rec.step.mv_cap)
+        / 3;
+    let blocks =
+        f.q.rows
+            .div_ceil(rows_per_block)
+            .min(resident.max(1) as usize) as u32;
     rec.launch(
         rt,
         Part::Qkv,
         k,
-        [(s.heads + 2 * s.kv_heads) as u32, 1, 1],
-        [128, 1, 1],
-        0,
+        [blocks, 1, 3],
+        [TRELLIS_THREADS, 1, 1],
+        f.q.shared_bytes,
         &[
+            Arg::Buf(f.words, 0),
+            Arg::Buf(f.scales, 0),
+            Arg::Buf(a.h, 0),
+            Arg::Buf(l.in_norm, 0),
+            Arg::Buf(f.sv, 0),
+            Arg::Buf(t.z, 0),
+            Arg::Buf(f.counts, 0),
+            Arg::Buf(f.su, 0),
+            Arg::Buf(f.bias.unwrap_or(f.su), 0),
             Arg::Buf(a.qkv, 0),
             Arg::Buf(l.kc, 0),
             Arg::Buf(l.vc, 0),
@@ -3315,6 +3429,18 @@ fn record_trellis_qkv(
             Arg::I64(step.capacity as i64),
             Arg::I64(l.nrot as i64),
             Arg::I64(i64::from(s.rope.traditional)),
+            Arg::I64(f.q.cols as i64),
+            Arg::I64(i64::from(t.spec.k)),
+            Arg::I64(i64::from(t.spec.l)),
+            Arg::I64(t.spec.block as i64),
+            Arg::I64(i64::from(f.q.lanes_per_row)),
+            Arg::I64(i64::from(f.k.lanes_per_row)),
+            Arg::I64(f.q.hb_cols as i64),
+            Arg::F64(f64::from(f.q.hscale_cols)),
+            Arg::F64(f64::from(s.eps)),
+            Arg::F64(f64::from(f.q.hscale_rows)),
+            Arg::F64(f64::from(f.k.hscale_rows)),
+            Arg::I64(i64::from(f.bias.is_some())),
         ],
     )
 }
@@ -3663,6 +3789,81 @@ mod tests {
         assert_eq!(mv_shared_bytes(100, 16), 256);
         assert_eq!(mv_shared_bytes(4096, 4), 8192 + 128 * 4);
         assert_eq!(mv_shared_bytes(14336, 8), 28672 + 896 * 4);
+    }
+
+    #[test]
+    fn trellis_specs_and_weights_name_their_problems() {
+        use mlx_core::cpu::trellis::TrellisCode;
+        let t = TrellisSpec {
+            k: 3,
+            l: 8,
+            block: 32,
+            code: TrellisCode::Mad,
+        };
+        let spec = GraphSpec {
+            trellis: Some(t),
+            ..tiny_spec()
+        };
+        // A trellis linear of the tiny shapes: words, row scales, signs.
+        let coded = |n: usize, k: usize| GraphLinear {
+            weight: ops::zeros(&[n as i32, (k * 3 / 32) as i32], Dtype::Uint32, None).unwrap(),
+            scales: Some(zeros(&[n as i32, 1])),
+            biases: None,
+            bias: None,
+            trellis: Some(GraphTrellis {
+                spec: t,
+                su: ops::ones(&[n as i32], Dtype::Float32, None).unwrap(),
+                sv: ops::ones(&[k as i32], Dtype::Float32, None).unwrap(),
+            }),
+        };
+        let mut w = tiny_weights(&spec);
+        let (h, d) = (spec.hidden, spec.head_dim);
+        for l in &mut w.layers {
+            l.q = coded(spec.heads * d, h);
+            l.k = coded(spec.kv_heads * d, h);
+            l.v = coded(spec.kv_heads * d, h);
+            l.o = coded(h, spec.heads * d);
+            l.gate = coded(spec.intermediate, h);
+            l.up = coded(spec.intermediate, h);
+            l.down = coded(h, spec.intermediate);
+        }
+        assert_eq!(spec.check(), Ok(()));
+        assert_eq!(w.check(&spec), Ok(()));
+        // A mix, another spec, a wrong sign vector, each named.
+        let mut bad = w.clone();
+        bad.layers[1].up = dense(spec.intermediate, h);
+        bad.layers[0].o.trellis.as_mut().unwrap().spec.l = 9;
+        bad.layers[0].q.trellis.as_mut().unwrap().sv = zeros(&[h as i32]);
+        let why = bad.check(&spec).unwrap_err();
+        for what in [
+            "layers.1.up_proj: not trellis-coded",
+            "layers.0.o_proj: trellis spec",
+            "layers.0.q_proj.sv: [64] bfloat16, expected [64] float32",
+        ] {
+            assert!(why.contains(what), "{what}: {why}");
+        }
+        // Trellis linears in an affine model are a mix too.
+        let why = w.check(&tiny_spec()).unwrap_err();
+        assert!(why.contains("layers.0.q_proj: trellis-coded"), "{why}");
+        // What the trellis step does not run, and several sequences a step.
+        let qk = GraphSpec {
+            qk_norm: true,
+            ..spec.clone()
+        };
+        assert!(qk
+            .check()
+            .unwrap_err()
+            .contains("trellis-coded linears with q/k norms"));
+        let opts = GraphOptions {
+            sequences: 2,
+            ..GraphOptions::default()
+        };
+        let e = GraphDecoder::with_options(spec, &w, 64, &opts).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("trellis-coded linears decodes one sequence"),
+            "{e}"
+        );
     }
 
     #[test]

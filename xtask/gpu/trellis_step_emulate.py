@@ -15,9 +15,9 @@ As `graph_emulate.py` does (its prelude: each CUDA block runs as its threads, `_
 arrays as statics, blocks one after another), the exact source (graph_decode.cu, then
 graph_trellis.cu) is compiled as C++, and the kernels are launched in the order
 `graph_decode.rs`'s `record_step` records a trellis layer (`record_trellis_qkv`,
-`record_trellis_mlp`): `embed`; per layer `trellis_linear` for q, k and v (the input norm in
-its prologue), `trellis_rope_qkv`, `attention`, `trellis_linear` for o (residual), gate, up
-(SwiGLU) and down (residual); the head: `trellis_linear` with the final norm, float32 out
+`record_trellis_mlp`): `embed`; per layer `trellis_qkv` (q, k and v in one launch, the input
+norm in its prologue, RoPE and the cache write in its epilogue), `attention`, `trellis_linear`
+for o (residual), gate, up (SwiGLU) and down (residual); the head: `trellis_linear` with the final norm, float32 out
 (the converter trellis-codes an untied head), or the affine `matvec`. The greedy sampler's kernels are
 graph_emulate.py's check; here the state is set each step.
 
@@ -27,8 +27,11 @@ reference's logit there equals its largest, an exact bfloat16 tie), within
 `TEACHER_FORCED_BOUNDS` (graph_decode.rs), the bounds the `cuda` test set holds every row to.
 The two sides differ only in the order of their float32 sums (the product's lanes here, the
 CPU kernel's 16 SIMD lanes there) and so in bfloat16 roundings downstream of them. Also
-checked: every `trellis_linear` count is back at zero after each step (a replayed graph
-starts from zeros). Blocks run one at a time here: the fences are not exercised.
+checked: each step's logits with `trellis_qkv` are bit-equal (L2) to the same step with its
+plain twin, three `trellis_linear` launches then `trellis_rope_qkv` (the fused step's q, k
+and v outputs zeroed first, so it must write them itself); every count is back at zero after
+each step (a replayed graph starts from zeros). Blocks run one at a time here: the fences are
+not exercised.
 """
 import ctypes
 import json
