@@ -24,7 +24,10 @@
 //! the stacked weights (`graph_moe.cu`; like every weight the decoder holds, a second copy
 //! beside MLX's, counted in a generation's peak memory), one sequence a step);
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
-//! bfloat16 scales; head size 16-128; greedy decoding; one sequence. The prompt is processed
+//! bfloat16 scales, or trellis-coded layer linears ([`GraphSpec::trellis`]: one sequence,
+//! dense pre-norm SwiGLU layers; `graph_trellis.cu`'s `trellis_qkv`, `trellis_gate_up` and
+//! `trellis_linear`, 5 launches a layer with attention; an untied head coded with them, the
+//! embedding affine); head size 16-128; greedy decoding; one sequence. The prompt is processed
 //! by MLX (the model's own forward, which is exact) and its KV cache copied in with
 //! [`GraphDecoder::set_prefix`] (device to device where MLX runs on the GPU); or fed through
 //! the decoder with [`GraphDecoder::feed`].
@@ -60,8 +63,8 @@ use mlx_core::cpu::trellis::TrellisSpec;
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
 
 use crate::graph_trellis::{
-    TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, OUT_SWIGLU, TRELLIS_KERNELS,
-    TRELLIS_MAX_HB, TRELLIS_SOURCE, TRELLIS_THREADS,
+    TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, TRELLIS_KERNELS, TRELLIS_MAX_HB,
+    TRELLIS_SOURCE, TRELLIS_THREADS,
 };
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
@@ -1443,8 +1446,8 @@ struct TrellisLayer {
     spec: TrellisSpec,
     qkv: TQkv,
     o: TLin,
-    gate: TLin,
-    up: TLin,
+    /// Gate and up side by side for `trellis_gate_up` (`qkv`'s layout; `k` describes up).
+    gu: TQkv,
     down: TLin,
     /// The products before the output transform (float32, the widest output), and the gate's
     /// output (bfloat16, intermediate), which the up projection's SwiGLU reads.
@@ -1505,6 +1508,14 @@ fn tlin_shape(rt: &GpuRuntime, spec: &TrellisSpec, rows: usize, cols: usize) -> 
 /// A trellis layer's q, k and v side by side on the device ([`TQkv`]): the loaded arrays
 /// concatenated by rows (the signs `sv` in turn), as the affine q/k/v are.
 fn upload_tqkv(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: [&GraphLinear; 3]) -> Result<TQkv> {
+    upload_tcat(rt, spec, &parts)
+}
+
+/// Trellis linears of one input side by side on the device ([`TQkv`]): q, k, v (v of k's
+/// shape), or gate and up (`k` then describes up). Counts: each part's Hadamard blocks of rows
+/// in turn for three parts; one set, shared by both, for two (`trellis_gate_up` counts a
+/// block of rows over gate and up).
+fn upload_tcat(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: &[&GraphLinear]) -> Result<TQkv> {
     let missing = || invalid("graph_decoder", "a trellis linear's parts are missing");
     let mut ts = Vec::with_capacity(3);
     for p in parts {
@@ -1519,10 +1530,13 @@ fn upload_tqkv(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: [&GraphLinear; 3]
         tlin_shape(rt, spec, rows(parts[0]), cols)?,
         tlin_shape(rt, spec, rows(parts[1]), cols)?,
     );
-    if rows(parts[2]) != k.rows || ts.iter().any(|t| t.0.sv.size() != cols) {
+    let last = rows(parts[parts.len() - 1]);
+    let same = if parts.len() == 3 { k.rows } else { q.rows };
+    if last != same || ts.iter().any(|t| t.0.sv.size() != cols) {
         return Err(invalid(
             "graph_decoder",
-            "trellis q/k/v: v's rows are not k's, or their inputs differ",
+            "trellis q/k/v or gate/up: v's rows are not k's, up's not gate's, or their inputs \
+             differ",
         ));
     }
     let cat = |xs: Vec<Array>| -> Result<Array> {
@@ -1544,7 +1558,11 @@ fn upload_tqkv(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: [&GraphLinear; 3]
         Some(b) => Some(put(rt, &cat(b)?)?),
         None => None,
     };
-    let counts = q.rows / q.hb_rows + 2 * (k.rows / k.hb_rows);
+    let counts = if parts.len() == 3 {
+        q.rows / q.hb_rows + 2 * (k.rows / k.hb_rows)
+    } else {
+        q.rows / q.hb_rows
+    };
     Ok(TQkv {
         words: put(rt, &words)?,
         scales: put(rt, &scales)?,
@@ -1570,8 +1588,7 @@ fn upload_trellis_layer(
         spec: *spec,
         qkv: upload_tqkv(rt, spec, [&l.q, &l.k, &l.v])?,
         o: upload_tlin(rt, spec, &l.o)?,
-        gate: upload_tlin(rt, spec, &l.gate)?,
-        up: upload_tlin(rt, spec, &l.up)?,
+        gu: upload_tcat(rt, spec, &[&l.gate, &l.up])?,
         down: upload_tlin(rt, spec, &l.down)?,
         z,
         g,
@@ -1593,7 +1610,15 @@ fn upload_trellis_layer(
     let lins = [
         lin(&q, q.rows),
         lin(&t.o, t.o.rows),
-        lin(&t.gate, t.gate.rows + t.up.rows),
+        lin(
+            &TLin {
+                words: t.gu.words,
+                rows: 2 * t.gu.q.rows,
+                cols: t.gu.q.cols,
+                ..t.o
+            },
+            2 * t.gu.q.rows,
+        ),
         lin(&t.down, t.down.rows),
     ];
     Ok((t, lins))
@@ -1749,7 +1774,7 @@ impl GraphDecoder {
         // and the gate's output.
         let trellis_scratch = match s.trellis {
             Some(_) => {
-                let widest = [s.qkv_rows(), h, i_sz, s.vocab]
+                let widest = [s.qkv_rows(), h, 2 * i_sz, s.vocab]
                     .into_iter()
                     .max()
                     .unwrap_or(h);
@@ -3296,7 +3321,7 @@ fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin
     let widest = layers
         .iter()
         .filter_map(|l| l.trellis.as_ref())
-        .flat_map(|t| [t.o, t.gate, t.up, t.down])
+        .flat_map(|t| [t.o, t.down])
         .chain(head)
         .map(|t| t.shared_bytes)
         .max()
@@ -3308,7 +3333,12 @@ fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin
         .map(|t| t.qkv.q.shared_bytes)
         .max()
         .unwrap_or(0);
-    for (name, bytes) in [("trellis_linear", widest), ("trellis_qkv", qkv)] {
+    // trellis_gate_up's input is the hidden state too.
+    for (name, bytes) in [
+        ("trellis_linear", widest),
+        ("trellis_qkv", qkv),
+        ("trellis_gate_up", qkv),
+    ] {
         if bytes + TRELLIS_STATIC_SHARED > 48 * 1024 {
             let k = rt.kernel(name)?;
             rt.set_shared_limit(k, bytes)?;
@@ -3472,25 +3502,48 @@ fn record_trellis_mlp(
         h,
         OUT_RES,
     )?;
-    let gu = [
-        (&t.gate, None, (t.g, 0), 0),
-        (&t.up, Some(t.g), (a.act, 0), OUT_SWIGLU),
-    ];
-    for (w, res, out, mode) in gu {
-        trellis_launch(
-            rec,
-            rt,
-            Part::GateUp,
-            sp,
-            w,
-            t.z,
-            h,
-            Some(post_norm),
-            res,
-            out,
-            mode,
-        )?;
-    }
+    let (f, k) = (&t.gu, rt.kernel("trellis_gate_up")?);
+    let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / f.q.lanes_per_row as usize);
+    // Two slices of the grid: half of the resident blocks each.
+    let resident = rt
+        .resident_blocks(k, TRELLIS_THREADS, f.q.shared_bytes)?
+        .min(rec.step.mv_cap)
+        / 2;
+    let blocks =
+        f.q.rows
+            .div_ceil(rows_per_block)
+            .min(resident.max(1) as usize) as u32;
+    rec.launch(
+        rt,
+        Part::GateUp,
+        k,
+        [blocks, 1, 2],
+        [TRELLIS_THREADS, 1, 1],
+        f.q.shared_bytes,
+        &[
+            Arg::Buf(f.words, 0),
+            Arg::Buf(f.scales, 0),
+            Arg::Buf(a.h, 0),
+            Arg::Buf(post_norm, 0),
+            Arg::Buf(f.sv, 0),
+            Arg::Buf(t.z, 0),
+            Arg::Buf(f.counts, 0),
+            Arg::Buf(f.su, 0),
+            Arg::Buf(t.g, 0),
+            Arg::Buf(a.act, 0),
+            Arg::I64(f.q.rows as i64),
+            Arg::I64(f.q.cols as i64),
+            Arg::I64(i64::from(sp.k)),
+            Arg::I64(i64::from(sp.l)),
+            Arg::I64(sp.block as i64),
+            Arg::I64(i64::from(f.q.lanes_per_row)),
+            Arg::I64(f.q.hb_cols as i64),
+            Arg::F64(f64::from(f.q.hscale_cols)),
+            Arg::F64(f64::from(rec.step.shape.eps)),
+            Arg::I64(f.q.hb_rows as i64),
+            Arg::F64(f64::from(f.q.hscale_rows)),
+        ],
+    )?;
     trellis_launch(
         rec,
         rt,

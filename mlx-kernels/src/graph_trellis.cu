@@ -654,3 +654,50 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_qkv(
     }
   }
 }
+
+// Gate and up of a trellis layer in one launch (one sequence): slice blockIdx.z of the grid
+// (0 gate, 1 up) is trellis_linear over that matrix's rows of the side-by-side words, row
+// scales and signs su ([gate; up] rows; sv: the two input sign vectors, K each), the
+// post-attention norm in its prologue. Hadamard block h of rows is counted over both slices
+// (counts[h] reaches 2 hb); the block completing it applies trellis_output to gate's rows
+// (mode 0, bfloat16 to g) and then to up's (MODE_SWIGLU with g, to act): the same functions
+// as two trellis_linear launches, so the same bits.
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_gate_up(
+    const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
+    float* z, int* counts, const float* su, bf16_t* g, bf16_t* act, ll N, ll K, ll kb, ll L,
+    ll block, ll lpr, ll hbc, double hscalec, double eps, ll hbr, double hscaler) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float buf[TRELLIS_MAX_HB];
+  __shared__ float red[TRELLIS_THREADS / 32];
+  __shared__ int last;
+  float* xs = (float*)smem;
+  const ll zsl = blockIdx.z, r0 = zsl * N, wpr = K * kb / 32;
+  pdl_wait_then_release();
+  trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
+  trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr);
+  __threadfence();
+  __syncthreads();
+  const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr);
+  for (ll c = (ll)blockIdx.x * RB; c < N; c += (ll)gridDim.x * RB) {
+    const ll e = c + RB < N ? c + RB : N;
+    for (ll a = c; a < e;) {
+      const ll h = a / hbr, end = (h + 1) * hbr < e ? (h + 1) * hbr : e;
+      if (threadIdx.x == 0) {
+        const int n = (int)(end - a);
+        last = atomicAdd(counts + h, n) + n == 2 * (int)hbr;
+        if (last) {
+          __threadfence();
+          atomicExch(counts + h, 0);
+        }
+      }
+      __syncthreads();
+      if (last) {
+        trellis_output_block(z, su, nullptr, nullptr, g, N, hbr, hscaler, 0, h * hbr, 0, buf);
+        trellis_output_block(z + N, su + N, nullptr, g, act, N, hbr, hscaler, MODE_SWIGLU,
+                             h * hbr, 0, buf);
+      }
+      __syncthreads();
+      a = end;
+    }
+  }
+}

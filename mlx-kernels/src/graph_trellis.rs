@@ -21,10 +21,14 @@
 //! the float64 product of the decoded matrix, within the rounding bound written in the
 //! script), and so is the whole linear against the CPU decoder's `TrellisView::matvec`.
 //!
-//! The graph decoder does not launch these yet: [`crate::graph_decode::GraphDecoder`] takes
-//! affine and bfloat16 weights, and `mlx_engine::graph` refuses a trellis-coded linear with the
-//! reason, so `auto` falls back to the MLX path (results/gpu/2026-12-05-s28-trellis/ has the
-//! plan for wiring them into the step).
+//! [`crate::graph_decode::GraphDecoder`] launches `trellis_qkv` (q, k and v in one launch:
+//! the input norm, signs and Hadamard blocks in its prologue; the output transform, RoPE and
+//! the cache write in its epilogue), `trellis_gate_up` (SwiGLU in its epilogue) and
+//! `trellis_linear` (one launch a linear: `trellis_matvec_in`'s prologue and
+//! `trellis_matvec_out`'s epilogue) for a trellis model; `trellis_rope_qkv` and two
+//! `trellis_linear` launches are their plain twins, bit-equal on the emulator
+//! (`xtask/gpu/trellis_step_emulate.py`, which also checks the step against the model's MLX
+//! forward).
 
 use mlx_core::cpu::trellis::{hadamard_block, TrellisCode, TrellisSpec};
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Kernel};
@@ -35,7 +39,7 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
 /// checks).
-pub const TRELLIS_KERNELS: [(&str, u32); 9] = [
+pub const TRELLIS_KERNELS: [(&str, u32); 10] = [
     ("trellis_decode", 8),
     ("trellis_input", 9),
     ("trellis_matvec", 10),
@@ -45,6 +49,7 @@ pub const TRELLIS_KERNELS: [(&str, u32); 9] = [
     ("trellis_linear", 24),
     ("trellis_rope_qkv", 11),
     ("trellis_qkv", 32),
+    ("trellis_gate_up", 21),
 ];
 
 /// Threads a block of every trellis kernel (`TRELLIS_THREADS` in the source).

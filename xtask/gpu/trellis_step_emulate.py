@@ -17,7 +17,8 @@ graph_trellis.cu) is compiled as C++, and the kernels are launched in the order
 `graph_decode.rs`'s `record_step` records a trellis layer (`record_trellis_qkv`,
 `record_trellis_mlp`): `embed`; per layer `trellis_qkv` (q, k and v in one launch, the input
 norm in its prologue, RoPE and the cache write in its epilogue), `attention`, `trellis_linear`
-for o (residual), gate, up (SwiGLU) and down (residual); the head: `trellis_linear` with the final norm, float32 out
+for o (residual), `trellis_gate_up` (gate and up in one launch, the post-attention norm in its
+prologue, SwiGLU in its epilogue), `trellis_linear` for down (residual); the head: `trellis_linear` with the final norm, float32 out
 (the converter trellis-codes an untied head), or the affine `matvec`. The greedy sampler's kernels are
 graph_emulate.py's check; here the state is set each step.
 
@@ -27,9 +28,10 @@ reference's logit there equals its largest, an exact bfloat16 tie), within
 `TEACHER_FORCED_BOUNDS` (graph_decode.rs), the bounds the `cuda` test set holds every row to.
 The two sides differ only in the order of their float32 sums (the product's lanes here, the
 CPU kernel's 16 SIMD lanes there) and so in bfloat16 roundings downstream of them. Also
-checked: each step's logits with `trellis_qkv` are bit-equal (L2) to the same step with its
-plain twin, three `trellis_linear` launches then `trellis_rope_qkv` (the fused step's q, k
-and v outputs zeroed first, so it must write them itself); every count is back at zero after
+checked: each step's logits with `trellis_qkv` and `trellis_gate_up` are bit-equal (L2) to
+the same step with their plain twins, three `trellis_linear` launches then `trellis_rope_qkv`,
+and two `trellis_linear` launches (gate, then up with SwiGLU) (the fused step's q, k, v, gate
+and SwiGLU outputs zeroed first, so it must write them itself); every count is back at zero after
 each step (a replayed graph starts from zeros). Blocks run one at a time here: the fences are
 not exercised.
 """
@@ -104,6 +106,7 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16])); }); break;
     case 11: run_grid(gx, gy, bx, [=] { trellis_linear(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(const bf16_t*, 8), P(const bf16_t*, 9), P(void*, 10), L(11), L(12), L(13), L(14), L(15), L(16), L(17), D_(a[18]), L(19), D_(a[20]), L(21), D_(a[22]), L(23)); }); break;
     case 13: run_grid3(gx, gy, 3, bx, [=] { trellis_qkv(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(const bf16_t*, 8), P(bf16_t*, 9), P(bf16_t*, 10), P(bf16_t*, 11), P(const int*, 12), P(const float*, 13), L(14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), L(23), L(24), L(25), L(26), D_(a[27]), D_(a[28]), D_(a[29]), D_(a[30]), L(31)); }); break;
+    case 14: run_grid3(gx, gy, 2, bx, [=] { trellis_gate_up(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(bf16_t*, 8), P(bf16_t*, 9), L(10), L(11), L(12), L(13), L(14), L(15), L(16), D_(a[17]), D_(a[18]), L(19), D_(a[20])); }); break;
     case 12: run_grid(gx, gy, bx, [=] { trellis_rope_qkv(P(bf16_t*, 0), P(bf16_t*, 1), P(bf16_t*, 2), P(const int*, 3), P(const float*, 4), L(5), L(6), L(7), L(8), L(9), L(10)); }); break;
   }
 }
@@ -249,6 +252,11 @@ def main():
                         bias=cat("bias") if q["bias"] is not None else None,
                         counts=buf(np.zeros(q["rows"] // q["hr"] + 2 * (k["rows"] // k["hr"]), np.int32)),
                         z=buf(np.zeros(q["rows"] + 2 * k["rows"], np.float32)))
+        ga, up = L["gate"], L["up"]
+        cat2 = lambda key: buf(np.concatenate([ga[key], up[key]]))
+        L["gu"] = dict(words=cat2("words"), scales=cat2("scales"), su=cat2("su"), sv=cat2("sv"),
+                       counts=buf(np.zeros(ga["rows"] // ga["hr"], np.int32)),
+                       z=buf(np.zeros(2 * ga["rows"], np.float32)))
     if trellis_head:
         head_lin = tlin("head")
         lins.append(("head", head_lin))
@@ -275,6 +283,14 @@ def main():
                 nh, nkv, d, cap, L["nrot"], int(s["traditional"]), H, kb, Lbits, block, q["lpr"], k["lpr"],
                 q["hc"], q["sc"], eps, q["sr"], k["sr"], int(f["bias"] is not None)])
 
+    def gate_up_fused(L):
+        ga, f = L["gate"], L["gu"]
+        rpb = (THREADS // 32) * (32 // ga["lpr"])
+        blocks = max(1, min(-(-ga["rows"] // rpb), RESIDENT))
+        launch(lib, 14, (blocks, 1), THREADS,
+               [f["words"], f["scales"], h, L["post"], f["sv"], f["z"], f["counts"], f["su"], g, act,
+                ga["rows"], H, kb, Lbits, block, ga["lpr"], ga["hc"], ga["sc"], eps, ga["hr"], ga["sr"]])
+
     def step(fused):
         launch(lib, 0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, s["pairs"], inv,
                                      float(s["position_scale"]), float(s["output_scale"]), 1.0, 0, inv, 1.0, 1.0])
@@ -289,8 +305,13 @@ def main():
             launch(lib, 3, (nh, ns), 128, [qkv, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap,
                                            ns, scale, 0, 0, 0.0])
             tl(L["o"], attn, None, h, h, OUT_RES)
-            tl(L["gate"], h, L["post"], None, g, 0)
-            tl(L["up"], h, L["post"], g, act, OUT_SWIGLU)
+            if fused:
+                g[:] = 0
+                act[:] = 0
+                gate_up_fused(L)
+            else:
+                tl(L["gate"], h, L["post"], None, g, 0)
+                tl(L["up"], h, L["post"], g, act, OUT_SWIGLU)
             tl(L["down"], act, None, h, h, OUT_RES)
         if trellis_head:
             tl(head_lin, h, final_norm, None, logits, 8)  # OUT_F32
@@ -319,7 +340,8 @@ def main():
         step(True)
         same = np.array_equal(plain.view(np.uint32), logits.view(np.uint32))
         bit_equal &= same
-        for n, lin in lins + [(f"layers.{j}.qkv", L["qkv"]) for j, L in enumerate(layers)]:
+        fused_lins = [(f"layers.{j}.{x}", L[x]) for j, L in enumerate(layers) for x in ("qkv", "gu")]
+        for n, lin in lins + fused_lins:
             assert not lin["counts"].any(), f"{n}: the counts are not back at zero"
         ref = refs[i]
         rel = float(np.max(np.abs(ref - logits)) / max(np.max(np.abs(ref)), 1e-6))
@@ -333,14 +355,14 @@ def main():
         miss = "" if ref[ours] == ref.max() else f", reference margin {float((ref.max() - ref[ours]) / np.abs(ref).max()):.5f}"
         print(f"step {i}: token {tok}, relative logit difference {rel:.6f}, "
               f"greedy {ours} (reference {int(np.argmax(ref))}){tie}{miss}; "
-              f"trellis_qkv {'bit-equal to' if same else 'DIFFERS from'} the unfused q/k/v")
+              f"trellis_qkv and trellis_gate_up {'bit-equal to' if same else 'DIFFER from'} the unfused")
     share = agree / len(tokens)
     ok = worst <= BOUND_REL and share >= BOUND_AGREE and bit_equal
     lprs = sorted({lin["lpr"] for _, lin in lins})
     print(f"trellis step (k {kb}, L {Lbits}, blocks of {block}, lanes a row {lprs}, grid cap {RESIDENT}, "
           f"{len(tokens)} teacher-forced steps after a {P}-token prompt): max relative logit difference "
           f"{worst:.6f} (bound {BOUND_REL}), greedy agreement {share:.2f} (bound {BOUND_AGREE}), "
-          f"trellis_qkv bit-equal to the unfused q/k/v at every step: {bit_equal} "
+          f"trellis_qkv and trellis_gate_up bit-equal to the unfused launches at every step: {bit_equal} "
           f"{'ok' if ok else 'FAILED'}")
     return 0 if ok else 1
 
