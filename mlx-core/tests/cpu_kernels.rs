@@ -426,9 +426,26 @@ fn attention_case(
 /// step), with others (a verify pass or prompt block) or on another thread count: the SIMD
 /// path's parts of positions depend on the row's position count only (tier: bit-identical;
 /// speculative verification and batched rows rely on it).
+/// Shapes: SmolLM2's heads with rows across a part boundary (all rows of a pass in one work
+/// item), one part only (rows split into groups), one KV head, a group of one and of eight
+/// (the kernel without register-blocked heads), a first row at position 0.
 #[test]
 fn attention_rows_are_what_they_are_alone() -> Result<()> {
-    let (nh, nkv, hd, cap, start, m) = (9usize, 3usize, 64usize, 420usize, 250usize, 7usize);
+    for (nh, nkv, start, m) in [
+        (9usize, 3usize, 250usize, 7usize),
+        (9, 3, 100, 5),
+        (8, 1, 126, 4),
+        (4, 4, 300, 3),
+        (8, 1, 0, 6),
+        (16, 2, 40, 2),
+    ] {
+        attention_rows_alone(nh, nkv, start, m)?;
+    }
+    Ok(())
+}
+
+fn attention_rows_alone(nh: usize, nkv: usize, start: usize, m: usize) -> Result<()> {
+    let (hd, cap) = (64usize, 420usize);
     let kv: Vec<half::f16> = values(nkv * cap * hd, 4)
         .iter()
         .map(|&x| half::f16::from_f32(x))
@@ -468,7 +485,7 @@ fn attention_rows_are_what_they_are_alone() -> Result<()> {
                     .iter()
                     .zip(&alone)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{} row {t}: not the bits alone",
+                "{} {nh}/{nkv} heads, rows {start}+{m}, row {t}: not the bits alone",
                 ctx.isa.name()
             );
         }

@@ -893,7 +893,10 @@ const PHASES: [(&str, &str); 9] = [
         "RMSNorms, RoPE, KV writes, residual adds, SiLU*up",
     ),
     ("qkv", "q/k/v products (one pool run)"),
-    ("attention", "decode attention (one pool run a row)"),
+    (
+        "attention",
+        "decode attention (one pool run; a batched step's: one a row)",
+    ),
     ("o_proj", "o product (one pool run)"),
     ("gate_up", "gate/up products (one pool run)"),
     ("down", "down product (one pool run)"),
