@@ -344,17 +344,21 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     // A draft model on the GPU graph decoder (`--decoder graph`, or `auto` where MLX runs on
     // the GPU with `--dtype auto`): drafts and their verification as graph steps, greedy;
     // else mlx-lm's exact speculation on the MLX path, with the reason.
-    let draft_on_graph = match &spec {
+    // `Ok(true)`: it runs; `Err(why)`: it would have been chosen but cannot run.
+    let draft_on_graph: Result<bool, String> = match &spec {
         Some(SpecSource::Draft(d)) => {
             let on_gpu =
                 mlx_core::Device::default_device().is_ok_and(|dv| dv != mlx_core::Device::cpu());
             let asked = a.decoder.decoder == "graph";
-            let why = if a.top_logprobs > 0 {
+            let auto = a.decoder.decoder == "auto" && on_gpu && a.model.dtype == "auto";
+            let why = if !asked && !auto {
+                None
+            } else if a.top_logprobs > 0 {
                 Some("--top-logprobs".to_string())
             } else if caches.is_some() {
                 Some("a prompt cache file".to_string())
             } else {
-                mlx_engine::graph_spec::unsupported(
+                mlx_engine::graph_speculative::unsupported(
                     m.model.as_ref(),
                     d.model.as_ref(),
                     &generate,
@@ -362,24 +366,15 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
                 )
             };
             match why {
-                None if asked
-                    || (a.decoder.decoder == "auto" && on_gpu && a.model.dtype == "auto") =>
-                {
-                    Ok(true)
-                }
-                None => Ok(false),
-                Some(w) if asked => Err(format!("--decoder graph: speculation: {w}")),
+                Some(w) if asked => return Err(format!("--decoder graph: speculation: {w}")),
                 Some(w) => Err(w),
+                None => Ok(asked || auto),
             }
         }
         _ => Ok(false),
     };
-    let graph_spec_why = draft_on_graph.as_ref().err().cloned();
-    let draft_on_graph = match draft_on_graph {
-        Ok(b) => b,
-        Err(w) if w.starts_with("--decoder graph") => return Err(w),
-        Err(_) => false,
-    };
+    let graph_draft_why = draft_on_graph.as_ref().err().cloned();
+    let draft_on_graph = draft_on_graph.unwrap_or(false);
     let mut decoder = if draft_on_graph {
         common::DecoderChoice {
             cpu: None,
@@ -427,11 +422,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         },
     )?
     };
-    if let (Some(why), false, true) = (
-        &graph_spec_why,
-        draft_on_cpu,
-        mlx_core::Device::default_device().is_ok_and(|dv| dv != mlx_core::Device::cpu()),
-    ) {
+    if let Some(why) = &graph_draft_why {
         if decoder.name == "mlx" {
             decoder.note = format!(
                 "{}; the graph decoder does not speculate here: {why})",

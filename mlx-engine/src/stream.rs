@@ -83,8 +83,8 @@ enum Steps<'m> {
     /// Greedy speculation on the CPU decoder ([`crate::cpu_spec::CpuSpecSteps`]).
     CpuSpeculative(Box<CpuSpecSteps<'m>>),
     /// Greedy draft-model speculation on the GPU graph decoder
-    /// ([`crate::graph_spec::GraphSpecSteps`]).
-    GraphSpeculative(Box<crate::graph_spec::GraphSpecSteps>),
+    /// ([`crate::graph_speculative::GraphSpecSteps`]).
+    GraphSpeculative(Box<crate::graph_speculative::GraphSpecSteps>),
 }
 
 impl Steps<'_> {
@@ -236,9 +236,9 @@ pub fn stream_generate_cpu_draft<'m>(
 }
 
 /// [`stream_generate_speculative`] with a draft model on the GPU graph decoder
-/// ([`crate::graph_spec`]): both models on graph decoders of their own, each round's drafts
+/// ([`crate::graph_speculative`]): both models on graph decoders of their own, each round's drafts
 /// verified by the target in one batched graph step. Greedy only; the output is plain greedy
-/// graph decoding's, bit for bit. [`crate::graph_spec::unsupported`] says where it cannot run.
+/// graph decoding's, bit for bit. [`crate::graph_speculative::unsupported`] says where it cannot run.
 pub fn stream_generate_graph_draft<'m>(
     model: &'m dyn LanguageModel,
     tokenizer: &'m Tokenizer,
@@ -249,7 +249,7 @@ pub fn stream_generate_graph_draft<'m>(
 ) -> Result<TextStream<'m>> {
     start(model, tokenizer, prompt, opts, |ids, g| {
         let steps =
-            crate::graph_spec::GraphSpecSteps::new(model, draft, ids, &g, num_draft_tokens)?;
+            crate::graph_speculative::GraphSpecSteps::new(model, draft, ids, &g, num_draft_tokens)?;
         Ok(Steps::GraphSpeculative(Box::new(steps)))
     })
 }
@@ -514,7 +514,8 @@ impl<'m> TextStream<'m> {
     pub fn graph_device_bytes(&self) -> usize {
         match &self.steps {
             Steps::Plain(g) => g.graph_device_bytes(),
-            Steps::Speculative(_) | Steps::CpuSpeculative(_) | Steps::GraphSpeculative(_) => 0,
+            Steps::GraphSpeculative(g) => g.device_bytes(),
+            Steps::Speculative(_) | Steps::CpuSpeculative(_) => 0,
         }
     }
 

@@ -995,7 +995,7 @@ fn speculative_row(
     ddir: &std::path::Path,
     ks: &[usize],
 ) {
-    use mlx_engine::graph_spec::{unsupported, GraphSpecSteps};
+    use mlx_engine::graph_speculative::{unsupported, GraphSpecSteps};
     let target = load_model_dir(tdir, &LoadOptions::default()).unwrap().0;
     let draft = load_model_dir(ddir, &LoadOptions::default()).unwrap().0;
     let vocab = target.vocab_size();

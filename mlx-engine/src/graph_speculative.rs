@@ -50,7 +50,8 @@ pub fn unsupported(
     }
     match crate::graph::map_model(target) {
         Ok((spec, _)) if GraphDecoder::max_sequences(&spec) < 2 => Some(format!(
-            "`{}` decodes one row a step on the graph decoder (a mixture of experts)",
+            "`{}` decodes one row a step on the graph decoder (a mixture of experts, or inputs \
+             that fill the shared memory), so its drafts cannot be verified in one step",
             spec.model_type
         )),
         Ok(_) => None,
@@ -111,6 +112,10 @@ pub trait VerifyDecoder {
     fn verify_greedy(&mut self, tokens: &[u32]) -> mlx_core::Result<Vec<(u32, f32)>>;
     /// Moves the position back to `pos`.
     fn rewind(&mut self, pos: usize) -> mlx_core::Result<()>;
+    /// Device bytes it holds outside MLX's allocator.
+    fn device_bytes(&self) -> usize {
+        0
+    }
 }
 
 impl VerifyDecoder for GraphDecoder {
@@ -134,6 +139,9 @@ impl VerifyDecoder for GraphDecoder {
     }
     fn rewind(&mut self, pos: usize) -> mlx_core::Result<()> {
         GraphDecoder::rewind(self, pos)
+    }
+    fn device_bytes(&self) -> usize {
+        GraphDecoder::device_bytes(self)
     }
 }
 
@@ -237,6 +245,12 @@ impl GraphSpecSteps {
             left: max_tokens.map(|m| m.saturating_sub(1)),
             stats: SpecStats::default(),
         }
+    }
+
+    /// Device bytes both decoders hold outside MLX's allocator (their weights as the kernels
+    /// take them, caches, activations): a generation's reported peak adds them.
+    pub fn device_bytes(&self) -> usize {
+        self.target.device_bytes() + self.draft.device_bytes()
     }
 
     /// The acceptance statistics so far.
