@@ -86,8 +86,14 @@ fn prefill(model: &dyn LanguageModel, ids: &[i32], opts: &GenerateOptions) -> Re
     // The MLX path ran the first token's step ahead: keep the prompt's positions only.
     for c in caches.iter_mut() {
         let extra = c.offset().saturating_sub(ids.len());
-        if extra > 0 {
-            c.trim(extra);
+        if extra > 0 && c.trim(extra) != extra {
+            return Err(EngineError::GraphDecoderUnsupported(format!(
+                "speculation on the graph decoder: a {} of the prompt could not drop the \
+                 token run ahead ({} positions for a prompt of {})",
+                c.class_name(),
+                c.offset(),
+                ids.len()
+            )));
         }
     }
     let kv = crate::generate::graph_prefix(&caches)?;
