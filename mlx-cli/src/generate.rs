@@ -10,7 +10,7 @@ use mlx_engine::generate::GenerateOptions;
 use mlx_engine::sample::{Sampler, SamplerSettings};
 use mlx_engine::stream::{
     stream_generate, stream_generate_cpu_draft, stream_generate_cpu_speculative,
-    stream_generate_speculative, FinishReason, StreamOptions,
+    stream_generate_graph_draft, stream_generate_speculative, FinishReason, StreamOptions,
 };
 use serde_json::{json, Map, Value};
 
@@ -341,7 +341,52 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     // A draft model runs on the CPU decoder beside the target's only when asked for
     // (`--decoder cpu`): `auto` keeps mlx-lm's exact speculation (L1) for it.
     let draft_on_cpu = matches!(&spec, Some(SpecSource::Draft(_))) && a.decoder.decoder == "cpu";
-    let mut decoder = if lookup.is_some() || draft_on_cpu {
+    // A draft model on the GPU graph decoder (`--decoder graph`, or `auto` where MLX runs on
+    // the GPU with `--dtype auto`): drafts and their verification as graph steps, greedy;
+    // else mlx-lm's exact speculation on the MLX path, with the reason.
+    // `Ok(true)`: it runs; `Err(why)`: it would have been chosen but cannot run.
+    let draft_on_graph: Result<bool, String> = match &spec {
+        Some(SpecSource::Draft(d)) => {
+            let on_gpu =
+                mlx_core::Device::default_device().is_ok_and(|dv| dv != mlx_core::Device::cpu());
+            let asked = a.decoder.decoder == "graph";
+            let auto = a.decoder.decoder == "auto" && on_gpu && a.model.dtype == "auto";
+            let why = if !asked && !auto {
+                None
+            } else if a.top_logprobs > 0 {
+                Some("--top-logprobs".to_string())
+            } else if caches.is_some() {
+                Some("a prompt cache file".to_string())
+            } else {
+                mlx_engine::graph_speculative::unsupported(
+                    m.model.as_ref(),
+                    d.model.as_ref(),
+                    &generate,
+                    a.spec.num_draft_tokens(),
+                )
+            };
+            match why {
+                Some(w) if asked => return Err(format!("--decoder graph: speculation: {w}")),
+                Some(w) => Err(w),
+                None => Ok(asked || auto),
+            }
+        }
+        _ => Ok(false),
+    };
+    let graph_draft_why = draft_on_graph.as_ref().err().cloned();
+    let draft_on_graph = draft_on_graph.unwrap_or(false);
+    let mut decoder = if draft_on_graph {
+        common::DecoderChoice {
+            cpu: None,
+            graph: false,
+            name: "graph",
+            note: format!(
+                "decoder: graph (speculative: the draft model's drafts on a graph decoder of \
+                 its own, {} + 1 tokens verified in one graph step of the target, greedy)",
+                a.spec.num_draft_tokens()
+            ),
+        }
+    } else if lookup.is_some() || draft_on_cpu {
         let greedy = if a.temp != 0.0 {
             Err(format!("--temp {}", a.temp))
         } else if !generate.logits_processors.is_empty() {
@@ -377,6 +422,14 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         },
     )?
     };
+    if let Some(why) = &graph_draft_why {
+        if decoder.name == "mlx" {
+            decoder.note = format!(
+                "{}; the graph decoder does not speculate here: {why})",
+                decoder.note.trim_end_matches(')')
+            );
+        }
+    }
     if draft_on_cpu {
         decoder.note = decoder.note.replace(
             "prompt lookup drafts",
@@ -394,6 +447,14 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         top_logprobs: a.top_logprobs,
     };
     let mut stream = match (&spec, lookup) {
+        (Some(SpecSource::Draft(d)), _) if draft_on_graph => stream_generate_graph_draft(
+            m.model.as_ref(),
+            &m.tokenizer,
+            &ids,
+            d.model.as_ref(),
+            a.spec.num_draft_tokens(),
+            opts,
+        ),
         (Some(SpecSource::Draft(d)), _) if decoder.cpu.is_some() => stream_generate_cpu_draft(
             m.model.as_ref(),
             &m.tokenizer,

@@ -434,6 +434,38 @@ fn completion_scripts_name_every_subcommand() {
     assert_ne!(code, 0);
 }
 
+/// `mlx generate --draft-model --decoder graph` asks for speculation on the graph decoder: where
+/// it cannot run (no CUDA here) the refusal names why.
+#[test]
+fn draft_model_on_the_graph_decoder_says_why_not() {
+    let model = mlx_engine::fetch::smollm2_gguf().unwrap();
+    let model = model.to_str().unwrap();
+    let args = [
+        "generate",
+        "--model",
+        model,
+        "--draft-model",
+        model,
+        "--num-draft-tokens",
+        "2",
+        "--prompt",
+        "hi",
+        "-m",
+        "3",
+        "--decoder",
+        "graph",
+        "--verbose",
+        "true",
+    ];
+    let (code, _, err) = mlx(&args);
+    if code == 0 {
+        // A CUDA build on a GPU where both models qualify: it ran there.
+        assert!(err.contains("decoder: graph (speculative"), "{err}");
+    } else {
+        assert!(err.contains("--decoder graph: speculation:"), "{err}");
+    }
+}
+
 /// `mlx chat --decoder graph` is no longer refused for keeping its cache across turns: on a
 /// build or machine without CUDA the refusal names that instead (the turns' continued KV cache
 /// is copied into the graph decoder on a CUDA build).

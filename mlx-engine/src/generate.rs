@@ -1090,7 +1090,7 @@ impl GenerateStep<'_> {
 /// layer's rotating cache qualifies while it holds every position in order (it has not
 /// wrapped: the prompt fits its window); the decoder keeps every position and masks the
 /// window itself.
-fn graph_prefix(caches: &[Box<dyn Cache>]) -> mlx_core::Result<Vec<(Array, Array)>> {
+pub(crate) fn graph_prefix(caches: &[Box<dyn Cache>]) -> mlx_core::Result<Vec<(Array, Array)>> {
     caches
         .iter()
         .map(|c| {

@@ -36,6 +36,7 @@ pub mod fetch;
 pub mod generate;
 pub mod grammar;
 pub mod graph;
+pub mod graph_speculative;
 pub mod hub;
 pub mod load;
 pub mod prompt_cache;

@@ -82,6 +82,9 @@ enum Steps<'m> {
     Speculative(Box<SpeculativeStep<'m>>),
     /// Greedy speculation on the CPU decoder ([`crate::cpu_spec::CpuSpecSteps`]).
     CpuSpeculative(Box<CpuSpecSteps<'m>>),
+    /// Greedy draft-model speculation on the GPU graph decoder
+    /// ([`crate::graph_speculative::GraphSpecSteps`]).
+    GraphSpeculative(Box<crate::graph_speculative::GraphSpecSteps>),
 }
 
 impl Steps<'_> {
@@ -97,6 +100,16 @@ impl Steps<'_> {
                     logprob: Some(lp),
                 })
             })),
+            Steps::GraphSpeculative(g) => {
+                Some(g.next_token().and_then(|(token, lp, from_draft)| {
+                    Ok(Step {
+                        token,
+                        logprobs: Array::from_slice::<f32>(&[], &[0])?,
+                        from_draft,
+                        logprob: Some(lp),
+                    })
+                }))
+            }
         }
     }
 }
@@ -220,6 +233,25 @@ pub fn stream_generate_cpu_draft<'m>(
         num_draft_tokens,
         opts,
     )
+}
+
+/// [`stream_generate_speculative`] with a draft model on the GPU graph decoder
+/// ([`crate::graph_speculative`]): both models on graph decoders of their own, each round's drafts
+/// verified by the target in one batched graph step. Greedy only; the output is plain greedy
+/// graph decoding's, bit for bit. [`crate::graph_speculative::unsupported`] says where it cannot run.
+pub fn stream_generate_graph_draft<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    draft: &'m dyn LanguageModel,
+    num_draft_tokens: usize,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
+    start(model, tokenizer, prompt, opts, |ids, g| {
+        let steps =
+            crate::graph_speculative::GraphSpecSteps::new(model, draft, ids, &g, num_draft_tokens)?;
+        Ok(Steps::GraphSpeculative(Box::new(steps)))
+    })
 }
 
 /// What drafts for [`cpu_speculative`].
@@ -453,7 +485,7 @@ impl<'m> TextStream<'m> {
         match self.steps {
             Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
             Steps::Speculative(g) => g.into_caches(),
-            Steps::CpuSpeculative(_) => Ok((Vec::new(), Vec::new())),
+            Steps::CpuSpeculative(_) | Steps::GraphSpeculative(_) => Ok((Vec::new(), Vec::new())),
         }
     }
 
@@ -464,7 +496,7 @@ impl<'m> TextStream<'m> {
         match self.steps {
             Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
             Steps::Speculative(g) => g.into_synced_caches(),
-            Steps::CpuSpeculative(_) => Ok((Vec::new(), Vec::new())),
+            Steps::CpuSpeculative(_) | Steps::GraphSpeculative(_) => Ok((Vec::new(), Vec::new())),
         }
     }
 
@@ -473,7 +505,7 @@ impl<'m> TextStream<'m> {
     pub fn graph_fallback(&self) -> Option<&str> {
         match &self.steps {
             Steps::Plain(g) => g.graph_fallback(),
-            Steps::Speculative(_) | Steps::CpuSpeculative(_) => None,
+            Steps::Speculative(_) | Steps::CpuSpeculative(_) | Steps::GraphSpeculative(_) => None,
         }
     }
 
@@ -482,6 +514,7 @@ impl<'m> TextStream<'m> {
     pub fn graph_device_bytes(&self) -> usize {
         match &self.steps {
             Steps::Plain(g) => g.graph_device_bytes(),
+            Steps::GraphSpeculative(g) => g.device_bytes(),
             Steps::Speculative(_) | Steps::CpuSpeculative(_) => 0,
         }
     }
@@ -491,7 +524,7 @@ impl<'m> TextStream<'m> {
     pub fn graph_build_times(&self) -> Option<mlx_kernels::graph_decode::BuildTimes> {
         match &self.steps {
             Steps::Plain(g) => g.graph_build_times(),
-            Steps::Speculative(_) | Steps::CpuSpeculative(_) => None,
+            Steps::Speculative(_) | Steps::CpuSpeculative(_) | Steps::GraphSpeculative(_) => None,
         }
     }
 
@@ -501,6 +534,7 @@ impl<'m> TextStream<'m> {
             Steps::Plain(_) => None,
             Steps::Speculative(g) => Some(g.stats()),
             Steps::CpuSpeculative(g) => Some(g.stats()),
+            Steps::GraphSpeculative(g) => Some(g.stats()),
         }
     }
 
@@ -509,7 +543,7 @@ impl<'m> TextStream<'m> {
     pub fn into_cpu_decoder(self) -> Option<CpuDecoder<'m>> {
         match self.steps {
             Steps::Plain(g) => g.into_cpu_decoder(),
-            Steps::Speculative(_) => None,
+            Steps::Speculative(_) | Steps::GraphSpeculative(_) => None,
             Steps::CpuSpeculative(g) => Some(g.into_decoder().0),
         }
     }
@@ -529,7 +563,7 @@ impl<'m> TextStream<'m> {
     pub fn uses_cpu_decoder(&self) -> bool {
         match &self.steps {
             Steps::Plain(g) => g.uses_cpu_decoder(),
-            Steps::Speculative(_) => false,
+            Steps::Speculative(_) | Steps::GraphSpeculative(_) => false,
             Steps::CpuSpeculative(_) => true,
         }
     }
@@ -553,7 +587,7 @@ impl<'m> TextStream<'m> {
         match &self.steps {
             Steps::Plain(_) => all.collect(),
             Steps::Speculative(g) => all.take(g.cached_generated()).collect(),
-            Steps::CpuSpeculative(_) => Vec::new(),
+            Steps::CpuSpeculative(_) | Steps::GraphSpeculative(_) => Vec::new(),
         }
     }
 

@@ -881,3 +881,211 @@ fn batched_throughput() {
         }
     }
 }
+
+/// Speculation's verify pass (#33): K + 1 tokens of one sequence as one batched step whose rows
+/// share the sequence's cache ([`GraphDecoder::verify_logits`]) against the same tokens as
+/// K + 1 single steps of a one-row decoder, on llama3 4-bit, qwen3 4-bit (q/k norms) and
+/// gemma3_text (sandwich norms, sliding window): every row's logits equal bit for bit (FFMA rows
+/// sum as one row does; the tensor-core tiles are off). The group starts at position 60, so
+/// that it straddles the attention's chunk boundary at 64 and, in gemma3_text, the sliding
+/// window of 48; then a rewind (speculation's rollback) and a second group over the rolled-back
+/// positions, and the greedy tokens of `verify_greedy` against the single steps' argmax.
+#[test]
+fn verify_equals_single_steps() {
+    if !GraphDecoder::available() {
+        eprintln!("no CUDA driver: skipped");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("graph_verify_{}", std::process::id()));
+    let mut failed = Vec::new();
+    for row in graph_models::rows()
+        .into_iter()
+        .filter(|r| ["llama3_q4", "qwen3_q4", "gemma3_text"].contains(&r.name))
+    {
+        let dir = graph_models::write(&tmp, &row);
+        let name = row.name;
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| verify_row(name, &dir)));
+        eprintln!(
+            "verify group {name}: {}",
+            if ok.is_ok() { "ok" } else { "FAILED" }
+        );
+        if ok.is_err() {
+            failed.push(name);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(failed.is_empty(), "verify groups failed: {failed:?}");
+}
+
+fn verify_row(name: &str, dir: &std::path::Path) {
+    use mlx_kernels::graph_decode::GraphOptions;
+    let model = load_model_dir(dir, &LoadOptions::default()).unwrap().0;
+    let vocab = model.vocab_size();
+    let prompt: Vec<i32> = (0..60).map(|i| (i * 7919 + 13) % vocab).collect();
+    let (first, kv, _) = prefill(model.as_ref(), &prompt);
+    let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+    let mut single = GraphDecoder::new(spec.clone(), &weights, 128).unwrap();
+    let opts = GraphOptions {
+        sequences: 9,
+        ..GraphOptions::default()
+    };
+    let mut dec = GraphDecoder::with_options(spec, &weights, 128, &opts).unwrap();
+    assert!(!dec.tensor_cores());
+    let tokens: Vec<u32> = std::iter::once(first)
+        .chain((1..9).map(|i| ((7 + 31 * i) % vocab) as u32))
+        .collect();
+    single.set_prefix(&kv).unwrap();
+    let alone: Vec<Vec<f32>> = tokens
+        .iter()
+        .map(|&t| single.step_logits(t).unwrap())
+        .collect();
+    dec.set_prefix(&kv).unwrap();
+    let got = dec.verify_logits(&tokens).unwrap();
+    assert_eq!(dec.position(), 60 + 9);
+    let equal = alone
+        .iter()
+        .zip(&got)
+        .filter(|(a, b)| same_bits(a, b))
+        .count();
+    eprintln!("{name}: verify group of 9 against single steps: {equal} of 9 rows bit-equal");
+    assert_eq!(equal, 9, "{name}: verify rows differ from single steps");
+    // Rollback: keep 3 of the group's positions, verify the rest again (5 rows of the 9).
+    dec.rewind(60 + 3).unwrap();
+    let again = dec.verify_logits(&tokens[3..8]).unwrap();
+    for (i, l) in again.iter().enumerate() {
+        assert!(
+            same_bits(l, &alone[3 + i]),
+            "{name}: row {} after the rewind",
+            3 + i
+        );
+    }
+    // Greedy: each row's token is the first largest of its logits (mlx-lm's pick of
+    // bfloat16 logits), and its position advances as a step's.
+    dec.rewind(60).unwrap();
+    let greedy = dec.verify_greedy(&tokens).unwrap();
+    for (i, (t, lp)) in greedy.iter().enumerate() {
+        let l = &alone[i];
+        let best = l
+            .iter()
+            .enumerate()
+            .fold(0, |b, (j, v)| if *v > l[b] { j } else { b });
+        assert_eq!(*t as usize, best, "{name}: row {i}'s greedy token");
+        assert!(
+            lp.is_finite() && *lp <= 0.0,
+            "{name}: row {i}'s log-probability {lp}"
+        );
+    }
+    assert!(
+        dec.verify_logits(&[first; 10]).is_err(),
+        "more rows than the decoder has"
+    );
+    assert!(dec.rewind(10_000).is_err());
+}
+
+/// Draft-model speculation on the graph decoder (#33, `mlx generate --draft-model` on a CUDA
+/// build): the tokens and log-probabilities equal plain greedy graph decoding's
+/// (`generate_step` with `graph_decode`), bit for bit, for K = 1 to 8, with the target as its
+/// own draft (every draft accepted: the statistics say so) and with another model as the draft
+/// (most drafts rejected: the rollback runs every round). The K = 8 targets (9 rows, two tiles
+/// of 8) reuse `verify_equals_single_steps`'s compiled kernels (each new shape is an NVRTC
+/// compile of ~7 s on the H200).
+#[test]
+fn graph_speculative_equals_plain() {
+    if !GraphDecoder::available() {
+        eprintln!("no CUDA driver: skipped");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("graph_spec_{}", std::process::id()));
+    let rows = graph_models::rows();
+    let dir = |n: &str| graph_models::write(&tmp, rows.iter().find(|r| r.name == n).unwrap());
+    let mut failed = Vec::new();
+    for (target, draft, ks) in [
+        ("llama3_q4", "llama3_q4", &[1usize, 4, 8][..]),
+        ("llama3_q4", "llama", &[4, 8][..]),
+        ("gemma3_text", "llama", &[8][..]),
+        ("qwen3_q4", "qwen2", &[8][..]),
+    ] {
+        let (td, dd) = (dir(target), dir(draft));
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            speculative_row(target, &td, draft, &dd, ks)
+        }));
+        eprintln!(
+            "speculation {target} <- {draft}: {}",
+            if ok.is_ok() { "ok" } else { "FAILED" }
+        );
+        if ok.is_err() {
+            failed.push((target, draft));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(failed.is_empty(), "speculation failed: {failed:?}");
+}
+
+fn speculative_row(
+    tname: &str,
+    tdir: &std::path::Path,
+    dname: &str,
+    ddir: &std::path::Path,
+    ks: &[usize],
+) {
+    use mlx_engine::graph_speculative::{unsupported, GraphSpecSteps};
+    let target = load_model_dir(tdir, &LoadOptions::default()).unwrap().0;
+    let draft = load_model_dir(ddir, &LoadOptions::default()).unwrap().0;
+    let vocab = target.vocab_size();
+    let prompt: Vec<i32> = (0..37).map(|i| (i * 7919 + 13) % vocab).collect();
+    let n = 48;
+    let opts = |graph: bool| GenerateOptions {
+        max_tokens: Some(n),
+        graph_decode: graph,
+        ..GenerateOptions::default()
+    };
+    let mut g = generate_step(&prompt, target.as_ref(), None, opts(true)).unwrap();
+    assert!(g.uses_graph_decoder(), "{tname}: {:?}", g.graph_fallback());
+    let plain: Vec<(u32, u32)> = g
+        .by_ref()
+        .map(|s| {
+            let s = s.unwrap();
+            let lp = s
+                .logprob
+                .unwrap_or_else(|| s.logprobs.to_vec_f32().unwrap()[s.token as usize]);
+            (s.token, lp.to_bits())
+        })
+        .collect();
+    assert_eq!(plain.len(), n);
+    drop(g);
+    for &k in ks {
+        assert_eq!(
+            unsupported(target.as_ref(), draft.as_ref(), &opts(false), k),
+            None,
+            "{tname} <- {dname}"
+        );
+        let mut s =
+            GraphSpecSteps::new(target.as_ref(), draft.as_ref(), &prompt, &opts(false), k).unwrap();
+        let mut got = Vec::new();
+        let mut from_draft = 0;
+        for _ in 0..n {
+            let (t, lp, d) = s.next_token().unwrap();
+            got.push((t, lp.to_bits()));
+            from_draft += usize::from(d);
+        }
+        let st = s.stats();
+        eprintln!(
+            "{tname} <- {dname}, K = {k}: {} of {} drafts accepted in {} rounds; {} tokens \
+             from the draft",
+            st.accepted, st.drafted, st.rounds, from_draft
+        );
+        let same = got.iter().zip(&plain).take_while(|(a, b)| a == b).count();
+        assert_eq!(
+            same,
+            n,
+            "{tname} <- {dname}, K = {k}: speculation parts from plain graph decoding at \
+             token {same}: {:?} vs {:?}",
+            got.get(same),
+            plain.get(same)
+        );
+        assert!(from_draft <= st.accepted);
+        if tname == dname {
+            assert_eq!(st.accepted, st.drafted, "{tname}: its own drafts");
+        }
+    }
+}

@@ -7,12 +7,19 @@
 //
 // The step state lives on the device: state[0] the token to embed, state[1] its position
 // (where its keys and values go; attention covers state[1] + 1 positions), state[2] the
-// number of steps taken (the index the next sampled token is written at).
+// number of steps taken (the index the next sampled token is written at), state[3] the row's
+// place in a verify group (0 elsewhere; see below).
 //
 // Batched decode: NB sequences (rows) a step, NB set by the host (1 by default). Row b has its
 // own state (state + 4 b; a position below 0 marks the row idle: it writes no cache and samples
 // nothing), its own cache slot (kc, vc + b nkv cap D) and activations (each buffer's row b at
 // b times its row's size). The matrix-vector kernels read each weight once for all rows.
+//
+// Verification (speculative decoding): rows b - j .. b of a group share row b - j's cache slot
+// at consecutive positions, row b's state[3] = j (its place in the group). The q/k/v kernel
+// writes every row's keys and values before attention runs, so row b's attention over
+// positions 0 .. state[1] sees the keys of the rows before it; its last j + 1 positions are
+// written in the same step (attention loads them after its wait).
 
 typedef unsigned short bf16_t;
 typedef unsigned int u32;
@@ -1059,7 +1066,7 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
   // Where a group's pairs go, and (for q and k) their rotation, loaded when the group begins:
   // the position (read after the wait), each pair's head and index within it.
   struct Pre {
-    int pos;
+    int pos, slot;
     int head[MV_ROWS / 2], i[MV_ROWS / 2];
     float c[MV_ROWS / 2], s[MV_ROWS / 2];
   };
@@ -1068,6 +1075,7 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
   auto pre = [&](ll r0, int b) {
     Pre e;
     e.pos = state[4 * b + 1];
+    e.slot = b - state[4 * b + 3];  // a verify group's rows share its first row's slot
     const float* rope_b = rope + (ll)b * 2 * D;
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
@@ -1093,8 +1101,8 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
   auto epi = [&](ll r0, int b, const float* acc, const Pre& e) {
     if (e.pos < 0) return;  // an idle row
     bf16_t* const qo = qout + b * rows_all;
-    bf16_t* const kcb = kc + b * slot;
-    bf16_t* const vcb = vc + b * slot;
+    bf16_t* const kcb = kc + e.slot * slot;
+    bf16_t* const vcb = vc + e.slot * slot;
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
       const int i0 = (int)r0 + r;  // rows i0 and i0 + 1: a rotation pair of q or k, or two of v
@@ -1144,9 +1152,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   // Block (b nh + h, s): sequence b's head h (grid nh NB by NS).
   const ll b = blockIdx.x / nh, h = blockIdx.x % nh, s = blockIdx.y;
   state += 4 * b;
+  // A verify group's row j shares the slot of the group's first row (b - j), whose positions
+  // state[1] - j .. state[1] this step writes.
+  const ll back = state[3];
   qb += b * (nh + 2 * nkv) * D;
-  kc += b * nkv * cap * D;
-  vc += b * nkv * cap * D;
+  kc += (b - back) * nkv * cap * D;
+  vc += (b - back) * nkv * cap * D;
   po += b * nh * NS * D;
   pml += b * nh * NS * 2;
   counters += b * nh;
@@ -1182,6 +1193,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   const int dg = (int)(D / 8), P = ATTN_THREADS / dg;
   const int td = tid % dg, tp = tid / dg;
   const ll cur = L - 1 - start;
+  // Rows of the chunk from `fresh` on were written this step (the q/k/v kernel before this
+  // one): loaded after the wait. Only row cur, but in a verify group's row.
+  const ll fresh = cur - back;
   uint4 kr[16], vr[8];
   auto load_key = [&]() {
     const uint4* k = (const uint4*)(kc + (kvh * cap + start + tid) * D);
@@ -1194,19 +1208,19 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   auto load_value = [&](int i, int j) {
     vr[i] = *(const uint4*)(vc + (kvh * cap + start + j) * D + 8 * td);
   };
-  if (tid < n && tid >= lo && tid != cur) load_key();
+  if (tid < n && tid >= lo && tid < fresh) load_key();
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int j = tp + i * P;
-    if (j < n && j >= lo && j != cur) load_value(i, j);
+    if (j < n && j >= lo && j < fresh) load_value(i, j);
   }
   pdl_wait_then_release();
   tr.mark(1);
-  if (tid < n && tid == cur) load_key();
+  if (tid < n && tid >= lo && tid >= fresh) load_key();
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int j = tp + i * P;
-    if (j < n && j == cur) load_value(i, j);
+    if (j < n && j >= lo && j >= fresh) load_value(i, j);
   }
   const float cap_s = (float)softcap;
   for (ll d = tid; d < D; d += ATTN_THREADS) {

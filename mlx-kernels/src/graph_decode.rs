@@ -2175,6 +2175,12 @@ impl GraphDecoder {
     /// Writes the step state of every row: `(row, token, position)` for the rows that step,
     /// the others idle (position -1).
     fn upload_states(&mut self, rows: &[(usize, u32, usize)]) -> Result<()> {
+        self.upload_group(rows, false)
+    }
+
+    /// [`Self::upload_states`]; with `group`, the rows are one verify group: row r's place
+    /// in it is r (the rows share row 0's cache slot: [`GraphDecoder::verify_greedy`]).
+    fn upload_group(&mut self, rows: &[(usize, u32, usize)], group: bool) -> Result<()> {
         let n = self.sequences();
         let mut st = vec![0u8; 16 * n];
         for r in 0..n {
@@ -2183,6 +2189,11 @@ impl GraphDecoder {
         for &(r, token, pos) in rows {
             st[16 * r..16 * r + 4].copy_from_slice(&(token as i32).to_le_bytes());
             st[16 * r + 4..16 * r + 8].copy_from_slice(&(pos as i32).to_le_bytes());
+            // A row of a verify group: its place in the group (the rows before it share the
+            // cache slot of the group's first row, row 0: `verify_greedy`).
+            if group {
+                st[16 * r + 12..16 * r + 16].copy_from_slice(&(r as i32).to_le_bytes());
+            }
         }
         self.rt.upload(self.step.acts.state, 0, &st)
     }
@@ -2363,6 +2374,102 @@ impl GraphDecoder {
                 me.row_pos[r] = Some(pos + 1);
             }
             Ok(out)
+        })
+    }
+
+    /// Verification (speculative decoding): `tokens` go in at the current position and the
+    /// ones after it, `tokens[i]` at position + i, as one batched step whose rows share the
+    /// sequence's cache (rows 0 .. n each attend to the keys of the rows before them, written
+    /// in the same step); returns each row's greedy next token and its log-probability, as n
+    /// single steps would ([`GraphDecoder::step_logits`] one token at a time: the same bits
+    /// where the rows run on the FFMA kernels, i.e. unless the tensor-core tiles are on). The
+    /// position advances by n; [`GraphDecoder::rewind`] drops the rejected rows' positions.
+    /// At most [`GraphDecoder::sequences`] tokens.
+    pub fn verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<(u32, f32)>> {
+        let b = self.verify_rows(tokens)?;
+        let cap = self.step.capacity;
+        self.guard(|me| {
+            me.rt.replay(me.graph_for(0..b.len()), 1)?;
+            let mut out = Vec::with_capacity(b.len());
+            for r in 0..b.len() {
+                let mut t = [0u8; 8];
+                me.rt.download(me.step.acts.tokens, r * cap * 8, &mut t)?;
+                out.push((
+                    u32::from_le_bytes([t[0], t[1], t[2], t[3]]),
+                    f32::from_le_bytes([t[4], t[5], t[6], t[7]]),
+                ));
+            }
+            me.pos += b.len();
+            Ok(out)
+        })
+    }
+
+    /// [`GraphDecoder::verify_greedy`] returning each row's logits (bfloat16 values as
+    /// float32) instead: teacher-forced.
+    pub fn verify_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let b = self.verify_rows(tokens)?;
+        let vocab = self.step.shape.vocab;
+        self.guard(|me| {
+            me.rt.replay(me.graph_for(0..b.len()), 1)?;
+            let mut out = Vec::with_capacity(b.len());
+            for r in 0..b.len() {
+                let mut l = vec![0u8; vocab * 4];
+                me.rt.download(me.step.acts.logits, r * vocab * 4, &mut l)?;
+                out.push(
+                    l.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                );
+            }
+            me.pos += b.len();
+            Ok(out)
+        })
+    }
+
+    /// Checks a verify group and uploads its states (rows 0 .. n at consecutive positions).
+    fn verify_rows(&mut self, tokens: &[u32]) -> Result<Vec<(usize, u32, usize)>> {
+        if tokens.is_empty() || tokens.len() > self.sequences() {
+            return Err(invalid(
+                "graph_decoder",
+                format!(
+                    "verify: {} tokens, the decoder verifies 1 to {} a step",
+                    tokens.len(),
+                    self.sequences()
+                ),
+            ));
+        }
+        for &t in tokens {
+            self.check_token(t)?;
+        }
+        self.check_room(tokens.len())?;
+        let rows: Vec<(usize, u32, usize)> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (i, t, self.pos + i))
+            .collect();
+        self.guard(|me| {
+            me.drain()?;
+            me.limit = me.pos;
+            me.upload_group(&rows, true)
+        })?;
+        Ok(rows)
+    }
+
+    /// Moves the position back to `pos` (at most the current one): the cached positions from
+    /// `pos` on are forgotten (the next steps overwrite them). Speculative decoding's rollback
+    /// of rejected drafts.
+    pub fn rewind(&mut self, pos: usize) -> Result<()> {
+        if pos > self.pos {
+            return Err(invalid(
+                "graph_decoder",
+                format!("rewind to {pos}: only {} positions are cached", self.pos),
+            ));
+        }
+        self.guard(|me| {
+            me.drain()?;
+            me.limit = pos;
+            me.pos = pos;
+            Ok(())
         })
     }
 

@@ -19,7 +19,7 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(
   state += 4 * row;
   if (state[1] < 0) return;  // an idle row
   q += row * (nh + 2 * nkv) * D;
-  kc += row * nkv * cap * D;
+  kc += (row - state[3]) * nkv * cap * D;  // a verify group's rows share its first row's slot
   rope += row * 2 * D;
   const bool isq = b < nh;
   bf16_t* x = isq ? q + (ll)b * D : kc + ((ll)(b - nh) * cap + state[1]) * D;

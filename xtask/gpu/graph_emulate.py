@@ -710,6 +710,7 @@ def run(lib, name):
             r["token"] = int(np.argmax(ref))
     steps = count
     share = agree / steps
+    verify_ok = verify_check(e, name, NB, V, cap, nkv, d, layers, state, tokens, logits, step, start) if NB > 1 else True
     tie_note = f"; where the picks differ, the reference's margin between them: {margins}" if margins else ""
     moe_note = ""
     if any(L["moe"] for L in layers):
@@ -736,6 +737,52 @@ def run(lib, name):
           f"(traditional RoPE {trad}, rotated pairs {[r[0] for r in ropes]}, q/k/v bias {has_bias}, "
           f"bits {nbits}, tied {tied}, sandwich {sandwich}, window {window} on {sliding}, soft-caps "
           f"{attn_cap}/{final_cap}{moe_note}){note}{tie_note} {'ok' if ok else 'FAILED'}")
+    return ok and verify_ok
+
+
+def verify_check(e, name, nb, V, cap, nkv, d, layers, state, tokens, logits, step, start):
+    """Speculative decoding's verify pass (GraphDecoder::verify_greedy): nb tokens of ONE
+    sequence as one batched step, rows 0 .. nb sharing row 0's cache slot at consecutive
+    positions (row j's state[3] = j), against the same tokens as nb single steps (row 0 alone,
+    the others idle): every row's logits, greedy token and log-probability bit for bit. The
+    group starts at position 125, so that with 4 rows or more it straddles the attention's
+    chunk boundary at 128; the slot's positions from there on, and the other rows' slots, are
+    filled with garbage first (a row reading a key not written in this step, or a write to
+    another slot, shows)."""
+    start(0)  # slot 0 holds the prompt (150 positions); the group overwrites from p0 on
+    p0 = 125
+    toks = [(7 + 31 * i) % V for i in range(nb)]
+    garbage = np.uint16(0x3F80 ^ 0x4321)
+    caches = [c for L in layers for c in (L["kc"], L["vc"])]
+
+    def spoil():
+        for c in caches:
+            v = c.reshape(nb, nkv, cap, d)
+            v[0, :, p0:] = garbage
+            v[1:] = garbage
+
+    spoil()
+    single = []
+    for i, t in enumerate(toks):
+        state[:] = 0
+        state[1::4] = -1
+        state[0:4] = [t, p0 + i, 0, 0]
+        step()
+        single.append((logits[:V].copy(), tokens[0:2].copy()))
+    spoil()
+    others = [c.reshape(nb, nkv, cap, d)[1:].copy() for c in caches]
+    for j, t in enumerate(toks):
+        state[4 * j:4 * j + 4] = [t, p0 + j, 0, j]
+    step()
+    equal = 0
+    for j in range(nb):
+        lg, tk = logits[j * V:(j + 1) * V], tokens[j * 2 * cap:j * 2 * cap + 2]
+        equal += int(lg.tobytes() == single[j][0].tobytes() and tk.tobytes() == single[j][1].tobytes())
+    untouched = all(np.array_equal(a, c.reshape(nb, nkv, cap, d)[1:]) for a, c in zip(others, caches))
+    ok = equal == nb and untouched
+    print(f"{name}: verify group of {nb} rows at positions {p0}..{p0 + nb - 1} against {nb} single steps: "
+          f"{equal} of {nb} rows equal bit for bit (logits, token, log-probability), other slots "
+          f"{'untouched' if untouched else 'WRITTEN'} {'ok' if ok else 'FAILED'}")
     return ok
 
 

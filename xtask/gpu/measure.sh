@@ -6,7 +6,8 @@
 #   test   graph_decode_cuda's TESTS (default batched_equals_single) capped at TEST_S;
 #   ktest  mlx-kernels' `cuda` test set, KTESTS (default trellis_kernels_match_the_cpu_references)
 #          capped at KTEST_S;
-#   spec   spec_gpu.sh (draft-model speculation cost, forced acceptance);
+#   spec   spec_gpu.sh (draft-model speculation on the graph decoder, forced acceptance: cost
+#          against the ideal, tokens against plain greedy graph decoding; SPEC_PAIRS, SPEC_ROUNDS);
 #   bench  product.sh's bench only (BENCH_MODELS, ROUNDS; `mlx benchmark --decoder auto|mlx` and
 #          `mlx_lm benchmark`, with peak memory, and the copy bandwidth);
 #   moe    the Qwen3-30B-A3B-shaped 4-bit model written, then one bench round of the three sides;

@@ -26,6 +26,7 @@ strip -o "$DEST/c/kernels_test" "$(ls -t "$T"/release/deps/cuda-* | grep -v '\.d
 xz -9 -T2 -f "$DEST/c/mlx" "$DEST/c/graph_test" "$DEST/c/kernels_test"
 tar cJf "$DEST/c/fixtures.tar.xz" -C mlx-models/tests/models dense_bf16_mha dense_bf16_untied q8_g32_bf16
 cp xtask/gpu/product.sh xtask/gpu/measure.sh xtask/gpu/batched.sh xtask/gpu/trellis_bench_model.py \
+  xtask/gpu/spec_gpu.sh xtask/gpu/spec_cost.py \
   xtask/oracle/bench_serve_client.py "$DEST/c/"
 git rev-parse HEAD > "$DEST/c/built-from"
 du -sb "$DEST/a" "$DEST/c"

@@ -3,11 +3,18 @@
 # warm machine with the echo/succ models of bench_models.py written (MODELS), carrying .gpu/c:
 # an 8B-shaped 4-bit target with a 135M-shaped bfloat16 draft whose acceptance is forced by the
 # weights (echo: every draft accepted; succ + succ5: runs end before each multiple of 5; a
-# random draft: none accepted). Per pair: the target and the draft decoding alone on the MLX path
-# (`mlx generate --decoder mlx`, the path speculation runs on), `mlx generate --draft-model` for
-# each K of KS, and `mlx_lm generate --draft-model` for the same K, SPEC_TOKENS tokens each, into
-# spec.jsonl; then spec_cost.py's table (measured time a token against the ideal model: one
-# target pass a verification round plus one draft pass a drafted token).
+# random draft: none accepted). Per pair: the target and the draft decoding alone on the graph
+# decoder (`mlx generate --decoder auto`, once a model), `mlx generate --draft-model` for each K
+# of KS (on a CUDA build with both models on the graph decoder: speculation as a graph-decoder
+# mode, drafts and verification as graph steps; its JSON's `decoder` says "graph"), SPEC_TOKENS
+# tokens each, into spec.jsonl (with a hash of every token, so that spec_cost.py checks the
+# speculative tokens against plain greedy graph decoding's); then spec_cost.py's table
+# (measured time a token against the ideal model: one target pass a verification round plus
+# one draft pass a drafted token, at the graph decoder's own plain step times).
+# SPEC_MLX=1 adds the MLX path's side as before (`--decoder mlx` alone and speculating, and
+# mlx_lm generate's, unless SKIP_MLX_LM): run 12's rows. About 3 minutes on a warm H200 with the
+# default pairs and SPEC_ROUNDS=1 (each run loads its models: the 8B's 4.5 GB, page-cached
+# after the first; each new decoder shape is one NVRTC compile of ~7 s, cached on disk).
 set -x
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -34,10 +41,13 @@ for line in sys.stdin:
         continue
     keep = {k: o.get(k) for k in ("generation_tokens", "generation_tps", "prompt_tps", "peak_memory_bytes", "decoder", "draft_tokens", "accepted_draft_tokens", "verification_passes")}
     keep["label"] = label
-    keep["tokens_head"] = o.get("tokens", [])[:12]
+    toks = o.get("tokens", [])
+    keep["tokens_head"] = toks[:12]
+    keep["tokens_n"] = len(toks)
+    keep["tokens_sha"] = __import__("hashlib").sha1(json.dumps(toks).encode()).hexdigest()[:16]
     print(json.dumps(keep))
 ' "$label" | tee -a $J
-  tail -2 $OUT/spec_err.tmp >> $OUT/spec_stderr.log
+  { echo "## $label"; grep -v '^[[:space:]]*$' $OUT/spec_err.tmp | tail -6; } >> $OUT/spec_stderr.log
 }
 mlxlm() {  # LABEL ARGS...: mlx_lm generate's figures as a JSON line
   local label=$1; shift
@@ -54,20 +64,31 @@ print(json.dumps({"label": label, "generation_tokens": int(g.group(1)) if g else
 }
 # TARGET:DRAFT:K,K,...: with K + 1 a multiple of 5 every succ5 draft is accepted (the broken
 # token is always the target's own); K = 6 accepts 4 of 6, K = 8 4 of 8.
-for pair in ${SPEC_PAIRS:-echo-llama31-8b-q4:echo-llama-135m-v128k-bf16:2,4,8 succ-llama31-8b-q4:succ5-llama-135m-v128k-bf16:6,8 echo-llama31-8b-q4:llama-135m-v128k-bf16:4}; do
+declare -A seen
+for pair in ${SPEC_PAIRS:-echo-llama31-8b-q4:echo-llama-135m-v128k-bf16:2,4,8 succ-llama31-8b-q4:succ5-llama-135m-v128k-bf16:4,8 echo-llama31-8b-q4:llama-135m-v128k-bf16:4}; do
   IFS=: read -r T D KL <<< "$pair"
-  # SPEC_ROUNDS rounds for a pair of three K or more (the echo pair), one for the others.
-  rounds=${SPEC_ROUNDS:-2}; [ "$KL" != "${KL#*,*,}" ] || rounds=1
-  for r in $(seq $rounds); do
-    one "plain-target $T r$r" $MLX generate --model $M/$T --prompt "$PROMPT" --max-tokens $N --decoder mlx
-    one "plain-draft $D r$r" $MLX generate --model $M/$D --prompt "$PROMPT" --max-tokens $N --decoder mlx
-    [ -z "$SKIP_MLX_LM" ] && mlxlm "mlxlm-plain-target $T r$r" --model $M/$T
-    [ $r = 1 ] && one "graph-target $T r$r" $MLX generate --model $M/$T --prompt "$PROMPT" --max-tokens $N --decoder auto
+  for r in $(seq ${SPEC_ROUNDS:-1}); do
+    # Each model alone on the graph decoder, once a round (the table takes the fastest).
+    for x in "graph-target $T" "graph-draft $D"; do
+      set -- $x
+      [ -n "${seen[$2 r$r]}" ] && continue
+      seen[$2 r$r]=1
+      one "$1 $2 r$r" $MLX generate --model $M/$2 --prompt "$PROMPT" --max-tokens $N --decoder auto
+    done
+    if [ -n "$SPEC_MLX" ]; then
+      one "plain-target $T r$r" $MLX generate --model $M/$T --prompt "$PROMPT" --max-tokens $N --decoder mlx
+      one "plain-draft $D r$r" $MLX generate --model $M/$D --prompt "$PROMPT" --max-tokens $N --decoder mlx
+      [ -z "$SKIP_MLX_LM" ] && mlxlm "mlxlm-plain-target $T r$r" --model $M/$T
+    fi
     for k in ${KL//,/ }; do
-      one "spec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N
-      [ -z "$SKIP_MLX_LM" ] && mlxlm "mlxlm-spec $T $D k$k r$r" --model $M/$T --draft-model $M/$D --num-draft-tokens $k
+      one "spec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true
+      if [ -n "$SPEC_MLX" ]; then
+        one "mlxspec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --decoder mlx
+        [ -z "$SKIP_MLX_LM" ] && mlxlm "mlxlm-spec $T $D k$k r$r" --model $M/$T --draft-model $M/$D --num-draft-tokens $k
+      fi
     done
   done
 done
+grep -h "decoder:" $OUT/spec_stderr.log | sort | uniq -c
 python3 $C/spec_cost.py $J | tee $OUT/spec_table.md
 echo spec-done

@@ -1,0 +1,522 @@
+//! Draft-model speculation on the GPU graph decoder (#33): the draft model decodes on a graph
+//! decoder of its own and the target verifies each round's drafts in one batched graph step
+//! ([`GraphDecoder::verify_greedy`]: the round's K + 1 tokens as K + 1 rows of one sequence,
+//! sharing its cache at consecutive positions). Rejected positions are rolled back by moving
+//! each decoder's position ([`GraphDecoder::rewind`]; the next steps overwrite them).
+//!
+//! Greedy only. Tier: the tokens are plain greedy graph decoding's (`mlx generate` on the
+//! graph decoder), bit for bit: a verify row computes what a single step computes, in the same
+//! order (the FFMA kernels sum each row alone; the tensor-core tiles, which would not, are off),
+//! so the target's greedy pick at every position is the one plain decoding makes; a draft only
+//! decides how many of them one pass yields. The prompt runs through the MLX path
+//! ([`generate_step`]) for both models, as plain graph decoding's does, and the first token is
+//! the MLX forward's. The `cuda` test `graph_speculative_equals_plain` checks it on a device.
+
+use std::collections::VecDeque;
+
+use mlx_core::Array;
+use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions, MAX_SEQUENCES};
+use mlx_models::LanguageModel;
+
+use crate::generate::{generate_step, on_generation_stream, GenerateOptions, GRAPH_DEFAULT_ROOM};
+use crate::speculative::SpecStats;
+use crate::{EngineError, Result};
+
+/// Why draft-model speculation cannot run on the graph decoder for `target` and `draft` with
+/// `opts` and `num_draft_tokens` (`None`: it can).
+pub fn unsupported(
+    target: &dyn LanguageModel,
+    draft: &dyn LanguageModel,
+    opts: &GenerateOptions,
+    num_draft_tokens: usize,
+) -> Option<String> {
+    if opts.sampler.settings().temp != 0.0 {
+        return Some("it speculates greedily only (a temperature was given)".into());
+    }
+    if !opts.logits_processors.is_empty() {
+        return Some("it speculates greedily only (logits processors were given)".into());
+    }
+    if num_draft_tokens == 0 || num_draft_tokens + 1 > MAX_SEQUENCES as usize {
+        return Some(format!(
+            "it verifies 1 to {} draft tokens a pass, not {num_draft_tokens}",
+            MAX_SEQUENCES - 1
+        ));
+    }
+    if let Some(why) = crate::graph::unsupported(target, opts, false) {
+        return Some(why);
+    }
+    if let Some(why) = crate::graph::model_unsupported(draft) {
+        return Some(format!("the draft model: {why}"));
+    }
+    match crate::graph::map_model(target) {
+        Ok((spec, _)) if GraphDecoder::max_sequences(&spec) < 2 => Some(format!(
+            "`{}` decodes one row a step on the graph decoder (a mixture of experts, or inputs \
+             that fill the shared memory), so its drafts cannot be verified in one step",
+            spec.model_type
+        )),
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// A prompt's first token, its log-probability and its keys and values per layer.
+type Prefilled = (u32, f32, Vec<(Array, Array)>);
+
+/// The prompt through the MLX path as `generate_step` runs it: the first token, its
+/// log-probability and the prompt's keys and values (per layer), as the graph decoder takes
+/// them.
+fn prefill(model: &dyn LanguageModel, ids: &[i32], opts: &GenerateOptions) -> Result<Prefilled> {
+    let mut o = opts.clone();
+    o.graph_decode = false;
+    o.cpu_decode = None;
+    o.graph_keep = None;
+    o.graph_stand_in = None;
+    o.max_tokens = Some(1);
+    o.prompt_progress = None;
+    let mut g = generate_step(ids, model, None, o)?;
+    let first = g.next().ok_or_else(|| EngineError::Internal {
+        what: "graph speculation".into(),
+        problem: "the prompt gave no token".into(),
+    })??;
+    let lp = match first.logprob {
+        Some(lp) => lp,
+        None => first.logprobs.to_vec_f32()?[first.token as usize],
+    };
+    let mut caches = g.into_cache();
+    // The MLX path ran the first token's step ahead: keep the prompt's positions only.
+    for c in caches.iter_mut() {
+        let extra = c.offset().saturating_sub(ids.len());
+        if extra > 0 && c.trim(extra) != extra {
+            return Err(EngineError::GraphDecoderUnsupported(format!(
+                "speculation on the graph decoder: a {} of the prompt could not drop the \
+                 token run ahead ({} positions for a prompt of {})",
+                c.class_name(),
+                c.offset(),
+                ids.len()
+            )));
+        }
+    }
+    let kv = crate::generate::graph_prefix(&caches)?;
+    Ok((first.token, lp, kv))
+}
+
+/// What a speculation round asks of a decoder: the CUDA graph decoder's calls (and a stand-in
+/// in the unit tests, which check the rounds' bookkeeping against plain greedy decoding over
+/// random acceptance patterns on a machine without CUDA).
+pub trait VerifyDecoder {
+    /// Cached positions.
+    fn position(&self) -> usize;
+    /// The most positions the cache holds.
+    fn capacity(&self) -> usize;
+    /// Feeds tokens into the cache, keeping nothing else.
+    fn feed(&mut self, tokens: &[u32]) -> mlx_core::Result<()>;
+    /// Greedy decoding from `first` for up to `max_steps` tokens ([`Self::next_token`]).
+    fn start(&mut self, first: u32, max_steps: usize) -> mlx_core::Result<()>;
+    /// The next greedy token and its log-probability.
+    fn next_token(&mut self) -> mlx_core::Result<(u32, f32)>;
+    /// `tokens` at consecutive positions in one pass: each one's greedy next token.
+    fn verify_greedy(&mut self, tokens: &[u32]) -> mlx_core::Result<Vec<(u32, f32)>>;
+    /// Moves the position back to `pos`.
+    fn rewind(&mut self, pos: usize) -> mlx_core::Result<()>;
+    /// Device bytes it holds outside MLX's allocator.
+    fn device_bytes(&self) -> usize {
+        0
+    }
+}
+
+impl VerifyDecoder for GraphDecoder {
+    fn position(&self) -> usize {
+        GraphDecoder::position(self)
+    }
+    fn capacity(&self) -> usize {
+        GraphDecoder::capacity(self)
+    }
+    fn feed(&mut self, tokens: &[u32]) -> mlx_core::Result<()> {
+        GraphDecoder::feed(self, tokens)
+    }
+    fn start(&mut self, first: u32, max_steps: usize) -> mlx_core::Result<()> {
+        GraphDecoder::start(self, first, max_steps)
+    }
+    fn next_token(&mut self) -> mlx_core::Result<(u32, f32)> {
+        GraphDecoder::next_token(self)
+    }
+    fn verify_greedy(&mut self, tokens: &[u32]) -> mlx_core::Result<Vec<(u32, f32)>> {
+        GraphDecoder::verify_greedy(self, tokens)
+    }
+    fn rewind(&mut self, pos: usize) -> mlx_core::Result<()> {
+        GraphDecoder::rewind(self, pos)
+    }
+    fn device_bytes(&self) -> usize {
+        GraphDecoder::device_bytes(self)
+    }
+}
+
+/// Greedy speculation on the graph decoder: [`GraphSpecSteps::next_token`] gives the tokens.
+pub struct GraphSpecSteps {
+    target: Box<dyn VerifyDecoder>,
+    draft: Box<dyn VerifyDecoder>,
+    k: usize,
+    /// The last token given out, not yet in either cache (it goes in at the target's position).
+    y: u32,
+    /// Tokens the draft's cache lacks before `y` (the last draft of a round it fully accepted).
+    draft_behind: Vec<u32>,
+    /// Tokens verified and not yet given out: token, log-probability, from the draft.
+    queue: VecDeque<(u32, f32, bool)>,
+    /// Tokens still to produce (`None`: up to the caches' room).
+    left: Option<usize>,
+    stats: SpecStats,
+}
+
+impl std::fmt::Debug for GraphSpecSteps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphSpecSteps")
+            .field("k", &self.k)
+            .field("position", &self.target.position())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl GraphSpecSteps {
+    /// Runs the prompt `ids` through both models (the MLX path), builds their graph decoders
+    /// (the target's with `num_draft_tokens + 1` rows) and copies the prompts' caches in.
+    /// `opts.max_tokens` bounds the tokens (and sizes the caches).
+    pub fn new(
+        target: &dyn LanguageModel,
+        draft: &dyn LanguageModel,
+        ids: &[i32],
+        opts: &GenerateOptions,
+        num_draft_tokens: usize,
+    ) -> Result<Self> {
+        if let Some(why) = unsupported(target, draft, opts, num_draft_tokens) {
+            return Err(EngineError::GraphDecoderUnsupported(format!(
+                "speculation on the graph decoder: {why}"
+            )));
+        }
+        if opts.grammar.is_some() {
+            return Err(EngineError::GraphDecoderUnsupported(
+                "speculation on the graph decoder: constrained decoding".into(),
+            ));
+        }
+        let k = num_draft_tokens;
+        let (first, lp, kv) = prefill(target, ids, opts)?;
+        let (_, _, dkv) = prefill(draft, ids, opts)?;
+        let room = ids.len() + opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + k + 2;
+        let map = |m: &dyn LanguageModel| {
+            crate::graph::map_model(m)
+                .map_err(|e| EngineError::GraphDecoderUnsupported(e.to_string()))
+        };
+        let (tspec, tweights) = map(target)?;
+        let (dspec, dweights) = map(draft)?;
+        let (target_dec, draft_dec) = on_generation_stream(|| {
+            mlx_core::synchronize()?;
+            let opts = GraphOptions {
+                sequences: (k + 1) as u32,
+                ..GraphOptions::default()
+            };
+            let mut t = GraphDecoder::with_options(tspec, &tweights, room, &opts)?;
+            let mut d = GraphDecoder::new(dspec, &dweights, room)?;
+            t.set_prefix(&kv)?;
+            d.set_prefix(&dkv)?;
+            mlx_core::synchronize()?;
+            Ok((t, d))
+        })?;
+        Ok(Self::from_decoders(
+            Box::new(target_dec),
+            Box::new(draft_dec),
+            (first, lp),
+            opts.max_tokens,
+            k,
+        ))
+    }
+
+    /// Speculation over two decoders whose caches hold the same prompt, `first` (and its
+    /// log-probability) the target's token after it: the first token given out.
+    pub fn from_decoders(
+        target: Box<dyn VerifyDecoder>,
+        draft: Box<dyn VerifyDecoder>,
+        first: (u32, f32),
+        max_tokens: Option<usize>,
+        num_draft_tokens: usize,
+    ) -> Self {
+        let mut queue = VecDeque::new();
+        queue.push_back((first.0, first.1, false));
+        GraphSpecSteps {
+            target,
+            draft,
+            k: num_draft_tokens,
+            y: first.0,
+            draft_behind: Vec::new(),
+            queue,
+            left: max_tokens.map(|m| m.saturating_sub(1)),
+            stats: SpecStats::default(),
+        }
+    }
+
+    /// Device bytes both decoders hold outside MLX's allocator (their weights as the kernels
+    /// take them, caches, activations): a generation's reported peak adds them.
+    pub fn device_bytes(&self) -> usize {
+        self.target.device_bytes() + self.draft.device_bytes()
+    }
+
+    /// The acceptance statistics so far.
+    pub fn stats(&self) -> SpecStats {
+        self.stats
+    }
+
+    /// The next token, its log-probability and whether the draft proposed it.
+    pub fn next_token(&mut self) -> Result<(u32, f32, bool)> {
+        if self.queue.is_empty() {
+            self.round()?;
+        }
+        self.queue.pop_front().ok_or_else(|| EngineError::Internal {
+            what: "graph speculation".into(),
+            problem: "a round gave no token".into(),
+        })
+    }
+
+    /// One round: up to K drafts from the draft's decoder, verified in one pass of the target;
+    /// the accepted drafts and the target's own next token go to the queue.
+    fn round(&mut self) -> Result<()> {
+        let p = self.target.position();
+        let room = self.target.capacity().saturating_sub(p);
+        if room == 0 {
+            return Err(EngineError::Options {
+                option: "max_tokens".into(),
+                problem: format!("the graph decoders' caches are full ({p} positions)"),
+            });
+        }
+        // mlx-lm drafts min(num_draft_tokens, tokens left) a round.
+        let mut k = self.k.min(room - 1);
+        if let Some(left) = self.left {
+            k = k.min(left);
+        }
+        if !self.draft_behind.is_empty() {
+            let behind = std::mem::take(&mut self.draft_behind);
+            self.draft.feed(&behind)?;
+        }
+        let mut tokens = Vec::with_capacity(k + 1);
+        tokens.push(self.y);
+        if k > 0 {
+            self.draft.start(self.y, k)?;
+            for _ in 0..k {
+                tokens.push(self.draft.next_token()?.0);
+            }
+        }
+        let out = self.target.verify_greedy(&tokens)?;
+        if let Some(&(t, lp)) = out.iter().find(|o| !o.1.is_finite()) {
+            return Err(EngineError::GraphDecoderUnsupported(format!(
+                "the graph decoder gave token {t} a log-probability of {lp}"
+            )));
+        }
+        let n = (0..k).take_while(|&i| tokens[i + 1] == out[i].0).count();
+        for (i, &(t, lp)) in out.iter().enumerate().take(n + 1) {
+            self.queue.push_back((t, lp, i < n));
+        }
+        self.target.rewind(p + n + 1)?;
+        if k > 0 {
+            if n < k {
+                self.draft.rewind(p + n + 1)?;
+            } else {
+                // The draft fed y and its first k - 1 drafts; the last one goes in next round.
+                self.draft_behind.push(tokens[k]);
+            }
+        } else {
+            // No draft this round: the draft's cache takes y next round.
+            self.draft_behind.push(self.y);
+        }
+        self.y = out[n].0;
+        self.left = self.left.map(|l| l - (n + 1).min(l));
+        self.stats.rounds += 1;
+        self.stats.drafted += k;
+        self.stats.accepted += n;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The rounds' bookkeeping (drafts, verification, rollback of both caches, the draft's
+    //! catch-up after a fully accepted round, the token budget) against plain greedy decoding,
+    //! over stand-in decoders whose next token hashes the whole cached sequence (a cache that
+    //! holds a wrong token at any position, or a position read past a rollback, changes every
+    //! later token): random prompts, drafts that agree with the target at random, K = 1 to 9.
+
+    use super::*;
+
+    /// A stand-in decoder: its next token after a sequence is a hash of all of it (the draft's
+    /// agrees with the target's where `agree` says, by another hash).
+    struct Fake {
+        cache: Vec<u32>,
+        pos: usize,
+        cap: usize,
+        run: Option<(u32, usize)>,
+        model: fn(&[u32]) -> u32,
+    }
+
+    fn hash(seq: &[u32], salt: u64) -> u64 {
+        seq.iter().fold(0xcbf2_9ce4_8422_2325 ^ salt, |h, &t| {
+            (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3)
+        })
+    }
+
+    const VOCAB: u64 = 50;
+
+    fn target_model(seq: &[u32]) -> u32 {
+        (hash(seq, 1) % VOCAB) as u32
+    }
+
+    /// Agrees with the target two times in three (a run of acceptances ends at random).
+    fn draft_model(seq: &[u32]) -> u32 {
+        if hash(seq, 2) % 3 == 0 {
+            (hash(seq, 3) % VOCAB) as u32
+        } else {
+            target_model(seq)
+        }
+    }
+
+    impl Fake {
+        fn new(prompt: &[u32], cap: usize, model: fn(&[u32]) -> u32) -> Self {
+            let mut cache = prompt.to_vec();
+            cache.resize(cap, u32::MAX);
+            Fake {
+                cache,
+                pos: prompt.len(),
+                cap,
+                run: None,
+                model,
+            }
+        }
+        fn put(&mut self, t: u32) -> mlx_core::Result<u32> {
+            if self.pos >= self.cap {
+                return Err(mlx_core::Error::InvalidArgument {
+                    op: "fake",
+                    message: "full".into(),
+                });
+            }
+            self.cache[self.pos] = t;
+            self.pos += 1;
+            Ok((self.model)(&self.cache[..self.pos]))
+        }
+    }
+
+    fn lp(t: u32) -> f32 {
+        -(t as f32) / 64.0
+    }
+
+    impl VerifyDecoder for Fake {
+        fn position(&self) -> usize {
+            self.pos
+        }
+        fn capacity(&self) -> usize {
+            self.cap
+        }
+        fn feed(&mut self, tokens: &[u32]) -> mlx_core::Result<()> {
+            self.run = None;
+            for &t in tokens {
+                self.put(t)?;
+            }
+            Ok(())
+        }
+        fn start(&mut self, first: u32, max_steps: usize) -> mlx_core::Result<()> {
+            self.run = Some((first, max_steps));
+            Ok(())
+        }
+        fn next_token(&mut self) -> mlx_core::Result<(u32, f32)> {
+            let (cur, left) = self.run.take().expect("a run");
+            assert!(left > 0, "next_token past the run's steps");
+            let t = self.put(cur)?;
+            self.run = Some((t, left - 1));
+            Ok((t, lp(t)))
+        }
+        fn verify_greedy(&mut self, tokens: &[u32]) -> mlx_core::Result<Vec<(u32, f32)>> {
+            self.run = None;
+            tokens
+                .iter()
+                .map(|&t| self.put(t).map(|n| (n, lp(n))))
+                .collect()
+        }
+        fn rewind(&mut self, pos: usize) -> mlx_core::Result<()> {
+            assert!(pos <= self.pos, "rewind forward");
+            self.run = None;
+            self.pos = pos;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn rounds_equal_plain_greedy_decoding() {
+        for seed in 0..40u32 {
+            let prompt: Vec<u32> = (0..(3 + seed % 7)).map(|i| (i * 17 + seed) % 50).collect();
+            let n = 30 + (seed as usize % 13);
+            // Plain greedy decoding of the target.
+            let mut plain = Fake::new(&prompt, 200, target_model);
+            let first = target_model(&prompt);
+            let mut want = vec![first];
+            plain.start(first, n - 1).unwrap();
+            for _ in 1..n {
+                want.push(plain.next_token().unwrap().0);
+            }
+            for k in 1..=9usize {
+                let cap = prompt.len() + n + k + 2;
+                let mut s = GraphSpecSteps::from_decoders(
+                    Box::new(Fake::new(&prompt, cap, target_model)),
+                    Box::new(Fake::new(&prompt, cap, draft_model)),
+                    (first, lp(first)),
+                    Some(n),
+                    k,
+                );
+                let mut got = Vec::new();
+                let mut from_draft = 0;
+                for _ in 0..n {
+                    let (t, l, d) = s.next_token().unwrap();
+                    assert_eq!(l, lp(t));
+                    from_draft += usize::from(d);
+                    got.push(t);
+                }
+                assert_eq!(got, want, "seed {seed}, K = {k}");
+                let st = s.stats();
+                assert!(from_draft <= st.accepted && st.accepted <= st.drafted);
+                assert!(st.drafted <= st.rounds * k);
+                // Some rounds accepted drafts and some rejected them.
+                if k > 2 && n > 35 {
+                    assert!(st.accepted > 0 && st.accepted < st.drafted, "{st:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_self_draft_is_always_accepted_and_the_budget_holds() {
+        let prompt = [1u32, 2, 3];
+        let first = target_model(&prompt);
+        for k in 1..=6usize {
+            let n = 20;
+            let cap = prompt.len() + n + k + 2;
+            let mut s = GraphSpecSteps::from_decoders(
+                Box::new(Fake::new(&prompt, cap, target_model)),
+                Box::new(Fake::new(&prompt, cap, target_model)),
+                (first, lp(first)),
+                Some(n),
+                k,
+            );
+            for _ in 0..n {
+                s.next_token().unwrap();
+            }
+            let st = s.stats();
+            assert_eq!(st.accepted, st.drafted, "K = {k}");
+            // mlx-lm's draft lengths: min(K, tokens left) a round.
+            assert!(st.drafted <= n, "K = {k}: {st:?}");
+        }
+        // Past the caches' room: an error, not a panic.
+        let mut s = GraphSpecSteps::from_decoders(
+            Box::new(Fake::new(&prompt, 6, target_model)),
+            Box::new(Fake::new(&prompt, 6, target_model)),
+            (first, lp(first)),
+            None,
+            2,
+        );
+        let r: Vec<_> = (0..8).map(|_| s.next_token()).collect();
+        assert!(r.iter().any(|x| x.is_err()));
+    }
+}
