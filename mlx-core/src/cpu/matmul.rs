@@ -243,7 +243,10 @@ impl<'a> Matrix<'a> {
             return Err(bad("symmetric weights need float16 scales".into()));
         };
         let limit = 65504.0 / (1u32 << (bits - 1)) as f32;
-        if let Some(i) = s.iter().position(|v| !(v.to_f32().abs() <= limit)) {
+        if let Some(i) = s
+            .iter()
+            .position(|v| v.is_nan() || v.to_f32().abs() > limit)
+        {
             return Err(bad(format!(
                 "scale {i} ({}) is not finite or above {limit}: its bias -2^{} x scale is not \
                  a finite float16",
