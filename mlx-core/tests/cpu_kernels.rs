@@ -1197,3 +1197,136 @@ fn int8_vnni_activations_stay_within_the_quantization_bound() -> Result<()> {
     }
     Ok(())
 }
+
+/// A symmetric matrix (`Matrix::symmetric`: GGUF's Q4_0 / Q8_0 without MLX's biases array,
+/// each bias formed as `-2^(bits - 1) x scale`) gives the bits of the affine matrix over the
+/// float16 biases MLX materializes (`scales x -8` / `x -128`, exact), through every kernel
+/// and activation mode: one to eight inputs and a 64-row prompt block through `matmul_t`
+/// (int8 / int16 / VNNI decode kernels, the prefill kernels, AMX's tiles where the CPU has
+/// them and without), rows of their own through `matmul_t_each`, the split and pair 4-bit
+/// kernels, with and without a bias vector, and an embedding row
+/// (tier L2: bit-identical to the affine twin). Scales include the largest `symmetric`
+/// takes; larger ones are refused.
+#[test]
+fn symmetric_matrices_give_the_bits_of_their_materialized_biases() -> Result<()> {
+    use half::f16;
+    use mlx_core::cpu::{matmul_t_each, Activations, RowsScratch};
+    let acts = [
+        Activations::F32,
+        Activations::Int8,
+        Activations::Int16,
+        Activations::Int16Q8Int8,
+        Activations::Int8Vnni,
+        Activations::Int8Normed,
+    ];
+    for (bits, rows, cols) in [(4u32, 40usize, 256usize), (8, 37, 160), (4, 9, 96)] {
+        let k = -((1u32 << (bits - 1)) as f32);
+        let n = rows * cols;
+        let words: Vec<u32> = values(n * bits as usize / 32, 7 + bits as u64)
+            .iter()
+            .map(|v| (v.to_bits()).wrapping_mul(2654435761))
+            .collect();
+        let groups = n / 32;
+        let mut scales: Vec<f16> = values(groups, 11)
+            .iter()
+            .map(|v| f16::from_f32(v * 0.05))
+            .collect();
+        // The largest scale whose bias is a finite float16, and a subnormal one.
+        scales[3] = f16::from_f32(65504.0 / -k);
+        scales[5] = f16::from_bits(3);
+        let biases: Vec<f16> = scales
+            .iter()
+            .map(|s| f16::from_f32(s.to_f32() * k))
+            .collect();
+        assert!(biases.iter().all(|b| b.is_finite()));
+        let sym = Matrix::symmetric(&words, Floats::F16(&scales), rows, cols, bits, 32)?;
+        let aff = Matrix::affine(
+            &words,
+            Floats::F16(&scales),
+            Floats::F16(&biases),
+            rows,
+            cols,
+            bits,
+            32,
+        )?;
+        assert!(sym.is_symmetric() && !aff.is_symmetric());
+        let vb: Vec<f32> = values(rows, 5);
+        for r in [0, rows - 1] {
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            sym.row_to(r, &mut a)?;
+            aff.row_to(r, &mut b)?;
+            assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        for mut ctx in contexts() {
+            for &act in &acts {
+                ctx.activations = act;
+                // Not `lane4` (`MLX_CPU_LANE4=1`, an experiment of #33): `amx_verify` takes
+                // affine matrices only, and a symmetric one takes the default kernel there.
+                for (split4, amx, lane4) in [(true, true, false), (false, false, false)] {
+                    ctx.split4 = split4;
+                    ctx.amx = amx && cpu::amx_available(ctx.isa);
+                    ctx.lane4 = lane4;
+                    for m in [1usize, 2, 3, 4, 5, 8, 64] {
+                        let x = values(m * cols, 100 + m as u64);
+                        for with_bias in [false, true] {
+                            let bias = with_bias.then_some(Floats::F32(&vb));
+                            let mut outs = Vec::new();
+                            for w in [&sym, &aff] {
+                                let mut o = vec![0f32; m * rows];
+                                cpu::matmul_t(
+                                    &ctx,
+                                    &x,
+                                    m,
+                                    &mut [MatJob {
+                                        w,
+                                        bias,
+                                        out: &mut o,
+                                    }],
+                                )?;
+                                let mut e = vec![0f32; m * rows];
+                                if m <= 8 {
+                                    matmul_t_each(
+                                        &ctx,
+                                        &x,
+                                        m,
+                                        &mut [MatJob {
+                                            w,
+                                            bias,
+                                            out: &mut e,
+                                        }],
+                                        &mut RowsScratch::default(),
+                                    )?;
+                                }
+                                outs.push((o, e));
+                            }
+                            let what = format!(
+                                "{bits} bits, {:?}, {act:?}, split {split4}, amx {}, lane4 \
+                                 {lane4}, m {m}, bias {with_bias}",
+                                ctx.isa, ctx.amx
+                            );
+                            let same = |a: &[f32], b: &[f32]| {
+                                a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+                            };
+                            assert!(same(&outs[0].0, &outs[1].0), "matmul_t: {what}");
+                            assert!(same(&outs[0].1, &outs[1].1), "matmul_t_each: {what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Scales whose biases are not finite float16s, and other widths, are refused.
+    let words = vec![0u32; 4];
+    let big = vec![f16::from_f32(8200.0)];
+    assert!(Matrix::symmetric(&words, Floats::F16(&big), 1, 32, 4, 32).is_err());
+    let words8 = vec![0u32; 8];
+    let over = vec![f16::from_f32(512.0)];
+    assert!(Matrix::symmetric(&words8, Floats::F16(&over), 1, 32, 8, 32).is_err());
+    let nan = vec![f16::NAN];
+    assert!(Matrix::symmetric(&words, Floats::F16(&nan), 1, 32, 4, 32).is_err());
+    let f32s = vec![0.1f32];
+    assert!(Matrix::symmetric(&words, Floats::F32(&f32s), 1, 32, 4, 32).is_err());
+    let words2 = vec![0u32; 2];
+    assert!(Matrix::symmetric(&words2, Floats::F16(&big[..]), 1, 32, 2, 32).is_err());
+    Ok(())
+}

@@ -180,6 +180,26 @@ fn quantized<'m>(
         .weight
         .as_slice::<u32>()
         .map_err(|e| unsup(format!("{what}: {e}")))?;
+    if q.symmetric {
+        // A GGUF file's Q4_0 / Q8_0 biases, `-2^(bits - 1) x scales`, left unevaluated at
+        // load (`QuantizedWeight::symmetric`): the kernels form them from the scales, with
+        // the bits of the materialized ones, and the lazy array stays unevaluated (where the
+        // MLX forward already computed it, the same bits either way).
+        if let Ok(m) = Matrix::symmetric(
+            words,
+            floats(&q.scales, what)?,
+            rows,
+            cols,
+            q.bits as u32,
+            q.group_size as usize,
+        ) {
+            return Ok(m);
+        }
+    }
+    // Biases another reader left lazy are computed once here (the MLX forward's bits).
+    biases
+        .eval()
+        .map_err(|e| unsup(format!("{what}: biases: {e}")))?;
     Matrix::affine(
         words,
         floats(&q.scales, what)?,

@@ -103,6 +103,41 @@ fn smollm2_gguf_f32_cpu_decoder_load_matches_mlx_lm() {
     assert_eq!(top, 1);
 }
 
+/// The CPU decoder's load leaves the Q8_0 embedding's biases (`-128 x scale`, MLX's affine
+/// layout of a Q8_0 block) unevaluated: the CPU decoder forms them from the scales and never
+/// computes the array (no memory for it in a run on the CPU decoder), while the exact path
+/// computes it on first use with mlx-lm's bits (`smollm2_gguf_f32_cpu_decoder_load_matches_mlx_lm`).
+/// The Q4_1 linears keep their stored biases.
+#[test]
+fn smollm2_cpu_decoder_load_never_computes_the_q8_0_biases() {
+    let opts = LoadOptions {
+        dtype: Some(Dtype::Float32),
+    };
+    let (model, g) = load_gguf_model_with(&smollm2(), &opts, GgufTensors::Blocks).unwrap();
+    assert_eq!(
+        g.symmetric.iter().collect::<Vec<_>>(),
+        ["model.embed_tokens.biases"]
+    );
+    let embed_biases = |model: &dyn mlx_models::models::LanguageModel| -> (bool, bool) {
+        let m = model.as_dense().expect("a descriptor row");
+        match m.embed_tokens() {
+            mlx_models::layers::Embedding::Quantized(q) => {
+                (q.symmetric, q.biases.as_ref().unwrap().is_evaluated())
+            }
+            _ => panic!("a quantized embedding"),
+        }
+    };
+    assert_eq!(embed_biases(model.as_ref()), (true, false));
+    let mut dec = mlx_engine::cpu_decode::CpuDecoder::new(model.as_ref(), 1, 8).unwrap();
+    dec.feed(&[1, 4093, 198]).unwrap();
+    dec.feed(&[19]).unwrap();
+    assert_eq!(embed_biases(model.as_ref()), (true, false));
+    // The Auto load (the exact path's) materializes them as MLX's reader does.
+    let (model, g) = load_gguf_model_with(&smollm2(), &opts, GgufTensors::Auto).unwrap();
+    assert!(g.symmetric.is_empty());
+    assert!(embed_biases(model.as_ref()).1);
+}
+
 #[test]
 fn smollm2_gguf_f16_matches_mlx_lm() {
     run(Dtype::Float16, "float16", GgufTensors::Auto);

@@ -62,6 +62,12 @@ pub struct GgufModel {
     /// Weights kept as GGML blocks ([`GgufTensors::Blocks`]; else empty), by mlx-lm name
     /// (`<path>.weight`).
     pub blocks: BTreeMap<String, crate::layers::GgmlWeight>,
+    /// The mlx-lm names (`<path>.biases`) of Q4_0 / Q8_0 biases held lazily
+    /// ([`GgufTensors::Blocks`]; else empty): each is the unevaluated MLX product `scales x
+    /// -8` (`x -128`) of its `<path>.scales`, exactly the array MLX's reader materializes,
+    /// computed only where the MLX forward first uses it; the CPU decoder forms the biases
+    /// from the scales (`mlx_core::cpu::Matrix::symmetric`) and never evaluates it.
+    pub symmetric: std::collections::BTreeSet<String>,
 }
 
 /// `blk.N.ssm_a` (no suffix) as mlx-lm's `A_log` (heads,) under `model.layers.N.<module>`:
@@ -235,7 +241,7 @@ const MLX_NATIVE_TYPES: &[u32] = &[0, 1, 2, 3, 8];
 /// such files), with the file's metadata.
 pub fn read_gguf_native(path: &Path) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
     let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
-    native_streamed(path, header)
+    native_streamed(path, header, None)
 }
 
 /// The tensors of a GGUF file whose types are all [`MLX_NATIVE_TYPES`], as MLX's `load_gguf`
@@ -246,9 +252,16 @@ pub fn read_gguf_native(path: &Path) -> Result<(BTreeMap<String, Array>, GgufMet
 /// only one tensor's bytes are held beside the converted arrays. The block layouts follow MLX
 /// 0.32.4's `extract_q4_0_data` / `extract_q4_1_data` / `extract_q8_0_data`; the test
 /// `gguf_dense::native_streamed_matches_mlx_loader` checks them against [`load_gguf`].
+///
+/// With `lazy` (the CPU decoder's load, [`GgufTensors::Blocks`]), the Q4_0 / Q8_0 biases are
+/// left unevaluated (the same MLX product, computed where the MLX forward first reads them)
+/// and go into `lazy` by array id (held there, so that no other array takes the id while it
+/// is read), unless a scale is not finite or its bias would overflow float16 (then evaluated
+/// as without `lazy`).
 fn native_streamed(
     path: &Path,
     header: mlx_core::io::GgufHeader,
+    mut lazy: Option<&mut BTreeMap<usize, Array>>,
 ) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
     let mut file = std::fs::File::open(path).map_err(|e| gguf_err(path, e))?;
     let mut tensors = BTreeMap::new();
@@ -337,14 +350,30 @@ fn native_streamed(
         let mut s_shape = rows.to_vec();
         s_shape.push(groups * 2);
         let scales = Array::from_slice(&scale, &s_shape)?.view(mlx_core::Dtype::Float16)?;
+        let k: i32 = if t.ggml_type == 2 { -8 } else { -128 };
         let biases = if t.ggml_type == 3 {
             Array::from_slice(&bias, &s_shape)?.view(mlx_core::Dtype::Float16)?
         } else {
-            scales.multiply_scalar(if t.ggml_type == 2 { -8 } else { -128 })?
+            scales.multiply_scalar(k)?
         };
+        // Lazy only where the CPU kernels' float32 `k x scale` is the float16 product's value:
+        // finite scales whose product does not overflow float16.
+        let limit = 65504.0 / k.unsigned_abs() as f32;
+        let symmetric = t.ggml_type != 3
+            && lazy.is_some()
+            && scale
+                .chunks_exact(2)
+                .all(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32().abs() <= limit);
         *shape.last_mut().expect("non-empty") = groups * per_block as i32;
         let w = Array::from_slice(&weights, &shape)?.view(mlx_core::Dtype::Uint32)?;
-        mlx_core::eval([&w, &scales, &biases])?;
+        if symmetric {
+            mlx_core::eval([&w, &scales])?;
+            if let Some(ids) = lazy.as_deref_mut() {
+                ids.insert(biases.id(), biases.clone());
+            }
+        } else {
+            mlx_core::eval([&w, &scales, &biases])?;
+        }
         // MLX cuts the name's last 7 bytes (`.weight`) whatever they are.
         let base = t
             .name
@@ -475,14 +504,19 @@ pub fn read_gguf_from(
         (_, None) => Some(read_gguf_header_of(path)?),
     };
     let mut kept = Vec::new();
+    // The lazy Q4_0 / Q8_0 biases (`GgufModel::symmetric`) and their un-permuted rows (the
+    // same product of the un-permuted scales), by array id (held: no other array takes an id
+    // while this map lives).
+    let mut lazy_ids: BTreeMap<usize, Array> = BTreeMap::new();
     let (raw, metadata) = match (how, header) {
         (GgufTensors::Mlx, _) | (_, None) => {
             load_gguf(path, None).map_err(|e| gguf_err(path, e))?
         }
         (GgufTensors::Blocks, Some(header)) => {
             if all_native(&header) {
-                // As `Auto`: MLX's affine triples, which the CPU decoder reads.
-                native_streamed(path, header)?
+                // As `Auto`: MLX's affine triples, which the CPU decoder reads, less the
+                // Q4_0 / Q8_0 biases, left lazy (`GgufModel::symmetric`).
+                native_streamed(path, header, Some(&mut lazy_ids))?
             } else {
                 let arch_name = meta_str(&header.metadata, "general.architecture").unwrap_or("");
                 let arch = ARCHS.iter().find(|a| a.arch == arch_name);
@@ -497,7 +531,7 @@ pub fn read_gguf_from(
         }
         (GgufTensors::Auto, Some(header)) => {
             if all_native(&header) {
-                native_streamed(path, header)?
+                native_streamed(path, header, None)?
             } else {
                 dequantized_with(path, header)?
             }
@@ -857,6 +891,9 @@ pub fn read_gguf_from(
         }
         match map_name(arch, &name) {
             Some(m) => {
+                let lazy = lazy_ids.contains_key(&a.id());
+                let unpermuted =
+                    arch.permute_qk && (is_proj(&m, "q_proj") || is_proj(&m, "k_proj"));
                 let a = if arch.permute_qk && is_proj(&m, "q_proj") {
                     unpermute(&a, heads, &name, &key("attention.head_count"))?
                 } else if arch.permute_qk && is_proj(&m, "k_proj") {
@@ -898,6 +935,10 @@ pub fn read_gguf_from(
                 } else {
                     a
                 };
+                if lazy && unpermuted {
+                    // The same rows of `scales x k` as of its un-permuted scales.
+                    lazy_ids.insert(a.id(), a.clone());
+                }
                 if tensors.insert(m.clone(), a).is_some() {
                     return Err(gguf_err(
                         path,
@@ -1042,11 +1083,18 @@ pub fn read_gguf_from(
         ModelError::Config(m) => gguf_err(path, format!("hyper-parameters: {m}")),
         other => other,
     })?;
+    // The lazy biases as the model will take them (after every rename above).
+    let symmetric = tensors
+        .iter()
+        .filter(|(k, a)| k.ends_with(".biases") && lazy_ids.contains_key(&a.id()))
+        .map(|(k, _)| k.clone())
+        .collect();
     Ok(GgufModel {
         config,
         tensors,
         metadata,
         blocks: ggml,
+        symmetric,
     })
 }
 
@@ -1112,7 +1160,9 @@ pub fn load_gguf_model_from(
     how: GgufTensors,
 ) -> Result<(Box<dyn LanguageModel>, GgufModel)> {
     let g = read_gguf_from(path, header, how)?;
-    let mut weights = Weights::new(g.tensors.clone(), None, opts.dtype).with_ggml(g.blocks.clone());
+    let mut weights = Weights::new(g.tensors.clone(), None, opts.dtype)
+        .with_ggml(g.blocks.clone())
+        .with_symmetric(g.symmetric.clone());
     if how == GgufTensors::Blocks {
         // Loading for the CPU decoder: its kernels read the half-precision scales in place.
         weights = weights.keep_linear_scales();

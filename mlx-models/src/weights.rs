@@ -42,6 +42,8 @@ pub struct Weights {
     /// Linear layers' quantization scales and biases keep their stored dtype under a `dtype`
     /// cast ([`Weights::keep_linear_scales`]).
     keep_linear_scales: bool,
+    /// Names of biases held as the lazy product of their scales ([`Weights::with_symmetric`]).
+    symmetric: BTreeSet<String>,
 }
 
 /// A module that can be quantized (it has mlx's `to_quantized`), as [`Weights`] saw it.
@@ -78,7 +80,25 @@ impl Weights {
             mtp: false,
             ggml: BTreeMap::new(),
             keep_linear_scales: false,
+            symmetric: BTreeSet::new(),
         }
+    }
+
+    /// Marks the quantization biases `names` (`<path>.biases`) as symmetric: each tensor is
+    /// the unevaluated MLX product `-2^(bits - 1) x <path>.scales` (a GGUF file's Q4_0 / Q8_0
+    /// read for the CPU decoder: `crate::gguf::GgufModel::symmetric`). The layers taking
+    /// them say so ([`crate::layers::QuantizedWeight::symmetric`]), and building the model
+    /// leaves them unevaluated ([`Weights::eager_arrays`]): the MLX forward computes them where
+    /// it first uses them, the CPU decoder never does.
+    pub fn with_symmetric(mut self, names: BTreeSet<String>) -> Self {
+        self.symmetric = names;
+        self
+    }
+
+    /// Whether the tensor `name` is a symmetric matrix's lazy biases
+    /// ([`Weights::with_symmetric`]).
+    pub fn is_symmetric_biases(&self, name: &str) -> bool {
+        self.symmetric.contains(name)
     }
 
     /// Linear layers' quantization scales and biases keep their stored dtype (a GGUF file's
@@ -254,6 +274,17 @@ impl Weights {
     /// the first forward, whose time to first token would otherwise include reading the files.
     pub fn taken_arrays(&self) -> &[Array] {
         &self.taken
+    }
+
+    /// [`Weights::taken_arrays`] less the symmetric biases ([`Weights::with_symmetric`]):
+    /// what building a model evaluates.
+    pub fn eager_arrays(&self) -> Vec<Array> {
+        self.taken_names
+            .iter()
+            .zip(&self.taken)
+            .filter(|(n, _)| !self.symmetric.contains(n.as_str()))
+            .map(|(_, a)| a.clone())
+            .collect()
     }
 
     /// The arrays taken so far with their names, in the order they were taken (a name taken

@@ -20,10 +20,9 @@
 
 use std::arch::x86_64::*;
 
-use super::matmul::{Floats, Kind, Matrix};
+use super::matmul::{AffineParts, Floats, Matrix};
 use super::x86::{
-    dot4_512_any, floats_ptr, scales_kind, split_covers, QuantX16, MAX_CHUNKS, SCALES_F32,
-    WIDE_TILE,
+    dot4_512_any, dot_kind, floats_ptr, split_covers, QuantX16, MAX_CHUNKS, SCALES_F32, WIDE_TILE,
 };
 use super::SharedOut;
 
@@ -111,17 +110,22 @@ unsafe fn rows_m<const MT: usize>(
     bias: Option<Floats<'_>>,
     prefetch: bool,
 ) {
-    let Kind::Affine {
+    // Affine or symmetric (`dot_kind`: a symmetric matrix's biases are its scales times -8).
+    let Some(parts) = w.affine_parts() else {
+        return;
+    };
+    let AffineParts {
         words,
         scales,
         biases,
         bits: 4,
         group,
-    } = w.kind
+        ..
+    } = parts
     else {
         return;
     };
-    let Some(kind) = scales_kind(scales, biases) else {
+    let Some(kind) = dot_kind(&parts) else {
         return;
     };
     let (rows, cols) = (w.rows(), w.cols());

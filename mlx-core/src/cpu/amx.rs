@@ -37,7 +37,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use super::matmul::{Floats, Kind, MatJob, Matrix, MAX_JOBS};
+use super::matmul::{AffineParts, Floats, MatJob, Matrix, MAX_JOBS};
 use super::{Activations, CpuContext, Isa, SharedOut};
 use crate::Result;
 
@@ -137,7 +137,7 @@ pub(crate) fn applies(ctx: &CpuContext, m: usize, jobs: &[MatJob<'_, '_>]) -> bo
 /// Whether the tile kernels read `w`: 4- or 8-bit affine (groups are multiples of 32 and
 /// divide the row, as [`Matrix::affine`] checks).
 fn takes(w: &Matrix<'_>) -> bool {
-    matches!(w.kind, Kind::Affine { bits: 4 | 8, .. }) && w.cols() % 32 == 0
+    w.affine_parts().is_some_and(|p| matches!(p.bits, 4 | 8)) && w.cols() % 32 == 0
 }
 
 /// `out = x W^T (+ bias)` for every job ([`applies`] holds; sizes checked by the caller).
@@ -320,16 +320,19 @@ unsafe fn panel(
     let cols = w.cols();
     let kblocks = cols / 32;
     let n = w.rows();
-    let Kind::Affine {
+    // Affine or symmetric (a symmetric matrix's biases formed from its scales below).
+    let Some(AffineParts {
         words,
         scales,
         biases,
         bits,
         group,
-    } = w.kind
+        sym,
+    }) = w.affine_parts()
     else {
-        unreachable!("amx::panel takes affine matrices")
+        unreachable!("amx::panel takes affine or symmetric matrices")
     };
+    let bias_k = -((1u32 << (bits - 1)) as f32);
     assert!(
         r0 < r1 && r1 - r0 <= TR && r1 <= n && xb.len() >= m.div_ceil(PASS) * kblocks * 4 * TILE,
         "amx panel: sizes"
@@ -354,6 +357,12 @@ unsafe fn panel(
         unsafe {
             widen(scales, at, &mut ps[i * groups..(i + 1) * groups]);
             widen(biases, at, &mut pb[i * groups..(i + 1) * groups]);
+        }
+        if sym {
+            // Exact: the float16 biases `bias_k x scale` MLX materializes, widened.
+            pb[i * groups..(i + 1) * groups]
+                .iter_mut()
+                .for_each(|b| *b *= bias_k);
         }
     }
     // SAFETY: every pointer below stays inside `bytes` (rows r0..r1 < n, blocks < kblocks),
@@ -497,16 +506,19 @@ unsafe fn panel_chunked<const NP: usize>(
     let kblocks = cols / 32;
     let n = w.rows();
     let passes = m.div_ceil(PASS);
-    let Kind::Affine {
+    // Affine or symmetric (a symmetric matrix's biases formed from its scales below).
+    let Some(AffineParts {
         words,
         scales,
         biases,
         bits,
         group,
-    } = w.kind
+        sym,
+    }) = w.affine_parts()
     else {
-        unreachable!("amx::panel_chunked takes affine matrices")
+        unreachable!("amx::panel_chunked takes affine or symmetric matrices")
     };
+    let bias_k = -((1u32 << (bits - 1)) as f32);
     assert!(
         (1..=2).contains(&NP)
             && r0 < r1
@@ -537,6 +549,12 @@ unsafe fn panel_chunked<const NP: usize>(
         unsafe {
             widen(scales, at, &mut ps[i * groups..(i + 1) * groups]);
             widen(biases, at, &mut pb[i * groups..(i + 1) * groups]);
+        }
+        if sym {
+            // Exact: the float16 biases `bias_k x scale` MLX materializes, widened.
+            pb[i * groups..(i + 1) * groups]
+                .iter_mut()
+                .for_each(|b| *b *= bias_k);
         }
     }
     let cp = cb.as_mut_ptr() as *mut f32;

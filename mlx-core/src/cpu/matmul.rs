@@ -92,6 +92,19 @@ pub(crate) enum Kind<'a> {
         bits: u32,
         group: usize,
     },
+    /// Symmetric affine (GGUF's Q4_0 / Q8_0 as MLX's affine triple, without its biases
+    /// array): codes `q` of `bits` bits, a value is `scale * q + bias` with `bias = -2^(bits -
+    /// 1) * scale`, formed from the scale where a kernel needs it (exact in float32: a power of
+    /// two times a float16), so every product has the bits of [`Kind::Affine`] over the
+    /// materialized biases (`-8 x scale` / `-128 x scale` rounded to float16, exact too for
+    /// the scales [`Matrix::symmetric`] takes). Only the kernels [`Matrix::affine_parts`]
+    /// serves take it; the others' dispatch tests match `Affine` alone.
+    Symmetric {
+        words: &'a [u32],
+        scales: Floats<'a>,
+        bits: u32,
+        group: usize,
+    },
     /// Trellis-coded (`cpu::trellis`): products take `trellis::matmul_jobs`.
     Trellis(super::trellis::TrellisView<'a>),
     /// GGML blocks as a GGUF file stores them, row after row (`cpu::kquant`): products take
@@ -100,6 +113,28 @@ pub(crate) enum Kind<'a> {
         data: &'a [u8],
         ty: super::kquant::GgmlType,
     },
+}
+
+/// An affine or symmetric matrix as the kernels that take both read it
+/// ([`Matrix::affine_parts`]): for a symmetric matrix `biases` is its `scales` and `sym` is set,
+/// and a kernel forms each bias as `bias_k() x` the value it reads there (exact: `bias_k` is
+/// `-2^(bits - 1)`); for an affine one `sym` is clear and the biases are read as stored.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AffineParts<'a> {
+    pub(crate) words: &'a [u32],
+    pub(crate) scales: Floats<'a>,
+    pub(crate) biases: Floats<'a>,
+    pub(crate) bits: u32,
+    pub(crate) group: usize,
+    pub(crate) sym: bool,
+}
+
+impl AffineParts<'_> {
+    /// What a symmetric matrix's scales are multiplied by to give its biases: `-2^(bits - 1)`
+    /// (`-8` for 4 bits, `-128` for 8).
+    pub(crate) fn bias_k(&self) -> f32 {
+        -((1u32 << (self.bits - 1)) as f32)
+    }
 }
 
 /// A weight matrix `(rows, cols)` borrowed in one of MLX's layouts (checked at construction).
@@ -185,6 +220,93 @@ impl<'a> Matrix<'a> {
         })
     }
 
+    /// A symmetric affine matrix ([`Kind::Symmetric`]): MLX's affine layout of GGUF's Q4_0
+    /// (`bits` 4) or Q8_0 (`bits` 8) without its biases array, each bias `-2^(bits - 1) x`
+    /// its group's scale. `scales` must be float16, finite and at most `65504 / 2^(bits - 1)`
+    /// in magnitude (so that the float16 biases MLX materializes, `scale x -2^(bits - 1)`
+    /// rounded to float16, are exactly what the kernels form in float32); `group` as for
+    /// [`Matrix::affine`].
+    pub fn symmetric(
+        words: &'a [u32],
+        scales: Floats<'a>,
+        rows: usize,
+        cols: usize,
+        bits: u32,
+        group: usize,
+    ) -> Result<Matrix<'a>> {
+        if !matches!(bits, 4 | 8) {
+            return Err(bad(format!(
+                "{bits}-bit symmetric weights are not supported (4 or 8)"
+            )));
+        }
+        let Floats::F16(s) = scales else {
+            return Err(bad("symmetric weights need float16 scales".into()));
+        };
+        let limit = 65504.0 / (1u32 << (bits - 1)) as f32;
+        if let Some(i) = s
+            .iter()
+            .position(|v| v.is_nan() || v.to_f32().abs() > limit)
+        {
+            return Err(bad(format!(
+                "scale {i} ({}) is not finite or above {limit}: its bias -2^{} x scale is not \
+                 a finite float16",
+                s[i],
+                bits - 1
+            )));
+        }
+        // The shape checks of `affine`, with the scales standing in for the biases.
+        let m = Matrix::affine(words, scales, scales, rows, cols, bits, group)?;
+        Ok(Matrix {
+            kind: Kind::Symmetric {
+                words,
+                scales,
+                bits,
+                group,
+            },
+            ..m
+        })
+    }
+
+    /// The parts of an affine or symmetric matrix as the kernels that take both read them
+    /// (`None` for other layouts).
+    pub(crate) fn affine_parts(&self) -> Option<AffineParts<'a>> {
+        match self.kind {
+            Kind::Affine {
+                words,
+                scales,
+                biases,
+                bits,
+                group,
+            } => Some(AffineParts {
+                words,
+                scales,
+                biases,
+                bits,
+                group,
+                sym: false,
+            }),
+            Kind::Symmetric {
+                words,
+                scales,
+                bits,
+                group,
+            } => Some(AffineParts {
+                words,
+                scales,
+                biases: scales,
+                bits,
+                group,
+                sym: true,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a symmetric affine matrix ([`Matrix::symmetric`]).
+    pub fn is_symmetric(&self) -> bool {
+        matches!(self.kind, Kind::Symmetric { .. })
+    }
+
     /// A matrix of GGML blocks (`data`: a GGUF tensor's bytes, `rows` rows of `cols` values,
     /// `cols` a multiple of the type's block), read in place by the int8 kernels of
     /// [`super::kquant`].
@@ -258,6 +380,7 @@ impl<'a> Matrix<'a> {
                 biases,
                 ..
             } => vec![span(words), floats(scales), floats(biases)],
+            Kind::Symmetric { words, scales, .. } => vec![span(words), floats(scales)],
             Kind::Ggml { data, .. } => vec![span(data)],
             Kind::Trellis(_) => Vec::new(),
         }
@@ -309,6 +432,18 @@ impl<'a> Matrix<'a> {
                 let q = (words[bit / 32] >> (bit % 32)) & ((1u32 << bits) - 1);
                 let g = i / group;
                 scales.get(g) * q as f32 + biases.get(g)
+            }
+            Kind::Symmetric {
+                words,
+                scales,
+                bits,
+                group,
+            } => {
+                let i = r * self.cols + c;
+                let bit = i * bits as usize;
+                let q = (words[bit / 32] >> (bit % 32)) & ((1u32 << bits) - 1);
+                let s = scales.get(i / group);
+                s * q as f32 + s * -((1u32 << (bits - 1)) as f32)
             }
             Kind::Trellis(t) => t.value(r, c),
             Kind::Ggml { data, ty } => {
@@ -556,14 +691,16 @@ struct QBuf16 {
 /// Whether the int16 kernel takes `w`: 4- or 8-bit affine, groups of 32 times a power of two.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn int16_kernel(w: &Matrix<'_>) -> bool {
-    matches!(w.kind, Kind::Affine { bits: 4 | 8, group, .. } if (group / 32).is_power_of_two())
+    w.affine_parts()
+        .is_some_and(|p| matches!(p.bits, 4 | 8) && (p.group / 32).is_power_of_two())
         && super::x86::supports(w)
 }
 
 /// Whether the int8 kernel takes `w`: 4-bit affine, groups of 32 times a power of two.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn int8_kernel(w: &Matrix<'_>) -> bool {
-    matches!(w.kind, Kind::Affine { bits: 4, group, .. } if (group / 32).is_power_of_two())
+    w.affine_parts()
+        .is_some_and(|p| p.bits == 4 && (p.group / 32).is_power_of_two())
         && super::x86::supports(w)
 }
 

@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::matmul::{Floats, Kind, Matrix};
+use super::matmul::{AffineParts, Floats, Kind, Matrix};
 use super::SharedOut;
 
 /// Groups of one row whose scales and biases are widened on the stack (rows with more
@@ -27,7 +27,7 @@ pub(super) fn supports(w: &Matrix<'_>) -> bool {
         Kind::Dense(_) => true,
         // A group size that is not 32 times a power of two dequantizes a whole row into the
         // stack buffer.
-        Kind::Affine { bits, group, .. } => {
+        Kind::Affine { bits, group, .. } | Kind::Symmetric { bits, group, .. } => {
             matches!(bits, 4 | 8)
                 && w.cols() / group <= MAX_GROUPS
                 && ((group / 32).is_power_of_two() || w.cols() <= MAX_BUF)
@@ -333,13 +333,17 @@ pub(super) unsafe fn rows_avx2(
                     row_all(&l, r, rows, cols, x, m, out, bias_of(r));
                 }
             }
-            Kind::Affine {
-                words,
-                scales,
-                biases,
-                bits,
-                group,
-            } => {
+            Kind::Affine { .. } | Kind::Symmetric { .. } => {
+                let Some(parts) = w.affine_parts() else {
+                    return;
+                };
+                let AffineParts {
+                    words,
+                    scales,
+                    bits,
+                    group,
+                    ..
+                } = parts;
                 let groups = cols / group;
                 let shift = (group / 32).trailing_zeros();
                 let pow2 = (group / 32).is_power_of_two();
@@ -355,7 +359,7 @@ pub(super) unsafe fn rows_avx2(
                 let widen = m > 4 && cols <= MAX_BUF;
                 for r in r0..r1 {
                     widen_row(scales, r * groups, sp, groups);
-                    widen_row(biases, r * groups, bp, groups);
+                    widen_biases(&parts, r * groups, bp, groups);
                     let rb = bytes.add(r * row_bytes);
                     if !pow2 {
                         // Group sizes like 96: per-chunk group index by division.
@@ -459,6 +463,24 @@ unsafe fn widen_row(src: Floats<'_>, start: usize, out: *mut f32, n: usize) {
     }
 }
 
+/// An affine or symmetric matrix's biases `[start, start + n)` widened into `out`: the stored
+/// ones as [`widen_row`] widens them; a symmetric matrix's formed from its scales, each times
+/// [`AffineParts::bias_k`] (exact: the bits of the float16 biases MLX materializes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_biases(p: &AffineParts<'_>, start: usize, out: *mut f32, n: usize) {
+    // SAFETY: forwarded contract of `widen_row` (out holds n floats).
+    unsafe {
+        widen_row(p.biases, start, out, n);
+        if p.sym {
+            let k = p.bias_k();
+            for i in 0..n {
+                *out.add(i) *= k;
+            }
+        }
+    }
+}
+
 /// Inputs quantized to int8 for the integer dot products of 4-bit rows (llama.cpp's Q8_1
 /// activations): per input row and chunk of 32 values, a scale `d = max|x| / 127`, the codes
 /// `round(x / d)` stored evens first then odds (the order the 4-bit nibbles come out of a
@@ -501,8 +523,12 @@ pub(super) fn quantize_x(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) 
 /// it: its factors, and its sizes in groups, chunks of 32 and bytes.
 #[derive(Clone, Copy)]
 struct Q4<'a> {
+    /// The matrix's parts (a symmetric matrix's `biases` are its scales: see `sym`).
+    parts: AffineParts<'a>,
     scales: Floats<'a>,
     biases: Floats<'a>,
+    /// A symmetric matrix: each bias is its scale times -8.
+    sym: bool,
     rows: usize,
     groups: usize,
     chunks: usize,
@@ -513,22 +539,26 @@ struct Q4<'a> {
 }
 
 impl<'a> Q4<'a> {
-    /// `w`'s view, if it is 4-bit affine.
+    /// `w`'s view, if it is 4-bit affine or symmetric.
     fn of(w: &Matrix<'a>) -> Option<Q4<'a>> {
-        let Kind::Affine {
+        let parts = w.affine_parts()?;
+        let AffineParts {
             words,
             scales,
             biases,
             bits: 4,
             group,
-        } = w.kind
+            sym,
+        } = parts
         else {
             return None;
         };
         let cols = w.cols();
         Some(Q4 {
+            parts,
             scales,
             biases,
+            sym,
             rows: w.rows(),
             groups: cols / group,
             chunks: cols / 32,
@@ -602,6 +632,7 @@ pub(super) unsafe fn rows_q4_int8(
         shift,
         row_bytes,
         bytes,
+        ..
     } = g4;
     let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
     // SAFETY (whole body): rows r0..r1 lie within `words`, `scales` and `biases` (checked by
@@ -621,7 +652,7 @@ pub(super) unsafe fn rows_q4_int8(
         for r in r0..r1 {
             prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
             widen_row(scales, r * groups, sp, groups);
-            widen_row(biases, r * groups, bp, groups);
+            widen_biases(&g4.parts, r * groups, bp, groups);
             let rb = bytes.add(r * row_bytes);
             let mut acc = [[_mm256_setzero_ps(); 2]; 4];
             for c in 0..chunks {
@@ -696,16 +727,20 @@ impl QuantX16 {
 /// in groups of 32 to 512 with scales and biases of one dtype): the others of 4 bits read
 /// the inputs' [`permute_x16`] codes.
 pub(super) fn split_covers(w: &Matrix<'_>) -> bool {
-    matches!(w.kind, Kind::Affine { bits: 4, group, scales, biases, .. }
-        if group % 32 == 0 && (group / 32).is_power_of_two() && group <= 512
-            && scales_kind(scales, biases).is_some())
+    w.affine_parts().is_some_and(|p| {
+        p.bits == 4
+            && p.group % 32 == 0
+            && (p.group / 32).is_power_of_two()
+            && p.group <= 512
+            && dot_kind(&p).is_some()
+    })
 }
 
 /// Whether the 512-bit int16 kernel reads [`permute_x16`]'s codes for `w`: 4-bit rows that
 /// [`split_covers`] leaves out, or all 4-bit rows when the inputs are not `split` (no
 /// [`split_x16`] bytes: [`dot4_512_g`]).
 pub(super) fn needs_permuted(w: &Matrix<'_>, split: bool) -> bool {
-    matches!(w.kind, Kind::Affine { bits: 4, .. }) && !(split && split_covers(w))
+    w.affine_parts().is_some_and(|p| p.bits == 4) && !(split && split_covers(w))
 }
 
 /// Bytes a row of `cols` int16 codes takes in [`split_x16`]'s layout (whole quads of chunks).
@@ -910,6 +945,21 @@ pub(super) unsafe fn dot4_512_h<const MT: usize>(
 pub(super) const SCALES_F16: u8 = 0;
 pub(super) const SCALES_BF16: u8 = 1;
 pub(super) const SCALES_F32: u8 = 2;
+/// A symmetric matrix's float16 scales (`Kind::Symmetric`, 4 bits): read as
+/// [`SCALES_F16`], and its biases pointer is its scales', each times -8 where read (the bits of
+/// the float16 biases `-8 x scale` as [`SCALES_F16`] reads them).
+pub(super) const SCALES_F16_SYM: u8 = 3;
+
+/// The [`dot4_512_g`] scale dtype of an affine or symmetric matrix (`None` where the scales
+/// and biases differ in dtype, or for a symmetric matrix whose scales are not float16):
+/// [`scales_kind`], and [`SCALES_F16_SYM`] for a symmetric matrix.
+pub(super) fn dot_kind(p: &AffineParts<'_>) -> Option<u8> {
+    match (scales_kind(p.scales, p.biases), p.sym) {
+        (k, false) => k,
+        (Some(SCALES_F16), true) if p.bits == 4 => Some(SCALES_F16_SYM),
+        _ => None,
+    }
+}
 
 /// The [`dot4_512_g`] scale dtype of an affine matrix's scales and biases (`None` where the
 /// two differ).
@@ -940,7 +990,7 @@ unsafe fn load_scales16<const K: u8>(p: *const u8, i: usize, mask: __mmask16) ->
     // nothing).
     unsafe {
         match K {
-            SCALES_F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+            SCALES_F16 | SCALES_F16_SYM => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
                 mask,
                 (p as *const u16).add(i) as *const _,
             )),
@@ -1003,6 +1053,12 @@ pub(super) unsafe fn dot4_512_g<const MT: usize, const K: u8>(
             let k = (chunks - c0).min(16);
             let mask = mask_of(k);
             let bv = per_chunk(b0, c0, k);
+            // A symmetric matrix's biases: its scales (`b0`) times -8, exact.
+            let bv = if K == SCALES_F16_SYM {
+                _mm512_mul_ps(bv, _mm512_set1_ps(-8.0))
+            } else {
+                bv
+            };
             for t in 0..MT {
                 let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
                 a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
@@ -1131,6 +1187,12 @@ pub(super) unsafe fn dot4_512_s<const MT: usize, const K: u8>(
             let k = (chunks - c0).min(16);
             let mask = mask_of(k);
             let bv = per_chunk(b0, c0, k);
+            // A symmetric matrix's biases: its scales (`b0`) times -8, exact.
+            let bv = if K == SCALES_F16_SYM {
+                _mm512_mul_ps(bv, _mm512_set1_ps(-8.0))
+            } else {
+                bv
+            };
             for t in 0..MT {
                 let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
                 a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
@@ -1216,12 +1278,14 @@ pub(super) unsafe fn dot4_512_any<const MT: usize>(
         if qx.h.is_null() {
             return match kind {
                 SCALES_F16 => dot4_512_g::<MT, SCALES_F16>(rb, s0, b0, chunks, shift, qx),
+                SCALES_F16_SYM => dot4_512_g::<MT, SCALES_F16_SYM>(rb, s0, b0, chunks, shift, qx),
                 SCALES_BF16 => dot4_512_g::<MT, SCALES_BF16>(rb, s0, b0, chunks, shift, qx),
                 _ => dot4_512_g::<MT, SCALES_F32>(rb, s0, b0, chunks, shift, qx),
             };
         }
         match kind {
             SCALES_F16 => dot4_512_s::<MT, SCALES_F16>(rb, s0, b0, chunks, shift, qx),
+            SCALES_F16_SYM => dot4_512_s::<MT, SCALES_F16_SYM>(rb, s0, b0, chunks, shift, qx),
             SCALES_BF16 => dot4_512_s::<MT, SCALES_BF16>(rb, s0, b0, chunks, shift, qx),
             _ => dot4_512_s::<MT, SCALES_F32>(rb, s0, b0, chunks, shift, qx),
         }
@@ -1370,16 +1434,18 @@ unsafe fn rows_int16_m<const MT: usize>(
     out: SharedOut,
     bias: Option<Floats<'_>>,
 ) {
-    let Kind::Affine {
+    // Affine or symmetric (a symmetric matrix's biases formed from its scales).
+    let Some(parts) = w.affine_parts() else {
+        return;
+    };
+    let AffineParts {
         words,
         scales,
         biases,
         bits,
         group,
-    } = w.kind
-    else {
-        return;
-    };
+        ..
+    } = parts;
     let (rows, cols) = (w.rows(), w.cols());
     let groups = cols / group;
     let chunks = cols / 32;
@@ -1405,7 +1471,7 @@ unsafe fn rows_int16_m<const MT: usize>(
         for r in r0..r1 {
             prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
             widen_row(scales, r * groups, sp, groups);
-            widen_row(biases, r * groups, bp, groups);
+            widen_biases(&parts, r * groups, bp, groups);
             for g in groups..gpad {
                 *bp.add(g) = 0.0;
             }
@@ -1995,16 +2061,18 @@ unsafe fn rows_int16_512_m<const MT: usize>(
     out: SharedOut,
     bias: Option<Floats<'_>>,
 ) {
-    let Kind::Affine {
+    // Affine or symmetric (a symmetric matrix's biases formed from its scales).
+    let Some(parts) = w.affine_parts() else {
+        return;
+    };
+    let AffineParts {
         words,
         scales,
         biases,
         bits,
         group,
-    } = w.kind
-    else {
-        return;
-    };
+        sym,
+    } = parts;
     let (rows, cols) = (w.rows(), w.cols());
     let groups = cols / group;
     let chunks = cols / 32;
@@ -2017,7 +2085,7 @@ unsafe fn rows_int16_512_m<const MT: usize>(
     // 4-bit rows in groups of up to 512 with scales and biases of one dtype: their factors
     // in registers ([`dot4_512_any`]).
     if split_covers(w) {
-        if let Some(kind) = scales_kind(scales, biases) {
+        if let Some(kind) = dot_kind(&parts) {
             assert!(
                 scales.len() >= r1 * groups && biases.len() >= r1 * groups,
                 "scales out of range"
@@ -2060,14 +2128,19 @@ unsafe fn rows_int16_512_m<const MT: usize>(
         group_sums(qx.s, MT, chunks, per, groups, gpad, gsp);
         let pf = prefetch_rows(row_bytes);
         let nib = _mm512_set1_epi32(0x000f_000f);
-        if let (0, Floats::F16(sh), Floats::F16(bh)) = (shift, scales, biases) {
+        if let (0, Floats::F16(sh), Floats::F16(bh), false) =
+            (shift, scales, biases, sym && bits == 4)
+        {
             // Groups of 32 with half-precision scales and biases (GGUF's Q4_0/Q4_1/Q8_0 as
             // loaded): the row's factors and its bias term 16 chunks at a time, read as
-            // halves with masked loads (no widening pass, no scalar tail).
+            // halves with masked loads (no widening pass, no scalar tail). A symmetric
+            // matrix's biases (`bh` is its scales) are formed times `-2^(bits - 1)` (8 bits
+            // here: 4-bit rows take `dot4_512_any` above).
             assert!(
                 sh.len() >= r1 * groups && bh.len() >= r1 * groups,
                 "scales out of range"
             );
+            let bk = _mm512_set1_ps(parts.bias_k());
             for r in r0..r1 {
                 let (s0, b0) = (
                     sh.as_ptr().add(r * groups) as *const u16,
@@ -2092,6 +2165,7 @@ unsafe fn rows_int16_512_m<const MT: usize>(
                         _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
                     let bv =
                         _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+                    let bv = if sym { _mm512_mul_ps(bv, bk) } else { bv };
                     for t in 0..MT {
                         let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
                         _mm512_mask_storeu_ps(fp.add(t * chunks + c0), mask, _mm512_mul_ps(sv, dv));
@@ -2137,7 +2211,7 @@ unsafe fn rows_int16_512_m<const MT: usize>(
         for r in r0..r1 {
             prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
             widen_row(scales, r * groups, sp, groups);
-            widen_row(biases, r * groups, bp, groups);
+            widen_biases(&parts, r * groups, bp, groups);
             for g in groups..gpad {
                 *bp.add(g) = 0.0;
             }
@@ -2331,16 +2405,18 @@ pub(super) fn quantize_x8(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32])
 /// scales and biases (GGUF's Q8_0 as MLX loads it, e.g. a tied head), at most
 /// [`MAX_CHUNKS`] chunks a row.
 pub(super) fn q8_int8_supports(w: &Matrix<'_>) -> bool {
-    matches!(
-        w.kind,
-        Kind::Affine {
-            bits: 8,
-            group: 32,
-            scales: Floats::F16(_),
-            biases: Floats::F16(_),
-            ..
-        }
-    ) && w.cols() % 32 == 0
+    w.affine_parts().is_some_and(|p| {
+        matches!(
+            p,
+            AffineParts {
+                bits: 8,
+                group: 32,
+                scales: Floats::F16(_),
+                biases: Floats::F16(_),
+                ..
+            }
+        )
+    }) && w.cols() % 32 == 0
         && w.cols() / 32 <= MAX_CHUNKS
 }
 
@@ -2389,13 +2465,15 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
     out: SharedOut,
     bias: Option<Floats<'_>>,
 ) {
-    let Kind::Affine {
+    // Affine or symmetric (`bh` then is the scales, each times -128 where read).
+    let Some(AffineParts {
         words,
         scales: Floats::F16(sh),
         biases: Floats::F16(bh),
         bits: 8,
         group: 32,
-    } = w.kind
+        sym,
+    }) = w.affine_parts()
     else {
         return;
     };
@@ -2431,6 +2509,11 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
                 let k = (chunks - c0).min(16);
                 let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
                 let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+                let bv = if sym {
+                    _mm512_mul_ps(bv, _mm512_set1_ps(-128.0))
+                } else {
+                    bv
+                };
                 for t in 0..MT {
                     let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
                     a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
@@ -2614,7 +2697,8 @@ pub(super) unsafe fn rows_q4_int8_512(
 /// Whether [`rows_q4_int8_512`] takes `w`: 4-bit affine, groups of 32 times a power of two,
 /// at most [`MAX_CHUNKS`] chunks and [`MAX_GROUPS`] groups a row.
 pub(super) fn q4_int8_512_supports(w: &Matrix<'_>) -> bool {
-    matches!(w.kind, Kind::Affine { bits: 4, group, .. } if (group / 32).is_power_of_two())
+    w.affine_parts()
+        .is_some_and(|p| p.bits == 4 && (p.group / 32).is_power_of_two())
         && w.cols() % 32 == 0
         && w.cols() / 32 <= MAX_CHUNKS
         && supports(w)
@@ -2637,12 +2721,14 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
     let Q4 {
         scales,
         biases,
+        sym,
         rows,
         groups,
         chunks,
         shift,
         row_bytes,
         bytes,
+        ..
     } = g4;
     let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
     // SAFETY (whole body): rows r0..r1 lie within `words`, `scales` and `biases` (checked by
@@ -2676,6 +2762,7 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
                     bytes.add(r * row_bytes),
                     sh.as_ptr().add(r * groups) as *const u16,
                     bh.as_ptr().add(r * groups) as *const u16,
+                    sym,
                     chunks,
                     qx,
                 );
@@ -2691,7 +2778,7 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
         for r in r0..r1 {
             prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
             widen_row(scales, r * groups, sp, groups);
-            widen_row(biases, r * groups, bp, groups);
+            widen_biases(&g4.parts, r * groups, bp, groups);
             for g in groups..gpad {
                 *bp.add(g) = 0.0;
             }
@@ -2738,7 +2825,8 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes, `s0` and `b0`
-/// `chunks` halves each; `qx` holds `MT` rows of `chunks * 32` codes, scales and sums.
+/// `chunks` halves each (with `sym`, `b0` is the scales and each bias is -8 times its
+/// value); `qx` holds `MT` rows of `chunks * 32` codes, scales and sums.
 #[inline]
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -2746,6 +2834,7 @@ unsafe fn row_q4_int8_512_h<const MT: usize>(
     rb: *const u8,
     s0: *const u16,
     b0: *const u16,
+    sym: bool,
     chunks: usize,
     qx: QuantX,
 ) -> [f32; MT] {
@@ -2764,6 +2853,12 @@ unsafe fn row_q4_int8_512_h<const MT: usize>(
             let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
             let sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
             let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+            // A symmetric matrix's biases (`b0`: its scales) times -8, exact.
+            let bv = if sym {
+                _mm512_mul_ps(bv, _mm512_set1_ps(-8.0))
+            } else {
+                bv
+            };
             let mut f = [_mm512_setzero_ps(); MT];
             for t in 0..MT {
                 let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
@@ -2988,17 +3083,21 @@ pub(super) unsafe fn rows_prefill_512(
                         );
                         *p = dst;
                     }
-                    Kind::Affine {
-                        words,
-                        scales,
-                        biases,
-                        bits,
-                        group,
-                    } => {
+                    Kind::Affine { .. } | Kind::Symmetric { .. } => {
+                        let Some(parts) = w.affine_parts() else {
+                            return;
+                        };
+                        let AffineParts {
+                            words,
+                            scales,
+                            bits,
+                            group,
+                            ..
+                        } = parts;
                         let groups = cols / group;
                         let shift = (group / 32).trailing_zeros();
                         widen_row(scales, row * groups, sp, groups);
-                        widen_row(biases, row * groups, bq, groups);
+                        widen_biases(&parts, row * groups, bq, groups);
                         let rb = (words.as_ptr() as *const u8).add(row * cols * bits as usize / 8);
                         let (s, b) = (sp as *const f32, bq as *const f32);
                         if bits == 4 {
@@ -3072,7 +3171,7 @@ pub(super) fn prefill_512_supports(w: &Matrix<'_>) -> bool {
         && w.cols() <= MAX_BUF
         && match w.kind {
             Kind::Dense(_) => true,
-            Kind::Affine { bits, group, .. } => {
+            Kind::Affine { bits, group, .. } | Kind::Symmetric { bits, group, .. } => {
                 matches!(bits, 4 | 8)
                     && (group / 32).is_power_of_two()
                     && w.cols() / group <= MAX_GROUPS

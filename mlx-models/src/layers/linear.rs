@@ -25,6 +25,12 @@ pub struct QuantizedWeight {
     /// bit for bit as from scales cast at load (widening is exact), at the cast's dtype,
     /// without a second copy of the table's scales. `None`: dequantize in the scales' dtype.
     pub lookup_dtype: Option<Dtype>,
+    /// `biases` is `-2^(bits - 1) x scales` held as MLX's unevaluated product (a GGUF file's
+    /// Q4_0 / Q8_0 loaded for the CPU decoder: [`Weights::with_symmetric`]): the MLX forward
+    /// computes it where it first uses it (the bits MLX's reader gives), and the CPU decoder
+    /// forms each bias from its scale (`mlx_core::cpu::Matrix::symmetric`) without ever
+    /// evaluating it, so its memory is never allocated in that run.
+    pub symmetric: bool,
 }
 
 impl QuantizedWeight {
@@ -126,6 +132,8 @@ impl QuantizedWeight {
         let packed = (i64::from(cols) * i64::from(q.bits) / 32) as i32;
         let weight = w.take(&format!("{path}.weight"), &[rows, packed])?;
         let shape = [rows, cols / q.group_size];
+        let biases_name = format!("{path}.biases");
+        let symmetric = mode == QuantMode::Affine && w.is_symmetric_biases(&biases_name);
         let mut take = |name: String| {
             if linear {
                 w.take_linear_scales(&name, &shape)
@@ -135,7 +143,7 @@ impl QuantizedWeight {
         };
         let scales = take(format!("{path}.scales"))?;
         let biases = if mode == QuantMode::Affine {
-            Some(take(format!("{path}.biases"))?)
+            Some(take(biases_name)?)
         } else {
             None
         };
@@ -147,6 +155,7 @@ impl QuantizedWeight {
             bits: q.bits,
             mode,
             lookup_dtype: None,
+            symmetric,
         })
     }
 

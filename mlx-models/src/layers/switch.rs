@@ -102,6 +102,7 @@ impl SwitchLinear {
                         bits: q.bits,
                         mode,
                         lookup_dtype: None,
+                        symmetric: false,
                     },
                     bias: b,
                 })

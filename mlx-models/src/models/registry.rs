@@ -292,9 +292,10 @@ pub fn build_with_params(
     check_layer_count(config, &weights)?;
     let model = construct(config, &mut weights)?;
     let params = weights.taken_shapes();
-    let taken = weights.taken_arrays().to_vec();
+    let taken = weights.eager_arrays();
     weights.finish()?;
-    // mlx-lm's `load_model` (lazy=False): read every weight now, not in the first forward.
+    // mlx-lm's `load_model` (lazy=False): read every weight now, not in the first forward
+    // (symmetric biases excepted: computed from their scales where the MLX forward uses them).
     mlx_core::eval(taken.iter())?;
     Ok((model, params))
 }
