@@ -12,7 +12,8 @@
 //! (mlx-lm's `stream_generate` definitions), and its generated count is checked (a reply that
 //! stopped early is marked). Each round first measures the copy bandwidth (the decode roofline
 //! is that over the model's bytes: every weight read once a token). Each side's peak resident
-//! memory is its process's `VmHWM` (polled from `/proc/PID/status` while it runs), compared
+//! memory is its process's `VmHWM` (polled from `/proc/PID/status` while it runs, and for ours
+//! the larger of that and `mlx generate --json`'s own `process_peak_rss_bytes`), compared
 //! with the model's bytes plus the CPU decoder's float16 KV cache at P + G positions (layers,
 //! KV heads and head size from `mlx info --json`, the model's own descriptor). Each round also
 //! measures the process's own baseline: the same `mlx generate` on the tiny checked-in
