@@ -536,6 +536,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             "generation_tokens": r.generation_tokens,
             "generation_tps": r.generation_tps,
             "peak_memory_bytes": r.peak_memory_bytes,
+            "process_peak_rss_bytes": process_peak_rss_bytes(),
             "dtype": m.dtype_name,
             "decoder": decoder.name,
             "graph_fallback": stream.graph_fallback(),
@@ -583,4 +584,15 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         }
     }
     Ok(())
+}
+
+/// The whole process's peak resident set so far (`VmHWM` of `/proc/self/status`: code,
+/// libraries, heap, weights, caches), in bytes; `None` where the system has no such file.
+/// `--json` reports it so that a caller sees the peak of a run too short to poll (issue #31's
+/// bench takes the larger of it and its own polling).
+fn process_peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

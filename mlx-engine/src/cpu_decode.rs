@@ -29,7 +29,7 @@
 //! (`tests/cpu_decode.rs` states the bounds). Sampling and logits processors are the
 //! engine's own, applied to these logits.
 
-use half::{f16, slice::HalfFloatSliceExt};
+use half::{f16, slice::HalfFloatSliceExt, vec::HalfBitsVecExt};
 use mlx_core::cpu::{
     self, Activations, AttentionShape, CpuContext, Floats, KvPrefetch, MatJob, Matrix, RowsScratch,
 };
@@ -581,9 +581,13 @@ enum KvBuf {
 }
 
 impl KvBuf {
+    /// Zeroed through the allocator's zeroed allocation (`calloc`), so that pages a
+    /// sequence never reaches are never touched: a fresh cache costs resident memory as its
+    /// positions fill, not all at once (issue #31's peak: the prompt block's scratch is given
+    /// back before the decode steps fill the rest). `vec![f16::ZERO; n]` wrote every element.
     fn new(dtype: KvDtype, n: usize) -> KvBuf {
         match dtype {
-            KvDtype::F16 => KvBuf::F16(vec![f16::ZERO; n]),
+            KvDtype::F16 => KvBuf::F16(vec![0u16; n].reinterpret_into()),
             KvDtype::F32 => KvBuf::F32(vec![0.0; n]),
         }
     }
@@ -750,6 +754,14 @@ struct Scratch {
     up: Vec<f32>,
     /// `(logit_rows, vocab)`.
     logits: Vec<f32>,
+}
+
+/// `s`, made room for a prompt block ([`BLOCK`] tokens and one row of logits) if it has none.
+fn block_scratch<'s>(w: &Weights<'_>, s: &'s mut Scratch) -> &'s mut Scratch {
+    if s.rows < BLOCK {
+        *s = Scratch::new(w, BLOCK, 1);
+    }
+    s
 }
 
 impl Scratch {
@@ -1465,6 +1477,16 @@ impl<'m> CpuDecoder<'m> {
         self.cache.truncate(n);
     }
 
+    /// Hands the prompt blocks' scratch back to the system once a prompt is in (see
+    /// [`CpuBatch::release_prompt_scratch`]; the allocator's free pages too, through
+    /// `mlx_core::memory::release_free_memory`): `mlx generate` calls it before its first
+    /// decode step. Nothing to do (and no trim) where there is none.
+    pub fn release_prompt_scratch(&mut self) {
+        if self.batch.release_prompt_scratch() {
+            let _ = mlx_core::memory::release_free_memory();
+        }
+    }
+
     /// Runs `tokens` through the model after what the cache holds and returns the logits
     /// `(vocab,)` of the last one.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
@@ -1501,7 +1523,7 @@ impl<'m> CpuDecoder<'m> {
                 &b.w,
                 &b.ctx,
                 &mut self.cache,
-                &mut b.s,
+                block_scratch(&b.w, &mut b.s),
                 chunk,
                 Some(&mut f),
                 true,
@@ -1525,7 +1547,8 @@ pub struct CpuBatch<'m> {
     model_addr: usize,
     ctx: CpuContext,
     w: Weights<'m>,
-    /// Prefill scratch ([`BLOCK`] tokens).
+    /// Prefill scratch ([`BLOCK`] tokens; made by the first block, see
+    /// [`CpuBatch::release_prompt_scratch`]).
     s: Scratch,
     /// Decode-step scratch, grown to the largest batch seen.
     b: Scratch,
@@ -1604,7 +1627,8 @@ impl<'m> CpuBatch<'m> {
     /// [`EngineError::CpuDecoderUnsupported`] with the reason.
     pub fn new(model: &'m dyn LanguageModel, threads: usize) -> Result<Self> {
         let w = Weights::new(model)?;
-        let s = Scratch::new(&w, BLOCK, 1);
+        // The prompt blocks' scratch is made by the first block ([`block_scratch`]).
+        let s = Scratch::new(&w, 0, 0);
         let b = Scratch::new(&w, 0, 0);
         let mut ctx = CpuContext::new(threads)?;
         ctx.activations = activations_from_env()?;
@@ -1675,6 +1699,20 @@ impl<'m> CpuBatch<'m> {
         Ok(&self.s.logits[..self.w.vocab])
     }
 
+    /// Drops the prompt blocks' scratch ([`BLOCK`] rows: ~1.8 MB on SmolLM2-135M, ~2.7 MB
+    /// on a 360M), which the next prompt block makes again; whether there was one. For a
+    /// caller done with its prompt: the decode steps that follow fill the cache's remaining
+    /// positions (pages untouched until then, see [`KvBuf::new`]) instead of stacking on it
+    /// (issue #31's peak memory). Not for a caller that feeds short blocks every round (a
+    /// draft decoder): each block would make it again.
+    pub fn release_prompt_scratch(&mut self) -> bool {
+        if self.s.rows == 0 {
+            return false;
+        }
+        self.s = Scratch::new(&self.w, 0, 0);
+        true
+    }
+
     /// As [`CpuBatch::prefill`] without the logits (a part of a prompt that more follows).
     pub fn prefill_part(&mut self, cache: &mut CpuCache, tokens: &[u32]) -> Result<()> {
         self.run(cache, tokens, false)
@@ -1694,7 +1732,8 @@ impl<'m> CpuBatch<'m> {
             // The head of the last block only (earlier ones' logits are never read).
             let last = head && i + 1 == n;
             let p = &mut self.pprof;
-            block(&self.w, &self.ctx, cache, &mut self.s, chunk, None, last, p)?;
+            let s = block_scratch(&self.w, &mut self.s);
+            block(&self.w, &self.ctx, cache, s, chunk, None, last, p)?;
         }
         Ok(())
     }
@@ -1828,7 +1867,16 @@ fn hidden_last<'a>(
     let mut t = 0;
     for chunk in tokens.chunks(BLOCK) {
         let p = &mut Profile::default();
-        block(&b.w, &b.ctx, cache, &mut b.s, chunk, None, false, p)?;
+        block(
+            &b.w,
+            &b.ctx,
+            cache,
+            block_scratch(&b.w, &mut b.s),
+            chunk,
+            None,
+            false,
+            p,
+        )?;
         t = chunk.len();
     }
     let hid = b.w.hidden;

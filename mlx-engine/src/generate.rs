@@ -587,6 +587,12 @@ impl<'m> GenerateStep<'m> {
             }
         }
         if let Some(cpu) = self.cpu.as_mut() {
+            if len == 1 {
+                // A decode step (host-greedy ones come with their id): the prompt is in, its
+                // blocks' scratch goes back (issue #31's peak memory; once a prompt, nothing
+                // to do on later steps).
+                cpu.release_prompt_scratch();
+            }
             let owned;
             let ids = match ids {
                 Some(ids) => ids,

@@ -211,3 +211,43 @@ fn out_of_vocabulary_ids_are_refused() {
     assert!(dec.feed(&[]).is_err());
     assert_eq!(dec.position(), 0);
 }
+
+/// Handing the prompt blocks' scratch back between a prompt and its decode steps (what `mlx
+/// generate` does before its first step, issue #31's peak memory) changes no bit: a decoder
+/// that releases it after every call gives the logits of one that never does, through a
+/// prompt of more than one block, decode steps, and a second multi-token feed that makes the
+/// scratch again (tier L2: the same kernels on the same inputs, compared exactly).
+#[test]
+fn releasing_the_prompt_scratch_changes_no_bit() {
+    let name = COVERED[0];
+    let model = load(name);
+    let ids = prompt(model.vocab_size(), BLOCK + 13);
+    let (a, b) = (BLOCK + 5, BLOCK + 8);
+    let mut kept = CpuDecoder::new(model.as_ref(), 2, 4).unwrap();
+    let mut released = CpuDecoder::new(model.as_ref(), 2, 4).unwrap();
+    let run = |dec: &mut CpuDecoder<'_>, release: bool| -> Vec<Vec<f32>> {
+        let mut out = vec![dec.feed(&ids[..a]).unwrap().to_vec()];
+        for &t in &ids[a..b] {
+            if release {
+                dec.release_prompt_scratch();
+            }
+            out.push(dec.feed(&[t]).unwrap().to_vec());
+        }
+        out.push(dec.feed(&ids[b..]).unwrap().to_vec());
+        if release {
+            dec.release_prompt_scratch();
+        }
+        out.push(dec.feed(&ids[..1]).unwrap().to_vec());
+        out
+    };
+    let want = run(&mut kept, false);
+    let got = run(&mut released, true);
+    assert_eq!(want.len(), got.len());
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert!(
+            w.iter().zip(g).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name}: call {i} differs"
+        );
+    }
+    assert_eq!(kept.position(), released.position());
+}

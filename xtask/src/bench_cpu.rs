@@ -12,7 +12,8 @@
 //! (mlx-lm's `stream_generate` definitions), and its generated count is checked (a reply that
 //! stopped early is marked). Each round first measures the copy bandwidth (the decode roofline
 //! is that over the model's bytes: every weight read once a token). Each side's peak resident
-//! memory is its process's `VmHWM` (polled from `/proc/PID/status` while it runs), compared
+//! memory is its process's `VmHWM` (polled from `/proc/PID/status` while it runs, and for ours
+//! the larger of that and `mlx generate --json`'s own `process_peak_rss_bytes`), compared
 //! with the model's bytes plus the CPU decoder's float16 KV cache at P + G positions (layers,
 //! KV heads and head size from `mlx info --json`, the model's own descriptor). Each round also
 //! measures the process's own baseline: the same `mlx generate` on the tiny checked-in
@@ -212,6 +213,15 @@ pub(crate) fn vm_hwm_bytes(status: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The larger of two peak readings, either of which may be missing. A polled reading alone can
+/// miss a short run (the tiny baseline ends in ~30 ms; session 28's idle bench read one as 0.0
+/// MB, halving its baseline's median), so `mlx generate --json`'s own `process_peak_rss_bytes`
+/// (its `VmHWM` as it ends) is taken with it where the binary reports one. A reading of 0 is
+/// none: the first poll can come before the child's own memory is counted.
+pub(crate) fn max_peak(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    [a, b].into_iter().flatten().filter(|&p| p > 0).max()
+}
+
 /// Runs `cmd` to its end: its stdout and its peak resident memory (`VmHWM`, polled every 10 ms
 /// while it runs; `None` where `/proc` has none). Stderr passes through.
 fn run_peak(mut cmd: Command, what: &str) -> Result<(String, Option<u64>), String> {
@@ -232,6 +242,7 @@ fn run_peak(mut cmd: Command, what: &str) -> Result<(String, Option<u64>), Strin
             .ok()
             .as_deref()
             .and_then(vm_hwm_bytes)
+            .filter(|&b| b > 0)
         {
             peak = Some(peak.unwrap_or(0).max(b));
         }
@@ -282,7 +293,8 @@ pub(crate) fn parse_generate(v: &Value) -> Result<Sample, String> {
     Ok(Sample {
         prefill: f("prompt_tps")?,
         decode: f("generation_tps")?,
-        peak: None,
+        // The process's own `VmHWM` as it ends (newer `mlx`; absent in older binaries).
+        peak: v["process_peak_rss_bytes"].as_u64(),
         generated: v["generation_tokens"].as_u64(),
         decoder: v["decoder"].as_str().map(str::to_string),
     })
@@ -538,8 +550,8 @@ impl Ctx<'_> {
             c.args(["--decoder", "mlx"]);
         }
         let (out, peak) = run_peak(c, "mlx generate (process baseline)")?;
-        last_json(&out, "mlx generate (process baseline)")?;
-        Ok(peak)
+        let s = parse_generate(&last_json(&out, "mlx generate (process baseline)")?)?;
+        Ok(max_peak(s.peak, peak))
     }
 
     /// One side once.
@@ -565,7 +577,7 @@ impl Ctx<'_> {
                 }
                 let (out, peak) = run_peak(c, "mlx generate")?;
                 let mut s = parse_generate(&last_json(&out, "mlx generate")?)?;
-                s.peak = peak;
+                s.peak = max_peak(s.peak, peak);
                 Ok(s)
             }
             2 => {
@@ -1068,6 +1080,9 @@ mod tests {
         let status = "Name:\tmlx\nVmPeak:\t  900 kB\nVmHWM:\t  218292 kB\nVmRSS:\t 1 kB\n";
         assert_eq!(vm_hwm_bytes(status), Some(218_292 * 1024));
         assert_eq!(vm_hwm_bytes("Name: x\n"), None);
+        assert_eq!(max_peak(Some(0), None), None);
+        assert_eq!(max_peak(Some(0), Some(7)), Some(7));
+        assert_eq!(max_peak(Some(9), Some(7)), Some(9));
 
         let v: Value = serde_json::from_str(
             r#"{"prompt_ids":[1],"prompt_tps":85.5,"generation_tokens":8,
@@ -1077,6 +1092,10 @@ mod tests {
         let s = parse_generate(&v).unwrap();
         assert_eq!((s.prefill, s.decode, s.generated), (85.5, 96.0, Some(8)));
         assert_eq!(s.decoder.as_deref(), Some("cpu"));
+        assert_eq!(s.peak, None);
+        let v = serde_json::json!({"prompt_tps": 1.0, "generation_tps": 2.0,
+            "process_peak_rss_bytes": 21_000_000u64});
+        assert_eq!(parse_generate(&v).unwrap().peak, Some(21_000_000));
         assert!(parse_generate(&serde_json::json!({"prompt_tps": 1.0}))
             .unwrap_err()
             .contains("generation_tps"));
