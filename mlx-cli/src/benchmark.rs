@@ -77,7 +77,7 @@ pub fn run(a: &BenchmarkArgs) -> Result<(), String> {
     let mut m = crate::model::load(&a.model)?;
     // mlx_lm.benchmark seeds 0 before loading; the prompts are drawn after the model's
     // construction advanced the key.
-    m.seed(0)?;
+    m.seed(0).map_err(|e| e.to_string())?;
     // Empty to avoid early stopping.
     m.tokenizer.set_eos_token_ids([]);
     let vocab = m.model.vocab_size();

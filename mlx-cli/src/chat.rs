@@ -88,7 +88,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
     let spec = a.spec.load(&m, &a.model.dtype)?;
     match &spec {
         Some(sp) => sp.seed(&m, a.seed)?,
-        None => m.seed(a.seed)?,
+        None => m.seed(a.seed).map_err(|e| e.to_string())?,
     }
     let grammar = crate::generate::json_schema_grammar(a.json_schema.as_deref(), &m)?;
     let mut special: Vec<i32> = m

@@ -452,9 +452,9 @@ impl SpecSource {
     /// `--seed` as mlx-lm applies it with a draft model: seeded before both models are built,
     /// so the key is advanced by the target's draws and then the draft's.
     pub fn seed(&self, target: &crate::model::Loaded, seed: u64) -> Result<(), String> {
-        let mut draws = target.draws.clone()?;
+        let mut draws = target.draws;
         if let SpecSource::Draft(d) = self {
-            draws += d.draws.clone()?;
+            draws += d.draws;
         }
         mlx_engine::seed::seed_as_mlx_lm(seed, draws).map_err(|e| e.to_string())
     }

@@ -323,7 +323,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     if let Some(s) = a.seed {
         match &spec {
             Some(sp) => sp.seed(&m, s)?,
-            None => m.seed(s)?,
+            None => m.seed(s).map_err(|e| e.to_string())?,
         }
     }
     let grammar = json_schema_grammar(a.json_schema.as_deref(), &m)?;

@@ -6,7 +6,7 @@ use mlx_sys as sys;
 
 use crate::dtype::{Dtype, Element};
 use crate::error::{Error, Result};
-use crate::ffi::{self, array_out, check, VecHandle};
+use crate::ffi::{self, check};
 
 /// An MLX array. Lazy: ops build a graph, [`Array::eval`] (or reading data) computes it.
 ///
@@ -351,46 +351,72 @@ pub(crate) fn shape_numel(op: &'static str, shape: &[i32]) -> Result<usize> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ops;
+/// Calls a shim function that writes one array handle, and takes ownership of it.
+pub(crate) fn array_out(
+    op: &'static str,
+    f: impl FnOnce(*mut sys::mlxs_array) -> std::os::raw::c_int,
+) -> Result<Array> {
+    let mut out: sys::mlxs_array = std::ptr::null_mut();
+    check(op, f(&mut out))?;
+    // SAFETY: on success the shim wrote a fresh, owned, non-null handle.
+    unsafe { Array::from_raw(op, out) }
+}
 
-    /// `to_vec` copies a contiguous array straight from its buffer and makes strided views
-    /// contiguous first: both read row-major.
-    #[test]
-    fn to_vec_reads_views_row_major() -> Result<()> {
-        let a = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3])?;
-        let t = ops::transpose(&a, &[1, 0], None)?;
-        assert_eq!(t.to_vec::<f32>()?, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
-        let row = ops::slice_axis(&a, 0, 1, 2, None)?;
-        assert_eq!(row.to_vec::<f32>()?, vec![3.0, 4.0, 5.0]);
-        let col = ops::slice_axis(&a, 1, 1, 2, None)?;
-        assert_eq!(col.to_vec::<f32>()?, vec![1.0, 4.0]);
-        let b = ops::broadcast_to(&Array::from_slice(&[7.0f32], &[1])?, &[3], None)?;
-        assert_eq!(b.to_vec::<f32>()?, vec![7.0; 3]);
-        let h = a.astype(Dtype::Bfloat16)?;
-        assert_eq!(h.to_vec_f32()?, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
-        Ok(())
+/// An owned `mlxs_vec`, freed on drop.
+pub(crate) struct VecHandle(pub(crate) sys::mlxs_vec);
+
+impl VecHandle {
+    pub(crate) fn new() -> Self {
+        // SAFETY: mlxs_vec_new has no preconditions and returns an owned handle.
+        VecHandle(unsafe { sys::mlxs_vec_new() })
     }
 
-    /// `as_slice` borrows an evaluated row-contiguous array's own buffer (a row slice too) and
-    /// refuses a wrong dtype, a transposed view and a broadcast.
-    #[test]
-    fn as_slice_borrows_contiguous_and_refuses_views() -> Result<()> {
-        let a = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3])?;
-        let s = a.as_slice::<f32>()?;
-        assert_eq!(s, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
-        assert_eq!(a.as_slice::<f32>()?.as_ptr(), s.as_ptr(), "no copy");
-        let row = ops::slice_axis(&a, 0, 1, 2, None)?;
-        assert_eq!(row.as_slice::<f32>()?, &[3.0, 4.0, 5.0]);
-        assert!(a.as_slice::<i32>().is_err());
-        let t = ops::transpose(&a, &[1, 0], None)?;
-        assert!(t.as_slice::<f32>().is_err());
-        let b = ops::broadcast_to(&Array::from_slice(&[7.0f32], &[1])?, &[3], None)?;
-        assert!(b.as_slice::<f32>().is_err());
-        let lazy = (&a * 2.0f32)?;
-        assert_eq!(lazy.as_slice::<f32>()?, &[0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
-        Ok(())
+    pub(crate) fn from_arrays<'a>(
+        op: &'static str,
+        arrays: impl IntoIterator<Item = &'a Array>,
+    ) -> Result<Self> {
+        let v = Self::new();
+        for a in arrays {
+            // SAFETY: both handles are live.
+            check(op, unsafe { sys::mlxs_vec_push(v.0, a.as_raw()) })?;
+        }
+        Ok(v)
+    }
+
+    /// The arrays held, as new owned handles (the vector keeps its own).
+    pub(crate) fn to_arrays(&self, op: &'static str) -> Result<Vec<Array>> {
+        // SAFETY: live vector handle.
+        let n = unsafe { sys::mlxs_vec_size(self.0) };
+        (0..n)
+            .map(|i| {
+                // SAFETY: live vector handle; i < size; the shim writes an owned handle.
+                array_out(op, |o| unsafe { sys::mlxs_vec_get(o, self.0, i) })
+            })
+            .collect()
+    }
+}
+
+/// Calls a shim function that writes one vector handle (a multi-output op), and returns its
+/// arrays.
+pub(crate) fn vec_out(
+    op: &'static str,
+    f: impl FnOnce(*mut sys::mlxs_vec) -> std::os::raw::c_int,
+) -> Result<Vec<Array>> {
+    let mut out: sys::mlxs_vec = std::ptr::null_mut();
+    check(op, f(&mut out))?;
+    if out.is_null() {
+        return Err(Error::Mlx {
+            op,
+            message: "the shim returned a null vector".into(),
+        });
+    }
+    // On success the shim wrote a fresh, owned handle; VecHandle frees it.
+    VecHandle(out).to_arrays(op)
+}
+
+impl Drop for VecHandle {
+    fn drop(&mut self) {
+        // SAFETY: we own the handle.
+        unsafe { sys::mlxs_vec_free(self.0) }
     }
 }

@@ -33,9 +33,9 @@ use std::thread::ThreadId;
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{Array, VecHandle};
 use crate::error::{Error, Result};
-use crate::ffi::{self, check, VecHandle};
+use crate::ffi::{self, check};
 
 /// Why a callback failed: the closure panicked, or returned `Err`.
 enum Failure {
@@ -97,7 +97,7 @@ pub(crate) unsafe fn read_vec(op: &'static str, v: sys::mlxs_vec) -> Result<Vec<
     (0..n)
         .map(|i| {
             // SAFETY: v is live and i < n.
-            ffi::array_out(op, |o| unsafe { sys::mlxs_vec_get(o, v, i) })
+            crate::array::array_out(op, |o| unsafe { sys::mlxs_vec_get(o, v, i) })
         })
         .collect()
 }

@@ -15,11 +15,11 @@ use std::ffi::CString;
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{array_out, Array};
 use crate::device::{raw, Stream};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::ffi::{array_out, check, value_out};
+use crate::ffi::{check, value_out};
 
 /// Which of MLX's backends [`init`] uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,11 +7,10 @@
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{array_out, Array};
 use crate::device::{raw, Stream};
 use crate::dtype::Dtype;
 use crate::error::Result;
-use crate::ffi::array_out;
 
 fn opt_raw(a: Option<&Array>) -> sys::mlxs_array {
     a.map_or(std::ptr::null_mut(), Array::as_raw)
@@ -172,7 +171,7 @@ pub fn gated_delta_update(
 ) -> Result<(Array, Array)> {
     let op = "gated_delta_update";
     // SAFETY: live handles (initial_state and mask may be null); owned vector out.
-    let mut out = crate::ffi::vec_out(op, |o| unsafe {
+    let mut out = crate::array::vec_out(op, |o| unsafe {
         sys::mlxs_fast_gated_delta_update(
             o,
             q.as_raw(),

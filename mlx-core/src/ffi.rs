@@ -1,10 +1,11 @@
-//! The one chokepoint for calls into `mlx-sys`: status checks, out-handles, error messages.
+//! The one chokepoint for calls into `mlx-sys`: status checks, plain out-values, strings,
+//! error messages. The array and array-vector out-handles (`array_out`, `vec_out`,
+//! `VecHandle`) are `crate::array`'s, beside `Array::from_raw`.
 
 use std::ffi::CStr;
 
 use mlx_sys as sys;
 
-use crate::array::Array;
 use crate::error::{Error, Result};
 
 /// MLX's message for the last failure on this thread.
@@ -28,17 +29,6 @@ pub(crate) fn check(op: &'static str, status: std::os::raw::c_int) -> Result<()>
     }
 }
 
-/// Calls a shim function that writes one array handle, and takes ownership of it.
-pub(crate) fn array_out(
-    op: &'static str,
-    f: impl FnOnce(*mut sys::mlxs_array) -> std::os::raw::c_int,
-) -> Result<Array> {
-    let mut out: sys::mlxs_array = std::ptr::null_mut();
-    check(op, f(&mut out))?;
-    // SAFETY: on success the shim wrote a fresh, owned, non-null handle.
-    unsafe { Array::from_raw(op, out) }
-}
-
 /// Calls a shim function that writes one value of plain type.
 pub(crate) fn value_out<T: Default>(
     op: &'static str,
@@ -47,65 +37,6 @@ pub(crate) fn value_out<T: Default>(
     let mut out = T::default();
     check(op, f(&mut out))?;
     Ok(out)
-}
-
-/// An owned `mlxs_vec`, freed on drop.
-pub(crate) struct VecHandle(pub(crate) sys::mlxs_vec);
-
-impl VecHandle {
-    pub(crate) fn new() -> Self {
-        // SAFETY: mlxs_vec_new has no preconditions and returns an owned handle.
-        VecHandle(unsafe { sys::mlxs_vec_new() })
-    }
-
-    pub(crate) fn from_arrays<'a>(
-        op: &'static str,
-        arrays: impl IntoIterator<Item = &'a Array>,
-    ) -> Result<Self> {
-        let v = Self::new();
-        for a in arrays {
-            // SAFETY: both handles are live.
-            check(op, unsafe { sys::mlxs_vec_push(v.0, a.as_raw()) })?;
-        }
-        Ok(v)
-    }
-
-    /// The arrays held, as new owned handles (the vector keeps its own).
-    pub(crate) fn to_arrays(&self, op: &'static str) -> Result<Vec<Array>> {
-        // SAFETY: live vector handle.
-        let n = unsafe { sys::mlxs_vec_size(self.0) };
-        (0..n)
-            .map(|i| {
-                // SAFETY: live vector handle; i < size; the shim writes an owned handle.
-                array_out(op, |o| unsafe { sys::mlxs_vec_get(o, self.0, i) })
-            })
-            .collect()
-    }
-}
-
-/// Calls a shim function that writes one vector handle (a multi-output op), and returns its
-/// arrays.
-pub(crate) fn vec_out(
-    op: &'static str,
-    f: impl FnOnce(*mut sys::mlxs_vec) -> std::os::raw::c_int,
-) -> Result<Vec<Array>> {
-    let mut out: sys::mlxs_vec = std::ptr::null_mut();
-    check(op, f(&mut out))?;
-    if out.is_null() {
-        return Err(Error::Mlx {
-            op,
-            message: "the shim returned a null vector".into(),
-        });
-    }
-    // On success the shim wrote a fresh, owned handle; VecHandle frees it.
-    VecHandle(out).to_arrays(op)
-}
-
-impl Drop for VecHandle {
-    fn drop(&mut self) {
-        // SAFETY: we own the handle.
-        unsafe { sys::mlxs_vec_free(self.0) }
-    }
 }
 
 /// An owned `mlxs_string`, freed on drop.

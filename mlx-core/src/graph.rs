@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::array::Array;
+use crate::array::{Array, VecHandle};
 use crate::error::Result;
-use crate::ffi::{check, StringHandle, VecHandle};
+use crate::ffi::{check, StringHandle};
 
 fn graph_text<'a>(outputs: impl IntoIterator<Item = &'a Array>, dot: bool) -> Result<String> {
     let op = if dot { "export_to_dot" } else { "print_graph" };

@@ -7,11 +7,11 @@ use std::path::Path;
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{array_out, Array};
 use crate::device::{raw, Stream};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::ffi::{array_out, check, value_out};
+use crate::ffi::{check, value_out};
 
 /// Tensors by name, in sorted order.
 pub type ArrayMap = BTreeMap<String, Array>;

@@ -39,11 +39,11 @@ use std::ffi::CString;
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{Array, VecHandle};
 use crate::device::{raw, Stream};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::ffi::{check, VecHandle};
+use crate::ffi::check;
 
 /// The two kinds of source kernel MLX can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -36,6 +36,7 @@ pub mod memory;
 mod operators;
 pub mod ops;
 pub mod partial;
+pub mod prelude;
 pub mod quantized;
 pub mod random;
 mod scalar;
@@ -54,17 +55,4 @@ pub fn mlx_version() -> String {
     unsafe { std::ffi::CStr::from_ptr(mlx_sys::mlxs_version()) }
         .to_string_lossy()
         .into_owned()
-}
-
-/// What a model or training loop usually needs in scope.
-pub mod prelude {
-    pub use crate::compile::{compile, Compiled};
-    pub use crate::ops;
-    pub use crate::transforms::{
-        self, checkpoint, custom_vjp, grad, jvp, stop_gradient, value_and_grad,
-        value_and_grad_tree, vjp, Function, ParamMap,
-    };
-    pub use crate::{eval, Array, Device, Dtype, Error, Result, Scalar, Stream};
-    pub use crate::{fast, quantized, random};
-    pub use half::{bf16, f16};
 }

@@ -9,11 +9,11 @@ use std::ffi::CStr;
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{array_out, Array, VecHandle};
 use crate::device::{raw, Stream};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::ffi::{array_out, check, VecHandle};
+use crate::ffi::check;
 
 /// A quantization mode of MLX 0.32.4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -27,11 +27,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{array_out, Array};
 use crate::device::{raw, Stream};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::ffi::{array_out, check};
+use crate::ffi::check;
 use crate::scalar::Scalar;
 
 /// A number or an array: the `scalar | array` parameters of Python's samplers.

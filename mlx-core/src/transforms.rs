@@ -41,10 +41,9 @@ use std::collections::BTreeMap;
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{Array, VecHandle};
 use crate::closure::{self, check_cb, take_vec, ArrayFn, Closure, Scoped, VjpFn};
 use crate::error::{Error, Result};
-use crate::ffi::VecHandle;
 
 /// Runs a shim transform that writes two vectors.
 fn two_vecs(

@@ -198,3 +198,41 @@ fn clones_share_and_display_prints() {
     assert_eq!(b.to_string(), "array([1, 2, 3], dtype=int32)");
     assert_eq!(format!("{b:?}"), "Array(shape=[3], dtype=int32)");
 }
+
+/// `to_vec` copies a contiguous array straight from its buffer and makes strided views
+/// contiguous first: both read row-major.
+#[test]
+fn to_vec_reads_views_row_major() -> Result<()> {
+    let a = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3])?;
+    let t = ops::transpose(&a, &[1, 0], None)?;
+    assert_eq!(t.to_vec::<f32>()?, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    let row = ops::slice_axis(&a, 0, 1, 2, None)?;
+    assert_eq!(row.to_vec::<f32>()?, vec![3.0, 4.0, 5.0]);
+    let col = ops::slice_axis(&a, 1, 1, 2, None)?;
+    assert_eq!(col.to_vec::<f32>()?, vec![1.0, 4.0]);
+    let b = ops::broadcast_to(&Array::from_slice(&[7.0f32], &[1])?, &[3], None)?;
+    assert_eq!(b.to_vec::<f32>()?, vec![7.0; 3]);
+    let h = a.astype(Dtype::Bfloat16)?;
+    assert_eq!(h.to_vec_f32()?, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    Ok(())
+}
+
+/// `as_slice` borrows an evaluated row-contiguous array's own buffer (a row slice too) and
+/// refuses a wrong dtype, a transposed view and a broadcast.
+#[test]
+fn as_slice_borrows_contiguous_and_refuses_views() -> Result<()> {
+    let a = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3])?;
+    let s = a.as_slice::<f32>()?;
+    assert_eq!(s, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    assert_eq!(a.as_slice::<f32>()?.as_ptr(), s.as_ptr(), "no copy");
+    let row = ops::slice_axis(&a, 0, 1, 2, None)?;
+    assert_eq!(row.as_slice::<f32>()?, &[3.0, 4.0, 5.0]);
+    assert!(a.as_slice::<i32>().is_err());
+    let t = ops::transpose(&a, &[1, 0], None)?;
+    assert!(t.as_slice::<f32>().is_err());
+    let b = ops::broadcast_to(&Array::from_slice(&[7.0f32], &[1])?, &[3], None)?;
+    assert!(b.as_slice::<f32>().is_err());
+    let lazy = (&a * 2.0f32)?;
+    assert_eq!(lazy.as_slice::<f32>()?, &[0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+    Ok(())
+}

@@ -17,7 +17,28 @@ use mlx_core::prelude::*;
 
 use crate::cpu_decode::CpuDecoder;
 use crate::error::{EngineError, Result};
-use crate::speculative::SpecStats;
+
+/// Acceptance statistics of a speculative generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Verification passes of the target.
+    pub rounds: usize,
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+}
+
+impl SpecStats {
+    /// Accepted over proposed (0 when nothing was proposed).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+}
 
 /// The first index of the largest value (MLX's `argmax`).
 fn argmax(l: &[f32]) -> u32 {

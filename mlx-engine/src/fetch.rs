@@ -148,7 +148,7 @@ fn index_url() -> String {
 }
 
 fn agent() -> ureq::Agent {
-    crate::hub::agent_builder().build()
+    agent_builder().build()
 }
 
 fn index_error(url: &str, e: ureq::Error) -> FetchError {
@@ -161,7 +161,7 @@ fn index_error(url: &str, e: ureq::Error) -> FetchError {
             };
             format!("HTTP {code} {}{hint}", r.status_text())
         }
-        ureq::Error::Transport(t) => crate::hub::transport_message(&t),
+        ureq::Error::Transport(t) => transport_message(&t),
     };
     FetchError::Index {
         url: url.to_string(),
@@ -857,6 +857,24 @@ pub fn gemma3_270m_gguf() -> Result<PathBuf, FetchError> {
         GEMMA3_270M_SHA256,
         &default_cache_dir(),
     )
+}
+
+/// The HTTP client settings of every download here: connect and read timeouts (a stalled
+/// server is an error, never a hang) and our user agent.
+pub(crate) fn agent_builder() -> ureq::AgentBuilder {
+    ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(30))
+        .timeout_read(Duration::from_secs(60))
+        .user_agent(concat!("mlx-rust/", env!("CARGO_PKG_VERSION")))
+}
+
+/// A transport failure (no connection, TLS, a broken read) as one line, without the URL
+/// (the caller's error names it once).
+pub(crate) fn transport_message(t: &ureq::Transport) -> String {
+    match t.message() {
+        Some(m) => format!("{}: {m}", t.kind()),
+        None => t.kind().to_string(),
+    }
 }
 
 #[cfg(test)]

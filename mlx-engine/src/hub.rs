@@ -14,11 +14,10 @@
 use std::fmt;
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
-use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::fetch::FetchProgress;
+use crate::fetch::{agent_builder, transport_message, FetchProgress};
 
 /// The files a load needs, as mlx-lm's `DEFAULT_ALLOW_PATTERNS` (without `*.py`).
 pub const ALLOW_PATTERNS: &[&str] = &[
@@ -300,24 +299,6 @@ pub fn cached_snapshot(cache: &Path, repo: &RepoRef) -> Option<PathBuf> {
     let commit = cached_commit(&repo_dir, &repo.revision)?;
     let snap = repo_dir.join("snapshots").join(commit);
     snapshot_complete(&snap).then_some(snap)
-}
-
-/// The HTTP client settings of every download here: connect and read timeouts (a stalled
-/// server is an error, never a hang) and our user agent.
-pub(crate) fn agent_builder() -> ureq::AgentBuilder {
-    ureq::AgentBuilder::new()
-        .timeout_connect(Duration::from_secs(30))
-        .timeout_read(Duration::from_secs(60))
-        .user_agent(concat!("mlx-rust/", env!("CARGO_PKG_VERSION")))
-}
-
-/// A transport failure (no connection, TLS, a broken read) as one line, without the URL
-/// (the caller's error names it once).
-pub(crate) fn transport_message(t: &ureq::Transport) -> String {
-    match t.message() {
-        Some(m) => format!("{}: {m}", t.kind()),
-        None => t.kind().to_string(),
-    }
 }
 
 /// A path inside a repository that stays inside it: relative, no `..`, no root.

@@ -268,9 +268,8 @@ pub struct Loaded {
     pub config: ModelConfig,
     /// The compute dtype, as a name (`float32`, or `stored` when weights keep their dtypes).
     pub dtype_name: String,
-    /// How many times building this model in mlx-lm splits the global random key (an error
-    /// when that is not known for the architecture).
-    pub draws: std::result::Result<usize, String>,
+    /// How many times building this model in mlx-lm splits the global random key.
+    pub draws: usize,
     /// The applied adapters, when `--adapter-path` gave some.
     pub adapters: Option<AppliedAdapters>,
     /// The model's own context length, when its config declares one ([`context_length`]).
@@ -280,9 +279,8 @@ pub struct Loaded {
 impl Loaded {
     /// `--seed` as mlx-lm applies it: seeded before loading, so sampling starts from the key
     /// advanced by the model's construction.
-    pub fn seed(&self, seed: u64) -> std::result::Result<(), String> {
-        let draws = self.draws.clone()?;
-        seed_as_mlx_lm(seed, draws).map_err(|e| e.to_string())
+    pub fn seed(&self, seed: u64) -> crate::error::Result<()> {
+        seed_as_mlx_lm(seed, self.draws)
     }
 }
 
@@ -328,7 +326,7 @@ pub fn load_mtp(
         };
         // mlx-lm builds the adapter layers after the model, drawing from the global key too.
         let extra = adapter_draws(applied.names.iter().map(String::as_str));
-        m.draws = m.draws.map(|d| d + extra);
+        m.draws += extra;
         m.adapters = Some(applied);
     }
     Ok(m)
@@ -369,7 +367,7 @@ fn load_path(
                 .iter()
                 .map(|(k, b)| (k.clone(), vec![b.rows, b.cols])),
         );
-        let draws = construction_draws(&g.config, &all).map_err(|e| e.to_string());
+        let draws = construction_draws(&g.config, &all);
         let tok_err = |source| LoadError::Tokenizer {
             path: path.to_path_buf(),
             source,
@@ -402,7 +400,7 @@ fn load_path(
         let (model, config, params) =
             mlx_models::load::load_model_dir_as(path, &opts, mtp, blocks)?;
         // Counted over the parameters the model took (its module tree, after `sanitize`).
-        let draws = construction_draws(&config, &params).map_err(|e| e.to_string());
+        let draws = construction_draws(&config, &params);
         let tokenizer = tokenizer.map_err(|source| LoadError::Tokenizer {
             path: path.to_path_buf(),
             source,

@@ -20,6 +20,7 @@ use mlx_cache::{trim_prompt_cache, ArraysCache, Cache, CacheList};
 use mlx_core::memory;
 use mlx_core::prelude::*;
 
+pub use crate::cpu_spec::SpecStats;
 use crate::error::{EngineError, Result};
 use crate::generate::{
     check_request, maybe_quantize_kv_cache, next_item, on_generation_stream, step_iterator,
@@ -193,28 +194,6 @@ pub fn check_draft_tokenizer(target: &Tokenizer, draft: &Tokenizer) -> Result<()
         });
     }
     Ok(())
-}
-
-/// Acceptance statistics of a speculative generation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SpecStats {
-    /// Verification passes of the target.
-    pub rounds: usize,
-    /// Draft tokens proposed.
-    pub drafted: usize,
-    /// Draft tokens accepted.
-    pub accepted: usize,
-}
-
-impl SpecStats {
-    /// Accepted over proposed (0 when nothing was proposed).
-    pub fn acceptance(&self) -> f64 {
-        if self.drafted == 0 {
-            0.0
-        } else {
-            self.accepted as f64 / self.drafted as f64
-        }
-    }
 }
 
 /// Whether a caller's cache can be rolled back by speculative decoding: trimmable now, or a

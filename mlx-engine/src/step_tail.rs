@@ -10,9 +10,26 @@
 use mlx_core::prelude::*;
 
 use crate::error::Result;
-use crate::stream::FinishReason;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer_stream::StreamingDetokenizer;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
 
 /// How a row's text is split into chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,27 +16,10 @@ use crate::generate::{generate_step, generate_step_cpu, GenerateOptions, Generat
 use crate::speculative::{
     speculative_generate_step, CachePair, Drafter, SpecStats, SpeculativeStep,
 };
+pub use crate::step_tail::FinishReason;
 use crate::step_tail::{token_logprobs, Chunking, StepTail, Tail};
 use crate::tokenizer::Tokenizer;
 use mlx_models::LanguageModel;
-
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An EOS token or a stop string.
-    Stop,
-    /// `max_tokens` reached.
-    Length,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
-}
 
 /// Options of [`stream_generate`].
 #[derive(Clone, Debug, Default)]

@@ -17,7 +17,7 @@ use mlx_core::ops;
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
-use crate::layers::{Linear, LinearAdapter, QuantizedWeight, SwitchLinear};
+use crate::layers::{Linear, LinearAdapter, Mlp, MlpNames, QuantizedWeight, SwitchLinear};
 
 /// The r-th of `n` equal parts of `w` along `axis`, made contiguous (mlx-lm's `_shard`).
 fn part(w: &Array, n: i32, r: i32, axis: i32, what: &str) -> Result<Array> {
@@ -275,6 +275,23 @@ impl LinearAdapter for ShardedToAll {
 pub fn sharded_to_all_inplace(l: &mut Linear, n: i32, r: i32, what: &str) -> Result<()> {
     let (base, bias) = split_weight(l, &[], n, r, -1, what)?;
     *l = with_bias(base, bias);
+    Ok(())
+}
+
+/// mlx-lm's `shard()` of an MLP (the ports' dense MLPs and shared experts): gate and up (a
+/// plain MLP's up) all-to-sharded, down sharded-to-all; with `in_place`, down is sharded in
+/// place without the sum over ranks, which the enclosing MoE block does (`shard_inplace`).
+/// `path` is the MLP's module path, for messages.
+pub fn shard_mlp(m: &mut Mlp, n: i32, r: i32, path: &str, in_place: bool) -> Result<()> {
+    let names = MlpNames::LLAMA;
+    for (name, lin) in m.linears_mut(&names) {
+        let what = format!("{path}.{name}");
+        match (name == names.down, in_place) {
+            (true, true) => sharded_to_all_inplace(lin, n, r, &what)?,
+            (true, false) => sharded_to_all(lin, n, r, &what)?,
+            (false, _) => all_to_sharded(lin, n, r, &what)?,
+        }
+    }
     Ok(())
 }
 

@@ -24,7 +24,9 @@ use serde_json::{Map, Value as Json};
 use minijinja::value::{Kwargs, Rest, Serde, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State, Value};
 
-use crate::tokenizer::{Result, TokenizerError};
+use crate::error::{Result, TokenizerError};
+/// The render's size and depth bounds, kept beside the checks that apply them.
+pub use crate::template_bounds::{MAX_RENDERED_TEXT, MAX_VALUE_DEPTH};
 
 /// The chat template(s) a tokenizer config holds: one template, or named templates
 /// (`[{"name": "default", "template": ...}, {"name": "tool_use", ...}]`).
@@ -165,15 +167,10 @@ pub const TEMPLATE_FUEL_PER_BYTE: u64 = 1;
 /// the render: 4, the price minijinja puts on its own serialization (16 of the 64 sub-units of a
 /// fuel per byte), as serializing is far slower than copying text.
 pub const SERIALIZED_BYTES_PER_FUEL: u64 = 4;
-/// The longest text one render may produce: 32 MiB, about eight million tokens, eight times the
-/// longest context of any model this project runs (rendered text is tokenized and fed to the
-/// model, so more can only fail later, after more work).
-pub const MAX_RENDERED_TEXT: usize = 32 << 20;
 /// The longest Python `str()` of one value a template may print, whatever fuel is left (a
 /// render with a large budget could otherwise print hundreds of megabytes at once).
 pub const MAX_PRINTED_VALUE: usize = 4 << 20;
-/// How deeply a printed or `tojson` value may nest (a namespace can contain itself).
-pub const MAX_VALUE_DEPTH: usize = 128;
+
 /// The largest `tojson` indent (Python accepts any; a huge one only exhausts memory).
 pub const MAX_TOJSON_INDENT: usize = 256;
 /// The most text one `tojson` call may produce.

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chat_template;
+mod error;
 pub mod hf_save;
 mod template_bounds;
 pub mod tokenizer;
@@ -20,6 +21,7 @@ pub mod tokenizer_testdata;
 pub mod tokenizer_trie;
 
 pub use chat_template::{ChatTemplate, ChatTemplateOptions, ChatTemplates};
-pub use tokenizer::{Tokenizer, TokenizerError};
+pub use error::TokenizerError;
+pub use tokenizer::Tokenizer;
 pub use tokenizer_gguf::GgufTokenizerData;
 pub use tokenizer_stream::{DetokenizerKind, StreamingDetokenizer};

@@ -30,7 +30,12 @@ use minijinja::machinery::Span;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Error, ErrorKind, State, Value};
 
-use crate::chat_template::{MAX_RENDERED_TEXT, MAX_VALUE_DEPTH};
+/// The longest text one render may produce: 32 MiB, about eight million tokens, eight times the
+/// longest context of any model this project runs (rendered text is tokenized and fed to the
+/// model, so more can only fail later, after more work).
+pub const MAX_RENDERED_TEXT: usize = 32 << 20;
+/// How deeply a printed or `tojson` value may nest (a namespace can contain itself).
+pub const MAX_VALUE_DEPTH: usize = 128;
 
 /// Filters that never print or compare their input as a whole (they count it, pass it on, walk
 /// it item by item under minijinja's fuel, or are this crate's own bounded versions).

@@ -31,30 +31,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::AddedToken;
 
 use crate::chat_template::{ChatTemplate, ChatTemplateOptions, ChatTemplates};
-use crate::tokenizer_stream::{DetokenizerKind, StreamingDetokenizer};
-
-/// Errors from loading or using a tokenizer or chat template.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenizerError {
-    /// Reading a file or running a helper program failed.
-    #[error("tokenizer I/O: {0}")]
-    Io(String),
-    /// A configuration file is malformed or inconsistent.
-    #[error("tokenizer config: {0}")]
-    Config(String),
-    /// The `tokenizers` backend reported an error.
-    #[error("tokenizers: {0}")]
-    Backend(String),
-    /// A chat template failed to compile or render (including `raise_exception`).
-    #[error("chat template: {0}")]
-    Template(String),
-    /// An argument is invalid (unknown name, unsupported option, ...).
-    #[error("{0}")]
-    Invalid(String),
-}
-
-/// Result alias for this module.
-pub type Result<T> = std::result::Result<T, TokenizerError>;
+pub use crate::error::{Result, TokenizerError};
 
 pub(crate) fn backend_err(e: impl std::fmt::Display) -> TokenizerError {
     TokenizerError::Backend(e.to_string())
@@ -68,6 +45,60 @@ pub(crate) fn backend<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
             "{what}: the tokenizers crate failed (it panicked); the tokenizer files are malformed"
         ))
     })
+}
+
+/// Which of mlx-lm's detokenizers to use, chosen from the `tokenizer.json` decoder as mlx-lm's
+/// `tokenizer_utils.load` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DetokenizerKind {
+    /// Re-decodes the current line on every token (any tokenizer).
+    Naive,
+    /// SentencePiece-style `▁` and `<0xNN>` byte tokens; `trim_space` drops the first leading space.
+    Spm {
+        /// Whether the first leading space is dropped (decoder ends with `Strip(" ", 1, 0)`).
+        trim_space: bool,
+    },
+    /// GPT-2 byte-level BPE.
+    Bpe,
+}
+
+impl DetokenizerKind {
+    /// The kind for a decoder (mlx-lm's `_is_spm_decoder`, `_is_spm_decoder_no_space`,
+    /// `_is_bpe_decoder`).
+    pub fn for_decoder(decoder: Option<&tokenizers::DecoderWrapper>) -> Self {
+        let Some(decoder) = decoder else {
+            return Self::Naive;
+        };
+        let Ok(json) = serde_json::to_value(decoder) else {
+            return Self::Naive;
+        };
+        let spm = serde_json::json!({
+            "type": "Sequence",
+            "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+            ],
+        });
+        let spm_no_space = serde_json::json!({
+            "type": "Sequence",
+            "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+            ],
+        });
+        if json == spm {
+            Self::Spm { trim_space: true }
+        } else if json == spm_no_space {
+            Self::Spm { trim_space: false }
+        } else if json.get("type").and_then(|t| t.as_str()) == Some("ByteLevel") {
+            Self::Bpe
+        } else {
+            Self::Naive
+        }
+    }
 }
 
 /// The special-token attributes transformers names, in its order (`SPECIAL_TOKENS_ATTRIBUTES`).
@@ -764,11 +795,6 @@ impl Tokenizer {
     /// Which streaming detokenizer mlx-lm would pick for this tokenizer's decoder.
     pub fn detokenizer_kind(&self) -> DetokenizerKind {
         self.detokenizer_kind
-    }
-
-    /// A fresh streaming detokenizer (mlx-lm's `tokenizer.detokenizer`).
-    pub fn detokenizer(&self) -> StreamingDetokenizer {
-        StreamingDetokenizer::new(self)
     }
 
     /// `convert_ids_to_tokens(range(len(tokenizer)))`.

@@ -16,61 +16,9 @@
 
 use std::sync::Arc;
 
-use crate::tokenizer::{Result, TokenMap, Tokenizer};
-
-/// Which of mlx-lm's detokenizers to use, chosen from the `tokenizer.json` decoder as mlx-lm's
-/// `tokenizer_utils.load` does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DetokenizerKind {
-    /// Re-decodes the current line on every token (any tokenizer).
-    Naive,
-    /// SentencePiece-style `▁` and `<0xNN>` byte tokens; `trim_space` drops the first leading space.
-    Spm {
-        /// Whether the first leading space is dropped (decoder ends with `Strip(" ", 1, 0)`).
-        trim_space: bool,
-    },
-    /// GPT-2 byte-level BPE.
-    Bpe,
-}
-
-impl DetokenizerKind {
-    /// The kind for a decoder (mlx-lm's `_is_spm_decoder`, `_is_spm_decoder_no_space`,
-    /// `_is_bpe_decoder`).
-    pub fn for_decoder(decoder: Option<&tokenizers::DecoderWrapper>) -> Self {
-        let Some(decoder) = decoder else {
-            return Self::Naive;
-        };
-        let Ok(json) = serde_json::to_value(decoder) else {
-            return Self::Naive;
-        };
-        let spm = serde_json::json!({
-            "type": "Sequence",
-            "decoders": [
-                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                {"type": "ByteFallback"},
-                {"type": "Fuse"},
-                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
-            ],
-        });
-        let spm_no_space = serde_json::json!({
-            "type": "Sequence",
-            "decoders": [
-                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                {"type": "ByteFallback"},
-                {"type": "Fuse"},
-            ],
-        });
-        if json == spm {
-            Self::Spm { trim_space: true }
-        } else if json == spm_no_space {
-            Self::Spm { trim_space: false }
-        } else if json.get("type").and_then(|t| t.as_str()) == Some("ByteLevel") {
-            Self::Bpe
-        } else {
-            Self::Naive
-        }
-    }
-}
+use crate::error::Result;
+pub use crate::tokenizer::DetokenizerKind;
+use crate::tokenizer::{TokenMap, Tokenizer};
 
 /// GPT-2's byte-to-unicode map, inverted: `char -> byte` (mlx-lm `_byte_decoder`).
 pub fn byte_decoder(c: char) -> Option<u8> {
@@ -160,6 +108,13 @@ impl std::fmt::Debug for StreamingDetokenizer {
             .field("kind", &kind)
             .field("tokens", &self.tokens.len())
             .finish_non_exhaustive()
+    }
+}
+
+impl Tokenizer {
+    /// A fresh streaming detokenizer (mlx-lm's `tokenizer.detokenizer`).
+    pub fn detokenizer(&self) -> StreamingDetokenizer {
+        StreamingDetokenizer::new(self)
     }
 }
 

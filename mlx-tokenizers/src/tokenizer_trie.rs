@@ -26,7 +26,7 @@
 //! `cache_special_tokens`) are split out of the text first, the longest first, each at every
 //! occurrence left to right (`tokenizer_st_partition` with `parse_special`).
 
-use crate::tokenizer::{Result, TokenizerError};
+use crate::error::{Result, TokenizerError};
 
 /// llama.cpp's `llama_unescape_rwkv_token`: `\t`, `\n`, `\r`, `\xHH` (lower-case hex, as
 /// Python's `repr` writes it) and `\` before any other character (that character) decode; the

@@ -4,11 +4,10 @@
 use mlx_sys as sys;
 
 use super::{c_string, vec_of};
-use crate::array::Array;
+use crate::array::{array_out, vec_out, Array};
 use crate::device::{raw, Stream};
 use crate::dtype::Dtype;
 use crate::error::Result;
-use crate::ffi::{array_out, vec_out};
 use crate::scalar::Scalar;
 
 /// An array of zeros.

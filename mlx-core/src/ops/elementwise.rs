@@ -4,10 +4,9 @@
 use mlx_sys as sys;
 
 use super::opt_raw;
-use crate::array::Array;
+use crate::array::{array_out, Array};
 use crate::device::{raw, Stream};
 use crate::error::{Error, Result};
-use crate::ffi::array_out;
 use crate::scalar::Scalar;
 
 macro_rules! unary_ops {

@@ -15,10 +15,9 @@
 use mlx_sys as sys;
 
 use super::{same_len, vec_of};
-use crate::array::Array;
+use crate::array::{array_out, Array};
 use crate::device::{raw, Stream};
 use crate::error::{Error, Result};
-use crate::ffi::array_out;
 
 fn check_strides(op: &'static str, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<()> {
     same_len(

@@ -3,10 +3,9 @@
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{array_out, Array};
 use crate::device::{raw, Stream};
 use crate::error::Result;
-use crate::ffi::array_out;
 
 macro_rules! binary_ops {
     ($($name:ident => $sys:ident: $doc:literal;)*) => {$(

@@ -16,9 +16,8 @@
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{Array, VecHandle};
 use crate::error::{Error, Result};
-use crate::ffi::VecHandle;
 
 mod creation;
 mod elementwise;

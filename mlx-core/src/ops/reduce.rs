@@ -7,10 +7,9 @@
 
 use mlx_sys as sys;
 
-use crate::array::Array;
+use crate::array::{array_out, Array};
 use crate::device::{raw, Stream};
 use crate::error::Result;
-use crate::ffi::array_out;
 
 macro_rules! reduce_ops {
     ($($name:ident, $all:ident => $sys:ident, $sys_all:ident: $doc:literal;)*) => {$(

@@ -4,10 +4,9 @@
 use mlx_sys as sys;
 
 use super::{c_string, same_len, vec_of};
-use crate::array::Array;
+use crate::array::{array_out, vec_out, Array};
 use crate::device::{raw, Stream};
 use crate::error::{Error, Result};
-use crate::ffi::{array_out, vec_out};
 
 /// The same data with a new shape (one dimension may be -1).
 pub fn reshape(a: &Array, shape: &[i32], s: Option<&Stream>) -> Result<Array> {

@@ -1168,25 +1168,17 @@ fn load_moe(s: &DeepseekSpec, w: &mut Weights, path: &str, n_routed: i32) -> Res
 /// `shard()`'s MoE branch: the shared and routed experts sharded in place (gate, up
 /// all-to-sharded; down sharded-to-all), the sum over ranks done by the block.
 fn shard_moe(m: &mut SparseMoe, n: i32, r: i32, path: &str) -> Result<()> {
-    use crate::shard::{all_to_sharded, sharded_to_all_inplace, switch_inplace};
+    use crate::shard::switch_inplace;
     if let Some(shared) = &mut m.plain_shared {
-        let names = MlpNames::LLAMA;
-        let linears = shared.linears_mut(&names);
-        if linears.len() != 3 {
+        let sp = format!("{path}.shared_experts");
+        if shared.gate_up_down().is_none() {
             return Err(ModelError::Parallel {
                 kind: crate::Parallelism::Tensor,
-                what: format!("{path}.shared_experts"),
+                what: sp,
                 problem: "a fused gate/up projection cannot be sharded".into(),
             });
         }
-        for (name, lin) in linears {
-            let what = format!("{path}.shared_experts.{name}");
-            if name == names.down {
-                sharded_to_all_inplace(lin, n, r, &what)?;
-            } else {
-                all_to_sharded(lin, n, r, &what)?;
-            }
-        }
+        crate::shard::shard_mlp(shared, n, r, &sp, true)?;
     }
     let e = &mut m.switch_mlp;
     let what = |m: &str| format!("{path}.switch_mlp.{m}");
@@ -1888,7 +1880,6 @@ impl Model {
     /// llama's (gate, up all-to-sharded; down sharded-to-all), the MoE blocks' shared and
     /// routed experts sharded in place and their output summed over the global group.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
-        use crate::shard::{all_to_sharded, sharded_to_all};
         let t = self.spec.model_type.as_str();
         if !SHARDED.contains(&t) {
             return Err(ModelError::Parallel {
@@ -1920,23 +1911,15 @@ impl Model {
             }
             match &mut l.mlp {
                 Ffn::Dense(m) => {
-                    let names = MlpNames::LLAMA;
-                    let linears = m.linears_mut(&names);
-                    if linears.len() != 3 {
+                    let mp = format!("{path}.mlp");
+                    if m.gate_up_down().is_none() {
                         return Err(ModelError::Parallel {
                             kind: crate::Parallelism::Tensor,
-                            what: format!("{path}.mlp"),
+                            what: mp,
                             problem: "a fused gate/up projection cannot be sharded".into(),
                         });
                     }
-                    for (name, lin) in linears {
-                        let what = format!("{path}.mlp.{name}");
-                        if name == names.down {
-                            sharded_to_all(lin, size, rank, &what)?;
-                        } else {
-                            all_to_sharded(lin, size, rank, &what)?;
-                        }
-                    }
+                    crate::shard::shard_mlp(m, size, rank, &mp, false)?;
                 }
                 Ffn::Sparse(m) => shard_moe(m, size, rank, &format!("{path}.mlp"))?,
             }

@@ -10,8 +10,7 @@ use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    clip_residual, join, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpNames, Norm, NormKind,
-    Rope, Walk,
+    clip_residual, join, Embedding, LayerParam, Linear, LinearMut, Mlp, Norm, NormKind, Rope, Walk,
 };
 use crate::models::checkpoint::concat_cache;
 use crate::models::descriptor::{
@@ -595,23 +594,14 @@ impl Model {
             sharded_to_all(&mut a.o_proj, size, rank, &what("self_attn.o_proj"))?;
             a.n_heads /= size;
             a.n_kv_heads /= size;
-            let names = MlpNames::LLAMA;
-            let linears = l.mlp.linears_mut(&names);
-            if linears.len() != 3 {
+            if l.mlp.gate_up_down().is_none() {
                 return Err(ModelError::Parallel {
                     kind: crate::Parallelism::Tensor,
                     what: what("mlp").to_string(),
                     problem: "a fused gate/up projection cannot be sharded yet".into(),
                 });
             }
-            for (name, lin) in linears {
-                let w = what(&format!("mlp.{name}"));
-                if name == names.down {
-                    sharded_to_all(lin, size, rank, &w)?;
-                } else {
-                    all_to_sharded(lin, size, rank, &w)?;
-                }
-            }
+            crate::shard::shard_mlp(&mut l.mlp, size, rank, &what("mlp"), false)?;
         }
         Ok(())
     }

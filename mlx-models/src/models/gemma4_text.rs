@@ -13,12 +13,13 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    gelu_approx, join, scaled_dot_product_attention, Embedding, Linear, RmsNorm, Rope,
-    SwitchActivation, SwitchGlu, Walk, Walkable,
+    gelu_approx, join, Embedding, Linear, Norm, RmsNorm, Rope, SwitchActivation, SwitchGlu, Walk,
+    Walkable,
 };
 use crate::models::checkpoint::{checkpointed_many, concat_cache, LayerArrays};
+use crate::models::moe::QkNorm;
 use crate::models::moe_block::Router;
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -215,175 +216,76 @@ impl ModelArgs {
     }
 }
 
-#[derive(Clone)]
-struct Attention {
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    q_proj: Linear,
-    /// `None` on KV-shared layers.
-    k_proj: Option<Linear>,
-    /// `None` on shared layers and with `attention_k_eq_v` (values are the raw keys).
-    v_proj: Option<Linear>,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: Option<RmsNorm>,
-    eps: f32,
-    rope: Rope,
-}
-
-impl Attention {
-    fn load(a: &ModelArgs, w: &mut Weights, path: &str, i: usize) -> Result<Attention> {
-        let p = |n: &str| format!("{path}.{n}");
-        let is_sliding = a.layer_type(i) == "sliding_attention";
-        let has_kv = i < a.first_kv_shared();
-        let head_dim = if !is_sliding && a.global_head_dim > 0 {
-            a.global_head_dim
-        } else {
-            a.head_dim
-        };
-        let use_k_eq_v = a.attention_k_eq_v && !is_sliding;
-        let n_kv_heads = match (use_k_eq_v, a.num_global_key_value_heads) {
-            (true, Some(n)) => n,
-            _ => a.num_key_value_heads,
-        };
-        let (dim, h) = (a.hidden_size, a.num_attention_heads);
-        let eps = a.rms_norm_eps as f32;
-        let key = if is_sliding {
-            "sliding_attention"
-        } else {
-            "full_attention"
-        };
-        let params = a
-            .rope_parameters
-            .as_ref()
-            .and_then(|r| r.get(key))
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        let theta = params
-            .get("rope_theta")
-            .and_then(Value::as_f64)
-            .unwrap_or(10000.0);
-        Ok(Attention {
-            n_heads: h,
-            n_kv_heads,
-            head_dim,
-            q_proj: Linear::load(w, &p("q_proj"), dim, h * head_dim, false)?,
-            k_proj: if has_kv {
-                Some(Linear::load(
-                    w,
-                    &p("k_proj"),
-                    dim,
-                    n_kv_heads * head_dim,
-                    false,
-                )?)
-            } else {
-                None
-            },
-            v_proj: if has_kv && !use_k_eq_v {
-                Some(Linear::load(
-                    w,
-                    &p("v_proj"),
-                    dim,
-                    n_kv_heads * head_dim,
-                    false,
-                )?)
-            } else {
-                None
-            },
-            o_proj: Linear::load(w, &p("o_proj"), h * head_dim, dim, false)?,
-            q_norm: RmsNorm::load(w, &p("q_norm"), head_dim, eps)?,
-            k_norm: if has_kv {
-                Some(RmsNorm::load(w, &p("k_norm"), head_dim, eps)?)
-            } else {
-                None
-            },
-            eps,
-            rope: Rope::initialize(
-                head_dim,
-                theta,
-                a.rope_traditional,
-                Some(&params),
-                Some(a.max_position_embeddings),
-            )?,
-        })
+/// gemma4_text.py's `Attention` ([`kit::Attention`]): per-head q/k norms, weightless-normed
+/// values, scale 1, the rope of the layer's kind. A KV-shared layer (from
+/// `num_kv_shared_layers` on) has no `k_proj`, `v_proj` or `k_norm` and attends over an
+/// earlier layer's keys and values ([`kit::Attention::forward_reusing`]); an
+/// `attention_k_eq_v` full layer has no `v_proj` (its values are its keys' heads).
+fn attention(a: &ModelArgs, w: &mut Weights, path: &str, i: usize) -> Result<kit::Attention> {
+    let p = |n: &str| format!("{path}.{n}");
+    let is_sliding = a.layer_type(i) == "sliding_attention";
+    let has_kv = i < a.first_kv_shared();
+    let head_dim = if !is_sliding && a.global_head_dim > 0 {
+        a.global_head_dim
+    } else {
+        a.head_dim
+    };
+    let use_k_eq_v = a.attention_k_eq_v && !is_sliding;
+    let n_kv_heads = match (use_k_eq_v, a.num_global_key_value_heads) {
+        (true, Some(n)) => n,
+        _ => a.num_key_value_heads,
+    };
+    let (dim, h) = (a.hidden_size, a.num_attention_heads);
+    let eps = a.rms_norm_eps as f32;
+    let key = if is_sliding {
+        "sliding_attention"
+    } else {
+        "full_attention"
+    };
+    let params = a
+        .rope_parameters
+        .as_ref()
+        .and_then(|r| r.get(key))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let theta = params
+        .get("rope_theta")
+        .and_then(Value::as_f64)
+        .unwrap_or(10000.0);
+    let kv_width = n_kv_heads * head_dim;
+    let q_proj = Linear::load(w, &p("q_proj"), dim, h * head_dim, false)?;
+    let k_proj = match has_kv {
+        true => Some(Linear::load(w, &p("k_proj"), dim, kv_width, false)?),
+        false => None,
+    };
+    let v_proj = match has_kv && !use_k_eq_v {
+        true => Some(Linear::load(w, &p("v_proj"), dim, kv_width, false)?),
+        false => None,
+    };
+    let o_proj = Linear::load(w, &p("o_proj"), h * head_dim, dim, false)?;
+    let mut at = kit::Attention::from_parts(
+        q_proj,
+        (k_proj, v_proj),
+        o_proj,
+        (h, n_kv_heads, head_dim),
+        1.0,
+    );
+    at.qk_norm = QkNorm::PerHead;
+    at.q_norm = Some(Norm::Rms(RmsNorm::load(w, &p("q_norm"), head_dim, eps)?));
+    if has_kv {
+        at.k_norm = Some(Norm::Rms(RmsNorm::load(w, &p("k_norm"), head_dim, eps)?));
+        at.value_norm = Some(Norm::RmsNoWeight { eps });
     }
-
-    /// Returns the output, the keys and values attention used (for the layers sharing
-    /// them), and the offset the rope used.
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-        shared: Option<(&Kv, usize)>,
-    ) -> Result<(Array, Kv, usize)> {
-        let sh = x.shape();
-        let (b, l) = (sh[0], sh[1]);
-        let queries = ops::reshape(
-            &self.q_proj.forward(x)?,
-            &[b, l, self.n_heads, self.head_dim],
-            None,
-        )?;
-        let queries = self.q_norm.forward(&queries)?;
-        let (kv, offset, fresh) = match (shared, &self.k_proj, &self.k_norm) {
-            (Some((kv, offset)), _, _) => (kv.clone(), offset, None),
-            (None, Some(k_proj), Some(k_norm)) => {
-                let split =
-                    |y: Array| ops::reshape(&y, &[b, l, self.n_kv_heads, self.head_dim], None);
-                let keys = split(k_proj.forward(x)?)?;
-                let values = match &self.v_proj {
-                    Some(v) => split(v.forward(x)?)?,
-                    None => keys.clone(),
-                };
-                let offset = cache.as_ref().map_or(0, |c| c.offset());
-                let keys = ops::transpose(&k_norm.forward(&keys)?, &[0, 2, 1, 3], None)?;
-                let keys = self.rope.forward(&keys, offset)?;
-                let values = fast::rms_norm(&values, None, self.eps, None)?;
-                let values = ops::transpose(&values, &[0, 2, 1, 3], None)?;
-                (Kv::Dense { keys, values }, offset, Some(()))
-            }
-            _ => {
-                return Err(ModelError::Internal {
-                    what: "a KV-shared gemma4 layer".into(),
-                    problem: "received no shared keys and values".into(),
-                })
-            }
-        };
-        let queries = self
-            .rope
-            .forward(&ops::transpose(&queries, &[0, 2, 1, 3], None)?, offset)?;
-        let kv = match (cache, fresh, kv) {
-            (Some(c), Some(()), Kv::Dense { keys, values }) => {
-                c.update_and_fetch(&keys, &values)?
-            }
-            (_, _, kv) => kv,
-        };
-        let out = scaled_dot_product_attention(&queries, &kv, 1.0, mask, None)?;
-        let out = ops::reshape(
-            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
-            &[b, l, -1],
-            None,
-        )?;
-        Ok((self.o_proj.forward(&out)?, kv, offset))
-    }
-}
-
-impl Walkable for Attention {
-    /// The projections, then the q/k norms; a KV-shared layer has no `k_proj`, `v_proj` or
-    /// `k_norm`.
-    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
-        let p = |n: &str| join(path, n);
-        w.linear(&p("q_proj"), &mut self.q_proj);
-        w.linear_opt(&p("k_proj"), self.k_proj.as_mut());
-        w.linear_opt(&p("v_proj"), self.v_proj.as_mut());
-        w.linear(&p("o_proj"), &mut self.o_proj);
-        w.rms_norm(&p("q_norm"), &mut self.q_norm);
-        if let Some(k) = &mut self.k_norm {
-            w.rms_norm(&p("k_norm"), k);
-        }
-    }
+    at.values_from_keys = use_k_eq_v;
+    let rope = Rope::initialize(
+        head_dim,
+        theta,
+        a.rope_traditional,
+        Some(&params),
+        Some(a.max_position_embeddings),
+    )?;
+    Ok(at.with_rope(Some(rope)))
 }
 
 /// `geglu(gate, x)`: `gelu_approx(gate) * x`, compiled as gemma4_text.py compiles it.
@@ -448,7 +350,7 @@ struct PerLayerInput {
 #[derive(Clone)]
 struct DecoderLayer {
     sliding: bool,
-    self_attn: Attention,
+    self_attn: kit::Attention,
     mlp: Mlp,
     moe: Option<Moe>,
     per_layer: Option<PerLayerInput>,
@@ -543,7 +445,7 @@ impl DecoderLayer {
         shared: Option<(&Kv, usize)>,
     ) -> Result<(Array, Kv, usize)> {
         let h = self.input_layernorm.forward(x)?;
-        let (h, kv, offset) = self.self_attn.forward(&h, mask, cache, shared)?;
+        let (h, kv, offset) = self.self_attn.forward_reusing(&h, mask, cache, shared)?;
         let h = self.post_attention_layernorm.forward(&h)?;
         let h = (x + &h)?;
         let residual = h.clone();
@@ -814,7 +716,7 @@ impl Model {
             };
             layers.push(DecoderLayer {
                 sliding: args.layer_type(i) == "sliding_attention",
-                self_attn: Attention::load(&args, w, &format!("{p}.self_attn"), i)?,
+                self_attn: attention(&args, w, &format!("{p}.self_attn"), i)?,
                 mlp,
                 moe,
                 per_layer,

@@ -279,15 +279,7 @@ impl Model {
             all_to_sharded(&mut l.k_proj, size, rank, &p("self_attn.k_proj"))?;
             all_to_sharded(&mut l.v_proj, size, rank, &p("self_attn.v_proj"))?;
             sharded_to_all(&mut l.o_proj, size, rank, &p("self_attn.o_proj"))?;
-            let names = MlpNames::LLAMA;
-            for (name, lin) in l.mlp.linears_mut(&names) {
-                let what = p(&format!("mlp.{name}"));
-                if name == names.down {
-                    sharded_to_all(lin, size, rank, &what)?;
-                } else {
-                    all_to_sharded(lin, size, rank, &what)?;
-                }
-            }
+            crate::shard::shard_mlp(&mut l.mlp, size, rank, &p("mlp"), false)?;
             let g = format!("model.gate_projections.{i}");
             l.gate_weight = take_heads(&l.gate_weight, per, rank, &format!("{g}.weight"))?;
             l.gate_bias = take_heads(&l.gate_bias, per, rank, &format!("{g}.bias"))?;

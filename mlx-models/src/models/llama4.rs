@@ -12,9 +12,10 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
-    RopeScaling, SwitchActivation, SwitchGlu,
+    Embedding, Linear, Mlp, MlpKind, MlpNames, Norm, RmsNorm, Rope, RopeScaling, SwitchActivation,
+    SwitchGlu,
 };
+use crate::models::moe::QkNorm;
 use crate::models::moe_block::{Ffn, MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -67,22 +68,11 @@ struct ModelArgs {
 }
 
 #[derive(Clone)]
-struct Attention {
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f32,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    /// `None` on the global (no-rope) layers.
-    rope: Option<Rope>,
-    qk_norm: bool,
-}
-
-#[derive(Clone)]
 struct Layer {
-    self_attn: Attention,
+    /// [`kit::Attention`]: the rope `None` on the global layers; the weightless q/k norms
+    /// after the rope on the others (`use_qk_norm`); the global layers' temperature tuning
+    /// cast back to the queries' dtype.
+    self_attn: kit::Attention,
     /// A dense MLP, or the MoE block ([`Router::SigmoidScaledInput`]'s top-1 experts and the
     /// plain `shared_expert`).
     feed_forward: Ffn,
@@ -165,7 +155,6 @@ impl Model {
         let mut layers = Vec::with_capacity(a.num_hidden_layers as usize);
         for i in 0..a.num_hidden_layers as usize {
             let p = format!("{root}.layers.{i}");
-            let q = |n: &str| format!("{p}.self_attn.{n}");
             let rope = if uses_rope(i) {
                 Some(Rope::initialize(
                     head_dim,
@@ -177,17 +166,18 @@ impl Model {
             } else {
                 None
             };
-            let self_attn = Attention {
-                n_heads: a.num_attention_heads,
-                n_kv_heads: a.num_key_value_heads,
-                scale: f64::from(head_dim).powf(-0.5) as f32,
-                q_proj: Linear::load(w, &q("q_proj"), d, a.num_attention_heads * head_dim, bias)?,
-                k_proj: Linear::load(w, &q("k_proj"), d, a.num_key_value_heads * head_dim, bias)?,
-                v_proj: Linear::load(w, &q("v_proj"), d, a.num_key_value_heads * head_dim, bias)?,
-                o_proj: Linear::load(w, &q("o_proj"), a.num_attention_heads * head_dim, d, bias)?,
-                qk_norm: a.use_qk_norm && rope.is_some(),
-                rope,
-            };
+            let heads = (d, a.num_attention_heads, a.num_key_value_heads, head_dim);
+            let scale = f64::from(head_dim).powf(-0.5) as f32;
+            let mut self_attn =
+                kit::Attention::load(w, &format!("{p}.self_attn"), heads, bias, scale)?;
+            if a.use_qk_norm && rope.is_some() {
+                // llama4.py's `L2Norm`: `rms_norm(x, None, 1e-6)` after the rope.
+                self_attn.qk_norm = QkNorm::AfterRope;
+                self_attn.q_norm = Some(Norm::RmsNoWeight { eps: 1e-6 });
+                self_attn.k_norm = Some(Norm::RmsNoWeight { eps: 1e-6 });
+            }
+            self_attn.query_scale_cast = true;
+            let self_attn = self_attn.with_rope(rope);
             let step = a.interleave_moe_layer_step as usize;
             let f = format!("{p}.feed_forward");
             let mlp = |w: &mut Weights, path: &str, hidden: i32| {
@@ -281,59 +271,20 @@ fn sanitize(w: &mut Weights, layers: i32) -> Result<()> {
     Ok(())
 }
 
-impl Attention {
-    fn forward(
-        &self,
-        args: &TextArgs,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let heads = |y: &Array, n: i32| -> Result<Array> {
-            Ok(ops::transpose(
-                &ops::reshape(y, &[b, l, n, -1], None)?,
-                &[0, 2, 1, 3],
-                None,
-            )?)
-        };
-        let mut queries = heads(&self.q_proj.forward(x)?, self.n_heads)?;
-        let mut keys = heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let values = heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        if let Some(rope) = &self.rope {
-            queries = rope.forward(&queries, offset)?;
-            keys = rope.forward(&keys, offset)?;
-        }
-        if self.qk_norm {
-            queries = fast::rms_norm(&queries, None, 1e-6, None)?;
-            keys = fast::rms_norm(&keys, None, 1e-6, None)?;
-        }
-        if args.attn_temperature_tuning != 0 && self.rope.is_none() {
-            let start = offset as f64 + 1.0;
-            let pos = ops::arange(start, start + f64::from(l), 1.0, Dtype::Int32, None)?;
-            let pos = ops::divide(
-                &pos,
-                &Array::from_int(args.floor_scale, Dtype::Int32)?,
-                None,
-            )?;
-            let scales =
-                (&ops::log(&(&ops::floor(&pos, None)? + 1.0f32)?, None)? * args.attn_scale as f32)?;
-            let scales = ops::expand_dims(&(&scales + 1.0f32)?, &[1], None)?;
-            queries = (&queries * &scales)?.astype(queries.dtype())?;
-        }
-        let kv = match cache {
-            Some(c) => c.update_and_fetch(&keys, &values)?,
-            None => mlx_cache::Kv::Dense { keys, values },
-        };
-        let out = scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?;
-        let out = ops::reshape(
-            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
-            &[b, l, -1],
-            None,
-        )?;
-        self.o_proj.forward(&out)
-    }
+/// llama4.py's attention temperature tuning on the global layers: per-position query
+/// scales `log(floor((offset + 1 + i) / floor_scale) + 1) * attn_scale + 1`, float32, shaped
+/// `(L, 1)`.
+fn temperature_scales(args: &TextArgs, offset: usize, l: i32) -> Result<Array> {
+    let start = offset as f64 + 1.0;
+    let pos = ops::arange(start, start + f64::from(l), 1.0, Dtype::Int32, None)?;
+    let pos = ops::divide(
+        &pos,
+        &Array::from_int(args.floor_scale, Dtype::Int32)?,
+        None,
+    )?;
+    let scales =
+        (&ops::log(&(&ops::floor(&pos, None)? + 1.0f32)?, None)? * args.attn_scale as f32)?;
+    Ok(ops::expand_dims(&(&scales + 1.0f32)?, &[1], None)?)
 }
 
 impl Model {
@@ -393,10 +344,17 @@ impl Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let mask = if uses_rope(i) { &chunk } else { &global };
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let r = layer.self_attn.forward(
-                &self.args,
+            let scales = match self.args.attn_temperature_tuning != 0 && !uses_rope(i) {
+                true => {
+                    let offset = cache.as_ref().map_or(0, |c| c.offset());
+                    Some(temperature_scales(&self.args, offset, n as i32)?)
+                }
+                false => None,
+            };
+            let r = layer.self_attn.forward_scaled(
                 &layer.input_layernorm.forward(&h)?,
                 mask,
+                scales.as_ref(),
                 cache,
             )?;
             let hh = (&h + &r)?;

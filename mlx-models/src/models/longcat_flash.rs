@@ -445,7 +445,7 @@ impl Model {
     /// by heads ([`MlaAttention::shard_tensor_parallel`]), both dense MLPs as llama's, the
     /// routed experts sharded in place with their sum taken over the group.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
-        use crate::shard::{all_to_sharded, sharded_to_all, switch_inplace};
+        use crate::shard::switch_inplace;
         // longcat_flash_ngram.py's shard() is LongcatFlashLM.shard (the n-gram embeddings
         // stay whole on every rank).
         if !matches!(
@@ -465,15 +465,7 @@ impl Model {
                 a.shard_tensor_parallel(size, rank, &format!("{p}.self_attn.{j}"))?;
             }
             for (j, m) in l.mlps.iter_mut().enumerate() {
-                let names = crate::layers::MlpNames::LLAMA;
-                for (name, lin) in m.linears_mut(&names) {
-                    let w = format!("{p}.mlps.{j}.{name}");
-                    if name == names.down {
-                        sharded_to_all(lin, size, rank, &w)?;
-                    } else {
-                        all_to_sharded(lin, size, rank, &w)?;
-                    }
-                }
+                crate::shard::shard_mlp(m, size, rank, &format!("{p}.mlps.{j}"), false)?;
             }
             let e = &mut l.mlp.switch_mlp;
             let w = |n: &str| format!("{p}.mlp.switch_mlp.{n}");

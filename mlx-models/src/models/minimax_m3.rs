@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use crate::config::{parse_args, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, Norm, NormKind, Rope,
+    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, Norm, NormKind, Rope,
     SwitchActivation, SwitchGlu,
 };
 use crate::models::moe_block::{lower_top_k, Ffn, MoeParts, Router, SparseMoe};
@@ -781,9 +781,7 @@ impl Model {
     /// Every layer's head counts are checked before the first split, as mlx-lm checks each
     /// layer's before touching it.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
-        use crate::shard::{
-            all_to_sharded, sharded_to_all, sharded_to_all_inplace, switch_inplace,
-        };
+        use crate::shard::{all_to_sharded, sharded_to_all, switch_inplace};
         let par = |what: String, problem: String| ModelError::Parallel {
             kind: crate::Parallelism::Tensor,
             what,
@@ -811,15 +809,7 @@ impl Model {
         }
         // gate and up all-to-sharded, down sharded-to-all (in place under a block's sum).
         let shard_mlp = |m: &mut Mlp, path: &str, in_place: bool| -> Result<()> {
-            for (name, lin) in m.linears_mut(&MlpNames::LLAMA) {
-                let what = format!("{path}.{name}");
-                match (name, in_place) {
-                    ("down_proj", true) => sharded_to_all_inplace(lin, size, rank, &what)?,
-                    ("down_proj", false) => sharded_to_all(lin, size, rank, &what)?,
-                    _ => all_to_sharded(lin, size, rank, &what)?,
-                }
-            }
-            Ok(())
+            crate::shard::shard_mlp(m, size, rank, path, in_place)
         };
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = |s: &str| format!("language_model.model.layers.{i}.{s}");

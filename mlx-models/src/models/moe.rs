@@ -12,8 +12,8 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    join, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames, Norm, NormKind,
-    RmsNorm, Rope, RopeScaling, SwitchActivation, Walk, Walkable,
+    join, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, Norm, NormKind, RmsNorm, Rope,
+    RopeScaling, SwitchActivation, Walk, Walkable,
 };
 use crate::models::checkpoint::{layer_stack, LayerArrays};
 pub(crate) use crate::models::kit::{Attention, AttentionSpec};
@@ -1032,8 +1032,7 @@ impl Model {
     /// `ShardedRMSNorm`s; exaone_moe's shared experts are sharded in place inside the sum.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         use crate::shard::{
-            all_to_sharded, divide_switch_bias, sharded_to_all, sharded_to_all_inplace, split_last,
-            switch_inplace,
+            all_to_sharded, divide_switch_bias, sharded_to_all, split_last, switch_inplace,
         };
         const SHARDED: [&str; 4] = ["qwen3_moe", "gpt_oss", "minimax", "exaone_moe"];
         let t = self.spec.model_type.clone();
@@ -1100,17 +1099,7 @@ impl Model {
                     crate::shard::take_heads(sinks, a.n_heads, rank, &what("self_attn.sinks"))?;
             }
             match &mut l.ffn {
-                Ffn::Dense(m) => {
-                    let names = MlpNames::LLAMA;
-                    for (name, lin) in m.linears_mut(&names) {
-                        let w = what(&format!("mlp.{name}"));
-                        if name == names.down {
-                            sharded_to_all(lin, size, rank, &w)?;
-                        } else {
-                            all_to_sharded(lin, size, rank, &w)?;
-                        }
-                    }
-                }
+                Ffn::Dense(m) => crate::shard::shard_mlp(m, size, rank, &what("mlp"), false)?,
                 Ffn::Sparse(m) => {
                     let block = what(moe_module);
                     if m.shared_expert.is_some() || m.coefficient.is_some() {
@@ -1121,16 +1110,14 @@ impl Model {
                         });
                     }
                     if let Some(shared) = m.plain_shared.as_mut() {
-                        let names = MlpNames::LLAMA;
                         let sp = m.plain_shared_name;
-                        for (name, lin) in shared.linears_mut(&names) {
-                            let w = format!("{block}.{sp}.{name}");
-                            if name == names.down {
-                                sharded_to_all_inplace(lin, size, rank, &w)?;
-                            } else {
-                                all_to_sharded(lin, size, rank, &w)?;
-                            }
-                        }
+                        crate::shard::shard_mlp(
+                            shared,
+                            size,
+                            rank,
+                            &format!("{block}.{sp}"),
+                            true,
+                        )?;
                     }
                     let e = &mut m.switch_mlp;
                     let w = |n: &str| format!("{block}.{}.{n}", m.names[1]);

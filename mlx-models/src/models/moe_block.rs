@@ -1281,7 +1281,7 @@ impl SparseMoe {
         rank: i32,
         path: &str,
     ) -> Result<()> {
-        use crate::shard::{all_to_sharded, sharded_to_all_inplace, switch_inplace};
+        use crate::shard::switch_inplace;
         if self.plain_shared.is_some() || self.coefficient.is_some() {
             return Err(ModelError::Parallel {
                 kind: crate::Parallelism::Tensor,
@@ -1290,15 +1290,8 @@ impl SparseMoe {
             });
         }
         if let Some((shared, _gate)) = self.shared_expert.as_mut() {
-            let names = MlpNames::LLAMA;
-            for (name, lin) in shared.linears_mut(&names) {
-                let w = format!("{path}.shared_expert.{name}");
-                if name == names.down {
-                    sharded_to_all_inplace(lin, size, rank, &w)?;
-                } else {
-                    all_to_sharded(lin, size, rank, &w)?;
-                }
-            }
+            let sp = format!("{path}.shared_expert");
+            crate::shard::shard_mlp(shared, size, rank, &sp, true)?;
         }
         let e = &mut self.switch_mlp;
         let w = |n: &str| format!("{path}.{}.{n}", self.names[1]);

@@ -1221,7 +1221,7 @@ impl Model {
     /// experts and the gated shared expert split in place (its gate whole) and the block
     /// summed. qwen3_next has no `shard()` in mlx-lm and is refused.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
-        use crate::shard::{all_to_sharded, sharded_to_all};
+        use crate::shard::all_to_sharded;
         const SHARDED: [&str; 2] = ["qwen3_5", "qwen3_5_moe"];
         let t = self.args.model_type.as_str();
         if !SHARDED.contains(&t) {
@@ -1276,15 +1276,7 @@ impl Model {
             }
             match &mut l.mlp {
                 Ffn::Dense(m) => {
-                    let names = crate::layers::MlpNames::LLAMA;
-                    for (name, lin) in m.linears_mut(&names) {
-                        let w = format!("{p}.mlp.{name}");
-                        if name == names.down {
-                            sharded_to_all(lin, size, rank, &w)?;
-                        } else {
-                            all_to_sharded(lin, size, rank, &w)?;
-                        }
-                    }
+                    crate::shard::shard_mlp(m, size, rank, &format!("{p}.mlp"), false)?
                 }
                 Ffn::Sparse(m) => m.shard_gated_shared_in_place(size, rank, &format!("{p}.mlp"))?,
             }

@@ -20,8 +20,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 use crate::layers::{
-    Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
-    SwitchGlu,
+    Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
 use crate::models::moe_block::{Ffn, MoeParts, Router, SparseMoe};
 use crate::models::{kit, LanguageModel};
@@ -315,9 +314,7 @@ impl Model {
     /// Every layer's head counts are checked before the first split (mlx-lm would fail part
     /// way, on an indivisible weight).
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
-        use crate::shard::{
-            all_to_sharded, sharded_to_all, sharded_to_all_inplace, switch_inplace,
-        };
+        use crate::shard::switch_inplace;
         let par = |what: String, problem: String| ModelError::Parallel {
             kind: crate::Parallelism::Tensor,
             what,
@@ -347,15 +344,7 @@ impl Model {
             }
         }
         let mlp = |m: &mut Mlp, path: &str, in_place: bool| -> Result<()> {
-            for (name, lin) in m.linears_mut(&MlpNames::LLAMA) {
-                let what = format!("{path}.{name}");
-                match (name, in_place) {
-                    ("down_proj", true) => sharded_to_all_inplace(lin, size, rank, &what)?,
-                    ("down_proj", false) => sharded_to_all(lin, size, rank, &what)?,
-                    _ => all_to_sharded(lin, size, rank, &what)?,
-                }
-            }
-            Ok(())
+            crate::shard::shard_mlp(m, size, rank, path, in_place)
         };
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = |s: &str| format!("model.layers.{i}.{s}");

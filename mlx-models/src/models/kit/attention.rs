@@ -101,6 +101,26 @@ fn stack_heads(rows: &[Array]) -> Result<Array> {
     Ok(ops::stack(&refs, 0, None)?)
 }
 
+/// Queries or keys, for the steps both run ([`Attention::finish_heads`]).
+#[derive(Clone, Copy)]
+enum Side {
+    Queries,
+    Keys,
+}
+
+/// Which keys and values [`Attention::project_heads`] makes.
+#[derive(Clone, Copy)]
+enum KvSource<'a> {
+    /// The layer's own projections.
+    Own,
+    /// hunyuan's cross-layer attention: an earlier layer's keys and values as projected
+    /// (before the reshape).
+    Projected(&'a (Array, Array)),
+    /// None: the layer attends over keys and values it is handed after the cache
+    /// (gemma4_text's KV-shared layers).
+    None,
+}
+
 /// What [`Attention::project`] gives: queries, keys and values as `(B, heads, L, head_dim)`,
 /// and qwen3_next's query gate for the output.
 struct Projected {
@@ -114,8 +134,8 @@ struct Projected {
 /// deepseek's standard layers, `NemotronHAttention`, jamba's, `GraniteMoeHybridAttention`,
 /// `FalconH1Attention`, olmo_hybrid's, mimo_v2_flash's, bailing_moe_linear's global layers,
 /// recurrent_gemma's `LocalAttentionBlock`, `Qwen3NextAttention`, `Step3p5Attention`,
-/// plamo2's, and every dense descriptor row's). Built as mlx-lm's `__init__` loads it:
-/// [`Attention::new`] from an [`AttentionSpec`], or [`Attention::load`] (or `load_v`,
+/// plamo2's, gear's, gemma3n's, gemma4_text's, llama4's, and every dense descriptor
+/// row's). Built as mlx-lm's `__init__` loads it: [`Attention::new`] from an [`AttentionSpec`], or [`Attention::load`] (or `load_v`,
 /// `load_fused`, `load_query_gated`, `from_parts`) then the `with_*` options (norms, sinks,
 /// gates, value scale, rope) in that file's order; the dense rows' loader
 /// (`dense::load_attention`) sets the descriptor's layout, norm, score and rope fields.
@@ -191,6 +211,12 @@ pub(crate) struct Attention {
     /// gemma3n's KV-shared layers: with a cache (another layer's, written earlier in this
     /// step) attend over the keys and values it holds, without writing to it.
     pub(crate) kv_from_cache: bool,
+    /// gemma4_text's `attention_k_eq_v` layers: no `v_proj`; the values are the keys' heads
+    /// as split (before the k norm and the rope).
+    pub(crate) values_from_keys: bool,
+    /// llama4's temperature tuning: the queries times the query scale are cast back to the
+    /// queries' dtype.
+    pub(crate) query_scale_cast: bool,
 }
 
 impl Attention {
@@ -223,6 +249,7 @@ impl Attention {
             (self.sub_norm.is_some(), "an attention sub-norm"),
             (self.rope_slice_concat, "a sliced rope"),
             (self.row_offsets, "per-row rope offsets"),
+            (self.values_from_keys, "values from the keys"),
         ]
         .into_iter()
         .filter_map(|(present, what)| present.then_some(what))
@@ -311,6 +338,8 @@ impl Attention {
             sub_norm: None,
             value_norm: None,
             kv_from_cache: false,
+            values_from_keys: false,
+            query_scale_cast: false,
         }
     }
 
@@ -744,6 +773,39 @@ impl Attention {
         ))
     }
 
+    /// gemma4_text's attention, at one offset for the pass. With `shared` (an earlier
+    /// layer's keys and values after its cache, and the offset its rope used) only the
+    /// queries are projected, roped at that offset, and attend over them; the cache is
+    /// neither read nor written. Otherwise as [`Attention::forward`], the rope at the cache's
+    /// offset. Returns the output, the keys and values attended over, and the offset, which
+    /// the layers sharing them take.
+    pub(crate) fn forward_reusing(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+        shared: Option<(&Kv, usize)>,
+    ) -> Result<(Array, Kv, usize)> {
+        let (offset, source) = match shared {
+            Some((_, offset)) => (offset, KvSource::None),
+            None => (cache.as_ref().map_or(0, |c| c.offset()), KvSource::Own),
+        };
+        let (queries, query_gate, own) = self.project_heads(x, RopeAt::Int(offset), source)?;
+        let kv = match (shared, own, cache) {
+            (Some((kv, _)), _, _) => kv.clone(),
+            (None, Some((keys, values, _)), Some(c)) => c.update_and_fetch(&keys, &values)?,
+            (None, Some((keys, values, _)), None) => Kv::Dense { keys, values },
+            (None, None, _) => {
+                return Err(ModelError::Internal {
+                    what: "attention".into(),
+                    problem: "projected no keys and values".into(),
+                })
+            }
+        };
+        let out = self.attend(&queries, &kv, mask, None)?;
+        Ok((self.output_gated(x, &out, query_gate.as_ref())?, kv, offset))
+    }
+
     /// Everything before the cache write: projections, q/k norms, head split and rope at
     /// `at`; queries, keys and values as `(B, heads, L, head_dim)` (the descriptor rows'
     /// segmented decode). Gated queries (whose gate the output needs) are refused.
@@ -766,21 +828,57 @@ impl Attention {
         at: RopeAt<'_>,
         shared: Option<&(Array, Array)>,
     ) -> Result<(Projected, (Array, Array))> {
+        let source = shared.map_or(KvSource::Own, KvSource::Projected);
+        let (queries, query_gate, kv) = self.project_heads(x, at, source)?;
+        let Some((keys, values, kv_states)) = kv else {
+            return Err(ModelError::Internal {
+                what: "attention".into(),
+                problem: "projected no keys and values".into(),
+            });
+        };
+        let p = Projected {
+            queries,
+            keys,
+            values,
+            query_gate,
+        };
+        Ok((p, kv_states))
+    }
+
+    /// The projections, q/k norms, head split and rope at `at`: the queries' heads, the
+    /// query gate, and (unless `source` is [`KvSource::None`]) the keys' and values' heads
+    /// with the keys and values as projected. Each of queries and keys runs the same
+    /// pipeline ([`Attention::finish_heads`]).
+    #[allow(clippy::type_complexity)]
+    fn project_heads(
+        &self,
+        x: &Array,
+        at: RopeAt<'_>,
+        source: KvSource<'_>,
+    ) -> Result<(Array, Option<Array>, Option<(Array, Array, (Array, Array))>)> {
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
         let (hd, qs, ks) = (self.head_dim, self.n_heads, self.n_kv_heads);
-        let three = |parts: Vec<Array>| -> Result<(Array, Array, Array)> {
+        let three = |parts: Vec<Array>| -> Result<(Array, Option<(Array, Option<Array>)>)> {
             let mut parts = parts.into_iter();
             match (parts.next(), parts.next(), parts.next()) {
-                (Some(q), Some(k), Some(v)) => Ok((q, k, v)),
+                (Some(q), Some(k), Some(v)) => Ok((q, Some((k, Some(v))))),
                 _ => Err(ModelError::Internal {
                     what: "qkv split".into(),
                     problem: "gave fewer than 3".into(),
                 }),
             }
         };
+        if self.fused.is_some() && matches!(source, KvSource::None) {
+            return Err(ModelError::Unsupported {
+                what: "a fused q/k/v projection".into(),
+                problem: "cannot project the queries alone".into(),
+            });
+        }
         let mut query_gate = None;
-        let (mut queries, mut keys, values) = match self.fused {
+        // The keys and values as projected; values `None` where they are the keys' heads
+        // (`values_from_keys`).
+        let (queries, kv_raw) = match self.fused {
             None => {
                 let mut queries = self.q_proj.forward(x)?;
                 if self.query_gate {
@@ -795,18 +893,23 @@ impl Attention {
                     queries = q;
                     query_gate = Some(ops::reshape(&g, &[b, l, -1], None)?);
                 }
-                let (k, v) =
-                    match (&self.k_proj, &self.v_proj, shared) {
-                        (Some(k), Some(v), None) => (k.forward(x)?, v.forward(x)?),
-                        (_, _, Some((k, v))) => (k.clone(), v.clone()),
-                        _ => return Err(ModelError::Unsupported {
+                let kv = match (source, &self.k_proj, &self.v_proj) {
+                    (KvSource::None, _, _) => None,
+                    (KvSource::Projected((k, v)), _, _) => Some((k.clone(), Some(v.clone()))),
+                    (KvSource::Own, Some(k), _) if self.values_from_keys => {
+                        Some((k.forward(x)?, None))
+                    }
+                    (KvSource::Own, Some(k), Some(v)) => Some((k.forward(x)?, Some(v.forward(x)?))),
+                    _ => {
+                        return Err(ModelError::Unsupported {
                             what: "a layer".into(),
                             problem:
                                 "without k_proj / v_proj needs an earlier layer's keys and values"
                                     .into(),
-                        }),
-                    };
-                (queries, k, v)
+                        })
+                    }
+                };
+                (queries, kv)
             }
             Some(QkvLayout::Split) => {
                 let qp = qs * hd;
@@ -825,7 +928,7 @@ impl Attention {
                     let a = ops::slice_axis(&qkv, 3, i, i + 1, None)?;
                     Ok(ops::squeeze(&a, &[3], None)?)
                 };
-                (q, pick(groups)?, pick(groups + 1)?)
+                (q, Some((pick(groups)?, Some(pick(groups + 1)?))))
             }
             Some(QkvLayout::PerHead) => {
                 // gpt_neox.py: reshape (B, L, heads, 3 * head_dim), split in three.
@@ -833,24 +936,6 @@ impl Attention {
                 three(ops::split_equal(&qkv, 3, -1, None)?)?
             }
         };
-        let kv_states = (keys.clone(), values.clone());
-        let norm = |n: &Option<Norm>, y: Array| -> Result<Array> {
-            match n {
-                Some(n) => n.forward(&y),
-                None => Ok(y),
-            }
-        };
-        if self.qk_norm == QkNorm::Full {
-            if let (Some(n), Some(Norm::Rms(qn)), Some(Norm::Rms(kn))) =
-                (self.sharded_norms, &self.q_norm, &self.k_norm)
-            {
-                queries = crate::shard::sharded_rms_norm(&queries, &qn.weight, qn.eps, n)?;
-                keys = crate::shard::sharded_rms_norm(&keys, &kn.weight, kn.eps, n)?;
-            } else {
-                queries = norm(&self.q_norm, queries)?;
-                keys = norm(&self.k_norm, keys)?;
-            }
-        }
         // gpt_neox's per-head layout is already `(B, L, heads, head_dim)`, and gated queries
         // are in heads already (`Qwen3NextAttention` splits the gate off the heads' view):
         // mlx-lm reshapes nothing more there.
@@ -861,42 +946,25 @@ impl Attention {
             }
             ops::reshape(y, &[b, l, n, -1], None)
         };
-        let mut queries = if query_gate.is_some() {
+        let queries = self.full_norm(queries, Side::Queries)?;
+        let queries = if query_gate.is_some() {
             queries
         } else {
             split(&queries, qs)?
         };
-        let mut keys = split(&keys, ks)?;
-        if self.qk_norm == QkNorm::PerHead {
-            queries = norm(&self.q_norm, queries)?;
-            keys = norm(&self.k_norm, keys)?;
-        }
-        match self.layer_norms.as_deref() {
-            Some(LayerNormQk::TwoD { q, k, eps }) => {
-                queries = scaled_layer_norm(q, &queries, *eps)?;
-                keys = scaled_layer_norm(k, &keys, *eps)?;
-            }
-            Some(LayerNormQk::PerHead { q, k, eps }) => {
-                queries = scaled_layer_norm(&stack_heads(q)?, &queries, *eps)?;
-                keys = scaled_layer_norm(&stack_heads(k)?, &keys, *eps)?;
-            }
-            None => {}
-        }
-        let mut queries = self.heads_transpose(&queries)?;
-        let mut keys = self.heads_transpose(&keys)?;
-        if self.qk_norm == QkNorm::PerHeadTransposed {
-            queries = norm(&self.q_norm, queries)?;
-            keys = norm(&self.k_norm, keys)?;
-        }
-        if let Some((qw, kw, eps)) = self.head_weights.as_deref() {
-            let per_head = |t: &Array, wgt: &Array| -> Result<Array> {
-                let n = mlx_core::fast::rms_norm(t, None, *eps, None)?;
-                Ok((&n * &ops::expand_dims(wgt, &[1], None)?)?)
-            };
-            queries = per_head(&queries, qw)?;
-            keys = per_head(&keys, kw)?;
-        }
-        let mut values = split(&values, ks)?;
+        let queries = self.finish_heads(queries, Side::Queries, at)?;
+        let Some((keys, values)) = kv_raw else {
+            return Ok((queries, query_gate, None));
+        };
+        let kv_states = (keys.clone(), values.clone().unwrap_or_else(|| keys.clone()));
+        let keys = split(&self.full_norm(keys, Side::Keys)?, ks)?;
+        // gemma4_text's `attention_k_eq_v`: the values are the keys' heads, one reshape.
+        let values = match values {
+            Some(v) => split(&v, ks)?,
+            None => keys.clone(),
+        };
+        let keys = self.finish_heads(keys, Side::Keys, at)?;
+        let mut values = values;
         if let Some(n) = &self.value_norm {
             values = n.forward(&values)?;
         }
@@ -904,38 +972,92 @@ impl Attention {
         if let Some(v) = self.value_scale {
             values = ops::multiply_scalar(&values, v, None)?;
         }
+        Ok((queries, query_gate, Some((keys, values, kv_states))))
+    }
+
+    /// The q or k norm over the whole projection ([`QkNorm::Full`]; minimax's sharded one
+    /// when both norms are RMS norms), else `y` as is.
+    fn full_norm(&self, y: Array, side: Side) -> Result<Array> {
+        if self.qk_norm != QkNorm::Full {
+            return Ok(y);
+        }
+        if let (Some(n), Some(Norm::Rms(qn)), Some(Norm::Rms(kn))) =
+            (self.sharded_norms, &self.q_norm, &self.k_norm)
+        {
+            let rms = match side {
+                Side::Queries => qn,
+                Side::Keys => kn,
+            };
+            return crate::shard::sharded_rms_norm(&y, &rms.weight, rms.eps, n);
+        }
+        self.side_norm(side, y)
+    }
+
+    /// `q_norm` or `k_norm` of `y`, or `y` where there is none.
+    fn side_norm(&self, side: Side, y: Array) -> Result<Array> {
+        let n = match side {
+            Side::Queries => &self.q_norm,
+            Side::Keys => &self.k_norm,
+        };
+        match n {
+            Some(n) => n.forward(&y),
+            None => Ok(y),
+        }
+    }
+
+    /// Queries' or keys' heads `(B, L, heads, head_dim)` to `(B, heads, L, head_dim)`: the
+    /// per-head norms, the layer norms, the transpose, the transposed per-head norms,
+    /// plamo2's head weights, the rope at `at`, the norms after it.
+    fn finish_heads(&self, y: Array, side: Side, at: RopeAt<'_>) -> Result<Array> {
+        let hd = self.head_dim;
+        let mut y = y;
+        if self.qk_norm == QkNorm::PerHead {
+            y = self.side_norm(side, y)?;
+        }
+        match (self.layer_norms.as_deref(), side) {
+            (Some(LayerNormQk::TwoD { q, eps, .. }), Side::Queries)
+            | (Some(LayerNormQk::TwoD { k: q, eps, .. }), Side::Keys) => {
+                y = scaled_layer_norm(q, &y, *eps)?;
+            }
+            (Some(LayerNormQk::PerHead { q, eps, .. }), Side::Queries)
+            | (Some(LayerNormQk::PerHead { k: q, eps, .. }), Side::Keys) => {
+                y = scaled_layer_norm(&stack_heads(q)?, &y, *eps)?;
+            }
+            (None, _) => {}
+        }
+        let mut y = self.heads_transpose(&y)?;
+        if self.qk_norm == QkNorm::PerHeadTransposed {
+            y = self.side_norm(side, y)?;
+        }
+        if let Some((qw, kw, eps)) = self.head_weights.as_deref() {
+            let wgt = match side {
+                Side::Queries => qw,
+                Side::Keys => kw,
+            };
+            let n = mlx_core::fast::rms_norm(&y, None, *eps, None)?;
+            y = (&n * &ops::expand_dims(wgt, &[1], None)?)?;
+        }
         let rotate = |r: &Rope, y: &Array| -> Result<Array> {
             match at {
                 RopeAt::Array(o) => r.forward_offsets(y, o),
                 RopeAt::Int(offset) => r.forward(y, offset),
             }
         };
-        let rope = |y: Array| -> Result<Array> {
-            match &self.rope {
-                Some(r) if self.rope_slice_concat => {
-                    // gptj.py: rope on `x[..., :dims]`, then concatenated with the rest.
-                    let rot = ops::slice_axis(&y, 3, 0, r.dims(), None)?;
-                    let pass = ops::slice_axis(&y, 3, r.dims(), hd, None)?;
-                    let rot = rotate(r, &rot)?;
-                    Ok(ops::concatenate(&[&rot, &pass], -1, None)?)
-                }
-                Some(r) => rotate(r, &y),
-                None => Ok(y),
+        y = match &self.rope {
+            Some(r) if self.rope_slice_concat => {
+                // gptj.py: rope on `x[..., :dims]`, then concatenated with the rest.
+                let rot = ops::slice_axis(&y, 3, 0, r.dims(), None)?;
+                let pass = ops::slice_axis(&y, 3, r.dims(), hd, None)?;
+                let rot = rotate(r, &rot)?;
+                ops::concatenate(&[&rot, &pass], -1, None)?
             }
+            Some(r) => rotate(r, &y)?,
+            None => y,
         };
-        let mut queries = rope(queries)?;
-        let mut keys = rope(keys)?;
         if self.qk_norm == QkNorm::AfterRope {
-            queries = norm(&self.q_norm, queries)?;
-            keys = norm(&self.k_norm, keys)?;
+            y = self.side_norm(side, y)?;
         }
-        let p = Projected {
-            queries,
-            keys,
-            values,
-            query_gate,
-        };
-        Ok((p, kv_states))
+        Ok(y)
     }
 
     /// Attention of `queries` over what the cache returned, `(B, heads, L, head_dim)`; the
@@ -967,7 +1089,12 @@ impl Attention {
         };
         let mut queries = queries.clone();
         if let Some(s) = query_scale {
-            queries = (&queries * s)?;
+            let scaled = (&queries * s)?;
+            queries = if self.query_scale_cast {
+                scaled.astype(queries.dtype())?
+            } else {
+                scaled
+            };
         }
         let sinks = self.sinks.as_ref();
         let sdpa =
