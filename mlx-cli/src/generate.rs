@@ -339,7 +339,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         _ => None,
     };
     // A draft model runs on the CPU decoder beside the target's only when asked for
-    // (`--decoder cpu`): `auto` keeps mlx-lm's exact speculation (L1) for it.
+    // (`--decoder cpu`): on the CPU, `auto` keeps mlx-lm's exact speculation (L1) for it.
     let draft_on_cpu = matches!(&spec, Some(SpecSource::Draft(_))) && a.decoder.decoder == "cpu";
     // A draft model on the GPU graph decoder (`--decoder graph`, or `auto` where MLX runs on
     // the GPU with `--dtype auto`): drafts and their verification as graph steps, greedy;

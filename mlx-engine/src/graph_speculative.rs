@@ -50,8 +50,9 @@ pub fn unsupported(
     }
     match crate::graph::map_model(target) {
         Ok((spec, _)) if GraphDecoder::max_sequences(&spec) < 2 => Some(format!(
-            "`{}` decodes one row a step on the graph decoder (a mixture of experts, or inputs \
-             that fill the shared memory), so its drafts cannot be verified in one step",
+            "`{}` decodes one row a step on the graph decoder (a mixture of experts, \
+             trellis-coded linears, or inputs that fill the shared memory), so its drafts \
+             cannot be verified in one step",
             spec.model_type
         )),
         Ok(_) => None,
@@ -278,6 +279,22 @@ impl GraphSpecSteps {
     /// One round: up to K drafts from the draft's decoder, verified in one pass of the target;
     /// the accepted drafts and the target's own next token go to the queue.
     fn round(&mut self) -> Result<()> {
+        // A failed round leaves both decoders as they were: their positions are their caches'
+        // state (keys past a position are overwritten before they are read), so rewinding both
+        // and restoring the draft's catch-up tokens and the queue undoes it.
+        let (tp, dp) = (self.target.position(), self.draft.position());
+        let (behind, queued) = (self.draft_behind.clone(), self.queue.len());
+        let r = self.round_inner();
+        if r.is_err() {
+            let _ = self.target.rewind(tp);
+            let _ = self.draft.rewind(dp);
+            self.draft_behind = behind;
+            self.queue.truncate(queued);
+        }
+        r
+    }
+
+    fn round_inner(&mut self) -> Result<()> {
         let p = self.target.position();
         let room = self.target.capacity().saturating_sub(p);
         if room == 0 {
@@ -352,6 +369,8 @@ mod tests {
         cap: usize,
         run: Option<(u32, usize)>,
         model: fn(&[u32]) -> u32,
+        /// The next `verify_greedy` fails after writing its first position.
+        fail_verify: bool,
     }
 
     fn hash(seq: &[u32], salt: u64) -> u64 {
@@ -385,6 +404,7 @@ mod tests {
                 cap,
                 run: None,
                 model,
+                fail_verify: false,
             }
         }
         fn put(&mut self, t: u32) -> mlx_core::Result<u32> {
@@ -431,6 +451,14 @@ mod tests {
         }
         fn verify_greedy(&mut self, tokens: &[u32]) -> mlx_core::Result<Vec<(u32, f32)>> {
             self.run = None;
+            if std::mem::take(&mut self.fail_verify) {
+                // A device error after the pass wrote its first position.
+                self.put(tokens[0])?;
+                return Err(mlx_core::Error::InvalidArgument {
+                    op: "fake",
+                    message: "injected".into(),
+                });
+            }
             tokens
                 .iter()
                 .map(|&t| self.put(t).map(|n| (n, lp(n))))
@@ -484,6 +512,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_failed_round_leaves_both_decoders_as_they_were() {
+        let prompt = [5u32, 9, 2, 7];
+        let n = 24;
+        let first = target_model(&prompt);
+        let mut plain = Fake::new(&prompt, 100, target_model);
+        let mut want = vec![first];
+        plain.start(first, n - 1).unwrap();
+        for _ in 1..n {
+            want.push(plain.next_token().unwrap().0);
+        }
+        let cap = prompt.len() + n + 6;
+        let mut target = Fake::new(&prompt, cap, target_model);
+        target.fail_verify = true;
+        let mut s = GraphSpecSteps::from_decoders(
+            Box::new(target),
+            Box::new(Fake::new(&prompt, cap, draft_model)),
+            (first, lp(first)),
+            Some(n),
+            4,
+        );
+        let mut got = vec![s.next_token().unwrap().0];
+        // The first round fails (after its drafts and one verified position) ...
+        assert!(s.next_token().is_err());
+        // ... and the next call runs it again from the same state.
+        while got.len() < n {
+            got.push(s.next_token().unwrap().0);
+        }
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -295,6 +295,11 @@ fn a_trellis_model_maps_its_trellis_linears() {
     let (spec, mut weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
     let t = spec.trellis.expect("a trellis spec");
     assert_eq!((t.k, t.l), (3, 8));
+    // One sequence a step: speculation's verify rows are refused before a decoder is built.
+    assert_eq!(
+        mlx_kernels::graph_decode::GraphDecoder::max_sequences(&spec),
+        1
+    );
     let q = &weights.layers[0].q;
     let g = q.trellis.as_ref().expect("q_proj is trellis-coded");
     assert_eq!(g.su.shape(), [(spec.heads * spec.head_dim) as i32]);

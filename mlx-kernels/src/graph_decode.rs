@@ -2202,7 +2202,9 @@ impl GraphDecoder {
     /// describes: the kernels hold each sequence's input in shared memory (at most
     /// [`TILE_SEQUENCES`]).
     pub fn max_sequences(spec: &GraphSpec) -> u32 {
-        if spec.moe.is_some() {
+        // Mixture-of-experts and trellis-coded models decode one sequence a step
+        // (`with_options` refuses more).
+        if spec.moe.is_some() || spec.trellis.is_some() {
             return 1;
         }
         let per = spec.mv_shared_per_sequence().max(1);
