@@ -9,6 +9,9 @@ T3="-q --q-mode trellis --q-bits 3 --q-group-size 32 --q-trellis-l 8"
 G=/work/trellis-models/hess_genesis.safetensors
 # the default encoder's third seed (seeds 0 and 1 are s27's and s28's rows)
 ./run1.sh t3-s2-base -- $T3 --q-hessians $G --q-seed 2
+# more calibration (README section 4 makes /tmp/trellis/hess_gen80d.safetensors)
+H80=/tmp/trellis/hess_gen80d.safetensors
+[ -s $H80 ] && for s in 0 1 2; do ./run1.sh t3-s$s-g80 -- $T3 --q-hessians $H80 --q-seed $s; done
 for s in 0 2; do
   ./run1.sh t3-s$s-damp001 MLX_TRELLIS_DAMP=0.001 -- $T3 --q-hessians $G --q-seed $s
   ./run1.sh t3-s$s-act MLX_TRELLIS_ORDER=act -- $T3 --q-hessians $G --q-seed $s
