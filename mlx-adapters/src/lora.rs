@@ -233,7 +233,7 @@ fn requantized_like(fused: &Array, like: &QuantizedWeight) -> Result<QuantizedWe
         bits: like.bits,
         mode: like.mode,
         lookup_dtype: None,
-        symmetric: None,
+        symmetric: false,
     })
 }
 

@@ -180,7 +180,7 @@ fn quantized<'m>(
         .weight
         .as_slice::<u32>()
         .map_err(|e| unsup(format!("{what}: {e}")))?;
-    if q.symmetric_biases() {
+    if q.symmetric {
         // A GGUF file's Q4_0 / Q8_0 biases, `-2^(bits - 1) x scales`, left unevaluated at
         // load (`QuantizedWeight::symmetric`): the kernels form them from the scales, with
         // the bits of the materialized ones, and the lazy array stays unevaluated (where the

@@ -121,10 +121,9 @@ fn smollm2_cpu_decoder_load_never_computes_the_q8_0_biases() {
     let embed_biases = |model: &dyn mlx_models::models::LanguageModel| -> (bool, bool) {
         let m = model.as_dense().expect("a descriptor row");
         match m.embed_tokens() {
-            mlx_models::layers::Embedding::Quantized(q) => (
-                q.symmetric_biases(),
-                q.biases.as_ref().unwrap().is_evaluated(),
-            ),
+            mlx_models::layers::Embedding::Quantized(q) => {
+                (q.symmetric, q.biases.as_ref().unwrap().is_evaluated())
+            }
             _ => panic!("a quantized embedding"),
         }
     };

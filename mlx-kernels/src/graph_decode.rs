@@ -3459,6 +3459,24 @@ fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin
 /// One `trellis_linear` launch (one sequence): `out = op(su * H_r (Wt (H_c (sv * x))))`, `x`
 /// the bfloat16 input at `x` (normed by `norm` first when given), the output's op `mode`
 /// (`graph_trellis::OUT_*`; the bias added where the linear has one) with `res`.
+/// Blocks of a trellis kernel's launch over `rows` rows (`lanes` lanes a row, `shared` bytes
+/// of shared memory a block), per slice of a grid of `slices` (the matrices one launch covers):
+/// enough blocks for the rows, at most the slice's share of the resident ones.
+fn trellis_blocks(
+    rec: &Recorder,
+    rt: &mut GpuRuntime,
+    k: Kernel,
+    (rows, lanes, shared): (usize, u32, u32),
+    slices: u32,
+) -> Result<u32> {
+    let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / lanes as usize);
+    let resident = rt
+        .resident_blocks(k, TRELLIS_THREADS, shared)?
+        .min(rec.step.mv_cap)
+        / slices;
+    Ok(rows.div_ceil(rows_per_block).min(resident.max(1) as usize) as u32)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn trellis_launch(
     rec: &mut Recorder,
@@ -3474,12 +3492,7 @@ fn trellis_launch(
     mode: i64,
 ) -> Result<()> {
     let k = rt.kernel("trellis_linear")?;
-    let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / w.lanes_per_row as usize);
-    let resident = rt
-        .resident_blocks(k, TRELLIS_THREADS, w.shared_bytes)?
-        .min(rec.step.mv_cap)
-        .max(1);
-    let blocks = w.rows.div_ceil(rows_per_block).min(resident as usize) as u32;
+    let blocks = trellis_blocks(rec, rt, k, (w.rows, w.lanes_per_row, w.shared_bytes), 1)?;
     let mode = mode | if w.bias.is_some() { OUT_BIAS } else { 0 };
     rec.launch(
         rt,
@@ -3530,16 +3543,14 @@ fn record_trellis_qkv(
 ) -> Result<()> {
     let (s, a, f) = (&step.shape, &step.acts, &t.qkv);
     let k = rt.kernel("trellis_qkv")?;
-    let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / f.q.lanes_per_row as usize);
     // Three slices of the grid: a third of the resident blocks each.
-    let resident = rt
-        .resident_blocks(k, TRELLIS_THREADS, f.q.shared_bytes)?
-        .min(rec.step.mv_cap)
-        / 3;
-    let blocks =
-        f.q.rows
-            .div_ceil(rows_per_block)
-            .min(resident.max(1) as usize) as u32;
+    let blocks = trellis_blocks(
+        rec,
+        rt,
+        k,
+        (f.q.rows, f.q.lanes_per_row, f.q.shared_bytes),
+        3,
+    )?;
     rec.launch(
         rt,
         Part::Qkv,
@@ -3612,16 +3623,14 @@ fn record_trellis_mlp(
         OUT_RES,
     )?;
     let (f, k) = (&t.gu, rt.kernel("trellis_gate_up")?);
-    let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / f.q.lanes_per_row as usize);
     // Two slices of the grid: half of the resident blocks each.
-    let resident = rt
-        .resident_blocks(k, TRELLIS_THREADS, f.q.shared_bytes)?
-        .min(rec.step.mv_cap)
-        / 2;
-    let blocks =
-        f.q.rows
-            .div_ceil(rows_per_block)
-            .min(resident.max(1) as usize) as u32;
+    let blocks = trellis_blocks(
+        rec,
+        rt,
+        k,
+        (f.q.rows, f.q.lanes_per_row, f.q.shared_bytes),
+        2,
+    )?;
     rec.launch(
         rt,
         Part::GateUp,

@@ -172,7 +172,7 @@ fn quantized_weight(w: &Array, group_size: i32, bits: i32) -> Result<QuantizedWe
         bits,
         mode: QuantMode::Affine,
         lookup_dtype: None,
-        symmetric: None,
+        symmetric: false,
     })
 }
 

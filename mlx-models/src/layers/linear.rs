@@ -25,24 +25,17 @@ pub struct QuantizedWeight {
     /// bit for bit as from scales cast at load (widening is exact), at the cast's dtype,
     /// without a second copy of the table's scales. `None`: dequantize in the scales' dtype.
     pub lookup_dtype: Option<Dtype>,
-    /// `Some(id)`: `biases` (the array `id`) is `-2^(bits - 1) x scales` held as MLX's
-    /// unevaluated product (a GGUF file's Q4_0 / Q8_0 loaded for the CPU decoder:
-    /// [`Weights::with_symmetric`]): the MLX forward computes it where it first uses it (the
-    /// bits MLX's reader gives), and the CPU decoder forms each bias from its scale
-    /// (`mlx_core::cpu::Matrix::symmetric`) without ever evaluating it, so its memory is never
-    /// allocated in that run. Biases replaced since have another id and are read as stored
-    /// ([`QuantizedWeight::symmetric_biases`]).
-    pub symmetric: Option<usize>,
+    /// `biases` is `-2^(bits - 1) x scales` held as MLX's unevaluated product (a GGUF file's
+    /// Q4_0 / Q8_0 loaded for the CPU decoder: [`Weights::with_symmetric`]): the MLX forward
+    /// computes it where it first uses it (the bits MLX's reader gives), and the CPU decoder
+    /// forms each bias from its scale (`mlx_core::cpu::Matrix::symmetric`) without ever
+    /// evaluating it, so its memory is never allocated in that run. Handing the biases out
+    /// mutably (`parameters_mut`: an update may replace them) clears it, so replaced biases
+    /// are read as stored.
+    pub symmetric: bool,
 }
 
 impl QuantizedWeight {
-    /// Whether the biases are still the lazy `-2^(bits - 1) x scales` the loader left
-    /// ([`QuantizedWeight::symmetric`] names that array; biases replaced since, by an update
-    /// or a load, are read as stored).
-    pub fn symmetric_biases(&self) -> bool {
-        self.symmetric.is_some() && self.symmetric == self.biases.as_ref().map(Array::id)
-    }
-
     /// The packed `weight`, `scales` and (affine) `biases` under `path`, marked quantized:
     /// no gradient reaches them, so full fine-tuning keeps them frozen.
     pub(crate) fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
@@ -50,8 +43,11 @@ impl QuantizedWeight {
             weight,
             scales,
             biases,
+            symmetric,
             ..
         } = self;
+        // The biases may be replaced through the handle: read them as stored from now on.
+        *symmetric = false;
         LayerParam::push(out, path, "weight", weight, true);
         LayerParam::push(out, path, "scales", scales, true);
         if let Some(b) = biases {
@@ -153,11 +149,6 @@ impl QuantizedWeight {
         let scales = take(format!("{path}.scales"))?;
         let biases = if mode == QuantMode::Affine {
             Some(take(biases_name)?)
-        } else {
-            None
-        };
-        let symmetric = if symmetric {
-            biases.as_ref().map(Array::id)
         } else {
             None
         };

@@ -102,7 +102,7 @@ impl SwitchLinear {
                         bits: q.bits,
                         mode,
                         lookup_dtype: None,
-                        symmetric: None,
+                        symmetric: false,
                     },
                     bias: b,
                 })
