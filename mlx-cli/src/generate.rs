@@ -353,6 +353,12 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             let auto = a.decoder.decoder == "auto" && on_gpu && a.model.dtype == "auto";
             let why = if !asked && !auto {
                 None
+            } else if !asked && !mlx_engine::graph_speculative::BY_DEFAULT {
+                Some(
+                    "speculation on the graph decoder has not been checked on a device yet \
+                     (`--decoder graph` opts in)"
+                        .to_string(),
+                )
             } else if a.top_logprobs > 0 {
                 Some("--top-logprobs".to_string())
             } else if caches.is_some() {

@@ -60,6 +60,12 @@ pub fn unsupported(
     }
 }
 
+/// Whether `--decoder auto` speculates on the graph decoder where both models qualify. Off
+/// until a device run checks the verify rows and the rounds against plain graph decoding
+/// (`verify_equals_single_steps`, `graph_speculative_equals_plain` in the `cuda` tests): they
+/// have run only on the CPU emulator. `--decoder graph` opts in.
+pub const BY_DEFAULT: bool = false;
+
 /// A prompt's first token, its log-probability and its keys and values per layer.
 type Prefilled = (u32, f32, Vec<(Array, Array)>);
 
