@@ -6,6 +6,11 @@
 //! from memory (as a decode step does, 98 MB a token; `MB`, default 96, the size of the cycle:
 //! a small one keeps the weights in cache, so the kernels' arithmetic alone is timed), and
 //! prints the fastest of many runs per row count and its cost in one-row products.
+//!
+//! `CPU_ROWS_ACT=int16` times every shape under `Activations::Int16` (what the head's product
+//! takes, [`Activations::head`]) instead, and `CPU_ROWS_HEAD=q8_0` makes the 8-bit shape
+//! symmetric (GGUF's Q8_0 as loaded, which `Int16Q8Int8` reads with int8 inputs): together
+//! they time the tied head's verify rows under int16 and under int8 inputs (#33, session 30).
 
 use half::f16;
 use mlx_core::cpu::{matmul_t_each, Activations, CpuContext, Floats, MatJob, Matrix, RowsScratch};
@@ -39,7 +44,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(96.0);
     let mut ctx = CpuContext::new(threads)?;
-    ctx.activations = Activations::Int16Q8Int8;
+    ctx.activations = match std::env::var("CPU_ROWS_ACT").as_deref() {
+        Ok("int16") => Activations::Int16,
+        _ => Activations::Int16Q8Int8,
+    };
+    let q8_0 = std::env::var("CPU_ROWS_HEAD").is_ok_and(|v| v == "q8_0");
     let mut rng = Lcg(7);
     let mut scratch = RowsScratch::default();
     for (rows, cols, bits) in [
@@ -66,15 +75,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mats: Vec<Matrix<'_>> = store
             .iter()
             .map(|(w, s, b)| {
-                Matrix::affine(
-                    w,
-                    Floats::F16(s),
-                    Floats::F16(b),
-                    rows,
-                    cols,
-                    bits as u32,
-                    32,
-                )
+                if q8_0 && bits == 8 {
+                    Matrix::symmetric(w, Floats::F16(s), rows, cols, 8, 32)
+                } else {
+                    Matrix::affine(
+                        w,
+                        Floats::F16(s),
+                        Floats::F16(b),
+                        rows,
+                        cols,
+                        bits as u32,
+                        32,
+                    )
+                }
             })
             .collect::<Result<_, _>>()?;
         let mut base = 0.0;
