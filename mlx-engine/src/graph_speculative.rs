@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 
 use mlx_core::Array;
-use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions, MAX_SEQUENCES};
+use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions, MAX_SEQUENCES, MMA_MIN_SEQUENCES};
 use mlx_models::LanguageModel;
 
 use crate::generate::{generate_step, on_generation_stream, GenerateOptions, GRAPH_DEFAULT_ROOM};
@@ -66,6 +66,17 @@ pub fn unsupported(
 /// speculating tokens equalled plain greedy graph decoding's; `verify_equals_single_steps`
 /// had its verify groups bit-equal to single steps (its failure was the test's own row count).
 pub const BY_DEFAULT: bool = true;
+
+/// `MLX_GRAPH_SPEC_TENSOR_CORES=1`, for measuring only: the target verifies tiles of at least
+/// [`MMA_MIN_SEQUENCES`] rows on the tensor cores ([`GraphOptions::tensor_cores_from`]),
+/// whose sums run in another order than a single step's: the tokens are then within the
+/// tensor-core tiles' L3 bounds of plain greedy graph decoding's, no longer equal to them by
+/// construction. The FFMA verify rows cost ~1.4 ms each at 8B (compute-bound; session 30's
+/// H100), the most of a round's time past the ideal; this shows what the tiles would save.
+fn tensor_core_verify() -> Option<u32> {
+    (std::env::var("MLX_GRAPH_SPEC_TENSOR_CORES").as_deref() == Ok("1"))
+        .then_some(MMA_MIN_SEQUENCES)
+}
 
 /// A prompt's first token, its log-probability and its keys and values per layer.
 type Prefilled = (u32, f32, Vec<(Array, Array)>);
@@ -317,6 +328,7 @@ impl GraphSpecSteps {
             let opts = GraphOptions {
                 sequences: (k + 1) as u32,
                 one_cache_slot: true,
+                tensor_cores_from: tensor_core_verify(),
                 ..GraphOptions::default()
             };
             let mut t = GraphDecoder::with_options(tspec, &tweights, room, &opts)?;
