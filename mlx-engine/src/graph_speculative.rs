@@ -4,6 +4,10 @@
 //! sharing its cache at consecutive positions). Rejected positions are rolled back by moving
 //! each decoder's position ([`GraphDecoder::rewind`]; the next steps overwrite them).
 //!
+//! The draft runs one step past its K drafts, caching the last one while the target verifies
+//! (each decoder has its own CUDA stream, so the step can overlap the verification), instead
+//! of a catch-up step on it after a fully accepted round (`MLX_GRAPH_SPEC_OVERLAP=0`).
+//!
 //! Greedy only. Tier: the tokens are plain greedy graph decoding's (`mlx generate` on the
 //! graph decoder), bit for bit: a verify row computes what a single step computes, in the same
 //! order (the FFMA kernels sum each row alone; the tensor-core tiles, which would not, are off),
@@ -186,6 +190,10 @@ pub struct GraphSpecSteps {
     stats: SpecStats,
     /// `MLX_GRAPH_SPEC_PROFILE`'s per-part times (host wall clock), or none.
     profile: Option<Profile>,
+    /// The draft runs one step past its K drafts (the last draft into its cache) while the
+    /// target verifies, on its own stream, instead of a catch-up step on the last draft after
+    /// a fully accepted round (`MLX_GRAPH_SPEC_OVERLAP=0` turns it off, for A/B runs).
+    overlap: bool,
 }
 
 /// Where speculation's rounds spend their time (`MLX_GRAPH_SPEC_PROFILE=1`: a summary on
@@ -368,6 +376,7 @@ impl GraphSpecSteps {
             left: max_tokens.map(|m| m.saturating_sub(1)),
             stats: SpecStats::default(),
             profile: Profile::from_env(),
+            overlap: std::env::var("MLX_GRAPH_SPEC_OVERLAP").as_deref() != Ok("0"),
         }
     }
 
@@ -440,8 +449,11 @@ impl GraphSpecSteps {
         mark(0);
         let mut tokens = Vec::with_capacity(k + 1);
         tokens.push(self.y);
+        // With `overlap`, one step past the drafts: it caches the last draft while the target
+        // verifies (each decoder has its own stream); its token is not used.
+        let extra = usize::from(self.overlap && k > 0);
         if k > 0 {
-            self.draft.start(self.y, k)?;
+            self.draft.start(self.y, k + extra)?;
             for _ in 0..k {
                 tokens.push(self.draft.next_token()?.0);
             }
@@ -461,7 +473,11 @@ impl GraphSpecSteps {
         self.target.rewind(p + n + 1)?;
         if k > 0 {
             if n < k {
+                // Drops the extra step too (its position is past the rewind).
                 self.draft.rewind(p + n + 1)?;
+            } else if extra == 1 {
+                // The extra step cached the last draft: the draft is level with the target.
+                self.draft.next_token()?;
             } else {
                 // The draft fed y and its first k - 1 drafts; the last one goes in next round.
                 self.draft_behind.push(tokens[k]);
@@ -632,6 +648,8 @@ mod tests {
                     Some(n),
                     k,
                 );
+                // The draft's extra step during verification, or its catch-up step after.
+                s.overlap = seed % 2 == 0;
                 let mut got = Vec::new();
                 let mut from_draft = 0;
                 for _ in 0..n {
