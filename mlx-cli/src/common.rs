@@ -290,14 +290,12 @@ impl DecoderArgs {
             _ if dtype != "auto" => Ok(mlx(format!(
                 "decoder: mlx (auto: --dtype {dtype} asks for MLX's exact numerics)"
             ))),
-            _ if on_gpu => {
-                match graph_why_not() {
-                    None => Ok(graph_choice()),
-                    Some(why) => Ok(mlx(format!(
-                        "decoder: mlx (auto: the graph decoder does not apply: {why})"
-                    ))),
-                }
-            }
+            _ if on_gpu => match graph_why_not() {
+                None => Ok(graph_choice()),
+                Some(why) => Ok(mlx(format!(
+                    "decoder: mlx (auto: the graph decoder does not apply: {why})"
+                ))),
+            },
             _ => match cpu_decode_unsupported(model, opts, has_prompt_cache) {
                 None => Ok(cpu()),
                 Some(why) => Ok(mlx(format!(
@@ -360,9 +358,10 @@ pub fn check_sampling(temp: f64, top_p: f64, min_p: f64, xtc_p: f64) -> Result<(
 pub struct SpecArgs {
     /// A model to be used for speculative decoding (a directory, .gguf file or Hub name; its
     /// tokenizer must have the model's vocabulary size). Runs on the MLX path (mlx-lm's
-    /// speculation); with `--decoder graph` on a CUDA build, greedy, both models on the GPU
-    /// graph decoder (not yet chosen by `auto`: not yet checked on a device); with
-    /// `--decoder cpu` both models on the CPU decoder (greedy only).
+    /// speculation); on a CUDA build, greedy, with `--decoder auto` (on a GPU, `--dtype auto`)
+    /// or `graph`, both models on the GPU graph decoder where both qualify (the output is
+    /// plain greedy graph decoding's); with `--decoder cpu` both models on the CPU decoder
+    /// (greedy only).
     #[arg(long, value_name = "PATH|NAME", conflicts_with_all = ["prompt_lookup_ngram", "mtp"])]
     pub draft_model: Option<String>,
     /// Number of tokens to draft when using speculative decoding (at most, a round): default

@@ -355,7 +355,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
                 None
             } else if !asked && !mlx_engine::graph_speculative::BY_DEFAULT {
                 Some(
-                    "speculation on the graph decoder has not been checked on a device yet \
+                    "speculation on the graph decoder is off by default in this build \
                      (`--decoder graph` opts in)"
                         .to_string(),
                 )

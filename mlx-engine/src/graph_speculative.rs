@@ -4,6 +4,10 @@
 //! sharing its cache at consecutive positions). Rejected positions are rolled back by moving
 //! each decoder's position ([`GraphDecoder::rewind`]; the next steps overwrite them).
 //!
+//! The draft runs one step past its K drafts, caching the last one while the target verifies
+//! (each decoder has its own CUDA stream, so the step can overlap the verification), instead
+//! of a catch-up step on it after a fully accepted round (`MLX_GRAPH_SPEC_OVERLAP=0`).
+//!
 //! Greedy only. Tier: the tokens are plain greedy graph decoding's (`mlx generate` on the
 //! graph decoder), bit for bit: a verify row computes what a single step computes, in the same
 //! order (the FFMA kernels sum each row alone; the tensor-core tiles, which would not, are off),
@@ -15,7 +19,7 @@
 use std::collections::VecDeque;
 
 use mlx_core::Array;
-use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions, MAX_SEQUENCES};
+use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions, MAX_SEQUENCES, MMA_MIN_SEQUENCES};
 use mlx_models::LanguageModel;
 
 use crate::generate::{generate_step, on_generation_stream, GenerateOptions, GRAPH_DEFAULT_ROOM};
@@ -60,11 +64,23 @@ pub fn unsupported(
     }
 }
 
-/// Whether `--decoder auto` speculates on the graph decoder where both models qualify. Off
-/// until a device run checks the verify rows and the rounds against plain graph decoding
-/// (`verify_equals_single_steps`, `graph_speculative_equals_plain` in the `cuda` tests): they
-/// have run only on the CPU emulator. `--decoder graph` opts in.
-pub const BY_DEFAULT: bool = false;
+/// Whether `--decoder auto` speculates on the graph decoder where both models qualify (greedy,
+/// on a GPU, `--dtype auto`). On since session 30's device run (an H100,
+/// results/gpu/2026-12-05-s30-h100): `graph_speculative_equals_plain` passed and the bench's
+/// speculating tokens equalled plain greedy graph decoding's; `verify_equals_single_steps`
+/// had its verify groups bit-equal to single steps (its failure was the test's own row count).
+pub const BY_DEFAULT: bool = true;
+
+/// `MLX_GRAPH_SPEC_TENSOR_CORES=1`, for measuring only: the target verifies tiles of at least
+/// [`MMA_MIN_SEQUENCES`] rows on the tensor cores ([`GraphOptions::tensor_cores_from`]),
+/// whose sums run in another order than a single step's: the tokens are then within the
+/// tensor-core tiles' L3 bounds of plain greedy graph decoding's, no longer equal to them by
+/// construction. The FFMA verify rows cost ~1.4 ms each at 8B (compute-bound; session 30's
+/// H100), the most of a round's time past the ideal; this shows what the tiles would save.
+fn tensor_core_verify() -> Option<u32> {
+    (std::env::var("MLX_GRAPH_SPEC_TENSOR_CORES").as_deref() == Ok("1"))
+        .then_some(MMA_MIN_SEQUENCES)
+}
 
 /// A prompt's first token, its log-probability and its keys and values per layer.
 type Prefilled = (u32, f32, Vec<(Array, Array)>);
@@ -172,6 +188,105 @@ pub struct GraphSpecSteps {
     /// Tokens still to produce (`None`: up to the caches' room).
     left: Option<usize>,
     stats: SpecStats,
+    /// `MLX_GRAPH_SPEC_PROFILE`'s per-part times (host wall clock), or none.
+    profile: Option<Profile>,
+    /// The draft runs one step past its K drafts (the last draft into its cache) while the
+    /// target verifies, on its own stream, instead of a catch-up step on the last draft after
+    /// a fully accepted round (`MLX_GRAPH_SPEC_OVERLAP=0` turns it off, for A/B runs).
+    overlap: bool,
+}
+
+/// Where speculation's rounds spend their time (`MLX_GRAPH_SPEC_PROFILE=1`: a summary on
+/// stderr when the generation ends; `=2`: also one line a round). Host wall clock around each
+/// part; every part ends waiting for its GPU work (a read or a synchronize), so each part's
+/// time is its GPU time plus its host overhead: `catch_up` the draft's step on the last
+/// draft of a fully accepted round (`feed`, one synchronize), `drafts` the draft's K steps
+/// (`start`: a state upload; K `next_token`: queued replays, one read each), `verify` the
+/// target's K + 1 rows (a state upload, the replay, K + 1 reads), `rest` the rewinds and the
+/// bookkeeping.
+#[derive(Debug, Default)]
+struct Profile {
+    per_round: bool,
+    rounds: usize,
+    fed_rounds: usize,
+    draft_steps: usize,
+    verify_rows: usize,
+    tokens: usize,
+    /// Seconds: catch-up, drafts, verify, rest.
+    parts: [f64; 4],
+}
+
+impl Profile {
+    fn from_env() -> Option<Profile> {
+        match std::env::var("MLX_GRAPH_SPEC_PROFILE").ok()?.trim() {
+            "1" => Some(Profile::default()),
+            "2" => Some(Profile {
+                per_round: true,
+                ..Profile::default()
+            }),
+            _ => None,
+        }
+    }
+
+    /// One round: the parts' seconds, draft steps, verify rows, tokens it gave.
+    fn add(&mut self, parts: [f64; 4], fed: bool, drafts: usize, rows: usize, tokens: usize) {
+        self.rounds += 1;
+        self.fed_rounds += usize::from(fed);
+        self.draft_steps += drafts;
+        self.verify_rows += rows;
+        self.tokens += tokens;
+        for (a, b) in self.parts.iter_mut().zip(parts) {
+            *a += b;
+        }
+        if self.per_round {
+            let us = parts.map(|x| x * 1e6);
+            eprintln!(
+                "graph spec round {}: catch-up {:.0} us, {drafts} drafts {:.0} us, verify {rows} \
+                 rows {:.0} us, rest {:.0} us, {tokens} tokens",
+                self.rounds, us[0], us[1], us[2], us[3]
+            );
+        }
+    }
+
+    fn summary(&self) -> String {
+        let r = self.rounds.max(1) as f64;
+        let us = |s: f64, n: usize| if n == 0 { 0.0 } else { s * 1e6 / n as f64 };
+        let total: f64 = self.parts.iter().sum();
+        format!(
+            "graph spec profile: {} rounds, {} tokens ({:.2} a round), {:.0} us a round: \
+             catch-up {:.0} us a round ({} rounds fed, {:.0} us each), drafts {:.0} us a round \
+             ({:.1} steps, {:.0} us a step), verify {:.0} us a round ({:.1} rows), rest {:.0} us; \
+             {:.1} tok/s over the rounds",
+            self.rounds,
+            self.tokens,
+            self.tokens as f64 / r,
+            total * 1e6 / r,
+            self.parts[0] * 1e6 / r,
+            self.fed_rounds,
+            us(self.parts[0], self.fed_rounds),
+            self.parts[1] * 1e6 / r,
+            self.draft_steps as f64 / r,
+            us(self.parts[1], self.draft_steps),
+            self.parts[2] * 1e6 / r,
+            self.verify_rows as f64 / r,
+            self.parts[3] * 1e6 / r,
+            if total > 0.0 {
+                self.tokens as f64 / total
+            } else {
+                0.0
+            },
+        )
+    }
+}
+
+impl Drop for GraphSpecSteps {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            if p.rounds > 0 {
+                eprintln!("{}", p.summary());
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for GraphSpecSteps {
@@ -217,8 +332,11 @@ impl GraphSpecSteps {
         let (dspec, dweights) = map(draft)?;
         let (target_dec, draft_dec) = on_generation_stream(|| {
             mlx_core::synchronize()?;
+            // The verify rows share row 0's cache slot: one slot, not K + 1.
             let opts = GraphOptions {
                 sequences: (k + 1) as u32,
+                one_cache_slot: true,
+                tensor_cores_from: tensor_core_verify(),
                 ..GraphOptions::default()
             };
             let mut t = GraphDecoder::with_options(tspec, &tweights, room, &opts)?;
@@ -257,6 +375,8 @@ impl GraphSpecSteps {
             queue,
             left: max_tokens.map(|m| m.saturating_sub(1)),
             stats: SpecStats::default(),
+            profile: Profile::from_env(),
+            overlap: std::env::var("MLX_GRAPH_SPEC_OVERLAP").as_deref() != Ok("0"),
         }
     }
 
@@ -314,19 +434,33 @@ impl GraphSpecSteps {
         if let Some(left) = self.left {
             k = k.min(left);
         }
-        if !self.draft_behind.is_empty() {
+        let clock = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let mut marks = [0f64; 3];
+        let mut mark = |i: usize| {
+            if let Some(c) = clock {
+                marks[i] = c.elapsed().as_secs_f64();
+            }
+        };
+        let fed = !self.draft_behind.is_empty();
+        if fed {
             let behind = std::mem::take(&mut self.draft_behind);
             self.draft.feed(&behind)?;
         }
+        mark(0);
         let mut tokens = Vec::with_capacity(k + 1);
         tokens.push(self.y);
+        // With `overlap`, one step past the drafts: it caches the last draft while the target
+        // verifies (each decoder has its own stream); its token is not used.
+        let extra = usize::from(self.overlap && k > 0);
         if k > 0 {
-            self.draft.start(self.y, k)?;
+            self.draft.start(self.y, k + extra)?;
             for _ in 0..k {
                 tokens.push(self.draft.next_token()?.0);
             }
         }
+        mark(1);
         let out = self.target.verify_greedy(&tokens)?;
+        mark(2);
         if let Some(&(t, lp)) = out.iter().find(|o| !o.1.is_finite()) {
             return Err(EngineError::GraphDecoderUnsupported(format!(
                 "the graph decoder gave token {t} a log-probability of {lp}"
@@ -339,7 +473,11 @@ impl GraphSpecSteps {
         self.target.rewind(p + n + 1)?;
         if k > 0 {
             if n < k {
+                // Drops the extra step too (its position is past the rewind).
                 self.draft.rewind(p + n + 1)?;
+            } else if extra == 1 {
+                // The extra step cached the last draft: the draft is level with the target.
+                self.draft.next_token()?;
             } else {
                 // The draft fed y and its first k - 1 drafts; the last one goes in next round.
                 self.draft_behind.push(tokens[k]);
@@ -353,6 +491,16 @@ impl GraphSpecSteps {
         self.stats.rounds += 1;
         self.stats.drafted += k;
         self.stats.accepted += n;
+        if let (Some(p), Some(c)) = (self.profile.as_mut(), clock) {
+            let end = c.elapsed().as_secs_f64();
+            let parts = [
+                marks[0],
+                marks[1] - marks[0],
+                marks[2] - marks[1],
+                end - marks[2],
+            ];
+            p.add(parts, fed, k, tokens.len(), n + 1);
+        }
         Ok(())
     }
 }
@@ -500,6 +648,8 @@ mod tests {
                     Some(n),
                     k,
                 );
+                // The draft's extra step during verification, or its catch-up step after.
+                s.overlap = seed % 2 == 0;
                 let mut got = Vec::new();
                 let mut from_draft = 0;
                 for _ in 0..n {
@@ -518,6 +668,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_profile_counts_every_round_part() {
+        let prompt = [4u32, 8, 15, 16];
+        let first = target_model(&prompt);
+        let (n, k) = (30, 3);
+        let cap = prompt.len() + n + k + 2;
+        let mut s = GraphSpecSteps::from_decoders(
+            Box::new(Fake::new(&prompt, cap, target_model)),
+            Box::new(Fake::new(&prompt, cap, draft_model)),
+            (first, lp(first)),
+            Some(n),
+            k,
+        );
+        s.profile = Some(Profile::default());
+        for _ in 0..n {
+            s.next_token().unwrap();
+        }
+        let st = s.stats();
+        let p = s.profile.as_ref().unwrap();
+        assert_eq!(p.rounds, st.rounds);
+        assert_eq!(p.draft_steps, st.drafted);
+        assert_eq!(p.verify_rows, st.drafted + st.rounds);
+        // The first token is the prompt's; the rounds give the rest (the last may overshoot).
+        assert!(
+            p.tokens >= n - 1 && p.tokens == st.accepted + st.rounds,
+            "{p:?}"
+        );
+        assert!(p.parts.iter().all(|t| *t >= 0.0));
+        let line = p.summary();
+        assert!(
+            line.starts_with(&format!("graph spec profile: {} rounds", st.rounds)),
+            "{line}"
+        );
     }
 
     #[test]

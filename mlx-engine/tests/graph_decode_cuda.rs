@@ -925,12 +925,17 @@ fn verify_row(name: &str, dir: &std::path::Path) {
     let (first, kv, _) = prefill(model.as_ref(), &prompt);
     let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
     let mut single = GraphDecoder::new(spec.clone(), &weights, 128).unwrap();
+    // As speculation builds its target: the verify rows share one cache slot.
     let opts = GraphOptions {
         sequences: 9,
+        one_cache_slot: true,
         ..GraphOptions::default()
     };
     let mut dec = GraphDecoder::with_options(spec, &weights, 128, &opts).unwrap();
     assert!(!dec.tensor_cores());
+    // Its other rows have no cache slot: batched decode there is refused.
+    let e = dec.set_row_prefix(1, &kv).unwrap_err().to_string();
+    assert!(e.contains("one cache slot"), "{name}: {e}");
     let tokens: Vec<u32> = std::iter::once(first)
         .chain((1..9).map(|i| ((7 + 31 * i) % vocab) as u32))
         .collect();
@@ -975,9 +980,19 @@ fn verify_row(name: &str, dir: &std::path::Path) {
             "{name}: row {i}'s log-probability {lp}"
         );
     }
+    // The decoder's rows are the 9 asked for rounded up to whole tiles (`sequences`: two tiles
+    // of 5 where a launch takes 8, the device's failure of session 30): one more than those is
+    // refused, as many verify (the second tile's rows in the first row's slot).
+    let rows = dec.sequences();
+    assert!(rows >= 9, "{name}: {rows} rows");
+    dec.rewind(60).unwrap();
+    let all = vec![first; rows];
+    assert_eq!(dec.verify_logits(&all).unwrap().len(), rows);
+    dec.rewind(60).unwrap();
     assert!(
-        dec.verify_logits(&[first; 10]).is_err(),
-        "more rows than the decoder has"
+        dec.verify_logits(&vec![first; rows + 1]).is_err(),
+        "{name}: {} rows, more than the decoder's {rows}",
+        rows + 1
     );
     assert!(dec.rewind(10_000).is_err());
 }

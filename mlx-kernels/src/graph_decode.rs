@@ -160,6 +160,12 @@ pub struct GraphOptions {
     /// single-row kernels': a row of such a tile is within [`TEACHER_FORCED_BOUNDS`] of the
     /// sequence decoded alone (tier L3), not bit-equal as in smaller tiles.
     pub tensor_cores_from: Option<u32>,
+    /// One cache slot for all the rows (default false: one a row): the decoder then verifies
+    /// (speculation's [`GraphDecoder::verify_greedy`], whose rows share row 0's slot) and
+    /// decodes row 0 alone, and refuses batched decode's other rows
+    /// ([`GraphDecoder::set_row_prefix`], [`GraphDecoder::step_rows_greedy`]). Saves the
+    /// other rows' caches (K x the cache of one sequence for a target verifying K drafts).
+    pub one_cache_slot: bool,
 }
 
 /// The most sequences a [`GraphDecoder`] decodes a step.
@@ -183,6 +189,7 @@ impl Default for GraphOptions {
             sequences: 1,
             tile_sequences: None,
             tensor_cores_from: None,
+            one_cache_slot: false,
         }
     }
 }
@@ -1768,8 +1775,9 @@ impl GraphDecoder {
             _ => embed,
         };
         let final_norm = put(&mut rt, &w.final_norm)?;
-        // One cache slot a sequence.
-        let kv_bytes = total * s.kv_heads * capacity * d * 2;
+        // One cache slot a sequence (or one for all: `one_cache_slot`).
+        let slots = if opts.one_cache_slot { 1 } else { total };
+        let kv_bytes = slots * s.kv_heads * capacity * d * 2;
         // A trellis model's scratch (one sequence): the products before the output transform
         // and the gate's output.
         let trellis_scratch = match s.trellis {
@@ -1966,7 +1974,7 @@ impl GraphDecoder {
             batch,
             broken: None,
             pending: VecDeque::new(),
-            row_pos: vec![None; total],
+            row_pos: vec![None; slots],
             row_bias: vec![false; total],
             queued_to: 0,
             start_pos: 0,
@@ -2280,6 +2288,17 @@ impl GraphDecoder {
             return Err(invalid(
                 "graph_decoder",
                 format!("row {row}: the decoder has {} rows", self.sequences()),
+            ));
+        }
+        // Rows past the cache slots (`one_cache_slot`) verify only.
+        if row >= self.row_pos.len() {
+            return Err(invalid(
+                "graph_decoder",
+                format!(
+                    "row {row}: the decoder's {} rows share one cache slot (made to verify: \
+                     GraphOptions::one_cache_slot), so only row 0 decodes a sequence",
+                    self.sequences()
+                ),
             ));
         }
         Ok(())

@@ -111,4 +111,4 @@ done
 echo "measure-done at ${SECONDS} s" | tee -a $OUT/parts.log
 # A call returns at most 8 files: everything in one archive, the summary beside it.
 rm -f $OUT/spec_err.tmp
-(cd $OUT && tar czf logs-${TAG:-run}.tgz --exclude='logs-*.tgz' --exclude=parts.log . && find . -maxdepth 1 -type f ! -name 'logs-*.tgz' ! -name parts.log ! -name spec_table.md -delete)
+(cd $OUT && tar czf logs-${TAG:-run}.tgz --exclude='logs-*.tgz' --exclude=parts.log . && find . -maxdepth 1 -type f ! -name 'logs-*.tgz' ! -name parts.log ! -name spec_table.md ! -name spec_profile.log -delete)

@@ -11,7 +11,11 @@ tokens. The issue's bound: measured within 15% of ideal (measured / ideal <= 1.1
 target pass per accepted run` alone (rounds * t_target / tokens) is given beside it. `same
 tokens`: whether the run's tokens (all of them, hashed) equal the target's plain greedy run on
 the graph decoder (`graph-target`); mlx_lm generate's rate with the same draft and K for
-comparison where it ran."""
+comparison where it ran. `spectc` rows (spec_gpu.sh's SPEC_TC=1): the graph decoder's speculation
+with the target verifying on the tensor cores (MLX_GRAPH_SPEC_TENSOR_CORES=1; not in the worst
+ratio: a measurement of what those tiles would save); `specseq` rows (SPEC_SEQ=1): with
+MLX_GRAPH_SPEC_OVERLAP=0, the draft's catch-up step after a fully accepted round instead of its
+extra step during verification (A/B against `spec`)."""
 import json
 import statistics
 import sys
@@ -34,7 +38,7 @@ for r in rows:
         tps["graph"][words[1]].append(r["generation_tps"])
         if kind == "graph-target":
             plain_tokens[words[1]] = r.get("tokens_sha")
-    elif kind in ("spec", "mlxspec"):
+    elif kind in ("spec", "mlxspec", "spectc", "specseq"):
         spec[(kind, words[1], words[2], words[3])].append(r)
     elif kind == "mlxlm-spec":
         ref[(words[1], words[2], words[3])].append(r["generation_tps"])
@@ -48,7 +52,7 @@ print("| side | target | draft | K | decoder | tokens | rounds | drafted / accep
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 worst = None
 for (kind, t, d, k), runs in spec.items():
-    side = "graph" if kind == "spec" else "mlx"
+    side = "mlx" if kind == "mlxspec" else "graph"
     med = best[side]
     if t not in med or d not in med:
         print(f"| {kind} | {t} | {d} | {k[1:]} | missing plain runs of {t} or {d} on the {side} side |")

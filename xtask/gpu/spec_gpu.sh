@@ -13,6 +13,11 @@
 # one draft pass a drafted token, at the graph decoder's own plain step times).
 # SPEC_DECODER=graph passes `--decoder graph` to the speculating runs (until a device run has
 # checked the verify mode, `--decoder auto` does not speculate on the graph decoder).
+# MLX_GRAPH_SPEC_PROFILE=1 (or 2: also each round) in the environment puts each speculating
+# run's per-part times (catch-up, drafts, verify, rest: graph_speculative.rs) in
+# spec_profile.log; SPEC_TC=1 adds a `spectc` run a K with MLX_GRAPH_SPEC_TENSOR_CORES=1 (the
+# target verifies on the tensor cores: measuring only, its tokens are L3); SPEC_SEQ=1 adds a
+# `specseq` run a K with MLX_GRAPH_SPEC_OVERLAP=0 (the draft's catch-up step, session 30's way).
 # SPEC_MLX=1 adds the MLX path's side as before (`--decoder mlx` alone and speculating, and
 # mlx_lm generate's, unless SKIP_MLX_LM): run 12's rows. About 3 minutes on a warm H200 with the
 # default pairs and SPEC_ROUNDS=1 (each run loads its models: the 8B's 4.5 GB, page-cached
@@ -50,6 +55,8 @@ for line in sys.stdin:
     print(json.dumps(keep))
 ' "$label" | tee -a $J
   { echo "## $label"; grep -v '^[[:space:]]*$' $OUT/spec_err.tmp | tail -6; } >> $OUT/spec_stderr.log
+  # MLX_GRAPH_SPEC_PROFILE=1|2 in the environment: where the rounds' time went.
+  grep -h '^graph spec' $OUT/spec_err.tmp | sed "s|^|$label: |" >> $OUT/spec_profile.log
 }
 mlxlm() {  # LABEL ARGS...: mlx_lm generate's figures as a JSON line
   local label=$1; shift
@@ -84,6 +91,11 @@ for pair in ${SPEC_PAIRS:-echo-llama31-8b-q4:echo-llama-135m-v128k-bf16:2,4,8 su
     fi
     for k in ${KL//,/ }; do
       one "spec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
+      # SPEC_SEQ=1: the same with the draft's catch-up step after a fully accepted round
+      # instead of its extra step during verification (MLX_GRAPH_SPEC_OVERLAP=0), for A/B.
+      [ -n "$SPEC_SEQ" ] && one "specseq $T $D k$k r$r" env MLX_GRAPH_SPEC_OVERLAP=0 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
+      # SPEC_TC=1: the same with the target verifying on the tensor cores (K + 1 >= 4 rows).
+      [ -n "$SPEC_TC" ] && one "spectc $T $D k$k r$r" env MLX_GRAPH_SPEC_TENSOR_CORES=1 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       if [ -n "$SPEC_MLX" ]; then
         one "mlxspec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --decoder mlx
         [ -z "$SKIP_MLX_LM" ] && mlxlm "mlxlm-spec $T $D k$k r$r" --model $M/$T --draft-model $M/$D --num-draft-tokens $k
