@@ -5,7 +5,8 @@ use std::io::Read;
 
 use clap::Args;
 use mlx_engine::generate::{
-    cpu_decode_unsupported, CpuDecode, GenerateOptions, DEFAULT_QUANTIZED_KV_START,
+    cpu_decode_unsupported, graph_decode_unsupported, CpuDecode, GenerateOptions,
+    DEFAULT_QUANTIZED_KV_START,
 };
 use mlx_models::LanguageModel;
 
@@ -274,7 +275,7 @@ impl DecoderArgs {
         };
         let graph_why_not = || match &graph {
             Err(why) => Some(why.clone()),
-            Ok(()) => mlx_engine::graph::unsupported(model, opts, has_prompt_cache),
+            Ok(()) => graph_decode_unsupported(model, opts, has_prompt_cache),
         };
         let on_gpu = mlx_core::Device::default_device().is_ok_and(|d| d != mlx_core::Device::cpu());
         match self.decoder.as_str() {
