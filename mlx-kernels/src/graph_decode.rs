@@ -68,8 +68,7 @@ use crate::graph_trellis::{
 };
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
-/// The kernels' CUDA source.
-pub const SOURCE: &str = include_str!("graph_decode.cu");
+pub use crate::graph_source::SOURCE;
 
 /// Qwen 3's per-head q/k norms (`qk_norm_rope`), appended to [`SOURCE`] only for a model
 /// with them ([`GraphSpec::qk_norm`]), so the other rows compile what they always did.

@@ -33,7 +33,7 @@
 use mlx_core::cpu::trellis::{hadamard_block, TrellisCode, TrellisSpec};
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Kernel};
 
-/// The kernels' CUDA source, appended to [`crate::graph_decode::SOURCE`] (whose helpers it
+/// The kernels' CUDA source, appended to [`crate::graph_source::SOURCE`] (whose helpers it
 /// uses) for a model with trellis-coded linears.
 pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
@@ -280,7 +280,7 @@ impl TrellisGpu {
                 ),
             ));
         }
-        let source = format!("{}{TRELLIS_SOURCE}", crate::graph_decode::SOURCE);
+        let source = format!("{}{TRELLIS_SOURCE}", crate::graph_source::SOURCE);
         let mut rt = GpuRuntime::new(&source, &TRELLIS_KERNELS)?;
         let kernels = [
             rt.kernel("trellis_decode")?,
@@ -592,7 +592,7 @@ mod tests {
     }
 
     fn define(name: &str) -> i64 {
-        let all = format!("{}{TRELLIS_SOURCE}", crate::graph_decode::SOURCE);
+        let all = format!("{}{TRELLIS_SOURCE}", crate::graph_source::SOURCE);
         let line = all
             .lines()
             .find(|l| l.starts_with(&format!("#define {name} ")))
@@ -634,7 +634,7 @@ mod tests {
         let source = TRELLIS_SOURCE;
         for (name, arity) in TRELLIS_KERNELS {
             assert!(
-                !crate::graph_decode::SOURCE.contains(&format!(" {name}(")),
+                !crate::graph_source::SOURCE.contains(&format!(" {name}(")),
                 "{name} is only in its own source"
             );
             let start = source
