@@ -1469,7 +1469,7 @@ fn upload_tlin(rt: &mut GpuRuntime, spec: &TrellisSpec, l: &GraphLinear) -> Resu
     let rows = sh.first().copied().unwrap_or(0) as usize;
     let cols = t.sv.size();
     let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?)
-        .map_err(|e| invalid("graph_decoder", e))?;
+        .map_err(|e| invalid("graph_decoder", e.to_string()))?;
     Ok(TLin {
         words: put(rt, &l.weight)?,
         scales: put(rt, &scales.astype(Dtype::Float32)?)?,
@@ -1491,7 +1491,7 @@ fn upload_tlin(rt: &mut GpuRuntime, spec: &TrellisSpec, l: &GraphLinear) -> Resu
 /// The launch shape of a `(rows, cols)` trellis matrix of `spec`.
 fn tlin_shape(rt: &GpuRuntime, spec: &TrellisSpec, rows: usize, cols: usize) -> Result<TLinShape> {
     let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?)
-        .map_err(|e| invalid("graph_decoder", e))?;
+        .map_err(|e| invalid("graph_decoder", e.to_string()))?;
     Ok(TLinShape {
         rows,
         cols,
