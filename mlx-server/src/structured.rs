@@ -25,10 +25,10 @@ fn compiler(state: &AppState, param: &str) -> Result<Arc<GrammarCompiler>, ApiEr
         .get_or_init(|| {
             GrammarCompiler::new(state.engine.tokenizer(), state.engine.vocab_size())
                 .map(Arc::new)
-                .map_err(|e| e.to_string())
+                .map_err(Arc::new)
         })
         .clone()
-        .map_err(|e| ApiError::invalid(param, e))
+        .map_err(|e| ApiError::invalid(param, e.to_string()))
 }
 
 fn compile(state: &AppState, param: &str, spec: &GrammarSpec) -> Result<Grammar, ApiError> {
