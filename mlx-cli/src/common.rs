@@ -262,7 +262,7 @@ impl DecoderArgs {
                 "decoder: mlx (auto: --dtype {dtype} asks for MLX's exact numerics)"
             ))),
             _ if on_gpu => {
-                match graph_why_not().or_else(|| mlx_engine::graph::not_by_default(model)) {
+                match graph_why_not() {
                     None => Ok(graph_choice()),
                     Some(why) => Ok(mlx(format!(
                         "decoder: mlx (auto: the graph decoder does not apply: {why})"

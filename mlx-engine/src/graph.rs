@@ -785,20 +785,6 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap
     })
 }
 
-/// Why `--decoder auto` does not pick the graph decoder for `model` though it can run it:
-/// trellis-coded linears, whose kernels have run only on the CPU emulator so far (no device
-/// run has checked them against the MLX forward); `--decoder graph` opts in.
-pub fn not_by_default(model: &dyn LanguageModel) -> Option<String> {
-    match map_model(model) {
-        Ok((spec, _)) if spec.trellis.is_some() => Some(
-            "trellis-coded linears: their graph kernels have not been checked on a device yet \
-             (`--decoder graph` opts in)"
-                .into(),
-        ),
-        _ => None,
-    }
-}
-
 /// Why the graph decoder cannot run `model` (its descriptor, the kernels' limits, the dtypes).
 pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
     let (spec, weights) = match map_model(model) {

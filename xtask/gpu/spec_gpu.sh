@@ -11,6 +11,8 @@
 # speculative tokens against plain greedy graph decoding's); then spec_cost.py's table
 # (measured time a token against the ideal model: one target pass a verification round plus
 # one draft pass a drafted token, at the graph decoder's own plain step times).
+# SPEC_DECODER=graph passes `--decoder graph` to the speculating runs (until a device run has
+# checked the verify mode, `--decoder auto` does not speculate on the graph decoder).
 # SPEC_MLX=1 adds the MLX path's side as before (`--decoder mlx` alone and speculating, and
 # mlx_lm generate's, unless SKIP_MLX_LM): run 12's rows. About 3 minutes on a warm H200 with the
 # default pairs and SPEC_ROUNDS=1 (each run loads its models: the 8B's 4.5 GB, page-cached
@@ -81,7 +83,7 @@ for pair in ${SPEC_PAIRS:-echo-llama31-8b-q4:echo-llama-135m-v128k-bf16:2,4,8 su
       [ -z "$SKIP_MLX_LM" ] && mlxlm "mlxlm-plain-target $T r$r" --model $M/$T
     fi
     for k in ${KL//,/ }; do
-      one "spec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true
+      one "spec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       if [ -n "$SPEC_MLX" ]; then
         one "mlxspec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --decoder mlx
         [ -z "$SKIP_MLX_LM" ] && mlxlm "mlxlm-spec $T $D k$k r$r" --model $M/$T --draft-model $M/$D --num-draft-tokens $k
