@@ -261,14 +261,12 @@ impl DecoderArgs {
             _ if dtype != "auto" => Ok(mlx(format!(
                 "decoder: mlx (auto: --dtype {dtype} asks for MLX's exact numerics)"
             ))),
-            _ if on_gpu => {
-                match graph_why_not() {
-                    None => Ok(graph_choice()),
-                    Some(why) => Ok(mlx(format!(
-                        "decoder: mlx (auto: the graph decoder does not apply: {why})"
-                    ))),
-                }
-            }
+            _ if on_gpu => match graph_why_not() {
+                None => Ok(graph_choice()),
+                Some(why) => Ok(mlx(format!(
+                    "decoder: mlx (auto: the graph decoder does not apply: {why})"
+                ))),
+            },
             _ => match cpu_decode_unsupported(model, opts, has_prompt_cache) {
                 None => Ok(cpu()),
                 Some(why) => Ok(mlx(format!(
