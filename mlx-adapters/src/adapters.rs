@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mlx_core::io::{load_safetensors, save_safetensors, StringMap};
+use mlx_core::io::{save_safetensors, StringMap};
 use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
 use mlx_models::layers::{Embedding, Linear, LinearMut, QuantizedWeight, SwitchLinear};
@@ -17,11 +17,11 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::{io_err, Result, TrainError};
-use crate::full::{layer_parameter_shapes, write_layer_parameters};
+use crate::full::{read_full_weights, write_layer_parameters};
 use crate::lora::{
     as_lora, as_lora_embedding, linear_to_lora_layers, LoraConfig, LoraSwitchLinear,
 };
-use crate::params::Params;
+use crate::params::{read_checked, Params};
 
 /// The fields of `adapter_config.json` that matter when loading (the file holds every
 /// training option; the rest is ignored, as mlx-lm does).
@@ -82,42 +82,6 @@ pub fn save_adapter_config(path: &Path, options: &serde_json::Map<String, Value>
     mlx_core::partial::write_atomic(path, text.as_bytes()).map_err(|e| io_err(path, e))
 }
 
-/// Reads an adapter file, checking each tensor against `allowed` (name to shape and dtype) as
-/// mlx-lm's `load_adapters` does (every problem listed together). A floating-point tensor may
-/// replace one of another floating-point dtype (mlx-lm's `load_weights` keeps the file's);
-/// any other dtype must match exactly (an integer array where the model holds floats, or a
-/// float where it holds a quantized linear's packed weight, would only fail in the forward).
-fn read_checked(path: &Path, allowed: &BTreeMap<String, (Vec<i32>, Dtype)>) -> Result<ParamMap> {
-    let (weights, _) = load_safetensors(path, None).map_err(|e| io_err(path, e))?;
-    let mut errors = Vec::new();
-    for (name, w) in &weights {
-        match allowed.get(name) {
-            None => errors.push(format!("  {name}: not an adapter parameter in the model")),
-            Some((shape, _)) if *shape != w.shape() => errors.push(format!(
-                "  {name}: adapter shape {:?} does not match model parameter shape {:?}",
-                w.shape(),
-                shape
-            )),
-            Some((_, dtype))
-                if w.dtype() != *dtype && !(w.dtype().is_floating() && dtype.is_floating()) =>
-            {
-                errors.push(format!(
-                    "  {name}: adapter dtype {} does not suit model parameter dtype {dtype}",
-                    w.dtype()
-                ))
-            }
-            Some(_) => {}
-        }
-    }
-    if !errors.is_empty() {
-        return Err(io_err(
-            path,
-            format!("contains incompatible tensors:\n{}", errors.join("\n")),
-        ));
-    }
-    Ok(weights)
-}
-
 /// Reads adapter weights and puts them into `params` (every name must be one of them, with
 /// its shape).
 pub fn load_adapter_weights(path: &Path, params: &Params) -> Result<()> {
@@ -127,16 +91,6 @@ pub fn load_adapter_weights(path: &Path, params: &Params) -> Result<()> {
         .map(|(k, v)| (k, (v.shape(), v.dtype())))
         .collect();
     params.update(&read_checked(path, &allowed)?)
-}
-
-/// A full fine-tune's `adapters.safetensors`, checked against every array of the model's
-/// decoder layers.
-pub(crate) fn read_full_weights(model: &mut dyn LanguageModel, path: &Path) -> Result<ParamMap> {
-    let allowed = layer_parameter_shapes(model)?
-        .into_iter()
-        .map(|(k, shape, dtype, _)| (k, (shape, dtype)))
-        .collect();
-    read_checked(path, &allowed)
 }
 
 /// `load_adapters(model, adapter_path)`: wraps the model's linears as the adapter's config

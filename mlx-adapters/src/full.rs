@@ -24,10 +24,9 @@ use mlx_models::layers::LayerParam;
 use mlx_models::models::{OutputHead, Trainable};
 use mlx_models::LanguageModel;
 
-use crate::adapters::read_full_weights;
 use crate::error::{Result, TrainError};
 use crate::lora::selected_layers;
-use crate::params::Params;
+use crate::params::{read_checked, Params};
 
 /// A decoder layer array's name, shape, dtype and whether it can train.
 pub type LayerParamShape = (String, Vec<i32>, Dtype, bool);
@@ -102,6 +101,16 @@ pub fn write_layer_parameters(model: &mut dyn LanguageModel, values: &ParamMap) 
         ))),
         None => Ok(()),
     }
+}
+
+/// A full fine-tune's `adapters.safetensors`, checked against every array of the model's
+/// decoder layers.
+pub(crate) fn read_full_weights(model: &mut dyn LanguageModel, path: &Path) -> Result<ParamMap> {
+    let allowed = layer_parameter_shapes(model)?
+        .into_iter()
+        .map(|(k, shape, dtype, _)| (k, (shape, dtype)))
+        .collect();
+    read_checked(path, &allowed)
 }
 
 /// `--resume-adapter-file` of a full run, as mlx-lm's `model.load_weights(file, strict=False)`:

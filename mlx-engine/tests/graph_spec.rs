@@ -10,7 +10,8 @@ mod graph_models;
 use std::path::PathBuf;
 
 use mlx_engine::generate::{generate_step, GenerateOptions};
-use mlx_engine::graph::{map_model, model_unsupported, options_unsupported, unsupported};
+use mlx_engine::generate::{graph_decode_unsupported, graph_options_unsupported};
+use mlx_engine::graph::{map_model, model_unsupported};
 use mlx_engine::sample::{LogitsProcessor, Sampler, SamplerSettings};
 use mlx_engine::EngineError;
 use mlx_models::load::{load_model_dir, LoadOptions};
@@ -160,7 +161,8 @@ fn every_covered_row_maps_with_its_knobs() {
         }
         // Without a CUDA device (here), the model qualifies but the machine does not.
         if !mlx_kernels::graph_decode::GraphDecoder::available() {
-            let why = unsupported(model.as_ref(), &GenerateOptions::default(), false).unwrap();
+            let why = graph_decode_unsupported(model.as_ref(), &GenerateOptions::default(), false)
+                .unwrap();
             assert!(why.contains("no CUDA device"), "{name}: {why}");
         }
     }
@@ -316,7 +318,7 @@ fn a_trellis_model_maps_its_trellis_linears() {
 #[test]
 fn options_the_decoder_does_not_take_are_named() {
     let greedy = GenerateOptions::default();
-    assert_eq!(options_unsupported(&greedy, false), None);
+    assert_eq!(graph_options_unsupported(&greedy, false), None);
     // Sampling and logits processors run on the host from the decoder's logits.
     let sampled = GenerateOptions {
         sampler: Sampler::new(SamplerSettings {
@@ -340,16 +342,16 @@ fn options_the_decoder_does_not_take_are_named() {
         kv_bits: Some(8),
         ..GenerateOptions::default()
     };
-    assert_eq!(options_unsupported(&sampled, false), None);
-    assert_eq!(options_unsupported(&processors, false), None);
+    assert_eq!(graph_options_unsupported(&sampled, false), None);
+    assert_eq!(graph_options_unsupported(&processors, false), None);
     // A continued prompt cache is copied into the decoder (chat's turns, a cache file of plain
     // KV caches): no reason to refuse.
-    assert_eq!(options_unsupported(&greedy, true), None);
+    assert_eq!(graph_options_unsupported(&greedy, true), None);
     for (o, cache, what) in [
         (&rotating, false, "--max-kv-size"),
         (&quantized, false, "--kv-bits"),
     ] {
-        let why = options_unsupported(o, cache).unwrap();
+        let why = graph_options_unsupported(o, cache).unwrap();
         assert!(why.contains(what), "{what}: {why}");
     }
 }

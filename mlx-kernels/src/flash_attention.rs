@@ -30,6 +30,7 @@
 use mlx_core::prelude::*;
 use mlx_core::transforms::{custom_vjp, Function};
 
+use crate::flash_spec::FlashSpec;
 use crate::{check_float, check_same_dtype, flash_cuda, invalid, Path};
 
 const OP: &str = "flash_attention";
@@ -40,33 +41,6 @@ pub const FWD_REL_BOUND: f32 = 1e-6;
 /// Gradient bound against the reference's gradients in float32, per input, relative to the
 /// largest magnitude of the reference gradient (measured on CPU: at most 4.6e-7).
 pub const GRAD_REL_BOUND: f32 = 2e-6;
-
-/// Which keys each query attends to, the softmax scale and the tile sizes.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FlashSpec {
-    pub scale: f32,
-    /// Causal: query at position `p` sees keys `0..=p`.
-    pub causal: bool,
-    /// Sliding window (needs `causal`): query at `p` sees keys `p - window + 1 ..= p`.
-    pub window: Option<i32>,
-    /// Queries per tile.
-    pub block_q: i32,
-    /// Keys per tile.
-    pub block_k: i32,
-}
-
-impl FlashSpec {
-    /// Causal attention with square tiles of `block` tokens.
-    pub fn causal(scale: f32, block: i32) -> FlashSpec {
-        FlashSpec {
-            scale,
-            causal: true,
-            window: None,
-            block_q: block,
-            block_k: block,
-        }
-    }
-}
 
 struct Dims {
     b: i32,

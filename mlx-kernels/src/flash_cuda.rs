@@ -31,7 +31,7 @@
 use mlx_core::kernels::{CustomKernel, KernelBuilder, Launch, TemplateArg};
 use mlx_core::prelude::*;
 
-use crate::flash_attention::FlashSpec;
+use crate::flash_spec::FlashSpec;
 use crate::{invalid, with_kernel};
 
 const OP: &str = "flash_attention";

@@ -68,8 +68,7 @@ use crate::graph_trellis::{
 };
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
-/// The kernels' CUDA source.
-pub const SOURCE: &str = include_str!("graph_decode.cu");
+pub use crate::graph_source::SOURCE;
 
 /// Qwen 3's per-head q/k norms (`qk_norm_rope`), appended to [`SOURCE`] only for a model
 /// with them ([`GraphSpec::qk_norm`]), so the other rows compile what they always did.
@@ -1477,7 +1476,7 @@ fn upload_tlin(rt: &mut GpuRuntime, spec: &TrellisSpec, l: &GraphLinear) -> Resu
     let rows = sh.first().copied().unwrap_or(0) as usize;
     let cols = t.sv.size();
     let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?)
-        .map_err(|e| invalid("graph_decoder", e))?;
+        .map_err(|e| invalid("graph_decoder", e.to_string()))?;
     Ok(TLin {
         words: put(rt, &l.weight)?,
         scales: put(rt, &scales.astype(Dtype::Float32)?)?,
@@ -1499,7 +1498,7 @@ fn upload_tlin(rt: &mut GpuRuntime, spec: &TrellisSpec, l: &GraphLinear) -> Resu
 /// The launch shape of a `(rows, cols)` trellis matrix of `spec`.
 fn tlin_shape(rt: &GpuRuntime, spec: &TrellisSpec, rows: usize, cols: usize) -> Result<TLinShape> {
     let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?)
-        .map_err(|e| invalid("graph_decoder", e))?;
+        .map_err(|e| invalid("graph_decoder", e.to_string()))?;
     Ok(TLinShape {
         rows,
         cols,

@@ -30,10 +30,10 @@
 //! (`xtask/gpu/trellis_step_emulate.py`, which also checks the step against the model's MLX
 //! forward).
 
-use mlx_core::cpu::trellis::{hadamard_block, TrellisCode, TrellisSpec};
+use mlx_core::cpu::trellis::{hadamard_block, TrellisCode, TrellisError, TrellisSpec};
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Kernel};
 
-/// The kernels' CUDA source, appended to [`crate::graph_decode::SOURCE`] (whose helpers it
+/// The kernels' CUDA source, appended to [`crate::graph_source::SOURCE`] (whose helpers it
 /// uses) for a model with trellis-coded linears.
 pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
@@ -135,6 +135,49 @@ pub struct TrellisPlan {
     pub shared_bytes: u32,
 }
 
+/// Why a trellis matrix has no CUDA plan ([`TrellisPlan::new`]): the matrix's shape and
+/// numbers, and which limit of the kernels it breaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrellisPlanError {
+    /// The code's parameters or the matrix's shape ([`TrellisSpec::check_shape`]).
+    Shape(TrellisError),
+    /// A code other than 1mad.
+    Code(TrellisCode),
+    /// A side of `2^31` or more.
+    Size { rows: usize, cols: usize },
+    /// The padded float32 input does not fit `trellis_matvec`'s shared memory.
+    SharedMemory { cols: usize, bytes: usize },
+}
+
+impl std::fmt::Display for TrellisPlanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrellisPlanError::Shape(e) => write!(f, "{e}"),
+            TrellisPlanError::Code(code) => write!(
+                f,
+                "a trellis matrix of the {code:?} code: the CUDA kernels compute the 1mad code only"
+            ),
+            TrellisPlanError::Size { rows, cols } => {
+                write!(f, "a ({rows}, {cols}) trellis matrix: not 31-bit sizes")
+            }
+            TrellisPlanError::SharedMemory { cols, bytes } => write!(
+                f,
+                "a trellis matrix of {cols} inputs: its input takes {bytes} bytes of shared \
+                 memory, more than {TRELLIS_MAX_SHARED}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TrellisPlanError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TrellisPlanError::Shape(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 impl TrellisPlan {
     /// The plan of a `(rows, cols)` matrix of `spec` on a GPU of `sms` multiprocessors; `Err`
     /// names the problem.
@@ -143,26 +186,19 @@ impl TrellisPlan {
         rows: usize,
         cols: usize,
         sms: u32,
-    ) -> std::result::Result<TrellisPlan, String> {
-        spec.check_shape(rows, cols).map_err(|e| e.to_string())?;
+    ) -> std::result::Result<TrellisPlan, TrellisPlanError> {
+        spec.check_shape(rows, cols)
+            .map_err(TrellisPlanError::Shape)?;
         if spec.code != TrellisCode::Mad {
-            return Err(format!(
-                "a trellis matrix of the {:?} code: the CUDA kernels compute the 1mad code only",
-                spec.code
-            ));
+            return Err(TrellisPlanError::Code(spec.code));
         }
         if rows >= 1 << 31 || cols >= 1 << 31 {
-            return Err(format!(
-                "a ({rows}, {cols}) trellis matrix: not 31-bit sizes"
-            ));
+            return Err(TrellisPlanError::Size { rows, cols });
         }
         let (hb_rows, hb_cols) = (hadamard_block(rows), hadamard_block(cols));
         let bytes = (cols + pad(spec.block) * cols.div_ceil(32)) * 4;
         if bytes > TRELLIS_MAX_SHARED as usize {
-            return Err(format!(
-                "a trellis matrix of {cols} inputs: its input takes {bytes} bytes of shared \
-                 memory, more than {TRELLIS_MAX_SHARED}"
-            ));
+            return Err(TrellisPlanError::SharedMemory { cols, bytes });
         }
         Ok(TrellisPlan {
             spec: *spec,
@@ -280,7 +316,7 @@ impl TrellisGpu {
                 ),
             ));
         }
-        let source = format!("{}{TRELLIS_SOURCE}", crate::graph_decode::SOURCE);
+        let source = format!("{}{TRELLIS_SOURCE}", crate::graph_source::SOURCE);
         let mut rt = GpuRuntime::new(&source, &TRELLIS_KERNELS)?;
         let kernels = [
             rt.kernel("trellis_decode")?,
@@ -592,7 +628,7 @@ mod tests {
     }
 
     fn define(name: &str) -> i64 {
-        let all = format!("{}{TRELLIS_SOURCE}", crate::graph_decode::SOURCE);
+        let all = format!("{}{TRELLIS_SOURCE}", crate::graph_source::SOURCE);
         let line = all
             .lines()
             .find(|l| l.starts_with(&format!("#define {name} ")))
@@ -634,7 +670,7 @@ mod tests {
         let source = TRELLIS_SOURCE;
         for (name, arity) in TRELLIS_KERNELS {
             assert!(
-                !crate::graph_decode::SOURCE.contains(&format!(" {name}(")),
+                !crate::graph_source::SOURCE.contains(&format!(" {name}(")),
                 "{name} is only in its own source"
             );
             let start = source
@@ -694,7 +730,9 @@ mod tests {
             (spec(3, 8, 32), 4, 1 << 16, "shared memory"),
             (spec(3, 8, 32), 1 << 31, 32, "31-bit"),
         ] {
-            let e = TrellisPlan::new(&s, rows, cols, DEFAULT_SMS).unwrap_err();
+            let e = TrellisPlan::new(&s, rows, cols, DEFAULT_SMS)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(what), "{e}");
         }
     }

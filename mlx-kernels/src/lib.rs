@@ -39,12 +39,15 @@ use mlx_core::{Array, Dtype, Error, Result};
 
 pub mod flash_attention;
 pub mod flash_cuda;
+pub mod flash_spec;
 pub mod graph_decode;
+pub mod graph_source;
 pub mod graph_trellis;
 pub mod rms_norm;
 pub mod swiglu;
 
-pub use flash_attention::{attention_reference, flash_attention, flash_attention_with, FlashSpec};
+pub use flash_attention::{attention_reference, flash_attention, flash_attention_with};
+pub use flash_spec::FlashSpec;
 pub use rms_norm::add_rms_norm;
 pub use swiglu::swiglu;
 

@@ -10,8 +10,8 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::guard::accept;
 use crate::request::too_large;
-use crate::routes::{accept, refused};
 use crate::state::{AppState, Shared};
 
 /// A validated embeddings request.
@@ -209,7 +209,7 @@ pub async fn embeddings(
                     let _ = tx.send(r);
                 }),
             )
-            .map_err(refused)?;
+            .map_err(ApiError::refused)?;
         let rows = rx
             .await
             .map_err(|_| ApiError::server("the engine dropped the request"))?

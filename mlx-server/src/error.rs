@@ -4,6 +4,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use mlx_engine::batch::SubmitError;
 use serde_json::json;
 
 /// An error answered to the client.
@@ -17,6 +18,25 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// The answer to a request the engine's queue refused (503 with `Retry-After` when full: the
+    /// server is overloaded, not this client over a rate limit).
+    pub fn refused(e: SubmitError) -> Self {
+        match e {
+            SubmitError::QueueFull(_) => ApiError::overloaded(
+                format!("The server is busy: {e}. Retry later."),
+                "queue_full",
+            ),
+            SubmitError::TooManyTokens { .. } => {
+                let mut busy = ApiError::busy(format!(
+                    "The server is busy: {e} (--max-queued-tokens). Retry later."
+                ));
+                busy.code = Some("too_many_queued_tokens");
+                busy
+            }
+            SubmitError::Stopped => ApiError::server(e.to_string()),
+        }
+    }
+
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,

@@ -8,7 +8,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
@@ -17,6 +18,7 @@ use axum::Router;
 
 use crate::args::ServeArgs;
 use crate::error::ApiError;
+use crate::state::Shared;
 
 /// The rules, from the options.
 pub(crate) struct Guard {
@@ -208,6 +210,46 @@ fn with_error_body(resp: Response, method: &Method, path: &str) -> Response {
         }
     }
     out
+}
+
+/// The API key check (`--api-key`: `Authorization: Bearer KEY`, compared in constant time).
+pub(crate) fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.args.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compare without an early exit, so timing does not reveal a prefix of the key.
+    let ok = given.is_some_and(|g| {
+        g.len() == key.len()
+            && g.bytes()
+                .zip(key.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+/// The API key check and the body of a POST (413 past the size limit).
+pub(crate) fn accept(
+    state: &Shared,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    authorize(state, headers)?;
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(state.args.max_body_bytes)
+        } else {
+            ApiError::bad_request(format!("reading the request body: {e}"))
+        }
+    })
 }
 
 #[cfg(test)]

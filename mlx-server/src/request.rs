@@ -656,7 +656,8 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         Vec::new()
     };
 
-    let grammar = crate::structured::grammar(state, kind, body, request_tools.as_deref())?;
+    let grammar =
+        crate::structured::grammar(state, kind == Kind::Chat, body, request_tools.as_deref())?;
 
     Ok(Parsed {
         kind,

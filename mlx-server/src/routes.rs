@@ -16,11 +16,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
-use mlx_engine::batch::{BatchEvent, EventSink, SubmitError};
+use mlx_engine::batch::{BatchEvent, EventSink};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
+use crate::guard::{accept, authorize};
 use crate::request::{parse, Kind, Parsed};
 use crate::state::{unix_now, Shared};
 use crate::tools::{self, ReplyText, State as ReplyState, ToolFormat};
@@ -100,29 +101,6 @@ async fn fallback(uri: Uri) -> ApiError {
     ApiError::not_found(uri.path())
 }
 
-fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.args.api_key else {
-        return Ok(());
-    };
-    let given = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    // Compare without an early exit, so timing does not reveal a prefix of the key.
-    let ok = given.is_some_and(|g| {
-        g.len() == key.len()
-            && g.bytes()
-                .zip(key.bytes())
-                .fold(0u8, |a, (x, y)| a | (x ^ y))
-                == 0
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
-    }
-}
-
 async fn models(State(state): State<Shared>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     authorize(&state, &headers)?;
     Ok(Json(json!({
@@ -150,41 +128,6 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     handle(state, headers, body, Kind::Completion).await
-}
-
-/// The API key check and the body of a POST (413 past the size limit).
-pub(crate) fn accept(
-    state: &Shared,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Bytes, ApiError> {
-    authorize(state, headers)?;
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(state.args.max_body_bytes)
-        } else {
-            ApiError::bad_request(format!("reading the request body: {e}"))
-        }
-    })
-}
-
-/// The answer to a request the engine's queue refused (503 with `Retry-After` when full: the
-/// server is overloaded, not this client over a rate limit).
-pub(crate) fn refused(e: SubmitError) -> ApiError {
-    match e {
-        SubmitError::QueueFull(_) => ApiError::overloaded(
-            format!("The server is busy: {e}. Retry later."),
-            "queue_full",
-        ),
-        SubmitError::TooManyTokens { .. } => {
-            let mut busy = ApiError::busy(format!(
-                "The server is busy: {e} (--max-queued-tokens). Retry later."
-            ));
-            busy.code = Some("too_many_queued_tokens");
-            busy
-        }
-        SubmitError::Stopped => ApiError::server(e.to_string()),
-    }
 }
 
 /// Events from the engine into a tokio channel; a dropped receiver (client gone) cancels.
@@ -241,7 +184,7 @@ async fn handle(
         } else {
             state.engine.submit_n(parsed.request.clone(), sinks)
         };
-        submitted.map_err(refused)?;
+        submitted.map_err(ApiError::refused)?;
         Ok::<_, ApiError>((parsed, rxs))
     }
     .await;

@@ -27,8 +27,9 @@ pub struct AppState {
     pub model_context: Option<usize>,
     /// How the chat template marks tool calls, if it does.
     pub tool_format: Option<ToolFormat>,
-    /// Structured output's grammar compiler, built on the first request that needs one.
-    pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
+    /// Structured output's grammar compiler, built on the first request that needs one (or
+    /// why it could not be, answered to every request that needs one).
+    pub grammar: OnceLock<Result<Arc<GrammarCompiler>, Arc<mlx_engine::EngineError>>>,
     counter: AtomicU64,
     /// Unknown request fields already logged (each is logged once).
     unknown_fields: std::sync::Mutex<std::collections::HashSet<String>>,

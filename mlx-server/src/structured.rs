@@ -11,7 +11,6 @@ use mlx_engine::grammar::{Grammar, GrammarCompiler, GrammarSpec};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::request::Kind;
 use crate::state::AppState;
 use crate::tools::ToolFormat;
 
@@ -26,10 +25,10 @@ fn compiler(state: &AppState, param: &str) -> Result<Arc<GrammarCompiler>, ApiEr
         .get_or_init(|| {
             GrammarCompiler::new(state.engine.tokenizer(), state.engine.vocab_size())
                 .map(Arc::new)
-                .map_err(|e| e.to_string())
+                .map_err(Arc::new)
         })
         .clone()
-        .map_err(|e| ApiError::invalid(param, e))
+        .map_err(|e| ApiError::invalid(param, e.to_string()))
 }
 
 fn compile(state: &AppState, param: &str, spec: &GrammarSpec) -> Result<Grammar, ApiError> {
@@ -38,15 +37,16 @@ fn compile(state: &AppState, param: &str, spec: &GrammarSpec) -> Result<Grammar,
         .map_err(|e| ApiError::invalid(param, format!("invalid `{param}`: {e}")))
 }
 
-/// The grammar a request asks for, if any: a forced tool call (chat with `tool_choice`
-/// `"required"` or a named function) first, else `response_format`.
+/// The grammar a request asks for, if any: a forced tool call (`chat`: a chat request, the
+/// only kind that takes `tool_choice`; with `tool_choice` `"required"` or a named function)
+/// first, else `response_format`.
 pub fn grammar(
     state: &AppState,
-    kind: Kind,
+    chat: bool,
     body: &Map<String, Value>,
     tools: Option<&[Value]>,
 ) -> Result<Option<Grammar>, ApiError> {
-    if kind == Kind::Chat {
+    if chat {
         if let Some(spec) = tool_grammar(state, body, tools)? {
             return compile(state, "tool_choice", &spec).map(Some);
         }
