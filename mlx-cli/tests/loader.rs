@@ -131,9 +131,14 @@ fn info_reads_a_gguf_file() {
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["model_type"], "qwen2");
     assert!(v["parameters"].as_u64().unwrap() > 0, "{v}");
+    // A GGUF's quantization is per tensor: its GGML types are counted, not "none".
+    let types = v["gguf_types"].as_object().expect("gguf_types");
+    let counted: u64 = types.values().map(|n| n.as_u64().unwrap()).sum();
+    assert!(counted > 0, "{v}");
     let (code, out, err) = mlx(&["info", "--model", gguf.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("model_type: qwen2"), "{out}");
+    assert!(out.contains("quantization: GGUF types "), "{out}");
 }
 
 /// The tiny qwen2 GGUF fixture with a byte-level BPE tokenizer in its metadata (one token per

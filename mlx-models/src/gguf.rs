@@ -1131,8 +1131,15 @@ fn split_gate_up(tensors: &mut BTreeMap<String, Array>) -> Result<()> {
 /// the model: the mapped config's descriptor and the tensors as they would be loaded (MLX's
 /// GGUF reader quantizes with group size 32).
 pub fn gguf_model_info(path: &Path) -> Result<crate::load::ModelInfo> {
-    let g = read_gguf(path)?;
-    crate::load::info_of(g.config, &g.tensors, 32)
+    let header = read_gguf_header_of(path)?;
+    let mut types = BTreeMap::new();
+    for t in &header.tensors {
+        *types.entry(t.type_name.to_string()).or_insert(0usize) += 1;
+    }
+    let g = read_gguf_from(path, Some(header), GgufTensors::Auto)?;
+    let mut info = crate::load::info_of(g.config, &g.tensors, 32)?;
+    info.gguf_types = Some(types);
+    Ok(info)
 }
 
 /// Loads a GGUF file of a supported architecture as a model.

@@ -117,6 +117,10 @@ pub struct ModelInfo {
     /// Tensor count per stored dtype.
     pub dtypes: BTreeMap<String, usize>,
     pub quantization: Option<crate::config::QuantConfig>,
+    /// A GGUF file's tensor count per GGML type (`"Q4_1"`, `"Q8_0"`, `"F32"`, ...): its
+    /// quantization is per tensor, not a config block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gguf_types: Option<BTreeMap<String, usize>>,
 }
 
 /// Reads `config.json` and the weight files' headers of `dir` and resolves its descriptor.
@@ -180,6 +184,7 @@ pub(crate) fn info_of(
         parameters,
         dtypes,
         quantization: config.quantization.clone(),
+        gguf_types: None,
     })
 }
 
@@ -206,7 +211,16 @@ impl std::fmt::Display for ModelInfo {
                 q.default.mode,
                 q.overrides.len()
             )?,
-            None => writeln!(f, "quantization: none")?,
+            None => match &self.gguf_types {
+                Some(types) => {
+                    let t: Vec<String> = types
+                        .iter()
+                        .map(|(ty, n)| format!("{ty} ({n} tensors)"))
+                        .collect();
+                    writeln!(f, "quantization: GGUF types {}", t.join(", "))?
+                }
+                None => writeln!(f, "quantization: none")?,
+            },
         }
         if let Some(d) = &self.descriptor {
             write!(f, "{}", d.summary())?;
