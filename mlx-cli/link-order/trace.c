@@ -1,7 +1,8 @@
-// LD_PRELOAD: make the executable's text PROT_NONE at start; each first touch of a 4 KiB page
-// faults once, is recorded (ELF vaddr, first-touch order) and the page is made r-x again.
-// At exit the list goes to $TRACE_OUT. Exact page-level record of the code a run touches
-// (no fault-around).
+// LD_PRELOAD: function-level record of the code a run executes. At start every function entry
+// listed in $FTRACE_SYMS (ELF vaddrs, hex, one a line) gets an int3; the first execution of each
+// traps once, is recorded (first-execution order) and the original byte goes back. At exit
+// the executed entries go to $FTRACE_OUT. The text stays writable for the run (tracing only).
+// x86_64 Linux (the trap handler rewinds REG_RIP). Used by make.sh.
 #define _GNU_SOURCE
 #include <link.h>
 #include <signal.h>
@@ -10,47 +11,47 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
+#include <ucontext.h>
 static uintptr_t lo, hi, bias;
-static uintptr_t *pages; static volatile int npages; static int cap = 1 << 16;
-static void handler(int sig, siginfo_t *si, void *uc) {
-  uintptr_t a = (uintptr_t)si->si_addr;
-  if (a >= lo && a < hi) {
-    uintptr_t p = a & ~(uintptr_t)4095;
-    mprotect((void *)p, 4096, PROT_READ | PROT_EXEC);
-    int i = __atomic_fetch_add(&npages, 1, __ATOMIC_SEQ_CST);
-    if (i < cap) pages[i] = p - bias;
-    return;
-  }
-  signal(sig, SIG_DFL);
+static uintptr_t *addrs; static unsigned char *orig, *hit; static int n;
+static int *order; static volatile int nhit;
+static int find(uintptr_t a) { int l = 0, h = n - 1; while (l <= h) { int m = (l + h) / 2; if (addrs[m] == a) return m; if (addrs[m] < a) l = m + 1; else h = m - 1; } return -1; }
+static void handler(int sig, siginfo_t *si, void *ucv) {
+  ucontext_t *uc = ucv; uintptr_t a = uc->uc_mcontext.gregs[REG_RIP] - 1;
+  int i = find(a);
+  if (i < 0) { signal(sig, SIG_DFL); return; }
+  *(volatile unsigned char *)a = orig[i];
+  __builtin_ia32_mfence();
+  uc->uc_mcontext.gregs[REG_RIP] = a;
+  if (!__atomic_exchange_n(&hit[i], 1, __ATOMIC_SEQ_CST)) { int k = __atomic_fetch_add(&nhit, 1, __ATOMIC_SEQ_CST); order[k] = i; }
 }
 static int cb(struct dl_phdr_info *info, size_t sz, void *d) {
-  if (info->dlpi_name && info->dlpi_name[0]) return 0; // main program has empty name
+  if (info->dlpi_name && info->dlpi_name[0]) return 0;
   bias = info->dlpi_addr;
-  for (int i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-    if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
-      lo = (bias + ph->p_vaddr) & ~(uintptr_t)4095;
-      hi = (bias + ph->p_vaddr + ph->p_memsz + 4095) & ~(uintptr_t)4095;
-    }
-  }
+  for (int i = 0; i < info->dlpi_phnum; i++) { const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) { lo = (bias + ph->p_vaddr) & ~(uintptr_t)4095; hi = (bias + ph->p_vaddr + ph->p_memsz + 4095) & ~(uintptr_t)4095; } }
   return 1;
 }
+static int cmp(const void *x, const void *y) { uintptr_t a = *(uintptr_t *)x, b = *(uintptr_t *)y; return a < b ? -1 : a > b; }
 __attribute__((constructor)) static void init(void) {
-  if (!getenv("TRACE_OUT")) return;
-  pages = mmap(0, cap * sizeof(uintptr_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const char *sf = getenv("FTRACE_SYMS"); if (!sf || !getenv("FTRACE_OUT")) return;
   dl_iterate_phdr(cb, 0);
-  struct sigaction sa; memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = handler; sa.sa_flags = SA_SIGINFO | SA_NODEFER;
-  sigaction(SIGSEGV, &sa, 0);
-  sigaction(SIGBUS, &sa, 0);
-  mprotect((void *)lo, hi - lo, PROT_NONE);
+  FILE *f = fopen(sf, "r"); if (!f) return;
+  int cap = 1 << 18; addrs = malloc(cap * sizeof *addrs); unsigned long v;
+  while (n < cap && fscanf(f, "%lx", &v) == 1) { uintptr_t a = bias + v; if (a >= lo && a < hi) addrs[n++] = a; }
+  fclose(f);
+  qsort(addrs, n, sizeof *addrs, cmp);
+  int m = 0; for (int i = 0; i < n; i++) if (!m || addrs[m - 1] != addrs[i]) addrs[m++] = addrs[i]; n = m;
+  orig = malloc(n); hit = calloc(n, 1); order = malloc(n * sizeof *order);
+  struct sigaction sa; memset(&sa, 0, sizeof sa); sa.sa_sigaction = handler; sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigaction(SIGTRAP, &sa, 0);
+  mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE | PROT_EXEC);
+  for (int i = 0; i < n; i++) { orig[i] = *(unsigned char *)addrs[i]; *(unsigned char *)addrs[i] = 0xCC; }
 }
 __attribute__((destructor)) static void fini(void) {
-  const char *o = getenv("TRACE_OUT"); if (!o) return;
+  const char *o = getenv("FTRACE_OUT"); if (!o || !n) return;
   FILE *f = fopen(o, "w"); if (!f) return;
-  int n = npages < cap ? npages : cap;
-  fprintf(f, "# text %lx-%lx (vaddr %lx-%lx) pages touched %d\n", lo, hi, lo - bias, hi - bias, n);
-  for (int i = 0; i < n; i++) fprintf(f, "%lx\n", pages[i]);
+  fprintf(f, "# functions %d executed %d\n", n, nhit);
+  for (int k = 0; k < nhit; k++) fprintf(f, "%lx\n", addrs[order[k]] - bias);
   fclose(f);
 }
