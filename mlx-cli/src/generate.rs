@@ -334,6 +334,13 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         ..GenerateOptions::default()
     };
     a.kv.apply(&mut generate);
+    // Nothing below encodes: the stream needs of the tokenizer only its detokenizer's token
+    // map and the EOS ids. The backend (its vocabulary both ways and its merges, ~9 MiB on
+    // SmolLM2) goes back to the system before the KV cache fills, and with it issue #31's peak
+    // memory. The streamed text is byte for byte the same.
+    if m.tokenizer.keep_decoding_only() {
+        let _ = mlx_core::memory::release_free_memory();
+    }
     let lookup = match &spec {
         Some(SpecSource::Lookup(n)) => Some(*n),
         _ => None,

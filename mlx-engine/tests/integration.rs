@@ -19,6 +19,7 @@ mod gemma3_gguf;
 mod smollm2_gguf;
 mod smollm2_gguf_logits;
 mod smollm2_tokenizer;
+mod tokenizer_decoding_only;
 mod tokenizer_gguf;
 mod tokenizer_gguf_spm;
 mod tokenizer_gguf_wpm;

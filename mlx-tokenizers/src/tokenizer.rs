@@ -169,7 +169,8 @@ pub struct ThinkingMarkers {
 /// A tokenizer with mlx-lm's special-token, EOS, streaming and chat-template behaviour.
 #[derive(Clone)]
 pub struct Tokenizer {
-    inner: std::sync::Arc<tokenizers::Tokenizer>,
+    /// The backend; `None` once [`Tokenizer::keep_decoding_only`] dropped it.
+    inner: Option<std::sync::Arc<tokenizers::Tokenizer>>,
     /// Named special tokens (`special_tokens_map` of transformers), in its order.
     special_tokens: Vec<(String, String)>,
     bos_token: Option<String>,
@@ -319,9 +320,48 @@ impl Tokenizer {
                     .into(),
             ));
         }
-        self.inner
+        self.full("writing tokenizer.json")?
             .to_string(true)
             .map_err(|e| TokenizerError::Backend(e.to_string()))
+    }
+
+    /// The backend, or an error naming `what` needed it after
+    /// [`Tokenizer::keep_decoding_only`].
+    fn full(&self, what: &str) -> Result<&tokenizers::Tokenizer> {
+        self.inner.as_deref().ok_or_else(|| {
+            TokenizerError::Invalid(format!(
+                "{what}: this tokenizer keeps only its decoding tables (keep_decoding_only \
+                 dropped its encoder)"
+            ))
+        })
+    }
+
+    /// Drops the backend tokenizer (its vocabulary both ways, its merges: ~9 MiB on a
+    /// 49k-token BPE, issue #31's peak memory) where what is left answers everything a
+    /// streaming detokenizer and the EOS checks ask: the BPE and SentencePiece detokenizers read
+    /// only the token map, which stays. Returns whether it dropped it: not for the naive
+    /// detokenizer, which decodes through the backend, and not while a clone still shares the
+    /// backend (nothing would be freed). Afterwards `encode`, `decode`, the chat template's ids,
+    /// `to_hf_json` and `add_eos_token` by name are errors and `backend` is `None`;
+    /// `id_to_token`, `token_to_id`, `vocab` and `vocab_size` are answered from the token map
+    /// (`mlx generate` calls it once its prompt is encoded). The text every detokenizer of it
+    /// streams is unchanged, byte for byte.
+    pub fn keep_decoding_only(&mut self) -> bool {
+        if self.detokenizer_kind == DetokenizerKind::Naive {
+            return false;
+        }
+        match &self.inner {
+            Some(inner) if std::sync::Arc::strong_count(inner) == 1 => {
+                self.inner = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether [`Tokenizer::keep_decoding_only`] dropped the backend.
+    pub fn is_decoding_only(&self) -> bool {
+        self.inner.is_none()
     }
 
     /// Loads a model directory the way `mlx_lm.utils.load` does: `tokenizer.json`,
@@ -523,7 +563,7 @@ impl Tokenizer {
         let token_map = TokenMap::new((0..size as u32).map(|i| inner.id_to_token(i)));
 
         let mut tok = Tokenizer {
-            inner: std::sync::Arc::new(inner),
+            inner: Some(std::sync::Arc::new(inner)),
             special_tokens: named,
             bos_token,
             bos_token_id,
@@ -546,7 +586,7 @@ impl Tokenizer {
 
     /// mlx-lm's `_infer_thinking`: single-token markers first, then multi-token ones.
     fn infer_thinking(&self) -> Result<Option<ThinkingMarkers>> {
-        let vocab = self.inner.get_vocab(true);
+        let vocab = self.vocab();
         for (s, e) in [
             ("<think>", "</think>"),
             ("<longcat_think>", "</longcat_think>"),
@@ -583,7 +623,17 @@ impl Tokenizer {
 
     /// The vocabulary including added tokens.
     pub fn vocab(&self) -> HashMap<String, u32> {
-        self.inner.get_vocab(true)
+        match &self.inner {
+            Some(inner) => inner.get_vocab(true),
+            // Ids in order, a later id taking a repeated token string: the backend's added
+            // tokens (the higher ids) win over its model's as in `get_vocab`.
+            None => self
+                .token_map
+                .iter()
+                .enumerate()
+                .filter_map(|(i, t)| Some((t?.to_string(), i as u32)))
+                .collect(),
+        }
     }
 
     /// Encodes with `encoder` instead of the backend's model from now on.
@@ -597,9 +647,17 @@ impl Tokenizer {
         self.trie_encoder.is_some()
     }
 
-    /// The backend `tokenizers::Tokenizer`.
+    /// The backend `tokenizers::Tokenizer`. After [`Tokenizer::keep_decoding_only`] (see
+    /// [`Tokenizer::is_decoding_only`]) it is an empty one: a word-level model without a
+    /// vocabulary, which encodes nothing and decodes every id to nothing.
     pub fn backend(&self) -> &tokenizers::Tokenizer {
-        &self.inner
+        static EMPTY: std::sync::OnceLock<tokenizers::Tokenizer> = std::sync::OnceLock::new();
+        match &self.inner {
+            Some(inner) => inner,
+            None => EMPTY.get_or_init(|| {
+                tokenizers::Tokenizer::new(tokenizers::models::wordlevel::WordLevel::default())
+            }),
+        }
     }
 
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (e.g. BOS).
@@ -608,10 +666,9 @@ impl Tokenizer {
             // llama.cpp adds BOS (PLaMo 2) or nothing (RWKV) itself.
             return trie.encode(text, add_special_tokens);
         }
-        let enc = backend("encoding", || {
-            self.inner.encode_fast(text, add_special_tokens)
-        })?
-        .map_err(backend_err)?;
+        let inner = self.full("encoding")?;
+        let enc = backend("encoding", || inner.encode_fast(text, add_special_tokens))?
+            .map_err(backend_err)?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -635,8 +692,9 @@ impl Tokenizer {
             // llama.cpp's own rule (a SentencePiece GGUF without scores).
             return Ok(text);
         }
-        let text = backend("decoding", || self.inner.decode(ids, skip_special_tokens))?
-            .map_err(backend_err)?;
+        let inner = self.full("decoding")?;
+        let text =
+            backend("decoding", || inner.decode(ids, skip_special_tokens))?.map_err(backend_err)?;
         Ok(if self.clean_up_tokenization_spaces {
             clean_up_tokenization(&text)
         } else {
@@ -646,17 +704,35 @@ impl Tokenizer {
 
     /// The token string of `id` (`convert_ids_to_tokens`), if it exists.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
-        self.inner.id_to_token(id)
+        match &self.inner {
+            Some(inner) => inner.id_to_token(id),
+            // The token map is `id_to_token` over every id.
+            None => self
+                .token_map
+                .get(id as usize)
+                .flatten()
+                .map(str::to_string),
+        }
     }
 
     /// The id of a token string (`convert_tokens_to_ids`), if it exists.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
+        match &self.inner {
+            Some(inner) => inner.token_to_id(token),
+            // The highest id holding it, as `vocab` (a linear search: no index is kept).
+            None => (0..self.token_map.len())
+                .rev()
+                .find(|&i| self.token_map.get(i).flatten() == Some(token))
+                .map(|i| i as u32),
+        }
     }
 
     /// `len(tokenizer)`: the vocabulary including added tokens.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        match &self.inner {
+            Some(inner) => inner.get_vocab_size(true),
+            None => self.token_map.len(),
+        }
     }
 
     /// The BOS token string, if the tokenizer has one.
@@ -693,9 +769,12 @@ impl Tokenizer {
     pub fn add_eos_token(&mut self, token: &str) -> Result<()> {
         let id = match token.parse::<u32>() {
             Ok(id) => id,
-            Err(_) => self.inner.token_to_id(token).ok_or_else(|| {
-                TokenizerError::Invalid(format!("'{token}' is not a token for this tokenizer"))
-            })?,
+            Err(_) => self
+                .full("adding an EOS token by name")?
+                .token_to_id(token)
+                .ok_or_else(|| {
+                    TokenizerError::Invalid(format!("'{token}' is not a token for this tokenizer"))
+                })?,
         };
         self.eos_token_ids.insert(id);
         Ok(())

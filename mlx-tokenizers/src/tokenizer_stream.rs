@@ -62,6 +62,41 @@ fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Every token's bytes ([`spm_token_bytes`]; none for an id without a token) back to back,
+/// and where each starts: one buffer where a `Vec` per token took ~15 MB for Gemma 3's
+/// 262k-token vocabulary (issue #31's peak memory).
+struct SpmBytes {
+    bytes: Vec<u8>,
+    /// `n + 1` offsets into `bytes`.
+    starts: Vec<u32>,
+}
+
+impl SpmBytes {
+    fn new(map: &TokenMap) -> SpmBytes {
+        let mut m = SpmBytes {
+            bytes: Vec::new(),
+            starts: Vec::with_capacity(map.len() + 1),
+        };
+        m.starts.push(0);
+        for t in map.iter() {
+            if let Some(t) = t {
+                m.bytes.extend_from_slice(&spm_token_bytes(t));
+            }
+            // Vocabularies are far below 4 GB of text; saturate rather than wrap past it.
+            m.starts
+                .push(u32::try_from(m.bytes.len()).unwrap_or(u32::MAX));
+        }
+        m.bytes.shrink_to_fit();
+        m
+    }
+
+    /// Token `i`'s bytes; `None` past the map.
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        let (a, b) = (*self.starts.get(i)?, *self.starts.get(i + 1)?);
+        self.bytes.get(a as usize..b as usize)
+    }
+}
+
 #[derive(Clone)]
 enum State {
     Naive {
@@ -73,7 +108,7 @@ enum State {
         current_text: String,
     },
     Spm {
-        token_bytes: Arc<Vec<Vec<u8>>>,
+        token_bytes: Arc<SpmBytes>,
         trim_space: bool,
         unflushed: Vec<u8>,
         text: String,
@@ -144,15 +179,8 @@ impl StreamingDetokenizer {
             }
             DetokenizerKind::Spm { trim_space } => {
                 let map = tokenizer.token_map();
-                let bytes = map
-                    .iter()
-                    .map(|t| match t {
-                        None => Vec::new(),
-                        Some(t) => spm_token_bytes(t),
-                    })
-                    .collect();
                 State::Spm {
-                    token_bytes: Arc::new(bytes),
+                    token_bytes: Arc::new(SpmBytes::new(&map)),
                     trim_space,
                     unflushed: Vec::new(),
                     text: String::new(),
