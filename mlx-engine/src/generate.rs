@@ -888,8 +888,8 @@ impl<'m> GenerateStep<'m> {
         self.graph.as_ref().and_then(|g| g.built)
     }
 
-    /// The most device bytes this run's graph decoder held outside MLX's allocator (its own
-    /// copy of the weights as the kernels lay them out, its cache and activations); 0 without
+    /// The most device bytes this run's graph decoder held outside MLX's allocator (the
+    /// weights it re-lays for the kernels, its cache and activations); 0 without
     /// one. [`crate::stream`]'s peak memory is MLX's peak plus this, an upper bound of what
     /// the device held at once.
     pub fn graph_device_bytes(&self) -> usize {

@@ -953,8 +953,9 @@ pub trait GraphBackend {
     fn into_kept(self: Box<Self>) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
         None
     }
-    /// Device bytes the decoder holds outside MLX's allocator (its weights as laid out for
-    /// the kernels, its cache, its activations): MLX's peak memory does not count them, so a
+    /// Device bytes the decoder holds outside MLX's allocator (the weights it re-lays for
+    /// the kernels, not those it reads in MLX's buffers; its cache, its activations): MLX's
+    /// peak memory does not count them, so a
     /// generation's reported peak adds them ([`crate::generate::GenerateStep::graph_device_bytes`]).
     fn device_bytes(&self) -> usize {
         0

@@ -1281,8 +1281,12 @@ fn put(rt: &mut GpuRuntime, a: &Array) -> Result<Buffer> {
 fn share(rt: &mut GpuRuntime, a: &Array) -> Result<Buffer> {
     let copy = std::env::var("MLX_GRAPH_COPY_WEIGHTS").is_ok_and(|v| v == "1");
     if !copy && mlx_core::Device::gpu().is_available()? {
-        if let Ok(b) = rt.borrow_array(a) {
-            return Ok(b);
+        match rt.borrow_array(a) {
+            Ok(b) => return Ok(b),
+            Err(e) if std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1") => {
+                eprintln!("[graph memory] a weight {:?} is copied: {e}", a.shape());
+            }
+            Err(_) => {}
         }
     }
     put(rt, a)
