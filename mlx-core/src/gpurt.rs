@@ -170,6 +170,27 @@ impl GpuRuntime {
         unsafe { sys::mlxs_gpurt_allocated(self.raw) }
     }
 
+    /// A buffer that is `src`'s own device memory, without a copy: the array (evaluated
+    /// first) must be row-contiguous where MLX's CUDA back-end holds it, and 256-byte aligned.
+    /// The runtime keeps the array alive until it is dropped and never writes or frees that
+    /// memory ([`GpuRuntime::upload`] and [`GpuRuntime::copy_from_array`] into it are
+    /// errors); its bytes count in [`GpuRuntime::borrowed`], not [`GpuRuntime::allocated`].
+    /// Fails where MLX runs without a GPU, or the array is laid out otherwise: copy instead.
+    pub fn borrow_array(&mut self, src: &Array) -> Result<Buffer> {
+        let mut b = 0u32;
+        // SAFETY: live handles; b is a valid out-pointer; the shim checks the array's layout.
+        check("gpurt_borrow_array", unsafe {
+            sys::mlxs_gpurt_borrow_array(self.raw, src.as_raw(), &mut b)
+        })?;
+        Ok(Buffer(b))
+    }
+
+    /// Bytes of MLX arrays' memory this runtime's buffers borrow ([`GpuRuntime::borrow_array`]).
+    pub fn borrowed(&self) -> usize {
+        // SAFETY: live handle.
+        unsafe { sys::mlxs_gpurt_borrowed(self.raw) }
+    }
+
     /// Copies `data` into `buffer` at byte `offset` (waits for the copy).
     pub fn upload(&mut self, buffer: Buffer, offset: usize, data: &[u8]) -> Result<()> {
         // SAFETY: data is valid for data.len() bytes of reads; the shim checks the range.
@@ -421,6 +442,14 @@ impl GpuRuntime {
     }
 
     pub fn allocated(&self) -> usize {
+        match self.never {}
+    }
+
+    pub fn borrow_array(&mut self, src: &Array) -> Result<Buffer> {
+        match self.never {}
+    }
+
+    pub fn borrowed(&self) -> usize {
         match self.never {}
     }
 

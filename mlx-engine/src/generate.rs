@@ -338,6 +338,9 @@ struct GraphRun<'m> {
     /// Always `Some` until the run is dropped (then a CUDA decoder goes back to `keep`).
     dec: Option<Box<dyn crate::graph::GraphBackend + 'm>>,
     started: bool,
+    /// The prompt went in through the decoder ([`GenerateStep::prefill_graph`]): it holds the
+    /// prompt already, so no MLX cache is copied in when it starts.
+    fed: bool,
     since_mlx: Vec<i32>,
     /// The slot the decoder came from or goes to, and the model's identity.
     keep: Option<(crate::graph::GraphKeep, usize)>,
@@ -537,9 +540,20 @@ fn start<'m>(
         graph_bytes: 0,
         host: None,
     };
-    on_generation_stream(|| g.prefill(prompt))?;
-    if let Some((spec, weights)) = graph_spec {
-        on_generation_stream(|| g.build_graph(spec, &weights))?;
+    // A trellis-coded model's prompt goes through the graph decoder a token a step: MLX's path
+    // has no GPU kernel for its linears (it decodes every weight on the host per prompt
+    // chunk, issue #34: 20 tok/s and a float32 copy of every weight at 8B).
+    let cached = g.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
+    match graph_spec {
+        Some((spec, weights)) if spec.trellis.is_some() && cached == 0 && prompt.len() > 1 => {
+            on_generation_stream(|| g.build_graph(spec, &weights, prompt.len()))?;
+            on_generation_stream(|| g.prefill_graph(prompt))?;
+        }
+        Some((spec, weights)) => {
+            on_generation_stream(|| g.prefill(prompt))?;
+            on_generation_stream(|| g.build_graph(spec, &weights, 0))?;
+        }
+        None => on_generation_stream(|| g.prefill(prompt))?,
     }
     Ok(g)
 }
@@ -555,10 +569,13 @@ impl<'m> GenerateStep<'m> {
     /// the prompt's MLX work is waited for first, and the build's after it, so the decoder's
     /// CUDA work never overlaps MLX's. A build that fails (a CUDA call, device memory) leaves
     /// the run on the MLX path, with the reason in [`GenerateStep::graph_fallback`].
+    /// `pending`: prompt tokens not in the MLX caches that the decoder will take
+    /// ([`GenerateStep::prefill_graph`]).
     fn build_graph(
         &mut self,
         spec: mlx_kernels::graph_decode::GraphSpec,
         weights: &mlx_kernels::graph_decode::GraphWeights,
+        pending: usize,
     ) -> Result<()> {
         if let Some((y, _, lse)) = &self.y {
             mlx_core::eval([y, lse])?;
@@ -567,7 +584,7 @@ impl<'m> GenerateStep<'m> {
         let model = self.model;
         // The cache holds the prompt and whatever a continued prompt cache held before it.
         let cached = self.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
-        let room = cached + self.opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 2;
+        let room = cached + pending + self.opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 2;
         let kept = match &self.opts.graph_stand_in {
             Some(_) => None,
             None => self
@@ -603,6 +620,7 @@ impl<'m> GenerateStep<'m> {
             built: if built { dec.build_times() } else { None },
             dec: Some(dec),
             started: false,
+            fed: false,
             since_mlx: Vec::new(),
             keep: self
                 .opts
@@ -792,6 +810,61 @@ impl<'m> GenerateStep<'m> {
         Ok(())
     }
 
+    /// The prompt through the graph decoder ([`crate::graph::GraphBackend::feed_prompt`], one
+    /// step a token), its last token's logits sampled as the MLX path samples them. Where the
+    /// decoder was not built, or fails, the MLX path takes the prompt (the tokens the decoder
+    /// took are run through the MLX forward first).
+    fn prefill_graph(&mut self, prompt: &[i32]) -> Result<()> {
+        let Some((&last, head)) = prompt.split_last() else {
+            return self.prefill(prompt);
+        };
+        if self.graph.is_none() {
+            return self.prefill(prompt);
+        }
+        self.progress(0);
+        let Some(g) = self.graph.as_mut() else {
+            return self.prefill(prompt);
+        };
+        let r = (|| -> mlx_core::Result<Vec<f32>> {
+            let ids = |ts: &[i32]| -> mlx_core::Result<Vec<u32>> {
+                ts.iter()
+                    .map(|&t| {
+                        u32::try_from(t).map_err(|_| mlx_core::Error::InvalidArgument {
+                            op: "graph_decoder",
+                            message: format!("token id {t}"),
+                        })
+                    })
+                    .collect()
+            };
+            g.dec()?.feed_prompt(&ids(head)?)?;
+            g.fed = true;
+            g.since_mlx.extend_from_slice(head);
+            let l = g.dec()?.step_logits(ids(&[last])?[0])?;
+            g.since_mlx.push(last);
+            if let Some(v) = l.iter().find(|v| !v.is_finite()) {
+                return Err(graph_not_finite(format!("a logit of {v}")));
+            }
+            Ok(l)
+        })();
+        match r {
+            Ok(l) => {
+                self.track(head);
+                self.progress(self.prompt_len);
+                let logits =
+                    Array::from_slice(&l, &[1, l.len() as i32])?.astype(Dtype::Bfloat16)?;
+                let (y, lp, lse) = self.sample_logits(logits, 1, Some(&[last]), None)?;
+                async_eval([&y, &lp, &lse])?;
+                self.y = Some((y, lp, lse));
+                Ok(())
+            }
+            Err(e) => {
+                // The MLX caches hold nothing of the prompt yet: the MLX path runs it all.
+                let _ = self.graph_give_up(&e);
+                self.prefill(prompt)
+            }
+        }
+    }
+
     /// The caches, e.g. to keep as a prompt cache for the next call. After the graph decoder,
     /// the tokens it saw are run through the MLX forward first, so that the caches hold what
     /// the MLX path's would (every token returned); if that fails, the caches may hold fewer.
@@ -855,8 +928,8 @@ impl<'m> GenerateStep<'m> {
         self.graph.as_ref().and_then(|g| g.built)
     }
 
-    /// The most device bytes this run's graph decoder held outside MLX's allocator (its own
-    /// copy of the weights as the kernels lay them out, its cache and activations); 0 without
+    /// The most device bytes this run's graph decoder held outside MLX's allocator (the
+    /// weights it re-lays for the kernels, its cache and activations); 0 without
     /// one. [`crate::stream`]'s peak memory is MLX's peak plus this, an upper bound of what
     /// the device held at once.
     pub fn graph_device_bytes(&self) -> usize {
@@ -889,8 +962,10 @@ impl<'m> GenerateStep<'m> {
         };
         let r = (|| -> mlx_core::Result<Vec<f32>> {
             if !g.started {
-                let kv = graph_prefix(&self.caches)?;
-                g.dec()?.set_prefix(&kv)?;
+                if !g.fed {
+                    let kv = graph_prefix(&self.caches)?;
+                    g.dec()?.set_prefix(&kv)?;
+                }
                 g.started = true;
             }
             let t = u32::try_from(tok).map_err(|_| mlx_core::Error::InvalidArgument {
@@ -943,8 +1018,10 @@ impl<'m> GenerateStep<'m> {
         };
         let r = (|| -> mlx_core::Result<(u32, f32)> {
             if !g.started {
-                let kv = graph_prefix(&self.caches)?;
-                g.dec()?.set_prefix(&kv)?;
+                if !g.fed {
+                    let kv = graph_prefix(&self.caches)?;
+                    g.dec()?.set_prefix(&kv)?;
+                }
                 let left = self.opts.max_tokens.map_or(usize::MAX, |m| m - self.n);
                 g.dec()?.start(first, left)?;
                 g.started = true;

@@ -895,6 +895,16 @@ pub trait GraphBackend {
     fn step_logits(&mut self, token: u32) -> mlx_core::Result<Vec<f32>>;
     /// Makes the `n`-th token fail as a CUDA call would (testing the fall-back).
     fn inject_failure_after(&mut self, n: usize);
+    /// Forgets what the decoder holds and takes `tokens` (a prompt, one step a token, nothing
+    /// read back); the position becomes `tokens.len()`. A stand-in that cannot says so (the
+    /// MLX path then runs the prompt).
+    fn feed_prompt(&mut self, tokens: &[u32]) -> mlx_core::Result<()> {
+        let _ = tokens;
+        Err(mlx_core::Error::InvalidArgument {
+            op: "graph_decoder",
+            message: "this decoder does not take a prompt".into(),
+        })
+    }
     /// What building it cost (the CUDA decoder's kernels, weights and capture).
     fn build_times(&self) -> Option<BuildTimes> {
         None
@@ -904,8 +914,9 @@ pub trait GraphBackend {
     fn into_kept(self: Box<Self>) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
         None
     }
-    /// Device bytes the decoder holds outside MLX's allocator (its weights as laid out for
-    /// the kernels, its cache, its activations): MLX's peak memory does not count them, so a
+    /// Device bytes the decoder holds outside MLX's allocator (the weights it re-lays for
+    /// the kernels, not those it reads in MLX's buffers; its cache, its activations): MLX's
+    /// peak memory does not count them, so a
     /// generation's reported peak adds them ([`crate::generate::GenerateStep::graph_device_bytes`]).
     fn device_bytes(&self) -> usize {
         0
@@ -927,6 +938,10 @@ impl GraphBackend for mlx_kernels::graph_decode::GraphDecoder {
     }
     fn inject_failure_after(&mut self, n: usize) {
         mlx_kernels::graph_decode::GraphDecoder::inject_failure_after(self, n)
+    }
+    fn feed_prompt(&mut self, tokens: &[u32]) -> mlx_core::Result<()> {
+        self.reset();
+        self.feed(tokens)
     }
     fn build_times(&self) -> Option<BuildTimes> {
         Some(mlx_kernels::graph_decode::GraphDecoder::build_times(self))

@@ -118,6 +118,23 @@ impl GraphBackend for StandIn<'_> {
         self.script.lock().unwrap().fail_at = Some(n);
     }
 
+    fn feed_prompt(&mut self, tokens: &[u32]) -> mlx_core::Result<()> {
+        self.script
+            .lock()
+            .unwrap()
+            .log
+            .push(format!("feed {}", tokens.len()));
+        // One forward, as the MLX path runs a prompt of at most `prefill_step_size` tokens.
+        self.caches = self.model.make_cache();
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let x = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+        let logits = self
+            .model
+            .forward(&x, Some(&mut self.caches))
+            .map_err(|e| err(&e.to_string()))?;
+        logits.eval()
+    }
+
     fn device_bytes(&self) -> usize {
         self.script.lock().unwrap().device_bytes
     }
@@ -428,4 +445,66 @@ fn the_decoders_own_device_bytes_are_counted_in_the_runs_peak() {
     let mut plain = generate_step(&p, m.as_ref(), None, base()).unwrap();
     plain.by_ref().for_each(|s| drop(s.unwrap()));
     assert_eq!(plain.graph_device_bytes(), 0, "the MLX path holds none");
+}
+
+/// A trellis-coded model's prompt goes through the decoder (`feed_prompt`, then its last
+/// token's logits), not through MLX's path (issue #34: no GPU kernel there): the tokens are
+/// the MLX path's (the stand-in runs the prompt as one forward, as the MLX path does with
+/// chunks of 64), no MLX cache is copied in, and `into_cache` brings the MLX caches up to
+/// every token.
+#[test]
+fn a_trellis_models_prompt_goes_through_the_decoder() {
+    use mlx_models::config::TrellisParams;
+    use mlx_models::convert::{convert, ConvertOptions};
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../mlx-models/tests/models/dense_bf16_untied");
+    let dst = std::env::temp_dir().join(format!("graph_glue_trellis_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    let copts = ConvertOptions {
+        quantize: true,
+        q_bits: Some(3),
+        q_group_size: Some(32),
+        trellis: Some(TrellisParams {
+            trellis_l: 8,
+            seed: 0,
+            trellis_code: Default::default(),
+        }),
+        ..ConvertOptions::default()
+    };
+    convert(&src, &dst, &copts, &mut |_| {}).unwrap();
+    let m = load_model_dir(&dst, &LoadOptions::default()).unwrap().0;
+    let opts = GenerateOptions {
+        prefill_step_size: 64,
+        ..base()
+    };
+    let (want, _, _, _) = run(m.as_ref(), &opts, None);
+    let (got, _, why, log) = run(m.as_ref(), &opts, Some(Script::default()));
+    assert_eq!(why, None);
+    assert_eq!(got, want);
+    assert_eq!(log[0], "build", "{log:?}");
+    assert!(log.contains(&"feed 39".to_string()), "{log:?}");
+    assert!(!log.iter().any(|e| e.starts_with("prefix")), "{log:?}");
+    // A build that fails leaves the prompt to the MLX path.
+    let (got, _, why, _) = run(
+        m.as_ref(),
+        &opts,
+        Some(Script {
+            fail_build: true,
+            ..Script::default()
+        }),
+    );
+    assert_eq!(got, want);
+    assert!(why.is_some_and(|w| w.contains("could not be built")));
+    // The last prompt token's step fails: the MLX path runs the whole prompt.
+    let (got, _, why, _) = run(
+        m.as_ref(),
+        &opts,
+        Some(Script {
+            fail_at: Some(0),
+            ..Script::default()
+        }),
+    );
+    assert_eq!(got, want);
+    assert!(why.is_some_and(|w| w.contains("injected failure")));
+    let _ = std::fs::remove_dir_all(&dst);
 }

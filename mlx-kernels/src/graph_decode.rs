@@ -1278,6 +1278,26 @@ fn put(rt: &mut GpuRuntime, a: &Array) -> Result<Buffer> {
     }
 }
 
+/// A weight the kernels read as the model holds it: MLX's own device buffer where MLX runs on
+/// the GPU and the array is row-contiguous and aligned (no copy: issue #30's peak memory),
+/// else a copy ([`put`]). Not for trellis words: MLX's path reads them on the host (its CPU
+/// kernel), which moves MLX's buffer. `MLX_GRAPH_COPY_WEIGHTS=1` copies every weight (the former
+/// behaviour, for A/B runs). The runtime keeps the array alive and refuses a launch if MLX
+/// moves its memory (a host read), so the step fails and the run goes on on MLX's path.
+fn share(rt: &mut GpuRuntime, a: &Array) -> Result<Buffer> {
+    let copy = std::env::var("MLX_GRAPH_COPY_WEIGHTS").is_ok_and(|v| v == "1");
+    if !copy && mlx_core::Device::gpu().is_available()? {
+        match rt.borrow_array(a) {
+            Ok(b) => return Ok(b),
+            Err(e) if std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1") => {
+                eprintln!("[graph memory] a weight {:?} is copied: {e}", a.shape());
+            }
+            Err(_) => {}
+        }
+    }
+    put(rt, a)
+}
+
 /// How a linear layer's tensors are laid out on the device.
 #[derive(Clone, Copy, PartialEq)]
 enum Layout {
@@ -1385,7 +1405,12 @@ fn upload_lin_q(
     };
     Ok((
         Lin {
-            w: put(rt, &w)?,
+            // A plain layout is the model's own array: read in place.
+            w: if layout == Layout::Plain {
+                share(rt, &w)?
+            } else {
+                put(rt, &w)?
+            },
             sb,
             n,
             k,
@@ -1872,6 +1897,7 @@ impl GraphDecoder {
             .moe
             .as_ref()
             .map_or((1, 1, 0), |m| (m.experts, m.top_k, m.intermediate));
+        let before_acts = rt.allocated();
         let acts = Activations {
             h: rt.alloc(total * h * 2)?,
             qkv: rt.alloc(total * s.qkv_rows() * 2)?,
@@ -1895,6 +1921,29 @@ impl GraphDecoder {
             wts: rt.alloc(moe_k * 4)?,
             ey: rt.alloc(if s.moe.is_some() { moe_k * h * 2 } else { 4 })?,
         };
+        if std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1") {
+            // Issue #30's peak memory: what the decoder holds beyond the loaded model, by kind.
+            let kv = 2 * s.layers * kv_bytes;
+            let acts_b = rt.allocated() - before_acts;
+            let scratch = s.trellis.map_or(0, |_| {
+                [s.qkv_rows(), h, 2 * i_sz, s.vocab]
+                    .into_iter()
+                    .max()
+                    .unwrap_or(h)
+                    * 4
+                    + i_sz * 2
+            });
+            let copied = before_acts.saturating_sub(kv + scratch);
+            eprintln!(
+                "[graph memory] `{}`: weights copied {copied} B, weights read in MLX's buffers {} B, \
+                 KV cache {kv} B ({capacity} positions x {total} rows), step buffers {acts_b} B, \
+                 trellis scratch {scratch} B; allocated {} B (CUDA graphs and NVRTC's module not \
+                 counted)",
+                s.model_type,
+                rt.borrowed(),
+                rt.allocated()
+            );
+        }
         let max_k = s.mv_inputs().into_iter().map(|x| x.0).max().unwrap_or(h);
         let shared = s.mv_shared_per_sequence() * nb as u32;
         if shared + MV_STATIC_SHARED > MV_SHARED_MAX {
@@ -2030,6 +2079,12 @@ impl GraphDecoder {
     /// Device bytes held (weights, cache, activations).
     pub fn device_bytes(&self) -> usize {
         self.rt.allocated()
+    }
+
+    /// Bytes of the model's weights the decoder reads in MLX's own buffers (no copy;
+    /// [`GpuRuntime::borrow_array`]); not in [`GraphDecoder::device_bytes`].
+    pub fn borrowed_bytes(&self) -> usize {
+        self.rt.borrowed()
     }
 
     /// The GPU's name.
@@ -2721,7 +2776,45 @@ impl GraphDecoder {
             me.queued_to = me.pos;
             me.limit = me.pos.saturating_add(max_steps).min(me.step.capacity);
             Ok(())
-        })
+        })?;
+        self.print_breakdown_once();
+        Ok(())
+    }
+
+    /// `MLX_GRAPH_BREAKDOWN=REPS`: the first run of the process prints
+    /// [`GraphDecoder::kernel_breakdown`] (each part's time a step, replayed alone `REPS`
+    /// times) to stderr, for device calls that measure through `mlx benchmark` (issue #30).
+    fn print_breakdown_once(&mut self) {
+        static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let Some(reps) = std::env::var("MLX_GRAPH_BREAKDOWN")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|&r| r > 0)
+        else {
+            return;
+        };
+        if DONE.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        match self.kernel_breakdown(reps) {
+            Ok(parts) => {
+                let total: f64 = parts.iter().map(|p| p.us_per_step).sum();
+                for p in &parts {
+                    eprintln!(
+                        "[graph breakdown] `{}` {:?}: {} kernels, {:.1} us a step, {} B read \
+                         ({:.0} GB/s)",
+                        self.step.shape.model_type,
+                        p.part,
+                        p.kernels,
+                        p.us_per_step,
+                        p.bytes_per_step,
+                        p.bytes_per_step as f64 / p.us_per_step.max(1e-9) / 1e3
+                    );
+                }
+                eprintln!("[graph breakdown] parts' sum {total:.1} us a step");
+            }
+            Err(e) => eprintln!("[graph breakdown] failed: {e}"),
+        }
     }
 
     /// The next greedy token of a run begun with [`GraphDecoder::start`] and its

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -387,6 +388,12 @@ struct mlxs_gpurt_ {
   std::vector<uint32_t> arities;
   std::vector<std::pair<CUdeviceptr, size_t>> buffers;
   size_t allocated = 0;
+  // Buffers that are MLX arrays' own device memory (mlxs_gpurt_borrow_array): the arrays,
+  // kept alive here, own it; never freed by the runtime. Indexed like `buffers`, empty
+  // (a null array) where the runtime allocated the buffer itself.
+  std::vector<std::optional<mx::array>> borrowed;
+  std::vector<uint32_t> borrowed_list;  // the indices of borrowed buffers
+  size_t borrowed_bytes = 0;
   std::vector<std::pair<CUgraph, CUgraphExec>> graphs;
   bool capturing = false;
   bool pdl = false;
@@ -419,6 +426,13 @@ struct mlxs_gpurt_ {
     }
     return ptr + offset;
   }
+  // A buffer the runtime may write (not an MLX array's memory).
+  void writable(uint32_t buffer, const char* what) {
+    if (buffer < borrowed.size() && borrowed[buffer]) {
+      throw std::invalid_argument(std::string("[gpurt] ") + what + ": buffer " +
+                                  std::to_string(buffer) + " is an MLX array's memory");
+    }
+  }
   CUfunction kernel(uint32_t k, const char* what) {
     if (k >= kernels.size()) {
       throw std::invalid_argument(std::string("[gpurt] ") + what + ": no kernel " +
@@ -445,7 +459,9 @@ struct mlxs_gpurt_ {
       if (ev) dr.cuEventDestroy(ev);
     }
     if (pinned) dr.cuMemFreeHost(pinned);
-    for (auto& [p, n] : buffers) dr.cuMemFree(p);
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (i >= borrowed.size() || !borrowed[i]) dr.cuMemFree(buffers[i].first);
+    }
     if (module) dr.cuModuleUnload(module);
     if (stream) dr.cuStreamDestroy(stream);
     dr.cuDevicePrimaryCtxRelease(device);
@@ -611,12 +627,15 @@ int mlxs_gpurt_alloc(mlxs_gpurt rt, size_t bytes, uint32_t* out_buffer) {
       check(r, "cuMemsetD8Async");
     }
     rt->buffers.emplace_back(p, bytes);
+    rt->borrowed.emplace_back(std::nullopt);
     rt->allocated += bytes;
     *out_buffer = static_cast<uint32_t>(rt->buffers.size() - 1);
   });
 }
 
 size_t mlxs_gpurt_allocated(mlxs_gpurt rt) { return rt ? rt->allocated : 0; }
+
+size_t mlxs_gpurt_borrowed(mlxs_gpurt rt) { return rt ? rt->borrowed_bytes : 0; }
 
 int mlxs_gpurt_upload(mlxs_gpurt rt, uint32_t buffer, size_t offset, const void* src,
                       size_t bytes) {
@@ -625,6 +644,7 @@ int mlxs_gpurt_upload(mlxs_gpurt rt, uint32_t buffer, size_t offset, const void*
     rt->not_capturing("upload");
     if (bytes == 0) return;
     if (src == nullptr) throw std::invalid_argument("[gpurt] upload: null source");
+    rt->writable(buffer, "upload");
     CUdeviceptr p = rt->at(buffer, offset, bytes, "upload");
     const Driver& d = rt->d();
     check(d.cuMemcpyHtoDAsync(p, src, bytes, rt->stream), "cuMemcpyHtoDAsync");
@@ -653,6 +673,26 @@ struct MlxCudaBuffer {
   size_t size;
   int device;  // -1: managed (unified) memory
 };
+
+// Where an evaluated, row-contiguous array's bytes are on the device, or 0 where they are not
+// in its MLX buffer.
+static CUdeviceptr array_device_ptr(const mx::array& a) {
+  const auto* b = static_cast<const MlxCudaBuffer*>(a.buffer().ptr());
+  const size_t at = size_t(a.offset());
+  if (b == nullptr || b->data == nullptr || at > b->size || a.nbytes() > b->size - at) return 0;
+  return CUdeviceptr(static_cast<const char*>(b->data) + at);
+}
+
+// A borrowed buffer's array still has its bytes where the buffer says (MLX moves a buffer to
+// unified memory when the host reads it, freeing the device memory): a launch or a graph
+// that would read freed memory is refused instead, and the caller falls back to MLX's path.
+static void check_borrowed(mlxs_gpurt_& rt, uint32_t buffer, const char* what) {
+  if (buffer >= rt.borrowed.size() || !rt.borrowed[buffer]) return;
+  if (array_device_ptr(*rt.borrowed[buffer]) != rt.buffers[buffer].first) {
+    throw std::runtime_error(std::string("[gpurt] ") + what + ": MLX moved the memory of borrowed buffer " +
+                             std::to_string(buffer));
+  }
+}
 
 int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t dst_pitch,
                                mlxs_array src, size_t width, size_t height) {
@@ -688,6 +728,7 @@ int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, si
     if (b == nullptr || b->data == nullptr || at > b->size || a.nbytes() > b->size - at) {
       throw std::invalid_argument("[gpurt] copy_from_array: the array's data is not in its buffer");
     }
+    rt->writable(buffer, "copy_from_array");
     CUdeviceptr dst = rt->at(buffer, offset, (height - 1) * dst_pitch + width, "copy_from_array");
     Memcpy2D c{};
     c.srcMemoryType = kMemoryTypeUnified;
@@ -701,6 +742,40 @@ int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, si
     const Driver& d = rt->d();
     check(d.cuMemcpy2DAsync(&c, rt->stream), "cuMemcpy2DAsync");
     check(d.cuStreamSynchronize(rt->stream), "copy_from_array: cuStreamSynchronize");
+  });
+}
+
+// A buffer that is an MLX array's own device memory, no copy: the array (evaluated first; it
+// must be row-contiguous, its bytes in its MLX buffer, 256-byte aligned as the kernels' vector
+// loads want) is kept alive by the runtime until it is freed, and its memory is never freed
+// or written by the runtime. Fails where MLX has no GPU; the caller copies instead.
+int mlxs_gpurt_borrow_array(mlxs_gpurt rt, mlxs_array src, uint32_t* out_buffer) {
+  return guard([&] {
+    R(rt);
+    rt->not_capturing("borrow_array");
+    if (out_buffer == nullptr) throw std::invalid_argument("[gpurt] borrow_array: null out");
+    if (!mx::is_available(mx::Device::gpu)) {
+      throw std::invalid_argument(
+          "[gpurt] borrow_array: MLX runs without a GPU here (its arrays are in host memory)");
+    }
+    mx::array a = A(src);
+    mx::eval(a);  // waits for MLX's GPU work on it
+    if (!a.flags().row_contiguous) {
+      throw std::invalid_argument("[gpurt] borrow_array: the array is not row-contiguous");
+    }
+    if (a.nbytes() == 0) throw std::invalid_argument("[gpurt] borrow_array: zero bytes");
+    CUdeviceptr p = array_device_ptr(a);
+    if (p == 0) {
+      throw std::invalid_argument("[gpurt] borrow_array: the array's data is not in its buffer");
+    }
+    if (p % 256 != 0) {
+      throw std::invalid_argument("[gpurt] borrow_array: the array's data is not 256-byte aligned");
+    }
+    rt->buffers.emplace_back(p, a.nbytes());
+    rt->borrowed.emplace_back(a);
+    rt->borrowed_list.push_back(static_cast<uint32_t>(rt->buffers.size() - 1));
+    rt->borrowed_bytes += a.nbytes();
+    *out_buffer = static_cast<uint32_t>(rt->buffers.size() - 1);
   });
 }
 
@@ -741,6 +816,7 @@ int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
     for (size_t i = 0; i < n_args; ++i) {
       if (args[i].kind == MLXS_GPURT_ARG_BUFFER) {
         vals[i] = rt->at(args[i].buffer, args[i].value, 0, "launch argument");
+        check_borrowed(*rt, args[i].buffer, "launch");
       } else if (args[i].kind == MLXS_GPURT_ARG_BITS) {
         vals[i] = args[i].value;
       } else {
@@ -829,6 +905,7 @@ int mlxs_gpurt_graph_launch(mlxs_gpurt rt, uint32_t graph, uint32_t times) {
     if (graph >= rt->graphs.size()) {
       throw std::invalid_argument("[gpurt] graph_launch: no graph " + std::to_string(graph));
     }
+    for (uint32_t b : rt->borrowed_list) check_borrowed(*rt, b, "graph_launch");
     const Driver& d = rt->d();
     for (uint32_t i = 0; i < times; ++i) {
       check(d.cuGraphLaunch(rt->graphs[graph].second, rt->stream), "cuGraphLaunch");

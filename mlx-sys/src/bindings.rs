@@ -2300,6 +2300,16 @@ unsafe extern "C" {
     ) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_gpurt_borrow_array(
+        rt: mlxs_gpurt,
+        src: mlxs_array,
+        out_buffer: *mut u32,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_gpurt_borrowed(rt: mlxs_gpurt) -> usize;
+}
+unsafe extern "C" {
     pub fn mlxs_gpurt_set_shared_limit(
         rt: mlxs_gpurt,
         kernel: u32,

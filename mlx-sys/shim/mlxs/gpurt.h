@@ -60,6 +60,14 @@ int mlxs_gpurt_download(mlxs_gpurt rt, uint32_t buffer, size_t offset, void* dst
 int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t dst_pitch,
                                mlxs_array src, size_t width, size_t height);
 
+/* A buffer that is a row-contiguous MLX array's own device memory (evaluated first; 256-byte
+ * aligned), no copy: the runtime keeps the array alive, never writes or frees that memory,
+ * and does not count it in mlxs_gpurt_allocated. Fails where MLX has no GPU. */
+int mlxs_gpurt_borrow_array(mlxs_gpurt rt, mlxs_array src, uint32_t* out_buffer);
+
+/* Bytes of MLX arrays' memory the runtime's buffers borrow. */
+size_t mlxs_gpurt_borrowed(mlxs_gpurt rt);
+
 /* Raises a kernel's dynamic shared memory limit. */
 int mlxs_gpurt_set_shared_limit(mlxs_gpurt rt, uint32_t kernel, uint32_t bytes);
 
