@@ -543,9 +543,16 @@ fn start<'m>(
     // A trellis-coded model's prompt goes through the graph decoder a token a step: MLX's path
     // has no GPU kernel for its linears (it decodes every weight on the host per prompt
     // chunk, issue #34: 20 tok/s and a float32 copy of every weight at 8B).
+    // Opt-in (`MLX_GRAPH_TRELLIS_PROMPT=1`; always for the CPU stand-in the tests use): on
+    // session 30's H100 the `trellis3_b32` row's first token after such a prompt was not the
+    // MLX forward's (results/gpu/2026-12-05-s30-h100/call5).
+    let trellis_prompt = g.opts.graph_stand_in.is_some()
+        || std::env::var("MLX_GRAPH_TRELLIS_PROMPT").is_ok_and(|v| v == "1");
     let cached = g.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
     match graph_spec {
-        Some((spec, weights)) if spec.trellis.is_some() && cached == 0 && prompt.len() > 1 => {
+        Some((spec, weights))
+            if trellis_prompt && spec.trellis.is_some() && cached == 0 && prompt.len() > 1 =>
+        {
             on_generation_stream(|| g.build_graph(spec, &weights, prompt.len()))?;
             on_generation_stream(|| g.prefill_graph(prompt))?;
         }

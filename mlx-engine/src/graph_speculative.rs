@@ -332,10 +332,12 @@ impl GraphSpecSteps {
         let (dspec, dweights) = map(draft)?;
         let (target_dec, draft_dec) = on_generation_stream(|| {
             mlx_core::synchronize()?;
-            // The verify rows share row 0's cache slot: one slot, not K + 1.
+            // The verify rows share row 0's cache slot (one slot, not K + 1) where they fit one
+            // launch's tile; past it each row keeps a slot (a second tile's rows in row 0's slot
+            // failed a launch's bounds check on session 30's H100).
             let opts = GraphOptions {
                 sequences: (k + 1) as u32,
-                one_cache_slot: true,
+                one_cache_slot: k < GraphDecoder::max_sequences(&tspec) as usize,
                 tensor_cores_from: tensor_core_verify(),
                 ..GraphOptions::default()
             };

@@ -1732,6 +1732,17 @@ impl GraphDecoder {
         let tiles = want.div_ceil(per_tile);
         let nb = want.div_ceil(tiles);
         let total = nb * tiles;
+        if opts.one_cache_slot && tiles > 1 {
+            // On session 30's H100, speculation at K = 8 (two tiles) in one slot failed a
+            // launch's bounds check; one tile's rows in one slot passed.
+            return Err(invalid(
+                "graph_decoder",
+                format!(
+                    "one_cache_slot: {want} rows make {tiles} tiles; one slot takes one tile \
+                     ({per_tile} rows for this model)"
+                ),
+            ));
+        }
         if opts.blocks_per_sm == Some(0) {
             return Err(invalid(
                 "graph_decoder",
