@@ -1629,6 +1629,12 @@ struct Split {
     ph: Vec<i8>,
 }
 
+/// How far ahead of its step the int8 kernel prefetches the words (1 KB). A 3-bit step of 128
+/// weights reads 48 bytes, so out-of-order execution alone ran ~10 lines ahead and the
+/// weights streamed from memory slower than affine-4's; at 1 KB they stream faster
+/// (results/quant/2026-12-05-s30-trellis-cpu/pf_ab.txt).
+const PREFETCH_WORDS: usize = 256;
+
 /// The bound on the int8 kernel's input values (`256 * 127 + 127`).
 const X8_MAX: f32 = 32639.0;
 
@@ -2757,6 +2763,13 @@ impl TrellisMatvec {
                         _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
                     }
                 };
+                // The words [`PREFETCH_WORDS`] past step `b`'s (the next rows' where the row
+                // ends; a prefetch reads nothing and cannot fault, hence the wrapping address).
+                let ahead = |b: usize| {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        row.wrapping_add(b * bw + PREFETCH_WORDS) as *const i8
+                    )
+                };
                 // Steps `b` and `b + 1` (both in the row).
                 let load2 = |b: usize| {
                     if b < whole {
@@ -2775,6 +2788,7 @@ impl TrellisMatvec {
                         // Two steps a load: one `vpermb`, two `vpmultishiftqb` (windows start
                         // even, so the permuted input's pairs of steps line up).
                         while b + 2 <= end {
+                            ahead(b);
                             let data = _mm512_permutexvar_epi8(pb, load2(b));
                             let ca = lookup(_mm512_multishift_epi64_epi8(pc0, data));
                             let cb = lookup(_mm512_multishift_epi64_epi8(pc1, data));
@@ -2793,6 +2807,7 @@ impl TrellisMatvec {
                         }
                     } else if G == 1 {
                         while b + 2 <= end {
+                            ahead(b);
                             let (wa, wb) = (load(b), load(b + 1));
                             let (ca, cb) = (codes(wa, 0), codes(wb, 0));
                             let o = b * 64;
@@ -2810,6 +2825,7 @@ impl TrellisMatvec {
                         }
                     } else {
                         while b < end {
+                            ahead(b);
                             let wv = load(b);
                             for g in 0..G {
                                 let c = codes(wv, g);
@@ -4112,8 +4128,10 @@ thread_local! {
     static SCRATCH: RefCell<CallScratch> = RefCell::new(CallScratch::default());
 }
 
-/// Rows of a trellis job's output a work item computes.
-const CHUNK: usize = 16;
+/// Rows of a trellis job's output a work item computes: 32, the affine products' largest
+/// block (`cpu::batch`); 16 left each item's claim, plan set-up and Hadamard-block count a
+/// larger share of its time (results/quant/2026-12-05-s30-trellis-cpu/chunk_ab.txt).
+const CHUNK: usize = 32;
 
 /// Waits (spinning, then yielding) until `slot` is ready. The slot was claimed by a worker
 /// inside this pool run that finishes it without waiting on anything.
