@@ -2523,6 +2523,10 @@ impl TrellisMatvec {
                 let mut accf = _mm512_setzero_ps();
                 let (mut a0, mut a1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                 for b in 0..nb {
+                    // As `rows_lut8_g`: the words `PREFETCH_WORDS` ahead (never dereferenced).
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        row.wrapping_add(b * bw + PREFETCH_WORDS) as *const i8
+                    );
                     let at = (r0 + i) * wpr + b * bw;
                     let wv = if at + 16 <= words.len() {
                         _mm512_loadu_si512(row.add(b * bw) as *const _)
@@ -2912,6 +2916,9 @@ impl TrellisMatvec {
                     // `rows_lut8` keeps them.
                     let mut acc = [[_mm512_setzero_si512(); 4]; PROMPT_INPUTS];
                     while b < end {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            row.wrapping_add(b * bw + PREFETCH_WORDS) as *const i8
+                        );
                         let at = (r0 + i) * wpr + b * bw;
                         let wv = if at + 16 <= words.len() {
                             _mm512_loadu_si512(row.add(b * bw) as *const _)
