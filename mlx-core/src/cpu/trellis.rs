@@ -1497,6 +1497,67 @@ struct LutPlan {
     hi: [u8; 256],
     /// [`TrellisCode::Mad8`]'s codes plus 128 (the int8 kernel's unsigned operand).
     w8: [u8; 256],
+    /// The int8 kernel's two-step plan, where it applies ([`PairPlan::new`]).
+    pair: Option<PairPlan>,
+}
+
+/// The int8 kernel's plan for two steps of 64 weights at once (steps of one group, whose two
+/// steps' words fit the 16 a load holds, and 16 consecutive windows of a block within 8
+/// whole bytes of its stream: 2 and 3 bits a weight): one `vpermb` puts in each 64-bit lane
+/// `q` the 8 stream bytes holding the windows of weights `16q..16q + 16` (first byte in the
+/// lane's top, so the stream runs down from bit 63), and two `vpmultishiftqb` take the
+/// first and the last 8 of them; where one `vpermd` a step fed one `vpmultishiftqb`. The
+/// kernel meets the 128 weights in [`PairPlan::order`], so the input is permuted to it once a
+/// product ([`Split::pl`]).
+#[derive(Clone, Debug)]
+struct PairPlan {
+    /// The byte of the two steps' words each byte of the lanes takes.
+    bytes: [u8; 64],
+    /// The bit offsets of the two `vpmultishiftqb`.
+    ctrl: [[u8; 64]; 2],
+    /// Position `i` of the kernel's 128 inputs holds weight `order[i]` of the two steps.
+    order: [u8; 128],
+}
+
+impl PairPlan {
+    /// The plan for steps of 64 weights (`span_words` words) of `spec`, where it applies.
+    fn new(spec: &TrellisSpec, span: usize, span_words: usize) -> Option<PairPlan> {
+        let (k, l, block) = (spec.k as usize, spec.l as usize, spec.block);
+        let bw = spec.block_words();
+        let bits = block * k;
+        if span != 64 || 2 * span_words > 16 || block % 16 != 0 || bits % 8 != 0 {
+            return None;
+        }
+        let mut plan = PairPlan {
+            bytes: [0; 64],
+            ctrl: [[0; 64]; 2],
+            order: [0; 128],
+        };
+        for q in 0..8 {
+            let (blk, t0) = (16 * q / block, 16 * q % block);
+            let b0 = spec.window_start(t0) / 8;
+            for m in 0..8 {
+                // Lane byte `m` holds stream byte `b0 + 7 - m` (cyclically in the block): a
+                // word's stream bytes lie in memory last first.
+                let j = (b0 + 7 - m) % (bits / 8);
+                plan.bytes[8 * q + m] = (4 * (blk * bw + j / 4) + 3 - j % 4) as u8;
+            }
+            for h in 0..2 {
+                for j in 0..8 {
+                    let t = t0 + 8 * h + j;
+                    // The window's first bit, from stream byte `b0`'s first: at lane bit
+                    // `63 - p`, its lowest at `64 - p - L`.
+                    let p = (spec.window_start(t) + bits - 8 * b0) % bits;
+                    if p + l > 64 {
+                        return None;
+                    }
+                    plan.ctrl[h][8 * q + j] = (64 - p - l) as u8;
+                    plan.order[64 * h + 8 * q + j] = (16 * q + 8 * h + j) as u8;
+                }
+            }
+        }
+        Some(plan)
+    }
 }
 
 /// Position `i` of a group of 64 weights as the table kernel meets them: four vectors of 16,
@@ -1562,7 +1623,17 @@ struct Split {
     hi: Vec<i8>,
     sum: i64,
     d: f32,
+    /// `lo` and `hi` in [`PairPlan::order`] within each whole 128 values (the rest as they
+    /// are), where the kernel's plan has a [`PairPlan`]; else empty.
+    pl: Vec<i8>,
+    ph: Vec<i8>,
 }
+
+/// How far ahead of its step the int8 kernel prefetches the words (1 KB). A 3-bit step of 128
+/// weights reads 48 bytes, so out-of-order execution alone ran ~10 lines ahead and the
+/// weights streamed from memory slower than affine-4's; at 1 KB they stream faster
+/// (results/quant/2026-12-05-s30-trellis-cpu/pf_ab.txt).
+const PREFETCH_WORDS: usize = 256;
 
 /// The bound on the int8 kernel's input values (`256 * 127 + 127`).
 const X8_MAX: f32 = 32639.0;
@@ -1592,6 +1663,73 @@ fn split_input_into(x: &[f32], out: &mut Split) {
         return;
     }
     out.sum = split_input_portable(x, inv, &mut out.lo, &mut out.hi);
+}
+
+/// [`Split::pl`] and [`Split::ph`] of `sp` for `pair` (emptied without one): each whole 128
+/// of `lo` and `hi` permuted to [`PairPlan::order`], the rest copied. Two `vpermt2b` per 128
+/// bytes where the CPU has AVX-512 VBMI (the same bytes).
+fn pair_order_into(pair: Option<&PairPlan>, sp: &mut Split) {
+    let Some(pair) = pair else {
+        sp.pl.clear();
+        sp.ph.clear();
+        return;
+    };
+    let n = sp.lo.len();
+    sp.pl.resize(n, 0);
+    sp.ph.resize(n, 0);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vbmi")
+    {
+        // SAFETY: the features are present; each buffer is `n` long.
+        unsafe {
+            pair_order_avx512(pair, &sp.lo, &mut sp.pl);
+            pair_order_avx512(pair, &sp.hi, &mut sp.ph);
+        }
+        return;
+    }
+    for (src, dst) in [(&sp.lo, &mut sp.pl), (&sp.hi, &mut sp.ph)] {
+        let whole = n / 128 * 128;
+        for (d, s) in dst[..whole]
+            .chunks_exact_mut(128)
+            .zip(src.chunks_exact(128))
+        {
+            for (o, &i) in d.iter_mut().zip(pair.order.iter()) {
+                *o = s[i as usize];
+            }
+        }
+        dst[whole..].copy_from_slice(&src[whole..]);
+    }
+}
+
+/// [`pair_order_into`]'s permutation of `src` into `dst` on AVX-512 VBMI.
+///
+/// # Safety
+/// The CPU has AVX-512 F, BW and VBMI; `src.len() == dst.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn pair_order_avx512(pair: &PairPlan, src: &[i8], dst: &mut [i8]) {
+    use std::arch::x86_64::*;
+    let whole = src.len() / 128 * 128;
+    // SAFETY (whole body): the loads and stores lie below `whole <= src.len() == dst.len()`.
+    unsafe {
+        let i0 = _mm512_loadu_si512(pair.order.as_ptr() as *const _);
+        let i1 = _mm512_loadu_si512(pair.order.as_ptr().add(64) as *const _);
+        for c in (0..whole).step_by(128) {
+            let a = _mm512_loadu_si512(src.as_ptr().add(c) as *const _);
+            let b = _mm512_loadu_si512(src.as_ptr().add(c + 64) as *const _);
+            _mm512_storeu_si512(
+                dst.as_mut_ptr().add(c) as *mut _,
+                _mm512_permutex2var_epi8(a, i0, b),
+            );
+            _mm512_storeu_si512(
+                dst.as_mut_ptr().add(c + 64) as *mut _,
+                _mm512_permutex2var_epi8(a, i1, b),
+            );
+        }
+    }
+    dst[whole..].copy_from_slice(&src[whole..]);
 }
 
 /// One value of [`split_input_into`]: `(lo, hi)` with `256 * hi + lo = q`.
@@ -1802,6 +1940,11 @@ impl LutPlan {
             lo,
             hi,
             w8,
+            pair: if spec.code == TrellisCode::Mad8 {
+                PairPlan::new(spec, span, span_words)
+            } else {
+                None
+            },
         })
     }
 }
@@ -2051,11 +2194,16 @@ impl TrellisMatvec {
             return;
         }
         if int16 && self.spec.code == TrellisCode::Mad8 {
+            let pair = self.lut.as_ref().and_then(|l| l.pair.as_ref());
             match out {
-                Some(Prepared::S8(sp)) => split_input_into(x, sp),
+                Some(Prepared::S8(sp)) => {
+                    split_input_into(x, sp);
+                    pair_order_into(pair, sp);
+                }
                 o => {
                     let mut sp = Split::default();
                     split_input_into(x, &mut sp);
+                    pair_order_into(pair, &mut sp);
                     *o = Some(Prepared::S8(sp));
                 }
             }
@@ -2375,6 +2523,10 @@ impl TrellisMatvec {
                 let mut accf = _mm512_setzero_ps();
                 let (mut a0, mut a1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                 for b in 0..nb {
+                    // As `rows_lut8_g`: the words `PREFETCH_WORDS` ahead (never dereferenced).
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        row.wrapping_add(b * bw + PREFETCH_WORDS) as *const i8
+                    );
                     let at = (r0 + i) * wpr + b * bw;
                     let wv = if at + 16 <= words.len() {
                         _mm512_loadu_si512(row.add(b * bw) as *const _)
@@ -2483,7 +2635,10 @@ impl TrellisMatvec {
     /// [`lut_words!`] makes them), two `vpermt2b` and a blend (the codes plus 128 as unsigned
     /// bytes from one 256-byte table), then two `vpdpbusd` against the input's low and high
     /// bytes ([`Split`]): four shuffles where [`TrellisMatvec::rows_lut16`] takes six, and
-    /// one multiply-add where it takes two. The 32-bit lanes sum `(c + 128) * q` exactly
+    /// one multiply-add where it takes two. Where the shape has a [`PairPlan`] (3-bit blocks
+    /// of 32 or 64 among them), two groups share one `vpermb` instead: three and a half
+    /// shuffles a group. The loop is [`TrellisMatvec::rows_lut8_g`]'s, one copy a group count
+    /// and `L = 8` or not. The 32-bit lanes sum `(c + 128) * q` exactly
     /// (`(high << 8) + low`, [`X8_WINDOW`] weights at most), then into 64-bit sums; the row's
     /// exact integer `sum c * q` (less `128 * sum q`) times `scale / divisor * d` is the
     /// output. Tier L2 against [`TrellisMatvec::rows_split_portable`] (the same integer, the
@@ -2501,81 +2656,194 @@ impl TrellisMatvec {
         r0: usize,
         y: &mut [f32],
     ) {
+        // SAFETY (each arm): the caller's contract, passed on; `groups` is `span / 64` with
+        // `span` at most 16 words of at least 2 bits a weight, so 1 to 4.
+        unsafe {
+            match (lut.span / 64, self.spec.l == 8) {
+                (1, true) => self.rows_lut8_g::<1, true>(lut, words, scales, sp, r0, y),
+                (1, false) => self.rows_lut8_g::<1, false>(lut, words, scales, sp, r0, y),
+                (2, true) => self.rows_lut8_g::<2, true>(lut, words, scales, sp, r0, y),
+                (2, false) => self.rows_lut8_g::<2, false>(lut, words, scales, sp, r0, y),
+                (3, true) => self.rows_lut8_g::<3, true>(lut, words, scales, sp, r0, y),
+                (3, false) => self.rows_lut8_g::<3, false>(lut, words, scales, sp, r0, y),
+                (4, true) => self.rows_lut8_g::<4, true>(lut, words, scales, sp, r0, y),
+                _ => self.rows_lut8_g::<4, false>(lut, words, scales, sp, r0, y),
+            }
+        }
+    }
+
+    /// [`TrellisMatvec::rows_lut8`] for `G` groups of 64 weights a step (`FULL`: `L = 8`, the
+    /// windows are the states), its loop bare for the compiler: the plan's permutations and
+    /// offsets in registers, every step of a row but the matrix's last loaded whole (the
+    /// words past a row are the next row's), and for `G = 1` two steps an iteration into two
+    /// sets of sums. The 32-bit sums are exact (wrapping, each lane's true sum below `2^31`
+    /// within a window of [`X8_WINDOW`] weights), so how the groups are spread over the sets
+    /// changes no bit.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_lut8_g<const G: usize, const FULL: bool>(
+        &self,
+        lut: &LutPlan,
+        words: &[u32],
+        scales: &[f32],
+        sp: &Split,
+        r0: usize,
+        y: &mut [f32],
+    ) {
         use std::arch::x86_64::*;
         let spec = &self.spec;
         let wpr = self.cols * spec.k as usize / 32;
         let bw = lut.span_words;
         let nb = self.cols / lut.span;
-        let groups = lut.span / 64;
-        // Steps (spans) a window of 32-bit sums takes.
+        // Steps (spans) a window of 32-bit sums takes: even for `G = 1` (32).
         let window = (X8_WINDOW / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
-        let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let full = spec.l == 8;
+        let wmask2: __mmask16 = ((1u32 << (2 * bw).min(16)) - 1) as u16;
         let corr = 128 * sp.sum;
         let f = spec.code.divisor();
-        // SAFETY: as in `rows_lut`; `sp.lo` and `sp.hi` hold `nb * span` values, the plan
-        // `groups * 16` indices and `groups * 64` offsets (groups <= 4: a step is at most 16
-        // words of at least 2 bits a weight).
+        // SAFETY: as in `rows_lut`; `sp.lo` and `sp.hi` (and `pl`, `ph` where the two-step
+        // plan runs) hold `nb * span` values, the plan `G * 16` indices and `G * 64` offsets;
+        // a masked load of two steps reads only the row's words.
         unsafe {
+            let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
             let tw = |i: usize| _mm512_loadu_si512(lut.w8.as_ptr().add(64 * i) as *const _);
             let (t0, t1, t2, t3) = (tw(0), tw(1), tw(2), tw(3));
-            let idx: [__m512i; 4] = std::array::from_fn(|g| {
-                if g < groups {
-                    _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _)
-                } else {
-                    _mm512_setzero_si512()
-                }
+            let idx: [__m512i; G] = std::array::from_fn(|g| {
+                _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _)
             });
-            let ctrl: [__m512i; 4] = std::array::from_fn(|g| {
-                if g < groups {
-                    _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _)
-                } else {
-                    _mm512_setzero_si512()
-                }
+            let ctrl: [__m512i; G] = std::array::from_fn(|g| {
+                _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _)
             });
-            let (xlo, xhi) = (sp.lo.as_ptr(), sp.hi.as_ptr());
+            // The unsigned code bytes of the windows `st`.
+            let lookup = |st: __m512i| {
+                let st = if FULL {
+                    st
+                } else {
+                    _mm512_and_si512(st, bmask)
+                };
+                let top = _mm512_movepi8_mask(st);
+                _mm512_mask_blend_epi8(
+                    top,
+                    _mm512_permutex2var_epi8(t0, st, t1),
+                    _mm512_permutex2var_epi8(t2, st, t3),
+                )
+            };
+            // The unsigned code bytes of group `g` of the step whose words are `wv`.
+            let codes = |wv: __m512i, g: usize| {
+                let data = _mm512_permutexvar_epi32(idx[g], wv);
+                lookup(_mm512_multishift_epi64_epi8(ctrl[g], data))
+            };
+            // The two-step plan (steps of one group) and its permuted input.
+            let pair = lut
+                .pair
+                .as_ref()
+                .filter(|_| G == 1 && sp.pl.len() == sp.lo.len());
+            let ld = |a: &[u8]| _mm512_loadu_si512(a.as_ptr() as *const _);
+            let (pb, pc0, pc1) = match pair {
+                Some(pp) => (ld(&pp.bytes), ld(&pp.ctrl[0]), ld(&pp.ctrl[1])),
+                None => (bmask, bmask, bmask),
+            };
+            let (xlo, xhi) = match pair {
+                Some(_) => (sp.pl.as_ptr(), sp.ph.as_ptr()),
+                None => (sp.lo.as_ptr(), sp.hi.as_ptr()),
+            };
+            let xl = |o: usize| _mm512_loadu_si512(xlo.add(o) as *const _);
+            let xh = |o: usize| _mm512_loadu_si512(xhi.add(o) as *const _);
             for (i, yo) in y.iter_mut().enumerate() {
-                let row = words.as_ptr().add((r0 + i) * wpr);
+                let at = (r0 + i) * wpr;
+                let row = words.as_ptr().add(at);
+                // Steps whose 16-word load stays inside `words`; the rest load masked.
+                let whole = if at + nb * bw + 16 - bw <= words.len() {
+                    nb
+                } else {
+                    (words.len().saturating_sub(at + 16) / bw + 1).min(nb)
+                        * usize::from(at + 16 <= words.len())
+                };
+                let load = |b: usize| {
+                    if b < whole {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                    }
+                };
+                // The words [`PREFETCH_WORDS`] past step `b`'s (the next rows' where the row
+                // ends; a prefetch reads nothing and cannot fault, hence the wrapping address).
+                let ahead = |b: usize| {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        row.wrapping_add(b * bw + PREFETCH_WORDS) as *const i8
+                    )
+                };
+                // Steps `b` and `b + 1` (both in the row).
+                let load2 = |b: usize| {
+                    if b < whole {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask2, row.add(b * bw) as *const i32)
+                    }
+                };
                 let mut total = 0i64;
                 let mut b = 0;
                 while b < nb {
                     let end = (b + window).min(nb);
                     let (mut lo0, mut hi0) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                     let (mut lo1, mut hi1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                    while b < end {
-                        let at = (r0 + i) * wpr + b * bw;
-                        let wv = if at + 16 <= words.len() {
-                            _mm512_loadu_si512(row.add(b * bw) as *const _)
-                        } else {
-                            _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
-                        };
-                        for g in 0..groups {
-                            let data = _mm512_permutexvar_epi32(idx[g], wv);
-                            let st = _mm512_multishift_epi64_epi8(ctrl[g], data);
-                            let st = if full {
-                                st
-                            } else {
-                                _mm512_and_si512(st, bmask)
-                            };
-                            let top = _mm512_movepi8_mask(st);
-                            let w = _mm512_mask_blend_epi8(
-                                top,
-                                _mm512_permutex2var_epi8(t0, st, t1),
-                                _mm512_permutex2var_epi8(t2, st, t3),
-                            );
-                            let o = b * lut.span + 64 * g;
-                            let xl = _mm512_loadu_si512(xlo.add(o) as *const _);
-                            let xh = _mm512_loadu_si512(xhi.add(o) as *const _);
-                            if (b * groups + g) % 2 == 0 {
-                                lo0 = _mm512_dpbusd_epi32(lo0, w, xl);
-                                hi0 = _mm512_dpbusd_epi32(hi0, w, xh);
-                            } else {
-                                lo1 = _mm512_dpbusd_epi32(lo1, w, xl);
-                                hi1 = _mm512_dpbusd_epi32(hi1, w, xh);
-                            }
+                    if G == 1 && pair.is_some() {
+                        // Two steps a load: one `vpermb`, two `vpmultishiftqb` (windows start
+                        // even, so the permuted input's pairs of steps line up).
+                        while b + 2 <= end {
+                            ahead(b);
+                            let data = _mm512_permutexvar_epi8(pb, load2(b));
+                            let ca = lookup(_mm512_multishift_epi64_epi8(pc0, data));
+                            let cb = lookup(_mm512_multishift_epi64_epi8(pc1, data));
+                            let o = b * 64;
+                            lo0 = _mm512_dpbusd_epi32(lo0, ca, xl(o));
+                            hi0 = _mm512_dpbusd_epi32(hi0, ca, xh(o));
+                            lo1 = _mm512_dpbusd_epi32(lo1, cb, xl(o + 64));
+                            hi1 = _mm512_dpbusd_epi32(hi1, cb, xh(o + 64));
+                            b += 2;
                         }
-                        b += 1;
+                        if b < end {
+                            let c = codes(load(b), 0);
+                            lo0 = _mm512_dpbusd_epi32(lo0, c, xl(b * 64));
+                            hi0 = _mm512_dpbusd_epi32(hi0, c, xh(b * 64));
+                            b += 1;
+                        }
+                    } else if G == 1 {
+                        while b + 2 <= end {
+                            ahead(b);
+                            let (wa, wb) = (load(b), load(b + 1));
+                            let (ca, cb) = (codes(wa, 0), codes(wb, 0));
+                            let o = b * 64;
+                            lo0 = _mm512_dpbusd_epi32(lo0, ca, xl(o));
+                            hi0 = _mm512_dpbusd_epi32(hi0, ca, xh(o));
+                            lo1 = _mm512_dpbusd_epi32(lo1, cb, xl(o + 64));
+                            hi1 = _mm512_dpbusd_epi32(hi1, cb, xh(o + 64));
+                            b += 2;
+                        }
+                        if b < end {
+                            let c = codes(load(b), 0);
+                            lo0 = _mm512_dpbusd_epi32(lo0, c, xl(b * 64));
+                            hi0 = _mm512_dpbusd_epi32(hi0, c, xh(b * 64));
+                            b += 1;
+                        }
+                    } else {
+                        while b < end {
+                            ahead(b);
+                            let wv = load(b);
+                            for g in 0..G {
+                                let c = codes(wv, g);
+                                let o = b * lut.span + 64 * g;
+                                if g % 2 == 0 {
+                                    lo0 = _mm512_dpbusd_epi32(lo0, c, xl(o));
+                                    hi0 = _mm512_dpbusd_epi32(hi0, c, xh(o));
+                                } else {
+                                    lo1 = _mm512_dpbusd_epi32(lo1, c, xl(o));
+                                    hi1 = _mm512_dpbusd_epi32(hi1, c, xh(o));
+                                }
+                            }
+                            b += 1;
+                        }
                     }
                     // Exact (wrapping) 32-bit lanes: each is at most 2048 / 16 products.
                     let lanes = _mm512_add_epi32(
@@ -2648,6 +2916,9 @@ impl TrellisMatvec {
                     // `rows_lut8` keeps them.
                     let mut acc = [[_mm512_setzero_si512(); 4]; PROMPT_INPUTS];
                     while b < end {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            row.wrapping_add(b * bw + PREFETCH_WORDS) as *const i8
+                        );
                         let at = (r0 + i) * wpr + b * bw;
                         let wv = if at + 16 <= words.len() {
                             _mm512_loadu_si512(row.add(b * bw) as *const _)
@@ -3864,8 +4135,10 @@ thread_local! {
     static SCRATCH: RefCell<CallScratch> = RefCell::new(CallScratch::default());
 }
 
-/// Rows of a trellis job's output a work item computes.
-const CHUNK: usize = 16;
+/// Rows of a trellis job's output a work item computes: 32, the affine products' largest
+/// block (`cpu::batch`); 16 left each item's claim, plan set-up and Hadamard-block count a
+/// larger share of its time (results/quant/2026-12-05-s30-trellis-cpu/chunk_ab.txt).
+const CHUNK: usize = 32;
 
 /// Waits (spinning, then yielding) until `slot` is ready. The slot was claimed by a worker
 /// inside this pool run that finishes it without waiting on anything.
