@@ -19,7 +19,8 @@ KNOB = {"damp10": "MLX_TRELLIS_DAMP=0.1", "damp001": "MLX_TRELLIS_DAMP=0.001",
         "g80": "Genesis + 80 Days Hessians (36,271 tokens)",
         "unb": "unbiased row scales (MLX_TRELLIS_SCALE=unbiased)",
         "unbpost": "unbiased row scales set after coding (puzzle.py --unbias)",
-        "g80-unb": "Genesis + 80 Days Hessians, unbiased row scales"}
+        "g80-unb": "Genesis + 80 Days Hessians, unbiased row scales",
+        "g12k": "Genesis + 80 Days Hessians (12,288 tokens)"}
 for f in sorted(glob.glob(f"{D}/ppl_t3-s*.json")):
     n = os.path.basename(f)[4:-5]
     _, s, knob = n.split("-", 2)
