@@ -12,7 +12,9 @@ share one X^T X. Keys: `<linear path>.hessian`, float32 (in, in).
 
 How many tokens: LDLQ trusts H's small directions, so too few tokens over-fit the calibration
 text (results/quant/2026-12-05-s29-trellis/: SmolLM2-135M's 1536-wide down_proj from 3.5k
-tokens); use tens of thousands of tokens of text disjoint from what you evaluate on."""
+tokens); use tens of thousands of tokens of text disjoint from what you evaluate on. For that
+many, use trellis_hessians_np.py (same arguments, llama family): MLX's CPU matmul runs at
+~3 GFLOP/s here (results/quant/2026-12-05-s30-trellis/)."""
 import argparse
 
 import mlx.core as mx

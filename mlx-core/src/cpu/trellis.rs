@@ -1128,6 +1128,10 @@ pub fn quantize_ldlq(
     let next = std::sync::atomic::AtomicUsize::new(0);
     let bw = spec.block_words();
     let grid: &[f32] = &ldlq_grid();
+    // `MLX_TRELLIS_SCALE=unbiased`: each row's scale refitted so that its coded row's
+    // component along the row is the row (`s = w'Hw / c'Hw`) instead of least squares, which
+    // shrinks every output by the row's error (results/quant/2026-12-05-s30-trellis/).
+    let unbiased = std::env::var("MLX_TRELLIS_SCALE").is_ok_and(|v| v == "unbiased");
     // Each row's refitted scale (f32 bits), written by the thread that coded the row.
     let fitted: Vec<std::sync::atomic::AtomicU32> = rms
         .iter()
@@ -1187,21 +1191,33 @@ pub fn quantize_ldlq(
                             }
                             // The scale under the damped Hessian: `c^T H w / c^T H c`, with
                             // `c` the coded row at scale `sc` (so the ratio multiplies `sc`).
-                            let (mut num, mut den) = (0.0f64, 0.0f64);
-                            for (hr, &ci) in h.chunks_exact(cols).zip(&coded) {
+                            let (mut num, mut den, mut whw) = (0.0f64, 0.0f64, 0.0f64);
+                            for ((hr, &ci), &wi) in h.chunks_exact(cols).zip(&coded).zip(&row64) {
                                 let (hc, hw) = two_dots(hr, &coded, &row64);
                                 num += ci * hw;
                                 den += ci * hc;
+                                whw += wi * hw;
                             }
-                            let e = if den > 0.0 { -num * num / den } else { 0.0 };
+                            // Least squares `c'Hw / c'Hc` (error `w'Hw - (c'Hw)^2 / c'Hc`), or
+                            // unbiased `w'Hw / c'Hw` (error `w'Hw (w'Hw c'Hc / (c'Hw)^2 - 1)`).
+                            let fit = if den > 0.0 && num > 0.0 {
+                                if unbiased {
+                                    whw / num
+                                } else {
+                                    num / den
+                                }
+                            } else {
+                                1.0
+                            };
+                            let e = if den > 0.0 && num > 0.0 {
+                                whw - 2.0 * fit * num + fit * fit * den
+                            } else {
+                                whw
+                            };
                             if e < best || best == f64::INFINITY {
                                 best = e;
                                 out.copy_from_slice(&cand);
-                                let s = if den > 0.0 && num > 0.0 {
-                                    ((f64::from(sc) * (num / den)) as f32).to_bits()
-                                } else {
-                                    sc.to_bits()
-                                };
+                                let s = ((f64::from(sc) * fit) as f32).to_bits();
                                 fitted[r].store(s, std::sync::atomic::Ordering::Relaxed);
                             }
                         }
