@@ -459,43 +459,63 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         stop_strings: a.stop.clone(),
         top_logprobs: a.top_logprobs,
     };
-    let mut stream = match (&spec, lookup) {
-        (Some(SpecSource::Draft(d)), _) if draft_on_graph => stream_generate_graph_draft(
+    // Speculation on the graph decoder that `auto` chose and that cannot start (device memory
+    // for two decoders, a CUDA or NVRTC failure) gives the run to mlx-lm's speculation on the
+    // MLX path, as plain graph decoding falls back; asked for (`--decoder graph`), it is an
+    // error.
+    let on_graph = match &spec {
+        Some(SpecSource::Draft(d)) if draft_on_graph => match stream_generate_graph_draft(
             m.model.as_ref(),
             &m.tokenizer,
             &ids,
             d.model.as_ref(),
             a.spec.num_draft_tokens(),
-            opts,
-        ),
-        (Some(SpecSource::Draft(d)), _) if decoder.cpu.is_some() => stream_generate_cpu_draft(
-            m.model.as_ref(),
-            &m.tokenizer,
-            &ids,
-            d.model.as_ref(),
-            a.spec.num_draft_tokens(),
-            opts,
-        ),
-        (Some(_), Some(n)) if decoder.cpu.is_some() => stream_generate_cpu_speculative(
-            m.model.as_ref(),
-            &m.tokenizer,
-            &ids,
-            n,
-            a.spec.num_draft_tokens(),
-            opts,
-        ),
-        (Some(sp), _) => stream_generate_speculative(
-            m.model.as_ref(),
-            &m.tokenizer,
-            &ids,
-            caches,
-            sp.drafter(),
-            a.spec.num_draft_tokens(),
-            opts,
-        ),
-        (None, _) => stream_generate(m.model.as_ref(), &m.tokenizer, &ids, caches, opts),
-    }
-    .map_err(|e| e.to_string())?;
+            opts.clone(),
+        ) {
+            Ok(s) => Some(s),
+            Err(e) if a.decoder.decoder != "graph" => {
+                eprintln!(
+                    "[mlx] warning: speculation on the graph decoder could not start ({e}); \
+                     mlx-lm's speculation on the MLX path runs instead"
+                );
+                None
+            }
+            Err(e) => return Err(e.to_string()),
+        },
+        _ => None,
+    };
+    let mut stream = match on_graph {
+        Some(s) => s,
+        None => match (&spec, lookup) {
+            (Some(SpecSource::Draft(d)), _) if decoder.cpu.is_some() => stream_generate_cpu_draft(
+                m.model.as_ref(),
+                &m.tokenizer,
+                &ids,
+                d.model.as_ref(),
+                a.spec.num_draft_tokens(),
+                opts,
+            ),
+            (Some(_), Some(n)) if decoder.cpu.is_some() => stream_generate_cpu_speculative(
+                m.model.as_ref(),
+                &m.tokenizer,
+                &ids,
+                n,
+                a.spec.num_draft_tokens(),
+                opts,
+            ),
+            (Some(sp), _) => stream_generate_speculative(
+                m.model.as_ref(),
+                &m.tokenizer,
+                &ids,
+                caches,
+                sp.drafter(),
+                a.spec.num_draft_tokens(),
+                opts,
+            ),
+            (None, _) => stream_generate(m.model.as_ref(), &m.tokenizer, &ids, caches, opts),
+        }
+        .map_err(|e| e.to_string())?,
+    };
     let mut out = std::io::stdout().lock();
     let streaming = a.verbose && !a.json;
     if streaming {

@@ -159,6 +159,15 @@ impl GrammarCompiler {
                 problem: format!("a vocabulary of {vocab} tokens is not supported"),
             });
         }
+        if tokenizer.is_decoding_only() {
+            // Its backend (the added tokens, the vocabulary) is gone: the trie would allow
+            // nothing.
+            return Err(EngineError::Grammar {
+                problem: "the tokenizer keeps only its decoding table \
+                          (Tokenizer::keep_decoding_only): build the grammar before dropping it"
+                    .into(),
+            });
+        }
         let words = token_bytes(tokenizer, vocab);
         let info = TokRxInfo::new(vocab as u32, first);
         let built = std::panic::catch_unwind(|| {

@@ -966,7 +966,11 @@ fn verify_row(name: &str, dir: &std::path::Path) {
         one_cache_slot: true,
         ..GraphOptions::default()
     };
-    assert!(GraphDecoder::with_options(spec.clone(), &weights, 128, &nine).is_err());
+    let e = GraphDecoder::with_options(spec.clone(), &weights, 128, &nine)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("one_cache_slot"), "{name}: {e}");
     let opts = GraphOptions {
         sequences: 9,
         ..GraphOptions::default()

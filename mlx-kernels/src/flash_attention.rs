@@ -30,7 +30,7 @@
 use mlx_core::prelude::*;
 use mlx_core::transforms::{custom_vjp, Function};
 
-use crate::flash_spec::FlashSpec;
+pub use crate::flash_spec::FlashSpec;
 use crate::{check_float, check_same_dtype, flash_cuda, invalid, Path};
 
 const OP: &str = "flash_attention";

@@ -11,8 +11,8 @@
 # speculative tokens against plain greedy graph decoding's); then spec_cost.py's table
 # (measured time a token against the ideal model: one target pass a verification round plus
 # one draft pass a drafted token, at the graph decoder's own plain step times).
-# SPEC_DECODER=graph passes `--decoder graph` to the speculating runs (until a device run has
-# checked the verify mode, `--decoder auto` does not speculate on the graph decoder).
+# SPEC_DECODER=graph passes `--decoder graph` to the speculating runs (`auto` speculates on the
+# graph decoder too since session 30, where both models qualify).
 # MLX_GRAPH_SPEC_PROFILE=1 (or 2: also each round) in the environment puts each speculating
 # run's per-part times (catch-up, drafts, verify, rest: graph_speculative.rs) in
 # spec_profile.log; SPEC_TC=1 adds a `spectc` run a K with MLX_GRAPH_SPEC_TENSOR_CORES=1 (the

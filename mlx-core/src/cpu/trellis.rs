@@ -3676,6 +3676,10 @@ mod tests {
             (2, 8, 64, 1536),
             (4, 7, 32, 640),
             (3, 8, 64, 192),
+            // The two-step pair path at L < 8 and blocks of 128.
+            (3, 7, 32, 576),
+            (2, 6, 64, 1536),
+            (3, 8, 128, 640),
         ] {
             let spec = TrellisSpec {
                 k,
