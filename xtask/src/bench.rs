@@ -120,7 +120,7 @@ pub(crate) struct Options {
     /// are compiled the first time each shape is seen, which must not land in a timed run).
     warmup_prompt_len: Option<usize>,
     warmup_gen_len: Option<usize>,
-    device: Option<String>,
+    pub(crate) device: Option<String>,
     /// `--ours-bin`: a prebuilt bench_generate (e.g. built here against MLX's CUDA wheel and
     /// run on a GPU machine that has no Rust toolchain) instead of building and running it
     /// with cargo.
@@ -219,7 +219,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
             "--models-dir" => o.models_dir = PathBuf::from(value()?),
             "--ours-bin" | "--bin" => o.ours_bin = Some(PathBuf::from(value()?)),
             "--rows" => o.rows = Some(value()?),
-            "--sides" => o.sides = Some(crate::bench_cpu::parse_sides(&value()?)?),
+            "--sides" => o.sides = Some(parse_sides(&value()?)?),
             "--gguf-py" => o.gguf_py = Some(PathBuf::from(value()?)),
             "--prompt-len" => o.cpu_prompt_len = num(value()?)?.max(1),
             "--gen-len" => o.cpu_gen_len = num(value()?)?.max(1),
@@ -238,6 +238,34 @@ pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
     }
     o.rounds = rounds.unwrap_or(set_rounds);
     Ok(o)
+}
+
+/// `--sides a,b` (names of `bench_cpu::SIDES`, or `exact` for `ours exact`): which sides run on every
+/// row, overriding the rows' defaults.
+pub(crate) fn parse_sides(list: &str) -> Result<[bool; 4], String> {
+    let mut on = [false; 4];
+    for s in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let k = match s {
+            "ours" => 0,
+            "exact" | "ours exact" | "ours-exact" => 1,
+            "mlx-lm" => 2,
+            "llama.cpp" | "llama-cpp" | "llama" => 3,
+            "all" => {
+                on = [true; 4];
+                continue;
+            }
+            o => {
+                return Err(format!(
+                    "--sides: unknown side {o} (known: ours, exact, mlx-lm, llama.cpp, all)"
+                ))
+            }
+        };
+        on[k] = true;
+    }
+    if !on.iter().any(|&b| b) {
+        return Err(format!("--sides {list}: no side named"));
+    }
+    Ok(on)
 }
 
 pub(crate) fn cargo() -> Command {
@@ -541,7 +569,8 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-/// `cargo xtask bench [...]`.
+/// `cargo xtask bench [...]` on the GPU or MLX's paths (`--device cpu` is
+/// `bench_cpu::run`; `main.rs` dispatches).
 pub fn run(args: &[String]) -> Result<(), String> {
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");
@@ -550,9 +579,6 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     let started = Instant::now();
     let py = oracle::ensure()?;
-    if o.device.as_deref() == Some("cpu") {
-        return crate::bench_cpu::run(&o, &py, started);
-    }
     let load_before = loadavg();
     if o.ours_bin.is_none() {
         eprintln!("bench: building bench_generate (--release)");

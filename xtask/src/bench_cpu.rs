@@ -178,34 +178,6 @@ pub(crate) fn parse_rows(
     Ok(rows)
 }
 
-/// `--sides a,b` (names of [`SIDES`], or `exact` for `ours exact`): which sides run on every
-/// row, overriding the rows' defaults.
-pub(crate) fn parse_sides(list: &str) -> Result<[bool; 4], String> {
-    let mut on = [false; 4];
-    for s in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let k = match s {
-            "ours" => 0,
-            "exact" | "ours exact" | "ours-exact" => 1,
-            "mlx-lm" => 2,
-            "llama.cpp" | "llama-cpp" | "llama" => 3,
-            "all" => {
-                on = [true; 4];
-                continue;
-            }
-            o => {
-                return Err(format!(
-                    "--sides: unknown side {o} (known: ours, exact, mlx-lm, llama.cpp, all)"
-                ))
-            }
-        };
-        on[k] = true;
-    }
-    if !on.iter().any(|&b| b) {
-        return Err(format!("--sides {list}: no side named"));
-    }
-    Ok(on)
-}
-
 /// The peak resident set (`VmHWM`) in bytes from a `/proc/PID/status` text.
 pub(crate) fn vm_hwm_bytes(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -985,6 +957,7 @@ fn table(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::parse_sides;
 
     #[test]
     fn rows_parse_in_order_and_name_unknown_ones() {

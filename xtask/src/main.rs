@@ -55,7 +55,18 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).map(String::as_str) == Some("spec") => {
             bench_spec::run(&args[2..])
         }
-        Some("bench") => bench::run(&args[1..]),
+        Some("bench") => {
+            let a = &args[1..];
+            let help = a.iter().any(|a| a == "-h" || a == "--help");
+            match bench::parse(a) {
+                // Issue #31's CPU table: its own module (`bench.rs` parses the flags).
+                Ok(o) if !help && o.device.as_deref() == Some("cpu") => {
+                    let started = std::time::Instant::now();
+                    oracle::ensure().and_then(|py| bench_cpu::run(&o, &py, started))
+                }
+                _ => bench::run(a),
+            }
+        }
         Some("port-check") => oracle::port_check(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("cpu-quality") => cpu_quality(&args[1..]),
