@@ -79,8 +79,9 @@ const HELP: &str = "  commands    q exit   r reset   h help";
 pub fn run(a: &ChatArgs) -> Result<(), String> {
     // GGML blocks kept for the CPU decoder where it will likely run, as `generate` does (a
     // draft model's exact speculation stays on MLX under `auto`).
-    let blocks = a.decoder.may_pick_cpu(&a.model.dtype)
-        && (a.decoder.decoder == "cpu" || a.spec.draft_model.is_none());
+    let blocks = a
+        .decoder
+        .loads_gguf_blocks(&a.model.dtype, a.spec.draft_model.is_some());
     let m = model::load_for(&a.model, false, blocks)?;
     if !m.tokenizer.has_chat_template() {
         return Err("this model's tokenizer has no chat template; use `mlx generate`".into());

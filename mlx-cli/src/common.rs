@@ -121,6 +121,15 @@ impl DecoderArgs {
         self.decoder == "cpu" || (self.decoder == "auto" && !on_gpu && dtype == "auto")
     }
 
+    /// Whether a command loads a GGUF file's weights for the CPU decoder (GGML blocks kept as
+    /// blocks, Q4_0 / Q8_0 biases left as the lazy product of their scales): where
+    /// [`DecoderArgs::may_pick_cpu`] holds and the run does not stay on MLX's path under
+    /// `auto` for another reason (`stays_on_mlx`: a draft model's exact speculation, a prompt
+    /// cache's continuation), unless `--decoder cpu` asks for it.
+    pub fn loads_gguf_blocks(&self, dtype: &str, stays_on_mlx: bool) -> bool {
+        self.may_pick_cpu(dtype) && (self.decoder == "cpu" || !stays_on_mlx)
+    }
+
     /// [`DecoderArgs::pick`], or the MLX path when `speculative` (drafts are verified there;
     /// `--decoder cpu|graph` is then an error).
     pub fn pick_unless_speculative(

@@ -295,9 +295,10 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     }
     // GGML blocks kept for the CPU decoder where it will likely run (not for a draft model's
     // exact speculation or a prompt cache's continuation, which stay on MLX under `auto`).
-    let blocks = a.decoder.may_pick_cpu(&a.model.dtype)
-        && (a.decoder.decoder == "cpu"
-            || (a.spec.draft_model.is_none() && a.prompt_cache_file.is_none()));
+    let blocks = a.decoder.loads_gguf_blocks(
+        &a.model.dtype,
+        a.spec.draft_model.is_some() || a.prompt_cache_file.is_some(),
+    );
     let mut m = model::load_for(&model_args, a.spec.mtp, blocks)?;
     for t in &a.extra_eos_token {
         m.tokenizer

@@ -42,7 +42,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
 }
 
 /// Whether the engine will likely run the CPU decoder, so that the model is loaded for it as
-/// `mlx generate` loads it ([`DecoderArgs::may_pick_cpu`] with serve's `--dtype auto`; not with
+/// `mlx generate` loads it ([`DecoderArgs::loads_gguf_blocks`] with serve's `--dtype auto`; not with
 /// a draft model, whose speculation stays on the MLX path, unless `--decoder cpu`): a GGUF
 /// file's GGML-block weights kept as their blocks, its Q4_0 / Q8_0 biases as the lazy product
 /// of their scales (`QuantizedWeight::symmetric`), and the linear scales in their stored
@@ -53,5 +53,5 @@ fn loads_for_cpu_decoder(a: &ServeArgs) -> bool {
         decoder: a.decoder.clone(),
         threads: a.threads,
     };
-    d.may_pick_cpu("auto") && (a.decoder == "cpu" || a.draft_model.is_none())
+    d.loads_gguf_blocks("auto", a.draft_model.is_some())
 }

@@ -723,16 +723,15 @@ int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, si
                                   std::to_string(a.nbytes()) + " bytes, the copy takes " +
                                   std::to_string(width * height));
     }
-    const auto* b = static_cast<const MlxCudaBuffer*>(a.buffer().ptr());
-    const size_t at = size_t(a.offset());
-    if (b == nullptr || b->data == nullptr || at > b->size || a.nbytes() > b->size - at) {
+    const CUdeviceptr src_ptr = array_device_ptr(a);
+    if (src_ptr == 0) {
       throw std::invalid_argument("[gpurt] copy_from_array: the array's data is not in its buffer");
     }
     rt->writable(buffer, "copy_from_array");
     CUdeviceptr dst = rt->at(buffer, offset, (height - 1) * dst_pitch + width, "copy_from_array");
     Memcpy2D c{};
     c.srcMemoryType = kMemoryTypeUnified;
-    c.srcDevice = CUdeviceptr(static_cast<const char*>(b->data) + at);
+    c.srcDevice = src_ptr;
     c.srcPitch = width;
     c.dstMemoryType = kMemoryTypeDevice;
     c.dstDevice = dst;

@@ -148,7 +148,7 @@ pub(crate) struct Options {
     pub(crate) argv: String,
 }
 
-const USAGE: &str =
+pub(crate) const USAGE: &str =
     "usage: cargo xtask bench [--quick | --full] [--config MODEL:DTYPE:PROMPT_LEN:GEN_LEN ...]
     [--rounds N] [--trials N] [--warmup N] [--warmup-prompt-len N] [--warmup-gen-len N]
     [--device cpu|gpu] [--models-dir DIR] [--json FILE] [--ours-bin PATH]
@@ -571,12 +571,7 @@ fn print_table(rows: &[Row]) {
 
 /// `cargo xtask bench [...]` on the GPU or MLX's paths (`--device cpu` is
 /// `bench_cpu::run`; `main.rs` dispatches).
-pub fn run(args: &[String]) -> Result<(), String> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{USAGE}");
-        return Ok(());
-    }
-    let o = parse(args)?;
+pub fn run(o: Options) -> Result<(), String> {
     let started = Instant::now();
     let py = oracle::ensure()?;
     let load_before = loadavg();

@@ -57,14 +57,19 @@ fn main() -> ExitCode {
         }
         Some("bench") => {
             let a = &args[1..];
-            let help = a.iter().any(|a| a == "-h" || a == "--help");
-            match bench::parse(a) {
-                // Issue #31's CPU table: its own module (`bench.rs` parses the flags).
-                Ok(o) if !help && o.device.as_deref() == Some("cpu") => {
-                    let started = std::time::Instant::now();
-                    oracle::ensure().and_then(|py| bench_cpu::run(&o, &py, started))
-                }
-                _ => bench::run(a),
+            if a.iter().any(|a| a == "-h" || a == "--help") {
+                println!("{}", bench::USAGE);
+                Ok(())
+            } else {
+                bench::parse(a).and_then(|o| {
+                    // Issue #31's CPU table: its own module (`bench.rs` parses the flags).
+                    if o.device.as_deref() == Some("cpu") {
+                        let started = std::time::Instant::now();
+                        oracle::ensure().and_then(|py| bench_cpu::run(&o, &py, started))
+                    } else {
+                        bench::run(o)
+                    }
+                })
             }
         }
         Some("port-check") => oracle::port_check(&args[1..]),
