@@ -2847,8 +2847,9 @@ impl GraphDecoder {
     /// `MLX_GRAPH_TRACE=PATH`: the first run of the process (`mlx benchmark`'s warm-up)
     /// writes the timeline of its first step ([`GraphDecoder::trace_step`] on `first` at the
     /// run's position, which the run's own first step then computes again, the same values)
-    /// to PATH, a line a block: `what block_x block_y sm entry waited prologue end
-    /// first_data` (`xtask/gpu/trace_summary.py` reads it).
+    /// to PATH (`%p` in it replaced by the process id), a line a block: `what block_x
+    /// block_y sm entry waited prologue end first_data` (`xtask/gpu/trace_summary.py` reads
+    /// it).
     fn trace_once(&mut self, first: u32) {
         static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let Some(path) = std::env::var_os("MLX_GRAPH_TRACE").filter(|p| !p.is_empty()) else {
@@ -2860,7 +2861,11 @@ impl GraphDecoder {
         let pos = self.pos;
         let r = self.trace_step(first);
         self.pos = pos;
-        let path = std::path::PathBuf::from(path);
+        // `%p`: the process id (one file a process, where several share the variable).
+        let path = std::path::PathBuf::from(
+            path.to_string_lossy()
+                .replace("%p", &std::process::id().to_string()),
+        );
         match r {
             Ok(records) => {
                 let mut text = String::new();
