@@ -70,6 +70,13 @@ pub const MAX_READ_BYTES: usize = 1 << 20;
 pub struct GpuRuntime {
     raw: sys::mlxs_gpurt,
     kernels: Vec<String>,
+    /// The sources of copies queued by [`GpuRuntime::copy_from_arrays_queued`], kept alive
+    /// (and, held twice, never written in place by MLX) until a wait covers them: each with
+    /// the number of reads begun before it was queued ([`GpuRuntime::read_end`] of a later
+    /// read, or [`GpuRuntime::synchronize`], lets it go).
+    held: Vec<(u64, Array)>,
+    /// Reads begun so far.
+    reads: u64,
 }
 
 #[cfg(feature = "cuda")]
@@ -125,6 +132,8 @@ impl GpuRuntime {
         Ok(GpuRuntime {
             raw,
             kernels: kernels.iter().map(|(n, _)| n.to_string()).collect(),
+            held: Vec::new(),
+            reads: 0,
         })
     }
 
@@ -227,6 +236,42 @@ impl GpuRuntime {
                 height,
             )
         })
+    }
+
+    /// [`GpuRuntime::copy_from_array`] for several arrays, each `(buffer, offset, dst_pitch,
+    /// array, width, height)`, queued on the stream and not waited for: the arrays are
+    /// evaluated together (one wait for MLX), the copies queued in order, and the arrays
+    /// held by the runtime until a later wait on its stream covers the copies (the next
+    /// [`GpuRuntime::read_end`] of a read begun after them, or [`GpuRuntime::synchronize`]).
+    /// Work queued after them (kernels, graphs) sees the copied bytes.
+    pub fn copy_from_arrays_queued(
+        &mut self,
+        copies: &[(Buffer, usize, usize, &Array, usize, usize)],
+    ) -> Result<()> {
+        // Row-major copies where an array is a view (a reshape of a strided view copies).
+        let flats: Vec<Array> = copies
+            .iter()
+            .map(|c| c.3.reshape(&[-1]))
+            .collect::<Result<_>>()?;
+        crate::array::eval(flats.iter())?;
+        for (c, flat) in copies.iter().zip(flats) {
+            let (buffer, offset, dst_pitch, _, width, height) = *c;
+            // SAFETY: live handles; the shim checks the array's layout and size and both
+            // ranges; `flat` is held below until a wait covers the copy.
+            check("gpurt_copy_from_array", unsafe {
+                sys::mlxs_gpurt_copy_from_array_queued(
+                    self.raw,
+                    buffer.0,
+                    offset,
+                    dst_pitch,
+                    flat.as_raw(),
+                    width,
+                    height,
+                )
+            })?;
+            self.held.push((self.reads, flat));
+        }
+        Ok(())
     }
 
     /// Copies `out.len()` bytes of `buffer` from byte `offset` (after everything queued).
@@ -371,6 +416,7 @@ impl GpuRuntime {
         check("gpurt_read_begin", unsafe {
             sys::mlxs_gpurt_read_begin(self.raw, buffer.0, offset, bytes, &mut t)
         })?;
+        self.reads += 1;
         Ok(Ticket(t))
     }
 
@@ -379,7 +425,11 @@ impl GpuRuntime {
         // SAFETY: out is valid for out.len() bytes of writes; the shim checks the length.
         check("gpurt_read_end", unsafe {
             sys::mlxs_gpurt_read_end(self.raw, ticket.0, out.as_mut_ptr().cast(), out.len())
-        })
+        })?;
+        // Tickets count from 1 in the order reads begin: the copies queued before this read
+        // began are done.
+        self.held.retain(|(before, _)| *before >= ticket.0);
+        Ok(())
     }
 
     /// Waits for everything queued on the runtime's stream.
@@ -387,7 +437,9 @@ impl GpuRuntime {
         // SAFETY: live handle.
         check("gpurt_synchronize", unsafe {
             sys::mlxs_gpurt_synchronize(self.raw)
-        })
+        })?;
+        self.held.clear();
+        Ok(())
     }
 }
 
@@ -465,6 +517,13 @@ impl GpuRuntime {
         src: &Array,
         width: usize,
         height: usize,
+    ) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn copy_from_arrays_queued(
+        &mut self,
+        copies: &[(Buffer, usize, usize, &Array, usize, usize)],
     ) -> Result<()> {
         match self.never {}
     }

@@ -2232,15 +2232,17 @@ impl GraphDecoder {
         // n rows to the head's slot. (The host path below moves the cache through host memory,
         // down and up again: 67 MB each way for a Llama-3-8B cache of 512 positions.)
         if mlx_core::Device::gpu().is_available()? {
+            // Every layer's arrays evaluated at once (one wait for MLX's stream) and the copies
+            // queued on the decoder's stream, not waited for one by one: the steps queued after
+            // them see them (the runtime holds the arrays until a wait covers the copies).
+            let copies: Vec<_> = bufs
+                .iter()
+                .zip(kv)
+                .flat_map(|(&(kb, vb), (k, v))| [(kb, k), (vb, v)])
+                .map(|(b, a)| (b, slot, cap * d * 2, a, row, nkv))
+                .collect();
             return self.guard(|me| {
-                // Every layer's arrays evaluated at once: one wait for MLX's stream, not one a
-                // copy (copy_from_array evaluates its array, a no-op then).
-                mlx_core::eval(kv.iter().flat_map(|(k, v)| [k, v]))?;
-                for (&(kb, vb), (k, v)) in bufs.iter().zip(kv) {
-                    for (b, a) in [(kb, k), (vb, v)] {
-                        me.rt.copy_from_array(b, slot, cap * d * 2, a, row, nkv)?;
-                    }
-                }
+                me.rt.copy_from_arrays_queued(&copies)?;
                 Ok(n)
             });
         }
