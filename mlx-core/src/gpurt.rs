@@ -73,7 +73,8 @@ pub struct GpuRuntime {
     /// The sources of copies queued by [`GpuRuntime::copy_from_arrays_queued`], kept alive
     /// (and, held twice, never written in place by MLX) until a wait covers them: each with
     /// the number of reads begun before it was queued ([`GpuRuntime::read_end`] of a later
-    /// read, or [`GpuRuntime::synchronize`], lets it go).
+    /// read lets it go; so do the calls that wait for the whole stream: `synchronize`,
+    /// `upload`, `download`).
     held: Vec<(u64, Array)>,
     /// Reads begun so far.
     reads: u64,
@@ -205,7 +206,10 @@ impl GpuRuntime {
         // SAFETY: data is valid for data.len() bytes of reads; the shim checks the range.
         check("gpurt_upload", unsafe {
             sys::mlxs_gpurt_upload(self.raw, buffer.0, offset, data.as_ptr().cast(), data.len())
-        })
+        })?;
+        // The shim waited for the whole stream: the queued copies are done.
+        self.held.clear();
+        Ok(())
     }
 
     /// Copies an MLX array's bytes into `buffer` on the device, without the host: as `height`
@@ -242,7 +246,9 @@ impl GpuRuntime {
     /// array, width, height)`, queued on the stream and not waited for: the arrays are
     /// evaluated together (one wait for MLX), the copies queued in order, and the arrays
     /// held by the runtime until a later wait on its stream covers the copies (the next
-    /// [`GpuRuntime::read_end`] of a read begun after them, or [`GpuRuntime::synchronize`]).
+    /// [`GpuRuntime::read_end`] of a read begun after them, or a call that waits for the
+    /// whole stream: [`GpuRuntime::synchronize`], [`GpuRuntime::upload`],
+    /// [`GpuRuntime::download`]).
     /// Work queued after them (kernels, graphs) sees the copied bytes.
     pub fn copy_from_arrays_queued(
         &mut self,
@@ -285,7 +291,10 @@ impl GpuRuntime {
                 out.as_mut_ptr().cast(),
                 out.len(),
             )
-        })
+        })?;
+        // The shim waited for the whole stream: the queued copies are done.
+        self.held.clear();
+        Ok(())
     }
 
     /// Raises `kernel`'s dynamic shared memory limit to `bytes`.
