@@ -70,6 +70,14 @@ pub const MAX_READ_BYTES: usize = 1 << 20;
 pub struct GpuRuntime {
     raw: sys::mlxs_gpurt,
     kernels: Vec<String>,
+    /// The sources of copies queued by [`GpuRuntime::copy_from_arrays_queued`], kept alive
+    /// (and, held twice, never written in place by MLX) until a wait covers them: each with
+    /// the number of reads begun before it was queued ([`GpuRuntime::read_end`] of a later
+    /// read lets it go; so do the calls that wait for the whole stream: `synchronize`,
+    /// `upload`, `download`).
+    held: Vec<(u64, Array)>,
+    /// Reads begun so far.
+    reads: u64,
 }
 
 #[cfg(feature = "cuda")]
@@ -125,6 +133,8 @@ impl GpuRuntime {
         Ok(GpuRuntime {
             raw,
             kernels: kernels.iter().map(|(n, _)| n.to_string()).collect(),
+            held: Vec::new(),
+            reads: 0,
         })
     }
 
@@ -196,7 +206,10 @@ impl GpuRuntime {
         // SAFETY: data is valid for data.len() bytes of reads; the shim checks the range.
         check("gpurt_upload", unsafe {
             sys::mlxs_gpurt_upload(self.raw, buffer.0, offset, data.as_ptr().cast(), data.len())
-        })
+        })?;
+        // The shim waited for the whole stream: the queued copies are done.
+        self.held.clear();
+        Ok(())
     }
 
     /// Copies an MLX array's bytes into `buffer` on the device, without the host: as `height`
@@ -229,6 +242,44 @@ impl GpuRuntime {
         })
     }
 
+    /// [`GpuRuntime::copy_from_array`] for several arrays, each `(buffer, offset, dst_pitch,
+    /// array, width, height)`, queued on the stream and not waited for: the arrays are
+    /// evaluated together (one wait for MLX), the copies queued in order, and the arrays
+    /// held by the runtime until a later wait on its stream covers the copies (the next
+    /// [`GpuRuntime::read_end`] of a read begun after them, or a call that waits for the
+    /// whole stream: [`GpuRuntime::synchronize`], [`GpuRuntime::upload`],
+    /// [`GpuRuntime::download`]).
+    /// Work queued after them (kernels, graphs) sees the copied bytes.
+    pub fn copy_from_arrays_queued(
+        &mut self,
+        copies: &[(Buffer, usize, usize, &Array, usize, usize)],
+    ) -> Result<()> {
+        // Row-major copies where an array is a view (a reshape of a strided view copies).
+        let flats: Vec<Array> = copies
+            .iter()
+            .map(|c| c.3.reshape(&[-1]))
+            .collect::<Result<_>>()?;
+        crate::array::eval(flats.iter())?;
+        for (c, flat) in copies.iter().zip(flats) {
+            let (buffer, offset, dst_pitch, _, width, height) = *c;
+            // SAFETY: live handles; the shim checks the array's layout and size and both
+            // ranges; `flat` is held below until a wait covers the copy.
+            check("gpurt_copy_from_array", unsafe {
+                sys::mlxs_gpurt_copy_from_array_queued(
+                    self.raw,
+                    buffer.0,
+                    offset,
+                    dst_pitch,
+                    flat.as_raw(),
+                    width,
+                    height,
+                )
+            })?;
+            self.held.push((self.reads, flat));
+        }
+        Ok(())
+    }
+
     /// Copies `out.len()` bytes of `buffer` from byte `offset` (after everything queued).
     pub fn download(&mut self, buffer: Buffer, offset: usize, out: &mut [u8]) -> Result<()> {
         // SAFETY: out is valid for out.len() bytes of writes; the shim checks the range.
@@ -240,7 +291,10 @@ impl GpuRuntime {
                 out.as_mut_ptr().cast(),
                 out.len(),
             )
-        })
+        })?;
+        // The shim waited for the whole stream: the queued copies are done.
+        self.held.clear();
+        Ok(())
     }
 
     /// Raises `kernel`'s dynamic shared memory limit to `bytes`.
@@ -371,6 +425,7 @@ impl GpuRuntime {
         check("gpurt_read_begin", unsafe {
             sys::mlxs_gpurt_read_begin(self.raw, buffer.0, offset, bytes, &mut t)
         })?;
+        self.reads += 1;
         Ok(Ticket(t))
     }
 
@@ -379,7 +434,11 @@ impl GpuRuntime {
         // SAFETY: out is valid for out.len() bytes of writes; the shim checks the length.
         check("gpurt_read_end", unsafe {
             sys::mlxs_gpurt_read_end(self.raw, ticket.0, out.as_mut_ptr().cast(), out.len())
-        })
+        })?;
+        // Tickets count from 1 in the order reads begin: the copies queued before this read
+        // began are done.
+        self.held.retain(|(before, _)| *before >= ticket.0);
+        Ok(())
     }
 
     /// Waits for everything queued on the runtime's stream.
@@ -387,7 +446,9 @@ impl GpuRuntime {
         // SAFETY: live handle.
         check("gpurt_synchronize", unsafe {
             sys::mlxs_gpurt_synchronize(self.raw)
-        })
+        })?;
+        self.held.clear();
+        Ok(())
     }
 }
 
@@ -465,6 +526,13 @@ impl GpuRuntime {
         src: &Array,
         width: usize,
         height: usize,
+    ) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn copy_from_arrays_queued(
+        &mut self,
+        copies: &[(Buffer, usize, usize, &Array, usize, usize)],
     ) -> Result<()> {
         match self.never {}
     }

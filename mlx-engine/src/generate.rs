@@ -1023,17 +1023,9 @@ impl<'m> GenerateStep<'m> {
         let Some(g) = self.graph.as_mut() else {
             return Ok(None);
         };
+        let left = self.opts.max_tokens.map_or(usize::MAX, |m| m - self.n);
         let r = (|| -> mlx_core::Result<(u32, f32)> {
-            if !g.started {
-                if !g.fed {
-                    let kv = graph_prefix(&self.caches)?;
-                    g.dec()?.set_prefix(&kv)?;
-                }
-                let left = self.opts.max_tokens.map_or(usize::MAX, |m| m - self.n);
-                g.dec()?.start(first, left)?;
-                g.started = true;
-                g.since_mlx.push(first as i32);
-            }
+            graph_begin(g, &self.caches, first, left)?;
             let (t, lp) = g.dec()?.next_token()?;
             if !lp.is_finite() {
                 return Err(graph_not_finite(format!(
@@ -1187,7 +1179,18 @@ impl GenerateStep<'_> {
                 return Err(EngineError::NonFiniteLogits { token: 0, lse: *v });
             }
             let token = y.astype(Dtype::Uint32)?.item::<u32>()?;
-            // Held as the pending token: the next call starts the decoder from it.
+            // The decoder starts from it now (the prompt's cache copied in, its first steps
+            // queued), so that the device computes the next tokens while this one goes to the
+            // caller, as mlx-lm queues its next step before it yields a token. A failure here
+            // is met again, and handled, by the next call (`graph_next`).
+            if self.opts.max_tokens.is_none_or(|m| m > 1) {
+                if let Some(g) = self.graph.as_mut() {
+                    let left = self.opts.max_tokens.map_or(usize::MAX, |m| m - 1);
+                    let _ = graph_begin(g, &self.caches, token, left);
+                }
+            }
+            // Held as the pending token: the decoder started (or the next call starts it)
+            // from it.
             self.y = Some((y, Array::from_slice::<f32>(&[], &[0])?, lse));
             self.n += 1;
             return Ok(Some(Step {
@@ -1214,6 +1217,27 @@ impl GenerateStep<'_> {
             None => self.advance(),
         }
     }
+}
+
+/// Starts the graph decoder's run once: the prompt's cache copied in (unless the prompt went
+/// through the decoder), greedy decoding from `first` for at most `left` tokens.
+fn graph_begin(
+    g: &mut GraphRun<'_>,
+    caches: &[Box<dyn Cache>],
+    first: u32,
+    left: usize,
+) -> mlx_core::Result<()> {
+    if g.started {
+        return Ok(());
+    }
+    if !g.fed {
+        let kv = graph_prefix(caches)?;
+        g.dec()?.set_prefix(&kv)?;
+    }
+    g.dec()?.start(first, left)?;
+    g.started = true;
+    g.since_mlx.push(first as i32);
+    Ok(())
 }
 
 /// The prompt's keys and values from plain MLX caches, for the graph decoder. A sliding

@@ -91,7 +91,12 @@ impl GraphBackend for StandIn<'_> {
         Ok(())
     }
 
-    fn start(&mut self, first: u32, _max_steps: usize) -> mlx_core::Result<()> {
+    fn start(&mut self, first: u32, max_steps: usize) -> mlx_core::Result<()> {
+        self.script
+            .lock()
+            .unwrap()
+            .log
+            .push(format!("start {first} {max_steps}"));
         self.pending = Some(first);
         Ok(())
     }
@@ -233,6 +238,54 @@ fn greedy_tokens_are_the_mlx_paths_and_the_decoder_is_built_after_the_prompt() {
     let at = log.iter().position(|e| e == "build").unwrap();
     assert!(log[..at].contains(&"progress 39".to_string()), "{log:?}");
     assert!(log[at..].contains(&"prefix 40".to_string()), "{log:?}");
+}
+
+/// The decoder starts from the MLX forward's first token before that token is handed out (its
+/// first steps then run while the caller handles it, as mlx-lm queues its next step before it
+/// yields a token); a caller that stops after that token gets the caches the MLX path leaves.
+#[test]
+fn the_decoder_starts_before_the_first_token_is_handed_out() {
+    let m = model();
+    let p = prompt(m.vocab_size());
+    let first_only = |script: Option<&Arc<Mutex<Script>>>| {
+        let mut opts = base();
+        if let Some(s) = script {
+            opts.graph_decode = true;
+            opts.graph_stand_in = Some(stand_in(s));
+        }
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        mlx_core::random::seed(11).unwrap();
+        let mut g = generate_step(&p, m.as_ref(), None, opts).unwrap();
+        let first = g.next().unwrap().unwrap().token;
+        (first, g.into_cache()[0].offset())
+    };
+    let (want, mlx_offset) = first_only(None);
+    let script = Arc::new(Mutex::new(Script::default()));
+    let (got, offset) = first_only(Some(&script));
+    assert_eq!(got, want);
+    assert_eq!(
+        mlx_offset,
+        p.len() + 1,
+        "the MLX path ran the first token's step"
+    );
+    assert_eq!(offset, mlx_offset, "the caches as the MLX path leaves them");
+    let log = std::mem::take(&mut script.lock().unwrap().log);
+    // Started from the first token, for the 9 tokens after it (max_tokens 10).
+    assert!(log.contains(&"prefix 40".to_string()), "{log:?}");
+    assert!(log.contains(&format!("start {want} 9")), "{log:?}");
+    // max_tokens 1: nothing to start.
+    let script = Arc::new(Mutex::new(Script::default()));
+    let mut opts = GenerateOptions {
+        max_tokens: Some(1),
+        ..base()
+    };
+    opts.graph_decode = true;
+    opts.graph_stand_in = Some(stand_in(&script));
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let steps = generate_step(&p, m.as_ref(), None, opts).unwrap().count();
+    assert_eq!(steps, 1);
+    let log = std::mem::take(&mut script.lock().unwrap().log);
+    assert!(!log.iter().any(|e| e.starts_with("start")), "{log:?}");
 }
 
 #[test]

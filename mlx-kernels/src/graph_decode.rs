@@ -62,6 +62,7 @@ use mlx_core::cap_listing;
 use mlx_core::cpu::trellis::TrellisSpec;
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
 
+use crate::graph_profile::StepProfile;
 use crate::graph_trellis::{
     TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, TRELLIS_KERNELS, TRELLIS_MAX_HB,
     TRELLIS_SOURCE, TRELLIS_THREADS,
@@ -1201,6 +1202,8 @@ pub struct GraphDecoder {
     fail_after: Option<usize>,
     /// How long [`GraphDecoder::with_options`] took, by part.
     build: BuildTimes,
+    /// `MLX_GRAPH_STEP_PROFILE`'s accounts ([`crate::graph_profile`]); `None`: off.
+    profile: Option<Box<StepProfile>>,
 }
 
 /// Where a [`GraphDecoder`]'s construction spent its time (wall clock, seconds).
@@ -1222,6 +1225,15 @@ impl std::fmt::Debug for GraphDecoder {
             .field("capacity", &self.step.capacity)
             .field("position", &self.pos)
             .finish()
+    }
+}
+
+impl Drop for GraphDecoder {
+    fn drop(&mut self) {
+        // MLX_GRAPH_STEP_PROFILE: a run still open (stopped early) prints its line.
+        if let Some(p) = self.profile.as_deref_mut() {
+            p.report();
+        }
     }
 }
 
@@ -2022,6 +2034,7 @@ impl GraphDecoder {
         for n in 1..tiles {
             tile_graphs.push(rt.capture(|rt| record_step(rt, &step, None, None, n))?);
         }
+        let profile = StepProfile::from_env(&step.shape.model_type);
         Ok(GraphDecoder {
             rt,
             step,
@@ -2044,6 +2057,7 @@ impl GraphDecoder {
                 weights_s,
                 capture_s: t2.elapsed().as_secs_f64(),
             },
+            profile,
         })
     }
 
@@ -2158,8 +2172,12 @@ impl GraphDecoder {
     /// Copies a prompt's KV cache in: per layer, keys and values `[1, kv_heads, n, head_dim]`
     /// bfloat16 (what an MLX `KVCache` fetches after the prompt). The position becomes `n`.
     pub fn set_prefix(&mut self, kv: &[(Array, Array)]) -> Result<()> {
+        let t = self.profile.is_some().then(std::time::Instant::now);
         self.pos = 0;
         self.pos = self.copy_prefix(0, kv)?;
+        if let (Some(p), Some(t)) = (self.profile.as_deref_mut(), t) {
+            p.prefix(t);
+        }
         Ok(())
     }
 
@@ -2214,12 +2232,17 @@ impl GraphDecoder {
         // n rows to the head's slot. (The host path below moves the cache through host memory,
         // down and up again: 67 MB each way for a Llama-3-8B cache of 512 positions.)
         if mlx_core::Device::gpu().is_available()? {
+            // Every layer's arrays evaluated at once (one wait for MLX's stream) and the copies
+            // queued on the decoder's stream, not waited for one by one: the steps queued after
+            // them see them (the runtime holds the arrays until a wait covers the copies).
+            let copies: Vec<_> = bufs
+                .iter()
+                .zip(kv)
+                .flat_map(|(&(kb, vb), (k, v))| [(kb, k), (vb, v)])
+                .map(|(b, a)| (b, slot, cap * d * 2, a, row, nkv))
+                .collect();
             return self.guard(|me| {
-                for (&(kb, vb), (k, v)) in bufs.iter().zip(kv) {
-                    for (b, a) in [(kb, k), (vb, v)] {
-                        me.rt.copy_from_array(b, slot, cap * d * 2, a, row, nkv)?;
-                    }
-                }
+                me.rt.copy_from_arrays_queued(&copies)?;
                 Ok(n)
             });
         }
@@ -2778,8 +2801,13 @@ impl GraphDecoder {
     /// Starts greedy decoding: `first` (the last token sampled, not yet cached) goes in at
     /// the current position; [`GraphDecoder::next_token`] then returns up to `max_steps`
     /// tokens. Reads still queued from an earlier run are dropped first.
+    ///
+    /// The first steps are queued now (up to 8, as [`GraphDecoder::next_token`] keeps them),
+    /// so that the device computes them while the caller handles the token before `first`.
     pub fn start(&mut self, first: u32, max_steps: usize) -> Result<()> {
         self.check_token(first)?;
+        self.trace_once(first);
+        let t = self.profile.is_some().then(std::time::Instant::now);
         self.guard(|me| {
             me.drain()?;
             me.set_state(first)?;
@@ -2789,7 +2817,114 @@ impl GraphDecoder {
             Ok(())
         })?;
         self.print_breakdown_once();
+        self.profile_step_once();
+        self.guard(|me| me.queue_ahead())?;
+        if let (Some(p), Some(t)) = (self.profile.as_deref_mut(), t) {
+            p.start(t);
+        }
         Ok(())
+    }
+
+    /// Queues the current run's steps (a graph replay and the read of its token each) until
+    /// [`READ_AHEAD`] reads are in flight or every step of the run is queued.
+    fn queue_ahead(&mut self) -> Result<()> {
+        while self.pending.len() < READ_AHEAD && self.queued_to < self.limit {
+            let t = self.profile.is_some().then(std::time::Instant::now);
+            self.rt.replay(self.graph_for(std::iter::once(0)), 1)?;
+            if let (Some(p), Some(t)) = (self.profile.as_deref_mut(), t) {
+                p.launched(t);
+            }
+            let t = self.profile.is_some().then(std::time::Instant::now);
+            let slot = self.queued_to - self.start_pos;
+            let ticket = self.rt.read_begin(self.step.acts.tokens, slot * 8, 8)?;
+            self.pending.push_back(ticket);
+            if let (Some(p), Some(t)) = (self.profile.as_deref_mut(), t) {
+                p.read_queued(t);
+            }
+            self.queued_to += 1;
+        }
+        Ok(())
+    }
+
+    /// `MLX_GRAPH_TRACE=PATH`: the first run of the process (`mlx benchmark`'s warm-up)
+    /// writes the timeline of its first step ([`GraphDecoder::trace_step`] on `first` at the
+    /// run's position, which the run's own first step then computes again, the same values)
+    /// to PATH (`%p` in it replaced by the process id), a line a block: `what block_x
+    /// block_y sm entry waited prologue end first_data` (`xtask/gpu/trace_summary.py` reads
+    /// it).
+    fn trace_once(&mut self, first: u32) {
+        static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let Some(path) = std::env::var_os("MLX_GRAPH_TRACE").filter(|p| !p.is_empty()) else {
+            return;
+        };
+        if self.check_room(1).is_err() || DONE.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let pos = self.pos;
+        let r = self.trace_step(first);
+        self.pos = pos;
+        // `%p`: the process id (one file a process, where several share the variable).
+        let path = std::path::PathBuf::from(
+            path.to_string_lossy()
+                .replace("%p", &std::process::id().to_string()),
+        );
+        match r {
+            Ok(records) => {
+                let mut text = String::new();
+                for r in &records {
+                    let [t0, t1, t2, t3] = r.times;
+                    text += &format!(
+                        "{} {} {} {} {t0} {t1} {t2} {t3} {}\n",
+                        r.what, r.block.0, r.block.1, r.sm, r.first_data
+                    );
+                }
+                match std::fs::write(&path, text) {
+                    Ok(()) => eprintln!(
+                        "[graph trace] `{}`: {} records at position {pos} to {}",
+                        self.step.shape.model_type,
+                        records.len(),
+                        path.display()
+                    ),
+                    Err(e) => eprintln!("[graph trace] {}: {e}", path.display()),
+                }
+            }
+            Err(e) => eprintln!("[graph trace] failed: {e}"),
+        }
+    }
+
+    /// `MLX_GRAPH_STEP_PROFILE`: the first run of the process (`mlx benchmark`'s warm-up)
+    /// also times the whole step replayed back to back, without reads, from the run's state
+    /// (at most 32 steps, within the run's room): the device's own time a step, for the
+    /// profile's lines. The state is put back; the positions those steps wrote are written
+    /// again by the run's own steps before any step reads them.
+    fn profile_step_once(&mut self) {
+        static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if self.profile.is_none() || self.limit < self.pos + 2 {
+            return;
+        }
+        if DONE.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let reps = (self.limit - self.pos).min(32) as u32;
+        let bytes = 16 * self.sequences();
+        let r = self.guard(|me| {
+            let mut saved = vec![0u8; bytes];
+            me.rt.download(me.step.acts.state, 0, &mut saved)?;
+            let g = me.graph_for(std::iter::once(0));
+            me.rt.replay(g, 1)?;
+            me.rt.synchronize()?;
+            let t = std::time::Instant::now();
+            me.rt.replay(g, reps - 1)?;
+            me.rt.synchronize()?;
+            let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps - 1);
+            me.rt.upload(me.step.acts.state, 0, &saved)?;
+            Ok(us)
+        });
+        match (r, self.profile.as_deref_mut()) {
+            (Ok(us), Some(p)) => p.step_alone_us = Some(us),
+            (Err(e), _) => eprintln!("[graph step profile] the step alone: failed: {e}"),
+            _ => {}
+        }
     }
 
     /// `MLX_GRAPH_BREAKDOWN=REPS`: the first run of the process prints
@@ -2833,6 +2968,19 @@ impl GraphDecoder {
     /// logits, rounded to bfloat16). Up to 8 steps are queued ahead of the reads. Past the
     /// cache's capacity, or past the run's `max_steps`, an error says so.
     pub fn next_token(&mut self) -> Result<(u32, f32)> {
+        let entered = self.profile.as_deref_mut().map(StepProfile::enter);
+        let r = self.next_token_inner();
+        if let (Some(p), Some(e), Ok(_)) = (self.profile.as_deref_mut(), entered, &r) {
+            p.exit(e);
+            // The run's last token: its line.
+            if self.queued_to >= self.limit && self.pending.is_empty() {
+                p.report();
+            }
+        }
+        r
+    }
+
+    fn next_token_inner(&mut self) -> Result<(u32, f32)> {
         self.guard(|me| {
             match me.fail_after {
                 Some(0) => {
@@ -2844,13 +2992,7 @@ impl GraphDecoder {
                 Some(n) => me.fail_after = Some(n - 1),
                 None => {}
             }
-            while me.pending.len() < READ_AHEAD && me.queued_to < me.limit {
-                me.rt.replay(me.graph_for(std::iter::once(0)), 1)?;
-                let slot = me.queued_to - me.start_pos;
-                me.pending
-                    .push_back(me.rt.read_begin(me.step.acts.tokens, slot * 8, 8)?);
-                me.queued_to += 1;
-            }
+            me.queue_ahead()?;
             let Some(t) = me.pending.pop_front() else {
                 return Err(invalid(
                     "graph_decoder",
@@ -2868,7 +3010,11 @@ impl GraphDecoder {
                 ));
             };
             let mut buf = [0u8; 8];
+            let w = me.profile.is_some().then(std::time::Instant::now);
             me.rt.read_end(t, &mut buf)?;
+            if let (Some(p), Some(w)) = (me.profile.as_deref_mut(), w) {
+                p.waited(w);
+            }
             me.pos += 1;
             let token = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
             let logprob = f32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
@@ -2884,6 +3030,10 @@ impl GraphDecoder {
 
     /// Waits for the reads a run left queued (steps computed but not taken).
     fn drain(&mut self) -> Result<()> {
+        // A run that ended before its last step (a stop token): its profile line.
+        if let Some(p) = self.profile.as_deref_mut() {
+            p.report();
+        }
         let mut buf = [0u8; 8];
         while let Some(t) = self.pending.pop_front() {
             self.rt.read_end(t, &mut buf)?;

@@ -41,6 +41,7 @@ pub mod flash_attention;
 pub mod flash_cuda;
 pub mod flash_spec;
 pub mod graph_decode;
+mod graph_profile;
 pub mod graph_source;
 pub mod graph_trellis;
 pub mod rms_norm;

@@ -694,8 +694,9 @@ static void check_borrowed(mlxs_gpurt_& rt, uint32_t buffer, const char* what) {
   }
 }
 
-int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t dst_pitch,
-                               mlxs_array src, size_t width, size_t height) {
+// copy_from_array, waiting for the copy (`wait`) or only queueing it.
+static int copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t dst_pitch,
+                           mlxs_array src, size_t width, size_t height, bool wait) {
   return guard([&] {
     R(rt);
     rt->not_capturing("copy_from_array");
@@ -740,8 +741,19 @@ int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, si
     c.Height = height;
     const Driver& d = rt->d();
     check(d.cuMemcpy2DAsync(&c, rt->stream), "cuMemcpy2DAsync");
-    check(d.cuStreamSynchronize(rt->stream), "copy_from_array: cuStreamSynchronize");
+    if (wait) check(d.cuStreamSynchronize(rt->stream), "copy_from_array: cuStreamSynchronize");
   });
+}
+
+int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t dst_pitch,
+                               mlxs_array src, size_t width, size_t height) {
+  return copy_from_array(rt, buffer, offset, dst_pitch, src, width, height, true);
+}
+
+int mlxs_gpurt_copy_from_array_queued(mlxs_gpurt rt, uint32_t buffer, size_t offset,
+                                      size_t dst_pitch, mlxs_array src, size_t width,
+                                      size_t height) {
+  return copy_from_array(rt, buffer, offset, dst_pitch, src, width, height, false);
 }
 
 // A buffer that is an MLX array's own device memory, no copy: the array (evaluated first; it

@@ -60,6 +60,12 @@ int mlxs_gpurt_download(mlxs_gpurt rt, uint32_t buffer, size_t offset, void* dst
 int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t dst_pitch,
                                mlxs_array src, size_t width, size_t height);
 
+/* mlxs_gpurt_copy_from_array, queued on the runtime's stream and not waited for: the caller
+ * keeps `src` alive (and unwritten) until a later wait on the stream covers the copy. */
+int mlxs_gpurt_copy_from_array_queued(mlxs_gpurt rt, uint32_t buffer, size_t offset,
+                                      size_t dst_pitch, mlxs_array src, size_t width,
+                                      size_t height);
+
 /* A buffer that is a row-contiguous MLX array's own device memory (evaluated first; 256-byte
  * aligned), no copy: the runtime keeps the array alive, never writes or frees that memory,
  * and does not count it in mlxs_gpurt_allocated. Fails where MLX has no GPU. */
