@@ -29,6 +29,12 @@
 // cost the SM its fourth block, a quarter of the warps that keep the weights' loads in flight;
 // the other product kernels fit 64 by themselves).
 #define TRELLIS_MIN_BLOCKS 4
+// 0 turns the L2 prefetches before the PDL wait off (trellis_prefetch, trellis_prefetch_span:
+// hints, no result depends on them): MLX_GRAPH_TRELLIS_PREFETCH=0, the device's A/B of them
+// (graph_trellis.rs, trellis_source).
+#ifndef TRELLIS_PREFETCH
+#define TRELLIS_PREFETCH 1
+#endif
 
 // The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
 // The byte sum is one dp4a against ones, accumulated onto the bits of 2^23 (the sum is below
@@ -396,7 +402,7 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
 // loads, after the prologue, hit L2 instead of DRAM (the affine matvec's loads before the wait,
 // MV_EARLY, without the registers). A hint only: nothing on the CPU emulator.
 __device__ __forceinline__ void trellis_prefetch(const u32* W, ll N, ll K, ll kb, ll lpr) {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) && TRELLIS_PREFETCH
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const ll rpw = 32 / lpr, wpr = K * kb / 32;
   const ll r0 = ((ll)blockIdx.x * warps + warp) * rpw;
@@ -405,6 +411,21 @@ __device__ __forceinline__ void trellis_prefetch(const u32* W, ll N, ll K, ll kb
   const char* p = (const char*)(W + r0 * wpr);
   const char* end = p + rows * wpr * 4;
   for (const char* a = (const char*)((u64)p & ~(u64)127) + lane * 128; a < end; a += 32 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#endif
+}
+
+// The small arrays of a linear that a launch reads after the wait (signs, row scales, the
+// norm's weights, the bias: written by no kernel), asked of L2 before it, each 128-byte line by
+// one thread of the grid, so that the prologue's and epilogue's reads of them hit L2.
+__device__ __forceinline__ void trellis_prefetch_span(const void* p, ll bytes) {
+#if defined(__CUDA_ARCH__) && TRELLIS_PREFETCH
+  const ll blocks = (ll)gridDim.x * gridDim.y * gridDim.z;
+  const ll lb = blockIdx.x + (ll)gridDim.x * (blockIdx.y + (ll)gridDim.y * blockIdx.z);
+  const ll stride = blocks * blockDim.x * 128;
+  const char* end = (const char*)p + bytes;
+  for (const char* a = (const char*)((u64)p & ~(u64)127) + (lb * blockDim.x + threadIdx.x) * 128;
+       a < end; a += stride)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 #endif
 }
@@ -611,6 +632,11 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_linear(
   const ll b = blockIdx.y;
   xin += b * K;
   trellis_prefetch(W, N, K, kb, lpr);
+  trellis_prefetch_span(sv, 4 * K);
+  trellis_prefetch_span(scales, 4 * N);
+  trellis_prefetch_span(su, 4 * N);
+  if (norm) trellis_prefetch_span(normw, 2 * K);
+  if (mode & TRELLIS_BIAS) trellis_prefetch_span(bias, 2 * N);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv, K, block, hbc, hscalec, norm, eps);
   trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
@@ -739,6 +765,11 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   int* cnt = counts + (zsl == 0 ? 0 : zsl == 1 ? Nq / hbq : Nq / hbq + Nk / hbk);
   const ll wpr = K * kb / 32;
   trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
+  trellis_prefetch_span(sv, 12 * K);
+  trellis_prefetch_span(scales, 4 * (Nq + 2 * Nk));
+  trellis_prefetch_span(su, 4 * (Nq + 2 * Nk));
+  trellis_prefetch_span(normw, 2 * K);
+  if (has_bias) trellis_prefetch_span(bias, 2 * (Nq + 2 * Nk));
   pdl_wait_then_release();
   const int pos = state[1];
   trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
@@ -787,6 +818,10 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_gate_up(
   float* xs = (float*)smem;
   const ll zsl = blockIdx.z, r0 = zsl * N, wpr = K * kb / 32;
   trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
+  trellis_prefetch_span(sv, 8 * K);
+  trellis_prefetch_span(scales, 8 * N);
+  trellis_prefetch_span(su, 8 * N);
+  trellis_prefetch_span(normw, 2 * K);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
   trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr);

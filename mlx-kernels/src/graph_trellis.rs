@@ -37,6 +37,19 @@ use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Kernel};
 /// uses) for a model with trellis-coded linears.
 pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
+/// [`TRELLIS_SOURCE`] as the graph decoder compiles it: with `MLX_GRAPH_TRELLIS_PREFETCH=0`,
+/// `TRELLIS_PREFETCH 0` defined first (the L2 prefetches before the PDL wait off: hints, the
+/// results are the same bits; the device's A/B of them).
+pub fn trellis_source() -> String {
+    let off = std::env::var("MLX_GRAPH_TRELLIS_PREFETCH").is_ok_and(|v| v == "0");
+    let define = if off {
+        "#define TRELLIS_PREFETCH 0\n"
+    } else {
+        ""
+    };
+    format!("{define}{TRELLIS_SOURCE}")
+}
+
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
 /// checks).
 pub const TRELLIS_KERNELS: [(&str, u32); 10] = [
