@@ -80,6 +80,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cases.push((4, 6, 8, 192, 576, false));
     // A real code: a Gaussian matrix through the Viterbi encoder.
     cases.push((3, 8, 32, 576, 576, true));
+    // Wide Hadamard blocks (the transforms' strided passes past 512): 4,096 and 2,048 rows
+    // (an 8B's q/o/down and gate/up outputs), 4,096 and 14,336 inputs (2,048 a block: down's),
+    // and 48 rows (blocks of 16, a warp's last run of 32 part-filled).
+    cases.push((3, 8, 32, 4096, 64, false));
+    cases.push((3, 8, 32, 64, 14336, false));
+    cases.push((3, 8, 32, 2048, 96, false));
+    cases.push((3, 8, 32, 48, 4096, false));
     let pool = mlx_core::cpu::ThreadPool::new(mlx_core::cpu::available_threads())
         .map_err(|e| e.to_string())?;
     for (i, &(k, l, block, rows, cols, coded)) in cases.iter().enumerate() {

@@ -65,7 +65,7 @@ use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
 use crate::graph_profile::StepProfile;
 use crate::graph_trellis::{
     TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, TRELLIS_KERNELS, TRELLIS_MAX_HB,
-    TRELLIS_SOURCE, TRELLIS_THREADS,
+    TRELLIS_THREADS,
 };
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
@@ -1793,7 +1793,7 @@ impl GraphDecoder {
         }
         if spec.trellis.is_some() {
             kernels.extend(TRELLIS_KERNELS);
-            source.push_str(TRELLIS_SOURCE);
+            source.push_str(&crate::graph_trellis::trellis_source());
         }
         let mut rt = GpuRuntime::new(&source, &kernels)?;
         let kernels_s = t0.elapsed().as_secs_f64();

@@ -25,6 +25,16 @@
 // memory.
 #define TRELLIS_MAX_HB 4096
 #define TRELLIS_THREADS 256
+// Blocks an SM holds of trellis_qkv: 64 registers a thread (it would otherwise take ~80 and
+// cost the SM its fourth block, a quarter of the warps that keep the weights' loads in flight;
+// the other product kernels fit 64 by themselves).
+#define TRELLIS_MIN_BLOCKS 4
+// 0 turns the L2 prefetches before the PDL wait off (trellis_prefetch, trellis_prefetch_span:
+// hints, no result depends on them): MLX_GRAPH_TRELLIS_PREFETCH=0, the device's A/B of them
+// (graph_trellis.rs, trellis_source).
+#ifndef TRELLIS_PREFETCH
+#define TRELLIS_PREFETCH 1
+#endif
 
 // The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
 // The byte sum is one dp4a against ones, accumulated onto the bits of 2^23 (the sum is below
@@ -93,22 +103,121 @@ extern "C" __global__ void trellis_decode(const u32* W, const float* scales, flo
     trellis_decode_block(W, scales, out, i / nb, i % nb, K, kb, L, block, bw, bits);
 }
 
-// In-place orthonormal Walsh-Hadamard transform of buf[0, hb) (shared), the block's threads
-// together: the butterflies of fwht_blocks_portable, span by span (each element's adds in the
-// same order, so the same bits), then times hscale (1 / sqrt(hb), the host's float32 value).
-__device__ __forceinline__ void trellis_fwht(float* buf, int hb, float hscale) {
-  for (int h = 1; h < hb; h <<= 1) {
-    __syncthreads();
-    for (int p = threadIdx.x; p < hb / 2; p += blockDim.x) {
-      const int i = (p / h) * 2 * h + (p % h);
-      const float a = buf[i], b = buf[i + h];
-      buf[i] = a + b;
-      buf[i + h] = a - b;
+// The orthonormal Walsh-Hadamard transform in shared memory, in place, of each consecutive
+// block of hb (a power of two) of n elements, element i at buf[i + pad (i / 32)] (the padded
+// input of the product, pad 1 or 2; 0 for the output's buffer), the block's threads together.
+// The butterflies are fwht_blocks_portable's, each element's adds in the same order (span 1,
+// 2, 4, ...: the lower element of a pair gets a + b, the upper a - b), so the same bits; only
+// their schedule differs: a warp holds R runs of 32 consecutive elements in registers and does
+// spans 1..16 with shuffles and spans 32..16 R in registers (trellis_fwht_warp), then the
+// wider spans 3 at a time, 8 elements a thread strided in registers (trellis_fwht_strided):
+// one pass for hb up to 256, two up to 2048, three for 4096, instead of a barrier a span, and
+// shift-and-mask indices (the butterfly loop with runtime 64-bit divisions took ~112
+// instructions a pair). The last pass multiplies by hscale (1 / sqrt(hb), the host's float32
+// value) as fwht_blocks does after its last span.
+__device__ __forceinline__ int trellis_pidx(int i, int pad) { return i + pad * (i >> 5); }
+
+template <int R>
+__device__ __forceinline__ void trellis_fwht_warp(float* buf, int n, int lhb, int pad, bool last,
+                                                  float hscale) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int shuf = lhb < 5 ? lhb : 5;
+  for (int c = warp; c * 32 * R < n; c += warps) {  // warp-uniform: every lane shuffles
+    // Element c 32 R + lane + 32 r sits at p[r (32 + pad)] (trellis_pidx).
+    float* p = buf + c * (32 + pad) * R + lane;
+    const int left = n - c * 32 * R - lane;  // elements r with 32 r < left exist
+    float v[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] = 32 * r < left ? p[r * (32 + pad)] : 0.f;
+    for (int t = 0; t < shuf; ++t) {
+      const int h = 1 << t;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float o = __shfl_xor_sync(0xffffffffu, v[r], h);
+        v[r] = (lane & h) ? o - v[r] : v[r] + o;  // upper: a - b (a the partner's); lower: a + b
+      }
     }
+#pragma unroll
+    for (int h = 1; h < R; h <<= 1) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (!(r & h)) {
+          const float a = v[r], b = v[r + h];
+          v[r] = a + b;
+          v[r + h] = a - b;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (32 * r < left) p[r * (32 + pad)] = last ? v[r] * hscale : v[r];
+  }
+}
+
+// Spans 2^s .. 2^(s + M - 1) (s >= 5): thread groups of 2^M elements 2^s apart, in registers.
+template <int M>
+__device__ __forceinline__ void trellis_fwht_strided(float* buf, int n, int s, int pad, bool last,
+                                                     float hscale) {
+  constexpr int E = 1 << M;
+  const int low = (1 << s) - 1;
+  // Element base + (j << s) sits at q[j step] (trellis_pidx: s >= 5 keeps the padding's runs).
+  const int step = (1 << s) + pad * (1 << (s - 5));
+  for (int g = threadIdx.x; g < (n >> M); g += blockDim.x) {
+    const int base = ((g >> s) << (s + M)) | (g & low);
+    float* q = buf + trellis_pidx(base, pad);
+    float v[E];
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = q[j * step];
+#pragma unroll
+    for (int h = 1; h < E; h <<= 1) {
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        if (!(j & h)) {
+          const float a = v[j], b = v[j + h];
+          v[j] = a + b;
+          v[j + h] = a - b;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < E; ++j) q[j * step] = last ? v[j] * hscale : v[j];
+  }
+}
+
+// The transform above (barriers before, between and after its passes).
+__device__ __forceinline__ void trellis_fwht_pad(float* buf, int n, int hb, int pad,
+                                                 float hscale) {
+  int lhb = 0;
+  while ((1 << lhb) < hb) ++lhb;
+  // R = hb / 32 runs a warp, at most 8 (the spans up to 128 in the first pass; 16 would take
+  // more registers than the product kernels' 64).
+  const int lr = lhb <= 5 ? 0 : lhb - 5 < 3 ? lhb - 5 : 3;
+  int s = lhb <= 5 ? lhb : 5 + lr;
+  __syncthreads();
+  switch (lr) {
+    case 0: trellis_fwht_warp<1>(buf, n, lhb, pad, s >= lhb, hscale); break;
+    case 1: trellis_fwht_warp<2>(buf, n, lhb, pad, s >= lhb, hscale); break;
+    case 2: trellis_fwht_warp<4>(buf, n, lhb, pad, s >= lhb, hscale); break;
+    default: trellis_fwht_warp<8>(buf, n, lhb, pad, s >= lhb, hscale); break;
+  }
+  while (s < lhb) {
+    const int m = lhb - s < 3 ? lhb - s : 3;
+    const bool last = s + m >= lhb;
+    __syncthreads();
+    switch (m) {
+      case 1: trellis_fwht_strided<1>(buf, n, s, pad, last, hscale); break;
+      case 2: trellis_fwht_strided<2>(buf, n, s, pad, last, hscale); break;
+      default: trellis_fwht_strided<3>(buf, n, s, pad, last, hscale); break;
+    }
+    s += m;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < hb; i += blockDim.x) buf[i] *= hscale;
-  __syncthreads();
+}
+
+// In-place orthonormal Walsh-Hadamard transform of buf[0, hb) (shared, unpadded), the block's
+// threads together (trellis_fwht_pad), then times hscale.
+__device__ __forceinline__ void trellis_fwht(float* buf, int hb, float hscale) {
+  trellis_fwht_pad(buf, hb, hb, 0, hscale);
 }
 
 // 1 / rms of the K bfloat16 inputs, the block's threads together (each thread's strided sum
@@ -287,6 +396,40 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
   }
 }
 
+// Before the wait for the previous kernel (the coded weights do not depend on it), each warp
+// asks L2 for its first row group's words (trellis_rows' first rows: 32 / lpr consecutive rows
+// of K kb / 32 words, one contiguous span), a 128-byte line a lane, so that the product's first
+// loads, after the prologue, hit L2 instead of DRAM (the affine matvec's loads before the wait,
+// MV_EARLY, without the registers). A hint only: nothing on the CPU emulator.
+__device__ __forceinline__ void trellis_prefetch(const u32* W, ll N, ll K, ll kb, ll lpr) {
+#if defined(__CUDA_ARCH__) && TRELLIS_PREFETCH
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const ll rpw = 32 / lpr, wpr = K * kb / 32;
+  const ll r0 = ((ll)blockIdx.x * warps + warp) * rpw;
+  if (r0 >= N) return;
+  const ll rows = N - r0 < rpw ? N - r0 : rpw;
+  const char* p = (const char*)(W + r0 * wpr);
+  const char* end = p + rows * wpr * 4;
+  for (const char* a = (const char*)((u64)p & ~(u64)127) + lane * 128; a < end; a += 32 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#endif
+}
+
+// The small arrays of a linear that a launch reads after the wait (signs, row scales, the
+// norm's weights, the bias: written by no kernel), asked of L2 before it, each 128-byte line by
+// one thread of the grid, so that the prologue's and epilogue's reads of them hit L2.
+__device__ __forceinline__ void trellis_prefetch_span(const void* p, ll bytes) {
+#if defined(__CUDA_ARCH__) && TRELLIS_PREFETCH
+  const ll blocks = (ll)gridDim.x * gridDim.y * gridDim.z;
+  const ll lb = blockIdx.x + (ll)gridDim.x * (blockIdx.y + (ll)gridDim.y * blockIdx.z);
+  const ll stride = blocks * blockDim.x * 128;
+  const char* end = (const char*)p + bytes;
+  for (const char* a = (const char*)((u64)p & ~(u64)127) + (lb * blockDim.x + threadIdx.x) * 128;
+       a < end; a += stride)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#endif
+}
+
 // z[r] = scale[r] / 147.8... * sum_c (byte sum - 510)(state_rc) xh[c] for the N rows of a
 // trellis matrix (K inputs, kb bits, L-bit states, blocks of `block`), xh float32 (the
 // transformed input, trellis_input's), z float32; sequence blockIdx.y. The input is staged in
@@ -299,6 +442,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec(
   float* xs = (float*)smem;
   xh += (ll)blockIdx.y * K;
   z += (ll)blockIdx.y * N;
+  trellis_prefetch(W, N, K, kb, lpr);
   pdl_wait_then_release();
   const int pad = trellis_pad(block);
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
@@ -322,27 +466,14 @@ __device__ __forceinline__ void trellis_stage_input(float* xs, float* red, const
                                                     double eps) {
   const int pad = trellis_pad(block);
   const float inv = norm ? trellis_inv_rms(xin, K, eps, red) : 1.f;
-  for (ll c = threadIdx.x; c < K; c += blockDim.x) {
+  for (int c = threadIdx.x; c < (int)K; c += blockDim.x) {
     float v = bf2f(xin[c]);
     if (norm) v = rbf(bf2f(normw[c]) * rbf(v * inv));
-    xs[trellis_xs(c, pad)] = v * sv[c];
+    xs[trellis_pidx(c, pad)] = v * sv[c];
   }
   // trellis_fwht over every Hadamard block of the input at once (each element's adds as
   // there), through the padded index.
-  for (ll h = 1; h < hb; h <<= 1) {
-    __syncthreads();
-    for (ll p = threadIdx.x; p < K / 2; p += blockDim.x) {
-      const ll q = p % (hb / 2);
-      const ll i = (p / (hb / 2)) * hb + (q / h) * 2 * h + (q % h);
-      const int ia = trellis_xs(i, pad), ib = trellis_xs(i + h, pad);
-      const float a = xs[ia], b = xs[ib];
-      xs[ia] = a + b;
-      xs[ib] = a - b;
-    }
-  }
-  __syncthreads();
-  for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] *= (float)hscale;
-  __syncthreads();
+  trellis_fwht_pad(xs, (int)K, (int)hb, pad, (float)hscale);
 }
 
 // trellis_matvec with trellis_input in its prologue: every block makes the whole transformed
@@ -358,6 +489,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_in(
   float* xs = (float*)smem;
   xin += (ll)blockIdx.y * K;
   z += (ll)blockIdx.y * N;
+  trellis_prefetch(W, N, K, kb, lpr);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv, K, block, hb, hscale, norm, eps);
   trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
@@ -471,6 +603,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_out
   float* xs = (float*)smem;
   const ll b = blockIdx.y;
   xh += b * K;
+  trellis_prefetch(W, N, K, kb, lpr);
   pdl_wait_then_release();
   const int pad = trellis_pad(block);
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
@@ -498,6 +631,12 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_linear(
   float* xs = (float*)smem;
   const ll b = blockIdx.y;
   xin += b * K;
+  trellis_prefetch(W, N, K, kb, lpr);
+  trellis_prefetch_span(sv, 4 * K);
+  trellis_prefetch_span(scales, 4 * N);
+  trellis_prefetch_span(su, 4 * N);
+  if (norm) trellis_prefetch_span(normw, 2 * K);
+  if (mode & TRELLIS_BIAS) trellis_prefetch_span(bias, 2 * N);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv, K, block, hbc, hscalec, norm, eps);
   trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
@@ -605,7 +744,7 @@ __device__ __forceinline__ void trellis_qkv_block(const float* z, const float* s
 // (trellis_qkv_block) applies RoPE and writes q to qout, k and v into the caches at position
 // state[1]. Bit-equal to three trellis_linear launches then trellis_rope_qkv (the emulator's
 // L2 check). bias: null for none.
-extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_qkv(
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS) trellis_qkv(
     const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
     float* z, int* counts, const float* su, const bf16_t* bias, bf16_t* qout, bf16_t* kc,
     bf16_t* vc, const int* state, const float* rope, ll nh, ll nkv, ll D, ll cap, ll nrot,
@@ -625,6 +764,12 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_qkv(
   const double hs = zsl == 0 ? hscale_q : hscale_kv;
   int* cnt = counts + (zsl == 0 ? 0 : zsl == 1 ? Nq / hbq : Nq / hbq + Nk / hbk);
   const ll wpr = K * kb / 32;
+  trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
+  trellis_prefetch_span(sv, 12 * K);
+  trellis_prefetch_span(scales, 4 * (Nq + 2 * Nk));
+  trellis_prefetch_span(su, 4 * (Nq + 2 * Nk));
+  trellis_prefetch_span(normw, 2 * K);
+  if (has_bias) trellis_prefetch_span(bias, 2 * (Nq + 2 * Nk));
   pdl_wait_then_release();
   const int pos = state[1];
   trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
@@ -672,6 +817,11 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_gate_up(
   __shared__ int last;
   float* xs = (float*)smem;
   const ll zsl = blockIdx.z, r0 = zsl * N, wpr = K * kb / 32;
+  trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
+  trellis_prefetch_span(sv, 8 * K);
+  trellis_prefetch_span(scales, 8 * N);
+  trellis_prefetch_span(su, 8 * N);
+  trellis_prefetch_span(normw, 2 * K);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
   trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr);

@@ -37,6 +37,19 @@ use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Kernel};
 /// uses) for a model with trellis-coded linears.
 pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
+/// [`TRELLIS_SOURCE`] as the graph decoder compiles it: with `MLX_GRAPH_TRELLIS_PREFETCH=0`,
+/// `TRELLIS_PREFETCH 0` defined first (the L2 prefetches before the PDL wait off: hints, the
+/// results are the same bits; the device's A/B of them).
+pub fn trellis_source() -> String {
+    let off = std::env::var("MLX_GRAPH_TRELLIS_PREFETCH").is_ok_and(|v| v == "0");
+    let define = if off {
+        "#define TRELLIS_PREFETCH 0\n"
+    } else {
+        ""
+    };
+    format!("{define}{TRELLIS_SOURCE}")
+}
+
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
 /// checks).
 pub const TRELLIS_KERNELS: [(&str, u32); 10] = [
@@ -253,7 +266,7 @@ fn floats(b: &[u8]) -> Vec<f32> {
 /// [`TrellisGpu`]'s kernels and device buffers (indices: copied into launches and captures).
 #[derive(Debug, Clone, Copy)]
 struct Parts {
-    kernels: [Kernel; 6],
+    kernels: [Kernel; 7],
     words: Buffer,
     scales: Buffer,
     su: Buffer,
@@ -325,11 +338,12 @@ impl TrellisGpu {
             rt.kernel("trellis_output")?,
             rt.kernel("trellis_matvec_in")?,
             rt.kernel("trellis_matvec_out")?,
+            rt.kernel("trellis_linear")?,
         ];
         // trellis_matvec_out's static Hadamard buffer and reductions come on top.
         let static_out = 4 * TRELLIS_MAX_HB as u32 + 64;
         if plan.shared_bytes + static_out > 48 * 1024 {
-            for k in [kernels[2], kernels[4], kernels[5]] {
+            for k in [kernels[2], kernels[4], kernels[5], kernels[6]] {
                 rt.set_shared_limit(k, plan.shared_bytes)?;
             }
         }
@@ -571,6 +585,59 @@ impl TrellisGpu {
         let reps = reps.max(1);
         let g = self.rt.capture(|rt| {
             (0..reps).try_for_each(|_| launch_matvec(rt, &plan, &parts, lanes, resident))
+        })?;
+        self.rt.replay(g, 1)?;
+        self.rt.synchronize()?;
+        let t = std::time::Instant::now();
+        self.rt.replay(g, 1)?;
+        self.rt.synchronize()?;
+        Ok(t.elapsed().as_secs_f64() / f64::from(reps))
+    }
+
+    /// Seconds one whole `trellis_linear` launch takes (the graph decoder's launch of a linear:
+    /// the input's norm, signs and Hadamard blocks in every block's prologue, the product, the
+    /// output transform by the block completing each Hadamard block of rows; float32 out) on
+    /// the bfloat16 input last given to [`TrellisGpu::input`] or [`TrellisGpu::matvec_in`], timed
+    /// as [`TrellisGpu::time_matvec`] times the product alone: set beside it, the difference
+    /// is what the transforms and the completion add to a linear.
+    pub fn time_linear(&mut self, reps: u32) -> mlx_core::Result<f64> {
+        let (p, q) = (self.plan.clone(), self.parts);
+        let k = q.kernels[6];
+        let resident = self
+            .rt
+            .resident_blocks(k, TRELLIS_THREADS, p.shared_bytes)?;
+        let (gx, gy) = p.matvec_grid(1, resident);
+        let args = [
+            Arg::Buf(q.words, 0),
+            Arg::Buf(q.scales, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.normw, 0),
+            Arg::Buf(q.sv, 0),
+            Arg::Buf(q.z, 0),
+            Arg::Buf(q.counts, 0),
+            Arg::Buf(q.su, 0),
+            Arg::Buf(q.su, 0),
+            Arg::Buf(q.x, 0),
+            Arg::Buf(q.y, 0),
+            Arg::I64(p.rows as i64),
+            Arg::I64(p.cols as i64),
+            Arg::I64(i64::from(p.spec.k)),
+            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(p.spec.block as i64),
+            Arg::I64(i64::from(p.lanes_per_row)),
+            Arg::I64(p.hb_cols as i64),
+            Arg::F64(f64::from(p.hscale_cols)),
+            Arg::I64(1),
+            Arg::F64(1e-5),
+            Arg::I64(p.hb_rows as i64),
+            Arg::F64(f64::from(p.hscale_rows)),
+            Arg::I64(OUT_F32),
+        ];
+        let threads = [TRELLIS_THREADS, 1, 1];
+        let reps = reps.max(1);
+        let shared = p.shared_bytes;
+        let g = self.rt.capture(|rt| {
+            (0..reps).try_for_each(|_| rt.launch(k, [gx, gy, 1], threads, shared, &args))
         })?;
         self.rt.replay(g, 1)?;
         self.rt.synchronize()?;

@@ -415,6 +415,8 @@ fn trellis_kernels_match_the_cpu_references() {
         (3, 12, 64, 576, 1536),
         (2, 16, 64, 192, 576),
         (3, 8, 32, 4096, 14336),
+        (3, 8, 32, 4096, 4096),
+        (3, 8, 32, 14336, 4096),
     ] {
         let spec = tc::TrellisSpec {
             k,
@@ -537,14 +539,19 @@ fn trellis_kernels_match_the_cpu_references() {
         assert!(bits(&y) == bits(&y_ref), "{what}: output transform");
 
         let t = g.time_matvec(200, None).unwrap();
+        // The whole linear as the graph decoder launches it (the transforms in its prologue
+        // and epilogue), on the normed input matvec_in uploaded last.
+        let tl = g.time_linear(200).unwrap();
         let weights = (rows * cols) as f64;
         println!(
             "{what}: decode, transforms bit-equal; product worst error / bound {worst:.3}; \
-             trellis_matvec {:.2} us, {:.0} Gweights/s, {:.0} GB/s of weights (lanes {})",
+             trellis_matvec {:.2} us, {:.0} Gweights/s, {:.0} GB/s of weights (lanes {}); \
+             trellis_linear {:.2} us",
             t * 1e6,
             weights / t / 1e9,
             plan.weight_bytes() as f64 / t / 1e9,
-            plan.lanes_per_row
+            plan.lanes_per_row,
+            tl * 1e6
         );
     }
 }
