@@ -762,3 +762,65 @@ fn a_row_is_counted_active_before_its_first_event() {
     }
     assert_eq!(done, 4);
 }
+
+/// The engine's warm-up (`EngineConfig::warm_up`, on by default where the graph decoder runs
+/// the batch; forced here on the MLX path) leaves nothing behind: the statistics are zero, the
+/// prompt cache is empty (no request finds a cached prefix), and the requests' tokens,
+/// texts and log-probabilities are bit for bit those of an engine that did not warm up.
+#[test]
+fn the_warm_up_changes_no_request() {
+    let g = golden();
+    let cases = g["cases"].as_array().unwrap();
+    let warm = start_with(EngineConfig {
+        max_batch: 4,
+        prompt_cache_entries: 4,
+        warm_up: Some(true),
+        ..EngineConfig::default()
+    });
+    let cold = start_with(EngineConfig {
+        max_batch: 4,
+        prompt_cache_entries: 4,
+        warm_up: Some(false),
+        ..EngineConfig::default()
+    });
+    let s = warm.stats();
+    for (what, v) in [
+        ("decode_steps", &s.decode_steps),
+        ("prefilled_tokens", &s.prefilled_tokens),
+        ("batched_prefills", &s.batched_prefills),
+        ("decoded_rows", &s.decoded_rows),
+        ("active", &s.active),
+        ("queued_tokens", &s.queued_tokens),
+    ] {
+        assert_eq!(v.load(Ordering::Relaxed), 0, "{what} after the warm-up");
+    }
+    // The warm-up's own prompts (1, 2, 3, ...), then the golden cases batched with a logit
+    // bias and log-probabilities.
+    let mut reqs = vec![request(vec![1, 2, 3, 4, 5], 6)];
+    for c in cases.iter().take(3) {
+        let mut r = request(ids(&c["prompt"]), 10);
+        r.logprobs = true;
+        r.processors.logit_bias = vec![(0, -100.0)];
+        reqs.push(r);
+    }
+    let go = |engine: &Engine| -> Vec<Outcome> {
+        let rxs: Vec<_> = reqs.iter().map(|r| submit(engine, r.clone())).collect();
+        rxs.iter()
+            .map(|rx| {
+                let mut out = Outcome::default();
+                read(rx, &mut out, None);
+                out
+            })
+            .collect()
+    };
+    let (a, b) = (go(&warm), go(&cold));
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(a.cached_tokens, 0, "request {i} found a cached prefix");
+        assert_eq!(a.tokens, b.tokens, "request {i}");
+        assert_eq!(a.text, b.text, "request {i}");
+        let bits = |o: &Outcome| -> Vec<Option<u32>> {
+            o.logprobs.iter().map(|l| l.0.map(f32::to_bits)).collect()
+        };
+        assert_eq!(bits(a), bits(b), "request {i}: log-probabilities");
+    }
+}

@@ -371,6 +371,7 @@ pub fn engine_config(args: &ServeArgs) -> Result<EngineConfig, ServeError> {
                 ngram: n as usize,
                 num_draft_tokens: args.num_draft_tokens(),
             }),
+        warm_up: None,
     })
 }
 

@@ -10,13 +10,16 @@
 #    THRU_MV_ROWS weight rows a warp (2, 4), into throughput.log;
 # 3. `mlx serve --decoder graph` (the batch engine on the graph decoder), `--decoder mlx` and
 #    mlx_lm.server (SERVE_SIDES) under SERVE_CLIENTS (1,16) streaming clients on SERVE_MODELS,
-#    into serve.log (SERVE_CLIENTS=1,16,16 repeats 16 on the warm server).
+#    into serve.log (SERVE_CLIENTS=1,16,16 repeats 16 on the warm server). `mlx serve` runs
+#    with MLX_SERVE_PROFILE=1 (unless set otherwise): the engine's time by part, one
+#    "[serve profile]" line a round (when it goes idle) and the warm-up's, copied into serve.log.
 set -x
 C=.gpu/c
 export PYTHONUNBUFFERED=1
 SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 export LD_LIBRARY_PATH="$SITE/mlx/lib"
 export MLXS_GPURT_CACHE=/tmp/gpurt-cache
+export MLX_SERVE_PROFILE=${MLX_SERVE_PROFILE-1}
 mkdir -p /opt/bin && for b in mlx graph_test; do xz -dc $C/$b.xz > /opt/bin/$b && chmod +x /opt/bin/$b; done
 MLX=/opt/bin/mlx
 if [ -f $C/fixtures.tar.xz ]; then
@@ -48,6 +51,7 @@ serve_bench() {  # NAME PORT COMMAND...
     --eos 128001,128008,128009 2>&1 | tee -a $OUT/serve.log
   kill -- -$pid 2> /dev/null; kill $pid 2> /dev/null; wait $pid 2> /dev/null
   grep -m2 -i "decoder" $OUT/serve_$name.err >> $OUT/serve.log; tail -3 $OUT/serve_$name.err >> $OUT/serve.log
+  grep "serve profile" $OUT/serve_$name.err >> $OUT/serve.log
 }
 for m in ${SERVE_MODELS:-llama31-8b-q4}; do
   for d in ${SERVE_SIDES:-graph mlx mlxlm}; do

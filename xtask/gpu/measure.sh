@@ -67,7 +67,7 @@ for part in ${PARTS:-setup test spec bench moe}; do
     serve)
       need serve 120 || continue
       SKIP_TEST=1 THRU_MODELS=" " timeout $(left) bash $C/batched.sh > $OUT/serve_run.log 2>&1
-      grep -h "== serve\|clients\|tok/s\|decoder" $OUT/serve.log | cut -c1-220 ;;
+      grep -h "== serve\|clients\|tok/s\|decoder\|serve profile" $OUT/serve.log | cut -c1-520 ;;
     moe)
       need moe 120 || continue
       timeout $(left) python3 .gpu/a/bench_models.py /opt/models qwen3-30b-a3b-q4 > $OUT/moe.log 2>&1

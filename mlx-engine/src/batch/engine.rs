@@ -145,6 +145,13 @@ pub struct EngineConfig {
     /// choices) runs alone once the batch has drained, its drafts verified in batched passes
     /// ([`crate::cpu_spec`]): the tokens of plain greedy decoding on the CPU decoder.
     pub prompt_lookup: Option<PromptLookup>,
+    /// Whether the engine runs a few tiny requests of its own before it takes any (a prompt
+    /// alone, two prefilled together, logit biases, log-probabilities, batched steps), so the
+    /// first clients do not wait for the kernels' first use (MLX's CUDA JIT of the batched
+    /// prefill, the decoder's paths): `None` (the default) where the graph decoder runs the
+    /// batch. Nothing of it stays: the statistics, the prompt cache and the decoder's rows
+    /// are as before it, and no random numbers are drawn (greedy rows only).
+    pub warm_up: Option<bool>,
 }
 
 /// [`EngineConfig::prompt_lookup`]: n-grams of `ngram` tokens, at most `num_draft_tokens`
@@ -206,6 +213,7 @@ impl Default for EngineConfig {
             kv: None,
             decoder: EngineDecoder::Mlx,
             prompt_lookup: None,
+            warm_up: None,
         }
     }
 }
@@ -257,6 +265,31 @@ pub struct EngineStats {
     pub active_memory: AtomicUsize,
     pub peak_memory: AtomicUsize,
     pub cache_memory: AtomicUsize,
+}
+
+impl EngineStats {
+    /// Every counter back to zero (after the engine's warm-up).
+    fn reset(&self) {
+        for c in [
+            &self.queued,
+            &self.queued_tokens,
+            &self.active,
+            &self.reused_tokens,
+            &self.prefilled_tokens,
+            &self.decode_steps,
+            &self.max_batch_seen,
+            &self.batched_prefills,
+            &self.slices,
+            &self.embedded_tokens,
+            &self.prompt_cache_hits,
+            &self.decoded_rows,
+            &self.active_memory,
+            &self.peak_memory,
+            &self.cache_memory,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 struct Job {
@@ -530,16 +563,23 @@ impl Engine {
                         return;
                     }
                 };
-                if ready_tx.send(Ok((tokenizer.clone(), vocab, note))).is_err() {
-                    return;
-                }
-                let mut worker = Worker::new(model.as_ref(), tokenizer, config, thread_stats);
+                let warm =
+                    config.warm_up.unwrap_or(graph.is_some()) && super::lockstep::get().is_none();
+                let mut worker =
+                    Worker::new(model.as_ref(), tokenizer.clone(), config, thread_stats);
                 worker.draft = draft.as_deref();
                 worker.cpu = cpu;
                 if let Some(dec) = graph {
                     // One row of the decoder a sequence: the batch holds as many.
                     worker.config.max_batch = worker.config.max_batch.min(dec.sequences());
                     worker.graph = Some(dec);
+                }
+                if warm {
+                    // Before the server listens: its first clients find the kernels warm.
+                    worker.warm_up();
+                }
+                if ready_tx.send(Ok((tokenizer, vocab, note))).is_err() {
+                    return;
                 }
                 worker.run(rx);
             })
@@ -755,6 +795,10 @@ struct Worker<'m> {
     since_release: usize,
     /// Whether anything ran since freed memory was last handed back.
     dirty: bool,
+    /// `MLX_SERVE_PROFILE=1`: where the engine's time goes.
+    profile: super::profile::Profile,
+    /// Whether the last decode step picked its tokens on the graph decoder.
+    device_step: bool,
 }
 
 /// What happened to a row after its token.
@@ -849,6 +893,8 @@ impl<'m> Worker<'m> {
             oldest_next: false,
             since_release: 0,
             dirty: false,
+            profile: super::profile::Profile::from_env(),
+            device_step: false,
         }
     }
 
@@ -888,6 +934,7 @@ impl<'m> Worker<'m> {
                     let _ = memory::release_free_memory();
                     self.publish_memory();
                 }
+                self.profile.report("idle");
                 if !open {
                     return;
                 }
@@ -945,7 +992,10 @@ impl<'m> Worker<'m> {
                 self.dirty = true;
                 self.stats.slices.fetch_add(1, Ordering::Relaxed);
                 let started = Instant::now();
-                match self.slice(&mut task) {
+                let clock = self.profile.start();
+                let sliced = self.slice(&mut task);
+                self.profile.prefill(clock);
+                match sliced {
                     Ok(false) => {
                         // Only work that takes more than one slice is large enough to owe the
                         // running rows time: a small request joins as soon as it is prefilled.
@@ -963,9 +1013,12 @@ impl<'m> Worker<'m> {
             if !self.rows.is_empty() {
                 self.dirty = true;
                 let started = Instant::now();
+                let clock = self.profile.start();
+                let b = self.rows.len();
                 if let Err(e) = self.decode_step() {
                     self.fail_all(&e);
                 }
+                self.profile.step(clock, b, self.device_step);
                 self.slice_debt = self.slice_debt.saturating_sub(started.elapsed());
             }
             self.stats.active.store(self.rows.len(), Ordering::Relaxed);
@@ -1411,6 +1464,19 @@ impl<'m> Worker<'m> {
                 _ => Err(internal("a layer's cache is not a plain KV cache".into())),
             })
             .collect::<Result<Vec<_>>>()?;
+        let clock = self.profile.start();
+        // Every layer's keys and values made contiguous in one evaluation (the same values),
+        // so the decoder's copies find them ready instead of evaluating a copy of each view
+        // one at a time (two a layer, each waiting for the device).
+        let kv = kv
+            .iter()
+            .map(|(k, v)| {
+                let dense =
+                    |a: &Array| -> Result<Array> { Ok(a.reshape(&[-1])?.reshape(&a.shape())?) };
+                Ok((dense(k)?, dense(v)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        mlx_core::eval(kv.iter().flat_map(|(k, v)| [k, v]))?;
         let dec = self
             .graph
             .as_mut()
@@ -1419,6 +1485,7 @@ impl<'m> Worker<'m> {
             .free_row()
             .ok_or_else(|| internal(format!("all {} rows are taken", dec.sequences())))?;
         dec.set_row_prefix(row, &kv)?;
+        self.profile.join(clock);
         Ok(row)
     }
 
@@ -2328,12 +2395,110 @@ impl Worker<'_> {
         self.model.vocab_size().max(0) as usize
     }
 
+    /// [`EngineConfig::warm_up`]: tiny greedy requests of the engine's own, run to their end
+    /// before any client's, through the paths clients take: a prompt alone; two prefilled
+    /// together (left-padded), one with a logit bias and one reporting log-probabilities (the
+    /// host's logits path); two with logit biases (tokens picked on the graph decoder). Then
+    /// everything they changed is put back: statistics, prompt caches, step count, memory.
+    fn warm_up(&mut self) {
+        struct Quiet;
+        impl EventSink for Quiet {
+            fn send(&mut self, _: BatchEvent) -> bool {
+                true
+            }
+            fn is_closed(&self) -> bool {
+                false
+            }
+        }
+        let vocab = self.vocab();
+        if vocab < 8 || self.config.max_batch < 2 {
+            return;
+        }
+        let clock = Instant::now();
+        let job = |len: u32, bias: bool, logprobs: bool| {
+            let request = BatchRequest {
+                prompt: (1..=len).collect(),
+                max_tokens: 3,
+                sampler: SamplerSettings::default(),
+                processors: ProcessorSettings {
+                    logit_bias: if bias { vec![(0, -100.0)] } else { Vec::new() },
+                    ..Default::default()
+                },
+                stop_strings: Vec::new(),
+                logprobs,
+                top_logprobs: if logprobs { 2 } else { 0 },
+                seed: None,
+                timeout: None,
+                num_draft_tokens: None,
+                grammar: None,
+            };
+            Job::new(request, Box::new(Quiet))
+        };
+        let groups = [
+            vec![job(4, true, false)],
+            vec![job(3, true, false), job(5, false, true)],
+            vec![job(4, true, false), job(2, true, false)],
+        ];
+        for group in groups {
+            self.start_prefills(group);
+            // A few slices and steps each; bounded whatever happens.
+            for _ in 0..64 {
+                if self.tasks.is_empty() && self.rows.is_empty() {
+                    break;
+                }
+                if let Some(mut task) = self.tasks.pop_front() {
+                    match self.slice(&mut task) {
+                        Ok(false) => self.tasks.push_back(task),
+                        Ok(true) => {}
+                        Err(e) => self.fail_all(&e),
+                    }
+                }
+                if !self.rows.is_empty() {
+                    if let Err(e) = self.decode_step() {
+                        self.fail_all(&e);
+                    }
+                }
+            }
+        }
+        let (steps, together) = (
+            self.stats.decode_steps.load(Ordering::Relaxed),
+            self.stats.batched_prefills.load(Ordering::Relaxed),
+        );
+        // Whatever is left (it cannot be, short of a bug) goes, with its decoder rows.
+        self.tasks.clear();
+        let _ = self.keep_rows(&[], false);
+        self.caches.clear();
+        self.prompt_cache = PromptCache::new(
+            self.config.prompt_cache_entries,
+            self.config.prompt_cache_bytes,
+        );
+        self.cpu_prompts.clear();
+        self.steps = 0;
+        self.slice_debt = Duration::ZERO;
+        self.oldest_next = false;
+        self.since_release = 0;
+        self.dirty = false;
+        self.profile = super::profile::Profile::from_env();
+        let _ = memory::clear_cache();
+        let _ = memory::release_free_memory();
+        self.stats.reset();
+        self.publish_memory();
+        if self.profile.on() {
+            eprintln!(
+                "[serve profile] warm-up: {:.1} ms ({steps} decode steps, {together} prefills \
+                 of several prompts)",
+                clock.elapsed().as_secs_f64() * 1e3
+            );
+        }
+    }
+
     /// One forward pass for every row, then each row's token.
     fn decode_step(&mut self) -> Result<()> {
         let b = self.rows.len();
         self.stats.max_batch_seen.fetch_max(b, Ordering::Relaxed);
         self.stats.decoded_rows.fetch_add(b, Ordering::Relaxed);
         let inputs: Vec<i32> = self.rows.iter().map(|r| r.next_input as i32).collect();
+        self.device_step = false;
         let graph_rows = if self.graph.is_some() {
             self.rows
                 .iter()
@@ -2367,6 +2532,7 @@ impl Worker<'_> {
                 }
             }
             let picks = dec.step_rows_greedy(&graph_rows)?;
+            self.device_step = true;
             let tokens: Vec<u32> = picks.iter().map(|p| p.0).collect();
             return self.finish_step(&tokens, vec![None; b]);
         }
@@ -2510,6 +2676,7 @@ impl Worker<'_> {
         let mut keep = Vec::with_capacity(b);
         let mut rows = std::mem::take(&mut self.rows);
         let mut result = Ok(());
+        let clock = self.profile.start();
         for (e, row) in rows.iter_mut().enumerate() {
             row.cached.push(row.next_input);
             match self.emit(row, tokens[e], lps[e].as_ref()) {
@@ -2522,6 +2689,7 @@ impl Worker<'_> {
             }
         }
         self.rows = rows;
+        self.profile.emit(clock);
         result?;
         self.keep_rows(&keep, true)
     }

@@ -14,6 +14,7 @@
 
 pub mod engine;
 pub mod lockstep;
+mod profile;
 
 pub use engine::{
     BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineDecoder, EngineStats,
