@@ -1207,6 +1207,8 @@ pub struct GraphDecoder {
     fail_after: Option<usize>,
     /// How long [`GraphDecoder::with_options`] took, by part.
     build: BuildTimes,
+    /// [`GraphDecoder::copied_bytes`].
+    copied: usize,
 }
 
 /// Where a [`GraphDecoder`]'s construction spent its time (wall clock, seconds).
@@ -1945,19 +1947,20 @@ impl GraphDecoder {
             wts: rt.alloc(moe_k * 4)?,
             ey: rt.alloc(if s.moe.is_some() { moe_k * h * 2 } else { 4 })?,
         };
+        // Issue #30's peak memory: what the decoder holds beyond the loaded model, by kind.
+        let kv = 2 * s.layers * kv_bytes;
+        let scratch = s.trellis.map_or(0, |_| {
+            [s.qkv_rows(), h, 2 * i_sz, s.vocab]
+                .into_iter()
+                .max()
+                .unwrap_or(h)
+                * 4
+                + i_sz * 2
+        });
+        // Weights (and norms, the q/k/v bias) copied rather than read in MLX's buffers.
+        let copied = before_acts.saturating_sub(kv + scratch);
         if std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1") {
-            // Issue #30's peak memory: what the decoder holds beyond the loaded model, by kind.
-            let kv = 2 * s.layers * kv_bytes;
             let acts_b = rt.allocated() - before_acts;
-            let scratch = s.trellis.map_or(0, |_| {
-                [s.qkv_rows(), h, 2 * i_sz, s.vocab]
-                    .into_iter()
-                    .max()
-                    .unwrap_or(h)
-                    * 4
-                    + i_sz * 2
-            });
-            let copied = before_acts.saturating_sub(kv + scratch);
             eprintln!(
                 "[graph memory] `{}`: weights copied {copied} B, weights read in MLX's buffers {} B, \
                  KV cache {kv} B ({capacity} positions x {total} rows), step buffers {acts_b} B, \
@@ -2052,6 +2055,7 @@ impl GraphDecoder {
             start_pos: 0,
             limit: 0,
             fail_after: None,
+            copied,
             build: BuildTimes {
                 kernels_s,
                 weights_s,
@@ -2109,6 +2113,13 @@ impl GraphDecoder {
     /// [`GpuRuntime::borrow_array`]); not in [`GraphDecoder::device_bytes`].
     pub fn borrowed_bytes(&self) -> usize {
         self.rt.borrowed()
+    }
+
+    /// Bytes of the model's tensors the decoder holds as copies (a weight that could not be
+    /// read in MLX's buffers, the norms' weights, the q/k/v bias laid out in the rows' order);
+    /// part of [`GraphDecoder::device_bytes`], beside the KV cache and the step's buffers.
+    pub fn copied_bytes(&self) -> usize {
+        self.copied
     }
 
     /// The GPU's name.
