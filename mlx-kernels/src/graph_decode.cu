@@ -452,13 +452,18 @@ struct MvStream {
   u32 sb[MV_BATCH][MV_ROWS];
   ll lp;  // the next item to load: row group lp, chunk lane + 32 lk
   int lk;
-  // Row group lp's rows (Wts): row r is row a + phys(r) of its part, phys(r) = r (WMAP_ONE),
-  // r >> 1 with the odd rows in part 1 (WMAP_PAIR), (r & 1) dab + (r >> 1) step (WMAP_QKV, in
-  // part `pt`); wg: row a's words in part 0 (in part pt: WMAP_QKV), ia = a G its groups'
-  // index; rows past its first that exist (less than MV_ROWS - 1 only in a last group; the
-  // missing ones repeat the last).
+  // Row group lp's rows (Wts): row r is row a + r of part 0 (WMAP_ONE); row a + (r >> 1) of
+  // part r & 1 (WMAP_PAIR); of its part (WMAP_QKV), row a + (r >> 1) step for r even, row
+  // b + (r >> 1) step for r odd. wg: row a's words (in part 0, or the group's part), wg1: the
+  // odd rows' first (WMAP_PAIR: row a in part 1; WMAP_QKV: row b); ia, ib: their groups'
+  // index (a G, b G); sp, bp: the group's part's scales and biases (WMAP_QKV); stepb, stepg:
+  // step rows in bytes and in groups. Rows past its first that exist: last (less than
+  // MV_ROWS - 1 only in a last group; the missing ones repeat the last).
   const unsigned char* wg;
-  int ia, dab, step, pt;
+  const unsigned char* wg1;
+  const bf16_t* sp;
+  const bf16_t* bp;
+  int ia, ib, stepb, stepg;
   int last;
   // Experts (graph_moe.cu; null elsewhere): the rows are `rpe` a slot, slot j's rows those of
   // expert sel[j] in the stacked weights (a row group never straddles two slots).
@@ -474,39 +479,42 @@ struct MvStream {
     }
     ll a;
     if (MAP == WMAP_QKV) {
-      ll b;
-      int pb;
+      // wrow once: a group's rows are pairs (rows i, i + pairs) or in order throughout.
+      int pt;
       wt.wrow(prow, pt, a);
-      wt.wrow(prow + 1, pb, b);
-      dab = (int)(b - a);
-      step = 2;
-      if (MV_ROWS > 2) {
-        ll c;
-        wt.wrow(prow + 2, pb, c);
-        step = (int)(c - a);
-      }
+      const ll j = prow - (pt == 0 ? 0 : pt == 1 ? wt.r1 : wt.r2);
+      const bool paired = pt < 2 && (int)(j % wt.D) < 2 * wt.pairs;
+      const ll b = paired ? a + wt.pairs : a + 1;
+      const int step = paired ? 1 : 2;
       wg = wt.words(pt) + a * row_bytes;
+      wg1 = wt.words(pt) + b * row_bytes;
+      sp = wt.scales(pt);
+      bp = wt.biases(pt);
+      ib = (int)(b * G);
+      stepb = step * row_bytes;
+      stepg = step * G;
     } else {
       a = MAP == WMAP_PAIR ? prow >> 1 : prow;
       wg = wt.w0 + a * row_bytes;
+      if (MAP == WMAP_PAIR) wg1 = wt.w1 + a * row_bytes;
     }
     ia = (int)(a * G);
     last = N - 1 - row0 < MV_ROWS - 1 ? (int)(N - 1 - row0) : MV_ROWS - 1;
   }
 
-  // Row rr's offset in rows from row a, and its words, scales and biases.
-  __device__ __forceinline__ int phys(int rr) const {
-    return MAP == WMAP_ONE ? rr : MAP == WMAP_PAIR ? rr >> 1 : (rr & 1) * dab + (rr >> 1) * step;
-  }
+  // Row rr's words, and its group g's scale and bias (rr a constant once unrolled).
   __device__ __forceinline__ const unsigned char* words(int rr) const {
-    const unsigned char* w = wg + (ll)phys(rr) * row_bytes;
-    return MAP == WMAP_PAIR && (rr & 1) ? wt.w1 + (w - wt.w0) : w;
+    if (MAP == WMAP_ONE) return wg + rr * row_bytes;
+    if (MAP == WMAP_PAIR) return (rr & 1 ? wg1 : wg) + (rr >> 1) * row_bytes;
+    return (rr & 1 ? wg1 : wg) + (rr >> 1) * stepb;
   }
   __device__ __forceinline__ u32 scale_bias(int rr, int g) const {
-    const int i = ia + phys(rr) * G + g;
-    if (MAP == WMAP_QKV) return ld_sb(wt.scales(pt), wt.biases(pt), i);
-    if (MAP == WMAP_PAIR && (rr & 1)) return ld_sb(wt.s1, wt.b1, i);
-    return ld_sb(wt.s0, wt.b0, i);
+    if (MAP == WMAP_ONE) return ld_sb(wt.s0, wt.b0, ia + rr * G + g);
+    if (MAP == WMAP_PAIR) {
+      const int i = ia + (rr >> 1) * G + g;
+      return rr & 1 ? ld_sb(wt.s1, wt.b1, i) : ld_sb(wt.s0, wt.b0, i);
+    }
+    return ld_sb(sp, bp, (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g);
   }
 
   __device__ __forceinline__ void load(int u) {
