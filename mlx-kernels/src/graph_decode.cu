@@ -162,13 +162,15 @@ __device__ __forceinline__ void rope_angle(int i, int pos, const float* inv_freq
   s = sinf(theta) * (float)out_scale;
 }
 
-// h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b))
+// h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, S, B), the
+// scales and biases as MLX holds them)
 // times emb_scale (Gemma's sqrt(hidden), a bfloat16 value, rounded as MLX multiplies in the
 // activations' dtype; 1 elsewhere: exact), and the step's RoPE tables: rope[i] and
 // rope[half + i], the cosine and sine of pair i at position state[1], for the nrot rotated
 // pairs i < nrot <= half (read by matvec_qkv's epilogue); with nrot2 > 0 a second table (the
 // sliding layers' own RoPE: Gemma 3's local base) at rope + 2 half, from inv_freq2.
-extern "C" __global__ void embed(const void* table, const u32* sb, const int* state, bf16_t* h,
+extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_t* B,
+                                 const int* state, bf16_t* h,
                                  ll H, ll bits, ll gs, float* rope, ll half, ll nrot,
                                  const float* inv_freq, double pos_scale, double out_scale,
                                  double emb_scale, ll nrot2, const float* inv_freq2,
@@ -195,7 +197,7 @@ extern "C" __global__ void embed(const void* table, const u32* sb, const int* st
       const u32* w = (const u32*)table + tok * (H / per);
       const u32 q = (w[k / per] >> ((k % per) * bits)) & ((1u << bits) - 1u);
       const ll g = tok * (H / gs) + k / gs;
-      v = rbf(rbf(lo2f(sb[g]) * (float)q) + hi2f(sb[g]));
+      v = rbf(rbf(bf2f(S[g]) * (float)q) + bf2f(B[g]));
     }
     h[k] = f2bf(v * (float)emb_scale);
   }
@@ -348,26 +350,120 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 #define MV_EARLY MV_BATCH
 #endif
 
+// Where a matrix's rows are: the loaded model's own arrays as MLX holds them (issue #30: no
+// copy), one to three parts, each with its words (rows of K bfloat16 values or K BITS-bit
+// codes) and, quantized, its bfloat16 scales and biases ([rows, K / gs] each, MLX's layout).
+// map says which part and row of it the kernel's row r is (wrow):
+// WMAP_ONE: part 0's row r;
+// WMAP_PAIR (gate/up): rows alternate, r even part 0's row r / 2, r odd part 1's;
+// WMAP_QKV: q (part 0, rows [0, r1)), k (part 1, [r1, r2)), v (part 2, from r2); within q's and
+//   k's heads of D rows, rows 2i and 2i + 1 (i < pairs) are the head's rows i and i + pairs (a
+//   RoPE rotation pair side by side), the rest in order.
+// A row group of MV_ROWS rows never straddles two parts or the paired rows' end (the host
+// checks), so its rows are those of two bases, r even from the first, odd from the second,
+// each advancing `step` rows every two (MvStream::group).
+#define WMAP_ONE 0
+#define WMAP_PAIR 1
+#define WMAP_QKV 2
+struct Wts {
+  const unsigned char* w0;
+  const unsigned char* w1;
+  const unsigned char* w2;
+  const bf16_t* s0;
+  const bf16_t* s1;
+  const bf16_t* s2;
+  const bf16_t* b0;
+  const bf16_t* b1;
+  const bf16_t* b2;
+  int map;
+  ll r1, r2;
+  int D, pairs;
+  // Row r's part and row within it.
+  __device__ __forceinline__ void wrow(ll r, int& part, ll& phys) const {
+    if (map == WMAP_PAIR) {
+      part = (int)(r & 1);
+      phys = r >> 1;
+    } else if (map == WMAP_QKV) {
+      part = r < r1 ? 0 : r < r2 ? 1 : 2;
+      ll j = r - (part == 0 ? 0 : part == 1 ? r1 : r2);
+      if (part < 2 && pairs > 0) {
+        const int i = (int)(j % D);
+        if (i < 2 * pairs) j += (i >> 1) - i + (i & 1) * pairs;
+      }
+      phys = j;
+    } else {
+      part = 0;
+      phys = r;
+    }
+  }
+  __device__ __forceinline__ const unsigned char* words(int part) const {
+    return part == 0 ? w0 : part == 1 ? w1 : w2;
+  }
+  __device__ __forceinline__ const bf16_t* scales(int part) const {
+    return part == 0 ? s0 : part == 1 ? s1 : s2;
+  }
+  __device__ __forceinline__ const bf16_t* biases(int part) const {
+    return part == 0 ? b0 : part == 1 ? b1 : b2;
+  }
+};
+
+// The kernels' Wts from their parameters (W0, W1, W2, S0, S1, S2, B0, B1, B2; unused parts and,
+// with bfloat16 weights, the scales and biases are any buffer: never read).
+__device__ __forceinline__ Wts make_wts(const void* W0, const void* W1, const void* W2,
+                                        const bf16_t* S0, const bf16_t* S1, const bf16_t* S2,
+                                        const bf16_t* B0, const bf16_t* B1, const bf16_t* B2,
+                                        int map, ll r1 = 0, ll r2 = 0, ll D = 1, ll pairs = 0) {
+  Wts w;
+  w.w0 = (const unsigned char*)W0;
+  w.w1 = (const unsigned char*)W1;
+  w.w2 = (const unsigned char*)W2;
+  w.s0 = S0;
+  w.s1 = S1;
+  w.s2 = S2;
+  w.b0 = B0;
+  w.b1 = B1;
+  w.b2 = B2;
+  w.map = map;
+  w.r1 = r1;
+  w.r2 = r2;
+  w.D = (int)D;
+  w.pairs = (int)pairs;
+  return w;
+}
+
+// Group g's (scale, bias) of a row as one word, scale in the low half (what the products use).
+__device__ __forceinline__ u32 ld_sb(const bf16_t* s, const bf16_t* b, ll i) {
+  return (u32)s[i] | ((u32)b[i] << 16);
+}
+
 // A warp's share of W x, W [N, K] (bfloat16, or BITS-bit codes with bfloat16 scales and
 // biases), as one stream of 16-byte chunks: the warp takes row groups first, first + stride,
 // ... (MV_ROWS rows each), lane l chunks l, l + 32, ... of each row (per_lane of them, the
 // last ones past C skipped). MV_BATCH items are in flight; an item's slot is refilled with
 // the item MV_BATCH ahead, across row groups, as soon as it has been used.
-template <int BITS>
+// MAP: the weights' Wts map (a template argument: each map keeps only the addresses it needs).
+template <int BITS, int MAP>
 struct MvStream {
   static constexpr int VALS = BITS == 16 ? 8 : 4 * (32 / BITS);  // inputs a chunk
-  const unsigned char* W;
-  const u32* SB;
+  Wts wt;
   ll N, groups, stride;
   int row_bytes, C, G, gs_shift, per_lane, lane;
   uint4 q[MV_BATCH][MV_ROWS];
   u32 sb[MV_BATCH][MV_ROWS];
   ll lp;  // the next item to load: row group lp, chunk lane + 32 lk
   int lk;
-  // Row group lp's first row: its weights and its (scale, bias) pairs; rows past its first
-  // that exist (less than MV_ROWS - 1 only in a last group; the missing ones repeat the last).
+  // Row group lp's rows (Wts): row r is row a + r of part 0 (WMAP_ONE); row a + (r >> 1) of
+  // part r & 1 (WMAP_PAIR); of its part (WMAP_QKV), row a + (r >> 1) step for r even, row
+  // b + (r >> 1) step for r odd. wg: row a's words (in part 0, or the group's part), wg1: the
+  // odd rows' first (WMAP_PAIR: row a in part 1; WMAP_QKV: row b); ia, ib: their groups'
+  // index (a G, b G); sp, bp: the group's part's scales and biases (WMAP_QKV); stepb, stepg:
+  // step rows in bytes and in groups. Rows past its first that exist: last (less than
+  // MV_ROWS - 1 only in a last group; the missing ones repeat the last).
   const unsigned char* wg;
-  const u32* sg;
+  const unsigned char* wg1;
+  const bf16_t* sp;
+  const bf16_t* bp;
+  int ia, ib, stepb, stepg;
   int last;
   // Experts (graph_moe.cu; null elsewhere): the rows are `rpe` a slot, slot j's rows those of
   // expert sel[j] in the stacked weights (a row group never straddles two slots).
@@ -381,9 +477,44 @@ struct MvStream {
       const ll j = row0 / rpe;
       prow = (ll)sel[j] * rpe + (row0 - j * rpe);
     }
-    wg = W + prow * row_bytes;
-    sg = SB + prow * G;
+    ll a;
+    if (MAP == WMAP_QKV) {
+      // wrow once: a group's rows are pairs (rows i, i + pairs) or in order throughout.
+      int pt;
+      wt.wrow(prow, pt, a);
+      const ll j = prow - (pt == 0 ? 0 : pt == 1 ? wt.r1 : wt.r2);
+      const bool paired = pt < 2 && (int)(j % wt.D) < 2 * wt.pairs;
+      const ll b = paired ? a + wt.pairs : a + 1;
+      const int step = paired ? 1 : 2;
+      wg = wt.words(pt) + a * row_bytes;
+      wg1 = wt.words(pt) + b * row_bytes;
+      sp = wt.scales(pt);
+      bp = wt.biases(pt);
+      ib = (int)(b * G);
+      stepb = step * row_bytes;
+      stepg = step * G;
+    } else {
+      a = MAP == WMAP_PAIR ? prow >> 1 : prow;
+      wg = wt.w0 + a * row_bytes;
+      if (MAP == WMAP_PAIR) wg1 = wt.w1 + a * row_bytes;
+    }
+    ia = (int)(a * G);
     last = N - 1 - row0 < MV_ROWS - 1 ? (int)(N - 1 - row0) : MV_ROWS - 1;
+  }
+
+  // Row rr's words, and its group g's scale and bias (rr a constant once unrolled).
+  __device__ __forceinline__ const unsigned char* words(int rr) const {
+    if (MAP == WMAP_ONE) return wg + rr * row_bytes;
+    if (MAP == WMAP_PAIR) return (rr & 1 ? wg1 : wg) + (rr >> 1) * row_bytes;
+    return (rr & 1 ? wg1 : wg) + (rr >> 1) * stepb;
+  }
+  __device__ __forceinline__ u32 scale_bias(int rr, int g) const {
+    if (MAP == WMAP_ONE) return ld_sb(wt.s0, wt.b0, ia + rr * G + g);
+    if (MAP == WMAP_PAIR) {
+      const int i = ia + (rr >> 1) * G + g;
+      return rr & 1 ? ld_sb(wt.s1, wt.b1, i) : ld_sb(wt.s0, wt.b0, i);
+    }
+    return ld_sb(sp, bp, (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g);
   }
 
   __device__ __forceinline__ void load(int u) {
@@ -393,8 +524,8 @@ struct MvStream {
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r) {
         const int rr = r < last ? r : last;
-        q[u][r] = ld_stream((const uint4*)(wg + rr * row_bytes) + c);
-        if (BITS != 16) sb[u][r] = sg[rr * G + g];
+        q[u][r] = ld_stream((const uint4*)words(rr) + c);
+        if (BITS != 16) sb[u][r] = scale_bias(rr, g);
       }
     }
     if (++lk == per_lane) {
@@ -705,7 +836,7 @@ __device__ __forceinline__ void mma16816(float* d, const u32* a, const u32* b) {
 }
 
 template <class Pre, class Epi>
-__device__ __forceinline__ void mv_run_mma(const void* W, const u32* SB, const bf16_t* xin,
+__device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
                                            const bf16_t* normw, bool norm, ll N, ll K,
                                            double eps, unsigned char* smem, float* red,
                                            Trace& tr, Pre pre, Epi epi) {
@@ -721,22 +852,26 @@ __device__ __forceinline__ void mv_run_mma(const void* W, const u32* SB, const b
   const int per = (G + MV_WARPS - 1) / MV_WARPS;
   const ll RB = (N + 15) / 16;
   const ll nrb = (ll)blockIdx.x < RB ? (RB - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const unsigned char* w8 = (const unsigned char*)W;
   uint2 q[MMA_BATCH][2];
   u32 sb[MMA_BATCH][2];
   ll lrb = 0;  // the next item to load: rows block lrb, group slot lj
   int lj = 0;
   // Where lane (g, t) reads in rows block lrb: rows g and g + 8 (the last row for those past N).
   const unsigned char* lw[2];
-  const u32* ls[2];
+  const bf16_t* ls[2];
+  const bf16_t* lb[2];
   auto rows_at = [&]() {
     const ll rb = blockIdx.x + lrb * gridDim.x;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       ll row = 16 * rb + g + 8 * h;
       row = row < N ? row : N - 1;
-      lw[h] = w8 + row * row_bytes + 8 * t;
-      ls[h] = SB + row * G;
+      int pt;
+      ll phys;
+      wt.wrow(row, pt, phys);
+      lw[h] = wt.words(pt) + phys * row_bytes + 8 * t;
+      ls[h] = wt.scales(pt) + phys * G;
+      lb[h] = wt.biases(pt) + phys * G;
     }
   };
   rows_at();
@@ -746,8 +881,8 @@ __device__ __forceinline__ void mv_run_mma(const void* W, const u32* SB, const b
     if (lrb < nrb && j < G) {                     \
       q[u][0] = ld_stream2(lw[0] + 32 * j);       \
       q[u][1] = ld_stream2(lw[1] + 32 * j);       \
-      sb[u][0] = ls[0][j];                        \
-      sb[u][1] = ls[1][j];                        \
+      sb[u][0] = ld_sb(ls[0], lb[0], j);          \
+      sb[u][1] = ld_sb(ls[1], lb[1], j);          \
     }                                             \
     if (++lj == per) {                            \
       lj = 0;                                     \
@@ -851,15 +986,15 @@ __device__ __forceinline__ void mv_run_mma(const void* W, const u32* SB, const b
 // (read after the wait for the previous kernel, which wrote sel: the caller waits first); with
 // `per_slot`, slot j's input is its own, xin + j K (the N / rpe inputs side by side in shared
 // memory), else every slot's is xin.
-template <int BITS, class Pre, class Epi>
-__device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_t* xin,
+template <int BITS, int MAP, class Pre, class Epi>
+__device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,
                                        double eps, unsigned char* smem, float* red, Trace& tr,
                                        Pre pre, Epi epi, const int* sel = nullptr, ll rpe = 1,
                                        bool per_slot = false) {
 #if MV_MMA
   if (BITS == 4 && gs == 64 && !sel) {
-    mv_run_mma(W, SB, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
+    mv_run_mma(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
     return;
   }
 #endif
@@ -869,9 +1004,8 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
   float* xc = mv_chunk_sums(smem, Kx);
   const int xstride = mv_row_bytes(Kx, BITS);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  MvStream<BITS> m;
-  m.W = (const unsigned char*)W;
-  m.SB = SB;
+  MvStream<BITS, MAP> m;
+  m.wt = wt;
   m.N = N;
   m.groups = (N + MV_ROWS - 1) / MV_ROWS;
   m.stride = (ll)gridDim.x * MV_WARPS;
@@ -941,12 +1075,19 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
   if (tr.buf) __syncthreads();
 }
 
-// Runs mv_run with the codes' width as a template argument.
-#define MV_DISPATCH(bits, ...)                  \
-  switch (bits) {                               \
-    case 4: mv_run<4>(__VA_ARGS__); break;      \
-    case 8: mv_run<8>(__VA_ARGS__); break;      \
-    default: mv_run<16>(__VA_ARGS__); break;    \
+// Runs mv_run with the codes' width and the weights' map (Wts) as template arguments.
+#define MV_DISPATCH_MAP(bits, MAP, ...)              \
+  switch (bits) {                                    \
+    case 4: mv_run<4, MAP>(__VA_ARGS__); break;      \
+    case 8: mv_run<8, MAP>(__VA_ARGS__); break;      \
+    default: mv_run<16, MAP>(__VA_ARGS__); break;    \
+  }
+// With the map one of WMAP_ONE and WMAP_PAIR (wt.map).
+#define MV_DISPATCH(bits, ...)                                  \
+  if (wt.map == WMAP_PAIR) {                                    \
+    MV_DISPATCH_MAP(bits, WMAP_PAIR, __VA_ARGS__)               \
+  } else {                                                      \
+    MV_DISPATCH_MAP(bits, WMAP_ONE, __VA_ARGS__)                \
   }
 
 // mlx-lm's nn.gelu_approx on a bfloat16 value, rounded after every op as MLX computes it in
@@ -966,18 +1107,20 @@ __device__ __forceinline__ float softcap_bf(float v, float cap) {
 }
 
 // out = W x for W [N, K] (bfloat16, or MLX affine-quantized with BITS-bit codes, group gs,
-// bfloat16 scales and biases), x [K] bfloat16.
+// bfloat16 scales and biases): W0 (S0, B0), or with SWIGLU gate W0 (S0, B0) and up W1 (S1,
+// B1), the model's own arrays (Wts); x [K] bfloat16.
 // mode: NORM: x = rms_norm(xin, normw, eps) first;
 //       RES: out = res + (W x) (out may be res; each element is read and written by one lane);
-//       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i
+//       SWIGLU: rows are read interleaved (gate_i, up_i: WMAP_PAIR); out[i] = silu(gate_i) * up_i
 //               (with GELU: gelu_approx(gate_i) * up_i, Gemma's GeGLU);
 //       F32: out is float32 (the bfloat16-rounded values), soft-capped when cap > 0, divided
 //            by -cap when cap < 0 (granite's logits_scaling, a bfloat16 value);
 //       RES with cap != 0: out = res + (W x) cap, the product rounded first (granite's
 //            residual_multiplier, a bfloat16 value).
 extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
-    const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
-    void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
+    const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
+    const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, const bf16_t* res, void* out, ll N,
+    ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
@@ -1038,25 +1181,31 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
       }
     }
   };
-  MV_DISPATCH(bits, W, SB, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
-              pre, epi)
+  const Wts wt = make_wts(W0, W1, W1, S0, S1, S1, B0, B1, B1,
+                          (mode & MODE_SWIGLU) ? WMAP_PAIR : WMAP_ONE);
+  MV_DISPATCH(bits, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr, pre,
+              epi)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
 
 // The attention projections with RoPE and the cache write in the epilogue:
-// [q; k; v] = W rms_norm(xin) (+ bias) with W's q and k rows permuted per head so that rows
-// 2i and 2i + 1 are the rotation pair (i, i + nrot) for i < nrot (the host permutes them; the
-// rows past 2 nrot, which are not rotated, keep their order); with traditional RoPE the pairs
-// are (2i, 2i + 1) already. nrot: the rotated pairs of a head in this layer (half of RoPE's
+// [q; k; v] = W rms_norm(xin) (+ bias) with W's q and k rows taken per head so that rows
+// 2i and 2i + 1 are the rotation pair (i, i + nrot) for i < nrot (the rows past 2 nrot, which
+// are not rotated, keep their order); with traditional RoPE the pairs are (2i, 2i + 1)
+// already. W: q, k and v as the model holds them (Wq, Sq, Bq; Wk, ...), read through WMAP_QKV
+// with `pairs` pairs a head (nrot; 0 where the host has paired the rows itself, or where
+// they are side by side already). nrot: the rotated pairs of a head in this layer (half of RoPE's
 // dims; 0 in a layer without RoPE). q goes to qout (its usual layout, roped), k (roped) and v
 // to the caches at position state[1]. rope: the step's table of cosines and sines (embed).
 // bias: the projections' biases in the rows' order, or null; added as MLX adds them: after
 // the rounding of a quantized product, in the same rounding as a dense one (addmm).
 // Rows (nh + 2 nkv) D fit in 32 bits (the host checks).
 extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
-    const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
-    bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits, ll gs, ll nh, ll nkv, ll D, ll cap,
-    ll traditional, double eps, const float* rope, u64* trace, ll nrot, const bf16_t* bias) {
+    const void* Wq, const void* Wk, const void* Wv, const bf16_t* Sq, const bf16_t* Sk,
+    const bf16_t* Sv, const bf16_t* Bq, const bf16_t* Bk, const bf16_t* Bv, const bf16_t* xin,
+    const bf16_t* normw, bf16_t* qout, bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
+    ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional, double eps, const float* rope,
+    u64* trace, ll nrot, const bf16_t* bias, ll pairs) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
@@ -1128,8 +1277,9 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
     }
   };
   // D is a multiple of MV_ROWS: every group is whole.
-  MV_DISPATCH(bits, W, SB, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, tr, pre,
-              epi)
+  const Wts wt = make_wts(Wq, Wk, Wv, Sq, Sk, Sv, Bq, Bk, Bv, WMAP_QKV, qrows, krows, D, pairs);
+  MV_DISPATCH_MAP(bits, WMAP_QKV, wt, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red,
+                  tr, pre, epi)
   tr.done(TRACE_QKV | (u64)K << 16);
 }
 

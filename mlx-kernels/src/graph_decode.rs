@@ -5,10 +5,11 @@
 //! primitive, and a decode step of a llama is around a thousand primitives, so MLX's decode
 //! speed is bound by the host whatever the GPU could do (`results/gpu/README.md`). Here one step is
 //! 5 kernels a layer (`graph_decode.cu`): RMSNorm fused into the projections that follow it;
-//! q/k/v as one matrix whose epilogue applies RoPE and writes the cache (the q and k rows are
-//! permuted so that a warp's two rows are a rotation pair); attention split over the sequence,
-//! combined by the last block of each head; the output projection with the residual add;
-//! gate/up as one interleaved matrix with SiLU-multiply in its epilogue; the down projection
+//! q/k/v as one product whose epilogue applies RoPE and writes the cache (the kernel takes q's
+//! and k's rows in an order where a warp's two rows are a rotation pair); attention split over
+//! the sequence, combined by the last block of each head; the output projection with the
+//! residual add; gate/up as one product, their rows taken alternately, with SiLU-multiply in its
+//! epilogue; the down projection
 //! with the residual add. With per-head q/k norms (qwen3) the q/k/v matrix writes its rows
 //! unrotated and one more kernel a layer (`graph_qk_norm.cu`, compiled only for such a model)
 //! norms each head and rotates it in place. Then the final norm with the LM head, and a greedy argmax over the
@@ -20,9 +21,10 @@
 //! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's q/k norms, Gemma's
 //! sandwich norms, GeGLU, embedding scale, sliding layers and soft-caps; granite's residual
 //! multiplier and logits scaling; mixtures of experts, [`GraphMoe`]: qwen3_moe's and mixtral's
-//! routers, the chosen experts' products read in place from the decoder's device copy of
-//! the stacked weights (`graph_moe.cu`; like every weight the decoder holds, a second copy
-//! beside MLX's, counted in a generation's peak memory), one sequence a step);
+//! routers, the chosen experts' products read in place from the stacked weights
+//! (`graph_moe.cu`), one sequence a step). Every weight is read as the model holds it, in MLX's
+//! own device buffers (no second copy: issue #30's peak memory; [`GraphDecoder::borrowed_bytes`]),
+//! where MLX runs on the GPU and the array is evaluated, row-contiguous and aligned; else copied;
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales, or trellis-coded layer linears ([`GraphSpec::trellis`]: one sequence,
 //! dense pre-norm SwiGLU layers; `graph_trellis.cu`'s `trellis_qkv`, `trellis_gate_up` and
@@ -85,16 +87,16 @@ const GEMMA_KERNEL: (&str, u32) = ("norm_add", 5);
 /// [`SOURCE`] only for a model with them ([`GraphSpec::moe`]).
 pub const MOE_SOURCE: &str = include_str!("graph_moe.cu");
 const MOE_KERNELS: [(&str, u32); 3] =
-    [("moe_route", 7), ("matvec_experts", 15), ("moe_combine", 5)];
+    [("moe_route", 7), ("matvec_experts", 19), ("moe_combine", 5)];
 /// The most experts a router chooses from (`MOE_MAX_EXPERTS` in the source) and the most it
 /// chooses (one warp's lanes).
 pub const MOE_MAX_EXPERTS: usize = 1024;
 pub const MOE_MAX_TOP_K: usize = 32;
 
 const KERNELS: &[(&str, u32)] = &[
-    ("embed", 18),
-    ("matvec", 14),
-    ("matvec_qkv", 21),
+    ("embed", 19),
+    ("matvec", 18),
+    ("matvec_qkv", 29),
     ("attention", 17),
     ("argmax_partial", 5),
     ("argmax_pick", 8),
@@ -1088,12 +1090,16 @@ fn trellis_lin(
     }
 }
 
-/// A linear layer's (or the embedding's) device tensors: the weights, and with quantized
-/// weights each group's scale and bias side by side (`pack_scales_biases`).
+/// A linear layer's (or the embedding's) device tensors, as the model holds them: the words of
+/// each part (one; gate and up; q, k and v: the kernels' `Wts`, the unused ones repeating part
+/// 0), and with quantized weights each part's scales and biases (MLX's own arrays).
 #[derive(Debug, Clone, Copy)]
 struct Lin {
-    w: Buffer,
-    sb: Option<Buffer>,
+    w: [Buffer; 3],
+    sb: Option<([Buffer; 3], [Buffer; 3])>,
+    /// q/k/v: the RoPE pairs a head that the kernel pairs by index (`WMAP_QKV`); 0 where the
+    /// host has paired the rows in a copy, or they need no pairing.
+    pairs: usize,
     n: usize,
     k: usize,
     /// The kernels' `gs` and `bits` for it: its quantization, or (1, 16) for bfloat16 (the
@@ -1204,6 +1210,8 @@ pub struct GraphDecoder {
     build: BuildTimes,
     /// `MLX_GRAPH_STEP_PROFILE`'s accounts ([`crate::graph_profile`]); `None`: off.
     profile: Option<Box<StepProfile>>,
+    /// [`GraphDecoder::copied_bytes`].
+    copied: usize,
 }
 
 /// Where a [`GraphDecoder`]'s construction spent its time (wall clock, seconds).
@@ -1262,19 +1270,6 @@ pub fn pair_rope_rows(a: &Array, heads: usize, d: usize, pairs: usize) -> Result
     out.reshape(&[h * d, c])
 }
 
-/// The rows of two equally shaped tensors `[n, cols]` interleaved: a0, b0, a1, b1, ...
-pub fn interleave_rows(a: &Array, b: &Array) -> Result<Array> {
-    let n = a.shape().first().copied().unwrap_or(0);
-    let both = ops::stack(&[a, b], 1, None)?;
-    both.reshape(&[2 * n, -1])
-}
-
-/// Each group's bfloat16 scale and bias side by side (scale in the low half of a 32-bit word,
-/// bias in the high half): a kernel loads both at once.
-pub fn pack_scales_biases(scales: &Array, biases: &Array) -> Result<Array> {
-    ops::stack(&[scales, biases], -1, None)?.reshape(&[-1])
-}
-
 /// Copies an array into a new device buffer: device to device where MLX runs on the GPU,
 /// through host memory otherwise. The array itself is left as it is.
 fn put(rt: &mut GpuRuntime, a: &Array) -> Result<Buffer> {
@@ -1315,11 +1310,38 @@ fn share(rt: &mut GpuRuntime, a: &Array) -> Result<Buffer> {
 enum Layout {
     /// One tensor as it is.
     Plain,
-    /// Rows of two tensors interleaved (gate, up).
+    /// Two tensors whose rows the kernel reads interleaved (gate, up: `WMAP_PAIR`).
     Interleave,
     /// q, k, v one after the other, q's and k's rows paired for RoPE (`pairs` a head, 0 for
     /// none: traditional RoPE's pairs are side by side already).
     Qkv { pairs: usize },
+}
+
+impl Lin {
+    /// One part's words, unquantized as far as the kernels' `Wts` go (a trellis linear's).
+    fn words(w: Buffer, n: usize, k: usize, bits: usize) -> Lin {
+        Lin {
+            w: [w; 3],
+            sb: None,
+            pairs: 0,
+            n,
+            k,
+            gs: 1,
+            bits,
+        }
+    }
+
+    /// Part `i`'s words, scales and biases as the kernels' `Wts` parameters (`dummy` for the
+    /// scales and biases of bfloat16 weights, which have none).
+    fn word(&self, i: usize) -> Arg {
+        Arg::Buf(self.w[i], 0)
+    }
+    fn scale(&self, i: usize, dummy: Buffer) -> Arg {
+        Arg::Buf(self.sb.map_or(dummy, |(s, _)| s[i]), 0)
+    }
+    fn bias(&self, i: usize, dummy: Buffer) -> Arg {
+        Arg::Buf(self.sb.map_or(dummy, |(_, b)| b[i]), 0)
+    }
 }
 
 /// Uploads a linear layer made of `parts` (q, k, v; gate, up; or one) laid out as `layout`,
@@ -1355,7 +1377,11 @@ fn flat_experts(l: &GraphLinear) -> Result<GraphLinear> {
     })
 }
 
-/// [`upload_lin`] with the linear's own quantization `quant`.
+/// [`upload_lin`] with the linear's own quantization `quant`. Each part's words, scales and
+/// biases are read in MLX's own buffers where they can be ([`share`]); q's and k's rows are
+/// paired for RoPE by the kernel (`WMAP_QKV`), except for an odd number of pairs (a row group
+/// of four would straddle the pairs' end), where the host pairs them in a copy. Only the q/k/v
+/// biases (a vector) are laid out anew.
 fn upload_lin_q(
     rt: &mut GpuRuntime,
     s: &GraphSpec,
@@ -1363,67 +1389,65 @@ fn upload_lin_q(
     parts: &[&GraphLinear],
     layout: Layout,
 ) -> Result<(Lin, Option<Buffer>)> {
-    let lay = |get: &dyn Fn(&GraphLinear) -> Option<Array>| -> Result<Array> {
-        let arrays: Vec<Array> = parts
-            .iter()
-            .map(|l| get(l).ok_or_else(|| invalid("graph_decoder", "a weight part is missing")))
-            .collect::<Result<_>>()?;
-        match layout {
-            Layout::Plain => Ok(arrays[0].clone()),
-            Layout::Interleave => interleave_rows(&arrays[0], &arrays[1]),
-            Layout::Qkv { pairs } => {
-                let d = s.head_dim;
-                let heads = [s.heads, s.kv_heads, s.kv_heads];
-                let mut laid = Vec::with_capacity(3);
-                for (j, a) in arrays.iter().enumerate() {
-                    let a = if a.ndim() == 1 {
-                        a.reshape(&[-1, 1])?
-                    } else {
-                        a.clone()
-                    };
-                    laid.push(if j < 2 && pairs > 0 {
-                        pair_rope_rows(&a, heads[j], d, pairs)?
-                    } else {
-                        a
-                    });
-                }
-                let refs: Vec<&Array> = laid.iter().collect();
-                ops::concatenate(&refs, 0, None)
-            }
+    let missing = || invalid("graph_decoder", "a weight part is missing");
+    let d = s.head_dim;
+    let heads = [s.heads, s.kv_heads, s.kv_heads];
+    // Pairs the host lays out in a copy (`host`), pairs the kernel maps (`kernel`).
+    let (host, kernel) = match layout {
+        Layout::Qkv { pairs } if pairs % 2 == 1 => (pairs, 0),
+        Layout::Qkv { pairs } => (0, pairs),
+        _ => (0, 0),
+    };
+    let place = |rt: &mut GpuRuntime, j: usize, a: &Array| -> Result<Buffer> {
+        if host > 0 && j < 2 {
+            put(rt, &pair_rope_rows(a, heads[j], d, host)?)
+        } else {
+            share(rt, a)
         }
     };
-    let w = lay(&|l| Some(l.weight.clone()))?;
-    let (n, k) = {
-        let sh = w.shape();
-        let n = sh[0] as usize;
-        let k = match quant {
-            Some((_, bits)) => sh[1] as usize * 32 / bits,
-            None => sh[1] as usize,
-        };
-        (n, k)
-    };
-    let sb = match quant {
-        Some(_) => {
-            let scales = lay(&|l| l.scales.clone())?;
-            let biases = lay(&|l| l.biases.clone())?;
-            Some(put(rt, &pack_scales_biases(&scales, &biases)?)?)
+    let mut w = Vec::with_capacity(3);
+    let mut sc = Vec::with_capacity(3);
+    let mut bi = Vec::with_capacity(3);
+    let mut n = 0;
+    for (j, l) in parts.iter().enumerate() {
+        n += l.weight.shape().first().copied().unwrap_or(0) as usize;
+        w.push(place(rt, j, &l.weight)?);
+        if quant.is_some() {
+            sc.push(place(rt, j, l.scales.as_ref().ok_or_else(missing)?)?);
+            bi.push(place(rt, j, l.biases.as_ref().ok_or_else(missing)?)?);
         }
-        None => None,
+    }
+    let k = {
+        let cols = parts[0].weight.shape().get(1).copied().unwrap_or(0) as usize;
+        match quant {
+            Some((_, bits)) => cols * 32 / bits,
+            None => cols,
+        }
     };
+    let three = |v: &[Buffer]| [v[0], v[v.len().min(2) - 1], v[v.len() - 1]];
+    let sb = quant.map(|_| (three(&sc), three(&bi)));
+    // The q/k/v biases in the rows' order (q's and k's paired as their rows).
     let bias = if parts.iter().all(|l| l.bias.is_some()) {
-        Some(put(rt, &lay(&|l| l.bias.clone())?)?)
+        let mut laid = Vec::with_capacity(parts.len());
+        for (j, l) in parts.iter().enumerate() {
+            let b = l.bias.as_ref().ok_or_else(missing)?.reshape(&[-1, 1])?;
+            let pairs = host.max(kernel);
+            laid.push(if layout != Layout::Plain && j < 2 && pairs > 0 {
+                pair_rope_rows(&b, heads[j], d, pairs)?
+            } else {
+                b
+            });
+        }
+        let refs: Vec<&Array> = laid.iter().collect();
+        Some(put(rt, &ops::concatenate(&refs, 0, None)?)?)
     } else {
         None
     };
     Ok((
         Lin {
-            // A plain layout is the model's own array: read in place.
-            w: if layout == Layout::Plain {
-                share(rt, &w)?
-            } else {
-                put(rt, &w)?
-            },
+            w: three(&w),
             sb,
+            pairs: kernel,
             n,
             k,
             gs: quant.map_or(1, |q| q.0),
@@ -1636,14 +1660,7 @@ fn upload_trellis_layer(
         z,
         g,
     };
-    let lin = |w: &TLin, n: usize| Lin {
-        w: w.words,
-        sb: None,
-        n,
-        k: w.cols,
-        gs: 1,
-        bits: spec.k as usize,
-    };
+    let lin = |w: &TLin, n: usize| Lin::words(w.words, n, w.cols, spec.k as usize);
     let q = TLin {
         words: t.qkv.words,
         rows: t.qkv.q.rows + 2 * t.qkv.k.rows,
@@ -1810,14 +1827,12 @@ impl GraphDecoder {
             _ => None,
         };
         let head = match (&w.head, &trellis_head) {
-            (_, Some(t)) => Lin {
-                w: t.words,
-                sb: None,
-                n: t.rows,
-                k: t.cols,
-                gs: 1,
-                bits: s.trellis.map_or(16, |t| t.k as usize),
-            },
+            (_, Some(t)) => Lin::words(
+                t.words,
+                t.rows,
+                t.cols,
+                s.trellis.map_or(16, |t| t.k as usize),
+            ),
             (Some(l), None) if !s.tied => upload_lin(&mut rt, s, &[l], Layout::Plain)?.0,
             _ => embed,
         };
@@ -1944,19 +1959,20 @@ impl GraphDecoder {
             wts: rt.alloc(moe_k * 4)?,
             ey: rt.alloc(if s.moe.is_some() { moe_k * h * 2 } else { 4 })?,
         };
+        // Issue #30's peak memory: what the decoder holds beyond the loaded model, by kind.
+        let kv = 2 * s.layers * kv_bytes;
+        let scratch = s.trellis.map_or(0, |_| {
+            [s.qkv_rows(), h, 2 * i_sz, s.vocab]
+                .into_iter()
+                .max()
+                .unwrap_or(h)
+                * 4
+                + i_sz * 2
+        });
+        // Weights (and norms, the q/k/v bias) copied rather than read in MLX's buffers.
+        let copied = before_acts.saturating_sub(kv + scratch);
         if std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1") {
-            // Issue #30's peak memory: what the decoder holds beyond the loaded model, by kind.
-            let kv = 2 * s.layers * kv_bytes;
             let acts_b = rt.allocated() - before_acts;
-            let scratch = s.trellis.map_or(0, |_| {
-                [s.qkv_rows(), h, 2 * i_sz, s.vocab]
-                    .into_iter()
-                    .max()
-                    .unwrap_or(h)
-                    * 4
-                    + i_sz * 2
-            });
-            let copied = before_acts.saturating_sub(kv + scratch);
             eprintln!(
                 "[graph memory] `{}`: weights copied {copied} B, weights read in MLX's buffers {} B, \
                  KV cache {kv} B ({capacity} positions x {total} rows), step buffers {acts_b} B, \
@@ -2052,6 +2068,7 @@ impl GraphDecoder {
             start_pos: 0,
             limit: 0,
             fail_after: None,
+            copied,
             build: BuildTimes {
                 kernels_s,
                 weights_s,
@@ -2110,6 +2127,13 @@ impl GraphDecoder {
     /// [`GpuRuntime::borrow_array`]); not in [`GraphDecoder::device_bytes`].
     pub fn borrowed_bytes(&self) -> usize {
         self.rt.borrowed()
+    }
+
+    /// Bytes of the model's tensors the decoder holds as copies (a weight that could not be
+    /// read in MLX's buffers, the norms' weights, the q/k/v bias laid out in the rows' order);
+    /// part of [`GraphDecoder::device_bytes`], beside the KV cache and the step's buffers.
+    pub fn copied_bytes(&self) -> usize {
+        self.copied
     }
 
     /// The GPU's name.
@@ -3190,8 +3214,12 @@ fn matvec_tile(
         [MV_THREADS, 1, 1],
         shared,
         &[
-            Arg::Buf(lin.w, 0),
-            opt(lin.sb, x),
+            lin.word(0),
+            lin.word(1),
+            lin.scale(0, x),
+            lin.scale(1, x),
+            lin.bias(0, x),
+            lin.bias(1, x),
             Arg::Buf(x, xo),
             opt(norm, x),
             res.map_or(Arg::Buf(x, 0), |r| Arg::Buf(r, ro)),
@@ -3321,8 +3349,12 @@ fn record_experts(
             [MV_THREADS, 1, 1],
             shared,
             &[
-                Arg::Buf(lin.w, 0),
-                opt(lin.sb, x),
+                lin.word(0),
+                lin.word(1),
+                lin.scale(0, x),
+                lin.scale(1, x),
+                lin.bias(0, x),
+                lin.bias(1, x),
                 Arg::Buf(x, 0),
                 opt(norm, x),
                 Arg::Buf(out, 0),
@@ -3414,8 +3446,9 @@ fn record_step(
             [256, 1, 1],
             0,
             &[
-                Arg::Buf(embed.w, 0),
-                opt(embed.sb, a.h),
+                embed.word(0),
+                embed.scale(0, a.h),
+                embed.bias(0, a.h),
                 Arg::Buf(a.state, at(t, 16)),
                 Arg::Buf(a.h, at(t, h_row)),
                 Arg::I64(s.hidden as i64),
@@ -3459,8 +3492,15 @@ fn record_step(
                 [MV_THREADS, 1, 1],
                 qkv_shared,
                 &[
-                    Arg::Buf(l.qkv.w, 0),
-                    opt(l.qkv.sb, a.h),
+                    l.qkv.word(0),
+                    l.qkv.word(1),
+                    l.qkv.word(2),
+                    l.qkv.scale(0, a.h),
+                    l.qkv.scale(1, a.h),
+                    l.qkv.scale(2, a.h),
+                    l.qkv.bias(0, a.h),
+                    l.qkv.bias(1, a.h),
+                    l.qkv.bias(2, a.h),
                     Arg::Buf(a.h, at(t, h_row)),
                     Arg::Buf(l.in_norm, 0),
                     Arg::Buf(a.qkv, at(t, qkv_row)),
@@ -3484,6 +3524,7 @@ fn record_step(
                         l.nrot as i64
                     }),
                     l.qkv_bias.map_or(Arg::I64(0), |b| Arg::Buf(b, 0)),
+                    Arg::I64(l.qkv.pairs as i64),
                 ],
             )?;
         }
@@ -4384,22 +4425,6 @@ mod tests {
         let b = rows(6, 1, 0.0);
         let p = pair_rope_rows(&b, 1, 6, 2).unwrap();
         assert_eq!(firsts(&p, 1), [0., 2., 1., 3., 4., 5.]);
-    }
-
-    #[test]
-    fn scales_and_biases_sit_side_by_side() {
-        let scales = Array::from_slice(&[1u16, 2, 3, 4], &[2, 2]).unwrap();
-        let biases = Array::from_slice(&[5u16, 6, 7, 8], &[2, 2]).unwrap();
-        let p = pack_scales_biases(&scales, &biases).unwrap();
-        assert_eq!(p.to_vec::<u16>().unwrap(), [1, 5, 2, 6, 3, 7, 4, 8]);
-    }
-
-    #[test]
-    fn gate_and_up_rows_alternate() {
-        let g = rows(3, 2, 0.0);
-        let u = rows(3, 2, 10.0);
-        let i = interleave_rows(&g, &u).unwrap();
-        assert_eq!(firsts(&i, 2), [0., 10., 1., 11., 2., 12.]);
     }
 
     /// A `#define NAME value` of the source: a number, or `(A * B)` of earlier ones.

@@ -103,15 +103,16 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const bf16_t* g, int*
 
 // The chosen experts' matrix-vector products (mv_run with sel): rows [j rpe, (j + 1) rpe) of
 // the N = k rpe rows are expert sel[j]'s rows of the stacked W [E rpe, K]. mode:
-// NORM | SWIGLU: gate/up, each expert's rows interleaved (gate_i, up_i): out[i / 2] =
+// NORM | SWIGLU: gate/up, each expert's rows read interleaved (gate_i, up_i: rows of W0 and W1,
+//   the stacked gate [E rpe / 2, K] and up as the model holds them, WMAP_PAIR): out[i / 2] =
 //   silu(gate_i) up_i, rounded as matvec's SwiGLU (the k activations side by side);
 // 0 with per_slot: down, slot j's input xin + j K (the activations): out[i] = W_i x (the k
 //   outputs side by side).
 // The experts are known only once moe_route has run: the first weights load after the wait.
 extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_experts(
-    const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, bf16_t* out,
-    const int* sel, ll N, ll K, ll bits, ll gs, ll mode, double eps, ll rpe, ll per_slot,
-    u64* trace) {
+    const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
+    const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, bf16_t* out, const int* sel, ll N,
+    ll K, ll bits, ll gs, ll mode, double eps, ll rpe, ll per_slot, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
@@ -134,8 +135,10 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_experts(
       }
     }
   };
-  MV_DISPATCH(bits, W, SB, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
-              pre, epi, sel, rpe, per_slot != 0)
+  const Wts wt = make_wts(W0, W1, W1, S0, S1, S1, B0, B1, B1,
+                          (mode & MODE_SWIGLU) ? WMAP_PAIR : WMAP_ONE);
+  MV_DISPATCH(bits, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr, pre,
+              epi, sel, rpe, per_slot != 0)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
 

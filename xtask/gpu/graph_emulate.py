@@ -7,8 +7,9 @@ runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__sh
 goes through a per-warp slot between two warp barriers; `__shared__` arrays become function
 statics (blocks run one after another). It is built as a shared library, and the kernels
 are launched from here in the order `graph_decode.rs` records one step (`record_step`), over
-device buffers laid out as `GraphDecoder::load` lays them out (q/k rows paired for RoPE unless
-it is traditional, gate/up interleaved).
+device buffers laid out as `GraphDecoder::load` lays them out (each weight as the model holds
+it: q, k and v, gate and up, scales and biases apart; the kernels pair q/k rows for RoPE and
+interleave gate/up rows by index).
 
 Mixture-of-experts rows (`make_qwen3_moe`, `make_qwen3_moe_k3`, `make_mixtral`, also quantized
 with `q4:`, and `q4r8:` with the routers in 8 bits as mlx-lm's convert writes qwen3_moe): the
@@ -179,15 +180,15 @@ typedef unsigned long long u64;
 inline double D_(u64 v) { double d; std::memcpy(&d, &v, 8); return d; }
 extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) {
   switch (k) {
-    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const u32*, 1), P(const int*, 2), P(bf16_t*, 3), L(4), L(5), L(6), P(float*, 7), L(8), L(9), P(const float*, 10), D_(a[11]), D_(a[12]), D_(a[13]), L(14), P(const float*, 15), D_(a[16]), D_(a[17])); }); break;
-    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(void*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11]), P(u64*, 12), D_(a[13])); }); break;
-    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(const int*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), P(const float*, 17), P(u64*, 18), L(19), P(const bf16_t*, 20)); }); break;
+    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(bf16_t*, 4), L(5), L(6), L(7), P(float*, 8), L(9), L(10), P(const float*, 11), D_(a[12]), D_(a[13]), D_(a[14]), L(15), P(const float*, 16), D_(a[17]), D_(a[18])); }); break;
+    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(const bf16_t*, 8), P(void*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), P(u64*, 16), D_(a[17])); }); break;
+    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const void*, 1), P(const void*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(const bf16_t*, 8), P(const bf16_t*, 9), P(const bf16_t*, 10), P(bf16_t*, 11), P(bf16_t*, 12), P(bf16_t*, 13), P(const int*, 14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), D_(a[23]), P(const float*, 24), P(u64*, 25), L(26), P(const bf16_t*, 27), L(28)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16])); }); break;
     case 7: run_grid(gx, gy, bx, [=] { norm_add(P(const bf16_t*, 0), P(const bf16_t*, 1), P(bf16_t*, 2), L(3), D_(a[4])); }); break;
     case 4: run_grid(gx, gy, bx, [=] { argmax_partial(P(const float*, 0), P(const float*, 1), P(float*, 2), P(int*, 3), L(4)); }); break;
     case 6: run_grid(gx, gy, bx, [=] { qk_norm_rope(P(bf16_t*, 0), P(bf16_t*, 1), P(const int*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const float*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11])); }); break;
     case 8: run_grid(gx, gy, bx, [=] { moe_route(P(const bf16_t*, 0), P(int*, 1), P(float*, 2), L(3), L(4), L(5), L(6)); }); break;
-    case 9: run_grid(gx, gy, bx, [=] { matvec_experts(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(const int*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11]), L(12), L(13), P(u64*, 14)); }); break;
+    case 9: run_grid(gx, gy, bx, [=] { matvec_experts(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(bf16_t*, 8), P(const int*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), L(16), L(17), P(u64*, 18)); }); break;
     case 10: run_grid(gx, gy, bx, [=] { moe_combine(P(const bf16_t*, 0), P(const float*, 1), P(bf16_t*, 2), L(3), L(4)); }); break;
     case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(const float*, 2), P(int*, 3), P(int*, 4), P(int*, 5), L(6), L(7)); }); break;
   }
@@ -286,12 +287,6 @@ def rope_of(model, i):
     lb = np.float32(np.log2(np.float32(r.base)))
     inv = np.exp2(-(np.arange(half, dtype=np.float32) / np.float32(half)) * lb).astype(np.float32)
     return half, bool(r.traditional), inv, float(r.scale), 1.0
-
-
-def interleave(a, b):
-    out = np.empty((a.shape[0] * 2,) + a.shape[1:], a.dtype)
-    out[0::2], out[1::2] = a, b
-    return out
 
 
 MADE_BASE = dict(hidden_size=64, num_hidden_layers=3, intermediate_size=128, num_attention_heads=4,
@@ -461,28 +456,38 @@ def run(lib, name):
             xs = [pair_rope_rows(xs[0], d, layer_pairs), pair_rope_rows(xs[1], d, layer_pairs), xs[2]]
         return e.buf(np.concatenate(xs))
 
+    def kernel_pairs(layer_pairs):
+        """The RoPE pairs matvec_qkv maps by index (upload_lin_q): 0 for traditional RoPE or
+        q/k norms, and for an odd count (the host pairs those rows in a copy)."""
+        if trad or qk_norm or not layer_pairs or layer_pairs % 2:
+            return 0
+        return layer_pairs
+
     def lin(names, mode=None, layer_pairs=0):
-        out = []
-        for part in parts:
-            xs = [bits(p[f"{n}.{part}"]) for n in names]
-            if mode == "qkv":
-                if not trad and layer_pairs and not qk_norm:
-                    xs = [pair_rope_rows(xs[0], d, layer_pairs), pair_rope_rows(xs[1], d, layer_pairs), xs[2]]
-                out.append(e.buf(np.concatenate(xs)))
-            elif mode == "gu":
-                out.append(e.buf(interleave(xs[0], xs[1])))
-            else:
-                out.append(e.buf(xs[0]))
-        if q:
-            # Each group's scale and bias side by side (pack_scales_biases in graph_decode.rs).
-            out = [out[0], e.buf(np.stack(out[1:], -1))]
-        else:
-            out.append(zero)
+        """A linear as upload_lin_q lays it out: each part's words, scales and biases as the
+        model holds them (gate and up, q, k and v apart), as the kernels' Wts parameters."""
+        host = layer_pairs if mode == "qkv" and not trad and not qk_norm and layer_pairs % 2 else 0
+        ws = {part: [] for part in ("weight", "scales", "biases")}
+        for j, n in enumerate(names):
+            for part in parts:
+                x = bits(p[f"{n}.{part}"])
+                if host and j < 2:
+                    x = pair_rope_rows(x, d, host)
+                ws[part].append(e.buf(x))
         rows = sum(bits(p[f"{n}.weight"]).shape[0] for n in names)
-        return out, rows
+        return wts(ws), rows
+
+    def wts(ws):
+        """The kernels' weight parameters W0..W2, S0..S2, B0..B2 (the unused ones repeating the
+        last part; `zero` for bfloat16's scales and biases)."""
+        out = []
+        for part in ("weight", "scales", "biases"):
+            xs = ws.get(part) or [zero]
+            out.append([xs[min(i, len(xs) - 1)] for i in range(3)])
+        return out
 
     # Mixture-of-experts layers (qwen3_moe, mixtral): the router, and the experts' stacked
-    # gate/up (interleaved per expert: each expert's [I, K] flattened into the rows) and down.
+    # gate/up (each stacked [E, I, K] flattened to [E I, K], read interleaved per expert) and down.
     mt = config["model_type"]
     moe_mod = "block_sparse_moe" if mt == "mixtral" else "mlp"
     moe_k = config.get("num_experts_per_tok", 0)
@@ -511,13 +516,12 @@ def run(lib, name):
         return k // p[f"{name}.scales"].shape[-1], p[f"{name}.weight"].shape[-1] * 32 // k
 
     def expert_lin(names, mode):
-        out = []
-        for part in parts:
-            xs = [bits(p[f"{n}.{part}"]) for n in names]
-            xs = [x.reshape(-1, x.shape[-1]) for x in xs]  # [E, n, c] -> [E n, c]
-            out.append(e.buf(interleave(xs[0], xs[1]) if mode == "gu" else xs[0]))
-        out = [out[0], e.buf(np.stack(out[1:], -1))] if q else [out[0], zero]
-        return out
+        ws = {part: [] for part in ("weight", "scales", "biases")}
+        for n in names:
+            for part in parts:
+                x = bits(p[f"{n}.{part}"])
+                ws[part].append(e.buf(x.reshape(-1, x.shape[-1])))  # [E, n, c] -> [E n, c]
+        return wts(ws)
 
     def moe_layer(pre):
         sw = f"{pre}.{moe_mod}.switch_mlp"
@@ -525,8 +529,7 @@ def run(lib, name):
             return None
         router = f"{pre}.{moe_mod}.gate"
         rparts = ["weight", "scales", "biases"] if f"{router}.scales" in p else ["weight"]
-        rw = [bits(p[f"{router}.{x}"]) for x in rparts]
-        rbuf = [e.buf(rw[0]), e.buf(np.stack(rw[1:], -1)) if len(rw) > 1 else zero]
+        rbuf = wts({x: [e.buf(bits(p[f"{router}.{x}"]))] for x in rparts})
         return dict(router=rbuf, rq=qparams(router, H),
                     gu=expert_lin([f"{sw}.gate_proj", f"{sw}.up_proj"], "gu"),
                     down=expert_lin([f"{sw}.down_proj"], None))
@@ -588,22 +591,28 @@ def run(lib, name):
     inv_buf2 = e.buf(inv_freq2)
     scale = float(np.float32(model.model.layers[0].self_attn.scale))
 
+    def two(w):
+        """matvec's and matvec_experts' weight parameters: W0, W1, S0, S1, B0, B1."""
+        return [x for part in w for x in part[:2]]
+
     def mv(l, x, norm, res, out, mode):
-        (w, sb), n = l
+        w, n = l
+        cols = w[0][0].shape[-1]
         e.launch(1, mv_grid(n), 256,
-                 [w, sb, x, norm if norm is not None else x, res if res is not None else x, out,
-                  n, l[0][0].shape[-1] * 32 // nbits if q else l[0][0].shape[-1], nbits, gs, mode, float(np.float32(eps)),
+                 two(w) + [x, norm if norm is not None else x, res if res is not None else x, out,
+                  n, cols * 32 // nbits if q else cols, nbits, gs, mode, float(np.float32(eps)),
                   0, (final_cap if final_cap > 0 else -logit_div) if mode & 8 else res_scale if mode & 2 else 0.0])  # no timeline
 
     def step():
-        e.launch(0, (NB, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,
+        e.launch(0, (NB, 1), 256, [embed[0][0], embed[1][0], embed[2][0], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,
                                    pos_scale, out_scale, emb_scale, pairs2, inv_buf2, pos_scale2, out_scale2])
         for L in layers:
-            (w, sb), n = L["qkv"]
+            w, n = L["qkv"]
             e.launch(2, mv_grid(n), 256,
-                     [w, sb, h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
+                     [x for part in w for x in part] +
+                     [h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
                       int(trad), float(np.float32(eps)), rope[L["rope_off"]:], 0, 0 if qk_norm else L["nrot"],
-                      L["bias"] if L["bias"] is not None else 0])
+                      L["bias"] if L["bias"] is not None else 0, kernel_pairs(L["nrot"])])
             if qk_norm:
                 e.launch(6, ((nh + nkv) * NB, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh, d, cap,
                                                  L["nrot"], int(trad), float(np.float32(eps))])
@@ -618,18 +627,16 @@ def run(lib, name):
             elif L["moe"]:
                 m = L["moe"]
                 mv(L["o"], attn, None, h, h, 2)
-                (rw, rsb), (rgs, rbits) = m["router"], m["rq"]
-                e.launch(1, mv_grid(moe_e), 256, [rw, rsb, h, L["post"], h, gates, moe_e, H, rbits, rgs, 1,
+                rw, (rgs, rbits) = m["router"], m["rq"]
+                e.launch(1, mv_grid(moe_e), 256, two(rw) + [h, L["post"], h, gates, moe_e, H, rbits, rgs, 1,
                                                   float(np.float32(eps)), 0, 0.0])
                 e.launch(8, (1, 1), 32, [gates, sel, wts, moe_e, moe_k, moe_kind, moe_norm])
                 chosen_ours.append(sorted(sel.tolist()))
-                w, sb = m["gu"]
                 e.launch(9, mv_grid(moe_k * 2 * moe_i), 256,
-                         [w, sb, h, L["post"], act, sel, moe_k * 2 * moe_i, H, nbits, gs, 1 | 4,
+                         two(m["gu"]) + [h, L["post"], act, sel, moe_k * 2 * moe_i, H, nbits, gs, 1 | 4,
                           float(np.float32(eps)), 2 * moe_i, 0, 0])
-                w, sb = m["down"]
                 e.launch(9, mv_grid(moe_k * H), 256,
-                         [w, sb, act, act, ey, sel, moe_k * H, moe_i, nbits, gs, 0,
+                         two(m["down"]) + [act, act, ey, sel, moe_k * H, moe_i, nbits, gs, 0,
                           float(np.float32(eps)), H, 1, 0])
                 e.launch(10, (-(-H // 256), 1), 256, [ey, wts, h, H, moe_k])
             else:
@@ -798,7 +805,8 @@ def projection_errors(e, p, name, gs, nbits):
     out = e.buf(np.zeros(NB * n, np.uint16))
     xb = e.buf(np.tile(bits(x), NB))
     e.launch(1, mv_grid(n), 256,
-             [e.buf(bits(w)), e.buf(np.stack([bits(s), bits(b)], -1)), xb, xb, xb, out, n, k, nbits,
+             [e.buf(bits(w)), e.buf(bits(w)), e.buf(bits(s)), e.buf(bits(s)), e.buf(bits(b)),
+              e.buf(bits(b)), xb, xb, xb, out, n, k, nbits,
               gs, 0, 1e-5, 0, 0.0])
     ours = (out[:n].astype(np.uint32) << 16).view(np.float32)
     deq = np.array(mx.dequantize(w, s, b, group_size=gs, bits=nbits).astype(mx.float32))
@@ -821,7 +829,8 @@ def tile_check(lib):
         out = e.buf(np.zeros(NB * n, np.uint16))
         xb = e.buf(bits(x).reshape(-1))
         e.launch(1, mv_grid(n), 256,
-                 [e.buf(bits(wq)), e.buf(np.stack([bits(s), bits(b)], -1)), xb, xb, xb, out, n, k,
+                 [e.buf(bits(wq)), e.buf(bits(wq)), e.buf(bits(s)), e.buf(bits(s)), e.buf(bits(b)),
+                  e.buf(bits(b)), xb, xb, xb, out, n, k,
                   4, 64, 0, 1e-5, 0, 0.0])
         ours = (out.astype(np.uint32) << 16).view(np.float32).reshape(NB, n).astype(np.float64)
         # The weights as the kernels take them: scale q + bias from the bfloat16 scales and

@@ -45,10 +45,13 @@ print(f"copy bandwidth (read + write of {a.nbytes / 1e9:.2f} GB): {2 * a.nbytes 
 PY
 for r in $(seq ${ROUNDS:-2}); do
   for m in $M; do
-    for side in graph mlx mlxlm; do
+    # BENCH_SIDES: graphcopy is the graph decoder with every weight copied
+    # (MLX_GRAPH_COPY_WEIGHTS=1) instead of read in MLX's buffers: an A/B of issue #30's memory.
+    for side in ${BENCH_SIDES:-graph mlx mlxlm}; do
       echo "== round $r $m $side" | tee -a $OUT/bench.log
       case $side in
         graph) timeout 150 $MLX benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder auto 2>&1 ;;
+        graphcopy) MLX_GRAPH_COPY_WEIGHTS=1 timeout 150 $MLX benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder auto 2>&1 ;;
         mlx) timeout 150 $MLX benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder mlx 2>&1 ;;
         mlxlm) timeout 150 python3 -m mlx_lm benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} 2>&1 ;;
       esac | tee -a $OUT/bench.log | tail -2
