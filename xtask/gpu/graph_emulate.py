@@ -218,12 +218,23 @@ def mv_grid(rows):
     return (max(1, min(((rows + ROWS - 1) // ROWS + 7) // 8, RESIDENT)), 1)
 
 
-def build(tmp, rows=None, batch=None, nb=None, mma=None):
+# matvec's float32 output (MODE_F32) as the raw sums, not rounded to bfloat16 (nb_bit_check's
+# builds only): a sum in another order then shows in the output bits.
+RAW_F32 = (("((float*)out_b)[i] = fin(acc[r]);", "((float*)out_b)[i] = acc[r];"),
+           ("if (has1) ((float*)out_b)[i + 1] = fin(acc[r + 1]);",
+            "if (has1) ((float*)out_b)[i + 1] = acc[r + 1];"))
+
+
+def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False):
     rows, batch, nb, mma = (ROWS if rows is None else rows, BATCH if batch is None else batch,
                             NB if nb is None else nb, MMA if mma is None else mma)
     src = f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n" + CU
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
-    tag = f"{rows}_{batch}_{nb}_{mma}"
+    if raw_f32:
+        for a, b in RAW_F32:
+            assert a in src, a
+            src = src.replace(a, b)
+    tag = f"{rows}_{batch}_{nb}_{mma}{'_raw' if raw_f32 else ''}"
     cpp, so = os.path.join(tmp, f"emu{tag}.cpp"), os.path.join(tmp, f"emu{tag}.so")
     open(cpp, "w").write(PRE + src + LAUNCH)
     subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-fPIC", "-shared", "-pthread", cpp, "-o", so], check=True)
@@ -849,9 +860,12 @@ def nb_bit_check(lib, tmp):
     the one-sequence kernel of the plain decoder (rows per warp 2, 4 chunks in flight), one
     sequence at a time over the same weights and inputs: every output bit for bit (tier L2:
     a verify row is a single step's row). 4-bit in groups of 64 and 32, 8-bit, bfloat16; the
-    modes the step uses (plain, norm, norm + SwiGLU, residual, float32 logits)."""
-    one = build(tmp, rows=2, batch=4, nb=1, mma=0)
-    e1, en = Emu(one), Emu(lib)
+    modes the step uses (plain, norm, norm + SwiGLU, residual, float32 logits). Both built with
+    the float32 output unrounded (RAW_F32), and the inputs scaled by powers of two from 2^-12
+    to 2^12, so that the float32 sums round: an order changed anywhere shows (a kernel summing
+    the words of a chunk in reverse passed the bfloat16 outputs and fails this)."""
+    one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True)
+    e1, en = Emu(one), Emu(build(tmp, raw_f32=True))
     grid = lambda n, rows: (max(1, min(((n + rows - 1) // rows + 7) // 8, RESIDENT)), 1)
     ok, count = True, 0
     for nbits, gs in ((4, 64), (4, 32), (8, 64), (16, 1)):
@@ -864,7 +878,8 @@ def nb_bit_check(lib, tmp):
             else:
                 wq, sc, bi = mx.quantize(w, group_size=gs, bits=nbits)
                 wb, sb = bits(wq), np.stack([bits(sc), bits(bi)], -1)
-            x = bits(mx.random.normal((NB, k), key=mx.random.key(k + 7)).astype(mx.bfloat16))
+            spread = mx.power(2.0, mx.random.randint(-12, 13, (NB, k), key=mx.random.key(k + 9)))
+            x = bits((mx.random.normal((NB, k), key=mx.random.key(k + 7)) * spread).astype(mx.bfloat16))
             g = bits(mx.random.normal((k,), key=mx.random.key(3)).astype(mx.bfloat16))
             res = bits(mx.random.normal((NB, n), key=mx.random.key(5)).astype(mx.bfloat16))
             for mode in (0, 1, 1 | 4, 2, 1 | 8):
