@@ -82,6 +82,86 @@ fn tensor_core_verify() -> Option<u32> {
         .then_some(MMA_MIN_SEQUENCES)
 }
 
+/// The verify target's matrix-vector launch settings, for A/B runs on a device (measuring
+/// only; they change speed, never a row's bits: each lane sums its chunks in the same order
+/// whatever they are): `MLX_GRAPH_SPEC_ROWS=2|4` ([`GraphOptions::rows_per_warp`]),
+/// `MLX_GRAPH_SPEC_CHUNKS=N` ([`GraphOptions::chunks_in_flight`]) and
+/// `MLX_GRAPH_SPEC_MIN_BLOCKS=N` ([`GraphOptions::min_blocks_per_sm`]); the defaults otherwise.
+fn verify_launch_options() -> GraphOptions {
+    let num = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+    };
+    let d = GraphOptions::default();
+    GraphOptions {
+        rows_per_warp: num("MLX_GRAPH_SPEC_ROWS").unwrap_or(d.rows_per_warp),
+        chunks_in_flight: num("MLX_GRAPH_SPEC_CHUNKS").or(d.chunks_in_flight),
+        min_blocks_per_sm: num("MLX_GRAPH_SPEC_MIN_BLOCKS").or(d.min_blocks_per_sm),
+        ..d
+    }
+}
+
+/// `MLX_GRAPH_SPEC_BREAKDOWN=REPS` (measuring only): before the first round, each part of the
+/// target's step ([`GraphDecoder::kernel_breakdown`], `REPS` replays) with the verify
+/// target's K + 1 rows and with one row (a decoder of one row built for it, then dropped),
+/// alternated three times, to stderr: what a verify row costs each kernel, side by side in
+/// one process (results/gpu/2026-12-05-s31-spec).
+fn verify_breakdown(
+    verify: &mut GraphDecoder,
+    spec: &mlx_kernels::graph_decode::GraphSpec,
+    weights: &mlx_kernels::graph_decode::GraphWeights,
+    kv: &[(Array, Array)],
+    room: usize,
+) -> Result<()> {
+    let Some(reps) = std::env::var("MLX_GRAPH_SPEC_BREAKDOWN")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|&r| r > 0)
+    else {
+        return Ok(());
+    };
+    let mut one = GraphDecoder::new(spec.clone(), weights, room)?;
+    one.set_prefix(kv)?;
+    let rows = verify.sequences();
+    // Per part: the one-row and the verify times of each alternation.
+    let mut times: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    for _ in 0..3 {
+        for (which, dec) in [(0, &mut one), (1, &mut *verify)] {
+            for (i, p) in dec.kernel_breakdown(reps)?.into_iter().enumerate() {
+                if times.len() <= i {
+                    times.push((format!("{:?}", p.part), Vec::new(), Vec::new()));
+                }
+                let t = &mut times[i];
+                if which == 0 { &mut t.1 } else { &mut t.2 }.push(p.us_per_step);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let (mut sum1, mut sumv) = (0.0, 0.0);
+    for (part, a, b) in times.iter_mut() {
+        let (a, b) = (median(a), median(b));
+        sum1 += a;
+        sumv += b;
+        eprintln!(
+            "[graph verify breakdown] `{}` {part}: 1 row {a:.1} us, {rows} rows {b:.1} us \
+             ({:.2}x)",
+            spec.model_type,
+            b / a.max(1e-9)
+        );
+    }
+    eprintln!(
+        "[graph verify breakdown] `{}` parts' sum: 1 row {sum1:.1} us, {rows} rows {sumv:.1} us \
+         ({:.2}x; medians of 3, {reps} replays each)",
+        spec.model_type,
+        sumv / sum1.max(1e-9)
+    );
+    Ok(())
+}
+
 /// A prompt's first token, its log-probability and its keys and values per layer.
 type Prefilled = (u32, f32, Vec<(Array, Array)>);
 
@@ -339,12 +419,13 @@ impl GraphSpecSteps {
                 sequences: (k + 1) as u32,
                 one_cache_slot: k < GraphDecoder::max_sequences(&tspec) as usize,
                 tensor_cores_from: tensor_core_verify(),
-                ..GraphOptions::default()
+                ..verify_launch_options()
             };
-            let mut t = GraphDecoder::with_options(tspec, &tweights, room, &opts)?;
+            let mut t = GraphDecoder::with_options(tspec.clone(), &tweights, room, &opts)?;
             let mut d = GraphDecoder::new(dspec, &dweights, room)?;
             t.set_prefix(&kv)?;
             d.set_prefix(&dkv)?;
+            verify_breakdown(&mut t, &tspec, &tweights, &kv, room)?;
             mlx_core::synchronize()?;
             Ok((t, d))
         })?;

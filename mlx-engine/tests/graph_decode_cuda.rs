@@ -971,6 +971,23 @@ fn verify_row(name: &str, dir: &std::path::Path) {
         assert!(same_bits(l, &alone[i]), "{name}: one-slot verify row {i}");
     }
     drop(shared);
+    // The verify target's launch settings for A/B runs (`MLX_GRAPH_SPEC_ROWS=4`: 4 rows a
+    // warp) change no row's bits either (one model: each setting is one more compile).
+    if name == "llama3_q4" {
+        let four = GraphOptions {
+            rows_per_warp: 4,
+            ..one.clone()
+        };
+        let mut dec = GraphDecoder::with_options(spec.clone(), &weights, 128, &four).unwrap();
+        dec.set_prefix(&kv).unwrap();
+        let got = dec.verify_logits(&tokens[..n]).unwrap();
+        for (i, l) in got.iter().enumerate() {
+            assert!(
+                same_bits(l, &alone[i]),
+                "{name}: verify row {i} with 4 rows a warp"
+            );
+        }
+    }
     // Rows past one tile in one slot are refused (a second tile's rows in row 0's slot failed
     // a launch's bounds check on session 30's H100); they keep a slot each.
     let nine = GraphOptions {

@@ -53,10 +53,13 @@ typedef long long ll;
 // Blocks of a matrix-vector kernel a multiprocessor holds at once: two with one sequence (at
 // most 128 registers a thread); with several, their inputs fill the shared memory of one, and
 // their sums take the registers of two.
+// (The host may set it: GraphOptions::min_blocks_per_sm, for A/B runs.)
+#ifndef MV_MIN_BLOCKS
 #if NB == 1
 #define MV_MIN_BLOCKS 2
 #else
 #define MV_MIN_BLOCKS 1
+#endif
 #endif
 
 __device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
@@ -326,6 +329,25 @@ __device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, 
   for (int r = 0; r < MV_ROWS; ++r) d[r] = ((t[0][r] + t[1][r]) + t[2][r]) + t[3][r];
 }
 
+// Value k (0 .. 7) of an input slot (8 bfloat16 values) as a float.
+__device__ __forceinline__ float slot_value(const uint4 t, int k) {
+  const u32 w = k < 2 ? t.x : k < 4 ? t.y : k < 6 ? t.z : t.w;
+  return (k & 1) ? hi2f(w) : lo2f(w);
+}
+
+// acc + (scale d + bias xsum): a chunk's codes' sum d scaled, its inputs' sum xsum biased.
+// The rounding spelled out (bias xsum rounded, then one fma, then the add: what the compiler
+// made of the plain expression for one sequence), so that the kernels of one and of several
+// sequences, which the compiler schedules differently, round it alike.
+__device__ __forceinline__ float scale_bias(float acc, float scale, float d, float bias,
+                                            float xsum) {
+#ifdef __CUDA_ARCH__
+  return acc + __fmaf_rn(scale, d, __fmul_rn(bias, xsum));
+#else
+  return acc + (scale * d + bias * xsum);
+#endif
+}
+
 // Weights are read once a step: loaded past L1.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 #ifdef __CUDA_ARCH__
@@ -535,6 +557,18 @@ struct MvStream {
     }
   }
 
+  // Slot u takes slot u + 1's item (the last slot keeps its own until loaded again).
+  __device__ __forceinline__ void rotate() {
+#pragma unroll
+    for (int u = 0; u + 1 < MV_BATCH; ++u) {
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) {
+        q[u][r] = q[u + 1][r];
+        sb[u][r] = sb[u + 1][r];
+      }
+    }
+  }
+
   // acc[b][r] += row r . x_b over chunk c, from slot u, for each sequence b (its input at
   // xs + b xstride bytes, its chunk sums at xc + b xstride bytes).
   // The row group's input starts co chunks into xs and xc (per-slot inputs; 0 otherwise).
@@ -555,7 +589,7 @@ struct MvStream {
         const float xsum = ((const float*)((const unsigned char*)xc + b * xstride))[c];
 #pragma unroll
         for (int r = 0; r < MV_ROWS; ++r)
-          acc[b][r] += lo2f(sb[u][r]) * d[r] + hi2f(sb[u][r]) * xsum;
+          acc[b][r] = scale_bias(acc[b][r], lo2f(sb[u][r]), d[r], hi2f(sb[u][r]), xsum);
       }
     }
     if (BITS != 16 && NB > 1) qchunk_rows(u, c, xs, xc, xstride, acc);
@@ -564,6 +598,10 @@ struct MvStream {
   // compute's quantized case for NB > 1: the codes of each word are decoded once, for every
   // sequence. Each sum is the one qchunk forms (each word's codes summed on their own, the
   // words' sums in order, then scale and bias), bit for bit: only the loops are swapped.
+  // Within a word the code index is the outer loop and the sequences and rows the inner
+  // ones: NB x MV_ROWS independent chains of dependent adds side by side (one chain, one
+  // (sequence, row), in qchunk's order), where a sequence at a time gave the scheduler
+  // MV_ROWS (results/gpu/2026-12-05-s31-spec).
   __device__ __forceinline__ void qchunk_rows(int u, int c, const bf16_t* xs, const float* xc,
                                               int xstride, float (*acc)[MV_ROWS]) {
     constexpr int PER = 32 / BITS;
@@ -587,33 +625,37 @@ struct MvStream {
       // Word i's inputs: slot c (VALS / 8) + i PER / 8, from its (i PER % 8)-th value.
       const int slot = xs_slot(c * (VALS / 8) + (i * PER) / 8);
       const int off = (i * PER) % 8;
+      uint4 t[NB];
 #pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        const uint4 t = ((const uint4*)((const unsigned char*)xs + b * xstride))[slot];
-        float x[8];
-        x[0] = lo2f(t.x);
-        x[1] = hi2f(t.x);
-        x[2] = lo2f(t.y);
-        x[3] = hi2f(t.y);
-        x[4] = lo2f(t.z);
-        x[5] = hi2f(t.z);
-        x[6] = lo2f(t.w);
-        x[7] = hi2f(t.w);
+      for (int b = 0; b < NB; ++b)
+        t[b] = ((const uint4*)((const unsigned char*)xs + b * xstride))[slot];
+      float s[NB][MV_ROWS];
 #pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r) {
-          float s = q[r][0] * x[off];
+      for (int j = 0; j < PER; ++j) {
 #pragma unroll
-          for (int j = 1; j < PER; ++j) s += q[r][j] * x[off + j];
-          d[b][r] = i == 0 ? s : d[b][r] + s;
+        for (int b = 0; b < NB; ++b) {
+          const float x = slot_value(t[b], off + j);
+#pragma unroll
+          for (int r = 0; r < MV_ROWS; ++r) {
+            if (j == 0) {
+              s[b][r] = q[r][0] * x;
+            } else {
+              s[b][r] += q[r][j] * x;
+            }
+          }
         }
       }
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r) d[b][r] = i == 0 ? s[b][r] : d[b][r] + s[b][r];
     }
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       const float xsum = ((const float*)((const unsigned char*)xc + b * xstride))[c];
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r)
-        acc[b][r] += lo2f(sb[u][r]) * d[b][r] + hi2f(sb[u][r]) * xsum;
+        acc[b][r] = scale_bias(acc[b][r], lo2f(sb[u][r]), d[b][r], hi2f(sb[u][r]), xsum);
     }
   }
 };
@@ -1047,31 +1089,47 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   // With per-slot inputs, the row group's input begins coff chunks into the shared input.
   auto coff = [&](ll q) -> int { return per_slot ? (int)(MV_ROWS * q / rpe) * m.C : 0; };
   int co = coff(p);
+  // The row group's sums are whole: across the warp, the epilogue, the next group.
+  auto next_group = [&]() {
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = warp_sum(acc[b][r]);
+      if (lane == 0) epi(MV_ROWS * p, b, acc[b], early[b]);
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = 0.f;
+    }
+    k = 0;
+    p += m.stride;
+    co = coff(p);
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+      if (lane == 0 && p < m.groups) early[b] = pre(MV_ROWS * p, b);
+  };
+#if NB > 1
+  // Several sequences: one item a trip, from slot 0, the slots moving down one as the next
+  // item loads into the last (the items summed and loaded in the order below, so the same
+  // sums): one copy of the long body instead of MV_BATCH (with the epilogue's between them,
+  // ~200 KB of code at 5 sequences, past the instruction cache; results/gpu/2026-12-05-s31-spec).
+#pragma unroll 1
+  while (p < m.groups) {
+    m.compute(0, lane + 32 * k, co, xs, xc, xstride, acc);
+    m.rotate();
+    m.load(MV_BATCH - 1);
+    if (++k == m.per_lane) next_group();
+  }
+#else
   while (p < m.groups) {
 #pragma unroll
     for (int u = 0; u < MV_BATCH; ++u) {
       if (p < m.groups) {
         m.compute(u, lane + 32 * k, co, xs, xc, xstride, acc);
         m.load(u);
-        if (++k == m.per_lane) {
-#pragma unroll
-          for (int b = 0; b < NB; ++b) {
-#pragma unroll
-            for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = warp_sum(acc[b][r]);
-            if (lane == 0) epi(MV_ROWS * p, b, acc[b], early[b]);
-#pragma unroll
-            for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = 0.f;
-          }
-          k = 0;
-          p += m.stride;
-          co = coff(p);
-#pragma unroll
-          for (int b = 0; b < NB; ++b)
-            if (lane == 0 && p < m.groups) early[b] = pre(MV_ROWS * p, b);
-        }
+        if (++k == m.per_lane) next_group();
       }
     }
   }
+#endif
   if (tr.buf) __syncthreads();
 }
 

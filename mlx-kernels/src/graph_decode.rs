@@ -168,6 +168,11 @@ pub struct GraphOptions {
     /// ([`GraphDecoder::set_row_prefix`], [`GraphDecoder::step_rows_greedy`]). Saves the
     /// other rows' caches (K x the cache of one sequence for a target verifying K drafts).
     pub one_cache_slot: bool,
+    /// The matrix-vector kernels' `__launch_bounds__` minimum of blocks a multiprocessor
+    /// (`MV_MIN_BLOCKS`: the compiler keeps a thread's registers within 65,536 / (256 x
+    /// this)), 1 to 4; default (`None`): 2 with one sequence a tile, 1 with several. For A/B
+    /// runs of the verify rows' occupancy; the rows' bits do not depend on it.
+    pub min_blocks_per_sm: Option<u32>,
 }
 
 /// The most sequences a [`GraphDecoder`] decodes a step.
@@ -192,6 +197,7 @@ impl Default for GraphOptions {
             tile_sequences: None,
             tensor_cores_from: None,
             one_cache_slot: false,
+            min_blocks_per_sm: None,
         }
     }
 }
@@ -1772,6 +1778,12 @@ impl GraphDecoder {
                 ),
             ));
         }
+        if let Some(m) = opts.min_blocks_per_sm.filter(|m| !(1..=4).contains(m)) {
+            return Err(invalid(
+                "graph_decoder",
+                format!("min_blocks_per_sm {m}: must be 1 to 4"),
+            ));
+        }
         if opts.blocks_per_sm == Some(0) {
             return Err(invalid(
                 "graph_decoder",
@@ -1789,9 +1801,13 @@ impl GraphDecoder {
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
         let mma = nb as u32 >= opts.tensor_cores_from.unwrap_or(u32::MAX);
+        let min_blocks = opts
+            .min_blocks_per_sm
+            .map(|m| format!("#define MV_MIN_BLOCKS {m}\n"))
+            .unwrap_or_default();
         let source = format!(
             "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n\
-             #define NB {nb}\n#define MV_MMA {}\n{SOURCE}",
+             #define NB {nb}\n#define MV_MMA {}\n{min_blocks}{SOURCE}",
             u8::from(mma)
         );
         let t0 = std::time::Instant::now();
@@ -2626,23 +2642,39 @@ impl GraphDecoder {
 
     /// Times each [`Part`] of the step alone: a graph of only that part's kernels (captured
     /// once, on the first call), replayed `reps` times at the current position (which must
-    /// leave room for one more), host time per replay. The parts' sum exceeds a whole step's
-    /// time by what a step overlaps (programmatic launch) and falls short by the dependencies
-    /// between parts. The decoder's state (token, position, cache contents up to the
-    /// position) is kept.
+    /// leave room for one more a row of the first tile), host time per replay. With several
+    /// rows a tile, the first tile's rows step as one verify group (row r at the position
+    /// plus r, in row 0's cache slot, as [`GraphDecoder::verify_greedy`] runs them; the other
+    /// tiles' rows idle). The parts' sum exceeds a whole step's time by what a step overlaps
+    /// (programmatic launch) and falls short by the dependencies between parts. The
+    /// decoder's state (token, position, cache contents up to the position) is kept.
     pub fn kernel_breakdown(&mut self, reps: u32) -> Result<Vec<PartTime>> {
         if reps == 0 {
             return Err(invalid("kernel_breakdown", "reps must be at least 1"));
         }
-        // The parts write the cache at the decoder's position (the next one a step writes),
-        // which must exist; the device's own position may lag behind it (after set_prefix).
-        self.check_room(1)?;
+        // The parts write the cache at the decoder's positions (the next ones a step
+        // writes), which must exist; the device's own position may lag behind it (after
+        // set_prefix).
+        let rows = self.step.nb;
+        self.check_room(rows)?;
         self.guard(|me| {
-            let mut saved = [0u8; 16];
+            let n = me.sequences();
+            let mut saved = vec![0u8; 16 * n];
             me.rt.download(me.step.acts.state, 0, &mut saved)?;
-            let mut state = saved;
-            state[4..8].copy_from_slice(&(me.pos as i32).to_le_bytes());
-            state[8..12].copy_from_slice(&0i32.to_le_bytes());
+            let mut state = saved.clone();
+            let token: [u8; 4] = [saved[0], saved[1], saved[2], saved[3]];
+            for r in 0..n {
+                let (pos, group) = if r < rows {
+                    ((me.pos + r) as i32, r as i32)
+                } else {
+                    (-1, 0)
+                };
+                let st = &mut state[16 * r..16 * r + 16];
+                st[..4].copy_from_slice(&token);
+                st[4..8].copy_from_slice(&pos.to_le_bytes());
+                st[8..12].copy_from_slice(&0i32.to_le_bytes());
+                st[12..].copy_from_slice(&group.to_le_bytes());
+            }
             if me.part_graphs.is_empty() {
                 for part in Part::ALL {
                     let g = me
@@ -2955,7 +2987,8 @@ impl GraphDecoder {
     /// [`GraphDecoder::kernel_breakdown`] (each part's time a step, replayed alone `REPS`
     /// times) to stderr, for device calls that measure through `mlx benchmark` (issue #30).
     fn print_breakdown_once(&mut self) {
-        static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        // Once a process for each count of rows a tile (bit nb).
+        static DONE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let Some(reps) = std::env::var("MLX_GRAPH_BREAKDOWN")
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
@@ -2963,7 +2996,8 @@ impl GraphDecoder {
         else {
             return;
         };
-        if DONE.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let bit = 1u64 << self.step.nb.min(63);
+        if DONE.fetch_or(bit, std::sync::atomic::Ordering::Relaxed) & bit != 0 {
             return;
         }
         match self.kernel_breakdown(reps) {
@@ -2971,9 +3005,10 @@ impl GraphDecoder {
                 let total: f64 = parts.iter().map(|p| p.us_per_step).sum();
                 for p in &parts {
                     eprintln!(
-                        "[graph breakdown] `{}` {:?}: {} kernels, {:.1} us a step, {} B read \
-                         ({:.0} GB/s)",
+                        "[graph breakdown] `{}` rows {} {:?}: {} kernels, {:.1} us a step, {} B \
+                         read ({:.0} GB/s)",
                         self.step.shape.model_type,
+                        self.step.nb,
                         p.part,
                         p.kernels,
                         p.us_per_step,
@@ -2981,7 +3016,10 @@ impl GraphDecoder {
                         p.bytes_per_step as f64 / p.us_per_step.max(1e-9) / 1e3
                     );
                 }
-                eprintln!("[graph breakdown] parts' sum {total:.1} us a step");
+                eprintln!(
+                    "[graph breakdown] rows {} parts' sum {total:.1} us a step",
+                    self.step.nb
+                );
             }
             Err(e) => eprintln!("[graph breakdown] failed: {e}"),
         }
@@ -4398,6 +4436,13 @@ mod tests {
                     ..GraphOptions::default()
                 },
                 "blocks_per_sm 0",
+            ),
+            (
+                GraphOptions {
+                    min_blocks_per_sm: Some(5),
+                    ..GraphOptions::default()
+                },
+                "min_blocks_per_sm 5",
             ),
         ] {
             let e = GraphDecoder::with_options(spec.clone(), &w, 64, &opts)

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -219,10 +219,24 @@ def mv_grid(rows):
     return (max(1, min(((rows + ROWS - 1) // ROWS + 7) // 8, RESIDENT)), 1)
 
 
-def build(tmp):
-    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define NB {NB}\n#define MV_MMA {MMA}\n" + CU
+# matvec's float32 output (MODE_F32) as the raw sums, not rounded to bfloat16 (nb_bit_check's
+# builds only): a sum in another order then shows in the output bits.
+RAW_F32 = (("((float*)out_b)[i] = fin(acc[r]);", "((float*)out_b)[i] = acc[r];"),
+           ("if (has1) ((float*)out_b)[i + 1] = fin(acc[r + 1]);",
+            "if (has1) ((float*)out_b)[i + 1] = acc[r + 1];"))
+
+
+def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False):
+    rows, batch, nb, mma = (ROWS if rows is None else rows, BATCH if batch is None else batch,
+                            NB if nb is None else nb, MMA if mma is None else mma)
+    src = f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n" + CU
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
-    cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
+    if raw_f32:
+        for a, b in RAW_F32:
+            assert a in src, a
+            src = src.replace(a, b)
+    tag = f"{rows}_{batch}_{nb}_{mma}{'_raw' if raw_f32 else ''}"
+    cpp, so = os.path.join(tmp, f"emu{tag}.cpp"), os.path.join(tmp, f"emu{tag}.so")
     open(cpp, "w").write(PRE + src + LAUNCH)
     subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-fPIC", "-shared", "-pthread", cpp, "-o", so], check=True)
     lib = ctypes.CDLL(so)
@@ -850,6 +864,59 @@ def tile_check(lib):
     return ok
 
 
+def nb_bit_check(lib, tmp):
+    """The matvec kernel of NB sequences (this build: GRAPH_EMU_ROWS, GRAPH_EMU_BATCH) against
+    the one-sequence kernel of the plain decoder (rows per warp 2, 4 chunks in flight), one
+    sequence at a time over the same weights and inputs: every output bit for bit (tier L2:
+    a verify row is a single step's row). 4-bit in groups of 64 and 32, 8-bit, bfloat16; the
+    modes the step uses (plain, norm, norm + SwiGLU, residual, float32 logits). Both built with
+    the float32 output unrounded (RAW_F32), and the inputs scaled by powers of two from 2^-12
+    to 2^12, so that the float32 sums round: an order changed anywhere shows (a kernel summing
+    the words of a chunk in reverse passed the bfloat16 outputs and fails this)."""
+    one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True)
+    e1, en = Emu(one), Emu(build(tmp, raw_f32=True))
+    grid = lambda n, rows: (max(1, min(((n + rows - 1) // rows + 7) // 8, RESIDENT)), 1)
+    ok, count = True, 0
+    for nbits, gs in ((4, 64), (4, 32), (8, 64), (16, 1)):
+        for n, k in ((40, 320), (130, 64), (24, 1024)):
+            if k % max(gs, 64):
+                continue
+            w = mx.random.normal((n, k), key=mx.random.key(n + nbits)).astype(mx.bfloat16)
+            if nbits == 16:
+                wb, sb = bits(w), np.zeros(2, np.uint16)
+            else:
+                wq, sc, bi = mx.quantize(w, group_size=gs, bits=nbits)
+                wb, sb = bits(wq), np.stack([bits(sc), bits(bi)], -1)
+            spread = mx.power(2.0, mx.random.randint(-12, 13, (NB, k), key=mx.random.key(k + 9)))
+            x = bits((mx.random.normal((NB, k), key=mx.random.key(k + 7)) * spread).astype(mx.bfloat16))
+            g = bits(mx.random.normal((k,), key=mx.random.key(3)).astype(mx.bfloat16))
+            res = bits(mx.random.normal((NB, n), key=mx.random.key(5)).astype(mx.bfloat16))
+            for mode in (0, 1, 1 | 4, 2, 1 | 8):
+                out_n = n // 2 if mode & 4 else n
+                dt = np.float32 if mode & 8 else np.uint16
+                out = en.buf(np.zeros(NB * out_n, dt))
+                xb, rb = en.buf(x.reshape(-1)), en.buf(res.reshape(-1))
+                en.launch(1, grid(n, ROWS), 256, [en.buf(wb), en.buf(sb), xb, en.buf(g), rb, out, n,
+                                                  k, nbits, gs, mode, 1e-5, 0, 0.0])
+                same = True
+                for b in range(NB):
+                    o1 = e1.buf(np.zeros(out_n, dt))
+                    e1.launch(1, grid(n, 2), 256, [e1.buf(wb), e1.buf(sb), e1.buf(x[b]), e1.buf(g),
+                                                   e1.buf(res[b]), o1, n, k, nbits, gs, mode, 1e-5, 0,
+                                                   0.0])
+                    same &= bool(np.array_equal(o1.view(np.uint8), out[b * out_n:(b + 1) * out_n]
+                                                .view(np.uint8)))
+                count += 1
+                ok &= same
+                if not same:
+                    print(f"nb bit check: bits {nbits} gs {gs} {n} x {k} mode {mode}: rows differ "
+                          "from the one-sequence kernel FAILED")
+    print(f"nb bit check (sequences {NB}, rows per warp {ROWS}, chunks in flight {BATCH}): "
+          f"{count} products, every sequence's output bit-equal to the one-sequence kernel's "
+          f"{'ok' if ok else 'FAILED'}")
+    return ok
+
+
 def route_check(lib):
     """moe_route alone against mlx-lm's routers over the same bfloat16 gate logits:
     qwen3_moe's (softmax, the k largest, optionally renormalised) and mixtral's (the k
@@ -992,7 +1059,11 @@ def main():
         # GRAPH_EMU_SKIP_SAMPLER=1: the rows only (the sampler check takes minutes on a loaded
         # machine and does not depend on the model).
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
-        results = sampler + [tile_check(lib), route_check(lib)] + [run(lib, n) for n in names]
+        # GRAPH_EMU_NB_CHECK_ONLY=1: the NB-sequence kernel against the one-sequence one only.
+        nb_check = [nb_bit_check(lib, tmp)] if NB > 1 and MMA == 0 else []
+        if os.environ.get("GRAPH_EMU_NB_CHECK_ONLY"):
+            sys.exit(0 if all(nb_check) else 1)
+        results = sampler + nb_check + [tile_check(lib), route_check(lib)] + [run(lib, n) for n in names]
     sys.exit(0 if all(results) else 1)
 
 

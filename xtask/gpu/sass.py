@@ -1,7 +1,7 @@
 """Compiles the graph decoder's kernels here, as the decoder does on the GPU, and reads their
 machine code: no GPU needed.
 
-    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--kernel matvec] [--dump FILE]
+    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--kernel matvec] [--dump FILE] [--blocks]
 
 Prints, for each kernel, ptxas's registers, stack and spills, and for --kernel (default
 matvec) its innermost loops of 1,000 or more instructions with the instruction mix: one a
@@ -104,6 +104,38 @@ def loops(sass, kernel, least=1000):
     return len(ins), inner
 
 
+def blocks(sass, kernel, first, last, least=40):
+    """The basic blocks of `kernel`'s instructions first..last (split at labels and after
+    branches) of at least `least` instructions: (start, size, mix). A loop's blocks tell what
+    one item costs (the long block of products) from what runs once a row group (the
+    epilogue's, mostly skipped)."""
+    lines = sass.split("\n")
+    start = next(i for i, l in enumerate(lines) if l.startswith(f".text.{kernel}:"))
+    ins, labels = [], set()
+    for line in lines[start:]:
+        if line.startswith("//----"):
+            break
+        if re.match(r"\.(L_x_\d+):", line.strip()):
+            labels.add(len(ins))
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if m:
+            ins.append(m.group(1).strip())
+    out, cur, cs = [], [], first
+    for j in range(first, last + 1):
+        if j in labels and cur:
+            out.append((cs, cur))
+            cur, cs = [], j
+        cur.append(ins[j])
+        if re.search(r"\bBRA\b|EXIT|BSYNC|WARPSYNC", ins[j]):
+            out.append((cs, cur))
+            cur, cs = [], j + 1
+    if cur:
+        out.append((cs, cur))
+    return [(s, len(b), collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0]
+                                            for x in b))
+            for s, b in out if len(b) >= least]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2)
@@ -111,15 +143,20 @@ def main():
     ap.add_argument("--early", type=int)
     ap.add_argument("--nb", type=int, default=1, help="sequences a step (GraphOptions::sequences)")
     ap.add_argument("--mma", type=int, default=0, help="tensor-core tiles (MV_MMA)")
+    ap.add_argument("--min-blocks", type=int,
+                    help="MV_MIN_BLOCKS (GraphOptions::min_blocks_per_sm; default: the source's)")
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--trellis", action="store_true",
                     help="append graph_trellis.cu (the trellis kernels; --kernel trellis_matvec)")
     ap.add_argument("--dump")
+    ap.add_argument("--blocks", action="store_true",
+                    help="also each innermost loop's basic blocks of 40 or more instructions")
     a = ap.parse_args()
     batch = a.batch or 8 // a.rows
     early = a.early or batch
     src = (f"#define MV_ROWS {a.rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n"
            f"#define NB {a.nb}\n#define MV_MMA {a.mma}\n"
+           + (f"#define MV_MIN_BLOCKS {a.min_blocks}\n" if a.min_blocks else "")
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu")
                      + (("graph_trellis.cu",) if a.trellis else ())))
@@ -143,6 +180,10 @@ def main():
     for s, j, mix in found:
         top = ", ".join(f"{k} {v}" for k, v in mix.most_common(8))
         print(f"  {s}-{j} ({j - s + 1}): {top}")
+        if a.blocks:
+            for b, n, bmix in blocks(sass, a.kernel, s, j):
+                top = ", ".join(f"{k} {v}" for k, v in bmix.most_common(8))
+                print(f"    block {b} ({n}): {top}")
 
 
 if __name__ == "__main__":

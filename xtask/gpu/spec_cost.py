@@ -15,7 +15,9 @@ comparison where it ran. `spectc` rows (spec_gpu.sh's SPEC_TC=1): the graph deco
 with the target verifying on the tensor cores (MLX_GRAPH_SPEC_TENSOR_CORES=1; not in the worst
 ratio: a measurement of what those tiles would save); `specseq` rows (SPEC_SEQ=1): with
 MLX_GRAPH_SPEC_OVERLAP=0, the draft's catch-up step after a fully accepted round instead of its
-extra step during verification (A/B against `spec`)."""
+extra step during verification (A/B against `spec`); `specr4` rows (SPEC_R4=1): the target's
+verify kernels at 4 rows a warp (MLX_GRAPH_SPEC_ROWS=4; the rows' bits unchanged, A/B against
+`spec`)."""
 import json
 import statistics
 import sys
@@ -38,7 +40,7 @@ for r in rows:
         tps["graph"][words[1]].append(r["generation_tps"])
         if kind == "graph-target":
             plain_tokens[words[1]] = r.get("tokens_sha")
-    elif kind in ("spec", "mlxspec", "spectc", "specseq"):
+    elif kind in ("spec", "mlxspec", "spectc", "specseq", "specr4"):
         spec[(kind, words[1], words[2], words[3])].append(r)
     elif kind == "mlxlm-spec":
         ref[(words[1], words[2], words[3])].append(r["generation_tps"])

@@ -17,7 +17,11 @@
 # run's per-part times (catch-up, drafts, verify, rest: graph_speculative.rs) in
 # spec_profile.log; SPEC_TC=1 adds a `spectc` run a K with MLX_GRAPH_SPEC_TENSOR_CORES=1 (the
 # target verifies on the tensor cores: measuring only, its tokens are L3); SPEC_SEQ=1 adds a
-# `specseq` run a K with MLX_GRAPH_SPEC_OVERLAP=0 (the draft's catch-up step, session 30's way).
+# `specseq` run a K with MLX_GRAPH_SPEC_OVERLAP=0 (the draft's catch-up step, session 30's way);
+# SPEC_R4=1 a `specr4` run a K with MLX_GRAPH_SPEC_ROWS=4 (the verify kernels at 4 rows a warp).
+# MLX_GRAPH_SPEC_BREAKDOWN=REPS in the environment: each speculating run first times the
+# target's kernels a step with one row and with its K + 1 (graph_speculative.rs; medians of 3
+# alternations, before the timed generation), into spec_profile.log too.
 # SPEC_MLX=1 adds the MLX path's side as before (`--decoder mlx` alone and speculating, and
 # mlx_lm generate's, unless SKIP_MLX_LM): run 12's rows. About 3 minutes on a warm H200 with the
 # default pairs and SPEC_ROUNDS=1 (each run loads its models: the 8B's 4.5 GB, page-cached
@@ -56,7 +60,8 @@ for line in sys.stdin:
 ' "$label" | tee -a $J
   { echo "## $label"; grep -v '^[[:space:]]*$' $OUT/spec_err.tmp | tail -6; } >> $OUT/spec_stderr.log
   # MLX_GRAPH_SPEC_PROFILE=1|2 in the environment: where the rounds' time went.
-  grep -h '^graph spec' $OUT/spec_err.tmp | sed "s|^|$label: |" >> $OUT/spec_profile.log
+  # MLX_GRAPH_SPEC_BREAKDOWN=REPS: the target's kernels a step with 1 and with K + 1 rows.
+  grep -h '^graph spec\|^\[graph verify breakdown\]' $OUT/spec_err.tmp | sed "s|^|$label: |" >> $OUT/spec_profile.log
 }
 mlxlm() {  # LABEL ARGS...: mlx_lm generate's figures as a JSON line
   local label=$1; shift
@@ -96,6 +101,9 @@ for pair in ${SPEC_PAIRS:-echo-llama31-8b-q4:echo-llama-135m-v128k-bf16:2,4,8 su
       [ -n "$SPEC_SEQ" ] && one "specseq $T $D k$k r$r" env MLX_GRAPH_SPEC_OVERLAP=0 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       # SPEC_TC=1: the same with the target verifying on the tensor cores (K + 1 >= 4 rows).
       [ -n "$SPEC_TC" ] && one "spectc $T $D k$k r$r" env MLX_GRAPH_SPEC_TENSOR_CORES=1 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
+      # SPEC_R4=1: the same with the target's verify kernels at 4 rows a warp (MLX_GRAPH_SPEC_ROWS=4:
+      # each input value unpacked once for 4 rows; the rows' bits unchanged), for A/B.
+      [ -n "$SPEC_R4" ] && one "specr4 $T $D k$k r$r" env MLX_GRAPH_SPEC_ROWS=4 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       if [ -n "$SPEC_MLX" ]; then
         one "mlxspec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --decoder mlx
         [ -z "$SKIP_MLX_LM" ] && mlxlm "mlxlm-spec $T $D k$k r$r" --model $M/$T --draft-model $M/$D --num-draft-tokens $k
