@@ -589,7 +589,7 @@ struct MvStream {
         const float xsum = ((const float*)((const unsigned char*)xc + b * xstride))[c];
 #pragma unroll
         for (int r = 0; r < MV_ROWS; ++r)
-          acc[b][r] = scale_bias(acc[b][r], lo2f(sb[u][r]), d[r], hi2f(sb[u][r]), xsum);
+          acc[b][r] = ::scale_bias(acc[b][r], lo2f(sb[u][r]), d[r], hi2f(sb[u][r]), xsum);
       }
     }
     if (BITS != 16 && NB > 1) qchunk_rows(u, c, xs, xc, xstride, acc);
@@ -655,7 +655,7 @@ struct MvStream {
       const float xsum = ((const float*)((const unsigned char*)xc + b * xstride))[c];
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r)
-        acc[b][r] = scale_bias(acc[b][r], lo2f(sb[u][r]), d[b][r], hi2f(sb[u][r]), xsum);
+        acc[b][r] = ::scale_bias(acc[b][r], lo2f(sb[u][r]), d[b][r], hi2f(sb[u][r]), xsum);
     }
   }
 };
