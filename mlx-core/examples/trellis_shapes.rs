@@ -4,8 +4,9 @@
 //! affine-4 (group 64, float16 scales and biases, the decoder's kernel, int16 inputs), each
 //! over `COPIES` copies of the matrix read once a sweep, on `THREADS` threads (the kernel
 //! alone: one thread). The words are random (every bit pattern is a valid trellis stream), so
-//! no encoding runs: cheap under `valgrind --tool=callgrind` (count one variant with `ONLY`).
-//! Variants alternate sweep by sweep; the line gives each one's median and best sweep.
+//! no encoding runs and it starts at once. (Valgrind has no AVX-512: under callgrind every
+//! kernel takes its portable path, so count instructions with objdump instead.) Variants
+//! alternate sweep by sweep; the line gives each one's median and best sweep (`ONLY`: one).
 //! `cargo run --release -p mlx-core --example trellis_shapes -- ROWS COLS [COPIES] [SWEEPS] [THREADS] [ONLY]`
 //! (`ONLY`: `a4`, `t8` or `t8whole`). The kernel's knobs (`MLX_CPU_TRELLIS_PF`,
 //! `MLX_CPU_TRELLIS_ROWS2`, `MLX_CPU_TRELLIS_CHUNK`) apply.
