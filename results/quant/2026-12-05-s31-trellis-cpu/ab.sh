@@ -2,7 +2,7 @@
 # Interleaved A/B through the user path: `mlx generate --decoder cpu`, 128 greedy tokens,
 # THREADS threads (default 2), wall tok/s as `mlx generate` prints it. Each entry is
 # LABEL=BIN:MODEL[:ENV], BIN and MODEL naming variables (BASE/NEW, A4/T8), ENV one VAR=VALUE
-# for that run (the kernel's knobs); every round runs each entry once, in a rotated order.
+# for that run (the kernel's knobs; several joined by +); every round runs each entry once, in a rotated order.
 # usage: [ENTRIES="..."] ab.sh ROUNDS > ab_raw.txt; summarize with ab_summary.py
 export LD_LIBRARY_PATH=/root/.cache/mlx-rs/runtime/mlx-cpu-0.32.4/mlx/lib
 NEW=${NEW:-/tmp/trelcpu/mlx-new}; BASE=${BASE:-/work/s30-mlx}
@@ -17,7 +17,7 @@ for round in $(seq 1 ${1:-5}); do
     label=${e%%=*}; rest=${e#*=}
     IFS=: read -r bv mv env <<< "$rest"
     u=$(uptime | sed 's/.*load/load/')
-    t=$(env ${env:-X_=1} ${!bv} generate --model ${!mv} --decoder cpu -p "$P" -m $N --threads $TH --temp 0 2>&1 | grep Generation | sed 's/.*tokens, //; s/ tokens-per-sec//')
+    t=$(env ${env//+/ } X_=1 ${!bv} generate --model ${!mv} --decoder cpu -p "$P" -m $N --threads $TH --temp 0 2>&1 | grep Generation | sed 's/.*tokens, //; s/ tokens-per-sec//')
     echo "round $round $label threads $TH: $t tok/s; $u"
   done
 done
