@@ -1645,11 +1645,39 @@ struct Split {
     ph: Vec<i8>,
 }
 
-/// How far ahead of its step the int8 kernel prefetches the words (1 KB). A 3-bit step of 128
-/// weights reads 48 bytes, so out-of-order execution alone ran ~10 lines ahead and the
-/// weights streamed from memory slower than affine-4's; at 1 KB they stream faster
-/// (results/quant/2026-12-05-s30-trellis-cpu/pf_ab.txt).
+/// How far ahead of its step the int16 table kernels (and the int8 one's prompt twin) prefetch
+/// the words (1 KB). A 3-bit step of 128 weights reads 48 bytes, so out-of-order execution
+/// alone ran ~10 lines ahead and the weights streamed from memory slower than affine-4's; at
+/// 1 KB they stream faster (results/quant/2026-12-05-s30-trellis-cpu/pf_ab.txt).
 const PREFETCH_WORDS: usize = 256;
+
+/// How far ahead the int8 kernel ([`TrellisMatvec::rows_lut8`], the decoder's trellis-3
+/// `1mad8` path) prefetches: 2 KB. Against 1 KB in the same binary, through `mlx generate`
+/// on a loaded machine, 2 KB gave the faster decode in 10 of 14 rounds (median +4.7%), 4 KB
+/// +5.7% (8 rounds), 512 B -10.6%
+/// (results/quant/2026-12-05-s31-trellis-cpu/README.md).
+const PREFETCH_WORDS_I8: usize = 512;
+
+/// Experiment knobs of the int8 kernel (read once): `MLX_CPU_TRELLIS_PF` = words ahead it
+/// prefetches (default [`PREFETCH_WORDS_I8`]), `MLX_CPU_TRELLIS_CHUNK` = rows a work item of
+/// [`matmul_jobs`] (default [`CHUNK`], 1 to 1024), `MLX_CPU_TRELLIS_ROWS2=0`: one row a
+/// pass (no two-row loop). None changes a bit.
+fn trellis_knobs() -> (usize, usize, bool) {
+    static K: std::sync::OnceLock<(usize, usize, bool)> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let get = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        (
+            get("MLX_CPU_TRELLIS_PF", PREFETCH_WORDS_I8),
+            get("MLX_CPU_TRELLIS_CHUNK", CHUNK).clamp(1, 1024),
+            get("MLX_CPU_TRELLIS_ROWS2", 1) != 0,
+        )
+    })
+}
 
 /// The bound on the int8 kernel's input values (`256 * 127 + 127`).
 const X8_MAX: f32 = 32639.0;
@@ -2539,7 +2567,7 @@ impl TrellisMatvec {
                 let mut accf = _mm512_setzero_ps();
                 let (mut a0, mut a1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                 for b in 0..nb {
-                    // As `rows_lut8_g`: the words `PREFETCH_WORDS` ahead (never dereferenced).
+                    // As `rows_lut8_g`: words ahead (never dereferenced).
                     _mm_prefetch::<_MM_HINT_T0>(
                         row.wrapping_add(b * bw + PREFETCH_WORDS) as *const i8
                     );
@@ -2692,9 +2720,11 @@ impl TrellisMatvec {
     /// windows are the states), its loop bare for the compiler: the plan's permutations and
     /// offsets in registers, every step of a row but the matrix's last loaded whole (the
     /// words past a row are the next row's), and for `G = 1` two steps an iteration into two
-    /// sets of sums. The 32-bit sums are exact (wrapping, each lane's true sum below `2^31`
-    /// within a window of [`X8_WINDOW`] weights), so how the groups are spread over the sets
-    /// changes no bit.
+    /// sets of sums; with the two-step plan, two rows a pass (their shuffle chains
+    /// interleaved, the input's bytes loaded once for both, one reduction for both). The
+    /// 32-bit sums are exact (wrapping, each lane's true sum below `2^31` within a window of
+    /// [`X8_WINDOW`] weights), so how the groups are spread over the sets, and which rows
+    /// share a pass, changes no bit.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
     #[allow(clippy::too_many_arguments)]
@@ -2718,6 +2748,7 @@ impl TrellisMatvec {
         let wmask2: __mmask16 = ((1u32 << (2 * bw).min(16)) - 1) as u16;
         let corr = 128 * sp.sum;
         let f = spec.code.divisor();
+        let pf = trellis_knobs().0;
         // SAFETY: as in `rows_lut`; `sp.lo` and `sp.hi` (and `pl`, `ph` where the two-step
         // plan runs) hold `nb * span` values, the plan `G * 16` indices and `G * 64` offsets;
         // a masked load of two steps reads only the row's words.
@@ -2766,7 +2797,97 @@ impl TrellisMatvec {
             };
             let xl = |o: usize| _mm512_loadu_si512(xlo.add(o) as *const _);
             let xh = |o: usize| _mm512_loadu_si512(xhi.add(o) as *const _);
-            for (i, yo) in y.iter_mut().enumerate() {
+            // A window's four sets of 32-bit sums as eight exact 64-bit lanes.
+            let widen = |lo0: __m512i, hi0: __m512i, lo1: __m512i, hi1: __m512i| {
+                let lanes = _mm512_add_epi32(
+                    _mm512_add_epi32(_mm512_slli_epi32::<8>(_mm512_add_epi32(hi0, hi1)), lo0),
+                    lo1,
+                );
+                _mm512_add_epi64(
+                    _mm512_cvtepi32_epi64(_mm512_castsi512_si256(lanes)),
+                    _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(lanes)),
+                )
+            };
+            // Rows a pass: two where the two-step plan runs (two independent chains of
+            // shuffles and sums, the input's bytes loaded once for both, one reduction for
+            // both), each row's exact integer sum as the one-row loop's, so the same bits.
+            let mut i = 0;
+            if G == 1 && pair.is_some() && trellis_knobs().2 {
+                while i + 1 < y.len() {
+                    let at = (r0 + i) * wpr;
+                    // Both rows' steps load whole: the second row's last 16-word load ends
+                    // inside `words`, and every load of the first row ends before it.
+                    if at + wpr + nb * bw + 16 - bw > words.len() {
+                        break;
+                    }
+                    let ra = words.as_ptr().add(at);
+                    let rb = ra.add(wpr);
+                    let ld_a = |b: usize| _mm512_loadu_si512(ra.add(b * bw) as *const _);
+                    let ld_b = |b: usize| _mm512_loadu_si512(rb.add(b * bw) as *const _);
+                    let (mut ta, mut tb) = (0i64, 0i64);
+                    let mut b = 0;
+                    while b < nb {
+                        let end = (b + window).min(nb);
+                        let z = _mm512_setzero_si512();
+                        let (mut la0, mut ha0, mut la1, mut ha1) = (z, z, z, z);
+                        let (mut lb0, mut hb0, mut lb1, mut hb1) = (z, z, z, z);
+                        while b + 2 <= end {
+                            // As the one-row loop's: the words `pf` ahead of each row's
+                            // step (hints; the wrapping address is never read).
+                            _mm_prefetch::<_MM_HINT_T0>(ra.wrapping_add(b * bw + pf) as *const i8);
+                            _mm_prefetch::<_MM_HINT_T0>(rb.wrapping_add(b * bw + pf) as *const i8);
+                            let da = _mm512_permutexvar_epi8(pb, ld_a(b));
+                            let db = _mm512_permutexvar_epi8(pb, ld_b(b));
+                            let o = b * 64;
+                            let (x0l, x0h, x1l, x1h) = (xl(o), xh(o), xl(o + 64), xh(o + 64));
+                            let ca = lookup(_mm512_multishift_epi64_epi8(pc0, da));
+                            let cb = lookup(_mm512_multishift_epi64_epi8(pc1, da));
+                            la0 = _mm512_dpbusd_epi32(la0, ca, x0l);
+                            ha0 = _mm512_dpbusd_epi32(ha0, ca, x0h);
+                            la1 = _mm512_dpbusd_epi32(la1, cb, x1l);
+                            ha1 = _mm512_dpbusd_epi32(ha1, cb, x1h);
+                            let ca = lookup(_mm512_multishift_epi64_epi8(pc0, db));
+                            let cb = lookup(_mm512_multishift_epi64_epi8(pc1, db));
+                            lb0 = _mm512_dpbusd_epi32(lb0, ca, x0l);
+                            hb0 = _mm512_dpbusd_epi32(hb0, ca, x0h);
+                            lb1 = _mm512_dpbusd_epi32(lb1, cb, x1l);
+                            hb1 = _mm512_dpbusd_epi32(hb1, cb, x1h);
+                            b += 2;
+                        }
+                        if b < end {
+                            let (xlb, xhb) = (xl(b * 64), xh(b * 64));
+                            let ca = codes(ld_a(b), 0);
+                            la0 = _mm512_dpbusd_epi32(la0, ca, xlb);
+                            ha0 = _mm512_dpbusd_epi32(ha0, ca, xhb);
+                            let cb = codes(ld_b(b), 0);
+                            lb0 = _mm512_dpbusd_epi32(lb0, cb, xlb);
+                            hb0 = _mm512_dpbusd_epi32(hb0, cb, xhb);
+                            b += 1;
+                        }
+                        // The two rows' eight 64-bit lanes each, interleaved and folded: row
+                        // a's total in lane 0, row b's in lane 1 (exact integer sums).
+                        let (wa, wb) = (widen(la0, ha0, la1, ha1), widen(lb0, hb0, lb1, hb1));
+                        let s = _mm512_add_epi64(
+                            _mm512_unpacklo_epi64(wa, wb),
+                            _mm512_unpackhi_epi64(wa, wb),
+                        );
+                        let s = _mm256_add_epi64(
+                            _mm512_castsi512_si256(s),
+                            _mm512_extracti64x4_epi64::<1>(s),
+                        );
+                        let s = _mm_add_epi64(
+                            _mm256_castsi256_si128(s),
+                            _mm256_extracti128_si256::<1>(s),
+                        );
+                        ta += _mm_cvtsi128_si64(s);
+                        tb += _mm_extract_epi64::<1>(s);
+                    }
+                    y[i] = (ta - corr) as f32 * (scales[r0 + i] / f * sp.d);
+                    y[i + 1] = (tb - corr) as f32 * (scales[r0 + i + 1] / f * sp.d);
+                    i += 2;
+                }
+            }
+            for (i, yo) in y.iter_mut().enumerate().skip(i) {
                 let at = (r0 + i) * wpr;
                 let row = words.as_ptr().add(at);
                 // Steps whose 16-word load stays inside `words`; the rest load masked.
@@ -2783,12 +2904,10 @@ impl TrellisMatvec {
                         _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
                     }
                 };
-                // The words [`PREFETCH_WORDS`] past step `b`'s (the next rows' where the row
+                // The words `pf` past step `b`'s (the next rows' where the row
                 // ends; a prefetch reads nothing and cannot fault, hence the wrapping address).
                 let ahead = |b: usize| {
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        row.wrapping_add(b * bw + PREFETCH_WORDS) as *const i8
-                    )
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(b * bw + pf) as *const i8)
                 };
                 // Steps `b` and `b + 1` (both in the row).
                 let load2 = |b: usize| {
@@ -2862,15 +2981,7 @@ impl TrellisMatvec {
                         }
                     }
                     // Exact (wrapping) 32-bit lanes: each is at most 2048 / 16 products.
-                    let lanes = _mm512_add_epi32(
-                        _mm512_add_epi32(_mm512_slli_epi32::<8>(_mm512_add_epi32(hi0, hi1)), lo0),
-                        lo1,
-                    );
-                    let wide = _mm512_add_epi64(
-                        _mm512_cvtepi32_epi64(_mm512_castsi512_si256(lanes)),
-                        _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(lanes)),
-                    );
-                    total += _mm512_reduce_add_epi64(wide);
+                    total += _mm512_reduce_add_epi64(widen(lo0, hi0, lo1, hi1));
                 }
                 *yo = (total - corr) as f32 * (scales[r0 + i] / f * sp.d);
             }
@@ -4206,6 +4317,7 @@ pub(super) fn matmul_jobs(
     let Some(&(_, first)) = trellis.first() else {
         return Ok(());
     };
+    let chunk = trellis_knobs().1;
     let cols = first.cols();
     // The table path's inputs: int16 unless the context asks for float32 activations.
     let int16 = !matches!(ctx.activations, super::Activations::F32);
@@ -4238,7 +4350,7 @@ pub(super) fn matmul_jobs(
         t.plan
             .check(t.words, t.scales, &x[..cols], 0, rows)
             .map_err(|e| crate::Error::invalid(op, e.to_string()))?;
-        chunk0[k + 1] = chunk0[k] + rows.div_ceil(CHUNK);
+        chunk0[k + 1] = chunk0[k] + rows.div_ceil(chunk);
         done0[k + 1] = done0[k] + MT * (rows / hadamard_block(rows));
     }
     let chunks = chunk0[nt];
@@ -4308,8 +4420,8 @@ pub(super) fn matmul_jobs(
                     let k = chunk0.partition_point(|&c0| c0 <= c) - 1;
                     let (i, t) = trellis[k];
                     let rows = t.rows();
-                    let r0 = (c - chunk0[k]) * CHUNK;
-                    let n = CHUNK.min(rows - r0);
+                    let r0 = (c - chunk0[k]) * chunk;
+                    let n = chunk.min(rows - r0);
                     for u in 0..mt {
                         wait_ready(&slots[k * MT + u]);
                     }
