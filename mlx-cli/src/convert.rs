@@ -48,6 +48,18 @@ pub struct ConvertArgs {
     /// linears are rounded by LDLQ instead of plain Viterbi.
     #[arg(long)]
     pub q_hessians: Option<std::path::PathBuf>,
+    /// `--q-mode trellis`: a `.safetensors` file of `<linear path>.hessian` like
+    /// `--q-hessians`' but from HELD-OUT text (`xtask/quant/trellis_hessians_np.py` on text
+    /// that is not the calibration text): each linear is then coded under
+    /// `--q-seed-candidates` sign seeds (`--q-seed`, `--q-seed` + 1, ...) and keeps the one
+    /// with the least output error on that text (recorded in the linear's config entry).
+    #[arg(long)]
+    pub q_select_hessians: Option<std::path::PathBuf>,
+    /// `--q-mode trellis` with `--q-select-hessians`: the sign seeds each linear tries
+    /// (default 4; 1 turns the choice off: one seed, as without `--q-select-hessians`). The
+    /// encoding time grows with it.
+    #[arg(long)]
+    pub q_seed_candidates: Option<usize>,
     /// Mixed-bit quantization recipe.
     #[arg(long, value_parser = QUANT_RECIPES)]
     pub quant_predicate: Option<String>,
@@ -84,6 +96,18 @@ impl ConvertArgs {
                 self.q_trellis_code, self.q_mode
             ));
         }
+        if trellis.is_none()
+            && (self.q_select_hessians.is_some() || self.q_seed_candidates.is_some())
+        {
+            return Err(format!(
+                "--q-select-hessians/--q-seed-candidates: only with --q-mode trellis (got \
+                 --q-mode {})",
+                self.q_mode
+            ));
+        }
+        if self.q_seed_candidates == Some(0) {
+            return Err("--q-seed-candidates 0: at least 1 (1: no seed choice)".into());
+        }
         if self.quant_predicate.is_some() && (q_mode != QuantMode::Affine || trellis.is_some()) {
             return Err("Quant predicates only support 'affine' quantization.".into());
         }
@@ -119,6 +143,8 @@ impl ConvertArgs {
             dequantize: self.dequantize,
             trellis,
             trellis_hessians: self.q_hessians.clone(),
+            trellis_select_hessians: self.q_select_hessians.clone(),
+            trellis_seed_candidates: self.q_seed_candidates,
             per_module: None,
             keep_dtype: false,
         })

@@ -138,3 +138,174 @@ fn trellis_options_are_checked_before_loading() {
         assert!(!dst.exists());
     }
 }
+
+/// The second moment `X^T X / n` of `n` seeded correlated inputs of width `d`.
+fn second_moment(d: i32, seed: u64) -> Array {
+    let normal = |shape: &[i32], s: u64| {
+        let key = mlx_core::random::key(s).unwrap();
+        mlx_core::random::normal(shape, Dtype::Float32, None, None, Some(&key), None).unwrap()
+    };
+    let x = ops::matmul(&normal(&[256, 6], seed), &normal(&[6, d], seed + 1), None).unwrap();
+    let x =
+        (&x + &(&normal(&[256, d], seed + 2) * &Array::scalar(0.3f32).unwrap()).unwrap()).unwrap();
+    (&ops::matmul(&x.transpose_all().unwrap(), &x, None).unwrap()
+        / &Array::scalar(256.0f32).unwrap())
+        .unwrap()
+}
+
+/// `--q-select-hessians`: each linear is coded under `--q-seed-candidates` seeds (default 4)
+/// and keeps the least held-out error; a kept seed other than `--q-seed` is the linear's own
+/// config entry, which loading and `-d` both honour; `--q-seed-candidates 1` writes what no
+/// `--q-select-hessians` writes, byte for byte.
+#[test]
+fn held_out_hessians_choose_each_linears_seed() {
+    let out = std::env::temp_dir().join(format!("mlx-trellis-select-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let tensors = mlx_core::io::load_safetensors(src().join("model.safetensors"), None)
+        .unwrap()
+        .0;
+    let linears: Vec<(String, i32)> = tensors
+        .iter()
+        .filter(|(n, a)| n.ends_with("_proj.weight") && a.shape().len() == 2)
+        .map(|(n, a)| (n.trim_end_matches(".weight").to_string(), a.shape()[1]))
+        .collect();
+    assert_eq!(linears.len(), 28);
+    let write = |name: &str, seed: u64| {
+        let hs: Vec<(String, Array)> = linears
+            .iter()
+            .enumerate()
+            .map(|(i, (p, d))| {
+                (
+                    format!("{p}.hessian"),
+                    second_moment(*d, seed + 10 * i as u64),
+                )
+            })
+            .collect();
+        let path = out.join(name);
+        mlx_core::io::save_safetensors(
+            &path,
+            hs.iter().map(|(n, a)| (n.as_str(), a)),
+            &Default::default(),
+        )
+        .unwrap();
+        path
+    };
+    let (calib, held) = (
+        write("calib.safetensors", 1000),
+        write("held.safetensors", 5000),
+    );
+    let source_dir = src();
+    let convert = |name: &str, extra: &[&str]| {
+        let dst = out.join(name);
+        let mut args = vec![
+            "convert",
+            "--hf-path",
+            source_dir.to_str().unwrap(),
+            "--mlx-path",
+            dst.to_str().unwrap(),
+            "-q",
+            "--q-mode",
+            "trellis",
+            "--q-bits",
+            "2",
+            "--q-trellis-l",
+            "8",
+            "--q-seed",
+            "7",
+            "--q-hessians",
+            calib.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let (code, stdout, stderr) = mlx(&args);
+        assert_eq!(code, 0, "{stderr}");
+        (dst, stdout)
+    };
+    let (plain, _) = convert("plain", &[]);
+    let (chosen, stdout) = convert("chosen", &["--q-select-hessians", held.to_str().unwrap()]);
+    assert!(stdout.contains("seed by held-out error"), "{stdout}");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(chosen.join("config.json")).unwrap())
+            .unwrap();
+    let q = &config["quantization"];
+    let mut own = 0;
+    for (p, _) in &linears {
+        if let Some(e) = q.get(p) {
+            own += 1;
+            assert_eq!(e["mode"], "trellis", "{p}");
+            assert_eq!(e["trellis_l"], 8, "{p}");
+            assert_eq!(e["bits"], 2, "{p}");
+            let s = e["seed"].as_u64().unwrap();
+            assert!((8..=10).contains(&s), "{p}: seed {s}");
+        }
+    }
+    assert!(own > 0, "every linear kept --q-seed");
+    // The per-linear seeds load: the coded model's logits are as near the source's as the
+    // plain seed's, and `-d` (which decodes with the recorded seeds) gives the same logits.
+    let source = logits(&src());
+    let (a, b) = (logits(&chosen), logits(&plain));
+    assert!(
+        rel(&a, &source) < 1.5 * rel(&b, &source),
+        "{} vs {}",
+        rel(&a, &source),
+        rel(&b, &source)
+    );
+    let dense = out.join("dense");
+    let (code, _, stderr) = mlx(&[
+        "convert",
+        "--hf-path",
+        chosen.to_str().unwrap(),
+        "--mlx-path",
+        dense.to_str().unwrap(),
+        "-d",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(rel(&logits(&dense), &a) < 2e-3);
+    // One candidate: no choice, the plain conversion's bytes.
+    let (one, _) = convert(
+        "one",
+        &[
+            "--q-select-hessians",
+            held.to_str().unwrap(),
+            "--q-seed-candidates",
+            "1",
+        ],
+    );
+    for f in ["model.safetensors", "config.json"] {
+        assert_eq!(
+            std::fs::read(one.join(f)).unwrap(),
+            std::fs::read(plain.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    // Refused: no candidate, and a choice without --q-mode trellis.
+    let (code, _, stderr) = mlx(&[
+        "convert",
+        "--hf-path",
+        src().to_str().unwrap(),
+        "--mlx-path",
+        out.join("x").to_str().unwrap(),
+        "-q",
+        "--q-mode",
+        "trellis",
+        "--q-seed-candidates",
+        "0",
+    ]);
+    assert!(code != 0 && stderr.contains("at least 1"), "{stderr}");
+    let (code, _, stderr) = mlx(&[
+        "convert",
+        "--hf-path",
+        src().to_str().unwrap(),
+        "--mlx-path",
+        out.join("x").to_str().unwrap(),
+        "-q",
+        "--q-select-hessians",
+        held.to_str().unwrap(),
+    ]);
+    assert!(
+        code != 0 && stderr.contains("only with --q-mode trellis"),
+        "{stderr}"
+    );
+    assert!(!out.join("x").exists());
+    let _ = std::fs::remove_dir_all(&out);
+}

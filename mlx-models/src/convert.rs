@@ -116,6 +116,16 @@ pub struct ConvertOptions {
     /// second moment of the layer's inputs on calibration text): those trellis linears are
     /// rounded by LDLQ; linears without one by plain Viterbi.
     pub trellis_hessians: Option<std::path::PathBuf>,
+    /// `--q-select-hessians`: a `.safetensors` file of `<linear path>.hessian` made from
+    /// HELD-OUT text (not `trellis_hessians`' calibration text): each trellis linear with one
+    /// is coded under [`ConvertOptions::trellis_seed_candidates`] sign seeds and keeps the
+    /// seed with the least output error under it (recorded in the linear's own quantization
+    /// entry where it is not the model's seed).
+    pub trellis_select_hessians: Option<std::path::PathBuf>,
+    /// `--q-seed-candidates`: how many seeds (`seed, seed + 1, ...`) each linear tries when
+    /// `trellis_select_hessians` is given; None: [`crate::layers::trellis::SEED_CANDIDATES`];
+    /// 1 turns the choice off.
+    pub trellis_seed_candidates: Option<usize>,
     /// Files written into the output beside the model's (name, bytes): the tokenizer files a
     /// caller made for a GGUF source, which has none of its own.
     pub extra_files: Vec<(String, Vec<u8>)>,
@@ -739,6 +749,25 @@ pub fn convert_in_memory(
             }
             None => Default::default(),
         };
+        let select_hessians = match &opts.trellis_select_hessians {
+            Some(p) if opts.trellis.is_some() => mlx_core::io::load_safetensors(p, None)?.0,
+            Some(p) => {
+                return Err(ModelError::Convert {
+                    option: format!("--q-select-hessians {}", p.display()),
+                    problem: "only with --q-mode trellis".into(),
+                })
+            }
+            None => Default::default(),
+        };
+        let seed_candidates = opts
+            .trellis_seed_candidates
+            .unwrap_or(crate::layers::trellis::SEED_CANDIDATES);
+        if seed_candidates == 0 {
+            return Err(ModelError::Convert {
+                option: "--q-seed-candidates 0".into(),
+                problem: "at least 1 (1: no seed choice)".into(),
+            });
+        }
         // The model's own `quant_predicate` (mlx-lm's, by its names), when no recipe is given.
         let prefix = wrapper_prefix(&model_type, &params).unwrap_or("");
         let names: Vec<String> = params.iter().map(|(n, _)| format!("{prefix}{n}")).collect();
@@ -759,6 +788,8 @@ pub fn convert_in_memory(
             .filter(|m| !plain(&m.path) && model_says(&m.path) != Some(&Value::Bool(false)))
             .collect();
         progress(Progress::Stage("Quantizing", candidates.len()));
+        // How many linears kept each candidate seed (`seed + j`), for the closing line.
+        let mut seeds_kept = vec![0usize; seed_candidates];
         let mut replaced: BTreeMap<String, Vec<(String, Array)>> = BTreeMap::new();
         for m in candidates {
             let own_params = model_says(&m.path).filter(|v| v.is_object());
@@ -836,23 +867,51 @@ pub fn convert_in_memory(
             let Some(&wi) = index.get(&wname) else {
                 return Err(ModelError::Weights(vec![format!("missing: {wname}")]));
             };
-            let (wq, scales, biases) = match &lq.trellis {
+            let mut lq = lq;
+            let (wq, scales, biases) = match lq.trellis {
                 Some(t) => {
                     let q = QuantParams {
                         group_size,
                         bits: lq.bits,
                         mode: "trellis".into(),
-                        trellis: Some(*t),
+                        trellis: Some(t),
                     };
-                    let (w, s) = crate::layers::trellis::quantize_trellis(
-                        &params[wi].1,
-                        &m.path,
-                        &q,
-                        t,
-                        mlx_core::cpu::available_threads(),
-                        hessians.get(&format!("{}.hessian", m.path)),
-                    )?;
-                    (w, s.astype(params[wi].1.dtype())?, None)
+                    let hessian = hessians.get(&format!("{}.hessian", m.path));
+                    match select_hessians
+                        .get(&format!("{}.hessian", m.path))
+                        .filter(|_| seed_candidates > 1)
+                    {
+                        Some(select) => {
+                            let c = crate::layers::trellis::quantize_trellis_select(
+                                &params[wi].1,
+                                &m.path,
+                                &q,
+                                &t,
+                                mlx_core::cpu::available_threads(),
+                                hessian,
+                                select,
+                                seed_candidates,
+                                params[wi].1.dtype(),
+                            )?;
+                            if c.seed != t.seed {
+                                lq.trellis = Some(TrellisParams { seed: c.seed, ..t });
+                                qblock.insert(m.path.clone(), lq.to_json());
+                            }
+                            seeds_kept[c.seed.wrapping_sub(t.seed) as usize] += 1;
+                            (c.weight, c.scales, None)
+                        }
+                        None => {
+                            let (w, s) = crate::layers::trellis::quantize_trellis(
+                                &params[wi].1,
+                                &m.path,
+                                &q,
+                                &t,
+                                mlx_core::cpu::available_threads(),
+                                hessian,
+                            )?;
+                            (w, s.astype(params[wi].1.dtype())?, None)
+                        }
+                    }
                 }
                 None => quantized::quantize(&params[wi].1, lq.group_size, lq.bits, lq.mode, None)?,
             };
@@ -882,6 +941,17 @@ pub fn convert_in_memory(
         params = out;
         config.insert("quantization".into(), Value::Object(qblock.clone()));
         config.insert("quantization_config".into(), Value::Object(qblock));
+        if seeds_kept.iter().sum::<usize>() > 0 {
+            progress(Progress::Info(format!(
+                "Chose each trellis linear's seed by held-out error: linears per seed {}",
+                seeds_kept
+                    .iter()
+                    .enumerate()
+                    .map(|(j, n)| format!("+{j}: {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         let bpw = bits_per_weight_of(&params, &quantized);
         progress(Progress::Info(format!(
             "Quantized model with {bpw:.3} bits per weight."

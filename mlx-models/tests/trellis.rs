@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use mlx_core::prelude::*;
 use mlx_models::config::{ModelConfig, QuantParams, TrellisParams};
-use mlx_models::layers::trellis::{quantize_trellis, TrellisWeight};
+use mlx_models::layers::trellis::{
+    output_error, quantize_trellis, quantize_trellis_select, TrellisWeight,
+};
 use mlx_models::layers::{Embedding, Linear};
 use mlx_models::weights::Weights;
 
@@ -341,4 +343,90 @@ fn a_hessian_selects_ldlq_and_lowers_the_output_error() {
         .unwrap_err()
         .to_string();
     assert!(err.contains(path) && err.contains("hessian"), "{err}");
+}
+
+/// The second moment `X^T X / n` of `n` correlated seeded inputs of width `d` (a few strong
+/// directions plus noise), as a calibration text's Hessian.
+fn second_moment(d: i32, n: i32, seed: u64) -> Array {
+    let basis = seeded(&[8, d], seed);
+    let coef = seeded(&[n, 8], seed + 1);
+    let noise = seeded(&[n, d], seed + 2);
+    let x = (&ops::matmul(&coef, &basis, None).unwrap() * &Array::scalar(3.0f32).unwrap()).unwrap();
+    let x = (&x + &(&noise * &Array::scalar(0.3f32).unwrap()).unwrap()).unwrap();
+    (&ops::matmul(&x.transpose_all().unwrap(), &x, None).unwrap()
+        / &Array::scalar(n as f32).unwrap())
+        .unwrap()
+}
+
+fn words_of(a: &Array) -> Vec<u32> {
+    a.eval().unwrap();
+    a.as_slice::<u32>().unwrap().to_vec()
+}
+
+/// `quantize_trellis_select` (`--q-select-hessians`) codes a linear under several sign seeds
+/// and keeps the one with the least output error under the held-out second moment: the kept
+/// words and scales are `quantize_trellis`'s at that seed, each candidate's error is
+/// `output_error` of its decoded weight, one candidate is the plain seed; a held-out Hessian
+/// of the wrong shape is an error naming the layer.
+#[test]
+fn seed_choice_keeps_the_least_held_out_error() {
+    let w = seeded(&[32, 128], 31);
+    // Calibration and held-out inputs: the same directions, other draws.
+    let (calib, held) = (second_moment(128, 256, 40), second_moment(128, 256, 40));
+    let held = (&held + &(&second_moment(128, 256, 50) * &Array::scalar(0.5f32).unwrap()).unwrap())
+        .unwrap();
+    let (q, t) = params(2, 64, 8);
+    let path = "model.layers.2.self_attn.o_proj";
+    let c = quantize_trellis_select(&w, path, &q, &t, 2, Some(&calib), &held, 4, Dtype::Float16)
+        .unwrap();
+    assert_eq!(c.errors.len(), 4);
+    let best = (0..4)
+        .min_by(|&a, &b| c.errors[a].total_cmp(&c.errors[b]))
+        .unwrap();
+    assert_eq!(c.seed, t.seed + best as u64);
+    // The seed matters: the candidates' errors differ.
+    assert!(c.errors.iter().any(|&e| e != c.errors[0]), "{:?}", c.errors);
+    for (j, &e) in c.errors.iter().enumerate() {
+        let tj = TrellisParams {
+            seed: t.seed + j as u64,
+            ..t
+        };
+        let (words, scales) = quantize_trellis(&w, path, &q, &tj, 2, Some(&calib)).unwrap();
+        let scales = scales.astype(Dtype::Float16).unwrap();
+        if j == best {
+            assert_eq!(
+                words_of(&words),
+                words_of(&c.weight),
+                "the kept words are seed {}'s",
+                tj.seed
+            );
+            assert_eq!(to_vec(&scales), to_vec(&c.scales));
+            assert_eq!(c.scales.dtype(), Dtype::Float16);
+        }
+        let deq = TrellisWeight::new(words, scales, q.trellis_spec(&tj), tj, path, 32, 128)
+            .unwrap()
+            .dequantize()
+            .unwrap();
+        assert_eq!(output_error(&w, &deq, &held).unwrap(), e, "candidate {j}");
+    }
+    // One candidate: the plain seed, `quantize_trellis`'s codes.
+    let one = quantize_trellis_select(&w, path, &q, &t, 2, Some(&calib), &held, 1, Dtype::Float32)
+        .unwrap();
+    let (words, _) = quantize_trellis(&w, path, &q, &t, 2, Some(&calib)).unwrap();
+    assert_eq!(one.seed, t.seed);
+    assert_eq!(words_of(&one.weight), words_of(&words));
+    let err = quantize_trellis_select(
+        &w,
+        path,
+        &q,
+        &t,
+        1,
+        Some(&calib),
+        &seeded(&[64, 64], 9),
+        2,
+        Dtype::Float32,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains(path) && err.contains("held-out"), "{err}");
 }

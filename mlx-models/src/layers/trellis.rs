@@ -379,3 +379,123 @@ pub fn quantize_trellis(
         Array::from_slice(&scales, &[rows, 1])?,
     ))
 }
+
+/// How many sign seeds `mlx convert --q-mode trellis` tries for each linear when it is given
+/// held-out Hessians (`--q-select-hessians`) and no `--q-seed-candidates`.
+pub const SEED_CANDIDATES: usize = 4;
+
+/// One linear's seed choice ([`quantize_trellis_select`]): the kept codes and the errors.
+#[derive(Debug)]
+pub struct TrellisChoice {
+    /// `uint32 (rows, cols * bits / 32)`: the kept candidate's words.
+    pub weight: Array,
+    /// `(rows, 1)`: its scales, in the stored dtype (as they were scored).
+    pub scales: Array,
+    /// The kept candidate's seed (the model-level seed the layer's entry records).
+    pub seed: u64,
+    /// Each candidate's held-out error `tr(E H E^T) / tr(W H W^T)` (`E` the decoded weight
+    /// less the source), in the order of their seeds `t.seed, t.seed + 1, ...`.
+    pub errors: Vec<f64>,
+}
+
+/// The output error of a decoded weight `deq` against its source `w` (both `(rows, cols)`
+/// float32) under the second moment `h` (`(cols, cols)`): `tr(E H E^T) / tr(W H W^T)`, the
+/// share of the layer's output energy on that text the coding error adds.
+pub fn output_error(w: &Array, deq: &Array, h: &Array) -> Result<f64> {
+    let e = (deq - w)?;
+    let num = (&ops::matmul(&e, h, None)? * &e)?.sum_all(false)?;
+    let den = (&ops::matmul(w, h, None)? * w)?.sum_all(false)?;
+    mlx_core::eval([&num, &den])?;
+    let (num, den) = (num.item::<f32>()?, den.item::<f32>()?);
+    Ok(if den > 0.0 {
+        f64::from(num) / f64::from(den)
+    } else {
+        f64::from(num)
+    })
+}
+
+/// [`quantize_trellis`] under `candidates` sign seeds (`t.seed`, `t.seed + 1`, ...; each mixed
+/// with `path` as every layer's seed is), keeping the candidate whose decoded weight (its
+/// scales rounded to `scale_dtype`, as they will be stored) has the least [`output_error`]
+/// under `select`, the second moment of the layer's inputs on HELD-OUT text (text that is
+/// neither `hessian`'s calibration text nor an evaluation text). The seed's effect on a
+/// layer's error is noise of the incoherence; LDLQ fits its calibration text, so only text it
+/// did not see can rank the candidates (results/quant/2026-12-05-s31-trellis/). One candidate
+/// is [`quantize_trellis`] itself (its seed is `t.seed`).
+#[allow(clippy::too_many_arguments)]
+pub fn quantize_trellis_select(
+    w: &Array,
+    path: &str,
+    q: &QuantParams,
+    t: &TrellisParams,
+    threads: usize,
+    hessian: Option<&Array>,
+    select: &Array,
+    candidates: usize,
+    scale_dtype: Dtype,
+) -> Result<TrellisChoice> {
+    let shape = w.shape();
+    let (rows, cols) = match shape.as_slice() {
+        [r, c] => (*r, *c),
+        _ => {
+            return Err(ModelError::Tensor {
+                name: path.to_string(),
+                problem: format!("a trellis weight must be a matrix, got shape {shape:?}"),
+            })
+        }
+    };
+    if select.shape() != [cols, cols] {
+        return Err(ModelError::Tensor {
+            name: format!("{path}.hessian (held-out)"),
+            problem: format!(
+                "shape {:?}, expected [{cols}, {cols}] (the layer's inputs)",
+                select.shape()
+            ),
+        });
+    }
+    let wf = w.astype(Dtype::Float32)?;
+    let hs = select.astype(Dtype::Float32)?;
+    mlx_core::eval([&wf, &hs])?;
+    if hs.as_slice::<f32>()?.iter().any(|v| !v.is_finite()) {
+        return Err(ModelError::Tensor {
+            name: format!("{path}.hessian (held-out)"),
+            problem: "holds a value that is not finite".into(),
+        });
+    }
+    let mut best: Option<TrellisChoice> = None;
+    let mut errors = Vec::with_capacity(candidates.max(1));
+    for j in 0..candidates.max(1) as u64 {
+        let tj = TrellisParams {
+            seed: t.seed.wrapping_add(j),
+            ..*t
+        };
+        let (words, scales) = quantize_trellis(w, path, q, &tj, threads, hessian)?;
+        let scales = scales.astype(scale_dtype)?;
+        let deq = TrellisWeight::new(
+            words.clone(),
+            scales.clone(),
+            q.trellis_spec(&tj),
+            tj,
+            path,
+            rows,
+            cols,
+        )?
+        .dequantize()?;
+        let e = output_error(&wf, &deq, &hs)?;
+        errors.push(e);
+        if best.as_ref().is_none_or(|b| e < b.errors[0]) {
+            best = Some(TrellisChoice {
+                weight: words,
+                scales,
+                seed: tj.seed,
+                errors: vec![e],
+            });
+        }
+    }
+    let mut best = best.ok_or_else(|| ModelError::Internal {
+        what: "trellis seed choice".into(),
+        problem: "no candidate was coded".into(),
+    })?;
+    best.errors = errors;
+    Ok(best)
+}
