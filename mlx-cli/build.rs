@@ -1,6 +1,7 @@
 //! Run paths for the `mlx` binary and the library's test binaries (see `mlx-sys/rpaths.rs`),
 //! packed relative relocations for the binary where the toolchain here makes them, and, in
-//! release builds, the binary's functions in the order a run touches them (`link-order/`).
+//! release builds, a position-dependent binary with its functions in the order a run touches
+//! them (`link-order/`).
 include!("../mlx-sys/rpaths.rs");
 
 use std::path::PathBuf;
@@ -10,6 +11,9 @@ fn main() {
     emit_rpaths("");
     if packs_relative_relocs() {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+    }
+    if links_non_pie() {
+        println!("cargo:rustc-link-arg-bins=-no-pie");
     }
     if let Some(order) = symbol_order() {
         println!("cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={order}");
@@ -102,6 +106,59 @@ fn packs_relative_relocs() -> bool {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let linked = Command::new(cc)
         .args(["-fPIE", "-pie", "-Wl,-z,pack-relative-relocs", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    linked && Command::new(&exe).status().is_ok_and(|s| s.success())
+}
+
+/// Whether the release `mlx` links as a position-dependent executable (`-no-pie`, after the
+/// `-pie` rustc passes: the last one wins). A position-independent `mlx` has its ~44k
+/// pointers in read-only-after-relocation data (`.data.rel.ro`: vtables, string and slice
+/// tables, 766 KiB) rewritten by the dynamic linker at every start, so all of it is private
+/// dirty memory for the whole run; linked at a fixed address those pointers are final in the
+/// file, and only the pages a run reads are resident, shared with the page cache (issue #31's
+/// peak memory counts the process's resident pages). The code is the same object code
+/// (compiled position-independent), linked at a fixed address: the binary's own text and
+/// data lose address randomization (its libraries, heap and stacks keep theirs).
+/// Release builds only (the tests never use it), native Linux/glibc, and only where rustc
+/// here links a tiny program with the flag that then runs; `MLX_PIE=1` leaves it off.
+fn links_non_pie() -> bool {
+    println!("cargo:rerun-if-env-changed=MLX_PIE");
+    let env = |k: &str| std::env::var(k).unwrap_or_default();
+    if env("MLX_PIE") == "1"
+        || env("PROFILE") != "release"
+        || env("CARGO_CFG_TARGET_OS") != "linux"
+        || env("CARGO_CFG_TARGET_ENV") != "gnu"
+        || env("TARGET") != env("HOST")
+    {
+        return false;
+    }
+    let Some(out) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
+        return false;
+    };
+    let src = out.join("nopie_probe.rs");
+    let exe = out.join("nopie_probe");
+    if std::fs::write(&src, "fn main() {}\n").is_err() {
+        return false;
+    }
+    let Some(rustc_bin) = std::env::var_os("RUSTC") else {
+        return false;
+    };
+    let mut rustc = Command::new(rustc_bin);
+    rustc.arg("--target").arg(env("TARGET"));
+    for flag in env("CARGO_ENCODED_RUSTFLAGS")
+        .split('\x1f')
+        .filter(|f| !f.is_empty())
+    {
+        rustc.arg(flag);
+    }
+    if let Some(linker) = std::env::var("RUSTC_LINKER").ok().filter(|l| !l.is_empty()) {
+        rustc.arg("-C").arg(format!("linker={linker}"));
+    }
+    let linked = rustc
+        .args(["-C", "link-arg=-no-pie", "-o"])
         .arg(&exe)
         .arg(&src)
         .output()

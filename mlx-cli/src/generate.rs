@@ -342,6 +342,11 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     if m.tokenizer.keep_decoding_only() {
         let _ = mlx_core::memory::release_free_memory();
     }
+    // Loading is over: the code and read-only data pages only it touched (the GGUF and
+    // tokenizer readers, the model's construction) stop counting in the resident set before
+    // the KV cache fills; what the steps run comes back at its first touch (see
+    // `release_file_pages`; the CPU decoder does the same again once the prompt is in).
+    let _ = mlx_core::memory::release_file_pages();
     let lookup = match &spec {
         Some(SpecSource::Lookup(n)) => Some(*n),
         _ => None,
@@ -617,6 +622,12 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             writeln!(out, "{}", SpecSource::report(&st)).ok();
         }
     }
+    // The output is out: the KV cache and the decoder's buffers go back to the system before
+    // the teardown (the model's drop, MLX's destructors) brings its code back into memory
+    // (`release_file_pages` let it go after loading): without this the process's peak was
+    // its exit (issue #31's peak memory).
+    drop(stream);
+    let _ = mlx_core::memory::release_free_memory();
     Ok(())
 }
 

@@ -289,6 +289,11 @@ impl GgufMetadata {
         self.values.insert(key.into(), value);
     }
 
+    /// Takes `key`'s value out, if present.
+    pub fn remove(&mut self, key: &str) -> Option<GgufValue> {
+        self.values.remove(key)
+    }
+
     pub fn len(&self) -> usize {
         self.values.len()
     }

@@ -1479,11 +1479,14 @@ impl<'m> CpuDecoder<'m> {
 
     /// Hands the prompt blocks' scratch back to the system once a prompt is in (see
     /// [`CpuBatch::release_prompt_scratch`]; the allocator's free pages too, through
-    /// `mlx_core::memory::release_free_memory`): `mlx generate` calls it before its first
+    /// `mlx_core::memory::release_free_memory`), and unmaps the code and read-only data pages
+    /// loading and the prompt touched (`mlx_core::memory::release_file_pages`: the decode
+    /// steps' own come back at their first touch): `mlx generate` calls it before its first
     /// decode step. Nothing to do (and no trim) where there is none.
     pub fn release_prompt_scratch(&mut self) {
         if self.batch.release_prompt_scratch() {
             let _ = mlx_core::memory::release_free_memory();
+            let _ = mlx_core::memory::release_file_pages();
         }
     }
 
@@ -1710,6 +1713,7 @@ impl<'m> CpuBatch<'m> {
             return false;
         }
         self.s = Scratch::new(&self.w, 0, 0);
+        mlx_core::cpu::release_prompt_buffers();
         true
     }
 

@@ -1160,6 +1160,25 @@ pub fn load_gguf_model_with(
 }
 
 /// [`load_gguf_model_with`] on a header already read ([`read_gguf_from`]).
+/// Takes out of a GGUF's metadata the tokenizer's per-token lists, which nothing but the
+/// tokenizer's build reads (`tokenizer.ggml.merges`, `.token_type`, `.scores`, and
+/// `.tokens` where `<general.architecture>.vocab_size` gives the model's vocabulary size,
+/// else the model reads its length): for a loader that has built the tokenizer already.
+pub fn drop_tokenizer_lists(metadata: &mut GgufMetadata) {
+    for k in [
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.scores",
+    ] {
+        metadata.remove(k);
+    }
+    let sized = meta_str(metadata, "general.architecture")
+        .is_some_and(|a| metadata.contains_key(&format!("{a}.vocab_size")));
+    if sized {
+        metadata.remove("tokenizer.ggml.tokens");
+    }
+}
+
 pub fn load_gguf_model_from(
     path: &Path,
     header: Option<mlx_core::io::GgufHeader>,
@@ -1184,6 +1203,43 @@ mod tests {
     use super::gemma::normal_cdf;
     use super::linear::untile_v_heads;
     use super::*;
+
+    /// The tokenizer's per-token lists leave the metadata; the token list stays where the
+    /// model's vocabulary size is its length (no `<arch>.vocab_size`).
+    #[test]
+    fn drop_tokenizer_lists_keeps_what_the_model_reads() {
+        let strings = |n: usize| GgufValue::Strings(vec!["x".to_string(); n]);
+        let meta = |sized: bool| {
+            let mut m = GgufMetadata::new();
+            m.insert("general.architecture", GgufValue::String("llama".into()));
+            if sized {
+                m.insert(
+                    "llama.vocab_size",
+                    GgufValue::Array(Array::from_slice(&[3u32], &[]).unwrap()),
+                );
+            }
+            m.insert("tokenizer.ggml.tokens", strings(3));
+            m.insert("tokenizer.ggml.merges", strings(2));
+            m.insert("tokenizer.ggml.scores", strings(3));
+            m.insert("tokenizer.ggml.token_type", strings(3));
+            m.insert("tokenizer.ggml.eos_token_id", strings(1));
+            m
+        };
+        for sized in [true, false] {
+            let mut m = meta(sized);
+            drop_tokenizer_lists(&mut m);
+            let keys: Vec<&str> = m.keys().map(String::as_str).collect();
+            let mut want = vec!["general.architecture"];
+            if sized {
+                want.push("llama.vocab_size");
+            }
+            want.push("tokenizer.ggml.eos_token_id");
+            if !sized {
+                want.push("tokenizer.ggml.tokens");
+            }
+            assert_eq!(keys, want, "sized: {sized}");
+        }
+    }
 
     /// `LlamaModel.generate_extra_tensors`'s factors in f32, as llama.cpp's converter
     /// computes them (torch float32).

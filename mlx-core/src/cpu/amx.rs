@@ -66,6 +66,11 @@ thread_local! {
     static CB: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Hands back the calling thread's input lines (see [`super::release_prompt_buffers`]).
+pub(super) fn release_inputs() {
+    XB.with(|x| *x.borrow_mut() = Vec::new());
+}
+
 /// 32-column blocks a chunk of [`panel_chunked`]: the panel's dequantized rows of a chunk
 /// (hi / lo tile pairs, `2 * KC` tiles, 16 KiB) stay in the L1 cache while every pass reads
 /// them.

@@ -58,6 +58,13 @@ thread_local! {
     static XQ: RefCell<Xq> = const { RefCell::new(Xq::new()) };
 }
 
+/// Hands back the calling thread's transposed and int16 inputs (see
+/// [`super::release_prompt_buffers`]).
+pub(super) fn release_inputs() {
+    XT.with(|x| *x.borrow_mut() = Vec::new());
+    XQ.with(|x| *x.borrow_mut() = Xq::new());
+}
+
 /// A call's inputs quantized to int16 per 32 values (`x86::quantize_x16`: the decode steps'
 /// int16 inputs, bit for bit), laid out for [`micro16`]: tiles of [`MT`] rows, each pair of
 /// columns of a tile as `MT` 32-bit lanes (two int16 codes each), each chunk's scales and

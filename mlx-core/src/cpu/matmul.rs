@@ -10,6 +10,8 @@
 //! With `m > 1` (a block of prompt tokens) each weight row is read once for all `m` inputs,
 //! which is what makes prefill fast.
 
+#[cfg(target_arch = "x86_64")]
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
@@ -550,12 +552,11 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
     let isa = ctx.isa;
     #[cfg(target_arch = "x86_64")]
     let lane4 = ctx.lane4;
-    // Int8/int16 activations: `x` quantized once here (on the stack: no allocation), read by
-    // every product of the call that the integer kernels take.
+    // Int8/int16 activations: `x` quantized once here, read by every product of the call that
+    // the integer kernels take, in this thread's buffers (`QBUFS`: made at its first such
+    // call, then kept; no allocation in a decode step after the first).
     #[cfg(target_arch = "x86_64")]
-    let mut qbuf = std::mem::MaybeUninit::<QBuf>::uninit();
-    #[cfg(target_arch = "x86_64")]
-    let mut qbuf16 = std::mem::MaybeUninit::<QBuf16>::uninit();
+    let mut bufs = QBUFS.with(Cell::take);
     #[cfg(target_arch = "x86_64")]
     let (qx, qx16) = {
         let fits = isa.has_avx2()
@@ -567,7 +568,11 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
             Activations::Int8 if fits && jobs.iter().any(|j| int8_kernel(j.w)) => {
                 // SAFETY: QBuf is plain integers and floats, for which any bit pattern is
                 // valid; quantize_x writes the prefix that the kernels read.
-                let b = unsafe { qbuf.assume_init_mut() };
+                let b = unsafe {
+                    bufs.q8
+                        .get_or_insert_with(Box::new_uninit)
+                        .assume_init_mut()
+                };
                 super::x86::quantize_x(
                     x,
                     &mut b.q[..m * cols],
@@ -588,7 +593,11 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
                 if fits && jobs.iter().any(|j| int16_kernel(j.w)) =>
             {
                 // SAFETY: as above (QBuf16 is plain integers and floats).
-                let b = unsafe { qbuf16.assume_init_mut() };
+                let b = unsafe {
+                    bufs.q16
+                        .get_or_insert_with(Box::new_uninit)
+                        .assume_init_mut()
+                };
                 // SAFETY: `fits` checked the ISA (AVX2, FMA, F16C).
                 unsafe {
                     super::x86::quantize_x16(
@@ -662,7 +671,26 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
         }
         rows(isa, &w, r0, r1, x, m, out, bias);
     });
+    #[cfg(target_arch = "x86_64")]
+    QBUFS.with(|c| c.set(bufs));
     Ok(())
+}
+
+/// A thread's buffers for `x` quantized to int8 / int16 ([`matmul_t`]), each made at the
+/// thread's first call that needs it. On the stack (~240 KiB together), every call's frame
+/// probes touched all their pages, which then stayed resident for the rest of the run
+/// (issue #31's peak memory); here a call touches only the rows it writes.
+#[cfg(target_arch = "x86_64")]
+#[derive(Default)]
+struct QBufs {
+    q8: Option<Box<std::mem::MaybeUninit<QBuf>>>,
+    q16: Option<Box<std::mem::MaybeUninit<QBuf16>>>,
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// This thread's [`QBufs`], taken out for a call (a nested call makes its own).
+    static QBUFS: Cell<QBufs> = const { Cell::new(QBufs { q8: None, q16: None }) };
 }
 
 /// Inputs at most for the int8 path (more: a prompt block, which the float kernels' reuse of

@@ -49,6 +49,21 @@ pub use pool::{available_threads, Regions, ThreadPool, MAX_REGIONS};
 #[cfg(target_arch = "x86_64")]
 pub use prompt_attn::{attention_prompt, attention_prompt_f16, prompt_applies, PROMPT_MIN_M};
 
+/// Hands back the calling thread's prompt-block input buffers, which grow to a prompt
+/// block's inputs and stay for the thread's life otherwise: the prompt attention's
+/// transposed keys (384 KiB at 512 positions of SmolLM2), the AMX products' input lines
+/// (384 KiB for 64 rows of 1,536) and the GGML block products' transposed and int16 inputs.
+/// For a caller whose prompt is in (`mlx generate` before its decode steps: issue #31's
+/// peak memory); a later prompt block makes them again. Workers' buffers stay.
+pub fn release_prompt_buffers() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        prompt_attn::release_prompt_keys();
+        amx::release_inputs();
+        kgemm::release_inputs();
+    }
+}
+
 /// The instruction set a kernel runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {

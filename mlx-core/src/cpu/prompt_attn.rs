@@ -43,6 +43,11 @@ thread_local! {
     static SC: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Hands back the calling thread's transposed keys (see [`super::release_prompt_buffers`]).
+pub(super) fn release_prompt_keys() {
+    KT.with(|kt| *kt.borrow_mut() = Vec::new());
+}
+
 /// A cached value widened to float32, 16 at a time.
 pub(super) trait Widen16: Copy + Send + Sync {
     /// # Safety
