@@ -105,8 +105,19 @@ impl ConvertArgs {
                 self.q_mode
             ));
         }
-        if self.q_seed_candidates == Some(0) {
-            return Err("--q-seed-candidates 0: at least 1 (1: no seed choice)".into());
+        if let Some(n) = self.q_seed_candidates {
+            let max = mlx_models::layers::trellis::MAX_SEED_CANDIDATES;
+            if n == 0 || n > max {
+                return Err(format!(
+                    "--q-seed-candidates {n}: from 1 (1: no seed choice) to {max}"
+                ));
+            }
+            if self.q_select_hessians.is_none() {
+                return Err(format!(
+                    "--q-seed-candidates {n}: only with --q-select-hessians (the held-out \
+                     Hessians that choose)"
+                ));
+            }
         }
         if self.quant_predicate.is_some() && (q_mode != QuantMode::Affine || trellis.is_some()) {
             return Err("Quant predicates only support 'affine' quantization.".into());

@@ -291,7 +291,28 @@ fn held_out_hessians_choose_each_linears_seed() {
         "--q-seed-candidates",
         "0",
     ]);
-    assert!(code != 0 && stderr.contains("at least 1"), "{stderr}");
+    assert!(code != 0 && stderr.contains("from 1"), "{stderr}");
+    // Refused: more candidates than the cap (no allocation of that size), and candidates
+    // without the held-out Hessians that would choose among them.
+    for (n, says) in [
+        ("18446744073709551615", "from 1"),
+        ("65", "from 1"),
+        ("8", "only with --q-select-hessians"),
+    ] {
+        let (code, _, stderr) = mlx(&[
+            "convert",
+            "--hf-path",
+            src().to_str().unwrap(),
+            "--mlx-path",
+            out.join("x").to_str().unwrap(),
+            "-q",
+            "--q-mode",
+            "trellis",
+            "--q-seed-candidates",
+            n,
+        ]);
+        assert!(code != 0 && stderr.contains(says), "{n}: {stderr}");
+    }
     let (code, _, stderr) = mlx(&[
         "convert",
         "--hf-path",

@@ -112,6 +112,11 @@ pub fn release_free_memory() -> Result<bool> {
 /// data), since those pages' contents are not the file's. Linux only (`/proc/self/smaps`, `madvise`); elsewhere,
 /// where `/proc` cannot be read, or with `MLX_KEEP_FILE_PAGES=1` in the environment, it does
 /// nothing. Returns the bytes of the mappings advised (their whole size, resident or not).
+///
+/// Call it only where no other thread maps or unmaps memory between the `/proc/self/smaps`
+/// read and the advice (`mlx generate` calls it after loading and after the prompt, with the
+/// CPU decoder's workers parked and MLX's streams idle): a range unmapped and mapped again as
+/// anonymous memory in that window would lose its contents to `MADV_DONTNEED`.
 pub fn release_file_pages() -> usize {
     #[cfg(target_os = "linux")]
     {

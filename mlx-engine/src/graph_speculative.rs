@@ -425,7 +425,11 @@ impl GraphSpecSteps {
             let mut d = GraphDecoder::new(dspec, &dweights, room)?;
             t.set_prefix(&kv)?;
             d.set_prefix(&dkv)?;
-            verify_breakdown(&mut t, &tspec, &tweights, &kv, room)?;
+            // A measurement only (`MLX_GRAPH_SPEC_BREAKDOWN`): its failure is reported, not
+            // the speculation's.
+            if let Err(e) = verify_breakdown(&mut t, &tspec, &tweights, &kv, room) {
+                eprintln!("[graph verify breakdown] not measured: {e}");
+            }
             mlx_core::synchronize()?;
             Ok((t, d))
         })?;

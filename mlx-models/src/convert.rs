@@ -762,10 +762,19 @@ pub fn convert_in_memory(
         let seed_candidates = opts
             .trellis_seed_candidates
             .unwrap_or(crate::layers::trellis::SEED_CANDIDATES);
-        if seed_candidates == 0 {
+        if seed_candidates == 0 || seed_candidates > crate::layers::trellis::MAX_SEED_CANDIDATES {
             return Err(ModelError::Convert {
-                option: "--q-seed-candidates 0".into(),
-                problem: "at least 1 (1: no seed choice)".into(),
+                option: format!("--q-seed-candidates {seed_candidates}"),
+                problem: format!(
+                    "from 1 (1: no seed choice) to {}",
+                    crate::layers::trellis::MAX_SEED_CANDIDATES
+                ),
+            });
+        }
+        if opts.trellis_seed_candidates.is_some() && opts.trellis_select_hessians.is_none() {
+            return Err(ModelError::Convert {
+                option: format!("--q-seed-candidates {seed_candidates}"),
+                problem: "only with --q-select-hessians (the held-out Hessians that choose)".into(),
             });
         }
         // The model's own `quant_predicate` (mlx-lm's, by its names), when no recipe is given.

@@ -1159,7 +1159,6 @@ pub fn load_gguf_model_with(
     load_gguf_model_from(path, None, opts, how)
 }
 
-/// [`load_gguf_model_with`] on a header already read ([`read_gguf_from`]).
 /// Takes out of a GGUF's metadata the tokenizer's per-token lists, which nothing but the
 /// tokenizer's build reads (`tokenizer.ggml.merges`, `.token_type`, `.scores`, and
 /// `.tokens` where `<general.architecture>.vocab_size` gives the model's vocabulary size,
@@ -1179,6 +1178,7 @@ pub fn drop_tokenizer_lists(metadata: &mut GgufMetadata) {
     }
 }
 
+/// [`load_gguf_model_with`] on a header already read ([`read_gguf_from`]).
 pub fn load_gguf_model_from(
     path: &Path,
     header: Option<mlx_core::io::GgufHeader>,

@@ -2482,6 +2482,8 @@ impl Worker<'_> {
         let _ = memory::clear_cache();
         let _ = memory::release_free_memory();
         self.stats.reset();
+        // The warm-up's peak is not a request's: `/metrics` starts from what is held now.
+        let _ = memory::reset_peak_memory();
         self.publish_memory();
         if self.profile.on() {
             eprintln!(

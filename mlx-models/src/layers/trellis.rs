@@ -384,6 +384,9 @@ pub fn quantize_trellis(
 /// held-out Hessians (`--q-select-hessians`) and no `--q-seed-candidates`.
 pub const SEED_CANDIDATES: usize = 4;
 
+/// The most seeds `--q-seed-candidates` may ask for (each is one more encode of every linear).
+pub const MAX_SEED_CANDIDATES: usize = 64;
+
 /// One linear's seed choice ([`quantize_trellis_select`]): the kept codes and the errors.
 #[derive(Debug)]
 pub struct TrellisChoice {
@@ -483,7 +486,9 @@ pub fn quantize_trellis_select(
         .dequantize()?;
         let e = output_error(&wf, &deq, &hs)?;
         errors.push(e);
-        if best.as_ref().is_none_or(|b| e < b.errors[0]) {
+        // A non-finite error (a NaN from a degenerate Hessian) ranks last, never first.
+        let rank = |x: f64| if x.is_finite() { x } else { f64::INFINITY };
+        if best.as_ref().is_none_or(|b| rank(e) < rank(b.errors[0])) {
             best = Some(TrellisChoice {
                 weight: words,
                 scales,
