@@ -883,10 +883,21 @@ def nb_bit_check(lib, tmp):
                 continue
             w = mx.random.normal((n, k), key=mx.random.key(n + nbits)).astype(mx.bfloat16)
             if nbits == 16:
-                wb, sb = bits(w), np.zeros(2, np.uint16)
+                wb, sc_b, bi_b = bits(w), np.zeros(2, np.uint16), np.zeros(2, np.uint16)
             else:
                 wq, sc, bi = mx.quantize(w, group_size=gs, bits=nbits)
-                wb, sb = bits(wq), np.stack([bits(sc), bits(bi)], -1)
+                wb, sc_b, bi_b = bits(wq), bits(sc), bits(bi)
+
+            def wargs(eng, mode):
+                """matvec's W0, W1, S0, S1, B0, B1 as MLX holds them: with SWIGLU (WMAP_PAIR)
+                the gate rows (even) and the up rows (odd) as two matrices, else one."""
+                def half(a, i):
+                    return np.ascontiguousarray(a[i::2]) if a.ndim == 2 else a
+                if mode & 4:
+                    ps = [half(a, i) for a in (wb, sc_b, bi_b) for i in (0, 1)]
+                else:
+                    ps = [a for a in (wb, sc_b, bi_b) for _ in (0, 1)]
+                return [eng.buf(a) for a in ps]
             spread = mx.power(2.0, mx.random.randint(-12, 13, (NB, k), key=mx.random.key(k + 9)))
             x = bits((mx.random.normal((NB, k), key=mx.random.key(k + 7)) * spread).astype(mx.bfloat16))
             g = bits(mx.random.normal((k,), key=mx.random.key(3)).astype(mx.bfloat16))
@@ -896,12 +907,12 @@ def nb_bit_check(lib, tmp):
                 dt = np.float32 if mode & 8 else np.uint16
                 out = en.buf(np.zeros(NB * out_n, dt))
                 xb, rb = en.buf(x.reshape(-1)), en.buf(res.reshape(-1))
-                en.launch(1, grid(n, ROWS), 256, [en.buf(wb), en.buf(sb), xb, en.buf(g), rb, out, n,
+                en.launch(1, grid(n, ROWS), 256, wargs(en, mode) + [xb, en.buf(g), rb, out, n,
                                                   k, nbits, gs, mode, 1e-5, 0, 0.0])
                 same = True
                 for b in range(NB):
                     o1 = e1.buf(np.zeros(out_n, dt))
-                    e1.launch(1, grid(n, 2), 256, [e1.buf(wb), e1.buf(sb), e1.buf(x[b]), e1.buf(g),
+                    e1.launch(1, grid(n, 2), 256, wargs(e1, mode) + [e1.buf(x[b]), e1.buf(g),
                                                    e1.buf(res[b]), o1, n, k, nbits, gs, mode, 1e-5, 0,
                                                    0.0])
                     same &= bool(np.array_equal(o1.view(np.uint8), out[b * out_n:(b + 1) * out_n]
