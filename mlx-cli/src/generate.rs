@@ -346,6 +346,9 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     // tokenizer readers, the model's construction) stop counting in the resident set before
     // the KV cache fills; what the steps run comes back at its first touch (see
     // `release_file_pages`; the CPU decoder does the same again once the prompt is in).
+    // `mlx generate` maps and unmaps nothing on other threads where it releases them (here
+    // and once the prompt is in), so it allows it (a library user's program does not).
+    mlx_core::memory::allow_file_page_release(true);
     let _ = mlx_core::memory::release_file_pages();
     let lookup = match &spec {
         Some(SpecSource::Lookup(n)) => Some(*n),
