@@ -278,23 +278,11 @@ fn held_out_hessians_choose_each_linears_seed() {
             "{f}"
         );
     }
-    // Refused: no candidate, and a choice without --q-mode trellis.
-    let (code, _, stderr) = mlx(&[
-        "convert",
-        "--hf-path",
-        src().to_str().unwrap(),
-        "--mlx-path",
-        out.join("x").to_str().unwrap(),
-        "-q",
-        "--q-mode",
-        "trellis",
-        "--q-seed-candidates",
-        "0",
-    ]);
-    assert!(code != 0 && stderr.contains("from 1"), "{stderr}");
-    // Refused: more candidates than the cap (no allocation of that size), and candidates
-    // without the held-out Hessians that would choose among them.
+    // Refused: no candidate, more candidates than the cap (no allocation of that size),
+    // candidates without the held-out Hessians that would choose among them, and (below) a
+    // choice without --q-mode trellis.
     for (n, says) in [
+        ("0", "from 1"),
         ("18446744073709551615", "from 1"),
         ("65", "from 1"),
         ("8", "only with --q-select-hessians"),
