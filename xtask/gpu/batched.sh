@@ -56,6 +56,8 @@ serve_bench() {  # NAME PORT COMMAND...
 for m in ${SERVE_MODELS:-llama31-8b-q4}; do
   for d in ${SERVE_SIDES:-graph mlx mlxlm}; do
     case $d in
+      # graphtc: the graph decoder with tensor-core tiles from 4 rows (MLX_GRAPH_TENSOR_CORES=4).
+      graphtc) MLX_GRAPH_TENSOR_CORES=4 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       mlxlm) serve_bench "mlxlm-$m" 8432 python3 -m mlx_lm server --model /opt/models/$m --port 8432 ;;
       *) serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder $d --log-level info ;;
     esac
