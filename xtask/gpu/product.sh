@@ -51,10 +51,11 @@ for r in $(seq ${ROUNDS:-2}); do
       echo "== round $r $m $side" | tee -a $OUT/bench.log
       case $side in
         graph) timeout 150 $MLX benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder auto 2>&1 ;;
-        # graphold: the same with an older build's `mlx` (.gpu/c/mlx-old.xz, if the bundle
-        # carries one), for an A/B of two builds on one machine.
-        graphold) [ -x /opt/bin/mlx-old ] || { xz -dc $C/mlx-old.xz > /opt/bin/mlx-old && chmod +x /opt/bin/mlx-old; }
-          timeout 150 /opt/bin/mlx-old benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder auto 2>&1 ;;
+        # graphold, graphmain: the same with an earlier build's `mlx` (.gpu/c/mlx-old.xz,
+        # mlx-main.xz, if the bundle carries them), for an A/B of builds on one machine.
+        graphold|graphmain) b=/opt/bin/mlx-${side#graph}
+          [ -x $b ] || { xz -dc $C/mlx-${side#graph}.xz > $b && chmod +x $b; }
+          timeout 150 $b benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder auto 2>&1 ;;
         graphcopy) MLX_GRAPH_COPY_WEIGHTS=1 timeout 150 $MLX benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder auto 2>&1 ;;
         mlx) timeout 150 $MLX benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder mlx 2>&1 ;;
         mlxlm) timeout 150 python3 -m mlx_lm benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} 2>&1 ;;
