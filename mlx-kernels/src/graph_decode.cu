@@ -812,8 +812,8 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
 }
 
 // The attention's partial outputs for an output projection that combines them itself
-// (matvec_attn_out): po, pml and counters-free attention's layout, sequence b's at b nh NS D
-// and b nh NS 2; state for each sequence's position.
+// (matvec_attn_out): po and pml as attention writes them (sequence b's at b nh NS D and
+// b nh NS 2), the step state (each sequence's position), nh heads, NS chunks a head.
 struct AttnParts {
   const float* po;
   const float* pml;
@@ -835,9 +835,10 @@ struct AttnParts {
 // (a butterfly over each warp's 32 chunks, those past ns adding 0, then the warps in order),
 // den = den keep + tile, num = num keep, then num += o_t w_t over the tile's chunks in order;
 // f2bf(num / den). Thread t < K / 8 takes dimensions 8 t .. 8 t + 7 (one head's; the host
-// keeps K / 8 within the block: T >= K / 8); all threads stage the partials (16-byte loads, read after the
-// wait, past L1) in shared memory past the input: the tile's (m, l) of every head, then
-// ATTN_OUT_CHUNKS chunks of outputs at a time. An idle sequence (position -1) gets zeros.
+// keeps K / 8 <= T). All threads stage the partials in shared memory past the inputs (16-byte
+// loads past L1, after the wait, issued together): ATTN_OUT_CHUNKS chunks of every head's
+// outputs a round, then the tile's (m, l) pairs of every head. An idle sequence (position -1)
+// gets zeros.
 __device__ __forceinline__ void mv_prologue_attn(bf16_t* xs, float* xc, float* stage,
                                                  const AttnParts& ap, int b, ll K, ll bits) {
   const int T = blockDim.x, tid = threadIdx.x, pieces = (int)(K / 8);
