@@ -1165,3 +1165,72 @@ fn speculative_row(
         }
     }
 }
+
+/// The output projection's combine of the attention's partial outputs (`matvec_attn_out`, the
+/// default for one sequence at small attention widths) against the attention's own last-block
+/// combine (`GraphOptions::attn_combine_in_output: Some(false)`): the same logits, bit for bit,
+/// teacher-forced over 6 steps after prompts of 40 and 800 positions (one round of staged
+/// chunks, and two: 12 chunks a round), on rows with GQA, 4-bit weights, q/k/v biases, a
+/// sandwich-normed sliding model with soft-caps, and granite's residual multiplier.
+/// `MLX_GRAPH_COMBINE_ROWS=a,b` picks rows.
+#[test]
+fn attn_combine_in_output_is_bit_equal() {
+    if !GraphDecoder::available() {
+        eprintln!("no CUDA driver: skipped");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("graph_combine_{}", std::process::id()));
+    let picked = std::env::var("MLX_GRAPH_COMBINE_ROWS").ok();
+    let wanted = |name: &str| match &picked {
+        Some(list) => list.split(',').any(|p| p.trim() == name),
+        None => ["llama", "llama3_q4", "qwen2_q4", "gemma2", "granite"].contains(&name),
+    };
+    let mut failed = Vec::new();
+    for row in graph_models::rows().into_iter().filter(|r| wanted(r.name)) {
+        let dir = graph_models::write(&tmp, &row);
+        let name = row.name;
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| combine_row(name, &dir)));
+        eprintln!(
+            "combine row {name}: {}",
+            if ok.is_ok() { "ok" } else { "FAILED" }
+        );
+        if ok.is_err() {
+            failed.push(name);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(failed.is_empty(), "combine rows failed: {failed:?}");
+}
+
+fn combine_row(name: &str, dir: &std::path::Path) {
+    use mlx_kernels::graph_decode::GraphOptions;
+    let model = load_model_dir(dir, &LoadOptions::default()).unwrap().0;
+    let vocab = model.vocab_size();
+    let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+    for len in [40, 800] {
+        let prompt: Vec<i32> = (0..len).map(|i| (i * 7919 + 13) % vocab).collect();
+        let (first, kv, _) = prefill(model.as_ref(), &prompt);
+        let tokens: Vec<u32> = std::iter::once(first)
+            .chain((1..6).map(|i| ((7 + 31 * i) % vocab) as u32))
+            .collect();
+        let run = |in_output: bool| -> Vec<Vec<f32>> {
+            let opts = GraphOptions {
+                attn_combine_in_output: Some(in_output),
+                ..GraphOptions::default()
+            };
+            let mut dec = GraphDecoder::with_options(spec.clone(), &weights, 1024, &opts).unwrap();
+            dec.set_prefix(&kv).unwrap();
+            tokens
+                .iter()
+                .map(|&t| dec.step_logits(t).unwrap())
+                .collect()
+        };
+        let (fused, plain) = (run(true), run(false));
+        for (i, (a, b)) in fused.iter().zip(&plain).enumerate() {
+            assert!(
+                same_bits(a, b),
+                "{name}: prompt {len}, step {i}: logits differ"
+            );
+        }
+    }
+}

@@ -811,6 +811,160 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
   __syncthreads();
 }
 
+// The attention's partial outputs for an output projection that combines them itself
+// (matvec_attn_out): po and pml as attention writes them (sequence b's at b nh NS D and
+// b nh NS 2), the step state (each sequence's position), nh heads, NS chunks a head.
+struct AttnParts {
+  const float* po;
+  const float* pml;
+  const int* state;
+  ll nh, NS;
+};
+
+// Chunks of every head's partial outputs the output projection's blocks stage at once in
+// shared memory (mv_prologue_attn): a prompt of up to ATTN_OUT_CHUNKS * ATTN_CHUNK positions
+// in one round trip to L2. (ATTN_OUT_CHUNKS and the stage's layout: `attn_out_shared_bytes`
+// in graph_decode.rs.)
+#define ATTN_OUT_CHUNKS 12
+
+// mv_prologue for the output projection of sequence b's attention (matvec_attn_out): xs (and
+// xc) filled with the attention's output, combined from its chunks' partials exactly as
+// attention's combining block combines them, so the same bits: per tile of ATTN_THREADS
+// chunks the maximum Mn, keep = e^(M - Mn) (0 on the first), each chunk's weight
+// w_t = e^(m_t - Mn) (0 for m_t = -inf), the tile's sum of l_t w_t as attention's warps add it
+// (a butterfly over each warp's 32 chunks, those past ns adding 0, then the warps in order),
+// den = den keep + tile, num = num keep, then num += o_t w_t over the tile's chunks in order;
+// f2bf(num / den). Thread t < K / 8 takes dimensions 8 t .. 8 t + 7 (one head's; the host
+// keeps K / 8 <= T). All threads stage the partials in shared memory past the inputs (16-byte
+// loads past L1, after the wait, issued together): ATTN_OUT_CHUNKS chunks of every head's
+// outputs a round, then the tile's (m, l) pairs of every head. An idle sequence (position -1)
+// gets zeros.
+__device__ __forceinline__ void mv_prologue_attn(bf16_t* xs, float* xc, float* stage,
+                                                 const AttnParts& ap, int b, ll K, ll bits) {
+  const int T = blockDim.x, tid = threadIdx.x, pieces = (int)(K / 8);
+  const ll nh = ap.nh, NS = ap.NS, D = K / nh, dg = D / 8;
+  const ll TC = NS < ATTN_THREADS ? NS : ATTN_THREADS;
+  float* spo = stage;                      // [nh][ATTN_OUT_CHUNKS][D]
+  float* sml = stage + K * ATTN_OUT_CHUNKS;  // [nh][TC][2]
+  const int pos = ap.state[4 * b + 1];
+  const ll L = pos < 0 ? 0 : (ll)pos + 1;
+  const ll ns = (L + ATTN_CHUNK - 1) / ATTN_CHUNK;
+  const float* po = ap.po + b * nh * NS * D;
+  const float* pml = ap.pml + b * nh * NS * 2;
+  const bool mine = tid < pieces;
+  const ll h = mine ? tid / dg : 0, d0 = mine ? 8 * (tid % dg) : 0;
+  float M = NEG_INF, Mn = NEG_INF, den = 0.f;
+  float num[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) num[k] = 0.f;
+  for (ll t0 = 0; t0 < ns; t0 += ATTN_THREADS) {
+    const int nt = (int)(ns - t0 < ATTN_THREADS ? ns - t0 : ATTN_THREADS);
+    for (int c0 = 0; c0 < nt; c0 += ATTN_OUT_CHUNKS) {
+      const int nc = nt - c0 < ATTN_OUT_CHUNKS ? nt - c0 : ATTN_OUT_CHUNKS;
+      __syncthreads();  // the stage's previous round has been read
+      // The round's outputs: a head's nc chunks are nc D floats in a row in po; item i of
+      // head hh is its float4 r (thread tid's items tid, tid + T, ... over the heads in turn).
+      const int per_h = nc * (int)(D / 4), items = (int)nh * per_h;
+      const float* src = po + (int)(t0 + c0) * (int)D;
+      int hh = tid / per_h, r = tid - hh * per_h;
+      // In a tile's first round, its (m, l) pairs: nt pairs of each head in a row in pml (the
+      // thread's first two loaded with the outputs, any more after).
+      const int mls = c0 == 0 ? (int)nh * nt : 0;
+      auto ml_at = [&](int i, int& at) {
+        const int g = i / nt, j = i - g * nt;
+        at = g * (int)TC + j;
+        return __ldcg((const float2*)(pml + (g * NS + t0 + j) * 2));
+      };
+      float2 ml[2];
+      int ml_to[2] = {-1, -1};
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        if (tid + u * T < mls) ml[u] = ml_at(tid + u * T, ml_to[u]);
+      }
+      for (int i0 = 0; i0 < items; i0 += 8 * T) {
+        float4 v[8];
+        int dst[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          dst[u] = -1;
+          if (hh < nh) {
+            v[u] = __ldcg((const float4*)(src + hh * (int)(NS * D)) + r);
+            dst[u] = hh * ATTN_OUT_CHUNKS * (int)(D / 4) + r;
+            r += T;
+            while (r >= per_h) {
+              r -= per_h;
+              ++hh;
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (dst[u] >= 0) ((float4*)spo)[dst[u]] = v[u];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        if (ml_to[u] >= 0) ((float2*)sml)[ml_to[u]] = ml[u];
+      }
+      for (int i = tid + 2 * T; i < mls; i += T) {
+        int at;
+        const float2 v = ml_at(i, at);
+        ((float2*)sml)[at] = v;
+      }
+      __syncthreads();
+      if (!mine) continue;
+      const float* mh = sml + h * TC * 2;
+      if (c0 == 0) {
+        Mn = M;
+        for (int j = 0; j < nt; ++j) Mn = fmaxf(Mn, mh[2 * j]);
+        const float keep = M == NEG_INF ? 0.f : expf(M - Mn);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) num[k] *= keep;
+        float tile = 0.f;
+        for (int w = 0; w * 32 < nt; ++w) {
+          // Chunk j's l_j w_j (0 past nt, as attention's lanes past ns have it), rounded
+          // before the sums as there (no multiply-add: __fmul_rn is never contracted).
+          auto lw = [&](int j) {
+            if (j >= nt) return 0.f;
+            const float mt = mh[2 * j];
+            const float wt = mt != NEG_INF ? expf(mt - Mn) : 0.f;
+            return __fmul_rn(mh[2 * j + 1], wt);
+          };
+          // Lane 0's butterfly (warp_sum): at each stage lane i adds lane i + o's value.
+          float s[16];
+#pragma unroll
+          for (int i = 0; i < 16; ++i) s[i] = lw(32 * w + i) + lw(32 * w + i + 16);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s[i] += s[i + 8];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[i] += s[i + 4];
+          s[0] += s[2];
+          s[1] += s[3];
+          tile += s[0] + s[1];
+        }
+        den = den * keep + tile;
+      }
+      for (int j = 0; j < nc; ++j) {
+        const float mt = mh[2 * (c0 + j)];
+        const float wt = mt != NEG_INF ? expf(mt - Mn) : 0.f;
+        const float* o = spo + (h * ATTN_OUT_CHUNKS + j) * D + d0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) num[k] += o[k] * wt;
+      }
+    }
+    M = Mn;
+  }
+  uint4 r = {0u, 0u, 0u, 0u};
+  if (mine && ns > 0) {
+    r.x = (u32)f2bf(num[0] / den) | ((u32)f2bf(num[1] / den) << 16);
+    r.y = (u32)f2bf(num[2] / den) | ((u32)f2bf(num[3] / den) << 16);
+    r.z = (u32)f2bf(num[4] / den) | ((u32)f2bf(num[5] / den) << 16);
+    r.w = (u32)f2bf(num[6] / den) | ((u32)f2bf(num[7] / den) << 16);
+  }
+  mv_store_piece(xs, xc, tid, pieces, r, bits, false);
+  __syncthreads();
+}
+
 // The chunk sums sit past xs, whose slots are swizzled within 64-byte groups: xs takes K
 // rounded up to 64 values (`mv_shared_bytes` in graph_decode.rs).
 __device__ __forceinline__ float* mv_chunk_sums(unsigned char* smem, ll K) {
@@ -1033,9 +1187,9 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,
                                        double eps, unsigned char* smem, float* red, Trace& tr,
                                        Pre pre, Epi epi, const int* sel = nullptr, ll rpe = 1,
-                                       bool per_slot = false) {
+                                       bool per_slot = false, const AttnParts* ap = nullptr) {
 #if MV_MMA
-  if (BITS == 4 && gs == 64 && !sel) {
+  if (BITS == 4 && gs == 64 && !sel && !ap) {
     mv_run_mma(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
     return;
   }
@@ -1068,8 +1222,13 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   tr.mark(1);
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
-    mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, Kx), red,
-                xin + b * Kx, normw, Kx, norm, eps, BITS);
+    if (ap) {
+      mv_prologue_attn((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, Kx),
+                       (float*)(smem + NB * xstride), *ap, b, Kx, BITS);
+    } else {
+      mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, Kx), red,
+                  xin + b * Kx, normw, Kx, norm, eps, BITS);
+    }
   }
   tr.mark(2);
 #pragma unroll
@@ -1341,10 +1500,71 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
   tr.done(TRACE_QKV | (u64)K << 16);
 }
 
+// The output projection of an attention whose partials are not combined yet (attention with
+// counters null): out = [res +] W x with x the attention's output, which every block combines
+// from the partials in its prologue (mv_prologue_attn: the bits attention's combining block
+// writes), one dependent step less a layer than attention's last-block combine, its fence,
+// atomic and reloads. W0 (S0, B0) as matvec's; po, pml the attention's partials (nh heads,
+// NS chunks a head), state the step state; mode 0 or MODE_RES (with cap: the residual
+// multiplier), as matvec's.
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out(
+    const void* W0, const bf16_t* S0, const bf16_t* B0, const float* po, const float* pml,
+    const int* state, const bf16_t* res, bf16_t* out, ll N, ll K, ll bits, ll gs, ll mode,
+    ll nh, ll NS, u64* trace, double cap) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[MV_WARPS];
+  Trace tr{trace, {0, 0, 0, 0}};
+  tr.mark(0);
+  struct Res {
+    u32 v[MV_ROWS / 2];
+  };
+  auto pre = [&](ll r0, int b) {
+    Res e{};
+    if (mode & MODE_RES) {
+      const bf16_t* rb = res + b * N;
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; r += 2) {
+        const ll i = r0 + r;
+        if (i + 1 < N) {
+          e.v[r / 2] = *(const u32*)(rb + i);
+        } else if (i < N) {
+          e.v[r / 2] = rb[i];
+        }
+      }
+    }
+    return e;
+  };
+  auto epi = [&](ll r0, int b, const float* acc, const Res& e) {
+    bf16_t* out_b = out + b * N;
+    const float m = (float)cap;
+    auto y = [&](float v) { return m != 0.f ? rbf(rbf(v) * m) : rbf(v); };
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r += 2) {
+      const ll i = r0 + r;
+      if (i >= N) break;
+      const bool has1 = i + 1 < N;
+      if (mode & MODE_RES) {
+        out_b[i] = f2bf(lo2f(e.v[r / 2]) + y(acc[r]));
+        if (has1) out_b[i + 1] = f2bf(hi2f(e.v[r / 2]) + y(acc[r + 1]));
+      } else {
+        out_b[i] = f2bf(acc[r]);
+        if (has1) out_b[i + 1] = f2bf(acc[r + 1]);
+      }
+    }
+  };
+  const AttnParts ap{po, pml, state, nh, NS};
+  const Wts wt = make_wts(W0, W0, W0, S0, S0, S0, B0, B0, B0, WMAP_ONE);
+  MV_DISPATCH_MAP(bits, WMAP_ONE, wt, (const bf16_t*)po, (const bf16_t*)po, false, N, K, gs,
+                  0.0, smem, red, tr, pre, epi, nullptr, 1, false, &ap)
+  tr.done(TRACE_MATVEC | (u64)(mode | 32) << 8 | (u64)K << 16);
+}
+
 // Attention of one query over the cache, split over the sequence: block (h, s) covers
 // positions [64 s, 64 s + 64) and writes its unnormalised output, max and sum; the last block
 // of a head to finish (counted in counters[h], which it resets) combines them:
 // out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+// With counters null, no block combines: the output projection's blocks do, in their
+// prologue (matvec_attn_out, attn_combine_piece: the same sums in the same order).
 // window > 0 (a sliding layer): only the last `window` positions, this one included, as
 // mlx-lm's RotatingKVCache of max_size window holds them at a decode step; positions before
 // are masked (a chunk wholly before them loads nothing and passes m = -inf, l = 0 on).
@@ -1368,7 +1588,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   vc += (b - back) * nkv * cap * D;
   po += b * nh * NS * D;
   pml += b * nh * NS * 2;
-  counters += b * nh;
+  if (counters) counters += b * nh;
   out += b * nh * D;
   // Read before the wait: the previous step's argmax, which set it, has finished (each
   // kernel of the step started after the one before it had waited for its own predecessor).
@@ -1494,6 +1714,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   if (tid == 0) {
     pml[(h * NS + s) * 2] = m;
     pml[(h * NS + s) * 2 + 1] = l;
+  }
+  // Without counters the output projection's blocks combine the partials
+  // (matvec_attn_out): nothing to count, no block waits for the others.
+  if (!counters) {
+    tr.mark(2);
+    tr.done(TRACE_ATTENTION);
+    return;
   }
   __threadfence();
   __syncthreads();

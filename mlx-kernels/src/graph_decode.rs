@@ -98,6 +98,7 @@ const KERNELS: &[(&str, u32)] = &[
     ("matvec", 18),
     ("matvec_qkv", 29),
     ("attention", 17),
+    ("matvec_attn_out", 17),
     ("argmax_partial", 5),
     ("argmax_pick", 8),
 ];
@@ -107,6 +108,15 @@ const MODE_SWIGLU: i64 = 4;
 const MODE_F32: i64 = 8;
 const MODE_GELU: i64 = 16;
 const ATTN_CHUNK: usize = 64;
+/// Attention widths (heads x head_dim) up to which, with one sequence a step, the output
+/// projection combines the attention's partial outputs in its prologue (`matvec_attn_out`)
+/// instead of the attention's last block a head (one serial round trip through L2 less a
+/// layer; the same bits). Each of its blocks then reads every head's partials: at 8B widths
+/// (4,096) that would be ~40 MB of L2 reads a layer, so large models keep the last-block
+/// combine. `MLX_GRAPH_ATTN_COMBINE=attention` keeps it for every model (A/B runs).
+const ATTN_OUT_MAX_WIDTH: usize = 1_024;
+/// Chunks of partial outputs `matvec_attn_out`'s blocks stage at once (`ATTN_OUT_CHUNKS`).
+const ATTN_OUT_CHUNKS: usize = 12;
 /// The greedy sampler's blocks: threads, and logits a block (`ARGMAX_THREADS`,
 /// `ARGMAX_SLICE` in the source).
 const ARGMAX_THREADS: u32 = 256;
@@ -173,6 +183,13 @@ pub struct GraphOptions {
     /// this)), 1 to 4; default (`None`): 2 with one sequence a tile, 1 with several. For A/B
     /// runs of the verify rows' occupancy; the rows' bits do not depend on it.
     pub min_blocks_per_sm: Option<u32>,
+    /// Whether the output projection combines the attention's partial outputs in its
+    /// prologue (`matvec_attn_out`) instead of the attention's last block a head: the same
+    /// bits, one serial round trip through L2 less a layer. `None` (the default): where
+    /// [`attn_combine_in_output`] allows it (one sequence a step, small attention widths;
+    /// `MLX_GRAPH_ATTN_COMBINE=attention` turns it off); `Some(false)`: never; `Some(true)`:
+    /// wherever one sequence a step allows it (for testing).
+    pub attn_combine_in_output: Option<bool>,
 }
 
 /// The most sequences a [`GraphDecoder`] decodes a step.
@@ -198,6 +215,7 @@ impl Default for GraphOptions {
             tensor_cores_from: None,
             one_cache_slot: false,
             min_blocks_per_sm: None,
+            attn_combine_in_output: None,
         }
     }
 }
@@ -2032,6 +2050,12 @@ impl GraphDecoder {
             None => u32::MAX,
         };
         let pdl = opts.programmatic_launch && rt.set_programmatic_launch(true).is_ok();
+        let attn_in_output = attn_combine_in_output(&spec, nb, tiles, opts.attn_combine_in_output);
+        if attn_in_output {
+            // 8-bit codes take the most (a sum a 16-byte chunk of 16 inputs).
+            let k = rt.kernel("matvec_attn_out")?;
+            rt.set_shared_limit(k, attn_out_shared_bytes(&spec, capacity, 8))?;
+        }
         let mut step = Step {
             shape: spec,
             capacity,
@@ -2047,6 +2071,7 @@ impl GraphDecoder {
             nb,
             tiles,
             mma,
+            attn_in_output,
         };
         let weights_s = t1.elapsed().as_secs_f64();
         let t2 = std::time::Instant::now();
@@ -3286,6 +3311,58 @@ fn matvec_tile(
     )
 }
 
+/// The output projection over the attention's partials (`matvec_attn_out`, one sequence a
+/// step: [`attn_combine_in_output`]): `out = W attn (+ res)`, `mode` 0 or [`MODE_RES`].
+fn attn_out(
+    rec: &mut Recorder,
+    rt: &mut GpuRuntime,
+    lin: &Lin,
+    res: Option<Buffer>,
+    out: Buffer,
+    mode: i64,
+) -> Result<()> {
+    let k = rt.kernel("matvec_attn_out")?;
+    let step = rec.step;
+    let (s, a) = (&step.shape, &step.acts);
+    let shared = attn_out_shared_bytes(s, step.capacity, lin.bits);
+    let blocks = mv_blocks(
+        lin.n,
+        step.rows,
+        rt.resident_blocks(k, MV_THREADS, shared)?.min(step.mv_cap),
+    );
+    rec.launch(
+        rt,
+        Part::Output,
+        k,
+        [blocks, 1, 1],
+        [MV_THREADS, 1, 1],
+        shared,
+        &[
+            lin.word(0),
+            lin.scale(0, a.attn),
+            lin.bias(0, a.attn),
+            Arg::Buf(a.po, 0),
+            Arg::Buf(a.pml, 0),
+            Arg::Buf(a.state, 0),
+            Arg::Buf(res.unwrap_or(a.attn), 0),
+            Arg::Buf(out, 0),
+            Arg::I64(lin.n as i64),
+            Arg::I64(lin.k as i64),
+            Arg::I64(lin.bits as i64),
+            Arg::I64(lin.gs as i64),
+            Arg::I64(mode),
+            Arg::I64(s.heads as i64),
+            Arg::I64((step.capacity / ATTN_CHUNK) as i64),
+            rec.trace_arg(),
+            Arg::F64(if mode & MODE_RES != 0 {
+                s.residual_scale as f64
+            } else {
+                0.0
+            }),
+        ],
+    )
+}
+
 /// What a step's kernels run over, and how they are launched.
 struct Step {
     shape: GraphSpec,
@@ -3309,6 +3386,33 @@ struct Step {
     tiles: usize,
     /// Tiles take 4-bit weights in groups of 64 through the tensor cores (`MV_MMA`).
     mma: bool,
+    /// The output projection combines the attention's partials (`matvec_attn_out`; the
+    /// attention runs without counters) in the layers without trellis-coded weights
+    /// ([`attn_combine_in_output`]).
+    attn_in_output: bool,
+}
+
+/// Whether the output projection combines the attention's partials itself
+/// ([`GraphOptions::attn_combine_in_output`]): one sequence a step (one tile of one) and a
+/// block's threads for the attention's width / 8 pieces; by default also an attention width
+/// within [`ATTN_OUT_MAX_WIDTH`] and not `MLX_GRAPH_ATTN_COMBINE=attention`.
+fn attn_combine_in_output(spec: &GraphSpec, nb: usize, tiles: usize, opt: Option<bool>) -> bool {
+    let width = spec.heads * spec.head_dim;
+    let possible = nb == 1 && tiles == 1 && width / 8 <= MV_THREADS as usize;
+    possible
+        && opt.unwrap_or_else(|| {
+            width <= ATTN_OUT_MAX_WIDTH
+                && std::env::var("MLX_GRAPH_ATTN_COMBINE").map_or(true, |v| v != "attention")
+        })
+}
+
+/// `matvec_attn_out`'s dynamic shared memory: the input (`mv_shared_bytes`), then the staged
+/// partial outputs (`ATTN_OUT_CHUNKS` chunks of every head) and one tile's (max, sum) pairs of
+/// every head (up to 128 chunks: `ATTN_THREADS`).
+fn attn_out_shared_bytes(spec: &GraphSpec, capacity: usize, bits: usize) -> u32 {
+    let width = spec.heads * spec.head_dim;
+    let tile = (capacity / ATTN_CHUNK).min(128);
+    mv_shared_bytes(width, bits) + (width * ATTN_OUT_CHUNKS * 4 + spec.heads * tile * 8) as u32
 }
 
 /// A layer's mixture-of-experts block (one sequence): the router's logits of the normed input,
@@ -3593,6 +3697,7 @@ fn record_step(
                 )?;
             }
         }
+        let in_output = step.attn_in_output && l.trellis.is_none();
         for t in 0..tiles {
             rec.launch(
                 rt,
@@ -3608,7 +3713,12 @@ fn record_step(
                     Arg::Buf(a.state, at(t, 16)),
                     Arg::Buf(a.po, at(t, s.heads * ns * s.head_dim * 4)),
                     Arg::Buf(a.pml, at(t, s.heads * ns * 2 * 4)),
-                    Arg::Buf(a.counters, at(t, s.heads * 4)),
+                    // Without counters the output projection combines (matvec_attn_out).
+                    if in_output {
+                        Arg::I64(0)
+                    } else {
+                        Arg::Buf(a.counters, at(t, s.heads * 4))
+                    },
                     Arg::Buf(a.attn, at(t, s.heads * s.head_dim * 2)),
                     Arg::I64(nh),
                     Arg::I64(nkv),
@@ -3671,7 +3781,11 @@ fn record_step(
         for (j, (part, lin, x, norm, res, out, mode)) in
             mlp.into_iter().enumerate().take(dense_parts)
         {
-            matvec(&mut rec, rt, part, lin, x, norm, res, out, mode)?;
+            if j == 0 && in_output {
+                attn_out(&mut rec, rt, lin, res, out, mode)?;
+            } else {
+                matvec(&mut rec, rt, part, lin, x, norm, res, out, mode)?;
+            }
             if let (Some((pa, pm)), 0 | 2) = (l.post_norms, j) {
                 let k_na = rt.kernel(GEMMA_KERNEL.0)?;
                 for t in 0..tiles {
@@ -4489,6 +4603,34 @@ mod tests {
     fn the_samplers_block_shape_is_the_sources() {
         assert_eq!(define("ARGMAX_THREADS"), ARGMAX_THREADS as usize);
         assert_eq!(define("ARGMAX_SLICE"), ARGMAX_SLICE);
+    }
+
+    /// `matvec_attn_out`'s staged chunks are the source's, and where the output projection
+    /// combines the attention's partials: one sequence a step, small widths by default.
+    #[test]
+    fn the_attention_combine_goes_where_it_fits() {
+        assert_eq!(define("ATTN_OUT_CHUNKS"), ATTN_OUT_CHUNKS);
+        assert_eq!(define("ATTN_CHUNK"), ATTN_CHUNK);
+        let s = tiny_spec();
+        assert!(s.heads * s.head_dim <= ATTN_OUT_MAX_WIDTH);
+        assert!(attn_combine_in_output(&s, 1, 1, Some(true)));
+        assert!(!attn_combine_in_output(&s, 1, 1, Some(false)));
+        assert!(!attn_combine_in_output(&s, 2, 1, Some(true)));
+        assert!(!attn_combine_in_output(&s, 1, 3, None));
+        let wide = GraphSpec {
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            ..tiny_spec()
+        };
+        assert!(!attn_combine_in_output(&wide, 1, 1, None));
+        assert!(!attn_combine_in_output(&wide, 1, 1, Some(true)));
+        // The stage: 12 chunks of every head's outputs and a tile of (max, sum) pairs.
+        let w = s.heads * s.head_dim;
+        assert_eq!(
+            attn_out_shared_bytes(&s, 64 * 300, 16),
+            mv_shared_bytes(w, 16) + (w * 12 * 4 + s.heads * 128 * 8) as u32
+        );
     }
 
     /// bfloat16 rounding (to nearest, ties to even) of a finite float.

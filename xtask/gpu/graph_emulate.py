@@ -119,6 +119,11 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned sel) {
 }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __ldcg(const float* p) { return *p; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+inline float4 __ldcg(const float4* p) { return *p; }
+inline float2 __ldcg(const float2* p) { return *p; }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 inline int atomicMax(int* p, int v) {
@@ -190,6 +195,7 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 8: run_grid(gx, gy, bx, [=] { moe_route(P(const bf16_t*, 0), P(int*, 1), P(float*, 2), L(3), L(4), L(5), L(6)); }); break;
     case 9: run_grid(gx, gy, bx, [=] { matvec_experts(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(bf16_t*, 8), P(const int*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), L(16), L(17), P(u64*, 18)); }); break;
     case 10: run_grid(gx, gy, bx, [=] { moe_combine(P(const bf16_t*, 0), P(const float*, 1), P(bf16_t*, 2), L(3), L(4)); }); break;
+    case 11: run_grid(gx, gy, bx, [=] { matvec_attn_out(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const float*, 3), P(const float*, 4), P(const int*, 5), P(const bf16_t*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), P(u64*, 15), D_(a[16])); }); break;
     case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(const float*, 2), P(int*, 3), P(int*, 4), P(int*, 5), L(6), L(7)); }); break;
   }
 }
@@ -212,6 +218,13 @@ NB = int(os.environ.get("GRAPH_EMU_NB", "1"))
 # groups of 64 through mma.sync, emulated (mma_emulate above).
 MMA = int(os.environ.get("GRAPH_EMU_MMA", "0"))
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
+# The output projection combines the attention's partials in its prologue (matvec_attn_out;
+# attention launched without counters) where `attn_combine_in_output` in graph_decode.rs
+# says so: one sequence a step and an attention width of at most ATTN_OUT_MAX_WIDTH; with
+# GRAPH_EMU_ATTN_COMBINE=attention (MLX_GRAPH_ATTN_COMBINE=attention) attention's last block
+# combines them, as before.
+ATTN_OUT_MAX_WIDTH = int(re.search(r"const ATTN_OUT_MAX_WIDTH: usize = ([\d_]+);", RS).group(1).replace("_", ""))
+ATTN_COMBINE = os.environ.get("GRAPH_EMU_ATTN_COMBINE", "output")
 
 
 def mv_grid(rows):
@@ -617,6 +630,19 @@ def run(lib, name):
                   n, cols * 32 // nbits if q else cols, nbits, gs, mode, float(np.float32(eps)),
                   0, (final_cap if final_cap > 0 else -logit_div) if mode & 8 else res_scale if mode & 2 else 0.0])  # no timeline
 
+    in_out = NB == 1 and nh * d <= ATTN_OUT_MAX_WIDTH and ATTN_COMBINE != "attention"
+
+    def o_proj(l, res, out, mode):
+        """The output projection: matvec over attention's output, or matvec_attn_out over its
+        partials."""
+        if not in_out:
+            return mv(l, attn, None, res, out, mode)
+        w, n = l
+        cols = w[0][0].shape[-1]
+        e.launch(11, mv_grid(n), 256,
+                 [w[0][0], w[1][0], w[2][0], po, pml, state, res if res is not None else attn, out, n,
+                  cols * 32 // nbits if q else cols, nbits, gs, mode, nh, ns, 0, res_scale if mode & 2 else 0.0])
+
     def step():
         e.launch(0, (NB, 1), 256, [embed[0][0], embed[1][0], embed[2][0], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,
                                    pos_scale, out_scale, emb_scale, pairs2, inv_buf2, pos_scale2, out_scale2])
@@ -630,17 +656,17 @@ def run(lib, name):
             if qk_norm:
                 e.launch(6, ((nh + nkv) * NB, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh, d, cap,
                                                  L["nrot"], int(trad), float(np.float32(eps))])
-            e.launch(3, (nh * NB, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale, 0,
-                                        L["window"], attn_cap])
+            e.launch(3, (nh * NB, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, 0 if in_out else counters, attn, nh,
+                                        nkv, d, cap, ns, scale, 0, L["window"], attn_cap])
             if sandwich:
-                mv(L["o"], attn, None, None, y, 0)
+                o_proj(L["o"], None, y, 0)
                 e.launch(7, (NB, 1), 256, [y, L["pa"], h, H, float(np.float32(eps))])
                 mv(L["gu"], h, L["post"], None, act, 1 | 4 | (16 if gemma else 0))
                 mv(L["down"], act, None, None, y, 0)
                 e.launch(7, (NB, 1), 256, [y, L["pm"], h, H, float(np.float32(eps))])
             elif L["moe"]:
                 m = L["moe"]
-                mv(L["o"], attn, None, h, h, 2)
+                o_proj(L["o"], h, h, 2)
                 rw, (rgs, rbits) = m["router"], m["rq"]
                 e.launch(1, mv_grid(moe_e), 256, two(rw) + [h, L["post"], h, gates, moe_e, H, rbits, rgs, 1,
                                                   float(np.float32(eps)), 0, 0.0])
@@ -654,7 +680,7 @@ def run(lib, name):
                           float(np.float32(eps)), H, 1, 0])
                 e.launch(10, (-(-H // 256), 1), 256, [ey, wts, h, H, moe_k])
             else:
-                mv(L["o"], attn, None, h, h, 2)
+                o_proj(L["o"], h, h, 2)
                 mv(L["gu"], h, L["post"], None, act, 1 | 4)
                 mv(L["down"], act, None, h, h, 2)
         mv((head, V), h, final_norm, None, logits, 1 | 8)

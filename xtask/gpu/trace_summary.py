@@ -29,6 +29,8 @@ def kind(what):
         return "qkv"
     if k == 2:
         return "attention"
+    if mode & 32:  # matvec_attn_out: the output projection combining attention's partials
+        return f"o_combine_k{K}"
     if mode & 8:
         return "head"
     if mode & 4:
