@@ -495,9 +495,20 @@ fn the_decoders_own_device_bytes_are_counted_in_the_runs_peak() {
     );
     g.by_ref().for_each(|s| drop(s.unwrap()));
     assert_eq!(g.graph_device_bytes(), 3 << 30);
+    // The run's peak holds the decoder's bytes beside MLX's live bytes of the time they were
+    // held (at least the model's weights), never beside more than MLX's peak.
+    let peak = g.device_peak().unwrap().expect("a graph run's peak");
+    let mlx = mlx_core::memory::peak_memory().unwrap();
+    assert!(peak > 3 << 30, "{peak}");
+    assert!(peak <= mlx + (3 << 30), "{peak} against MLX's {mlx}");
     let mut plain = generate_step(&p, m.as_ref(), None, base()).unwrap();
     plain.by_ref().for_each(|s| drop(s.unwrap()));
     assert_eq!(plain.graph_device_bytes(), 0, "the MLX path holds none");
+    assert_eq!(
+        plain.device_peak().unwrap(),
+        None,
+        "MLX's peak is the whole of it"
+    );
 }
 
 /// A trellis-coded model's prompt goes through the decoder (`feed_prompt`, then its last
