@@ -682,8 +682,8 @@ impl<'m> GenerateStep<'m> {
         mlx_core::synchronize()?;
         // The prompt's window closes here: its MLX peak beside a kept decoder's bytes only.
         let before = self.device_peak.extra;
-        self.device_peak.switch(before)?;
         graph_memory_line("the prompt is in", before, &self.device_peak);
+        self.device_peak.switch(before)?;
         let model = self.model;
         // The cache holds the prompt and whatever a continued prompt cache held before it.
         let cached = self.caches.iter().map(|c| c.offset()).max().unwrap_or(0);

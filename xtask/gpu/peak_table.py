@@ -27,6 +27,11 @@ def parse(paths):
             if m:
                 cur = runs.setdefault((m.group(1), m.group(2)), {"peaks": [], "mem": []})
                 continue
+            # measure.sh's moe part: "== moe SIDE".
+            m = re.match(r"== moe (\S+)", line)
+            if m:
+                cur = runs.setdefault(("qwen3-30b-a3b-q4", m.group(1)), {"peaks": [], "mem": []})
+                continue
             if cur is None:
                 continue
             if line.startswith('{"trial"'):
