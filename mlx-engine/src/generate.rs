@@ -697,13 +697,30 @@ impl<'m> GenerateStep<'m> {
                 .and_then(|k| k.take(model, &spec, room)),
         };
         let built = kept.is_none();
-        let made: mlx_core::Result<Box<dyn crate::graph::GraphBackend + 'm>> =
-            match (kept, &self.opts.graph_stand_in) {
-                (Some(d), _) => Ok(Box::new(d)),
-                (None, Some(s)) => (s.0)(model, room),
-                (None, None) => mlx_kernels::graph_decode::GraphDecoder::new(spec, weights, room)
+        let stand_in = self.opts.graph_stand_in.clone();
+        let build = |spec: mlx_kernels::graph_decode::GraphSpec| -> mlx_core::Result<
+            Box<dyn crate::graph::GraphBackend + 'm>,
+        > {
+            match &stand_in {
+                Some(s) => (s.0)(model, room),
+                None => mlx_kernels::graph_decode::GraphDecoder::new(spec, weights, room)
                     .map(|d| Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
-            };
+            }
+        };
+        let made = match kept {
+            Some(d) => Ok(Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
+            None => match build(spec.clone()) {
+                // The decoder allocates outside MLX's allocator, so device memory that MLX
+                // keeps in its buffer cache (the prompt's freed activations) is not free to
+                // it: where a build fails while MLX caches something, the cache goes back to
+                // the device and the build is tried once more.
+                Err(_) if memory::cache_memory()? > 0 => {
+                    memory::clear_cache()?;
+                    build(spec)
+                }
+                r => r,
+            },
+        };
         let mut dec = match made {
             Ok(d) => d,
             Err(e) => {
