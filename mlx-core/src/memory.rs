@@ -13,19 +13,55 @@ pub fn active_memory() -> Result<usize> {
     })
 }
 
-/// The most bytes held at once since start or the last [`reset_peak_memory`].
-pub fn peak_memory() -> Result<usize> {
+/// MLX's own peak counter (since start, its last reset or the last [`restart_peak_window`]).
+fn raw_peak_memory() -> Result<usize> {
     // SAFETY: plain out value.
     value_out("get_peak_memory", |o| unsafe {
         sys::mlxs_get_peak_memory(o)
     })
 }
 
-pub fn reset_peak_memory() -> Result<()> {
+fn raw_reset_peak_memory() -> Result<()> {
     // SAFETY: no arguments.
     check("reset_peak_memory", unsafe {
         sys::mlxs_reset_peak_memory()
     })
+}
+
+/// The peak MLX's counter had reached when [`restart_peak_window`] last reset it (0 after
+/// [`reset_peak_memory`]): [`peak_memory`] stays the process's peak across windows.
+static EARLIER_PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The most bytes held at once since start or the last [`reset_peak_memory`].
+pub fn peak_memory() -> Result<usize> {
+    Ok(raw_peak_memory()?.max(EARLIER_PEAK.load(std::sync::atomic::Ordering::Relaxed)))
+}
+
+pub fn reset_peak_memory() -> Result<()> {
+    EARLIER_PEAK.store(0, std::sync::atomic::Ordering::Relaxed);
+    raw_reset_peak_memory()
+}
+
+/// Starts a new peak window: returns the most bytes held at once in the window that ends
+/// (since the previous restart, reset or start), and the bytes live now, the floor of the
+/// new window's peak. [`peak_memory`] is unchanged: the process's peak is kept across
+/// windows. A window is what a caller that holds device memory outside MLX's allocator for
+/// part of a run (the graph decoder's cache) needs to add its bytes only to the peak of the
+/// time it held them. One window at a time in a process: a restart by another thread cuts the
+/// current window short (its peak is then too low).
+pub fn restart_peak_window() -> Result<(usize, usize)> {
+    let ended = raw_peak_memory()?;
+    EARLIER_PEAK.fetch_max(ended, std::sync::atomic::Ordering::Relaxed);
+    let live = active_memory()?;
+    raw_reset_peak_memory()?;
+    Ok((ended, live))
+}
+
+/// The most bytes held at once since the last [`restart_peak_window`] (or reset, or start);
+/// `floor` is what [`restart_peak_window`] returned as live then (MLX's counter starts again
+/// from 0 and rises only with the next allocation).
+pub fn window_peak(floor: usize) -> Result<usize> {
+    Ok(raw_peak_memory()?.max(floor))
 }
 
 /// Bytes kept in MLX's buffer cache for reuse.

@@ -304,6 +304,86 @@ pub fn on_generation_stream<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     out
 }
 
+/// Issue #30's peak memory with the graph decoder: MLX's allocator and the decoder's own
+/// device buffers (outside it: the decoder's cache and step buffers) as held at once. The run
+/// is cut into windows of MLX's peak counter ([`memory::restart_peak_window`]), each with the
+/// decoder bytes held through it: the prompt (a decoder kept from an earlier generation, or
+/// none), the decoder's build (the larger of the two), the decode (the decoder's), after a
+/// failure (none). The peak is the largest window's MLX peak plus its decoder bytes: an upper
+/// bound of what the device held at once, never below MLX's own peak, and below MLX's peak
+/// plus the decoder's bytes where MLX's peak came in a window without them (the prompt's
+/// activations, freed before a decoder built after the prompt allocates its cache).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct DevicePeak {
+    /// The decoder bytes held through the current window.
+    extra: usize,
+    /// MLX's live bytes when the current window began (its peak's floor).
+    floor: usize,
+    /// The largest of the closed windows' MLX peak plus their decoder bytes.
+    closed: usize,
+}
+
+impl DevicePeak {
+    /// A first window, with `extra` decoder bytes held through it.
+    pub(crate) fn start(extra: usize) -> mlx_core::Result<Self> {
+        let (ended, floor) = memory::restart_peak_window()?;
+        Ok(Self {
+            extra,
+            floor,
+            // MLX's peak before the run (the load) held no decoder bytes of this run's.
+            closed: ended,
+        })
+    }
+
+    /// Closes the current window and starts one with `next` decoder bytes held through it.
+    pub(crate) fn switch(&mut self, next: usize) -> mlx_core::Result<()> {
+        let (ended, floor) = memory::restart_peak_window()?;
+        self.close(ended, floor, next);
+        Ok(())
+    }
+
+    /// [`Self::switch`] with MLX's readings given: the ending window's peak `ended`, the bytes
+    /// live as the next one begins `floor`.
+    fn close(&mut self, ended: usize, floor: usize, next: usize) {
+        self.closed = self.closed.max(ended.max(self.floor) + self.extra);
+        self.floor = floor;
+        self.extra = next;
+    }
+
+    /// The peak so far.
+    pub(crate) fn now(&self) -> mlx_core::Result<usize> {
+        Ok(self.with_window(memory::window_peak(self.floor)?))
+    }
+
+    /// [`Self::now`] with the current window's MLX peak given.
+    fn with_window(&self, window: usize) -> usize {
+        self.closed.max(window.max(self.floor) + self.extra)
+    }
+}
+
+/// `MLX_GRAPH_MEMORY=1`: MLX's allocator (live, cached, peak) and the graph decoder's bytes at
+/// a point of a graph run (issue #30's peak), on stderr.
+fn graph_memory_line(what: &str, decoder: usize, peak: &DevicePeak) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1")) {
+        return;
+    }
+    let r = (|| -> mlx_core::Result<String> {
+        Ok(format!(
+            "[graph memory] {what}: MLX live {} B, cached {} B, peak {} B (window {} B); \
+             decoder {decoder} B; the run's peak so far {} B",
+            memory::active_memory()?,
+            memory::cache_memory()?,
+            memory::peak_memory()?,
+            memory::window_peak(peak.floor)?,
+            peak.now()?
+        ))
+    })();
+    if let Ok(line) = r {
+        eprintln!("{line}");
+    }
+}
+
 /// The token stream of [`generate_step`].
 pub struct GenerateStep<'m> {
     model: &'m dyn LanguageModel,
@@ -326,6 +406,8 @@ pub struct GenerateStep<'m> {
     graph_fallback: Option<String>,
     /// The most device bytes a graph decoder of this run held outside MLX's allocator.
     graph_bytes: usize,
+    /// MLX's peak and the graph decoder's own bytes as held at once (issue #30's peak).
+    device_peak: DevicePeak,
     /// The newest step's token and its log-probability where the host computed them (the
     /// CPU decoder's greedy steps, [`host_greedy`]): the step's log-probabilities are then
     /// left lazy, read only by whoever asks, and the token is read and fed on without MLX.
@@ -538,8 +620,18 @@ fn start<'m>(
         graph: None,
         graph_fallback: None,
         graph_bytes: 0,
+        device_peak: DevicePeak::default(),
         host: None,
     };
+    if g.opts.graph_decode {
+        // A decoder kept from an earlier generation holds its buffers through this prompt.
+        let kept = match (&g.opts.graph_keep, &g.opts.graph_stand_in) {
+            (Some(k), None) => k.device_bytes(),
+            _ => 0,
+        };
+        g.device_peak = DevicePeak::start(kept)?;
+        graph_memory_line("the prompt starts", kept, &g.device_peak);
+    }
     // A trellis-coded model's prompt goes through the graph decoder a token a step: MLX's path
     // has no GPU kernel for its linears (it decodes every weight on the host per prompt
     // chunk, issue #34: 20 tok/s and a float32 copy of every weight at 8B).
@@ -588,6 +680,10 @@ impl<'m> GenerateStep<'m> {
             mlx_core::eval([y, lse])?;
         }
         mlx_core::synchronize()?;
+        // The prompt's window closes here: its MLX peak beside a kept decoder's bytes only.
+        let before = self.device_peak.extra;
+        graph_memory_line("the prompt is in", before, &self.device_peak);
+        self.device_peak.switch(before)?;
         let model = self.model;
         // The cache holds the prompt and whatever a continued prompt cache held before it.
         let cached = self.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
@@ -601,13 +697,30 @@ impl<'m> GenerateStep<'m> {
                 .and_then(|k| k.take(model, &spec, room)),
         };
         let built = kept.is_none();
-        let made: mlx_core::Result<Box<dyn crate::graph::GraphBackend + 'm>> =
-            match (kept, &self.opts.graph_stand_in) {
-                (Some(d), _) => Ok(Box::new(d)),
-                (None, Some(s)) => (s.0)(model, room),
-                (None, None) => mlx_kernels::graph_decode::GraphDecoder::new(spec, weights, room)
+        let stand_in = self.opts.graph_stand_in.clone();
+        let build = |spec: mlx_kernels::graph_decode::GraphSpec| -> mlx_core::Result<
+            Box<dyn crate::graph::GraphBackend + 'm>,
+        > {
+            match &stand_in {
+                Some(s) => (s.0)(model, room),
+                None => mlx_kernels::graph_decode::GraphDecoder::new(spec, weights, room)
                     .map(|d| Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
-            };
+            }
+        };
+        let made = match kept {
+            Some(d) => Ok(Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
+            None => match build(spec.clone()) {
+                // The decoder allocates outside MLX's allocator, so device memory that MLX
+                // keeps in its buffer cache (the prompt's freed activations) is not free to
+                // it: where a build fails while MLX caches something, the cache goes back to
+                // the device and the build is tried once more.
+                Err(_) if memory::cache_memory()? > 0 => {
+                    memory::clear_cache()?;
+                    build(spec)
+                }
+                r => r,
+            },
+        };
         let mut dec = match made {
             Ok(d) => d,
             Err(e) => {
@@ -615,10 +728,21 @@ impl<'m> GenerateStep<'m> {
                     "the graph decoder could not be built ({e}); the MLX path runs the \
                      generation"
                 ));
+                // A kept decoder that did not fit was dropped before the build.
+                self.device_peak.switch(0)?;
                 return Ok(());
             }
         };
         mlx_core::synchronize()?;
+        // The build's window: a kept decoder that did not fit was dropped before the new one
+        // was made, so at most the larger of the two was held during it.
+        self.device_peak.extra = before.max(dec.device_bytes());
+        self.device_peak.switch(dec.device_bytes())?;
+        graph_memory_line(
+            "the decoder is ready",
+            dec.device_bytes(),
+            &self.device_peak,
+        );
         if let Some(n) = self.opts.graph_fail_after {
             dec.inject_failure_after(n);
         }
@@ -910,6 +1034,7 @@ impl<'m> GenerateStep<'m> {
         }
         if let Some(g) = self.graph.take() {
             let _ = on_generation_stream(|| Ok(mlx_core::synchronize()?));
+            graph_memory_line("the run ends", self.graph_bytes, &self.device_peak);
             drop(g);
         }
     }
@@ -941,6 +1066,19 @@ impl<'m> GenerateStep<'m> {
     /// the device held at once.
     pub fn graph_device_bytes(&self) -> usize {
         self.graph_bytes
+    }
+
+    /// The most bytes this run held on the device at once, MLX's allocator and the graph
+    /// decoder's own buffers together (`None` without [`GenerateOptions::graph_decode`]:
+    /// MLX's [`memory::peak_memory`] is the whole of it then). A decoder's buffers count
+    /// only beside MLX's peak of the time they were held: a decoder built after the prompt
+    /// does not add its cache to the prompt's activations, which MLX has freed by then
+    /// ([`DevicePeak`]); one kept from an earlier generation holds them through the prompt.
+    pub fn device_peak(&self) -> Result<Option<usize>> {
+        if !self.opts.graph_decode {
+            return Ok(None);
+        }
+        Ok(Some(self.device_peak.now()?))
     }
 
     /// Why the graph decoder handed this run to the MLX path (a failed CUDA call or a full
@@ -1011,7 +1149,10 @@ impl<'m> GenerateStep<'m> {
         ));
         // A decoder that failed is not kept for the next generation.
         g.keep = None;
-        std::mem::take(&mut g.since_mlx)
+        let ids = std::mem::take(&mut g.since_mlx);
+        drop(g);
+        let _ = self.device_peak.switch(0);
+        ids
     }
 
     /// One token from the graph decoder: the first call copies the prompt's cache in and
@@ -1188,6 +1329,7 @@ impl GenerateStep<'_> {
                     let left = self.opts.max_tokens.map_or(usize::MAX, |m| m - 1);
                     let _ = graph_begin(g, &self.caches, token, left);
                 }
+                graph_memory_line("the prefix is in", self.graph_bytes, &self.device_peak);
             }
             // Held as the pending token: the decoder started (or the next call starts it)
             // from it.
@@ -1201,6 +1343,15 @@ impl GenerateStep<'_> {
             }));
         }
         let first = y.astype(Dtype::Uint32)?.item::<u32>()?;
+        if self.n == 1 {
+            // mlx-lm clears MLX's buffer cache after it hands out the first token
+            // (`n % 256 == 0`); the MLX path here does at that token. The graph decoder's run
+            // does it now, once the first token is out: the prompt's freed activations (up to
+            // ~1.8 GB at 8B, prompt 512) go back to the device rather than sit in MLX's cache
+            // beside the decoder for the whole run (the decoder's steps use none of it).
+            memory::clear_cache()?;
+            graph_memory_line("MLX's cache cleared", self.graph_bytes, &self.device_peak);
+        }
         match self.graph_next(first)? {
             Some((token, logprob)) => {
                 // The pending token stays the run's first (the decoder holds the rest).
@@ -1450,5 +1601,51 @@ mod tests {
             on_generation_stream(|| Ok(Array::from_slice(&[1.0f32, 2.0], &[2])?.sum_all(false)?))
                 .unwrap();
         assert_eq!(a.item::<f32>().unwrap(), 3.0);
+    }
+}
+
+#[cfg(test)]
+mod device_peak_tests {
+    use super::DevicePeak;
+
+    /// Session 31's 8B figures (H200, prompt 512): MLX's peak 6.346 GB in the prompt, 4.62 GB
+    /// live after it, a decoder of 0.094 GB.
+    const PROMPT_PEAK: usize = 6_346_000_000;
+    const LIVE: usize = 4_620_000_000;
+    const DEC: usize = 94_000_000;
+
+    fn run(kept: usize) -> usize {
+        let mut p = DevicePeak {
+            extra: kept,
+            floor: 4_520_000_000,
+            closed: 4_600_000_000,
+        };
+        // The prompt's window closes with its peak; the build's window: the larger decoder.
+        p.close(PROMPT_PEAK, LIVE, kept);
+        p.extra = kept.max(DEC);
+        p.close(LIVE + 1_000_000, LIVE, DEC);
+        // Decoding: MLX's live bytes do not grow.
+        p.with_window(LIVE + 2_000_000)
+    }
+
+    #[test]
+    fn a_decoder_built_after_the_prompt_is_not_added_to_the_prompts_peak() {
+        assert_eq!(run(0), PROMPT_PEAK);
+    }
+
+    #[test]
+    fn a_kept_decoder_is_held_through_the_prompt() {
+        assert_eq!(run(DEC), PROMPT_PEAK + DEC);
+    }
+
+    #[test]
+    fn a_decode_window_above_the_prompt_counts_the_decoder() {
+        let mut p = DevicePeak::default();
+        p.close(100, 90, 50);
+        assert_eq!(p.with_window(95), 145);
+        // MLX's counter restarts from 0: the window's floor is what was live.
+        assert_eq!(p.with_window(0), 140);
+        p.close(95, 80, 0);
+        assert_eq!(p.with_window(85), 145);
     }
 }

@@ -846,6 +846,15 @@ impl GraphKeep {
         self.0.lock().map(|k| k.is_some()).unwrap_or(false)
     }
 
+    /// The device bytes the kept decoder holds outside MLX's allocator (0: none kept).
+    pub fn device_bytes(&self) -> usize {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|k| k.as_ref().map(|k| k.dec.device_bytes()))
+            .unwrap_or(0)
+    }
+
     /// The kept decoder when it was made for `model` with `spec` and holds `room` positions.
     pub(crate) fn take(
         &self,

@@ -492,6 +492,19 @@ impl<'m> TextStream<'m> {
         }
     }
 
+    /// The peak reported with each response: MLX's peak since start (or its last reset), or
+    /// where a graph decoder holds device buffers outside MLX's allocator (its cache, its step
+    /// buffers), the most this run held with them at once when that is more
+    /// ([`GenerateStep::device_peak`]; a speculative graph pair: MLX's peak plus its bytes).
+    fn peak_memory_bytes(&self) -> Result<usize> {
+        let mlx = memory::peak_memory()?;
+        Ok(match &self.steps {
+            Steps::Plain(g) => mlx.max(g.device_peak()?.unwrap_or(0)),
+            Steps::GraphSpeculative(g) => mlx + g.device_bytes(),
+            Steps::Speculative(_) | Steps::CpuSpeculative(_) => mlx,
+        })
+    }
+
     /// Device bytes this generation's graph decoder held outside MLX's allocator (see
     /// [`GenerateStep::graph_device_bytes`]); 0 without one.
     pub fn graph_device_bytes(&self) -> usize {
@@ -591,9 +604,7 @@ impl<'m> TextStream<'m> {
             prompt_tps: self.prompt_tps,
             generation_tokens: self.tail.generated(),
             generation_tps: self.generation_tps,
-            // MLX's peak plus the device buffers a graph decoder holds outside MLX's
-            // allocator (its own layout of the weights, its cache).
-            peak_memory_bytes: memory::peak_memory()? + self.graph_device_bytes(),
+            peak_memory_bytes: self.peak_memory_bytes()?,
             finish_reason: finish,
             from_draft: self.from_draft,
         })

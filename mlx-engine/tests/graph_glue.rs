@@ -27,6 +27,8 @@ struct Script {
     nan_at: Option<usize>,
     /// The build fails.
     fail_build: bool,
+    /// The first build fails (out of device memory), a second one works.
+    fail_first_build: bool,
     /// The device bytes the stand-in says it holds outside MLX's allocator.
     device_bytes: usize,
     /// Events in order: "progress N" from the prompt, "build", "prefix N".
@@ -151,6 +153,9 @@ fn stand_in(script: &Arc<Mutex<Script>>) -> GraphStandIn {
         let mut s = script.lock().unwrap();
         s.log.push("build".into());
         if s.fail_build {
+            return Err(err("no device memory"));
+        }
+        if s.fail_first_build && s.log.iter().filter(|e| *e == "build").count() == 1 {
             return Err(err("no device memory"));
         }
         Ok(Box::new(StandIn {
@@ -367,6 +372,20 @@ fn a_failed_call_non_finite_values_or_a_failed_build_hand_the_run_to_mlx() {
             let why = why.expect("the fall-back is noted");
             assert!(why.contains(says), "{why}");
         }
+        // A build short of device memory while MLX caches the prompt's freed buffers: the
+        // cache is given back and the second build decodes the run.
+        let (got, _, why, log) = run(
+            m.as_ref(),
+            &opts,
+            Some(Script {
+                fail_first_build: true,
+                ..Script::default()
+            }),
+        );
+        assert_eq!(got, want);
+        assert_eq!(why, None, "{log:?}");
+        assert_eq!(log.iter().filter(|e| *e == "build").count(), 2, "{log:?}");
+        assert!(log.iter().any(|e| e.starts_with("prefix")), "{log:?}");
     }
 }
 
@@ -495,9 +514,20 @@ fn the_decoders_own_device_bytes_are_counted_in_the_runs_peak() {
     );
     g.by_ref().for_each(|s| drop(s.unwrap()));
     assert_eq!(g.graph_device_bytes(), 3 << 30);
+    // The run's peak holds the decoder's bytes beside MLX's live bytes of the time they were
+    // held (at least the model's weights), never beside more than MLX's peak.
+    let peak = g.device_peak().unwrap().expect("a graph run's peak");
+    let mlx = mlx_core::memory::peak_memory().unwrap();
+    assert!(peak > 3 << 30, "{peak}");
+    assert!(peak <= mlx + (3 << 30), "{peak} against MLX's {mlx}");
     let mut plain = generate_step(&p, m.as_ref(), None, base()).unwrap();
     plain.by_ref().for_each(|s| drop(s.unwrap()));
     assert_eq!(plain.graph_device_bytes(), 0, "the MLX path holds none");
+    assert_eq!(
+        plain.device_peak().unwrap(),
+        None,
+        "MLX's peak is the whole of it"
+    );
 }
 
 /// A trellis-coded model's prompt goes through the decoder (`feed_prompt`, then its last
