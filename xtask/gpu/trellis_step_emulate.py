@@ -184,7 +184,12 @@ def main():
     H, nl, nh, nkv, d = s["hidden"], s["layers"], s["heads"], s["kv_heads"], s["head_dim"]
     inter, V, eps = s["intermediate"], s["vocab"], float(np.float32(s["eps"]))
     kb, Lbits, block = s["trellis_k"], s["trellis_l"], s["trellis_block"]
-    fast = (block, Lbits) in ((32, 8), (64, 12))
+    code = s.get("trellis_code", "1mad")
+    mad8 = code == "1mad8"
+    # graph_trellis.rs's is_fast, and the kernels' L argument with the code above the state's
+    # bits (l_arg).
+    fast = (Lbits == 8 and block in (32, 64)) if mad8 else (block, Lbits) in ((32, 8), (64, 12))
+    Larg = Lbits | (1 << 8 if mad8 else 0)
     gs, nbits = s["quant"] if s["quant"] else (1, 16)
     P, cap = s["prompt"], 256
     ns = cap // ATTN_CHUNK
@@ -268,7 +273,7 @@ def main():
         launch(lib, 11, (blocks, 1), THREADS,
                [lin["words"], lin["scales"], x, norm if norm is not None else x, lin["sv"], z, lin["counts"],
                 lin["su"], lin["bias"] if lin["bias"] is not None else lin["su"], res if res is not None else out,
-                out, lin["rows"], lin["cols"], kb, Lbits, block, lin["lpr"], lin["hc"], lin["sc"],
+                out, lin["rows"], lin["cols"], kb, Larg, block, lin["lpr"], lin["hc"], lin["sc"],
                 int(norm is not None), eps, lin["hr"], lin["sr"], mode])
 
     scale = float(np.float32(s["attn_scale"]))
@@ -280,7 +285,7 @@ def main():
         launch(lib, 13, (blocks, 1), THREADS,
                [f["words"], f["scales"], h, L["inn"], f["sv"], f["z"], f["counts"], f["su"],
                 f["bias"] if f["bias"] is not None else f["su"], qkv, L["kc"], L["vc"], state, rope,
-                nh, nkv, d, cap, L["nrot"], int(s["traditional"]), H, kb, Lbits, block, q["lpr"], k["lpr"],
+                nh, nkv, d, cap, L["nrot"], int(s["traditional"]), H, kb, Larg, block, q["lpr"], k["lpr"],
                 q["hc"], q["sc"], eps, q["sr"], k["sr"], int(f["bias"] is not None)])
 
     def gate_up_fused(L):
@@ -289,7 +294,7 @@ def main():
         blocks = max(1, min(-(-ga["rows"] // rpb), RESIDENT))
         launch(lib, 14, (blocks, 1), THREADS,
                [f["words"], f["scales"], h, L["post"], f["sv"], f["z"], f["counts"], f["su"], g, act,
-                ga["rows"], H, kb, Lbits, block, ga["lpr"], ga["hc"], ga["sc"], eps, ga["hr"], ga["sr"]])
+                ga["rows"], H, kb, Larg, block, ga["lpr"], ga["hc"], ga["sc"], eps, ga["hr"], ga["sr"]])
 
     def step(fused):
         launch(lib, 0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, s["pairs"], inv,
@@ -359,7 +364,7 @@ def main():
     share = agree / len(tokens)
     ok = worst <= BOUND_REL and share >= BOUND_AGREE and bit_equal
     lprs = sorted({lin["lpr"] for _, lin in lins})
-    print(f"trellis step (k {kb}, L {Lbits}, blocks of {block}, lanes a row {lprs}, grid cap {RESIDENT}, "
+    print(f"trellis step ({code}, k {kb}, L {Lbits}, blocks of {block}, lanes a row {lprs}, grid cap {RESIDENT}, "
           f"{len(tokens)} teacher-forced steps after a {P}-token prompt): max relative logit difference "
           f"{worst:.6f} (bound {BOUND_REL}), greedy agreement {share:.2f} (bound {BOUND_AGREE}), "
           f"trellis_qkv and trellis_gate_up bit-equal to the unfused launches at every step: {bit_equal} "
