@@ -47,6 +47,13 @@
 #ifndef TRELLIS_PREFETCH
 #define TRELLIS_PREFETCH 1
 #endif
+// 1 runs 1mad8's table path two rows a lane (trellis_row2: each input pair loaded once for
+// both; the same bits): MLX_GRAPH_TRELLIS_ROWS2=1, the device's A/B of it (graph_trellis.rs,
+// trellis_source). Off by default: it takes trellis_linear, trellis_gate_up and
+// trellis_matvec_out to 80 registers and trellis_qkv to spills, for 1mad models too.
+#ifndef TRELLIS_ROWS2
+#define TRELLIS_ROWS2 0
+#endif
 
 // The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
 // The byte sum is one dp4a against ones, accumulated onto the bits of 2^23 (the sum is below
@@ -416,6 +423,52 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
   return acc;
 }
 
+// 1mad8's table path over two rows at once (rows a and b, the same blocks j, j + lpr, ...):
+// each input pair is loaded from shared memory once for both rows' products (the table's
+// loads and the input's are what bind this loop: a wavefront a weight each, the input's now
+// half). Each row's sums are trellis_row<.., true>'s, in the same order: the same bits.
+template <int KB, int L, int BLOCK>
+__device__ __forceinline__ void trellis_row2(const u32* ra, const u32* rb, const float* xs, int j,
+                                             int lpr, ll nb, const float* lut, u32 lane4,
+                                             float& acc_a, float& acc_b) {
+  constexpr int BITS = BLOCK * KB, BW = BITS / 32, PAD = BLOCK == 32 ? 2 : 1;
+  constexpr u32 SMASK = ((1u << L) - 1u) << 7;
+  for (ll b = j; b < nb; b += lpr) {
+    u32 wa[BW], wb[BW];
+    trellis_load<BW>(ra + b * BW, wa);
+    trellis_load<BW>(rb + b * BW, wb);
+    const float* x = xs + trellis_xs(b * BLOCK, PAD);
+    float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
+#pragma unroll
+    for (int t = 0; t < BLOCK; ++t) {
+      const int start = ((t + 1) * KB + BITS - L) % BITS;
+      const int a = start >> 5, off = start & 31;
+      u32 sa, sb;
+      if (off + L <= 32) {
+        const int sh = 32 - off - L - 7;
+        sa = sh >= 0 ? wa[a] >> sh : wa[a] << -sh;
+        sb = sh >= 0 ? wb[a] >> sh : wb[a] << -sh;
+      } else {
+        const int n = a + 1 == BW ? 0 : a + 1;
+        sa = __funnelshift_r(wa[n], wa[a], 64 - off - L - 7);
+        sb = __funnelshift_r(wb[n], wb[a], 64 - off - L - 7);
+      }
+      const float ca = *(const float*)((const char*)lut + ((sa & SMASK) | lane4));
+      const float cb = *(const float*)((const char*)lut + ((sb & SMASK) | lane4));
+      const float xv = x[t + PAD * (t >> 5)];
+      if (t & 1) {
+        a1 = fmaf(ca, xv, a1);
+        b1 = fmaf(cb, xv, b1);
+      } else {
+        a0 = fmaf(ca, xv, a0);
+        b0 = fmaf(cb, xv, b0);
+      }
+    }
+    acc_a += a0 + a1;
+    acc_b += b0 + b1;
+  }
+}
+
 // Any shape (k 2..4, L up to 16, any block): lane j of the group takes weights j, j + lpr, ...
 // of its row, each window read from its block's words (through L1); mad8: 1mad8's codes.
 __device__ __forceinline__ float trellis_row_any(const u32* row, const float* xs, int j, int lpr,
@@ -451,6 +504,42 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
   // L 12 (the config's defaults); 1mad8's blocks of 32 and 64 with L 8 (its table).
   const bool f32 = block == 32 && L == 8, f64 = block == 64 && L == 12;
   const float div = mad8 ? TRELLIS_MAD8_SCALE : TRELLIS_MAD_SCALE;
+#if TRELLIS_ROWS2
+  if (lut) {
+    // Two of the warp's row groups at once (trellis_row2): this one and the one a grid stride
+    // on (the block's next chunk of rows, so each block writes the rows it wrote before: the
+    // epilogue's counting is unchanged); a missing second row repeats the first, discarded.
+    const ll stride = (ll)gridDim.x * warps * rpw;
+    for (ll r0 = ((ll)blockIdx.x * warps + warp) * rpw; r0 < N; r0 += 2 * stride) {
+      const ll ra = r0 + lane / g, rb = ra + stride;
+      float acc_a = 0.f, acc_b = 0.f;
+      if (ra < N) {
+        const u32* rowa = W + ra * wpr;
+        const u32* rowb = rb < N ? W + rb * wpr : rowa;
+        if (block == 32 && kb == 2) {
+          trellis_row2<2, 8, 32>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else if (block == 32 && kb == 3) {
+          trellis_row2<3, 8, 32>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else if (block == 32) {
+          trellis_row2<4, 8, 32>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else if (kb == 2) {
+          trellis_row2<2, 8, 64>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else if (kb == 3) {
+          trellis_row2<3, 8, 64>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else {
+          trellis_row2<4, 8, 64>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        }
+      }
+      for (int o = g / 2; o > 0; o >>= 1) {
+        acc_a += __shfl_xor_sync(0xffffffffu, acc_a, o);
+        acc_b += __shfl_xor_sync(0xffffffffu, acc_b, o);
+      }
+      if (ra < N && j == 0) z[ra] = acc_a * (scales[ra] / div);
+      if (rb < N && j == 0) z[rb] = acc_b * (scales[rb] / div);
+    }
+    return;
+  }
+#endif
   for (ll r0 = ((ll)blockIdx.x * warps + warp) * rpw; r0 < N; r0 += (ll)gridDim.x * warps * rpw) {
     const ll r = r0 + lane / g;
     float acc = 0.f;

@@ -43,14 +43,18 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
 /// [`TRELLIS_SOURCE`] as the graph decoder compiles it: with `MLX_GRAPH_TRELLIS_PREFETCH=0`,
 /// `TRELLIS_PREFETCH 0` defined first (the L2 prefetches before the PDL wait off: hints, the
-/// results are the same bits; the device's A/B of them).
+/// results are the same bits; the device's A/B of them); with `MLX_GRAPH_TRELLIS_ROWS2=1`,
+/// `TRELLIS_ROWS2 1` (1mad8's table path two rows a lane: the same bits, more registers; the
+/// device's A/B of it, off by default).
 pub fn trellis_source() -> String {
-    let off = std::env::var("MLX_GRAPH_TRELLIS_PREFETCH").is_ok_and(|v| v == "0");
-    let define = if off {
-        "#define TRELLIS_PREFETCH 0\n"
-    } else {
-        ""
-    };
+    let env = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x == v);
+    let mut define = String::new();
+    if env("MLX_GRAPH_TRELLIS_PREFETCH", "0") {
+        define.push_str("#define TRELLIS_PREFETCH 0\n");
+    }
+    if env("MLX_GRAPH_TRELLIS_ROWS2", "1") {
+        define.push_str("#define TRELLIS_ROWS2 1\n");
+    }
     format!("{define}{TRELLIS_SOURCE}")
 }
 

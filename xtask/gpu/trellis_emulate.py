@@ -55,6 +55,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text() for f in ("graph_decode.cu", "graph_trellis.cu"))
+# TRELLIS_ROWS2=1: the source as MLX_GRAPH_TRELLIS_ROWS2=1 compiles it (1mad8's two rows a lane).
+if os.environ.get("TRELLIS_ROWS2") == "1":
+    CU = "#define TRELLIS_ROWS2 1\n" + CU
 
 # The prelude of graph_emulate.py (CUDA as C++), without importing it (it needs mlx).
 _EMU = (HERE / "graph_emulate.py").read_text()
