@@ -2,12 +2,13 @@
 //! a trellis-coded model, what `mlx_engine::graph::map_model` hands the decoder, and the
 //! model's own MLX forward (the reference: mlx-lm has no trellis mode) teacher-forced.
 //!
-//!     cargo run -p mlx-engine --example trellis_graph_fixture -- OUT [MODEL_DIR | BLOCK]
+//!     cargo run -p mlx-engine --example trellis_graph_fixture -- OUT [MODEL_DIR | BLOCK [CODE]]
 //!
 //! Without MODEL_DIR, `dense_bf16_untied` (mlx-models' fixture) is converted to trellis 3-bit
 //! (L 8, seed 0: the `graph_spec` test's conversion) into OUT/model, in blocks of BLOCK weights
 //! (default 64, the converter's: the kernels' general path; 32 takes their unrolled path, as
-//! the quantizer's 3-bit choice and the bench twins do). Then, into OUT:
+//! the quantizer's 3-bit choice and the bench twins do), with the code CODE (`1mad`, the
+//! default, or `1mad8`: the kernels' table path). Then, into OUT:
 //! - `graph.safetensors`: every array of the decoder's `GraphWeights` (`embed.*`, `head.*`,
 //!   `final_norm`, `layers.I.{input_norm,post_norm}`, `layers.I.P.{weight,scales,su,sv,bias}`
 //!   for P in q k v o gate up down; the scales as float32, as the decoder uploads them), the
@@ -43,7 +44,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&out)?;
     let dir = match args.get(1) {
         Some(d) if d.parse::<i32>().is_err() => PathBuf::from(d),
-        b => convert_fixture(&out, b.and_then(|b| b.parse().ok()))?,
+        b => {
+            let code = match args.get(2).map(String::as_str) {
+                None => mlx_core::cpu::trellis::TrellisCode::Mad,
+                Some(c) => mlx_core::cpu::trellis::TrellisCode::from_name(c)
+                    .ok_or_else(|| format!("CODE {c:?}: 1mad or 1mad8"))?,
+            };
+            convert_fixture(&out, b.and_then(|b| b.parse().ok()), code)?
+        }
     };
     let model = load_model_dir(&dir, &LoadOptions::default())?.0;
     let (spec, weights) =
@@ -156,7 +164,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
          \"intermediate\": {}, \"vocab\": {}, \"eps\": {:e}, \"attn_scale\": {:e}, \
          \"traditional\": {}, \"position_scale\": {:e}, \"output_scale\": {:e}, \"pairs\": {}, \
          \"rope_layers\": {:?}, \"tied\": {}, \"quant\": {:?}, \"trellis_k\": {}, \
-         \"trellis_l\": {}, \"trellis_block\": {}, \"prompt\": {}}}",
+         \"trellis_l\": {}, \"trellis_block\": {}, \"trellis_code\": \"{}\", \"prompt\": {}}}",
         spec.hidden,
         spec.layers,
         spec.heads,
@@ -176,6 +184,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         t.k,
         t.l,
         t.block,
+        t.code.name(),
         PROMPT,
     );
     let meta: BTreeMap<String, String> = [("spec".to_string(), meta)].into();
@@ -193,8 +202,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// `dense_bf16_untied` converted to trellis 3-bit (L 8, seed 0; blocks of `block`, or the
-/// converter's default) into `out/model`.
-fn convert_fixture(out: &Path, block: Option<i32>) -> Result<PathBuf, Box<dyn std::error::Error>> {
+/// converter's default; the code `code`) into `out/model`.
+fn convert_fixture(
+    out: &Path,
+    block: Option<i32>,
+    code: mlx_core::cpu::trellis::TrellisCode,
+) -> Result<PathBuf, Box<dyn std::error::Error>> {
     use mlx_models::config::TrellisParams;
     use mlx_models::convert::{convert, ConvertOptions};
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -208,7 +221,7 @@ fn convert_fixture(out: &Path, block: Option<i32>) -> Result<PathBuf, Box<dyn st
         trellis: Some(TrellisParams {
             trellis_l: 8,
             seed: 0,
-            trellis_code: Default::default(),
+            trellis_code: code,
         }),
         ..ConvertOptions::default()
     };

@@ -70,11 +70,21 @@ fn graph_decoder_follows_the_mlx_forward() {
     // Trellis-coded rows (`GraphSpec::trellis`): `dense_bf16_untied` converted to trellis
     // 3-bit (L 8) in blocks of 64 (the kernels' general path) and of 32 (their unrolled path),
     // every layer linear and the untied head coded, the embedding affine 4-bit; the reference
-    // is the model's own MLX forward (mlx-lm has no trellis mode).
-    for block in [64, 32] {
-        let name = format!("trellis3_b{block}");
+    // is the model's own MLX forward (mlx-lm has no trellis mode). Then the same with the
+    // 1mad8 code (`--q-trellis-code 1mad8`: the kernels' table path), blocks of 32 and 64.
+    use mlx_core::cpu::trellis::TrellisCode;
+    for (block, code) in [
+        (64, TrellisCode::Mad),
+        (32, TrellisCode::Mad),
+        (32, TrellisCode::Mad8),
+        (64, TrellisCode::Mad8),
+    ] {
+        let name = match code {
+            TrellisCode::Mad => format!("trellis3_b{block}"),
+            TrellisCode::Mad8 => format!("trellis3_1mad8_b{block}"),
+        };
         let dst = tmp.join(&name);
-        convert_trellis(&root.join("dense_bf16_untied"), &dst, block);
+        convert_trellis(&root.join("dense_bf16_untied"), &dst, block, code);
         dirs.push((name, dst));
     }
     // MLX_GRAPH_FOLLOW_ROWS=a,b runs only those rows (device time is scarce: the MoE rows
@@ -102,8 +112,13 @@ fn graph_decoder_follows_the_mlx_forward() {
     assert!(failed.is_empty(), "rows failed: {failed:?}");
 }
 
-/// `src` converted to trellis 3-bit (L 8, seed 0) in blocks of `block`, into `dst`.
-fn convert_trellis(src: &std::path::Path, dst: &std::path::Path, block: i32) {
+/// `src` converted to trellis 3-bit (L 8, seed 0) in blocks of `block` with `code`, into `dst`.
+fn convert_trellis(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    block: i32,
+    code: mlx_core::cpu::trellis::TrellisCode,
+) {
     use mlx_models::config::TrellisParams;
     use mlx_models::convert::{convert, ConvertOptions};
     let _ = std::fs::remove_dir_all(dst);
@@ -114,7 +129,7 @@ fn convert_trellis(src: &std::path::Path, dst: &std::path::Path, block: i32) {
         trellis: Some(TrellisParams {
             trellis_l: 8,
             seed: 0,
-            trellis_code: Default::default(),
+            trellis_code: code,
         }),
         ..ConvertOptions::default()
     };

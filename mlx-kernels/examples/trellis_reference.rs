@@ -15,8 +15,9 @@
 //! - `yt.f32`: `su * fwht_blocks(z)` (the L2 reference of `trellis_output` on `z`);
 //! - `y.f32`: `TrellisView::matvec(x)`, the CPU decoder's whole trellis linear.
 //!
-//! Words are random bits (every bit stream is a valid tail-biting code), except one case coded
-//! from a Gaussian matrix by `quantize`. Little-endian raw files.
+//! Both codes: `1mad`, and `1mad8` from case `mad8_from` on (`meta.json`'s `code`). Words are
+//! random bits (every bit stream is a valid tail-biting code), except the cases coded from a
+//! Gaussian matrix by `quantize`. Little-endian raw files.
 
 use std::io::Write;
 use std::path::Path;
@@ -65,7 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = Path::new(&out);
     // SmolLM2-135M's linears: q/o, k/v, gate/up, down.
     let shapes = [(576usize, 576usize), (192, 576), (1536, 576), (576, 1536)];
-    // (k, L, block, rows, cols, coded from a Gaussian matrix)
+    // (k, L, block, rows, cols, coded from a Gaussian matrix), 1mad
     let mut cases = Vec::new();
     for k in [2u32, 3, 4] {
         for &(r, c) in &shapes {
@@ -87,15 +88,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cases.push((3, 8, 32, 64, 14336, false));
     cases.push((3, 8, 32, 2048, 96, false));
     cases.push((3, 8, 32, 48, 4096, false));
+    // 1mad8 (its table in the product where L is 8 and the blocks 32 or 64): the 135M's q/o,
+    // gate and down shapes at 3 bits in blocks of 32 and 64, 2 and 4 bits, a real code, and
+    // the general path (L 6; blocks of 128).
+    let mad8_from = cases.len();
+    for block in [32usize, 64] {
+        for (r, c) in [(576usize, 576usize), (1536, 576), (576, 1536)] {
+            cases.push((3, 8, block, r, c, false));
+        }
+    }
+    cases.push((2, 8, 32, 192, 576, false));
+    cases.push((4, 8, 64, 192, 576, false));
+    cases.push((3, 8, 32, 576, 576, true));
+    cases.push((3, 8, 64, 576, 576, true));
+    cases.push((2, 6, 64, 192, 576, false));
+    cases.push((2, 8, 128, 192, 1536, false));
     let pool = mlx_core::cpu::ThreadPool::new(mlx_core::cpu::available_threads())
         .map_err(|e| e.to_string())?;
     for (i, &(k, l, block, rows, cols, coded)) in cases.iter().enumerate() {
-        let spec = TrellisSpec {
-            k,
-            l,
-            block,
-            code: TrellisCode::Mad,
+        let code = if i >= mad8_from {
+            TrellisCode::Mad8
+        } else {
+            TrellisCode::Mad
         };
+        let spec = TrellisSpec { k, l, block, code };
         spec.check_shape(rows, cols)?;
         let seed = 0x7E11_1500 + i as u64;
         let path = format!("model.layers.{i}.mlp.proj");
@@ -138,7 +154,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let dir = out.join(format!("case_{i:02}"));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let meta = serde_json::json!({
-            "k": k, "l": l, "block": block, "rows": rows, "cols": cols, "seed": seed,
+            "k": k, "l": l, "block": block, "code": code.name(), "rows": rows, "cols": cols, "seed": seed,
             "path": path, "coded": coded, "hb_rows": hr, "hb_cols": hc,
             "hscale_rows": f64::from(1.0 / (hr as f32).sqrt()),
             "hscale_cols": f64::from(1.0 / (hc as f32).sqrt()),

@@ -66,8 +66,7 @@ use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
 
 use crate::graph_profile::StepProfile;
 use crate::graph_trellis::{
-    TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, TRELLIS_KERNELS, TRELLIS_MAX_HB,
-    TRELLIS_THREADS,
+    l_arg, TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, TRELLIS_KERNELS, TRELLIS_THREADS,
 };
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
@@ -3887,7 +3886,7 @@ fn record_step(
 
 /// `trellis_linear`'s static shared memory (the output's Hadamard buffer, the reductions and
 /// the flag), on top of a plan's dynamic bytes.
-const TRELLIS_STATIC_SHARED: u32 = 4 * TRELLIS_MAX_HB as u32 + 4 * (TRELLIS_THREADS / 32) + 16;
+const TRELLIS_STATIC_SHARED: u32 = crate::graph_trellis::STATIC_SHARED;
 
 /// Opts `trellis_linear` in to the dynamic shared memory its widest input takes, where that is
 /// past the default 48 KiB (with its static buffers).
@@ -3981,7 +3980,7 @@ fn trellis_launch(
             Arg::I64(w.rows as i64),
             Arg::I64(w.cols as i64),
             Arg::I64(i64::from(spec.k)),
-            Arg::I64(i64::from(spec.l)),
+            Arg::I64(l_arg(spec)),
             Arg::I64(spec.block as i64),
             Arg::I64(i64::from(w.lanes_per_row)),
             Arg::I64(w.hb_cols as i64),
@@ -4046,7 +4045,7 @@ fn record_trellis_qkv(
             Arg::I64(i64::from(s.rope.traditional)),
             Arg::I64(f.q.cols as i64),
             Arg::I64(i64::from(t.spec.k)),
-            Arg::I64(i64::from(t.spec.l)),
+            Arg::I64(l_arg(&t.spec)),
             Arg::I64(t.spec.block as i64),
             Arg::I64(i64::from(f.q.lanes_per_row)),
             Arg::I64(i64::from(f.k.lanes_per_row)),
@@ -4117,7 +4116,7 @@ fn record_trellis_mlp(
             Arg::I64(f.q.rows as i64),
             Arg::I64(f.q.cols as i64),
             Arg::I64(i64::from(sp.k)),
-            Arg::I64(i64::from(sp.l)),
+            Arg::I64(l_arg(sp)),
             Arg::I64(sp.block as i64),
             Arg::I64(i64::from(f.q.lanes_per_row)),
             Arg::I64(f.q.hb_cols as i64),

@@ -8,19 +8,31 @@
 // - trellis_output: y = su * H_r z, rounded to bfloat16 as MLX rounds the linear's output,
 //   then the following op (bias, residual add, SwiGLU with the gate's output, or float32).
 // trellis_decode writes the decoded matrix (scale * code per weight), the device twin of
-// cpu::trellis::decode_row, bit for bit.
+// cpu::trellis::decode_row, bit for bit. Both codes: 1mad (computed per weight) and 1mad8 (the
+// 1MAD integer rounded to int8; at L 8 the product reads it from a table in shared memory,
+// trellis_lut_fill), the code carried in the kernels' L argument (TRELLIS_CODE_SHIFT).
 //
 // Tiers (xtask/gpu/trellis_emulate.py runs this source as C++ on the CPU against the Rust
 // references): trellis_decode, trellis_input (no norm) and trellis_output are L2, bit-exact
 // against cpu::trellis::decode_row and fwht_blocks (the butterflies are the portable loop's,
 // each element's adds in the same order, the 1 / sqrt(block) factor passed from the host);
 // trellis_matvec sums in its own order (lanes, then a warp tree), so it is L3 against the
-// float64 product of the decoded matrix, with a rounding-error bound written in the check.
+// float64 product of the decoded matrix, with a rounding-error bound written in the check, and
+// L2 on small integer inputs (exact sums, so every order gives the same bits).
 
 // 1MAD's constants (cpu::trellis::MAD_A, MAD_B, MAD_SCALE).
 #define TRELLIS_MAD_A 34038481u
 #define TRELLIS_MAD_B 76625530u
 #define TRELLIS_MAD_SCALE 147.800537109375f
+// 1mad8's divisor (cpu::trellis::MAD8_SCALE: MAD_SCALE * 127 / 510 in float32).
+#define TRELLIS_MAD8_SCALE 36.805233001708984f
+// The kernels' `L` argument carries the code above the state's bits: L | code << 8, code 0
+// for 1mad and 1 for 1mad8 (graph_trellis.rs, l_arg).
+#define TRELLIS_CODE_SHIFT 8
+// 1mad8's fast paths (L 8) read each code from a table of the 256 states' float32 codes in
+// shared memory, 32 copies side by side (state s, copy j at s * 32 + j; lane j reads copy j:
+// every lane its own bank, whatever the states), after the padded input (trellis_lut_off).
+#define TRELLIS_LUT_FLOATS 8192
 // The largest Hadamard block the transforms take (hadamard_block's cap), float32 in shared
 // memory.
 #define TRELLIS_MAX_HB 4096
@@ -35,6 +47,13 @@
 #ifndef TRELLIS_PREFETCH
 #define TRELLIS_PREFETCH 1
 #endif
+// 1 runs 1mad8's table path two rows a lane (trellis_row2: each input pair loaded once for
+// both; the same bits): MLX_GRAPH_TRELLIS_ROWS2=1, the device's A/B of it (graph_trellis.rs,
+// trellis_source). Off by default: it takes trellis_linear, trellis_gate_up and
+// trellis_matvec_out to 80 registers and trellis_qkv to spills, for 1mad models too.
+#ifndef TRELLIS_ROWS2
+#define TRELLIS_ROWS2 0
+#endif
 
 // The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
 // The byte sum is one dp4a against ones, accumulated onto the bits of 2^23 (the sum is below
@@ -43,6 +62,45 @@
 __device__ __forceinline__ float trellis_code(u32 state) {
   const u32 x = state * TRELLIS_MAD_A + TRELLIS_MAD_B;
   return __uint_as_float(__dp4a(x, 0x01010101u, CODE_EXP)) - (CODE_OFF + 510.f);
+}
+
+// 1mad8's integer code of a state (TrellisCode::Mad8's int): the 1MAD integer c = byte sum -
+// 510 rounded to c * 127 / 510 half away from zero (in -127..=127).
+__device__ __forceinline__ int trellis_mad8_int(u32 state) {
+  const u32 x = state * TRELLIS_MAD_A + TRELLIS_MAD_B;
+  const u32 y = (x & 0x00FF00FFu) + ((x >> 8) & 0x00FF00FFu);
+  const int c = (int)((y & 0xFFFFu) + (y >> 16)) - 510;
+  const int r = ((c < 0 ? -c : c) * 127 + 255) / 510;
+  return c < 0 ? -r : r;
+}
+
+// The code (0 1mad, 1 1mad8) and the state's bits of a kernel's `L` argument.
+__device__ __forceinline__ int trellis_code_of(ll L) { return (int)(L >> TRELLIS_CODE_SHIFT); }
+__device__ __forceinline__ ll trellis_l_of(ll L) { return L & ((1 << TRELLIS_CODE_SHIFT) - 1); }
+
+// Whether the product of this shape reads 1mad8's table (the fast paths at L 8).
+__device__ __forceinline__ bool trellis_uses_lut(ll L, ll block) {
+  return trellis_code_of(L) == 1 && trellis_l_of(L) == 8 && (block == 32 || block == 64);
+}
+
+// Where the table starts in the dynamic shared memory: after the padded input (K + pad K / 32
+// floats), rounded up to 16 bytes (TrellisPlan::shared_bytes).
+__device__ __forceinline__ ll trellis_lut_off(ll K, ll block) {
+  const ll pad = block == 32 ? 2 : 1;
+  return ((K + pad * ((K + 31) / 32)) + 3) & ~(ll)3;
+}
+
+// 1mad8's table (TRELLIS_LUT_FLOATS floats at lut) for the shape, where the product reads it:
+// warp w computes states 32 w + lane, then writes each of its 32 states' 32 copies (one
+// shuffle and one conflict-free store a state). Written before the PDL wait (it depends on no
+// kernel); the barriers of the prologue order it before the product.
+__device__ __forceinline__ void trellis_lut_fill(float* lut, ll L, ll block) {
+  if (!trellis_uses_lut(L, block)) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int s0 = warp * 32; s0 < 256; s0 += warps * 32) {
+    const float v = (float)trellis_mad8_int((u32)(s0 + lane));
+    for (int i = 0; i < 32; ++i) lut[(s0 + i) * 32 + lane] = __shfl_sync(0xffffffffu, v, i);
+  }
 }
 
 // Bit offset (in a block's stream of bits = block * kb bits) of the first bit of weight t's
@@ -64,13 +122,14 @@ __device__ __forceinline__ u32 trellis_window(const u32* words, int bw, int t, i
 // Block b of row r of the decoded matrix (trellis_decode).
 __device__ __forceinline__ void trellis_decode_block(const u32* W, const float* scales,
                                                      float* out, ll r, ll b, ll K, ll kb, ll L,
-                                                     ll block, ll bw, ll bits) {
+                                                     ll block, ll bw, ll bits, int mad8) {
   const u32* words = W + r * (K * kb / 32) + b * bw;
   float* o = out + r * K + b * block;
   const float scale = scales[r];
   const u32 mask = (1u << L) - 1u, kmask = (1u << kb) - 1u;
   u32 state = trellis_window(words, (int)bw, 0, (int)kb, (int)L, (int)bits);
   auto code = [&](u32 s) {
+    if (mad8) return (float)trellis_mad8_int(s) / TRELLIS_MAD8_SCALE * scale;
     const u32 x = s * TRELLIS_MAD_A + TRELLIS_MAD_B;
     const u32 y = (x & 0x00FF00FFu) + ((x >> 8) & 0x00FF00FFu);
     const u32 sum = (y & 0xFFFFu) + (y >> 16);
@@ -97,10 +156,12 @@ __device__ __forceinline__ void trellis_decode_block(const u32* W, const float* 
 // weight). One thread a block of a row, the grid striding over them.
 extern "C" __global__ void trellis_decode(const u32* W, const float* scales, float* out, ll N,
                                           ll K, ll kb, ll L, ll block) {
+  const int mad8 = trellis_code_of(L);
+  L = trellis_l_of(L);
   const ll nb = K / block, bw = block * kb / 32, bits = block * kb;
   for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < N * nb;
        i += (ll)gridDim.x * blockDim.x)
-    trellis_decode_block(W, scales, out, i / nb, i % nb, K, kb, L, block, bw, bits);
+    trellis_decode_block(W, scales, out, i / nb, i % nb, K, kb, L, block, bw, bits, mad8);
 }
 
 // The orthonormal Walsh-Hadamard transform in shared memory, in place, of each consecutive
@@ -271,9 +332,13 @@ __device__ __forceinline__ int trellis_xs(ll c, int pad) { return (int)(c + pad 
 // L 8, blocks of 64 with L 12): its words in registers, each weight's window one funnel shift
 // (or one shift where it sits in one word) at a position known at compile time, its code in
 // registers (trellis_code), two FMA chains. No state is carried from weight to weight, so
-// nothing serializes the 32 or 64 codes but the two accumulators.
-template <int KB, int L, int BLOCK>
-__device__ __forceinline__ float trellis_block(const u32* w, const float* xs) {
+// nothing serializes the 32 or 64 codes but the two accumulators. LUT (1mad8 at L 8): each code
+// is one load from the table (lut, the same for every lane) at byte state * 128 + lane * 4 (the
+// lane's copy, lane4 = lane * 4): the window's shift puts the state at bit 7 and one LOP3 masks
+// it and ors the lane in, instead of 1MAD's three instructions after the shift and mask.
+template <int KB, int L, int BLOCK, bool LUT = false>
+__device__ __forceinline__ float trellis_block(const u32* w, const float* xs,
+                                               const float* lut = nullptr, u32 lane4 = 0) {
   constexpr int BITS = BLOCK * KB, BW = BITS / 32, PAD = BLOCK == 32 ? 2 : 1;
   constexpr u32 MASK = (1u << L) - 1u;
   float acc0 = 0.f, acc1 = 0.f;
@@ -281,13 +346,27 @@ __device__ __forceinline__ float trellis_block(const u32* w, const float* xs) {
   for (int t = 0; t < BLOCK; ++t) {
     const int start = ((t + 1) * KB + BITS - L) % BITS;
     const int a = start >> 5, off = start & 31;
-    u32 state;
-    if (off + L <= 32) {
-      state = (w[a] >> (32 - off - L)) & MASK;
+    float c;
+    if (LUT) {
+      // The state at bits 7..14 (L 8): sh = the window's shift less 7.
+      constexpr u32 SMASK = MASK << 7;
+      u32 sb;
+      if (off + L <= 32) {
+        const int sh = 32 - off - L - 7;
+        sb = sh >= 0 ? w[a] >> sh : w[a] << -sh;
+      } else {
+        sb = __funnelshift_r(w[a + 1 == BW ? 0 : a + 1], w[a], 64 - off - L - 7);
+      }
+      c = *(const float*)((const char*)lut + ((sb & SMASK) | lane4));
     } else {
-      state = __funnelshift_r(w[a + 1 == BW ? 0 : a + 1], w[a], 64 - off - L) & MASK;
+      u32 state;
+      if (off + L <= 32) {
+        state = (w[a] >> (32 - off - L)) & MASK;
+      } else {
+        state = __funnelshift_r(w[a + 1 == BW ? 0 : a + 1], w[a], 64 - off - L) & MASK;
+      }
+      c = trellis_code(state);
     }
-    const float c = trellis_code(state);
     if (t & 1) {
       acc1 = fmaf(c, xs[t + PAD * (t >> 5)], acc1);
     } else {
@@ -330,23 +409,70 @@ __device__ __forceinline__ void trellis_load(const u32* p, u32* w) {
 // a shuffle tree. The host picks lpr (graph_trellis.rs, lanes_per_row) so that the blocks fill
 // the lanes and the grid fills the GPU; the lanes of a warp read neighbouring blocks of
 // neighbouring rows, one contiguous span of words.
-template <int KB, int L, int BLOCK>
+template <int KB, int L, int BLOCK, bool LUT = false>
 __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, int j, int lpr,
-                                             ll nb) {
+                                             ll nb, const float* lut = nullptr, u32 lane4 = 0) {
   constexpr int BW = BLOCK * KB / 32;
   float acc = 0.f;
   for (ll b = j; b < nb; b += lpr) {
     u32 w[BW];
     trellis_load<BW>(row + b * BW, w);
-    acc += trellis_block<KB, L, BLOCK>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1));
+    acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1),
+                                            lut, lane4);
   }
   return acc;
 }
 
+// 1mad8's table path over two rows at once (rows a and b, the same blocks j, j + lpr, ...):
+// each input pair is loaded from shared memory once for both rows' products (the table's
+// loads and the input's are what bind this loop: a wavefront a weight each, the input's now
+// half). Each row's sums are trellis_row<.., true>'s, in the same order: the same bits.
+template <int KB, int L, int BLOCK>
+__device__ __forceinline__ void trellis_row2(const u32* ra, const u32* rb, const float* xs, int j,
+                                             int lpr, ll nb, const float* lut, u32 lane4,
+                                             float& acc_a, float& acc_b) {
+  constexpr int BITS = BLOCK * KB, BW = BITS / 32, PAD = BLOCK == 32 ? 2 : 1;
+  constexpr u32 SMASK = ((1u << L) - 1u) << 7;
+  for (ll b = j; b < nb; b += lpr) {
+    u32 wa[BW], wb[BW];
+    trellis_load<BW>(ra + b * BW, wa);
+    trellis_load<BW>(rb + b * BW, wb);
+    const float* x = xs + trellis_xs(b * BLOCK, PAD);
+    float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
+#pragma unroll
+    for (int t = 0; t < BLOCK; ++t) {
+      const int start = ((t + 1) * KB + BITS - L) % BITS;
+      const int a = start >> 5, off = start & 31;
+      u32 sa, sb;
+      if (off + L <= 32) {
+        const int sh = 32 - off - L - 7;
+        sa = sh >= 0 ? wa[a] >> sh : wa[a] << -sh;
+        sb = sh >= 0 ? wb[a] >> sh : wb[a] << -sh;
+      } else {
+        const int n = a + 1 == BW ? 0 : a + 1;
+        sa = __funnelshift_r(wa[n], wa[a], 64 - off - L - 7);
+        sb = __funnelshift_r(wb[n], wb[a], 64 - off - L - 7);
+      }
+      const float ca = *(const float*)((const char*)lut + ((sa & SMASK) | lane4));
+      const float cb = *(const float*)((const char*)lut + ((sb & SMASK) | lane4));
+      const float xv = x[t + PAD * (t >> 5)];
+      if (t & 1) {
+        a1 = fmaf(ca, xv, a1);
+        b1 = fmaf(cb, xv, b1);
+      } else {
+        a0 = fmaf(ca, xv, a0);
+        b0 = fmaf(cb, xv, b0);
+      }
+    }
+    acc_a += a0 + a1;
+    acc_b += b0 + b1;
+  }
+}
+
 // Any shape (k 2..4, L up to 16, any block): lane j of the group takes weights j, j + lpr, ...
-// of its row, each window read from its block's words (through L1).
+// of its row, each window read from its block's words (through L1); mad8: 1mad8's codes.
 __device__ __forceinline__ float trellis_row_any(const u32* row, const float* xs, int j, int lpr,
-                                                 ll K, ll kb, ll L, ll block) {
+                                                 ll K, ll kb, ll L, ll block, int mad8) {
   const ll bw = block * kb / 32, bits = block * kb;
   const u32 mask = (1u << L) - 1u;
   const int pad = trellis_pad(block);
@@ -354,27 +480,86 @@ __device__ __forceinline__ float trellis_row_any(const u32* row, const float* xs
   for (ll c = j; c < K; c += lpr) {
     const ll b = c / block, t = c % block;
     const u32 s = trellis_window(row + b * bw, (int)bw, (int)t, (int)kb, (int)L, (int)bits) & mask;
-    acc = fmaf(trellis_code(s), xs[trellis_xs(c, pad)], acc);
+    const float code = mad8 ? (float)trellis_mad8_int(s) : trellis_code(s);
+    acc = fmaf(code, xs[trellis_xs(c, pad)], acc);
   }
   return acc;
 }
 
-// The rows of trellis_matvec and trellis_matvec_in, the input in shared memory (xs).
+// The rows of trellis_matvec and trellis_matvec_in, the input in shared memory (xs; 1mad8's
+// table, where the shape reads it, at trellis_lut_off). L: the kernels' argument (the code
+// above the state's bits).
 __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, const float* xs,
                                              float* z, ll N, ll K, ll kb, ll L, ll block,
                                              ll lpr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = (int)lpr, j = lane % g, rpw = 32 / g;
   const ll wpr = K * kb / 32, nb = K / block;
+  const int mad8 = trellis_code_of(L);
+  const bool lut = trellis_uses_lut(L, block);
+  const float* tab = xs + trellis_lut_off(K, block);
+  const u32 lane4 = 4u * lane;
+  L = trellis_l_of(L);
   // The fast cases: blocks of 32 with L 8 (the quantizer's 3-bit choice), blocks of 64 with
-  // L 12 (the config's defaults).
+  // L 12 (the config's defaults); 1mad8's blocks of 32 and 64 with L 8 (its table).
   const bool f32 = block == 32 && L == 8, f64 = block == 64 && L == 12;
+  const float div = mad8 ? TRELLIS_MAD8_SCALE : TRELLIS_MAD_SCALE;
+#if TRELLIS_ROWS2
+  if (lut) {
+    // Two of the warp's row groups at once (trellis_row2): this one and the one a grid stride
+    // on (the block's next chunk of rows, so each block writes the rows it wrote before: the
+    // epilogue's counting is unchanged); a missing second row repeats the first, discarded.
+    const ll stride = (ll)gridDim.x * warps * rpw;
+    for (ll r0 = ((ll)blockIdx.x * warps + warp) * rpw; r0 < N; r0 += 2 * stride) {
+      const ll ra = r0 + lane / g, rb = ra + stride;
+      float acc_a = 0.f, acc_b = 0.f;
+      if (ra < N) {
+        const u32* rowa = W + ra * wpr;
+        const u32* rowb = rb < N ? W + rb * wpr : rowa;
+        if (block == 32 && kb == 2) {
+          trellis_row2<2, 8, 32>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else if (block == 32 && kb == 3) {
+          trellis_row2<3, 8, 32>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else if (block == 32) {
+          trellis_row2<4, 8, 32>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else if (kb == 2) {
+          trellis_row2<2, 8, 64>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else if (kb == 3) {
+          trellis_row2<3, 8, 64>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        } else {
+          trellis_row2<4, 8, 64>(rowa, rowb, xs, j, g, nb, tab, lane4, acc_a, acc_b);
+        }
+      }
+      for (int o = g / 2; o > 0; o >>= 1) {
+        acc_a += __shfl_xor_sync(0xffffffffu, acc_a, o);
+        acc_b += __shfl_xor_sync(0xffffffffu, acc_b, o);
+      }
+      if (ra < N && j == 0) z[ra] = acc_a * (scales[ra] / div);
+      if (rb < N && j == 0) z[rb] = acc_b * (scales[rb] / div);
+    }
+    return;
+  }
+#endif
   for (ll r0 = ((ll)blockIdx.x * warps + warp) * rpw; r0 < N; r0 += (ll)gridDim.x * warps * rpw) {
     const ll r = r0 + lane / g;
     float acc = 0.f;
     if (r < N) {
       const u32* row = W + r * wpr;
-      if (f32 && kb == 2) {
+      if (lut && block == 32 && kb == 2) {
+        acc = trellis_row<2, 8, 32, true>(row, xs, j, g, nb, tab, lane4);
+      } else if (lut && block == 32 && kb == 3) {
+        acc = trellis_row<3, 8, 32, true>(row, xs, j, g, nb, tab, lane4);
+      } else if (lut && block == 32 && kb == 4) {
+        acc = trellis_row<4, 8, 32, true>(row, xs, j, g, nb, tab, lane4);
+      } else if (lut && kb == 2) {
+        acc = trellis_row<2, 8, 64, true>(row, xs, j, g, nb, tab, lane4);
+      } else if (lut && kb == 3) {
+        acc = trellis_row<3, 8, 64, true>(row, xs, j, g, nb, tab, lane4);
+      } else if (lut && kb == 4) {
+        acc = trellis_row<4, 8, 64, true>(row, xs, j, g, nb, tab, lane4);
+      } else if (mad8) {
+        acc = trellis_row_any(row, xs, j, g, K, kb, L, block, 1);
+      } else if (f32 && kb == 2) {
         acc = trellis_row<2, 8, 32>(row, xs, j, g, nb);
       } else if (f32 && kb == 3) {
         acc = trellis_row<3, 8, 32>(row, xs, j, g, nb);
@@ -387,12 +572,12 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
       } else if (f64 && kb == 4) {
         acc = trellis_row<4, 12, 64>(row, xs, j, g, nb);
       } else {
-        acc = trellis_row_any(row, xs, j, g, K, kb, L, block);
+        acc = trellis_row_any(row, xs, j, g, K, kb, L, block, 0);
       }
     }
     // The group's lanes are consecutive (g a power of two): a shuffle tree inside it.
     for (int o = g / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (r < N && j == 0) z[r] = acc * (scales[r] / TRELLIS_MAD_SCALE);
+    if (r < N && j == 0) z[r] = acc * (scales[r] / div);
   }
 }
 
@@ -443,6 +628,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec(
   xh += (ll)blockIdx.y * K;
   z += (ll)blockIdx.y * N;
   trellis_prefetch(W, N, K, kb, lpr);
+  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
   pdl_wait_then_release();
   const int pad = trellis_pad(block);
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
@@ -490,6 +676,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_in(
   xin += (ll)blockIdx.y * K;
   z += (ll)blockIdx.y * N;
   trellis_prefetch(W, N, K, kb, lpr);
+  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv, K, block, hb, hscale, norm, eps);
   trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
@@ -550,6 +737,48 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
                        blockIdx.y, buf);
 }
 
+// Segments a counting round of the epilogues takes at most (trellis_count_round): the size of
+// the list of Hadamard blocks a round completes.
+#define TRELLIS_ROUND 128
+
+// The epilogues' counting (after the block's rows of z are written and fenced, and a
+// barrier): the block's rows are chunks of RB consecutive rows, RB apart by the grid, each in
+// S = max(1, RB / hb) segments of one Hadamard block of rows (RB and hb powers of two, chunks
+// aligned to RB). Round g0 counts segments g0 .. g0 + TRELLIS_ROUND of the block, a thread a
+// segment, all the atomics in flight together (they were one after another, each behind two
+// barriers); a thread whose add completes a Hadamard block (its count reaches target) sets
+// the count back to zero for the next launch and lists the block in done. Returns how many
+// it listed, after a barrier (the caller transforms them, then a barrier before the next
+// round). Which block completes a Hadamard block, and so the bits, are as before: the
+// transform reads z whole.
+__device__ __forceinline__ ll trellis_segments(ll N, ll RB, ll hb) {
+  const ll chunks = (ll)blockIdx.x * RB < N ? (N - (ll)blockIdx.x * RB - 1) / ((ll)gridDim.x * RB) + 1 : 0;
+  return chunks * (RB > hb ? RB / hb : 1);
+}
+
+__device__ __forceinline__ int trellis_count_round(int* counts, ll N, ll RB, ll hb, int target,
+                                                   ll g0, int* done, int* ndone) {
+  if (threadIdx.x == 0) *ndone = 0;
+  __syncthreads();
+  const ll S = RB > hb ? RB / hb : 1;
+  const ll g = g0 + threadIdx.x;
+  if (threadIdx.x < TRELLIS_ROUND && g < trellis_segments(N, RB, hb)) {
+    const ll c = ((ll)blockIdx.x + (g / S) * gridDim.x) * RB;
+    const ll a = c + (g % S) * hb, e = c + RB < N ? c + RB : N;
+    if (a < e) {
+      const ll h = a / hb, end = (h + 1) * hb < e ? (h + 1) * hb : e;
+      const int n = (int)(end - a);
+      if (atomicAdd(counts + h, n) + n == target) {
+        __threadfence();
+        atomicExch(counts + h, 0);
+        done[atomicAdd(ndone, 1)] = (int)h;
+      }
+    }
+  }
+  __syncthreads();
+  return *ndone;
+}
+
 // The epilogue of trellis_matvec_out and trellis_linear, after the block's rows of z
 // (sequence b) are written: the block counts them into their Hadamard blocks of rows (counts:
 // one int a Hadamard block and sequence, zero before the launch); the block whose rows complete
@@ -560,29 +789,16 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
 __device__ __forceinline__ void trellis_finish(const float* z, int* counts, const float* su,
                                                const bf16_t* bias, const bf16_t* res, void* out,
                                                ll N, ll lpr, ll hb, double hscale, ll mode, ll b,
-                                               float* buf, int* last) {
+                                               float* buf, int* done, int* ndone) {
   __threadfence();
-  __syncthreads();
-  // The block's rows: chunks of RB consecutive rows, RB apart by the grid.
+  // The block's rows: chunks of RB consecutive rows, RB apart by the grid (trellis_rows').
   const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr), nhb = N / hb;
-  for (ll c = (ll)blockIdx.x * RB; c < N; c += (ll)gridDim.x * RB) {
-    const ll e = c + RB < N ? c + RB : N;
-    for (ll a = c; a < e;) {
-      const ll h = a / hb, end = (h + 1) * hb < e ? (h + 1) * hb : e;
-      if (threadIdx.x == 0) {
-        const int n = (int)(end - a);
-        int* cnt = counts + b * nhb + h;
-        *last = atomicAdd(cnt, n) + n == (int)hb;
-        if (*last) {
-          __threadfence();
-          atomicExch(cnt, 0);
-        }
-      }
-      __syncthreads();
-      if (*last) trellis_output_block(z, su, bias, res, out, N, hb, hscale, mode, h * hb, b, buf);
-      __syncthreads();
-      a = end;
-    }
+  const ll segs = trellis_segments(N, RB, hb);
+  for (ll g0 = 0; g0 < segs; g0 += TRELLIS_ROUND) {
+    const int nd = trellis_count_round(counts + b * nhb, N, RB, hb, (int)hb, g0, done, ndone);
+    for (int i = 0; i < nd; ++i)
+      trellis_output_block(z, su, bias, res, out, N, hb, hscale, mode, (ll)done[i] * hb, b, buf);
+    __syncthreads();
   }
 }
 
@@ -599,17 +815,18 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_out
     ll lpr, ll hb, double hscale, ll mode) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float buf[TRELLIS_MAX_HB];
-  __shared__ int last;
+  __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = (float*)smem;
   const ll b = blockIdx.y;
   xh += b * K;
   trellis_prefetch(W, N, K, kb, lpr);
+  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
   pdl_wait_then_release();
   const int pad = trellis_pad(block);
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
   __syncthreads();
   trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
-  trellis_finish(z, counts, su, bias, res, out, N, lpr, hb, hscale, mode, b, buf, &last);
+  trellis_finish(z, counts, su, bias, res, out, N, lpr, hb, hscale, mode, b, buf, done, &ndone);
 }
 
 // A whole trellis-coded linear in one launch: trellis_matvec_in's prologue (the input's norm,
@@ -627,11 +844,12 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_linear(
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float buf[TRELLIS_MAX_HB];
   __shared__ float red[TRELLIS_THREADS / 32];
-  __shared__ int last;
+  __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = (float*)smem;
   const ll b = blockIdx.y;
   xin += b * K;
   trellis_prefetch(W, N, K, kb, lpr);
+  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
   trellis_prefetch_span(sv, 4 * K);
   trellis_prefetch_span(scales, 4 * N);
   trellis_prefetch_span(su, 4 * N);
@@ -640,7 +858,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_linear(
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv, K, block, hbc, hscalec, norm, eps);
   trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
-  trellis_finish(z, counts, su, bias, res, out, N, lpr, hbr, hscaler, mode, b, buf, &last);
+  trellis_finish(z, counts, su, bias, res, out, N, lpr, hbr, hscaler, mode, b, buf, done, &ndone);
 }
 
 // RoPE on q (in place) and k, and k and v into the caches at position state[1], after the
@@ -753,7 +971,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float buf[TRELLIS_MAX_HB];
   __shared__ float red[TRELLIS_THREADS / 32];
-  __shared__ int last;
+  __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = (float*)smem;
   const ll zsl = blockIdx.z, Nq = nh * D, Nk = nkv * D;
   const ll N = zsl == 0 ? Nq : Nk, r0 = zsl == 0 ? 0 : zsl == 1 ? Nq : Nq + Nk;
@@ -765,6 +983,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   int* cnt = counts + (zsl == 0 ? 0 : zsl == 1 ? Nq / hbq : Nq / hbq + Nk / hbk);
   const ll wpr = K * kb / 32;
   trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
+  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
   trellis_prefetch_span(sv, 12 * K);
   trellis_prefetch_span(scales, 4 * (Nq + 2 * Nk));
   trellis_prefetch_span(su, 4 * (Nq + 2 * Nk));
@@ -775,28 +994,15 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
   trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr);
   __threadfence();
-  __syncthreads();
   // trellis_finish's counting, over this slice's rows.
   const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr);
-  for (ll c = (ll)blockIdx.x * RB; c < N; c += (ll)gridDim.x * RB) {
-    const ll e = c + RB < N ? c + RB : N;
-    for (ll a = c; a < e;) {
-      const ll h = a / hb, end = (h + 1) * hb < e ? (h + 1) * hb : e;
-      if (threadIdx.x == 0) {
-        const int n = (int)(end - a);
-        last = atomicAdd(cnt + h, n) + n == (int)hb;
-        if (last) {
-          __threadfence();
-          atomicExch(cnt + h, 0);
-        }
-      }
-      __syncthreads();
-      if (last)
-        trellis_qkv_block(z + r0, su + r0, has_bias ? bias + r0 : nullptr, qout + r0, kc, vc, rope,
-                          D, cap, nrot, traditional, hb, hs, h * hb, zsl, pos, buf);
-      __syncthreads();
-      a = end;
-    }
+  const ll segs = trellis_segments(N, RB, hb);
+  for (ll g0 = 0; g0 < segs; g0 += TRELLIS_ROUND) {
+    const int nd = trellis_count_round(cnt, N, RB, hb, (int)hb, g0, done, &ndone);
+    for (int i = 0; i < nd; ++i)
+      trellis_qkv_block(z + r0, su + r0, has_bias ? bias + r0 : nullptr, qout + r0, kc, vc, rope,
+                        D, cap, nrot, traditional, hb, hs, (ll)done[i] * hb, zsl, pos, buf);
+    __syncthreads();
   }
 }
 
@@ -814,10 +1020,11 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_gate_up(
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float buf[TRELLIS_MAX_HB];
   __shared__ float red[TRELLIS_THREADS / 32];
-  __shared__ int last;
+  __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = (float*)smem;
   const ll zsl = blockIdx.z, r0 = zsl * N, wpr = K * kb / 32;
   trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
+  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
   trellis_prefetch_span(sv, 8 * K);
   trellis_prefetch_span(scales, 8 * N);
   trellis_prefetch_span(su, 8 * N);
@@ -826,28 +1033,16 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_gate_up(
   trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
   trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr);
   __threadfence();
-  __syncthreads();
   const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr);
-  for (ll c = (ll)blockIdx.x * RB; c < N; c += (ll)gridDim.x * RB) {
-    const ll e = c + RB < N ? c + RB : N;
-    for (ll a = c; a < e;) {
-      const ll h = a / hbr, end = (h + 1) * hbr < e ? (h + 1) * hbr : e;
-      if (threadIdx.x == 0) {
-        const int n = (int)(end - a);
-        last = atomicAdd(counts + h, n) + n == 2 * (int)hbr;
-        if (last) {
-          __threadfence();
-          atomicExch(counts + h, 0);
-        }
-      }
-      __syncthreads();
-      if (last) {
-        trellis_output_block(z, su, nullptr, nullptr, g, N, hbr, hscaler, 0, h * hbr, 0, buf);
-        trellis_output_block(z + N, su + N, nullptr, g, act, N, hbr, hscaler, MODE_SWIGLU,
-                             h * hbr, 0, buf);
-      }
-      __syncthreads();
-      a = end;
+  const ll segs = trellis_segments(N, RB, hbr);
+  for (ll g0 = 0; g0 < segs; g0 += TRELLIS_ROUND) {
+    const int nd = trellis_count_round(counts, N, RB, hbr, 2 * (int)hbr, g0, done, &ndone);
+    for (int i = 0; i < nd; ++i) {
+      const ll h0 = (ll)done[i] * hbr;
+      trellis_output_block(z, su, nullptr, nullptr, g, N, hbr, hscaler, 0, h0, 0, buf);
+      trellis_output_block(z + N, su + N, nullptr, g, act, N, hbr, hscaler, MODE_SWIGLU, h0, 0,
+                           buf);
     }
+    __syncthreads();
   }
 }

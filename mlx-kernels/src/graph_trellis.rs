@@ -9,7 +9,10 @@
 //! `trellis_input` in its prologue (one launch for two, bit-equal to them), and
 //! `trellis_matvec_out` with `trellis_output` in its epilogue (the last block to finish a
 //! Hadamard block of rows transforms it; bit-equal to the two launches). `trellis_decode`
-//! writes the decoded matrix, the device twin of `cpu::trellis::decode_row`.
+//! writes the decoded matrix, the device twin of `cpu::trellis::decode_row`. Both codes run:
+//! `1mad` (each code computed) and `1mad8` (at `L` 8 each code one load from a table of the
+//! 256 states' codes in shared memory, a copy a lane: [`uses_lut`]); [`l_arg`] carries the code
+//! in every launch.
 //!
 //! # Tier
 //!
@@ -19,7 +22,8 @@
 //! against `decode_row` and `fwht_blocks`, and `trellis_matvec_in` is bit-equal to
 //! `trellis_input` then `trellis_matvec`; `trellis_matvec` sums in its own order (L3 against
 //! the float64 product of the decoded matrix, within the rounding bound written in the
-//! script), and so is the whole linear against the CPU decoder's `TrellisView::matvec`.
+//! script; L2 on small integer inputs, whose sums are exact in any order), and so is the whole
+//! linear against the CPU decoder's `TrellisView::matvec`.
 //!
 //! [`crate::graph_decode::GraphDecoder`] launches `trellis_qkv` (q, k and v in one launch:
 //! the input norm, signs and Hadamard blocks in its prologue; the output transform, RoPE and
@@ -39,14 +43,18 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
 /// [`TRELLIS_SOURCE`] as the graph decoder compiles it: with `MLX_GRAPH_TRELLIS_PREFETCH=0`,
 /// `TRELLIS_PREFETCH 0` defined first (the L2 prefetches before the PDL wait off: hints, the
-/// results are the same bits; the device's A/B of them).
+/// results are the same bits; the device's A/B of them); with `MLX_GRAPH_TRELLIS_ROWS2=1`,
+/// `TRELLIS_ROWS2 1` (1mad8's table path two rows a lane: the same bits, more registers; the
+/// device's A/B of it, off by default).
 pub fn trellis_source() -> String {
-    let off = std::env::var("MLX_GRAPH_TRELLIS_PREFETCH").is_ok_and(|v| v == "0");
-    let define = if off {
-        "#define TRELLIS_PREFETCH 0\n"
-    } else {
-        ""
-    };
+    let env = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x == v);
+    let mut define = String::new();
+    if env("MLX_GRAPH_TRELLIS_PREFETCH", "0") {
+        define.push_str("#define TRELLIS_PREFETCH 0\n");
+    }
+    if env("MLX_GRAPH_TRELLIS_ROWS2", "1") {
+        define.push_str("#define TRELLIS_ROWS2 1\n");
+    }
     format!("{define}{TRELLIS_SOURCE}")
 }
 
@@ -70,6 +78,15 @@ pub const TRELLIS_THREADS: u32 = 256;
 /// The largest Hadamard block the transforms hold in shared memory (`TRELLIS_MAX_HB`; the cap
 /// of [`hadamard_block`]).
 pub const TRELLIS_MAX_HB: usize = 4096;
+/// Segments an epilogue's counting round takes at most (`TRELLIS_ROUND`: the size of its list
+/// of completed Hadamard blocks).
+pub const TRELLIS_ROUND: u32 = 128;
+/// The static shared memory of the kernels with the output transform in their epilogue
+/// (`trellis_linear`, `trellis_qkv`, `trellis_gate_up`, `trellis_matvec_out`): the Hadamard
+/// buffer, the norm's reductions, the list of completed Hadamard blocks and its length, with
+/// room for alignment; on top of a plan's dynamic bytes.
+pub const STATIC_SHARED: u32 =
+    4 * TRELLIS_MAX_HB as u32 + 4 * (TRELLIS_THREADS / 32) + 4 * TRELLIS_ROUND + 16;
 /// The most dynamic shared memory a block of `trellis_matvec` may take: the H100's and
 /// H200's 227 KiB a block (opted in), less `trellis_matvec_out`'s static 16 KiB Hadamard
 /// buffer and its reductions.
@@ -85,15 +102,41 @@ pub const OUT_RAW: i64 = 32;
 /// Add the bias (bfloat16, one a row) after the rounding.
 pub const OUT_BIAS: i64 = 64;
 
+/// Where the kernels' `L` argument carries the code, above the state's bits
+/// (`TRELLIS_CODE_SHIFT`): [`l_arg`].
+pub const CODE_SHIFT: u32 = 8;
+/// Floats of 1mad8's code table in shared memory (`TRELLIS_LUT_FLOATS`: the 256 states' codes,
+/// 32 copies, one a lane).
+pub const LUT_FLOATS: usize = 8192;
+
+/// The kernels' `L` argument for `spec`: the state's bits, and the code above them (0 for 1mad,
+/// 1 for 1mad8), so every launch of a trellis matrix says how its states decode.
+pub fn l_arg(spec: &TrellisSpec) -> i64 {
+    let code = match spec.code {
+        TrellisCode::Mad => 0,
+        TrellisCode::Mad8 => 1,
+    };
+    i64::from(spec.l) | code << CODE_SHIFT
+}
+
+/// Whether the product reads 1mad8's table (its fast paths: `L` 8, blocks of 32 or 64).
+pub fn uses_lut(spec: &TrellisSpec) -> bool {
+    spec.code == TrellisCode::Mad8 && spec.l == 8 && matches!(spec.block, 32 | 64)
+}
+
 /// Multiprocessors [`lanes_per_row`] assumes when the device's count is not known (the H100
 /// SXM's and H200's).
 pub const DEFAULT_SMS: u32 = 132;
 
 /// Whether `spec` takes `trellis_matvec`'s unrolled path: blocks of 32 with `L` 8 (the
-/// quantizer's 3-bit choice) or blocks of 64 with `L` 12 (the config's defaults). Any other
-/// shape runs the general path (each window read through L1), with the same results.
+/// quantizer's 3-bit choice) or blocks of 64 with `L` 12 (the config's defaults), and 1mad8's
+/// table paths ([`uses_lut`]: blocks of 32 or 64 with `L` 8). Any other shape runs the general
+/// path (each window read through L1), with the same results.
 pub fn is_fast(spec: &TrellisSpec) -> bool {
-    matches!((spec.block, spec.l), (32, 8) | (64, 12))
+    match spec.code {
+        TrellisCode::Mad => matches!((spec.block, spec.l), (32, 8) | (64, 12)),
+        TrellisCode::Mad8 => uses_lut(spec),
+    }
 }
 
 /// Lanes of a warp that share one row of `trellis_matvec` (1 to 32, a power of two): the
@@ -144,7 +187,8 @@ pub struct TrellisPlan {
     pub hscale_cols: f32,
     /// `trellis_matvec`'s lanes a row ([`lanes_per_row`]).
     pub lanes_per_row: u32,
-    /// `trellis_matvec`'s dynamic shared memory (the padded float32 input).
+    /// `trellis_matvec`'s dynamic shared memory (the padded float32 input, then 1mad8's code
+    /// table where the product reads it: [`uses_lut`]).
     pub shared_bytes: u32,
 }
 
@@ -154,8 +198,6 @@ pub struct TrellisPlan {
 pub enum TrellisPlanError {
     /// The code's parameters or the matrix's shape ([`TrellisSpec::check_shape`]).
     Shape(TrellisError),
-    /// A code other than 1mad.
-    Code(TrellisCode),
     /// A side of `2^31` or more.
     Size { rows: usize, cols: usize },
     /// The padded float32 input does not fit `trellis_matvec`'s shared memory.
@@ -166,10 +208,6 @@ impl std::fmt::Display for TrellisPlanError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TrellisPlanError::Shape(e) => write!(f, "{e}"),
-            TrellisPlanError::Code(code) => write!(
-                f,
-                "a trellis matrix of the {code:?} code: the CUDA kernels compute the 1mad code only"
-            ),
             TrellisPlanError::Size { rows, cols } => {
                 write!(f, "a ({rows}, {cols}) trellis matrix: not 31-bit sizes")
             }
@@ -202,14 +240,17 @@ impl TrellisPlan {
     ) -> std::result::Result<TrellisPlan, TrellisPlanError> {
         spec.check_shape(rows, cols)
             .map_err(TrellisPlanError::Shape)?;
-        if spec.code != TrellisCode::Mad {
-            return Err(TrellisPlanError::Code(spec.code));
-        }
         if rows >= 1 << 31 || cols >= 1 << 31 {
             return Err(TrellisPlanError::Size { rows, cols });
         }
         let (hb_rows, hb_cols) = (hadamard_block(rows), hadamard_block(cols));
-        let bytes = (cols + pad(spec.block) * cols.div_ceil(32)) * 4;
+        let input = (cols + pad(spec.block) * cols.div_ceil(32)) * 4;
+        // The table after the input, from a 16-byte boundary (`trellis_lut_off`).
+        let bytes = if uses_lut(spec) {
+            input.next_multiple_of(16) + 4 * LUT_FLOATS
+        } else {
+            input
+        };
         if bytes > TRELLIS_MAX_SHARED as usize {
             return Err(TrellisPlanError::SharedMemory { cols, bytes });
         }
@@ -308,15 +349,6 @@ impl TrellisGpu {
         sv: &[f32],
     ) -> mlx_core::Result<TrellisGpu> {
         let (rows, cols) = (plan.rows, plan.cols);
-        if plan.spec.code != TrellisCode::Mad {
-            return Err(invalid(
-                "TrellisGpu::new",
-                format!(
-                    "the {:?} trellis code: the CUDA kernels compute the 1mad code only",
-                    plan.spec.code
-                ),
-            ));
-        }
         let wpr = cols * plan.spec.k as usize / 32;
         let sizes = (words.len(), scales.len(), su.len(), sv.len());
         if sizes != (rows * wpr, rows, rows, cols) {
@@ -340,9 +372,8 @@ impl TrellisGpu {
             rt.kernel("trellis_matvec_out")?,
             rt.kernel("trellis_linear")?,
         ];
-        // trellis_matvec_out's static Hadamard buffer and reductions come on top.
-        let static_out = 4 * TRELLIS_MAX_HB as u32 + 64;
-        if plan.shared_bytes + static_out > 48 * 1024 {
+        // trellis_matvec_out's static Hadamard buffer, reductions and list come on top.
+        if plan.shared_bytes + STATIC_SHARED > 48 * 1024 {
             for k in [kernels[2], kernels[4], kernels[5], kernels[6]] {
                 rt.set_shared_limit(k, plan.shared_bytes)?;
             }
@@ -390,7 +421,7 @@ impl TrellisGpu {
             Arg::I64(rows as i64),
             Arg::I64(cols as i64),
             Arg::I64(i64::from(p.spec.k)),
-            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(l_arg(&p.spec)),
             Arg::I64(p.spec.block as i64),
         ];
         let threads = [TRELLIS_THREADS, 1, 1];
@@ -459,7 +490,7 @@ impl TrellisGpu {
             Arg::I64(p.rows as i64),
             Arg::I64(cols as i64),
             Arg::I64(i64::from(p.spec.k)),
-            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(l_arg(&p.spec)),
             Arg::I64(p.spec.block as i64),
             Arg::I64(i64::from(p.lanes_per_row)),
             Arg::I64(p.hb_cols as i64),
@@ -502,7 +533,7 @@ impl TrellisGpu {
             Arg::I64(p.rows as i64),
             Arg::I64(p.cols as i64),
             Arg::I64(i64::from(p.spec.k)),
-            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(l_arg(&p.spec)),
             Arg::I64(p.spec.block as i64),
             Arg::I64(i64::from(p.lanes_per_row)),
             Arg::I64(p.hb_rows as i64),
@@ -622,7 +653,7 @@ impl TrellisGpu {
             Arg::I64(p.rows as i64),
             Arg::I64(p.cols as i64),
             Arg::I64(i64::from(p.spec.k)),
-            Arg::I64(i64::from(p.spec.l)),
+            Arg::I64(l_arg(&p.spec)),
             Arg::I64(p.spec.block as i64),
             Arg::I64(i64::from(p.lanes_per_row)),
             Arg::I64(p.hb_cols as i64),
@@ -673,7 +704,7 @@ fn launch_matvec(
         Arg::I64(p.rows as i64),
         Arg::I64(p.cols as i64),
         Arg::I64(i64::from(p.spec.k)),
-        Arg::I64(i64::from(p.spec.l)),
+        Arg::I64(l_arg(&p.spec)),
         Arg::I64(p.spec.block as i64),
         Arg::I64(i64::from(lpr)),
     ];
@@ -729,6 +760,15 @@ mod tests {
             "#define TRELLIS_MAD_SCALE {:?}f",
             f64::from(mlx_core::cpu::trellis::MAD_SCALE)
         )));
+        assert!(TRELLIS_SOURCE.contains(&format!(
+            "#define TRELLIS_MAD8_SCALE {:?}f",
+            f64::from(mlx_core::cpu::trellis::MAD8_SCALE)
+        )));
+        assert_eq!(define("TRELLIS_CODE_SHIFT"), i64::from(CODE_SHIFT));
+        assert_eq!(define("TRELLIS_LUT_FLOATS"), LUT_FLOATS as i64);
+        assert_eq!(define("TRELLIS_ROUND"), i64::from(TRELLIS_ROUND));
+        // The largest dynamic share leaves room for the static buffers in the 227 KiB a block.
+        const { assert!(TRELLIS_MAX_SHARED + STATIC_SHARED <= 227 * 1024) };
         assert_eq!(hadamard_block(1 << 20), TRELLIS_MAX_HB);
     }
 
@@ -776,6 +816,40 @@ mod tests {
                 assert!(g.is_power_of_two() && g <= 32, "{rows} {cols}: {g}");
             }
         }
+    }
+
+    #[test]
+    fn mad8_plans_carry_the_code_and_the_table() {
+        let m8 = |k, l, block| TrellisSpec {
+            code: TrellisCode::Mad8,
+            ..spec(k, l, block)
+        };
+        // The code rides above the state's bits of the kernels' L argument.
+        assert_eq!(l_arg(&spec(3, 8, 32)), 8);
+        assert_eq!(l_arg(&m8(3, 8, 32)), 8 | 1 << CODE_SHIFT);
+        // 1mad8's fast paths (L 8, blocks of 32 and 64) read the table after the input,
+        // from a 16-byte boundary; the general path (L 6, blocks of 128) does not.
+        for (s, fast) in [
+            (m8(3, 8, 32), true),
+            (m8(3, 8, 64), true),
+            (m8(2, 6, 64), false),
+            (m8(2, 8, 128), false),
+        ] {
+            assert_eq!(is_fast(&s), fast);
+            assert_eq!(uses_lut(&s), fast);
+            let p = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS).unwrap();
+            let input = (1536 + pad(s.block) * 48) * 4;
+            let want = if fast {
+                input.next_multiple_of(16) + 4 * LUT_FLOATS
+            } else {
+                input
+            };
+            assert_eq!(p.shared_bytes as usize, want, "{s:?}");
+        }
+        // 1mad at L 8 in blocks of 64 keeps the general path.
+        assert!(!is_fast(&spec(3, 8, 64)) && !uses_lut(&spec(3, 8, 32)));
+        // The 8B's down (14,336 inputs) fits with the table.
+        assert!(TrellisPlan::new(&m8(3, 8, 32), 4096, 14336, DEFAULT_SMS).is_ok());
     }
 
     #[test]

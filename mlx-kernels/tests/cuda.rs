@@ -387,13 +387,14 @@ fn flash_fused_gradients_match_finite_differences() {
 /// transform in its prologue or the output transform in its epilogue (against the two
 /// launches) bit for bit (L2), the product
 /// within the rounding bound `xtask/gpu/trellis_emulate.py` states (L3), for the host's lanes
-/// a row and for 1 and 32. Then each shape's product is timed alone (kernel-level, printed as
+/// a row and for 1 and 32, and bit for bit on integer inputs (exact sums: L2), for the 1mad
+/// and 1mad8 codes (1mad8's table paths). Then each shape's product is timed alone (kernel-level, printed as
 /// weights and weight bytes a second, the matrix L2-resident: the kernel's arithmetic ceiling,
 /// evidence for the decoder's design, not a target).
 #[test]
 fn trellis_kernels_match_the_cpu_references() {
     use mlx_core::cpu::trellis as tc;
-    use mlx_kernels::graph_trellis::{TrellisGpu, TrellisPlan, DEFAULT_SMS};
+    use mlx_kernels::graph_trellis::{is_fast, TrellisGpu, TrellisPlan, DEFAULT_SMS};
     gpu();
     let mut seed = 0x7E11_15C0_u64;
     let mut next = move || {
@@ -406,24 +407,27 @@ fn trellis_kernels_match_the_cpu_references() {
         let u = v.to_bits();
         (u.wrapping_add(0x7FFF + ((u >> 16) & 1)) >> 16) as u16
     };
-    for (k, l, block, rows, cols) in [
-        (3u32, 8u32, 32usize, 576usize, 576usize),
-        (3, 8, 32, 1536, 576),
-        (3, 8, 32, 576, 1536),
-        (2, 8, 32, 192, 576),
-        (4, 8, 32, 576, 576),
-        (3, 12, 64, 576, 1536),
-        (2, 16, 64, 192, 576),
-        (3, 8, 32, 4096, 14336),
-        (3, 8, 32, 4096, 4096),
-        (3, 8, 32, 14336, 4096),
+    let (mad, mad8) = (tc::TrellisCode::Mad, tc::TrellisCode::Mad8);
+    for (code, k, l, block, rows, cols) in [
+        (mad, 3u32, 8u32, 32usize, 576usize, 576usize),
+        (mad, 3, 8, 32, 1536, 576),
+        (mad, 3, 8, 32, 576, 1536),
+        (mad, 2, 8, 32, 192, 576),
+        (mad, 4, 8, 32, 576, 576),
+        (mad, 3, 12, 64, 576, 1536),
+        (mad, 2, 16, 64, 192, 576),
+        (mad, 3, 8, 32, 4096, 14336),
+        (mad, 3, 8, 32, 4096, 4096),
+        (mad, 3, 8, 32, 14336, 4096),
+        // 1mad8: its table (L 8, blocks of 32 and 64) and the general path (blocks of 128).
+        (mad8, 3, 8, 32, 576, 576),
+        (mad8, 3, 8, 64, 576, 1536),
+        (mad8, 2, 8, 128, 192, 1536),
+        (mad8, 3, 8, 32, 4096, 4096),
+        (mad8, 3, 8, 64, 4096, 4096),
+        (mad8, 3, 8, 32, 14336, 4096),
     ] {
-        let spec = tc::TrellisSpec {
-            k,
-            l,
-            block,
-            code: tc::TrellisCode::Mad,
-        };
+        let spec = tc::TrellisSpec { k, l, block, code };
         let plan = TrellisPlan::new(&spec, rows, cols, DEFAULT_SMS).unwrap();
         let wpr = cols * k as usize / 32;
         let words: Vec<u32> = (0..rows * wpr).map(|_| next() as u32).collect();
@@ -438,7 +442,10 @@ fn trellis_kernels_match_the_cpu_references() {
             .iter()
             .map(|&b| f32::from_bits(u32::from(b) << 16))
             .collect();
-        let what = format!("trellis k {k} L {l} block {block} ({rows}, {cols})");
+        let what = format!(
+            "trellis {} k {k} L {l} block {block} ({rows}, {cols})",
+            code.name()
+        );
         let mut g = TrellisGpu::new(plan.clone(), &words, &scales, &su, &sv).unwrap();
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
 
@@ -463,7 +470,7 @@ fn trellis_kernels_match_the_cpu_references() {
 
         // L3: the product, within its rounding bound.
         let nb = cols / block;
-        let fast = matches!((block, l), (32, 8) | (64, 12));
+        let fast = is_fast(&spec);
         let mut worst = 0f64;
         for lanes in [None, Some(1), Some(32)] {
             let z = g.matvec(&xh_ref, lanes).unwrap();
@@ -495,6 +502,33 @@ fn trellis_kernels_match_the_cpu_references() {
                     z[r]
                 );
                 worst = worst.max(err / bound);
+            }
+        }
+
+        // L2: the product on small integer inputs (-2..2): every partial sum is an exact
+        // integer below 2^24, so any order gives the same bits, float32(sum code * x) *
+        // float32(scale / divisor), the codes read back from the decoded matrix (L2 above).
+        let xi: Vec<f32> = (0..cols)
+            .map(|c| ((c * 7919 + 13) % 5) as f32 - 2.0)
+            .collect();
+        let div = spec.code.divisor();
+        for lanes in [None, Some(1)] {
+            let z = g.matvec(&xi, lanes).unwrap();
+            for r in 0..rows {
+                let acc: i64 = want[r * cols..(r + 1) * cols]
+                    .iter()
+                    .zip(&xi)
+                    .map(|(d, x)| {
+                        let c = (f64::from(*d) / f64::from(scales[r]) * f64::from(div)).round();
+                        c as i64 * *x as i64
+                    })
+                    .sum();
+                let exact = acc as f32 * (scales[r] / div);
+                assert!(
+                    z[r].to_bits() == exact.to_bits(),
+                    "{what}: row {r} on integer inputs: {} vs {exact}",
+                    z[r]
+                );
             }
         }
 

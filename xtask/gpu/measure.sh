@@ -18,7 +18,10 @@
 #          codes), then `mlx benchmark` on both, `--decoder auto` and `--decoder mlx`, alternating,
 #          TRELLIS_ROUNDS rounds (the JSON names the decoder that ran and why auto fell back);
 #          TRELLIS_DECODERS=auto skips `--decoder mlx` (on CUDA the MLX path runs trellis decode
-#          steps through the host's CPU kernel: slow, minutes for the 8B).
+#          steps through the host's CPU kernel: slow, minutes for the 8B). TRELLIS_TWINS picks the
+#          twins (default t3): t3 = 3 bits, L 8, blocks of 32, 1mad; t3m8 = the same with the
+#          1mad8 code (`--q-trellis-code 1mad8`: the kernels' table path); t3l12 = 3 bits, L 12,
+#          blocks of 64 (`mlx convert`'s default shape), 1mad.
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -89,13 +92,22 @@ for part in ${PARTS:-setup test spec bench moe}; do
       export LD_LIBRARY_PATH="$SITE/mlx/lib"
       mkdir -p /opt/bin && [ -x /opt/bin/mlx ] || { xz -dc $C/mlx.xz > /opt/bin/mlx && chmod +x /opt/bin/mlx; }
       TM=${TRELLIS_MODELS:-llama-135m-q4 llama31-8b-q4}
+      TW=${TRELLIS_TWINS:-t3}
       for m in $TM; do
-        timeout $(left) python3 $C/trellis_bench_model.py /opt/models/$m /opt/models/$m-t3 --bits 3 \
-          --trellis-l 8 --block 32 >> $OUT/trellis.log 2>&1
+        for t in $TW; do
+          case $t in
+            t3) o="--bits 3 --trellis-l 8 --block 32" ;;
+            t3m8) o="--bits 3 --trellis-l 8 --block 32 --code 1mad8" ;;
+            t3l12) o="--bits 3 --trellis-l 12 --block 64" ;;
+            *) echo "== TRELLIS_TWINS: unknown twin $t" >> $OUT/trellis.log; continue ;;
+          esac
+          timeout $(left) python3 $C/trellis_bench_model.py /opt/models/$m /opt/models/$m-$t $o \
+            >> $OUT/trellis.log 2>&1
+        done
       done
       for r in $(seq ${TRELLIS_ROUNDS:-2}); do
         for m in $TM; do
-          for v in $m $m-t3; do
+          for v in $m $(for t in $TW; do echo $m-$t; done); do
             for d in ${TRELLIS_DECODERS:-auto mlx}; do
               [ $(left) -lt 30 ] && break 4
               echo "== trellis round $r $v --decoder $d" >> $OUT/trellis.log

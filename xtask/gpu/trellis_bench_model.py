@@ -2,6 +2,7 @@
 row of issue #34 (trellis at k bits against affine 4-bit on the same decoder):
 
     python3 trellis_bench_model.py SRC_DIR DST_DIR [--bits 3] [--trellis-l 8] [--block 32]
+        [--code 1mad|1mad8]
 
 SRC_DIR is a model `bench_models.py` wrote (e.g. `llama-135m-q4`, `llama31-8b-q4`: every linear
 MLX affine 4-bit). Every linear but the embedding and the LM head becomes a trellis-coded one
@@ -30,6 +31,8 @@ def main():
     ap.add_argument("--trellis-l", type=int, default=8)
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--code", choices=("1mad", "1mad8"), default="1mad",
+                    help="trellis_code (1mad8: L <= 8, blocks of 32 or whole 64s of at most 16 words)")
     a = ap.parse_args()
     if os.path.exists(os.path.join(a.dst, "config.json")):
         print(f"{a.dst}: already written")
@@ -71,12 +74,14 @@ def main():
             shutil.copy(os.path.join(a.src, f), a.dst)
     tq = {"group_size": a.block, "bits": a.bits, "mode": "trellis", "trellis_l": a.trellis_l,
           "seed": a.seed, "model.embed_tokens": {"group_size": gs, "bits": bits, "mode": "affine"}}
+    if a.code != "1mad":
+        tq["trellis_code"] = a.code  # as the converter writes it (1mad, the default, is not)
     if any(n.startswith("lm_head.") for n in out):
         tq["lm_head"] = {"group_size": gs, "bits": bits, "mode": "affine"}
     config["quantization"] = tq
     config["quantization_config"] = tq
     json.dump(config, open(os.path.join(a.dst, "config.json"), "w"), indent=2)
-    print(f"{a.dst}: written ({coded} coded tensors, trellis {a.bits} bits, L {a.trellis_l}, blocks of {a.block})")
+    print(f"{a.dst}: written ({coded} coded tensors, trellis {a.bits} bits, L {a.trellis_l}, blocks of {a.block}, {a.code})")
 
 
 if __name__ == "__main__":

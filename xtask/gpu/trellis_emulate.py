@@ -9,6 +9,9 @@ As `graph_emulate.py` does (its prelude and `__shared__`/barrier/shuffle emulati
 source (graph_decode.cu, whose helpers it uses, then graph_trellis.cu) is compiled as C++ with
 each CUDA block run as its threads (std::thread). Needs g++ (C++20) and numpy; not mlx.
 
+Cases of both codes (`meta.json`'s `code`: 1mad, and 1mad8, whose fast paths at L 8 read a
+table in shared memory); the kernels' L argument carries the code (graph_trellis.rs, l_arg).
+
 Checks, per case (`trellis_reference.rs` names the references):
 - L2: `trellis_decode` equals `cpu::trellis::decode_row` bit for bit;
 - L2: `trellis_input` (no norm) equals `fwht_blocks(sv * x)` bit for bit;
@@ -16,6 +19,9 @@ Checks, per case (`trellis_reference.rs` names the references):
   bit for bit, and its bfloat16 output is that rounded (ties to even);
 - L3: `trellis_matvec` at several lanes-a-row (the host's choice, 1, 4 and 32) against the
   float64 product of the decoded matrix, within the rounding bound of its sums (below);
+- L2: `trellis_matvec` on small integer inputs (-2..2), whose partial sums are exact integers
+  below 2^24 in any order: float32(sum code * x) * float32(scale / divisor) bit for bit, each
+  weight's code read back from the decoded matrix (1mad8's table checked code by code);
 - L3: the whole linear (`trellis_input` -> `trellis_matvec` -> `trellis_output`) against the CPU
   decoder's `TrellisView::matvec`, within the two products' bounds carried through the output
   transform;
@@ -49,6 +55,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text() for f in ("graph_decode.cu", "graph_trellis.cu"))
+# TRELLIS_ROWS2=1: the source as MLX_GRAPH_TRELLIS_ROWS2=1 compiles it (1mad8's two rows a lane).
+if os.environ.get("TRELLIS_ROWS2") == "1":
+    CU = "#define TRELLIS_ROWS2 1\n" + CU
 
 # The prelude of graph_emulate.py (CUDA as C++), without importing it (it needs mlx).
 _EMU = (HERE / "graph_emulate.py").read_text()
@@ -59,6 +68,14 @@ PRE += r"""
 inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
   for (int i = 0; i < 4; ++i) c += ((a >> (8 * i)) & 0xFF) * ((b >> (8 * i)) & 0xFF);
   return c;
+}
+inline float __shfl_sync(unsigned, float v, int src) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_fs[w][l] = v;
+  g_wbar[w]->arrive_and_wait();
+  const float r = g_fs[w][src & 31];
+  g_wbar[w]->arrive_and_wait();
+  return r;
 }
 inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
   return (unsigned)((((unsigned long long)hi << 32) | lo) >> (s & 31));
@@ -181,14 +198,20 @@ def run_case(lib, d):
     x, normw = rd("x.f32"), rd("normw.f32")
     decoded, xh_ref, z_cpu, yt, y_cpu = (rd(n) for n in ("decoded.f32", "xh.f32", "z.f32", "yt.f32", "y.f32"))
     hr, hc = m["hb_rows"], m["hb_cols"]
-    fast = (block, L) in ((32, 8), (64, 12))
+    code = m.get("code", "1mad")
+    mad8 = code == "1mad8"
+    # The fast paths (graph_trellis.rs, is_fast): 1mad's blocks of 32 at L 8 and of 64 at L 12;
+    # 1mad8's table paths, blocks of 32 and 64 at L 8.
+    fast = (L == 8 and block in (32, 64)) if mad8 else (block, L) in ((32, 8), (64, 12))
+    # The kernels' L argument carries the code above the state's bits (graph_trellis.rs, l_arg).
+    Lk = L | (1 << 8 if mad8 else 0)
     nb = K // block
     keep, out = [], {}
-    name = f"{d.name}: k {k} L {L} block {block} ({N}, {K}){' coded' if m['coded'] else ''}"
+    name = f"{d.name}: {code} k {k} L {L} block {block} ({N}, {K}){' coded' if m['coded'] else ''}"
 
     # L2: the decoded matrix.
     dec = np.zeros(N * K, np.float32)
-    launch(lib, 0, (max(1, min((N * nb + THREADS - 1) // THREADS, RESIDENT)), 1), THREADS, [words, scales, dec, N, K, k, L, block], keep)
+    launch(lib, 0, (max(1, min((N * nb + THREADS - 1) // THREADS, RESIDENT)), 1), THREADS, [words, scales, dec, N, K, k, Lk, block], keep)
     out["decode L2"] = bits_equal(dec, decoded)
 
     # L2: the input transform.
@@ -224,7 +247,7 @@ def run_case(lib, d):
         z = np.zeros(N, np.float32)
         rows_per_block = (THREADS // 32) * (32 // g)
         grid = (max(1, min((N + rows_per_block - 1) // rows_per_block, RESIDENT)), 1)
-        launch(lib, 2, grid, THREADS, [words, scales, xh_ref, z, N, K, k, L, block, g], keep)
+        launch(lib, 2, grid, THREADS, [words, scales, xh_ref, z, N, K, k, Lk, block, g], keep)
         bound = np.array([matvec_bound(s, nb, block, K, g, fast) for s in S])
         err = np.abs(z.astype(np.float64) - z64)
         ok &= bool(np.all(err <= bound))
@@ -233,6 +256,25 @@ def run_case(lib, d):
             z_host = z
     out[f"matvec L3 (lanes a row {lprs}, the host's {g0}; worst error / bound {worst:.3f})"] = ok
 
+    # L2: the product on small integer inputs (-2..2), where every partial sum is an exact
+    # integer below 2^24 (|code| <= 510, K <= 14,336), so any order of the sums gives the same
+    # bits: z = float32(sum code * x) * float32(scale / divisor), the codes read back from the
+    # decoded matrix (decode L2 above). This checks each weight's code exactly (1mad8's table).
+    div = np.float32(36.805233001708984 if mad8 else 147.800537109375)
+    codes = np.rint(decoded.astype(np.float64).reshape(N, K) / scales.astype(np.float64)[:, None]
+                    * float(div)).astype(np.int64)
+    xi = ((np.arange(K) * 7919 + 13) % 5 - 2).astype(np.float32)
+    acc = codes @ xi.astype(np.int64)
+    z_int = (acc.astype(np.float32) * (scales / div).astype(np.float32)).astype(np.float32)
+    int_ok = bool(np.all(np.abs(acc) < 1 << 24))
+    for g in sorted({g0, 1}):
+        z = np.zeros(N, np.float32)
+        rows_per_block = (THREADS // 32) * (32 // g)
+        grid = (max(1, min((N + rows_per_block - 1) // rows_per_block, RESIDENT)), 1)
+        launch(lib, 2, grid, THREADS, [words, scales, xi, z, N, K, k, Lk, block, g], keep)
+        int_ok &= bits_equal(z, z_int)
+    out["matvec on integer inputs L2"] = int_ok
+
     # L2: the input transform fused into the product's prologue (trellis_matvec_in) against
     # trellis_input then trellis_matvec, with and without the norm.
     same = True
@@ -240,9 +282,9 @@ def run_case(lib, d):
     grid = (max(1, min((N + rows_per_block - 1) // rows_per_block, RESIDENT)), 1)
     for norm, xin in ((0, xh), (1, xhn)):
         z_two = np.zeros(N, np.float32)
-        launch(lib, 2, grid, THREADS, [words, scales, xin, z_two, N, K, k, L, block, g0], keep)
+        launch(lib, 2, grid, THREADS, [words, scales, xin, z_two, N, K, k, Lk, block, g0], keep)
         z_one = np.zeros(N, np.float32)
-        launch(lib, 4, grid, THREADS, [words, scales, xb, nwb, sv, z_one, N, K, k, L, block, g0,
+        launch(lib, 4, grid, THREADS, [words, scales, xb, nwb, sv, z_one, N, K, k, Lk, block, g0,
                                        hc, m["hscale_cols"], norm, 1e-5], keep)
         same &= bits_equal(z_one, z_two)
     out["matvec with the input fused L2"] = same
@@ -266,10 +308,10 @@ def run_case(lib, d):
         zf = np.zeros(N, np.float32)
         counts = np.zeros(N // hr, np.int32)
         yf = res0.copy() if dt == np.uint16 else np.zeros(N, dt)
-        launch(lib, 5, grid, THREADS, [words, scales, xh_ref, zf, counts, su, None, yf, yf, N, K, k, L,
+        launch(lib, 5, grid, THREADS, [words, scales, xh_ref, zf, counts, su, None, yf, yf, N, K, k, Lk,
                                        block, g0, hr, m["hscale_rows"], mode], keep)
         z2 = np.zeros(N, np.float32)
-        launch(lib, 2, grid, THREADS, [words, scales, xh_ref, z2, N, K, k, L, block, g0], keep)
+        launch(lib, 2, grid, THREADS, [words, scales, xh_ref, z2, N, K, k, Lk, block, g0], keep)
         y2 = res0.copy() if dt == np.uint16 else np.zeros(N, dt)
         launch(lib, 3, (N // hr, 1), THREADS, [z2, su, None, y2, y2, N, hr, m["hscale_rows"], mode], keep)
         fused_ok &= np.array_equal(yf.view(np.uint8), y2.view(np.uint8)) and not counts.any()

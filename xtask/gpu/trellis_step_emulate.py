@@ -101,8 +101,8 @@ template <class F> void run_grid3(unsigned gx, unsigned gy, unsigned gz, unsigne
 inline double D_(u64 v) { double d; std::memcpy(&d, &v, 8); return d; }
 extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) {
   switch (k) {
-    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const u32*, 1), P(const int*, 2), P(bf16_t*, 3), L(4), L(5), L(6), P(float*, 7), L(8), L(9), P(const float*, 10), D_(a[11]), D_(a[12]), D_(a[13]), L(14), P(const float*, 15), D_(a[16]), D_(a[17])); }); break;
-    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(void*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11]), P(u64*, 12), D_(a[13])); }); break;
+    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(bf16_t*, 4), L(5), L(6), L(7), P(float*, 8), L(9), L(10), P(const float*, 11), D_(a[12]), D_(a[13]), D_(a[14]), L(15), P(const float*, 16), D_(a[17]), D_(a[18])); }); break;
+    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(const bf16_t*, 8), P(void*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), P(u64*, 16), D_(a[17])); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16])); }); break;
     case 11: run_grid(gx, gy, bx, [=] { trellis_linear(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(const bf16_t*, 8), P(const bf16_t*, 9), P(void*, 10), L(11), L(12), L(13), L(14), L(15), L(16), L(17), D_(a[18]), L(19), D_(a[20]), L(21), D_(a[22]), L(23)); }); break;
     case 13: run_grid3(gx, gy, 3, bx, [=] { trellis_qkv(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(const bf16_t*, 8), P(bf16_t*, 9), P(bf16_t*, 10), P(bf16_t*, 11), P(const int*, 12), P(const float*, 13), L(14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), L(23), L(24), L(25), L(26), D_(a[27]), D_(a[28]), D_(a[29]), D_(a[30]), L(31)); }); break;
@@ -184,7 +184,12 @@ def main():
     H, nl, nh, nkv, d = s["hidden"], s["layers"], s["heads"], s["kv_heads"], s["head_dim"]
     inter, V, eps = s["intermediate"], s["vocab"], float(np.float32(s["eps"]))
     kb, Lbits, block = s["trellis_k"], s["trellis_l"], s["trellis_block"]
-    fast = (block, Lbits) in ((32, 8), (64, 12))
+    code = s.get("trellis_code", "1mad")
+    mad8 = code == "1mad8"
+    # graph_trellis.rs's is_fast, and the kernels' L argument with the code above the state's
+    # bits (l_arg).
+    fast = (Lbits == 8 and block in (32, 64)) if mad8 else (block, Lbits) in ((32, 8), (64, 12))
+    Larg = Lbits | (1 << 8 if mad8 else 0)
     gs, nbits = s["quant"] if s["quant"] else (1, 16)
     P, cap = s["prompt"], 256
     ns = cap // ATTN_CHUNK
@@ -198,8 +203,8 @@ def main():
         return a
 
     def affine(name):
-        sb = np.stack([w[f"{name}.scales"], w[f"{name}.biases"]], -1).reshape(-1)
-        return buf(w[f"{name}.weight"]), buf(sb)
+        """An affine linear's words, scales and biases as MLX holds them (the kernels' layout)."""
+        return buf(w[f"{name}.weight"]), buf(w[f"{name}.scales"]), buf(w[f"{name}.biases"])
 
     embed = affine("embed")
     # The head: the embedding's (tied), affine, or trellis-coded with the layers (the
@@ -268,7 +273,7 @@ def main():
         launch(lib, 11, (blocks, 1), THREADS,
                [lin["words"], lin["scales"], x, norm if norm is not None else x, lin["sv"], z, lin["counts"],
                 lin["su"], lin["bias"] if lin["bias"] is not None else lin["su"], res if res is not None else out,
-                out, lin["rows"], lin["cols"], kb, Lbits, block, lin["lpr"], lin["hc"], lin["sc"],
+                out, lin["rows"], lin["cols"], kb, Larg, block, lin["lpr"], lin["hc"], lin["sc"],
                 int(norm is not None), eps, lin["hr"], lin["sr"], mode])
 
     scale = float(np.float32(s["attn_scale"]))
@@ -280,7 +285,7 @@ def main():
         launch(lib, 13, (blocks, 1), THREADS,
                [f["words"], f["scales"], h, L["inn"], f["sv"], f["z"], f["counts"], f["su"],
                 f["bias"] if f["bias"] is not None else f["su"], qkv, L["kc"], L["vc"], state, rope,
-                nh, nkv, d, cap, L["nrot"], int(s["traditional"]), H, kb, Lbits, block, q["lpr"], k["lpr"],
+                nh, nkv, d, cap, L["nrot"], int(s["traditional"]), H, kb, Larg, block, q["lpr"], k["lpr"],
                 q["hc"], q["sc"], eps, q["sr"], k["sr"], int(f["bias"] is not None)])
 
     def gate_up_fused(L):
@@ -289,10 +294,10 @@ def main():
         blocks = max(1, min(-(-ga["rows"] // rpb), RESIDENT))
         launch(lib, 14, (blocks, 1), THREADS,
                [f["words"], f["scales"], h, L["post"], f["sv"], f["z"], f["counts"], f["su"], g, act,
-                ga["rows"], H, kb, Lbits, block, ga["lpr"], ga["hc"], ga["sc"], eps, ga["hr"], ga["sr"]])
+                ga["rows"], H, kb, Larg, block, ga["lpr"], ga["hc"], ga["sc"], eps, ga["hr"], ga["sr"]])
 
     def step(fused):
-        launch(lib, 0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, s["pairs"], inv,
+        launch(lib, 0, (1, 1), 256, [embed[0], embed[1], embed[2], state, h, H, nbits, gs, rope, d // 2, s["pairs"], inv,
                                      float(s["position_scale"]), float(s["output_scale"]), 1.0, 0, inv, 1.0, 1.0])
         for L in layers:
             if fused:
@@ -316,9 +321,10 @@ def main():
         if trellis_head:
             tl(head_lin, h, final_norm, None, logits, 8)  # OUT_F32
         else:
-            mvg = max(1, min(((V + ROWS - 1) // ROWS + 7) // 8, RESIDENT))
-            launch(lib, 1, (mvg, 1), 256, [head[0], head[1], h, final_norm, h, logits, V, H, nbits, gs, 1 | 8,
-                                           eps, 0, 0.0])
+            # The affine head (matvec's W0, W1, S0, S1, B0, B1 since gpumem's layouts; a plain
+            # linear reads W0, S0, B0). Its logit scale argument (cap) is not carried here: the
+            # fixture's head is trellis-coded (the converter codes an untied head).
+            raise SystemExit("an affine head: this script does not pass matvec's logit scale")
 
     tokens, refs = w["tokens"], w["logits"]
     worst, agree = 0.0, 0
@@ -359,7 +365,7 @@ def main():
     share = agree / len(tokens)
     ok = worst <= BOUND_REL and share >= BOUND_AGREE and bit_equal
     lprs = sorted({lin["lpr"] for _, lin in lins})
-    print(f"trellis step (k {kb}, L {Lbits}, blocks of {block}, lanes a row {lprs}, grid cap {RESIDENT}, "
+    print(f"trellis step ({code}, k {kb}, L {Lbits}, blocks of {block}, lanes a row {lprs}, grid cap {RESIDENT}, "
           f"{len(tokens)} teacher-forced steps after a {P}-token prompt): max relative logit difference "
           f"{worst:.6f} (bound {BOUND_REL}), greedy agreement {share:.2f} (bound {BOUND_AGREE}), "
           f"trellis_qkv and trellis_gate_up bit-equal to the unfused launches at every step: {bit_equal} "
