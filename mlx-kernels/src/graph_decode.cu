@@ -1016,9 +1016,9 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
 
 // The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
 // normw, eps) when norm; sequence b's at xin + b K); epi(first row, b, sums, early) on lane 0
-// with the warp's sums of each row group for each sequence b, where early = pre(first row, b),
-// loaded by lane 0 when the group's sums begin (what the epilogue reads from memory, there by
-// its end). The grid is at most one wave: warps
+// (on lane b, with several sequences) with the warp's sums of each row group for sequence b,
+// where early = pre(first row, b), loaded by that lane when the group's sums begin (what the
+// epilogue reads from memory, there by its end). The grid is at most one wave: warps
 // stride over the row groups, streaming their chunks (MvStream). The first MV_EARLY chunks
 // are loaded before waiting for the previous kernel (weights do not depend on it), the rest
 // of the first MV_BATCH after the prologue.
@@ -1077,10 +1077,17 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   tr.arrived(m.q[0][0].x);
   ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
   int k = 0;
+#if NB > 1
+  // Lane b < NB: sequence b's (the epilogue runs on NB lanes at once, next_group).
+  static_assert(NB <= 32, "the epilogue takes a lane a sequence");
+  decltype(pre(0, 0)) early =
+      (lane < NB && p < m.groups) ? pre(MV_ROWS * p, lane) : decltype(pre(0, 0)){};
+#else
   decltype(pre(0, 0)) early[NB];
 #pragma unroll
   for (int b = 0; b < NB; ++b)
     early[b] = (lane == 0 && p < m.groups) ? pre(MV_ROWS * p, b) : decltype(pre(0, 0)){};
+#endif
   float acc[NB][MV_ROWS];
 #pragma unroll
   for (int b = 0; b < NB; ++b)
@@ -1090,6 +1097,32 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   auto coff = [&](ll q) -> int { return per_slot ? (int)(MV_ROWS * q / rpe) * m.C : 0; };
   int co = coff(p);
   // The row group's sums are whole: across the warp, the epilogue, the next group.
+#if NB > 1
+  // Every lane holds every sum after warp_sum (a butterfly: each lane adds the same pairs, in
+  // either order, so the same bits), and lane b < NB runs sequence b's epilogue: the NB
+  // epilogues in one pass of the warp instead of NB passes of lane 0 (at 5 sequences and
+  // K 4,096 they were a fifth of the kernel's instructions). The sums are the ones lane 0
+  // had: the rows' bits are unchanged.
+  auto next_group = [&]() {
+    float mine[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) mine[r] = 0.f;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) {
+        const float s = warp_sum(acc[b][r]);
+        mine[r] = lane == b ? s : mine[r];
+        acc[b][r] = 0.f;
+      }
+    }
+    if (lane < NB) epi(MV_ROWS * p, lane, mine, early);
+    k = 0;
+    p += m.stride;
+    co = coff(p);
+    if (lane < NB && p < m.groups) early = pre(MV_ROWS * p, lane);
+  };
+#else
   auto next_group = [&]() {
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
@@ -1106,6 +1139,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
     for (int b = 0; b < NB; ++b)
       if (lane == 0 && p < m.groups) early[b] = pre(MV_ROWS * p, b);
   };
+#endif
 #if NB > 1
   // Several sequences: one item a trip, from slot 0, the slots moving down one as the next
   // item loads into the last (the items summed and loaded in the order below, so the same
