@@ -948,6 +948,17 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   ll crb = 0;  // the item being summed: rows block crb, group slot cj
   int cj = 0;
+  // The epilogue's thread (row group erg, sequence en) loads what it reads from memory
+  // (pre: the residual, the position and RoPE table) a rows block ahead, as mv_run's lanes
+  // do: loaded at the epilogue, its latency stood between the block's two barriers.
+  const bool epi_thread = tid < (16 / MV_ROWS) * NB;
+  const int erg = tid % (16 / MV_ROWS), en = tid / (16 / MV_ROWS);
+  decltype(pre(0, 0)) early{};
+  auto early_for = [&](ll c) {
+    const ll r0 = 16 * ((ll)blockIdx.x + c * gridDim.x) + MV_ROWS * erg;
+    if (epi_thread && c < nrb && r0 < N) early = pre(r0, en);
+  };
+  early_for(0);
   while (crb < nrb) {
 #pragma unroll
     for (int u = 0; u < MMA_BATCH; ++u) {
@@ -997,15 +1008,15 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
             sums[n][r] = v;
           }
           __syncthreads();
-          if (tid < (16 / MV_ROWS) * NB) {
-            const int rg = tid % (16 / MV_ROWS), n = tid / (16 / MV_ROWS);
-            const ll r0 = 16 * rb + MV_ROWS * rg;
-            if (r0 < N) epi(r0, n, &sums[n][MV_ROWS * rg], pre(r0, n));
+          if (epi_thread) {
+            const ll r0 = 16 * rb + MV_ROWS * erg;
+            if (r0 < N) epi(r0, en, &sums[en][MV_ROWS * erg], early);
           }
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[e] = 0.f;
           cj = 0;
           ++crb;
+          early_for(crb);
         }
       }
     }
