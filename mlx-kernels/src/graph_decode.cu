@@ -52,8 +52,11 @@ typedef long long ll;
 #endif
 // Blocks of a matrix-vector kernel a multiprocessor holds at once: two with one sequence (at
 // most 128 registers a thread); with several, their inputs fill the shared memory of one, and
-// their sums take the registers of two.
-// (The host may set it: GraphOptions::min_blocks_per_sm, for A/B runs.)
+// their sums take the registers of two. The host sets it (GraphOptions::min_blocks_per_sm,
+// for A/B runs), and to two for tensor-core tiles of a 4-bit model in groups of 64, whose
+// products all take mv_run_mma: the kernel's count would be its FFMA fallbacks' (248 at 7
+// sequences: one block, 8 warps, each item a chain of 4 dependent mma.sync), while the MMA
+// path keeps ~5 local loads an item at 128 (results/gpu/2026-12-05-s32-rows).
 #ifndef MV_MIN_BLOCKS
 #if NB == 1
 #define MV_MIN_BLOCKS 2
