@@ -52,8 +52,11 @@ typedef long long ll;
 #endif
 // Blocks of a matrix-vector kernel a multiprocessor holds at once: two with one sequence (at
 // most 128 registers a thread); with several, their inputs fill the shared memory of one, and
-// their sums take the registers of two.
-// (The host may set it: GraphOptions::min_blocks_per_sm, for A/B runs.)
+// their sums take the registers of two. The host sets it (GraphOptions::min_blocks_per_sm,
+// for A/B runs), and to two for tensor-core tiles of a 4-bit model in groups of 64, whose
+// products all take mv_run_mma: the kernel's count would be its FFMA fallbacks' (248 at 7
+// sequences: one block, 8 warps, each item a chain of 4 dependent mma.sync), while the MMA
+// path keeps ~5 local loads an item at 128 (results/gpu/2026-12-05-s32-rows).
 #ifndef MV_MIN_BLOCKS
 #if NB == 1
 #define MV_MIN_BLOCKS 2
@@ -1102,6 +1105,17 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   ll crb = 0;  // the item being summed: rows block crb, group slot cj
   int cj = 0;
+  // The epilogue's thread (row group erg, sequence en) loads what it reads from memory
+  // (pre: the residual, the position and RoPE table) a rows block ahead, as mv_run's lanes
+  // do: loaded at the epilogue, its latency stood between the block's two barriers.
+  const bool epi_thread = tid < (16 / MV_ROWS) * NB;
+  const int erg = tid % (16 / MV_ROWS), en = tid / (16 / MV_ROWS);
+  decltype(pre(0, 0)) early{};
+  auto early_for = [&](ll c) {
+    const ll r0 = 16 * ((ll)blockIdx.x + c * gridDim.x) + MV_ROWS * erg;
+    if (epi_thread && c < nrb && r0 < N) early = pre(r0, en);
+  };
+  early_for(0);
   while (crb < nrb) {
 #pragma unroll
     for (int u = 0; u < MMA_BATCH; ++u) {
@@ -1151,15 +1165,15 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
             sums[n][r] = v;
           }
           __syncthreads();
-          if (tid < (16 / MV_ROWS) * NB) {
-            const int rg = tid % (16 / MV_ROWS), n = tid / (16 / MV_ROWS);
-            const ll r0 = 16 * rb + MV_ROWS * rg;
-            if (r0 < N) epi(r0, n, &sums[n][MV_ROWS * rg], pre(r0, n));
+          if (epi_thread) {
+            const ll r0 = 16 * rb + MV_ROWS * erg;
+            if (r0 < N) epi(r0, en, &sums[en][MV_ROWS * erg], early);
           }
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[e] = 0.f;
           cj = 0;
           ++crb;
+          early_for(crb);
         }
       }
     }
@@ -1170,9 +1184,9 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
 
 // The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
 // normw, eps) when norm; sequence b's at xin + b K); epi(first row, b, sums, early) on lane 0
-// with the warp's sums of each row group for each sequence b, where early = pre(first row, b),
-// loaded by lane 0 when the group's sums begin (what the epilogue reads from memory, there by
-// its end). The grid is at most one wave: warps
+// (on lane b, with several sequences) with the warp's sums of each row group for sequence b,
+// where early = pre(first row, b), loaded by that lane when the group's sums begin (what the
+// epilogue reads from memory, there by its end). The grid is at most one wave: warps
 // stride over the row groups, streaming their chunks (MvStream). The first MV_EARLY chunks
 // are loaded before waiting for the previous kernel (weights do not depend on it), the rest
 // of the first MV_BATCH after the prologue.
@@ -1236,10 +1250,17 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   tr.arrived(m.q[0][0].x);
   ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
   int k = 0;
+#if NB > 1
+  // Lane b < NB: sequence b's (the epilogue runs on NB lanes at once, next_group).
+  static_assert(NB <= 32, "the epilogue takes a lane a sequence");
+  decltype(pre(0, 0)) early =
+      (lane < NB && p < m.groups) ? pre(MV_ROWS * p, lane) : decltype(pre(0, 0)){};
+#else
   decltype(pre(0, 0)) early[NB];
 #pragma unroll
   for (int b = 0; b < NB; ++b)
     early[b] = (lane == 0 && p < m.groups) ? pre(MV_ROWS * p, b) : decltype(pre(0, 0)){};
+#endif
   float acc[NB][MV_ROWS];
 #pragma unroll
   for (int b = 0; b < NB; ++b)
@@ -1249,6 +1270,32 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   auto coff = [&](ll q) -> int { return per_slot ? (int)(MV_ROWS * q / rpe) * m.C : 0; };
   int co = coff(p);
   // The row group's sums are whole: across the warp, the epilogue, the next group.
+#if NB > 1
+  // Every lane holds every sum after warp_sum (a butterfly: each lane adds the same pairs, in
+  // either order, so the same bits), and lane b < NB runs sequence b's epilogue: the NB
+  // epilogues in one pass of the warp instead of NB passes of lane 0 (at 5 sequences and
+  // K 4,096 they were a fifth of the kernel's instructions). The sums are the ones lane 0
+  // had: the rows' bits are unchanged.
+  auto next_group = [&]() {
+    float mine[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) mine[r] = 0.f;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) {
+        const float s = warp_sum(acc[b][r]);
+        mine[r] = lane == b ? s : mine[r];
+        acc[b][r] = 0.f;
+      }
+    }
+    if (lane < NB) epi(MV_ROWS * p, lane, mine, early);
+    k = 0;
+    p += m.stride;
+    co = coff(p);
+    if (lane < NB && p < m.groups) early = pre(MV_ROWS * p, lane);
+  };
+#else
   auto next_group = [&]() {
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
@@ -1265,6 +1312,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
     for (int b = 0; b < NB; ++b)
       if (lane == 0 && p < m.groups) early[b] = pre(MV_ROWS * p, b);
   };
+#endif
 #if NB > 1
   // Several sequences: one item a trip, from slot 0, the slots moving down one as the next
   // item loads into the last (the items summed and loaded in the order below, so the same

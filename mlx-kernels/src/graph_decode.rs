@@ -179,7 +179,8 @@ pub struct GraphOptions {
     pub one_cache_slot: bool,
     /// The matrix-vector kernels' `__launch_bounds__` minimum of blocks a multiprocessor
     /// (`MV_MIN_BLOCKS`: the compiler keeps a thread's registers within 65,536 / (256 x
-    /// this)), 1 to 4; default (`None`): 2 with one sequence a tile, 1 with several. For A/B
+    /// this)), 1 to 4; default (`None`): 2 with one sequence a tile or with tensor-core tiles
+    /// of a 4-bit model in groups of 64, 1 with several sequences on the FFMA kernels. For A/B
     /// runs of the verify rows' occupancy; the rows' bits do not depend on it.
     pub min_blocks_per_sm: Option<u32>,
     /// Whether the output projection combines the attention's partial outputs in its
@@ -1818,8 +1819,12 @@ impl GraphDecoder {
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
         let mma = nb as u32 >= opts.tensor_cores_from.unwrap_or(u32::MAX);
+        // Tensor-core tiles of a 4-bit model in groups of 64 (every product on mv_run_mma):
+        // two blocks a multiprocessor at 128 registers where the inputs fit (graph_decode.cu's
+        // MV_MIN_BLOCKS; results/gpu/2026-12-05-s32-rows).
         let min_blocks = opts
             .min_blocks_per_sm
+            .or((mma && spec.group_and_bits() == (64, 4)).then_some(2))
             .map(|m| format!("#define MV_MIN_BLOCKS {m}\n"))
             .unwrap_or_default();
         let source = format!(

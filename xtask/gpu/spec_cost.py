@@ -17,7 +17,10 @@ ratio: a measurement of what those tiles would save); `specseq` rows (SPEC_SEQ=1
 MLX_GRAPH_SPEC_OVERLAP=0, the draft's catch-up step after a fully accepted round instead of its
 extra step during verification (A/B against `spec`); `specr4` rows (SPEC_R4=1): the target's
 verify kernels at 4 rows a warp (MLX_GRAPH_SPEC_ROWS=4; the rows' bits unchanged, A/B against
-`spec`)."""
+`spec`); `specmb2` rows (SPEC_MB2=1): the verify kernels at 128 registers and 2 chunks in
+flight (MLX_GRAPH_SPEC_MIN_BLOCKS=2 MLX_GRAPH_SPEC_CHUNKS=2: two blocks an SM where the inputs
+fit; the rows' bits unchanged, A/B against `spec`); `specr4mb2` rows (SPEC_R4MB2=1): the same at
+4 rows a warp and 1 chunk in flight."""
 import json
 import statistics
 import sys
@@ -40,7 +43,7 @@ for r in rows:
         tps["graph"][words[1]].append(r["generation_tps"])
         if kind == "graph-target":
             plain_tokens[words[1]] = r.get("tokens_sha")
-    elif kind in ("spec", "mlxspec", "spectc", "specseq", "specr4"):
+    elif kind in ("spec", "mlxspec", "spectc", "specseq", "specr4", "specmb2", "specr4mb2"):
         spec[(kind, words[1], words[2], words[3])].append(r)
     elif kind == "mlxlm-spec":
         ref[(words[1], words[2], words[3])].append(r["generation_tps"])

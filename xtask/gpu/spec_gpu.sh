@@ -19,6 +19,9 @@
 # target verifies on the tensor cores: measuring only, its tokens are L3); SPEC_SEQ=1 adds a
 # `specseq` run a K with MLX_GRAPH_SPEC_OVERLAP=0 (the draft's catch-up step, session 30's way);
 # SPEC_R4=1 a `specr4` run a K with MLX_GRAPH_SPEC_ROWS=4 (the verify kernels at 4 rows a warp).
+# SPEC_MB2=1 a `specmb2` run a K with MLX_GRAPH_SPEC_MIN_BLOCKS=2 MLX_GRAPH_SPEC_CHUNKS=2 (the
+# verify kernels held to 128 registers: two blocks, 16 warps, an SM where the inputs fit);
+# SPEC_R4MB2=1 a `specr4mb2` run a K with that at 4 rows a warp, 1 chunk in flight.
 # MLX_GRAPH_SPEC_BREAKDOWN=REPS in the environment: each speculating run first times the
 # target's kernels a step with one row and with its K + 1 (graph_speculative.rs; medians of 3
 # alternations, before the timed generation), into spec_profile.log too.
@@ -103,6 +106,10 @@ for pair in ${SPEC_PAIRS:-echo-llama31-8b-q4:echo-llama-135m-v128k-bf16:2,4,8 su
       [ -n "$SPEC_TC" ] && one "spectc $T $D k$k r$r" env MLX_GRAPH_SPEC_TENSOR_CORES=1 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       # SPEC_R4=1: the same with the target's verify kernels at 4 rows a warp (MLX_GRAPH_SPEC_ROWS=4:
       # each input value unpacked once for 4 rows; the rows' bits unchanged), for A/B.
+      # SPEC_MB2=1: the verify kernels at 128 registers, 2 chunks in flight (two blocks an SM
+      # where the inputs fit; results/gpu/2026-12-05-s32-rows), for A/B; the rows' bits unchanged.
+      [ -n "$SPEC_MB2" ] && one "specmb2 $T $D k$k r$r" env MLX_GRAPH_SPEC_MIN_BLOCKS=2 MLX_GRAPH_SPEC_CHUNKS=2 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
+      [ -n "$SPEC_R4MB2" ] && one "specr4mb2 $T $D k$k r$r" env MLX_GRAPH_SPEC_ROWS=4 MLX_GRAPH_SPEC_MIN_BLOCKS=2 MLX_GRAPH_SPEC_CHUNKS=1 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       [ -n "$SPEC_R4" ] && one "specr4 $T $D k$k r$r" env MLX_GRAPH_SPEC_ROWS=4 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       if [ -n "$SPEC_MLX" ]; then
         one "mlxspec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --decoder mlx
