@@ -191,6 +191,27 @@ fn graph_capacity() -> usize {
         .unwrap_or(4096)
 }
 
+/// The batch's tensor-core tiles ([`GraphOptions::tensor_cores_from`]): from
+/// [`SERVE_TENSOR_CORES_FROM`] rows by default; `MLX_GRAPH_TENSOR_CORES=N` from N rows, `0`
+/// (or `off`) never. A row of such a tile is tier L3 against the sequence decoded alone
+/// (within `TEACHER_FORCED_BOUNDS`: `batched_equals_single`); the FFMA tiles below it are
+/// bit-equal. Speculation's verify rows never take them (its own decoder, default options).
+fn graph_tensor_cores() -> Option<u32> {
+    match std::env::var("MLX_GRAPH_TENSOR_CORES") {
+        Ok(v) if v.trim() == "0" || v.trim().eq_ignore_ascii_case("off") => None,
+        Ok(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n: &u32| n > 0)
+            .or(SERVE_TENSOR_CORES_FROM),
+        Err(_) => SERVE_TENSOR_CORES_FROM,
+    }
+}
+
+/// The batch engine's default for [`graph_tensor_cores`].
+const SERVE_TENSOR_CORES_FROM: Option<u32> = None;
+
 /// The KV cache options of [`EngineConfig::kv`], as `generate_step` takes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvOptions {
@@ -471,19 +492,40 @@ fn pick_graph(
     let rows = config
         .max_batch
         .min(mlx_kernels::graph_decode::MAX_SEQUENCES as usize) as u32;
-    // Tensor-core tiles are opt-in (MLX_GRAPH_TENSOR_CORES=N: tiles of N or more rows) until
-    // they have run on a device; see `GraphOptions::tensor_cores_from`.
+    let mma = graph_tensor_cores();
     let opts = GraphOptions {
         sequences: rows.max(1),
-        tensor_cores_from: std::env::var("MLX_GRAPH_TENSOR_CORES")
-            .ok()
-            .and_then(|v| v.parse().ok()),
+        tensor_cores_from: mma,
+        // MLX_GRAPH_FIT_ROWS=0: every step on the full tiles (session 31's engine), for A/B
+        // runs on a device.
+        fit_rows: std::env::var("MLX_GRAPH_FIT_ROWS").map_or(true, |v| v.trim() != "0"),
         ..GraphOptions::default()
     };
     let cap = graph_capacity();
-    let dec = GraphDecoder::with_options(spec, &weights, cap, &opts).map_err(|e| e.to_string())?;
+    let mut dec =
+        GraphDecoder::with_options(spec, &weights, cap, &opts).map_err(|e| e.to_string())?;
+    // Kernels sized to the rows a step has (a lone row on the one-row kernels): every tile
+    // set the batch will use, compiled and captured now, before the first request.
+    let t = std::time::Instant::now();
+    let widths = dec
+        .prepare_rows(config.max_batch.min(dec.sequences()))
+        .map_err(|e| e.to_string())?;
+    let tiles = |m: usize| {
+        let t = dec.tile_for(m);
+        format!(
+            "{}x{}{}",
+            t.tiles,
+            t.rows_per_tile,
+            if t.tensor_cores {
+                " (tensor cores)"
+            } else {
+                ""
+            }
+        )
+    };
     let note = format!(
-        "graph ({} rows of {} positions{})",
+        "graph ({} rows of {} positions{}; tiles for 1, 2, 4 and {} rows: {}, {}, {}, {}; \
+         {}; {widths} narrower kernel sets prepared in {:.2} s)",
         dec.sequences(),
         dec.capacity(),
         if dec.sequences() < config.max_batch {
@@ -493,7 +535,20 @@ fn pick_graph(
             )
         } else {
             String::new()
-        }
+        },
+        dec.sequences(),
+        tiles(1),
+        tiles(2),
+        tiles(4),
+        tiles(dec.sequences()),
+        match mma {
+            Some(n) => format!(
+                "tensor-core tiles from {n} rows of 4-bit weights in groups of 64 \
+                 (MLX_GRAPH_TENSOR_CORES=0 turns them off)"
+            ),
+            None => "tensor-core tiles off (MLX_GRAPH_TENSOR_CORES=N: from N rows)".into(),
+        },
+        t.elapsed().as_secs_f64()
     );
     Ok((dec, note))
 }
