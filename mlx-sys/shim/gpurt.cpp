@@ -626,6 +626,7 @@ int mlxs_gpurt_add_module(mlxs_gpurt rt, const char* source, const char* const* 
     if (n_kernels > 0 && (kernel_names == nullptr || arities == nullptr)) {
       throw std::invalid_argument("[gpurt] null kernel names or arities");
     }
+    if (out_first == nullptr) throw std::invalid_argument("[gpurt] null out_first");
     rt->not_capturing("add_module");
     const Driver& d = rt->d();
     uint32_t first = uint32_t(rt->kernels.size());
