@@ -670,7 +670,8 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
             }
         }
         let rows: Vec<(usize, u32)> = batch.iter().map(|&(_, r, t)| (r, t)).collect();
-        let set = dec.tile_for(rows.iter().map(|r| r.0 + 1).max().unwrap());
+        let lo = rows.iter().map(|r| r.0).min().unwrap();
+        let set = dec.tile_for(rows.iter().map(|r| r.0 + 1).max().unwrap() - lo);
         if !sets.contains(&set) {
             sets.push(set);
         }
@@ -795,6 +796,16 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
         assert!(
             same_bits(&want, &got),
             "{name}: one row of tile 0 stepping alone differs from the sequence decoded alone"
+        );
+    }
+    // A lone row past row 0 (row 2): with fit_rows a one-row window from row 2, bit-equal
+    // to the sequence decoded alone too.
+    dec.set_row_prefix(2, &kv).unwrap();
+    let got2 = dec.step_rows_logits(&[(2, first)]).unwrap().remove(0);
+    if !dec.tile_for(1).tensor_cores {
+        assert!(
+            same_bits(&want, &got2),
+            "{name}: row 2 stepping alone differs from the sequence decoded alone"
         );
     }
     let top = compare_logits(&got, &got).ours_token as u32;

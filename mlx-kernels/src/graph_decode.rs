@@ -174,8 +174,9 @@ pub struct GraphOptions {
     /// runs of the verify rows' occupancy; the rows' bits do not depend on it.
     pub min_blocks_per_sm: Option<u32>,
     /// A batched step launches kernels sized to the rows it has (default true): a step whose
-    /// rows all lie in the first m rows runs the fewest tiles that hold m rows (as many as
-    /// [`GraphOptions::sequences`] takes), each of the fewest rows that spread m over them
+    /// rows lie in a window of m rows (lowest to highest) runs, from the window's first row,
+    /// the fewest tiles that hold m rows (as many as [`GraphOptions::sequences`] takes), each
+    /// of the fewest rows that spread m over them
     /// (kernels compiled for that many rows, one NVRTC module a width, on first use or by
     /// [`GraphDecoder::prepare_rows`]; [`GraphDecoder::tile_for`] names the choice). A lone
     /// row thus runs the one-row kernels. false: every step runs the tiles of
@@ -1223,9 +1224,9 @@ pub struct GraphDecoder {
     tile_graphs: Vec<Graph>,
     /// [`GraphOptions::fit_rows`]: the kernels compiled so far, by rows a tile (the
     /// constructor's, then the narrower ones' modules), and the step's graphs over them, by
-    /// (rows a tile, tiles).
+    /// (rows a tile, tiles, first row).
     modules: Vec<(usize, Module)>,
-    fitted: Vec<((usize, usize), Graph)>,
+    fitted: Vec<((usize, usize, usize), Graph)>,
     /// Graphs of one part each, captured on the first breakdown.
     part_graphs: Vec<(Part, Graph)>,
     /// The step recording its timeline, and the timeline's buffer (on the first trace).
@@ -2452,10 +2453,11 @@ impl GraphDecoder {
             .unwrap_or(self.graph)
     }
 
-    /// The kernels a step runs whose rows all lie in the first `rows` rows (1 to
-    /// [`GraphDecoder::sequences`]): with [`GraphOptions::fit_rows`], the fewest tiles that
-    /// hold them, each of the fewest rows that spread them; otherwise the constructor's tiles
-    /// up to the one holding row `rows - 1`.
+    /// The kernels a step runs whose rows lie in a window of `rows` rows (from its lowest
+    /// row to its highest; 1 to [`GraphDecoder::sequences`]): with
+    /// [`GraphOptions::fit_rows`], the fewest tiles that hold them, each of the fewest rows
+    /// that spread them, from the window's first row; otherwise the constructor's tiles from
+    /// row 0 up to the one holding row `rows - 1` (for a window that starts at row 0).
     pub fn tile_for(&self, rows: usize) -> TileSet {
         let rows = rows.clamp(1, self.sequences());
         let (nb, tiles) = if self.step.fit_rows {
@@ -2478,26 +2480,35 @@ impl GraphDecoder {
     /// the on-disk cache).
     pub fn prepare_rows(&mut self, rows: usize) -> Result<usize> {
         let before = self.modules.len();
+        let rows = rows.min(self.sequences());
         self.guard(|me| {
-            for m in 1..=rows.min(me.sequences()) {
-                me.fitted_graph(m)?;
+            // Every window of rows within the first `rows`: lo .. lo + m.
+            for m in 1..=rows {
+                for lo in 0..=rows - m {
+                    me.fitted_graph(lo, lo + m)?;
+                }
             }
             Ok(())
         })?;
         Ok(self.modules.len() - before)
     }
 
-    /// The graph a step of the first `m` rows runs ([`GraphDecoder::tile_for`]): compiled
-    /// and captured on first use.
-    fn fitted_graph(&mut self, m: usize) -> Result<Graph> {
+    /// The graph a step of rows `lo .. hi` runs (the rows that step lie there): the tiles
+    /// [`GraphDecoder::tile_for`] gives for `hi - lo` rows, from row `lo` (or from as far
+    /// below it as the rows end: the window stays within the decoder's rows). Compiled and
+    /// captured on first use.
+    fn fitted_graph(&mut self, lo: usize, hi: usize) -> Result<Graph> {
+        let hi = hi.max(lo + 1);
         if !self.step.fit_rows {
-            return Ok(self.graph_for(std::iter::once(m.max(1) - 1)));
+            return Ok(self.graph_for(std::iter::once(hi - 1)));
         }
-        let (nb, tiles) = self.step.fit(m);
-        if nb == self.step.nb {
+        let (nb, tiles) = self.step.fit(hi - lo);
+        let first = lo.min(self.sequences() - nb * tiles);
+        if nb == self.step.nb && first == 0 {
             return Ok(self.graph_for(std::iter::once(tiles * nb - 1)));
         }
-        if let Some(&(_, g)) = self.fitted.iter().find(|(k, _)| *k == (nb, tiles)) {
+        let key = (nb, tiles, first);
+        if let Some(&(_, g)) = self.fitted.iter().find(|(k, _)| *k == key) {
             return Ok(g);
         }
         let module = match self.modules.iter().find(|(w, _)| *w == nb) {
@@ -2511,19 +2522,26 @@ impl GraphDecoder {
                 module
             }
         };
-        let set = Set { nb, tiles, module };
+        let set = Set {
+            nb,
+            tiles,
+            module,
+            first_row: first,
+        };
         let step = &self.step;
         let graph = self
             .rt
             .capture(|rt| record_step(rt, step, set, None, None))?;
-        self.fitted.push(((nb, tiles), graph));
+        self.fitted.push((key, graph));
         Ok(graph)
     }
 
-    /// The graph of a batched step of `rows`.
+    /// The graph of a batched step of `rows`: the tiles that hold the window from its lowest
+    /// row to its highest.
     fn rows_graph(&mut self, rows: &[(usize, u32, usize)]) -> Result<Graph> {
-        let m = rows.iter().map(|r| r.0 + 1).max().unwrap_or(1);
-        self.fitted_graph(m)
+        let lo = rows.iter().map(|r| r.0).min().unwrap_or(0);
+        let hi = rows.iter().map(|r| r.0 + 1).max().unwrap_or(1);
+        self.fitted_graph(lo, hi)
     }
 
     /// Checks a batched step's rows: each given once, started, with room for one position.
@@ -2714,7 +2732,7 @@ impl GraphDecoder {
         let vocab = self.step.shape.vocab;
         self.guard(|me| {
             me.set_state(token)?;
-            let graph = me.fitted_graph(1)?;
+            let graph = me.fitted_graph(0, 1)?;
             me.rt.replay(graph, 1)?;
             me.pos += 1;
             let mut b = vec![0u8; vocab * 4];
@@ -2920,7 +2938,7 @@ impl GraphDecoder {
         self.guard(|me| {
             for &t in tokens {
                 me.set_state(t)?;
-                let graph = me.fitted_graph(1)?;
+                let graph = me.fitted_graph(0, 1)?;
                 me.rt.replay(graph, 1)?;
                 me.pos += 1;
             }
@@ -2972,7 +2990,7 @@ impl GraphDecoder {
     fn queue_ahead(&mut self) -> Result<()> {
         while self.pending.len() < READ_AHEAD && self.queued_to < self.limit {
             let t = self.profile.is_some().then(std::time::Instant::now);
-            let graph = self.fitted_graph(1)?;
+            let graph = self.fitted_graph(0, 1)?;
             self.rt.replay(graph, 1)?;
             if let (Some(p), Some(t)) = (self.profile.as_deref_mut(), t) {
                 p.launched(t);
@@ -3053,7 +3071,7 @@ impl GraphDecoder {
         let r = self.guard(|me| {
             let mut saved = vec![0u8; bytes];
             me.rt.download(me.step.acts.state, 0, &mut saved)?;
-            let g = me.fitted_graph(1)?;
+            let g = me.fitted_graph(0, 1)?;
             me.rt.replay(g, 1)?;
             me.rt.synchronize()?;
             let t = std::time::Instant::now();
@@ -3209,6 +3227,8 @@ struct Recorder<'a> {
     /// Rows a tile, and the module of the kernels compiled for them.
     nb: usize,
     module: Module,
+    /// The first tile's first row.
+    first_row: usize,
 }
 
 impl Recorder<'_> {
@@ -3321,7 +3341,7 @@ fn matvec_tile(
     let (gs, bits) = (lin.gs, lin.bits);
     let shared = mv_shared_bytes(lin.k, bits) * rec.nb as u32;
     // Tile t's first row of the input, the residual and the output.
-    let rows = t * rec.nb;
+    let rows = rec.first_row + t * rec.nb;
     let out_row = if mode & MODE_F32 != 0 {
         lin.n * 4
     } else if mode & MODE_SWIGLU != 0 {
@@ -3420,6 +3440,7 @@ impl Step {
             nb: self.nb,
             tiles: self.tiles,
             module: Module::FIRST,
+            first_row: 0,
         }
     }
 
@@ -3456,6 +3477,8 @@ struct Set {
     nb: usize,
     tiles: usize,
     module: Module,
+    /// The first tile's first row (the tiles cover `first_row ..` `first_row + nb x tiles`).
+    first_row: usize,
 }
 
 /// The step's CUDA source for tiles of `nb` rows (`mma`: on the tensor cores), and its
@@ -3662,10 +3685,14 @@ fn record_step(
     } = *step;
     // The set's first `tiles` tiles of `nb` rows run (the rest idle): one graph a set.
     let nb = set.nb;
-    let tiles = set.tiles.clamp(1, (step.nb * step.tiles) / nb.max(1));
+    let tiles = set.tiles.clamp(
+        1,
+        (step.nb * step.tiles).saturating_sub(set.first_row) / nb.max(1),
+    );
     let nbu = nb as u32;
     // Tile t's first row in a buffer of `row` bytes a row.
-    let at = |t: usize, row: usize| t * nb * row;
+    let first = set.first_row;
+    let at = |t: usize, row: usize| (first + t * nb) * row;
     let h_row = s.hidden * 2;
     let qkv_row = s.qkv_rows() * 2;
     let slot = s.kv_heads * cap * s.head_dim * 2;
@@ -3679,6 +3706,7 @@ fn record_step(
         tiles,
         nb,
         module: set.module,
+        first_row: set.first_row,
     };
     let k_embed = rec.kernel(rt, "embed")?;
     let k_qkv = rec.kernel(rt, "matvec_qkv")?;
