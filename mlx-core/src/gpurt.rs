@@ -41,6 +41,16 @@ pub struct Buffer(u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Kernel(u32);
 
+/// A module of kernels of a [`GpuRuntime`]: the one compiled by [`GpuRuntime::new`]
+/// ([`Module::FIRST`]), or one more added by [`GpuRuntime::add_module`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Module(u32);
+
+impl Module {
+    /// The module [`GpuRuntime::new`] compiled.
+    pub const FIRST: Module = Module(0);
+}
+
 /// A captured, instantiated CUDA graph of a [`GpuRuntime`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Graph(u32);
@@ -64,12 +74,15 @@ pub enum Arg {
 /// The most bytes one [`GpuRuntime::read_begin`] moves.
 pub const MAX_READ_BYTES: usize = 1 << 20;
 
-/// The runtime: one stream, one module of kernels, its buffers and graphs. Dropping it waits
+/// The runtime: one stream, its modules of kernels, its buffers and graphs. Dropping it waits
 /// for its stream and frees everything it allocated.
 #[cfg(feature = "cuda")]
 pub struct GpuRuntime {
     raw: sys::mlxs_gpurt,
     kernels: Vec<String>,
+    /// Where each module's kernels start in `kernels` (module i: from `modules[i]` to the
+    /// next module's start).
+    modules: Vec<usize>,
     /// The sources of copies queued by [`GpuRuntime::copy_from_arrays_queued`], kept alive
     /// (and, held twice, never written in place by MLX) until a wait covers them: each with
     /// the number of reads begun before it was queued ([`GpuRuntime::read_end`] of a later
@@ -133,18 +146,83 @@ impl GpuRuntime {
         Ok(GpuRuntime {
             raw,
             kernels: kernels.iter().map(|(n, _)| n.to_string()).collect(),
+            modules: vec![0],
             held: Vec::new(),
             reads: 0,
         })
     }
 
-    /// The kernel named `name`.
+    /// The kernel named `name` of the first module ([`Module::FIRST`]).
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
-        self.kernels
+        self.kernel_in(Module::FIRST, name)
+    }
+
+    /// The kernel named `name` of `module`.
+    pub fn kernel_in(&self, module: Module, name: &str) -> Result<Kernel> {
+        let m = module.0 as usize;
+        let (Some(&start), end) = (
+            self.modules.get(m),
+            self.modules
+                .get(m + 1)
+                .copied()
+                .unwrap_or(self.kernels.len()),
+        ) else {
+            return Err(Error::invalid(
+                "gpurt_kernel",
+                format!("no module {m} (the runtime has {})", self.modules.len()),
+            ));
+        };
+        self.kernels[start..end]
             .iter()
             .position(|k| k == name)
-            .map(|i| Kernel(i as u32))
-            .ok_or_else(|| Error::invalid("gpurt_kernel", format!("no kernel named {name}")))
+            .map(|i| Kernel((start + i) as u32))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "gpurt_kernel",
+                    format!("no kernel named {name} in module {m}"),
+                )
+            })
+    }
+
+    /// Compiles `source` as one more module of this runtime (as [`GpuRuntime::new`] compiles
+    /// its first: NVRTC, or the on-disk cache) and loads `kernels` from it. The module's
+    /// kernels use the runtime's buffers, stream and graphs; their names may repeat other
+    /// modules' ([`GpuRuntime::kernel_in`] picks by module). Not while a graph is being
+    /// captured. On failure the runtime is as it was, less the time spent.
+    pub fn add_module(&mut self, source: &str, kernels: &[(&str, u32)]) -> Result<Module> {
+        let src = CString::new(source).map_err(|e| op_err("gpurt_add_module", e))?;
+        let names: Vec<CString> = kernels
+            .iter()
+            .map(|(n, _)| CString::new(*n).map_err(|e| op_err("gpurt_add_module", e)))
+            .collect::<Result<_>>()?;
+        let ptrs: Vec<*const std::os::raw::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        let arities: Vec<u32> = kernels.iter().map(|(_, a)| *a).collect();
+        let mut first = 0u32;
+        // SAFETY: live handle; every pointer is valid for the call; n_kernels matches both
+        // arrays; first receives a u32.
+        check("gpurt_add_module", unsafe {
+            sys::mlxs_gpurt_add_module(
+                self.raw,
+                src.as_ptr(),
+                ptrs.as_ptr(),
+                arities.as_ptr(),
+                kernels.len(),
+                &mut first,
+            )
+        })?;
+        if first as usize != self.kernels.len() {
+            return Err(Error::invalid(
+                "gpurt_add_module",
+                format!(
+                    "the shim put the module's kernels at {first}, expected {}",
+                    self.kernels.len()
+                ),
+            ));
+        }
+        self.modules.push(self.kernels.len());
+        self.kernels
+            .extend(kernels.iter().map(|(n, _)| n.to_string()));
+        Ok(Module(self.modules.len() as u32 - 1))
     }
 
     /// The device's name and architecture, e.g. `NVIDIA H200 (sm_90)`.
@@ -487,6 +565,14 @@ impl GpuRuntime {
     }
 
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
+        match self.never {}
+    }
+
+    pub fn kernel_in(&self, module: Module, name: &str) -> Result<Kernel> {
+        match self.never {}
+    }
+
+    pub fn add_module(&mut self, source: &str, kernels: &[(&str, u32)]) -> Result<Module> {
         match self.never {}
     }
 

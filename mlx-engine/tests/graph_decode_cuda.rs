@@ -597,7 +597,7 @@ fn batched_equals_single() {
 }
 
 fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
-    use mlx_kernels::graph_decode::GraphOptions;
+    use mlx_kernels::graph_decode::{GraphOptions, TileSet};
     let model = load_model_dir(dir, &LoadOptions::default()).unwrap().0;
     let vocab = model.vocab_size();
     let prompt = |len: i32, salt: i32| -> Vec<i32> {
@@ -606,11 +606,16 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
             .collect()
     };
     // Sequence s: its prompt, its row, the step it joins at and the step it leaves after.
+    // Steps 0-8 run rows 0-2 (row 1 leaves after step 4 and another sequence takes it at
+    // step 6), steps 9-11 all four rows: with `GraphOptions::fit_rows` (the default) a step
+    // runs the tiles that hold its rows (3 rows: one tile of 3; 4 rows: one of 4, on the
+    // tensor cores where they are on), so both widths are checked.
     let seqs = [
         (prompt(40, 0), 0usize, 0usize, 12usize),
         (prompt(23, 1), 1, 0, 5),
         (prompt(45, 2), 2, 0, 12),
         (prompt(31, 3), 1, 6, 12),
+        (prompt(27, 4), 3, 9, 12),
     ];
     let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
     let mut single = GraphDecoder::new(spec.clone(), &weights, 128).unwrap();
@@ -627,11 +632,17 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
         ),
         ..GraphOptions::default()
     };
+    // MLX_GRAPH_FIT_ROWS=0: every step on the full tile (session 31's decoder).
+    let fit_rows = std::env::var("MLX_GRAPH_FIT_ROWS").map_or(true, |v| v.trim() != "0");
+    let opts = GraphOptions { fit_rows, ..opts };
     let mut dec = GraphDecoder::with_options(spec, &weights, 128, &opts).unwrap();
     assert_eq!(dec.sequences(), 4);
+    // Every tile set the steps below take, compiled before them (as the batch engine does).
+    dec.prepare_rows(4).unwrap();
     // A tile on the tensor cores (4 rows of 4-bit weights in groups of 64) sums in another
     // order than the single-row kernels: tier L3 there (within TEACHER_FORCED_BOUNDS of the
-    // sequence decoded alone), bit-equal in smaller tiles.
+    // sequence decoded alone), bit-equal on the FFMA kernels of every width
+    // (`GraphDecoder::tile_for` says which a step runs).
     let mma = dec.tensor_cores();
     // Each sequence alone: its teacher-forced logits (single decoder) and the MLX forward's,
     // for the steps it is in the batch.
@@ -658,6 +669,9 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
     }
     let (mut worst_single, mut worst_mlx, mut bit_equal, mut total) = (0f32, 0f32, 0, 0);
     let (mut agree, mut agree_n) = (0, 0);
+    // Row-steps on FFMA tiles that differ from the sequence alone (must be none), and the
+    // tile sets the steps ran.
+    let (mut ffma_differ, mut sets) = (Vec::new(), Vec::new());
     for step in 0..12 {
         let mut batch = Vec::new();
         for (s, (p, r, join, leave)) in seqs.iter().enumerate() {
@@ -671,9 +685,17 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
             }
         }
         let rows: Vec<(usize, u32)> = batch.iter().map(|&(_, r, t)| (r, t)).collect();
+        let lo = rows.iter().map(|r| r.0).min().unwrap();
+        let set = dec.tile_for(rows.iter().map(|r| r.0 + 1).max().unwrap() - lo);
+        if !sets.contains(&set) {
+            sets.push(set);
+        }
         let got = dec.step_rows_logits(&rows).unwrap();
         for (&(s, _, _), ours) in batch.iter().zip(&got) {
             let (_, single_logits, reference) = &alone[s][step - seqs[s].2];
+            if !set.tensor_cores && !same_bits(single_logits, ours) {
+                ffma_differ.push((step, s, set));
+            }
             let c = compare_logits(single_logits, ours);
             worst_single = worst_single.max(c.rel_diff);
             let m = compare_logits(reference, ours);
@@ -694,8 +716,13 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
     eprintln!(
         "{name}{}: batched vs alone: {bit_equal} of {total} row-steps equal bit for bit, largest \
          relative difference {worst_single}; vs the MLX forward {worst_mlx}, greedy agreement \
-         {agree}/{agree_n}",
+         {agree}/{agree_n}; tile sets {sets:?}",
         if mma { " (tensor cores)" } else { "" }
+    );
+    assert!(
+        ffma_differ.is_empty(),
+        "{name}: row-steps on FFMA tiles not bit-equal to the sequence alone (step, sequence, \
+         tiles): {ffma_differ:?}"
     );
     assert!(
         worst_single <= TEACHER_FORCED_BOUNDS.0,
@@ -751,8 +778,9 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
             p.1
         );
     }
-    // One row stepping (row 0; the others idle): only its tile runs (one graph a tile count),
-    // bit-equal to the sequence decoded alone. Then its greedy pick under a logit bias set on
+    // One row stepping (row 0; the others idle): only its tile runs (with fit_rows, on the
+    // one-row kernels), bit-equal to the sequence decoded alone unless that tile is on the
+    // tensor cores. Then its greedy pick under a logit bias set on
     // the device: the largest logit suppressed, another raised, as mlx-lm's logit_bias
     // processor adds them (bfloat16 sums) before its pick.
     let (first, kv, _) = prefill(model.as_ref(), &seqs[0].0);
@@ -760,7 +788,18 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
     let got = dec.step_rows_logits(&[(0, first)]).unwrap().remove(0);
     single.set_prefix(&kv).unwrap();
     let want = single.step_logits(first).unwrap();
-    if mma {
+    if fit_rows {
+        assert_eq!(
+            dec.tile_for(1),
+            TileSet {
+                rows_per_tile: 1,
+                tiles: 1,
+                tensor_cores: false
+            },
+            "{name}: a lone row runs the one-row kernels"
+        );
+    }
+    if dec.tile_for(1).tensor_cores {
         let c = compare_logits(&want, &got);
         assert!(
             c.rel_diff <= TEACHER_FORCED_BOUNDS.0,
@@ -772,6 +811,16 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
         assert!(
             same_bits(&want, &got),
             "{name}: one row of tile 0 stepping alone differs from the sequence decoded alone"
+        );
+    }
+    // A lone row past row 0 (row 2): with fit_rows a one-row window from row 2, bit-equal
+    // to the sequence decoded alone too.
+    dec.set_row_prefix(2, &kv).unwrap();
+    let got2 = dec.step_rows_logits(&[(2, first)]).unwrap().remove(0);
+    if !dec.tile_for(1).tensor_cores {
+        assert!(
+            same_bits(&want, &got2),
+            "{name}: row 2 stepping alone differs from the sequence decoded alone"
         );
     }
     let top = compare_logits(&got, &got).ours_token as u32;
@@ -815,6 +864,7 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
     assert!(dec.set_row_bias(0, &[(vocab as u32, 1.0)]).is_err());
     // Bad input is an error: a row twice, a free row, a row past the decoder's.
     assert!(dec.step_rows_logits(&[(0, 1), (0, 2)]).is_err());
+    dec.release_row(3);
     assert!(dec.step_rows_logits(&[(3, 1)]).is_err());
     assert!(dec.step_rows_logits(&[(4, 1)]).is_err());
 }
@@ -855,10 +905,12 @@ fn batched_throughput() {
         .split_whitespace()
         .filter_map(|n| n.parse::<u32>().ok())
     {
+        // MLX_GRAPH_FIT_ROWS=0: fewer rows than the decoder's step on its full tiles.
         let opts = GraphOptions {
             sequences: nb,
             rows_per_warp,
             tensor_cores_from: mma_from,
+            fit_rows: std::env::var("MLX_GRAPH_FIT_ROWS").map_or(true, |v| v.trim() != "0"),
             ..GraphOptions::default()
         };
         let mut dec = match GraphDecoder::with_options(spec.clone(), &weights, 256, &opts) {
@@ -904,9 +956,10 @@ fn batched_throughput() {
             }
             let s = t.elapsed().as_secs_f64();
             eprintln!(
-                "batched_throughput {dir}: {} of {nb} rows stepping, {:.1} steps/s, {:.1} \
-                 tokens/s aggregate",
+                "batched_throughput {dir}: {} of {nb} rows stepping ({:?}), {:.1} steps/s, \
+                 {:.1} tokens/s aggregate",
                 nb / 2,
+                dec.tile_for(nb as usize / 2),
                 32.0 / s,
                 32.0 * f64::from(nb / 2) / s
             );

@@ -62,7 +62,7 @@ use std::collections::VecDeque;
 
 use mlx_core::cap_listing;
 use mlx_core::cpu::trellis::TrellisSpec;
-use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
+use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel, Module};
 
 use crate::graph_profile::StepProfile;
 use crate::graph_trellis::{
@@ -190,6 +190,19 @@ pub struct GraphOptions {
     /// `MLX_GRAPH_ATTN_COMBINE=attention` turns it off); `Some(false)`: never; `Some(true)`:
     /// wherever one sequence a step allows it (for testing).
     pub attn_combine_in_output: Option<bool>,
+    /// A batched step launches kernels sized to the rows it has (default true): a step whose
+    /// rows lie in a window of m rows (lowest to highest) runs, from the window's first row,
+    /// the fewest tiles that hold m rows (as many as [`GraphOptions::sequences`] takes), each
+    /// of the fewest rows that spread m over them
+    /// (kernels compiled for that many rows, one NVRTC module a width, on first use or by
+    /// [`GraphDecoder::prepare_rows`]; [`GraphDecoder::tile_for`] names the choice). A lone
+    /// row thus runs the one-row kernels. false: every step runs the tiles of
+    /// `tile_sequences` rows up to the last one holding a row that steps. The single-sequence
+    /// calls (row 0) take the one-row kernels too. Rows of FFMA tiles are bit-equal to the
+    /// sequence decoded alone whatever the width; a width of at least `tensor_cores_from`
+    /// rows runs the tensor-core tiles (L3). Speculation's verify groups and a decoder of
+    /// one cache slot keep the full tiles.
+    pub fit_rows: bool,
 }
 
 /// The most sequences a [`GraphDecoder`] decodes a step.
@@ -201,6 +214,20 @@ pub const TILE_SEQUENCES: u32 = 8;
 /// ([`GraphOptions::tensor_cores_from`], off unless set): from about 4 rows the FFMA kernels are compute bound
 /// (results/gpu/2026-12-04-s23-run9).
 pub const MMA_MIN_SEQUENCES: u32 = 4;
+
+/// The kernels a step of a decoder's first rows runs ([`GraphDecoder::tile_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileSet {
+    /// Rows a launch of a matrix-vector kernel takes (`NB` of the kernels compiled for it).
+    pub rows_per_tile: usize,
+    /// Launches a kernel (tiles); `rows_per_tile x tiles` rows run, those past the ones that
+    /// step idle.
+    pub tiles: usize,
+    /// Whether the tiles multiply the 4-bit weights in groups of 64 on the tensor cores (a
+    /// row's logits then within [`TEACHER_FORCED_BOUNDS`] of the sequence decoded alone, L3;
+    /// otherwise bit-equal to it).
+    pub tensor_cores: bool,
+}
 
 impl Default for GraphOptions {
     fn default() -> Self {
@@ -216,6 +243,7 @@ impl Default for GraphOptions {
             one_cache_slot: false,
             min_blocks_per_sm: None,
             attn_combine_in_output: None,
+            fit_rows: true,
         }
     }
 }
@@ -1212,6 +1240,11 @@ pub struct GraphDecoder {
     row_bias: Vec<bool>,
     /// The step over the first n tiles only (n = 1 .. tiles - 1; `graph` runs them all).
     tile_graphs: Vec<Graph>,
+    /// [`GraphOptions::fit_rows`]: the kernels compiled so far, by rows a tile (the
+    /// constructor's, then the narrower ones' modules), and the step's graphs over them, by
+    /// (rows a tile, tiles, first row).
+    modules: Vec<(usize, Module)>,
+    fitted: Vec<((usize, usize, usize), Graph)>,
     /// Graphs of one part each, captured on the first breakdown.
     part_graphs: Vec<(Part, Graph)>,
     /// The step recording its timeline, and the timeline's buffer (on the first trace).
@@ -1818,38 +1851,16 @@ impl GraphDecoder {
             ));
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
-        let mma = nb as u32 >= opts.tensor_cores_from.unwrap_or(u32::MAX);
-        // Tensor-core tiles of a 4-bit model in groups of 64 (every product on mv_run_mma):
-        // two blocks a multiprocessor at 128 registers where the inputs fit (graph_decode.cu's
-        // MV_MIN_BLOCKS; results/gpu/2026-12-05-s32-rows).
-        let min_blocks = opts
-            .min_blocks_per_sm
-            .or((mma && spec.group_and_bits() == (64, 4)).then_some(2))
-            .map(|m| format!("#define MV_MIN_BLOCKS {m}\n"))
-            .unwrap_or_default();
-        let source = format!(
-            "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n\
-             #define NB {nb}\n#define MV_MMA {}\n{min_blocks}{SOURCE}",
-            u8::from(mma)
-        );
+        let mma_from = opts.tensor_cores_from.unwrap_or(u32::MAX);
+        let mma = nb as u32 >= mma_from;
+        let params = SourceParams {
+            rows,
+            batch,
+            early,
+            min_blocks: opts.min_blocks_per_sm,
+        };
         let t0 = std::time::Instant::now();
-        let (mut source, mut kernels) = (source, KERNELS.to_vec());
-        if spec.qk_norm {
-            kernels.push(QK_NORM_KERNEL);
-            source.push_str(QK_NORM_SOURCE);
-        }
-        if spec.sandwich {
-            kernels.push(GEMMA_KERNEL);
-            source.push_str(GEMMA_SOURCE);
-        }
-        if spec.moe.is_some() {
-            kernels.extend(MOE_KERNELS);
-            source.push_str(MOE_SOURCE);
-        }
-        if spec.trellis.is_some() {
-            kernels.extend(TRELLIS_KERNELS);
-            source.push_str(&crate::graph_trellis::trellis_source());
-        }
+        let (source, kernels) = step_source(&spec, &params, nb, mma);
         let mut rt = GpuRuntime::new(&source, &kernels)?;
         let kernels_s = t0.elapsed().as_secs_f64();
         let t1 = std::time::Instant::now();
@@ -2034,18 +2045,7 @@ impl GraphDecoder {
                 ),
             ));
         }
-        // Past 48 KiB less the kernels' static shared memory, opt in.
-        if shared + MV_STATIC_SHARED > 48 * 1024 {
-            let experts = if s.moe.is_some() {
-                &["matvec_experts"][..]
-            } else {
-                &[]
-            };
-            for &k in ["matvec", "matvec_qkv"].iter().chain(experts) {
-                let k = rt.kernel(k)?;
-                rt.set_shared_limit(k, shared)?;
-            }
-        }
+        mv_shared_opt_in(&mut rt, Module::FIRST, &spec, nb)?;
         if s.trellis.is_some() {
             trellis_shared_limit(&mut rt, &layers, trellis_head)?;
         }
@@ -2076,16 +2076,20 @@ impl GraphDecoder {
             tiles,
             mma,
             attn_in_output,
+            mma_from,
+            params,
+            fit_rows: opts.fit_rows && !opts.one_cache_slot && nb * tiles > 1,
         };
         let weights_s = t1.elapsed().as_secs_f64();
         let t2 = std::time::Instant::now();
-        let graph = match rt.capture(|rt| record_step(rt, &step, None, None, tiles)) {
+        let full = step.full_set();
+        let graph = match rt.capture(|rt| record_step(rt, &step, full, None, None)) {
             Ok(g) => g,
             Err(_) if pdl => {
                 // A driver that cannot capture programmatic launches: plain launches.
                 step.pdl = false;
                 rt.set_programmatic_launch(false)?;
-                rt.capture(|rt| record_step(rt, &step, None, None, tiles))?
+                rt.capture(|rt| record_step(rt, &step, full, None, None))?
             }
             Err(e) => return Err(e),
         };
@@ -2093,7 +2097,8 @@ impl GraphDecoder {
         // holding a row that steps.
         let mut tile_graphs = Vec::with_capacity(tiles.saturating_sub(1));
         for n in 1..tiles {
-            tile_graphs.push(rt.capture(|rt| record_step(rt, &step, None, None, n))?);
+            let set = Set { tiles: n, ..full };
+            tile_graphs.push(rt.capture(|rt| record_step(rt, &step, set, None, None))?);
         }
         let profile = StepProfile::from_env(&step.shape.model_type);
         Ok(GraphDecoder {
@@ -2102,6 +2107,8 @@ impl GraphDecoder {
             pos: 0,
             graph,
             tile_graphs,
+            modules: vec![(nb, Module::FIRST)],
+            fitted: Vec::new(),
             part_graphs: Vec::new(),
             traced: None,
             batch,
@@ -2471,6 +2478,97 @@ impl GraphDecoder {
             .unwrap_or(self.graph)
     }
 
+    /// The kernels a step runs whose rows lie in a window of `rows` rows (from its lowest
+    /// row to its highest; 1 to [`GraphDecoder::sequences`]): with
+    /// [`GraphOptions::fit_rows`], the fewest tiles that hold them, each of the fewest rows
+    /// that spread them, from the window's first row; otherwise the constructor's tiles from
+    /// row 0 up to the one holding row `rows - 1` (for a window that starts at row 0).
+    pub fn tile_for(&self, rows: usize) -> TileSet {
+        let rows = rows.clamp(1, self.sequences());
+        let (nb, tiles) = if self.step.fit_rows {
+            self.step.fit(rows)
+        } else {
+            (self.step.nb, rows.div_ceil(self.step.nb))
+        };
+        TileSet {
+            rows_per_tile: nb,
+            tiles,
+            tensor_cores: nb as u32 >= self.step.mma_from
+                && self.step.shape.group_and_bits() == (64, 4),
+        }
+    }
+
+    /// Compiles the kernels and captures the step graphs that steps of up to `rows` rows run
+    /// ([`GraphOptions::fit_rows`]; every count from 1 to `rows`, at most
+    /// [`GraphDecoder::sequences`]), so that no step pays NVRTC or a capture later. Without
+    /// `fit_rows`, nothing to do. Returns how many kernel modules were compiled (or read from
+    /// the on-disk cache).
+    pub fn prepare_rows(&mut self, rows: usize) -> Result<usize> {
+        let before = self.modules.len();
+        let rows = rows.min(self.sequences());
+        self.guard(|me| {
+            // Every window of rows within the first `rows`: lo .. lo + m.
+            for m in 1..=rows {
+                for lo in 0..=rows - m {
+                    me.fitted_graph(lo, lo + m)?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(self.modules.len() - before)
+    }
+
+    /// The graph a step of rows `lo .. hi` runs (the rows that step lie there): the tiles
+    /// [`GraphDecoder::tile_for`] gives for `hi - lo` rows, from row `lo` (or from as far
+    /// below it as the rows end: the window stays within the decoder's rows). Compiled and
+    /// captured on first use.
+    fn fitted_graph(&mut self, lo: usize, hi: usize) -> Result<Graph> {
+        let hi = hi.max(lo + 1);
+        if !self.step.fit_rows {
+            return Ok(self.graph_for(std::iter::once(hi - 1)));
+        }
+        let (nb, tiles) = self.step.fit(hi - lo);
+        let first = lo.min(self.sequences() - nb * tiles);
+        if nb == self.step.nb && first == 0 {
+            return Ok(self.graph_for(std::iter::once(tiles * nb - 1)));
+        }
+        let key = (nb, tiles, first);
+        if let Some(&(_, g)) = self.fitted.iter().find(|(k, _)| *k == key) {
+            return Ok(g);
+        }
+        let module = match self.modules.iter().find(|(w, _)| *w == nb) {
+            Some(&(_, m)) => m,
+            None => {
+                let mma = nb as u32 >= self.step.mma_from;
+                let (source, kernels) = step_source(&self.step.shape, &self.step.params, nb, mma);
+                let module = self.rt.add_module(&source, &kernels)?;
+                mv_shared_opt_in(&mut self.rt, module, &self.step.shape, nb)?;
+                self.modules.push((nb, module));
+                module
+            }
+        };
+        let set = Set {
+            nb,
+            tiles,
+            module,
+            first_row: first,
+        };
+        let step = &self.step;
+        let graph = self
+            .rt
+            .capture(|rt| record_step(rt, step, set, None, None))?;
+        self.fitted.push((key, graph));
+        Ok(graph)
+    }
+
+    /// The graph of a batched step of `rows`: the tiles that hold the window from its lowest
+    /// row to its highest.
+    fn rows_graph(&mut self, rows: &[(usize, u32, usize)]) -> Result<Graph> {
+        let lo = rows.iter().map(|r| r.0).min().unwrap_or(0);
+        let hi = rows.iter().map(|r| r.0 + 1).max().unwrap_or(1);
+        self.fitted_graph(lo, hi)
+    }
+
     /// Checks a batched step's rows: each given once, started, with room for one position.
     fn check_rows(&self, rows: &[(usize, u32)]) -> Result<Vec<(usize, u32, usize)>> {
         let mut seen = vec![false; self.sequences()];
@@ -2512,7 +2610,7 @@ impl GraphDecoder {
             me.drain()?;
             me.limit = me.pos;
             me.upload_states(&states)?;
-            let graph = me.graph_for(states.iter().map(|s| s.0));
+            let graph = me.rows_graph(&states)?;
             me.rt.replay(graph, 1)?;
             let mut out = Vec::with_capacity(states.len());
             for &(r, _, pos) in &states {
@@ -2538,7 +2636,7 @@ impl GraphDecoder {
             me.drain()?;
             me.limit = me.pos;
             me.upload_states(&states)?;
-            let graph = me.graph_for(states.iter().map(|s| s.0));
+            let graph = me.rows_graph(&states)?;
             me.rt.replay(graph, 1)?;
             let mut out = Vec::with_capacity(states.len());
             for &(r, _, pos) in &states {
@@ -2659,7 +2757,8 @@ impl GraphDecoder {
         let vocab = self.step.shape.vocab;
         self.guard(|me| {
             me.set_state(token)?;
-            me.rt.replay(me.graph_for(std::iter::once(0)), 1)?;
+            let graph = me.fitted_graph(0, 1)?;
+            me.rt.replay(graph, 1)?;
             me.pos += 1;
             let mut b = vec![0u8; vocab * 4];
             me.rt.download(me.step.acts.logits, 0, &mut b)?;
@@ -2706,9 +2805,9 @@ impl GraphDecoder {
             }
             if me.part_graphs.is_empty() {
                 for part in Part::ALL {
-                    let g = me
-                        .rt
-                        .capture(|rt| record_step(rt, &me.step, Some(part), None, me.step.tiles))?;
+                    let g = me.rt.capture(|rt| {
+                        record_step(rt, &me.step, me.step.full_set(), Some(part), None)
+                    })?;
                     me.part_graphs.push((part, g));
                 }
             }
@@ -2751,9 +2850,9 @@ impl GraphDecoder {
                 Some(t) => t,
                 None => {
                     let buf = me.rt.alloc((TRACE_RECORDS + 1) * 64)?;
-                    let g = me
-                        .rt
-                        .capture(|rt| record_step(rt, &me.step, None, Some(buf), me.step.tiles))?;
+                    let g = me.rt.capture(|rt| {
+                        record_step(rt, &me.step, me.step.full_set(), None, Some(buf))
+                    })?;
                     me.traced = Some((g, buf));
                     (g, buf)
                 }
@@ -2864,7 +2963,8 @@ impl GraphDecoder {
         self.guard(|me| {
             for &t in tokens {
                 me.set_state(t)?;
-                me.rt.replay(me.graph_for(std::iter::once(0)), 1)?;
+                let graph = me.fitted_graph(0, 1)?;
+                me.rt.replay(graph, 1)?;
                 me.pos += 1;
             }
             me.rt.synchronize()
@@ -2915,7 +3015,8 @@ impl GraphDecoder {
     fn queue_ahead(&mut self) -> Result<()> {
         while self.pending.len() < READ_AHEAD && self.queued_to < self.limit {
             let t = self.profile.is_some().then(std::time::Instant::now);
-            self.rt.replay(self.graph_for(std::iter::once(0)), 1)?;
+            let graph = self.fitted_graph(0, 1)?;
+            self.rt.replay(graph, 1)?;
             if let (Some(p), Some(t)) = (self.profile.as_deref_mut(), t) {
                 p.launched(t);
             }
@@ -2995,7 +3096,7 @@ impl GraphDecoder {
         let r = self.guard(|me| {
             let mut saved = vec![0u8; bytes];
             me.rt.download(me.step.acts.state, 0, &mut saved)?;
-            let g = me.graph_for(std::iter::once(0));
+            let g = me.fitted_graph(0, 1)?;
             me.rt.replay(g, 1)?;
             me.rt.synchronize()?;
             let t = std::time::Instant::now();
@@ -3146,14 +3247,24 @@ struct Recorder<'a> {
     /// The timeline's buffer (GraphDecoder::trace_step), or none.
     trace: Option<Buffer>,
     prev_multi_wave: bool,
-    /// Tiles recorded: the first `tiles` of the step's (rows past them do not run).
+    /// Tiles recorded: the first `tiles` of the set's (rows past them do not run).
     tiles: usize,
+    /// Rows a tile, and the module of the kernels compiled for them.
+    nb: usize,
+    module: Module,
+    /// The first tile's first row.
+    first_row: usize,
 }
 
 impl Recorder<'_> {
     /// The kernels' timeline argument: the buffer, or a null pointer.
     fn trace_arg(&self) -> Arg {
         self.trace.map_or(Arg::I64(0), |b| Arg::Buf(b, 0))
+    }
+
+    /// The recorded set's kernel `name`.
+    fn kernel(&self, rt: &GpuRuntime, name: &str) -> Result<Kernel> {
+        rt.kernel_in(self.module, name)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -3250,12 +3361,12 @@ fn matvec_tile(
     mode: i64,
     t: usize,
 ) -> Result<()> {
-    let k = rt.kernel("matvec")?;
+    let k = rec.kernel(rt, "matvec")?;
     let s = &rec.step.shape;
     let (gs, bits) = (lin.gs, lin.bits);
-    let shared = mv_shared_bytes(lin.k, bits) * rec.step.nb as u32;
+    let shared = mv_shared_bytes(lin.k, bits) * rec.nb as u32;
     // Tile t's first row of the input, the residual and the output.
-    let rows = t * rec.step.nb;
+    let rows = rec.first_row + t * rec.nb;
     let out_row = if mode & MODE_F32 != 0 {
         lin.n * 4
     } else if mode & MODE_SWIGLU != 0 {
@@ -3325,7 +3436,7 @@ fn attn_out(
     out: Buffer,
     mode: i64,
 ) -> Result<()> {
-    let k = rt.kernel("matvec_attn_out")?;
+    let k = rec.kernel(rt, "matvec_attn_out")?;
     let step = rec.step;
     let (s, a) = (&step.shape, &step.acts);
     let shared = attn_out_shared_bytes(s, step.capacity, lin.bits);
@@ -3394,6 +3505,13 @@ struct Step {
     /// attention runs without counters) in the layers without trellis-coded weights
     /// ([`attn_combine_in_output`]).
     attn_in_output: bool,
+    /// Tiles of at least this many rows run on the tensor cores
+    /// ([`GraphOptions::tensor_cores_from`]; `u32::MAX`: never).
+    mma_from: u32,
+    /// The kernels' compile-time settings besides the rows a tile.
+    params: SourceParams,
+    /// [`GraphOptions::fit_rows`] (off for one cache slot and for a decoder of one row).
+    fit_rows: bool,
 }
 
 /// Whether the output projection combines the attention's partials itself
@@ -3417,6 +3535,122 @@ fn attn_out_shared_bytes(spec: &GraphSpec, capacity: usize, bits: usize) -> u32 
     let width = spec.heads * spec.head_dim;
     let tile = (capacity / ATTN_CHUNK).min(128);
     mv_shared_bytes(width, bits) + (width * ATTN_OUT_CHUNKS * 4 + spec.heads * tile * 8) as u32
+}
+
+impl Step {
+    /// The constructor's kernels over all its tiles.
+    fn full_set(&self) -> Set {
+        Set {
+            nb: self.nb,
+            tiles: self.tiles,
+            module: Module::FIRST,
+            first_row: 0,
+        }
+    }
+
+    /// The tiles that hold the first `m` rows (1 .. nb x tiles): the fewest tiles of at most
+    /// `nb` rows, each of the fewest rows that spread `m` over them.
+    fn fit(&self, m: usize) -> (usize, usize) {
+        fit_tiles(m, self.nb, self.tiles)
+    }
+}
+
+/// The tiles that hold `m` rows (clamped to 1 .. nb x tiles) with tiles of at most `nb`
+/// rows: (rows a tile, tiles), the fewest tiles (each reads every weight once), each of the
+/// fewest rows that hold `m` (each row's products cost the same whether it steps or idles).
+fn fit_tiles(m: usize, nb: usize, tiles: usize) -> (usize, usize) {
+    let nb = nb.max(1);
+    let m = m.clamp(1, nb * tiles.max(1));
+    let t = m.div_ceil(nb);
+    (m.div_ceil(t), t)
+}
+
+/// The kernels' compile-time settings besides `NB` and `MV_MMA`.
+#[derive(Debug, Clone, Copy)]
+struct SourceParams {
+    rows: usize,
+    batch: u32,
+    early: u32,
+    min_blocks: Option<u32>,
+}
+
+/// Which kernels a step is recorded with: `tiles` launches of the kernels of `module`,
+/// compiled for `nb` rows a launch.
+#[derive(Debug, Clone, Copy)]
+struct Set {
+    nb: usize,
+    tiles: usize,
+    module: Module,
+    /// The first tile's first row (the tiles cover `first_row ..` `first_row + nb x tiles`).
+    first_row: usize,
+}
+
+/// The step's CUDA source for tiles of `nb` rows (`mma`: on the tensor cores), and its
+/// kernels with their arities.
+fn step_source(
+    spec: &GraphSpec,
+    p: &SourceParams,
+    nb: usize,
+    mma: bool,
+) -> (String, Vec<(&'static str, u32)>) {
+    // Tensor-core tiles of a 4-bit model in groups of 64 (every product on mv_run_mma): two
+    // blocks a multiprocessor at 128 registers where the inputs fit (graph_decode.cu's
+    // MV_MIN_BLOCKS; results/gpu/2026-12-05-s32-rows), unless the options set it.
+    let min_blocks = p
+        .min_blocks
+        .or((mma && spec.group_and_bits() == (64, 4)).then_some(2))
+        .map(|m| format!("#define MV_MIN_BLOCKS {m}\n"))
+        .unwrap_or_default();
+    let mut source = format!(
+        "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
+         #define NB {nb}\n#define MV_MMA {}\n{min_blocks}{SOURCE}",
+        p.rows,
+        p.batch,
+        p.early,
+        u8::from(mma)
+    );
+    let mut kernels = KERNELS.to_vec();
+    if spec.qk_norm {
+        kernels.push(QK_NORM_KERNEL);
+        source.push_str(QK_NORM_SOURCE);
+    }
+    if spec.sandwich {
+        kernels.push(GEMMA_KERNEL);
+        source.push_str(GEMMA_SOURCE);
+    }
+    if spec.moe.is_some() {
+        kernels.extend(MOE_KERNELS);
+        source.push_str(MOE_SOURCE);
+    }
+    if spec.trellis.is_some() {
+        kernels.extend(TRELLIS_KERNELS);
+        source.push_str(&crate::graph_trellis::trellis_source());
+    }
+    (source, kernels)
+}
+
+/// Opts the matrix-vector kernels of `module` (compiled for `nb` rows a tile) in to the
+/// shared memory their inputs take, where that is past 48 KiB less their static shared memory.
+fn mv_shared_opt_in(
+    rt: &mut GpuRuntime,
+    module: Module,
+    spec: &GraphSpec,
+    nb: usize,
+) -> Result<()> {
+    let shared = spec.mv_shared_per_sequence() * nb as u32;
+    if shared + MV_STATIC_SHARED <= 48 * 1024 {
+        return Ok(());
+    }
+    let experts = if spec.moe.is_some() {
+        &["matvec_experts"][..]
+    } else {
+        &[]
+    };
+    for &k in ["matvec", "matvec_qkv"].iter().chain(experts) {
+        let k = rt.kernel_in(module, k)?;
+        rt.set_shared_limit(k, shared)?;
+    }
+    Ok(())
 }
 
 /// A layer's mixture-of-experts block (one sequence): the router's logits of the normed input,
@@ -3447,7 +3681,7 @@ fn record_experts(
         GraphRouter::SoftmaxTopK { norm } => (0, i64::from(norm)),
         GraphRouter::TopKSoftmax => (1, 0),
     };
-    let k_route = rt.kernel("moe_route")?;
+    let k_route = rec.kernel(rt, "moe_route")?;
     rec.launch(
         rt,
         Part::GateUp,
@@ -3465,7 +3699,7 @@ fn record_experts(
             Arg::I64(norm),
         ],
     )?;
-    let k_exp = rt.kernel("matvec_experts")?;
+    let k_exp = rec.kernel(rt, "matvec_experts")?;
     // (part, weights, input, norm, output, rows a slot, mode, per-slot inputs, input width)
     let launches = [
         (
@@ -3517,7 +3751,7 @@ fn record_experts(
             ],
         )?;
     }
-    let k_comb = rt.kernel("moe_combine")?;
+    let k_comb = rec.kernel(rt, "moe_combine")?;
     rec.launch(
         rt,
         Part::Down,
@@ -3541,9 +3775,9 @@ fn record_experts(
 fn record_step(
     rt: &mut GpuRuntime,
     step: &Step,
+    set: Set,
     only: Option<Part>,
     trace: Option<Buffer>,
-    run_tiles: usize,
 ) -> Result<()> {
     let Step {
         shape: ref s,
@@ -3555,14 +3789,18 @@ fn record_step(
         final_norm,
         rows,
         mv_cap,
-        nb,
         ..
     } = *step;
-    // Only the first run_tiles tiles' rows run (the rest idle): one graph a tile count.
-    let tiles = run_tiles.clamp(1, step.tiles);
+    // The set's first `tiles` tiles of `nb` rows run (the rest idle): one graph a set.
+    let nb = set.nb;
+    let tiles = set.tiles.clamp(
+        1,
+        (step.nb * step.tiles).saturating_sub(set.first_row) / nb.max(1),
+    );
     let nbu = nb as u32;
     // Tile t's first row in a buffer of `row` bytes a row.
-    let at = |t: usize, row: usize| t * nb * row;
+    let first = set.first_row;
+    let at = |t: usize, row: usize| (first + t * nb) * row;
     let h_row = s.hidden * 2;
     let qkv_row = s.qkv_rows() * 2;
     let slot = s.kv_heads * cap * s.head_dim * 2;
@@ -3574,12 +3812,15 @@ fn record_step(
         trace,
         prev_multi_wave: false,
         tiles,
+        nb,
+        module: set.module,
+        first_row: set.first_row,
     };
-    let k_embed = rt.kernel("embed")?;
-    let k_qkv = rt.kernel("matvec_qkv")?;
-    let k_attn = rt.kernel("attention")?;
-    let k_am_partial = rt.kernel("argmax_partial")?;
-    let k_am_pick = rt.kernel("argmax_pick")?;
+    let k_embed = rec.kernel(rt, "embed")?;
+    let k_qkv = rec.kernel(rt, "matvec_qkv")?;
+    let k_attn = rec.kernel(rt, "attention")?;
+    let k_am_partial = rec.kernel(rt, "argmax_partial")?;
+    let k_am_pick = rec.kernel(rt, "argmax_pick")?;
     let (gs, bits) = s.group_and_bits();
     let (d, nh, nkv) = (s.head_dim as i64, s.heads as i64, s.kv_heads as i64);
     let ns = cap / ATTN_CHUNK;
@@ -3676,7 +3917,7 @@ fn record_step(
         }
         if let Some((qw, kw)) = l.qk_norm {
             for t in 0..tiles {
-                let k_qkn = rt.kernel(QK_NORM_KERNEL.0)?;
+                let k_qkn = rec.kernel(rt, QK_NORM_KERNEL.0)?;
                 rec.launch(
                     rt,
                     Part::Qkv,
@@ -3791,7 +4032,7 @@ fn record_step(
                 matvec(&mut rec, rt, part, lin, x, norm, res, out, mode)?;
             }
             if let (Some((pa, pm)), 0 | 2) = (l.post_norms, j) {
-                let k_na = rt.kernel(GEMMA_KERNEL.0)?;
+                let k_na = rec.kernel(rt, GEMMA_KERNEL.0)?;
                 for t in 0..tiles {
                     rec.launch(
                         rt,
@@ -4415,6 +4656,38 @@ mod tests {
         let f = GraphRope::from_freqs(true, &[1.0, 4.0], 1.25);
         assert_eq!(f.inv_freq, [1.0, 0.25]);
         assert_eq!(f.output_scale, 1.25);
+    }
+
+    #[test]
+    fn a_step_takes_the_fewest_tiles_of_the_fewest_rows() {
+        // The 8B's decoder of 16 sequences: 3 tiles of 6.
+        let want = [
+            (1, (1, 1)),
+            (2, (2, 1)),
+            (3, (3, 1)),
+            (6, (6, 1)),
+            (7, (4, 2)),
+            (9, (5, 2)),
+            (12, (6, 2)),
+            (13, (5, 3)),
+            (16, (6, 3)),
+            (18, (6, 3)),
+            (40, (6, 3)),
+            (0, (1, 1)),
+        ];
+        for (m, w) in want {
+            assert_eq!(fit_tiles(m, 6, 3), w, "{m} rows");
+        }
+        for nb in 1..=8 {
+            for tiles in 1..=8 {
+                for m in 1..=nb * tiles {
+                    let (w, t) = fit_tiles(m, nb, tiles);
+                    assert!(w <= nb && t <= tiles && w * t >= m && w * t <= nb * tiles);
+                    assert_eq!(t, m.div_ceil(nb), "the fewest tiles");
+                    assert!(w == 1 || (w - 1) * t < m, "the fewest rows a tile");
+                }
+            }
+        }
     }
 
     #[test]

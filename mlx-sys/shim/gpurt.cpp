@@ -381,8 +381,11 @@ struct mlxs_gpurt_ {
   CUdevice device = 0;
   CUcontext ctx = nullptr;
   CUstream stream = nullptr;
-  CUmodule module = nullptr;
+  // The modules of kernels: the one made with the runtime, then mlxs_gpurt_add_module's.
+  std::vector<CUmodule> modules;
   std::string name;
+  // The device's architecture, e.g. "sm_90".
+  std::string arch;
   uint32_t sm_count = 0;
   std::vector<CUfunction> kernels;
   std::vector<uint32_t> arities;
@@ -397,8 +400,6 @@ struct mlxs_gpurt_ {
   std::vector<std::pair<CUgraph, CUgraphExec>> graphs;
   bool capturing = false;
   bool pdl = false;
-  // The kernels came from the on-disk cache (not NVRTC).
-  bool cached = false;
   // Pinned read slots.
   void* pinned = nullptr;
   std::array<CUevent, kSlots> events{};
@@ -462,13 +463,106 @@ struct mlxs_gpurt_ {
     for (size_t i = 0; i < buffers.size(); ++i) {
       if (i >= borrowed.size() || !borrowed[i]) dr.cuMemFree(buffers[i].first);
     }
-    if (module) dr.cuModuleUnload(module);
+    for (auto m : modules) {
+      if (m) dr.cuModuleUnload(m);
+    }
     if (stream) dr.cuStreamDestroy(stream);
     dr.cuDevicePrimaryCtxRelease(device);
   }
 };
 
 namespace {
+
+// Compiles `src` (or reads its cubin from the on-disk cache), loads it as one more module of
+// `rt` and appends its kernels `kernel_names` (with their declared arities) to `rt.kernels`.
+void load_module(mlxs_gpurt_& rt, const Driver& d, const std::string& src,
+                 const char* const* kernel_names, const uint32_t* arities, size_t n_kernels) {
+  const std::string& arch = rt.arch;
+  CUmodule module = nullptr;
+  bool from_cache = false;
+  const Nvrtc& n = nvrtc();
+  if (!n.error.empty()) throw std::runtime_error("[gpurt] " + n.error);
+  std::string arch_opt = "--gpu-architecture=" + arch;
+  const char* opts[] = {arch_opt.c_str(), "-std=c++17", "--fmad=true"};
+  int nv_major = 0, nv_minor = 0;
+  if (n.nvrtcVersion != nullptr) n.nvrtcVersion(&nv_major, &nv_minor);
+  std::string key = "gpurt-cubin-1\n" + arch + "\nnvrtc " + std::to_string(nv_major) + "." +
+                    std::to_string(nv_minor) + "\n";
+  for (const char* o : opts) key += std::string(o) + "\n";
+  key += src;
+  const std::string cache_dir = kernel_cache_dir();
+  const std::string cache_path = cache_dir.empty() ? "" : kernel_cache_path(cache_dir, key);
+  if (!cache_path.empty()) {
+    std::string cached = kernel_cache_read(cache_path, key);
+    if (!cached.empty() && d.cuModuleLoadData(&module, cached.data()) == 0) {
+      from_cache = true;
+    }
+  }
+  if (!from_cache) {
+    module = nullptr;
+    nvrtcProgram prog = nullptr;
+    nvrtcResult nr = n.nvrtcCreateProgram(&prog, src.c_str(), "gpurt.cu", 0, nullptr, nullptr);
+    if (nr != 0) {
+      throw std::runtime_error(std::string("[gpurt] nvrtcCreateProgram: ") +
+                               n.nvrtcGetErrorString(nr));
+    }
+    nr = n.nvrtcCompileProgram(prog, 3, opts);
+    std::string log;
+    size_t log_size = 0;
+    if (n.nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 1) {
+      log.resize(log_size);
+      n.nvrtcGetProgramLog(prog, log.data());
+    }
+    std::string cubin;
+    if (nr == 0) {
+      size_t size = 0;
+      nr = n.nvrtcGetCUBINSize(prog, &size);
+      if (nr == 0) {
+        cubin.resize(size);
+        nr = n.nvrtcGetCUBIN(prog, cubin.data());
+      }
+    }
+    n.nvrtcDestroyProgram(&prog);
+    if (nr != 0) {
+      throw std::runtime_error(std::string("[gpurt] NVRTC could not compile the kernels for ") +
+                               arch + ": " + n.nvrtcGetErrorString(nr) + "\n" + log);
+    }
+    check(d.cuModuleLoadData(&module, cubin.data()), "cuModuleLoadData");
+    if (!cache_path.empty()) kernel_cache_write(cache_dir, cache_path, key, cubin);
+  }
+  rt.modules.push_back(module);
+  // Appended only when every kernel is found: a failed module adds none.
+  std::vector<CUfunction> found;
+  for (size_t i = 0; i < n_kernels; ++i) {
+    std::string kname = cstr(kernel_names[i], "kernel name");
+    CUfunction f = nullptr;
+    check(d.cuModuleGetFunction(&f, module, kname.c_str()),
+          ("cuModuleGetFunction(" + kname + ")").c_str());
+    if (d.cuFuncGetParamInfo != nullptr) {
+      // Every parameter must be 8 bytes wide, and the declared count must be right.
+      size_t k = 0;
+      for (;; ++k) {
+        size_t off = 0, size = 0;
+        if (d.cuFuncGetParamInfo(f, k, &off, &size) != 0) break;
+        if (size != 8 || off != 8 * k) {
+          throw std::invalid_argument("[gpurt] kernel " + kname + ": parameter " +
+                                      std::to_string(k) + " is " + std::to_string(size) +
+                                      " bytes at offset " + std::to_string(off) +
+                                      "; every parameter must be 8 bytes");
+        }
+      }
+      if (k != arities[i]) {
+        throw std::invalid_argument("[gpurt] kernel " + kname + " takes " + std::to_string(k) +
+                                    " parameters, declared " + std::to_string(arities[i]));
+      }
+    }
+    found.push_back(f);
+  }
+  for (size_t i = 0; i < n_kernels; ++i) {
+    rt.kernels.push_back(found[i]);
+    rt.arities.push_back(arities[i]);
+  }
+}
 
 // The runtime behind a handle (as internal.hpp's A() for arrays).
 mlxs_gpurt_& R(mlxs_gpurt rt) {
@@ -518,83 +612,26 @@ int mlxs_gpurt_new(mlxs_gpurt* out, const char* source, const char* const* kerne
     rt->name = std::string(name) + " (" + arch + ")";
     check(d.cuStreamCreate(&rt->stream, kStreamNonBlocking), "cuStreamCreate");
 
-    const Nvrtc& n = nvrtc();
-    if (!n.error.empty()) throw std::runtime_error("[gpurt] " + n.error);
-    std::string arch_opt = "--gpu-architecture=" + arch;
-    const char* opts[] = {arch_opt.c_str(), "-std=c++17", "--fmad=true"};
-    int nv_major = 0, nv_minor = 0;
-    if (n.nvrtcVersion != nullptr) n.nvrtcVersion(&nv_major, &nv_minor);
-    std::string key = "gpurt-cubin-1\n" + arch + "\nnvrtc " + std::to_string(nv_major) + "." +
-                      std::to_string(nv_minor) + "\n";
-    for (const char* o : opts) key += std::string(o) + "\n";
-    key += src;
-    const std::string cache_dir = kernel_cache_dir();
-    const std::string cache_path = cache_dir.empty() ? "" : kernel_cache_path(cache_dir, key);
-    if (!cache_path.empty()) {
-      std::string cached = kernel_cache_read(cache_path, key);
-      if (!cached.empty() && d.cuModuleLoadData(&rt->module, cached.data()) == 0) {
-        rt->cached = true;
-      }
-    }
-    if (!rt->cached) {
-      rt->module = nullptr;
-      nvrtcProgram prog = nullptr;
-      nvrtcResult nr = n.nvrtcCreateProgram(&prog, src.c_str(), "gpurt.cu", 0, nullptr, nullptr);
-      if (nr != 0) {
-        throw std::runtime_error(std::string("[gpurt] nvrtcCreateProgram: ") +
-                                 n.nvrtcGetErrorString(nr));
-      }
-      nr = n.nvrtcCompileProgram(prog, 3, opts);
-      std::string log;
-      size_t log_size = 0;
-      if (n.nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 1) {
-        log.resize(log_size);
-        n.nvrtcGetProgramLog(prog, log.data());
-      }
-      std::string cubin;
-      if (nr == 0) {
-        size_t size = 0;
-        nr = n.nvrtcGetCUBINSize(prog, &size);
-        if (nr == 0) {
-          cubin.resize(size);
-          nr = n.nvrtcGetCUBIN(prog, cubin.data());
-        }
-      }
-      n.nvrtcDestroyProgram(&prog);
-      if (nr != 0) {
-        throw std::runtime_error(std::string("[gpurt] NVRTC could not compile the kernels for ") +
-                                 arch + ": " + n.nvrtcGetErrorString(nr) + "\n" + log);
-      }
-      check(d.cuModuleLoadData(&rt->module, cubin.data()), "cuModuleLoadData");
-      if (!cache_path.empty()) kernel_cache_write(cache_dir, cache_path, key, cubin);
-    }
-    for (size_t i = 0; i < n_kernels; ++i) {
-      std::string kname = cstr(kernel_names[i], "kernel name");
-      CUfunction f = nullptr;
-      check(d.cuModuleGetFunction(&f, rt->module, kname.c_str()),
-            ("cuModuleGetFunction(" + kname + ")").c_str());
-      if (d.cuFuncGetParamInfo != nullptr) {
-        // Every parameter must be 8 bytes wide, and the declared count must be right.
-        size_t k = 0;
-        for (;; ++k) {
-          size_t off = 0, size = 0;
-          if (d.cuFuncGetParamInfo(f, k, &off, &size) != 0) break;
-          if (size != 8 || off != 8 * k) {
-            throw std::invalid_argument("[gpurt] kernel " + kname + ": parameter " +
-                                        std::to_string(k) + " is " + std::to_string(size) +
-                                        " bytes at offset " + std::to_string(off) +
-                                        "; every parameter must be 8 bytes");
-          }
-        }
-        if (k != arities[i]) {
-          throw std::invalid_argument("[gpurt] kernel " + kname + " takes " + std::to_string(k) +
-                                      " parameters, declared " + std::to_string(arities[i]));
-        }
-      }
-      rt->kernels.push_back(f);
-      rt->arities.push_back(arities[i]);
-    }
+    rt->arch = arch;
+    load_module(*rt, d, src, kernel_names, arities, n_kernels);
     *out = rt.release();
+  });
+}
+
+int mlxs_gpurt_add_module(mlxs_gpurt rt, const char* source, const char* const* kernel_names,
+                          const uint32_t* arities, size_t n_kernels, uint32_t* out_first) {
+  return guard([&] {
+    R(rt);
+    std::string src = cstr(source, "kernel source");
+    if (n_kernels > 0 && (kernel_names == nullptr || arities == nullptr)) {
+      throw std::invalid_argument("[gpurt] null kernel names or arities");
+    }
+    if (out_first == nullptr) throw std::invalid_argument("[gpurt] null out_first");
+    rt->not_capturing("add_module");
+    const Driver& d = rt->d();
+    uint32_t first = uint32_t(rt->kernels.size());
+    load_module(*rt, d, src, kernel_names, arities, n_kernels);
+    *out_first = first;
   });
 }
 

@@ -43,7 +43,7 @@ use crate::sample::{make_logits_processors, LogitsProcessor, ProcessorSettings, 
 use crate::step_tail::{token_logprobs, Chunking, StepTail, Tail};
 use crate::stream::FinishReason;
 use crate::tokenizer::Tokenizer;
-use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions};
+use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions, MMA_MIN_SEQUENCES};
 
 /// One request, already tokenized and validated by the caller.
 #[derive(Clone, Debug)]
@@ -176,7 +176,11 @@ pub enum EngineDecoder {
     /// The GPU graph decoder (a `cuda` build): every decode step of the batch is one step of
     /// [`mlx_kernels::graph_decode::GraphDecoder`] over a row a sequence, each row its own
     /// position and cache slot (prefill stays on the MLX forward); loading fails with the
-    /// reason where it does not apply. `Auto` takes it first where it applies.
+    /// reason where it does not apply. `Auto` takes it first where it applies. A step runs
+    /// the kernels sized to its rows (`GraphOptions::fit_rows`): rows of tiles of fewer than
+    /// 4 rows (FFMA) are bit-equal to the sequence decoded alone; tiles of 4 or more rows of
+    /// 4-bit weights in groups of 64 run on the tensor cores by default (tier L3: within
+    /// `TEACHER_FORCED_BOUNDS` of it; `MLX_GRAPH_TENSOR_CORES=0` turns them off).
     Graph,
 }
 
@@ -190,6 +194,32 @@ fn graph_capacity() -> usize {
         .filter(|&n: &usize| n > 0)
         .unwrap_or(4096)
 }
+
+/// The batch's tensor-core tiles ([`GraphOptions::tensor_cores_from`]): from
+/// [`SERVE_TENSOR_CORES_FROM`] rows by default; `MLX_GRAPH_TENSOR_CORES=N` from N rows, `0`
+/// (or `off`) never. A row of such a tile is tier L3 against the sequence decoded alone
+/// (within `TEACHER_FORCED_BOUNDS`: `batched_equals_single`); the FFMA tiles below it are
+/// bit-equal. Speculation's verify rows never take them (its own decoder, default options).
+fn graph_tensor_cores() -> Option<u32> {
+    match std::env::var("MLX_GRAPH_TENSOR_CORES") {
+        Ok(v) if v.trim() == "0" || v.trim().eq_ignore_ascii_case("off") => None,
+        Ok(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n: &u32| n > 0)
+            .or(SERVE_TENSOR_CORES_FROM),
+        Err(_) => SERVE_TENSOR_CORES_FROM,
+    }
+}
+
+/// The batch engine's default for [`graph_tensor_cores`]: tiles of at least
+/// [`MMA_MIN_SEQUENCES`] rows on the tensor cores (4-bit weights in groups of 64). Measured
+/// on an H100 with 16 streaming clients on the 8B-shaped 4-bit model: 630.2 / 627.8 tok/s
+/// against 491.7 / 499.0 on the FFMA tiles, a 16-row step 23.4 ms against 30.6
+/// (results/gpu/2026-12-05-s32-serve); within `TEACHER_FORCED_BOUNDS` of each sequence
+/// decoded alone on an H200 (results/gpu/2026-12-05-s27-run12).
+const SERVE_TENSOR_CORES_FROM: Option<u32> = Some(MMA_MIN_SEQUENCES);
 
 /// The KV cache options of [`EngineConfig::kv`], as `generate_step` takes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -471,19 +501,40 @@ fn pick_graph(
     let rows = config
         .max_batch
         .min(mlx_kernels::graph_decode::MAX_SEQUENCES as usize) as u32;
-    // Tensor-core tiles are opt-in (MLX_GRAPH_TENSOR_CORES=N: tiles of N or more rows) until
-    // they have run on a device; see `GraphOptions::tensor_cores_from`.
+    let mma = graph_tensor_cores();
     let opts = GraphOptions {
         sequences: rows.max(1),
-        tensor_cores_from: std::env::var("MLX_GRAPH_TENSOR_CORES")
-            .ok()
-            .and_then(|v| v.parse().ok()),
+        tensor_cores_from: mma,
+        // MLX_GRAPH_FIT_ROWS=0: every step on the full tiles (session 31's engine), for A/B
+        // runs on a device.
+        fit_rows: std::env::var("MLX_GRAPH_FIT_ROWS").map_or(true, |v| v.trim() != "0"),
         ..GraphOptions::default()
     };
     let cap = graph_capacity();
-    let dec = GraphDecoder::with_options(spec, &weights, cap, &opts).map_err(|e| e.to_string())?;
+    let mut dec =
+        GraphDecoder::with_options(spec, &weights, cap, &opts).map_err(|e| e.to_string())?;
+    // Kernels sized to the rows a step has (a lone row on the one-row kernels): every tile
+    // set the batch will use, compiled and captured now, before the first request.
+    let t = std::time::Instant::now();
+    let widths = dec
+        .prepare_rows(config.max_batch.min(dec.sequences()))
+        .map_err(|e| e.to_string())?;
+    let tiles = |m: usize| {
+        let t = dec.tile_for(m);
+        format!(
+            "{}x{}{}",
+            t.tiles,
+            t.rows_per_tile,
+            if t.tensor_cores {
+                " (tensor cores)"
+            } else {
+                ""
+            }
+        )
+    };
     let note = format!(
-        "graph ({} rows of {} positions{})",
+        "graph ({} rows of {} positions{}; tiles for 1, 2, 4 and {} rows: {}, {}, {}, {}; \
+         {}; {widths} narrower kernel sets prepared in {:.2} s)",
         dec.sequences(),
         dec.capacity(),
         if dec.sequences() < config.max_batch {
@@ -493,7 +544,20 @@ fn pick_graph(
             )
         } else {
             String::new()
-        }
+        },
+        dec.sequences(),
+        tiles(1),
+        tiles(2),
+        tiles(4),
+        tiles(dec.sequences()),
+        match mma {
+            Some(n) => format!(
+                "tensor-core tiles from {n} rows of 4-bit weights in groups of 64 \
+                 (MLX_GRAPH_TENSOR_CORES=0 turns them off)"
+            ),
+            None => "tensor-core tiles off (MLX_GRAPH_TENSOR_CORES=N: from N rows)".into(),
+        },
+        t.elapsed().as_secs_f64()
     );
     Ok((dec, note))
 }
@@ -1853,6 +1917,7 @@ impl Worker<'_> {
         if p.done < p.m {
             let n = self.config.prefill_step_size.min(p.m - p.done);
             let k = p.jobs.len();
+            let clock = self.profile.start();
             let mut chunk = Vec::with_capacity(k * n);
             for row in p.heads.chunks(p.m) {
                 chunk.extend_from_slice(&row[p.done..p.done + n]);
@@ -1862,6 +1927,7 @@ impl Worker<'_> {
                 .and_then(|x| Ok(self.model.forward(&x, Some(&mut p.caches))?))
                 .and_then(|_| self.quantize(&mut p.caches))
                 .and_then(|_| eval_caches(&p.caches));
+            self.profile.chunk(clock);
             // Tokens of the chunk that are not padding.
             let real: usize = p
                 .lens
@@ -1880,7 +1946,9 @@ impl Worker<'_> {
                 return Ok(false);
             }
         }
+        let clock = self.profile.start();
         self.finish_prefill(p)?;
+        self.profile.finish(clock);
         Ok(true)
     }
 

@@ -38,6 +38,10 @@ pub(super) struct Profile {
     on: bool,
     since: Option<Instant>,
     prefill: Part,
+    /// Within prefill: the prompt chunks' forwards (all rows of a group at once, their caches
+    /// evaluated), and the last prompt token's step with the first tokens and the joins.
+    chunk: Part,
+    finish: Part,
     join: Part,
     step: Part,
     emit: Part,
@@ -75,6 +79,18 @@ impl Profile {
         }
     }
 
+    pub(super) fn chunk(&mut self, t: Option<Instant>) {
+        if let Some(t) = t {
+            self.chunk.add(t.elapsed());
+        }
+    }
+
+    pub(super) fn finish(&mut self, t: Option<Instant>) {
+        if let Some(t) = t {
+            self.finish.add(t.elapsed());
+        }
+    }
+
     pub(super) fn join(&mut self, t: Option<Instant>) {
         if let Some(t) = t {
             self.join.add(t.elapsed());
@@ -104,10 +120,14 @@ impl Profile {
         let wall = since.elapsed().as_secs_f64() * 1e3;
         let steps = self.step.n.max(1) as f64;
         eprintln!(
-            "[serve profile] {what}: wall {wall:.1} ms; {}; {} (within prefill); {} ({} rows, \
+            "[serve profile] {what}: wall {wall:.1} ms; {}; {}, {} (within prefill); {} (within \
+             the last); {} ({} rows, \
              mean {:.2} rows, {:.3} ms a step, {} on the device greedy path); {} (within the \
              steps: {:.3} ms a step)",
             self.prefill.line("prefill slices"),
+            self.chunk.line("prompt chunks"),
+            self.finish
+                .line("last prompt tokens with first tokens and joins"),
             self.join.line("graph joins"),
             self.step.line("decode steps"),
             self.rows,

@@ -40,6 +40,11 @@ bool mlxs_gpurt_available(void);
  * `kernel_names` (extern "C" functions) with their declared argument counts. */
 int mlxs_gpurt_new(mlxs_gpurt* out, const char* source, const char* const* kernel_names,
                    const uint32_t* arities, size_t n_kernels);
+/* Compiles another source as one more module of the same runtime (its buffers and stream
+ * shared) and loads its kernels after those already loaded: `out_first` receives the index
+ * of the first (kernel indices count across modules; names may repeat between modules). */
+int mlxs_gpurt_add_module(mlxs_gpurt rt, const char* source, const char* const* kernel_names,
+                          const uint32_t* arities, size_t n_kernels, uint32_t* out_first);
 void mlxs_gpurt_free(mlxs_gpurt rt);
 
 /* "NVIDIA H200 (sm_90)". */
