@@ -31,6 +31,7 @@ CONFIGS = [
     ("1mad, L 12, blocks 64 (today's default)", "m12"),
     ("1mad, L 8, blocks 64", "m8"),
     ("1mad, L 8, blocks 32 (s30/s31 models)", "t3"),
+    ("1mad8, L 8, blocks 32", "i8g32"),
 ]
 
 
