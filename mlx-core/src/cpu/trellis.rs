@@ -1474,7 +1474,8 @@ pub fn matvec_rows(
 /// each position of a block the plan names the word holding the window's high bits, the word
 /// holding its low bits and the right shift of their 64-bit concatenation that brings the
 /// window to the bottom. On AVX-512 (VBMI2 + VNNI) sixteen windows at a time are gathered from
-/// the block's words held in one register (`vpermd`), funnel-shifted (`vpshrdvd`), coded
+/// the block's words held in one register (`vpermd`), funnel-shifted (`vpshrdvd`; with VBMI
+/// one `vpermd` and a `vpmultishiftqb` instead, [`GatherPlan`]), coded
 /// (`vpmulld`, then `vpdpbusd` sums the four bytes minus 510 in one instruction) and
 /// multiply-added to the input; elsewhere the same plan runs in portable Rust. The integer code
 /// `byte sum - 510` is summed against `x` and divided by 1MAD's divisor once a row, so a
@@ -1487,12 +1488,65 @@ pub struct TrellisMatvec {
     lo: Vec<u32>,
     sh: Vec<u32>,
     simd: bool,
+    /// The window-gather path's read plan on AVX-512 VBMI ([`GatherPlan`]), where it applies.
+    gather: Option<GatherPlan>,
     /// The table path's plan (`L <= 8`, blocks of a multiple of 64 weights, AVX-512 VBMI).
     lut: Option<LutPlan>,
     /// Whether [`TrellisMatvec::rows`] and [`TrellisMatvec::par`] give the table path int16
     /// inputs (`vpdpwssd`, L3) rather than float32 ones (exact up to the summation order, the
     /// default). The CPU decoder's products choose by their context's activations instead.
     int16: bool,
+}
+
+/// The window-gather path's plan with AVX-512 VBMI: per 16 weights of a block, the dword
+/// permutation (`vpermd`) that puts in each 64-bit lane `q` the two words holding the windows
+/// of weights `2q` and `2q + 1` (high word first, in the lane's upper half), and the bit
+/// offsets from which `vpmultishiftqb` takes each 32-bit lane's four bytes, so that each lane's
+/// low `L` bits are its weight's window: one `vpermd` and one `vpmultishiftqb` (port 5) where
+/// the plain plan takes two `vpermd` and a `vpshrdvd` (port 0, which the code's `vpmulld`,
+/// `vpdpbusd` and `vcvtdq2ps` also need). The states, so the codes and every product's bits,
+/// are the plain plan's.
+#[derive(Clone, Debug)]
+struct GatherPlan {
+    idx: Vec<u32>,
+    ctrl: Vec<u8>,
+}
+
+impl GatherPlan {
+    /// The plan for `spec` (blocks of a multiple of 16 weights, at most 16 words), where every
+    /// pair's windows lie within its lane's 64 bits.
+    fn new(spec: &TrellisSpec) -> Option<GatherPlan> {
+        let (k, l, block, bw) = (
+            spec.k as usize,
+            spec.l as usize,
+            spec.block,
+            spec.block_words(),
+        );
+        let bits = block * k;
+        if block % 16 != 0 || bw > 16 {
+            return None;
+        }
+        let (mut idx, mut ctrl) = (Vec::with_capacity(block), Vec::with_capacity(4 * block));
+        for t in (0..block).step_by(2) {
+            let a = spec.window_start(t) / 32;
+            // Lane `q`'s low dword the next word, its high dword word `a`.
+            idx.push(((a + 1) % bw) as u32);
+            idx.push(a as u32);
+            for tt in [t, t + 1] {
+                // The window's first bit from word `a`'s first, cyclically: at lane bit
+                // `63 - s`, its lowest at `64 - s - L`.
+                let s = (spec.window_start(tt) + bits - 32 * a) % bits;
+                if s + l > 64 {
+                    return None;
+                }
+                let off = 64 - s - l;
+                for m in 0..4 {
+                    ctrl.push(((off + 8 * m) % 64) as u8);
+                }
+            }
+        }
+        Some(GatherPlan { idx, ctrl })
+    }
 }
 
 /// The plan of the table path (`L <= 8`): per group of 64 weights of a block, the dword
@@ -1677,6 +1731,14 @@ fn trellis_knobs() -> (usize, usize, bool) {
             get("MLX_CPU_TRELLIS_ROWS2", 1) != 0,
         )
     })
+}
+
+/// The window-gather path's knob (read once): `MLX_CPU_TRELLIS_MS=0` keeps its plain plan
+/// (two `vpermd` and a `vpshrdvd` a 16 weights) instead of the [`GatherPlan`]. It changes no
+/// bit.
+fn gather_knob() -> bool {
+    static K: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *K.get_or_init(|| std::env::var("MLX_CPU_TRELLIS_MS").as_deref() != Ok("0"))
 }
 
 /// The bound on the int8 kernel's input values (`256 * 127 + 127`).
@@ -2062,6 +2124,61 @@ macro_rules! lut_codes {
     }};
 }
 
+/// The window-gather path's row loop (the body of [`TrellisMatvec`]'s `rows_avx512_*`): for
+/// each row, each block's words in one register (`$wv`), and for each 16 weights at `$c` the
+/// expression `$windows` (16 lanes, each with its weight's window in the low `L` bits); masked
+/// to `L` bits, coded (`vpmulld`, then `vpdpbusd` sums the four bytes minus 510) and
+/// multiply-added to the input in two accumulators alternately. Expanded inside the callers'
+/// `unsafe`, AVX-512 bodies.
+#[cfg(target_arch = "x86_64")]
+macro_rules! gather_rows {
+    ($self:expr, $words:expr, $scales:expr, $x:expr, $r0:expr, $y:expr, |$wv:ident, $c:ident| $windows:expr) => {{
+        let spec = &$self.spec;
+        let wpr = $self.cols * spec.k as usize / 32;
+        let bw = spec.block_words();
+        let nb = $self.cols / spec.block;
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let mad_a = _mm512_set1_epi32(MAD_A as i32);
+        let mad_b = _mm512_set1_epi32(MAD_B as i32);
+        let ones = _mm512_set1_epi32(0x0101_0101);
+        let minus = _mm512_set1_epi32(-510);
+        let lmask = _mm512_set1_epi32(((1u32 << spec.l) - 1) as i32);
+        // The loads read the row's `nb * bw` words (whole vectors only where 16 words lie
+        // within `words`, else masked lanes are not read), the plan's `block` entries and
+        // `x`'s `nb * block` values, all sized by `check`.
+        for (i, yo) in $y.iter_mut().enumerate() {
+            let row = $words.as_ptr().add(($r0 + i) * wpr);
+            let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for b in 0..nb {
+                // A whole vector where the words go on that far (a masked load runs several
+                // times slower when the weights stream from memory).
+                let at = ($r0 + i) * wpr + b * bw;
+                let $wv = if at + 16 <= $words.len() {
+                    _mm512_loadu_si512(row.add(b * bw) as *const _)
+                } else {
+                    _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                };
+                let xb = $x.as_ptr().add(b * spec.block);
+                let mut $c = 0;
+                while $c < spec.block {
+                    let st = _mm512_and_si512($windows, lmask);
+                    let v = _mm512_add_epi32(_mm512_mullo_epi32(st, mad_a), mad_b);
+                    let code = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(minus, v, ones));
+                    let xv = _mm512_loadu_ps(xb.add($c));
+                    if ($c / 16) % 2 == 0 {
+                        acc0 = _mm512_fmadd_ps(code, xv, acc0);
+                    } else {
+                        acc1 = _mm512_fmadd_ps(code, xv, acc1);
+                    }
+                    $c += 16;
+                }
+            }
+            *yo = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+                * ($scales[$r0 + i] / spec.code.divisor());
+        }
+    }};
+}
+
 impl TrellisMatvec {
     /// The plan for `cols`-wide rows of `spec` on the best path this CPU runs.
     pub fn new(spec: &TrellisSpec, cols: usize) -> Result<TrellisMatvec, TrellisError> {
@@ -2103,6 +2220,11 @@ impl TrellisMatvec {
                 && bw <= 16
                 && spec.block % 16 == 0
                 && simd_available(),
+            gather: if simd && spec.code == TrellisCode::Mad && lut_available() && gather_knob() {
+                GatherPlan::new(spec)
+            } else {
+                None
+            },
             lut: if simd && lut_available() {
                 LutPlan::new(spec, cols)
             } else {
@@ -3131,8 +3253,14 @@ impl TrellisMatvec {
         }
     }
 
+    /// The window-gather path's rows: [`TrellisMatvec::rows_avx512_ms`] where the plan has
+    /// a [`GatherPlan`], else [`TrellisMatvec::rows_avx512_plain`]. The same states, codes and
+    /// float operations in the same order either way, so the same bits.
+    ///
+    /// # Safety
+    /// `simd` is set (AVX-512 F/BW/VBMI2/VNNI exist) and the caller checked the sizes for
+    /// these rows.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,avx512vnni")]
     unsafe fn rows_avx512(
         &self,
         words: &[u32],
@@ -3141,56 +3269,65 @@ impl TrellisMatvec {
         r0: usize,
         y: &mut [f32],
     ) {
-        use std::arch::x86_64::*;
-        let spec = &self.spec;
-        let wpr = self.cols * spec.k as usize / 32;
-        let bw = spec.block_words();
-        let nb = self.cols / spec.block;
-        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
-        let mad_a = _mm512_set1_epi32(MAD_A as i32);
-        let mad_b = _mm512_set1_epi32(MAD_B as i32);
-        let ones = _mm512_set1_epi32(0x0101_0101);
-        let minus = _mm512_set1_epi32(-510);
-        let lmask = _mm512_set1_epi32(((1u32 << spec.l) - 1) as i32);
-        // SAFETY: the loads read the row's `nb * bw` words (whole vectors only where 16 words
-        // lie within `words`, else masked lanes are not read), the plan's `block` entries and
-        // `x`'s `nb * block` values, all sized by `check`.
+        // SAFETY: the caller's contract; `gather` is set only where `lut_available` found
+        // AVX-512 VBMI on top of `simd_available`'s set.
         unsafe {
-            for (i, yo) in y.iter_mut().enumerate() {
-                let row = words.as_ptr().add((r0 + i) * wpr);
-                let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                for b in 0..nb {
-                    // A whole vector where the words go on that far (a masked load runs
-                    // several times slower when the weights stream from memory).
-                    let at = (r0 + i) * wpr + b * bw;
-                    let wv = if at + 16 <= words.len() {
-                        _mm512_loadu_si512(row.add(b * bw) as *const _)
-                    } else {
-                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
-                    };
-                    let xb = x.as_ptr().add(b * spec.block);
-                    let mut c = 0;
-                    while c < spec.block {
-                        let hi = _mm512_loadu_si512(self.hi.as_ptr().add(c) as *const _);
-                        let lo = _mm512_loadu_si512(self.lo.as_ptr().add(c) as *const _);
-                        let sh = _mm512_loadu_si512(self.sh.as_ptr().add(c) as *const _);
-                        let whi = _mm512_permutexvar_epi32(hi, wv);
-                        let wlo = _mm512_permutexvar_epi32(lo, wv);
-                        let st = _mm512_and_si512(_mm512_shrdv_epi32(wlo, whi, sh), lmask);
-                        let v = _mm512_add_epi32(_mm512_mullo_epi32(st, mad_a), mad_b);
-                        let code = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(minus, v, ones));
-                        let xv = _mm512_loadu_ps(xb.add(c));
-                        if (c / 16) % 2 == 0 {
-                            acc0 = _mm512_fmadd_ps(code, xv, acc0);
-                        } else {
-                            acc1 = _mm512_fmadd_ps(code, xv, acc1);
-                        }
-                        c += 16;
-                    }
-                }
-                *yo = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
-                    * (scales[r0 + i] / spec.code.divisor());
+            match &self.gather {
+                Some(g) => self.rows_avx512_ms(g, words, scales, x, r0, y),
+                None => self.rows_avx512_plain(words, scales, x, r0, y),
             }
+        }
+    }
+
+    /// The window-gather rows with the plain plan: per 16 weights two `vpermd` (the words
+    /// holding each window's high and low bits) and a funnel shift (`vpshrdvd`).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,avx512vnni")]
+    unsafe fn rows_avx512_plain(
+        &self,
+        words: &[u32],
+        scales: &[f32],
+        x: &[f32],
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        // SAFETY: the plan's word indices are below the block's word count (at most 16), and
+        // its offsets `c..c + 16` below the block.
+        unsafe {
+            gather_rows!(self, words, scales, x, r0, y, |wv, c| {
+                let hi = _mm512_loadu_si512(self.hi.as_ptr().add(c) as *const _);
+                let lo = _mm512_loadu_si512(self.lo.as_ptr().add(c) as *const _);
+                let sh = _mm512_loadu_si512(self.sh.as_ptr().add(c) as *const _);
+                let whi = _mm512_permutexvar_epi32(hi, wv);
+                let wlo = _mm512_permutexvar_epi32(lo, wv);
+                _mm512_shrdv_epi32(wlo, whi, sh)
+            })
+        }
+    }
+
+    /// The window-gather rows with the [`GatherPlan`]: per 16 weights one `vpermd` and one
+    /// `vpmultishiftqb`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,avx512vnni")]
+    unsafe fn rows_avx512_ms(
+        &self,
+        g: &GatherPlan,
+        words: &[u32],
+        scales: &[f32],
+        x: &[f32],
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        // SAFETY: the plan holds `block` word indices (each below the block's word count, at
+        // most 16) and `4 * block` offsets, read 16 and 64 at `c`, `4c` (`c + 16 <= block`).
+        unsafe {
+            gather_rows!(self, words, scales, x, r0, y, |wv, c| {
+                let idx = _mm512_loadu_si512(g.idx.as_ptr().add(c) as *const _);
+                let ctrl = _mm512_loadu_si512(g.ctrl.as_ptr().add(4 * c) as *const _);
+                _mm512_multishift_epi64_epi8(ctrl, _mm512_permutexvar_epi32(idx, wv))
+            })
         }
     }
 }
@@ -3891,6 +4028,58 @@ mod tests {
                 "{r}: {} vs {want}",
                 y[r]
             );
+        }
+    }
+
+    /// L2: the window-gather path's multishift plan ([`GatherPlan`]) gives the plain plan's
+    /// bits (the same states and the same float operations), on every row (the last ones read
+    /// their words masked) of random streams (every bit pattern is a valid stream).
+    #[test]
+    fn gather_plan_gives_the_plain_plans_bits() {
+        let mut z = 11u64;
+        let mut next = || {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 32) as u32
+        };
+        for (k, l, block) in [
+            (3, 12, 64),
+            (2, 12, 64),
+            (4, 12, 64),
+            (3, 10, 32),
+            (3, 16, 96),
+            (2, 16, 256),
+            (4, 16, 128),
+            (2, 9, 32),
+        ] {
+            let spec = TrellisSpec {
+                k,
+                l,
+                block,
+                code: TrellisCode::Mad,
+            };
+            let (rows, cols) = (7, 3 * block);
+            let words: Vec<u32> = (0..rows * cols * k as usize / 32).map(|_| next()).collect();
+            let scales: Vec<f32> = (0..rows).map(|r| 0.5 + r as f32 / 8.0).collect();
+            let x = gauss(cols, 31);
+            let fast = TrellisMatvec::new(&spec, cols).unwrap();
+            assert_eq!(
+                fast.gather.is_some(),
+                fast.simd && lut_available() && gather_knob()
+            );
+            let mut plain = fast.clone();
+            plain.gather = None;
+            let (mut a, mut b) = (vec![0.0; rows], vec![0.0; rows]);
+            fast.rows(&words, &scales, &x, 0, &mut a).unwrap();
+            plain.rows(&words, &scales, &x, 0, &mut b).unwrap();
+            for r in 0..rows {
+                assert_eq!(
+                    a[r].to_bits(),
+                    b[r].to_bits(),
+                    "k={k} l={l} block={block} row {r}"
+                );
+            }
         }
     }
 
