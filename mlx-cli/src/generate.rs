@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 
 use crate::common::{self, DecoderArgs, KvArgs, ModelArgs, SpecArgs, SpecSource};
 use crate::model::{self, Loaded};
+use mlx_engine::tokenizer::Tokenizer;
 
 /// `mlx_lm.generate`'s flags.
 #[derive(Args, Debug, Clone)]
@@ -210,12 +211,11 @@ pub(crate) fn template_kwargs(a: &GenerateArgs) -> Result<Map<String, Value>, St
 }
 
 /// The prompt's token ids, as `mlx_lm.generate.main` builds them.
-fn prompt_ids(a: &GenerateArgs, m: &Loaded, using_cache: bool) -> Result<Vec<u32>, String> {
+fn prompt_ids(a: &GenerateArgs, tok: &Tokenizer, using_cache: bool) -> Result<Vec<u32>, String> {
     if let Some(ids) = &a.prompt_ids {
         return Ok(ids.clone());
     }
     let mut prompt = common::read_prompt(&a.prompt)?;
-    let tok = &m.tokenizer;
     let use_template = !a.ignore_chat_template && tok.has_chat_template();
     if use_template {
         let mut messages: Vec<Value> = Vec::new();
@@ -257,16 +257,8 @@ fn prompt_ids(a: &GenerateArgs, m: &Loaded, using_cache: bool) -> Result<Vec<u32
 
 /// `make_sampler(...)` with `mlx_lm.generate.main`'s XTC special tokens: `"\n"` encoded, then
 /// the EOS ids (the flags were checked by `check`).
-fn sampler(a: &GenerateArgs, m: &Loaded) -> Result<Sampler, String> {
-    let mut special: Vec<i32> = m
-        .tokenizer
-        .encode("\n", true)
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .map(|t| t as i32)
-        .collect();
-    special.extend(m.tokenizer.eos_token_ids().iter().map(|&t| t as i32));
-    Ok(Sampler::new(SamplerSettings {
+fn sampler(a: &GenerateArgs, special: Vec<i32>) -> Sampler {
+    Sampler::new(SamplerSettings {
         temp: a.temp,
         top_p: a.top_p,
         min_p: a.min_p,
@@ -275,7 +267,50 @@ fn sampler(a: &GenerateArgs, m: &Loaded) -> Result<Sampler, String> {
         xtc_probability: a.xtc_probability,
         xtc_threshold: a.xtc_threshold,
         xtc_special_tokens: special,
-    }))
+    })
+}
+
+/// The sampler's XTC special tokens: `"\n"` encoded, then the EOS ids.
+fn xtc_special_tokens(tok: &Tokenizer) -> Result<Vec<i32>, String> {
+    let mut special: Vec<i32> = tok
+        .encode("\n", true)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|t| t as i32)
+        .collect();
+    special.extend(tok.eos_token_ids().iter().map(|&t| t as i32));
+    Ok(special)
+}
+
+/// What `mlx generate` computes from the tokenizer alone, in its order, stopping at the first
+/// error: the `--extra-eos-token`s added, the prompt's ids, the sampler's special tokens.
+struct FromTokenizer {
+    extra_eos: Result<(), String>,
+    ids: Option<Result<Vec<u32>, String>>,
+    special: Option<Result<Vec<i32>, String>>,
+}
+
+impl FromTokenizer {
+    fn compute(a: &GenerateArgs, tok: &mut Tokenizer, using_cache: bool) -> FromTokenizer {
+        let mut f = FromTokenizer {
+            extra_eos: Ok(()),
+            ids: None,
+            special: None,
+        };
+        for t in &a.extra_eos_token {
+            if let Err(e) = tok.add_eos_token(t) {
+                f.extra_eos = Err(format!("--extra-eos-token {t:?}: {e}"));
+                return f;
+            }
+        }
+        let ids = prompt_ids(a, tok, using_cache);
+        let ok = ids.is_ok();
+        f.ids = Some(ids);
+        if ok {
+            f.special = Some(xtc_special_tokens(tok));
+        }
+        f
+    }
 }
 
 /// Runs a checked command line; `cache_file` is `--prompt-cache-file` as `check` loaded it.
@@ -299,14 +334,34 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         &a.model.dtype,
         a.spec.draft_model.is_some() || a.prompt_cache_file.is_some(),
     );
-    let mut m = model::load_for(&model_args, a.spec.mtp, blocks)?;
-    for t in &a.extra_eos_token {
-        m.tokenizer
-            .add_eos_token(t)
-            .map_err(|e| format!("--extra-eos-token {t:?}: {e}"))?;
-    }
     let using_cache = cache_file.is_some();
-    let ids = prompt_ids(a, &m, using_cache)?;
+    // A split load: where nothing after loading encodes (no grammar, no speculation, no prompt
+    // cache), the prompt's ids and the sampler's special tokens are computed from the
+    // tokenizer before any weight is read, and its backend (the vocabulary both ways and the
+    // merges) is dropped then, not after the weights (issue #31's peak memory: it was resident
+    // through the whole load). Errors come in the same order as without it.
+    let split = a.json_schema.is_none()
+        && !using_cache
+        && a.spec.draft_model.is_none()
+        && a.spec.prompt_lookup_ngram.is_none()
+        && !a.spec.mtp;
+    let mut early: Option<FromTokenizer> = None;
+    let mut before_weights = |tok: &mut Tokenizer| {
+        if split {
+            let f = FromTokenizer::compute(a, tok, using_cache);
+            if f.special.as_ref().is_some_and(Result::is_ok) {
+                tok.keep_decoding_only();
+            }
+            early = Some(f);
+        }
+    };
+    let mut m = model::load_for_with(&model_args, a.spec.mtp, blocks, &mut before_weights)?;
+    let f = match early.take() {
+        Some(f) => f,
+        None => FromTokenizer::compute(a, &mut m.tokenizer, using_cache),
+    };
+    f.extra_eos?;
+    let ids = f.ids.expect("computed after the EOS tokens")?;
     let caches = match cache_file {
         Some(cf) => {
             if cf.caches.len() != m.model.num_layers() {
@@ -330,7 +385,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     let grammar = json_schema_grammar(a.json_schema.as_deref(), &m)?;
     let mut generate = GenerateOptions {
         max_tokens: common::max_tokens(a.max_tokens),
-        sampler: sampler(a, &m)?,
+        sampler: sampler(a, f.special.expect("computed after the prompt")?),
         grammar,
         ..GenerateOptions::default()
     };
@@ -557,11 +612,20 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         text.push_str(&r.text);
         last = Some(r);
     }
-    if let Some(w) = stream.graph_fallback() {
+    let graph_fallback = stream.graph_fallback().map(str::to_owned);
+    let graph_build_times = stream.graph_build_times();
+    let spec_stats = stream.spec_stats();
+    // The generation is over: the KV cache and the decoder's buffers go back to the system
+    // before the output is built and the teardown (the model's drop, MLX's destructors)
+    // brings its code back into memory (`release_file_pages` let it go after loading):
+    // without this the process's peak was its exit (issue #31's peak memory).
+    drop(stream);
+    let _ = mlx_core::memory::release_free_memory();
+    if let Some(w) = &graph_fallback {
         eprintln!("[mlx] warning: {w}");
     }
     if a.verbose {
-        if let Some(b) = stream.graph_build_times() {
+        if let Some(b) = graph_build_times {
             eprintln!("[mlx] {}", crate::common::graph_build_note(&b));
         }
     }
@@ -581,10 +645,10 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             "process_peak_rss_bytes": process_peak_rss_bytes(),
             "dtype": m.dtype_name,
             "decoder": decoder.name,
-            "graph_fallback": stream.graph_fallback(),
+            "graph_fallback": graph_fallback,
             "finish_reason": r.finish_reason.unwrap_or(FinishReason::Length).as_str(),
         });
-        if let Some(st) = stream.spec_stats() {
+        if let Some(st) = &spec_stats {
             obj["from_draft"] = json!(from_draft);
             obj["draft_tokens"] = json!(st.drafted);
             obj["accepted_draft_tokens"] = json!(st.accepted);
@@ -621,16 +685,10 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             r.peak_memory_bytes as f64 / 1e9
         )
         .ok();
-        if let Some(st) = stream.spec_stats() {
-            writeln!(out, "{}", SpecSource::report(&st)).ok();
+        if let Some(st) = &spec_stats {
+            writeln!(out, "{}", SpecSource::report(st)).ok();
         }
     }
-    // The output is out: the KV cache and the decoder's buffers go back to the system before
-    // the teardown (the model's drop, MLX's destructors) brings its code back into memory
-    // (`release_file_pages` let it go after loading): without this the process's peak was
-    // its exit (issue #31's peak memory).
-    drop(stream);
-    let _ = mlx_core::memory::release_free_memory();
     Ok(())
 }
 

@@ -83,6 +83,17 @@ pub fn load_with(a: &ModelArgs, mtp: bool) -> Result<Loaded, String> {
 /// [`load_with`]; with `gguf_blocks`, a GGUF file's GGML-block weights kept as blocks for the
 /// CPU decoder ([`LoadSpec::gguf_blocks`]; see [`crate::common::DecoderArgs::may_pick_cpu`]).
 pub fn load_for(a: &ModelArgs, mtp: bool, gguf_blocks: bool) -> Result<Loaded, String> {
+    load_for_with(a, mtp, gguf_blocks, &mut |_| {})
+}
+
+/// [`load_for`], with `before_weights` given the tokenizer before any weight is read (see
+/// [`load::load_mtp_with`]).
+pub fn load_for_with(
+    a: &ModelArgs,
+    mtp: bool,
+    gguf_blocks: bool,
+    before_weights: &mut dyn FnMut(&mut mlx_engine::tokenizer::Tokenizer),
+) -> Result<Loaded, String> {
     if a.adapter_path.is_some() && std::env::var_os(crate::launch::ENV_BACKEND).is_some() {
         return Err(
             "--adapter-path: adapters are not supported in a launched (sharded) model yet".into(),
@@ -97,11 +108,12 @@ pub fn load_for(a: &ModelArgs, mtp: bool, gguf_blocks: bool) -> Result<Loaded, S
             .map(Path::to_path_buf),
         gguf_blocks,
     };
-    let mut m = load::load_mtp(
+    let mut m = load::load_mtp_with(
         &model_path(a.model.as_deref())?,
         &spec,
         &mut Stderr::default(),
         mtp,
+        before_weights,
     )
     .map_err(|e| e.to_string())?;
     // In a rank of `mlx launch`: tensor parallel, as mlx-lm's `sharded_load`.

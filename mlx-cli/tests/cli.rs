@@ -314,6 +314,72 @@ fn bad_input_is_a_clear_error() {
     }
 }
 
+/// `mlx generate`'s split load (the prompt's ids and the sampler's special tokens computed from
+/// the tokenizer before any weight is read, its encoder dropped then): a chat-templated prompt
+/// gives the reply its ids give, and errors come in their old order: a model whose weights
+/// cannot be read is reported before a bad `--extra-eos-token`, which is reported before the
+/// prompt is read.
+#[test]
+fn generate_split_load_keeps_replies_and_error_order() {
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/models/dense_f32");
+    let model = fixture.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", model, "-m", "4", "--json"];
+        args.extend_from_slice(extra);
+        mlx(&args)
+    };
+    let (code, out, err) = run(&["--prompt", "hello world", "--system", "be brief"]);
+    assert_eq!(code, 0, "{err}");
+    let chat: Value = serde_json::from_str(out.trim()).unwrap();
+    let ids: Vec<String> = chat["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    assert!(ids.len() > 3, "{chat}");
+    let (code, out, err) = run(&["--prompt-ids", &ids.join(",")]);
+    assert_eq!(code, 0, "{err}");
+    let by_ids: Value = serde_json::from_str(out.trim()).unwrap();
+    for k in ["tokens", "logprobs", "text"] {
+        assert_eq!(chat[k], by_ids[k], "{k}");
+    }
+    // A bad EOS token: its error, before the prompt is read (stdin is never read here).
+    let (code, _, err) = run(&["--prompt", "-", "--extra-eos-token", "<no such token>"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("--extra-eos-token") && err.contains("no such token"),
+        "{err}"
+    );
+    // Weights that cannot be read: their error, not the EOS token's.
+    let dir = std::env::temp_dir().join(format!("mlx-cli-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixture.join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.join("model.safetensors"),
+        b"\x08\x00\x00\x00\x00\x00\x00\x00{}",
+    )
+    .unwrap();
+    let (code, _, err) = mlx(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--extra-eos-token",
+        "<no such token>",
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(code, 1);
+    assert!(!err.contains("--extra-eos-token"), "{err}");
+    assert!(
+        err.contains("model.safetensors") || err.contains("weight"),
+        "{err}"
+    );
+}
+
 /// The default model's first use, when it cannot be fetched: a clear error on stderr, a
 /// non-zero exit, nothing on stdout, and nothing left in the cache.
 #[test]

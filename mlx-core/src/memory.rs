@@ -153,9 +153,11 @@ pub fn allow_file_page_release(on: bool) {
 /// they touched (the loaders, the tokenizer build, the prompt kernels: 3-4 MiB, each touch
 /// mapping a 64 KiB window) stop counting in the resident set for the rest of the run (issue
 /// #31's peak memory), while the decode steps' own code comes back at their first touch.
-/// A mapping is left alone where it is writable, or where any of its pages is anonymous,
-/// resident or swapped out (written since it was mapped: relocated read-only-after-relocation
-/// data), since those pages' contents are not the file's. Linux only (`/proc/self/smaps`, `madvise`); elsewhere,
+/// A mapping is left alone where it is writable or has a page swapped out. Where some of its
+/// pages are anonymous (written since it was mapped: relocated read-only-after-relocation
+/// data, `.data.rel.ro` and `.got`), only the runs of its pages that `/proc/self/pagemap`
+/// shows present and file-backed are advised: the anonymous ones' contents are not the
+/// file's. Linux only (`/proc/self/smaps`, `madvise`); elsewhere,
 /// where `/proc` cannot be read, or with `MLX_KEEP_FILE_PAGES=1` in the environment, it does
 /// nothing. Returns the bytes of the mappings advised (their whole size, resident or not).
 /// It does nothing unless the program allowed it ([`allow_file_page_release`]).
@@ -177,9 +179,32 @@ pub fn release_file_pages() -> usize {
             return 0;
         };
         let mut advised = 0;
-        for (start, end) in clean_file_mappings(&smaps) {
+        // In a relocated read-only mapping, the runs of pages that are still the file's
+        // (`/proc/self/pagemap`: present and file-backed; a relocated page is anonymous, a
+        // page not present is left alone).
+        let mut runs = Vec::new();
+        if let Ok(pagemap) = std::fs::File::open("/proc/self/pagemap") {
+            use std::os::unix::fs::FileExt;
+            for (start, end) in relocated_file_mappings(&smaps) {
+                let pages = (end - start) / PAGE;
+                let mut raw = vec![0u8; pages * 8];
+                if pagemap
+                    .read_exact_at(&mut raw, (start / PAGE * 8) as u64)
+                    .is_err()
+                {
+                    continue;
+                }
+                let entries: Vec<u64> = raw
+                    .chunks_exact(8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .collect();
+                runs.extend(file_page_runs(start, &entries));
+            }
+        }
+        for (start, end) in clean_file_mappings(&smaps).into_iter().chain(runs) {
             // SAFETY: `start..end` is one whole mapping of a file, private, not writable, none
-            // of whose pages is anonymous or swapped (the kernel's own account, just read;
+            // of whose pages is anonymous or swapped, or a run of such a mapping's pages each
+            // present and file-backed (the kernel's own account, just read;
             // nothing writes a read-only mapping in between): its resident
             // pages equal the file's bytes, so dropping them changes no byte any access
             // reads (each comes back from the file at its next touch); `MADV_DONTNEED` on
@@ -204,6 +229,18 @@ pub fn release_file_pages() -> usize {
 /// page, resident or swapped out (`Anonymous: 0 kB` and `Swap: 0 kB`); device files
 /// (`/dev/...`) are left out, as is a mapping whose record lacks either line or cannot be read.
 pub fn clean_file_mappings(smaps: &str) -> Vec<(usize, usize)> {
+    read_file_mappings(smaps, true)
+}
+
+/// The `(start, end)` of each mapping in a `/proc/PID/smaps` text that qualifies as in
+/// [`clean_file_mappings`] but for holding anonymous pages (`Anonymous` above 0, `Swap: 0 kB`):
+/// read-only data the dynamic linker relocated in part (`.data.rel.ro` and `.got` after
+/// `RELRO`), whose other pages are still the file's.
+pub fn relocated_file_mappings(smaps: &str) -> Vec<(usize, usize)> {
+    read_file_mappings(smaps, false)
+}
+
+fn read_file_mappings(smaps: &str, clean: bool) -> Vec<(usize, usize)> {
     // The mapping being read (its range, where it qualifies so far) and whether its
     // `Anonymous` and `Swap` lines said 0.
     struct Cur {
@@ -213,11 +250,11 @@ pub fn clean_file_mappings(smaps: &str) -> Vec<(usize, usize)> {
     }
     let mut out = Vec::new();
     let mut cur: Option<Cur> = None;
-    fn finish(c: Option<Cur>, out: &mut Vec<(usize, usize)>) {
-        if let Some(c) = c.filter(|c| c.anon_zero == Some(true) && c.swap_zero == Some(true)) {
+    let finish = |c: Option<Cur>, out: &mut Vec<(usize, usize)>| {
+        if let Some(c) = c.filter(|c| c.anon_zero == Some(clean) && c.swap_zero == Some(true)) {
             out.push(c.range);
         }
-    }
+    };
     for line in smaps.lines() {
         let mut f = line.split_whitespace();
         let head = f.next().unwrap_or("");
@@ -258,9 +295,252 @@ pub fn clean_file_mappings(smaps: &str) -> Vec<(usize, usize)> {
     out
 }
 
+/// The page size `/proc/self/pagemap` counts in (x86-64 and most arm64 Linux kernels).
+#[cfg(target_os = "linux")]
+const PAGE: usize = 4096;
+
+/// The `(start, end)` runs of pages, from the mapping at `start` whose `/proc/PID/pagemap`
+/// entries are `entries` (one a page), that are present (bit 63), file-backed (bit 61) and not
+/// swapped (bit 62).
+#[cfg(target_os = "linux")]
+fn file_page_runs(start: usize, entries: &[u64]) -> Vec<(usize, usize)> {
+    const PRESENT: u64 = 1 << 63;
+    const SWAPPED: u64 = 1 << 62;
+    const FILE: u64 = 1 << 61;
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (i, &e) in entries.iter().enumerate() {
+        if e & (PRESENT | SWAPPED | FILE) != PRESENT | FILE {
+            continue;
+        }
+        let a = start + i * PAGE;
+        match out.last_mut() {
+            Some(last) if last.1 == a => last.1 = a + PAGE,
+            _ => out.push((a, a + PAGE)),
+        }
+    }
+    out
+}
+
+/// Element types whose all-zero bit pattern is the value zero, so that fresh zero pages hold
+/// valid elements (`u16`, `f32`, `half::f16`, `half::bf16`).
+pub trait ZeroBits: Copy + Send + Sync + 'static + private::Sealed {}
+
+mod private {
+    pub trait Sealed {}
+}
+
+macro_rules! zero_bits {
+    ($($t:ty),*) => {$(
+        impl private::Sealed for $t {}
+        impl ZeroBits for $t {}
+    )*};
+}
+zero_bits!(u16, f32, half::f16, half::bf16);
+
+/// A buffer of `len` elements that start as zero, on pages taken fresh from the operating
+/// system (an anonymous private mapping on Linux, for buffers of at least
+/// [`ZeroedBuf::MAP_MIN_BYTES`]): a page costs resident memory only once something writes it,
+/// whatever the allocator did before. `vec![0; n]` (`calloc`) has that only where `malloc`
+/// carves the block from memory the system just gave it; a block reused from freed memory (the
+/// holes a model's loading leaves between its weights) is cleared page by page, so the whole
+/// buffer is resident at once. A KV cache sized for prompt plus generation then costs the
+/// positions it has filled, not its capacity (issue #31's peak memory). Smaller buffers, a
+/// failed mapping, and other systems use a `Vec`. Dereferences to `[T]`.
+pub struct ZeroedBuf<T: ZeroBits> {
+    inner: Zeroed<T>,
+}
+
+enum Zeroed<T> {
+    Heap(Vec<T>),
+    /// `len` elements at `ptr`, in a private anonymous mapping of `bytes` bytes this buffer
+    /// owns.
+    #[cfg(target_os = "linux")]
+    Mapped {
+        ptr: std::ptr::NonNull<T>,
+        len: usize,
+        bytes: usize,
+    },
+}
+
+// SAFETY: a `Mapped` buffer owns its mapping exclusively (as a `Vec` owns its block: nothing
+// else holds the pointer), and `T` is `Send + Sync`; shared access gives `&[T]` only.
+unsafe impl<T: ZeroBits> Send for ZeroedBuf<T> {}
+// SAFETY: as for `Send`: `&ZeroedBuf` gives out `&[T]` only.
+unsafe impl<T: ZeroBits> Sync for ZeroedBuf<T> {}
+
+impl<T: ZeroBits> ZeroedBuf<T> {
+    /// Buffers from this size up are mapped (below it a page-sized `calloc` is cheaper and
+    /// leaves nothing untouched to gain).
+    pub const MAP_MIN_BYTES: usize = 64 << 10;
+
+    /// `len` zeros.
+    pub fn new(len: usize) -> ZeroedBuf<T> {
+        ZeroedBuf {
+            inner: Self::map(len).unwrap_or_else(|| Zeroed::Heap(Self::heap_zeros(len))),
+        }
+    }
+
+    fn heap_zeros(len: usize) -> Vec<T> {
+        let mut v = Vec::with_capacity(len);
+        // SAFETY: `T: ZeroBits` is valid as all-zero bits, and the `len` elements were
+        // reserved just above.
+        unsafe {
+            std::ptr::write_bytes(v.as_mut_ptr(), 0, len);
+            v.set_len(len);
+        }
+        v
+    }
+
+    #[cfg(target_os = "linux")]
+    fn map(len: usize) -> Option<Zeroed<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>())?;
+        if bytes < Self::MAP_MIN_BYTES {
+            return None;
+        }
+        // SAFETY: a new private anonymous mapping (no address asked for, no file): it aliases
+        // nothing, and the kernel gives its pages as zeros at their first touch.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        // Page-aligned, so aligned for any `T` here.
+        let ptr = std::ptr::NonNull::new(p.cast::<T>())?;
+        Some(Zeroed::Mapped { ptr, len, bytes })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn map(_len: usize) -> Option<Zeroed<T>> {
+        None
+    }
+
+    /// Whether the buffer is on its own mapping (else on the heap).
+    pub fn is_mapped(&self) -> bool {
+        !matches!(self.inner, Zeroed::Heap(_))
+    }
+}
+
+impl<T: ZeroBits> std::ops::Deref for ZeroedBuf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match &self.inner {
+            Zeroed::Heap(v) => v,
+            // SAFETY: `ptr` points to `len` initialized (zero or written) elements of a
+            // mapping this buffer owns for its whole life.
+            #[cfg(target_os = "linux")]
+            Zeroed::Mapped { ptr, len, .. } => unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr(), *len)
+            },
+        }
+    }
+}
+
+impl<T: ZeroBits> std::ops::DerefMut for ZeroedBuf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &mut self.inner {
+            Zeroed::Heap(v) => v,
+            // SAFETY: as for `deref`, and `&mut self` makes this the only access.
+            #[cfg(target_os = "linux")]
+            Zeroed::Mapped { ptr, len, .. } => unsafe {
+                std::slice::from_raw_parts_mut(ptr.as_ptr(), *len)
+            },
+        }
+    }
+}
+
+impl<T: ZeroBits> Clone for ZeroedBuf<T> {
+    fn clone(&self) -> ZeroedBuf<T> {
+        let mut c = ZeroedBuf::new(self.len());
+        c.copy_from_slice(self);
+        c
+    }
+}
+
+impl<T: ZeroBits> Drop for ZeroedBuf<T> {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        if let Zeroed::Mapped { ptr, bytes, .. } = &self.inner {
+            // SAFETY: the mapping of `bytes` at `ptr` is this buffer's own, made by `map`, and
+            // nothing refers to it once the buffer is dropped.
+            unsafe {
+                libc::munmap(ptr.as_ptr().cast(), *bytes);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs of present file pages; anonymous, swapped and absent pages split them.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn file_page_runs_keep_present_file_pages() {
+        let (p, s, f) = (1u64 << 63, 1u64 << 62, 1u64 << 61);
+        let e = [p | f, p | f, p, 0, p | f, s | f, f, p | f | 5];
+        assert_eq!(
+            file_page_runs(0x10000, &e),
+            vec![(0x10000, 0x12000), (0x14000, 0x15000), (0x17000, 0x18000)]
+        );
+        assert!(file_page_runs(0, &[]).is_empty());
+    }
+
+    /// A relocated read-only mapping (anonymous pages) is read apart from the clean ones.
+    #[test]
+    fn relocated_file_mappings_reads_smaps() {
+        let smaps = "1000-3000 r--p 00000000 fd:00 42 /usr/lib/libx.so\nAnonymous: 4 kB\nSwap: 0 kB\n\
+                     3000-5000 r--p 00000000 fd:00 42 /usr/lib/libx.so\nAnonymous: 0 kB\nSwap: 0 kB\n\
+                     5000-7000 rw-p 00000000 fd:00 42 /usr/lib/libx.so\nAnonymous: 4 kB\nSwap: 0 kB\n\
+                     7000-9000 r--p 00000000 fd:00 42 /usr/lib/libx.so\nAnonymous: 4 kB\nSwap: 4 kB\n";
+        assert_eq!(relocated_file_mappings(smaps), vec![(0x1000, 0x3000)]);
+        assert_eq!(clean_file_mappings(smaps), vec![(0x3000, 0x5000)]);
+    }
+
+    /// Zeros at first, writable, cloned equal, on a mapping from `MAP_MIN_BYTES` up (Linux)
+    /// and on the heap below; a mapped buffer's untouched pages are not resident.
+    #[test]
+    fn zeroed_buf_starts_zero_and_maps_large_buffers() {
+        for len in [0usize, 1, 1000, 40_000, 300_000] {
+            let mut b = ZeroedBuf::<f32>::new(len);
+            assert_eq!(b.len(), len);
+            assert!(b.iter().all(|&x| x == 0.0));
+            if len > 0 {
+                b[len - 1] = 2.5;
+                b[0] = -1.0;
+            }
+            let c = b.clone();
+            assert_eq!(&c[..], &b[..]);
+            let big = len * 4 >= ZeroedBuf::<f32>::MAP_MIN_BYTES;
+            assert_eq!(b.is_mapped(), cfg!(target_os = "linux") && big, "{len}");
+            assert_eq!(c.is_mapped(), b.is_mapped());
+        }
+        let h = ZeroedBuf::<half::f16>::new(70_000);
+        assert!(h.iter().all(|x| x.to_bits() == 0));
+        #[cfg(target_os = "linux")]
+        {
+            // 64 MiB written in its first page only: far below it resident (the kernel's
+            // own count of the mapping's pages, `mincore`).
+            let mut m = ZeroedBuf::<u16>::new(32 << 20);
+            m[0] = 7;
+            let pages = (m.len() * 2).div_ceil(4096);
+            let mut vec = vec![0u8; pages];
+            // SAFETY: `m` is one mapping of `pages` pages; `vec` has a byte for each.
+            let r = unsafe { libc::mincore(m.as_ptr() as *mut _, m.len() * 2, vec.as_mut_ptr()) };
+            assert_eq!(r, 0);
+            let resident = vec.iter().filter(|&&v| v & 1 == 1).count();
+            assert!(resident < pages / 8, "{resident} of {pages} pages resident");
+            assert_eq!(m[0], 7);
+        }
+    }
 
     /// Only private, read-only, file-backed mappings without an anonymous page qualify.
     #[test]

@@ -412,6 +412,10 @@ pub struct GenerateStep<'m> {
     /// CPU decoder's greedy steps, [`host_greedy`]): the step's log-probabilities are then
     /// left lazy, read only by whoever asks, and the token is read and fed on without MLX.
     host: Option<(u32, f32)>,
+    /// Whether a host-greedy step carries its `(vocab,)` log-probabilities (the lazy
+    /// `logits - lse`); `false` for a caller that reads only [`Step::logprob`]
+    /// ([`generate_step_host`]).
+    host_logprobs: bool,
 }
 
 /// A run of the graph decoder: the decoder, and the tokens it was given or produced since the
@@ -478,6 +482,22 @@ pub fn generate_step<'m>(
     prompt_cache: Option<Vec<Box<dyn Cache>>>,
     opts: GenerateOptions,
 ) -> Result<GenerateStep<'m>> {
+    generate_step_host(prompt, model, prompt_cache, opts, true)
+}
+
+/// [`generate_step`] for a caller that reads of a host-greedy step (the CPU decoder's greedy
+/// steps, [`host_greedy`]) only its token's log-probability ([`Step::logprob`]), never its
+/// `(vocab,)` log-probabilities (`host_logprobs` false): those steps, the prompt's first
+/// token's included, then carry an empty `logprobs`, as the graph decoder's do, and build no
+/// MLX graph (no copy of the logits, no MLX op a step: issue #31's peak memory counts the code
+/// pages those touch). Tokens and log-probabilities are unchanged.
+pub(crate) fn generate_step_host<'m>(
+    prompt: &[i32],
+    model: &'m dyn LanguageModel,
+    prompt_cache: Option<Vec<Box<dyn Cache>>>,
+    opts: GenerateOptions,
+    host_logprobs: bool,
+) -> Result<GenerateStep<'m>> {
     let decoder = match opts.compiled_decode {
         CompiledDecode::Off => Decoder::None,
         CompiledDecode::Auto => match CompiledDecoder::new(model)? {
@@ -485,7 +505,15 @@ pub fn generate_step<'m>(
             None => Decoder::None,
         },
     };
-    start(prompt, model, prompt_cache, opts, decoder, None)
+    start(
+        prompt,
+        model,
+        prompt_cache,
+        opts,
+        decoder,
+        None,
+        host_logprobs,
+    )
 }
 
 /// [`generate_step`] through `cpu`, a CPU decoder of `model` that the caller keeps across
@@ -506,7 +534,7 @@ pub fn generate_step_cpu<'m>(
             model_type: model.model_type().to_string(),
         });
     }
-    start(prompt, model, None, opts, Decoder::None, Some(cpu))
+    start(prompt, model, None, opts, Decoder::None, Some(cpu), true)
 }
 
 /// [`generate_step`] decoding through `decoder`, a compiled step of `model` that the caller
@@ -536,6 +564,7 @@ pub fn generate_step_with_decoder<'m>(
         opts,
         Decoder::Shared(decoder),
         None,
+        true,
     )
 }
 
@@ -546,6 +575,7 @@ fn start<'m>(
     opts: GenerateOptions,
     decoder: Decoder<'m>,
     cpu_given: Option<CpuDecoder<'m>>,
+    host_logprobs: bool,
 ) -> Result<GenerateStep<'m>> {
     if prompt.is_empty() {
         return Err(EngineError::EmptyPrompt {
@@ -622,6 +652,7 @@ fn start<'m>(
         graph_bytes: 0,
         device_peak: DevicePeak::default(),
         host: None,
+        host_logprobs,
     };
     if g.opts.graph_decode {
         // A decoder kept from an earlier generation holds its buffers through this prompt.
@@ -797,7 +828,7 @@ impl<'m> GenerateStep<'m> {
                 && self.opts.grammar.is_none();
             self.host = None;
             if greedy {
-                if let Some((r, tok, lp)) = host_greedy(logits)? {
+                if let Some((r, tok, lp)) = host_greedy(logits, self.host_logprobs)? {
                     self.host = Some((tok, lp));
                     return Ok(r);
                 }
@@ -1286,20 +1317,28 @@ impl<'m> GenerateStep<'m> {
 /// log-sum-exp on the host ([`mlx_core::cpu::greedy_lse`]: MLX's CPU `logsumexp` replayed
 /// bit for bit, its `exp` 8 lanes at a time; MLX's own runs one lane on its stream's thread,
 /// beside the decoder's workers, every step), the log-probabilities `logits - lse` left as
-/// MLX's lazy op for whoever reads them, and the token's log-probability. `((token (1,),
+/// MLX's lazy op for whoever reads them (`with_logprobs`; else an empty array, see
+/// [`generate_step_host`]), and the token's log-probability. `((token (1,),
 /// logprobs (vocab,), lse (1, 1)), token, log-probability)`; `None` where a logit is NaN or the
 /// largest is not finite (the MLX path then reports it as usual). Tier L3 for the token
 /// only: it differs from `argmax` over MLX's log-probabilities only where two logits round
 /// to one log-probability (an exact tie there); the log-sum-exp and log-probabilities are
 /// MLX's bits (`greedy_lse_matches_logsumexp`).
 #[allow(clippy::type_complexity)]
-fn host_greedy(logits: &[f32]) -> Result<Option<((Array, Array, Array), u32, f32)>> {
+fn host_greedy(
+    logits: &[f32],
+    with_logprobs: bool,
+) -> Result<Option<((Array, Array, Array), u32, f32)>> {
     let Some((best, lse)) = mlx_core::cpu::greedy_lse(mlx_core::cpu::Isa::detect(), logits) else {
         return Ok(None);
     };
-    let x = Array::from_slice(logits, &[1, logits.len() as i32])?;
     let lse_a = Array::from_slice(&[lse], &[1, 1])?;
-    let logprobs = ops::squeeze(&ops::subtract(&x, &lse_a, None)?, &[0], None)?;
+    let logprobs = if with_logprobs {
+        let x = Array::from_slice(logits, &[1, logits.len() as i32])?;
+        ops::squeeze(&ops::subtract(&x, &lse_a, None)?, &[0], None)?
+    } else {
+        Array::from_slice::<f32>(&[], &[0])?
+    };
     let token = Array::from_slice(&[best as u32], &[1])?;
     Ok(Some((
         (token, logprobs, lse_a),
@@ -1532,7 +1571,8 @@ mod tests {
                 .collect();
             // A masked logit (below MLX's -88 cut-off once the largest is taken off).
             logits[n / 2] = f32::NEG_INFINITY;
-            let ((tok, lp, lse), htok, tlp) = host_greedy(&logits).unwrap().expect("finite logits");
+            let ((tok, lp, lse), htok, tlp) =
+                host_greedy(&logits, true).unwrap().expect("finite logits");
             let x = Array::from_slice(&logits, &[1, logits.len() as i32]).unwrap();
             let mlx_lse = ops::logsumexp(&x, &[0, 1], true, None).unwrap();
             let mlx_lp = ops::subtract(&x, &mlx_lse, None).unwrap();
@@ -1566,12 +1606,12 @@ mod tests {
         }
         let mut bad: Vec<f32> = (0..100).map(|i| i as f32 * 0.01).collect();
         bad[3] = f32::NAN;
-        assert!(host_greedy(&bad).unwrap().is_none());
+        assert!(host_greedy(&bad, true).unwrap().is_none());
         bad[3] = f32::INFINITY;
-        assert!(host_greedy(&bad).unwrap().is_none());
+        assert!(host_greedy(&bad, true).unwrap().is_none());
         bad[3] = f32::NEG_INFINITY;
-        assert!(host_greedy(&bad).unwrap().is_some());
-        assert!(host_greedy(&[]).unwrap().is_none());
+        assert!(host_greedy(&bad, true).unwrap().is_some());
+        assert!(host_greedy(&[], true).unwrap().is_none());
     }
 
     fn default_index() -> i32 {

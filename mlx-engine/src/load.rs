@@ -299,12 +299,28 @@ pub fn load_mtp(
     events: &mut dyn LoadEvents,
     mtp: bool,
 ) -> Result<Loaded> {
+    load_mtp_with(model, spec, events, mtp, &mut |_| {})
+}
+
+/// [`load_mtp`], with `before_weights` given the tokenizer once it is built and before any
+/// weight is read (not called where the tokenizer cannot be built: that error comes after the
+/// model's, as without it). A caller that needs of the tokenizer only what it can compute
+/// there (`mlx generate`: the prompt's ids, the sampler's special tokens) and then
+/// [`Tokenizer::keep_decoding_only`] loads the weights without the backend's vocabulary and
+/// merges resident beside them (issue #31's peak memory); the loaded model is the same.
+pub fn load_mtp_with(
+    model: &ModelRef,
+    spec: &LoadSpec,
+    events: &mut dyn LoadEvents,
+    mtp: bool,
+    before_weights: &mut dyn FnMut(&mut Tokenizer),
+) -> Result<Loaded> {
     let path = resolve(model, events)?;
     // With adapters the CPU decoder never runs (it takes no adapted layers), and the
     // adapters' dequantizing (DoRA, fusing) computes in the scales' dtype: load as the exact
     // path does.
     let blocks = spec.gguf_blocks && spec.adapter_path.is_none();
-    let mut m = load_path(&path, &spec.dtype, events, mtp, blocks)?;
+    let mut m = load_path(&path, &spec.dtype, events, mtp, blocks, before_weights)?;
     // What loading freed (file buffers, the reader's and the tokenizer build's temporaries,
     // arrays replaced by their cast) goes back to the system rather than staying resident
     // in the allocator's arenas beside the weights for the whole run.
@@ -338,6 +354,7 @@ fn load_path(
     events: &mut dyn LoadEvents,
     mtp: bool,
     blocks: bool,
+    before_weights: &mut dyn FnMut(&mut Tokenizer),
 ) -> Result<Loaded> {
     let (dtype, dtype_name) = pick_dtype(dtype, events)?;
     let opts = LoadOptions { dtype };
@@ -358,7 +375,16 @@ fn load_path(
         // weights arrive, instead of adding to the weights' peak. Its error still comes after
         // the model's, as when it was built last.
         let mut header = mlx_models::gguf::read_gguf_header_of(path)?;
-        let tokenizer = tokenizer_data(&header.metadata).and_then(|t| t.build());
+        let mut tokenizer = tokenizer_data(&header.metadata).and_then(|t| t.build());
+        if let Ok(t) = tokenizer.as_mut() {
+            if t.has_chat_template() {
+                t.set_chat_template_origin(format!(
+                    "{}: GGUF metadata `tokenizer.chat_template`",
+                    path.display()
+                ));
+            }
+            before_weights(t);
+        }
         // The vocabulary's lists in the metadata (tokens, merges, their types and scores:
         // ~6 MB of small strings on a 49k-token BPE) served only that build: gone before the
         // weights arrive (issue #31's peak memory). The token list stays where the model's
@@ -377,13 +403,7 @@ fn load_path(
             path: path.to_path_buf(),
             source,
         };
-        let mut tokenizer = tokenizer.map_err(tok_err)?;
-        if tokenizer.has_chat_template() {
-            tokenizer.set_chat_template_origin(format!(
-                "{}: GGUF metadata `tokenizer.chat_template`",
-                path.display()
-            ));
-        }
+        let tokenizer = tokenizer.map_err(tok_err)?;
         Ok(Loaded {
             model,
             tokenizer,
@@ -399,7 +419,10 @@ fn load_path(
         // The tokenizer first, as for a GGUF: its build's transients (tens of MB for a
         // 49k-token BPE's `tokenizer.json`) are free again before the weights arrive. Its error
         // still comes after the model's.
-        let tokenizer = Tokenizer::from_dir(path);
+        let mut tokenizer = Tokenizer::from_dir(path);
+        if let Ok(t) = tokenizer.as_mut() {
+            before_weights(t);
+        }
         let _ = mlx_core::memory::release_free_memory();
         // Loading for the CPU decoder: an affine directory's linear scales stay as stored.
         let (model, config, params) =

@@ -12,7 +12,7 @@ use mlx_core::prelude::*;
 use crate::cpu_decode::CpuDecoder;
 use crate::cpu_spec::CpuSpecSteps;
 use crate::error::{EngineError, Result};
-use crate::generate::{generate_step, generate_step_cpu, GenerateOptions, GenerateStep, Step};
+use crate::generate::{generate_step_cpu, generate_step_host, GenerateOptions, GenerateStep, Step};
 use crate::speculative::{
     speculative_generate_step, CachePair, Drafter, SpecStats, SpeculativeStep,
 };
@@ -128,8 +128,10 @@ pub fn stream_generate<'m>(
     prompt_cache: Option<Vec<Box<dyn Cache>>>,
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
+    let top = opts.top_logprobs;
     start(model, tokenizer, prompt, opts, |ids, g| {
-        let steps = generate_step(ids, model, prompt_cache, g)?;
+        // The stream reads a step's `(vocab,)` log-probabilities only for top log-probabilities.
+        let steps = generate_step_host(ids, model, prompt_cache, g, top > 0)?;
         Ok(Steps::Plain(Box::new(steps)))
     })
 }
