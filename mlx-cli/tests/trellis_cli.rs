@@ -318,3 +318,256 @@ fn held_out_hessians_choose_each_linears_seed() {
     assert!(!out.join("x").exists());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Mean next-token cross-entropy of `dir`'s model (float32) on `ids` (one row), in float64.
+fn text_loss(dir: &Path, ids: &[i32]) -> f64 {
+    let (model, _) = load_model_dir(
+        dir,
+        &LoadOptions {
+            dtype: Some(Dtype::Float32),
+        },
+    )
+    .unwrap();
+    let n = ids.len() - 1;
+    let x = Array::from_slice(&ids[..n], &[1, n as i32]).unwrap();
+    let y = model
+        .forward(&x, None)
+        .unwrap()
+        .astype(Dtype::Float32)
+        .unwrap();
+    y.eval().unwrap();
+    let v = y.as_slice::<f32>().unwrap();
+    let vocab = v.len() / n;
+    let mut sum = 0.0;
+    for (i, row) in v.chunks(vocab).enumerate() {
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let s: f64 = row.iter().map(|&l| (l as f64 - m).exp()).sum();
+        sum += m + s.ln() - row[ids[i + 1] as usize] as f64;
+    }
+    sum / n as f64
+}
+
+/// `--q-select-text`: the model is coded under `--q-seed-candidates` seeds (default 3) and
+/// each group of blocks (here one block a group: 4 blocks, at most 6 groups), in order, keeps
+/// the seed of least whole-model loss on the held-out text: all of a block's linears share it, a kept seed other than `--q-seed` is in their own config
+/// entries, the other blocks are the plain conversion's bytes, and the held-out loss never
+/// rises (the greedy keeps a block's seed only when it lowers it). One candidate writes the
+/// plain conversion's bytes; the refusals leave nothing behind.
+#[test]
+fn held_out_text_chooses_each_blocks_seed() {
+    let out = std::env::temp_dir().join(format!("mlx-trellis-text-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    // 200 words of the tiny tokenizer's vocabulary below the model's 96 ids (a seeded walk).
+    let tok: Value =
+        serde_json::from_str(&std::fs::read_to_string(src().join("tokenizer.json")).unwrap())
+            .unwrap();
+    let vocab = tok["model"]["vocab"].as_object().unwrap();
+    let mut words: Vec<(&String, i64)> = vocab
+        .iter()
+        .map(|(w, i)| (w, i.as_i64().unwrap()))
+        .filter(|&(_, i)| (6..96).contains(&i))
+        .collect();
+    words.sort_by_key(|&(_, i)| i);
+    let mut state = 12345u64;
+    let mut text = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let (w, i) = words[((state >> 33) % words.len() as u64) as usize];
+        text.push(w.as_str());
+        ids.push(i as i32);
+    }
+    let held = out.join("held.txt");
+    std::fs::write(&held, text.join(" ")).unwrap();
+    let source_dir = src();
+    let convert = |name: &str, extra: &[&str]| {
+        let dst = out.join(name);
+        let mut args = vec![
+            "convert",
+            "--hf-path",
+            source_dir.to_str().unwrap(),
+            "--mlx-path",
+            dst.to_str().unwrap(),
+            "-q",
+            "--q-mode",
+            "trellis",
+            "--q-bits",
+            "2",
+            "--q-trellis-l",
+            "8",
+            "--q-seed",
+            "7",
+        ];
+        args.extend(extra);
+        let (code, stdout, stderr) = mlx(&args);
+        assert_eq!(code, 0, "{stderr}");
+        (dst, stdout)
+    };
+    let (plain, _) = convert("plain", &[]);
+    let (chosen, stdout) = convert("chosen", &["--q-select-text", held.to_str().unwrap()]);
+    assert!(
+        stdout.contains("by the held-out loss on 199 tokens"),
+        "{stdout}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("held-out loss"))
+        .unwrap();
+    let figures: Vec<f64> = line
+        .rsplit_once("loss ")
+        .unwrap()
+        .1
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let (start, end) = (figures[0], figures[2]);
+    assert!(end <= start, "{line}");
+    let (lp, lc) = (text_loss(&plain, &ids), text_loss(&chosen, &ids));
+    assert!((lp - start).abs() < 1e-4 * start, "{lp} vs {line}");
+    assert!((lc - end).abs() < 1e-4 * end, "{lc} vs {line}");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(chosen.join("config.json")).unwrap())
+            .unwrap();
+    let pt = mlx_core::io::load_safetensors(plain.join("model.safetensors"), None)
+        .unwrap()
+        .0;
+    let ct = mlx_core::io::load_safetensors(chosen.join("model.safetensors"), None)
+        .unwrap()
+        .0;
+    let mut own = 0;
+    for l in 0..4 {
+        let mut block_seed = None;
+        for n in [
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ] {
+            let p = format!("model.layers.{l}.{n}");
+            let seed = config["quantization"].get(&p).map(|e| {
+                assert_eq!(e, &config["quantization_config"][&p], "{p}");
+                assert_eq!(e["mode"], "trellis", "{p}");
+                assert_eq!(e["bits"], 2, "{p}");
+                assert_eq!(e["trellis_l"], 8, "{p}");
+                e["seed"].as_u64().unwrap()
+            });
+            assert!(block_seed.is_none() || block_seed == Some(seed), "{p}");
+            block_seed = Some(seed);
+            let same = ["weight", "scales"].iter().all(|leaf| {
+                let k = format!("{p}.{leaf}");
+                pt[&k].shape() == ct[&k].shape()
+                    && ops::array_equal(&pt[&k], &ct[&k], false, None)
+                        .unwrap()
+                        .item::<bool>()
+                        .unwrap()
+            });
+            match seed {
+                None => assert!(same, "{p}: no entry of its own but not the plain bytes"),
+                Some(s) => {
+                    own += 1;
+                    assert!((8..=9).contains(&s), "{p}: seed {s}");
+                    assert!(!same, "{p}: seed {s} but the plain bytes");
+                }
+            }
+        }
+    }
+    assert_eq!(own % 7, 0);
+    assert_eq!(end < start, own > 0, "{line}");
+    // Nothing of the candidates is left beside the output.
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // One candidate: no choice, the plain conversion's bytes.
+    let (one, _) = convert(
+        "one",
+        &[
+            "--q-select-text",
+            held.to_str().unwrap(),
+            "--q-seed-candidates",
+            "1",
+        ],
+    );
+    for f in ["model.safetensors", "config.json"] {
+        assert_eq!(
+            std::fs::read(one.join(f)).unwrap(),
+            std::fs::read(plain.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    let x = out.join("x");
+    // Refused before any conversion: too many candidates, both choices at once, a missing or
+    // empty text, no -q, no trellis.
+    let empty = out.join("empty.txt");
+    std::fs::write(&empty, " \n").unwrap();
+    let missing = out.join("missing.txt");
+    let (h, e, m) = (
+        held.to_str().unwrap(),
+        empty.to_str().unwrap(),
+        missing.to_str().unwrap(),
+    );
+    for (extra, says) in [
+        (
+            vec![
+                "-q",
+                "--q-mode",
+                "trellis",
+                "--q-select-text",
+                h,
+                "--q-seed-candidates",
+                "17",
+            ],
+            "from 1",
+        ),
+        (
+            vec![
+                "-q",
+                "--q-mode",
+                "trellis",
+                "--q-select-text",
+                h,
+                "--q-select-hessians",
+                h,
+            ],
+            "not with --q-select-hessians",
+        ),
+        (
+            vec!["-q", "--q-mode", "trellis", "--q-select-text", m],
+            "missing.txt",
+        ),
+        (
+            vec!["-q", "--q-mode", "trellis", "--q-select-text", e],
+            "empty",
+        ),
+        (
+            vec!["--q-mode", "trellis", "--q-select-text", h],
+            "only with -q",
+        ),
+        (
+            vec!["-q", "--q-select-text", h],
+            "only with --q-mode trellis",
+        ),
+    ] {
+        let mut args = vec![
+            "convert",
+            "--hf-path",
+            source_dir.to_str().unwrap(),
+            "--mlx-path",
+            x.to_str().unwrap(),
+        ];
+        args.extend(extra.iter().copied());
+        let (code, _, stderr) = mlx(&args);
+        assert!(code != 0 && stderr.contains(says), "{extra:?}: {stderr}");
+    }
+    assert!(!out.join("x").exists());
+    let _ = std::fs::remove_dir_all(&out);
+}
