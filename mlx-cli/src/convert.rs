@@ -65,7 +65,7 @@ pub struct ConvertArgs {
     /// calibration text nor any text the model is evaluated on). The model is encoded once
     /// per `--q-seed-candidates` seed (default 3); then the decoder blocks, split into 6
     /// contiguous groups and taken in order, each keep the seed whose linears give the WHOLE
-    /// model the least next-token loss on the text's first 2,048 tokens (rows of 512; earlier
+    /// model the least next-token loss on the text's first 1,024 tokens (rows of 512; earlier
     /// groups at their chosen seeds, later ones at `--q-seed`'s). A kept seed other than
     /// `--q-seed` is written in its linears' own config entries. Costs the encodes and
     /// 6 x (candidates - 1) + 1 forward passes.

@@ -19,7 +19,7 @@ use mlx_models::LanguageModel;
 use serde_json::Value;
 
 /// Held-out tokens that score a candidate (at most; rows of [`SELECT_ROW`] predictions).
-pub const SELECT_TOKENS: usize = 2048;
+pub const SELECT_TOKENS: usize = 1024;
 /// Predictions a row (its tokens are one more).
 pub const SELECT_ROW: usize = 512;
 /// `--q-seed-candidates` with `--q-select-text` when not given.
