@@ -55,22 +55,11 @@ pub struct ConvertArgs {
     /// with the least output error on that text (recorded in the linear's config entry).
     #[arg(long)]
     pub q_select_hessians: Option<std::path::PathBuf>,
-    /// `--q-mode trellis` with `--q-select-hessians` or `--q-select-text`: the sign seeds
-    /// each linear (or block) tries, `--q-seed`, `--q-seed` + 1, ... (default 4 with
-    /// `--q-select-hessians`, 3 with `--q-select-text`; 1 turns the choice off: one seed,
-    /// as without either). The encoding time grows with it.
+    /// `--q-mode trellis` with `--q-select-hessians`: the sign seeds each linear tries
+    /// (default 4; 1 turns the choice off: one seed, as without `--q-select-hessians`). The
+    /// encoding time grows with it.
     #[arg(long)]
     pub q_seed_candidates: Option<usize>,
-    /// `--q-mode trellis`: a UTF-8 text file of HELD-OUT text (neither `--q-hessians`'
-    /// calibration text nor any text the model is evaluated on). The model is encoded once
-    /// per `--q-seed-candidates` seed (default 3); then the decoder blocks, split into 6
-    /// contiguous groups and taken in order, each keep the seed whose linears give the WHOLE
-    /// model the least next-token loss on the text's first 1,024 tokens (rows of 512; earlier
-    /// groups at their chosen seeds, later ones at `--q-seed`'s). A kept seed other than
-    /// `--q-seed` is written in its linears' own config entries. Costs the encodes and
-    /// 6 x (candidates - 1) + 1 forward passes.
-    #[arg(long)]
-    pub q_select_text: Option<std::path::PathBuf>,
     /// Mixed-bit quantization recipe.
     #[arg(long, value_parser = QUANT_RECIPES)]
     pub quant_predicate: Option<String>,
@@ -108,43 +97,25 @@ impl ConvertArgs {
             ));
         }
         if trellis.is_none()
-            && (self.q_select_hessians.is_some()
-                || self.q_seed_candidates.is_some()
-                || self.q_select_text.is_some())
+            && (self.q_select_hessians.is_some() || self.q_seed_candidates.is_some())
         {
             return Err(format!(
-                "--q-select-hessians/--q-select-text/--q-seed-candidates: only with --q-mode \
-                 trellis (got --q-mode {})",
+                "--q-select-hessians/--q-seed-candidates: only with --q-mode trellis (got \
+                 --q-mode {})",
                 self.q_mode
             ));
         }
-        if let Some(t) = &self.q_select_text {
-            if self.q_select_hessians.is_some() {
-                return Err(format!(
-                    "--q-select-text {}: not with --q-select-hessians (one seed choice at a \
-                     time)",
-                    t.display()
-                ));
-            }
-            if !self.quantize {
-                return Err(format!("--q-select-text {}: only with -q", t.display()));
-            }
-        }
         if let Some(n) = self.q_seed_candidates {
-            let max = if self.q_select_text.is_some() {
-                crate::convert_select::MAX_CANDIDATES
-            } else {
-                mlx_models::layers::trellis::MAX_SEED_CANDIDATES
-            };
+            let max = mlx_models::layers::trellis::MAX_SEED_CANDIDATES;
             if n == 0 || n > max {
                 return Err(format!(
                     "--q-seed-candidates {n}: from 1 (1: no seed choice) to {max}"
                 ));
             }
-            if self.q_select_hessians.is_none() && self.q_select_text.is_none() {
+            if self.q_select_hessians.is_none() {
                 return Err(format!(
-                    "--q-seed-candidates {n}: only with --q-select-hessians or \
-                     --q-select-text (the held-out data that chooses)"
+                    "--q-seed-candidates {n}: only with --q-select-hessians (the held-out \
+                     Hessians that choose)"
                 ));
             }
         }
@@ -184,11 +155,7 @@ impl ConvertArgs {
             trellis,
             trellis_hessians: self.q_hessians.clone(),
             trellis_select_hessians: self.q_select_hessians.clone(),
-            // The text's choice is made above the library (`convert_select`): the library's
-            // conversions each take one seed.
-            trellis_seed_candidates: self
-                .q_seed_candidates
-                .filter(|_| self.q_select_text.is_none()),
+            trellis_seed_candidates: self.q_seed_candidates,
             per_module: None,
             keep_dtype: false,
         })
@@ -197,9 +164,6 @@ impl ConvertArgs {
     /// Checks that need no model: the options, the source directory, a free output path.
     pub fn check(&self) -> Result<(), String> {
         self.options()?;
-        if let Some(t) = &self.q_select_text {
-            crate::convert_select::read_text(t)?;
-        }
         let src = Path::new(&self.hf_path);
         if !is_gguf(src) && !src.join("config.json").is_file() {
             return Err(format!(
@@ -228,24 +192,6 @@ pub fn run(a: &ConvertArgs) -> Result<(), String> {
     }
     let mut progress = ProgressView::new("[INFO] ");
     let mut on_progress = |p: Progress<'_>| progress.show(p);
-    if let Some(text) = &a.q_select_text {
-        let n = a
-            .q_seed_candidates
-            .unwrap_or(crate::convert_select::DEFAULT_CANDIDATES);
-        if n > 1 {
-            crate::convert_select::run(
-                Path::new(&a.hf_path),
-                Path::new(&a.mlx_path),
-                &opts,
-                text,
-                n,
-                &mut on_progress,
-            )?;
-            progress.finish();
-            eprintln!("[mlx] wrote {}", a.mlx_path);
-            return Ok(());
-        }
-    }
     let report = convert(
         Path::new(&a.hf_path),
         Path::new(&a.mlx_path),

@@ -15,7 +15,6 @@ pub mod check;
 mod common;
 mod completions;
 mod convert;
-mod convert_select;
 mod embed;
 mod generate;
 mod info;
