@@ -24,7 +24,8 @@ def ppl(name, n):
     return None
 
 
-ROWS = [("affine-4 g64", "smol-a4", "")]
+ROWS = [("affine-4 g64", "smol-a4", ""), ("affine-3 g64", "smol-a3", ""), ("affine-2 mixed_2_6", "smol-a2mix", ""),
+        ("trellis-2, seed 0", "t2-s0-g80", "")]
 ROWS += [(f"trellis-3, seed {s}", f"t3-s{s}-g80", "one seed") for s in range(9)]
 ROWS += [("`mlx convert --q-select-text`, seeds 0-2", "t3-cvtext0-g80", "loss choice by mlx convert"),
          ("`mlx convert --q-select-text`, seeds 3-5", "t3-cvtext3-g80", "loss choice by mlx convert")]
