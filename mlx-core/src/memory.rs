@@ -183,7 +183,16 @@ pub fn release_file_pages() -> usize {
         // (`/proc/self/pagemap`: present and file-backed; a relocated page is anonymous, a
         // page not present is left alone).
         let mut runs = Vec::new();
-        if let Ok(pagemap) = std::fs::File::open("/proc/self/pagemap") {
+        // The pagemap reads count in 4 KiB pages (`PAGE`): on a kernel of larger pages (arm64
+        // with 16 or 64 KiB) they are skipped, not misread.
+        // SAFETY: sysconf reads one of the system's constants; it takes no pointers.
+        let page_4k = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } == PAGE as libc::c_long;
+        let pagemap = if page_4k {
+            std::fs::File::open("/proc/self/pagemap").ok()
+        } else {
+            None
+        };
+        if let Some(pagemap) = pagemap {
             use std::os::unix::fs::FileExt;
             for (start, end) in relocated_file_mappings(&smaps) {
                 let pages = (end - start) / PAGE;
@@ -295,7 +304,8 @@ fn read_file_mappings(smaps: &str, clean: bool) -> Vec<(usize, usize)> {
     out
 }
 
-/// The page size `/proc/self/pagemap` counts in (x86-64 and most arm64 Linux kernels).
+/// The page size `release_file_pages` reads `/proc/self/pagemap` in (x86-64 and most arm64
+/// Linux kernels; on others that read is skipped).
 #[cfg(target_os = "linux")]
 const PAGE: usize = 4096;
 

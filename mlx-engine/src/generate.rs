@@ -745,9 +745,10 @@ impl<'m> GenerateStep<'m> {
                 // keeps in its buffer cache (the prompt's freed activations) is not free to
                 // it: where a build fails while MLX caches something, the cache goes back to
                 // the device and the build is tried once more.
-                Err(_) if memory::cache_memory()? > 0 => {
+                // Where the retry fails too, the first error is the one reported.
+                Err(first) if memory::cache_memory()? > 0 => {
                     memory::clear_cache()?;
-                    build(spec)
+                    build(spec).map_err(|_| first)
                 }
                 r => r,
             },

@@ -112,7 +112,8 @@ const ATTN_CHUNK: usize = 64;
 /// instead of the attention's last block a head (one serial round trip through L2 less a
 /// layer; the same bits). Each of its blocks then reads every head's partials: at 8B widths
 /// (4,096) that would be ~40 MB of L2 reads a layer, so large models keep the last-block
-/// combine. `MLX_GRAPH_ATTN_COMBINE=attention` keeps it for every model (A/B runs).
+/// combine. Opt-in until it has run on a device (`MLX_GRAPH_ATTN_COMBINE=output`; checked
+/// bit-equal on the emulator only, results/gpu/2026-12-05-s32-small).
 const ATTN_OUT_MAX_WIDTH: usize = 1_024;
 /// Chunks of partial outputs `matvec_attn_out`'s blocks stage at once (`ATTN_OUT_CHUNKS`).
 const ATTN_OUT_CHUNKS: usize = 12;
@@ -185,10 +186,11 @@ pub struct GraphOptions {
     pub min_blocks_per_sm: Option<u32>,
     /// Whether the output projection combines the attention's partial outputs in its
     /// prologue (`matvec_attn_out`) instead of the attention's last block a head: the same
-    /// bits, one serial round trip through L2 less a layer. `None` (the default): where
-    /// [`attn_combine_in_output`] allows it (one sequence a step, small attention widths;
-    /// `MLX_GRAPH_ATTN_COMBINE=attention` turns it off); `Some(false)`: never; `Some(true)`:
-    /// wherever one sequence a step allows it (for testing).
+    /// bits, one serial round trip through L2 less a layer. `None` (the default): with
+    /// `MLX_GRAPH_ATTN_COMBINE=output`, where [`attn_combine_in_output`] allows it (one
+    /// sequence a step, small attention widths), else never (opt-in until it has run on a
+    /// device); `Some(false)`: never; `Some(true)`: wherever one sequence a step allows it
+    /// (for testing).
     pub attn_combine_in_output: Option<bool>,
     /// A batched step launches kernels sized to the rows it has (default true): a step whose
     /// rows lie in a window of m rows (lowest to highest) runs, from the window's first row,
@@ -3517,14 +3519,15 @@ struct Step {
 /// Whether the output projection combines the attention's partials itself
 /// ([`GraphOptions::attn_combine_in_output`]): one sequence a step (one tile of one) and a
 /// block's threads for the attention's width / 8 pieces; by default also an attention width
-/// within [`ATTN_OUT_MAX_WIDTH`] and not `MLX_GRAPH_ATTN_COMBINE=attention`.
+/// within [`ATTN_OUT_MAX_WIDTH`] and `MLX_GRAPH_ATTN_COMBINE=output` (opt-in until it has run
+/// on a device).
 fn attn_combine_in_output(spec: &GraphSpec, nb: usize, tiles: usize, opt: Option<bool>) -> bool {
     let width = spec.heads * spec.head_dim;
     let possible = nb == 1 && tiles == 1 && width / 8 <= MV_THREADS as usize;
     possible
         && opt.unwrap_or_else(|| {
             width <= ATTN_OUT_MAX_WIDTH
-                && std::env::var("MLX_GRAPH_ATTN_COMBINE").map_or(true, |v| v != "attention")
+                && std::env::var("MLX_GRAPH_ATTN_COMBINE").is_ok_and(|v| v == "output")
         })
 }
 

@@ -511,14 +511,26 @@ fn pick_graph(
         ..GraphOptions::default()
     };
     let cap = graph_capacity();
-    let mut dec =
-        GraphDecoder::with_options(spec, &weights, cap, &opts).map_err(|e| e.to_string())?;
-    // Kernels sized to the rows a step has (a lone row on the one-row kernels): every tile
-    // set the batch will use, compiled and captured now, before the first request.
-    let t = std::time::Instant::now();
-    let widths = dec
-        .prepare_rows(config.max_batch.min(dec.sequences()))
+    let mut dec = GraphDecoder::with_options(spec.clone(), &weights, cap, &opts)
         .map_err(|e| e.to_string())?;
+    // Kernels sized to the rows a step has (a lone row on the one-row kernels): every tile
+    // set the batch will use, compiled and captured now, before the first request. Where
+    // that fails (a narrower module or its graphs), the decoder runs every step on its full
+    // tiles, as before the narrower sets existed, and the note says why.
+    let t = std::time::Instant::now();
+    let (widths, fit_failed) = match dec.prepare_rows(config.max_batch.min(dec.sequences())) {
+        Ok(w) => (w, None),
+        Err(e) if opts.fit_rows => {
+            let full = GraphOptions {
+                fit_rows: false,
+                ..opts
+            };
+            dec = GraphDecoder::with_options(spec, &weights, cap, &full)
+                .map_err(|e| e.to_string())?;
+            (0, Some(e.to_string()))
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     let tiles = |m: usize| {
         let t = dec.tile_for(m);
         format!(
@@ -559,6 +571,10 @@ fn pick_graph(
         },
         t.elapsed().as_secs_f64()
     );
+    let note = match fit_failed {
+        Some(why) => format!("{note}; the narrower kernel sets failed ({why}): full tiles"),
+        None => note,
+    };
     Ok((dec, note))
 }
 
