@@ -1371,6 +1371,29 @@ __device__ __forceinline__ float softcap_bf(float v, float cap) {
   return rbf(rbf(tanhf(rbf(v / cap))) * cap);
 }
 
+// With a residual (mode RES), sequence b's residual values for the row group at r0 (row b of
+// res, N values; two a word, an odd N's last row alone): what matvec's and matvec_attn_out's
+// epilogues add, loaded ahead of them (their `pre`).
+struct MvRes {
+  u32 v[MV_ROWS / 2];
+};
+__device__ __forceinline__ MvRes mv_res_load(const bf16_t* res, ll N, ll mode, ll r0, int b) {
+  MvRes e{};
+  if (mode & MODE_RES) {
+    const bf16_t* rb = res + b * N;
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r += 2) {
+      const ll i = r0 + r;
+      if (i + 1 < N) {
+        e.v[r / 2] = *(const u32*)(rb + i);
+      } else if (i < N) {
+        e.v[r / 2] = rb[i];
+      }
+    }
+  }
+  return e;
+}
+
 // out = W x for W [N, K] (bfloat16, or MLX affine-quantized with BITS-bit codes, group gs,
 // bfloat16 scales and biases): W0 (S0, B0), or with SWIGLU gate W0 (S0, B0) and up W1 (S1,
 // B1), the model's own arrays (Wts); x [K] bfloat16.
@@ -1390,28 +1413,11 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
-  // With a residual, its values for the group's rows (two a word; an odd N's last row alone).
-  struct Res {
-    u32 v[MV_ROWS / 2];
-  };
+  // With a residual, its values for the group's rows (mv_res_load).
+  using Res = MvRes;
   // Sequence b's residual and output: row b of each (N values; N / 2 with SWIGLU).
   const ll out_n = (mode & MODE_SWIGLU) ? N / 2 : N;
-  auto pre = [&](ll r0, int b) {
-    Res e{};
-    if (mode & MODE_RES) {
-      const bf16_t* rb = res + b * N;
-#pragma unroll
-      for (int r = 0; r < MV_ROWS; r += 2) {
-        const ll i = r0 + r;
-        if (i + 1 < N) {
-          e.v[r / 2] = *(const u32*)(rb + i);
-        } else if (i < N) {
-          e.v[r / 2] = rb[i];
-        }
-      }
-    }
-    return e;
-  };
+  auto pre = [&](ll r0, int b) { return mv_res_load(res, N, mode, r0, b); };
   auto epi = [&](ll r0, int b, const float* acc, const Res& e) {
     void* out_b = (mode & MODE_F32) ? (void*)((float*)out + b * out_n)
                                     : (void*)((bf16_t*)out + b * out_n);
@@ -1563,25 +1569,8 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
-  struct Res {
-    u32 v[MV_ROWS / 2];
-  };
-  auto pre = [&](ll r0, int b) {
-    Res e{};
-    if (mode & MODE_RES) {
-      const bf16_t* rb = res + b * N;
-#pragma unroll
-      for (int r = 0; r < MV_ROWS; r += 2) {
-        const ll i = r0 + r;
-        if (i + 1 < N) {
-          e.v[r / 2] = *(const u32*)(rb + i);
-        } else if (i < N) {
-          e.v[r / 2] = rb[i];
-        }
-      }
-    }
-    return e;
-  };
+  using Res = MvRes;
+  auto pre = [&](ll r0, int b) { return mv_res_load(res, N, mode, r0, b); };
   auto epi = [&](ll r0, int b, const float* acc, const Res& e) {
     bf16_t* out_b = out + b * N;
     const float m = (float)cap;
