@@ -39,9 +39,11 @@ pub struct ConvertArgs {
     /// `--q-mode trellis`: the seed of the random Hadamard incoherence (stored in the config).
     #[arg(long, default_value_t = 0)]
     pub q_seed: u64,
-    /// `--q-mode trellis`: the code the states decode to: `1mad` (QTIP's), or `1mad8` (1MAD
-    /// rounded to int8, for the CPU decoder's int8 kernel: needs `--q-trellis-l` 8 or less).
-    #[arg(long, default_value = "1mad", value_parser = ["1mad", "1mad8"])]
+    /// `--q-mode trellis`: the code the states decode to: `1mad` (QTIP's), `1mad8` (1MAD
+    /// rounded to int8, for the CPU decoder's int8 kernel: needs `--q-trellis-l` 8 or less) or
+    /// `1mad8h` (1mad8's 256 codes indexed by the state's top byte plus its bottom byte:
+    /// `--q-trellis-l` 9 to 16).
+    #[arg(long, default_value = "1mad", value_parser = ["1mad", "1mad8", "1mad8h"])]
     pub q_trellis_code: String,
     /// `--q-mode trellis`: a `.safetensors` file of `<linear path>.hessian` (each linear's
     /// input second moment on calibration text, `xtask/quant/trellis_hessians.py`): those

@@ -115,6 +115,8 @@ pub fn l_arg(spec: &TrellisSpec) -> i64 {
     let code = match spec.code {
         TrellisCode::Mad => 0,
         TrellisCode::Mad8 => 1,
+        // No kernel decodes it yet: TrellisPlan::new refuses it before any launch.
+        TrellisCode::Mad8H => 2,
     };
     i64::from(spec.l) | code << CODE_SHIFT
 }
@@ -136,6 +138,7 @@ pub fn is_fast(spec: &TrellisSpec) -> bool {
     match spec.code {
         TrellisCode::Mad => matches!((spec.block, spec.l), (32, 8) | (64, 12)),
         TrellisCode::Mad8 => uses_lut(spec),
+        TrellisCode::Mad8H => false,
     }
 }
 
@@ -202,6 +205,8 @@ pub enum TrellisPlanError {
     Size { rows: usize, cols: usize },
     /// The padded float32 input does not fit `trellis_matvec`'s shared memory.
     SharedMemory { cols: usize, bytes: usize },
+    /// A code the kernels do not decode.
+    Code(TrellisCode),
 }
 
 impl std::fmt::Display for TrellisPlanError {
@@ -215,6 +220,11 @@ impl std::fmt::Display for TrellisPlanError {
                 f,
                 "a trellis matrix of {cols} inputs: its input takes {bytes} bytes of shared \
                  memory, more than {TRELLIS_MAX_SHARED}"
+            ),
+            TrellisPlanError::Code(c) => write!(
+                f,
+                "trellis_code {} has no CUDA kernel (the graph decoder runs 1mad and 1mad8)",
+                c.name()
             ),
         }
     }
@@ -240,6 +250,9 @@ impl TrellisPlan {
     ) -> std::result::Result<TrellisPlan, TrellisPlanError> {
         spec.check_shape(rows, cols)
             .map_err(TrellisPlanError::Shape)?;
+        if spec.code == TrellisCode::Mad8H {
+            return Err(TrellisPlanError::Code(spec.code));
+        }
         if rows >= 1 << 31 || cols >= 1 << 31 {
             return Err(TrellisPlanError::Size { rows, cols });
         }
@@ -723,6 +736,18 @@ mod tests {
             block,
             code: TrellisCode::Mad,
         }
+    }
+
+    #[test]
+    fn a_code_without_a_kernel_has_no_plan() {
+        let m8h = TrellisSpec {
+            code: TrellisCode::Mad8H,
+            ..spec(3, 12, 64)
+        };
+        let e = TrellisPlan::new(&m8h, 64, 256, 132).unwrap_err();
+        assert_eq!(e, TrellisPlanError::Code(TrellisCode::Mad8H));
+        assert!(e.to_string().contains("1mad8h"), "{e}");
+        assert!(!is_fast(&m8h));
     }
 
     fn define(name: &str) -> i64 {

@@ -48,6 +48,19 @@ pub enum TrellisCode {
     /// encoder and every decoder use these values, so the CPU decoder's int8 kernel
     /// (`vpermt2b` lookups straight into `vpdpbusd`) is exact against its plain reference.
     Mad8,
+    /// 1mad8 of a hashed 8-bit index (config name `1mad8h`, `L` 9..=16): the state's top
+    /// byte plus its bottom byte, mod 256 ([`mad8h_index`]), is the 8-bit state whose
+    /// [`TrellisCode::Mad8`] code the state takes. An `L`-bit trellis (12 by default) with a
+    /// 256-entry table: the CPU decoder's int8 kernel looks it up like 1mad8's, from two
+    /// 8-bit windows and a byte add.
+    Mad8H,
+}
+
+/// [`TrellisCode::Mad8H`]'s table index of an `l`-bit state: its top 8 bits plus its low 8
+/// bits, mod 256 (`l` in 9..=16).
+#[inline(always)]
+pub fn mad8h_index(l: u32, state: u32) -> u32 {
+    ((state >> (l - 8)) + state) & 0xFF
 }
 
 impl TrellisCode {
@@ -56,6 +69,7 @@ impl TrellisCode {
         match self {
             TrellisCode::Mad => "1mad",
             TrellisCode::Mad8 => "1mad8",
+            TrellisCode::Mad8H => "1mad8h",
         }
     }
 
@@ -64,24 +78,18 @@ impl TrellisCode {
         match name {
             "1mad" => Some(TrellisCode::Mad),
             "1mad8" => Some(TrellisCode::Mad8),
+            "1mad8h" => Some(TrellisCode::Mad8H),
             _ => None,
         }
     }
 
-    /// The integer code of a state (its value times [`TrellisCode::divisor`]).
+    /// The integer code of an `l`-bit state (its value times [`TrellisCode::divisor`]).
     #[inline(always)]
-    pub fn int(self, state: u32) -> i32 {
-        let c = mad_sum(state) - 510;
+    pub fn int(self, l: u32, state: u32) -> i32 {
         match self {
-            TrellisCode::Mad => c,
-            TrellisCode::Mad8 => {
-                let r = (c.abs() * 127 + 255) / 510;
-                if c < 0 {
-                    -r
-                } else {
-                    r
-                }
-            }
+            TrellisCode::Mad => mad_sum(state) - 510,
+            TrellisCode::Mad8 => mad8_int(state),
+            TrellisCode::Mad8H => mad8_int(mad8h_index(l, state)),
         }
     }
 
@@ -89,15 +97,28 @@ impl TrellisCode {
     pub fn divisor(self) -> f32 {
         match self {
             TrellisCode::Mad => MAD_SCALE,
-            TrellisCode::Mad8 => MAD8_SCALE,
+            TrellisCode::Mad8 | TrellisCode::Mad8H => MAD8_SCALE,
         }
     }
 
-    /// The value of a state: [`TrellisCode::int`] over [`TrellisCode::divisor`] (for
+    /// The value of an `l`-bit state: [`TrellisCode::int`] over [`TrellisCode::divisor`] (for
     /// [`TrellisCode::Mad`] the bits of [`code_1mad`]).
     #[inline(always)]
-    pub fn value(self, state: u32) -> f32 {
-        self.int(state) as f32 / self.divisor()
+    pub fn value(self, l: u32, state: u32) -> f32 {
+        self.int(l, state) as f32 / self.divisor()
+    }
+}
+
+/// 1mad8's integer code of a state: the 1MAD integer `c` rounded to `c * 127 / 510`, half
+/// away from zero.
+#[inline(always)]
+fn mad8_int(state: u32) -> i32 {
+    let c = mad_sum(state) - 510;
+    let r = (c.abs() * 127 + 255) / 510;
+    if c < 0 {
+        -r
+    } else {
+        r
     }
 }
 
@@ -152,6 +173,9 @@ impl TrellisSpec {
                 block: self.block,
                 k: self.k,
             });
+        }
+        if self.code == TrellisCode::Mad8H && self.l < 9 {
+            return Err(TrellisError::Mad8HShape { l: self.l });
         }
         Ok(())
     }
@@ -215,6 +239,12 @@ pub enum TrellisError {
          512 bits, got L {l} and a block of {block} at {k} bits (use trellis_code 1mad otherwise)"
     )]
     Mad8Shape { l: u32, block: usize, k: u32 },
+    /// The `1mad8h` code with fewer than 9 state bits.
+    #[error(
+        "trellis_code 1mad8h needs trellis_l in 9..=16 (it hashes the state's top and bottom \
+         bytes), got L {l} (use trellis_code 1mad8 at L 8 or less)"
+    )]
+    Mad8HShape { l: u32 },
     /// A matrix whose rows cannot be cut into blocks.
     #[error("a ({rows}, {cols}) matrix cannot be cut into trellis blocks of {block}")]
     Shape {
@@ -853,7 +883,9 @@ pub fn code_table(l: u32) -> Vec<f32> {
 
 /// The table of every `L`-bit state's value under the spec's code.
 pub fn spec_code_table(spec: &TrellisSpec) -> Vec<f32> {
-    (0..1u32 << spec.l).map(|s| spec.code.value(s)).collect()
+    (0..1u32 << spec.l)
+        .map(|s| spec.code.value(spec.l, s))
+        .collect()
 }
 
 /// Trellis-quantizes a row-major `(rows, cols)` matrix: incoherence with the signs of
@@ -1301,7 +1333,7 @@ pub fn decode_row(spec: &TrellisSpec, words: &[u32], scale: f32, out: &mut [f32]
     for (bwords, bout) in words.chunks_exact(bw).zip(out.chunks_exact_mut(spec.block)) {
         // The first state from its window, then k new bits a weight, sequentially.
         let mut state = window(spec, bwords, 0);
-        bout[0] = spec.code.value(state) * scale;
+        bout[0] = spec.code.value(l, state) * scale;
         let mut bitpos = k; // next bit of the stream
         for o in bout.iter_mut().skip(1) {
             let a = bitpos / 32;
@@ -1314,7 +1346,7 @@ pub fn decode_row(spec: &TrellisSpec, words: &[u32], scale: f32, out: &mut [f32]
                 ((((hi << 32) | lo) >> (64 - off - k)) as u32) & ((1 << k) - 1)
             };
             state = ((state << k) | v) & mask;
-            *o = spec.code.value(state) * scale;
+            *o = spec.code.value(l, state) * scale;
             bitpos += k;
         }
     }
@@ -2031,7 +2063,7 @@ impl LutPlan {
         let (mut lo, mut hi) = ([0u8; 256], [0u8; 256]);
         let mut w8 = [0u8; 256];
         for st in 0..1u32 << l {
-            let c = spec.code.int(st);
+            let c = spec.code.int(spec.l, st);
             let [b0, b1] = (c as i16).to_le_bytes();
             lo[st as usize] = b0;
             hi[st as usize] = b1;
@@ -2508,7 +2540,7 @@ impl TrellisMatvec {
                     let both = (u64::from(bwords[self.hi[t] as usize]) << 32)
                         | u64::from(bwords[self.lo[t] as usize]);
                     let state = ((both >> self.sh[t]) as u32) & mask;
-                    lanes[t % 16] += spec.code.int(state) as f32 * xt;
+                    lanes[t % 16] += spec.code.int(spec.l, state) as f32 * xt;
                 }
             }
             *yo = lanes.iter().sum::<f32>() * (scales[r0 + i] / spec.code.divisor());
@@ -3246,7 +3278,7 @@ impl TrellisMatvec {
                 for (t, s) in block_states(spec, bwords).into_iter().enumerate() {
                     let c = b * spec.block + t;
                     let q = 256 * i64::from(sp.hi[c]) + i64::from(sp.lo[c]);
-                    total += i64::from(spec.code.int(s)) * q;
+                    total += i64::from(spec.code.int(spec.l, s)) * q;
                 }
             }
             *yo = total as f32 * (scales[r0 + i] / f * sp.d);
@@ -3841,8 +3873,8 @@ mod tests {
     #[test]
     fn mad8_code_is_1mad_rounded_to_int8() {
         for s in 0..1u32 << 16 {
-            let c = TrellisCode::Mad.int(s);
-            let r = TrellisCode::Mad8.int(s);
+            let c = TrellisCode::Mad.int(16, s);
+            let r = TrellisCode::Mad8.int(16, s);
             assert!((-127..=127).contains(&r), "state {s}: {r}");
             let exact = f64::from(c) * 127.0 / 510.0;
             assert!(
@@ -3850,7 +3882,7 @@ mod tests {
                 "state {s}: {r} vs {exact}"
             );
             assert_eq!(
-                TrellisCode::Mad.value(s).to_bits(),
+                TrellisCode::Mad.value(16, s).to_bits(),
                 code_1mad(s).to_bits(),
                 "state {s}"
             );
@@ -3883,6 +3915,67 @@ mod tests {
         }
         .check()
         .is_ok());
+    }
+
+    #[test]
+    fn mad8h_code_is_1mad8_of_the_hashed_index() {
+        // The index is the top byte plus the bottom byte mod 256; at L 12 and 16 every index
+        // has the same number of states (16 and 256), so the 256 codes are used evenly.
+        for l in [12u32, 16] {
+            let mut count = vec![0u32; 256];
+            for s in 0..1u32 << l {
+                let i = mad8h_index(l, s);
+                assert_eq!(i, ((s >> (l - 8)) + (s & 0xFF)) % 256);
+                assert_eq!(
+                    TrellisCode::Mad8H.int(l, s),
+                    TrellisCode::Mad8.int(8, i),
+                    "L {l} state {s}"
+                );
+                assert_eq!(
+                    TrellisCode::Mad8H.value(l, s).to_bits(),
+                    TrellisCode::Mad8.value(8, i).to_bits()
+                );
+                count[i as usize] += 1;
+            }
+            assert!(count.iter().all(|&c| c == 1 << (l - 8)), "L {l}");
+        }
+        // A state's 2^k successors take 2^k different indices (the new bits enter the bottom
+        // byte only).
+        for s in 0..1u32 << 12 {
+            let mut seen: Vec<u32> = (0..8)
+                .map(|b| mad8h_index(12, ((s << 3) | b) & 0xFFF))
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len(), 8, "state {s}");
+        }
+        assert_eq!(TrellisCode::from_name("1mad8h"), Some(TrellisCode::Mad8H));
+        assert_eq!(TrellisCode::Mad8H.name(), "1mad8h");
+        let spec = |l| TrellisSpec {
+            k: 3,
+            l,
+            block: 64,
+            code: TrellisCode::Mad8H,
+        };
+        for l in [9, 12, 16] {
+            assert!(spec(l).check().is_ok(), "L {l}");
+        }
+        let e = spec(8).check().unwrap_err();
+        assert!(
+            matches!(e, TrellisError::Mad8HShape { l: 8 }) && e.to_string().contains("9..=16"),
+            "{e}"
+        );
+        // The table and the row decoder agree with the code (the MLX path reads the table).
+        let sp = spec(12);
+        let table = spec_code_table(&sp);
+        let w = gauss(4 * 128, 17);
+        let (words, scales) = quantize(&sp, &w, 4, 128, 5, 1).unwrap();
+        let mut out = vec![0.0f32; 128];
+        decode_row(&sp, &words[..128 * 3 / 32], scales[0], &mut out);
+        let states = block_states(&sp, &words[..sp.block_words()]);
+        for (t, &st) in states.iter().enumerate() {
+            assert_eq!(out[t].to_bits(), (table[st as usize] * scales[0]).to_bits());
+        }
     }
 
     #[test]
