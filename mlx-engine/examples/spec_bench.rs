@@ -121,12 +121,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if cost > 0 {
         return verify_cost(&mut dec, &prompt, cost, rounds);
     }
-    // > 0: per-part profiles (`MLX_CPU_PROFILE=1`) of verification passes of 1..=N rows, one
-    // fresh decoder a row count (each prints its profile when dropped), then exit.
+    // > 0: per-part profiles (`MLX_CPU_PROFILE=1`) of verification passes of 1..=N rows
+    // (`--profile-from M`: M..=N), one fresh decoder a row count (each prints its profile when
+    // dropped), then exit.
     let profile: usize = arg("--profile", 0);
     if profile > 0 {
         drop(dec);
-        for n in 1..=profile {
+        // `--profile-from M`: only the row counts M..=N (one row count alone, for a sampling
+        // profiler such as `perf record` to attribute a process to it).
+        let from: usize = arg("--profile-from", 1);
+        for n in from.max(1)..=profile {
             let mut d = CpuDecoder::new(m.model.as_ref(), threads, prompt.len() + n + 8)?;
             profile_rows(&mut d, &prompt, n, rounds * 16)?;
         }
