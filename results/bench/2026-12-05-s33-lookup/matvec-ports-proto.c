@@ -15,6 +15,7 @@ static short XW[MAXT][COLS] __attribute__((aligned(64)));
 static float XD[MAXT][CH], XS[MAXT][CH], XDE[MAXT][CH*4] __attribute__((aligned(64)));
 static float OUT[MAXT][ROWS];
 
+static __m512i SHL8;
 __attribute__((always_inline)) static inline void old_row(int r, int MT){
   __m512 a0[MAXT], a1[MAXT], f[MAXT];
   _Pragma("GCC unroll 8") for(int t=0;t<MT;t++){a0[t]=_mm512_setzero_ps();a1[t]=_mm512_setzero_ps();}
@@ -33,6 +34,33 @@ __attribute__((always_inline)) static inline void old_row(int r, int MT){
       __m512i s=_mm512_dpbusd_epi32(zero,lo,_mm512_loadu_si512(xp));
       s=_mm512_dpbusd_epi32(s,hi,_mm512_loadu_si512(xp+64));
       s=_mm512_slli_epi32(s,8);
+      s=_mm512_dpbusd_epi32(s,_mm512_loadu_si512(xp+128),lo);
+      s=_mm512_dpbusd_epi32(s,_mm512_loadu_si512(xp+192),hi);
+      __m512 fv=_mm512_permutexvar_ps(idx,f[t]);
+      if((j&4)==0) a0[t]=_mm512_fmadd_ps(_mm512_cvtepi32_ps(s),fv,a0[t]);
+      else a1[t]=_mm512_fmadd_ps(_mm512_cvtepi32_ps(s),fv,a1[t]);
+    }
+  }
+  _Pragma("GCC unroll 8") for(int t=0;t<MT;t++) OUT[t][r]=_mm512_reduce_add_ps(_mm512_add_ps(a0[t],a1[t]));
+}
+__attribute__((always_inline)) static inline void shuf_row(int r, int MT){
+  __m512 a0[MAXT], a1[MAXT], f[MAXT];
+  _Pragma("GCC unroll 8") for(int t=0;t<MT;t++){a0[t]=_mm512_setzero_ps();a1[t]=_mm512_setzero_ps();}
+  __m512 bv=_mm512_loadu_ps(B[r]);
+  _Pragma("GCC unroll 8") for(int t=0;t<MT;t++) a0[t]=_mm512_fmadd_ps(bv,_mm512_loadu_ps(XS[t]),a0[t]);
+  __m512 sv=_mm512_loadu_ps(S[r]);
+  _Pragma("GCC unroll 8") for(int t=0;t<MT;t++) f[t]=_mm512_mul_ps(sv,_mm512_loadu_ps(XD[t]));
+  __m512i nib=_mm512_set1_epi8(0x0f), zero=_mm512_setzero_si512();
+  __m512i quad=_mm512_set_epi32(3,3,3,3,2,2,2,2,1,1,1,1,0,0,0,0);
+  _Pragma("GCC unroll 4") for(int j=0;j<16;j+=4){
+    __m512i wv=_mm512_loadu_si512(W[r]+j*16);
+    __m512i lo=_mm512_and_si512(wv,nib), hi=_mm512_and_si512(_mm512_srli_epi16(wv,4),nib);
+    __m512i idx=_mm512_add_epi32(quad,_mm512_set1_epi32(j));
+    _Pragma("GCC unroll 8") for(int t=0;t<MT;t++){
+      const unsigned char*xp=XH[t]+j/4*256;
+      __m512i s=_mm512_dpbusd_epi32(zero,lo,_mm512_loadu_si512(xp));
+      s=_mm512_dpbusd_epi32(s,hi,_mm512_loadu_si512(xp+64));
+      s=_mm512_shuffle_epi8(s,SHL8);
       s=_mm512_dpbusd_epi32(s,_mm512_loadu_si512(xp+128),lo);
       s=_mm512_dpbusd_epi32(s,_mm512_loadu_si512(xp+192),hi);
       __m512 fv=_mm512_permutexvar_ps(idx,f[t]);
@@ -254,6 +282,12 @@ __attribute__((noinline)) static void nop_row_3(int r){ nop_row(r,3); }
 __attribute__((noinline)) static void nop_row_4(int r){ nop_row(r,4); }
 __attribute__((noinline)) static void nop_row_5(int r){ nop_row(r,5); }
 __attribute__((noinline)) static void nop_row_6(int r){ nop_row(r,6); }
+__attribute__((noinline)) static void shuf_row_1(int r){ shuf_row(r,1); }
+__attribute__((noinline)) static void shuf_row_2(int r){ shuf_row(r,2); }
+__attribute__((noinline)) static void shuf_row_3(int r){ shuf_row(r,3); }
+__attribute__((noinline)) static void shuf_row_4(int r){ shuf_row(r,4); }
+__attribute__((noinline)) static void shuf_row_5(int r){ shuf_row(r,5); }
+__attribute__((noinline)) static void shuf_row_6(int r){ shuf_row(r,6); }
 #define BENCH(fn,MT) ({ unsigned long long best=~0ULL; for(int it=0;it<300;it++){unsigned long long t0=__rdtsc(); for(int r=0;r<ROWS;r++) fn##_##MT(r); unsigned long long d=__rdtsc()-t0; if(d<best)best=d;} (double)best/ROWS/4; })
 #define ALL(fn) {double v[7]; v[1]=BENCH(fn,1);v[2]=BENCH(fn,2);v[3]=BENCH(fn,3);v[4]=BENCH(fn,4);v[5]=BENCH(fn,5);v[6]=BENCH(fn,6); printf("%s ticks/quad-row-pass:",#fn); for(int i=1;i<=6;i++)printf(" m%d %.1f",i,v[i]); printf("\n");}
 int main(){
@@ -270,6 +304,7 @@ int main(){
   for(int t=0;t<MAXT;t++) for(int c=0;c<CH;c++) for(int k=0;k<4;k++) XDE[t][c*4+k]=XD[t][c];
   // idx: out byte 4l -> lo[4l+i]; out byte 4l+2 -> 64 + hi[4l+i]
   for(int i=0;i<4;i++){unsigned char b[64]; for(int l=0;l<16;l++){b[4*l]=4*l+i;b[4*l+1]=0;b[4*l+2]=64+4*l+i;b[4*l+3]=0;} IDX[i]=_mm512_loadu_si512(b);}
+  { signed char b[64]; for(int i=0;i<64;i++){int k=i%4; b[i]= k==0? (signed char)0x80 : (signed char)(((i%16)/4)*4 + k-1);} SHL8=_mm512_loadu_si512(b);}
   float ref[MAXT][ROWS];
   for(int r=0;r<ROWS;r++) old_row(r,6); memcpy(ref,OUT,sizeof ref);
   memcpy(XW,XN,sizeof XN);
@@ -277,7 +312,9 @@ int main(){
   int same=!memcmp(ref,OUT,sizeof ref); printf("bit-identical: %s (%g vs %g)\n", same?"yes":"NO", ref[2][5], OUT[2][5]);
   for(int r=0;r<ROWS;r++) new2_row(r,6);
   printf("new2 bit-identical: %s\n", !memcmp(ref,OUT,sizeof ref)?"yes":"NO");
+  for(int r=0;r<ROWS;r++) shuf_row(r,6);
+  printf("shuf bit-identical: %s\n", !memcmp(ref,OUT,sizeof ref)?"yes":"NO");
   for(int r=0;r<ROWS;r++) oldb_row(r,6);
   printf("oldb bit-identical: %s\n", !memcmp(ref,OUT,sizeof ref)?"yes":"NO");
-  for(int k=0;k<3;k++){ ALL(old_row) ALL(bc_row) ALL(nosh_row) ALL(nop_row) }
+  for(int k=0;k<4;k++){ ALL(old_row) ALL(shuf_row) ALL(nosh_row) }
 }
