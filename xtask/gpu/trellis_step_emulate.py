@@ -5,8 +5,9 @@ against the model's own MLX forward (mlx-lm has no trellis mode), teacher-forced
     [TRELLIS_STEP_LPR=1|2|4|...|32] [TRELLIS_STEP_RESIDENT=N] \
       $MLX_ORACLE_VENV/bin/python xtask/gpu/trellis_step_emulate.py /tmp/trellis-step
 
-The fixture example converts `dense_bf16_untied` to trellis 3-bit (L 8, blocks of 32) with
-`mlx convert`'s code, loads it with the one loader, and writes what
+The fixture example converts `dense_bf16_untied` to trellis 3-bit (L 8, blocks of 32; `OUT
+BLOCK CODE` picks the blocks and the code, `1mad8h` at L 12) with `mlx convert`'s code, loads
+it with the one loader, and writes what
 `mlx_engine::graph::map_model` hands the decoder (the words, float32 row scales and the
 loader's signs of every layer linear; the affine 4-bit embedding and head), the MLX prefill's
 KV cache of a 150-token prompt, and the MLX forward's logits over 8 teacher-forced steps.
