@@ -8,7 +8,8 @@
 //! (L 8, seed 0: the `graph_spec` test's conversion) into OUT/model, in blocks of BLOCK weights
 //! (default 64, the converter's: the kernels' general path; 32 takes their unrolled path, as
 //! the quantizer's 3-bit choice and the bench twins do), with the code CODE (`1mad`, the
-//! default, or `1mad8`: the kernels' table path). Then, into OUT:
+//! default; `1mad8`: the kernels' table path; `1mad8h`: at L 12, the default state of a
+//! `1mad8h` conversion, the same table at hashed indices). Then, into OUT:
 //! - `graph.safetensors`: every array of the decoder's `GraphWeights` (`embed.*`, `head.*`,
 //!   `final_norm`, `layers.I.{input_norm,post_norm}`, `layers.I.P.{weight,scales,su,sv,bias}`
 //!   for P in q k v o gate up down; the scales as float32, as the decoder uploads them), the
@@ -48,7 +49,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             let code = match args.get(2).map(String::as_str) {
                 None => mlx_core::cpu::trellis::TrellisCode::Mad,
                 Some(c) => mlx_core::cpu::trellis::TrellisCode::from_name(c)
-                    .ok_or_else(|| format!("CODE {c:?}: 1mad or 1mad8"))?,
+                    .ok_or_else(|| format!("CODE {c:?}: 1mad, 1mad8 or 1mad8h"))?,
             };
             convert_fixture(&out, b.and_then(|b| b.parse().ok()), code)?
         }
@@ -201,8 +202,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `dense_bf16_untied` converted to trellis 3-bit (L 8, seed 0; blocks of `block`, or the
-/// converter's default; the code `code`) into `out/model`.
+/// `dense_bf16_untied` converted to trellis 3-bit (L 8, or 12 for 1mad8h; seed 0; blocks of
+/// `block`, or the converter's default; the code `code`) into `out/model`.
 fn convert_fixture(
     out: &Path,
     block: Option<i32>,
@@ -219,7 +220,11 @@ fn convert_fixture(
         q_bits: Some(3),
         q_group_size: block,
         trellis: Some(TrellisParams {
-            trellis_l: 8,
+            trellis_l: if code == mlx_core::cpu::trellis::TrellisCode::Mad8H {
+                12
+            } else {
+                8
+            },
             seed: 0,
             trellis_code: code,
         }),

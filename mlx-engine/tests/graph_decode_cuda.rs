@@ -71,17 +71,22 @@ fn graph_decoder_follows_the_mlx_forward() {
     // 3-bit (L 8) in blocks of 64 (the kernels' general path) and of 32 (their unrolled path),
     // every layer linear and the untied head coded, the embedding affine 4-bit; the reference
     // is the model's own MLX forward (mlx-lm has no trellis mode). Then the same with the
-    // 1mad8 code (`--q-trellis-code 1mad8`: the kernels' table path), blocks of 32 and 64.
+    // 1mad8 code (`--q-trellis-code 1mad8`: the kernels' table path), blocks of 32 and 64,
+    // and the 1mad8h code at L 12 (`--q-trellis-code 1mad8h --q-trellis-l 12`: the table at
+    // hashed indices), blocks of 64 (its conversion's default) and 32.
     use mlx_core::cpu::trellis::TrellisCode;
     for (block, code) in [
         (64, TrellisCode::Mad),
         (32, TrellisCode::Mad),
         (32, TrellisCode::Mad8),
         (64, TrellisCode::Mad8),
+        (64, TrellisCode::Mad8H),
+        (32, TrellisCode::Mad8H),
     ] {
         let name = match code {
             TrellisCode::Mad => format!("trellis3_b{block}"),
             TrellisCode::Mad8 => format!("trellis3_1mad8_b{block}"),
+            TrellisCode::Mad8H => format!("trellis3_1mad8h_b{block}"),
         };
         let dst = tmp.join(&name);
         convert_trellis(&root.join("dense_bf16_untied"), &dst, block, code);
@@ -112,7 +117,8 @@ fn graph_decoder_follows_the_mlx_forward() {
     assert!(failed.is_empty(), "rows failed: {failed:?}");
 }
 
-/// `src` converted to trellis 3-bit (L 8, seed 0) in blocks of `block` with `code`, into `dst`.
+/// `src` converted to trellis 3-bit (L 8, or 12 for 1mad8h; seed 0) in blocks of `block` with
+/// `code`, into `dst`.
 fn convert_trellis(
     src: &std::path::Path,
     dst: &std::path::Path,
@@ -127,7 +133,11 @@ fn convert_trellis(
         q_bits: Some(3),
         q_group_size: Some(block),
         trellis: Some(TrellisParams {
-            trellis_l: 8,
+            trellis_l: if code == mlx_core::cpu::trellis::TrellisCode::Mad8H {
+                12
+            } else {
+                8
+            },
             seed: 0,
             trellis_code: code,
         }),

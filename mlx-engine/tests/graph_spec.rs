@@ -315,6 +315,39 @@ fn a_trellis_model_maps_its_trellis_linears() {
     assert!(why.contains("layers.0.o_proj: not trellis-coded"), "{why}");
 }
 
+/// A `1mad8h` model (L 12, `mlx convert --q-trellis-code 1mad8h`'s shape) maps and passes the
+/// decoder's check (`TrellisPlan::new` refused the code before its CUDA path).
+#[test]
+fn a_1mad8h_trellis_model_passes_the_decoders_check() {
+    use mlx_core::cpu::trellis::TrellisCode;
+    use mlx_models::config::TrellisParams;
+    use mlx_models::convert::{convert, ConvertOptions};
+    let dst = tmp().join("trellis3_1mad8h");
+    let _ = std::fs::remove_dir_all(&dst);
+    let opts = ConvertOptions {
+        quantize: true,
+        q_bits: Some(3),
+        trellis: Some(TrellisParams {
+            trellis_l: 12,
+            seed: 0,
+            trellis_code: TrellisCode::Mad8H,
+        }),
+        ..ConvertOptions::default()
+    };
+    convert(
+        &models().join("dense_bf16_untied"),
+        &dst,
+        &opts,
+        &mut |_| {},
+    )
+    .unwrap();
+    let model = load(&dst);
+    let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+    let t = spec.trellis.expect("a trellis spec");
+    assert_eq!((t.k, t.l, t.code), (3, 12, TrellisCode::Mad8H));
+    assert_eq!(weights.check(&spec), Ok(()));
+}
+
 #[test]
 fn options_the_decoder_does_not_take_are_named() {
     let greedy = GenerateOptions::default();

@@ -15,9 +15,9 @@
 //! - `yt.f32`: `su * fwht_blocks(z)` (the L2 reference of `trellis_output` on `z`);
 //! - `y.f32`: `TrellisView::matvec(x)`, the CPU decoder's whole trellis linear.
 //!
-//! Both codes: `1mad`, and `1mad8` from case `mad8_from` on (`meta.json`'s `code`). Words are
-//! random bits (every bit stream is a valid tail-biting code), except the cases coded from a
-//! Gaussian matrix by `quantize`. Little-endian raw files.
+//! Three codes: `1mad`, `1mad8` from case `mad8_from` on and `1mad8h` from case `mad8h_from` on
+//! (`meta.json`'s `code`). Words are random bits (every bit stream is a valid tail-biting code),
+//! except the cases coded from a Gaussian matrix by `quantize`. Little-endian raw files.
 
 use std::io::Write;
 use std::path::Path;
@@ -103,10 +103,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cases.push((3, 8, 64, 576, 576, true));
     cases.push((2, 6, 64, 192, 576, false));
     cases.push((2, 8, 128, 192, 1536, false));
+    // 1mad8h (1mad8's table at each L-bit state's hashed index where L is 12 and the blocks 32
+    // or 64): the 135M's q/o, gate and down shapes at 3 bits in blocks of 64 (the default
+    // conversion's) and 32, 2 and 4 bits, a real code in blocks of 64, the wide input (the
+    // 8B's down: 14,336), and the general path (L 9, L 16; blocks of 128).
+    let mad8h_from = cases.len();
+    for block in [64usize, 32] {
+        for (r, c) in [(576usize, 576usize), (1536, 576), (576, 1536)] {
+            cases.push((3, 12, block, r, c, false));
+        }
+    }
+    cases.push((2, 12, 64, 192, 576, false));
+    cases.push((4, 12, 64, 192, 576, false));
+    cases.push((2, 12, 32, 192, 576, false));
+    cases.push((4, 12, 32, 192, 576, false));
+    cases.push((3, 12, 64, 576, 576, true));
+    cases.push((3, 12, 64, 64, 14336, false));
+    cases.push((3, 9, 64, 192, 576, false));
+    cases.push((2, 16, 64, 192, 576, false));
+    cases.push((3, 12, 128, 192, 1536, false));
     let pool = mlx_core::cpu::ThreadPool::new(mlx_core::cpu::available_threads())
         .map_err(|e| e.to_string())?;
     for (i, &(k, l, block, rows, cols, coded)) in cases.iter().enumerate() {
-        let code = if i >= mad8_from {
+        let code = if i >= mad8h_from {
+            TrellisCode::Mad8H
+        } else if i >= mad8_from {
             TrellisCode::Mad8
         } else {
             TrellisCode::Mad

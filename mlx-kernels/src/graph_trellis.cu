@@ -8,9 +8,11 @@
 // - trellis_output: y = su * H_r z, rounded to bfloat16 as MLX rounds the linear's output,
 //   then the following op (bias, residual add, SwiGLU with the gate's output, or float32).
 // trellis_decode writes the decoded matrix (scale * code per weight), the device twin of
-// cpu::trellis::decode_row, bit for bit. Both codes: 1mad (computed per weight) and 1mad8 (the
+// cpu::trellis::decode_row, bit for bit. Three codes: 1mad (computed per weight), 1mad8 (the
 // 1MAD integer rounded to int8; at L 8 the product reads it from a table in shared memory,
-// trellis_lut_fill), the code carried in the kernels' L argument (TRELLIS_CODE_SHIFT).
+// trellis_lut_fill) and 1mad8h (1mad8's code of an L-bit state's hashed 8-bit index, the
+// state's top byte plus its bottom byte mod 256, L 9..=16; at L 12 the product reads the same
+// table), the code carried in the kernels' L argument (TRELLIS_CODE_SHIFT).
 //
 // Tiers (xtask/gpu/trellis_emulate.py runs this source as C++ on the CPU against the Rust
 // references): trellis_decode, trellis_input (no norm) and trellis_output are L2, bit-exact
@@ -27,19 +29,21 @@
 // 1mad8's divisor (cpu::trellis::MAD8_SCALE: MAD_SCALE * 127 / 510 in float32).
 #define TRELLIS_MAD8_SCALE 36.805233001708984f
 // The kernels' `L` argument carries the code above the state's bits: L | code << 8, code 0
-// for 1mad and 1 for 1mad8 (graph_trellis.rs, l_arg).
+// for 1mad, 1 for 1mad8 and 2 for 1mad8h (graph_trellis.rs, l_arg).
 #define TRELLIS_CODE_SHIFT 8
 // 1mad8's fast paths (L 8) read each code from a table of the 256 states' float32 codes in
 // shared memory, 32 copies side by side (state s, copy j at s * 32 + j; lane j reads copy j:
-// every lane its own bank, whatever the states), after the padded input (trellis_lut_off).
+// every lane its own bank, whatever the states), before the padded input (trellis_lut);
+// 1mad8h's (L 12) read the same table at each state's hashed index (trellis_mad8h_index).
 #define TRELLIS_LUT_FLOATS 8192
 // The largest Hadamard block the transforms take (hadamard_block's cap), float32 in shared
 // memory.
 #define TRELLIS_MAX_HB 4096
 #define TRELLIS_THREADS 256
-// Blocks an SM holds of trellis_qkv: 64 registers a thread (it would otherwise take ~80 and
-// cost the SM its fourth block, a quarter of the warps that keep the weights' loads in flight;
-// the other product kernels fit 64 by themselves).
+// Blocks an SM holds of trellis_qkv, trellis_matvec and trellis_matvec_in: 64 registers a
+// thread (they would otherwise take ~80 and cost the SM its fourth block, a quarter of the
+// warps that keep the weights' loads in flight; the other product kernels fit 64 by
+// themselves).
 #define TRELLIS_MIN_BLOCKS 4
 // 0 turns the L2 prefetches before the PDL wait off (trellis_prefetch, trellis_prefetch_span:
 // hints, no result depends on them): MLX_GRAPH_TRELLIS_PREFETCH=0, the device's A/B of them
@@ -74,28 +78,53 @@ __device__ __forceinline__ int trellis_mad8_int(u32 state) {
   return c < 0 ? -r : r;
 }
 
-// The code (0 1mad, 1 1mad8) and the state's bits of a kernel's `L` argument.
+// 1mad8h's table index of an L-bit state (L 9..=16; cpu::trellis::mad8h_index): its top 8
+// bits plus its low 8 bits, mod 256. The state's code is 1mad8's code of the index.
+__device__ __forceinline__ u32 trellis_mad8h_index(u32 state, int L) {
+  return ((state >> (L - 8)) + state) & 0xFFu;
+}
+
+// The integer code (its value times the divisor) of an L-bit state under 1mad8 (code 1) or
+// 1mad8h (code 2).
+__device__ __forceinline__ int trellis_int8_code(u32 state, int L, int code) {
+  return trellis_mad8_int(code == 2 ? trellis_mad8h_index(state, L) : state);
+}
+
+// The code (0 1mad, 1 1mad8, 2 1mad8h) and the state's bits of a kernel's `L` argument.
 __device__ __forceinline__ int trellis_code_of(ll L) { return (int)(L >> TRELLIS_CODE_SHIFT); }
 __device__ __forceinline__ ll trellis_l_of(ll L) { return L & ((1 << TRELLIS_CODE_SHIFT) - 1); }
 
-// Whether the product of this shape reads 1mad8's table (the fast paths at L 8).
+// Whether the product of this shape reads the table of 1mad8's 256 codes: 1mad8's fast paths
+// (L 8) and 1mad8h's (L 12), blocks of 32 or 64.
 __device__ __forceinline__ bool trellis_uses_lut(ll L, ll block) {
-  return trellis_code_of(L) == 1 && trellis_l_of(L) == 8 && (block == 32 || block == 64);
+  const int code = trellis_code_of(L);
+  const ll l = trellis_l_of(L);
+  return ((code == 1 && l == 8) || (code == 2 && l == 12)) && (block == 32 || block == 64);
 }
 
-// Where the table starts in the dynamic shared memory: after the padded input (K + pad K / 32
-// floats), rounded up to 16 bytes (TrellisPlan::shared_bytes).
-__device__ __forceinline__ ll trellis_lut_off(ll K, ll block) {
-  const ll pad = block == 32 ? 2 : 1;
-  return ((K + pad * ((K + 31) / 32)) + 3) & ~(ll)3;
+// The dynamic shared memory of the product kernels: the table first, where the product reads
+// it (TRELLIS_LUT_FLOATS floats), then the padded input (K + pad K / 32 floats; trellis_xs)
+// (TrellisPlan::shared_bytes). The table at the start has an address known when the kernel is
+// linked (after the static arrays), so each lookup is one LDS at [index + constant]: after the
+// padded input its address was a register in the kernels with static shared arrays
+// (trellis_linear, trellis_qkv, trellis_gate_up, trellis_matvec_out), and every lookup took an
+// add more.
+__device__ __forceinline__ float* trellis_lut() {
+  extern __shared__ __align__(16) unsigned char smem[];
+  return (float*)smem;
+}
+__device__ __forceinline__ float* trellis_xs_base(ll L, ll block) {
+  return trellis_lut() + (trellis_uses_lut(L, block) ? TRELLIS_LUT_FLOATS : 0);
 }
 
-// 1mad8's table (TRELLIS_LUT_FLOATS floats at lut) for the shape, where the product reads it:
+// The table of 1mad8's 256 codes (1mad8h's too: its index is an 8-bit state of 1mad8) at
+// trellis_lut(), for the shape, where the product reads it:
 // warp w computes states 32 w + lane, then writes each of its 32 states' 32 copies (one
 // shuffle and one conflict-free store a state). Written before the PDL wait (it depends on no
 // kernel); the barriers of the prologue order it before the product.
-__device__ __forceinline__ void trellis_lut_fill(float* lut, ll L, ll block) {
+__device__ __forceinline__ void trellis_lut_fill(ll L, ll block) {
   if (!trellis_uses_lut(L, block)) return;
+  float* lut = trellis_lut();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int s0 = warp * 32; s0 < 256; s0 += warps * 32) {
     const float v = (float)trellis_mad8_int((u32)(s0 + lane));
@@ -122,20 +151,20 @@ __device__ __forceinline__ u32 trellis_window(const u32* words, int bw, int t, i
 // Block b of row r of the decoded matrix (trellis_decode).
 __device__ __forceinline__ void trellis_decode_block(const u32* W, const float* scales,
                                                      float* out, ll r, ll b, ll K, ll kb, ll L,
-                                                     ll block, ll bw, ll bits, int mad8) {
+                                                     ll block, ll bw, ll bits, int code) {
   const u32* words = W + r * (K * kb / 32) + b * bw;
   float* o = out + r * K + b * block;
   const float scale = scales[r];
   const u32 mask = (1u << L) - 1u, kmask = (1u << kb) - 1u;
   u32 state = trellis_window(words, (int)bw, 0, (int)kb, (int)L, (int)bits);
-  auto code = [&](u32 s) {
-    if (mad8) return (float)trellis_mad8_int(s) / TRELLIS_MAD8_SCALE * scale;
+  auto value = [&](u32 s) {
+    if (code) return (float)trellis_int8_code(s, (int)L, code) / TRELLIS_MAD8_SCALE * scale;
     const u32 x = s * TRELLIS_MAD_A + TRELLIS_MAD_B;
     const u32 y = (x & 0x00FF00FFu) + ((x >> 8) & 0x00FF00FFu);
     const u32 sum = (y & 0xFFFFu) + (y >> 16);
     return (float)((int)sum - 510) / TRELLIS_MAD_SCALE * scale;
   };
-  o[0] = code(state);
+  o[0] = value(state);
   ll pos = kb;
   for (ll t = 1; t < block; ++t, pos += kb) {
     const ll a = pos >> 5, off = pos & 31;
@@ -147,21 +176,22 @@ __device__ __forceinline__ void trellis_decode_block(const u32* W, const float* 
       v = (u32)(both >> (64 - off - kb)) & kmask;
     }
     state = ((state << kb) | v) & mask;
-    o[t] = code(state);
+    o[t] = value(state);
   }
 }
 
 // The decoded matrix: out[r, c] = scale[r] * code(state_rc), code = (byte sum - 510) / 147.8...
-// as decode_row computes it (sequential states: the first from its window, then k new bits a
-// weight). One thread a block of a row, the grid striding over them.
+// (1mad; 1mad8 and 1mad8h: their int8 code / 36.8...) as decode_row computes it (sequential
+// states: the first from its window, then k new bits a weight). One thread a block of a row,
+// the grid striding over them.
 extern "C" __global__ void trellis_decode(const u32* W, const float* scales, float* out, ll N,
                                           ll K, ll kb, ll L, ll block) {
-  const int mad8 = trellis_code_of(L);
+  const int code = trellis_code_of(L);
   L = trellis_l_of(L);
   const ll nb = K / block, bw = block * kb / 32, bits = block * kb;
   for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < N * nb;
        i += (ll)gridDim.x * blockDim.x)
-    trellis_decode_block(W, scales, out, i / nb, i % nb, K, kb, L, block, bw, bits, mad8);
+    trellis_decode_block(W, scales, out, i / nb, i % nb, K, kb, L, block, bw, bits, code);
 }
 
 // The orthonormal Walsh-Hadamard transform in shared memory, in place, of each consecutive
@@ -332,13 +362,22 @@ __device__ __forceinline__ int trellis_xs(ll c, int pad) { return (int)(c + pad 
 // L 8, blocks of 64 with L 12): its words in registers, each weight's window one funnel shift
 // (or one shift where it sits in one word) at a position known at compile time, its code in
 // registers (trellis_code), two FMA chains. No state is carried from weight to weight, so
-// nothing serializes the 32 or 64 codes but the two accumulators. LUT (1mad8 at L 8): each code
-// is one load from the table (lut, the same for every lane) at byte state * 128 + lane * 4 (the
-// lane's copy, lane4 = lane * 4): the window's shift puts the state at bit 7 and one LOP3 masks
-// it and ors the lane in, instead of 1MAD's three instructions after the shift and mask.
-template <int KB, int L, int BLOCK, bool LUT = false>
+// nothing serializes the 32 or 64 codes but the two accumulators. LUT 1 (1mad8 at L 8): each
+// code is one load from the table (lut, the same for every lane) at byte state * 128 + lane * 4
+// (the lane's copy, lane4 = lane * 4): the window's shift puts the state at bit 7 and one LOP3
+// masks it and ors the lane in, instead of 1MAD's three instructions after the shift and mask.
+// LUT 2 (1mad8h, L 9..=15): the same load at the state's hashed index (trellis_mad8h_index):
+// the window's shift puts the state at bit 0 (earlier bits of the stream above it, nothing
+// below), and one multiply by 128 + 2^(15 - L) adds the state at bit 7 (its bottom byte at bits
+// 7..14, zeros below) to the state at bit 15 - L (its top byte at bits 7..14): bits 7..14 of the
+// product are the index (no carry reaches bit 7: the first term is zero below it; what lies
+// above the state lands above bit 14), and the LOP3 masks them and ors the lane in. One IMAD a
+// weight more than 1mad8.
+template <int KB, int L, int BLOCK, int LUT = 0>
 __device__ __forceinline__ float trellis_block(const u32* w, const float* xs,
                                                const float* lut = nullptr, u32 lane4 = 0) {
+  static_assert(LUT != 1 || L == 8, "1mad8's table path is L 8");
+  static_assert(LUT != 2 || (L >= 9 && L <= 15), "1mad8h's table path is L 9..=15");
   constexpr int BITS = BLOCK * KB, BW = BITS / 32, PAD = BLOCK == 32 ? 2 : 1;
   constexpr u32 MASK = (1u << L) - 1u;
   float acc0 = 0.f, acc1 = 0.f;
@@ -347,7 +386,16 @@ __device__ __forceinline__ float trellis_block(const u32* w, const float* xs,
     const int start = ((t + 1) * KB + BITS - L) % BITS;
     const int a = start >> 5, off = start & 31;
     float c;
-    if (LUT) {
+    if (LUT == 2) {
+      u32 st;
+      if (off + L <= 32) {
+        st = w[a] >> (32 - off - L);
+      } else {
+        st = __funnelshift_r(w[a + 1 == BW ? 0 : a + 1], w[a], 64 - off - L);
+      }
+      const u32 h = st * (128u + (1u << (15 - L)));
+      c = *(const float*)((const char*)lut + ((h & 0x7F80u) | lane4));
+    } else if (LUT == 1) {
       // The state at bits 7..14 (L 8): sh = the window's shift less 7.
       constexpr u32 SMASK = MASK << 7;
       u32 sb;
@@ -409,7 +457,7 @@ __device__ __forceinline__ void trellis_load(const u32* p, u32* w) {
 // a shuffle tree. The host picks lpr (graph_trellis.rs, lanes_per_row) so that the blocks fill
 // the lanes and the grid fills the GPU; the lanes of a warp read neighbouring blocks of
 // neighbouring rows, one contiguous span of words.
-template <int KB, int L, int BLOCK, bool LUT = false>
+template <int KB, int L, int BLOCK, int LUT = 0>
 __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, int j, int lpr,
                                              ll nb, const float* lut = nullptr, u32 lane4 = 0) {
   constexpr int BW = BLOCK * KB / 32;
@@ -426,7 +474,7 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
 // 1mad8's table path over two rows at once (rows a and b, the same blocks j, j + lpr, ...):
 // each input pair is loaded from shared memory once for both rows' products (the table's
 // loads and the input's are what bind this loop: a wavefront a weight each, the input's now
-// half). Each row's sums are trellis_row<.., true>'s, in the same order: the same bits.
+// half). Each row's sums are trellis_row<.., 1>'s, in the same order: the same bits.
 template <int KB, int L, int BLOCK>
 __device__ __forceinline__ void trellis_row2(const u32* ra, const u32* rb, const float* xs, int j,
                                              int lpr, ll nb, const float* lut, u32 lane4,
@@ -470,9 +518,10 @@ __device__ __forceinline__ void trellis_row2(const u32* ra, const u32* rb, const
 }
 
 // Any shape (k 2..4, L up to 16, any block): lane j of the group takes weights j, j + lpr, ...
-// of its row, each window read from its block's words (through L1); mad8: 1mad8's codes.
+// of its row, each window read from its block's words (through L1); code: 0 1mad, 1 1mad8's
+// codes, 2 1mad8h's (computed: trellis_int8_code).
 __device__ __forceinline__ float trellis_row_any(const u32* row, const float* xs, int j, int lpr,
-                                                 ll K, ll kb, ll L, ll block, int mad8) {
+                                                 ll K, ll kb, ll L, ll block, int code) {
   const ll bw = block * kb / 32, bits = block * kb;
   const u32 mask = (1u << L) - 1u;
   const int pad = trellis_pad(block);
@@ -480,32 +529,33 @@ __device__ __forceinline__ float trellis_row_any(const u32* row, const float* xs
   for (ll c = j; c < K; c += lpr) {
     const ll b = c / block, t = c % block;
     const u32 s = trellis_window(row + b * bw, (int)bw, (int)t, (int)kb, (int)L, (int)bits) & mask;
-    const float code = mad8 ? (float)trellis_mad8_int(s) : trellis_code(s);
-    acc = fmaf(code, xs[trellis_xs(c, pad)], acc);
+    const float v = code ? (float)trellis_int8_code(s, (int)L, code) : trellis_code(s);
+    acc = fmaf(v, xs[trellis_xs(c, pad)], acc);
   }
   return acc;
 }
 
-// The rows of trellis_matvec and trellis_matvec_in, the input in shared memory (xs; 1mad8's
-// table, where the shape reads it, at trellis_lut_off). L: the kernels' argument (the code
-// above the state's bits).
+// The rows of trellis_matvec and trellis_matvec_in, the input in shared memory (xs; the table
+// of 1mad8's codes, where the shape reads it, at trellis_lut()). L: the kernels' argument (the
+// code above the state's bits).
 __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, const float* xs,
                                              float* z, ll N, ll K, ll kb, ll L, ll block,
                                              ll lpr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = (int)lpr, j = lane % g, rpw = 32 / g;
   const ll wpr = K * kb / 32, nb = K / block;
-  const int mad8 = trellis_code_of(L);
+  const int code = trellis_code_of(L);
   const bool lut = trellis_uses_lut(L, block);
-  const float* tab = xs + trellis_lut_off(K, block);
+  const float* tab = trellis_lut();
   const u32 lane4 = 4u * lane;
   L = trellis_l_of(L);
   // The fast cases: blocks of 32 with L 8 (the quantizer's 3-bit choice), blocks of 64 with
-  // L 12 (the config's defaults); 1mad8's blocks of 32 and 64 with L 8 (its table).
+  // L 12 (the config's defaults); 1mad8's blocks of 32 and 64 with L 8 (its table); 1mad8h's
+  // blocks of 32 and 64 with L 12 (the same table, at hashed indices).
   const bool f32 = block == 32 && L == 8, f64 = block == 64 && L == 12;
-  const float div = mad8 ? TRELLIS_MAD8_SCALE : TRELLIS_MAD_SCALE;
+  const float div = code ? TRELLIS_MAD8_SCALE : TRELLIS_MAD_SCALE;
 #if TRELLIS_ROWS2
-  if (lut) {
+  if (lut && code == 1) {
     // Two of the warp's row groups at once (trellis_row2): this one and the one a grid stride
     // on (the block's next chunk of rows, so each block writes the rows it wrote before: the
     // epilogue's counting is unchanged); a missing second row repeats the first, discarded.
@@ -545,20 +595,35 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
     float acc = 0.f;
     if (r < N) {
       const u32* row = W + r * wpr;
-      if (lut && block == 32 && kb == 2) {
-        acc = trellis_row<2, 8, 32, true>(row, xs, j, g, nb, tab, lane4);
+      if (lut && code == 2) {
+        // 1mad8h at L 12 (trellis_uses_lut).
+        if (block == 32 && kb == 2) {
+          acc = trellis_row<2, 12, 32, 2>(row, xs, j, g, nb, tab, lane4);
+        } else if (block == 32 && kb == 3) {
+          acc = trellis_row<3, 12, 32, 2>(row, xs, j, g, nb, tab, lane4);
+        } else if (block == 32) {
+          acc = trellis_row<4, 12, 32, 2>(row, xs, j, g, nb, tab, lane4);
+        } else if (kb == 2) {
+          acc = trellis_row<2, 12, 64, 2>(row, xs, j, g, nb, tab, lane4);
+        } else if (kb == 3) {
+          acc = trellis_row<3, 12, 64, 2>(row, xs, j, g, nb, tab, lane4);
+        } else {
+          acc = trellis_row<4, 12, 64, 2>(row, xs, j, g, nb, tab, lane4);
+        }
+      } else if (lut && block == 32 && kb == 2) {
+        acc = trellis_row<2, 8, 32, 1>(row, xs, j, g, nb, tab, lane4);
       } else if (lut && block == 32 && kb == 3) {
-        acc = trellis_row<3, 8, 32, true>(row, xs, j, g, nb, tab, lane4);
+        acc = trellis_row<3, 8, 32, 1>(row, xs, j, g, nb, tab, lane4);
       } else if (lut && block == 32 && kb == 4) {
-        acc = trellis_row<4, 8, 32, true>(row, xs, j, g, nb, tab, lane4);
+        acc = trellis_row<4, 8, 32, 1>(row, xs, j, g, nb, tab, lane4);
       } else if (lut && kb == 2) {
-        acc = trellis_row<2, 8, 64, true>(row, xs, j, g, nb, tab, lane4);
+        acc = trellis_row<2, 8, 64, 1>(row, xs, j, g, nb, tab, lane4);
       } else if (lut && kb == 3) {
-        acc = trellis_row<3, 8, 64, true>(row, xs, j, g, nb, tab, lane4);
+        acc = trellis_row<3, 8, 64, 1>(row, xs, j, g, nb, tab, lane4);
       } else if (lut && kb == 4) {
-        acc = trellis_row<4, 8, 64, true>(row, xs, j, g, nb, tab, lane4);
-      } else if (mad8) {
-        acc = trellis_row_any(row, xs, j, g, K, kb, L, block, 1);
+        acc = trellis_row<4, 8, 64, 1>(row, xs, j, g, nb, tab, lane4);
+      } else if (code) {
+        acc = trellis_row_any(row, xs, j, g, K, kb, L, block, code);
       } else if (f32 && kb == 2) {
         acc = trellis_row<2, 8, 32>(row, xs, j, g, nb);
       } else if (f32 && kb == 3) {
@@ -620,15 +685,14 @@ __device__ __forceinline__ void trellis_prefetch_span(const void* p, ll bytes) {
 // transformed input, trellis_input's), z float32; sequence blockIdx.y. The input is staged in
 // shared memory (K + pad K / 32 floats, dynamic: trellis_xs), the weights streamed. lpr lanes
 // a row (1, 2, 4, 8, 16 or 32).
-extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec(
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS) trellis_matvec(
     const u32* W, const float* scales, const float* xh, float* z, ll N, ll K, ll kb, ll L,
     ll block, ll lpr) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* xs = (float*)smem;
+  float* xs = trellis_xs_base(L, block);
   xh += (ll)blockIdx.y * K;
   z += (ll)blockIdx.y * N;
   trellis_prefetch(W, N, K, kb, lpr);
-  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
+  trellis_lut_fill(L, block);
   pdl_wait_then_release();
   const int pad = trellis_pad(block);
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
@@ -666,17 +730,16 @@ __device__ __forceinline__ void trellis_stage_input(float* xs, float* red, const
 // input in its shared memory (trellis_stage_input), so z is bit-equal to trellis_input then
 // trellis_matvec. One launch instead of two, for K * log2(hb) adds a block: where the input
 // is narrow against the rows' work (the host's choice).
-extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_in(
+extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS) trellis_matvec_in(
     const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
     float* z, ll N, ll K, ll kb, ll L, ll block, ll lpr, ll hb, double hscale, ll norm,
     double eps) {
-  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[TRELLIS_THREADS / 32];
-  float* xs = (float*)smem;
+  float* xs = trellis_xs_base(L, block);
   xin += (ll)blockIdx.y * K;
   z += (ll)blockIdx.y * N;
   trellis_prefetch(W, N, K, kb, lpr);
-  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
+  trellis_lut_fill(L, block);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv, K, block, hb, hscale, norm, eps);
   trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
@@ -813,14 +876,13 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_out
     const u32* W, const float* scales, const float* xh, float* z, int* counts, const float* su,
     const bf16_t* bias, const bf16_t* res, void* out, ll N, ll K, ll kb, ll L, ll block,
     ll lpr, ll hb, double hscale, ll mode) {
-  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float buf[TRELLIS_MAX_HB];
   __shared__ int done[TRELLIS_ROUND], ndone;
-  float* xs = (float*)smem;
+  float* xs = trellis_xs_base(L, block);
   const ll b = blockIdx.y;
   xh += b * K;
   trellis_prefetch(W, N, K, kb, lpr);
-  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
+  trellis_lut_fill(L, block);
   pdl_wait_then_release();
   const int pad = trellis_pad(block);
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
@@ -841,15 +903,14 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_linear(
     float* z, int* counts, const float* su, const bf16_t* bias, const bf16_t* res, void* out,
     ll N, ll K, ll kb, ll L, ll block, ll lpr, ll hbc, double hscalec, ll norm, double eps,
     ll hbr, double hscaler, ll mode) {
-  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float buf[TRELLIS_MAX_HB];
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;
-  float* xs = (float*)smem;
+  float* xs = trellis_xs_base(L, block);
   const ll b = blockIdx.y;
   xin += b * K;
   trellis_prefetch(W, N, K, kb, lpr);
-  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
+  trellis_lut_fill(L, block);
   trellis_prefetch_span(sv, 4 * K);
   trellis_prefetch_span(scales, 4 * N);
   trellis_prefetch_span(su, 4 * N);
@@ -968,11 +1029,10 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
     bf16_t* vc, const int* state, const float* rope, ll nh, ll nkv, ll D, ll cap, ll nrot,
     ll traditional, ll K, ll kb, ll L, ll block, ll lpr_q, ll lpr_kv, ll hbc, double hscalec,
     double eps, double hscale_q, double hscale_kv, ll has_bias) {
-  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float buf[TRELLIS_MAX_HB];
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;
-  float* xs = (float*)smem;
+  float* xs = trellis_xs_base(L, block);
   const ll zsl = blockIdx.z, Nq = nh * D, Nk = nkv * D;
   const ll N = zsl == 0 ? Nq : Nk, r0 = zsl == 0 ? 0 : zsl == 1 ? Nq : Nq + Nk;
   const ll lpr = zsl == 0 ? lpr_q : lpr_kv;
@@ -983,7 +1043,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   int* cnt = counts + (zsl == 0 ? 0 : zsl == 1 ? Nq / hbq : Nq / hbq + Nk / hbk);
   const ll wpr = K * kb / 32;
   trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
-  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
+  trellis_lut_fill(L, block);
   trellis_prefetch_span(sv, 12 * K);
   trellis_prefetch_span(scales, 4 * (Nq + 2 * Nk));
   trellis_prefetch_span(su, 4 * (Nq + 2 * Nk));
@@ -1017,14 +1077,13 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_gate_up(
     const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
     float* z, int* counts, const float* su, bf16_t* g, bf16_t* act, ll N, ll K, ll kb, ll L,
     ll block, ll lpr, ll hbc, double hscalec, double eps, ll hbr, double hscaler) {
-  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float buf[TRELLIS_MAX_HB];
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;
-  float* xs = (float*)smem;
+  float* xs = trellis_xs_base(L, block);
   const ll zsl = blockIdx.z, r0 = zsl * N, wpr = K * kb / 32;
   trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
-  trellis_lut_fill(xs + trellis_lut_off(K, block), L, block);
+  trellis_lut_fill(L, block);
   trellis_prefetch_span(sv, 8 * K);
   trellis_prefetch_span(scales, 8 * N);
   trellis_prefetch_span(su, 8 * N);

@@ -9,10 +9,11 @@
 //! `trellis_input` in its prologue (one launch for two, bit-equal to them), and
 //! `trellis_matvec_out` with `trellis_output` in its epilogue (the last block to finish a
 //! Hadamard block of rows transforms it; bit-equal to the two launches). `trellis_decode`
-//! writes the decoded matrix, the device twin of `cpu::trellis::decode_row`. Both codes run:
-//! `1mad` (each code computed) and `1mad8` (at `L` 8 each code one load from a table of the
-//! 256 states' codes in shared memory, a copy a lane: [`uses_lut`]); [`l_arg`] carries the code
-//! in every launch.
+//! writes the decoded matrix, the device twin of `cpu::trellis::decode_row`. Three codes run:
+//! `1mad` (each code computed), `1mad8` (at `L` 8 each code one load from a table of the
+//! 256 states' codes in shared memory, a copy a lane: [`uses_lut`]) and `1mad8h` (at `L` 12
+//! the same table at each state's hashed index, `mad8h_index`: one multiply a weight more);
+//! [`l_arg`] carries the code in every launch.
 //!
 //! # Tier
 //!
@@ -106,24 +107,31 @@ pub const OUT_BIAS: i64 = 64;
 /// (`TRELLIS_CODE_SHIFT`): [`l_arg`].
 pub const CODE_SHIFT: u32 = 8;
 /// Floats of 1mad8's code table in shared memory (`TRELLIS_LUT_FLOATS`: the 256 states' codes,
-/// 32 copies, one a lane).
+/// 32 copies, one a lane), at the start of the product kernels' dynamic shared memory, before
+/// the input (its address a constant: one LDS a lookup).
 pub const LUT_FLOATS: usize = 8192;
 
 /// The kernels' `L` argument for `spec`: the state's bits, and the code above them (0 for 1mad,
-/// 1 for 1mad8), so every launch of a trellis matrix says how its states decode.
+/// 1 for 1mad8, 2 for 1mad8h), so every launch of a trellis matrix says how its states decode.
 pub fn l_arg(spec: &TrellisSpec) -> i64 {
     let code = match spec.code {
         TrellisCode::Mad => 0,
         TrellisCode::Mad8 => 1,
-        // No kernel decodes it yet: TrellisPlan::new refuses it before any launch.
         TrellisCode::Mad8H => 2,
     };
     i64::from(spec.l) | code << CODE_SHIFT
 }
 
-/// Whether the product reads 1mad8's table (its fast paths: `L` 8, blocks of 32 or 64).
+/// Whether the product reads the table of 1mad8's 256 codes (`trellis_uses_lut`): 1mad8's fast
+/// paths (`L` 8) and 1mad8h's (`L` 12, each state's code at its hashed index), blocks of 32
+/// or 64.
 pub fn uses_lut(spec: &TrellisSpec) -> bool {
-    spec.code == TrellisCode::Mad8 && spec.l == 8 && matches!(spec.block, 32 | 64)
+    let l = match spec.code {
+        TrellisCode::Mad => return false,
+        TrellisCode::Mad8 => 8,
+        TrellisCode::Mad8H => 12,
+    };
+    spec.l == l && matches!(spec.block, 32 | 64)
 }
 
 /// Multiprocessors [`lanes_per_row`] assumes when the device's count is not known (the H100
@@ -131,14 +139,13 @@ pub fn uses_lut(spec: &TrellisSpec) -> bool {
 pub const DEFAULT_SMS: u32 = 132;
 
 /// Whether `spec` takes `trellis_matvec`'s unrolled path: blocks of 32 with `L` 8 (the
-/// quantizer's 3-bit choice) or blocks of 64 with `L` 12 (the config's defaults), and 1mad8's
-/// table paths ([`uses_lut`]: blocks of 32 or 64 with `L` 8). Any other shape runs the general
-/// path (each window read through L1), with the same results.
+/// quantizer's 3-bit choice) or blocks of 64 with `L` 12 (the config's defaults), and the
+/// table paths ([`uses_lut`]: 1mad8's blocks of 32 or 64 with `L` 8, 1mad8h's with `L` 12).
+/// Any other shape runs the general path (each window read through L1), with the same results.
 pub fn is_fast(spec: &TrellisSpec) -> bool {
     match spec.code {
         TrellisCode::Mad => matches!((spec.block, spec.l), (32, 8) | (64, 12)),
-        TrellisCode::Mad8 => uses_lut(spec),
-        TrellisCode::Mad8H => false,
+        TrellisCode::Mad8 | TrellisCode::Mad8H => uses_lut(spec),
     }
 }
 
@@ -190,8 +197,8 @@ pub struct TrellisPlan {
     pub hscale_cols: f32,
     /// `trellis_matvec`'s lanes a row ([`lanes_per_row`]).
     pub lanes_per_row: u32,
-    /// `trellis_matvec`'s dynamic shared memory (the padded float32 input, then 1mad8's code
-    /// table where the product reads it: [`uses_lut`]).
+    /// `trellis_matvec`'s dynamic shared memory (the table of 1mad8's codes where the product
+    /// reads it, [`uses_lut`], then the padded float32 input).
     pub shared_bytes: u32,
 }
 
@@ -205,8 +212,6 @@ pub enum TrellisPlanError {
     Size { rows: usize, cols: usize },
     /// The padded float32 input does not fit `trellis_matvec`'s shared memory.
     SharedMemory { cols: usize, bytes: usize },
-    /// A code the kernels do not decode.
-    Code(TrellisCode),
 }
 
 impl std::fmt::Display for TrellisPlanError {
@@ -220,11 +225,6 @@ impl std::fmt::Display for TrellisPlanError {
                 f,
                 "a trellis matrix of {cols} inputs: its input takes {bytes} bytes of shared \
                  memory, more than {TRELLIS_MAX_SHARED}"
-            ),
-            TrellisPlanError::Code(c) => write!(
-                f,
-                "trellis_code {} has no CUDA kernel (the graph decoder runs 1mad and 1mad8)",
-                c.name()
             ),
         }
     }
@@ -250,17 +250,14 @@ impl TrellisPlan {
     ) -> std::result::Result<TrellisPlan, TrellisPlanError> {
         spec.check_shape(rows, cols)
             .map_err(TrellisPlanError::Shape)?;
-        if spec.code == TrellisCode::Mad8H {
-            return Err(TrellisPlanError::Code(spec.code));
-        }
         if rows >= 1 << 31 || cols >= 1 << 31 {
             return Err(TrellisPlanError::Size { rows, cols });
         }
         let (hb_rows, hb_cols) = (hadamard_block(rows), hadamard_block(cols));
         let input = (cols + pad(spec.block) * cols.div_ceil(32)) * 4;
-        // The table after the input, from a 16-byte boundary (`trellis_lut_off`).
+        // The table first, then the input (`trellis_lut`, `trellis_xs_base`).
         let bytes = if uses_lut(spec) {
-            input.next_multiple_of(16) + 4 * LUT_FLOATS
+            4 * LUT_FLOATS + input
         } else {
             input
         };
@@ -739,15 +736,38 @@ mod tests {
     }
 
     #[test]
-    fn a_code_without_a_kernel_has_no_plan() {
-        let m8h = TrellisSpec {
+    fn mad8h_plans_carry_the_code_and_the_table() {
+        let m8h = |k, l, block| TrellisSpec {
             code: TrellisCode::Mad8H,
-            ..spec(3, 12, 64)
+            ..spec(k, l, block)
         };
-        let e = TrellisPlan::new(&m8h, 64, 256, 132).unwrap_err();
-        assert_eq!(e, TrellisPlanError::Code(TrellisCode::Mad8H));
-        assert!(e.to_string().contains("1mad8h"), "{e}");
-        assert!(!is_fast(&m8h));
+        assert_eq!(l_arg(&m8h(3, 12, 64)), 12 | 2 << CODE_SHIFT);
+        // Its fast paths (L 12, blocks of 32 and 64) read 1mad8's table, before the input; the
+        // general path (other L, blocks of 128) computes each code.
+        for (s, fast) in [
+            (m8h(3, 12, 64), true),
+            (m8h(3, 12, 32), true),
+            (m8h(2, 12, 64), true),
+            (m8h(4, 12, 32), true),
+            (m8h(3, 16, 64), false),
+            (m8h(2, 9, 64), false),
+            (m8h(3, 12, 128), false),
+        ] {
+            assert_eq!(is_fast(&s), fast, "{s:?}");
+            assert_eq!(uses_lut(&s), fast, "{s:?}");
+            let p = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS).unwrap();
+            let input = (1536 + pad(s.block) * 48) * 4;
+            let want = if fast { 4 * LUT_FLOATS + input } else { input };
+            assert_eq!(p.shared_bytes as usize, want, "{s:?}");
+            assert_eq!(p.lanes_per_row, lanes_per_row(&s, 576, 1536, DEFAULT_SMS));
+        }
+        // The 8B's down (14,336 inputs) fits with the table.
+        assert!(TrellisPlan::new(&m8h(3, 12, 64), 4096, 14336, DEFAULT_SMS).is_ok());
+        // The shape's own check still refuses L 8.
+        assert!(matches!(
+            TrellisPlan::new(&m8h(3, 8, 64), 64, 256, DEFAULT_SMS),
+            Err(TrellisPlanError::Shape(_))
+        ));
     }
 
     fn define(name: &str) -> i64 {
@@ -852,8 +872,8 @@ mod tests {
         // The code rides above the state's bits of the kernels' L argument.
         assert_eq!(l_arg(&spec(3, 8, 32)), 8);
         assert_eq!(l_arg(&m8(3, 8, 32)), 8 | 1 << CODE_SHIFT);
-        // 1mad8's fast paths (L 8, blocks of 32 and 64) read the table after the input,
-        // from a 16-byte boundary; the general path (L 6, blocks of 128) does not.
+        // 1mad8's fast paths (L 8, blocks of 32 and 64) read the table, before the input; the
+        // general path (L 6, blocks of 128) does not.
         for (s, fast) in [
             (m8(3, 8, 32), true),
             (m8(3, 8, 64), true),
@@ -864,11 +884,7 @@ mod tests {
             assert_eq!(uses_lut(&s), fast);
             let p = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS).unwrap();
             let input = (1536 + pad(s.block) * 48) * 4;
-            let want = if fast {
-                input.next_multiple_of(16) + 4 * LUT_FLOATS
-            } else {
-                input
-            };
+            let want = if fast { 4 * LUT_FLOATS + input } else { input };
             assert_eq!(p.shared_bytes as usize, want, "{s:?}");
         }
         // 1mad at L 8 in blocks of 64 keeps the general path.

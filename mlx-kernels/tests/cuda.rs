@@ -387,8 +387,8 @@ fn flash_fused_gradients_match_finite_differences() {
 /// transform in its prologue or the output transform in its epilogue (against the two
 /// launches) bit for bit (L2), the product
 /// within the rounding bound `xtask/gpu/trellis_emulate.py` states (L3), for the host's lanes
-/// a row and for 1 and 32, and bit for bit on integer inputs (exact sums: L2), for the 1mad
-/// and 1mad8 codes (1mad8's table paths). Then each shape's product is timed alone (kernel-level, printed as
+/// a row and for 1 and 32, and bit for bit on integer inputs (exact sums: L2), for the 1mad,
+/// 1mad8 and 1mad8h codes (the table paths: 1mad8's at L 8, 1mad8h's at L 12). Then each shape's product is timed alone (kernel-level, printed as
 /// weights and weight bytes a second, the matrix L2-resident: the kernel's arithmetic ceiling,
 /// evidence for the decoder's design, not a target).
 #[test]
@@ -407,7 +407,11 @@ fn trellis_kernels_match_the_cpu_references() {
         let u = v.to_bits();
         (u.wrapping_add(0x7FFF + ((u >> 16) & 1)) >> 16) as u16
     };
-    let (mad, mad8) = (tc::TrellisCode::Mad, tc::TrellisCode::Mad8);
+    let (mad, mad8, mad8h) = (
+        tc::TrellisCode::Mad,
+        tc::TrellisCode::Mad8,
+        tc::TrellisCode::Mad8H,
+    );
     for (code, k, l, block, rows, cols) in [
         (mad, 3u32, 8u32, 32usize, 576usize, 576usize),
         (mad, 3, 8, 32, 1536, 576),
@@ -426,6 +430,17 @@ fn trellis_kernels_match_the_cpu_references() {
         (mad8, 3, 8, 32, 4096, 4096),
         (mad8, 3, 8, 64, 4096, 4096),
         (mad8, 3, 8, 32, 14336, 4096),
+        // 1mad8h: its table (L 12, blocks of 64 and 32), the general path (L 16; blocks of
+        // 128), and the 8B's shapes against 1mad's L 12 blocks of 64 for the timing.
+        (mad8h, 3, 12, 64, 576, 1536),
+        (mad8h, 3, 12, 32, 576, 576),
+        (mad8h, 2, 16, 64, 192, 576),
+        (mad8h, 3, 12, 128, 192, 1536),
+        (mad, 3, 12, 64, 4096, 4096),
+        (mad8h, 3, 12, 64, 4096, 4096),
+        (mad, 3, 12, 64, 4096, 14336),
+        (mad8h, 3, 12, 64, 4096, 14336),
+        (mad8h, 3, 12, 64, 14336, 4096),
     ] {
         let spec = tc::TrellisSpec { k, l, block, code };
         let plan = TrellisPlan::new(&spec, rows, cols, DEFAULT_SMS).unwrap();

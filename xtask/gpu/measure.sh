@@ -21,7 +21,8 @@
 #          steps through the host's CPU kernel: slow, minutes for the 8B). TRELLIS_TWINS picks the
 #          twins (default t3): t3 = 3 bits, L 8, blocks of 32, 1mad; t3m8 = the same with the
 #          1mad8 code (`--q-trellis-code 1mad8`: the kernels' table path); t3l12 = 3 bits, L 12,
-#          blocks of 64 (`mlx convert`'s default shape), 1mad.
+#          blocks of 64 (`mlx convert`'s default shape), 1mad; t3m8h = the same with the 1mad8h
+#          code (`--q-trellis-code 1mad8h`: the table at hashed indices).
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -99,6 +100,7 @@ for part in ${PARTS:-setup test spec bench moe}; do
             t3) o="--bits 3 --trellis-l 8 --block 32" ;;
             t3m8) o="--bits 3 --trellis-l 8 --block 32 --code 1mad8" ;;
             t3l12) o="--bits 3 --trellis-l 12 --block 64" ;;
+            t3m8h) o="--bits 3 --trellis-l 12 --block 64 --code 1mad8h" ;;
             *) echo "== TRELLIS_TWINS: unknown twin $t" >> $OUT/trellis.log; continue ;;
           esac
           timeout $(left) python3 $C/trellis_bench_model.py /opt/models/$m /opt/models/$m-$t $o \

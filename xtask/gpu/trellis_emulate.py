@@ -9,8 +9,15 @@ As `graph_emulate.py` does (its prelude and `__shared__`/barrier/shuffle emulati
 source (graph_decode.cu, whose helpers it uses, then graph_trellis.cu) is compiled as C++ with
 each CUDA block run as its threads (std::thread). Needs g++ (C++20) and numpy; not mlx.
 
-Cases of both codes (`meta.json`'s `code`: 1mad, and 1mad8, whose fast paths at L 8 read a
-table in shared memory); the kernels' L argument carries the code (graph_trellis.rs, l_arg).
+Cases of three codes (`meta.json`'s `code`: 1mad; 1mad8, whose fast paths at L 8 read a table
+in shared memory; 1mad8h, whose fast paths at L 12 read the same table at each state's hashed
+index); the kernels' L argument carries the code (graph_trellis.rs, l_arg).
+
+TRELLIS_EMU_MUTATE=fast|index runs a broken source, to show the checks catch a wrong 1mad8h
+index: `fast` drops the top byte from the table path's index (the multiply by 128 + 2^(15 - L)
+becomes one by 128: the index is the bottom byte alone, 1mad8's window), `index` makes the
+general path's and the decoder's index the top byte xor the bottom byte (no carries). Every
+1mad8h case of the mutated path must then FAIL (the integer check, and the decode for `index`).
 
 Checks, per case (`trellis_reference.rs` names the references):
 - L2: `trellis_decode` equals `cpu::trellis::decode_row` bit for bit;
@@ -21,7 +28,8 @@ Checks, per case (`trellis_reference.rs` names the references):
   float64 product of the decoded matrix, within the rounding bound of its sums (below);
 - L2: `trellis_matvec` on small integer inputs (-2..2), whose partial sums are exact integers
   below 2^24 in any order: float32(sum code * x) * float32(scale / divisor) bit for bit, each
-  weight's code read back from the decoded matrix (1mad8's table checked code by code);
+  weight's code read back from the decoded matrix (1mad8's table and 1mad8h's indices checked
+  code by code);
 - L3: the whole linear (`trellis_input` -> `trellis_matvec` -> `trellis_output`) against the CPU
   decoder's `TrellisView::matvec`, within the two products' bounds carried through the output
   transform;
@@ -58,6 +66,16 @@ CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text() for f in ("graph_dec
 # TRELLIS_ROWS2=1: the source as MLX_GRAPH_TRELLIS_ROWS2=1 compiles it (1mad8's two rows a lane).
 if os.environ.get("TRELLIS_ROWS2") == "1":
     CU = "#define TRELLIS_ROWS2 1\n" + CU
+# TRELLIS_EMU_MUTATE: a wrong 1mad8h index (the module doc), for the checks' own check.
+MUTATIONS = {
+    "fast": ("const u32 h = st * (128u + (1u << (15 - L)));", "const u32 h = st * 128u;"),
+    "index": ("return ((state >> (L - 8)) + state) & 0xFFu;", "return ((state >> (L - 8)) ^ state) & 0xFFu;"),
+}
+MUTATE = os.environ.get("TRELLIS_EMU_MUTATE")
+if MUTATE:
+    _a, _b = MUTATIONS[MUTATE]
+    assert CU.count(_a) == 1, f"the mutation {MUTATE!r} no longer matches the source"
+    CU = CU.replace(_a, _b)
 
 # The prelude of graph_emulate.py (CUDA as C++), without importing it (it needs mlx).
 _EMU = (HERE / "graph_emulate.py").read_text()
@@ -199,12 +217,16 @@ def run_case(lib, d):
     decoded, xh_ref, z_cpu, yt, y_cpu = (rd(n) for n in ("decoded.f32", "xh.f32", "z.f32", "yt.f32", "y.f32"))
     hr, hc = m["hb_rows"], m["hb_cols"]
     code = m.get("code", "1mad")
-    mad8 = code == "1mad8"
+    ncode = {"1mad": 0, "1mad8": 1, "1mad8h": 2}[code]
+    mad8 = ncode != 0  # 1mad8's int8 codes (1mad8h: of the hashed index)
     # The fast paths (graph_trellis.rs, is_fast): 1mad's blocks of 32 at L 8 and of 64 at L 12;
-    # 1mad8's table paths, blocks of 32 and 64 at L 8.
-    fast = (L == 8 and block in (32, 64)) if mad8 else (block, L) in ((32, 8), (64, 12))
+    # the table paths, blocks of 32 and 64: 1mad8's at L 8, 1mad8h's at L 12.
+    if mad8:
+        fast = L == (8 if ncode == 1 else 12) and block in (32, 64)
+    else:
+        fast = (block, L) in ((32, 8), (64, 12))
     # The kernels' L argument carries the code above the state's bits (graph_trellis.rs, l_arg).
-    Lk = L | (1 << 8 if mad8 else 0)
+    Lk = L | ncode << 8
     nb = K // block
     keep, out = [], {}
     name = f"{d.name}: {code} k {k} L {L} block {block} ({N}, {K}){' coded' if m['coded'] else ''}"
@@ -259,7 +281,8 @@ def run_case(lib, d):
     # L2: the product on small integer inputs (-2..2), where every partial sum is an exact
     # integer below 2^24 (|code| <= 510, K <= 14,336), so any order of the sums gives the same
     # bits: z = float32(sum code * x) * float32(scale / divisor), the codes read back from the
-    # decoded matrix (decode L2 above). This checks each weight's code exactly (1mad8's table).
+    # decoded matrix (decode L2 above). This checks each weight's code exactly (1mad8's table,
+    # 1mad8h's index).
     div = np.float32(36.805233001708984 if mad8 else 147.800537109375)
     codes = np.rint(decoded.astype(np.float64).reshape(N, K) / scales.astype(np.float64)[:, None]
                     * float(div)).astype(np.int64)

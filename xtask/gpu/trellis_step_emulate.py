@@ -5,8 +5,9 @@ against the model's own MLX forward (mlx-lm has no trellis mode), teacher-forced
     [TRELLIS_STEP_LPR=1|2|4|...|32] [TRELLIS_STEP_RESIDENT=N] \
       $MLX_ORACLE_VENV/bin/python xtask/gpu/trellis_step_emulate.py /tmp/trellis-step
 
-The fixture example converts `dense_bf16_untied` to trellis 3-bit (L 8, blocks of 32) with
-`mlx convert`'s code, loads it with the one loader, and writes what
+The fixture example converts `dense_bf16_untied` to trellis 3-bit (L 8, blocks of 32; `OUT
+BLOCK CODE` picks the blocks and the code, `1mad8h` at L 12) with `mlx convert`'s code, loads
+it with the one loader, and writes what
 `mlx_engine::graph::map_model` hands the decoder (the words, float32 row scales and the
 loader's signs of every layer linear; the affine 4-bit embedding and head), the MLX prefill's
 KV cache of a 150-token prompt, and the MLX forward's logits over 8 teacher-forced steps.
@@ -185,11 +186,14 @@ def main():
     inter, V, eps = s["intermediate"], s["vocab"], float(np.float32(s["eps"]))
     kb, Lbits, block = s["trellis_k"], s["trellis_l"], s["trellis_block"]
     code = s.get("trellis_code", "1mad")
-    mad8 = code == "1mad8"
-    # graph_trellis.rs's is_fast, and the kernels' L argument with the code above the state's
-    # bits (l_arg).
-    fast = (Lbits == 8 and block in (32, 64)) if mad8 else (block, Lbits) in ((32, 8), (64, 12))
-    Larg = Lbits | (1 << 8 if mad8 else 0)
+    ncode = {"1mad": 0, "1mad8": 1, "1mad8h": 2}[code]
+    # graph_trellis.rs's is_fast (1mad8's table at L 8, 1mad8h's at L 12), and the kernels' L
+    # argument with the code above the state's bits (l_arg).
+    if ncode:
+        fast = Lbits == (8 if ncode == 1 else 12) and block in (32, 64)
+    else:
+        fast = (block, Lbits) in ((32, 8), (64, 12))
+    Larg = Lbits | ncode << 8
     gs, nbits = s["quant"] if s["quant"] else (1, 16)
     P, cap = s["prompt"], 256
     ns = cap // ATTN_CHUNK
