@@ -174,8 +174,13 @@ impl TrellisSpec {
                 k: self.k,
             });
         }
-        if self.code == TrellisCode::Mad8H && self.l < 9 {
-            return Err(TrellisError::Mad8HShape { l: self.l });
+        // 1mad8h's likewise (`L` 9..=16, the same blocks as 1mad8's).
+        if self.code == TrellisCode::Mad8H && (self.l < 9 || self.lut_span().is_none()) {
+            return Err(TrellisError::Mad8HShape {
+                l: self.l,
+                block: self.block,
+                k: self.k,
+            });
         }
         Ok(())
     }
@@ -186,11 +191,12 @@ impl TrellisSpec {
     }
 
     /// The weights a step of the table kernels (`LutPlan`) reads, where they apply to this
-    /// shape: 8-bit states, whole groups of 64 weights (one block of a multiple of 64, or two
-    /// blocks of 32, whose words lie one after the other) of at most 16 words.
+    /// shape: 8-bit states (or [`TrellisCode::Mad8H`]'s 8-bit indices), whole groups of 64
+    /// weights (one block of a multiple of 64, or two blocks of 32, whose words lie one after
+    /// the other) of at most 16 words.
     fn lut_span(&self) -> Option<usize> {
         let span = self.block.max(64);
-        let fits = self.l <= 8
+        let fits = (self.l <= 8 || self.code == TrellisCode::Mad8H)
             && span % self.block == 0
             && span % 64 == 0
             && span / self.block * self.block_words() <= 16;
@@ -239,12 +245,13 @@ pub enum TrellisError {
          512 bits, got L {l} and a block of {block} at {k} bits (use trellis_code 1mad otherwise)"
     )]
     Mad8Shape { l: u32, block: usize, k: u32 },
-    /// The `1mad8h` code with fewer than 9 state bits.
+    /// The `1mad8h` code with fewer than 9 state bits, or outside its kernel's blocks.
     #[error(
         "trellis_code 1mad8h needs trellis_l in 9..=16 (it hashes the state's top and bottom \
-         bytes), got L {l} (use trellis_code 1mad8 at L 8 or less)"
+         bytes) and a block of 32 or a multiple of 64 of at most 512 bits, got L {l} and a \
+         block of {block} at {k} bits (use trellis_code 1mad8 at L 8 or less, or 1mad)"
     )]
-    Mad8HShape { l: u32 },
+    Mad8HShape { l: u32, block: usize, k: u32 },
     /// A matrix whose rows cannot be cut into blocks.
     #[error("a ({rows}, {cols}) matrix cannot be cut into trellis blocks of {block}")]
     Shape {
@@ -1522,7 +1529,8 @@ pub struct TrellisMatvec {
     simd: bool,
     /// The window-gather path's read plan on AVX-512 VBMI ([`GatherPlan`]), where it applies.
     gather: Option<GatherPlan>,
-    /// The table path's plan (`L <= 8`, blocks of a multiple of 64 weights, AVX-512 VBMI).
+    /// The table path's plan (`L <= 8`, or [`TrellisCode::Mad8H`]; blocks of 32 or a multiple
+    /// of 64 weights, AVX-512 VBMI).
     lut: Option<LutPlan>,
     /// Whether [`TrellisMatvec::rows`] and [`TrellisMatvec::par`] give the table path int16
     /// inputs (`vpdpwssd`, L3) rather than float32 ones (exact up to the summation order, the
@@ -1581,12 +1589,14 @@ impl GatherPlan {
     }
 }
 
-/// The plan of the table path (`L <= 8`): per group of 64 weights of a block, the dword
-/// permutation that puts in each 64-bit lane `q` the two words holding the windows of weights
-/// `8q..8q + 8` (high word first, in the lane's upper half), and the 64 bit offsets from which
-/// `vpmultishiftqb` takes each weight's 8-bit window; the code of every 8-bit state as two byte
-/// tables (the bytes of the code `sum - 510` as a 16-bit integer); the order in which the
-/// kernel meets a group's weights ([`lut_order`]), so the input is permuted to it once a call.
+/// The plan of the table path (`L <= 8`, or [`TrellisCode::Mad8H`]): per group of 64 weights
+/// of a block, the dword permutation that puts in each 64-bit lane `q` the two words holding
+/// the windows of weights `8q..8q + 8` (high word first, in the lane's upper half), and the 64
+/// bit offsets from which `vpmultishiftqb` takes each weight's 8-bit window (1mad8h: its
+/// state's bottom byte, and in `ctrl_top` its top byte, which one `vpaddb` adds into the
+/// table index); the code of every 8-bit state (index) as two byte tables (the bytes of the
+/// code as a 16-bit integer); the order in which the kernel meets a group's weights
+/// ([`lut_order`]), so the input is permuted to it once a call.
 #[derive(Clone, Debug)]
 struct LutPlan {
     /// Weights a kernel step reads at once: the block, or 64 (two blocks of 32).
@@ -1595,6 +1605,9 @@ struct LutPlan {
     span_words: usize,
     idx: Vec<u32>,
     ctrl: Vec<u8>,
+    /// [`TrellisCode::Mad8H`]: the offsets of each weight's top byte (the `L`-bit window's
+    /// first 8 bits), in `ctrl`'s order; empty for the other codes.
+    ctrl_top: Vec<u8>,
     lo: [u8; 256],
     hi: [u8; 256],
     /// [`TrellisCode::Mad8`]'s codes plus 128 (the int8 kernel's unsigned operand).
@@ -1617,6 +1630,8 @@ struct PairPlan {
     bytes: [u8; 64],
     /// The bit offsets of the two `vpmultishiftqb`.
     ctrl: [[u8; 64]; 2],
+    /// [`TrellisCode::Mad8H`]: the offsets of the top bytes (as [`LutPlan::ctrl_top`]).
+    ctrl_top: [[u8; 64]; 2],
     /// Position `i` of the kernel's 128 inputs holds weight `order[i]` of the two steps.
     order: [u8; 128],
 }
@@ -1633,6 +1648,7 @@ impl PairPlan {
         let mut plan = PairPlan {
             bytes: [0; 64],
             ctrl: [[0; 64]; 2],
+            ctrl_top: [[0; 64]; 2],
             order: [0; 128],
         };
         for q in 0..8 {
@@ -1654,6 +1670,7 @@ impl PairPlan {
                         return None;
                     }
                     plan.ctrl[h][8 * q + j] = (64 - p - l) as u8;
+                    plan.ctrl_top[h][8 * q + j] = (64 - p - 8) as u8;
                     plan.order[64 * h + 8 * q + j] = (16 * q + 8 * h + j) as u8;
                 }
             }
@@ -1711,11 +1728,12 @@ const X16_FLUSH: usize = 2048;
 enum Prepared {
     F32(Vec<f32>),
     I16(Vec<i16>, f32),
-    /// [`TrellisCode::Mad8`]'s int8 kernel input ([`split_input_into`]).
+    /// [`TrellisCode::Mad8`]'s and [`TrellisCode::Mad8H`]'s int8 kernel input
+    /// ([`split_input_into`]).
     S8(Split),
 }
 
-/// The int8 kernel's input (`L <= 8`, [`TrellisCode::Mad8`]): `x ~= d * q` with
+/// The int8 kernel's input ([`TrellisCode::Mad8`], [`TrellisCode::Mad8H`]): `x ~= d * q` with
 /// `q = round(x / d)`, `d = max |x| / 32639` (half away from zero, natural order), as two
 /// signed bytes `q = 256 * hi + lo` (`lo` in `-128..=127`, so `hi` stays in `-127..=127`),
 /// and `sum q` (the kernel's weights are the codes plus 128: it takes `128 * sum q` off).
@@ -2039,7 +2057,8 @@ impl LutPlan {
         let span = spec.lut_span().filter(|span| cols % span == 0)?;
         let span_words = span / spec.block * bw;
         let bits = spec.block * spec.k as usize;
-        let (mut idx, mut ctrl) = (Vec::new(), Vec::new());
+        let hash = spec.code == TrellisCode::Mad8H;
+        let (mut idx, mut ctrl, mut ctrl_top) = (Vec::new(), Vec::new(), Vec::new());
         for u in 0..span / 8 {
             // The 8 weights lie in one block (a block is a multiple of 32 weights here);
             // `base`: that block's first word in the step's words, `a`: its word (in the
@@ -2058,12 +2077,22 @@ impl LutPlan {
                     return None;
                 }
                 ctrl.push((64 - s - l) as u8);
+                if hash {
+                    // The top byte: the window's first 8 bits, its lowest at 64 - s - 8.
+                    ctrl_top.push((64 - s - 8) as u8);
+                }
             }
         }
         let (mut lo, mut hi) = ([0u8; 256], [0u8; 256]);
         let mut w8 = [0u8; 256];
-        for st in 0..1u32 << l {
-            let c = spec.code.int(spec.l, st);
+        // The code of each table entry: an `L`-bit state's, or 1mad8h's 8-bit index's.
+        let entries = if hash { 256 } else { 1u32 << l };
+        for st in 0..entries {
+            let c = if hash {
+                TrellisCode::Mad8.int(8, st)
+            } else {
+                spec.code.int(spec.l, st)
+            };
             let [b0, b1] = (c as i16).to_le_bytes();
             lo[st as usize] = b0;
             hi[st as usize] = b1;
@@ -2075,10 +2104,11 @@ impl LutPlan {
             span_words,
             idx,
             ctrl,
+            ctrl_top,
             lo,
             hi,
             w8,
-            pair: if spec.code == TrellisCode::Mad8 {
+            pair: if matches!(spec.code, TrellisCode::Mad8 | TrellisCode::Mad8H) {
                 PairPlan::new(spec, span, span_words)
             } else {
                 None
@@ -2109,13 +2139,20 @@ pub fn lut_available() -> bool {
 /// bodies of [`TrellisMatvec`]'s table kernels.
 #[cfg(target_arch = "x86_64")]
 macro_rules! lut_words {
-    ($lut:expr, $g:expr, $wv:expr, $full:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
+    ($lut:expr, $g:expr, $wv:expr, $full:expr, $hash:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
         let (l0, l1, l2, l3, h0, h1, h2, h3) = $t;
         let idx = _mm512_loadu_si512($lut.idx.as_ptr().add(16 * $g) as *const _);
         let ctrl = _mm512_loadu_si512($lut.ctrl.as_ptr().add(64 * $g) as *const _);
         let data = _mm512_permutexvar_epi32(idx, $wv);
         let st = _mm512_multishift_epi64_epi8(ctrl, data);
-        // With L = 8 the 8-bit windows are the states.
+        // 1mad8h: the index is the bottom byte plus the top byte.
+        let st = if $hash {
+            let top = _mm512_loadu_si512($lut.ctrl_top.as_ptr().add(64 * $g) as *const _);
+            _mm512_add_epi8(st, _mm512_multishift_epi64_epi8(top, data))
+        } else {
+            st
+        };
+        // With L = 8 (or 1mad8h's indices) the 8-bit windows are the states.
         let st = if $full {
             st
         } else {
@@ -2143,8 +2180,8 @@ macro_rules! lut_words {
 /// [`lut_words!`]'s codes as four vectors of 32-bit integers in [`lut_order`].
 #[cfg(target_arch = "x86_64")]
 macro_rules! lut_codes {
-    ($lut:expr, $g:expr, $wv:expr, $full:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
-        let [even, odd] = lut_words!($lut, $g, $wv, $full, $bmask, $low_bytes, $t);
+    ($lut:expr, $g:expr, $wv:expr, $full:expr, $hash:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
+        let [even, odd] = lut_words!($lut, $g, $wv, $full, $hash, $bmask, $low_bytes, $t);
         // Each 32-bit lane's low and high halves, sign-extended: weights 4d, 4d + 2, 4d + 1,
         // 4d + 3.
         [
@@ -2391,7 +2428,7 @@ impl TrellisMatvec {
             *out = None;
             return;
         }
-        if int16 && self.spec.code == TrellisCode::Mad8 {
+        if int16 && matches!(self.spec.code, TrellisCode::Mad8 | TrellisCode::Mad8H) {
             let pair = self.lut.as_ref().and_then(|l| l.pair.as_ref());
             match out {
                 Some(Prepared::S8(sp)) => {
@@ -2548,8 +2585,9 @@ impl TrellisMatvec {
     }
 
     /// The table path: per group of 64 weights one `vpermd` (the words of each lane), one
-    /// `vpmultishiftqb` (64 8-bit states), four `vpermt2b` and two blends (the code's two bytes
-    /// from 256-entry tables): six shuffles. The bytes become 16-bit codes and those 32-bit
+    /// `vpmultishiftqb` (64 8-bit states; 1mad8h: a second one and a `vpaddb`, the indices),
+    /// four `vpermt2b` and two blends (the code's two bytes from 256-entry tables): six
+    /// shuffles. The bytes become 16-bit codes and those 32-bit
     /// lanes by shifts and bitwise selects (no shuffle), then four conversions and FMAs against
     /// the input permuted to that order ([`lut_order`]).
     #[cfg(target_arch = "x86_64")]
@@ -2572,7 +2610,8 @@ impl TrellisMatvec {
         let groups = lut.span / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let full = spec.l == 8;
+        let hash = !lut.ctrl_top.is_empty();
+        let full = spec.l == 8 || hash;
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: the loads read the row's `nb * bw` words (whole vectors only where 16 words
         // lie within `words`, else masked lanes are not read), the plan's `groups * 16`
@@ -2595,7 +2634,7 @@ impl TrellisMatvec {
                         _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
                     };
                     for g in 0..groups {
-                        let codes = lut_codes!(lut, g, wv, full, bmask, low_bytes, tables);
+                        let codes = lut_codes!(lut, g, wv, full, hash, bmask, low_bytes, tables);
                         let xg = xp.as_ptr().add(b * lut.span + 64 * g);
                         for (q, c) in codes.into_iter().enumerate() {
                             let xv = _mm512_loadu_ps(xg.add(16 * q));
@@ -2636,7 +2675,8 @@ impl TrellisMatvec {
         let groups = lut.span / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let full = spec.l == 8;
+        let hash = !lut.ctrl_top.is_empty();
+        let full = spec.l == 8 || hash;
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: as in `rows_lut`, each input holding `nb * block` values.
         unsafe {
@@ -2654,7 +2694,7 @@ impl TrellisMatvec {
                         _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
                     };
                     for g in 0..groups {
-                        let codes = lut_codes!(lut, g, wv, full, bmask, low_bytes, tables);
+                        let codes = lut_codes!(lut, g, wv, full, hash, bmask, low_bytes, tables);
                         let cf = [
                             _mm512_cvtepi32_ps(codes[0]),
                             _mm512_cvtepi32_ps(codes[1]),
@@ -2709,7 +2749,8 @@ impl TrellisMatvec {
         let flush = (X16_FLUSH / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let full = spec.l == 8;
+        let hash = !lut.ctrl_top.is_empty();
+        let full = spec.l == 8 || hash;
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: as in `rows_lut`; `xq` holds `nb * span` values.
         unsafe {
@@ -2732,7 +2773,8 @@ impl TrellisMatvec {
                         _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
                     };
                     for g in 0..groups {
-                        let [even, odd] = lut_words!(lut, g, wv, full, bmask, low_bytes, tables);
+                        let [even, odd] =
+                            lut_words!(lut, g, wv, full, hash, bmask, low_bytes, tables);
                         let xg = xq.as_ptr().add(b * lut.span + 64 * g);
                         a0 = _mm512_dpwssd_epi32(a0, even, _mm512_loadu_si512(xg as *const _));
                         a1 = _mm512_dpwssd_epi32(
@@ -2778,7 +2820,8 @@ impl TrellisMatvec {
         let flush = (X16_FLUSH / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let full = spec.l == 8;
+        let hash = !lut.ctrl_top.is_empty();
+        let full = spec.l == 8 || hash;
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: as in `rows_lut16`, each input holding `nb * span` values.
         unsafe {
@@ -2797,7 +2840,8 @@ impl TrellisMatvec {
                         _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
                     };
                     for g in 0..groups {
-                        let [even, odd] = lut_words!(lut, g, wv, full, bmask, low_bytes, tables);
+                        let [even, odd] =
+                            lut_words!(lut, g, wv, full, hash, bmask, low_bytes, tables);
                         for (a, x) in acc.iter_mut().zip(xq) {
                             let xg = x.as_ptr().add(b * lut.span + 64 * g);
                             a[0] =
@@ -2830,7 +2874,9 @@ impl TrellisMatvec {
 
     /// [`TrellisCode::Mad8`]'s int8 kernel (`L <= 8`, int16 activations): per group of 64
     /// weights one `vpermd` and one `vpmultishiftqb` (the 64 states, in natural order as
-    /// [`lut_words!`] makes them), two `vpermt2b` and a blend (the codes plus 128 as unsigned
+    /// [`lut_words!`] makes them; [`TrellisCode::Mad8H`]: a second `vpmultishiftqb` takes the
+    /// top bytes and one `vpaddb` adds them into the 64 table indices), two `vpermt2b` and a
+    /// blend (the codes plus 128 as unsigned
     /// bytes from one 256-byte table), then two `vpdpbusd` against the input's low and high
     /// bytes ([`Split`]): four shuffles where [`TrellisMatvec::rows_lut16`] takes six, and
     /// one multiply-add where it takes two. Where the shape has a [`PairPlan`] (3-bit blocks
@@ -2857,15 +2903,20 @@ impl TrellisMatvec {
         // SAFETY (each arm): the caller's contract, passed on; `groups` is `span / 64` with
         // `span` at most 16 words of at least 2 bits a weight, so 1 to 4.
         unsafe {
-            match (lut.span / 64, self.spec.l == 8) {
-                (1, true) => self.rows_lut8_g::<1, true>(lut, words, scales, sp, r0, y),
-                (1, false) => self.rows_lut8_g::<1, false>(lut, words, scales, sp, r0, y),
-                (2, true) => self.rows_lut8_g::<2, true>(lut, words, scales, sp, r0, y),
-                (2, false) => self.rows_lut8_g::<2, false>(lut, words, scales, sp, r0, y),
-                (3, true) => self.rows_lut8_g::<3, true>(lut, words, scales, sp, r0, y),
-                (3, false) => self.rows_lut8_g::<3, false>(lut, words, scales, sp, r0, y),
-                (4, true) => self.rows_lut8_g::<4, true>(lut, words, scales, sp, r0, y),
-                _ => self.rows_lut8_g::<4, false>(lut, words, scales, sp, r0, y),
+            let hash = !lut.ctrl_top.is_empty();
+            match (lut.span / 64, self.spec.l == 8 || hash, hash) {
+                (1, _, true) => self.rows_lut8_g::<1, true, true>(lut, words, scales, sp, r0, y),
+                (2, _, true) => self.rows_lut8_g::<2, true, true>(lut, words, scales, sp, r0, y),
+                (3, _, true) => self.rows_lut8_g::<3, true, true>(lut, words, scales, sp, r0, y),
+                (_, _, true) => self.rows_lut8_g::<4, true, true>(lut, words, scales, sp, r0, y),
+                (1, true, _) => self.rows_lut8_g::<1, true, false>(lut, words, scales, sp, r0, y),
+                (1, false, _) => self.rows_lut8_g::<1, false, false>(lut, words, scales, sp, r0, y),
+                (2, true, _) => self.rows_lut8_g::<2, true, false>(lut, words, scales, sp, r0, y),
+                (2, false, _) => self.rows_lut8_g::<2, false, false>(lut, words, scales, sp, r0, y),
+                (3, true, _) => self.rows_lut8_g::<3, true, false>(lut, words, scales, sp, r0, y),
+                (3, false, _) => self.rows_lut8_g::<3, false, false>(lut, words, scales, sp, r0, y),
+                (4, true, _) => self.rows_lut8_g::<4, true, false>(lut, words, scales, sp, r0, y),
+                _ => self.rows_lut8_g::<4, false, false>(lut, words, scales, sp, r0, y),
             }
         }
     }
@@ -2882,7 +2933,7 @@ impl TrellisMatvec {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rows_lut8_g<const G: usize, const FULL: bool>(
+    unsafe fn rows_lut8_g<const G: usize, const FULL: bool, const HASH: bool>(
         &self,
         lut: &LutPlan,
         words: &[u32],
@@ -2916,6 +2967,24 @@ impl TrellisMatvec {
             let ctrl: [__m512i; G] = std::array::from_fn(|g| {
                 _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _)
             });
+            // 1mad8h's top-byte offsets (`HASH`: `ctrl_top` holds `G * 64`).
+            let ctrl_top: [__m512i; G] = std::array::from_fn(|g| {
+                if HASH {
+                    _mm512_loadu_si512(lut.ctrl_top.as_ptr().add(64 * g) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            // The 8-bit windows of `data` at the offsets `c` (and, for 1mad8h, the top bytes
+            // at `t` added: the table indices).
+            let windows = |c: __m512i, t: __m512i, data: __m512i| {
+                let st = _mm512_multishift_epi64_epi8(c, data);
+                if HASH {
+                    _mm512_add_epi8(st, _mm512_multishift_epi64_epi8(t, data))
+                } else {
+                    st
+                }
+            };
             // The unsigned code bytes of the windows `st`.
             let lookup = |st: __m512i| {
                 let st = if FULL {
@@ -2933,7 +3002,7 @@ impl TrellisMatvec {
             // The unsigned code bytes of group `g` of the step whose words are `wv`.
             let codes = |wv: __m512i, g: usize| {
                 let data = _mm512_permutexvar_epi32(idx[g], wv);
-                lookup(_mm512_multishift_epi64_epi8(ctrl[g], data))
+                lookup(windows(ctrl[g], ctrl_top[g], data))
             };
             // The two-step plan (steps of one group) and its permuted input.
             let pair = lut
@@ -2944,6 +3013,10 @@ impl TrellisMatvec {
             let (pb, pc0, pc1) = match pair {
                 Some(pp) => (ld(&pp.bytes), ld(&pp.ctrl[0]), ld(&pp.ctrl[1])),
                 None => (bmask, bmask, bmask),
+            };
+            let (pt0, pt1) = match pair {
+                Some(pp) if HASH => (ld(&pp.ctrl_top[0]), ld(&pp.ctrl_top[1])),
+                _ => (bmask, bmask),
             };
             let (xlo, xhi) = match pair {
                 Some(_) => (sp.pl.as_ptr(), sp.ph.as_ptr()),
@@ -2994,14 +3067,14 @@ impl TrellisMatvec {
                             let db = _mm512_permutexvar_epi8(pb, ld_b(b));
                             let o = b * 64;
                             let (x0l, x0h, x1l, x1h) = (xl(o), xh(o), xl(o + 64), xh(o + 64));
-                            let ca = lookup(_mm512_multishift_epi64_epi8(pc0, da));
-                            let cb = lookup(_mm512_multishift_epi64_epi8(pc1, da));
+                            let ca = lookup(windows(pc0, pt0, da));
+                            let cb = lookup(windows(pc1, pt1, da));
                             la0 = _mm512_dpbusd_epi32(la0, ca, x0l);
                             ha0 = _mm512_dpbusd_epi32(ha0, ca, x0h);
                             la1 = _mm512_dpbusd_epi32(la1, cb, x1l);
                             ha1 = _mm512_dpbusd_epi32(ha1, cb, x1h);
-                            let ca = lookup(_mm512_multishift_epi64_epi8(pc0, db));
-                            let cb = lookup(_mm512_multishift_epi64_epi8(pc1, db));
+                            let ca = lookup(windows(pc0, pt0, db));
+                            let cb = lookup(windows(pc1, pt1, db));
                             lb0 = _mm512_dpbusd_epi32(lb0, ca, x0l);
                             hb0 = _mm512_dpbusd_epi32(hb0, ca, x0h);
                             lb1 = _mm512_dpbusd_epi32(lb1, cb, x1l);
@@ -3083,8 +3156,8 @@ impl TrellisMatvec {
                         while b + 2 <= end {
                             ahead(b);
                             let data = _mm512_permutexvar_epi8(pb, load2(b));
-                            let ca = lookup(_mm512_multishift_epi64_epi8(pc0, data));
-                            let cb = lookup(_mm512_multishift_epi64_epi8(pc1, data));
+                            let ca = lookup(windows(pc0, pt0, data));
+                            let cb = lookup(windows(pc1, pt1, data));
                             let o = b * 64;
                             lo0 = _mm512_dpbusd_epi32(lo0, ca, xl(o));
                             hi0 = _mm512_dpbusd_epi32(hi0, ca, xh(o));
@@ -3167,7 +3240,8 @@ impl TrellisMatvec {
         let window = (X8_WINDOW / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let full = spec.l == 8;
+        let hash = !lut.ctrl_top.is_empty();
+        let full = spec.l == 8 || hash;
         let f = spec.code.divisor();
         // SAFETY: as in `rows_lut8`, each input holding `nb * span` values.
         unsafe {
@@ -3183,6 +3257,13 @@ impl TrellisMatvec {
             let ctrl: [__m512i; 4] = std::array::from_fn(|g| {
                 if g < groups {
                     _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            let ctrl_top: [__m512i; 4] = std::array::from_fn(|g| {
+                if hash && g < groups {
+                    _mm512_loadu_si512(lut.ctrl_top.as_ptr().add(64 * g) as *const _)
                 } else {
                     _mm512_setzero_si512()
                 }
@@ -3209,6 +3290,12 @@ impl TrellisMatvec {
                         for g in 0..groups {
                             let data = _mm512_permutexvar_epi32(idx[g], wv);
                             let st = _mm512_multishift_epi64_epi8(ctrl[g], data);
+                            // 1mad8h: the bottom byte plus the top byte.
+                            let st = if hash {
+                                _mm512_add_epi8(st, _mm512_multishift_epi64_epi8(ctrl_top[g], data))
+                            } else {
+                                st
+                            };
                             let st = if full {
                                 st
                             } else {
@@ -3728,12 +3815,17 @@ mod tests {
     #[test]
     fn trellis_calls_with_biases_odd_hadamard_blocks_and_one_thread_give_each_its_bits() {
         use crate::cpu::{matmul_t, Activations, CpuContext, Floats, Isa, MatJob, Matrix};
-        // Both codes: 1mad8's int16 calls run the int8 kernel.
-        for code in [TrellisCode::Mad, TrellisCode::Mad8] {
+        // Every code: 1mad8's and 1mad8h's int16 calls run the int8 kernel.
+        for (code, l, block) in [
+            (TrellisCode::Mad, 8, 32),
+            (TrellisCode::Mad8, 8, 32),
+            (TrellisCode::Mad8H, 12, 64),
+            (TrellisCode::Mad8H, 12, 32),
+        ] {
             let spec = TrellisSpec {
                 k: 3,
-                l: 8,
-                block: 32,
+                l,
+                block,
                 code,
             };
             // Rows 40 and 24: Hadamard blocks of 8, so a chunk of 16 rows spans two and a block
@@ -3813,7 +3905,7 @@ mod tests {
                                     .all(|(a, b)| a.to_bits() == b.to_bits());
                                 assert!(
                                     same,
-                                    "{code:?} {threads} threads {act:?} m {m}: job {j}, row {r}"
+                                    "{spec:?} {threads} threads {act:?} m {m}: job {j}, row {r}"
                                 );
                             }
                         }
@@ -3962,7 +4054,7 @@ mod tests {
         }
         let e = spec(8).check().unwrap_err();
         assert!(
-            matches!(e, TrellisError::Mad8HShape { l: 8 }) && e.to_string().contains("9..=16"),
+            matches!(e, TrellisError::Mad8HShape { l: 8, .. }) && e.to_string().contains("9..=16"),
             "{e}"
         );
         // The table and the row decoder agree with the code (the MLX path reads the table).
@@ -3975,6 +4067,265 @@ mod tests {
         let states = block_states(&sp, &words[..sp.block_words()]);
         for (t, &st) in states.iter().enumerate() {
             assert_eq!(out[t].to_bits(), (table[st as usize] * scales[0]).to_bits());
+        }
+    }
+
+    /// A table plan's 64 index bytes of group `g` of a step's words, as the kernels make them
+    /// (`vpermd`, `vpmultishiftqb`, for 1mad8h a second one and `vpaddb`), in portable Rust.
+    fn plan_indices(lut: &LutPlan, w: &[u32], g: usize) -> [u8; 64] {
+        let mut out = [0u8; 64];
+        for q in 0..8 {
+            let hi = u64::from(w[lut.idx[16 * g + 2 * q + 1] as usize]);
+            let lane = (hi << 32) | u64::from(w[lut.idx[16 * g + 2 * q] as usize]);
+            for j in 0..8 {
+                let at = 64 * g + 8 * q + j;
+                let mut b = lane.rotate_right(u32::from(lut.ctrl[at])) as u8;
+                if !lut.ctrl_top.is_empty() {
+                    b = b.wrapping_add(lane.rotate_right(u32::from(lut.ctrl_top[at])) as u8);
+                }
+                out[8 * q + j] = b;
+            }
+        }
+        out
+    }
+
+    /// The two-step plan's 128 index bytes of two steps' words (`vpermb`, then the offsets of
+    /// both halves), in [`PairPlan::order`], in portable Rust.
+    fn pair_indices(pp: &PairPlan, w: &[u32], hash: bool) -> [u8; 128] {
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut out = [0u8; 128];
+        for q in 0..8 {
+            let mut lane = 0u64;
+            for m in 0..8 {
+                lane |= u64::from(bytes[pp.bytes[8 * q + m] as usize]) << (8 * m);
+            }
+            for h in 0..2 {
+                for j in 0..8 {
+                    let at = 8 * q + j;
+                    let mut b = lane.rotate_right(u32::from(pp.ctrl[h][at])) as u8;
+                    if hash {
+                        b = b.wrapping_add(lane.rotate_right(u32::from(pp.ctrl_top[h][at])) as u8);
+                    }
+                    out[64 * h + at] = b;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn mad8h_window_plans_give_the_hashed_indices() {
+        // Every 1mad8h shape: a table plan exactly where `check` accepts it, and its windows
+        // (the bottom byte, where 1mad8 at L 8 reads, plus the top byte, L - 8 bits earlier,
+        // wrapping around the block for the first weights) give each weight the index of its
+        // state, on random words; the two-step plan's too where it applies. Pure plans, so
+        // this runs on any CPU.
+        let mut z = 5u64;
+        let mut next = || {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 32) as u32
+        };
+        let mut plans = 0;
+        for k in 2..=4u32 {
+            for l in 9..=16u32 {
+                for block in [32usize, 64, 96, 128, 192, 256] {
+                    let spec = TrellisSpec {
+                        k,
+                        l,
+                        block,
+                        code: TrellisCode::Mad8H,
+                    };
+                    let cols = 2 * block.max(64);
+                    let Some(lut) = LutPlan::new(&spec, cols) else {
+                        let e = spec.check().unwrap_err();
+                        assert!(
+                            matches!(e, TrellisError::Mad8HShape { .. })
+                                && e.to_string().contains("trellis_l"),
+                            "{spec:?}: {e}"
+                        );
+                        continue;
+                    };
+                    assert!(spec.check().is_ok(), "{spec:?}");
+                    assert_eq!(lut.ctrl_top.len(), lut.ctrl.len());
+                    // The table: 1mad8's code of each index.
+                    for i in 0..256u32 {
+                        let c = TrellisCode::Mad8.int(8, i);
+                        assert_eq!(i32::from(lut.w8[i as usize]), c + 128);
+                        let v = i16::from_le_bytes([lut.lo[i as usize], lut.hi[i as usize]]);
+                        assert_eq!(i32::from(v), c);
+                    }
+                    plans += 1;
+                    let (bw, sw) = (spec.block_words(), lut.span_words);
+                    for _ in 0..3 {
+                        // Two steps' words (the pair plan reads two).
+                        let w: Vec<u32> = (0..2 * sw).map(|_| next()).collect();
+                        let want: Vec<u8> = w
+                            .chunks_exact(bw)
+                            .flat_map(|b| block_states(&spec, b))
+                            .map(|s| mad8h_index(l, s) as u8)
+                            .collect();
+                        for step in 0..2 {
+                            let ws = &w[step * sw..(step + 1) * sw];
+                            for g in 0..lut.span / 64 {
+                                let got = plan_indices(&lut, ws, g);
+                                let at = step * lut.span + 64 * g;
+                                assert_eq!(&got[..], &want[at..at + 64], "{spec:?} group {g}");
+                            }
+                        }
+                        if let Some(pp) = &lut.pair {
+                            let got = pair_indices(pp, &w, true);
+                            for (i, &o) in pp.order.iter().enumerate() {
+                                assert_eq!(got[i], want[o as usize], "{spec:?} pair {i}");
+                            }
+                        }
+                    }
+                    // The default's shapes (3 bits, blocks of 32 and 64) have the two-step plan.
+                    if k == 3 && block <= 64 {
+                        assert!(lut.pair.is_some(), "{spec:?}");
+                    }
+                }
+            }
+        }
+        assert!(plans >= 3 * 8 * 3, "{plans} plans");
+    }
+
+    /// [`TrellisMatvec::rows_lut`]'s plain twin: each weight's code from its state, the same
+    /// fused multiply-adds into the same four sets of 16 lanes ([`lut_order`]), the same sums
+    /// and reduction, so the kernel's bits.
+    #[cfg(target_arch = "x86_64")]
+    fn rows_lut_twin(plan: &TrellisMatvec, words: &[u32], scales: &[f32], x: &[f32]) -> Vec<f32> {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx512f")]
+        unsafe fn reduce(v: &[f32; 16]) -> f32 {
+            // SAFETY: 16 values.
+            unsafe { _mm512_reduce_add_ps(_mm512_loadu_ps(v.as_ptr())) }
+        }
+        let (spec, cols) = (&plan.spec, plan.cols);
+        let span = plan.lut.as_ref().unwrap().span;
+        let wpr = cols * spec.k as usize / 32;
+        let bw = spec.block_words();
+        (0..scales.len())
+            .map(|r| {
+                let codes: Vec<i32> = words[r * wpr..(r + 1) * wpr]
+                    .chunks_exact(bw)
+                    .flat_map(|b| block_states(spec, b))
+                    .map(|s| spec.code.int(spec.l, s))
+                    .collect();
+                let mut acc = [[0.0f32; 16]; 4];
+                for b in 0..cols / span {
+                    for g in 0..span / 64 {
+                        for (q, a) in acc.iter_mut().enumerate() {
+                            for (d, v) in a.iter_mut().enumerate() {
+                                let c = b * span + 64 * g + lut_order(16 * q + d);
+                                *v = (codes[c] as f32).mul_add(x[c], *v);
+                            }
+                        }
+                    }
+                }
+                let sum: [f32; 16] =
+                    std::array::from_fn(|d| (acc[0][d] + acc[1][d]) + (acc[2][d] + acc[3][d]));
+                // SAFETY: the table path ran, so the CPU has AVX-512 F.
+                let total = unsafe { reduce(&sum) };
+                total * (scales[r] / spec.code.divisor())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mad8h_table_kernels_give_their_reference_bits() {
+        // L2: every table path the CPU decoder takes for a 1mad8h matrix (float32 inputs,
+        // int16 inputs through the int8 kernel; one row and the two-row loop, an odd row
+        // count; the prompt's several-input kernels; one and two threads) equals its plain
+        // reference bit for bit: L 12 (the default) and others, blocks of 64 and 32, rows past
+        // the int8 kernel's 32-bit window (2048 weights). Random words: any stream is a path.
+        let mut z = 9u64;
+        let mut next = || {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 32) as u32
+        };
+        for (k, l, block, cols) in [
+            (3u32, 12u32, 64usize, 576usize),
+            (3, 12, 32, 576),
+            (3, 12, 64, 4224),
+            (3, 9, 64, 192),
+            (3, 16, 32, 640),
+            (2, 12, 64, 256),
+            (4, 13, 32, 128),
+            (3, 14, 128, 384),
+        ] {
+            let spec = TrellisSpec {
+                k,
+                l,
+                block,
+                code: TrellisCode::Mad8H,
+            };
+            let rows = 7;
+            let words: Vec<u32> = (0..rows * cols * k as usize / 32).map(|_| next()).collect();
+            let scales: Vec<f32> = (0..rows).map(|r| 0.25 + r as f32 / 16.0).collect();
+            let exact = TrellisMatvec::new(&spec, cols).unwrap();
+            if !lut_available() {
+                // No table path on this CPU: the portable fallback.
+                assert!(!exact.is_table());
+                return;
+            }
+            assert!(exact.is_table(), "{spec:?}");
+            let int8 = exact.clone().int16_inputs();
+            let xs: Vec<Vec<f32>> = (0..PROMPT_INPUTS)
+                .map(|t| {
+                    let mut x = gauss(cols, 90 + t as u64);
+                    x[3 * t + 1] = 25.0;
+                    x
+                })
+                .collect();
+            let pool2 = crate::cpu::ThreadPool::new(2).unwrap();
+            let pool1 = crate::cpu::ThreadPool::new(1).unwrap();
+            for (name, plan) in [("f32", &exact), ("int8", &int8)] {
+                let mut multi = vec![vec![0.0f32; rows]; PROMPT_INPUTS];
+                let prepared: Vec<Option<Prepared>> = xs.iter().map(|x| plan.prepare(x)).collect();
+                plan.rows_prepared_multi(
+                    &words,
+                    &scales,
+                    std::array::from_fn(|t| &xs[t][..]),
+                    std::array::from_fn(|t| prepared[t].as_ref()),
+                    0,
+                    rows,
+                    &mut |t, i, v| multi[t][i] = v,
+                );
+                for (t, x) in xs.iter().enumerate() {
+                    let want = match prepared[t].as_ref() {
+                        Some(Prepared::S8(sp)) => {
+                            let mut w = vec![0.0; rows];
+                            plan.rows_split_portable(&words, &scales, sp, 0, &mut w);
+                            w
+                        }
+                        Some(Prepared::F32(_)) => rows_lut_twin(plan, &words, &scales, x),
+                        _ => panic!("{spec:?} {name}: not a table input"),
+                    };
+                    let mut got = vec![0.0; rows];
+                    plan.rows(&words, &scales, x, 0, &mut got).unwrap();
+                    // Rows from 3 on (the one-row loop for the first: an odd start).
+                    let mut tail = vec![0.0; rows - 3];
+                    plan.rows(&words, &scales, x, 3, &mut tail).unwrap();
+                    let (mut p1, mut p2) = (vec![0.0; rows], vec![0.0; rows]);
+                    plan.par(&pool1, &words, &scales, x, &mut p1).unwrap();
+                    plan.par(&pool2, &words, &scales, x, &mut p2).unwrap();
+                    for r in 0..rows {
+                        let w = want[r].to_bits();
+                        let ctx = format!("{spec:?} {cols} {name} input {t} row {r}");
+                        assert_eq!(got[r].to_bits(), w, "{ctx}: rows");
+                        assert_eq!(multi[t][r].to_bits(), w, "{ctx}: several inputs");
+                        assert_eq!(p1[r].to_bits(), w, "{ctx}: one thread");
+                        assert_eq!(p2[r].to_bits(), w, "{ctx}: two threads");
+                        if r >= 3 {
+                            assert_eq!(tail[r - 3].to_bits(), w, "{ctx}: from row 3");
+                        }
+                    }
+                }
+            }
         }
     }
 
