@@ -7,6 +7,7 @@
 #   m12-sN : trellis-3, --q-trellis-code 1mad   --q-trellis-l 12   (today's default; s32's m12-s0
 #            in /tmp/trelcpu was made with no code/L flags: the same parameters)
 #   t2h-sN : trellis-2, --q-trellis-code 1mad8h --q-trellis-l 12
+#   t2m-sN : trellis-2, --q-trellis-code 1mad   --q-trellis-l 12   (added at 22:55: t2h-s0's like)
 # usage: nice -n 5 ./chain.sh NAME[:32]...   (log: /tmp/trelqual/chain.log)
 cd $(dirname $0)
 H=/work/trellis-models/s30/hess_gen80d.safetensors
@@ -18,6 +19,7 @@ for n in "$@"; do
     h12-*) a="--q-bits 3 --q-trellis-code 1mad8h --q-trellis-l 12";;
     m12-*) a="--q-bits 3 --q-trellis-code 1mad --q-trellis-l 12";;
     t2h-*) a="--q-bits 2 --q-trellis-code 1mad8h --q-trellis-l 12";;
+    t2m-*) a="--q-bits 2 --q-trellis-code 1mad --q-trellis-l 12";;
     *) echo "unknown $n" >> /tmp/trelqual/chain.log; continue;;
   esac
   if [ -f /tmp/trelcpu/$n/config.json ]; then echo "$n: /tmp/trelcpu/$n exists" >> /tmp/trelqual/chain.log

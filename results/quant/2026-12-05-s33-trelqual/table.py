@@ -50,6 +50,7 @@ CONFIGS = [
 ]
 T2 = [
     ("trellis-2, 1mad8h, L 12, blocks 64", "t2h", (0,)),
+    ("trellis-2, 1mad, L 12, blocks 64 (row added at 22:55)", "t2m", (0,)),
     ("trellis-2, 1mad, L 8, blocks 32 (s32's t2-s0-g80)", "t2", (0,)),
 ]
 
