@@ -57,10 +57,11 @@ pub enum TrellisCode {
 }
 
 /// [`TrellisCode::Mad8H`]'s table index of an `l`-bit state: its top 8 bits plus its low 8
-/// bits, mod 256 (`l` in 9..=16).
+/// bits, mod 256 (`l` in 9..=16, as [`TrellisSpec::check`] requires of the code; a smaller
+/// `l` is taken as 8).
 #[inline(always)]
 pub fn mad8h_index(l: u32, state: u32) -> u32 {
-    ((state >> (l - 8)) + state) & 0xFF
+    ((state >> (l.max(8) - 8)) + state) & 0xFF
 }
 
 impl TrellisCode {
@@ -203,7 +204,8 @@ impl TrellisSpec {
         fits.then_some(span)
     }
 
-    /// Checks that `(rows, cols)` can be coded: `cols` a multiple of the block.
+    /// Checks that `(rows, cols)` can be coded: `cols` a multiple of the block (and, for the
+    /// table codes, of their kernels' step: blocks of 32 are read two at a time).
     pub fn check_shape(&self, rows: usize, cols: usize) -> Result<(), TrellisError> {
         self.check()?;
         if rows == 0 || cols == 0 || cols % self.block != 0 {
@@ -212,6 +214,17 @@ impl TrellisSpec {
                 cols,
                 block: self.block,
             });
+        }
+        if matches!(self.code, TrellisCode::Mad8 | TrellisCode::Mad8H) {
+            if let Some(span) = self.lut_span() {
+                if cols % span != 0 {
+                    return Err(TrellisError::TableCols {
+                        code: self.code.name(),
+                        cols,
+                        span,
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -252,6 +265,16 @@ pub enum TrellisError {
          block of {block} at {k} bits (use trellis_code 1mad8 at L 8 or less, or 1mad)"
     )]
     Mad8HShape { l: u32, block: usize, k: u32 },
+    /// A table code's matrix whose rows are not whole steps of its kernels.
+    #[error(
+        "trellis_code {code} reads rows {span} weights at a time: a row of {cols} weights is not \
+         a whole number of them (use blocks of 64, or trellis_code 1mad)"
+    )]
+    TableCols {
+        code: &'static str,
+        cols: usize,
+        span: usize,
+    },
     /// A matrix whose rows cannot be cut into blocks.
     #[error("a ({rows}, {cols}) matrix cannot be cut into trellis blocks of {block}")]
     Shape {
@@ -1670,7 +1693,9 @@ impl PairPlan {
                         return None;
                     }
                     plan.ctrl[h][8 * q + j] = (64 - p - l) as u8;
-                    plan.ctrl_top[h][8 * q + j] = (64 - p - 8) as u8;
+                    if spec.code == TrellisCode::Mad8H {
+                        plan.ctrl_top[h][8 * q + j] = (64 - p - 8) as u8;
+                    }
                     plan.order[64 * h + 8 * q + j] = (16 * q + 8 * h + j) as u8;
                 }
             }
@@ -4256,6 +4281,8 @@ mod tests {
             (2, 12, 64, 256),
             (4, 13, 32, 128),
             (3, 14, 128, 384),
+            (2, 12, 192, 384),
+            (2, 12, 256, 512),
         ] {
             let spec = TrellisSpec {
                 k,
@@ -4728,6 +4755,38 @@ mod tests {
         };
         assert!(quantize(&spec, &[0.0; 100], 1, 100, 0, 1).is_err());
         assert!(quantize(&spec, &[f32::NAN; 64], 1, 64, 0, 1).is_err());
+        // The table codes in blocks of 32 read two blocks a step: a row of an odd number of
+        // blocks has no table kernel, so it is refused rather than run on the scalar path.
+        for (code, l) in [(TrellisCode::Mad8, 8), (TrellisCode::Mad8H, 12)] {
+            let spec = TrellisSpec {
+                k: 3,
+                l,
+                block: 32,
+                code,
+            };
+            assert!(spec.check_shape(4, 128).is_ok());
+            let e = spec.check_shape(4, 96).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TrellisError::TableCols {
+                        cols: 96,
+                        span: 64,
+                        ..
+                    }
+                ) && e.to_string().contains(code.name()),
+                "{e}"
+            );
+            assert!(quantize(&spec, &[0.5; 4 * 96], 4, 96, 0, 1).is_err());
+        }
+        assert!(TrellisSpec {
+            k: 3,
+            l: 12,
+            block: 32,
+            code: TrellisCode::Mad,
+        }
+        .check_shape(4, 96)
+        .is_ok());
     }
 }
 
