@@ -67,12 +67,12 @@ def cell(r, base):
 
 
 base = {n: ppl("smol-a4", n) for n in (8, 32)}
-a3 = {n: ppl("smol-a3", n) for n in (8, 32)}
-a2 = {n: ppl("smol-a2mix", n) for n in (8, 32)}
+a3 = {n: ppl("smol-a3-deq", n) for n in (8, 32)}
+a2 = {n: ppl("smol-a2mix-deq", n) for n in (8, 32)}
 print("| row | 4,096 tokens | vs affine-4 | 16,384 tokens | vs affine-4 | files |")
 print("|---|---|---|---|---|---|")
 groups = {}
-rows = [("affine-4 g64", "smol-a4", None), ("affine-3 g64 (exact path)", "smol-a3", None)]
+rows = [("affine-4 g64", "smol-a4", None), ("affine-3 g64 (dequantized, CPU decoder)", "smol-a3-deq", None)]
 rows += [(f"{label}, seed {s}", name(cfg, s), label) for label, cfg, seeds in CONFIGS for s in seeds]
 for label, nm, group in rows:
     cells, files = [], []
@@ -145,7 +145,7 @@ print("Trellis-2 (target: below affine-2 mixed_2_6 by a margin the closing note 
 print()
 print("| row | 4,096 tokens | vs mixed_2_6 | 16,384 tokens | vs mixed_2_6 | files |")
 print("|---|---|---|---|---|---|")
-for label, nm in [("affine-2 mixed_2_6 (exact path)", "smol-a2mix")] + [
+for label, nm in [("affine-2 mixed_2_6 (dequantized, CPU decoder)", "smol-a2mix-deq")] + [
     (f"{label}, seed {s}", name(cfg, s)) for label, cfg, seeds in T2 for s in seeds
 ]:
     cells, files = [], []
