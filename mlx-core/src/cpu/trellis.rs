@@ -2077,6 +2077,17 @@ unsafe fn lut_input16_avx512(x: &[f32], inv: f32, q: &mut [i16]) {
 }
 
 impl LutPlan {
+    /// Whether the plan hashes each index from two windows (1mad8h: `ctrl_top` is filled).
+    fn hashed(&self) -> bool {
+        !self.ctrl_top.is_empty()
+    }
+
+    /// Whether each index byte is whole as looked up (8-bit states, or 1mad8h's byte sum), so
+    /// no `L` mask is applied.
+    fn full(&self, l: u32) -> bool {
+        l == 8 || self.hashed()
+    }
+
     fn new(spec: &TrellisSpec, cols: usize) -> Option<LutPlan> {
         let (bw, l) = (spec.block_words(), spec.l as usize);
         let span = spec.lut_span().filter(|span| cols % span == 0)?;
@@ -2635,8 +2646,7 @@ impl TrellisMatvec {
         let groups = lut.span / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: the loads read the row's `nb * bw` words (whole vectors only where 16 words
         // lie within `words`, else masked lanes are not read), the plan's `groups * 16`
@@ -2700,8 +2710,7 @@ impl TrellisMatvec {
         let groups = lut.span / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: as in `rows_lut`, each input holding `nb * block` values.
         unsafe {
@@ -2774,8 +2783,7 @@ impl TrellisMatvec {
         let flush = (X16_FLUSH / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: as in `rows_lut`; `xq` holds `nb * span` values.
         unsafe {
@@ -2845,8 +2853,7 @@ impl TrellisMatvec {
         let flush = (X16_FLUSH / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: as in `rows_lut16`, each input holding `nb * span` values.
         unsafe {
@@ -2928,8 +2935,7 @@ impl TrellisMatvec {
         // SAFETY (each arm): the caller's contract, passed on; `groups` is `span / 64` with
         // `span` at most 16 words of at least 2 bits a weight, so 1 to 4.
         unsafe {
-            let hash = !lut.ctrl_top.is_empty();
-            match (lut.span / 64, self.spec.l == 8 || hash, hash) {
+            match (lut.span / 64, lut.full(self.spec.l), lut.hashed()) {
                 (1, _, true) => self.rows_lut8_g::<1, true, true>(lut, words, scales, sp, r0, y),
                 (2, _, true) => self.rows_lut8_g::<2, true, true>(lut, words, scales, sp, r0, y),
                 (3, _, true) => self.rows_lut8_g::<3, true, true>(lut, words, scales, sp, r0, y),
@@ -3265,8 +3271,7 @@ impl TrellisMatvec {
         let window = (X8_WINDOW / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let f = spec.code.divisor();
         // SAFETY: as in `rows_lut8`, each input holding `nb * span` values.
         unsafe {
@@ -3495,6 +3500,17 @@ pub fn simd_available() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A seeded stream of random 32-bit words (an LCG's high halves): any stream is a path.
+    fn lcg_words(seed: u64) -> impl FnMut() -> u32 {
+        let mut z = seed;
+        move || {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 32) as u32
+        }
+    }
 
     fn gauss(n: usize, seed: u64) -> Vec<f32> {
         // Box-Muller over a splitmix stream.
@@ -4105,7 +4121,7 @@ mod tests {
             for j in 0..8 {
                 let at = 64 * g + 8 * q + j;
                 let mut b = lane.rotate_right(u32::from(lut.ctrl[at])) as u8;
-                if !lut.ctrl_top.is_empty() {
+                if lut.hashed() {
                     b = b.wrapping_add(lane.rotate_right(u32::from(lut.ctrl_top[at])) as u8);
                 }
                 out[8 * q + j] = b;
@@ -4145,13 +4161,7 @@ mod tests {
         // wrapping around the block for the first weights) give each weight the index of its
         // state, on random words; the two-step plan's too where it applies. Pure plans, so
         // this runs on any CPU.
-        let mut z = 5u64;
-        let mut next = || {
-            z = z
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (z >> 32) as u32
-        };
+        let mut next = lcg_words(5);
         let mut plans = 0;
         for k in 2..=4u32 {
             for l in 9..=16u32 {
@@ -4265,13 +4275,7 @@ mod tests {
         // count; the prompt's several-input kernels; one and two threads) equals its plain
         // reference bit for bit: L 12 (the default) and others, blocks of 64 and 32, rows past
         // the int8 kernel's 32-bit window (2048 weights). Random words: any stream is a path.
-        let mut z = 9u64;
-        let mut next = || {
-            z = z
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (z >> 32) as u32
-        };
+        let mut next = lcg_words(9);
         for (k, l, block, cols) in [
             (3u32, 12u32, 64usize, 576usize),
             (3, 12, 32, 576),
@@ -4507,13 +4511,7 @@ mod tests {
     /// their words masked) of random streams (every bit pattern is a valid stream).
     #[test]
     fn gather_plan_gives_the_plain_plans_bits() {
-        let mut z = 11u64;
-        let mut next = || {
-            z = z
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (z >> 32) as u32
-        };
+        let mut next = lcg_words(11);
         for (k, l, block) in [
             (3, 12, 64),
             (2, 12, 64),
