@@ -916,11 +916,14 @@ fn batched_throughput() {
         .filter_map(|n| n.parse::<u32>().ok())
     {
         // MLX_GRAPH_FIT_ROWS=0: fewer rows than the decoder's step on its full tiles.
+        // MLX_GRAPH_WIDE_TILES=0: tensor-core tiles no wider than the FFMA ones (3 x 6 at 16
+        // rows of the 8B, session 33's).
         let opts = GraphOptions {
             sequences: nb,
             rows_per_warp,
             tensor_cores_from: mma_from,
             fit_rows: std::env::var("MLX_GRAPH_FIT_ROWS").map_or(true, |v| v.trim() != "0"),
+            wide_tiles: std::env::var("MLX_GRAPH_WIDE_TILES").map_or(true, |v| v.trim() != "0"),
             ..GraphOptions::default()
         };
         let mut dec = match GraphDecoder::with_options(spec.clone(), &weights, 256, &opts) {
@@ -947,16 +950,36 @@ fn batched_throughput() {
         run(64, &mut dec);
         let s = t.elapsed().as_secs_f64();
         eprintln!(
-            "batched_throughput {dir}: {nb} rows ({rows_per_warp} a warp{}), {:.1} steps/s, \
+            "batched_throughput {dir}: {nb} rows ({rows_per_warp} a warp{}, {:?}), {:.1} steps/s, \
              {:.1} tokens/s aggregate",
             if dec.tensor_cores() {
                 ", tensor cores"
             } else {
                 ""
             },
+            dec.tile_for(nb as usize),
             64.0 / s,
             64.0 * f64::from(nb) / s
         );
+        // MLX_GRAPH_BATCH_BREAKDOWN=REPS: each part's time a step on the decoder's full tiles
+        // (`kernel_breakdown`: the parts replayed alone), where a wide tile's pass goes.
+        if let Some(reps) = std::env::var("MLX_GRAPH_BATCH_BREAKDOWN")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+        {
+            match dec.kernel_breakdown(reps) {
+                Ok(parts) => {
+                    for p in parts {
+                        eprintln!(
+                            "batched_throughput {dir}: {nb} rows, part {:?}: {} kernels, {:.1} us \
+                             a step, {} bytes",
+                            p.part, p.kernels, p.us_per_step, p.bytes_per_step
+                        );
+                    }
+                }
+                Err(e) => eprintln!("batched_throughput {nb} rows: breakdown: {e}"),
+            }
+        }
         // Half the rows stepping (the first ones: the tiles past them idle).
         if nb >= 4 {
             let half = &tokens[..nb as usize / 2].to_vec();
@@ -975,6 +998,117 @@ fn batched_throughput() {
             );
         }
     }
+}
+
+/// The wide tensor-core tiles (`GraphOptions::wide_tiles`: 16 rows in one pass over the
+/// weights, 8 for a step of 4-8 rows) against session 33's narrow ones (tiles of 4, the
+/// kernels the device ran at 4-7 rows), 16 sequences of different prompts, teacher-forced on
+/// the wide decoder's greedy tokens for 5 steps of all rows and 3 of rows 0-5: every row's
+/// logits bit-equal between the two (each column of mma.sync is its own sum: the emulator's
+/// `mma_bit_check`), and within [`TEACHER_FORCED_BOUNDS`] of the sequence decoded alone
+/// (tier L3). `MLX_GRAPH_WIDE_ROWS=a,b` picks the 4-bit rows (default llama3_q4).
+#[test]
+fn wide_tiles_equal_narrow_tiles() {
+    use mlx_kernels::graph_decode::{GraphOptions, MMA_MIN_SEQUENCES};
+    if !GraphDecoder::available() {
+        eprintln!("no CUDA driver: skipped");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("graph_wide_{}", std::process::id()));
+    let picked = std::env::var("MLX_GRAPH_WIDE_ROWS").unwrap_or_else(|_| "llama3_q4".into());
+    let wanted = |name: &str| picked.split(',').any(|p| p.trim() == name);
+    for row in graph_models::rows().into_iter().filter(|r| wanted(r.name)) {
+        let dir = graph_models::write(&tmp, &row);
+        let name = row.name;
+        let model = load_model_dir(&dir, &LoadOptions::default()).unwrap().0;
+        let vocab = model.vocab_size();
+        let n = 16usize;
+        let prompts: Vec<Vec<i32>> = (0..n as i32)
+            .map(|s| {
+                (0..20 + 3 * s)
+                    .map(|i| (i * 7919 + 13 + 101 * s) % vocab)
+                    .collect()
+            })
+            .collect();
+        let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+        let mma = Some(MMA_MIN_SEQUENCES);
+        let wide = GraphOptions {
+            sequences: n as u32,
+            tensor_cores_from: mma,
+            ..GraphOptions::default()
+        };
+        let narrow = GraphOptions {
+            wide_tiles: false,
+            tile_sequences: Some(MMA_MIN_SEQUENCES),
+            fit_rows: false,
+            ..wide.clone()
+        };
+        let mut w = GraphDecoder::with_options(spec.clone(), &weights, 128, &wide).unwrap();
+        let mut nw = GraphDecoder::with_options(spec.clone(), &weights, 128, &narrow).unwrap();
+        w.prepare_rows(n).unwrap();
+        assert!(
+            w.tensor_cores() && nw.tensor_cores(),
+            "{name}: a 4-bit row in groups of 64"
+        );
+        assert_eq!(w.tile_for(16).rows_per_tile, 16, "{name}");
+        assert_eq!(w.tile_for(6).rows_per_tile, 8, "{name}");
+        let mut kvs = Vec::new();
+        let mut tokens = Vec::new();
+        for (r, p) in prompts.iter().enumerate() {
+            let (first, kv, _) = prefill(model.as_ref(), p);
+            w.set_row_prefix(r, &kv).unwrap();
+            nw.set_row_prefix(r, &kv).unwrap();
+            kvs.push(kv);
+            tokens.push(vec![first]);
+        }
+        let mut logits: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
+        let (mut equal, mut total, mut sets) = (0, 0, Vec::new());
+        for step in 0..8 {
+            let rows: Vec<(usize, u32)> = (0..if step < 5 { n } else { 6 })
+                .map(|r| (r, *tokens[r].last().unwrap()))
+                .collect();
+            let set = w.tile_for(rows.len());
+            if !sets.contains(&set) {
+                sets.push(set);
+            }
+            let a = w.step_rows_logits(&rows).unwrap();
+            let b = nw.step_rows_logits(&rows).unwrap();
+            for (&(r, _), (la, lb)) in rows.iter().zip(a.iter().zip(&b)) {
+                equal += usize::from(same_bits(la, lb));
+                total += 1;
+                tokens[r].push(compare_logits(la, la).ours_token as u32);
+                logits[r].push(la.clone());
+            }
+        }
+        // Each sequence alone (a one-row decoder) over the same tokens.
+        let mut single = GraphDecoder::new(spec, &weights, 128).unwrap();
+        let (mut worst, mut agree, mut agree_n) = (0f32, 0, 0);
+        for r in 0..n {
+            single.set_prefix(&kvs[r]).unwrap();
+            for (i, l) in logits[r].iter().enumerate() {
+                let alone = single.step_logits(tokens[r][i]).unwrap();
+                let c = compare_logits(&alone, l);
+                worst = worst.max(c.rel_diff);
+                agree += usize::from(c.reference_token == c.ours_token);
+                agree_n += 1;
+            }
+        }
+        eprintln!(
+            "{name}: wide tiles {sets:?} vs tiles of 4: {equal} of {total} row-steps equal bit \
+             for bit; vs alone: largest relative difference {worst}, greedy agreement \
+             {agree}/{agree_n}"
+        );
+        assert_eq!(
+            equal, total,
+            "{name}: wide and narrow tensor-core tiles differ"
+        );
+        assert!(worst <= TEACHER_FORCED_BOUNDS.0, "{name}: vs alone {worst}");
+        assert!(
+            agree as f32 / agree_n as f32 >= TEACHER_FORCED_BOUNDS.1,
+            "{name}: greedy agreement {agree}/{agree_n}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 /// Speculation's verify pass (#33): K + 1 tokens of one sequence as one batched step whose rows

@@ -1034,33 +1034,193 @@ __device__ __forceinline__ void mma16816(float* d, const u32* a, const u32* b) {
 #endif
 }
 
+// Sequences' column tiles of the tensor-core tiles: mma.sync's N is 8 sequences, so a tile of
+// 9-16 multiplies each item's decoded codes (A, decoded once) with two B fragments (sequences
+// 0-7 and 8-15), two independent chains of four mma.sync an item.
+#define MMA_NT ((NB + 7) / 8)
+// Inputs (a multiple of 64 MV_WARPS) a tensor-core tile stages at once in shared memory: set
+// by the host where the tile's NB inputs of the widest product pass what a block may take
+// (graph_decode.rs's `mma_chunk`: 16 inputs of the 8B's down projection, K 14,336, are 476 KB);
+// 0: all of K. A product of a wider K runs its K in chunks: the block's warps over one chunk
+// at a time, every rows block of a batch (up to MMA_RB) summed over it with the partial sums
+// carried in registers, then the next chunk staged. Each warp still takes its groups
+// j = warp, warp + 8, ... in order, so the sums are the unchunked kernel's, bit for bit.
+#ifndef MMA_KC
+#define MMA_KC 0
+#endif
+// Rows blocks of 16 a block carries partial sums for across the chunks of K (its rows blocks
+// beyond restage the chunks: the host sizes the grid so that there are none at 8B).
+#define MMA_RB 2
+
+// A path the host never launches (a trap on the device; the emulator stops).
+__device__ __forceinline__ void mv_unreachable() {
+#ifdef __CUDA_ARCH__
+  asm volatile("trap;");
+#else
+  __builtin_trap();
+#endif
+}
+
+// A 16-byte copy from global to shared memory, past L1 and the registers (cp.async; the
+// emulator copies at once).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#ifdef __CUDA_ARCH__
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+  *(uint4*)dst = *(const uint4*)src;
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// The tensor-core tiles' prologue, in three steps (mv_prologue's bits, all sequences' loads in
+// flight at once instead of a round trip a sequence). mma_copy: pieces p0 .. p0 + n (8 inputs
+// each) of every sequence's input straight into its slots (sequence b's at smem + b xstride,
+// swizzled as xs_slot), all issued before one wait.
+__device__ __forceinline__ void mma_copy(unsigned char* smem, int xstride, const bf16_t* xin,
+                                         ll K, int p0, int n) {
+  const int total = NB * n;
+  const uint4* xv = (const uint4*)xin;
+  const ll KP = K >> 3;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const int b = i / n, tt = i - b * n;
+    cp_async16((uint4*)(smem + b * xstride) + xs_slot(tt), xv + b * KP + p0 + tt);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+}
+
+// invs[b] = 1 / rms of sequence b's whole input, the bits mv_prologue's mv_inv_rms gives
+// (each thread's squares of pieces tid, tid + T, ... in order, then the warps' sums in warp
+// order): from the staged slots where the whole input is staged, else from memory.
+__device__ __forceinline__ void mma_inv_rms(float* invs, float (*redn)[MV_WARPS],
+                                            const unsigned char* smem, int xstride,
+                                            const bf16_t* xin, ll K, double eps, bool staged) {
+  const int T = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int pieces = (int)(K >> 3);
+  for (int b = 0; b < NB; ++b) {
+    float ss = 0.f;
+    if (staged) {
+      const uint4* xs = (const uint4*)(smem + b * xstride);
+      for (int p = tid; p < pieces; p += T) ss += sq8(xs[xs_slot(p)]);
+    } else {
+      const uint4* xv = (const uint4*)(xin + b * K);
+      for (int p = tid; p < pieces; p += T) ss += sq8(xv[p]);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) redn[b][warp] = ss;
+  }
+  __syncthreads();
+  if (tid < NB) {
+    float tot = 0.f;
+    for (int i = 0; i < MV_WARPS; ++i) tot += redn[tid][i];
+    invs[tid] = rsqrtf(tot / (float)K + (float)eps);
+  }
+  __syncthreads();
+}
+
+// The staged pieces p0 .. p0 + n normed in place (with norm: by invs[b] and the norm's weights
+// at those pieces) and their chunk sums (one a 32 inputs, the 4 lanes of a chunk added as
+// mv_store_piece adds them) at mv_chunk_sums(.., KC). Thread tid takes pieces tid, tid + T, ...
+// of every sequence (the norm's weights loaded once for all).
+__device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int KC,
+                                           const bf16_t* normw, const float* invs, int p0, int n,
+                                           bool norm) {
+  const int T = blockDim.x, tid = threadIdx.x;
+  const uint4* gv = (const uint4*)normw + p0;
+  for (int m0 = 0; m0 < n; m0 += T) {
+    const int tt = m0 + tid;
+    const bool ok = tt < n;
+    uint4 gw = {0u, 0u, 0u, 0u};
+    if (ok && norm) gw = gv[tt];
+    for (int b = 0; b < NB; ++b) {
+      uint4* slot = (uint4*)(smem + b * xstride) + xs_slot(ok ? tt : 0);
+      float sum = 0.f;
+      if (ok) {
+        uint4 o = *slot;
+        if (norm) {
+          o = norm8(o, gw, invs[b]);
+          *slot = o;
+        }
+        sum = sum8(o);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (ok && (tt & 3) == 0) mv_chunk_sums(smem + b * xstride, KC)[tt >> 2] = sum;
+    }
+  }
+  __syncthreads();
+}
+
+// Where a warp is in a tensor-core tile's items: batch of rows blocks from b0 (local index),
+// rows block b0 + i, chunk c of K, slot s of the chunk's sl (group j = c GC + warp +
+// MV_WARPS s); ni rows blocks in the batch.
+struct MmaCur {
+  int b0, i, c, s, j, sl, ni;
+};
+
 template <class Pre, class Epi>
 __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
                                            const bf16_t* normw, bool norm, ll N, ll K,
                                            double eps, unsigned char* smem, float* red,
                                            Trace& tr, Pre pre, Epi epi) {
-  __shared__ float part[MV_WARPS][32][4];
+  __shared__ __align__(16) float part[MV_WARPS][32][4 * MMA_NT];
   __shared__ float sums[NB][16];
+  __shared__ float invs[NB];
+  __shared__ float redn[NB][MV_WARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int g = lane >> 2, t = lane & 3;
-  const int xstride = mv_row_bytes(K, 4);
   const ll row_bytes = K / 2;
   const int G = (int)(K >> 6);
-  // Group slots a warp takes for each 16 rows (the last ones past G are empty), and the
-  // blocks of 16 rows this block takes (blockIdx.x, + gridDim.x, ...).
-  const int per = (G + MV_WARPS - 1) / MV_WARPS;
+  // The inputs staged at once: all of K, or chunks of MMA_KC (GC groups, a multiple of
+  // MV_WARPS, so that every warp's groups stay in order across the chunks).
+  const int KC = (MMA_KC > 0 && K > MMA_KC) ? MMA_KC : (int)K;
+  const int GC = KC >> 6, CH = (G + GC - 1) / GC;
+  const int xstride = mv_row_bytes(KC, 4);
+  // The blocks of 16 rows this block takes (blockIdx.x, + gridDim.x, ...), in batches: all of
+  // them with one chunk, MMA_RB with several.
   const ll RB = (N + 15) / 16;
-  const ll nrb = (ll)blockIdx.x < RB ? (RB - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int nrb = (ll)blockIdx.x < RB ? (int)((RB - 1 - blockIdx.x) / gridDim.x + 1) : 0;
+  const int bat = CH == 1 ? (nrb > 0 ? nrb : 1) : MMA_RB;
+  // Group slots a warp takes in chunk c (the last ones past G are empty).
+  auto slots = [&](int c) {
+    const int gc = G - c * GC < GC ? G - c * GC : GC;
+    return (gc + MV_WARPS - 1) / MV_WARPS;
+  };
+  // Rows blocks in the batch from b0 (1 past the last: the loads' cursor runs on).
+  auto in_batch = [&](int b0) { return nrb - b0 >= bat ? bat : nrb - b0 > 0 ? nrb - b0 : 1; };
+  const MmaCur first{0, 0, 0, 0, warp, slots(0), in_batch(0)};
+  // The next item; true where a (rows block, chunk) segment ended.
+  auto advance = [&](MmaCur& k) {
+    k.j += MV_WARPS;
+    if (++k.s < k.sl) return false;
+    k.s = 0;
+    if (++k.i == k.ni) {
+      k.i = 0;
+      if (++k.c == CH) {
+        k.c = 0;
+        k.b0 += bat;
+        k.ni = in_batch(k.b0);
+      }
+      k.sl = slots(k.c);
+    }
+    k.j = k.c * GC + warp;
+    return true;
+  };
   uint2 q[MMA_BATCH][2];
   u32 sb[MMA_BATCH][2];
-  ll lrb = 0;  // the next item to load: rows block lrb, group slot lj
-  int lj = 0;
-  // Where lane (g, t) reads in rows block lrb: rows g and g + 8 (the last row for those past N).
+  MmaCur lc = first;  // the next item to load
+  // Where lane (g, t) reads in rows block lc.b0 + lc.i: rows g and g + 8 (the last row for
+  // those past N).
   const unsigned char* lw[2];
   const bf16_t* ls[2];
   const bf16_t* lb[2];
   auto rows_at = [&]() {
-    const ll rb = blockIdx.x + lrb * gridDim.x;
+    const ll rb = blockIdx.x + (ll)(lc.b0 + lc.i) * gridDim.x;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       ll row = 16 * rb + g + 8 * h;
@@ -1074,61 +1234,83 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
     }
   };
   rows_at();
-#define MMA_LOAD(u)                               \
-  {                                               \
-    const int j = warp + MV_WARPS * lj;           \
-    if (lrb < nrb && j < G) {                     \
-      q[u][0] = ld_stream2(lw[0] + 32 * j);       \
-      q[u][1] = ld_stream2(lw[1] + 32 * j);       \
-      sb[u][0] = ld_sb(ls[0], lb[0], j);          \
-      sb[u][1] = ld_sb(ls[1], lb[1], j);          \
-    }                                             \
-    if (++lj == per) {                            \
-      lj = 0;                                     \
-      ++lrb;                                      \
-      rows_at();                                  \
-    }                                             \
+#define MMA_LOAD(u)                         \
+  {                                         \
+    const int j = lc.j;                     \
+    if (lc.b0 < nrb && j < G) {             \
+      q[u][0] = ld_stream2(lw[0] + 32 * j); \
+      q[u][1] = ld_stream2(lw[1] + 32 * j); \
+      sb[u][0] = ld_sb(ls[0], lb[0], j);    \
+      sb[u][1] = ld_sb(ls[1], lb[1], j);    \
+    }                                       \
+    if (advance(lc)) rows_at();             \
   }
 #pragma unroll
   for (int u = 0; u < MMA_BATCH; ++u) MMA_LOAD(u)
   pdl_wait_then_release();
   tr.mark(1);
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, K), red,
-                xin + b * K, normw, K, norm, eps, 4, true);
-  }
+  // Chunk c's inputs of every sequence into shared memory (the whole input with one chunk).
+  bool have_inv = false;
+  auto stage = [&](int c) {
+    const int k0 = c * KC, kn = K - k0 < KC ? (int)(K - k0) : KC;
+    mma_copy(smem, xstride, xin, K, k0 >> 3, kn >> 3);
+    if (norm && !have_inv) mma_inv_rms(invs, redn, smem, xstride, xin, K, eps, CH == 1);
+    have_inv = true;
+    mma_finish(smem, xstride, KC, normw, invs, k0 >> 3, kn >> 3, norm);
+  };
+  stage(0);
   tr.mark(2);
-  // B's column g: sequence g's inputs (quads past NB multiply zeros).
-  const bool has_seq = g < NB;
-  const uint4* xg = (const uint4*)(smem + (has_seq ? g : 0) * xstride);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  ll crb = 0;  // the item being summed: rows block crb, group slot cj
-  int cj = 0;
+  float acc[MMA_NT][4];
+  float keep[MMA_RB][MMA_NT][4];
+#pragma unroll
+  for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+#pragma unroll
+  for (int r = 0; r < MMA_RB; ++r)
+#pragma unroll
+    for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) keep[r][nt][e] = 0.f;
+  MmaCur cc = first;  // the item being summed
+  int done = 0;       // rows blocks whose epilogue ran (they run in order)
   // The epilogue's thread (row group erg, sequence en) loads what it reads from memory
   // (pre: the residual, the position and RoPE table) a rows block ahead, as mv_run's lanes
   // do: loaded at the epilogue, its latency stood between the block's two barriers.
   const bool epi_thread = tid < (16 / MV_ROWS) * NB;
   const int erg = tid % (16 / MV_ROWS), en = tid / (16 / MV_ROWS);
   decltype(pre(0, 0)) early{};
-  auto early_for = [&](ll c) {
-    const ll r0 = 16 * ((ll)blockIdx.x + c * gridDim.x) + MV_ROWS * erg;
+  auto early_for = [&](int c) {
+    const ll r0 = 16 * ((ll)blockIdx.x + (ll)c * gridDim.x) + MV_ROWS * erg;
     if (epi_thread && c < nrb && r0 < N) early = pre(r0, en);
   };
   early_for(0);
-  while (crb < nrb) {
+  while (cc.b0 < nrb) {
 #pragma unroll
     for (int u = 0; u < MMA_BATCH; ++u) {
-      if (crb < nrb) {
-        const int j = warp + MV_WARPS * cj;
+      if (cc.b0 < nrb) {
+        const int j = cc.j, jl = j - cc.c * GC;
         if (j < G) {
-          uint4 x0 = {0u, 0u, 0u, 0u}, x1 = {0u, 0u, 0u, 0u};
-          if (has_seq) {
-            x0 = xg[xs_slot(8 * j + 2 * t)];
-            x1 = xg[xs_slot(8 * j + 2 * t + 1)];
+          // B's column g of column tile nt: sequence 8 nt + g's inputs (columns past NB
+          // multiply zeros).
+          u32 bx[MMA_NT][8];
+#pragma unroll
+          for (int nt = 0; nt < MMA_NT; ++nt) {
+            const int sq = 8 * nt + g;
+            uint4 x0 = {0u, 0u, 0u, 0u}, x1 = {0u, 0u, 0u, 0u};
+            if (sq < NB) {
+              const uint4* xg = (const uint4*)(smem + sq * xstride);
+              x0 = xg[xs_slot(8 * jl + 2 * t)];
+              x1 = xg[xs_slot(8 * jl + 2 * t + 1)];
+            }
+            bx[nt][0] = x0.x, bx[nt][1] = x0.y, bx[nt][2] = x0.z, bx[nt][3] = x0.w;
+            bx[nt][4] = x1.x, bx[nt][5] = x1.y, bx[nt][6] = x1.z, bx[nt][7] = x1.w;
           }
-          const u32 bx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
+          float d[MMA_NT][4];
+#pragma unroll
+          for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) d[nt][e] = 0.f;
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
             // Codes 4 s .. 4 s + 3 of each row: logical k 2t, 2t+1 (a[0], a[1]) and
@@ -1136,44 +1318,75 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
             const u32 w0 = (s < 2 ? q[u][0].x : q[u][0].y) >> (16 * (s & 1));
             const u32 w1 = (s < 2 ? q[u][1].x : q[u][1].y) >> (16 * (s & 1));
             const u32 a[4] = {codes_bf2(w0), codes_bf2(w1), codes_bf2(w0 >> 8), codes_bf2(w1 >> 8)};
-            const u32 b[2] = {bx[2 * s], bx[2 * s + 1]};
-            mma16816(d, a, b);
+#pragma unroll
+            for (int nt = 0; nt < MMA_NT; ++nt) {
+              const u32 b[2] = {bx[nt][2 * s], bx[nt][2 * s + 1]};
+              mma16816(d[nt], a, b);
+            }
           }
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int n = 2 * t + (e & 1);
-            float xsum = 0.f;
-            if (n < NB) {
-              const float* xc = mv_chunk_sums(smem + n * xstride, K);
-              xsum = xc[2 * j] + xc[2 * j + 1];
+          for (int nt = 0; nt < MMA_NT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int n = 8 * nt + 2 * t + (e & 1);
+              float xsum = 0.f;
+              if (n < NB) {
+                const float* xc = mv_chunk_sums(smem + n * xstride, KC);
+                xsum = xc[2 * jl] + xc[2 * jl + 1];
+              }
+              acc[nt][e] += lo2f(sb[u][e >> 1]) * d[nt][e] + hi2f(sb[u][e >> 1]) * xsum;
             }
-            acc[e] += lo2f(sb[u][e >> 1]) * d[e] + hi2f(sb[u][e >> 1]) * xsum;
           }
         }
         MMA_LOAD(u)
-        if (++cj == per) {
-          // 16 rows done: the warps' sums in warp order, then the epilogue.
-          const ll rb = blockIdx.x + crb * gridDim.x;
+        const int ci = cc.i, cch = cc.c;
+        if (advance(cc)) {
+          if (cch == CH - 1) {
+            // 16 rows done: the warps' sums in warp order, then the epilogue.
+            const ll rb = blockIdx.x + (ll)done * gridDim.x;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) part[warp][lane][e] = acc[e];
-          __syncthreads();
-          if (tid < 16 * NB) {
-            const int r = tid & 15, n = tid >> 4;
-            const int l = 4 * (r & 7) + (n >> 1), e = 2 * (r >> 3) + (n & 1);
-            float v = 0.f;
-            for (int w = 0; w < MV_WARPS; ++w) v += part[w][l][e];
-            sums[n][r] = v;
-          }
-          __syncthreads();
-          if (epi_thread) {
-            const ll r0 = 16 * rb + MV_ROWS * erg;
-            if (r0 < N) epi(r0, en, &sums[en][MV_ROWS * erg], early);
-          }
+            for (int nt = 0; nt < MMA_NT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[e] = 0.f;
-          cj = 0;
-          ++crb;
-          early_for(crb);
+              for (int e = 0; e < 4; ++e) part[warp][lane][4 * nt + e] = acc[nt][e];
+            __syncthreads();
+            if (tid < 16 * NB) {
+              const int r = tid & 15, n = tid >> 4, nn = n & 7;
+              const int l = 4 * (r & 7) + (nn >> 1), e = 4 * (n >> 3) + 2 * (r >> 3) + (nn & 1);
+              float v = 0.f;
+              for (int w = 0; w < MV_WARPS; ++w) v += part[w][l][e];
+              sums[n][r] = v;
+            }
+            __syncthreads();
+            if (epi_thread) {
+              const ll r0 = 16 * rb + MV_ROWS * erg;
+              if (r0 < N) epi(r0, en, &sums[en][MV_ROWS * erg], early);
+            }
+            ++done;
+            early_for(done);
+          } else {
+            // The rows block's sums so far, until its next chunk.
+#pragma unroll
+            for (int r = 0; r < MMA_RB; ++r)
+#pragma unroll
+              for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) keep[r][nt][e] = r == ci ? acc[nt][e] : keep[r][nt][e];
+          }
+          // A new chunk: every warp is past the last one's inputs before they are replaced.
+          if (CH > 1 && cc.i == 0 && cc.b0 < nrb) {
+            __syncthreads();
+            stage(cc.c);
+          }
+          // The next segment's sums: from 0 in a chunk 0, else what its rows block kept.
+#pragma unroll
+          for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float v = 0.f;
+#pragma unroll
+              for (int r = 0; r < MMA_RB; ++r) v = r == cc.i ? keep[r][nt][e] : v;
+              acc[nt][e] = cc.c == 0 ? 0.f : v;
+            }
         }
       }
     }
@@ -1208,6 +1421,12 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
     return;
   }
 #endif
+#if NB > 8
+  // Tiles of more than 8 sequences are tensor-core tiles only: the host builds them for models
+  // of 4-bit weights in groups of 64 alone (graph_decode.rs's `wide_tiles`), whose products
+  // all take mv_run_mma above. (Not compiled: the FFMA sums of 16 sequences.)
+  mv_unreachable();
+#else
   // The input's width: K, or the slots' inputs side by side.
   const ll Kx = per_slot ? N / rpe * K : K;
   bf16_t* xs = (bf16_t*)smem;
@@ -1338,6 +1557,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   }
 #endif
   if (tr.buf) __syncthreads();
+#endif  // NB > 8
 }
 
 // Runs mv_run with the codes' width and the weights' map (Wts) as template arguments.

@@ -205,6 +205,17 @@ pub struct GraphOptions {
     /// rows runs the tensor-core tiles (L3). Speculation's verify groups and a decoder of
     /// one cache slot keep the full tiles.
     pub fit_rows: bool,
+    /// Wide tensor-core tiles (default true): where tiles of 4-bit weights in groups of 64
+    /// run on the tensor cores ([`GraphOptions::tensor_cores_from`]), a tile takes up to
+    /// [`MMA_TILE_SEQUENCES`] rows (one pass over the weights for 16 serve rows instead of 3
+    /// tiles of 6 at 8B; the inputs past the shared memory staged in chunks of K), and with
+    /// [`GraphOptions::fit_rows`] a step's tensor-core tile is its rows rounded up to a
+    /// multiple of 8 (mma.sync's 8 columns: 8 rows cost what 4 do), so a 16-row decoder
+    /// runs widths 1, 2, 3, 8 and 16 only. Every row of a wide tile is bit-equal to the same
+    /// row of a narrower tensor-core tile (each column of mma.sync is its own sum). false:
+    /// session 33's tiles (at most [`TILE_SEQUENCES`] rows, as many as fit), for A/B runs
+    /// (`MLX_GRAPH_WIDE_TILES=0` in the batch engine).
+    pub wide_tiles: bool,
 }
 
 /// The most sequences a [`GraphDecoder`] decodes a step.
@@ -212,6 +223,9 @@ pub const MAX_SEQUENCES: u32 = 64;
 /// The most sequences one launch of a matrix-vector kernel takes (`NB` in the source; past it
 /// the sums no longer fit the registers).
 pub const TILE_SEQUENCES: u32 = 8;
+/// The most sequences one launch of a tensor-core tile takes ([`GraphOptions::wide_tiles`]:
+/// two of mma.sync's 8-column tiles over the same decoded codes).
+pub const MMA_TILE_SEQUENCES: u32 = 16;
 /// The smallest tile worth running on the tensor cores
 /// ([`GraphOptions::tensor_cores_from`], off unless set): from about 4 rows the FFMA kernels are compute bound
 /// (results/gpu/2026-12-04-s23-run9).
@@ -246,6 +260,7 @@ impl Default for GraphOptions {
             min_blocks_per_sm: None,
             attn_combine_in_output: None,
             fit_rows: true,
+            wide_tiles: true,
         }
     }
 }
@@ -1812,13 +1827,17 @@ impl GraphDecoder {
                 format!("sequences {}: must be 1 to {MAX_SEQUENCES}", opts.sequences),
             ));
         }
-        // Tiles of nb rows: as few tiles as the kernels' limit allows, the rows spread evenly.
+        // Tiles of nb rows: as few tiles as the kernels' limit allows, the rows spread evenly;
+        // up to MMA_TILE_SEQUENCES where they run on the tensor cores (wide_tiles).
         let want = opts.sequences as usize;
-        let per_tile = Self::max_sequences(&spec)
-            .min(opts.tile_sequences.unwrap_or(u32::MAX))
-            .max(1) as usize;
-        let tiles = want.div_ceil(per_tile);
-        let nb = want.div_ceil(tiles);
+        let mma_from = opts.tensor_cores_from.unwrap_or(u32::MAX);
+        let wide_from = wide_from(&spec, opts.wide_tiles, mma_from);
+        let (nb, tiles, per_tile) = tile_shape(
+            want,
+            Self::max_sequences(&spec),
+            opts.tile_sequences,
+            wide_from,
+        );
         let total = nb * tiles;
         if opts.one_cache_slot && tiles > 1 {
             // On session 30's H100, speculation at K = 8 (two tiles) in one slot failed a
@@ -1853,7 +1872,6 @@ impl GraphDecoder {
             ));
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
-        let mma_from = opts.tensor_cores_from.unwrap_or(u32::MAX);
         let mma = nb as u32 >= mma_from;
         let params = SourceParams {
             rows,
@@ -1862,7 +1880,8 @@ impl GraphDecoder {
             min_blocks: opts.min_blocks_per_sm,
         };
         let t0 = std::time::Instant::now();
-        let (source, kernels) = step_source(&spec, &params, nb, mma);
+        let wide = wide_from.is_some_and(|f| nb >= f);
+        let (source, kernels) = step_source(&spec, &params, nb, mma, wide);
         let mut rt = GpuRuntime::new(&source, &kernels)?;
         let kernels_s = t0.elapsed().as_secs_f64();
         let t1 = std::time::Instant::now();
@@ -2035,7 +2054,10 @@ impl GraphDecoder {
             );
         }
         let max_k = s.mv_inputs().into_iter().map(|x| x.0).max().unwrap_or(h);
-        let shared = s.mv_shared_per_sequence() * nb as u32;
+        let chunk = wide_from
+            .filter(|&f| nb >= f)
+            .and_then(|_| mma_chunk(s, nb, opts.min_blocks_per_sm));
+        let shared = mv_staged_per_sequence(s, chunk) * nb as u32;
         if shared + MV_STATIC_SHARED > MV_SHARED_MAX {
             return Err(invalid(
                 "graph_decoder",
@@ -2047,7 +2069,7 @@ impl GraphDecoder {
                 ),
             ));
         }
-        mv_shared_opt_in(&mut rt, Module::FIRST, &spec, nb)?;
+        mv_shared_opt_in(&mut rt, Module::FIRST, &spec, nb, chunk)?;
         if s.trellis.is_some() {
             trellis_shared_limit(&mut rt, &layers, trellis_head)?;
         }
@@ -2081,6 +2103,7 @@ impl GraphDecoder {
             mma_from,
             params,
             fit_rows: opts.fit_rows && !opts.one_cache_slot && nb * tiles > 1,
+            wide_from,
         };
         let weights_s = t1.elapsed().as_secs_f64();
         let t2 = std::time::Instant::now();
@@ -2500,6 +2523,16 @@ impl GraphDecoder {
         }
     }
 
+    /// The kernel modules (one a tile width) and step graphs this decoder holds: the
+    /// constructor's, and the narrower sets compiled and captured since
+    /// ([`GraphDecoder::prepare_rows`]).
+    pub fn prepared(&self) -> (usize, usize) {
+        (
+            self.modules.len(),
+            1 + self.tile_graphs.len() + self.fitted.len(),
+        )
+    }
+
     /// Compiles the kernels and captures the step graphs that steps of up to `rows` rows run
     /// ([`GraphOptions::fit_rows`]; every count from 1 to `rows`, at most
     /// [`GraphDecoder::sequences`]), so that no step pays NVRTC or a capture later. Without
@@ -2510,10 +2543,8 @@ impl GraphDecoder {
         let rows = rows.min(self.sequences());
         self.guard(|me| {
             // Every window of rows within the first `rows`: lo .. lo + m.
-            for m in 1..=rows {
-                for lo in 0..=rows - m {
-                    me.fitted_graph(lo, lo + m)?;
-                }
+            for (lo, hi) in windows(rows) {
+                me.fitted_graph(lo, hi)?;
             }
             Ok(())
         })?;
@@ -2529,12 +2560,11 @@ impl GraphDecoder {
         if !self.step.fit_rows {
             return Ok(self.graph_for(std::iter::once(hi - 1)));
         }
-        let (nb, tiles) = self.step.fit(hi - lo);
-        let first = lo.min(self.sequences() - nb * tiles);
-        if nb == self.step.nb && first == 0 {
+        let Some(key) = self.step.fitted_key(lo, hi) else {
+            let (nb, tiles) = self.step.fit(hi - lo);
             return Ok(self.graph_for(std::iter::once(tiles * nb - 1)));
-        }
-        let key = (nb, tiles, first);
+        };
+        let (nb, tiles, first) = key;
         if let Some(&(_, g)) = self.fitted.iter().find(|(k, _)| *k == key) {
             return Ok(g);
         }
@@ -2542,9 +2572,12 @@ impl GraphDecoder {
             Some(&(_, m)) => m,
             None => {
                 let mma = nb as u32 >= self.step.mma_from;
-                let (source, kernels) = step_source(&self.step.shape, &self.step.params, nb, mma);
+                let wide = self.step.wide(nb);
+                let (source, kernels) =
+                    step_source(&self.step.shape, &self.step.params, nb, mma, wide);
                 let module = self.rt.add_module(&source, &kernels)?;
-                mv_shared_opt_in(&mut self.rt, module, &self.step.shape, nb)?;
+                let chunk = self.step.chunk(nb);
+                mv_shared_opt_in(&mut self.rt, module, &self.step.shape, nb, chunk)?;
                 self.modules.push((nb, module));
                 module
             }
@@ -3322,8 +3355,13 @@ fn mv_shared_bytes(k: usize, bits: usize) -> u32 {
 /// The dynamic shared memory a block may opt in to on sm_90 (227 KiB).
 const MV_SHARED_MAX: u32 = 227 * 1024;
 /// A bound on the matrix-vector kernels' static shared memory (the tensor-core tiles' partial
-/// sums, 4.6 KiB with 8 sequences; under 1 KiB without them).
-const MV_STATIC_SHARED: u32 = 6 * 1024;
+/// sums, 4.6 KiB with 8 sequences, 9.9 KiB with 16; under 1 KiB without them).
+const MV_STATIC_SHARED: u32 = 11 * 1024;
+/// The shared memory of a multiprocessor (sm_90: 228 KiB, 1 KiB of it reserved a block).
+const SM_SHARED: u32 = 228 * 1024;
+/// The chunks of K a tensor-core tile stages are multiples of this many inputs (a group of 64
+/// for each of a block's 8 warps: `MMA_KC` in the source).
+const MMA_KC_STEP: usize = 64 * 8;
 
 fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
     Arg::Buf(b.unwrap_or(dummy), 0)
@@ -3366,7 +3404,7 @@ fn matvec_tile(
     let k = rec.kernel(rt, "matvec")?;
     let s = &rec.step.shape;
     let (gs, bits) = (lin.gs, lin.bits);
-    let shared = mv_shared_bytes(lin.k, bits) * rec.nb as u32;
+    let shared = mv_tile_shared(lin.k, bits, rec.nb, rec.step.chunk(rec.nb));
     // Tile t's first row of the input, the residual and the output.
     let rows = rec.first_row + t * rec.nb;
     let out_row = if mode & MODE_F32 != 0 {
@@ -3514,6 +3552,8 @@ struct Step {
     params: SourceParams,
     /// [`GraphOptions::fit_rows`] (off for one cache slot and for a decoder of one row).
     fit_rows: bool,
+    /// Tiles of at least this many rows are wide tensor-core tiles ([`wide_from`]).
+    wide_from: Option<usize>,
 }
 
 /// Whether the output projection combines the attention's partials itself
@@ -3554,18 +3594,154 @@ impl Step {
     /// The tiles that hold the first `m` rows (1 .. nb x tiles): the fewest tiles of at most
     /// `nb` rows, each of the fewest rows that spread `m` over them.
     fn fit(&self, m: usize) -> (usize, usize) {
-        fit_tiles(m, self.nb, self.tiles)
+        fit_tiles(m, self.nb, self.tiles, self.wide_from)
     }
+
+    /// The tiles a step of rows `lo .. hi` runs: (rows a tile, tiles, first row), from row `lo`
+    /// or as far below it as the rows end; `None` where those are the constructor's tiles
+    /// from row 0 (its graphs).
+    fn fitted_key(&self, lo: usize, hi: usize) -> Option<(usize, usize, usize)> {
+        let (nb, tiles) = self.fit(hi.max(lo + 1) - lo);
+        let first = lo.min(self.nb * self.tiles - nb * tiles);
+        (nb != self.nb || first != 0).then_some((nb, tiles, first))
+    }
+
+    /// Whether tiles of `nb` rows are wide tensor-core tiles ([`GraphOptions::wide_tiles`]).
+    fn wide(&self, nb: usize) -> bool {
+        self.wide_from.is_some_and(|f| nb >= f)
+    }
+
+    /// The inputs tiles of `nb` rows stage at once (`MMA_KC`; `None`: all of K).
+    fn chunk(&self, nb: usize) -> Option<usize> {
+        if self.wide(nb) {
+            mma_chunk(&self.shape, nb, self.params.min_blocks)
+        } else {
+            None
+        }
+    }
+}
+
+/// Tiles of at least this many rows run as wide tensor-core tiles
+/// ([`GraphOptions::wide_tiles`]): where the option is on, the tensor cores apply (4-bit
+/// weights in groups of 64, from `mma_from` rows), and the model decodes several sequences
+/// (no experts, no trellis codes).
+fn wide_from(spec: &GraphSpec, wide_tiles: bool, mma_from: u32) -> Option<usize> {
+    (wide_tiles
+        && spec.group_and_bits() == (64, 4)
+        && spec.moe.is_none()
+        && spec.trellis.is_none()
+        && mma_from <= MMA_TILE_SEQUENCES)
+        .then_some(mma_from as usize)
+}
+
+/// A decoder's tiles for `want` rows: (rows a tile, tiles, the most rows a tile may take).
+/// Wide tensor-core tiles ([`wide_from`]) take up to [`MMA_TILE_SEQUENCES`] rows, where the
+/// rows a tile come to at least `wide_from`; otherwise up to `ffma_max`
+/// ([`GraphDecoder::max_sequences`]). `tile_sequences` caps either. As few tiles as that
+/// allows, the rows spread evenly.
+fn tile_shape(
+    want: usize,
+    ffma_max: u32,
+    tile_sequences: Option<u32>,
+    wide_from: Option<usize>,
+) -> (usize, usize, usize) {
+    let cap = tile_sequences.unwrap_or(u32::MAX);
+    let spread = |per: u32| {
+        let per = per.min(cap).max(1) as usize;
+        let tiles = want.max(1).div_ceil(per);
+        (want.max(1).div_ceil(tiles), tiles, per)
+    };
+    match wide_from {
+        Some(f) => {
+            let wide = spread(MMA_TILE_SEQUENCES);
+            if wide.0 >= f {
+                wide
+            } else {
+                spread(ffma_max)
+            }
+        }
+        None => spread(ffma_max),
+    }
+}
+
+/// `MV_MIN_BLOCKS` of a wide tensor-core tile of `nb` rows: 2 (128 registers a thread) where
+/// two blocks' inputs of the model's hidden width fit a multiprocessor's shared memory, else 1
+/// (the registers of one: no spills at 16 rows, `results/gpu/2026-12-06-s34-wide`).
+fn mma_min_blocks(spec: &GraphSpec, nb: usize) -> u32 {
+    let one = nb as u32 * mv_shared_bytes(spec.hidden, 4) + MV_STATIC_SHARED + 1024;
+    if 2 * one <= SM_SHARED {
+        2
+    } else {
+        1
+    }
+}
+
+/// The inputs a wide tensor-core tile of `nb` rows stages at once (`MMA_KC` in the source;
+/// `None`: all of K, where the widest product's `nb` inputs fit): the most, a multiple of
+/// [`MMA_KC_STEP`], whose `nb` inputs fit the blocks a multiprocessor holds
+/// (`MV_MIN_BLOCKS`: `min_blocks`, else [`mma_min_blocks`]). At 8B (down's K 14,336): 6,144
+/// at 8 and 16 rows (16 x 13,056 bytes, one block; 8 x 13,056, two).
+fn mma_chunk(spec: &GraphSpec, nb: usize, min_blocks: Option<u32>) -> Option<usize> {
+    let blocks = min_blocks
+        .unwrap_or_else(|| mma_min_blocks(spec, nb))
+        .max(1);
+    let block = (SM_SHARED / blocks)
+        .saturating_sub(1024)
+        .min(MV_SHARED_MAX)
+        .saturating_sub(MV_STATIC_SHARED);
+    let room = block / nb.max(1) as u32;
+    if spec.mv_shared_per_sequence() <= room {
+        return None;
+    }
+    let mut kc = (room as usize * 8 / 17) / MMA_KC_STEP * MMA_KC_STEP;
+    while kc > MMA_KC_STEP && mv_shared_bytes(kc, 4) > room {
+        kc -= MMA_KC_STEP;
+    }
+    Some(kc.max(MMA_KC_STEP))
+}
+
+/// The most shared memory one sequence's input takes in a matrix-vector launch, with the
+/// tensor-core tiles' inputs staged in chunks of `chunk` inputs.
+fn mv_staged_per_sequence(spec: &GraphSpec, chunk: Option<usize>) -> u32 {
+    match chunk {
+        None => spec.mv_shared_per_sequence(),
+        Some(kc) => spec
+            .mv_inputs()
+            .into_iter()
+            .map(|(k, bits)| mv_shared_bytes(k.min(kc), bits))
+            .max()
+            .unwrap_or(0),
+    }
+}
+
+/// A matrix-vector launch's dynamic shared memory: `nb` inputs of width `k` (or of the
+/// tensor-core tiles' `chunk`, where K is wider).
+fn mv_tile_shared(k: usize, bits: usize, nb: usize, chunk: Option<usize>) -> u32 {
+    let staged = chunk.map_or(k, |c| k.min(c));
+    mv_shared_bytes(staged, bits) * nb as u32
+}
+
+/// The windows of rows (lo, hi) within the first `rows` that a step may have (its lowest row
+/// to its highest): what [`GraphDecoder::prepare_rows`] prepares.
+fn windows(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    (1..=rows).flat_map(move |m| (0..=rows - m).map(move |lo| (lo, lo + m)))
 }
 
 /// The tiles that hold `m` rows (clamped to 1 .. nb x tiles) with tiles of at most `nb`
 /// rows: (rows a tile, tiles), the fewest tiles (each reads every weight once), each of the
 /// fewest rows that hold `m` (each row's products cost the same whether it steps or idles).
-fn fit_tiles(m: usize, nb: usize, tiles: usize) -> (usize, usize) {
+/// A tile of at least `wide_from` rows (wide tensor-core tiles) takes its rows rounded up to
+/// a multiple of 8 (at most `nb`): mma.sync multiplies 8 columns whatever the rows, so the
+/// widths are few (1, 2, 3, 8 and 16 for a 16-row decoder) and so are the modules and graphs.
+fn fit_tiles(m: usize, nb: usize, tiles: usize, wide_from: Option<usize>) -> (usize, usize) {
     let nb = nb.max(1);
     let m = m.clamp(1, nb * tiles.max(1));
     let t = m.div_ceil(nb);
-    (m.div_ceil(t), t)
+    let w = m.div_ceil(t);
+    match wide_from {
+        Some(f) if w >= f => (w.next_multiple_of(8).min(nb), t),
+        _ => (w, t),
+    }
 }
 
 /// The kernels' compile-time settings besides `NB` and `MV_MMA`.
@@ -3595,18 +3771,27 @@ fn step_source(
     p: &SourceParams,
     nb: usize,
     mma: bool,
+    wide: bool,
 ) -> (String, Vec<(&'static str, u32)>) {
     // Tensor-core tiles of a 4-bit model in groups of 64 (every product on mv_run_mma): two
     // blocks a multiprocessor at 128 registers where the inputs fit (graph_decode.cu's
-    // MV_MIN_BLOCKS; results/gpu/2026-12-05-s32-rows), unless the options set it.
+    // MV_MIN_BLOCKS; results/gpu/2026-12-05-s32-rows), unless the options set it; a wide
+    // tile whose inputs fill one multiprocessor's shared memory takes one (mma_min_blocks).
+    let mma4 = mma && spec.group_and_bits() == (64, 4);
     let min_blocks = p
         .min_blocks
-        .or((mma && spec.group_and_bits() == (64, 4)).then_some(2))
+        .or(mma4.then(|| if wide { mma_min_blocks(spec, nb) } else { 2 }))
         .map(|m| format!("#define MV_MIN_BLOCKS {m}\n"))
         .unwrap_or_default();
+    // A wide tile's inputs past the shared memory: staged in chunks of K.
+    let chunk = if wide && mma4 {
+        mma_chunk(spec, nb, p.min_blocks).unwrap_or(0)
+    } else {
+        0
+    };
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
-         #define NB {nb}\n#define MV_MMA {}\n{min_blocks}{SOURCE}",
+         #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{SOURCE}",
         p.rows,
         p.batch,
         p.early,
@@ -3639,8 +3824,9 @@ fn mv_shared_opt_in(
     module: Module,
     spec: &GraphSpec,
     nb: usize,
+    chunk: Option<usize>,
 ) -> Result<()> {
-    let shared = spec.mv_shared_per_sequence() * nb as u32;
+    let shared = mv_staged_per_sequence(spec, chunk) * nb as u32;
     if shared + MV_STATIC_SHARED <= 48 * 1024 {
         return Ok(());
     }
@@ -3864,7 +4050,7 @@ fn record_step(
     }
     let scale = s.attn_scale as f64;
     // Every layer's q/k/v product has the same shape.
-    let qkv_shared = mv_shared_bytes(s.hidden, bits) * nbu;
+    let qkv_shared = mv_tile_shared(s.hidden, bits, nb, step.chunk(nb));
     let qkv_resident = rt
         .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
         .min(mv_cap);
@@ -4679,18 +4865,146 @@ mod tests {
             (0, (1, 1)),
         ];
         for (m, w) in want {
-            assert_eq!(fit_tiles(m, 6, 3), w, "{m} rows");
+            assert_eq!(fit_tiles(m, 6, 3, None), w, "{m} rows");
         }
         for nb in 1..=8 {
             for tiles in 1..=8 {
                 for m in 1..=nb * tiles {
-                    let (w, t) = fit_tiles(m, nb, tiles);
+                    let (w, t) = fit_tiles(m, nb, tiles, None);
                     assert!(w <= nb && t <= tiles && w * t >= m && w * t <= nb * tiles);
                     assert_eq!(t, m.div_ceil(nb), "the fewest tiles");
                     assert!(w == 1 || (w - 1) * t < m, "the fewest rows a tile");
                 }
             }
         }
+    }
+
+    /// A Llama-3-8B-shaped spec (4-bit weights in groups of 64): `mlx serve`'s model of
+    /// issue #30's serve row.
+    fn spec_8b() -> GraphSpec {
+        GraphSpec {
+            hidden: 4096,
+            layers: 32,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            intermediate: 14336,
+            vocab: 128256,
+            rope: GraphRope::from_base(128, false, 500000.0, 1.0),
+            rope_layers: vec![true; 32],
+            tied: false,
+            quant: Some((64, 4)),
+            ..tiny_spec()
+        }
+    }
+
+    /// (modules, step graphs) a decoder of `want` rows holds after `prepare_rows(want)`: the
+    /// constructor's module and graphs (one a tile count), and one module a narrower width
+    /// and one graph a distinct (width, tiles, first row) the windows of rows take.
+    fn prepared_counts(want: usize, ffma_max: u32, wide: Option<usize>) -> (usize, usize) {
+        let (nb, tiles, _) = tile_shape(want, ffma_max, None, wide);
+        let step_fit = |m: usize| fit_tiles(m, nb, tiles, wide);
+        let (mut widths, mut keys) = (vec![nb], Vec::new());
+        for (lo, hi) in windows(want) {
+            let (w, t) = step_fit(hi - lo);
+            let first = lo.min(nb * tiles - w * t);
+            if w == nb && first == 0 {
+                continue;
+            }
+            if !widths.contains(&w) {
+                widths.push(w);
+            }
+            if !keys.contains(&(w, t, first)) {
+                keys.push((w, t, first));
+            }
+        }
+        (widths.len(), tiles + keys.len())
+    }
+
+    #[test]
+    fn wide_tensor_core_tiles_take_sixteen_rows_in_one_pass() {
+        let s = spec_8b();
+        let ffma = GraphDecoder::max_sequences(&s);
+        assert_eq!(
+            ffma, 7,
+            "down's inputs (K 14,336) fill the shared memory at 7 rows"
+        );
+        // Tensor cores from 4 rows (the batch engine's default): one tile of 16, not 3 of 6.
+        let wide = wide_from(&s, true, MMA_MIN_SEQUENCES);
+        assert_eq!(wide, Some(4));
+        assert_eq!(tile_shape(16, ffma, None, wide), (16, 1, 16));
+        assert_eq!(
+            tile_shape(16, ffma, None, None),
+            (6, 3, 7),
+            "session 33's tiles"
+        );
+        assert_eq!(tile_shape(32, ffma, None, wide), (16, 2, 16));
+        assert_eq!(
+            tile_shape(3, ffma, None, wide),
+            (3, 1, 7),
+            "below 4 rows: FFMA"
+        );
+        assert_eq!(tile_shape(16, ffma, Some(4), wide), (4, 4, 4));
+        // Not wide: off, no tensor cores, another quantization, past 16 rows.
+        assert_eq!(wide_from(&s, false, 4), None);
+        assert_eq!(wide_from(&s, true, u32::MAX), None);
+        assert_eq!(wide_from(&s, true, 17), None);
+        let q8 = GraphSpec {
+            quant: Some((64, 8)),
+            ..spec_8b()
+        };
+        assert_eq!(wide_from(&q8, true, 4), None);
+        // A step's tile: its rows, rounded up to 8 or 16 from 4 rows.
+        let want = [
+            (1, 1),
+            (2, 2),
+            (3, 3),
+            (4, 8),
+            (7, 8),
+            (8, 8),
+            (9, 16),
+            (16, 16),
+        ];
+        for (m, w) in want {
+            assert_eq!(fit_tiles(m, 16, 1, wide), (w, 1), "{m} rows");
+        }
+        assert_eq!(fit_tiles(20, 16, 2, wide), (16, 2));
+        assert_eq!(fit_tiles(13, 12, 2, wide), (8, 2));
+        // The kernels and graphs `mlx serve --max-batch 16` prepares: modules (widths) 6 -> 5,
+        // graphs 110 -> 55 (the constructor's tiles included).
+        assert_eq!(prepared_counts(16, ffma, None), (6, 110));
+        assert_eq!(prepared_counts(16, ffma, wide), (5, 55));
+        // Down's inputs of 16 rows (476 KB) staged in chunks of 6,144: 16 x 13,056 bytes, one
+        // block a multiprocessor; at 8 rows two blocks of 8 x 13,056. The K 4,096 products
+        // stage all of K (16 x 8,704 bytes).
+        assert_eq!(mma_min_blocks(&s, 16), 1);
+        assert_eq!(mma_min_blocks(&s, 8), 2);
+        assert_eq!(mma_chunk(&s, 16, None), Some(6144));
+        assert_eq!(mma_chunk(&s, 8, None), Some(6144));
+        assert_eq!(mv_tile_shared(14336, 4, 16, Some(6144)), 16 * 13056);
+        assert_eq!(mv_tile_shared(4096, 4, 16, Some(6144)), 16 * 8704);
+        assert!(mv_staged_per_sequence(&s, Some(6144)) * 16 + MV_STATIC_SHARED <= MV_SHARED_MAX);
+        assert!(
+            2 * (mv_tile_shared(14336, 4, 8, Some(6144)) + MV_STATIC_SHARED + 1024) <= SM_SHARED
+        );
+        // Every chunk a multiple of 8 groups of 64 (the warps' groups stay in order).
+        for nb in 4..=16 {
+            if let Some(kc) = mma_chunk(&s, nb, None) {
+                assert_eq!(kc % MMA_KC_STEP, 0);
+                let blocks = mma_min_blocks(&s, nb);
+                assert!(
+                    blocks * (nb as u32 * mv_shared_bytes(kc, 4) + MV_STATIC_SHARED + 1024)
+                        <= SM_SHARED,
+                    "{nb} rows"
+                );
+            }
+        }
+        // A small model's inputs fit whole.
+        let small = GraphSpec {
+            quant: Some((64, 4)),
+            ..tiny_spec()
+        };
+        assert_eq!(mma_chunk(&small, 16, None), None);
     }
 
     #[test]

@@ -61,9 +61,11 @@ for m in ${SERVE_MODELS:-llama31-8b-q4}; do
       mlxlm) serve_bench "mlxlm-$m" 8432 python3 -m mlx_lm server --model /opt/models/$m --port 8432 ;;
       # graph sides with settings (A/B in one call): graphwide = every step on the full tiles
       # (MLX_GRAPH_FIT_ROWS=0, session 31's engine), graphmma = tensor-core tiles from 4 rows,
-      # graphffma = tensor-core tiles off.
+      # graphffma = tensor-core tiles off, graphnarrow = tensor-core tiles no wider than the
+      # FFMA ones (MLX_GRAPH_WIDE_TILES=0: 3 x 6 for 16 rows at 8B, session 33's engine).
       graphwide) MLX_GRAPH_FIT_ROWS=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphmma) MLX_GRAPH_TENSOR_CORES=4 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
+      graphnarrow) MLX_GRAPH_WIDE_TILES=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphffma) MLX_GRAPH_TENSOR_CORES=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       *) serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder $d --log-level info ;;
     esac

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -217,6 +217,9 @@ NB = int(os.environ.get("GRAPH_EMU_NB", "1"))
 # Tensor-core tiles (GraphOptions::tensor_cores_from; MV_MMA in the source): 4-bit weights in
 # groups of 64 through mma.sync, emulated (mma_emulate above).
 MMA = int(os.environ.get("GRAPH_EMU_MMA", "0"))
+# The tensor-core tiles' staged inputs (MMA_KC in the source, `mma_chunk` in graph_decode.rs;
+# a multiple of 512, 0: all of K): GRAPH_EMU_MMA_KC=512 runs every product of K > 512 in chunks.
+MMA_KC = int(os.environ.get("GRAPH_EMU_MMA_KC", "0"))
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 # The output projection combines the attention's partials in its prologue (matvec_attn_out;
 # attention launched without counters) where `attn_combine_in_output` in graph_decode.rs
@@ -239,16 +242,18 @@ RAW_F32 = (("((float*)out_b)[i] = fin(acc[r]);", "((float*)out_b)[i] = acc[r];")
             "if (has1) ((float*)out_b)[i + 1] = acc[r + 1];"))
 
 
-def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False):
+def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None, cu=None, tag=""):
     rows, batch, nb, mma = (ROWS if rows is None else rows, BATCH if batch is None else batch,
                             NB if nb is None else nb, MMA if mma is None else mma)
-    src = f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n" + CU
+    kc = MMA_KC if kc is None else kc
+    src = (f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n"
+           f"#define MMA_KC {kc}\n" + (CU if cu is None else cu))
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     if raw_f32:
         for a, b in RAW_F32:
             assert a in src, a
             src = src.replace(a, b)
-    tag = f"{rows}_{batch}_{nb}_{mma}{'_raw' if raw_f32 else ''}"
+    tag = f"{rows}_{batch}_{nb}_{mma}_{kc}{'_raw' if raw_f32 else ''}{tag}"
     cpp, so = os.path.join(tmp, f"emu{tag}.cpp"), os.path.join(tmp, f"emu{tag}.so")
     open(cpp, "w").write(PRE + src + LAUNCH)
     subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-fPIC", "-shared", "-pthread", cpp, "-o", so], check=True)
@@ -692,7 +697,8 @@ def run(lib, name):
     def start(b):
         """Row b's prompt through mlx-lm: its greedy token and its cache (the reference's);
         its keys and values into the row's cache slot."""
-        prompt = [(i * 7919 + 13 + 101 * b) % V for i in range(PROMPT - 17 * b)]
+        # (Rows past 8 repeat the lengths of rows 0-7, with their own tokens.)
+        prompt = [(i * 7919 + 13 + 101 * b) % V for i in range(PROMPT - 17 * (b % 8))]
         cache = make_prompt_cache(model)
         out = model(mx.array([prompt]), cache=cache)
         token = int(mx.argmax(out[0, -1]).item())
@@ -862,7 +868,7 @@ def tile_check(lib):
     groups than warps, several 16-row blocks a block."""
     e = Emu(lib)
     ok = True
-    for n, k in ((40, 320), (130, 64), (24, 1024)):
+    for n, k in ((40, 320), (130, 64), (24, 1024), (130, 1600)):
         w = mx.random.normal((n, k), key=mx.random.key(n)).astype(mx.bfloat16)
         wq, s, b = mx.quantize(w, group_size=64, bits=4)
         x = mx.random.normal((NB, k), key=mx.random.key(k)).astype(mx.bfloat16)
@@ -950,6 +956,72 @@ def nb_bit_check(lib, tmp):
                           "from the one-sequence kernel FAILED")
     print(f"nb bit check (sequences {NB}, rows per warp {ROWS}, chunks in flight {BATCH}): "
           f"{count} products, every sequence's output bit-equal to the one-sequence kernel's "
+          f"{'ok' if ok else 'FAILED'}")
+    return ok
+
+
+def mma_bit_check(tmp):
+    """The tensor-core tile of NB sequences (this build: GRAPH_EMU_NB, GRAPH_EMU_MMA_KC) against
+    main's tensor-core tile of 5 sequences (session 32's source, c6af23fc, the tile the device
+    has run at 4-7), a slice of 5 sequences at a time over the same weights and inputs: every
+    output bit for bit. Both with the float32 output unrounded (RAW_F32) and the inputs spread
+    over 2^-12..2^12, as nb_bit_check. 4-bit weights in groups of 64; the modes the step uses
+    (plain, norm, norm + SwiGLU, residual, float32 logits); shapes with rows not a multiple of
+    16, several rows blocks a block (and more than MMA_RB), a K of 25 groups (chunks of 512
+    leave a last chunk of one group)."""
+    old_cu = subprocess.run(["git", "-C", str(ROOT), "show", "c6af23fc:mlx-kernels/src/graph_decode.cu"],
+                            check=True, capture_output=True, text=True).stdout
+    rest = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
+                   for f in ("graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
+    ref_nb = 5
+    e5 = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0, cu=old_cu + rest, tag="_main"))
+    en = Emu(build(tmp, mma=1, raw_f32=True))
+    ok, count = True, 0
+    for n, k in ((40, 320), (130, 1600), (24, 1024)):
+        w = mx.random.normal((n, k), key=mx.random.key(n + 4)).astype(mx.bfloat16)
+        wq, sc, bi = mx.quantize(w, group_size=64, bits=4)
+        wb, sc_b, bi_b = bits(wq), bits(sc), bits(bi)
+
+        def wargs(eng, mode):
+            def half(a, i):
+                return np.ascontiguousarray(a[i::2])
+            if mode & 4:
+                ps = [half(a, i) for a in (wb, sc_b, bi_b) for i in (0, 1)]
+            else:
+                ps = [a for a in (wb, sc_b, bi_b) for _ in (0, 1)]
+            return [eng.buf(a) for a in ps]
+        slices = (NB + ref_nb - 1) // ref_nb
+        spread = mx.power(2.0, mx.random.randint(-12, 13, (NB, k), key=mx.random.key(k + 9)))
+        x = bits((mx.random.normal((NB, k), key=mx.random.key(k + 7)) * spread).astype(mx.bfloat16))
+        g = bits(mx.random.normal((k,), key=mx.random.key(3)).astype(mx.bfloat16))
+        res = bits(mx.random.normal((NB, n), key=mx.random.key(5)).astype(mx.bfloat16))
+        xp = np.zeros((slices * ref_nb, k), np.uint16)
+        xp[:NB] = x
+        rp = np.zeros((slices * ref_nb, n), np.uint16)
+        rp[:NB] = res
+        for mode in (0, 1, 1 | 4, 2, 1 | 8):
+            out_n = n // 2 if mode & 4 else n
+            dt = np.float32 if mode & 8 else np.uint16
+            out = en.buf(np.zeros(NB * out_n, dt))
+            en.launch(1, mv_grid(n), 256, wargs(en, mode) + [en.buf(x.reshape(-1)), en.buf(g),
+                      en.buf(res.reshape(-1)), out, n, k, 4, 64, mode, 1e-5, 0, 0.0])
+            ref = np.zeros(slices * ref_nb * out_n, dt)
+            for i in range(slices):
+                o5 = e5.buf(np.zeros(ref_nb * out_n, dt))
+                sl = slice(i * ref_nb, (i + 1) * ref_nb)
+                e5.launch(1, mv_grid(n), 256, wargs(e5, mode) + [
+                    e5.buf(np.ascontiguousarray(xp[sl]).reshape(-1)), e5.buf(g),
+                    e5.buf(np.ascontiguousarray(rp[sl]).reshape(-1)), o5, n, k, 4, 64, mode, 1e-5, 0, 0.0])
+                ref[i * ref_nb * out_n:(i + 1) * ref_nb * out_n] = o5
+            same = bool(np.array_equal(ref[:NB * out_n].view(np.uint8), out.view(np.uint8)))
+            count += 1
+            ok &= same
+            if not same:
+                diff = np.flatnonzero(ref[:NB * out_n].view(dt) != out)
+                print(f"mma bit check: {n} x {k} mode {mode}: {diff.size} outputs differ from main's "
+                      f"5-sequence tile (first at sequence {diff[0] // out_n}) FAILED")
+    print(f"mma bit check (sequences {NB}, staged inputs {MMA_KC or 'all of K'}): {count} products, "
+          f"every sequence's output bit-equal to main's 5-sequence tensor-core tile "
           f"{'ok' if ok else 'FAILED'}")
     return ok
 
@@ -1098,6 +1170,8 @@ def main():
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
         # GRAPH_EMU_NB_CHECK_ONLY=1: the NB-sequence kernel against the one-sequence one only.
         nb_check = [nb_bit_check(lib, tmp)] if NB > 1 and MMA == 0 else []
+        if MMA:
+            nb_check.append(mma_bit_check(tmp))
         if os.environ.get("GRAPH_EMU_NB_CHECK_ONLY"):
             sys.exit(0 if all(nb_check) else 1)
         results = sampler + nb_check + [tile_check(lib), route_check(lib)] + [run(lib, n) for n in names]

@@ -13,6 +13,10 @@
 #   moe    the Qwen3-30B-A3B-shaped 4-bit model written, then one bench round of the three sides;
 #   probe  spec_probe.py on the echo pair (a speculative round's parts timed alone, mlx-lm's models);
 #   serve  batched.sh's serve bench only (SERVE_MODELS, SERVE_SIDES, SERVE_CLIENTS, MAX_BATCH);
+#   thru   batched.sh's `batched_throughput` only (THRU_MODELS, default llama31-8b-q4; ROWS,
+#          default "1 2 4 8 16"), tensor-core tiles from 4 rows, once with the wide tiles (one
+#          of 8 or 16) and once without (MLX_GRAPH_WIDE_TILES=0), with each part's time a step
+#          (MLX_GRAPH_BATCH_BREAKDOWN=BREAKDOWN, default 20 replays), into throughput.log;
 #   trellis  issue #34's decode row: each of TRELLIS_MODELS (affine 4-bit dirs setup wrote) gets a
 #          trellis-3 twin (trellis_bench_model.py, copied into .gpu/c: L 8, blocks of 32, random
 #          codes), then `mlx benchmark` on both, `--decoder auto` and `--decoder mlx`, alternating,
@@ -72,6 +76,16 @@ for part in ${PARTS:-setup test spec bench moe}; do
       need serve 120 || continue
       SKIP_TEST=1 THRU_MODELS=" " timeout $(left) bash $C/batched.sh > $OUT/serve_run.log 2>&1
       grep -h "== serve\|clients\|tok/s\|decoder\|serve profile" $OUT/serve.log | cut -c1-520 ;;
+    thru)
+      need thru 120 || continue
+      for wide in 1 0; do
+        echo "== MLX_GRAPH_WIDE_TILES=$wide" >> $OUT/throughput.log
+        SKIP_TEST=1 SERVE_MODELS=" " THRU_MODELS="${THRU_MODELS:-llama31-8b-q4}" ROWS="${ROWS:-1 2 4 8 16}" \
+          MLX_GRAPH_BATCH_MMA=4 MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_BATCH_BREAKDOWN=${BREAKDOWN:-20} \
+          timeout $(left) bash $C/batched.sh \
+          > $OUT/thru_run_$wide.log 2>&1
+      done
+      grep -h "==\|batched_throughput" $OUT/throughput.log | cut -c1-300 ;;
     moe)
       need moe 120 || continue
       timeout $(left) python3 .gpu/a/bench_models.py /opt/models qwen3-30b-a3b-q4 > $OUT/moe.log 2>&1

@@ -180,7 +180,9 @@ pub enum EngineDecoder {
     /// the kernels sized to its rows (`GraphOptions::fit_rows`): rows of tiles of fewer than
     /// 4 rows (FFMA) are bit-equal to the sequence decoded alone; tiles of 4 or more rows of
     /// 4-bit weights in groups of 64 run on the tensor cores by default (tier L3: within
-    /// `TEACHER_FORCED_BOUNDS` of it; `MLX_GRAPH_TENSOR_CORES=0` turns them off).
+    /// `TEACHER_FORCED_BOUNDS` of it; `MLX_GRAPH_TENSOR_CORES=0` turns them off), one tile of
+    /// the rows rounded up to 8 or 16 (`GraphOptions::wide_tiles`; `MLX_GRAPH_WIDE_TILES=0`
+    /// turns that off).
     Graph,
 }
 
@@ -211,6 +213,16 @@ fn graph_tensor_cores() -> Option<u32> {
             .or(SERVE_TENSOR_CORES_FROM),
         Err(_) => SERVE_TENSOR_CORES_FROM,
     }
+}
+
+/// Whether the batch's tensor-core tiles take up to 16 rows in one pass over the weights
+/// ([`GraphOptions::wide_tiles`], default on); `MLX_GRAPH_WIDE_TILES=0` (or `off`): no wider
+/// than the FFMA tiles (session 33's tiles, 3 x 6 for 16 rows at 8B), for A/B runs.
+fn graph_wide_tiles() -> bool {
+    std::env::var("MLX_GRAPH_WIDE_TILES").map_or(true, |v| {
+        let v = v.trim();
+        v != "0" && !v.eq_ignore_ascii_case("off")
+    })
 }
 
 /// The batch engine's default for [`graph_tensor_cores`]: tiles of at least
@@ -508,6 +520,9 @@ fn pick_graph(
         // MLX_GRAPH_FIT_ROWS=0: every step on the full tiles (session 31's engine), for A/B
         // runs on a device.
         fit_rows: std::env::var("MLX_GRAPH_FIT_ROWS").map_or(true, |v| v.trim() != "0"),
+        // MLX_GRAPH_WIDE_TILES=0: tensor-core tiles of at most as many rows as FFMA tiles
+        // take (3 x 6 for 16 rows at 8B: session 33's engine), for A/B runs on a device.
+        wide_tiles: graph_wide_tiles(),
         ..GraphOptions::default()
     };
     let cap = graph_capacity();
@@ -544,9 +559,11 @@ fn pick_graph(
             }
         )
     };
+    let (modules, graphs) = dec.prepared();
     let note = format!(
-        "graph ({} rows of {} positions{}; tiles for 1, 2, 4 and {} rows: {}, {}, {}, {}; \
-         {}; {widths} narrower kernel sets prepared in {:.2} s)",
+        "graph ({} rows of {} positions{}; tiles for 1, 2, 4, 8 and {} rows: {}, {}, {}, {}, {}; \
+         {}{}; {widths} narrower kernel sets prepared in {:.2} s; {modules} kernel modules, \
+         {graphs} step graphs)",
         dec.sequences(),
         dec.capacity(),
         if dec.sequences() < config.max_batch {
@@ -561,6 +578,7 @@ fn pick_graph(
         tiles(1),
         tiles(2),
         tiles(4),
+        tiles(8),
         tiles(dec.sequences()),
         match mma {
             Some(n) => format!(
@@ -568,6 +586,11 @@ fn pick_graph(
                  (MLX_GRAPH_TENSOR_CORES=0 turns them off)"
             ),
             None => "tensor-core tiles off (MLX_GRAPH_TENSOR_CORES=N: from N rows)".into(),
+        },
+        if mma.is_some() && !opts.wide_tiles {
+            " (MLX_GRAPH_WIDE_TILES=0: at most as many rows a tile as FFMA tiles take)"
+        } else {
+            ""
         },
         t.elapsed().as_secs_f64()
     );
