@@ -327,6 +327,9 @@ MADE_BASE = dict(hidden_size=64, num_hidden_layers=3, intermediate_size=128, num
 # Rows made here (name: the config's own fields over MADE_BASE).
 MADE = {
     "make_qwen2": dict(model_type="qwen2"),
+    # Down's K of 25 groups: with GRAPH_EMU_MMA_KC=512 the tensor-core tiles stage it in chunks
+    # (512, 512, 512, 64), as the 8B's down at 16 rows (graph_decode.rs's `mma_chunk`).
+    "make_llama_i1600": dict(model_type="llama", intermediate_size=1600),
     "make_smollm3": dict(model_type="smollm3", no_rope_layer_interval=2),
     "make_qwen3": dict(model_type="qwen3", head_dim=16, max_position_embeddings=2048),
     "make_llama3": dict(model_type="llama", rope_theta=500000.0, max_position_embeddings=2048,
