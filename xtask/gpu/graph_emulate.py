@@ -38,6 +38,11 @@ What this checks:
 It does not check the GPU's own numerics or its memory model, and not programmatic dependent
 launch: the `griddepcontrol` and `prefetch` instructions compile only for the device.
 
+With GRAPH_EMU_MMA=1 (the tensor-core tiles) and GRAPH_EMU_NB=N > 1, `mma_bit_check` runs the
+N-sequence tile against main's 5-sequence tile (c6af23fc's source, from git) 5 sequences at a
+time, every output bit for bit; GRAPH_EMU_MMA_KC=512 stages every product of K > 512 in chunks
+(`mma_chunk` in graph_decode.rs). Widths past 8 are tensor-core tiles only (GRAPH_EMU_MMA=1).
+
 Needs g++ with C++20 (std::barrier).
 """
 import ctypes
