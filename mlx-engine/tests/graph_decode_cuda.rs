@@ -924,6 +924,10 @@ fn batched_throughput() {
             tensor_cores_from: mma_from,
             fit_rows: std::env::var("MLX_GRAPH_FIT_ROWS").map_or(true, |v| v.trim() != "0"),
             wide_tiles: std::env::var("MLX_GRAPH_WIDE_TILES").map_or(true, |v| v.trim() != "0"),
+            // MLX_GRAPH_MIN_BLOCKS=N: the mat-vec kernels' blocks a multiprocessor (A/B).
+            min_blocks_per_sm: std::env::var("MLX_GRAPH_MIN_BLOCKS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
             ..GraphOptions::default()
         };
         let mut dec = match GraphDecoder::with_options(spec.clone(), &weights, 256, &opts) {

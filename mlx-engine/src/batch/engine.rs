@@ -523,6 +523,12 @@ fn pick_graph(
         // MLX_GRAPH_WIDE_TILES=0: tensor-core tiles of at most as many rows as FFMA tiles
         // take (3 x 6 for 16 rows at 8B: session 33's engine), for A/B runs on a device.
         wide_tiles: graph_wide_tiles(),
+        // MLX_GRAPH_MIN_BLOCKS=N (1-4): the mat-vec kernels' blocks a multiprocessor
+        // (`GraphOptions::min_blocks_per_sm`; default: the decoder's choice a width), for A/B
+        // runs of the tensor-core tiles' occupancy on a device.
+        min_blocks_per_sm: std::env::var("MLX_GRAPH_MIN_BLOCKS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok()),
         ..GraphOptions::default()
     };
     let cap = graph_capacity();
