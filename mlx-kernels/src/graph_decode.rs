@@ -1831,13 +1831,9 @@ impl GraphDecoder {
         // up to MMA_TILE_SEQUENCES where they run on the tensor cores (wide_tiles).
         let want = opts.sequences as usize;
         let mma_from = opts.tensor_cores_from.unwrap_or(u32::MAX);
-        let wide_from = wide_from(&spec, opts.wide_tiles, mma_from);
-        let (nb, tiles, per_tile) = tile_shape(
-            want,
-            Self::max_sequences(&spec),
-            opts.tile_sequences,
-            wide_from,
-        );
+        let ffma_max = Self::max_sequences(&spec);
+        let wide_from = wide_from(&spec, opts.wide_tiles, mma_from, ffma_max);
+        let (nb, tiles, per_tile) = tile_shape(want, ffma_max, opts.tile_sequences, wide_from);
         let total = nb * tiles;
         if opts.one_cache_slot && tiles > 1 {
             // On session 30's H100, speculation at K = 8 (two tiles) in one slot failed a
@@ -3624,13 +3620,17 @@ impl Step {
 /// Tiles of at least this many rows run as wide tensor-core tiles
 /// ([`GraphOptions::wide_tiles`]): where the option is on, the tensor cores apply (4-bit
 /// weights in groups of 64, from `mma_from` rows), and the model decodes several sequences
-/// (no experts, no trellis codes).
-fn wide_from(spec: &GraphSpec, wide_tiles: bool, mma_from: u32) -> Option<usize> {
+/// (no experts, no trellis codes). Only where every narrower width runs on the FFMA tiles
+/// (`mma_from` at most one past `ffma_max` and [`TILE_SEQUENCES`]): a step of rows between
+/// the FFMA tiles' limit and `mma_from` would otherwise get an FFMA module wider than its
+/// kernels take (past 8 rows they trap).
+fn wide_from(spec: &GraphSpec, wide_tiles: bool, mma_from: u32, ffma_max: u32) -> Option<usize> {
     (wide_tiles
         && spec.group_and_bits() == (64, 4)
         && spec.moe.is_none()
         && spec.trellis.is_none()
-        && mma_from <= MMA_TILE_SEQUENCES)
+        && mma_from <= MMA_TILE_SEQUENCES
+        && mma_from <= ffma_max.min(TILE_SEQUENCES) + 1)
         .then_some(mma_from as usize)
 }
 
@@ -3666,8 +3666,12 @@ fn tile_shape(
 
 /// `MV_MIN_BLOCKS` of a wide tensor-core tile of `nb` rows: 2 (128 registers a thread) where
 /// two blocks' inputs of the model's hidden width fit a multiprocessor's shared memory, else 1
-/// (the registers of one: no spills at 16 rows, `results/gpu/2026-12-06-s34-wide`).
+/// (the registers of one: no spills at 16 rows, `results/gpu/2026-12-06-s34-wide`). Past 8
+/// rows always 1: at 128 registers the 16-row loop spills (3 local loads and stores an item).
 fn mma_min_blocks(spec: &GraphSpec, nb: usize) -> u32 {
+    if nb > TILE_SEQUENCES as usize {
+        return 1;
+    }
     let one = nb as u32 * mv_shared_bytes(spec.hidden, 4) + MV_STATIC_SHARED + 1024;
     if 2 * one <= SM_SHARED {
         2
@@ -4930,7 +4934,7 @@ mod tests {
             "down's inputs (K 14,336) fill the shared memory at 7 rows"
         );
         // Tensor cores from 4 rows (the batch engine's default): one tile of 16, not 3 of 6.
-        let wide = wide_from(&s, true, MMA_MIN_SEQUENCES);
+        let wide = wide_from(&s, true, MMA_MIN_SEQUENCES, ffma);
         assert_eq!(wide, Some(4));
         assert_eq!(tile_shape(16, ffma, None, wide), (16, 1, 16));
         assert_eq!(
@@ -4946,14 +4950,21 @@ mod tests {
         );
         assert_eq!(tile_shape(16, ffma, Some(4), wide), (4, 4, 4));
         // Not wide: off, no tensor cores, another quantization, past 16 rows.
-        assert_eq!(wide_from(&s, false, 4), None);
-        assert_eq!(wide_from(&s, true, u32::MAX), None);
-        assert_eq!(wide_from(&s, true, 17), None);
+        assert_eq!(wide_from(&s, false, 4, ffma), None);
+        assert_eq!(wide_from(&s, true, u32::MAX, ffma), None);
+        assert_eq!(wide_from(&s, true, 17, ffma), None);
+        // Tensor cores from more rows than the FFMA tiles take (MLX_GRAPH_TENSOR_CORES=12 at
+        // 8B: FFMA tiles of at most 7 rows): a 9-row step would need an FFMA module of 9
+        // rows, so no wide tiles; from 8 rows (one past 7) they apply.
+        assert_eq!(wide_from(&s, true, 12, ffma), None);
+        assert_eq!(wide_from(&s, true, 8, ffma), Some(8));
+        assert_eq!(wide_from(&s, true, 9, 16), Some(9));
+        assert_eq!(wide_from(&s, true, 10, 16), None, "past TILE_SEQUENCES + 1");
         let q8 = GraphSpec {
             quant: Some((64, 8)),
             ..spec_8b()
         };
-        assert_eq!(wide_from(&q8, true, 4), None);
+        assert_eq!(wide_from(&q8, true, 4, ffma), None);
         // A step's tile: its rows, rounded up to 8 or 16 from 4 rows.
         let want = [
             (1, 1),
