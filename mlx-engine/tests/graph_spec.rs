@@ -49,13 +49,30 @@ fn every_covered_row_maps_with_its_knobs() {
             "{name}"
         );
         assert_eq!(spec.qkv_bias, name.starts_with("qwen2"), "{name}");
+        let olmo2 = name.starts_with("olmo2");
         assert_eq!(
             spec.qk_norm,
-            name.starts_with("qwen3") || name.starts_with("gemma3"),
+            name.starts_with("qwen3") || name.starts_with("gemma3") || olmo2,
             "{name}"
         );
         let gemma = name.starts_with("gemma");
-        assert_eq!((spec.sandwich, spec.gelu), (gemma, gemma), "{name}");
+        assert_eq!(
+            (spec.sandwich, spec.gelu),
+            (gemma || olmo2, gemma),
+            "{name}"
+        );
+        // OLMo 2: no pre-norms, q/k norms over the whole projections (their widths).
+        assert_eq!(
+            (spec.post_only, spec.qk_norm_full),
+            (olmo2, olmo2),
+            "{name}"
+        );
+        if olmo2 {
+            let l = &weights.layers[0];
+            let (q, k) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+            assert_eq!(l.q_norm.as_ref().unwrap().shape(), [q as i32], "{name}");
+            assert_eq!(l.k_norm.as_ref().unwrap().shape(), [k as i32], "{name}");
+        }
         if gemma {
             // sqrt(hidden) as bfloat16.
             let want = half::bf16::from_f64((spec.hidden as f64).sqrt()).to_f32();
@@ -70,8 +87,8 @@ fn every_covered_row_maps_with_its_knobs() {
             assert_eq!((spec.residual_scale, spec.logit_div), (0.0, 0.0), "{name}");
         }
         for l in &weights.layers {
-            assert_eq!(l.post_attn_norm.is_some(), gemma, "{name}");
-            assert_eq!(l.post_mlp_norm.is_some(), gemma, "{name}");
+            assert_eq!(l.post_attn_norm.is_some(), gemma || olmo2, "{name}");
+            assert_eq!(l.post_mlp_norm.is_some(), gemma || olmo2, "{name}");
         }
         if name.starts_with("gemma3") {
             assert_eq!(spec.sliding, [true, false, true]);
@@ -231,7 +248,9 @@ fn other_rows_name_the_reason() {
     let d = models().join("dense");
     for (dir, what) in [
         (d.join("hunyuan_v1_dense"), "q/k norm PerHeadAfterRope"),
-        (d.join("olmo2"), "norm placement"),
+        // olmo2 maps (post norms, q/k norms over the projections); its fixture's heads of 8
+        // do not.
+        (d.join("olmo2"), "head_dim 8"),
         // granite maps (its multipliers); its fixture's output and MLP biases do not.
         (d.join("granite"), "an output, MLP or head bias"),
         // Gemma 2 maps (sandwich norms, soft-caps); its fixture's heads of 8 do not.

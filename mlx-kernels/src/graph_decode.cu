@@ -1460,7 +1460,7 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
 }
 
 // The attention projections with RoPE and the cache write in the epilogue:
-// [q; k; v] = W rms_norm(xin) (+ bias) with W's q and k rows taken per head so that rows
+// [q; k; v] = W rms_norm(xin) (+ bias) (W xin where MV_QKV_NORM is 0: OLMo 2's blocks) with W's q and k rows taken per head so that rows
 // 2i and 2i + 1 are the rotation pair (i, i + nrot) for i < nrot (the rows past 2 nrot, which
 // are not rotated, keep their order); with traditional RoPE the pairs are (2i, 2i + 1)
 // already. W: q, k and v as the model holds them (Wq, Sq, Bq; Wk, ...), read through WMAP_QKV
@@ -1471,6 +1471,11 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
 // bias: the projections' biases in the rows' order, or null; added as MLX adds them: after
 // the rounding of a quantized product, in the same rounding as a dense one (addmm).
 // Rows (nh + 2 nkv) D fit in 32 bits (the host checks).
+// Whether matvec_qkv norms its input (0: OLMo 2's blocks, no pre-norm; GraphSpec::post_only
+// defines it 0, so every other model compiles the kernel it always did).
+#ifndef MV_QKV_NORM
+#define MV_QKV_NORM 1
+#endif
 extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
     const void* Wq, const void* Wk, const void* Wv, const bf16_t* Sq, const bf16_t* Sk,
     const bf16_t* Sv, const bf16_t* Bq, const bf16_t* Bk, const bf16_t* Bv, const bf16_t* xin,
@@ -1549,8 +1554,8 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
   };
   // D is a multiple of MV_ROWS: every group is whole.
   const Wts wt = make_wts(Wq, Wk, Wv, Sq, Sk, Sv, Bq, Bk, Bv, WMAP_QKV, qrows, krows, D, pairs);
-  MV_DISPATCH_MAP(bits, WMAP_QKV, wt, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red,
-                  tr, pre, epi)
+  MV_DISPATCH_MAP(bits, WMAP_QKV, wt, xin, normw, MV_QKV_NORM != 0, (nh + 2 * nkv) * D, K, gs,
+                  eps, smem, red, tr, pre, epi)
   tr.done(TRACE_QKV | (u64)K << 16);
 }
 

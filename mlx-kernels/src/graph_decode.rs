@@ -12,14 +12,15 @@
 //! epilogue; the down projection
 //! with the residual add. With per-head q/k norms (qwen3) the q/k/v matrix writes its rows
 //! unrotated and one more kernel a layer (`graph_qk_norm.cu`, compiled only for such a model)
-//! norms each head and rotates it in place. Then the final norm with the LM head, and a greedy argmax over the
+//! norms each head and rotates it in place (OLMo 2's norms over the whole q and k projections:
+//! one block a projection, `qk_norm_full_rope`). Then the final norm with the LM head, and a greedy argmax over the
 //! log-probabilities (as mlx-lm's sampler; two kernels over blocks of 2,048 logits, the
 //! log-sum-exp combined by the last block) that advances the step state on the device. The
 //! whole step is one CUDA graph ([`mlx_core::gpurt`]); the host replays it and reads tokens
 //! back, pipelined.
 //!
-//! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's q/k norms, Gemma's
-//! sandwich norms, GeGLU, embedding scale, sliding layers and soft-caps; granite's residual
+//! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's and OLMo 2's q/k
+//! norms, Gemma's sandwich norms and OLMo 2's post norms alone, GeGLU, embedding scale, sliding layers and soft-caps; granite's residual
 //! multiplier and logits scaling; mixtures of experts, [`GraphMoe`]: qwen3_moe's and mixtral's
 //! routers, the chosen experts' products read in place from the stacked weights
 //! (`graph_moe.cu`), one sequence a step). Every weight is read as the model holds it, in MLX's
@@ -72,10 +73,14 @@ use mlx_core::{ops, Array, Dtype, Error, Result};
 
 pub use crate::graph_source::SOURCE;
 
-/// Qwen 3's per-head q/k norms (`qk_norm_rope`), appended to [`SOURCE`] only for a model
-/// with them ([`GraphSpec::qk_norm`]), so the other rows compile what they always did.
+/// Qwen 3's per-head q/k norms (`qk_norm_rope`) and OLMo 2's over the whole projections
+/// (`qk_norm_full_rope`), appended to [`SOURCE`] only for a model with them
+/// ([`GraphSpec::qk_norm`]), so the other rows compile what they always did.
 pub const QK_NORM_SOURCE: &str = include_str!("graph_qk_norm.cu");
 const QK_NORM_KERNEL: (&str, u32) = ("qk_norm_rope", 12);
+/// OLMo 2's q/k norms over the whole projections ([`GraphSpec::qk_norm_full`]), in the same
+/// source.
+const QK_NORM_FULL_KERNEL: (&str, u32) = ("qk_norm_full_rope", 13);
 
 /// Gemma's sandwich norms (`norm_add`), appended to [`SOURCE`] only for a model with them
 /// ([`GraphSpec::sandwich`]).
@@ -486,6 +491,10 @@ pub struct GraphSpec {
     /// q and k are RMS-normed per head (over `head_dim`, weights [`GraphLayer::q_norm`] and
     /// [`GraphLayer::k_norm`], this spec's `eps`) before RoPE (qwen3).
     pub qk_norm: bool,
+    /// With [`GraphSpec::qk_norm`]: the norms span the whole projection (OLMo 2: q's over
+    /// `heads * head_dim`, k's over `kv_heads * head_dim`, weights of those sizes), not each
+    /// head.
+    pub qk_norm_full: bool,
     /// MLX affine quantization of every linear and the embedding: (group size, bits); `None`:
     /// bfloat16 weights.
     pub quant: Option<(usize, usize)>,
@@ -495,6 +504,10 @@ pub struct GraphSpec {
     /// ([`GraphLayer::post_attn_norm`], [`GraphLayer::post_mlp_norm`]) before the residual
     /// adds; the pre-MLP norm is [`GraphLayer::post_norm`].
     pub sandwich: bool,
+    /// With [`GraphSpec::sandwich`]: no pre-norms (OLMo 2's post-norm blocks): the attention
+    /// and the MLP read the hidden state as it is, and only the post norms apply
+    /// ([`GraphLayer::input_norm`] and [`GraphLayer::post_norm`] are not read).
+    pub post_only: bool,
     /// The gated MLP's activation is `gelu_approx` (Gemma's GeGLU), not SiLU.
     pub gelu: bool,
     /// Per layer: a sliding-window layer (empty: none), which attends to the last
@@ -621,6 +634,12 @@ impl GraphSpec {
         }
         if s.final_softcap > 0.0 && s.logit_div > 0.0 {
             return Err("final_softcap and logit_div: one or the other".into());
+        }
+        if s.post_only && !s.sandwich {
+            return Err("post_only without sandwich norms (its post norms)".into());
+        }
+        if s.qk_norm_full && !s.qk_norm {
+            return Err("qk_norm_full without qk_norm".into());
         }
         if s.sandwich && s.residual_scale > 0.0 {
             return Err("residual_scale with sandwich norms is not supported".into());
@@ -797,9 +816,12 @@ pub struct GraphTrellis {
 /// One layer's arrays.
 #[derive(Debug, Clone)]
 pub struct GraphLayer {
+    /// The pre-attention and pre-MLP norms' weights `[hidden]` (with [`GraphSpec::post_only`]
+    /// not read: `mlx_engine::graph` passes the post norms' handles).
     pub input_norm: Array,
     pub post_norm: Array,
-    /// q's and k's per-head RMSNorm weights `[head_dim]` ([`GraphSpec::qk_norm`]).
+    /// q's and k's RMSNorm weights ([`GraphSpec::qk_norm`]): `[head_dim]` per head, or the
+    /// projections' widths with [`GraphSpec::qk_norm_full`].
     pub q_norm: Option<Array>,
     pub k_norm: Option<Array>,
     /// The sandwich post-norms' weights `[hidden]` ([`GraphSpec::sandwich`]): after the
@@ -1035,9 +1057,14 @@ impl GraphWeights {
                 Dtype::Bfloat16,
             );
             want(&mut p, &n("post_norm"), &l.post_norm, &[h], Dtype::Bfloat16);
-            for (x, a) in [("q_norm", &l.q_norm), ("k_norm", &l.k_norm)] {
+            // Per head, or over the whole projection (qk_norm_full).
+            let (qn, kn) = match s.qk_norm_full {
+                true => (s.heads * d, s.kv_heads * d),
+                false => (d, d),
+            };
+            for (x, a, len) in [("q_norm", &l.q_norm, qn), ("k_norm", &l.k_norm, kn)] {
                 match (a, s.qk_norm) {
-                    (Some(a), true) => want(&mut p, &n(x), a, &[d], Dtype::Bfloat16),
+                    (Some(a), true) => want(&mut p, &n(x), a, &[len], Dtype::Bfloat16),
                     (None, false) => {}
                     (Some(_), false) => {
                         p.push(format!("{}: given, the spec has no q/k norm", n(x)))
@@ -2922,15 +2949,21 @@ impl GraphDecoder {
         match part {
             Part::Embed => (1, s.hidden * bits / 8),
             Part::Qkv => {
-                // With q/k norms, two kernels a layer (qk_norm_rope reads its 2 head_dim weights).
+                // With q/k norms, two kernels a layer (qk_norm_rope reads its 2 head_dim
+                // weights, or the projections' widths).
                 let qkn = self
                     .step
                     .layers
                     .iter()
                     .filter(|l| l.qk_norm.is_some())
                     .count();
+                let per = if s.qk_norm_full {
+                    s.heads + s.kv_heads
+                } else {
+                    2
+                };
                 let (n, bytes) = layers(&|l| lin_bytes(&l.qkv));
-                (n + qkn, bytes + qkn * 4 * s.head_dim)
+                (n + qkn, bytes + qkn * 2 * per * s.head_dim)
             }
             Part::Attention => layers(&|_| 2 * s.kv_heads * (self.pos + 1) * s.head_dim * 2),
             Part::Output | Part::Down => {
@@ -3612,9 +3645,17 @@ fn step_source(
         p.early,
         u8::from(mma)
     );
+    // OLMo 2's blocks: matvec_qkv without its pre-norm.
+    if spec.post_only {
+        source = format!("#define MV_QKV_NORM 0\n{source}");
+    }
     let mut kernels = KERNELS.to_vec();
     if spec.qk_norm {
-        kernels.push(QK_NORM_KERNEL);
+        kernels.push(if spec.qk_norm_full {
+            QK_NORM_FULL_KERNEL
+        } else {
+            QK_NORM_KERNEL
+        });
         source.push_str(QK_NORM_SOURCE);
     }
     if spec.sandwich {
@@ -3892,7 +3933,12 @@ fn record_step(
                     l.qkv.bias(1, a.h),
                     l.qkv.bias(2, a.h),
                     Arg::Buf(a.h, at(t, h_row)),
-                    Arg::Buf(l.in_norm, 0),
+                    // No pre-norm (post_only): a null weight, the input as it is.
+                    if s.post_only {
+                        Arg::I64(0)
+                    } else {
+                        Arg::Buf(l.in_norm, 0)
+                    },
                     Arg::Buf(a.qkv, at(t, qkv_row)),
                     Arg::Buf(l.kc, at(t, slot)),
                     Arg::Buf(l.vc, at(t, slot)),
@@ -3920,28 +3966,43 @@ fn record_step(
         }
         if let Some((qw, kw)) = l.qk_norm {
             for t in 0..tiles {
-                let k_qkn = rec.kernel(rt, QK_NORM_KERNEL.0)?;
+                let common = [
+                    Arg::Buf(a.qkv, at(t, qkv_row)),
+                    Arg::Buf(l.kc, at(t, slot)),
+                    Arg::Buf(a.state, at(t, 16)),
+                    Arg::Buf(qw, 0),
+                    Arg::Buf(kw, 0),
+                    Arg::Buf(a.rope, at(t, rope_row) + l.rope_off),
+                    Arg::I64(nh),
+                ];
+                let rest = [
+                    Arg::I64(d),
+                    Arg::I64(cap as i64),
+                    Arg::I64(l.nrot as i64),
+                    Arg::I64(i64::from(s.rope.traditional)),
+                    Arg::F64(s.eps as f64),
+                ];
+                // Per head: a block a head; over the whole projections (OLMo 2): a block a
+                // projection, which takes the kv heads' count.
+                let (k_qkn, blocks, args) = if s.qk_norm_full {
+                    let args = [&common[..], &[Arg::I64(nkv)], &rest[..]].concat();
+                    (rec.kernel(rt, QK_NORM_FULL_KERNEL.0)?, 2, args)
+                } else {
+                    let args = [&common[..], &rest[..]].concat();
+                    (
+                        rec.kernel(rt, QK_NORM_KERNEL.0)?,
+                        s.heads + s.kv_heads,
+                        args,
+                    )
+                };
                 rec.launch(
                     rt,
                     Part::Qkv,
                     k_qkn,
-                    [(s.heads + s.kv_heads) as u32 * nbu, 1, 1],
+                    [blocks as u32 * nbu, 1, 1],
                     [128, 1, 1],
                     0,
-                    &[
-                        Arg::Buf(a.qkv, at(t, qkv_row)),
-                        Arg::Buf(l.kc, at(t, slot)),
-                        Arg::Buf(a.state, at(t, 16)),
-                        Arg::Buf(qw, 0),
-                        Arg::Buf(kw, 0),
-                        Arg::Buf(a.rope, at(t, rope_row) + l.rope_off),
-                        Arg::I64(nh),
-                        Arg::I64(d),
-                        Arg::I64(cap as i64),
-                        Arg::I64(l.nrot as i64),
-                        Arg::I64(i64::from(s.rope.traditional)),
-                        Arg::F64(s.eps as f64),
-                    ],
+                    &args,
                 )?;
             }
         }
@@ -4003,10 +4064,10 @@ fn record_step(
                 Part::GateUp,
                 &l.gu,
                 a.h,
-                Some(l.post_norm),
+                (!s.post_only).then_some(l.post_norm),
                 None,
                 a.act,
-                MODE_NORM | MODE_SWIGLU | act,
+                MODE_SWIGLU | act | if s.post_only { 0 } else { MODE_NORM },
             ),
             (
                 Part::Down,
@@ -4428,9 +4489,11 @@ mod tests {
             tied: true,
             qkv_bias: false,
             qk_norm: false,
+            qk_norm_full: false,
             quant: None,
             embed_scale: 1.0,
             sandwich: false,
+            post_only: false,
             gelu: false,
             sliding: Vec::new(),
             sliding_window: 0,
@@ -4460,6 +4523,10 @@ mod tests {
 
     pub(crate) fn tiny_weights(s: &GraphSpec) -> GraphWeights {
         let (h, d) = (s.hidden, s.head_dim);
+        let (qn, kn) = match s.qk_norm_full {
+            true => (s.heads * d, s.kv_heads * d),
+            false => (d, d),
+        };
         GraphWeights {
             embed: dense(s.vocab, h),
             head: None,
@@ -4468,8 +4535,8 @@ mod tests {
                 .map(|_| GraphLayer {
                     input_norm: zeros(&[h as i32]),
                     post_norm: zeros(&[h as i32]),
-                    q_norm: s.qk_norm.then(|| zeros(&[d as i32])),
-                    k_norm: s.qk_norm.then(|| zeros(&[d as i32])),
+                    q_norm: s.qk_norm.then(|| zeros(&[qn as i32])),
+                    k_norm: s.qk_norm.then(|| zeros(&[kn as i32])),
                     post_attn_norm: s.sandwich.then(|| zeros(&[h as i32])),
                     post_mlp_norm: s.sandwich.then(|| zeros(&[h as i32])),
                     q: dense(s.heads * d, h),
@@ -4619,6 +4686,8 @@ mod tests {
             (|s| s.residual_scale = f32::NAN, "residual_scale"),
             (|s| s.logit_div = -1.0, "logit_div"),
             (|s| s.embed_scale = 0.0, "embed_scale 0"),
+            (|s| s.post_only = true, "post_only without sandwich norms"),
+            (|s| s.qk_norm_full = true, "qk_norm_full without qk_norm"),
         ] {
             let mut t = s.clone();
             f(&mut t);
@@ -4647,6 +4716,29 @@ mod tests {
         assert!(e.contains("layers.0.post_mlp_norm: missing"), "{e}");
         let e = tiny_weights(&sw).check(&s).unwrap_err();
         assert!(e.contains("given, the spec has no sandwich norms"), "{e}");
+        // OLMo 2: post norms only, q/k norms over the whole projections (their widths).
+        let olmo = GraphSpec {
+            sandwich: true,
+            post_only: true,
+            qk_norm: true,
+            qk_norm_full: true,
+            ..s.clone()
+        };
+        assert_eq!(olmo.check(), Ok(()));
+        assert_eq!(tiny_weights(&olmo).check(&olmo), Ok(()));
+        let per_head = GraphSpec {
+            qk_norm_full: false,
+            ..olmo.clone()
+        };
+        let e = tiny_weights(&per_head).check(&olmo).unwrap_err();
+        assert!(
+            e.contains("layers.0.q_norm: [16] bfloat16, expected [64] bfloat16"),
+            "{e}"
+        );
+        assert!(
+            e.contains("layers.0.k_norm: [16] bfloat16, expected [32] bfloat16"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -5039,12 +5131,15 @@ mod tests {
     #[test]
     fn every_kernel_in_the_source_is_declared_with_its_arity() {
         let all = format!("{SOURCE}{QK_NORM_SOURCE}{GEMMA_SOURCE}{MOE_SOURCE}");
-        for (k, _) in [QK_NORM_KERNEL, GEMMA_KERNEL].iter().chain(&MOE_KERNELS) {
+        for (k, _) in [QK_NORM_KERNEL, QK_NORM_FULL_KERNEL, GEMMA_KERNEL]
+            .iter()
+            .chain(&MOE_KERNELS)
+        {
             assert!(!SOURCE.contains(k), "{k} is only in its own source");
         }
         for (name, arity) in KERNELS
             .iter()
-            .chain([&QK_NORM_KERNEL, &GEMMA_KERNEL])
+            .chain([&QK_NORM_KERNEL, &QK_NORM_FULL_KERNEL, &GEMMA_KERNEL])
             .chain(&MOE_KERNELS)
         {
             let source = all.as_str();
