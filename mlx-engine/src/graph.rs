@@ -232,6 +232,7 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
         sliding_window,
         local_rope,
         attn_softcap: softcap(d.attn_logit_softcap),
+        attn_sinks: false,
         final_softcap: softcap(d.final_logit_softcap),
         residual_scale,
         logit_div,
@@ -413,6 +414,7 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
             k_norm,
             post_attn_norm: None,
             post_mlp_norm: None,
+            sinks: None,
         });
     }
     let Some(rope) = rope else {
@@ -456,6 +458,7 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
         sliding_window: 0,
         local_rope: None,
         attn_softcap: 0.0,
+        attn_sinks: false,
         final_softcap: 0.0,
         residual_scale: 0.0,
         logit_div: 0.0,
@@ -790,6 +793,7 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap
             k_norm,
             post_attn_norm,
             post_mlp_norm,
+            sinks: None,
         });
     }
     spec.quant = quant;

@@ -91,7 +91,7 @@ const GEMMA_KERNEL: (&str, u32) = ("norm_add", 5);
 /// [`SOURCE`] only for a model with them ([`GraphSpec::moe`]).
 pub const MOE_SOURCE: &str = include_str!("graph_moe.cu");
 const MOE_KERNELS: [(&str, u32); 3] =
-    [("moe_route", 7), ("matvec_experts", 19), ("moe_combine", 5)];
+    [("moe_route", 8), ("matvec_experts", 21), ("moe_combine", 5)];
 /// The most experts a router chooses from (`MOE_MAX_EXPERTS` in the source) and the most it
 /// chooses (one warp's lanes).
 pub const MOE_MAX_EXPERTS: usize = 1024;
@@ -101,7 +101,7 @@ const KERNELS: &[(&str, u32)] = &[
     ("embed", 19),
     ("matvec", 18),
     ("matvec_qkv", 29),
-    ("attention", 17),
+    ("attention", 18),
     ("matvec_attn_out", 17),
     ("argmax_partial", 5),
     ("argmax_pick", 8),
@@ -518,6 +518,9 @@ pub struct GraphSpec {
     pub local_rope: Option<GraphRope>,
     /// gemma2's soft-caps (bfloat16 values; 0: none): of the attention scores, of the logits.
     pub attn_softcap: f32,
+    /// gpt_oss's attention sinks: each layer's per-head sink logit ([`GraphLayer::sinks`])
+    /// joins its head's softmax with no value (`attention` compiled with `ATTN_SINKS` 1).
+    pub attn_sinks: bool,
     pub final_softcap: f32,
     /// granite's residual multiplier (a bfloat16 value; 0: none): each attention and MLP
     /// output is multiplied by it before its residual add.
@@ -840,6 +843,8 @@ pub struct GraphLayer {
     pub down: GraphLinear,
     /// The router (`[experts, hidden]`) of a layer with experts; `None` elsewhere.
     pub router: Option<GraphLinear>,
+    /// The attention sinks' logits, bfloat16 `[heads]` ([`GraphSpec::attn_sinks`]).
+    pub sinks: Option<Array>,
 }
 
 /// The loaded model's arrays the decoder reads (clones of its handles: no copy of the data).
@@ -1057,6 +1062,12 @@ impl GraphWeights {
                 Dtype::Bfloat16,
             );
             want(&mut p, &n("post_norm"), &l.post_norm, &[h], Dtype::Bfloat16);
+            match (&l.sinks, s.attn_sinks) {
+                (Some(a), true) => want(&mut p, &n("sinks"), a, &[s.heads], Dtype::Bfloat16),
+                (None, false) => {}
+                (Some(_), false) => p.push(format!("{}: given, the spec has none", n("sinks"))),
+                (None, true) => p.push(format!("{}: missing", n("sinks"))),
+            }
             // Per head, or over the whole projection (qk_norm_full).
             let (qn, kn) = match s.qk_norm_full {
                 true => (s.heads * d, s.kv_heads * d),
@@ -1207,6 +1218,8 @@ struct Layer {
     /// q's and k's per-head norm weights (qwen3): RoPE then runs in `qk_norm_rope`, after
     /// the norm, not in matvec_qkv.
     qk_norm: Option<(Buffer, Buffer)>,
+    /// The attention sinks' logits (gpt_oss), a head each.
+    sinks: Option<Buffer>,
     o: Lin,
     /// Gate/up interleaved and down; with experts, every expert's (`experts` times the rows,
     /// each expert's gate/up interleaved), read through the router's choice.
@@ -1978,7 +1991,12 @@ impl GraphDecoder {
                     ),
                 },
             };
+            let sinks = match &l.sinks {
+                Some(a) if s.attn_sinks => Some(put(&mut rt, a)?),
+                _ => None,
+            };
             layers.push(Layer {
+                sinks,
                 in_norm: put(&mut rt, &l.input_norm)?,
                 post_norm: put(&mut rt, &l.post_norm)?,
                 qkv,
@@ -3649,6 +3667,10 @@ fn step_source(
     if spec.post_only {
         source = format!("#define MV_QKV_NORM 0\n{source}");
     }
+    // gpt_oss's attention sinks.
+    if spec.attn_sinks {
+        source = format!("#define ATTN_SINKS 1\n{source}");
+    }
     let mut kernels = KERNELS.to_vec();
     if spec.qk_norm {
         kernels.push(if spec.qk_norm_full {
@@ -3741,6 +3763,8 @@ fn record_experts(
             Arg::I64(k as i64),
             Arg::I64(kind),
             Arg::I64(norm),
+            // A router bias (gpt_oss): none mapped yet.
+            Arg::I64(0),
         ],
     )?;
     let k_exp = rec.kernel(rt, "matvec_experts")?;
@@ -3792,6 +3816,9 @@ fn record_experts(
                 Arg::I64(rpe as i64),
                 Arg::I64(i64::from(per_slot)),
                 rec.trace_arg(),
+                // The experts' biases (gpt_oss; MOE_OAI): none mapped yet.
+                Arg::I64(0),
+                Arg::I64(0),
             ],
         )?;
     }
@@ -4038,6 +4065,8 @@ fn record_step(
                     rec.trace_arg(),
                     Arg::I64(l.window as i64),
                     Arg::F64(s.attn_softcap as f64),
+                    // Attention sinks (gpt_oss; ATTN_SINKS 1), or none.
+                    l.sinks.map_or(Arg::I64(0), |b| Arg::Buf(b, 0)),
                 ],
             )?;
         }
@@ -4499,6 +4528,7 @@ mod tests {
             sliding_window: 0,
             local_rope: None,
             attn_softcap: 0.0,
+            attn_sinks: false,
             final_softcap: 0.0,
             residual_scale: 0.0,
             logit_div: 0.0,
@@ -4547,6 +4577,7 @@ mod tests {
                     up: dense(s.intermediate, h),
                     down: dense(h, s.intermediate),
                     router: None,
+                    sinks: s.attn_sinks.then(|| zeros(&[s.heads as i32])),
                 })
                 .collect(),
         }
@@ -4737,6 +4768,26 @@ mod tests {
         );
         assert!(
             e.contains("layers.0.k_norm: [16] bfloat16, expected [32] bfloat16"),
+            "{e}"
+        );
+        // gpt_oss's attention sinks: a head each, only with the spec's knob.
+        let sk = GraphSpec {
+            attn_sinks: true,
+            ..s.clone()
+        };
+        let mut w = tiny_weights(&sk);
+        assert_eq!(w.check(&sk), Ok(()));
+        w.layers[1].sinks = Some(zeros(&[3]));
+        w.layers[0].sinks = None;
+        let e = w.check(&sk).unwrap_err();
+        assert!(
+            e.contains("layers.1.sinks: [3] bfloat16, expected [4] bfloat16"),
+            "{e}"
+        );
+        assert!(e.contains("layers.0.sinks: missing"), "{e}");
+        let e = tiny_weights(&sk).check(&s).unwrap_err();
+        assert!(
+            e.contains("layers.0.sinks: given, the spec has none"),
             "{e}"
         );
     }
