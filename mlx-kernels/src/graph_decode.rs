@@ -4022,12 +4022,14 @@ fn record_step(
                         args,
                     )
                 };
+                // qk_norm_full_rope's blocks are 256 threads, qk_norm_rope's 128.
+                let threads = if s.qk_norm_full { 256 } else { 128 };
                 rec.launch(
                     rt,
                     Part::Qkv,
                     k_qkn,
                     [blocks as u32 * nbu, 1, 1],
-                    [128, 1, 1],
+                    [threads, 1, 1],
                     0,
                     &args,
                 )?;

@@ -64,43 +64,72 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(
 // whole q projection (nh D values, weights qw [nh D]) and the whole k projection (nkv D, kw
 // [nkv D]), then RoPE, in place, as mlx-lm's olmo2.py orders them. matvec_qkv ran first with
 // nrot 0, as for qk_norm_rope. Block 2 row + 0 takes sequence row's q heads, + 1 its k heads
-// (at position state[1] of the cache): one block a projection, since the sum of squares
-// spans every head and the norm writes in place (every head read before any is written).
-// Each thread sums its elements of every head in turn, then the warps' sums as
-// qk_norm_rope's. 128 threads, D <= 128. Rounded as qk_norm_rope.
-extern "C" __global__ void __launch_bounds__(128) qk_norm_full_rope(
+// (at position state[1] of the cache): one block a projection, since the sum of squares spans
+// every head and the norm writes in place. The sum first (each thread's elements t, t + 256,
+// ..., then the warps' sums in order), one barrier, then each thread norms and rotates whole
+// rotation pairs (a head's unit u of D / 2: the pair (u, u + nrot) for u < nrot, or (2u,
+// 2u + 1) when traditional; the unrotated rest two at a time), reading each value it writes
+// itself: no element is written before the barrier or read by another thread after it.
+// 256 threads. Rounded as qk_norm_rope (the norm as fast.rms_norm, the rotation as
+// qk_rope_store).
+extern "C" __global__ void __launch_bounds__(256) qk_norm_full_rope(
     bf16_t* q, bf16_t* kc, const int* state, const bf16_t* qw, const bf16_t* kw,
     const float* rope, ll nh, ll nkv, ll D, ll cap, ll nrot, ll traditional, double eps) {
-  __shared__ float red[4];
-  __shared__ float xs[128];
+  __shared__ float red[8];
   pdl_wait_then_release();
   const ll row = blockIdx.x / 2;
-  const int t = threadIdx.x, Di = (int)D, nr = (int)nrot;
+  const int t = threadIdx.x, nr = (int)nrot, half = (int)(D / 2);
   const bool isq = blockIdx.x % 2 == 0;
   state += 4 * row;
   if (state[1] < 0) return;  // an idle row
   q += row * (nh + 2 * nkv) * D;
   kc += (row - state[3]) * nkv * cap * D;  // a verify group's rows share its first row's slot
   rope += row * 2 * D;
-  const int heads = (int)(isq ? nh : nkv);
-  auto head = [&](int h) { return isq ? q + (ll)h * D : kc + ((ll)h * cap + state[1]) * D; };
+  // D is a power of two (16 to 128): heads and elements by shifts; the projection's width
+  // fits in 31 bits (the host checks the rows).
+  const int heads = (int)(isq ? nh : nkv), ds = __ffsll(D) - 1, n = heads << ds;
+  const ll pos = state[1];
+  // Element i of head h.
+  auto at = [&](int h, int i) {
+    return isq ? q + ((ll)h << ds) + i : kc + ((ll)h * cap + pos) * D + i;
+  };
   float ss = 0.f;
-  for (int h = 0; h < heads; ++h) {
-    const float v = t < Di ? bf2f(head(h)[t]) : 0.f;
+  for (int j = t; j < n; j += 256) {
+    const float v = bf2f(*at(j >> ds, j & ((1 << ds) - 1)));
     ss += v * v;
   }
   ss = warp_sum(ss);
   if ((t & 31) == 0) red[t >> 5] = ss;
   __syncthreads();
   float tot = 0.f;
-  for (int i = 0; i < 4; ++i) tot += red[i];
-  const float inv = rsqrtf(tot / (float)((ll)heads * D) + (float)eps);
+  for (int i = 0; i < 8; ++i) tot += red[i];
+  const float inv = rsqrtf(tot / (float)n + (float)eps);
   const bf16_t* w = isq ? qw : kw;
-  for (int h = 0; h < heads; ++h) {
-    bf16_t* x = head(h);
-    if (t < Di) xs[t] = rbf(bf2f(w[(ll)h * D + t]) * rbf(bf2f(x[t]) * inv));
-    __syncthreads();
-    qk_rope_store(xs, x, rope, t, Di, nr, traditional);
-    __syncthreads();  // xs is the next head's
+  for (int u = t; u < (heads << (ds - 1)); u += 256) {
+    const int h = u >> (ds - 1), i = u & (half - 1);
+    // The unit's two elements, and whether (and by which angle) they rotate.
+    int a, b;
+    if (traditional) {
+      a = 2 * i;
+      b = a + 1;
+    } else if (i < nr) {
+      a = i;
+      b = i + nr;
+    } else {
+      a = 2 * nr + 2 * (i - nr);
+      b = a + 1;
+    }
+    bf16_t* xa = at(h, a);
+    bf16_t* xb = at(h, b);
+    const float x1 = rbf(bf2f(w[(h << ds) + a]) * rbf(bf2f(*xa) * inv));
+    const float x2 = rbf(bf2f(w[(h << ds) + b]) * rbf(bf2f(*xb) * inv));
+    if (i < nr) {
+      const float c = rope[i], s = rope[half + i];
+      *xa = f2bf(x1 * c - x2 * s);
+      *xb = f2bf(x1 * s + x2 * c);
+    } else {
+      *xa = f2bf(x1);
+      *xb = f2bf(x2);
+    }
   }
 }

@@ -381,6 +381,10 @@ MADE = {
     # OLMo 2: post norms only (no pre-norms), RMSNorm over the whole q and k projections
     # (64 and 32 wide here) before RoPE, an untied head.
     "make_olmo2": dict(model_type="olmo2", max_position_embeddings=2048, tie_word_embeddings=False),
+    # Wider (q 512 and k 128 values: qk_norm_full_rope's threads take several elements and
+    # pairs each), traditional RoPE.
+    "make_olmo2_wide": dict(model_type="olmo2", hidden_size=256, num_attention_heads=8, head_dim=64,
+                            max_position_embeddings=2048, rope_traditional=True),
     # OLMo 3: olmo2's blocks with sliding layers (0 and 2, a window of 40) whose RoPE is plain,
     # the full layer's linearly scaled (the local table). Not in the default list: its 8 steps
     # hold one pick whose reference logits are 1.4% of the largest apart, against a largest
@@ -702,7 +706,7 @@ def run(lib, name, tmp=None):
                       L["bias"] if L["bias"] is not None else 0, kernel_pairs(L["nrot"])])
             if qk_norm:
                 if qk_full:  # qk_norm_full_rope: one block a projection
-                    e.launch(12, (2 * NB, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh, nkv,
+                    e.launch(12, (2 * NB, 1), 256, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh, nkv,
                                                     d, cap, L["nrot"], int(trad), float(np.float32(eps))])
                 else:
                     e.launch(6, ((nh + nkv) * NB, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh,
@@ -1333,7 +1337,7 @@ def main():
                              "make_mistral_linear", "make_qwen3", "q4:make_qwen3", "make_gemma3",
                              "q4:make_gemma3", "make_gemma2", "make_qwen3_moe", "q4:make_qwen3_moe",
                              "q4r8:make_qwen3_moe", "make_mixtral", "q4:make_mixtral", "make_olmo2",
-                             "q4:make_olmo2", "make_exaone4"]
+                             "q4:make_olmo2", "make_olmo2_wide", "make_exaone4"]
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         # GRAPH_EMU_SKIP_SAMPLER=1: the rows only (the sampler check takes minutes on a loaded
