@@ -12,19 +12,16 @@
 //! projections with or without biases, RoPE from the model's own rope (a base with linear
 //! scaling, or a frequency table: llama3, yarn with its `mscale`, longrope), layers without
 //! RoPE (SmolLM3), grouped-query or multi-query attention with the row's own softmax scale,
-//! SwiGLU, a tied or untied head, per-head q/k RMSNorm before RoPE (Qwen 3, Gemma 3) or over the
-//! whole q and k projections (OLMo 2), fused
-//! q/k/v and gate/up projections split by rows into views (phi3); Gemma's
-//! `1 + w` RMSNorms, sandwich norms (or OLMo 2's post norms alone), GeGLU (`gelu_approx`),
-//! embedding scale, sliding-window
-//! layers with their own RoPE, attention and logit soft-caps; granite's residual multiplier and
-//! logits scaling (its embedding and attention multipliers are the embedding scale and the
-//! softmax scale); bfloat16 weights or MLX affine
-//! 4/8-bit weights with bfloat16 scales (groups of 32, 64, 128); greedy decoding of one
-//! sequence. Rows: llama, mistral, qwen2, qwen3, smollm3, phi3, granite, gemma2, gemma3_text,
-//! olmo2 (without its optional biases) (and
-//! the other
-//! rows these knobs describe). The rest give a reason.
+//! SwiGLU, a tied or untied head, per-head q/k RMSNorm before RoPE (Qwen 3, Gemma 3) or over
+//! the whole q and k projections (OLMo 2), fused q/k/v and gate/up projections split by rows
+//! into views (phi3); Gemma's `1 + w` RMSNorms, sandwich norms (or OLMo 2's post norms alone),
+//! GeGLU (`gelu_approx`), embedding scale, sliding-window layers with their own RoPE,
+//! attention and logit soft-caps; granite's residual multiplier and logits scaling (its
+//! embedding and attention multipliers are the embedding scale and the softmax scale);
+//! bfloat16 weights or MLX affine 4/8-bit weights with bfloat16 scales (groups of 32, 64,
+//! 128); greedy decoding of one sequence. Rows: llama, mistral, qwen2, qwen3, smollm3, phi3,
+//! granite, gemma2, gemma3_text, olmo2 without its optional biases (and the other rows these
+//! knobs describe: exaone4, olmo3). The rest give a reason.
 //!
 //! Mixture-of-experts rows ([`mlx_models::models::moe`]: qwen3_moe and mixtral, and the rows
 //! with their knobs) map through [`map_moe`]: the same attention, and in each layer with

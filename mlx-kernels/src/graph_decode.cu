@@ -1460,7 +1460,7 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
 }
 
 // The attention projections with RoPE and the cache write in the epilogue:
-// [q; k; v] = W rms_norm(xin) (+ bias) (W xin where MV_QKV_NORM is 0: OLMo 2's blocks) with W's q and k rows taken per head so that rows
+// [q; k; v] = W rms_norm(xin) (+ bias) with W's q and k rows taken per head so that rows
 // 2i and 2i + 1 are the rotation pair (i, i + nrot) for i < nrot (the rows past 2 nrot, which
 // are not rotated, keep their order); with traditional RoPE the pairs are (2i, 2i + 1)
 // already. W: q, k and v as the model holds them (Wq, Sq, Bq; Wk, ...), read through WMAP_QKV

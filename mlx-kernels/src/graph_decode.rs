@@ -12,20 +12,21 @@
 //! epilogue; the down projection
 //! with the residual add. With per-head q/k norms (qwen3) the q/k/v matrix writes its rows
 //! unrotated and one more kernel a layer (`graph_qk_norm.cu`, compiled only for such a model)
-//! norms each head and rotates it in place (OLMo 2's norms over the whole q and k projections:
-//! one block a projection, `qk_norm_full_rope`). Then the final norm with the LM head, and a greedy argmax over the
-//! log-probabilities (as mlx-lm's sampler; two kernels over blocks of 2,048 logits, the
-//! log-sum-exp combined by the last block) that advances the step state on the device. The
-//! whole step is one CUDA graph ([`mlx_core::gpurt`]); the host replays it and reads tokens
-//! back, pipelined.
+//! norms each head and rotates it in place (OLMo 2's over the whole q and k projections: one
+//! block a projection, `qk_norm_full_rope`). Then the final norm with the LM head, and a
+//! greedy argmax over the log-probabilities (as mlx-lm's sampler; two kernels over blocks of
+//! 2,048 logits, the log-sum-exp combined by the last block) that advances the step state on
+//! the device. The whole step is one CUDA graph ([`mlx_core::gpurt`]); the host replays it and
+//! reads tokens back, pipelined.
 //!
 //! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's and OLMo 2's q/k
-//! norms, Gemma's sandwich norms and OLMo 2's post norms alone, GeGLU, embedding scale, sliding layers and soft-caps; granite's residual
-//! multiplier and logits scaling; mixtures of experts, [`GraphMoe`]: qwen3_moe's and mixtral's
-//! routers, the chosen experts' products read in place from the stacked weights
-//! (`graph_moe.cu`), one sequence a step). Every weight is read as the model holds it, in MLX's
-//! own device buffers (no second copy: issue #30's peak memory; [`GraphDecoder::borrowed_bytes`]),
-//! where MLX runs on the GPU and the array is evaluated, row-contiguous and aligned; else copied;
+//! norms, Gemma's sandwich norms and OLMo 2's post norms alone, GeGLU, embedding scale,
+//! sliding layers and soft-caps; granite's residual multiplier and logits scaling; mixtures
+//! of experts, [`GraphMoe`]: qwen3_moe's and mixtral's routers, the chosen experts' products
+//! read in place from the stacked weights (`graph_moe.cu`), one sequence a step). Every weight
+//! is read as the model holds it, in MLX's own device buffers (no second copy: issue #30's
+//! peak memory; [`GraphDecoder::borrowed_bytes`]), where MLX runs on the GPU and the array is
+//! evaluated, row-contiguous and aligned; else copied;
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales, or trellis-coded layer linears ([`GraphSpec::trellis`]: one sequence,
 //! dense pre-norm SwiGLU layers; `graph_trellis.cu`'s `trellis_qkv`, `trellis_gate_up` and
