@@ -50,21 +50,24 @@ fn every_covered_row_maps_with_its_knobs() {
         );
         assert_eq!(spec.qkv_bias, name.starts_with("qwen2"), "{name}");
         let olmo2 = name.starts_with("olmo2");
+        let exaone4 = name == "exaone4";
+        let post_only = olmo2 || exaone4;
         assert_eq!(
             spec.qk_norm,
-            name.starts_with("qwen3") || name.starts_with("gemma3") || olmo2,
+            name.starts_with("qwen3") || name.starts_with("gemma3") || post_only,
             "{name}"
         );
         let gemma = name.starts_with("gemma");
         assert_eq!(
             (spec.sandwich, spec.gelu),
-            (gemma || olmo2, gemma),
+            (gemma || post_only, gemma),
             "{name}"
         );
-        // OLMo 2: no pre-norms, q/k norms over the whole projections (their widths).
+        // OLMo 2 and EXAONE 4: no pre-norms; OLMo 2's q/k norms over the whole projections
+        // (their widths).
         assert_eq!(
             (spec.post_only, spec.qk_norm_full),
-            (olmo2, olmo2),
+            (post_only, olmo2),
             "{name}"
         );
         if olmo2 {
@@ -87,8 +90,8 @@ fn every_covered_row_maps_with_its_knobs() {
             assert_eq!((spec.residual_scale, spec.logit_div), (0.0, 0.0), "{name}");
         }
         for l in &weights.layers {
-            assert_eq!(l.post_attn_norm.is_some(), gemma || olmo2, "{name}");
-            assert_eq!(l.post_mlp_norm.is_some(), gemma || olmo2, "{name}");
+            assert_eq!(l.post_attn_norm.is_some(), gemma || post_only, "{name}");
+            assert_eq!(l.post_mlp_norm.is_some(), gemma || post_only, "{name}");
         }
         if name.starts_with("gemma3") {
             assert_eq!(spec.sliding, [true, false, true]);
@@ -105,6 +108,11 @@ fn every_covered_row_maps_with_its_knobs() {
                 .unwrap();
             let mean = w.to_vec::<f32>().unwrap().iter().sum::<f32>() / spec.hidden as f32;
             assert!((mean - 1.0).abs() < 0.1, "{name}: {mean}");
+        } else if exaone4 {
+            // Its L layers slide (one RoPE: no local table), its G layer attends to all.
+            assert_eq!(spec.sliding, [true, false, true]);
+            assert_eq!(spec.sliding_window, 48);
+            assert!(spec.local_rope.is_none());
         } else {
             assert!(
                 spec.sliding.is_empty() && spec.local_rope.is_none(),
@@ -149,7 +157,8 @@ fn every_covered_row_maps_with_its_knobs() {
             assert_eq!(2 * r.pairs(), spec.head_dim, "{name}");
         }
         match name {
-            "smollm3" => assert_eq!(spec.rope_layers, [true, false, true]),
+            // SmolLM3's NoPE layer; EXAONE 4's G layer rotates nothing.
+            "smollm3" | "exaone4" => assert_eq!(spec.rope_layers, [true, false, true], "{name}"),
             _ => assert_eq!(spec.rope_layers, [true; 3], "{name}"),
         }
         match name {
