@@ -12,16 +12,16 @@
 //! projections with or without biases, RoPE from the model's own rope (a base with linear
 //! scaling, or a frequency table: llama3, yarn with its `mscale`, longrope), layers without
 //! RoPE (SmolLM3), grouped-query or multi-query attention with the row's own softmax scale,
-//! SwiGLU, a tied or untied head, per-head q/k RMSNorm before RoPE (Qwen 3, Gemma 3), fused
-//! q/k/v and gate/up projections split by rows into views (phi3); Gemma's
-//! `1 + w` RMSNorms, sandwich norms, GeGLU (`gelu_approx`), embedding scale, sliding-window
-//! layers with their own RoPE, attention and logit soft-caps; granite's residual multiplier and
-//! logits scaling (its embedding and attention multipliers are the embedding scale and the
-//! softmax scale); bfloat16 weights or MLX affine
-//! 4/8-bit weights with bfloat16 scales (groups of 32, 64, 128); greedy decoding of one
-//! sequence. Rows: llama, mistral, qwen2, qwen3, smollm3, phi3, granite, gemma2, gemma3_text (and
-//! the other
-//! rows these knobs describe). The rest give a reason.
+//! SwiGLU, a tied or untied head, per-head q/k RMSNorm before RoPE (Qwen 3, Gemma 3) or over
+//! the whole q and k projections (OLMo 2), fused q/k/v and gate/up projections split by rows
+//! into views (phi3); Gemma's `1 + w` RMSNorms, sandwich norms (or OLMo 2's post norms alone),
+//! GeGLU (`gelu_approx`), embedding scale, sliding-window layers with their own RoPE,
+//! attention and logit soft-caps; granite's residual multiplier and logits scaling (its
+//! embedding and attention multipliers are the embedding scale and the softmax scale);
+//! bfloat16 weights or MLX affine 4/8-bit weights with bfloat16 scales (groups of 32, 64,
+//! 128); greedy decoding of one sequence. Rows: llama, mistral, qwen2, qwen3, smollm3, phi3,
+//! granite, gemma2, gemma3_text, olmo2 without its optional biases (and the other rows these
+//! knobs describe: exaone4, olmo3). The rest give a reason.
 //!
 //! Mixture-of-experts rows ([`mlx_models::models::moe`]: qwen3_moe and mixtral, and the rows
 //! with their knobs) map through [`map_moe`]: the same attention, and in each layer with
@@ -103,10 +103,12 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
         layer: i,
         problem: problem.into(),
     };
-    // Pre-norm blocks, or Gemma's sandwich (pre and post norms around attention and MLP).
-    let sandwich = match d.placement {
-        Placement::Pre => false,
-        Placement::Sandwich if d.post_norm_offsets.is_none() => true,
+    // Pre-norm blocks, Gemma's sandwich (pre and post norms around attention and MLP), or
+    // OLMo 2's post norms alone (the sandwich's post norms, no pre-norms).
+    let (sandwich, post_only) = match d.placement {
+        Placement::Pre => (false, false),
+        Placement::Sandwich if d.post_norm_offsets.is_none() => (true, false),
+        Placement::PostOnly => (true, true),
         p => return no(&format!("norm placement {p:?}")),
     };
     // RMSNorm, or Gemma's `rms_norm(x, 1 + w)` (the `1 + w` is added to the weights as the
@@ -115,10 +117,11 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
         return no("a norm other than RMSNorm");
     }
     // Per-head RMSNorm before RoPE: Qwen 3's, and Gemma 3's transposed variant, which
-    // computes the same values.
-    let qk_norm = match (d.qk_norm, d.qk_norm_kind) {
-        (QkNorm::None, None) => false,
-        (QkNorm::PerHead | QkNorm::PerHeadTransposed, None) => true,
+    // computes the same values; or OLMo 2's over the whole q and k projections.
+    let (qk_norm, qk_norm_full) = match (d.qk_norm, d.qk_norm_kind) {
+        (QkNorm::None, None) => (false, false),
+        (QkNorm::PerHead | QkNorm::PerHeadTransposed, None) => (true, false),
+        (QkNorm::Full, None) => (true, true),
         (q, _) => return no(&format!("q/k norm {q:?}")),
     };
     if d.embed_norm || d.n_positions > 0 || d.names.positions.is_some() {
@@ -216,14 +219,17 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
         tied: m.lm_head().is_none(),
         qkv_bias: d.qkv_bias,
         qk_norm,
+        qk_norm_full,
         quant: None,
         embed_scale,
         sandwich,
+        post_only,
         gelu,
         sliding,
         sliding_window,
         local_rope,
         attn_softcap: softcap(d.attn_logit_softcap),
+        attn_sinks: false,
         final_softcap: softcap(d.final_logit_softcap),
         residual_scale,
         logit_div,
@@ -405,6 +411,7 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
             k_norm,
             post_attn_norm: None,
             post_mlp_norm: None,
+            sinks: None,
         });
     }
     let Some(rope) = rope else {
@@ -438,14 +445,17 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
         tied: head.is_none(),
         qkv_bias: ms.qkv_bias,
         qk_norm: qk_norm.unwrap_or(false),
+        qk_norm_full: false,
         quant,
         embed_scale: 1.0,
         sandwich: false,
+        post_only: false,
         gelu: false,
         sliding: Vec::new(),
         sliding_window: 0,
         local_rope: None,
         attn_softcap: 0.0,
+        attn_sinks: false,
         final_softcap: 0.0,
         residual_scale: 0.0,
         logit_div: 0.0,
@@ -753,6 +763,18 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap
             _ => return Err(gap("has an MLP without gate and up projections")),
         };
         let mut lin = |l: &Linear, s: &str| linear(l, &w(s), &mut quant);
+        // Post norms only (OLMo 2): no pre-norms, whose slots hold the post norms' handles
+        // (`GraphSpec::post_only`: not read).
+        let (input_norm, post_norm) = match (spec.post_only, &post_attn_norm, &post_mlp_norm) {
+            (true, Some(a), Some(b)) if v.pre_attn_norm.is_none() && v.pre_mlp_norm.is_none() => {
+                (a.clone(), b.clone())
+            }
+            (true, _, _) => return Err(gap("has pre-norms other than its descriptor's")),
+            (false, _, _) => (
+                rms(v.pre_attn_norm, &w("input norm"))?,
+                rms(v.pre_mlp_norm, &w("post-attention norm"))?,
+            ),
+        };
         layers.push(GraphLayer {
             q,
             k,
@@ -762,12 +784,13 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap
             up,
             down: lin(down, "down_proj")?,
             router: None,
-            input_norm: rms(v.pre_attn_norm, &w("input norm"))?,
-            post_norm: rms(v.pre_mlp_norm, &w("post-attention norm"))?,
+            input_norm,
+            post_norm,
             q_norm,
             k_norm,
             post_attn_norm,
             post_mlp_norm,
+            sinks: None,
         });
     }
     spec.quant = quant;

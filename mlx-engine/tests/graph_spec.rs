@@ -49,13 +49,33 @@ fn every_covered_row_maps_with_its_knobs() {
             "{name}"
         );
         assert_eq!(spec.qkv_bias, name.starts_with("qwen2"), "{name}");
+        let olmo2 = name.starts_with("olmo2");
+        let exaone4 = name == "exaone4";
+        let post_only = olmo2 || exaone4;
         assert_eq!(
             spec.qk_norm,
-            name.starts_with("qwen3") || name.starts_with("gemma3"),
+            name.starts_with("qwen3") || name.starts_with("gemma3") || post_only,
             "{name}"
         );
         let gemma = name.starts_with("gemma");
-        assert_eq!((spec.sandwich, spec.gelu), (gemma, gemma), "{name}");
+        assert_eq!(
+            (spec.sandwich, spec.gelu),
+            (gemma || post_only, gemma),
+            "{name}"
+        );
+        // OLMo 2 and EXAONE 4: no pre-norms; OLMo 2's q/k norms over the whole projections
+        // (their widths).
+        assert_eq!(
+            (spec.post_only, spec.qk_norm_full),
+            (post_only, olmo2),
+            "{name}"
+        );
+        if olmo2 {
+            let l = &weights.layers[0];
+            let (q, k) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+            assert_eq!(l.q_norm.as_ref().unwrap().shape(), [q as i32], "{name}");
+            assert_eq!(l.k_norm.as_ref().unwrap().shape(), [k as i32], "{name}");
+        }
         if gemma {
             // sqrt(hidden) as bfloat16.
             let want = half::bf16::from_f64((spec.hidden as f64).sqrt()).to_f32();
@@ -70,8 +90,8 @@ fn every_covered_row_maps_with_its_knobs() {
             assert_eq!((spec.residual_scale, spec.logit_div), (0.0, 0.0), "{name}");
         }
         for l in &weights.layers {
-            assert_eq!(l.post_attn_norm.is_some(), gemma, "{name}");
-            assert_eq!(l.post_mlp_norm.is_some(), gemma, "{name}");
+            assert_eq!(l.post_attn_norm.is_some(), gemma || post_only, "{name}");
+            assert_eq!(l.post_mlp_norm.is_some(), gemma || post_only, "{name}");
         }
         if name.starts_with("gemma3") {
             assert_eq!(spec.sliding, [true, false, true]);
@@ -88,6 +108,11 @@ fn every_covered_row_maps_with_its_knobs() {
                 .unwrap();
             let mean = w.to_vec::<f32>().unwrap().iter().sum::<f32>() / spec.hidden as f32;
             assert!((mean - 1.0).abs() < 0.1, "{name}: {mean}");
+        } else if exaone4 {
+            // Its L layers slide (one RoPE: no local table), its G layer attends to all.
+            assert_eq!(spec.sliding, [true, false, true]);
+            assert_eq!(spec.sliding_window, 48);
+            assert!(spec.local_rope.is_none());
         } else {
             assert!(
                 spec.sliding.is_empty() && spec.local_rope.is_none(),
@@ -132,7 +157,8 @@ fn every_covered_row_maps_with_its_knobs() {
             assert_eq!(2 * r.pairs(), spec.head_dim, "{name}");
         }
         match name {
-            "smollm3" => assert_eq!(spec.rope_layers, [true, false, true]),
+            // SmolLM3's NoPE layer; EXAONE 4's G layer rotates nothing.
+            "smollm3" | "exaone4" => assert_eq!(spec.rope_layers, [true, false, true], "{name}"),
             _ => assert_eq!(spec.rope_layers, [true; 3], "{name}"),
         }
         match name {
@@ -231,7 +257,9 @@ fn other_rows_name_the_reason() {
     let d = models().join("dense");
     for (dir, what) in [
         (d.join("hunyuan_v1_dense"), "q/k norm PerHeadAfterRope"),
-        (d.join("olmo2"), "norm placement"),
+        // olmo2 maps (post norms, q/k norms over the projections); its fixture's heads of 8
+        // do not.
+        (d.join("olmo2"), "head_dim 8"),
         // granite maps (its multipliers); its fixture's output and MLP biases do not.
         (d.join("granite"), "an output, MLP or head bias"),
         // Gemma 2 maps (sandwich norms, soft-caps); its fixture's heads of 8 do not.

@@ -1691,6 +1691,11 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
 // bias: the projections' biases in the rows' order, or null; added as MLX adds them: after
 // the rounding of a quantized product, in the same rounding as a dense one (addmm).
 // Rows (nh + 2 nkv) D fit in 32 bits (the host checks).
+// Whether matvec_qkv norms its input (0: OLMo 2's blocks, no pre-norm; GraphSpec::post_only
+// defines it 0, so every other model compiles the kernel it always did).
+#ifndef MV_QKV_NORM
+#define MV_QKV_NORM 1
+#endif
 extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
     const void* Wq, const void* Wk, const void* Wv, const bf16_t* Sq, const bf16_t* Sk,
     const bf16_t* Sv, const bf16_t* Bq, const bf16_t* Bk, const bf16_t* Bv, const bf16_t* xin,
@@ -1769,8 +1774,8 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
   };
   // D is a multiple of MV_ROWS: every group is whole.
   const Wts wt = make_wts(Wq, Wk, Wv, Sq, Sk, Sv, Bq, Bk, Bv, WMAP_QKV, qrows, krows, D, pairs);
-  MV_DISPATCH_MAP(bits, WMAP_QKV, wt, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red,
-                  tr, pre, epi)
+  MV_DISPATCH_MAP(bits, WMAP_QKV, wt, xin, normw, MV_QKV_NORM != 0, (nh + 2 * nkv) * D, K, gs,
+                  eps, smem, red, tr, pre, epi)
   tr.done(TRACE_QKV | (u64)K << 16);
 }
 
@@ -1827,11 +1832,18 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out
 // are masked (a chunk wholly before them loads nothing and passes m = -inf, l = 0 on).
 // softcap > 0 (gemma2): scores = tanh(s / softcap) softcap, with the query scaled and each
 // op rounded to bfloat16 as mlx-lm's gemma2 computes them (softcap a bfloat16 value).
+// sinks (gpt_oss's attention sinks, compiled only where ATTN_SINKS is 1; no model maps them
+// yet): head h's sink logit sinks[h] (bfloat16) joins the softmax's max and denominator with
+// no value: chunk 0's block takes it into its max m and its sum l, so both combines (the last
+// block's, matvec_attn_out's) divide by it as mlx's sdpa with `sinks` does.
 // 128 threads; D 16, 32, 64 or 128.
+#ifndef ATTN_SINKS
+#define ATTN_SINKS 0
+#endif
 extern "C" __global__ void __launch_bounds__(128, 4) attention(
     const bf16_t* qb, const bf16_t* kc, const bf16_t* vc, const int* state, float* po,
     float* pml, int* counters, bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS, double scale,
-    u64* trace, ll window, double softcap) {
+    u64* trace, ll window, double softcap, const bf16_t* sinks) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   // Block (b nh + h, s): sequence b's head h (grid nh NB by NS).
@@ -1933,6 +1945,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   if (lane == 0) red[warp] = m;
   __syncthreads();
   m = fmaxf(red[0], red[1]);
+#if ATTN_SINKS
+  // The sink joins chunk 0's max (and, below, its sum).
+  const float sink = s == 0 && sinks ? bf2f(sinks[h]) : NEG_INF;
+  m = fmaxf(m, sink);
+#endif
   const float e = tid < n && tid >= lo ? expf(sc - m) : 0.f;
   if (tid < ATTN_CHUNK) p[tid] = e;
   float l = warp_sum(e);
@@ -1940,6 +1957,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   if (lane == 0) red[warp] = l;
   __syncthreads();
   l = red[0] + red[1];
+#if ATTN_SINKS
+  if (sink != NEG_INF) l += expf(sink - m);
+#endif
   // Values: each thread's 8 dimensions over its positions, then the position groups summed.
   float o[8];
 #pragma unroll

@@ -12,19 +12,21 @@
 //! epilogue; the down projection
 //! with the residual add. With per-head q/k norms (qwen3) the q/k/v matrix writes its rows
 //! unrotated and one more kernel a layer (`graph_qk_norm.cu`, compiled only for such a model)
-//! norms each head and rotates it in place. Then the final norm with the LM head, and a greedy argmax over the
-//! log-probabilities (as mlx-lm's sampler; two kernels over blocks of 2,048 logits, the
-//! log-sum-exp combined by the last block) that advances the step state on the device. The
-//! whole step is one CUDA graph ([`mlx_core::gpurt`]); the host replays it and reads tokens
-//! back, pipelined.
+//! norms each head and rotates it in place (OLMo 2's over the whole q and k projections: one
+//! block a projection, `qk_norm_full_rope`). Then the final norm with the LM head, and a
+//! greedy argmax over the log-probabilities (as mlx-lm's sampler; two kernels over blocks of
+//! 2,048 logits, the log-sum-exp combined by the last block) that advances the step state on
+//! the device. The whole step is one CUDA graph ([`mlx_core::gpurt`]); the host replays it and
+//! reads tokens back, pipelined.
 //!
-//! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's q/k norms, Gemma's
-//! sandwich norms, GeGLU, embedding scale, sliding layers and soft-caps; granite's residual
-//! multiplier and logits scaling; mixtures of experts, [`GraphMoe`]: qwen3_moe's and mixtral's
-//! routers, the chosen experts' products read in place from the stacked weights
-//! (`graph_moe.cu`), one sequence a step). Every weight is read as the model holds it, in MLX's
-//! own device buffers (no second copy: issue #30's peak memory; [`GraphDecoder::borrowed_bytes`]),
-//! where MLX runs on the GPU and the array is evaluated, row-contiguous and aligned; else copied;
+//! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's and OLMo 2's q/k
+//! norms, Gemma's sandwich norms and OLMo 2's post norms alone, GeGLU, embedding scale,
+//! sliding layers and soft-caps; granite's residual multiplier and logits scaling; mixtures
+//! of experts, [`GraphMoe`]: qwen3_moe's and mixtral's routers, the chosen experts' products
+//! read in place from the stacked weights (`graph_moe.cu`), one sequence a step). Every weight
+//! is read as the model holds it, in MLX's own device buffers (no second copy: issue #30's
+//! peak memory; [`GraphDecoder::borrowed_bytes`]), where MLX runs on the GPU and the array is
+//! evaluated, row-contiguous and aligned; else copied;
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales, or trellis-coded layer linears ([`GraphSpec::trellis`]: one sequence,
 //! dense pre-norm SwiGLU layers; `graph_trellis.cu`'s `trellis_qkv`, `trellis_gate_up` and
@@ -72,10 +74,14 @@ use mlx_core::{ops, Array, Dtype, Error, Result};
 
 pub use crate::graph_source::SOURCE;
 
-/// Qwen 3's per-head q/k norms (`qk_norm_rope`), appended to [`SOURCE`] only for a model
-/// with them ([`GraphSpec::qk_norm`]), so the other rows compile what they always did.
+/// Qwen 3's per-head q/k norms (`qk_norm_rope`) and OLMo 2's over the whole projections
+/// (`qk_norm_full_rope`), appended to [`SOURCE`] only for a model with them
+/// ([`GraphSpec::qk_norm`]), so the other rows compile what they always did.
 pub const QK_NORM_SOURCE: &str = include_str!("graph_qk_norm.cu");
 const QK_NORM_KERNEL: (&str, u32) = ("qk_norm_rope", 12);
+/// OLMo 2's q/k norms over the whole projections ([`GraphSpec::qk_norm_full`]), in the same
+/// source.
+const QK_NORM_FULL_KERNEL: (&str, u32) = ("qk_norm_full_rope", 13);
 
 /// Gemma's sandwich norms (`norm_add`), appended to [`SOURCE`] only for a model with them
 /// ([`GraphSpec::sandwich`]).
@@ -86,7 +92,7 @@ const GEMMA_KERNEL: (&str, u32) = ("norm_add", 5);
 /// [`SOURCE`] only for a model with them ([`GraphSpec::moe`]).
 pub const MOE_SOURCE: &str = include_str!("graph_moe.cu");
 const MOE_KERNELS: [(&str, u32); 3] =
-    [("moe_route", 7), ("matvec_experts", 19), ("moe_combine", 5)];
+    [("moe_route", 8), ("matvec_experts", 21), ("moe_combine", 5)];
 /// The most experts a router chooses from (`MOE_MAX_EXPERTS` in the source) and the most it
 /// chooses (one warp's lanes).
 pub const MOE_MAX_EXPERTS: usize = 1024;
@@ -96,7 +102,7 @@ const KERNELS: &[(&str, u32)] = &[
     ("embed", 19),
     ("matvec", 18),
     ("matvec_qkv", 29),
-    ("attention", 17),
+    ("attention", 18),
     ("matvec_attn_out", 17),
     ("argmax_partial", 5),
     ("argmax_pick", 8),
@@ -501,6 +507,10 @@ pub struct GraphSpec {
     /// q and k are RMS-normed per head (over `head_dim`, weights [`GraphLayer::q_norm`] and
     /// [`GraphLayer::k_norm`], this spec's `eps`) before RoPE (qwen3).
     pub qk_norm: bool,
+    /// With [`GraphSpec::qk_norm`]: the norms span the whole projection (OLMo 2: q's over
+    /// `heads * head_dim`, k's over `kv_heads * head_dim`, weights of those sizes), not each
+    /// head.
+    pub qk_norm_full: bool,
     /// MLX affine quantization of every linear and the embedding: (group size, bits); `None`:
     /// bfloat16 weights.
     pub quant: Option<(usize, usize)>,
@@ -510,6 +520,10 @@ pub struct GraphSpec {
     /// ([`GraphLayer::post_attn_norm`], [`GraphLayer::post_mlp_norm`]) before the residual
     /// adds; the pre-MLP norm is [`GraphLayer::post_norm`].
     pub sandwich: bool,
+    /// With [`GraphSpec::sandwich`]: no pre-norms (OLMo 2's post-norm blocks): the attention
+    /// and the MLP read the hidden state as it is, and only the post norms apply
+    /// ([`GraphLayer::input_norm`] and [`GraphLayer::post_norm`] are not read).
+    pub post_only: bool,
     /// The gated MLP's activation is `gelu_approx` (Gemma's GeGLU), not SiLU.
     pub gelu: bool,
     /// Per layer: a sliding-window layer (empty: none), which attends to the last
@@ -520,6 +534,9 @@ pub struct GraphSpec {
     pub local_rope: Option<GraphRope>,
     /// gemma2's soft-caps (bfloat16 values; 0: none): of the attention scores, of the logits.
     pub attn_softcap: f32,
+    /// gpt_oss's attention sinks: each layer's per-head sink logit ([`GraphLayer::sinks`])
+    /// joins its head's softmax with no value (`attention` compiled with `ATTN_SINKS` 1).
+    pub attn_sinks: bool,
     pub final_softcap: f32,
     /// granite's residual multiplier (a bfloat16 value; 0: none): each attention and MLP
     /// output is multiplied by it before its residual add.
@@ -636,6 +653,12 @@ impl GraphSpec {
         }
         if s.final_softcap > 0.0 && s.logit_div > 0.0 {
             return Err("final_softcap and logit_div: one or the other".into());
+        }
+        if s.post_only && !s.sandwich {
+            return Err("post_only without sandwich norms (its post norms)".into());
+        }
+        if s.qk_norm_full && !s.qk_norm {
+            return Err("qk_norm_full without qk_norm".into());
         }
         if s.sandwich && s.residual_scale > 0.0 {
             return Err("residual_scale with sandwich norms is not supported".into());
@@ -812,9 +835,12 @@ pub struct GraphTrellis {
 /// One layer's arrays.
 #[derive(Debug, Clone)]
 pub struct GraphLayer {
+    /// The pre-attention and pre-MLP norms' weights `[hidden]` (with [`GraphSpec::post_only`]
+    /// not read: `mlx_engine::graph` passes the post norms' handles).
     pub input_norm: Array,
     pub post_norm: Array,
-    /// q's and k's per-head RMSNorm weights `[head_dim]` ([`GraphSpec::qk_norm`]).
+    /// q's and k's RMSNorm weights ([`GraphSpec::qk_norm`]): `[head_dim]` per head, or the
+    /// projections' widths with [`GraphSpec::qk_norm_full`].
     pub q_norm: Option<Array>,
     pub k_norm: Option<Array>,
     /// The sandwich post-norms' weights `[hidden]` ([`GraphSpec::sandwich`]): after the
@@ -833,6 +859,8 @@ pub struct GraphLayer {
     pub down: GraphLinear,
     /// The router (`[experts, hidden]`) of a layer with experts; `None` elsewhere.
     pub router: Option<GraphLinear>,
+    /// The attention sinks' logits, bfloat16 `[heads]` ([`GraphSpec::attn_sinks`]).
+    pub sinks: Option<Array>,
 }
 
 /// The loaded model's arrays the decoder reads (clones of its handles: no copy of the data).
@@ -1050,9 +1078,20 @@ impl GraphWeights {
                 Dtype::Bfloat16,
             );
             want(&mut p, &n("post_norm"), &l.post_norm, &[h], Dtype::Bfloat16);
-            for (x, a) in [("q_norm", &l.q_norm), ("k_norm", &l.k_norm)] {
+            match (&l.sinks, s.attn_sinks) {
+                (Some(a), true) => want(&mut p, &n("sinks"), a, &[s.heads], Dtype::Bfloat16),
+                (None, false) => {}
+                (Some(_), false) => p.push(format!("{}: given, the spec has none", n("sinks"))),
+                (None, true) => p.push(format!("{}: missing", n("sinks"))),
+            }
+            // Per head, or over the whole projection (qk_norm_full).
+            let (qn, kn) = match s.qk_norm_full {
+                true => (s.heads * d, s.kv_heads * d),
+                false => (d, d),
+            };
+            for (x, a, len) in [("q_norm", &l.q_norm, qn), ("k_norm", &l.k_norm, kn)] {
                 match (a, s.qk_norm) {
-                    (Some(a), true) => want(&mut p, &n(x), a, &[d], Dtype::Bfloat16),
+                    (Some(a), true) => want(&mut p, &n(x), a, &[len], Dtype::Bfloat16),
                     (None, false) => {}
                     (Some(_), false) => {
                         p.push(format!("{}: given, the spec has no q/k norm", n(x)))
@@ -1195,6 +1234,8 @@ struct Layer {
     /// q's and k's per-head norm weights (qwen3): RoPE then runs in `qk_norm_rope`, after
     /// the norm, not in matvec_qkv.
     qk_norm: Option<(Buffer, Buffer)>,
+    /// The attention sinks' logits (gpt_oss), a head each.
+    sinks: Option<Buffer>,
     o: Lin,
     /// Gate/up interleaved and down; with experts, every expert's (`experts` times the rows,
     /// each expert's gate/up interleaved), read through the router's choice.
@@ -1966,7 +2007,12 @@ impl GraphDecoder {
                     ),
                 },
             };
+            let sinks = match &l.sinks {
+                Some(a) if s.attn_sinks => Some(put(&mut rt, a)?),
+                _ => None,
+            };
             layers.push(Layer {
+                sinks,
                 in_norm: put(&mut rt, &l.input_norm)?,
                 post_norm: put(&mut rt, &l.post_norm)?,
                 qkv,
@@ -2951,15 +2997,21 @@ impl GraphDecoder {
         match part {
             Part::Embed => (1, s.hidden * bits / 8),
             Part::Qkv => {
-                // With q/k norms, two kernels a layer (qk_norm_rope reads its 2 head_dim weights).
+                // With q/k norms, two kernels a layer (qk_norm_rope reads its 2 head_dim
+                // weights, or the projections' widths).
                 let qkn = self
                     .step
                     .layers
                     .iter()
                     .filter(|l| l.qk_norm.is_some())
                     .count();
+                let per = if s.qk_norm_full {
+                    s.heads + s.kv_heads
+                } else {
+                    2
+                };
                 let (n, bytes) = layers(&|l| lin_bytes(&l.qkv));
-                (n + qkn, bytes + qkn * 4 * s.head_dim)
+                (n + qkn, bytes + qkn * 2 * per * s.head_dim)
             }
             Part::Attention => layers(&|_| 2 * s.kv_heads * (self.pos + 1) * s.head_dim * 2),
             Part::Output | Part::Down => {
@@ -3801,9 +3853,21 @@ fn step_source(
         p.early,
         u8::from(mma)
     );
+    // OLMo 2's blocks: matvec_qkv without its pre-norm.
+    if spec.post_only {
+        source = format!("#define MV_QKV_NORM 0\n{source}");
+    }
+    // gpt_oss's attention sinks.
+    if spec.attn_sinks {
+        source = format!("#define ATTN_SINKS 1\n{source}");
+    }
     let mut kernels = KERNELS.to_vec();
     if spec.qk_norm {
-        kernels.push(QK_NORM_KERNEL);
+        kernels.push(if spec.qk_norm_full {
+            QK_NORM_FULL_KERNEL
+        } else {
+            QK_NORM_KERNEL
+        });
         source.push_str(QK_NORM_SOURCE);
     }
     if spec.sandwich {
@@ -3890,6 +3954,8 @@ fn record_experts(
             Arg::I64(k as i64),
             Arg::I64(kind),
             Arg::I64(norm),
+            // A router bias (gpt_oss): none mapped yet.
+            Arg::I64(0),
         ],
     )?;
     let k_exp = rec.kernel(rt, "matvec_experts")?;
@@ -3941,6 +4007,9 @@ fn record_experts(
                 Arg::I64(rpe as i64),
                 Arg::I64(i64::from(per_slot)),
                 rec.trace_arg(),
+                // The experts' biases (gpt_oss; MOE_OAI): none mapped yet.
+                Arg::I64(0),
+                Arg::I64(0),
             ],
         )?;
     }
@@ -4082,7 +4151,12 @@ fn record_step(
                     l.qkv.bias(1, a.h),
                     l.qkv.bias(2, a.h),
                     Arg::Buf(a.h, at(t, h_row)),
-                    Arg::Buf(l.in_norm, 0),
+                    // No pre-norm (post_only): a null weight, the input as it is.
+                    if s.post_only {
+                        Arg::I64(0)
+                    } else {
+                        Arg::Buf(l.in_norm, 0)
+                    },
                     Arg::Buf(a.qkv, at(t, qkv_row)),
                     Arg::Buf(l.kc, at(t, slot)),
                     Arg::Buf(l.vc, at(t, slot)),
@@ -4110,28 +4184,45 @@ fn record_step(
         }
         if let Some((qw, kw)) = l.qk_norm {
             for t in 0..tiles {
-                let k_qkn = rec.kernel(rt, QK_NORM_KERNEL.0)?;
+                let common = [
+                    Arg::Buf(a.qkv, at(t, qkv_row)),
+                    Arg::Buf(l.kc, at(t, slot)),
+                    Arg::Buf(a.state, at(t, 16)),
+                    Arg::Buf(qw, 0),
+                    Arg::Buf(kw, 0),
+                    Arg::Buf(a.rope, at(t, rope_row) + l.rope_off),
+                    Arg::I64(nh),
+                ];
+                let rest = [
+                    Arg::I64(d),
+                    Arg::I64(cap as i64),
+                    Arg::I64(l.nrot as i64),
+                    Arg::I64(i64::from(s.rope.traditional)),
+                    Arg::F64(s.eps as f64),
+                ];
+                // Per head: a block a head; over the whole projections (OLMo 2): a block a
+                // projection, which takes the kv heads' count.
+                let (k_qkn, blocks, args) = if s.qk_norm_full {
+                    let args = [&common[..], &[Arg::I64(nkv)], &rest[..]].concat();
+                    (rec.kernel(rt, QK_NORM_FULL_KERNEL.0)?, 2, args)
+                } else {
+                    let args = [&common[..], &rest[..]].concat();
+                    (
+                        rec.kernel(rt, QK_NORM_KERNEL.0)?,
+                        s.heads + s.kv_heads,
+                        args,
+                    )
+                };
+                // qk_norm_full_rope's blocks are 256 threads, qk_norm_rope's 128.
+                let threads = if s.qk_norm_full { 256 } else { 128 };
                 rec.launch(
                     rt,
                     Part::Qkv,
                     k_qkn,
-                    [(s.heads + s.kv_heads) as u32 * nbu, 1, 1],
-                    [128, 1, 1],
+                    [blocks as u32 * nbu, 1, 1],
+                    [threads, 1, 1],
                     0,
-                    &[
-                        Arg::Buf(a.qkv, at(t, qkv_row)),
-                        Arg::Buf(l.kc, at(t, slot)),
-                        Arg::Buf(a.state, at(t, 16)),
-                        Arg::Buf(qw, 0),
-                        Arg::Buf(kw, 0),
-                        Arg::Buf(a.rope, at(t, rope_row) + l.rope_off),
-                        Arg::I64(nh),
-                        Arg::I64(d),
-                        Arg::I64(cap as i64),
-                        Arg::I64(l.nrot as i64),
-                        Arg::I64(i64::from(s.rope.traditional)),
-                        Arg::F64(s.eps as f64),
-                    ],
+                    &args,
                 )?;
             }
         }
@@ -4167,6 +4258,8 @@ fn record_step(
                     rec.trace_arg(),
                     Arg::I64(l.window as i64),
                     Arg::F64(s.attn_softcap as f64),
+                    // Attention sinks (gpt_oss; ATTN_SINKS 1), or none.
+                    l.sinks.map_or(Arg::I64(0), |b| Arg::Buf(b, 0)),
                 ],
             )?;
         }
@@ -4193,10 +4286,10 @@ fn record_step(
                 Part::GateUp,
                 &l.gu,
                 a.h,
-                Some(l.post_norm),
+                (!s.post_only).then_some(l.post_norm),
                 None,
                 a.act,
-                MODE_NORM | MODE_SWIGLU | act,
+                MODE_SWIGLU | act | if s.post_only { 0 } else { MODE_NORM },
             ),
             (
                 Part::Down,
@@ -4618,14 +4711,17 @@ mod tests {
             tied: true,
             qkv_bias: false,
             qk_norm: false,
+            qk_norm_full: false,
             quant: None,
             embed_scale: 1.0,
             sandwich: false,
+            post_only: false,
             gelu: false,
             sliding: Vec::new(),
             sliding_window: 0,
             local_rope: None,
             attn_softcap: 0.0,
+            attn_sinks: false,
             final_softcap: 0.0,
             residual_scale: 0.0,
             logit_div: 0.0,
@@ -4650,6 +4746,10 @@ mod tests {
 
     pub(crate) fn tiny_weights(s: &GraphSpec) -> GraphWeights {
         let (h, d) = (s.hidden, s.head_dim);
+        let (qn, kn) = match s.qk_norm_full {
+            true => (s.heads * d, s.kv_heads * d),
+            false => (d, d),
+        };
         GraphWeights {
             embed: dense(s.vocab, h),
             head: None,
@@ -4658,8 +4758,8 @@ mod tests {
                 .map(|_| GraphLayer {
                     input_norm: zeros(&[h as i32]),
                     post_norm: zeros(&[h as i32]),
-                    q_norm: s.qk_norm.then(|| zeros(&[d as i32])),
-                    k_norm: s.qk_norm.then(|| zeros(&[d as i32])),
+                    q_norm: s.qk_norm.then(|| zeros(&[qn as i32])),
+                    k_norm: s.qk_norm.then(|| zeros(&[kn as i32])),
                     post_attn_norm: s.sandwich.then(|| zeros(&[h as i32])),
                     post_mlp_norm: s.sandwich.then(|| zeros(&[h as i32])),
                     q: dense(s.heads * d, h),
@@ -4670,6 +4770,7 @@ mod tests {
                     up: dense(s.intermediate, h),
                     down: dense(h, s.intermediate),
                     router: None,
+                    sinks: s.attn_sinks.then(|| zeros(&[s.heads as i32])),
                 })
                 .collect(),
         }
@@ -4809,6 +4910,8 @@ mod tests {
             (|s| s.residual_scale = f32::NAN, "residual_scale"),
             (|s| s.logit_div = -1.0, "logit_div"),
             (|s| s.embed_scale = 0.0, "embed_scale 0"),
+            (|s| s.post_only = true, "post_only without sandwich norms"),
+            (|s| s.qk_norm_full = true, "qk_norm_full without qk_norm"),
         ] {
             let mut t = s.clone();
             f(&mut t);
@@ -4837,6 +4940,49 @@ mod tests {
         assert!(e.contains("layers.0.post_mlp_norm: missing"), "{e}");
         let e = tiny_weights(&sw).check(&s).unwrap_err();
         assert!(e.contains("given, the spec has no sandwich norms"), "{e}");
+        // OLMo 2: post norms only, q/k norms over the whole projections (their widths).
+        let olmo = GraphSpec {
+            sandwich: true,
+            post_only: true,
+            qk_norm: true,
+            qk_norm_full: true,
+            ..s.clone()
+        };
+        assert_eq!(olmo.check(), Ok(()));
+        assert_eq!(tiny_weights(&olmo).check(&olmo), Ok(()));
+        let per_head = GraphSpec {
+            qk_norm_full: false,
+            ..olmo.clone()
+        };
+        let e = tiny_weights(&per_head).check(&olmo).unwrap_err();
+        assert!(
+            e.contains("layers.0.q_norm: [16] bfloat16, expected [64] bfloat16"),
+            "{e}"
+        );
+        assert!(
+            e.contains("layers.0.k_norm: [16] bfloat16, expected [32] bfloat16"),
+            "{e}"
+        );
+        // gpt_oss's attention sinks: a head each, only with the spec's knob.
+        let sk = GraphSpec {
+            attn_sinks: true,
+            ..s.clone()
+        };
+        let mut w = tiny_weights(&sk);
+        assert_eq!(w.check(&sk), Ok(()));
+        w.layers[1].sinks = Some(zeros(&[3]));
+        w.layers[0].sinks = None;
+        let e = w.check(&sk).unwrap_err();
+        assert!(
+            e.contains("layers.1.sinks: [3] bfloat16, expected [4] bfloat16"),
+            "{e}"
+        );
+        assert!(e.contains("layers.0.sinks: missing"), "{e}");
+        let e = tiny_weights(&sk).check(&s).unwrap_err();
+        assert!(
+            e.contains("layers.0.sinks: given, the spec has none"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -5364,12 +5510,15 @@ mod tests {
     #[test]
     fn every_kernel_in_the_source_is_declared_with_its_arity() {
         let all = format!("{SOURCE}{QK_NORM_SOURCE}{GEMMA_SOURCE}{MOE_SOURCE}");
-        for (k, _) in [QK_NORM_KERNEL, GEMMA_KERNEL].iter().chain(&MOE_KERNELS) {
+        for (k, _) in [QK_NORM_KERNEL, QK_NORM_FULL_KERNEL, GEMMA_KERNEL]
+            .iter()
+            .chain(&MOE_KERNELS)
+        {
             assert!(!SOURCE.contains(k), "{k} is only in its own source");
         }
         for (name, arity) in KERNELS
             .iter()
-            .chain([&QK_NORM_KERNEL, &GEMMA_KERNEL])
+            .chain([&QK_NORM_KERNEL, &QK_NORM_FULL_KERNEL, &GEMMA_KERNEL])
             .chain(&MOE_KERNELS)
         {
             let source = all.as_str();

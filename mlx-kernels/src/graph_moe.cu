@@ -41,8 +41,12 @@ __device__ __forceinline__ float warp_max(float v) {
 // The k chosen experts (sel, in order of choice: the largest first, the smallest index among
 // equals) and their weights (w, bfloat16 values as floats) from the router's E logits g
 // (bfloat16). One warp. A NaN counts as -inf; every sel is in [0, E) and none repeats.
+// gbias (gpt_oss's biased router; null: none): the router's bias, added to each logit and
+// rounded, as mlx adds a linear's bias after a quantized product (a bfloat16 router's addmm
+// rounds once: one rounding more here).
 extern "C" __global__ void __launch_bounds__(32) moe_route(const bf16_t* g, int* sel, float* w,
-                                                           ll E, ll k, ll kind, ll norm) {
+                                                           ll E, ll k, ll kind, ll norm,
+                                                           const bf16_t* gbias) {
   __shared__ float v[MOE_MAX_EXPERTS];
   __shared__ int taken[MOE_MAX_EXPERTS];
   __shared__ float chosen[32];
@@ -50,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const bf16_t* g, int*
   const int lane = threadIdx.x;
   const int n = (int)E;
   for (int e = lane; e < n; e += 32) {
-    const float x = bf2f(g[e]);
+    const float x = gbias ? rbf(bf2f(g[e]) + bf2f(gbias[e])) : bf2f(g[e]);
     v[e] = x != x ? NEG_INF : x;
     taken[e] = 0;
   }
@@ -108,11 +112,22 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const bf16_t* g, int*
 //   silu(gate_i) up_i, rounded as matvec's SwiGLU (the k activations side by side);
 // 0 with per_slot: down, slot j's input xin + j K (the activations): out[i] = W_i x (the k
 //   outputs side by side).
+// gpt_oss's experts (compiled only where MOE_OAI is 1; no model maps them yet): with EB0
+// (and EB1 for gate/up) not null, each expert's biases (EB0 [E rpe] for down, or the gate's
+// [E rpe / 2] and EB1 the up's), added to the rounded product and rounded, as mlx-lm's
+// SwitchLinear adds them after gather_(q)mm; with MODE_OAI (and SWIGLU) the activation is
+// swiglu_oai: (clip(up, -7, 7) + 1) (g sigmoid(1.702 g)), g = min(gate, 7), each op in
+// bfloat16 as mlx computes it on bfloat16 activations.
 // The experts are known only once moe_route has run: the first weights load after the wait.
+#ifndef MOE_OAI
+#define MOE_OAI 0
+#endif
+#define MODE_OAI 32
 extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_experts(
     const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
     const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, bf16_t* out, const int* sel, ll N,
-    ll K, ll bits, ll gs, ll mode, double eps, ll rpe, ll per_slot, u64* trace) {
+    ll K, ll bits, ll gs, ll mode, double eps, ll rpe, ll per_slot, u64* trace,
+    const bf16_t* EB0, const bf16_t* EB1) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
@@ -125,6 +140,34 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_experts(
     for (int r = 0; r < MV_ROWS; r += 2) {
       const ll i = r0 + r;  // rows i and i + 1 (N is even)
       if (i >= N) break;
+#if MOE_OAI
+      // Slot j = i / rpe is expert sel[j]'s; its bias row of this pair (a gate/up pair's
+      // index q, or down's rows i, i + 1).
+      const ll j = i / rpe, e = sel[j], ri = i - j * rpe;
+      float v0 = rbf(acc[r]), v1 = rbf(acc[r + 1]);
+      if (EB0) {
+        if (mode & MODE_SWIGLU) {
+          const ll q = e * (rpe / 2) + ri / 2;
+          v0 = rbf(v0 + bf2f(EB0[q]));
+          v1 = rbf(v1 + bf2f(EB1[q]));
+        } else {
+          v0 = rbf(v0 + bf2f(EB0[e * rpe + ri]));
+          v1 = rbf(v1 + bf2f(EB0[e * rpe + ri + 1]));
+        }
+      }
+      if ((mode & MODE_SWIGLU) && (mode & MODE_OAI)) {
+        const float lim = 7.f, alpha = rbf(1.702f);
+        const float gt = fminf(v0, lim), u = fminf(fmaxf(v1, -lim), lim);
+        const float sg = rbf(1.f / (1.f + expf(-rbf(alpha * gt))));
+        out[i / 2] = f2bf(rbf(u + 1.f) * rbf(gt * sg));
+      } else if (mode & MODE_SWIGLU) {
+        const float sg = rbf(1.f / (1.f + expf(-v0)));
+        out[i / 2] = f2bf(rbf(v0 * sg) * v1);
+      } else {
+        out[i] = f2bf(v0);
+        out[i + 1] = f2bf(v1);
+      }
+#else
       if (mode & MODE_SWIGLU) {
         const float gt = rbf(acc[r]), u = rbf(acc[r + 1]);
         const float sg = rbf(1.f / (1.f + expf(-gt)));
@@ -133,6 +176,7 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_experts(
         out[i] = f2bf(acc[r]);
         out[i + 1] = f2bf(acc[r + 1]);
       }
+#endif
     }
   };
   const Wts wt = make_wts(W0, W1, W1, S0, S1, S1, B0, B1, B1,

@@ -193,12 +193,13 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(bf16_t*, 4), L(5), L(6), L(7), P(float*, 8), L(9), L(10), P(const float*, 11), D_(a[12]), D_(a[13]), D_(a[14]), L(15), P(const float*, 16), D_(a[17]), D_(a[18])); }); break;
     case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(const bf16_t*, 8), P(void*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), P(u64*, 16), D_(a[17])); }); break;
     case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const void*, 1), P(const void*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(const bf16_t*, 8), P(const bf16_t*, 9), P(const bf16_t*, 10), P(bf16_t*, 11), P(bf16_t*, 12), P(bf16_t*, 13), P(const int*, 14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), D_(a[23]), P(const float*, 24), P(u64*, 25), L(26), P(const bf16_t*, 27), L(28)); }); break;
-    case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16])); }); break;
+    case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16]), P(const bf16_t*, 17)); }); break;
     case 7: run_grid(gx, gy, bx, [=] { norm_add(P(const bf16_t*, 0), P(const bf16_t*, 1), P(bf16_t*, 2), L(3), D_(a[4])); }); break;
     case 4: run_grid(gx, gy, bx, [=] { argmax_partial(P(const float*, 0), P(const float*, 1), P(float*, 2), P(int*, 3), L(4)); }); break;
     case 6: run_grid(gx, gy, bx, [=] { qk_norm_rope(P(bf16_t*, 0), P(bf16_t*, 1), P(const int*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const float*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11])); }); break;
-    case 8: run_grid(gx, gy, bx, [=] { moe_route(P(const bf16_t*, 0), P(int*, 1), P(float*, 2), L(3), L(4), L(5), L(6)); }); break;
-    case 9: run_grid(gx, gy, bx, [=] { matvec_experts(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(bf16_t*, 8), P(const int*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), L(16), L(17), P(u64*, 18)); }); break;
+    case 12: run_grid(gx, gy, bx, [=] { qk_norm_full_rope(P(bf16_t*, 0), P(bf16_t*, 1), P(const int*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const float*, 5), L(6), L(7), L(8), L(9), L(10), L(11), D_(a[12])); }); break;
+    case 8: run_grid(gx, gy, bx, [=] { moe_route(P(const bf16_t*, 0), P(int*, 1), P(float*, 2), L(3), L(4), L(5), L(6), P(const bf16_t*, 7)); }); break;
+    case 9: run_grid(gx, gy, bx, [=] { matvec_experts(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(bf16_t*, 8), P(const int*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), L(16), L(17), P(u64*, 18), P(const bf16_t*, 19), P(const bf16_t*, 20)); }); break;
     case 10: run_grid(gx, gy, bx, [=] { moe_combine(P(const bf16_t*, 0), P(const float*, 1), P(bf16_t*, 2), L(3), L(4)); }); break;
     case 11: run_grid(gx, gy, bx, [=] { matvec_attn_out(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const float*, 3), P(const float*, 4), P(const int*, 5), P(const bf16_t*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), P(u64*, 15), D_(a[16])); }); break;
     case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(const float*, 2), P(int*, 3), P(int*, 4), P(int*, 5), L(6), L(7)); }); break;
@@ -247,21 +248,34 @@ RAW_F32 = (("((float*)out_b)[i] = fin(acc[r]);", "((float*)out_b)[i] = acc[r];")
             "if (has1) ((float*)out_b)[i + 1] = acc[r + 1];"))
 
 
-def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None, cu=None, tag=""):
+def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None, cu=None, tag="",
+          qkv_norm=True, sinks=False, oai=False):
+    """The kernels as a shared library; qkv_norm False: matvec_qkv without its pre-norm
+    (MV_QKV_NORM 0, as GraphSpec::post_only's step source defines it); sinks: attention with
+    gpt_oss's sinks compiled in (ATTN_SINKS 1); oai: matvec_experts with gpt_oss's expert
+    biases and clamped SwiGLU (MOE_OAI 1)."""
     rows, batch, nb, mma = (ROWS if rows is None else rows, BATCH if batch is None else batch,
                             NB if nb is None else nb, MMA if mma is None else mma)
     kc = MMA_KC if kc is None else kc
     src = (f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n"
            f"#define MMA_KC {kc}\n" + (CU if cu is None else cu))
+    if not qkv_norm:
+        src = "#define MV_QKV_NORM 0\n" + src
+    if sinks:
+        src = "#define ATTN_SINKS 1\n" + src
+    if oai:
+        src = "#define MOE_OAI 1\n" + src
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     if raw_f32:
         for a, b in RAW_F32:
             assert a in src, a
             src = src.replace(a, b)
-    tag = f"{rows}_{batch}_{nb}_{mma}_{kc}{'_raw' if raw_f32 else ''}{tag}"
+    tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_raw' if raw_f32 else ''}{tag}"
+           f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}")
     cpp, so = os.path.join(tmp, f"emu{tag}.cpp"), os.path.join(tmp, f"emu{tag}.so")
-    open(cpp, "w").write(PRE + src + LAUNCH)
-    subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-fPIC", "-shared", "-pthread", cpp, "-o", so], check=True)
+    if not os.path.exists(so):  # built once a run (the olmo2 fixtures share theirs)
+        open(cpp, "w").write(PRE + src + LAUNCH)
+        subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-fPIC", "-shared", "-pthread", cpp, "-o", so], check=True)
     lib = ctypes.CDLL(so)
     lib.emu.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64)]
     return lib
@@ -311,9 +325,9 @@ def pair_rope_rows(a, d, pairs):
 def rope_of(model, i):
     """Layer i's RoPE as the engine maps it (mlx_engine::graph): (rotated pairs, traditional,
     float32 inverse frequencies, position scale, output scale); 0 pairs for a NoPE layer."""
-    r = model.model.layers[i].self_attn.rope
+    r = getattr(model.model.layers[i].self_attn, "rope", None)  # exaone4's global layers: none
     name = type(r).__name__
-    if name == "NoPE":
+    if r is None or name == "NoPE":
         return 0, False, np.zeros(1, np.float32), 1.0, 1.0
     if hasattr(r, "_freqs"):
         inv = (np.float32(1.0) / np.array(r._freqs.astype(mx.float32))).astype(np.float32)
@@ -378,6 +392,24 @@ MADE = {
                               max_position_embeddings=2048, tie_word_embeddings=False),
     # mixtral: 4 experts of width 128 (its intermediate_size), 2 a token, top-k then softmax.
     "make_mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
+    # OLMo 2: post norms only (no pre-norms), RMSNorm over the whole q and k projections
+    # (64 and 32 wide here) before RoPE, an untied head.
+    "make_olmo2": dict(model_type="olmo2", max_position_embeddings=2048, tie_word_embeddings=False),
+    # Wider (q 512 and k 128 values: qk_norm_full_rope's threads take several elements and
+    # pairs each), traditional RoPE.
+    "make_olmo2_wide": dict(model_type="olmo2", hidden_size=256, num_attention_heads=8, head_dim=64,
+                            max_position_embeddings=2048, rope_traditional=True),
+    # OLMo 3: olmo2's blocks with sliding layers (0 and 2, a window of 40) whose RoPE is plain,
+    # the full layer's linearly scaled (the local table). Not in the default list: its 8 steps
+    # hold one pick whose reference logits are 1.4% of the largest apart, against a largest
+    # difference of 1.2% (results/gpu/2026-12-06-s34-cover).
+    "make_olmo3": dict(model_type="olmo3", max_position_embeddings=2048, sliding_window=40,
+                       layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                       rope_scaling=dict(type="linear", factor=2.0)),
+    # EXAONE 4: post norms alone, per-head q/k norms, local layers (L) slide and rotate, the
+    # global one (G) neither.
+    "make_exaone4": dict(model_type="exaone4", head_dim=16, max_position_embeddings=2048,
+                         sliding_window=40, sliding_window_pattern="LGL", rope_scaling=None),
 }
 
 
@@ -394,7 +426,7 @@ def gather_mm_f32(a, b, *args, **kwargs):
     return GATHER_MM(a, b, *args, **kwargs)
 
 
-def run(lib, name):
+def run(lib, name, tmp=None):
     # "q4:FIXTURE": the fixture quantized here to 4 bits in groups of 64 (mlx's nn.quantize,
     # as mlx-lm's convert does), for the 4-bit path the fixtures lack in bfloat16.
     # "q4r8:FIXTURE": the same with the MoE router in 8 bits, as mlx-lm's convert quantizes
@@ -440,9 +472,20 @@ def run(lib, name):
     inter, V = config["intermediate_size"], config["vocab_size"]
     eps = config["rms_norm_eps"]
     ropes = [rope_of(model, i) for i in range(nl)]
-    glob = [r for i, r in enumerate(ropes) if not (config["model_type"] == "gemma3_text" and model.model.layers[i].self_attn.is_sliding)]
+    # Sliding layers (gemma3_text's is_sliding, exaone4's is_local, olmo3's layer_types), each
+    # with its own RoPE where the row has one (the local table, after the global one).
+    mt = config["model_type"]
+
+    def layer_slides(i):
+        a = model.model.layers[i].self_attn
+        if mt == "olmo3":
+            return model.args.layer_types[i] != "full_attention"
+        return mt in ("gemma3_text", "exaone4") and bool(getattr(a, "is_sliding", getattr(a, "is_local", False)))
+
+    slides = [layer_slides(i) for i in range(nl)]
+    glob = [r for i, r in enumerate(ropes) if not slides[i] and r[0]]
     pairs, trad, inv_freq, pos_scale, out_scale = max(glob or ropes, key=lambda r: r[0])
-    loc = [r for i, r in enumerate(ropes) if config["model_type"] == "gemma3_text" and model.model.layers[i].self_attn.is_sliding]
+    loc = [r for i, r in enumerate(ropes) if slides[i]]
     pairs2, _, inv_freq2, pos_scale2, out_scale2 = loc[0] if loc else (0, trad, inv_freq, 1.0, 1.0)
     tied = "lm_head.weight" not in p
     q = config.get("quantization")
@@ -459,15 +502,24 @@ def run(lib, name):
                     p[f"{pre}.self_attn.{x}_proj.{part}"] = f[a:b]
                 g = p.pop(f"{pre}.mlp.gate_up_proj.{part}")
                 p[f"{pre}.mlp.gate_proj.{part}"], p[f"{pre}.mlp.up_proj.{part}"] = g[:inter], g[inter:]
+    if "model.layers.0.post_feedforward_layernorm.weight" in p and \
+            "model.layers.0.input_layernorm.weight" not in p:
+        # OLMo 2's post norms alone: the step source's matvec_qkv without its pre-norm.
+        lib = build(tmp, qkv_norm=False)
     e = Emu(lib)
     zero = e.buf(np.zeros(16, np.uint16))
     has_bias = f"model.layers.0.self_attn.q_proj.bias" in p
-    # qwen3's per-head q/k norms: matvec_qkv's rows unpaired and unrotated, then qk_norm_rope.
+    # qwen3's per-head q/k norms: matvec_qkv's rows unpaired and unrotated, then qk_norm_rope;
+    # OLMo 2's over the whole projections (GraphSpec::qk_norm_full: one block a projection).
     qk_norm = "model.layers.0.self_attn.q_norm.weight" in p
+    qk_full = qk_norm and p["model.layers.0.self_attn.q_norm.weight"].shape[-1] != d
     # Gemma: (1 + w) norms (added here as the model adds them: bfloat16), sandwich norms,
     # GeGLU, the embedding scale; gemma3_text's sliding layers; gemma2's soft-caps.
     gemma = config["model_type"] in ("gemma2", "gemma3_text")
     sandwich = "model.layers.0.post_feedforward_layernorm.weight" in p
+    # OLMo 2's post norms alone (GraphSpec::post_only): no pre-norm before q/k/v (a null
+    # weight) nor before gate/up (no MODE_NORM).
+    post_only = sandwich and "model.layers.0.input_layernorm.weight" not in p
 
     def norm_w(name):
         w = p[name]
@@ -482,8 +534,8 @@ def run(lib, name):
     res_scale, logit_div = (bf(config["residual_multiplier"]), bf(config["logits_scaling"])) if granite else (0.0, 0.0)
     if granite:
         emb_scale = bf(config["embedding_multiplier"])
-    window = config.get("sliding_window", 0) if config["model_type"] == "gemma3_text" else 0
-    sliding = [bool(getattr(model.model.layers[i].self_attn, "is_sliding", False)) and window > 0 for i in range(nl)]
+    window = config.get("sliding_window", 0) if any(slides) else 0
+    sliding = [slides[i] and window > 0 for i in range(nl)]
     attn_cap = float(config.get("attn_logit_softcapping", 0.0)) if config["model_type"] == "gemma2" else 0.0
     final_cap = float(config.get("final_logit_softcapping", 0.0)) if config["model_type"] == "gemma2" else 0.0
 
@@ -584,9 +636,9 @@ def run(lib, name):
         pre = f"model.layers.{i}"
         ml = moe_layer(pre)
         layers.append(dict(
-            inn=e.buf(norm_w(f"{pre}.input_layernorm.weight")),
-            post=e.buf(norm_w(f"{pre}.pre_feedforward_layernorm.weight" if sandwich
-                              else f"{pre}.post_attention_layernorm.weight")),
+            inn=None if post_only else e.buf(norm_w(f"{pre}.input_layernorm.weight")),
+            post=None if post_only else e.buf(norm_w(f"{pre}.pre_feedforward_layernorm.weight" if sandwich
+                                                     else f"{pre}.post_attention_layernorm.weight")),
             pa=e.buf(norm_w(f"{pre}.post_attention_layernorm.weight")) if sandwich else None,
             pm=e.buf(norm_w(f"{pre}.post_feedforward_layernorm.weight")) if sandwich else None,
             rope_off=d if sliding[i] and pairs2 else 0,
@@ -663,18 +715,22 @@ def run(lib, name):
             w, n = L["qkv"]
             e.launch(2, mv_grid(n), 256,
                      [x for part in w for x in part] +
-                     [h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
+                     [h, 0 if L["inn"] is None else L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
                       int(trad), float(np.float32(eps)), rope[L["rope_off"]:], 0, 0 if qk_norm else L["nrot"],
                       L["bias"] if L["bias"] is not None else 0, kernel_pairs(L["nrot"])])
             if qk_norm:
-                e.launch(6, ((nh + nkv) * NB, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh, d, cap,
-                                                 L["nrot"], int(trad), float(np.float32(eps))])
+                if qk_full:  # qk_norm_full_rope: one block a projection
+                    e.launch(12, (2 * NB, 1), 256, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh, nkv,
+                                                    d, cap, L["nrot"], int(trad), float(np.float32(eps))])
+                else:
+                    e.launch(6, ((nh + nkv) * NB, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh,
+                                                           d, cap, L["nrot"], int(trad), float(np.float32(eps))])
             e.launch(3, (nh * NB, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, 0 if in_out else counters, attn, nh,
-                                        nkv, d, cap, ns, scale, 0, L["window"], attn_cap])
+                                        nkv, d, cap, ns, scale, 0, L["window"], attn_cap, 0])
             if sandwich:
                 o_proj(L["o"], None, y, 0)
                 e.launch(7, (NB, 1), 256, [y, L["pa"], h, H, float(np.float32(eps))])
-                mv(L["gu"], h, L["post"], None, act, 1 | 4 | (16 if gemma else 0))
+                mv(L["gu"], h, L["post"], None, act, (0 if post_only else 1) | 4 | (16 if gemma else 0))
                 mv(L["down"], act, None, None, y, 0)
                 e.launch(7, (NB, 1), 256, [y, L["pm"], h, H, float(np.float32(eps))])
             elif L["moe"]:
@@ -683,14 +739,14 @@ def run(lib, name):
                 rw, (rgs, rbits) = m["router"], m["rq"]
                 e.launch(1, mv_grid(moe_e), 256, two(rw) + [h, L["post"], h, gates, moe_e, H, rbits, rgs, 1,
                                                   float(np.float32(eps)), 0, 0.0])
-                e.launch(8, (1, 1), 32, [gates, sel, wts, moe_e, moe_k, moe_kind, moe_norm])
+                e.launch(8, (1, 1), 32, [gates, sel, wts, moe_e, moe_k, moe_kind, moe_norm, 0])
                 chosen_ours.append(sorted(sel.tolist()))
                 e.launch(9, mv_grid(moe_k * 2 * moe_i), 256,
                          two(m["gu"]) + [h, L["post"], act, sel, moe_k * 2 * moe_i, H, nbits, gs, 1 | 4,
-                          float(np.float32(eps)), 2 * moe_i, 0, 0])
+                          float(np.float32(eps)), 2 * moe_i, 0, 0, 0, 0])
                 e.launch(9, mv_grid(moe_k * H), 256,
                          two(m["down"]) + [act, act, ey, sel, moe_k * H, moe_i, nbits, gs, 0,
-                          float(np.float32(eps)), H, 1, 0])
+                          float(np.float32(eps)), H, 1, 0, 0, 0])
                 e.launch(10, (-(-H // 256), 1), 256, [ey, wts, h, H, moe_k])
             else:
                 o_proj(L["o"], h, h, 2)
@@ -796,7 +852,8 @@ def run(lib, name):
         ok = ours_err < mlx_err and share >= 0.75
     print(f"{name} (rows per warp {ROWS}, sequences {NB}, row-steps {count}): max relative logit difference {worst:.5f}, greedy agreement {share:.2f} "
           f"(traditional RoPE {trad}, rotated pairs {[r[0] for r in ropes]}, q/k/v bias {has_bias}, "
-          f"bits {nbits}, tied {tied}, sandwich {sandwich}, window {window} on {sliding}, soft-caps "
+          f"bits {nbits}, tied {tied}, sandwich {sandwich}, post-only {post_only}, q/k norm "
+          f"{'over the projections' if qk_full else 'per head' if qk_norm else 'none'}, window {window} on {sliding}, soft-caps "
           f"{attn_cap}/{final_cap}{moe_note}){note}{tie_note} {'ok' if ok else 'FAILED'}")
     return ok and verify_ok
 
@@ -866,6 +923,196 @@ def projection_errors(e, p, name, gs, nbits):
     deq = np.array(mx.dequantize(w, s, b, group_size=gs, bits=nbits).astype(mx.float32))
     exact = deq.astype(np.float64) @ np.array(x.astype(mx.float32)).astype(np.float64)
     return float(np.max(np.abs(ref - exact))), float(np.max(np.abs(ours - exact)))
+
+
+def sink_check(tmp):
+    """The attention kernel with gpt_oss's sinks compiled in (ATTN_SINKS 1), alone, against
+    mlx's own `mx.fast.scaled_dot_product_attention(..., sinks=)` (CPU, float32 over the same
+    bfloat16 inputs) and float64: one query of 4 heads (2 kv heads) over a cache of L
+    positions, full or over a window of 40 (a sliding layer), combined by the last block of a
+    head (counters) over several chunks of 64; each head's sink logit drawn around the
+    scores. The largest difference relative to the largest output must be within the
+    output's bfloat16 rounding (5e-3); the same kernel with no sinks (a null pointer) against
+    mlx without them, and the sinks must move the output by more than that (not vacuous)."""
+    lib = build(tmp, sinks=True)
+    e = Emu(lib)
+    ok = True
+    nh, nkv, D = 4, 2, 64
+    for L, window in ((37, 0), (150, 0), (150, 40), (200, 40)):
+        cap = -(-L // 64) * 64
+        ns = cap // 64
+        rng = np.random.default_rng(L + window)
+        q = mx.array(rng.normal(size=(nh, D)).astype(np.float32)).astype(mx.bfloat16)
+        k = mx.array(rng.normal(size=(nkv, L, D)).astype(np.float32)).astype(mx.bfloat16)
+        v = mx.array(rng.normal(size=(nkv, L, D)).astype(np.float32)).astype(mx.bfloat16)
+        sinks = mx.array(rng.uniform(-1.0, 4.0, size=(nh,)).astype(np.float32)).astype(mx.bfloat16)
+        scale = float(np.float32(D ** -0.5))
+        qb = e.buf(np.zeros(NB * (nh + 2 * nkv) * D, np.uint16))
+        qb[:nh * D] = bits(q).reshape(-1)
+        kc = e.buf(np.zeros(NB * nkv * cap * D, np.uint16))
+        vc = e.buf(np.zeros(NB * nkv * cap * D, np.uint16))
+        kc.reshape(NB, nkv, cap, D)[0, :, :L] = bits(k)
+        vc.reshape(NB, nkv, cap, D)[0, :, :L] = bits(v)
+        mask = None
+        if window:
+            mask = mx.array((np.arange(L) >= L - window)[None, None, None, :])
+        qf, kf, vf = (x.astype(mx.float32)[None] for x in (q[:, None, :], k, v))
+        for with_sinks in (True, False):
+            state = e.buf(np.array([0, L - 1, 0, 0] + [0, -1, 0, 0] * (NB - 1), np.int32))
+            po = e.buf(np.zeros(NB * nh * ns * D, np.float32))
+            pml = e.buf(np.zeros(NB * nh * ns * 2, np.float32))
+            counters = e.buf(np.zeros(NB * nh, np.int32))
+            out = e.buf(np.zeros(NB * nh * D, np.uint16))
+            sk = e.buf(bits(sinks)) if with_sinks else 0
+            e.launch(3, (nh * NB, ns), 128, [qb, kc, vc, state, po, pml, counters, out, nh, nkv, D, cap, ns,
+                                            scale, 0, window, 0.0, sk])
+            ours = (out[:nh * D].astype(np.uint32) << 16).view(np.float32).reshape(nh, D).astype(np.float64)
+            kw = dict(scale=scale, mask=mask)
+            if with_sinks:
+                kw["sinks"] = sinks.astype(mx.float32)
+            ref = np.array(mx.fast.scaled_dot_product_attention(qf, kf, vf, **kw)[0, :, 0]).astype(np.float64)
+            # float64: the scores, the sink as one more logit without a value.
+            kk = np.repeat(np.array(kf[0]).astype(np.float64), nh // nkv, axis=0)
+            vv = np.repeat(np.array(vf[0]).astype(np.float64), nh // nkv, axis=0)
+            sc = np.einsum("hd,hld->hl", np.array(qf[0, :, 0]).astype(np.float64), kk) * scale
+            if window:
+                sc[:, :L - window] = -np.inf
+            sk64 = np.array(sinks.astype(mx.float32)).astype(np.float64) if with_sinks else np.full(nh, -np.inf)
+            mm = np.maximum(sc.max(axis=1), sk64)
+            w = np.exp(sc - mm[:, None])
+            exact = np.einsum("hl,hld->hd", w, vv) / (w.sum(axis=1) + np.exp(sk64 - mm))[:, None]
+            big = np.max(np.abs(exact))
+            rel, rel_mlx = np.max(np.abs(ours - exact)) / big, np.max(np.abs(ref - exact)) / big
+            rel_ref = np.max(np.abs(ours - ref)) / big
+            good = rel <= 5e-3 and rel_ref <= 5e-3
+            if with_sinks:
+                plain = np.einsum("hl,hld->hd", w, vv) / w.sum(axis=1)[:, None]
+                moved = np.max(np.abs(plain - exact)) / big
+                good &= moved > 5e-3
+                note = f", the sinks move the output by {moved:.3f}"
+            else:
+                note = ""
+            ok &= bool(good)
+            print(f"sink check (L {L}, window {window}, sinks {with_sinks}): ours against float64 {rel:.5f}, "
+                  f"against mlx's sdpa {rel_ref:.5f} (mlx's sdpa against float64 {rel_mlx:.5f}){note} "
+                  f"{'ok' if good else 'FAILED'}")
+    return ok
+
+
+def oai_check(tmp):
+    """gpt_oss's experts and router, alone (MOE_OAI 1): mlx-lm's own SwitchGLU with biases and
+    its SwigluOAI activation (models/switch_layers.py, activations.py), 8 experts of width 64
+    over hidden 64 (and 128 / 128 in 4 bits, groups of 64), bfloat16, against the two
+    matvec_experts launches the step makes (gate/up with the biases and the clamped SwiGLU;
+    down with its bias) for k = 2 chosen experts: each chosen expert's output, largest
+    difference relative to the largest (bfloat16 rounding: within 1e-2, the products' sums in
+    another order, the activation's roundings); the weights drawn so that the clamp bites.
+    And moe_route with a router bias (top-k then softmax, gpt_oss's mlx_topk then softmax)
+    against mlx-lm's MLPBlock order over bias-added bfloat16 logits: experts and weights bit
+    for bit."""
+    from mlx_lm.models.activations import SwigluOAI
+    from mlx_lm.models.switch_layers import SwitchGLU
+    import mlx.nn as nn
+    lib = build(tmp, oai=True)
+    e = Emu(lib)
+    ok = True
+    for H, I, quant in ((64, 64, False), (128, 128, True)):
+        E, k = 8, 2
+        mx.random.seed(H)
+        sw = SwitchGLU(H, I, E, activation=SwigluOAI(), bias=True)
+        # Larger weights than the default init, so that gate and up reach past the clamp (7).
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            lin = getattr(sw, name)
+            lin.weight = lin.weight * 12.0
+            lin.bias = mx.random.normal(lin.bias.shape) * 0.5
+        sw.set_dtype(mx.bfloat16)
+        if quant:
+            nn.quantize(sw, group_size=64, bits=4)
+        x = (mx.random.normal((H,)) * 1.0).astype(mx.bfloat16)
+        idx = mx.array([5, 2], mx.uint32)
+        # MLX's CPU GatherMM takes float32 only: bfloat16 products in float32, rounded once (run).
+        mx.gather_mm = gather_mm_f32
+        try:
+            ref = np.array(sw(x[None, None], idx[None, None])[0, 0].astype(mx.float32)).astype(np.float64)  # [k, H]
+        finally:
+            mx.gather_mm = GATHER_MM
+        p = dict(tree_flatten(sw.parameters()))
+        parts = ["weight", "scales", "biases"] if quant else ["weight"]
+        gs, nbits = (64, 4) if quant else (1, 16)
+
+        def wts_of(names):
+            ws = {}
+            for part in parts:
+                ws[part] = [e.buf(bits(p[f"{n}.{part}"]).reshape(-1, bits(p[f"{n}.{part}"]).shape[-1]))
+                            for n in names]
+            z = e.buf(np.zeros(16, np.uint16))
+            out = []
+            for part in ("weight", "scales", "biases"):
+                xs = ws.get(part) or [z]
+                out += [xs[0], xs[min(1, len(xs) - 1)]]
+            return out
+
+        sel = e.buf(np.array(idx, np.int32))
+        xb = e.buf(bits(x))
+        act = e.buf(np.zeros(k * I, np.uint16))
+        ey = e.buf(np.zeros(k * H, np.uint16))
+        gb, ub, db = (e.buf(bits(p[f"{n}.bias"]).reshape(-1)) for n in ("gate_proj", "up_proj", "down_proj"))
+        # Weights W0 W1 S0 S1 B0 B1 in wts_of's order (W0, W1, S0, S1, B0, B1).
+        w_gu = wts_of(["gate_proj", "up_proj"])
+        w_d = wts_of(["down_proj"])
+        e.launch(9, mv_grid(k * 2 * I), 256,
+                 w_gu + [xb, xb, act, sel, k * 2 * I, H, nbits, gs, 4 | 32, 1e-6, 2 * I, 0, 0, gb, ub])
+        e.launch(9, mv_grid(k * H), 256,
+                 w_d + [act, act, ey, sel, k * H, I, nbits, gs, 0, 1e-6, H, 1, 0, db, 0])
+        ours = (ey.astype(np.uint32) << 16).view(np.float32).reshape(k, H).astype(np.float64)
+        rel = float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+        note = ""
+        if quant:
+            # MLX's CPU quantized products are themselves ~2-5% off (tile_check): both sides
+            # against the same module in float32 over the dequantized weights.
+            sf = SwitchGLU(H, I, E, activation=SwigluOAI(), bias=True)
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                lin = getattr(sf, n)
+                lin.weight = mx.dequantize(p[f"{n}.weight"], p[f"{n}.scales"], p[f"{n}.biases"], group_size=64,
+                                           bits=4).astype(mx.float32)
+                lin.bias = p[f"{n}.bias"].astype(mx.float32)
+            f32 = np.array(sf(x.astype(mx.float32)[None, None], idx[None, None])[0, 0]).astype(np.float64)
+            big = np.max(np.abs(f32))
+            rel_f, rel_mlx = float(np.max(np.abs(ours - f32)) / big), float(np.max(np.abs(ref - f32)) / big)
+            note = f"; against the float32 module over the dequantized weights: ours {rel_f:.5f}, mlx-lm's {rel_mlx:.5f}"
+            rel = rel_f if rel_f < rel_mlx else rel
+        # The clamp bites: gate or up values past 7 somewhere (float64 over the weights used).
+        clamped = 0
+        for n in ("gate_proj", "up_proj"):
+            wq = p[f"{n}.weight"]
+            if quant:
+                wq = mx.dequantize(wq, p[f"{n}.scales"], p[f"{n}.biases"], group_size=64, bits=4)
+            wf = np.array(wq.astype(mx.float32)).astype(np.float64)[np.array(idx)]  # [k, I, H]
+            v = wf @ np.array(x.astype(mx.float32)).astype(np.float64) + \
+                np.array(p[f"{n}.bias"].astype(mx.float32)).astype(np.float64)[np.array(idx)]
+            clamped += int(np.sum(np.abs(v) > 7.0))
+        good = rel <= 1e-2 and clamped > 0
+        ok &= bool(good)
+        print(f"oai check (hidden {H}, width {I}, {'4-bit g64' if quant else 'bfloat16'}): the chosen experts' "
+              f"outputs against mlx-lm's SwitchGLU(SwigluOAI, bias): largest difference {rel:.5f} of the largest "
+              f"({clamped} gate or up values past the clamp){note} {'ok' if good else 'FAILED'}")
+    # The biased router (gpt_oss: g = router(x) + bias, mlx_topk, softmax precise).
+    rng = np.random.default_rng(5)
+    for n, kk in ((32, 4), (128, 4)):
+        g = mx.array(rng.normal(0, 1.0, n).astype(np.float32)).astype(mx.bfloat16)
+        b = mx.array(rng.normal(0, 1.0, n).astype(np.float32)).astype(mx.bfloat16)
+        sel = e.buf(np.zeros(kk, np.int32))
+        w = e.buf(np.zeros(kk, np.float32))
+        e.launch(8, (1, 1), 32, [e.buf(bits(g)), sel, w, n, kk, 1, 0, e.buf(bits(b))])
+        gg = g + b  # bfloat16: the quantized router's product plus its bias
+        inds = mx.argpartition(gg, kth=-kk, axis=-1)[..., -kk:]
+        scores = mx.softmax(mx.take_along_axis(gg, inds, axis=-1), axis=-1, precise=True)
+        ref_w = dict(zip([int(i) for i in np.array(inds)], np.array(scores.astype(mx.float32)).tolist()))
+        good = sorted(ref_w) == sorted(sel.tolist()) and all(ref_w[int(i)] == float(x) for i, x in zip(sel, w))
+        ok &= bool(good)
+        print(f"oai check (router bias, {n} experts, k {kk}): experts and weights "
+              f"{'bit-equal to mlx-lm' if good else 'DIFFER'} {'ok' if good else 'FAILED'}")
+    return ok
 
 
 def tile_check(lib):
@@ -1052,7 +1299,7 @@ def route_check(lib):
             gb = e.buf(bits(g))
             sel = e.buf(np.zeros(k, np.int32))
             w = e.buf(np.zeros(k, np.float32))
-            e.launch(8, (1, 1), 32, [gb, sel, w, n, k, kind, norm])
+            e.launch(8, (1, 1), 32, [gb, sel, w, n, k, kind, norm, 0])
             if kind == 0:  # qwen3_moe.py
                 gates = mx.softmax(g, axis=-1, precise=True)
                 inds = mx.argpartition(gates, kth=-k, axis=-1)[..., -k:]
@@ -1170,7 +1417,8 @@ def main():
                              "yarn_rope", "make_qwen2", "make_smollm3", "make_llama3", "q4:make_qwen2",
                              "make_mistral_linear", "make_qwen3", "q4:make_qwen3", "make_gemma3",
                              "q4:make_gemma3", "make_gemma2", "make_qwen3_moe", "q4:make_qwen3_moe",
-                             "q4r8:make_qwen3_moe", "make_mixtral", "q4:make_mixtral"]
+                             "q4r8:make_qwen3_moe", "make_mixtral", "q4:make_mixtral", "make_olmo2",
+                             "q4:make_olmo2", "make_olmo2_wide", "make_exaone4"]
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         # GRAPH_EMU_SKIP_SAMPLER=1: the rows only (the sampler check takes minutes on a loaded
@@ -1182,7 +1430,12 @@ def main():
             nb_check.append(mma_bit_check(tmp))
         if os.environ.get("GRAPH_EMU_NB_CHECK_ONLY"):
             sys.exit(0 if all(nb_check) else 1)
-        results = sampler + nb_check + [tile_check(lib), route_check(lib)] + [run(lib, n) for n in names]
+        # GRAPH_EMU_SINKS=1: the attention kernel with gpt_oss's sinks, alone (sink_check).
+        sinks = [sink_check(tmp)] if os.environ.get("GRAPH_EMU_SINKS") else []
+        # GRAPH_EMU_OAI=1: gpt_oss's experts and router alone (oai_check).
+        sinks += [oai_check(tmp)] if os.environ.get("GRAPH_EMU_OAI") else []
+        results = sampler + nb_check + sinks + [tile_check(lib), route_check(lib)] + \
+            [run(lib, n, tmp) for n in names]
     sys.exit(0 if all(results) else 1)
 
 

@@ -104,7 +104,7 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
   switch (k) {
     case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(bf16_t*, 4), L(5), L(6), L(7), P(float*, 8), L(9), L(10), P(const float*, 11), D_(a[12]), D_(a[13]), D_(a[14]), L(15), P(const float*, 16), D_(a[17]), D_(a[18])); }); break;
     case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(const bf16_t*, 8), P(void*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), P(u64*, 16), D_(a[17])); }); break;
-    case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16])); }); break;
+    case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16]), P(const bf16_t*, 17)); }); break;
     case 11: run_grid(gx, gy, bx, [=] { trellis_linear(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(const bf16_t*, 8), P(const bf16_t*, 9), P(void*, 10), L(11), L(12), L(13), L(14), L(15), L(16), L(17), D_(a[18]), L(19), D_(a[20]), L(21), D_(a[22]), L(23)); }); break;
     case 13: run_grid3(gx, gy, 3, bx, [=] { trellis_qkv(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(const bf16_t*, 8), P(bf16_t*, 9), P(bf16_t*, 10), P(bf16_t*, 11), P(const int*, 12), P(const float*, 13), L(14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), L(23), L(24), L(25), L(26), D_(a[27]), D_(a[28]), D_(a[29]), D_(a[30]), L(31)); }); break;
     case 14: run_grid3(gx, gy, 2, bx, [=] { trellis_gate_up(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(bf16_t*, 8), P(bf16_t*, 9), L(10), L(11), L(12), L(13), L(14), L(15), L(16), D_(a[17]), D_(a[18]), L(19), D_(a[20])); }); break;
@@ -312,7 +312,7 @@ def main():
                 launch(lib, 12, (nh + 2 * nkv, 1), 128, [qkv, L["kc"], L["vc"], state, rope, nh, nkv, d, cap,
                                                          L["nrot"], int(s["traditional"])])
             launch(lib, 3, (nh, ns), 128, [qkv, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap,
-                                           ns, scale, 0, 0, 0.0])
+                                           ns, scale, 0, 0, 0.0, 0])
             tl(L["o"], attn, None, h, h, OUT_RES)
             if fused:
                 g[:] = 0

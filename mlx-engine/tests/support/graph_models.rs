@@ -128,6 +128,29 @@ pub fn rows() -> Vec<Row> {
                     "long_factor": [1.0, 1.5, 3.0, 6.0]}}),
             quant: Some((64, 4)),
         },
+        Row {
+            name: "olmo2_untied",
+            // Post norms only, q/k RMSNorm over the whole projections (64 and 32 wide).
+            config: json!({"model_type": "olmo2", "max_position_embeddings": 2048,
+                "tie_word_embeddings": false}),
+            quant: None,
+        },
+        Row {
+            name: "olmo2_q4",
+            // Hidden 128: every quantized input dimension past the group (see llama3_q4).
+            config: json!({"model_type": "olmo2", "hidden_size": 128,
+                "num_attention_heads": 8, "max_position_embeddings": 2048}),
+            quant: Some((64, 4)),
+        },
+        Row {
+            name: "exaone4",
+            // Post norms only, per-head q/k norms; layers 0 and 2 (L) slide over a window of 48
+            // (longer than the tests' prompts, as gemma3_text's) and rotate, layer 1 (G) neither.
+            config: json!({"model_type": "exaone4", "head_dim": 16,
+                "max_position_embeddings": 2048, "sliding_window": 48,
+                "sliding_window_pattern": "LGL", "rope_scaling": null}),
+            quant: None,
+        },
     ]
 }
 
@@ -211,7 +234,10 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         .map_or(h / heads, |v| v as i32);
     let mt = row.config["model_type"].as_str().unwrap_or("");
     let bias = mt == "qwen2";
-    let qk_norm = mt == "qwen3" || mt == "qwen3_moe" || mt == "gemma3_text";
+    let qk_norm = mt == "qwen3" || mt == "qwen3_moe" || mt == "gemma3_text" || mt == "exaone4";
+    // OLMo 2: post norms only, q/k norms over the whole projections; EXAONE 4: post norms only.
+    let olmo2 = mt == "olmo2";
+    let post_only = olmo2 || mt == "exaone4";
     // phi3: one qkv_proj (q, k, v rows) and one gate_up_proj (gate, up rows).
     let phi3 = mt == "phi3";
     // Gemma: norms are `1 + w` (weights near 0), sandwich norms around attention and MLP.
@@ -354,17 +380,20 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
                 "pre_feedforward_layernorm",
                 "post_feedforward_layernorm",
             ]
+        } else if post_only {
+            &["post_attention_layernorm", "post_feedforward_layernorm"]
         } else {
             &["input_layernorm", "post_attention_layernorm"]
         };
         for x in norms {
             t.push((format!("{p}.{x}.weight"), draw(&[h], 0.1, norm_loc)));
         }
-        if qk_norm {
-            for x in ["q_norm", "k_norm"] {
+        if qk_norm || olmo2 {
+            let (qn, kn) = if olmo2 { (heads * d, kv * d) } else { (d, d) };
+            for (x, n) in [("q_norm", qn), ("k_norm", kn)] {
                 t.push((
                     format!("{p}.self_attn.{x}.weight"),
-                    draw(&[d], 0.1, norm_loc),
+                    draw(&[n], 0.1, norm_loc),
                 ));
             }
         }
