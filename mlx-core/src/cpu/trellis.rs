@@ -54,6 +54,59 @@ pub enum TrellisCode {
     /// 256-entry table: the CPU decoder's int8 kernel looks it up like 1mad8's, from two
     /// 8-bit windows and a byte add.
     Mad8H,
+    /// 1mad8 of an S-box-hashed 8-bit index (config name `1mad8s`, `L` 9..=16): the AES
+    /// S-box of the state's top byte plus its bottom byte, mod 256 ([`mad8s_index`]). The
+    /// nonlinear byte map keeps the index sequence along a path from being a shift register
+    /// of its own (1mad8h's sum is linear mod 256). The CPU decoder's table kernels apply
+    /// the S-box to the top-byte windows with one GFNI `vgf2p8affineinvqb`.
+    Mad8S,
+}
+
+/// The AES S-box ([`TrellisCode::Mad8S`]'s byte map): the inverse in GF(2^8) mod
+/// `x^8 + x^4 + x^3 + x + 1` (0 to 0), then the AES affine map plus `0x63`.
+pub const SBOX: [u8; 256] = sbox_table();
+
+const fn gf_mul(mut a: u8, mut b: u8) -> u8 {
+    let mut p = 0u8;
+    while b != 0 {
+        if b & 1 != 0 {
+            p ^= a;
+        }
+        let hi = a & 0x80;
+        a <<= 1;
+        if hi != 0 {
+            a ^= 0x1B;
+        }
+        b >>= 1;
+    }
+    p
+}
+
+const fn sbox_table() -> [u8; 256] {
+    let mut t = [0u8; 256];
+    let mut x = 0usize;
+    while x < 256 {
+        // The inverse by search (`x * y == 1`), 0 for 0.
+        let mut inv = 0u8;
+        let mut y = 1usize;
+        while x != 0 && y < 256 {
+            if gf_mul(x as u8, y as u8) == 1 {
+                inv = y as u8;
+            }
+            y += 1;
+        }
+        let b = inv;
+        t[x] = b ^ b.rotate_left(1) ^ b.rotate_left(2) ^ b.rotate_left(3) ^ b.rotate_left(4) ^ 0x63;
+        x += 1;
+    }
+    t
+}
+
+/// [`TrellisCode::Mad8S`]'s table index of an `l`-bit state: the [`SBOX`] of its top 8 bits
+/// plus its low 8 bits, mod 256 (`l` in 9..=16).
+#[inline(always)]
+pub fn mad8s_index(l: u32, state: u32) -> u32 {
+    (u32::from(SBOX[((state >> (l - 8)) & 0xFF) as usize]) + state) & 0xFF
 }
 
 /// [`TrellisCode::Mad8H`]'s table index of an `l`-bit state: its top 8 bits plus its low 8
@@ -70,6 +123,7 @@ impl TrellisCode {
             TrellisCode::Mad => "1mad",
             TrellisCode::Mad8 => "1mad8",
             TrellisCode::Mad8H => "1mad8h",
+            TrellisCode::Mad8S => "1mad8s",
         }
     }
 
@@ -79,6 +133,7 @@ impl TrellisCode {
             "1mad" => Some(TrellisCode::Mad),
             "1mad8" => Some(TrellisCode::Mad8),
             "1mad8h" => Some(TrellisCode::Mad8H),
+            "1mad8s" => Some(TrellisCode::Mad8S),
             _ => None,
         }
     }
@@ -90,6 +145,7 @@ impl TrellisCode {
             TrellisCode::Mad => mad_sum(state) - 510,
             TrellisCode::Mad8 => mad8_int(state),
             TrellisCode::Mad8H => mad8_int(mad8h_index(l, state)),
+            TrellisCode::Mad8S => mad8_int(mad8s_index(l, state)),
         }
     }
 
@@ -97,7 +153,7 @@ impl TrellisCode {
     pub fn divisor(self) -> f32 {
         match self {
             TrellisCode::Mad => MAD_SCALE,
-            TrellisCode::Mad8 | TrellisCode::Mad8H => MAD8_SCALE,
+            TrellisCode::Mad8 | TrellisCode::Mad8H | TrellisCode::Mad8S => MAD8_SCALE,
         }
     }
 
@@ -141,6 +197,12 @@ pub struct TrellisSpec {
 }
 
 impl TrellisSpec {
+    /// Whether the code hashes an `L`-bit state (`L` 9..=16) into 1mad8's 8-bit table:
+    /// [`TrellisCode::Mad8H`] and [`TrellisCode::Mad8S`].
+    pub fn hashed(&self) -> bool {
+        matches!(self.code, TrellisCode::Mad8H | TrellisCode::Mad8S)
+    }
+
     /// Checks the shape: `k` in 2..=4, `l` in `k + 1..=16`, a block whose bit count is a
     /// whole number of words and at least `l` bits.
     pub fn check(&self) -> Result<(), TrellisError> {
@@ -175,8 +237,9 @@ impl TrellisSpec {
             });
         }
         // 1mad8h's likewise (`L` 9..=16, the same blocks as 1mad8's).
-        if self.code == TrellisCode::Mad8H && (self.l < 9 || self.lut_span().is_none()) {
+        if self.hashed() && (self.l < 9 || self.lut_span().is_none()) {
             return Err(TrellisError::Mad8HShape {
+                code: self.code.name(),
                 l: self.l,
                 block: self.block,
                 k: self.k,
@@ -196,7 +259,7 @@ impl TrellisSpec {
     /// the other) of at most 16 words.
     fn lut_span(&self) -> Option<usize> {
         let span = self.block.max(64);
-        let fits = (self.l <= 8 || self.code == TrellisCode::Mad8H)
+        let fits = (self.l <= 8 || self.hashed())
             && span % self.block == 0
             && span % 64 == 0
             && span / self.block * self.block_words() <= 16;
@@ -247,11 +310,16 @@ pub enum TrellisError {
     Mad8Shape { l: u32, block: usize, k: u32 },
     /// The `1mad8h` code with fewer than 9 state bits, or outside its kernel's blocks.
     #[error(
-        "trellis_code 1mad8h needs trellis_l in 9..=16 (it hashes the state's top and bottom \
+        "trellis_code {code} needs trellis_l in 9..=16 (it hashes the state's top and bottom \
          bytes) and a block of 32 or a multiple of 64 of at most 512 bits, got L {l} and a \
          block of {block} at {k} bits (use trellis_code 1mad8 at L 8 or less, or 1mad)"
     )]
-    Mad8HShape { l: u32, block: usize, k: u32 },
+    Mad8HShape {
+        code: &'static str,
+        l: u32,
+        block: usize,
+        k: u32,
+    },
     /// A matrix whose rows cannot be cut into blocks.
     #[error("a ({rows}, {cols}) matrix cannot be cut into trellis blocks of {block}")]
     Shape {
@@ -1608,6 +1676,8 @@ struct LutPlan {
     /// [`TrellisCode::Mad8H`]: the offsets of each weight's top byte (the `L`-bit window's
     /// first 8 bits), in `ctrl`'s order; empty for the other codes.
     ctrl_top: Vec<u8>,
+    /// [`TrellisCode::Mad8S`]: the top bytes go through the AES S-box (GFNI) before the add.
+    sbox: bool,
     lo: [u8; 256],
     hi: [u8; 256],
     /// [`TrellisCode::Mad8`]'s codes plus 128 (the int8 kernel's unsigned operand).
@@ -2057,7 +2127,7 @@ impl LutPlan {
         let span = spec.lut_span().filter(|span| cols % span == 0)?;
         let span_words = span / spec.block * bw;
         let bits = spec.block * spec.k as usize;
-        let hash = spec.code == TrellisCode::Mad8H;
+        let hash = spec.hashed();
         let (mut idx, mut ctrl, mut ctrl_top) = (Vec::new(), Vec::new(), Vec::new());
         for u in 0..span / 8 {
             // The 8 weights lie in one block (a block is a multiple of 32 weights here);
@@ -2105,10 +2175,11 @@ impl LutPlan {
             idx,
             ctrl,
             ctrl_top,
+            sbox: spec.code == TrellisCode::Mad8S,
             lo,
             hi,
             w8,
-            pair: if matches!(spec.code, TrellisCode::Mad8 | TrellisCode::Mad8H) {
+            pair: if matches!(spec.code, TrellisCode::Mad8) || hash {
                 PairPlan::new(spec, span, span_words)
             } else {
                 None
@@ -2124,7 +2195,10 @@ const PROMPT_INPUTS: usize = 4;
 pub fn lut_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        simd_available() && std::arch::is_x86_feature_detected!("avx512vbmi")
+        // GFNI: 1mad8s's S-box (every CPU with VBMI but Cannon Lake has it).
+        simd_available()
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+            && std::arch::is_x86_feature_detected!("gfni")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -2137,6 +2211,24 @@ pub fn lut_available() -> bool {
 /// weights' (`4d + 1`, `4d + 3`) (one `vpermd`, one `vpmultishiftqb`, four `vpermt2b` and two
 /// blends, then shifts and bitwise selects). Expanded inside the `unsafe`, AVX-512 VBMI
 /// bodies of [`TrellisMatvec`]'s table kernels.
+/// The AES S-box of every byte of `$v` where `$sbox` ([`TrellisCode::Mad8S`]'s top bytes):
+/// one GFNI `vgf2p8affineinvqb` (the inverse in GF(2^8), then the affine map and `0x63`), as
+/// [`SBOX`] (tested); `$v` itself otherwise. Expanded inside the `unsafe` table kernels.
+#[cfg(target_arch = "x86_64")]
+macro_rules! sbox_bytes {
+    ($sbox:expr, $v:expr) => {{
+        let v = $v;
+        if $sbox {
+            _mm512_gf2p8affineinv_epi64_epi8::<0x63>(
+                v,
+                _mm512_set1_epi64(0xF1E3_C78F_1F3E_7CF8_u64 as i64),
+            )
+        } else {
+            v
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 macro_rules! lut_words {
     ($lut:expr, $g:expr, $wv:expr, $full:expr, $hash:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
@@ -2148,7 +2240,10 @@ macro_rules! lut_words {
         // 1mad8h: the index is the bottom byte plus the top byte.
         let st = if $hash {
             let top = _mm512_loadu_si512($lut.ctrl_top.as_ptr().add(64 * $g) as *const _);
-            _mm512_add_epi8(st, _mm512_multishift_epi64_epi8(top, data))
+            _mm512_add_epi8(
+                st,
+                sbox_bytes!($lut.sbox, _mm512_multishift_epi64_epi8(top, data)),
+            )
         } else {
             st
         };
@@ -2428,7 +2523,7 @@ impl TrellisMatvec {
             *out = None;
             return;
         }
-        if int16 && matches!(self.spec.code, TrellisCode::Mad8 | TrellisCode::Mad8H) {
+        if int16 && (self.spec.code == TrellisCode::Mad8 || self.spec.hashed()) {
             let pair = self.lut.as_ref().and_then(|l| l.pair.as_ref());
             match out {
                 Some(Prepared::S8(sp)) => {
@@ -2591,7 +2686,7 @@ impl TrellisMatvec {
     /// lanes by shifts and bitwise selects (no shuffle), then four conversions and FMAs against
     /// the input permuted to that order ([`lut_order`]).
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,gfni")]
     unsafe fn rows_lut(
         &self,
         lut: &LutPlan,
@@ -2654,7 +2749,7 @@ impl TrellisMatvec {
     /// its own accumulators in [`TrellisMatvec::rows_lut`]'s order, so its outputs have the
     /// bits it gets alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut_multi(
         &self,
@@ -2728,7 +2823,7 @@ impl TrellisMatvec {
     /// the product differs from the exact one by the input's rounding, at most
     /// `sum |w| * d / 2` (tested), as the CPU decoder's affine kernels' int16 inputs.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut16(
         &self,
@@ -2798,7 +2893,7 @@ impl TrellisMatvec {
     /// made once for all of them, each input with its own sums in the one-input kernel's
     /// order, so its outputs have the bits it gets alone.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut16_multi(
         &self,
@@ -2889,7 +2984,7 @@ impl TrellisMatvec {
     /// same float ops); L3 against the float32 product by the input's rounding, as
     /// [`TrellisMatvec::rows_lut16`].
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut8(
         &self,
@@ -2904,19 +2999,53 @@ impl TrellisMatvec {
         // `span` at most 16 words of at least 2 bits a weight, so 1 to 4.
         unsafe {
             let hash = !lut.ctrl_top.is_empty();
-            match (lut.span / 64, self.spec.l == 8 || hash, hash) {
-                (1, _, true) => self.rows_lut8_g::<1, true, true>(lut, words, scales, sp, r0, y),
-                (2, _, true) => self.rows_lut8_g::<2, true, true>(lut, words, scales, sp, r0, y),
-                (3, _, true) => self.rows_lut8_g::<3, true, true>(lut, words, scales, sp, r0, y),
-                (_, _, true) => self.rows_lut8_g::<4, true, true>(lut, words, scales, sp, r0, y),
-                (1, true, _) => self.rows_lut8_g::<1, true, false>(lut, words, scales, sp, r0, y),
-                (1, false, _) => self.rows_lut8_g::<1, false, false>(lut, words, scales, sp, r0, y),
-                (2, true, _) => self.rows_lut8_g::<2, true, false>(lut, words, scales, sp, r0, y),
-                (2, false, _) => self.rows_lut8_g::<2, false, false>(lut, words, scales, sp, r0, y),
-                (3, true, _) => self.rows_lut8_g::<3, true, false>(lut, words, scales, sp, r0, y),
-                (3, false, _) => self.rows_lut8_g::<3, false, false>(lut, words, scales, sp, r0, y),
-                (4, true, _) => self.rows_lut8_g::<4, true, false>(lut, words, scales, sp, r0, y),
-                _ => self.rows_lut8_g::<4, false, false>(lut, words, scales, sp, r0, y),
+            match (lut.span / 64, self.spec.l == 8 || hash, hash, lut.sbox) {
+                (1, _, true, true) => {
+                    self.rows_lut8_g::<1, true, true, true>(lut, words, scales, sp, r0, y)
+                }
+                (2, _, true, true) => {
+                    self.rows_lut8_g::<2, true, true, true>(lut, words, scales, sp, r0, y)
+                }
+                (3, _, true, true) => {
+                    self.rows_lut8_g::<3, true, true, true>(lut, words, scales, sp, r0, y)
+                }
+                (_, _, true, true) => {
+                    self.rows_lut8_g::<4, true, true, true>(lut, words, scales, sp, r0, y)
+                }
+                (1, _, true, _) => {
+                    self.rows_lut8_g::<1, true, true, false>(lut, words, scales, sp, r0, y)
+                }
+                (2, _, true, _) => {
+                    self.rows_lut8_g::<2, true, true, false>(lut, words, scales, sp, r0, y)
+                }
+                (3, _, true, _) => {
+                    self.rows_lut8_g::<3, true, true, false>(lut, words, scales, sp, r0, y)
+                }
+                (_, _, true, _) => {
+                    self.rows_lut8_g::<4, true, true, false>(lut, words, scales, sp, r0, y)
+                }
+                (1, true, ..) => {
+                    self.rows_lut8_g::<1, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (1, false, ..) => {
+                    self.rows_lut8_g::<1, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (2, true, ..) => {
+                    self.rows_lut8_g::<2, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (2, false, ..) => {
+                    self.rows_lut8_g::<2, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (3, true, ..) => {
+                    self.rows_lut8_g::<3, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (3, false, ..) => {
+                    self.rows_lut8_g::<3, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (4, true, ..) => {
+                    self.rows_lut8_g::<4, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                _ => self.rows_lut8_g::<4, false, false, false>(lut, words, scales, sp, r0, y),
             }
         }
     }
@@ -2931,9 +3060,9 @@ impl TrellisMatvec {
     /// [`X8_WINDOW`] weights), so how the groups are spread over the sets, and which rows
     /// share a pass, changes no bit.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rows_lut8_g<const G: usize, const FULL: bool, const HASH: bool>(
+    unsafe fn rows_lut8_g<const G: usize, const FULL: bool, const HASH: bool, const SBOX: bool>(
         &self,
         lut: &LutPlan,
         words: &[u32],
@@ -2980,7 +3109,7 @@ impl TrellisMatvec {
             let windows = |c: __m512i, t: __m512i, data: __m512i| {
                 let st = _mm512_multishift_epi64_epi8(c, data);
                 if HASH {
-                    _mm512_add_epi8(st, _mm512_multishift_epi64_epi8(t, data))
+                    _mm512_add_epi8(st, sbox_bytes!(SBOX, _mm512_multishift_epi64_epi8(t, data)))
                 } else {
                     st
                 }
@@ -3219,7 +3348,7 @@ impl TrellisMatvec {
     /// bytes made once for all of them, each input with its own exact sums, so its outputs
     /// have the bits it gets alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut8_multi(
         &self,
@@ -3292,7 +3421,13 @@ impl TrellisMatvec {
                             let st = _mm512_multishift_epi64_epi8(ctrl[g], data);
                             // 1mad8h: the bottom byte plus the top byte.
                             let st = if hash {
-                                _mm512_add_epi8(st, _mm512_multishift_epi64_epi8(ctrl_top[g], data))
+                                _mm512_add_epi8(
+                                    st,
+                                    sbox_bytes!(
+                                        lut.sbox,
+                                        _mm512_multishift_epi64_epi8(ctrl_top[g], data)
+                                    ),
+                                )
                             } else {
                                 st
                             };
@@ -3815,12 +3950,13 @@ mod tests {
     #[test]
     fn trellis_calls_with_biases_odd_hadamard_blocks_and_one_thread_give_each_its_bits() {
         use crate::cpu::{matmul_t, Activations, CpuContext, Floats, Isa, MatJob, Matrix};
-        // Every code: 1mad8's and 1mad8h's int16 calls run the int8 kernel.
+        // Every code: 1mad8's and 1mad8h.s and 1mad8s.s int16 calls run the int8 kernel.
         for (code, l, block) in [
             (TrellisCode::Mad, 8, 32),
             (TrellisCode::Mad8, 8, 32),
             (TrellisCode::Mad8H, 12, 64),
             (TrellisCode::Mad8H, 12, 32),
+            (TrellisCode::Mad8S, 12, 64),
         ] {
             let spec = TrellisSpec {
                 k: 3,
@@ -4081,7 +4217,8 @@ mod tests {
                 let at = 64 * g + 8 * q + j;
                 let mut b = lane.rotate_right(u32::from(lut.ctrl[at])) as u8;
                 if !lut.ctrl_top.is_empty() {
-                    b = b.wrapping_add(lane.rotate_right(u32::from(lut.ctrl_top[at])) as u8);
+                    let t = lane.rotate_right(u32::from(lut.ctrl_top[at])) as u8;
+                    b = b.wrapping_add(if lut.sbox { SBOX[t as usize] } else { t });
                 }
                 out[8 * q + j] = b;
             }
@@ -4091,7 +4228,7 @@ mod tests {
 
     /// The two-step plan's 128 index bytes of two steps' words (`vpermb`, then the offsets of
     /// both halves), in [`PairPlan::order`], in portable Rust.
-    fn pair_indices(pp: &PairPlan, w: &[u32], hash: bool) -> [u8; 128] {
+    fn pair_indices(pp: &PairPlan, w: &[u32], hash: bool, sbox: bool) -> [u8; 128] {
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut out = [0u8; 128];
         for q in 0..8 {
@@ -4104,13 +4241,121 @@ mod tests {
                     let at = 8 * q + j;
                     let mut b = lane.rotate_right(u32::from(pp.ctrl[h][at])) as u8;
                     if hash {
-                        b = b.wrapping_add(lane.rotate_right(u32::from(pp.ctrl_top[h][at])) as u8);
+                        let t = lane.rotate_right(u32::from(pp.ctrl_top[h][at])) as u8;
+                        b = b.wrapping_add(if sbox { SBOX[t as usize] } else { t });
                     }
                     out[64 * h + at] = b;
                 }
             }
         }
         out
+    }
+
+    /// The hashed codes' table index of an `l`-bit state.
+    fn hashed_index(code: TrellisCode, l: u32, s: u32) -> u32 {
+        match code {
+            TrellisCode::Mad8S => mad8s_index(l, s),
+            _ => mad8h_index(l, s),
+        }
+    }
+
+    #[test]
+    fn sbox_table_is_the_aes_sbox_and_the_gfni_instruction() {
+        // FIPS-197's values, a permutation, and (where the CPU has GFNI) the one instruction
+        // the table kernels use (`vgf2p8affineinvqb` with the AES matrix and 0x63) on all 256
+        // bytes.
+        assert_eq!(
+            (SBOX[0x00], SBOX[0x01], SBOX[0x53], SBOX[0xFF]),
+            (0x63, 0x7C, 0xED, 0x16)
+        );
+        let mut seen = [false; 256];
+        for &v in SBOX.iter() {
+            seen[v as usize] = true;
+        }
+        assert!(seen.iter().all(|&b| b));
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !(std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("gfni"))
+            {
+                return;
+            }
+            #[target_feature(enable = "avx512f,avx512bw,gfni")]
+            unsafe fn gfni(x: &[u8; 256]) -> [u8; 256] {
+                use std::arch::x86_64::*;
+                let mut out = [0u8; 256];
+                // SAFETY: 256 bytes in and out, four vectors of 64.
+                unsafe {
+                    for i in 0..4 {
+                        let v = _mm512_loadu_si512(x.as_ptr().add(64 * i) as *const _);
+                        let s = sbox_bytes!(true, v);
+                        _mm512_storeu_si512(out.as_mut_ptr().add(64 * i) as *mut _, s);
+                    }
+                }
+                out
+            }
+            let x: [u8; 256] = std::array::from_fn(|i| i as u8);
+            // SAFETY: the CPU has AVX-512 F and GFNI (checked above).
+            let got = unsafe { gfni(&x) };
+            assert_eq!(got, SBOX);
+        }
+    }
+
+    #[test]
+    fn mad8s_code_is_1mad8_of_the_sbox_index() {
+        // The index is the S-box of the top byte plus the bottom byte mod 256. Unlike
+        // 1mad8h's, the states do not spread evenly over the indices where the two bytes
+        // overlap (L < 16): at L 12 every index has 8 to 29 states (16 on average), at L 9
+        // 32 indices none; at L 16 each has 256. A state's 8 successors (L 12, k 3) take 8
+        // different indices, and the table and the row decoder agree with the code.
+        for l in [9u32, 12, 16] {
+            let mut count = vec![0u32; 256];
+            for s in 0..1u32 << l {
+                let i = mad8s_index(l, s);
+                let top = (s >> (l - 8)) & 0xFF;
+                assert_eq!(i, (u32::from(SBOX[top as usize]) + (s & 0xFF)) % 256);
+                assert_eq!(TrellisCode::Mad8S.int(l, s), TrellisCode::Mad8.int(8, i));
+                count[i as usize] += 1;
+            }
+            let (lo, hi) = (count.iter().min(), count.iter().max());
+            let want = match l {
+                9 => (Some(&0), Some(&7)),
+                12 => (Some(&8), Some(&29)),
+                _ => (Some(&256), Some(&256)),
+            };
+            assert_eq!((lo, hi), want, "L {l}");
+        }
+        for s in 0..1u32 << 12 {
+            let mut seen: Vec<u32> = (0..8)
+                .map(|b| mad8s_index(12, ((s << 3) | b) & 0xFFF))
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len(), 8, "state {s}");
+        }
+        assert_eq!(TrellisCode::from_name("1mad8s"), Some(TrellisCode::Mad8S));
+        assert_eq!(TrellisCode::Mad8S.name(), "1mad8s");
+        let spec = |l| TrellisSpec {
+            k: 3,
+            l,
+            block: 64,
+            code: TrellisCode::Mad8S,
+        };
+        let e = spec(8).check().unwrap_err();
+        assert!(
+            matches!(e, TrellisError::Mad8HShape { l: 8, .. }) && e.to_string().contains("1mad8s"),
+            "{e}"
+        );
+        let sp = spec(12);
+        let table = spec_code_table(&sp);
+        let w = gauss(4 * 128, 17);
+        let (words, scales) = quantize(&sp, &w, 4, 128, 5, 1).unwrap();
+        let mut out = vec![0.0f32; 128];
+        decode_row(&sp, &words[..128 * 3 / 32], scales[0], &mut out);
+        let states = block_states(&sp, &words[..sp.block_words()]);
+        for (t, &st) in states.iter().enumerate() {
+            assert_eq!(out[t].to_bits(), (table[st as usize] * scales[0]).to_bits());
+        }
     }
 
     #[test]
@@ -4128,15 +4373,14 @@ mod tests {
             (z >> 32) as u32
         };
         let mut plans = 0;
-        for k in 2..=4u32 {
+        // 1mad8h and 1mad8s (its top bytes through the S-box).
+        for (code, k) in [TrellisCode::Mad8H, TrellisCode::Mad8S]
+            .into_iter()
+            .flat_map(|c| (2..=4u32).map(move |k| (c, k)))
+        {
             for l in 9..=16u32 {
                 for block in [32usize, 64, 96, 128, 192, 256] {
-                    let spec = TrellisSpec {
-                        k,
-                        l,
-                        block,
-                        code: TrellisCode::Mad8H,
-                    };
+                    let spec = TrellisSpec { k, l, block, code };
                     let cols = 2 * block.max(64);
                     let Some(lut) = LutPlan::new(&spec, cols) else {
                         let e = spec.check().unwrap_err();
@@ -4164,7 +4408,7 @@ mod tests {
                         let want: Vec<u8> = w
                             .chunks_exact(bw)
                             .flat_map(|b| block_states(&spec, b))
-                            .map(|s| mad8h_index(l, s) as u8)
+                            .map(|s| hashed_index(code, l, s) as u8)
                             .collect();
                         for step in 0..2 {
                             let ws = &w[step * sw..(step + 1) * sw];
@@ -4175,7 +4419,7 @@ mod tests {
                             }
                         }
                         if let Some(pp) = &lut.pair {
-                            let got = pair_indices(pp, &w, true);
+                            let got = pair_indices(pp, &w, true, lut.sbox);
                             for (i, &o) in pp.order.iter().enumerate() {
                                 assert_eq!(got[i], want[o as usize], "{spec:?} pair {i}");
                             }
@@ -4188,7 +4432,7 @@ mod tests {
                 }
             }
         }
-        assert!(plans >= 3 * 8 * 3, "{plans} plans");
+        assert!(plans >= 2 * 3 * 8 * 3, "{plans} plans");
     }
 
     /// [`TrellisMatvec::rows_lut`]'s plain twin: each weight's code from its state, the same
@@ -4247,22 +4491,24 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (z >> 32) as u32
         };
-        for (k, l, block, cols) in [
-            (3u32, 12u32, 64usize, 576usize),
-            (3, 12, 32, 576),
-            (3, 12, 64, 4224),
-            (3, 9, 64, 192),
-            (3, 16, 32, 640),
-            (2, 12, 64, 256),
-            (4, 13, 32, 128),
-            (3, 14, 128, 384),
-        ] {
-            let spec = TrellisSpec {
-                k,
-                l,
-                block,
-                code: TrellisCode::Mad8H,
-            };
+        // 1mad8h and 1mad8s (the GFNI S-box on the top bytes).
+        for (code, (k, l, block, cols)) in [TrellisCode::Mad8H, TrellisCode::Mad8S]
+            .into_iter()
+            .flat_map(|c| {
+                [
+                    (3u32, 12u32, 64usize, 576usize),
+                    (3, 12, 32, 576),
+                    (3, 12, 64, 4224),
+                    (3, 9, 64, 192),
+                    (3, 16, 32, 640),
+                    (2, 12, 64, 256),
+                    (4, 13, 32, 128),
+                    (3, 14, 128, 384),
+                ]
+                .map(|shape| (c, shape))
+            })
+        {
+            let spec = TrellisSpec { k, l, block, code };
             let rows = 7;
             let words: Vec<u32> = (0..rows * cols * k as usize / 32).map(|_| next()).collect();
             let scales: Vec<f32> = (0..rows).map(|r| 0.25 + r as f32 / 16.0).collect();
