@@ -3,6 +3,7 @@
 //! and on real matrices:
 //! `cargo run --release -p mlx-core --example trellis_mse -- [--l L,...] [--block B]
 //! [--threads N] [FILE.safetensors TENSOR ...]`.
+//! `TRELLIS_MSE_CODE=1mad8h` (or another config name) codes the trellis rows with that code.
 //! `--hessians FILE` (written by `results/quant/hessians.py`: `<path>.weight` and
 //! `<path>.hessian` pairs) reports instead, for each pair, the weight error and the output
 //! error `tr(dW H dW^T) / tr(W H W^T)` of affine, trellis and trellis with LDLQ.
@@ -29,6 +30,14 @@ fn gauss(n: usize, seed: u64) -> Vec<f32> {
             ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
         })
         .collect()
+}
+
+/// The code of the environment's `TRELLIS_MSE_CODE` (a config name), `1mad` by default.
+fn code_arg() -> mlx_core::cpu::trellis::TrellisCode {
+    std::env::var("TRELLIS_MSE_CODE")
+        .ok()
+        .map(|c| mlx_core::cpu::trellis::TrellisCode::from_name(&c).expect("TRELLIS_MSE_CODE"))
+        .unwrap_or_default()
 }
 
 fn rel_mse(a: &[f32], b: &[f32]) -> f64 {
@@ -77,7 +86,7 @@ fn report(name: &str, w: &[f32], rows: usize, cols: usize, ls: &[u32], block: us
                 k,
                 l,
                 block,
-                code: mlx_core::cpu::trellis::TrellisCode::Mad,
+                code: code_arg(),
             };
             let t = std::time::Instant::now();
             let e = trellis(w, rows, cols, &spec, th);
@@ -132,7 +141,7 @@ fn hessians(file: &str, ls: &[u32], block: usize, threads: usize) {
                     k,
                     l,
                     block,
-                    code: mlx_core::cpu::trellis::TrellisCode::Mad,
+                    code: code_arg(),
                 };
                 let seed = 17;
                 let (su, sv) = layer_signs(seed, rows, cols);
