@@ -110,10 +110,11 @@ pub fn mad8s_index(l: u32, state: u32) -> u32 {
 }
 
 /// [`TrellisCode::Mad8H`]'s table index of an `l`-bit state: its top 8 bits plus its low 8
-/// bits, mod 256 (`l` in 9..=16).
+/// bits, mod 256 (`l` in 9..=16, as [`TrellisSpec::check`] requires of the code; a smaller
+/// `l` is taken as 8).
 #[inline(always)]
 pub fn mad8h_index(l: u32, state: u32) -> u32 {
-    ((state >> (l - 8)) + state) & 0xFF
+    ((state >> (l.max(8) - 8)) + state) & 0xFF
 }
 
 impl TrellisCode {
@@ -266,7 +267,8 @@ impl TrellisSpec {
         fits.then_some(span)
     }
 
-    /// Checks that `(rows, cols)` can be coded: `cols` a multiple of the block.
+    /// Checks that `(rows, cols)` can be coded: `cols` a multiple of the block (and, for the
+    /// table codes, of their kernels' step: blocks of 32 are read two at a time).
     pub fn check_shape(&self, rows: usize, cols: usize) -> Result<(), TrellisError> {
         self.check()?;
         if rows == 0 || cols == 0 || cols % self.block != 0 {
@@ -275,6 +277,17 @@ impl TrellisSpec {
                 cols,
                 block: self.block,
             });
+        }
+        if self.code == TrellisCode::Mad8 || self.hashed() {
+            if let Some(span) = self.lut_span() {
+                if cols % span != 0 {
+                    return Err(TrellisError::TableCols {
+                        code: self.code.name(),
+                        cols,
+                        span,
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -319,6 +332,16 @@ pub enum TrellisError {
         l: u32,
         block: usize,
         k: u32,
+    },
+    /// A table code's matrix whose rows are not whole steps of its kernels.
+    #[error(
+        "trellis_code {code} reads rows {span} weights at a time: a row of {cols} weights is not \
+         a whole number of them (use blocks of 64, or trellis_code 1mad)"
+    )]
+    TableCols {
+        code: &'static str,
+        cols: usize,
+        span: usize,
     },
     /// A matrix whose rows cannot be cut into blocks.
     #[error("a ({rows}, {cols}) matrix cannot be cut into trellis blocks of {block}")]
@@ -1740,7 +1763,9 @@ impl PairPlan {
                         return None;
                     }
                     plan.ctrl[h][8 * q + j] = (64 - p - l) as u8;
-                    plan.ctrl_top[h][8 * q + j] = (64 - p - 8) as u8;
+                    if spec.hashed() {
+                        plan.ctrl_top[h][8 * q + j] = (64 - p - 8) as u8;
+                    }
                     plan.order[64 * h + 8 * q + j] = (16 * q + 8 * h + j) as u8;
                 }
             }
@@ -2122,6 +2147,17 @@ unsafe fn lut_input16_avx512(x: &[f32], inv: f32, q: &mut [i16]) {
 }
 
 impl LutPlan {
+    /// Whether the plan hashes each index from two windows (1mad8h: `ctrl_top` is filled).
+    fn hashed(&self) -> bool {
+        !self.ctrl_top.is_empty()
+    }
+
+    /// Whether each index byte is whole as looked up (8-bit states, or 1mad8h's byte sum), so
+    /// no `L` mask is applied.
+    fn full(&self, l: u32) -> bool {
+        l == 8 || self.hashed()
+    }
+
     fn new(spec: &TrellisSpec, cols: usize) -> Option<LutPlan> {
         let (bw, l) = (spec.block_words(), spec.l as usize);
         let span = spec.lut_span().filter(|span| cols % span == 0)?;
@@ -2705,8 +2741,7 @@ impl TrellisMatvec {
         let groups = lut.span / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: the loads read the row's `nb * bw` words (whole vectors only where 16 words
         // lie within `words`, else masked lanes are not read), the plan's `groups * 16`
@@ -2770,8 +2805,7 @@ impl TrellisMatvec {
         let groups = lut.span / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: as in `rows_lut`, each input holding `nb * block` values.
         unsafe {
@@ -2844,8 +2878,7 @@ impl TrellisMatvec {
         let flush = (X16_FLUSH / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: as in `rows_lut`; `xq` holds `nb * span` values.
         unsafe {
@@ -2915,8 +2948,7 @@ impl TrellisMatvec {
         let flush = (X16_FLUSH / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let low_bytes = _mm512_set1_epi16(0x00FF);
         // SAFETY: as in `rows_lut16`, each input holding `nb * span` values.
         unsafe {
@@ -2998,8 +3030,7 @@ impl TrellisMatvec {
         // SAFETY (each arm): the caller's contract, passed on; `groups` is `span / 64` with
         // `span` at most 16 words of at least 2 bits a weight, so 1 to 4.
         unsafe {
-            let hash = !lut.ctrl_top.is_empty();
-            match (lut.span / 64, self.spec.l == 8 || hash, hash, lut.sbox) {
+            match (lut.span / 64, lut.full(self.spec.l), lut.hashed(), lut.sbox) {
                 (1, _, true, true) => {
                     self.rows_lut8_g::<1, true, true, true>(lut, words, scales, sp, r0, y)
                 }
@@ -3369,8 +3400,7 @@ impl TrellisMatvec {
         let window = (X8_WINDOW / lut.span).max(1);
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let hash = !lut.ctrl_top.is_empty();
-        let full = spec.l == 8 || hash;
+        let (hash, full) = (lut.hashed(), lut.full(spec.l));
         let f = spec.code.divisor();
         // SAFETY: as in `rows_lut8`, each input holding `nb * span` values.
         unsafe {
@@ -3605,6 +3635,17 @@ pub fn simd_available() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A seeded stream of random 32-bit words (an LCG's high halves): any stream is a path.
+    fn lcg_words(seed: u64) -> impl FnMut() -> u32 {
+        let mut z = seed;
+        move || {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 32) as u32
+        }
+    }
 
     fn gauss(n: usize, seed: u64) -> Vec<f32> {
         // Box-Muller over a splitmix stream.
@@ -4216,7 +4257,7 @@ mod tests {
             for j in 0..8 {
                 let at = 64 * g + 8 * q + j;
                 let mut b = lane.rotate_right(u32::from(lut.ctrl[at])) as u8;
-                if !lut.ctrl_top.is_empty() {
+                if lut.hashed() {
                     let t = lane.rotate_right(u32::from(lut.ctrl_top[at])) as u8;
                     b = b.wrapping_add(if lut.sbox { SBOX[t as usize] } else { t });
                 }
@@ -4365,13 +4406,7 @@ mod tests {
         // wrapping around the block for the first weights) give each weight the index of its
         // state, on random words; the two-step plan's too where it applies. Pure plans, so
         // this runs on any CPU.
-        let mut z = 5u64;
-        let mut next = || {
-            z = z
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (z >> 32) as u32
-        };
+        let mut next = lcg_words(5);
         let mut plans = 0;
         // 1mad8h and 1mad8s (its top bytes through the S-box).
         for (code, k) in [TrellisCode::Mad8H, TrellisCode::Mad8S]
@@ -4484,13 +4519,7 @@ mod tests {
         // count; the prompt's several-input kernels; one and two threads) equals its plain
         // reference bit for bit: L 12 (the default) and others, blocks of 64 and 32, rows past
         // the int8 kernel's 32-bit window (2048 weights). Random words: any stream is a path.
-        let mut z = 9u64;
-        let mut next = || {
-            z = z
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (z >> 32) as u32
-        };
+        let mut next = lcg_words(9);
         // 1mad8h and 1mad8s (the GFNI S-box on the top bytes).
         for (code, (k, l, block, cols)) in [TrellisCode::Mad8H, TrellisCode::Mad8S]
             .into_iter()
@@ -4504,6 +4533,8 @@ mod tests {
                     (2, 12, 64, 256),
                     (4, 13, 32, 128),
                     (3, 14, 128, 384),
+                    (2, 12, 192, 384),
+                    (2, 12, 256, 512),
                 ]
                 .map(|shape| (c, shape))
             })
@@ -4726,13 +4757,7 @@ mod tests {
     /// their words masked) of random streams (every bit pattern is a valid stream).
     #[test]
     fn gather_plan_gives_the_plain_plans_bits() {
-        let mut z = 11u64;
-        let mut next = || {
-            z = z
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (z >> 32) as u32
-        };
+        let mut next = lcg_words(11);
         for (k, l, block) in [
             (3, 12, 64),
             (2, 12, 64),
@@ -4974,6 +4999,42 @@ mod tests {
         };
         assert!(quantize(&spec, &[0.0; 100], 1, 100, 0, 1).is_err());
         assert!(quantize(&spec, &[f32::NAN; 64], 1, 64, 0, 1).is_err());
+        // The table codes in blocks of 32 read two blocks a step: a row of an odd number of
+        // blocks has no table kernel, so it is refused rather than run on the scalar path.
+        for (code, l) in [
+            (TrellisCode::Mad8, 8),
+            (TrellisCode::Mad8H, 12),
+            (TrellisCode::Mad8S, 12),
+        ] {
+            let spec = TrellisSpec {
+                k: 3,
+                l,
+                block: 32,
+                code,
+            };
+            assert!(spec.check_shape(4, 128).is_ok());
+            let e = spec.check_shape(4, 96).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TrellisError::TableCols {
+                        cols: 96,
+                        span: 64,
+                        ..
+                    }
+                ) && e.to_string().contains(code.name()),
+                "{e}"
+            );
+            assert!(quantize(&spec, &[0.5; 4 * 96], 4, 96, 0, 1).is_err());
+        }
+        assert!(TrellisSpec {
+            k: 3,
+            l: 12,
+            block: 32,
+            code: TrellisCode::Mad,
+        }
+        .check_shape(4, 96)
+        .is_ok());
     }
 }
 
