@@ -3,7 +3,9 @@
 //! and on real matrices:
 //! `cargo run --release -p mlx-core --example trellis_mse -- [--l L,...] [--block B]
 //! [--threads N] [FILE.safetensors TENSOR ...]`.
-//! `TRELLIS_MSE_CODE=1mad8h` (or another config name) codes the trellis rows with that code.
+//! `TRELLIS_MSE_CODE=1mad8h` (or another config name) codes the trellis rows with that code;
+//! `--bits 3` (or `2,4`...) limits the bit widths; `TRELLIS_MSE_ROWS=1024` and
+//! `TRELLIS_MSE_GSEED=6` set the Gaussian matrix's rows (64) and seed (5).
 //! `--hessians FILE` (written by `results/quant/hessians.py`: `<path>.weight` and
 //! `<path>.hessian` pairs) reports instead, for each pair, the weight error and the output
 //! error `tr(dW H dW^T) / tr(W H W^T)` of affine, trellis and trellis with LDLQ.
@@ -14,6 +16,8 @@ use mlx_core::cpu::trellis::{
 };
 use mlx_core::prelude::*;
 use mlx_core::quantized::{dequantize, quantize as mlx_quantize, QuantMode};
+
+static BITS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
 
 fn gauss(n: usize, seed: u64) -> Vec<f32> {
     let mut z = seed;
@@ -78,7 +82,7 @@ fn trellis(w: &[f32], rows: usize, cols: usize, spec: &TrellisSpec, threads: usi
 }
 
 fn report(name: &str, w: &[f32], rows: usize, cols: usize, ls: &[u32], block: usize, th: usize) {
-    for k in [2u32, 3, 4] {
+    for &k in BITS.get().map(|b| b.as_slice()).unwrap_or(&[2u32, 3, 4]) {
         let aff = rel_mse(w, &affine(w, rows, cols, k as i32));
         let mut line = format!("{name} ({rows}x{cols}) {k} bits: affine g64 {aff:.5}");
         for &l in ls {
@@ -205,6 +209,15 @@ fn main() {
                     .map(|s| s.parse().expect("L"))
                     .collect()
             }
+            "--bits" => BITS
+                .set(
+                    args.next()
+                        .expect("--bits K,...")
+                        .split(',')
+                        .map(|s| s.parse().expect("K"))
+                        .collect(),
+                )
+                .expect("once"),
             "--block" => block = args.next().expect("--block B").parse().expect("B"),
             "--threads" => threads = args.next().expect("--threads N").parse().expect("N"),
             "--hessians" => {
@@ -214,10 +227,18 @@ fn main() {
             _ => rest.push(a),
         }
     }
-    let (rows, cols) = (64, 1024);
+    let rows: usize = std::env::var("TRELLIS_MSE_ROWS")
+        .map(|r| r.parse().expect("rows"))
+        .unwrap_or(64);
+    let cols = 1024;
     report(
         "gaussian",
-        &gauss(rows * cols, 5),
+        &gauss(
+            rows * cols,
+            std::env::var("TRELLIS_MSE_GSEED")
+                .map(|r| r.parse().expect("seed"))
+                .unwrap_or(5),
+        ),
         rows,
         cols,
         &ls,

@@ -118,8 +118,9 @@ pub fn l_arg(spec: &TrellisSpec) -> i64 {
         TrellisCode::Mad => 0,
         TrellisCode::Mad8 => 1,
         TrellisCode::Mad8H => 2,
-        // No CUDA path: `TrellisPlan::new` refuses it (`TrellisPlanError::Code`).
+        // No CUDA path: `TrellisPlan::new` refuses them (`TrellisPlanError::Code`).
         TrellisCode::Mad8S => 3,
+        TrellisCode::Gauss8S => 4,
     };
     i64::from(spec.l) | code << CODE_SHIFT
 }
@@ -132,7 +133,7 @@ pub fn uses_lut(spec: &TrellisSpec) -> bool {
         TrellisCode::Mad => return false,
         TrellisCode::Mad8 => 8,
         TrellisCode::Mad8H => 12,
-        TrellisCode::Mad8S => return false,
+        TrellisCode::Mad8S | TrellisCode::Gauss8S => return false,
     };
     spec.l == l && matches!(spec.block, 32 | 64)
 }
@@ -148,7 +149,9 @@ pub const DEFAULT_SMS: u32 = 132;
 pub fn is_fast(spec: &TrellisSpec) -> bool {
     match spec.code {
         TrellisCode::Mad => matches!((spec.block, spec.l), (32, 8) | (64, 12)),
-        TrellisCode::Mad8 | TrellisCode::Mad8H | TrellisCode::Mad8S => uses_lut(spec),
+        TrellisCode::Mad8 | TrellisCode::Mad8H | TrellisCode::Mad8S | TrellisCode::Gauss8S => {
+            uses_lut(spec)
+        }
     }
 }
 
@@ -215,7 +218,7 @@ pub enum TrellisPlanError {
     Size { rows: usize, cols: usize },
     /// The padded float32 input does not fit `trellis_matvec`'s shared memory.
     SharedMemory { cols: usize, bytes: usize },
-    /// A code the CUDA kernels do not decode (`1mad8s`).
+    /// A code the CUDA kernels do not decode (`1mad8s`, `gauss8s`).
     Code(TrellisCode),
 }
 
@@ -261,7 +264,7 @@ impl TrellisPlan {
     ) -> std::result::Result<TrellisPlan, TrellisPlanError> {
         spec.check_shape(rows, cols)
             .map_err(TrellisPlanError::Shape)?;
-        if spec.code == TrellisCode::Mad8S {
+        if matches!(spec.code, TrellisCode::Mad8S | TrellisCode::Gauss8S) {
             return Err(TrellisPlanError::Code(spec.code));
         }
         if rows >= 1 << 31 || cols >= 1 << 31 {
@@ -786,15 +789,21 @@ mod tests {
 
     #[test]
     fn mad8s_has_no_cuda_plan() {
-        // 1mad8s (the S-box hash) has no CUDA path: the plan refuses it, naming the code.
-        let s = TrellisSpec {
-            code: TrellisCode::Mad8S,
-            ..spec(3, 12, 64)
-        };
-        let e = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS).unwrap_err();
-        assert_eq!(e, TrellisPlanError::Code(TrellisCode::Mad8S));
-        assert!(e.to_string().contains("1mad8s"), "{e}");
-        assert!(!uses_lut(&s) && !is_fast(&s));
+        // 1mad8s (the S-box hash) and gauss8s (its index) have no CUDA path: the plan refuses
+        // them, naming the code.
+        for (code, name) in [
+            (TrellisCode::Mad8S, "1mad8s"),
+            (TrellisCode::Gauss8S, "gauss8s"),
+        ] {
+            let s = TrellisSpec {
+                code,
+                ..spec(3, 12, 64)
+            };
+            let e = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS).unwrap_err();
+            assert_eq!(e, TrellisPlanError::Code(code));
+            assert!(e.to_string().contains(name), "{e}");
+            assert!(!uses_lut(&s) && !is_fast(&s));
+        }
     }
 
     fn define(name: &str) -> i64 {

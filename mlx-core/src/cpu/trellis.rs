@@ -60,7 +60,41 @@ pub enum TrellisCode {
     /// of its own (1mad8h's sum is linear mod 256). The CPU decoder's table kernels apply
     /// the S-box to the top-byte windows with one GFNI `vgf2p8affineinvqb`.
     Mad8S,
+    /// A stratified 256-entry Gaussian table at 1mad8s's index (config name `gauss8s`, `L`
+    /// 9..=16): [`GAUSS8_TABLE`] at [`mad8s_index`], over [`GAUSS8_SCALE`]. The index's
+    /// successors of a state are 8 (at 3 bits) consecutive entries mod 256, and the table puts
+    /// one quantile of each eighth of the Gaussian in any 8 consecutive entries (of each
+    /// quarter in any 4, of each sixteenth in any 16): every state's branches span the
+    /// distribution, as in trellis-coded quantization's set partitioning. The same kernels
+    /// (and cost) as 1mad8s; only the table differs.
+    Gauss8S,
 }
+
+/// [`TrellisCode::Gauss8S`]'s int8 codes, from their definition
+/// (`results/quant/2026-12-06-s34-trelidx/gauss8s_table.py`, tested): entry `i` takes the
+/// Gaussian quantile `q(i) = Phi^-1((p(i) + 0.5) / 256)` of position `p(i) = 16 class(i) +
+/// rank(i)`, where with `r = i % 16`, `class(i) = 4 (r % 4) + 2 ((r / 4) % 2) + r / 8` and
+/// `rank(i)` is the rank of entry `i`'s 1MAD byte sum among the 16 entries `j = i (mod 16)`
+/// (ties: the smaller `j` first); the code is `round(127 q(i) / q_max)`, half away from zero,
+/// `q_max = Phi^-1(255.5 / 256)`.
+pub const GAUSS8_TABLE: [i8; 256] = [
+    -103, -27, 3, 34, -43, -12, 16, 59, -65, -16, 10, 43, -33, -6, 29, 70, -127, -28, 0, 33, -45,
+    -13, 15, 51, -67, -17, 8, 41, -38, -6, 27, 77, -81, -24, 2, 32, -46, -9, 20, 55, -59, -18, 12,
+    48, -34, -3, 27, 111, -70, -25, 1, 31, -48, -10, 15, 52, -61, -21, 11, 46, -36, -4, 22, 97,
+    -73, -26, 4, 31, -41, -8, 17, 62, -62, -19, 13, 45, -31, -1, 25, 127, -75, -22, 7, 36, -41,
+    -12, 17, 60, -64, -20, 13, 44, -32, -5, 24, 86, -77, -23, 2, 34, -43, -8, 21, 65, -56, -16, 9,
+    50, -31, -2, 28, 81, -68, -22, 6, 39, -39, -7, 21, 57, -57, -17, 8, 49, -39, -7, 23, 68, -83,
+    -29, 1, 32, -50, -14, 19, 54, -60, -21, 8, 47, -35, -3, 23, 73, -89, -25, 5, 37, -49, -11, 18,
+    64, -54, -19, 7, 39, -37, -4, 22, 71, -93, -27, 3, 30, -49, -11, 14, 61, -63, -20, 11, 40, -32,
+    -2, 25, 89, -97, -23, 6, 35, -42, -12, 17, 67, -55, -15, 10, 43, -30, -5, 24, 83, -111, -28, 2,
+    33, -44, -13, 16, 57, -57, -17, 9, 42, -33, -2, 28, 79, -79, -24, 5, 38, -46, -9, 20, 56, -52,
+    -14, 12, 49, -34, 0, 29, 75, -86, -29, 5, 37, -47, -10, 19, 53, -53, -18, 12, 46, -36, -1, 26,
+    103, -71, -26, 4, 36, -40, -8, 18, 63, -51, -15, 14, 41, -37, -5, 26, 93,
+];
+
+/// [`TrellisCode::Gauss8S`]'s divisor: `127 / (1.05 q_max)` (the values are 1.05 times the
+/// quantiles, the best scale of the Gaussian MSE screen at 3 bits).
+pub const GAUSS8_SCALE: f32 = 41.915_344;
 
 /// The AES S-box ([`TrellisCode::Mad8S`]'s byte map): the inverse in GF(2^8) mod
 /// `x^8 + x^4 + x^3 + x + 1` (0 to 0), then the AES affine map plus `0x63`.
@@ -125,6 +159,7 @@ impl TrellisCode {
             TrellisCode::Mad8 => "1mad8",
             TrellisCode::Mad8H => "1mad8h",
             TrellisCode::Mad8S => "1mad8s",
+            TrellisCode::Gauss8S => "gauss8s",
         }
     }
 
@@ -135,6 +170,7 @@ impl TrellisCode {
             "1mad8" => Some(TrellisCode::Mad8),
             "1mad8h" => Some(TrellisCode::Mad8H),
             "1mad8s" => Some(TrellisCode::Mad8S),
+            "gauss8s" => Some(TrellisCode::Gauss8S),
             _ => None,
         }
     }
@@ -147,6 +183,15 @@ impl TrellisCode {
             TrellisCode::Mad8 => mad8_int(state),
             TrellisCode::Mad8H => mad8_int(mad8h_index(l, state)),
             TrellisCode::Mad8S => mad8_int(mad8s_index(l, state)),
+            TrellisCode::Gauss8S => i32::from(GAUSS8_TABLE[mad8s_index(l, state) as usize]),
+        }
+    }
+
+    /// The integer code of a hashed code's 8-bit table index (its table kernels' entry).
+    fn table_int(self, index: u32) -> i32 {
+        match self {
+            TrellisCode::Gauss8S => i32::from(GAUSS8_TABLE[(index & 0xFF) as usize]),
+            _ => mad8_int(index),
         }
     }
 
@@ -155,6 +200,7 @@ impl TrellisCode {
         match self {
             TrellisCode::Mad => MAD_SCALE,
             TrellisCode::Mad8 | TrellisCode::Mad8H | TrellisCode::Mad8S => MAD8_SCALE,
+            TrellisCode::Gauss8S => GAUSS8_SCALE,
         }
     }
 
@@ -198,10 +244,18 @@ pub struct TrellisSpec {
 }
 
 impl TrellisSpec {
-    /// Whether the code hashes an `L`-bit state (`L` 9..=16) into 1mad8's 8-bit table:
-    /// [`TrellisCode::Mad8H`] and [`TrellisCode::Mad8S`].
+    /// Whether the code hashes an `L`-bit state (`L` 9..=16) into an 8-bit table:
+    /// [`TrellisCode::Mad8H`], [`TrellisCode::Mad8S`] and [`TrellisCode::Gauss8S`].
     pub fn hashed(&self) -> bool {
-        matches!(self.code, TrellisCode::Mad8H | TrellisCode::Mad8S)
+        matches!(
+            self.code,
+            TrellisCode::Mad8H | TrellisCode::Mad8S | TrellisCode::Gauss8S
+        )
+    }
+
+    /// Whether the hashed index puts the top byte through the AES S-box ([`mad8s_index`]).
+    fn sboxed(&self) -> bool {
+        matches!(self.code, TrellisCode::Mad8S | TrellisCode::Gauss8S)
     }
 
     /// Checks the shape: `k` in 2..=4, `l` in `k + 1..=16`, a block whose bit count is a
@@ -2195,7 +2249,7 @@ impl LutPlan {
         let entries = if hash { 256 } else { 1u32 << l };
         for st in 0..entries {
             let c = if hash {
-                TrellisCode::Mad8.int(8, st)
+                spec.code.table_int(st)
             } else {
                 spec.code.int(spec.l, st)
             };
@@ -2211,7 +2265,7 @@ impl LutPlan {
             idx,
             ctrl,
             ctrl_top,
-            sbox: spec.code == TrellisCode::Mad8S,
+            sbox: spec.sboxed(),
             lo,
             hi,
             w8,
@@ -3998,6 +4052,7 @@ mod tests {
             (TrellisCode::Mad8H, 12, 64),
             (TrellisCode::Mad8H, 12, 32),
             (TrellisCode::Mad8S, 12, 64),
+            (TrellisCode::Gauss8S, 12, 64),
         ] {
             let spec = TrellisSpec {
                 k: 3,
@@ -4295,7 +4350,7 @@ mod tests {
     /// The hashed codes' table index of an `l`-bit state.
     fn hashed_index(code: TrellisCode, l: u32, s: u32) -> u32 {
         match code {
-            TrellisCode::Mad8S => mad8s_index(l, s),
+            TrellisCode::Mad8S | TrellisCode::Gauss8S => mad8s_index(l, s),
             _ => mad8h_index(l, s),
         }
     }
@@ -4399,6 +4454,124 @@ mod tests {
         }
     }
 
+    /// The standard normal quantile (Acklam's rational approximation, relative error below
+    /// 1.2e-9).
+    fn normal_quantile(p: f64) -> f64 {
+        const A: [f64; 6] = [
+            -3.969683028665376e1,
+            2.209460984245205e2,
+            -2.759285104469687e2,
+            1.383577518672690e2,
+            -3.066479806614716e1,
+            2.506628277459239,
+        ];
+        const B: [f64; 5] = [
+            -5.447609879822406e1,
+            1.615858368580409e2,
+            -1.556989798598866e2,
+            6.680131188771972e1,
+            -1.328068155288572e1,
+        ];
+        const C: [f64; 6] = [
+            -7.784894002430293e-3,
+            -3.223964580411365e-1,
+            -2.400758277161838,
+            -2.549732539343734,
+            4.374664141464968,
+            2.938163982698783,
+        ];
+        const D: [f64; 4] = [
+            7.784695709041462e-3,
+            3.224671290700398e-1,
+            2.445134137142996,
+            3.754408661907416,
+        ];
+        if p > 0.5 {
+            return -normal_quantile(1.0 - p);
+        }
+        if p < 0.02425 {
+            let q = (-2.0 * p.ln()).sqrt();
+            (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+                / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+        } else {
+            let (q, r) = (p - 0.5, (p - 0.5) * (p - 0.5));
+            (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+                / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+        }
+    }
+
+    #[test]
+    fn gauss8s_code_is_its_stratified_table_at_the_sbox_index() {
+        // The table is its definition (GAUSS8_TABLE's doc): every int8 code is the rounded
+        // quantile (no value within 1e-4 of a rounding boundary, so the approximate quantile
+        // decides nothing), the divisor is 127 / (1.05 q_max).
+        let qmax = normal_quantile(255.5 / 256.0);
+        let mut pos = [0usize; 256];
+        for (i, p) in pos.iter_mut().enumerate() {
+            let r = i % 16;
+            let class = 4 * (r % 4) + 2 * ((r / 4) % 2) + r / 8;
+            let mut peers: Vec<u32> = (0..256u32).filter(|j| *j as usize % 16 == r).collect();
+            peers.sort_by_key(|&j| (mad_sum(j), j));
+            *p = 16 * class + peers.iter().position(|&j| j as usize == i).unwrap();
+            let v = 127.0 * normal_quantile((*p as f64 + 0.5) / 256.0) / qmax;
+            assert!((v.abs().fract() - 0.5).abs() > 1e-4, "entry {i}: {v}");
+            assert_eq!(i32::from(GAUSS8_TABLE[i]), v.round() as i32, "entry {i}");
+        }
+        assert_eq!(GAUSS8_SCALE, (127.0 / (1.05 * qmax)) as f32);
+        // The positions are the 256 quantiles once each, the codes in their order.
+        let mut by_pos = [0i8; 256];
+        for (i, &p) in pos.iter().enumerate() {
+            by_pos[p] = GAUSS8_TABLE[i];
+        }
+        assert!(by_pos.windows(2).all(|w| w[0] <= w[1]));
+        // Its set partition: any 2^j consecutive entries (mod 256) hold one quantile of each
+        // 2^j-th of the distribution (j = 2, 3, 4), so where a state's 2^k successors read
+        // consecutive entries (the top byte holds none of the new bits: L >= 8 + k), their
+        // codes span the distribution; the code is the table at 1mad8s's index on every state.
+        for n in [4usize, 8, 16] {
+            for base in 0..256usize {
+                let mut parts: Vec<usize> =
+                    (0..n).map(|b| pos[(base + b) % 256] / (256 / n)).collect();
+                parts.sort_unstable();
+                assert_eq!(parts, (0..n).collect::<Vec<_>>(), "{n} from {base}");
+            }
+        }
+        for l in 9..=16u32 {
+            for s in 0..1u32 << l {
+                let want = i32::from(GAUSS8_TABLE[mad8s_index(l, s) as usize]);
+                assert_eq!(TrellisCode::Gauss8S.int(l, s), want);
+                assert_eq!(
+                    TrellisCode::Gauss8S.value(l, s).to_bits(),
+                    (want as f32 / GAUSS8_SCALE).to_bits()
+                );
+            }
+            for k in 2..=4u32 {
+                if l < 8 + k {
+                    continue;
+                }
+                for p in 0..1u32 << (l - k) {
+                    let first = mad8s_index(l, p << k);
+                    for b in 0..1u32 << k {
+                        assert_eq!(mad8s_index(l, (p << k) | b), (first + b) % 256);
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            TrellisCode::from_name("gauss8s"),
+            Some(TrellisCode::Gauss8S)
+        );
+        assert_eq!(TrellisCode::Gauss8S.name(), "gauss8s");
+        let spec = TrellisSpec {
+            k: 3,
+            l: 8,
+            block: 64,
+            code: TrellisCode::Gauss8S,
+        };
+        let e = spec.check().unwrap_err();
+        assert!(e.to_string().contains("gauss8s"), "{e}");
+    }
+
     #[test]
     fn mad8h_window_plans_give_the_hashed_indices() {
         // Every 1mad8h shape: a table plan exactly where `check` accepts it, and its windows
@@ -4408,8 +4581,8 @@ mod tests {
         // this runs on any CPU.
         let mut next = lcg_words(5);
         let mut plans = 0;
-        // 1mad8h and 1mad8s (its top bytes through the S-box).
-        for (code, k) in [TrellisCode::Mad8H, TrellisCode::Mad8S]
+        // 1mad8h, 1mad8s (its top bytes through the S-box) and gauss8s (1mad8s's index).
+        for (code, k) in [TrellisCode::Mad8H, TrellisCode::Mad8S, TrellisCode::Gauss8S]
             .into_iter()
             .flat_map(|c| (2..=4u32).map(move |k| (c, k)))
         {
@@ -4428,9 +4601,12 @@ mod tests {
                     };
                     assert!(spec.check().is_ok(), "{spec:?}");
                     assert_eq!(lut.ctrl_top.len(), lut.ctrl.len());
-                    // The table: 1mad8's code of each index.
+                    // The table: 1mad8's code of each index (gauss8s: its own table).
                     for i in 0..256u32 {
-                        let c = TrellisCode::Mad8.int(8, i);
+                        let c = match code {
+                            TrellisCode::Gauss8S => i32::from(GAUSS8_TABLE[i as usize]),
+                            _ => TrellisCode::Mad8.int(8, i),
+                        };
                         assert_eq!(i32::from(lut.w8[i as usize]), c + 128);
                         let v = i16::from_le_bytes([lut.lo[i as usize], lut.hi[i as usize]]);
                         assert_eq!(i32::from(v), c);
@@ -4467,7 +4643,7 @@ mod tests {
                 }
             }
         }
-        assert!(plans >= 2 * 3 * 8 * 3, "{plans} plans");
+        assert!(plans >= 3 * 3 * 8 * 3, "{plans} plans");
     }
 
     /// [`TrellisMatvec::rows_lut`]'s plain twin: each weight's code from its state, the same
@@ -4521,23 +4697,24 @@ mod tests {
         // the int8 kernel's 32-bit window (2048 weights). Random words: any stream is a path.
         let mut next = lcg_words(9);
         // 1mad8h and 1mad8s (the GFNI S-box on the top bytes).
-        for (code, (k, l, block, cols)) in [TrellisCode::Mad8H, TrellisCode::Mad8S]
-            .into_iter()
-            .flat_map(|c| {
-                [
-                    (3u32, 12u32, 64usize, 576usize),
-                    (3, 12, 32, 576),
-                    (3, 12, 64, 4224),
-                    (3, 9, 64, 192),
-                    (3, 16, 32, 640),
-                    (2, 12, 64, 256),
-                    (4, 13, 32, 128),
-                    (3, 14, 128, 384),
-                    (2, 12, 192, 384),
-                    (2, 12, 256, 512),
-                ]
-                .map(|shape| (c, shape))
-            })
+        for (code, (k, l, block, cols)) in
+            [TrellisCode::Mad8H, TrellisCode::Mad8S, TrellisCode::Gauss8S]
+                .into_iter()
+                .flat_map(|c| {
+                    [
+                        (3u32, 12u32, 64usize, 576usize),
+                        (3, 12, 32, 576),
+                        (3, 12, 64, 4224),
+                        (3, 9, 64, 192),
+                        (3, 16, 32, 640),
+                        (2, 12, 64, 256),
+                        (4, 13, 32, 128),
+                        (3, 14, 128, 384),
+                        (2, 12, 192, 384),
+                        (2, 12, 256, 512),
+                    ]
+                    .map(|shape| (c, shape))
+                })
         {
             let spec = TrellisSpec { k, l, block, code };
             let rows = 7;
@@ -5005,6 +5182,7 @@ mod tests {
             (TrellisCode::Mad8, 8),
             (TrellisCode::Mad8H, 12),
             (TrellisCode::Mad8S, 12),
+            (TrellisCode::Gauss8S, 12),
         ] {
             let spec = TrellisSpec {
                 k: 3,
