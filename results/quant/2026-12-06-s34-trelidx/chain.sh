@@ -5,6 +5,7 @@
 # SmolLM2-135M f16 (from its GGUF), LDLQ with s30's 36k-token Hessian (Genesis + 80 Days),
 # default blocks (64), the seed from the name:
 #   g12-sN : trellis-3, --q-trellis-code gauss8s --q-trellis-l 12   (the new code)
+#   g7-sN  : trellis-3, --q-trellis-code gauss7s --q-trellis-l 12   (its 128-entry twin, 00:45)
 #   t2g-sN : trellis-2, --q-trellis-code gauss8s --q-trellis-l 12
 # usage: nice -n 5 ./chain.sh NAME[:32]...   (log: chain.log here)
 cd $(dirname $0)
@@ -16,6 +17,7 @@ for n in "$@"; do
   s=${n##*-s}
   case $n in
     g12-*) a="--q-bits 3 --q-trellis-code gauss8s --q-trellis-l 12";;
+    g7-*) a="--q-bits 3 --q-trellis-code gauss7s --q-trellis-l 12";;
     t2g-*) a="--q-bits 2 --q-trellis-code gauss8s --q-trellis-l 12";;
     *) echo "unknown $n" >> $L; continue;;
   esac

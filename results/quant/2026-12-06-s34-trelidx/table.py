@@ -3,8 +3,9 @@ SmolLM2-135M with the new code `gauss8s` at L 12 (seeds 0-2) against today's def
 L 12, s33's table codes `1mad8h` and `1mad8s` (engineer sbox's), affine-4 g64 and affine-3 g64;
 default blocks (64), LDLQ with s30's 36k-token Hessian; s29's evaluator (4,096 tokens =
 ppl_*.json, 16,384 = ppl32_*.json). Trellis-2 rows against affine-2 mixed_2_6 at the end. The rule
-for the 3-bit default (s33's, unchanged) is checked at the end for gauss8s; it was written here
-before any gauss8s perplexity existed.
+for the 3-bit default (s33's, unchanged) is checked at the end for gauss8s and gauss7s; it was
+written here before any gauss8s perplexity existed, and gauss7s's row (added at 00:46, with
+gauss8s's seed 0 known: 17.986) before any gauss7s perplexity existed.
 
 Affine-3 g64 and mixed_2_6 are the lead's s33 rows (the exact path, `DEC=mlx`: the CPU decoder
 refuses 3- and 6-bit affine), read from ../2026-12-05-s33-lead/ or, before the merge, from the
@@ -47,6 +48,7 @@ def ppl(name, n):
 
 # (label, model name prefix or fixed name, seeds)
 CONFIGS = [
+    ("gauss7s, L 12, blocks 64 (proposed default)", "g7", (0, 1, 2)),
     ("gauss8s, L 12, blocks 64 (proposed default)", "g12", (0, 1, 2)),
     ("1mad, L 12, blocks 64 (today's default)", "m12", (0, 1, 2)),
     ("1mad8s, L 12, blocks 64 (s33 sbox)", "s12", (0, 1, 2)),
@@ -116,37 +118,38 @@ print()
 #     incomplete unless affine-3 is measured at 4,096).
 # A 16,384-token evaluation with fewer than three seeds is checked on the seeds it has and
 # reported as partial.
-lab = CONFIGS[0][0]
-verdict, holds = [], True
-for n in (8, 32):
-    v = groups.get((lab, n), [])
-    if n == 8 and len(v) < 3:
-        verdict.append(f"4,096 tokens: incomplete ({len(v)} of 3 seeds)")
-        holds = None
-        continue
-    if not v:
-        verdict.append(f"{512 * n:,} tokens: not measured")
-        continue
-    m, w = sum(v) / len(v), max(v)
-    part = "" if len(v) == 3 else f" (partial: {len(v)} of 3 seeds)"
-    ok5 = m <= 5.0 and w <= 5.0
-    verdict.append(f"{512 * n:,} tokens{part}: mean {m:+.1f}%, worst {w:+.1f}% of affine-4 -> within 5%: {'yes' if ok5 else 'NO'}")
-    if not ok5:
-        holds = False
-    if a3[n]:
-        r3 = (a3[n][0] / base[n][0] - 1) * 100
-        ok3 = w < r3
-        verdict.append(f"{512 * n:,} tokens: worst {w:+.1f}% vs affine-3 g64 {r3:+.1f}% -> below: {'yes' if ok3 else 'NO'}")
-        if not ok3:
-            holds = False
-    else:
-        verdict.append(f"{512 * n:,} tokens: affine-3 g64 not measured (not checked)")
-        if n == 8 and holds:
+for lab in (CONFIGS[0][0], CONFIGS[1][0]):
+    verdict, holds = [], True
+    for n in (8, 32):
+        v = groups.get((lab, n), [])
+        if n == 8 and len(v) < 3:
+            verdict.append(f"4,096 tokens: incomplete ({len(v)} of 3 seeds)")
             holds = None
-print("Rule (gauss8s / L 12 the 3-bit default: mean and worst over seeds 0-2 within 5% of affine-4, worst below affine-3; 4,096 tokens, and 16,384 where measured):")
-for x in verdict:
-    print(f"- {x}")
-print(f"- **{'HOLDS' if holds else ('does not hold' if holds is False else 'incomplete')}**")
+            continue
+        if not v:
+            verdict.append(f"{512 * n:,} tokens: not measured")
+            continue
+        m, w = sum(v) / len(v), max(v)
+        part = "" if len(v) == 3 else f" (partial: {len(v)} of 3 seeds)"
+        ok5 = m <= 5.0 and w <= 5.0
+        verdict.append(f"{512 * n:,} tokens{part}: mean {m:+.1f}%, worst {w:+.1f}% of affine-4 -> within 5%: {'yes' if ok5 else 'NO'}")
+        if not ok5:
+            holds = False
+        if a3[n]:
+            r3 = (a3[n][0] / base[n][0] - 1) * 100
+            ok3 = w < r3
+            verdict.append(f"{512 * n:,} tokens: worst {w:+.1f}% vs affine-3 g64 {r3:+.1f}% -> below: {'yes' if ok3 else 'NO'}")
+            if not ok3:
+                holds = False
+        else:
+            verdict.append(f"{512 * n:,} tokens: affine-3 g64 not measured (not checked)")
+            if n == 8 and holds:
+                holds = None
+    print()
+    print(f"Rule ({lab.split(',')[0]} / L 12 the 3-bit default: mean and worst over seeds 0-2 within 5% of affine-4, worst below affine-3; 4,096 tokens, and 16,384 where measured):")
+    for x in verdict:
+        print(f"- {x}")
+    print(f"- **{'HOLDS' if holds else ('does not hold' if holds is False else 'incomplete')}**")
 print()
 print("Trellis-2 (target: below affine-2 mixed_2_6 by a margin the closing note states):")
 print()
