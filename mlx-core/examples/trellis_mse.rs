@@ -133,7 +133,7 @@ fn hessians(file: &str, ls: &[u32], block: usize, threads: usize) {
         let w = wa.to_vec::<f32>().expect("weight");
         let h = arrays[hn.as_str()].to_vec::<f32>().expect("hessian");
         let diff = |q: &[f32]| -> Vec<f32> { q.iter().zip(&w).map(|(a, b)| a - b).collect() };
-        for k in [2u32, 3, 4] {
+        for &k in BITS.get().map(|b| b.as_slice()).unwrap_or(&[2u32, 3, 4]) {
             let aq = affine(&w, rows, cols, k as i32);
             let mut line = format!(
                 "{path} ({rows}x{cols}) {k} bits: affine g64 {:.5}/{:.5}",

@@ -121,6 +121,7 @@ pub fn l_arg(spec: &TrellisSpec) -> i64 {
         // No CUDA path: `TrellisPlan::new` refuses them (`TrellisPlanError::Code`).
         TrellisCode::Mad8S => 3,
         TrellisCode::Gauss8S => 4,
+        TrellisCode::Gauss7S => 5,
     };
     i64::from(spec.l) | code << CODE_SHIFT
 }
@@ -133,7 +134,7 @@ pub fn uses_lut(spec: &TrellisSpec) -> bool {
         TrellisCode::Mad => return false,
         TrellisCode::Mad8 => 8,
         TrellisCode::Mad8H => 12,
-        TrellisCode::Mad8S | TrellisCode::Gauss8S => return false,
+        TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S => return false,
     };
     spec.l == l && matches!(spec.block, 32 | 64)
 }
@@ -149,9 +150,11 @@ pub const DEFAULT_SMS: u32 = 132;
 pub fn is_fast(spec: &TrellisSpec) -> bool {
     match spec.code {
         TrellisCode::Mad => matches!((spec.block, spec.l), (32, 8) | (64, 12)),
-        TrellisCode::Mad8 | TrellisCode::Mad8H | TrellisCode::Mad8S | TrellisCode::Gauss8S => {
-            uses_lut(spec)
-        }
+        TrellisCode::Mad8
+        | TrellisCode::Mad8H
+        | TrellisCode::Mad8S
+        | TrellisCode::Gauss8S
+        | TrellisCode::Gauss7S => uses_lut(spec),
     }
 }
 
@@ -218,7 +221,7 @@ pub enum TrellisPlanError {
     Size { rows: usize, cols: usize },
     /// The padded float32 input does not fit `trellis_matvec`'s shared memory.
     SharedMemory { cols: usize, bytes: usize },
-    /// A code the CUDA kernels do not decode (`1mad8s`, `gauss8s`).
+    /// A code the CUDA kernels do not decode (`1mad8s`, `gauss8s`, `gauss7s`).
     Code(TrellisCode),
 }
 
@@ -264,7 +267,10 @@ impl TrellisPlan {
     ) -> std::result::Result<TrellisPlan, TrellisPlanError> {
         spec.check_shape(rows, cols)
             .map_err(TrellisPlanError::Shape)?;
-        if matches!(spec.code, TrellisCode::Mad8S | TrellisCode::Gauss8S) {
+        if matches!(
+            spec.code,
+            TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S
+        ) {
             return Err(TrellisPlanError::Code(spec.code));
         }
         if rows >= 1 << 31 || cols >= 1 << 31 {
@@ -789,11 +795,12 @@ mod tests {
 
     #[test]
     fn mad8s_has_no_cuda_plan() {
-        // 1mad8s (the S-box hash) and gauss8s (its index) have no CUDA path: the plan refuses
+        // 1mad8s (the S-box hash), gauss8s and gauss7s (its index) have no CUDA path: the plan refuses
         // them, naming the code.
         for (code, name) in [
             (TrellisCode::Mad8S, "1mad8s"),
             (TrellisCode::Gauss8S, "gauss8s"),
+            (TrellisCode::Gauss7S, "gauss7s"),
         ] {
             let s = TrellisSpec {
                 code,

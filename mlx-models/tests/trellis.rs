@@ -116,7 +116,7 @@ fn the_int8_code_loads_and_decodes_bit_for_bit() {
     assert!(errors[1] <= errors[0] * 1.01, "{errors:?}");
 }
 
-/// The hashed codes (`"1mad8h"`, `"1mad8s"`, `"gauss8s"`, L 12): parsed from the config, the plain-ops
+/// The hashed codes (`"1mad8h"`, `"1mad8s"`, `"gauss8s"`, `"gauss7s"`, L 12): parsed from the config, the plain-ops
 /// decode (the MLX path's take on the state table) bit-equal to the CPU kernel's.
 #[test]
 fn the_hashed_codes_load_and_decode_bit_for_bit() {
@@ -124,6 +124,7 @@ fn the_hashed_codes_load_and_decode_bit_for_bit() {
         ("1mad8h", mlx_core::cpu::trellis::TrellisCode::Mad8H),
         ("1mad8s", mlx_core::cpu::trellis::TrellisCode::Mad8S),
         ("gauss8s", mlx_core::cpu::trellis::TrellisCode::Gauss8S),
+        ("gauss7s", mlx_core::cpu::trellis::TrellisCode::Gauss7S),
     ] {
         let cfg = ModelConfig::from_json_str(&format!(
             r#"{{"model_type": "llama", "quantization": {{"group_size": 64, "bits": 3,

@@ -68,6 +68,12 @@ pub enum TrellisCode {
     /// distribution, as in trellis-coded quantization's set partitioning. The same kernels
     /// (and cost) as 1mad8s; only the table differs.
     Gauss8S,
+    /// gauss8s's design with 128 entries (config name `gauss7s`, `L` 9..=16): [`GAUSS7_TABLE`]
+    /// at the low 7 bits of [`mad8s_index`], over [`GAUSS7_SCALE`]. The int8 kernel looks a
+    /// 7-bit index up with one `vpermt2b` (which reads only those bits) where a 256-entry
+    /// table takes two, a mask and a blend; the other table kernels read the 128 entries
+    /// twice over as a 256-entry table.
+    Gauss7S,
 }
 
 /// [`TrellisCode::Gauss8S`]'s int8 codes, from their definition
@@ -91,6 +97,24 @@ pub const GAUSS8_TABLE: [i8; 256] = [
     -14, 12, 49, -34, 0, 29, 75, -86, -29, 5, 37, -47, -10, 19, 53, -53, -18, 12, 46, -36, -1, 26,
     103, -71, -26, 4, 36, -40, -8, 18, 63, -51, -15, 14, 41, -37, -5, 26, 93,
 ];
+
+/// [`TrellisCode::Gauss7S`]'s int8 codes: [`GAUSS8_TABLE`]'s definition with 128 entries
+/// (`results/quant/2026-12-06-s34-trelidx/gauss8s_table.py 128`, tested): entry `i` takes
+/// `q(i) = Phi^-1((p(i) + 0.5) / 128)`, `p(i) = 8 class(i) + rank(i)` (`rank(i)` among the 8
+/// entries `j = i (mod 16)` of 128), the code `round(127 q(i) / q_max)`, `q_max =
+/// Phi^-1(127.5 / 128)`.
+pub const GAUSS7_TABLE: [i8; 128] = [
+    -108, -30, 4, 39, -47, -14, 18, 64, -69, -16, 11, 44, -36, -5, 32, 78, -127, -32, 0, 36, -51,
+    -15, 17, 56, -72, -18, 9, 43, -40, -6, 29, 82, -99, -27, 2, 35, -52, -11, 21, 60, -60, -20, 13,
+    51, -38, -2, 28, 108, -78, -28, 1, 34, -54, -12, 16, 58, -62, -23, 12, 49, -39, -3, 24, 99,
+    -82, -29, 5, 33, -44, -9, 20, 69, -64, -21, 15, 47, -34, 0, 27, 127, -86, -25, 7, 40, -46, -13,
+    19, 66, -66, -22, 14, 46, -35, -4, 26, 92, -92, -26, 3, 38, -49, -10, 22, 72, -56, -17, 10, 54,
+    -33, -1, 30, 86, -75, -24, 6, 42, -43, -8, 23, 62, -58, -19, 8, 52, -42, -7, 25, 75,
+];
+
+/// [`TrellisCode::Gauss7S`]'s divisor: `127 / (1.1 q_max)` (the values are 1.1 times the
+/// quantiles, the best scale of the Gaussian MSE screen at 3 bits).
+pub const GAUSS7_SCALE: f32 = 43.402_864;
 
 /// [`TrellisCode::Gauss8S`]'s divisor: `127 / (1.05 q_max)` (the values are 1.05 times the
 /// quantiles, the best scale of the Gaussian MSE screen at 3 bits).
@@ -160,6 +184,7 @@ impl TrellisCode {
             TrellisCode::Mad8H => "1mad8h",
             TrellisCode::Mad8S => "1mad8s",
             TrellisCode::Gauss8S => "gauss8s",
+            TrellisCode::Gauss7S => "gauss7s",
         }
     }
 
@@ -171,6 +196,7 @@ impl TrellisCode {
             "1mad8h" => Some(TrellisCode::Mad8H),
             "1mad8s" => Some(TrellisCode::Mad8S),
             "gauss8s" => Some(TrellisCode::Gauss8S),
+            "gauss7s" => Some(TrellisCode::Gauss7S),
             _ => None,
         }
     }
@@ -184,6 +210,9 @@ impl TrellisCode {
             TrellisCode::Mad8H => mad8_int(mad8h_index(l, state)),
             TrellisCode::Mad8S => mad8_int(mad8s_index(l, state)),
             TrellisCode::Gauss8S => i32::from(GAUSS8_TABLE[mad8s_index(l, state) as usize]),
+            TrellisCode::Gauss7S => {
+                i32::from(GAUSS7_TABLE[(mad8s_index(l, state) & 0x7F) as usize])
+            }
         }
     }
 
@@ -191,6 +220,7 @@ impl TrellisCode {
     fn table_int(self, index: u32) -> i32 {
         match self {
             TrellisCode::Gauss8S => i32::from(GAUSS8_TABLE[(index & 0xFF) as usize]),
+            TrellisCode::Gauss7S => i32::from(GAUSS7_TABLE[(index & 0x7F) as usize]),
             _ => mad8_int(index),
         }
     }
@@ -201,6 +231,7 @@ impl TrellisCode {
             TrellisCode::Mad => MAD_SCALE,
             TrellisCode::Mad8 | TrellisCode::Mad8H | TrellisCode::Mad8S => MAD8_SCALE,
             TrellisCode::Gauss8S => GAUSS8_SCALE,
+            TrellisCode::Gauss7S => GAUSS7_SCALE,
         }
     }
 
@@ -245,17 +276,21 @@ pub struct TrellisSpec {
 
 impl TrellisSpec {
     /// Whether the code hashes an `L`-bit state (`L` 9..=16) into an 8-bit table:
-    /// [`TrellisCode::Mad8H`], [`TrellisCode::Mad8S`] and [`TrellisCode::Gauss8S`].
+    /// [`TrellisCode::Mad8H`], [`TrellisCode::Mad8S`], [`TrellisCode::Gauss8S`] and
+    /// [`TrellisCode::Gauss7S`].
     pub fn hashed(&self) -> bool {
         matches!(
             self.code,
-            TrellisCode::Mad8H | TrellisCode::Mad8S | TrellisCode::Gauss8S
+            TrellisCode::Mad8H | TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S
         )
     }
 
     /// Whether the hashed index puts the top byte through the AES S-box ([`mad8s_index`]).
     fn sboxed(&self) -> bool {
-        matches!(self.code, TrellisCode::Mad8S | TrellisCode::Gauss8S)
+        matches!(
+            self.code,
+            TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S
+        )
     }
 
     /// Checks the shape: `k` in 2..=4, `l` in `k + 1..=16`, a block whose bit count is a
@@ -1755,6 +1790,9 @@ struct LutPlan {
     ctrl_top: Vec<u8>,
     /// [`TrellisCode::Mad8S`]: the top bytes go through the AES S-box (GFNI) before the add.
     sbox: bool,
+    /// [`TrellisCode::Gauss7S`]: the tables' top halves repeat their bottom halves (a 7-bit
+    /// index), so the int8 kernel looks up with one `vpermt2b`.
+    half: bool,
     lo: [u8; 256],
     hi: [u8; 256],
     /// [`TrellisCode::Mad8`]'s codes plus 128 (the int8 kernel's unsigned operand).
@@ -2266,6 +2304,7 @@ impl LutPlan {
             ctrl,
             ctrl_top,
             sbox: spec.sboxed(),
+            half: spec.code == TrellisCode::Gauss7S,
             lo,
             hi,
             w8,
@@ -3084,53 +3123,73 @@ impl TrellisMatvec {
         // SAFETY (each arm): the caller's contract, passed on; `groups` is `span / 64` with
         // `span` at most 16 words of at least 2 bits a weight, so 1 to 4.
         unsafe {
-            match (lut.span / 64, lut.full(self.spec.l), lut.hashed(), lut.sbox) {
-                (1, _, true, true) => {
-                    self.rows_lut8_g::<1, true, true, true>(lut, words, scales, sp, r0, y)
+            match (
+                lut.span / 64,
+                lut.full(self.spec.l),
+                lut.hashed(),
+                lut.sbox,
+                lut.half,
+            ) {
+                (1, _, true, true, true) => {
+                    self.rows_lut8_g::<1, true, true, true, true>(lut, words, scales, sp, r0, y)
                 }
-                (2, _, true, true) => {
-                    self.rows_lut8_g::<2, true, true, true>(lut, words, scales, sp, r0, y)
+                (2, _, true, true, true) => {
+                    self.rows_lut8_g::<2, true, true, true, true>(lut, words, scales, sp, r0, y)
                 }
-                (3, _, true, true) => {
-                    self.rows_lut8_g::<3, true, true, true>(lut, words, scales, sp, r0, y)
+                (3, _, true, true, true) => {
+                    self.rows_lut8_g::<3, true, true, true, true>(lut, words, scales, sp, r0, y)
                 }
-                (_, _, true, true) => {
-                    self.rows_lut8_g::<4, true, true, true>(lut, words, scales, sp, r0, y)
+                (_, _, true, true, true) => {
+                    self.rows_lut8_g::<4, true, true, true, true>(lut, words, scales, sp, r0, y)
                 }
-                (1, _, true, _) => {
-                    self.rows_lut8_g::<1, true, true, false>(lut, words, scales, sp, r0, y)
+                (1, _, true, true, _) => {
+                    self.rows_lut8_g::<1, true, true, true, false>(lut, words, scales, sp, r0, y)
                 }
-                (2, _, true, _) => {
-                    self.rows_lut8_g::<2, true, true, false>(lut, words, scales, sp, r0, y)
+                (2, _, true, true, _) => {
+                    self.rows_lut8_g::<2, true, true, true, false>(lut, words, scales, sp, r0, y)
                 }
-                (3, _, true, _) => {
-                    self.rows_lut8_g::<3, true, true, false>(lut, words, scales, sp, r0, y)
+                (3, _, true, true, _) => {
+                    self.rows_lut8_g::<3, true, true, true, false>(lut, words, scales, sp, r0, y)
                 }
-                (_, _, true, _) => {
-                    self.rows_lut8_g::<4, true, true, false>(lut, words, scales, sp, r0, y)
+                (_, _, true, true, _) => {
+                    self.rows_lut8_g::<4, true, true, true, false>(lut, words, scales, sp, r0, y)
+                }
+                (1, _, true, _, _) => {
+                    self.rows_lut8_g::<1, true, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (2, _, true, _, _) => {
+                    self.rows_lut8_g::<2, true, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (3, _, true, _, _) => {
+                    self.rows_lut8_g::<3, true, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (_, _, true, _, _) => {
+                    self.rows_lut8_g::<4, true, true, false, false>(lut, words, scales, sp, r0, y)
                 }
                 (1, true, ..) => {
-                    self.rows_lut8_g::<1, true, false, false>(lut, words, scales, sp, r0, y)
+                    self.rows_lut8_g::<1, true, false, false, false>(lut, words, scales, sp, r0, y)
                 }
                 (1, false, ..) => {
-                    self.rows_lut8_g::<1, false, false, false>(lut, words, scales, sp, r0, y)
+                    self.rows_lut8_g::<1, false, false, false, false>(lut, words, scales, sp, r0, y)
                 }
                 (2, true, ..) => {
-                    self.rows_lut8_g::<2, true, false, false>(lut, words, scales, sp, r0, y)
+                    self.rows_lut8_g::<2, true, false, false, false>(lut, words, scales, sp, r0, y)
                 }
                 (2, false, ..) => {
-                    self.rows_lut8_g::<2, false, false, false>(lut, words, scales, sp, r0, y)
+                    self.rows_lut8_g::<2, false, false, false, false>(lut, words, scales, sp, r0, y)
                 }
                 (3, true, ..) => {
-                    self.rows_lut8_g::<3, true, false, false>(lut, words, scales, sp, r0, y)
+                    self.rows_lut8_g::<3, true, false, false, false>(lut, words, scales, sp, r0, y)
                 }
                 (3, false, ..) => {
-                    self.rows_lut8_g::<3, false, false, false>(lut, words, scales, sp, r0, y)
+                    self.rows_lut8_g::<3, false, false, false, false>(lut, words, scales, sp, r0, y)
                 }
                 (4, true, ..) => {
-                    self.rows_lut8_g::<4, true, false, false>(lut, words, scales, sp, r0, y)
+                    self.rows_lut8_g::<4, true, false, false, false>(lut, words, scales, sp, r0, y)
                 }
-                _ => self.rows_lut8_g::<4, false, false, false>(lut, words, scales, sp, r0, y),
+                _ => {
+                    self.rows_lut8_g::<4, false, false, false, false>(lut, words, scales, sp, r0, y)
+                }
             }
         }
     }
@@ -3147,7 +3206,13 @@ impl TrellisMatvec {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rows_lut8_g<const G: usize, const FULL: bool, const HASH: bool, const SBOX: bool>(
+    unsafe fn rows_lut8_g<
+        const G: usize,
+        const FULL: bool,
+        const HASH: bool,
+        const SBOX: bool,
+        const HALF: bool,
+    >(
         &self,
         lut: &LutPlan,
         words: &[u32],
@@ -3201,6 +3266,10 @@ impl TrellisMatvec {
             };
             // The unsigned code bytes of the windows `st`.
             let lookup = |st: __m512i| {
+                // A 7-bit index (the table's halves alike): `vpermt2b` reads only those bits.
+                if HALF {
+                    return _mm512_permutex2var_epi8(t0, st, t1);
+                }
                 let st = if FULL {
                     st
                 } else {
@@ -4053,6 +4122,7 @@ mod tests {
             (TrellisCode::Mad8H, 12, 32),
             (TrellisCode::Mad8S, 12, 64),
             (TrellisCode::Gauss8S, 12, 64),
+            (TrellisCode::Gauss7S, 12, 64),
         ] {
             let spec = TrellisSpec {
                 k: 3,
@@ -4350,7 +4420,7 @@ mod tests {
     /// The hashed codes' table index of an `l`-bit state.
     fn hashed_index(code: TrellisCode, l: u32, s: u32) -> u32 {
         match code {
-            TrellisCode::Mad8S | TrellisCode::Gauss8S => mad8s_index(l, s),
+            TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S => mad8s_index(l, s),
             _ => mad8h_index(l, s),
         }
     }
@@ -4500,50 +4570,65 @@ mod tests {
         }
     }
 
-    #[test]
-    fn gauss8s_code_is_its_stratified_table_at_the_sbox_index() {
-        // The table is its definition (GAUSS8_TABLE's doc): every int8 code is the rounded
-        // quantile (no value within 1e-4 of a rounding boundary, so the approximate quantile
-        // decides nothing), the divisor is 127 / (1.05 q_max).
-        let qmax = normal_quantile(255.5 / 256.0);
-        let mut pos = [0usize; 256];
+    /// A stratified Gaussian table is its definition ([`GAUSS8_TABLE`]'s doc, `n` entries,
+    /// values `mult` times the quantiles): every int8 code is the rounded quantile (none
+    /// within 1e-4 of a rounding boundary, so the approximate quantile decides nothing), the
+    /// divisor `127 / (mult q_max)`; and its set partition: any 2^j consecutive entries (mod
+    /// `n`) hold one quantile of each 2^j-th of the distribution (j = 2, 3, 4).
+    fn check_gauss_table(table: &[i8], scale: f32, mult: f64) {
+        let n = table.len();
+        let qmax = normal_quantile((n as f64 - 0.5) / n as f64);
+        let mut pos = vec![0usize; n];
         for (i, p) in pos.iter_mut().enumerate() {
             let r = i % 16;
             let class = 4 * (r % 4) + 2 * ((r / 4) % 2) + r / 8;
-            let mut peers: Vec<u32> = (0..256u32).filter(|j| *j as usize % 16 == r).collect();
+            let mut peers: Vec<u32> = (0..n as u32).filter(|j| *j as usize % 16 == r).collect();
             peers.sort_by_key(|&j| (mad_sum(j), j));
-            *p = 16 * class + peers.iter().position(|&j| j as usize == i).unwrap();
-            let v = 127.0 * normal_quantile((*p as f64 + 0.5) / 256.0) / qmax;
+            *p = n / 16 * class + peers.iter().position(|&j| j as usize == i).unwrap();
+            let v = 127.0 * normal_quantile((*p as f64 + 0.5) / n as f64) / qmax;
             assert!((v.abs().fract() - 0.5).abs() > 1e-4, "entry {i}: {v}");
-            assert_eq!(i32::from(GAUSS8_TABLE[i]), v.round() as i32, "entry {i}");
+            assert_eq!(i32::from(table[i]), v.round() as i32, "entry {i}");
         }
-        assert_eq!(GAUSS8_SCALE, (127.0 / (1.05 * qmax)) as f32);
-        // The positions are the 256 quantiles once each, the codes in their order.
-        let mut by_pos = [0i8; 256];
+        assert_eq!(scale, (127.0 / (mult * qmax)) as f32);
+        // The positions are the n quantiles once each, the codes in their order.
+        let mut by_pos = vec![0i8; n];
         for (i, &p) in pos.iter().enumerate() {
-            by_pos[p] = GAUSS8_TABLE[i];
+            by_pos[p] = table[i];
         }
         assert!(by_pos.windows(2).all(|w| w[0] <= w[1]));
-        // Its set partition: any 2^j consecutive entries (mod 256) hold one quantile of each
-        // 2^j-th of the distribution (j = 2, 3, 4), so where a state's 2^k successors read
-        // consecutive entries (the top byte holds none of the new bits: L >= 8 + k), their
-        // codes span the distribution; the code is the table at 1mad8s's index on every state.
-        for n in [4usize, 8, 16] {
-            for base in 0..256usize {
-                let mut parts: Vec<usize> =
-                    (0..n).map(|b| pos[(base + b) % 256] / (256 / n)).collect();
+        for m in [4usize, 8, 16] {
+            for base in 0..n {
+                let mut parts: Vec<usize> = (0..m).map(|b| pos[(base + b) % n] / (n / m)).collect();
                 parts.sort_unstable();
-                assert_eq!(parts, (0..n).collect::<Vec<_>>(), "{n} from {base}");
+                assert_eq!(parts, (0..m).collect::<Vec<_>>(), "{m} from {base}");
             }
         }
+    }
+
+    #[test]
+    fn gauss_codes_are_their_stratified_tables_at_the_sbox_index() {
+        check_gauss_table(&GAUSS8_TABLE, GAUSS8_SCALE, 1.05);
+        check_gauss_table(&GAUSS7_TABLE, GAUSS7_SCALE, 1.1);
+        // Where a state's 2^k successors read consecutive indices (the top byte holds none of
+        // the new bits: L >= 8 + k), their codes span the distribution (above); each code is
+        // its table at 1mad8s's index (gauss7s: its low 7 bits) on every state.
         for l in 9..=16u32 {
             for s in 0..1u32 << l {
-                let want = i32::from(GAUSS8_TABLE[mad8s_index(l, s) as usize]);
-                assert_eq!(TrellisCode::Gauss8S.int(l, s), want);
-                assert_eq!(
-                    TrellisCode::Gauss8S.value(l, s).to_bits(),
-                    (want as f32 / GAUSS8_SCALE).to_bits()
-                );
+                let i = mad8s_index(l, s);
+                for (code, want, div) in [
+                    (TrellisCode::Gauss8S, GAUSS8_TABLE[i as usize], GAUSS8_SCALE),
+                    (
+                        TrellisCode::Gauss7S,
+                        GAUSS7_TABLE[(i & 0x7F) as usize],
+                        GAUSS7_SCALE,
+                    ),
+                ] {
+                    assert_eq!(code.int(l, s), i32::from(want));
+                    assert_eq!(
+                        code.value(l, s).to_bits(),
+                        (f32::from(want) / div).to_bits()
+                    );
+                }
             }
             for k in 2..=4u32 {
                 if l < 8 + k {
@@ -4557,19 +4642,21 @@ mod tests {
                 }
             }
         }
-        assert_eq!(
-            TrellisCode::from_name("gauss8s"),
-            Some(TrellisCode::Gauss8S)
-        );
-        assert_eq!(TrellisCode::Gauss8S.name(), "gauss8s");
-        let spec = TrellisSpec {
-            k: 3,
-            l: 8,
-            block: 64,
-            code: TrellisCode::Gauss8S,
-        };
-        let e = spec.check().unwrap_err();
-        assert!(e.to_string().contains("gauss8s"), "{e}");
+        for (code, name) in [
+            (TrellisCode::Gauss8S, "gauss8s"),
+            (TrellisCode::Gauss7S, "gauss7s"),
+        ] {
+            assert_eq!(TrellisCode::from_name(name), Some(code));
+            assert_eq!(code.name(), name);
+            let spec = TrellisSpec {
+                k: 3,
+                l: 8,
+                block: 64,
+                code,
+            };
+            let e = spec.check().unwrap_err();
+            assert!(e.to_string().contains(name), "{e}");
+        }
     }
 
     #[test]
@@ -4582,9 +4669,14 @@ mod tests {
         let mut next = lcg_words(5);
         let mut plans = 0;
         // 1mad8h, 1mad8s (its top bytes through the S-box) and gauss8s (1mad8s's index).
-        for (code, k) in [TrellisCode::Mad8H, TrellisCode::Mad8S, TrellisCode::Gauss8S]
-            .into_iter()
-            .flat_map(|c| (2..=4u32).map(move |k| (c, k)))
+        for (code, k) in [
+            TrellisCode::Mad8H,
+            TrellisCode::Mad8S,
+            TrellisCode::Gauss8S,
+            TrellisCode::Gauss7S,
+        ]
+        .into_iter()
+        .flat_map(|c| (2..=4u32).map(move |k| (c, k)))
         {
             for l in 9..=16u32 {
                 for block in [32usize, 64, 96, 128, 192, 256] {
@@ -4605,6 +4697,7 @@ mod tests {
                     for i in 0..256u32 {
                         let c = match code {
                             TrellisCode::Gauss8S => i32::from(GAUSS8_TABLE[i as usize]),
+                            TrellisCode::Gauss7S => i32::from(GAUSS7_TABLE[(i & 0x7F) as usize]),
                             _ => TrellisCode::Mad8.int(8, i),
                         };
                         assert_eq!(i32::from(lut.w8[i as usize]), c + 128);
@@ -4643,7 +4736,7 @@ mod tests {
                 }
             }
         }
-        assert!(plans >= 3 * 3 * 8 * 3, "{plans} plans");
+        assert!(plans >= 4 * 3 * 8 * 3, "{plans} plans");
     }
 
     /// [`TrellisMatvec::rows_lut`]'s plain twin: each weight's code from its state, the same
@@ -4697,25 +4790,28 @@ mod tests {
         // the int8 kernel's 32-bit window (2048 weights). Random words: any stream is a path.
         let mut next = lcg_words(9);
         // 1mad8h and 1mad8s (the GFNI S-box on the top bytes).
-        for (code, (k, l, block, cols)) in
-            [TrellisCode::Mad8H, TrellisCode::Mad8S, TrellisCode::Gauss8S]
-                .into_iter()
-                .flat_map(|c| {
-                    [
-                        (3u32, 12u32, 64usize, 576usize),
-                        (3, 12, 32, 576),
-                        (3, 12, 64, 4224),
-                        (3, 9, 64, 192),
-                        (3, 16, 32, 640),
-                        (2, 12, 64, 256),
-                        (4, 13, 32, 128),
-                        (3, 14, 128, 384),
-                        (2, 12, 192, 384),
-                        (2, 12, 256, 512),
-                    ]
-                    .map(|shape| (c, shape))
-                })
-        {
+        for (code, (k, l, block, cols)) in [
+            TrellisCode::Mad8H,
+            TrellisCode::Mad8S,
+            TrellisCode::Gauss8S,
+            TrellisCode::Gauss7S,
+        ]
+        .into_iter()
+        .flat_map(|c| {
+            [
+                (3u32, 12u32, 64usize, 576usize),
+                (3, 12, 32, 576),
+                (3, 12, 64, 4224),
+                (3, 9, 64, 192),
+                (3, 16, 32, 640),
+                (2, 12, 64, 256),
+                (4, 13, 32, 128),
+                (3, 14, 128, 384),
+                (2, 12, 192, 384),
+                (2, 12, 256, 512),
+            ]
+            .map(|shape| (c, shape))
+        }) {
             let spec = TrellisSpec { k, l, block, code };
             let rows = 7;
             let words: Vec<u32> = (0..rows * cols * k as usize / 32).map(|_| next()).collect();
@@ -5183,6 +5279,7 @@ mod tests {
             (TrellisCode::Mad8H, 12),
             (TrellisCode::Mad8S, 12),
             (TrellisCode::Gauss8S, 12),
+            (TrellisCode::Gauss7S, 12),
         ] {
             let spec = TrellisSpec {
                 k: 3,
