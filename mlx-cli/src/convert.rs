@@ -42,8 +42,15 @@ pub struct ConvertArgs {
     /// `--q-mode trellis`: the code the states decode to: `1mad` (QTIP's), `1mad8` (1MAD
     /// rounded to int8, for the CPU decoder's int8 kernel: needs `--q-trellis-l` 8 or less) or
     /// `1mad8h` (1mad8's 256 codes indexed by the state's top byte plus its bottom byte:
-    /// `--q-trellis-l` 9 to 16).
-    #[arg(long, default_value = "1mad", value_parser = ["1mad", "1mad8", "1mad8h"])]
+    /// `--q-trellis-l` 9 to 16) or `1mad8s` (as 1mad8h, the top byte through the AES S-box) or
+    /// `gauss8s` (1mad8s's index into a stratified 256-entry Gaussian table, L 9 to 16) or
+    /// `gauss7s` (its 128-entry twin: the CPU decoder's int8 kernel takes one lookup a 64
+    /// weights fewer).
+    #[arg(
+        long,
+        default_value = "1mad",
+        value_parser = ["1mad", "1mad8", "1mad8h", "1mad8s", "gauss8s", "gauss7s"]
+    )]
     pub q_trellis_code: String,
     /// `--q-mode trellis`: a `.safetensors` file of `<linear path>.hessian` (each linear's
     /// input second moment on calibration text, `xtask/quant/trellis_hessians.py`): those

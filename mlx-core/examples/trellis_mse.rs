@@ -3,6 +3,9 @@
 //! and on real matrices:
 //! `cargo run --release -p mlx-core --example trellis_mse -- [--l L,...] [--block B]
 //! [--threads N] [FILE.safetensors TENSOR ...]`.
+//! `TRELLIS_MSE_CODE=1mad8h` (or another config name) codes the trellis rows with that code;
+//! `--bits 3` (or `2,4`...) limits the bit widths; `TRELLIS_MSE_ROWS=1024` and
+//! `TRELLIS_MSE_GSEED=6` set the Gaussian matrix's rows (64) and seed (5).
 //! `--hessians FILE` (written by `results/quant/hessians.py`: `<path>.weight` and
 //! `<path>.hessian` pairs) reports instead, for each pair, the weight error and the output
 //! error `tr(dW H dW^T) / tr(W H W^T)` of affine, trellis and trellis with LDLQ.
@@ -13,6 +16,8 @@ use mlx_core::cpu::trellis::{
 };
 use mlx_core::prelude::*;
 use mlx_core::quantized::{dequantize, quantize as mlx_quantize, QuantMode};
+
+static BITS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
 
 fn gauss(n: usize, seed: u64) -> Vec<f32> {
     let mut z = seed;
@@ -29,6 +34,14 @@ fn gauss(n: usize, seed: u64) -> Vec<f32> {
             ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
         })
         .collect()
+}
+
+/// The code of the environment's `TRELLIS_MSE_CODE` (a config name), `1mad` by default.
+fn code_arg() -> mlx_core::cpu::trellis::TrellisCode {
+    std::env::var("TRELLIS_MSE_CODE")
+        .ok()
+        .map(|c| mlx_core::cpu::trellis::TrellisCode::from_name(&c).expect("TRELLIS_MSE_CODE"))
+        .unwrap_or_default()
 }
 
 fn rel_mse(a: &[f32], b: &[f32]) -> f64 {
@@ -69,7 +82,7 @@ fn trellis(w: &[f32], rows: usize, cols: usize, spec: &TrellisSpec, threads: usi
 }
 
 fn report(name: &str, w: &[f32], rows: usize, cols: usize, ls: &[u32], block: usize, th: usize) {
-    for k in [2u32, 3, 4] {
+    for &k in BITS.get().map(|b| b.as_slice()).unwrap_or(&[2u32, 3, 4]) {
         let aff = rel_mse(w, &affine(w, rows, cols, k as i32));
         let mut line = format!("{name} ({rows}x{cols}) {k} bits: affine g64 {aff:.5}");
         for &l in ls {
@@ -77,7 +90,7 @@ fn report(name: &str, w: &[f32], rows: usize, cols: usize, ls: &[u32], block: us
                 k,
                 l,
                 block,
-                code: mlx_core::cpu::trellis::TrellisCode::Mad,
+                code: code_arg(),
             };
             let t = std::time::Instant::now();
             let e = trellis(w, rows, cols, &spec, th);
@@ -120,7 +133,7 @@ fn hessians(file: &str, ls: &[u32], block: usize, threads: usize) {
         let w = wa.to_vec::<f32>().expect("weight");
         let h = arrays[hn.as_str()].to_vec::<f32>().expect("hessian");
         let diff = |q: &[f32]| -> Vec<f32> { q.iter().zip(&w).map(|(a, b)| a - b).collect() };
-        for k in [2u32, 3, 4] {
+        for &k in BITS.get().map(|b| b.as_slice()).unwrap_or(&[2u32, 3, 4]) {
             let aq = affine(&w, rows, cols, k as i32);
             let mut line = format!(
                 "{path} ({rows}x{cols}) {k} bits: affine g64 {:.5}/{:.5}",
@@ -132,7 +145,7 @@ fn hessians(file: &str, ls: &[u32], block: usize, threads: usize) {
                     k,
                     l,
                     block,
-                    code: mlx_core::cpu::trellis::TrellisCode::Mad,
+                    code: code_arg(),
                 };
                 let seed = 17;
                 let (su, sv) = layer_signs(seed, rows, cols);
@@ -196,6 +209,15 @@ fn main() {
                     .map(|s| s.parse().expect("L"))
                     .collect()
             }
+            "--bits" => BITS
+                .set(
+                    args.next()
+                        .expect("--bits K,...")
+                        .split(',')
+                        .map(|s| s.parse().expect("K"))
+                        .collect(),
+                )
+                .expect("once"),
             "--block" => block = args.next().expect("--block B").parse().expect("B"),
             "--threads" => threads = args.next().expect("--threads N").parse().expect("N"),
             "--hessians" => {
@@ -205,10 +227,18 @@ fn main() {
             _ => rest.push(a),
         }
     }
-    let (rows, cols) = (64, 1024);
+    let rows: usize = std::env::var("TRELLIS_MSE_ROWS")
+        .map(|r| r.parse().expect("rows"))
+        .unwrap_or(64);
+    let cols = 1024;
     report(
         "gaussian",
-        &gauss(rows * cols, 5),
+        &gauss(
+            rows * cols,
+            std::env::var("TRELLIS_MSE_GSEED")
+                .map(|r| r.parse().expect("seed"))
+                .unwrap_or(5),
+        ),
         rows,
         cols,
         &ls,

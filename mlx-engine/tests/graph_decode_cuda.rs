@@ -87,6 +87,10 @@ fn graph_decoder_follows_the_mlx_forward() {
             TrellisCode::Mad => format!("trellis3_b{block}"),
             TrellisCode::Mad8 => format!("trellis3_1mad8_b{block}"),
             TrellisCode::Mad8H => format!("trellis3_1mad8h_b{block}"),
+            // No CUDA path (`TrellisPlanError::Code`): not in the list above.
+            TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S => {
+                unreachable!("{code:?} has no CUDA path")
+            }
         };
         let dst = tmp.join(&name);
         convert_trellis(&root.join("dense_bf16_untied"), &dst, block, code);

@@ -118,6 +118,10 @@ pub fn l_arg(spec: &TrellisSpec) -> i64 {
         TrellisCode::Mad => 0,
         TrellisCode::Mad8 => 1,
         TrellisCode::Mad8H => 2,
+        // No CUDA path: `TrellisPlan::new` refuses them (`TrellisPlanError::Code`).
+        TrellisCode::Mad8S => 3,
+        TrellisCode::Gauss8S => 4,
+        TrellisCode::Gauss7S => 5,
     };
     i64::from(spec.l) | code << CODE_SHIFT
 }
@@ -130,6 +134,7 @@ pub fn uses_lut(spec: &TrellisSpec) -> bool {
         TrellisCode::Mad => return false,
         TrellisCode::Mad8 => 8,
         TrellisCode::Mad8H => 12,
+        TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S => return false,
     };
     spec.l == l && matches!(spec.block, 32 | 64)
 }
@@ -145,7 +150,11 @@ pub const DEFAULT_SMS: u32 = 132;
 pub fn is_fast(spec: &TrellisSpec) -> bool {
     match spec.code {
         TrellisCode::Mad => matches!((spec.block, spec.l), (32, 8) | (64, 12)),
-        TrellisCode::Mad8 | TrellisCode::Mad8H => uses_lut(spec),
+        TrellisCode::Mad8
+        | TrellisCode::Mad8H
+        | TrellisCode::Mad8S
+        | TrellisCode::Gauss8S
+        | TrellisCode::Gauss7S => uses_lut(spec),
     }
 }
 
@@ -212,6 +221,8 @@ pub enum TrellisPlanError {
     Size { rows: usize, cols: usize },
     /// The padded float32 input does not fit `trellis_matvec`'s shared memory.
     SharedMemory { cols: usize, bytes: usize },
+    /// A code the CUDA kernels do not decode (`1mad8s`, `gauss8s`, `gauss7s`).
+    Code(TrellisCode),
 }
 
 impl std::fmt::Display for TrellisPlanError {
@@ -225,6 +236,12 @@ impl std::fmt::Display for TrellisPlanError {
                 f,
                 "a trellis matrix of {cols} inputs: its input takes {bytes} bytes of shared \
                  memory, more than {TRELLIS_MAX_SHARED}"
+            ),
+            TrellisPlanError::Code(c) => write!(
+                f,
+                "trellis_code {} has no CUDA path (use --decoder cpu or mlx, or convert with \
+                 1mad, 1mad8 or 1mad8h)",
+                c.name()
             ),
         }
     }
@@ -250,6 +267,12 @@ impl TrellisPlan {
     ) -> std::result::Result<TrellisPlan, TrellisPlanError> {
         spec.check_shape(rows, cols)
             .map_err(TrellisPlanError::Shape)?;
+        if matches!(
+            spec.code,
+            TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S
+        ) {
+            return Err(TrellisPlanError::Code(spec.code));
+        }
         if rows >= 1 << 31 || cols >= 1 << 31 {
             return Err(TrellisPlanError::Size { rows, cols });
         }
@@ -768,6 +791,26 @@ mod tests {
             TrellisPlan::new(&m8h(3, 8, 64), 64, 256, DEFAULT_SMS),
             Err(TrellisPlanError::Shape(_))
         ));
+    }
+
+    #[test]
+    fn mad8s_has_no_cuda_plan() {
+        // 1mad8s (the S-box hash), gauss8s and gauss7s (its index) have no CUDA path: the plan refuses
+        // them, naming the code.
+        for (code, name) in [
+            (TrellisCode::Mad8S, "1mad8s"),
+            (TrellisCode::Gauss8S, "gauss8s"),
+            (TrellisCode::Gauss7S, "gauss7s"),
+        ] {
+            let s = TrellisSpec {
+                code,
+                ..spec(3, 12, 64)
+            };
+            let e = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS).unwrap_err();
+            assert_eq!(e, TrellisPlanError::Code(code));
+            assert!(e.to_string().contains(name), "{e}");
+            assert!(!uses_lut(&s) && !is_fast(&s));
+        }
     }
 
     fn define(name: &str) -> i64 {

@@ -69,7 +69,9 @@ pub struct TrellisParams {
     pub seed: u64,
     /// `trellis_code`: the code the states decode to, `"1mad"` (the default, not written)
     /// `"1mad8"` (1MAD rounded to int8: the CPU decoder's int8 kernel, `L` 8 or less) or
-    /// `"1mad8h"` (1mad8's table indexed by a hash of an `L`-bit state, `L` 9..=16).
+    /// `"1mad8h"` (1mad8's table indexed by a hash of an `L`-bit state, `L` 9..=16) or
+    /// `"1mad8s"` (as 1mad8h with the AES S-box of the top byte) or `"gauss8s"` / `"gauss7s"`
+    /// (1mad8s's index into a stratified Gaussian table of 256 / 128 entries).
     #[serde(
         skip_serializing_if = "is_default_code",
         serialize_with = "serialize_code"
@@ -297,8 +299,8 @@ impl QuantParams {
                     .and_then(mlx_core::cpu::trellis::TrellisCode::from_name)
                     .ok_or_else(|| {
                         ModelError::Config(format!(
-                            "quantization{ctx}: `trellis_code` must be \"1mad\", \"1mad8\" or \
-                             \"1mad8h\", got {x}"
+                            "quantization{ctx}: `trellis_code` must be \"1mad\", \"1mad8\", \
+                             \"1mad8h\", \"1mad8s\", \"gauss8s\" or \"gauss7s\", got {x}"
                         ))
                     })?,
             };

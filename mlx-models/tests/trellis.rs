@@ -116,6 +116,39 @@ fn the_int8_code_loads_and_decodes_bit_for_bit() {
     assert!(errors[1] <= errors[0] * 1.01, "{errors:?}");
 }
 
+/// The hashed codes (`"1mad8h"`, `"1mad8s"`, `"gauss8s"`, `"gauss7s"`, L 12): parsed from the config, the plain-ops
+/// decode (the MLX path's take on the state table) bit-equal to the CPU kernel's.
+#[test]
+fn the_hashed_codes_load_and_decode_bit_for_bit() {
+    for (name, code) in [
+        ("1mad8h", mlx_core::cpu::trellis::TrellisCode::Mad8H),
+        ("1mad8s", mlx_core::cpu::trellis::TrellisCode::Mad8S),
+        ("gauss8s", mlx_core::cpu::trellis::TrellisCode::Gauss8S),
+        ("gauss7s", mlx_core::cpu::trellis::TrellisCode::Gauss7S),
+    ] {
+        let cfg = ModelConfig::from_json_str(&format!(
+            r#"{{"model_type": "llama", "quantization": {{"group_size": 64, "bits": 3,
+                "mode": "trellis", "trellis_l": 12, "seed": 42, "trellis_code": "{name}"}}}}"#
+        ))
+        .unwrap();
+        let q = cfg.quantization.unwrap().default;
+        let t = q.trellis.unwrap();
+        assert_eq!(t.trellis_code, code);
+        let w = seeded(&[48, 128], 5);
+        let (mut q, mut t) = params(3, 64, 12);
+        t.trellis_code = code;
+        q.trellis = Some(t);
+        let (words, scales) = quantize_trellis(&w, "m.up", &q, &t, 2, None).unwrap();
+        let tw = TrellisWeight::new(words, scales, q.trellis_spec(&t), t, "m.up", 48, 128).unwrap();
+        let r = to_vec(&tw.decode_reference().unwrap());
+        let k = to_vec(&tw.decode_kernel().unwrap());
+        assert!(
+            r.iter().zip(&k).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}"
+        );
+    }
+}
+
 #[test]
 fn the_product_is_the_dequantized_matrix_and_the_error_falls_with_bits() {
     let w = seeded(&[96, 192], 7);

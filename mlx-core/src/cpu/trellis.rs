@@ -54,6 +54,117 @@ pub enum TrellisCode {
     /// 256-entry table: the CPU decoder's int8 kernel looks it up like 1mad8's, from two
     /// 8-bit windows and a byte add.
     Mad8H,
+    /// 1mad8 of an S-box-hashed 8-bit index (config name `1mad8s`, `L` 9..=16): the AES
+    /// S-box of the state's top byte plus its bottom byte, mod 256 ([`mad8s_index`]). The
+    /// nonlinear byte map keeps the index sequence along a path from being a shift register
+    /// of its own (1mad8h's sum is linear mod 256). The CPU decoder's table kernels apply
+    /// the S-box to the top-byte windows with one GFNI `vgf2p8affineinvqb`.
+    Mad8S,
+    /// A stratified 256-entry Gaussian table at 1mad8s's index (config name `gauss8s`, `L`
+    /// 9..=16): [`GAUSS8_TABLE`] at [`mad8s_index`], over [`GAUSS8_SCALE`]. The index's
+    /// successors of a state are 8 (at 3 bits) consecutive entries mod 256, and the table puts
+    /// one quantile of each eighth of the Gaussian in any 8 consecutive entries (of each
+    /// quarter in any 4, of each sixteenth in any 16): every state's branches span the
+    /// distribution, as in trellis-coded quantization's set partitioning. The same kernels
+    /// (and cost) as 1mad8s; only the table differs.
+    Gauss8S,
+    /// gauss8s's design with 128 entries (config name `gauss7s`, `L` 9..=16): [`GAUSS7_TABLE`]
+    /// at the low 7 bits of [`mad8s_index`], over [`GAUSS7_SCALE`]. The int8 kernel looks a
+    /// 7-bit index up with one `vpermt2b` (which reads only those bits) where a 256-entry
+    /// table takes two, a mask and a blend; the other table kernels read the 128 entries
+    /// twice over as a 256-entry table.
+    Gauss7S,
+}
+
+/// [`TrellisCode::Gauss8S`]'s int8 codes, from their definition
+/// (`results/quant/2026-12-06-s34-trelidx/gauss8s_table.py`, tested): entry `i` takes the
+/// Gaussian quantile `q(i) = Phi^-1((p(i) + 0.5) / 256)` of position `p(i) = 16 class(i) +
+/// rank(i)`, where with `r = i % 16`, `class(i) = 4 (r % 4) + 2 ((r / 4) % 2) + r / 8` and
+/// `rank(i)` is the rank of entry `i`'s 1MAD byte sum among the 16 entries `j = i (mod 16)`
+/// (ties: the smaller `j` first); the code is `round(127 q(i) / q_max)`, half away from zero,
+/// `q_max = Phi^-1(255.5 / 256)`.
+pub const GAUSS8_TABLE: [i8; 256] = [
+    -103, -27, 3, 34, -43, -12, 16, 59, -65, -16, 10, 43, -33, -6, 29, 70, -127, -28, 0, 33, -45,
+    -13, 15, 51, -67, -17, 8, 41, -38, -6, 27, 77, -81, -24, 2, 32, -46, -9, 20, 55, -59, -18, 12,
+    48, -34, -3, 27, 111, -70, -25, 1, 31, -48, -10, 15, 52, -61, -21, 11, 46, -36, -4, 22, 97,
+    -73, -26, 4, 31, -41, -8, 17, 62, -62, -19, 13, 45, -31, -1, 25, 127, -75, -22, 7, 36, -41,
+    -12, 17, 60, -64, -20, 13, 44, -32, -5, 24, 86, -77, -23, 2, 34, -43, -8, 21, 65, -56, -16, 9,
+    50, -31, -2, 28, 81, -68, -22, 6, 39, -39, -7, 21, 57, -57, -17, 8, 49, -39, -7, 23, 68, -83,
+    -29, 1, 32, -50, -14, 19, 54, -60, -21, 8, 47, -35, -3, 23, 73, -89, -25, 5, 37, -49, -11, 18,
+    64, -54, -19, 7, 39, -37, -4, 22, 71, -93, -27, 3, 30, -49, -11, 14, 61, -63, -20, 11, 40, -32,
+    -2, 25, 89, -97, -23, 6, 35, -42, -12, 17, 67, -55, -15, 10, 43, -30, -5, 24, 83, -111, -28, 2,
+    33, -44, -13, 16, 57, -57, -17, 9, 42, -33, -2, 28, 79, -79, -24, 5, 38, -46, -9, 20, 56, -52,
+    -14, 12, 49, -34, 0, 29, 75, -86, -29, 5, 37, -47, -10, 19, 53, -53, -18, 12, 46, -36, -1, 26,
+    103, -71, -26, 4, 36, -40, -8, 18, 63, -51, -15, 14, 41, -37, -5, 26, 93,
+];
+
+/// [`TrellisCode::Gauss7S`]'s int8 codes: [`GAUSS8_TABLE`]'s definition with 128 entries
+/// (`results/quant/2026-12-06-s34-trelidx/gauss8s_table.py 128`, tested): entry `i` takes
+/// `q(i) = Phi^-1((p(i) + 0.5) / 128)`, `p(i) = 8 class(i) + rank(i)` (`rank(i)` among the 8
+/// entries `j = i (mod 16)` of 128), the code `round(127 q(i) / q_max)`, `q_max =
+/// Phi^-1(127.5 / 128)`.
+pub const GAUSS7_TABLE: [i8; 128] = [
+    -108, -30, 4, 39, -47, -14, 18, 64, -69, -16, 11, 44, -36, -5, 32, 78, -127, -32, 0, 36, -51,
+    -15, 17, 56, -72, -18, 9, 43, -40, -6, 29, 82, -99, -27, 2, 35, -52, -11, 21, 60, -60, -20, 13,
+    51, -38, -2, 28, 108, -78, -28, 1, 34, -54, -12, 16, 58, -62, -23, 12, 49, -39, -3, 24, 99,
+    -82, -29, 5, 33, -44, -9, 20, 69, -64, -21, 15, 47, -34, 0, 27, 127, -86, -25, 7, 40, -46, -13,
+    19, 66, -66, -22, 14, 46, -35, -4, 26, 92, -92, -26, 3, 38, -49, -10, 22, 72, -56, -17, 10, 54,
+    -33, -1, 30, 86, -75, -24, 6, 42, -43, -8, 23, 62, -58, -19, 8, 52, -42, -7, 25, 75,
+];
+
+/// [`TrellisCode::Gauss7S`]'s divisor: `127 / (1.1 q_max)` (the values are 1.1 times the
+/// quantiles, the best scale of the Gaussian MSE screen at 3 bits).
+pub const GAUSS7_SCALE: f32 = 43.402_864;
+
+/// [`TrellisCode::Gauss8S`]'s divisor: `127 / (1.05 q_max)` (the values are 1.05 times the
+/// quantiles, the best scale of the Gaussian MSE screen at 3 bits).
+pub const GAUSS8_SCALE: f32 = 41.915_344;
+
+/// The AES S-box ([`TrellisCode::Mad8S`]'s byte map): the inverse in GF(2^8) mod
+/// `x^8 + x^4 + x^3 + x + 1` (0 to 0), then the AES affine map plus `0x63`.
+pub const SBOX: [u8; 256] = sbox_table();
+
+const fn gf_mul(mut a: u8, mut b: u8) -> u8 {
+    let mut p = 0u8;
+    while b != 0 {
+        if b & 1 != 0 {
+            p ^= a;
+        }
+        let hi = a & 0x80;
+        a <<= 1;
+        if hi != 0 {
+            a ^= 0x1B;
+        }
+        b >>= 1;
+    }
+    p
+}
+
+const fn sbox_table() -> [u8; 256] {
+    let mut t = [0u8; 256];
+    let mut x = 0usize;
+    while x < 256 {
+        // The inverse by search (`x * y == 1`), 0 for 0.
+        let mut inv = 0u8;
+        let mut y = 1usize;
+        while x != 0 && y < 256 {
+            if gf_mul(x as u8, y as u8) == 1 {
+                inv = y as u8;
+            }
+            y += 1;
+        }
+        let b = inv;
+        t[x] = b ^ b.rotate_left(1) ^ b.rotate_left(2) ^ b.rotate_left(3) ^ b.rotate_left(4) ^ 0x63;
+        x += 1;
+    }
+    t
+}
+
+/// [`TrellisCode::Mad8S`]'s table index of an `l`-bit state: the [`SBOX`] of its top 8 bits
+/// plus its low 8 bits, mod 256 (`l` in 9..=16).
+#[inline(always)]
+pub fn mad8s_index(l: u32, state: u32) -> u32 {
+    (u32::from(SBOX[((state >> (l - 8)) & 0xFF) as usize]) + state) & 0xFF
 }
 
 /// [`TrellisCode::Mad8H`]'s table index of an `l`-bit state: its top 8 bits plus its low 8
@@ -71,6 +182,9 @@ impl TrellisCode {
             TrellisCode::Mad => "1mad",
             TrellisCode::Mad8 => "1mad8",
             TrellisCode::Mad8H => "1mad8h",
+            TrellisCode::Mad8S => "1mad8s",
+            TrellisCode::Gauss8S => "gauss8s",
+            TrellisCode::Gauss7S => "gauss7s",
         }
     }
 
@@ -80,6 +194,9 @@ impl TrellisCode {
             "1mad" => Some(TrellisCode::Mad),
             "1mad8" => Some(TrellisCode::Mad8),
             "1mad8h" => Some(TrellisCode::Mad8H),
+            "1mad8s" => Some(TrellisCode::Mad8S),
+            "gauss8s" => Some(TrellisCode::Gauss8S),
+            "gauss7s" => Some(TrellisCode::Gauss7S),
             _ => None,
         }
     }
@@ -91,6 +208,20 @@ impl TrellisCode {
             TrellisCode::Mad => mad_sum(state) - 510,
             TrellisCode::Mad8 => mad8_int(state),
             TrellisCode::Mad8H => mad8_int(mad8h_index(l, state)),
+            TrellisCode::Mad8S => mad8_int(mad8s_index(l, state)),
+            TrellisCode::Gauss8S => i32::from(GAUSS8_TABLE[mad8s_index(l, state) as usize]),
+            TrellisCode::Gauss7S => {
+                i32::from(GAUSS7_TABLE[(mad8s_index(l, state) & 0x7F) as usize])
+            }
+        }
+    }
+
+    /// The integer code of a hashed code's 8-bit table index (its table kernels' entry).
+    fn table_int(self, index: u32) -> i32 {
+        match self {
+            TrellisCode::Gauss8S => i32::from(GAUSS8_TABLE[(index & 0xFF) as usize]),
+            TrellisCode::Gauss7S => i32::from(GAUSS7_TABLE[(index & 0x7F) as usize]),
+            _ => mad8_int(index),
         }
     }
 
@@ -98,7 +229,9 @@ impl TrellisCode {
     pub fn divisor(self) -> f32 {
         match self {
             TrellisCode::Mad => MAD_SCALE,
-            TrellisCode::Mad8 | TrellisCode::Mad8H => MAD8_SCALE,
+            TrellisCode::Mad8 | TrellisCode::Mad8H | TrellisCode::Mad8S => MAD8_SCALE,
+            TrellisCode::Gauss8S => GAUSS8_SCALE,
+            TrellisCode::Gauss7S => GAUSS7_SCALE,
         }
     }
 
@@ -142,6 +275,24 @@ pub struct TrellisSpec {
 }
 
 impl TrellisSpec {
+    /// Whether the code hashes an `L`-bit state (`L` 9..=16) into an 8-bit table:
+    /// [`TrellisCode::Mad8H`], [`TrellisCode::Mad8S`], [`TrellisCode::Gauss8S`] and
+    /// [`TrellisCode::Gauss7S`].
+    pub fn hashed(&self) -> bool {
+        matches!(
+            self.code,
+            TrellisCode::Mad8H | TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S
+        )
+    }
+
+    /// Whether the hashed index puts the top byte through the AES S-box ([`mad8s_index`]).
+    fn sboxed(&self) -> bool {
+        matches!(
+            self.code,
+            TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S
+        )
+    }
+
     /// Checks the shape: `k` in 2..=4, `l` in `k + 1..=16`, a block whose bit count is a
     /// whole number of words and at least `l` bits.
     pub fn check(&self) -> Result<(), TrellisError> {
@@ -176,8 +327,9 @@ impl TrellisSpec {
             });
         }
         // 1mad8h's likewise (`L` 9..=16, the same blocks as 1mad8's).
-        if self.code == TrellisCode::Mad8H && (self.l < 9 || self.lut_span().is_none()) {
+        if self.hashed() && (self.l < 9 || self.lut_span().is_none()) {
             return Err(TrellisError::Mad8HShape {
+                code: self.code.name(),
                 l: self.l,
                 block: self.block,
                 k: self.k,
@@ -197,7 +349,7 @@ impl TrellisSpec {
     /// the other) of at most 16 words.
     fn lut_span(&self) -> Option<usize> {
         let span = self.block.max(64);
-        let fits = (self.l <= 8 || self.code == TrellisCode::Mad8H)
+        let fits = (self.l <= 8 || self.hashed())
             && span % self.block == 0
             && span % 64 == 0
             && span / self.block * self.block_words() <= 16;
@@ -215,7 +367,7 @@ impl TrellisSpec {
                 block: self.block,
             });
         }
-        if matches!(self.code, TrellisCode::Mad8 | TrellisCode::Mad8H) {
+        if self.code == TrellisCode::Mad8 || self.hashed() {
             if let Some(span) = self.lut_span() {
                 if cols % span != 0 {
                     return Err(TrellisError::TableCols {
@@ -260,11 +412,16 @@ pub enum TrellisError {
     Mad8Shape { l: u32, block: usize, k: u32 },
     /// The `1mad8h` code with fewer than 9 state bits, or outside its kernel's blocks.
     #[error(
-        "trellis_code 1mad8h needs trellis_l in 9..=16 (it hashes the state's top and bottom \
+        "trellis_code {code} needs trellis_l in 9..=16 (it hashes the state's top and bottom \
          bytes) and a block of 32 or a multiple of 64 of at most 512 bits, got L {l} and a \
          block of {block} at {k} bits (use trellis_code 1mad8 at L 8 or less, or 1mad)"
     )]
-    Mad8HShape { l: u32, block: usize, k: u32 },
+    Mad8HShape {
+        code: &'static str,
+        l: u32,
+        block: usize,
+        k: u32,
+    },
     /// A table code's matrix whose rows are not whole steps of its kernels.
     #[error(
         "trellis_code {code} reads rows {span} weights at a time: a row of {cols} weights is not \
@@ -1631,6 +1788,11 @@ struct LutPlan {
     /// [`TrellisCode::Mad8H`]: the offsets of each weight's top byte (the `L`-bit window's
     /// first 8 bits), in `ctrl`'s order; empty for the other codes.
     ctrl_top: Vec<u8>,
+    /// [`TrellisCode::Mad8S`]: the top bytes go through the AES S-box (GFNI) before the add.
+    sbox: bool,
+    /// [`TrellisCode::Gauss7S`]: the tables' top halves repeat their bottom halves (a 7-bit
+    /// index), so the int8 kernel looks up with one `vpermt2b`.
+    half: bool,
     lo: [u8; 256],
     hi: [u8; 256],
     /// [`TrellisCode::Mad8`]'s codes plus 128 (the int8 kernel's unsigned operand).
@@ -1693,7 +1855,7 @@ impl PairPlan {
                         return None;
                     }
                     plan.ctrl[h][8 * q + j] = (64 - p - l) as u8;
-                    if spec.code == TrellisCode::Mad8H {
+                    if spec.hashed() {
                         plan.ctrl_top[h][8 * q + j] = (64 - p - 8) as u8;
                     }
                     plan.order[64 * h + 8 * q + j] = (16 * q + 8 * h + j) as u8;
@@ -2093,7 +2255,7 @@ impl LutPlan {
         let span = spec.lut_span().filter(|span| cols % span == 0)?;
         let span_words = span / spec.block * bw;
         let bits = spec.block * spec.k as usize;
-        let hash = spec.code == TrellisCode::Mad8H;
+        let hash = spec.hashed();
         let (mut idx, mut ctrl, mut ctrl_top) = (Vec::new(), Vec::new(), Vec::new());
         for u in 0..span / 8 {
             // The 8 weights lie in one block (a block is a multiple of 32 weights here);
@@ -2125,7 +2287,7 @@ impl LutPlan {
         let entries = if hash { 256 } else { 1u32 << l };
         for st in 0..entries {
             let c = if hash {
-                TrellisCode::Mad8.int(8, st)
+                spec.code.table_int(st)
             } else {
                 spec.code.int(spec.l, st)
             };
@@ -2141,10 +2303,12 @@ impl LutPlan {
             idx,
             ctrl,
             ctrl_top,
+            sbox: spec.sboxed(),
+            half: spec.code == TrellisCode::Gauss7S,
             lo,
             hi,
             w8,
-            pair: if matches!(spec.code, TrellisCode::Mad8 | TrellisCode::Mad8H) {
+            pair: if matches!(spec.code, TrellisCode::Mad8) || hash {
                 PairPlan::new(spec, span, span_words)
             } else {
                 None
@@ -2160,7 +2324,10 @@ const PROMPT_INPUTS: usize = 4;
 pub fn lut_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        simd_available() && std::arch::is_x86_feature_detected!("avx512vbmi")
+        // GFNI: 1mad8s's S-box (every CPU with VBMI but Cannon Lake has it).
+        simd_available()
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+            && std::arch::is_x86_feature_detected!("gfni")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -2173,6 +2340,24 @@ pub fn lut_available() -> bool {
 /// weights' (`4d + 1`, `4d + 3`) (one `vpermd`, one `vpmultishiftqb`, four `vpermt2b` and two
 /// blends, then shifts and bitwise selects). Expanded inside the `unsafe`, AVX-512 VBMI
 /// bodies of [`TrellisMatvec`]'s table kernels.
+/// The AES S-box of every byte of `$v` where `$sbox` ([`TrellisCode::Mad8S`]'s top bytes):
+/// one GFNI `vgf2p8affineinvqb` (the inverse in GF(2^8), then the affine map and `0x63`), as
+/// [`SBOX`] (tested); `$v` itself otherwise. Expanded inside the `unsafe` table kernels.
+#[cfg(target_arch = "x86_64")]
+macro_rules! sbox_bytes {
+    ($sbox:expr, $v:expr) => {{
+        let v = $v;
+        if $sbox {
+            _mm512_gf2p8affineinv_epi64_epi8::<0x63>(
+                v,
+                _mm512_set1_epi64(0xF1E3_C78F_1F3E_7CF8_u64 as i64),
+            )
+        } else {
+            v
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 macro_rules! lut_words {
     ($lut:expr, $g:expr, $wv:expr, $full:expr, $hash:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
@@ -2184,7 +2369,10 @@ macro_rules! lut_words {
         // 1mad8h: the index is the bottom byte plus the top byte.
         let st = if $hash {
             let top = _mm512_loadu_si512($lut.ctrl_top.as_ptr().add(64 * $g) as *const _);
-            _mm512_add_epi8(st, _mm512_multishift_epi64_epi8(top, data))
+            _mm512_add_epi8(
+                st,
+                sbox_bytes!($lut.sbox, _mm512_multishift_epi64_epi8(top, data)),
+            )
         } else {
             st
         };
@@ -2464,7 +2652,7 @@ impl TrellisMatvec {
             *out = None;
             return;
         }
-        if int16 && matches!(self.spec.code, TrellisCode::Mad8 | TrellisCode::Mad8H) {
+        if int16 && (self.spec.code == TrellisCode::Mad8 || self.spec.hashed()) {
             let pair = self.lut.as_ref().and_then(|l| l.pair.as_ref());
             match out {
                 Some(Prepared::S8(sp)) => {
@@ -2627,7 +2815,7 @@ impl TrellisMatvec {
     /// lanes by shifts and bitwise selects (no shuffle), then four conversions and FMAs against
     /// the input permuted to that order ([`lut_order`]).
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,gfni")]
     unsafe fn rows_lut(
         &self,
         lut: &LutPlan,
@@ -2689,7 +2877,7 @@ impl TrellisMatvec {
     /// its own accumulators in [`TrellisMatvec::rows_lut`]'s order, so its outputs have the
     /// bits it gets alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut_multi(
         &self,
@@ -2762,7 +2950,7 @@ impl TrellisMatvec {
     /// the product differs from the exact one by the input's rounding, at most
     /// `sum |w| * d / 2` (tested), as the CPU decoder's affine kernels' int16 inputs.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut16(
         &self,
@@ -2831,7 +3019,7 @@ impl TrellisMatvec {
     /// made once for all of them, each input with its own sums in the one-input kernel's
     /// order, so its outputs have the bits it gets alone.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut16_multi(
         &self,
@@ -2921,7 +3109,7 @@ impl TrellisMatvec {
     /// same float ops); L3 against the float32 product by the input's rounding, as
     /// [`TrellisMatvec::rows_lut16`].
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut8(
         &self,
@@ -2935,19 +3123,73 @@ impl TrellisMatvec {
         // SAFETY (each arm): the caller's contract, passed on; `groups` is `span / 64` with
         // `span` at most 16 words of at least 2 bits a weight, so 1 to 4.
         unsafe {
-            match (lut.span / 64, lut.full(self.spec.l), lut.hashed()) {
-                (1, _, true) => self.rows_lut8_g::<1, true, true>(lut, words, scales, sp, r0, y),
-                (2, _, true) => self.rows_lut8_g::<2, true, true>(lut, words, scales, sp, r0, y),
-                (3, _, true) => self.rows_lut8_g::<3, true, true>(lut, words, scales, sp, r0, y),
-                (_, _, true) => self.rows_lut8_g::<4, true, true>(lut, words, scales, sp, r0, y),
-                (1, true, _) => self.rows_lut8_g::<1, true, false>(lut, words, scales, sp, r0, y),
-                (1, false, _) => self.rows_lut8_g::<1, false, false>(lut, words, scales, sp, r0, y),
-                (2, true, _) => self.rows_lut8_g::<2, true, false>(lut, words, scales, sp, r0, y),
-                (2, false, _) => self.rows_lut8_g::<2, false, false>(lut, words, scales, sp, r0, y),
-                (3, true, _) => self.rows_lut8_g::<3, true, false>(lut, words, scales, sp, r0, y),
-                (3, false, _) => self.rows_lut8_g::<3, false, false>(lut, words, scales, sp, r0, y),
-                (4, true, _) => self.rows_lut8_g::<4, true, false>(lut, words, scales, sp, r0, y),
-                _ => self.rows_lut8_g::<4, false, false>(lut, words, scales, sp, r0, y),
+            match (
+                lut.span / 64,
+                lut.full(self.spec.l),
+                lut.hashed(),
+                lut.sbox,
+                lut.half,
+            ) {
+                (1, _, true, true, true) => {
+                    self.rows_lut8_g::<1, true, true, true, true>(lut, words, scales, sp, r0, y)
+                }
+                (2, _, true, true, true) => {
+                    self.rows_lut8_g::<2, true, true, true, true>(lut, words, scales, sp, r0, y)
+                }
+                (3, _, true, true, true) => {
+                    self.rows_lut8_g::<3, true, true, true, true>(lut, words, scales, sp, r0, y)
+                }
+                (_, _, true, true, true) => {
+                    self.rows_lut8_g::<4, true, true, true, true>(lut, words, scales, sp, r0, y)
+                }
+                (1, _, true, true, _) => {
+                    self.rows_lut8_g::<1, true, true, true, false>(lut, words, scales, sp, r0, y)
+                }
+                (2, _, true, true, _) => {
+                    self.rows_lut8_g::<2, true, true, true, false>(lut, words, scales, sp, r0, y)
+                }
+                (3, _, true, true, _) => {
+                    self.rows_lut8_g::<3, true, true, true, false>(lut, words, scales, sp, r0, y)
+                }
+                (_, _, true, true, _) => {
+                    self.rows_lut8_g::<4, true, true, true, false>(lut, words, scales, sp, r0, y)
+                }
+                (1, _, true, _, _) => {
+                    self.rows_lut8_g::<1, true, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (2, _, true, _, _) => {
+                    self.rows_lut8_g::<2, true, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (3, _, true, _, _) => {
+                    self.rows_lut8_g::<3, true, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (_, _, true, _, _) => {
+                    self.rows_lut8_g::<4, true, true, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (1, true, ..) => {
+                    self.rows_lut8_g::<1, true, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (1, false, ..) => {
+                    self.rows_lut8_g::<1, false, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (2, true, ..) => {
+                    self.rows_lut8_g::<2, true, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (2, false, ..) => {
+                    self.rows_lut8_g::<2, false, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (3, true, ..) => {
+                    self.rows_lut8_g::<3, true, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (3, false, ..) => {
+                    self.rows_lut8_g::<3, false, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                (4, true, ..) => {
+                    self.rows_lut8_g::<4, true, false, false, false>(lut, words, scales, sp, r0, y)
+                }
+                _ => {
+                    self.rows_lut8_g::<4, false, false, false, false>(lut, words, scales, sp, r0, y)
+                }
             }
         }
     }
@@ -2962,9 +3204,15 @@ impl TrellisMatvec {
     /// [`X8_WINDOW`] weights), so how the groups are spread over the sets, and which rows
     /// share a pass, changes no bit.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rows_lut8_g<const G: usize, const FULL: bool, const HASH: bool>(
+    unsafe fn rows_lut8_g<
+        const G: usize,
+        const FULL: bool,
+        const HASH: bool,
+        const SBOX: bool,
+        const HALF: bool,
+    >(
         &self,
         lut: &LutPlan,
         words: &[u32],
@@ -3011,13 +3259,17 @@ impl TrellisMatvec {
             let windows = |c: __m512i, t: __m512i, data: __m512i| {
                 let st = _mm512_multishift_epi64_epi8(c, data);
                 if HASH {
-                    _mm512_add_epi8(st, _mm512_multishift_epi64_epi8(t, data))
+                    _mm512_add_epi8(st, sbox_bytes!(SBOX, _mm512_multishift_epi64_epi8(t, data)))
                 } else {
                     st
                 }
             };
             // The unsigned code bytes of the windows `st`.
             let lookup = |st: __m512i| {
+                // A 7-bit index (the table's halves alike): `vpermt2b` reads only those bits.
+                if HALF {
+                    return _mm512_permutex2var_epi8(t0, st, t1);
+                }
                 let st = if FULL {
                     st
                 } else {
@@ -3250,7 +3502,7 @@ impl TrellisMatvec {
     /// bytes made once for all of them, each input with its own exact sums, so its outputs
     /// have the bits it gets alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,gfni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn rows_lut8_multi(
         &self,
@@ -3322,7 +3574,13 @@ impl TrellisMatvec {
                             let st = _mm512_multishift_epi64_epi8(ctrl[g], data);
                             // 1mad8h: the bottom byte plus the top byte.
                             let st = if hash {
-                                _mm512_add_epi8(st, _mm512_multishift_epi64_epi8(ctrl_top[g], data))
+                                _mm512_add_epi8(
+                                    st,
+                                    sbox_bytes!(
+                                        lut.sbox,
+                                        _mm512_multishift_epi64_epi8(ctrl_top[g], data)
+                                    ),
+                                )
                             } else {
                                 st
                             };
@@ -3856,12 +4114,15 @@ mod tests {
     #[test]
     fn trellis_calls_with_biases_odd_hadamard_blocks_and_one_thread_give_each_its_bits() {
         use crate::cpu::{matmul_t, Activations, CpuContext, Floats, Isa, MatJob, Matrix};
-        // Every code: 1mad8's and 1mad8h's int16 calls run the int8 kernel.
+        // Every code: 1mad8's and 1mad8h.s and 1mad8s.s int16 calls run the int8 kernel.
         for (code, l, block) in [
             (TrellisCode::Mad, 8, 32),
             (TrellisCode::Mad8, 8, 32),
             (TrellisCode::Mad8H, 12, 64),
             (TrellisCode::Mad8H, 12, 32),
+            (TrellisCode::Mad8S, 12, 64),
+            (TrellisCode::Gauss8S, 12, 64),
+            (TrellisCode::Gauss7S, 12, 64),
         ] {
             let spec = TrellisSpec {
                 k: 3,
@@ -4122,7 +4383,8 @@ mod tests {
                 let at = 64 * g + 8 * q + j;
                 let mut b = lane.rotate_right(u32::from(lut.ctrl[at])) as u8;
                 if lut.hashed() {
-                    b = b.wrapping_add(lane.rotate_right(u32::from(lut.ctrl_top[at])) as u8);
+                    let t = lane.rotate_right(u32::from(lut.ctrl_top[at])) as u8;
+                    b = b.wrapping_add(if lut.sbox { SBOX[t as usize] } else { t });
                 }
                 out[8 * q + j] = b;
             }
@@ -4132,7 +4394,7 @@ mod tests {
 
     /// The two-step plan's 128 index bytes of two steps' words (`vpermb`, then the offsets of
     /// both halves), in [`PairPlan::order`], in portable Rust.
-    fn pair_indices(pp: &PairPlan, w: &[u32], hash: bool) -> [u8; 128] {
+    fn pair_indices(pp: &PairPlan, w: &[u32], hash: bool, sbox: bool) -> [u8; 128] {
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut out = [0u8; 128];
         for q in 0..8 {
@@ -4145,13 +4407,256 @@ mod tests {
                     let at = 8 * q + j;
                     let mut b = lane.rotate_right(u32::from(pp.ctrl[h][at])) as u8;
                     if hash {
-                        b = b.wrapping_add(lane.rotate_right(u32::from(pp.ctrl_top[h][at])) as u8);
+                        let t = lane.rotate_right(u32::from(pp.ctrl_top[h][at])) as u8;
+                        b = b.wrapping_add(if sbox { SBOX[t as usize] } else { t });
                     }
                     out[64 * h + at] = b;
                 }
             }
         }
         out
+    }
+
+    /// The hashed codes' table index of an `l`-bit state.
+    fn hashed_index(code: TrellisCode, l: u32, s: u32) -> u32 {
+        match code {
+            TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S => mad8s_index(l, s),
+            _ => mad8h_index(l, s),
+        }
+    }
+
+    #[test]
+    fn sbox_table_is_the_aes_sbox_and_the_gfni_instruction() {
+        // FIPS-197's values, a permutation, and (where the CPU has GFNI) the one instruction
+        // the table kernels use (`vgf2p8affineinvqb` with the AES matrix and 0x63) on all 256
+        // bytes.
+        assert_eq!(
+            (SBOX[0x00], SBOX[0x01], SBOX[0x53], SBOX[0xFF]),
+            (0x63, 0x7C, 0xED, 0x16)
+        );
+        let mut seen = [false; 256];
+        for &v in SBOX.iter() {
+            seen[v as usize] = true;
+        }
+        assert!(seen.iter().all(|&b| b));
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !(std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("gfni"))
+            {
+                return;
+            }
+            #[target_feature(enable = "avx512f,avx512bw,gfni")]
+            unsafe fn gfni(x: &[u8; 256]) -> [u8; 256] {
+                use std::arch::x86_64::*;
+                let mut out = [0u8; 256];
+                // SAFETY: 256 bytes in and out, four vectors of 64.
+                unsafe {
+                    for i in 0..4 {
+                        let v = _mm512_loadu_si512(x.as_ptr().add(64 * i) as *const _);
+                        let s = sbox_bytes!(true, v);
+                        _mm512_storeu_si512(out.as_mut_ptr().add(64 * i) as *mut _, s);
+                    }
+                }
+                out
+            }
+            let x: [u8; 256] = std::array::from_fn(|i| i as u8);
+            // SAFETY: the CPU has AVX-512 F and GFNI (checked above).
+            let got = unsafe { gfni(&x) };
+            assert_eq!(got, SBOX);
+        }
+    }
+
+    #[test]
+    fn mad8s_code_is_1mad8_of_the_sbox_index() {
+        // The index is the S-box of the top byte plus the bottom byte mod 256. Unlike
+        // 1mad8h's, the states do not spread evenly over the indices where the two bytes
+        // overlap (L < 16): at L 12 every index has 8 to 29 states (16 on average), at L 9
+        // 32 indices none; at L 16 each has 256. A state's 8 successors (L 12, k 3) take 8
+        // different indices, and the table and the row decoder agree with the code.
+        for l in [9u32, 12, 16] {
+            let mut count = vec![0u32; 256];
+            for s in 0..1u32 << l {
+                let i = mad8s_index(l, s);
+                let top = (s >> (l - 8)) & 0xFF;
+                assert_eq!(i, (u32::from(SBOX[top as usize]) + (s & 0xFF)) % 256);
+                assert_eq!(TrellisCode::Mad8S.int(l, s), TrellisCode::Mad8.int(8, i));
+                count[i as usize] += 1;
+            }
+            let (lo, hi) = (count.iter().min(), count.iter().max());
+            let want = match l {
+                9 => (Some(&0), Some(&7)),
+                12 => (Some(&8), Some(&29)),
+                _ => (Some(&256), Some(&256)),
+            };
+            assert_eq!((lo, hi), want, "L {l}");
+        }
+        for s in 0..1u32 << 12 {
+            let mut seen: Vec<u32> = (0..8)
+                .map(|b| mad8s_index(12, ((s << 3) | b) & 0xFFF))
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len(), 8, "state {s}");
+        }
+        assert_eq!(TrellisCode::from_name("1mad8s"), Some(TrellisCode::Mad8S));
+        assert_eq!(TrellisCode::Mad8S.name(), "1mad8s");
+        let spec = |l| TrellisSpec {
+            k: 3,
+            l,
+            block: 64,
+            code: TrellisCode::Mad8S,
+        };
+        let e = spec(8).check().unwrap_err();
+        assert!(
+            matches!(e, TrellisError::Mad8HShape { l: 8, .. }) && e.to_string().contains("1mad8s"),
+            "{e}"
+        );
+        let sp = spec(12);
+        let table = spec_code_table(&sp);
+        let w = gauss(4 * 128, 17);
+        let (words, scales) = quantize(&sp, &w, 4, 128, 5, 1).unwrap();
+        let mut out = vec![0.0f32; 128];
+        decode_row(&sp, &words[..128 * 3 / 32], scales[0], &mut out);
+        let states = block_states(&sp, &words[..sp.block_words()]);
+        for (t, &st) in states.iter().enumerate() {
+            assert_eq!(out[t].to_bits(), (table[st as usize] * scales[0]).to_bits());
+        }
+    }
+
+    /// The standard normal quantile (Acklam's rational approximation, relative error below
+    /// 1.2e-9).
+    fn normal_quantile(p: f64) -> f64 {
+        const A: [f64; 6] = [
+            -3.969683028665376e1,
+            2.209460984245205e2,
+            -2.759285104469687e2,
+            1.38357751867269e2,
+            -3.066479806614716e1,
+            2.506628277459239,
+        ];
+        const B: [f64; 5] = [
+            -5.447609879822406e1,
+            1.615858368580409e2,
+            -1.556989798598866e2,
+            6.680131188771972e1,
+            -1.328068155288572e1,
+        ];
+        const C: [f64; 6] = [
+            -7.784894002430293e-3,
+            -3.223964580411365e-1,
+            -2.400758277161838,
+            -2.549732539343734,
+            4.374664141464968,
+            2.938163982698783,
+        ];
+        const D: [f64; 4] = [
+            7.784695709041462e-3,
+            3.224671290700398e-1,
+            2.445134137142996,
+            3.754408661907416,
+        ];
+        if p > 0.5 {
+            return -normal_quantile(1.0 - p);
+        }
+        if p < 0.02425 {
+            let q = (-2.0 * p.ln()).sqrt();
+            (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+                / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+        } else {
+            let (q, r) = (p - 0.5, (p - 0.5) * (p - 0.5));
+            (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+                / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+        }
+    }
+
+    /// A stratified Gaussian table is its definition ([`GAUSS8_TABLE`]'s doc, `n` entries,
+    /// values `mult` times the quantiles): every int8 code is the rounded quantile (none
+    /// within 1e-4 of a rounding boundary, so the approximate quantile decides nothing), the
+    /// divisor `127 / (mult q_max)`; and its set partition: any 2^j consecutive entries (mod
+    /// `n`) hold one quantile of each 2^j-th of the distribution (j = 2, 3, 4).
+    fn check_gauss_table(table: &[i8], scale: f32, mult: f64) {
+        let n = table.len();
+        let qmax = normal_quantile((n as f64 - 0.5) / n as f64);
+        let mut pos = vec![0usize; n];
+        for (i, p) in pos.iter_mut().enumerate() {
+            let r = i % 16;
+            let class = 4 * (r % 4) + 2 * ((r / 4) % 2) + r / 8;
+            let mut peers: Vec<u32> = (0..n as u32).filter(|j| *j as usize % 16 == r).collect();
+            peers.sort_by_key(|&j| (mad_sum(j), j));
+            *p = n / 16 * class + peers.iter().position(|&j| j as usize == i).unwrap();
+            let v = 127.0 * normal_quantile((*p as f64 + 0.5) / n as f64) / qmax;
+            assert!((v.abs().fract() - 0.5).abs() > 1e-4, "entry {i}: {v}");
+            assert_eq!(i32::from(table[i]), v.round() as i32, "entry {i}");
+        }
+        assert_eq!(scale, (127.0 / (mult * qmax)) as f32);
+        // The positions are the n quantiles once each, the codes in their order.
+        let mut by_pos = vec![0i8; n];
+        for (i, &p) in pos.iter().enumerate() {
+            by_pos[p] = table[i];
+        }
+        assert!(by_pos.windows(2).all(|w| w[0] <= w[1]));
+        for m in [4usize, 8, 16] {
+            for base in 0..n {
+                let mut parts: Vec<usize> = (0..m).map(|b| pos[(base + b) % n] / (n / m)).collect();
+                parts.sort_unstable();
+                assert_eq!(parts, (0..m).collect::<Vec<_>>(), "{m} from {base}");
+            }
+        }
+    }
+
+    #[test]
+    fn gauss_codes_are_their_stratified_tables_at_the_sbox_index() {
+        check_gauss_table(&GAUSS8_TABLE, GAUSS8_SCALE, 1.05);
+        check_gauss_table(&GAUSS7_TABLE, GAUSS7_SCALE, 1.1);
+        // Where a state's 2^k successors read consecutive indices (the top byte holds none of
+        // the new bits: L >= 8 + k), their codes span the distribution (above); each code is
+        // its table at 1mad8s's index (gauss7s: its low 7 bits) on every state.
+        for l in 9..=16u32 {
+            for s in 0..1u32 << l {
+                let i = mad8s_index(l, s);
+                for (code, want, div) in [
+                    (TrellisCode::Gauss8S, GAUSS8_TABLE[i as usize], GAUSS8_SCALE),
+                    (
+                        TrellisCode::Gauss7S,
+                        GAUSS7_TABLE[(i & 0x7F) as usize],
+                        GAUSS7_SCALE,
+                    ),
+                ] {
+                    assert_eq!(code.int(l, s), i32::from(want));
+                    assert_eq!(
+                        code.value(l, s).to_bits(),
+                        (f32::from(want) / div).to_bits()
+                    );
+                }
+            }
+            for k in 2..=4u32 {
+                if l < 8 + k {
+                    continue;
+                }
+                for p in 0..1u32 << (l - k) {
+                    let first = mad8s_index(l, p << k);
+                    for b in 0..1u32 << k {
+                        assert_eq!(mad8s_index(l, (p << k) | b), (first + b) % 256);
+                    }
+                }
+            }
+        }
+        for (code, name) in [
+            (TrellisCode::Gauss8S, "gauss8s"),
+            (TrellisCode::Gauss7S, "gauss7s"),
+        ] {
+            assert_eq!(TrellisCode::from_name(name), Some(code));
+            assert_eq!(code.name(), name);
+            let spec = TrellisSpec {
+                k: 3,
+                l: 8,
+                block: 64,
+                code,
+            };
+            let e = spec.check().unwrap_err();
+            assert!(e.to_string().contains(name), "{e}");
+        }
     }
 
     #[test]
@@ -4163,15 +4668,19 @@ mod tests {
         // this runs on any CPU.
         let mut next = lcg_words(5);
         let mut plans = 0;
-        for k in 2..=4u32 {
+        // 1mad8h, 1mad8s (its top bytes through the S-box) and gauss8s (1mad8s's index).
+        for (code, k) in [
+            TrellisCode::Mad8H,
+            TrellisCode::Mad8S,
+            TrellisCode::Gauss8S,
+            TrellisCode::Gauss7S,
+        ]
+        .into_iter()
+        .flat_map(|c| (2..=4u32).map(move |k| (c, k)))
+        {
             for l in 9..=16u32 {
                 for block in [32usize, 64, 96, 128, 192, 256] {
-                    let spec = TrellisSpec {
-                        k,
-                        l,
-                        block,
-                        code: TrellisCode::Mad8H,
-                    };
+                    let spec = TrellisSpec { k, l, block, code };
                     let cols = 2 * block.max(64);
                     let Some(lut) = LutPlan::new(&spec, cols) else {
                         let e = spec.check().unwrap_err();
@@ -4184,9 +4693,13 @@ mod tests {
                     };
                     assert!(spec.check().is_ok(), "{spec:?}");
                     assert_eq!(lut.ctrl_top.len(), lut.ctrl.len());
-                    // The table: 1mad8's code of each index.
+                    // The table: 1mad8's code of each index (gauss8s: its own table).
                     for i in 0..256u32 {
-                        let c = TrellisCode::Mad8.int(8, i);
+                        let c = match code {
+                            TrellisCode::Gauss8S => i32::from(GAUSS8_TABLE[i as usize]),
+                            TrellisCode::Gauss7S => i32::from(GAUSS7_TABLE[(i & 0x7F) as usize]),
+                            _ => TrellisCode::Mad8.int(8, i),
+                        };
                         assert_eq!(i32::from(lut.w8[i as usize]), c + 128);
                         let v = i16::from_le_bytes([lut.lo[i as usize], lut.hi[i as usize]]);
                         assert_eq!(i32::from(v), c);
@@ -4199,7 +4712,7 @@ mod tests {
                         let want: Vec<u8> = w
                             .chunks_exact(bw)
                             .flat_map(|b| block_states(&spec, b))
-                            .map(|s| mad8h_index(l, s) as u8)
+                            .map(|s| hashed_index(code, l, s) as u8)
                             .collect();
                         for step in 0..2 {
                             let ws = &w[step * sw..(step + 1) * sw];
@@ -4210,7 +4723,7 @@ mod tests {
                             }
                         }
                         if let Some(pp) = &lut.pair {
-                            let got = pair_indices(pp, &w, true);
+                            let got = pair_indices(pp, &w, true, lut.sbox);
                             for (i, &o) in pp.order.iter().enumerate() {
                                 assert_eq!(got[i], want[o as usize], "{spec:?} pair {i}");
                             }
@@ -4223,7 +4736,7 @@ mod tests {
                 }
             }
         }
-        assert!(plans >= 3 * 8 * 3, "{plans} plans");
+        assert!(plans >= 4 * 3 * 8 * 3, "{plans} plans");
     }
 
     /// [`TrellisMatvec::rows_lut`]'s plain twin: each weight's code from its state, the same
@@ -4276,24 +4789,30 @@ mod tests {
         // reference bit for bit: L 12 (the default) and others, blocks of 64 and 32, rows past
         // the int8 kernel's 32-bit window (2048 weights). Random words: any stream is a path.
         let mut next = lcg_words(9);
-        for (k, l, block, cols) in [
-            (3u32, 12u32, 64usize, 576usize),
-            (3, 12, 32, 576),
-            (3, 12, 64, 4224),
-            (3, 9, 64, 192),
-            (3, 16, 32, 640),
-            (2, 12, 64, 256),
-            (4, 13, 32, 128),
-            (3, 14, 128, 384),
-            (2, 12, 192, 384),
-            (2, 12, 256, 512),
-        ] {
-            let spec = TrellisSpec {
-                k,
-                l,
-                block,
-                code: TrellisCode::Mad8H,
-            };
+        // 1mad8h and 1mad8s (the GFNI S-box on the top bytes).
+        for (code, (k, l, block, cols)) in [
+            TrellisCode::Mad8H,
+            TrellisCode::Mad8S,
+            TrellisCode::Gauss8S,
+            TrellisCode::Gauss7S,
+        ]
+        .into_iter()
+        .flat_map(|c| {
+            [
+                (3u32, 12u32, 64usize, 576usize),
+                (3, 12, 32, 576),
+                (3, 12, 64, 4224),
+                (3, 9, 64, 192),
+                (3, 16, 32, 640),
+                (2, 12, 64, 256),
+                (4, 13, 32, 128),
+                (3, 14, 128, 384),
+                (2, 12, 192, 384),
+                (2, 12, 256, 512),
+            ]
+            .map(|shape| (c, shape))
+        }) {
+            let spec = TrellisSpec { k, l, block, code };
             let rows = 7;
             let words: Vec<u32> = (0..rows * cols * k as usize / 32).map(|_| next()).collect();
             let scales: Vec<f32> = (0..rows).map(|r| 0.25 + r as f32 / 16.0).collect();
@@ -4755,7 +5274,13 @@ mod tests {
         assert!(quantize(&spec, &[f32::NAN; 64], 1, 64, 0, 1).is_err());
         // The table codes in blocks of 32 read two blocks a step: a row of an odd number of
         // blocks has no table kernel, so it is refused rather than run on the scalar path.
-        for (code, l) in [(TrellisCode::Mad8, 8), (TrellisCode::Mad8H, 12)] {
+        for (code, l) in [
+            (TrellisCode::Mad8, 8),
+            (TrellisCode::Mad8H, 12),
+            (TrellisCode::Mad8S, 12),
+            (TrellisCode::Gauss8S, 12),
+            (TrellisCode::Gauss7S, 12),
+        ] {
             let spec = TrellisSpec {
                 k: 3,
                 l,
