@@ -824,7 +824,25 @@ pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
              bfloat16 scales ({e})"
         ));
     }
+    if (spec.post_only || spec.qk_norm_full) && !post_norm_rows_enabled() {
+        return Some(format!(
+            "`{t}`: post-norm blocks and q/k norms over the whole projections (olmo2, olmo3, \
+             exaone4) have run on the emulator only, not yet on a device \
+             ({POST_NORM_ENV}=1 takes them)"
+        ));
+    }
     None
+}
+
+/// The switch that lets `--decoder auto` take the rows whose kernels have run only on the
+/// emulator so far: OLMo 2's post norms and full-width q/k norms (`GraphSpec::post_only`,
+/// `GraphSpec::qk_norm_full`; olmo2, olmo3, exaone4). Until a device run of their
+/// `graph_decoder_follows_the_mlx_forward` rows, they are opt-in.
+pub const POST_NORM_ENV: &str = "MLX_GRAPH_POST_NORM";
+
+/// Whether [`POST_NORM_ENV`] is `1`.
+pub fn post_norm_rows_enabled() -> bool {
+    std::env::var(POST_NORM_ENV).as_deref() == Ok("1")
 }
 
 /// A graph decoder kept between the generations of one loaded model (`mlx benchmark`'s
