@@ -98,11 +98,8 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_full_rope(
     const float v = bf2f(*at(j >> ds, j & ((1 << ds) - 1)));
     ss += v * v;
   }
-  ss = warp_sum(ss);
-  if ((t & 31) == 0) red[t >> 5] = ss;
-  __syncthreads();
-  float tot = 0.f;
-  for (int i = 0; i < 8; ++i) tot += red[i];
+  // graph_decode.cu's block sum over the 8 warps (lanes, then warps in turn).
+  const float tot = block_sum(ss, red);
   const float inv = rsqrtf(tot / (float)n + (float)eps);
   const bf16_t* w = isq ? qw : kw;
   for (int u = t; u < (heads << (ds - 1)); u += 256) {
