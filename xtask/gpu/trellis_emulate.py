@@ -217,7 +217,10 @@ def run_case(lib, d):
     decoded, xh_ref, z_cpu, yt, y_cpu = (rd(n) for n in ("decoded.f32", "xh.f32", "z.f32", "yt.f32", "y.f32"))
     hr, hc = m["hb_rows"], m["hb_cols"]
     code = m.get("code", "1mad")
-    ncode = {"1mad": 0, "1mad8": 1, "1mad8h": 2}[code]
+    cuda_codes = {"1mad": 0, "1mad8": 1, "1mad8h": 2}
+    if code not in cuda_codes:
+        sys.exit(f"trellis_code {code} has no CUDA path (the kernels take {', '.join(cuda_codes)})")
+    ncode = cuda_codes[code]
     mad8 = ncode != 0  # 1mad8's int8 codes (1mad8h: of the hashed index)
     # The fast paths (graph_trellis.rs, is_fast): 1mad's blocks of 32 at L 8 and of 64 at L 12;
     # the table paths, blocks of 32 and 64: 1mad8's at L 8, 1mad8h's at L 12.

@@ -186,7 +186,10 @@ def main():
     inter, V, eps = s["intermediate"], s["vocab"], float(np.float32(s["eps"]))
     kb, Lbits, block = s["trellis_k"], s["trellis_l"], s["trellis_block"]
     code = s.get("trellis_code", "1mad")
-    ncode = {"1mad": 0, "1mad8": 1, "1mad8h": 2}[code]
+    cuda_codes = {"1mad": 0, "1mad8": 1, "1mad8h": 2}
+    if code not in cuda_codes:
+        sys.exit(f"trellis_code {code} has no CUDA path (the kernels take {', '.join(cuda_codes)})")
+    ncode = cuda_codes[code]
     # graph_trellis.rs's is_fast (1mad8's table at L 8, 1mad8h's at L 12), and the kernels' L
     # argument with the code above the state's bits (l_arg).
     if ncode:

@@ -61,8 +61,9 @@ pub enum TrellisCode {
     /// the S-box to the top-byte windows with one GFNI `vgf2p8affineinvqb`.
     Mad8S,
     /// A stratified 256-entry Gaussian table at 1mad8s's index (config name `gauss8s`, `L`
-    /// 9..=16): [`GAUSS8_TABLE`] at [`mad8s_index`], over [`GAUSS8_SCALE`]. The index's
-    /// successors of a state are 8 (at 3 bits) consecutive entries mod 256, and the table puts
+    /// 9..=16): [`GAUSS8_TABLE`] at [`mad8s_index`], over [`GAUSS8_SCALE`]. Where `L >= 8 + k`
+    /// (the new bits stay out of the S-boxed top byte), the index's successors of a state are
+    /// 8 (at 3 bits) consecutive entries mod 256, and the table puts
     /// one quantile of each eighth of the Gaussian in any 8 consecutive entries (of each
     /// quarter in any 4, of each sixteenth in any 16): every state's branches span the
     /// distribution, as in trellis-coded quantization's set partitioning. The same kernels
