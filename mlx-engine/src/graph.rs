@@ -819,11 +819,6 @@ pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
         return Some(format!("`{t}`: {e}"));
     }
     if let Err(e) = weights.check(&spec) {
-        // A trellis code without a CUDA path names itself; other weights get the list of
-        // what the decoder runs.
-        if e.contains("has no CUDA path") {
-            return Some(format!("`{t}`: {e}"));
-        }
         return Some(format!(
             "`{t}`: the graph decoder runs bfloat16 weights or MLX affine 4/8-bit ones with \
              bfloat16 scales ({e})"

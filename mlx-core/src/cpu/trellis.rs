@@ -3121,76 +3121,35 @@ impl TrellisMatvec {
         r0: usize,
         y: &mut [f32],
     ) {
-        // SAFETY (each arm): the caller's contract, passed on; `groups` is `span / 64` with
-        // `span` at most 16 words of at least 2 bits a weight, so 1 to 4.
+        // The kernel for the plan's group count (`span / 64`, with `span` at most 16 words
+        // of at least 2 bits a weight, so 1 to 4) and these flags.
+        macro_rules! by_groups {
+            ($full:literal, $hash:literal, $sbox:literal, $half:literal) => {
+                match lut.span / 64 {
+                    1 => self.rows_lut8_g::<1, $full, $hash, $sbox, $half>(
+                        lut, words, scales, sp, r0, y,
+                    ),
+                    2 => self.rows_lut8_g::<2, $full, $hash, $sbox, $half>(
+                        lut, words, scales, sp, r0, y,
+                    ),
+                    3 => self.rows_lut8_g::<3, $full, $hash, $sbox, $half>(
+                        lut, words, scales, sp, r0, y,
+                    ),
+                    _ => self.rows_lut8_g::<4, $full, $hash, $sbox, $half>(
+                        lut, words, scales, sp, r0, y,
+                    ),
+                }
+            };
+        }
+        // SAFETY (each arm): the caller's contract, passed on. A hashed index is whole as
+        // looked up (FULL); only the S-box index has a half table (gauss7s).
         unsafe {
-            match (
-                lut.span / 64,
-                lut.full(self.spec.l),
-                lut.hashed(),
-                lut.sbox,
-                lut.half,
-            ) {
-                (1, _, true, true, true) => {
-                    self.rows_lut8_g::<1, true, true, true, true>(lut, words, scales, sp, r0, y)
-                }
-                (2, _, true, true, true) => {
-                    self.rows_lut8_g::<2, true, true, true, true>(lut, words, scales, sp, r0, y)
-                }
-                (3, _, true, true, true) => {
-                    self.rows_lut8_g::<3, true, true, true, true>(lut, words, scales, sp, r0, y)
-                }
-                (_, _, true, true, true) => {
-                    self.rows_lut8_g::<4, true, true, true, true>(lut, words, scales, sp, r0, y)
-                }
-                (1, _, true, true, _) => {
-                    self.rows_lut8_g::<1, true, true, true, false>(lut, words, scales, sp, r0, y)
-                }
-                (2, _, true, true, _) => {
-                    self.rows_lut8_g::<2, true, true, true, false>(lut, words, scales, sp, r0, y)
-                }
-                (3, _, true, true, _) => {
-                    self.rows_lut8_g::<3, true, true, true, false>(lut, words, scales, sp, r0, y)
-                }
-                (_, _, true, true, _) => {
-                    self.rows_lut8_g::<4, true, true, true, false>(lut, words, scales, sp, r0, y)
-                }
-                (1, _, true, _, _) => {
-                    self.rows_lut8_g::<1, true, true, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (2, _, true, _, _) => {
-                    self.rows_lut8_g::<2, true, true, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (3, _, true, _, _) => {
-                    self.rows_lut8_g::<3, true, true, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (_, _, true, _, _) => {
-                    self.rows_lut8_g::<4, true, true, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (1, true, ..) => {
-                    self.rows_lut8_g::<1, true, false, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (1, false, ..) => {
-                    self.rows_lut8_g::<1, false, false, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (2, true, ..) => {
-                    self.rows_lut8_g::<2, true, false, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (2, false, ..) => {
-                    self.rows_lut8_g::<2, false, false, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (3, true, ..) => {
-                    self.rows_lut8_g::<3, true, false, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (3, false, ..) => {
-                    self.rows_lut8_g::<3, false, false, false, false>(lut, words, scales, sp, r0, y)
-                }
-                (4, true, ..) => {
-                    self.rows_lut8_g::<4, true, false, false, false>(lut, words, scales, sp, r0, y)
-                }
-                _ => {
-                    self.rows_lut8_g::<4, false, false, false, false>(lut, words, scales, sp, r0, y)
-                }
+            match (lut.full(self.spec.l), lut.hashed(), lut.sbox, lut.half) {
+                (_, true, true, true) => by_groups!(true, true, true, true),
+                (_, true, true, false) => by_groups!(true, true, true, false),
+                (_, true, false, _) => by_groups!(true, true, false, false),
+                (true, false, ..) => by_groups!(true, false, false, false),
+                (false, false, ..) => by_groups!(false, false, false, false),
             }
         }
     }

@@ -203,8 +203,10 @@ fn graph_capacity() -> usize {
 /// (within `TEACHER_FORCED_BOUNDS`: `batched_equals_single`); the FFMA tiles below it are
 /// bit-equal. Speculation's verify rows never take them (its own decoder, default options).
 fn graph_tensor_cores() -> Option<u32> {
+    if env_off("MLX_GRAPH_TENSOR_CORES") {
+        return None;
+    }
     match std::env::var("MLX_GRAPH_TENSOR_CORES") {
-        Ok(v) if v.trim() == "0" || v.trim().eq_ignore_ascii_case("off") => None,
         Ok(v) => v
             .trim()
             .parse()
@@ -219,9 +221,14 @@ fn graph_tensor_cores() -> Option<u32> {
 /// ([`GraphOptions::wide_tiles`], default on); `MLX_GRAPH_WIDE_TILES=0` (or `off`): no wider
 /// than the FFMA tiles (session 33's tiles, 3 x 6 for 16 rows at 8B), for A/B runs.
 fn graph_wide_tiles() -> bool {
-    std::env::var("MLX_GRAPH_WIDE_TILES").map_or(true, |v| {
+    !env_off("MLX_GRAPH_WIDE_TILES")
+}
+
+/// Whether the variable `name` turns its setting off: `0` or `off` (any case, trimmed).
+fn env_off(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| {
         let v = v.trim();
-        v != "0" && !v.eq_ignore_ascii_case("off")
+        v == "0" || v.eq_ignore_ascii_case("off")
     })
 }
 
