@@ -824,25 +824,32 @@ pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
              bfloat16 scales ({e})"
         ));
     }
-    if (spec.post_only || spec.qk_norm_full) && !post_norm_rows_enabled() {
+    if post_norm_gated(&spec) {
         return Some(format!(
-            "`{t}`: post-norm blocks and q/k norms over the whole projections (olmo2, olmo3, \
-             exaone4) have run on the emulator only, not yet on a device \
-             ({POST_NORM_ENV}=1 takes them)"
+            "`{t}`: post-norm blocks and q/k norms over the whole projections have run on a \
+             device for olmo2 and exaone4, for olmo3 on the emulator only \
+             ({POST_NORM_ENV}=1 takes it)"
         ));
     }
     None
 }
 
-/// The switch that lets `--decoder auto` take the rows whose kernels have run only on the
-/// emulator so far: OLMo 2's post norms and full-width q/k norms (`GraphSpec::post_only`,
-/// `GraphSpec::qk_norm_full`; olmo2, olmo3, exaone4). Until a device run of their
-/// `graph_decoder_follows_the_mlx_forward` rows, they are opt-in.
+/// The switch that lets `--decoder auto` take olmo3, whose kernels (OLMo 2's post norms and
+/// full-width q/k norms, `GraphSpec::post_only` and `GraphSpec::qk_norm_full`, with sliding
+/// windows) have run only on the emulator. olmo2 and exaone4, the same kernels, passed their
+/// `graph_decoder_follows_the_mlx_forward` rows on an H100
+/// (`results/gpu/2026-12-06-s35-h100/`) and are taken without it.
 pub const POST_NORM_ENV: &str = "MLX_GRAPH_POST_NORM";
 
 /// Whether [`POST_NORM_ENV`] is `1`.
 pub fn post_norm_rows_enabled() -> bool {
     std::env::var(POST_NORM_ENV).as_deref() == Ok("1")
+}
+
+/// Whether `spec` is a post-norm row still behind [`POST_NORM_ENV`] (olmo3, without the
+/// switch).
+pub fn post_norm_gated(spec: &GraphSpec) -> bool {
+    (spec.post_only || spec.qk_norm_full) && spec.model_type == "olmo3" && !post_norm_rows_enabled()
 }
 
 /// A graph decoder kept between the generations of one loaded model (`mlx benchmark`'s

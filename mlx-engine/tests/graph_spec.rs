@@ -38,9 +38,8 @@ fn every_covered_row_maps_with_its_knobs() {
         let model = load(&graph_models::write(&root, &row));
         let name = row.name;
         let (spec, weights) = map_model(model.as_ref()).unwrap_or_else(|e| panic!("{name}: {e}"));
-        // The post-norm rows (olmo2, exaone4) are opt-in until they run on a device.
-        let gated =
-            (spec.post_only || spec.qk_norm_full) && !mlx_engine::graph::post_norm_rows_enabled();
+        // Only olmo3 (no row here) is still opt-in among the post-norm models.
+        let gated = mlx_engine::graph::post_norm_gated(&spec);
         match model_unsupported(model.as_ref()) {
             None => assert!(!gated, "{name}: taken without the switch"),
             Some(why) => assert!(
