@@ -351,11 +351,17 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
     // gpt_oss's experts: biases on the experts and the router, and the clamped SwiGLU, which
     // the kernels take together (GraphMoe::oai).
     let oai = ms.activation == SwitchActivation::SwiGluOai;
-    if ms.expert_bias != oai || ms.router_bias != oai {
-        return Err(no(
-            "experts' biases, a router bias and the clamped SwiGLU apart (the graph decoder \
-             takes them together, as gpt_oss has them)",
-        ));
+    for (apart, what) in [
+        (ms.expert_bias && !oai, "experts with biases"),
+        (ms.router_bias && !oai, "a router bias"),
+        (
+            oai && !(ms.expert_bias && ms.router_bias),
+            "the clamped SwiGLU without gpt_oss's expert and router biases",
+        ),
+    ] {
+        if apart {
+            return Err(no(what));
+        }
     }
     // Sliding-window layers (gpt_oss's layer_types): the window of every sliding layer.
     let sliding_window = match (ms.sliding.iter().any(|&s| s), ms.sliding_window) {
