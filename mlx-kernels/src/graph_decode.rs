@@ -4948,6 +4948,84 @@ mod tests {
         w
     }
 
+    /// gpt_oss's spec: mxfp4 experts with biases, the clamped SwiGLU, a biased router and
+    /// output projection, sinks. Its weights' shapes and dtypes are checked (mxfp4: uint32
+    /// codes `[E, n, k / 8]`, uint8 scales `[E, n, k / 32]`, no biases; the experts' biases
+    /// `[E, n]`), the step source compiles its pieces in (and no other spec's does), and the
+    /// output projection does not combine the attention's partials (it adds its bias in
+    /// matvec).
+    #[test]
+    fn gpt_oss_specs_and_weights_name_their_problems() {
+        let mut s = tiny_moe_spec();
+        s.model_type = "gpt_oss".into();
+        s.o_bias = true;
+        s.attn_sinks = true;
+        let m = s.moe.as_mut().unwrap();
+        (m.oai, m.mxfp4, m.router) = (true, true, GraphRouter::TopKSoftmax);
+        s.check().unwrap();
+        let mut w = tiny_moe_weights(&s);
+        let (e, i, h) = (8, 32, s.hidden as i32);
+        let bf = |shape: &[i32]| zeros(shape);
+        for l in w.layers.iter_mut() {
+            l.o.bias = Some(bf(&[h]));
+            l.sinks = Some(bf(&[s.heads as i32]));
+            if let Some(r) = l.router.as_mut() {
+                r.bias = Some(bf(&[e]));
+                let fp4 = |n: i32, k: i32| GraphLinear {
+                    weight: zeros(&[e, n, k / 8]).astype(Dtype::Uint32).unwrap(),
+                    scales: Some(zeros(&[e, n, k / 32]).astype(Dtype::Uint8).unwrap()),
+                    biases: None,
+                    bias: Some(bf(&[e, n])),
+                    trellis: None,
+                };
+                (l.gate, l.up, l.down) = (fp4(i, h), fp4(i, h), fp4(h, i));
+            }
+        }
+        w.check(&s).unwrap();
+        let mut bad = w.clone();
+        bad.layers[0].down.scales = Some(zeros(&[e, h, i / 32]));
+        bad.layers[0].gate.bias = None;
+        bad.layers[0].o.bias = None;
+        let err = bad.check(&s).unwrap_err();
+        for want in [
+            "layers.0.experts.down_proj.scales: [8, 64, 1] bfloat16, expected [8, 64, 1] uint8",
+            "layers.0.experts.gate_proj: no bias",
+            "layers.0.o_proj: no bias",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        let p = SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+        };
+        let (src, _) = step_source(&s, &p, 1, false, false);
+        for d in ["MV_FP4 1", "MV_OUT_BIAS 1", "MOE_OAI 1", "ATTN_SINKS 1"] {
+            assert!(src.contains(&format!("#define {d}\n")), "{d}");
+        }
+        let (plain, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
+        for d in ["MV_FP4 1", "MV_OUT_BIAS 1", "MOE_OAI 1", "ATTN_SINKS 1"] {
+            assert!(!plain.contains(&format!("#define {d}\n")), "{d}");
+        }
+        assert!(!attn_combine_in_output(&s, 1, 1, Some(true)));
+        assert!(attn_combine_in_output(&tiny_moe_spec(), 1, 1, Some(true)));
+        // mxfp4 experts need hidden and the width in groups of 32.
+        let mut t = s.clone();
+        t.moe.as_mut().unwrap().intermediate = 48;
+        assert!(t.check().unwrap_err().contains("expert width 48"));
+        // No trellis-coded layers with a biased output projection.
+        let mut t = tiny_spec();
+        t.o_bias = true;
+        t.trellis = Some(TrellisSpec {
+            k: 3,
+            l: 8,
+            block: 32,
+            code: mlx_core::cpu::trellis::TrellisCode::Mad,
+        });
+        assert!(t.check().unwrap_err().contains("an output-projection bias"));
+    }
+
     #[test]
     fn moe_specs_and_weights_name_their_problems() {
         let s = tiny_moe_spec();
