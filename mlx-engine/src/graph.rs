@@ -307,7 +307,10 @@ fn switch_linear(
     match *eq {
         ExpertQuant::Unseen => *eq = this,
         first if first != this => {
-            return Err(part(what, "experts stored unlike the other experts (mixed)"));
+            return Err(part(
+                what,
+                "experts stored unlike the other experts (mixed)",
+            ));
         }
         _ => {}
     }

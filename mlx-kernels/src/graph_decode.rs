@@ -972,11 +972,21 @@ impl GraphWeights {
             match quant {
                 // MLX mxfp4: 8 codes a uint32, a uint8 scale a group of 32, no biases.
                 Some((32, BITS_MXFP4)) => {
-                    want(p, &format!("{name}.weight"), &l.weight, &shape(k / 8), Dtype::Uint32);
+                    want(
+                        p,
+                        &format!("{name}.weight"),
+                        &l.weight,
+                        &shape(k / 8),
+                        Dtype::Uint32,
+                    );
                     match &l.scales {
-                        Some(a) => {
-                            want(p, &format!("{name}.scales"), a, &shape(k / 32), Dtype::Uint8)
-                        }
+                        Some(a) => want(
+                            p,
+                            &format!("{name}.scales"),
+                            a,
+                            &shape(k / 32),
+                            Dtype::Uint8,
+                        ),
                         None => p.push(format!("{name}: no scales")),
                     }
                     if l.biases.is_some() {
@@ -1090,16 +1100,7 @@ impl GraphWeights {
                         h,
                         m.oai,
                     );
-                    lin_q(
-                        &mut p,
-                        eq,
-                        &e,
-                        &n("experts.up_proj"),
-                        &l.up,
-                        iw,
-                        h,
-                        m.oai,
-                    );
+                    lin_q(&mut p, eq, &e, &n("experts.up_proj"), &l.up, iw, h, m.oai);
                     lin_q(
                         &mut p,
                         eq,
@@ -2092,8 +2093,7 @@ impl GraphDecoder {
                     }
                     (
                         upload_lin_q(&mut rt, s, eq, &[&g, &u], Layout::Interleave)?.0,
-                        upload_lin_q(&mut rt, s, eq, &[&flat_experts(&l.down)?], Layout::Plain)?
-                            .0,
+                        upload_lin_q(&mut rt, s, eq, &[&flat_experts(&l.down)?], Layout::Plain)?.0,
                         Some(router),
                     )
                 }

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -15,7 +15,12 @@ Mixture-of-experts rows (`make_qwen3_moe`, `make_qwen3_moe_k3`, `make_mixtral`, 
 with `q4:`, and `q4r8:` with the routers in 8 bits as mlx-lm's convert writes qwen3_moe): the
 router, `moe_route`, the chosen experts' `matvec_experts` and `moe_combine` (graph_moe.cu), in
 the order `record_experts` launches them; `route_check` runs `moe_route` alone against
-mlx-lm's routers on the same bfloat16 logits.
+mlx-lm's routers on the same bfloat16 logits. gpt_oss (`make_gpt_oss`, and `fp4e:make_gpt_oss`
+with its experts in MLX's mxfp4, the rest bfloat16, as its checkpoint loads): the step source
+gpt_oss's spec compiles (sinks, matvec's biased o projection and router, the experts' biases
+and clamped SwiGLU, mxfp4 experts), sliding and full layers; fp4e's reference takes its mxfp4
+products over the dequantized weights in float32 (`gather_qmm_fp4_f32`; GRAPH_EMU_FP4_MLX=1
+keeps MLX's CPU product), and GRAPH_EMU_FP4=1 adds `fp4_check` (the mxfp4 product alone).
 
 First the greedy sampler's two kernels alone (`sampler_check`: vocabularies of one to 25
 blocks, ties and near ties) against mlx-lm's pick. Then, for each llama fixture (default: the
@@ -1206,6 +1211,44 @@ def oai_check(tmp):
     return ok
 
 
+def fp4_check(tmp):
+    """matvec_experts on mxfp4 experts (MV_FP4, bits BITS_MXFP4), alone: two chosen experts of
+    3 (down's per-slot inputs off: one input), K 128 and 2,880 (gpt-oss-20b's hidden, 90 groups
+    of 32), against float64 over MLX's own dequantized weights; MLX's CPU
+    quantized_matmul(mode="mxfp4") against the same, for scale. Ours within 4e-3 of the largest
+    output (its bfloat16 rounding) and no further than MLX's."""
+    lib = build(tmp, gptoss=True)
+    e = Emu(lib)
+    bits_fp4 = int(re.search(r"#define BITS_MXFP4 (0x[0-9a-fA-F]+)", CU).group(1), 16)
+    ok = True
+    for N, K in ((64, 128), (64, 2880)):
+        E = 3
+        mx.random.seed(K)
+        w = (mx.random.normal((E, N, K)) * 0.1).astype(mx.bfloat16)
+        q, sc = mx.quantize(w, group_size=32, bits=4, mode="mxfp4")[:2]
+        x = mx.random.normal((K,)).astype(mx.bfloat16)
+        deq = np.array(mx.dequantize(q, sc, group_size=32, bits=4, mode="mxfp4").astype(mx.float32)).astype(np.float64)
+        xf = np.array(x.astype(mx.float32)).astype(np.float64)
+        chosen = [2, 0]
+        ref = np.stack([deq[j] @ xf for j in chosen])
+        mlx = np.stack([np.array(mx.quantized_matmul(x[None], q[j], sc[j], None, transpose=True, group_size=32, bits=4,
+                                                     mode="mxfp4")[0].astype(mx.float32)) for j in chosen])
+        out = e.buf(np.zeros(2 * N, np.uint16))
+        qb, sb = e.buf(np.array(q).reshape(-1, q.shape[-1])), e.buf(np.array(sc).reshape(-1, sc.shape[-1]))
+        z, xb = e.buf(np.zeros(16, np.uint16)), e.buf(bits(x))
+        e.launch(9, mv_grid(2 * N), 256, [qb, qb, sb, sb, z, z, xb, xb, out, e.buf(np.array(chosen, np.int32)),
+                                          2 * N, K, bits_fp4, 32, 0, 1e-6, N, 0, 0, 0, 0])
+        ours = (out.astype(np.uint32) << 16).view(np.float32).reshape(2, N)
+        big = np.max(np.abs(ref))
+        r_ours, r_mlx = float(np.max(np.abs(ours - ref)) / big), float(np.max(np.abs(mlx - ref)) / big)
+        good = r_ours <= 4e-3 and r_ours <= max(r_mlx, 4e-3)
+        ok &= bool(good)
+        print(f"fp4 check (mxfp4 experts, {N} rows, K {K}): against float64 over MLX's dequantized weights, "
+              f"ours {r_ours:.5f} of the largest output, MLX's CPU quantized_matmul {r_mlx:.5f} "
+              f"{'ok' if good else 'FAILED'}")
+    return ok
+
+
 def tile_check(lib):
     """The matvec kernel alone on random 4-bit weights in groups of 64, NB sequences with
     their own inputs (the tensor-core tiles with GRAPH_EMU_MMA=1): each sequence's outputs
@@ -1514,7 +1557,8 @@ def main():
                              "make_mistral_linear", "make_qwen3", "q4:make_qwen3", "make_gemma3",
                              "q4:make_gemma3", "make_gemma2", "make_qwen3_moe", "q4:make_qwen3_moe",
                              "q4r8:make_qwen3_moe", "make_mixtral", "q4:make_mixtral", "make_olmo2",
-                             "q4:make_olmo2", "make_olmo2_wide", "make_exaone4"]
+                             "q4:make_olmo2", "make_olmo2_wide", "make_exaone4", "make_gpt_oss",
+                             "fp4e:make_gpt_oss"]
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         # GRAPH_EMU_SKIP_SAMPLER=1: the rows only (the sampler check takes minutes on a loaded
@@ -1530,6 +1574,8 @@ def main():
         sinks = [sink_check(tmp)] if os.environ.get("GRAPH_EMU_SINKS") else []
         # GRAPH_EMU_OAI=1: gpt_oss's experts and router alone (oai_check).
         sinks += [oai_check(tmp)] if os.environ.get("GRAPH_EMU_OAI") else []
+        # GRAPH_EMU_FP4=1: mxfp4 experts' products alone (fp4_check).
+        sinks += [fp4_check(tmp)] if os.environ.get("GRAPH_EMU_FP4") else []
         results = sampler + nb_check + sinks + [tile_check(lib), route_check(lib)] + \
             [run(lib, n, tmp) for n in names]
     sys.exit(0 if all(results) else 1)
