@@ -3081,7 +3081,9 @@ impl GraphDecoder {
                 BITS_MXFP4 => l.n * (l.k / l.gs),
                 _ => 2 * 2 * l.n * (l.k / l.gs),
             };
-            l.n * l.k * l.bits.min(16) / 8 + scales
+            // mxfp4: 4-bit codes.
+            let bits = if l.bits == BITS_MXFP4 { 4 } else { l.bits };
+            l.n * l.k * bits / 8 + scales
         };
         // A layer with experts reads top_k of its experts' rows, and its router.
         let (top_k, experts) = s.moe.as_ref().map_or((1, 1), |m| (m.top_k, m.experts));
