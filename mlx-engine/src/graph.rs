@@ -28,7 +28,10 @@
 //! experts the router (softmax then top-k, optionally renormalised, or top-k then softmax), the
 //! experts' stacked SwiGLU projections as the model holds them (bfloat16 or affine, the router
 //! in its own quantization: mlx-lm's convert keeps qwen3_moe's at 8 bits), decoded one sequence
-//! a step. Shared experts, biased or grouped routers and gpt_oss (sinks, mxfp4) give a reason.
+//! a step. gpt_oss maps too (attention sinks, biased q/k/v and o projections and router,
+//! experts with biases and the clamped SwiGLU, mxfp4 experts, sliding and full layers), behind
+//! [`GPT_OSS_ENV`] for `--decoder auto` until a device has run it. Shared experts and grouped
+//! or other biased routers give a reason.
 
 use mlx_core::Dtype;
 pub use mlx_kernels::graph_decode::BuildTimes;
@@ -230,6 +233,7 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
         local_rope,
         attn_softcap: softcap(d.attn_logit_softcap),
         attn_sinks: false,
+        o_bias: false,
         final_softcap: softcap(d.final_logit_softcap),
         residual_scale,
         logit_div,
@@ -238,26 +242,98 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
     })
 }
 
-/// A stacked expert projection's arrays (its quantization joins `quant`).
+/// How a model's experts are stored ([`switch_linear`]): not seen yet, MLX mxfp4 (gpt_oss's
+/// checkpoint), or bfloat16 / affine as `(group, bits)` (`None`: bfloat16), which must be the
+/// other linears' quantization.
+#[derive(Clone, Copy, PartialEq)]
+enum ExpertQuant {
+    Unseen,
+    Mxfp4,
+    Like(Option<(usize, usize)>),
+}
+
+/// A stacked expert projection's arrays; its storage joins `eq`. With `biased` (gpt_oss) its
+/// bias `[experts, rows]` comes along, else a bias is refused.
 fn switch_linear(
     l: &SwitchLinear,
     what: &str,
-    quant: &mut Option<(usize, usize)>,
+    eq: &mut ExpertQuant,
+    biased: bool,
 ) -> Result<GraphLinear, GraphGap> {
-    match l {
-        SwitchLinear::Dense { weight, bias: None } => Ok(GraphLinear {
-            weight: weight.clone(),
-            scales: None,
-            biases: None,
-            bias: None,
-            trellis: None,
-        }),
-        SwitchLinear::Quantized { weight, bias: None } => quantized(weight, what, quant),
-        SwitchLinear::Dense { .. } | SwitchLinear::Quantized { .. } => {
-            Err(part(what, "experts with biases"))
+    let (lin, this, bias) = match l {
+        SwitchLinear::Dense { weight, bias } => (
+            GraphLinear {
+                weight: weight.clone(),
+                scales: None,
+                biases: None,
+                bias: None,
+                trellis: None,
+            },
+            ExpertQuant::Like(None),
+            bias,
+        ),
+        SwitchLinear::Quantized { weight: q, bias }
+            if q.mode == mlx_core::quantized::QuantMode::Mxfp4 =>
+        {
+            if (q.group_size, q.bits) != (32, 4) || q.biases.is_some() {
+                return Err(part(
+                    what,
+                    format!(
+                        "mxfp4 with group size {} and {} bits (the decoder takes 32 and 4, \
+                         no biases)",
+                        q.group_size, q.bits
+                    ),
+                ));
+            }
+            (
+                GraphLinear {
+                    weight: q.weight.clone(),
+                    scales: Some(q.scales.clone()),
+                    biases: None,
+                    bias: None,
+                    trellis: None,
+                },
+                ExpertQuant::Mxfp4,
+                bias,
+            )
         }
-        SwitchLinear::Adapted(_) => Err(part(what, "adapted (LoRA) experts")),
+        SwitchLinear::Quantized { weight, bias } => {
+            let mut one = None;
+            let lin = quantized(weight, what, &mut one)?;
+            (lin, ExpertQuant::Like(one), bias)
+        }
+        SwitchLinear::Adapted(_) => return Err(part(what, "adapted (LoRA) experts")),
+    };
+    match *eq {
+        ExpertQuant::Unseen => *eq = this,
+        first if first != this => {
+            return Err(part(
+                what,
+                "experts stored unlike the other experts (mixed)",
+            ));
+        }
+        _ => {}
     }
+    match (bias, biased) {
+        (None, false) => Ok(lin),
+        (Some(b), true) => Ok(GraphLinear {
+            bias: Some(b.clone()),
+            ..lin
+        }),
+        (Some(_), false) => Err(part(what, "experts with biases")),
+        (None, true) => Err(part(what, "experts without the biases their row has")),
+    }
+}
+
+/// The switch that lets `--decoder auto` take gpt_oss (attention sinks, biased output
+/// projections and routers, experts with biases and the clamped SwiGLU, mxfp4 experts,
+/// sliding layers on a row with experts): emulator-checked only until its
+/// `graph_decoder_follows_the_mlx_forward` rows run on a device.
+pub const GPT_OSS_ENV: &str = "MLX_GRAPH_GPT_OSS";
+
+/// Whether [`GPT_OSS_ENV`] is `1`.
+pub fn gpt_oss_rows_enabled() -> bool {
+    std::env::var(GPT_OSS_ENV).as_deref() == Ok("1")
 }
 
 /// [`map_model`] for a mixture-of-experts row (`mlx_models::models::moe`): its spec's knobs,
@@ -275,16 +351,32 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
         problem: problem.into(),
     };
     let x = &ms.extras;
+    // gpt_oss's experts: biases on the experts and the router, and the clamped SwiGLU, which
+    // the kernels take together (GraphMoe::oai).
+    let oai = ms.activation == SwitchActivation::SwiGluOai;
+    for (apart, what) in [
+        (ms.expert_bias && !oai, "experts with biases"),
+        (ms.router_bias && !oai, "a router bias"),
+        (
+            oai && !(ms.expert_bias && ms.router_bias),
+            "the clamped SwiGLU without gpt_oss's expert and router biases",
+        ),
+    ] {
+        if apart {
+            return Err(no(what));
+        }
+    }
+    // Sliding-window layers (gpt_oss's layer_types): the window of every sliding layer.
+    let sliding_window = match (ms.sliding.iter().any(|&s| s), ms.sliding_window) {
+        (false, _) => 0,
+        (true, Some(w)) if w > 0 => w,
+        (true, w) => return Err(no(&format!("sliding layers with the window {w:?}"))),
+    };
     for (present, what) in [
-        (ms.attn_sinks, "attention sinks (gpt_oss)"),
-        (ms.o_bias, "an output-projection bias"),
-        (ms.expert_bias, "experts with biases"),
-        (ms.router_bias, "a router bias"),
         (
             ms.shared_expert_intermediate_size.is_some(),
             "a shared expert",
         ),
-        (ms.sliding.iter().any(|&s| s), "sliding-window layers"),
         (x.embedding_multiplier.is_some(), "an embedding multiplier"),
         (x.logits_scaling.is_some(), "a logits scaling"),
         (x.layer_norm || x.lm_head_bias, "layer norms or a head bias"),
@@ -298,7 +390,10 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
             return Err(no(what));
         }
     }
-    if ms.activation != SwitchActivation::SwiGlu {
+    if !matches!(
+        ms.activation,
+        SwitchActivation::SwiGlu | SwitchActivation::SwiGluOai
+    ) {
         return Err(no(&format!("the experts' {:?} activation", ms.activation)));
     }
     let router = match ms.router {
@@ -309,12 +404,15 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
         } => GraphRouter::SoftmaxTopK {
             norm: norm_topk_prob,
         },
-        Router::TopKThenSoftmax => GraphRouter::TopKSoftmax,
+        // gpt_oss's mlx_topk (argpartition's upper k) chooses the same experts but among
+        // equal logits, where each side breaks the tie its own way.
+        Router::TopKThenSoftmax | Router::UpperTopKThenSoftmax => GraphRouter::TopKSoftmax,
         r => return Err(no(&format!("the {r:?} router"))),
     };
     let eps = ms.rms_norm_eps;
     let layers = ms.num_hidden_layers.max(0) as usize;
     let (mut quant, mut router_quant) = (None, None);
+    let mut equant = ExpertQuant::Unseen;
     let embed = embedding(m.embed_tokens(), &t, &mut quant)?;
     let head = m
         .lm_head()
@@ -326,7 +424,9 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
     for i in 0..layers {
         let v = m.layer_view(i).ok_or_else(|| layer(i, "is missing"))?;
         let w = |s: &str| format!("`{t}`: layer {i} {s}");
-        if let Some(what) = v.other.first() {
+        // Attention sinks are taken (gpt_oss): `sinks` below.
+        let sinks_taken = |w: &&&str| v.sinks.is_some() && **w == "attention sinks";
+        if let Some(what) = v.other.iter().find(|w| !sinks_taken(w)) {
             return Err(layer(i, &format!("has {what}")));
         }
         match v.rope {
@@ -382,9 +482,9 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
                 let e = b.experts();
                 moe_layers.push(true);
                 (
-                    switch_linear(&e.gate_proj, &w("experts' gate_proj"), &mut quant)?,
-                    switch_linear(&e.up_proj, &w("experts' up_proj"), &mut quant)?,
-                    switch_linear(&e.down_proj, &w("experts' down_proj"), &mut quant)?,
+                    switch_linear(&e.gate_proj, &w("experts' gate_proj"), &mut equant, oai)?,
+                    switch_linear(&e.up_proj, &w("experts' up_proj"), &mut equant, oai)?,
+                    switch_linear(&e.down_proj, &w("experts' down_proj"), &mut equant, oai)?,
                     Some(linear(b.gate(), &w("router"), &mut router_quant)?),
                 )
             }
@@ -411,11 +511,26 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
             k_norm,
             post_attn_norm: None,
             post_mlp_norm: None,
-            sinks: None,
+            sinks: v.sinks.cloned(),
         });
     }
     let Some(rope) = rope else {
         return Err(no("a model without rotary positions"));
+    };
+    // The experts: mxfp4 (whatever the other linears are), or as the other linears.
+    let mxfp4 = match equant {
+        ExpertQuant::Mxfp4 => true,
+        ExpertQuant::Like(q) if quant.is_some() && q != quant => {
+            return Err(part(
+                &format!("`{t}`: experts"),
+                "quantized unlike the other linears (mixed quantization)",
+            ));
+        }
+        ExpertQuant::Like(q) => {
+            quant = quant.or(q);
+            false
+        }
+        ExpertQuant::Unseen => false,
     };
     let attn_scale = m.layer_view(0).map_or(0.0, |v| v.scale);
     let final_norm = match m.final_norm() {
@@ -451,11 +566,16 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
         sandwich: false,
         post_only: false,
         gelu: false,
-        sliding: Vec::new(),
-        sliding_window: 0,
+        sliding: if sliding_window > 0 {
+            ms.sliding.clone()
+        } else {
+            Vec::new()
+        },
+        sliding_window,
         local_rope: None,
         attn_softcap: 0.0,
-        attn_sinks: false,
+        attn_sinks: ms.attn_sinks,
+        o_bias: ms.o_bias,
         final_softcap: 0.0,
         residual_scale: 0.0,
         logit_div: 0.0,
@@ -466,6 +586,8 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
             router,
             layers: moe_layers,
             router_quant,
+            oai,
+            mxfp4,
         }),
         trellis: None,
     };
@@ -821,7 +943,19 @@ pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
     if let Err(e) = weights.check(&spec) {
         return Some(format!(
             "`{t}`: the graph decoder runs bfloat16 weights or MLX affine 4/8-bit ones with \
-             bfloat16 scales ({e})"
+             bfloat16 scales, and mxfp4 experts ({e})"
+        ));
+    }
+    let gpt_oss = spec.attn_sinks
+        || spec.o_bias
+        || !spec.sliding.is_empty() && spec.moe.is_some()
+        || spec.moe.as_ref().is_some_and(|m| m.oai || m.mxfp4);
+    if gpt_oss && !gpt_oss_rows_enabled() {
+        return Some(format!(
+            "`{t}`: attention sinks, biased output projections and routers, experts with \
+             biases, the clamped SwiGLU, mxfp4 experts and sliding layers among experts \
+             (gpt_oss) have run on the emulator only, not yet on a device ({GPT_OSS_ENV}=1 \
+             takes them)"
         ));
     }
     if post_norm_gated(&spec) {

@@ -97,7 +97,7 @@ fn graph_decoder_follows_the_mlx_forward() {
         dirs.push((name, dst));
     }
     // MLX_GRAPH_FOLLOW_ROWS=a,b runs only those rows (device time is scarce: the MoE rows
-    // alone are `qwen3_moe,qwen3_moe_q4_r8,mixtral,mixtral_q4`).
+    // alone are `qwen3_moe,qwen3_moe_q4_r8,mixtral,mixtral_q4,gpt_oss,gpt_oss_mxfp4`).
     if let Ok(picked) = std::env::var("MLX_GRAPH_FOLLOW_ROWS") {
         let picked: Vec<&str> = picked.split(',').map(str::trim).collect();
         dirs.retain(|(n, _)| picked.contains(&n.as_str()));

@@ -216,13 +216,58 @@ fn moe_rows_map_with_their_knobs() {
         let model = load(&graph_models::write(&root, &row));
         let name = row.name;
         let (spec, weights) = map_model(model.as_ref()).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(model_unsupported(model.as_ref()), None, "{name}");
+        // gpt_oss is opt-in until its rows run on a device (the switch named).
+        let gpt_oss = name.starts_with("gpt_oss");
+        match model_unsupported(model.as_ref()) {
+            None => assert!(
+                !gpt_oss || mlx_engine::graph::gpt_oss_rows_enabled(),
+                "{name}: taken without the switch"
+            ),
+            Some(why) => assert!(
+                gpt_oss && why.contains(mlx_engine::graph::GPT_OSS_ENV),
+                "{name}: {why}"
+            ),
+        }
         spec.check().unwrap();
         weights.check(&spec).unwrap();
         let m = spec.moe.as_ref().unwrap();
         let qwen = name.starts_with("qwen3_moe");
         assert_eq!(spec.qk_norm, qwen, "{name}");
-        assert_eq!(spec.tied, !qwen, "{name}");
+        assert_eq!(spec.tied, !qwen && !gpt_oss, "{name}");
+        // gpt_oss's knobs: sinks, o and q/k/v biases, the router's and experts' biases with the
+        // clamped SwiGLU, sliding layers 0 and 2 (window 48), mxfp4 experts in `_mxfp4`.
+        assert_eq!(
+            (spec.attn_sinks, spec.o_bias, m.oai, spec.qkv_bias),
+            (gpt_oss, gpt_oss, gpt_oss, gpt_oss),
+            "{name}"
+        );
+        assert_eq!(m.mxfp4, name.ends_with("_mxfp4"), "{name}");
+        if gpt_oss {
+            assert_eq!(spec.sliding, [true, false, true], "{name}");
+            assert_eq!(spec.sliding_window, 48, "{name}");
+            assert_eq!((m.experts, m.top_k), (8, 2), "{name}");
+            assert_eq!(m.router, GraphRouter::TopKSoftmax, "{name}");
+            for l in &weights.layers {
+                assert_eq!(l.sinks.as_ref().map(|a| a.shape()), Some(vec![4]), "{name}");
+                assert!(l.o.bias.is_some() && l.router.as_ref().unwrap().bias.is_some());
+                assert_eq!(l.gate.bias.as_ref().unwrap().shape(), [8, 64], "{name}");
+                assert_eq!(l.down.bias.as_ref().unwrap().shape(), [8, 64], "{name}");
+            }
+            if m.mxfp4 {
+                let g = &weights.layers[0].gate;
+                assert_eq!(g.weight.shape(), [8, 64, 8], "{name}");
+                assert_eq!(g.scales.as_ref().unwrap().dtype(), mlx_core::Dtype::Uint8);
+                assert!(g.biases.is_none(), "{name}");
+            }
+            // A broken mxfp4 expert is named by the decoder's check, not run.
+            if m.mxfp4 {
+                let mut w = weights.clone();
+                w.layers[1].up.scales = w.layers[1].gate.biases.clone();
+                let e = w.check(&spec).unwrap_err();
+                assert!(e.contains("layers.1.experts.up_proj: no scales"), "{e}");
+            }
+            continue;
+        }
         assert_eq!(spec.quant, row.quant.map(|(g, b)| (g as usize, b as usize)));
         let wide = row.quant.is_some();
         let width = if wide { 128 } else { 64 };
@@ -286,7 +331,8 @@ fn other_rows_name_the_reason() {
         (models().join("qwen3_moe"), "bfloat16"),
         (models().join("mixtral"), "bfloat16"),
         (models().join("qwen2_moe"), "a shared expert"),
-        (models().join("gpt_oss"), "attention sinks"),
+        // gpt_oss maps (sinks, biases, mxfp4 experts); its fixture's float32 does not.
+        (models().join("gpt_oss"), "bfloat16"),
         (models().join("olmoe"), "experts with biases"),
         // A covered row in float32: the dtype is named.
         (models().join("dense_f32"), "bfloat16"),

@@ -266,6 +266,34 @@ __device__ __forceinline__ void codes8(u32 w, float* q) {
   q[3] = code_at<0xFF00u>(v);
 }
 
+// MX fp4 (MLX's mxfp4 mode: gpt_oss's experts): 4-bit e2m1 codes (sign, 2 exponent bits, 1
+// mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), 8 a word, the lowest bits
+// first, one e8m0 scale (a byte: 2^(e - 127)) a group of 32, no biases. Compiled only where
+// MV_FP4 is 1 (the step source of a model with mxfp4 experts), so every other model compiles
+// the kernels it always did. A code's magnitude doubled (an integer, 0 .. 12) is byte m of
+// FP4_LO:FP4_HI (one byte_perm, the other three bytes byte 0's zero), as a float by the
+// CODE_EXP trick, its sign bit OR'd in: exact, so the chunk's sum of code x input products is
+// twice the true one, and the group's scale is halved to match (mv_fp4_scale: a power of two,
+// exact).
+#ifndef MV_FP4
+#define MV_FP4 0
+#endif
+// The kernels' `bits` argument for mxfp4 weights (group 32; graph_decode.rs's BITS_MXFP4).
+#define BITS_MXFP4 0x104
+#define FP4_LO 0x03020100u
+#define FP4_HI 0x0C080604u
+// Code j (0 .. 7, a constant once unrolled) of word w, doubled.
+__device__ __forceinline__ float fp4_at(u32 w, int j) {
+  const u32 mag = __byte_perm(FP4_LO, FP4_HI, (w >> (4 * j)) & 7u);
+  const u32 sgn = (j >= 7 ? w : w << (28 - 4 * j)) & 0x80000000u;
+  return __uint_as_float(__float_as_uint(__uint_as_float(mag | CODE_EXP) - CODE_OFF) | sgn);
+}
+// An e8m0 scale halved (the codes are doubled): 2^(e - 128) as float bits (below 2^-126, for
+// e < 2, a subnormal).
+__device__ __forceinline__ u32 mv_fp4_scale(u32 e) {
+  return e > 1u ? (e - 1u) << 23 : 0x00400000u >> (1u - e);
+}
+
 // An input slot (8 bfloat16 values) as the codes of `bits` bits multiply it: value i divided
 // by 16^(i % 4) (4-bit) or 256^(i % 2) (8-bit). A power of two scales exactly, so the
 // products' high halves are the bfloat16 quotients (a NaN stays NaN: arithmetic NaNs are
@@ -326,6 +354,39 @@ __device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, 
       t[i][r] = q[0] * x[i * PER];
 #pragma unroll
       for (int j = 1; j < PER; ++j) t[i][r] += q[j] * x[i * PER + j];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < MV_ROWS; ++r) d[r] = ((t[0][r] + t[1][r]) + t[2][r]) + t[3][r];
+}
+
+// qchunk for mxfp4 codes (16 bytes a row: 32 codes, one group) against the unscaled inputs:
+// d[r] = 2 sum(code_r * x), each word's codes summed on their own, then the words' sums in
+// order (qchunk's order).
+__device__ __forceinline__ void qchunk_fp4(const uint4* w, const bf16_t* xs, int c, float* d) {
+  float x[32];
+  const uint4* xv = (const uint4*)xs;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 t = xv[xs_slot(c * 4 + i)];
+    x[8 * i + 0] = lo2f(t.x);
+    x[8 * i + 1] = hi2f(t.x);
+    x[8 * i + 2] = lo2f(t.y);
+    x[8 * i + 3] = hi2f(t.y);
+    x[8 * i + 4] = lo2f(t.z);
+    x[8 * i + 5] = hi2f(t.z);
+    x[8 * i + 6] = lo2f(t.w);
+    x[8 * i + 7] = hi2f(t.w);
+  }
+  float t[4][MV_ROWS];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+      const u32 word = i == 0 ? w[r].x : i == 1 ? w[r].y : i == 2 ? w[r].z : w[r].w;
+      t[i][r] = fp4_at(word, 0) * x[i * 8];
+#pragma unroll
+      for (int j = 1; j < 8; ++j) t[i][r] += fp4_at(word, j) * x[i * 8 + j];
     }
   }
 #pragma unroll
@@ -467,7 +528,9 @@ __device__ __forceinline__ u32 ld_sb(const bf16_t* s, const bf16_t* b, ll i) {
 // last ones past C skipped). MV_BATCH items are in flight; an item's slot is refilled with
 // the item MV_BATCH ahead, across row groups, as soon as it has been used.
 // MAP: the weights' Wts map (a template argument: each map keeps only the addresses it needs).
-template <int BITS, int MAP>
+// FP4 (with BITS 4): mxfp4 codes, sb each group's halved e8m0 scale as float bits (mv_fp4_scale),
+// the inputs unscaled.
+template <int BITS, int MAP, bool FP4 = false>
 struct MvStream {
   static constexpr int VALS = BITS == 16 ? 8 : 4 * (32 / BITS);  // inputs a chunk
   Wts wt;
@@ -541,6 +604,15 @@ struct MvStream {
     }
     return ld_sb(sp, bp, (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g);
   }
+  // mxfp4: row rr's group g's scale (a byte in the part's scales), halved, as float bits.
+  __device__ __forceinline__ u32 scale_fp4(int rr, int g) const {
+    const unsigned char* s0 = (const unsigned char*)wt.s0;
+    if (MAP == WMAP_PAIR) {
+      const int i = ia + (rr >> 1) * G + g;
+      return mv_fp4_scale(rr & 1 ? ((const unsigned char*)wt.s1)[i] : s0[i]);
+    }
+    return mv_fp4_scale(s0[ia + rr * G + g]);
+  }
 
   __device__ __forceinline__ void load(int u) {
     const int c = lane + 32 * lk;
@@ -550,7 +622,7 @@ struct MvStream {
       for (int r = 0; r < MV_ROWS; ++r) {
         const int rr = r < last ? r : last;
         q[u][r] = ld_stream((const uint4*)words(rr) + c);
-        if (BITS != 16) sb[u][r] = scale_bias(rr, g);
+        if (BITS != 16) sb[u][r] = FP4 ? scale_fp4(rr, g) : scale_bias(rr, g);
       }
     }
     if (++lk == per_lane) {
@@ -586,6 +658,12 @@ struct MvStream {
         const uint4 xv = ((const uint4*)xsb)[xs_slot(c)];
 #pragma unroll
         for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = dot8(q[u][r], xv, acc[b][r]);
+      } else if (FP4) {
+        // mxfp4: the chunk is one group; its doubled sum times the halved scale (exact).
+        float d[MV_ROWS];
+        qchunk_fp4(q[u], xsb, c, d);
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r) acc[b][r] += __uint_as_float(sb[u][r]) * d[r];
       } else if (NB == 1) {
         float d[MV_ROWS];
         qchunk<BITS>(q[u], xsb, c, d);
@@ -595,7 +673,7 @@ struct MvStream {
           acc[b][r] = ::scale_bias(acc[b][r], lo2f(sb[u][r]), d[r], hi2f(sb[u][r]), xsum);
       }
     }
-    if (BITS != 16 && NB > 1) qchunk_rows(u, c, xs, xc, xstride, acc);
+    if (BITS != 16 && !FP4 && NB > 1) qchunk_rows(u, c, xs, xc, xstride, acc);
   }
 
   // compute's quantized case for NB > 1: the codes of each word are decoded once, for every
@@ -1409,14 +1487,14 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
 // (read after the wait for the previous kernel, which wrote sel: the caller waits first); with
 // `per_slot`, slot j's input is its own, xin + j K (the N / rpe inputs side by side in shared
 // memory), else every slot's is xin.
-template <int BITS, int MAP, class Pre, class Epi>
+template <int BITS, int MAP, bool FP4 = false, class Pre, class Epi>
 __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,
                                        double eps, unsigned char* smem, float* red, Trace& tr,
                                        Pre pre, Epi epi, const int* sel = nullptr, ll rpe = 1,
                                        bool per_slot = false, const AttnParts* ap = nullptr) {
 #if MV_MMA
-  if (BITS == 4 && gs == 64 && !sel && !ap) {
+  if (BITS == 4 && !FP4 && gs == 64 && !sel && !ap) {
     mv_run_mma(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
     return;
   }
@@ -1429,11 +1507,13 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
 #else
   // The input's width: K, or the slots' inputs side by side.
   const ll Kx = per_slot ? N / rpe * K : K;
+  // The inputs' layout: mxfp4 codes multiply them unscaled, with no chunk sums (bfloat16's).
+  constexpr int XB = FP4 ? 16 : BITS;
   bf16_t* xs = (bf16_t*)smem;
   float* xc = mv_chunk_sums(smem, Kx);
-  const int xstride = mv_row_bytes(Kx, BITS);
+  const int xstride = mv_row_bytes(Kx, XB);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  MvStream<BITS, MAP> m;
+  MvStream<BITS, MAP, FP4> m;
   m.wt = wt;
   m.N = N;
   m.groups = (N + MV_ROWS - 1) / MV_ROWS;
@@ -1460,7 +1540,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                        (float*)(smem + NB * xstride), *ap, b, Kx, BITS);
     } else {
       mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, Kx), red,
-                  xin + b * Kx, normw, Kx, norm, eps, BITS);
+                  xin + b * Kx, normw, Kx, norm, eps, XB);
     }
   }
   tr.mark(2);
@@ -1624,7 +1704,16 @@ __device__ __forceinline__ MvRes mv_res_load(const bf16_t* res, ll N, ll mode, l
 //       F32: out is float32 (the bfloat16-rounded values), soft-capped when cap > 0, divided
 //            by -cap when cap < 0 (granite's logits_scaling, a bfloat16 value);
 //       RES with cap != 0: out = res + (W x) cap, the product rounded first (granite's
-//            residual_multiplier, a bfloat16 value).
+//            residual_multiplier, a bfloat16 value);
+//       BIAS (compiled only where MV_OUT_BIAS is 1: gpt_oss's biased output projection and
+//            router), without SWIGLU or F32: W x + bias, the bias B1 [N] (bfloat16; W1, S1
+//            and B1 are unused without SWIGLU), added as MLX adds a linear's bias: in the
+//            product's one rounding for bfloat16 weights (addmm), after the rounded
+//            quantized product otherwise; then the residual, as RES.
+#ifndef MV_OUT_BIAS
+#define MV_OUT_BIAS 0
+#endif
+#define MODE_BIAS 64
 extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
     const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
     const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, const bf16_t* res, void* out, ll N,
@@ -1661,14 +1750,26 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
         };
         ((float*)out_b)[i] = fin(acc[r]);
         if (has1) ((float*)out_b)[i + 1] = fin(acc[r + 1]);
-      } else if (mode & MODE_RES) {
-        const float m = (float)cap;
-        auto y = [&](float v) { return m != 0.f ? rbf(rbf(v) * m) : rbf(v); };
-        ((bf16_t*)out_b)[i] = f2bf(lo2f(e.v[r / 2]) + y(acc[r]));
-        if (has1) ((bf16_t*)out_b)[i + 1] = f2bf(hi2f(e.v[r / 2]) + y(acc[r + 1]));
       } else {
-        ((bf16_t*)out_b)[i] = f2bf(acc[r]);
-        if (has1) ((bf16_t*)out_b)[i + 1] = f2bf(acc[r + 1]);
+        float a0 = acc[r], a1 = acc[r + 1];
+#if MV_OUT_BIAS
+        if (mode & MODE_BIAS) {
+          auto add = [&](float v, ll row) {
+            return bits == 16 ? rbf(v + bf2f(B1[row])) : rbf(rbf(v) + bf2f(B1[row]));
+          };
+          a0 = add(a0, i);
+          if (has1) a1 = add(a1, i + 1);
+        }
+#endif
+        if (mode & MODE_RES) {
+          const float m = (float)cap;
+          auto y = [&](float v) { return m != 0.f ? rbf(rbf(v) * m) : rbf(v); };
+          ((bf16_t*)out_b)[i] = f2bf(lo2f(e.v[r / 2]) + y(a0));
+          if (has1) ((bf16_t*)out_b)[i + 1] = f2bf(hi2f(e.v[r / 2]) + y(a1));
+        } else {
+          ((bf16_t*)out_b)[i] = f2bf(a0);
+          if (has1) ((bf16_t*)out_b)[i + 1] = f2bf(a1);
+        }
       }
     }
   };

@@ -112,6 +112,23 @@ const MODE_RES: i64 = 2;
 const MODE_SWIGLU: i64 = 4;
 const MODE_F32: i64 = 8;
 const MODE_GELU: i64 = 16;
+/// matvec_experts' gpt_oss SwiGLU (`graph_moe.cu`, `MOE_OAI`).
+const MODE_OAI: i64 = 32;
+/// matvec's biased output (`MV_OUT_BIAS`): the bias in B1's slot ([`Lin::out_bias`]).
+const MODE_BIAS: i64 = 64;
+/// The kernels' `bits` for MLX's mxfp4 weights (`BITS_MXFP4` in `graph_decode.cu`: 4-bit e2m1
+/// codes, a uint8 e8m0 scale a group of 32, no biases); [`GraphMoe::mxfp4`]'s experts.
+pub const BITS_MXFP4: usize = 0x104;
+
+/// The width in bits the inputs of a product of `bits` are laid out for (mxfp4 codes multiply
+/// them unscaled, as bfloat16 weights do).
+fn layout_bits(bits: usize) -> usize {
+    if bits == BITS_MXFP4 {
+        16
+    } else {
+        bits
+    }
+}
 const ATTN_CHUNK: usize = 64;
 /// Attention widths (heads x head_dim) up to which, with one sequence a step, the output
 /// projection combines the attention's partial outputs in its prologue (`matvec_attn_out`)
@@ -475,6 +492,26 @@ pub struct GraphMoe {
     /// The routers' quantization, (group size, bits), where it is their own (mlx-lm's convert
     /// quantizes qwen3_moe's routers to 8 bits, the rest to 4); `None`: bfloat16 routers.
     pub router_quant: Option<(usize, usize)>,
+    /// gpt_oss's experts: each expert's biases (the stacked projections' `bias`, `[experts,
+    /// rows]`), the router's bias, and the clamped SwiGLU (`swiglu_oai`): `MOE_OAI` and
+    /// matvec's `MODE_BIAS` for the router.
+    pub oai: bool,
+    /// The experts are MLX mxfp4 (e2m1 codes, uint8 e8m0 scales a group of 32, no biases),
+    /// whatever [`GraphSpec::quant`] says of the other linears (gpt_oss's checkpoint: mxfp4
+    /// experts, the rest bfloat16). `MV_FP4` compiles the decode into `matvec_experts`.
+    pub mxfp4: bool,
+}
+
+impl GraphMoe {
+    /// The experts' quantization as the kernels take it: `(32, BITS_MXFP4)` for mxfp4, else
+    /// the model's.
+    fn expert_quant(&self, spec_quant: Option<(usize, usize)>) -> Option<(usize, usize)> {
+        if self.mxfp4 {
+            Some((32, BITS_MXFP4))
+        } else {
+            spec_quant
+        }
+    }
 }
 
 /// What the decoder runs: a pre-norm decoder-only transformer (RMSNorm, attention with RoPE
@@ -537,6 +574,10 @@ pub struct GraphSpec {
     /// gpt_oss's attention sinks: each layer's per-head sink logit ([`GraphLayer::sinks`])
     /// joins its head's softmax with no value (`attention` compiled with `ATTN_SINKS` 1).
     pub attn_sinks: bool,
+    /// The output projection has a bias (gpt_oss; [`GraphLinear::bias`] of
+    /// [`GraphLayer::o`], `[hidden]`): matvec adds it (`MV_OUT_BIAS`, `MODE_BIAS`), and the
+    /// attention combines its own partials (no `matvec_attn_out`).
+    pub o_bias: bool,
     pub final_softcap: f32,
     /// granite's residual multiplier (a bfloat16 value; 0: none): each attention and MLP
     /// output is multiplied by it before its residual add.
@@ -711,11 +752,17 @@ impl GraphSpec {
                     ));
                 }
             }
-            let (gs, align) = match s.quant {
+            let (gs, align) = match m.expert_quant(s.quant) {
                 Some((gs, _)) => (gs, 32),
                 None => (1, 8),
             };
             let i = m.intermediate;
+            if m.mxfp4 && s.hidden % 32 != 0 {
+                return Err(format!(
+                    "moe: mxfp4 experts over hidden {}: not a multiple of 32",
+                    s.hidden
+                ));
+            }
             if i == 0 || i % align != 0 || i % gs != 0 {
                 return Err(format!(
                     "moe: expert width {i}: not a positive multiple of {}",
@@ -726,6 +773,7 @@ impl GraphSpec {
         if s.trellis.is_some() {
             for (on, what) in [
                 (s.moe.is_some(), "experts"),
+                (s.o_bias, "an output-projection bias"),
                 (s.qk_norm, "q/k norms"),
                 (s.sandwich, "sandwich norms"),
                 (s.gelu, "GeGLU"),
@@ -792,8 +840,10 @@ impl GraphSpec {
             (self.heads * self.head_dim, bits),
         ];
         if let Some(m) = &self.moe {
+            let eb = layout_bits(m.expert_quant(self.quant).map_or(16, |q| q.1));
             v.push((self.hidden, m.router_quant.map_or(16, |q| q.1)));
-            v.push((m.top_k * m.intermediate, bits));
+            v.push((self.hidden, eb));
+            v.push((m.top_k * m.intermediate, eb));
         }
         v
     }
@@ -912,6 +962,7 @@ impl GraphWeights {
         ) {
             let shape =
                 |last: usize| -> Vec<usize> { lead.iter().copied().chain([n, last]).collect() };
+            let rows: Vec<usize> = lead.iter().copied().chain([n]).collect();
             if l.trellis.is_some() {
                 p.push(format!(
                     "{name}: trellis-coded, the rest of the model's linears are not (a mix)"
@@ -919,6 +970,29 @@ impl GraphWeights {
                 return;
             }
             match quant {
+                // MLX mxfp4: 8 codes a uint32, a uint8 scale a group of 32, no biases.
+                Some((32, BITS_MXFP4)) => {
+                    want(
+                        p,
+                        &format!("{name}.weight"),
+                        &l.weight,
+                        &shape(k / 8),
+                        Dtype::Uint32,
+                    );
+                    match &l.scales {
+                        Some(a) => want(
+                            p,
+                            &format!("{name}.scales"),
+                            a,
+                            &shape(k / 32),
+                            Dtype::Uint8,
+                        ),
+                        None => p.push(format!("{name}: no scales")),
+                    }
+                    if l.biases.is_some() {
+                        p.push(format!("{name}: mxfp4 with biases"));
+                    }
+                }
                 None => {
                     want(
                         p,
@@ -949,7 +1023,7 @@ impl GraphWeights {
                 }
             }
             match (&l.bias, bias) {
-                (Some(b), true) => want(p, &format!("{name}.bias"), b, &[n], Dtype::Bfloat16),
+                (Some(b), true) => want(p, &format!("{name}.bias"), b, &rows, Dtype::Bfloat16),
                 (None, false) => {}
                 (Some(_), false) => p.push(format!("{name}: a bias is not supported")),
                 (None, true) => p.push(format!("{name}: no bias")),
@@ -1000,11 +1074,12 @@ impl GraphWeights {
             layer_lin(&mut p, s, &n("q_proj"), &l.q, s.heads * d, h, b);
             layer_lin(&mut p, s, &n("k_proj"), &l.k, s.kv_heads * d, h, b);
             layer_lin(&mut p, s, &n("v_proj"), &l.v, s.kv_heads * d, h, b);
-            layer_lin(&mut p, s, &n("o_proj"), &l.o, h, s.heads * d, false);
+            layer_lin(&mut p, s, &n("o_proj"), &l.o, h, s.heads * d, s.o_bias);
             match (&s.moe, &l.router) {
                 (Some(m), Some(r)) if s.moe_layer(i) => {
                     let e = [m.experts];
                     let iw = m.intermediate;
+                    let eq = m.expert_quant(s.quant);
                     lin_q(
                         &mut p,
                         m.router_quant,
@@ -1013,37 +1088,28 @@ impl GraphWeights {
                         r,
                         m.experts,
                         h,
-                        false,
+                        m.oai,
                     );
                     lin_q(
                         &mut p,
-                        s.quant,
+                        eq,
                         &e,
                         &n("experts.gate_proj"),
                         &l.gate,
                         iw,
                         h,
-                        false,
+                        m.oai,
                     );
+                    lin_q(&mut p, eq, &e, &n("experts.up_proj"), &l.up, iw, h, m.oai);
                     lin_q(
                         &mut p,
-                        s.quant,
-                        &e,
-                        &n("experts.up_proj"),
-                        &l.up,
-                        iw,
-                        h,
-                        false,
-                    );
-                    lin_q(
-                        &mut p,
-                        s.quant,
+                        eq,
                         &e,
                         &n("experts.down_proj"),
                         &l.down,
                         h,
                         iw,
-                        false,
+                        m.oai,
                     );
                 }
                 (_, Some(_)) => p.push(format!("{}: a router in a dense layer", n("router"))),
@@ -1214,6 +1280,9 @@ struct Lin {
     /// spec's, or a router's own).
     gs: usize,
     bits: usize,
+    /// A biased output projection's or router's bias `[n]` (gpt_oss): matvec adds it
+    /// (`MODE_BIAS`, in B1's slot).
+    out_bias: Option<Buffer>,
 }
 
 #[derive(Debug)]
@@ -1243,6 +1312,9 @@ struct Layer {
     down: Lin,
     /// The router of a layer with experts.
     router: Option<Lin>,
+    /// gpt_oss's experts' biases (`GraphMoe::oai`): gate's and up's `[experts * width]`,
+    /// down's `[experts * hidden]`.
+    expert_bias: Option<[Buffer; 3]>,
     kc: Buffer,
     vc: Buffer,
     /// A layer of trellis-coded linears ([`GraphSpec::trellis`]): its linears, launched by
@@ -1443,6 +1515,7 @@ impl Lin {
             k,
             gs: 1,
             bits,
+            out_bias: None,
         }
     }
 
@@ -1527,14 +1600,21 @@ fn upload_lin_q(
     for (j, l) in parts.iter().enumerate() {
         n += l.weight.shape().first().copied().unwrap_or(0) as usize;
         w.push(place(rt, j, &l.weight)?);
-        if quant.is_some() {
-            sc.push(place(rt, j, l.scales.as_ref().ok_or_else(missing)?)?);
-            bi.push(place(rt, j, l.biases.as_ref().ok_or_else(missing)?)?);
+        if let Some((_, bits)) = quant {
+            let scales = place(rt, j, l.scales.as_ref().ok_or_else(missing)?)?;
+            sc.push(scales);
+            // mxfp4 has no biases: the kernels never read B (its slots repeat the scales).
+            bi.push(if bits == BITS_MXFP4 {
+                scales
+            } else {
+                place(rt, j, l.biases.as_ref().ok_or_else(missing)?)?
+            });
         }
     }
     let k = {
         let cols = parts[0].weight.shape().get(1).copied().unwrap_or(0) as usize;
         match quant {
+            Some((_, BITS_MXFP4)) => cols * 8,
             Some((_, bits)) => cols * 32 / bits,
             None => cols,
         }
@@ -1567,6 +1647,7 @@ fn upload_lin_q(
             k,
             gs: quant.map_or(1, |q| q.0),
             bits: quant.map_or(16, |q| q.1),
+            out_bias: None,
         },
         bias,
     ))
@@ -1989,13 +2070,31 @@ impl GraphDecoder {
             };
             // A layer with experts: its router, and the experts' stacked projections as one
             // linear each (gate/up interleaved within each expert).
+            let mut expert_bias = None;
             let (gu, down, router) = match (&s.moe, &l.router) {
                 (Some(m), Some(r)) if s.moe_layer(i) => {
                     let (g, u) = (flat_experts(&l.gate)?, flat_experts(&l.up)?);
+                    let eq = m.expert_quant(s.quant);
+                    let (mut router, router_bias) =
+                        upload_lin_q(&mut rt, s, m.router_quant, &[r], Layout::Plain)?;
+                    if m.oai {
+                        router.out_bias = router_bias;
+                        let flat = |rt: &mut GpuRuntime, l: &GraphLinear| -> Result<Buffer> {
+                            let b = l.bias.as_ref().ok_or_else(|| {
+                                invalid("graph_decoder", "gpt_oss experts without biases")
+                            })?;
+                            put(rt, &b.reshape(&[-1])?)
+                        };
+                        expert_bias = Some([
+                            flat(&mut rt, &l.gate)?,
+                            flat(&mut rt, &l.up)?,
+                            flat(&mut rt, &l.down)?,
+                        ]);
+                    }
                     (
-                        upload_lin(&mut rt, s, &[&g, &u], Layout::Interleave)?.0,
-                        upload_lin(&mut rt, s, &[&flat_experts(&l.down)?], Layout::Plain)?.0,
-                        Some(upload_lin_q(&mut rt, s, m.router_quant, &[r], Layout::Plain)?.0),
+                        upload_lin_q(&mut rt, s, eq, &[&g, &u], Layout::Interleave)?.0,
+                        upload_lin_q(&mut rt, s, eq, &[&flat_experts(&l.down)?], Layout::Plain)?.0,
+                        Some(router),
                     )
                 }
                 _ => match &tl {
@@ -2024,11 +2123,18 @@ impl GraphDecoder {
                 qk_norm,
                 o: match &tl {
                     Some((_, x)) => x[1],
-                    None => upload_lin(&mut rt, s, &[&l.o], Layout::Plain)?.0,
+                    None => {
+                        let (mut o, bias) = upload_lin(&mut rt, s, &[&l.o], Layout::Plain)?;
+                        if s.o_bias {
+                            o.out_bias = bias;
+                        }
+                        o
+                    }
                 },
                 gu,
                 down,
                 router,
+                expert_bias,
                 kc: rt.alloc(kv_bytes)?,
                 vc: rt.alloc(kv_bytes)?,
                 trellis: tl.map(|x| x.0),
@@ -2970,12 +3076,14 @@ impl GraphDecoder {
         let s = &self.step.shape;
         let bits = s.group_and_bits().1;
         let lin_bytes = |l: &Lin| {
-            let scales = if l.bits == 16 {
-                0
-            } else {
-                2 * 2 * l.n * (l.k / l.gs)
+            let scales = match l.bits {
+                16 => 0,
+                BITS_MXFP4 => l.n * (l.k / l.gs),
+                _ => 2 * 2 * l.n * (l.k / l.gs),
             };
-            l.n * l.k * l.bits / 8 + scales
+            // mxfp4: 4-bit codes.
+            let bits = if l.bits == BITS_MXFP4 { 4 } else { l.bits };
+            l.n * l.k * bits / 8 + scales
         };
         // A layer with experts reads top_k of its experts' rows, and its router.
         let (top_k, experts) = s.moe.as_ref().map_or((1, 1), |m| (m.top_k, m.experts));
@@ -3485,7 +3593,8 @@ fn matvec_tile(
             lin.scale(0, x),
             lin.scale(1, x),
             lin.bias(0, x),
-            lin.bias(1, x),
+            // A biased output (gpt_oss's o projection and router): the bias in B1's slot.
+            lin.out_bias.map_or(lin.bias(1, x), |b| Arg::Buf(b, 0)),
             Arg::Buf(x, xo),
             opt(norm, x),
             res.map_or(Arg::Buf(x, 0), |r| Arg::Buf(r, ro)),
@@ -3494,7 +3603,11 @@ fn matvec_tile(
             Arg::I64(lin.k as i64),
             Arg::I64(bits as i64),
             Arg::I64(gs as i64),
-            Arg::I64(mode),
+            Arg::I64(if lin.out_bias.is_some() {
+                mode | MODE_BIAS
+            } else {
+                mode
+            }),
             Arg::F64(s.eps as f64),
             rec.trace_arg(),
             // The epilogue's scalar: the logits' soft-cap (> 0) or divisor (< 0); the
@@ -3611,7 +3724,8 @@ struct Step {
 /// on a device).
 fn attn_combine_in_output(spec: &GraphSpec, nb: usize, tiles: usize, opt: Option<bool>) -> bool {
     let width = spec.heads * spec.head_dim;
-    let possible = nb == 1 && tiles == 1 && width / 8 <= MV_THREADS as usize;
+    // A biased output projection runs as matvec (MODE_BIAS): the attention combines.
+    let possible = nb == 1 && tiles == 1 && width / 8 <= MV_THREADS as usize && !spec.o_bias;
     possible
         && opt.unwrap_or_else(|| {
             width <= ATTN_OUT_MAX_WIDTH
@@ -3861,6 +3975,18 @@ fn step_source(
     if spec.attn_sinks {
         source = format!("#define ATTN_SINKS 1\n{source}");
     }
+    // gpt_oss's biased output projection and router (matvec's MODE_BIAS), its experts'
+    // biases and clamped SwiGLU (MOE_OAI), its mxfp4 experts (MV_FP4).
+    let oai = spec.moe.as_ref().is_some_and(|m| m.oai);
+    if spec.o_bias || oai {
+        source = format!("#define MV_OUT_BIAS 1\n{source}");
+    }
+    if oai {
+        source = format!("#define MOE_OAI 1\n{source}");
+    }
+    if spec.moe.as_ref().is_some_and(|m| m.mxfp4) {
+        source = format!("#define MV_FP4 1\n{source}");
+    }
     let mut kernels = KERNELS.to_vec();
     if spec.qk_norm {
         kernels.push(if spec.qk_norm_full {
@@ -3954,7 +4080,8 @@ fn record_experts(
             Arg::I64(k as i64),
             Arg::I64(kind),
             Arg::I64(norm),
-            // A router bias (gpt_oss): none mapped yet.
+            // A router bias (gpt_oss) is added by the router's matvec (MODE_BIAS), in the
+            // rounding MLX's linear gives it: none here.
             Arg::I64(0),
         ],
     )?;
@@ -3968,14 +4095,19 @@ fn record_experts(
             Some(l.post_norm),
             a.act,
             2 * iw,
-            MODE_NORM | MODE_SWIGLU,
+            MODE_NORM | MODE_SWIGLU | if m.oai { MODE_OAI } else { 0 },
             false,
             h,
         ),
         (Part::Down, &l.down, a.act, None, a.ey, h, 0, true, k * iw),
     ];
-    for (part, lin, x, norm, out, rpe, mode, per_slot, kx) in launches {
-        let shared = mv_shared_bytes(kx, lin.bits);
+    // gpt_oss's experts' biases: gate's and up's for gate/up, down's for down.
+    let eb = |j: usize| l.expert_bias.map_or(Arg::I64(0), |b| Arg::Buf(b[j], 0));
+    let ebs = [[eb(0), eb(1)], [eb(2), Arg::I64(0)]];
+    for ((part, lin, x, norm, out, rpe, mode, per_slot, kx), [eb0, eb1]) in
+        launches.into_iter().zip(ebs)
+    {
+        let shared = mv_shared_bytes(kx, layout_bits(lin.bits));
         let rows = k * rpe;
         let resident = rt
             .resident_blocks(k_exp, MV_THREADS, shared)?
@@ -4007,9 +4139,9 @@ fn record_experts(
                 Arg::I64(rpe as i64),
                 Arg::I64(i64::from(per_slot)),
                 rec.trace_arg(),
-                // The experts' biases (gpt_oss; MOE_OAI): none mapped yet.
-                Arg::I64(0),
-                Arg::I64(0),
+                // The experts' biases (gpt_oss; MOE_OAI), or none.
+                eb0,
+                eb1,
             ],
         )?;
     }
@@ -4722,6 +4854,7 @@ mod tests {
             local_rope: None,
             attn_softcap: 0.0,
             attn_sinks: false,
+            o_bias: false,
             final_softcap: 0.0,
             residual_scale: 0.0,
             logit_div: 0.0,
@@ -4787,6 +4920,8 @@ mod tests {
                 router: GraphRouter::SoftmaxTopK { norm: true },
                 layers: vec![true, false],
                 router_quant: None,
+                oai: false,
+                mxfp4: false,
             }),
             ..tiny_spec()
         }
@@ -4813,6 +4948,84 @@ mod tests {
             }
         }
         w
+    }
+
+    /// gpt_oss's spec: mxfp4 experts with biases, the clamped SwiGLU, a biased router and
+    /// output projection, sinks. Its weights' shapes and dtypes are checked (mxfp4: uint32
+    /// codes `[E, n, k / 8]`, uint8 scales `[E, n, k / 32]`, no biases; the experts' biases
+    /// `[E, n]`), the step source compiles its pieces in (and no other spec's does), and the
+    /// output projection does not combine the attention's partials (it adds its bias in
+    /// matvec).
+    #[test]
+    fn gpt_oss_specs_and_weights_name_their_problems() {
+        let mut s = tiny_moe_spec();
+        s.model_type = "gpt_oss".into();
+        s.o_bias = true;
+        s.attn_sinks = true;
+        let m = s.moe.as_mut().unwrap();
+        (m.oai, m.mxfp4, m.router) = (true, true, GraphRouter::TopKSoftmax);
+        s.check().unwrap();
+        let mut w = tiny_moe_weights(&s);
+        let (e, i, h) = (8, 32, s.hidden as i32);
+        let bf = |shape: &[i32]| zeros(shape);
+        for l in w.layers.iter_mut() {
+            l.o.bias = Some(bf(&[h]));
+            l.sinks = Some(bf(&[s.heads as i32]));
+            if let Some(r) = l.router.as_mut() {
+                r.bias = Some(bf(&[e]));
+                let fp4 = |n: i32, k: i32| GraphLinear {
+                    weight: zeros(&[e, n, k / 8]).astype(Dtype::Uint32).unwrap(),
+                    scales: Some(zeros(&[e, n, k / 32]).astype(Dtype::Uint8).unwrap()),
+                    biases: None,
+                    bias: Some(bf(&[e, n])),
+                    trellis: None,
+                };
+                (l.gate, l.up, l.down) = (fp4(i, h), fp4(i, h), fp4(h, i));
+            }
+        }
+        w.check(&s).unwrap();
+        let mut bad = w.clone();
+        bad.layers[0].down.scales = Some(zeros(&[e, h, i / 32]));
+        bad.layers[0].gate.bias = None;
+        bad.layers[0].o.bias = None;
+        let err = bad.check(&s).unwrap_err();
+        for want in [
+            "layers.0.experts.down_proj.scales: [8, 64, 1] bfloat16, expected [8, 64, 1] uint8",
+            "layers.0.experts.gate_proj: no bias",
+            "layers.0.o_proj: no bias",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        let p = SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+        };
+        let (src, _) = step_source(&s, &p, 1, false, false);
+        for d in ["MV_FP4 1", "MV_OUT_BIAS 1", "MOE_OAI 1", "ATTN_SINKS 1"] {
+            assert!(src.contains(&format!("#define {d}\n")), "{d}");
+        }
+        let (plain, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
+        for d in ["MV_FP4 1", "MV_OUT_BIAS 1", "MOE_OAI 1", "ATTN_SINKS 1"] {
+            assert!(!plain.contains(&format!("#define {d}\n")), "{d}");
+        }
+        assert!(!attn_combine_in_output(&s, 1, 1, Some(true)));
+        assert!(attn_combine_in_output(&tiny_moe_spec(), 1, 1, Some(true)));
+        // mxfp4 experts need hidden and the width in groups of 32.
+        let mut t = s.clone();
+        t.moe.as_mut().unwrap().intermediate = 48;
+        assert!(t.check().unwrap_err().contains("expert width 48"));
+        // No trellis-coded layers with a biased output projection.
+        let mut t = tiny_spec();
+        t.o_bias = true;
+        t.trellis = Some(TrellisSpec {
+            k: 3,
+            l: 8,
+            block: 32,
+            code: mlx_core::cpu::trellis::TrellisCode::Mad,
+        });
+        assert!(t.check().unwrap_err().contains("an output-projection bias"));
     }
 
     #[test]

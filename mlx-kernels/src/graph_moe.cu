@@ -112,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const bf16_t* g, int*
 //   silu(gate_i) up_i, rounded as matvec's SwiGLU (the k activations side by side);
 // 0 with per_slot: down, slot j's input xin + j K (the activations): out[i] = W_i x (the k
 //   outputs side by side).
-// gpt_oss's experts (compiled only where MOE_OAI is 1; no model maps them yet): with EB0
+// gpt_oss's experts (compiled only where MOE_OAI is 1): with EB0
 // (and EB1 for gate/up) not null, each expert's biases (EB0 [E rpe] for down, or the gate's
 // [E rpe / 2] and EB1 the up's), added to the rounded product and rounded, as mlx-lm's
 // SwitchLinear adds them after gather_(q)mm; with MODE_OAI (and SWIGLU) the activation is
@@ -181,8 +181,22 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_experts(
   };
   const Wts wt = make_wts(W0, W1, W1, S0, S1, S1, B0, B1, B1,
                           (mode & MODE_SWIGLU) ? WMAP_PAIR : WMAP_ONE);
-  MV_DISPATCH(bits, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr, pre,
-              epi, sel, rpe, per_slot != 0)
+#if MV_FP4
+  // mxfp4 experts (gpt_oss: bits BITS_MXFP4, groups of 32, byte scales in S0 and S1, no B).
+  if (bits == BITS_MXFP4) {
+    if (wt.map == WMAP_PAIR) {
+      mv_run<4, WMAP_PAIR, true>(wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem,
+                                 red, tr, pre, epi, sel, rpe, per_slot != 0);
+    } else {
+      mv_run<4, WMAP_ONE, true>(wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem,
+                                red, tr, pre, epi, sel, rpe, per_slot != 0);
+    }
+  } else
+#endif
+  {
+    MV_DISPATCH(bits, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
+                pre, epi, sel, rpe, per_slot != 0)
+  }
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
 

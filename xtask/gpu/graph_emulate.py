@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -15,7 +15,12 @@ Mixture-of-experts rows (`make_qwen3_moe`, `make_qwen3_moe_k3`, `make_mixtral`, 
 with `q4:`, and `q4r8:` with the routers in 8 bits as mlx-lm's convert writes qwen3_moe): the
 router, `moe_route`, the chosen experts' `matvec_experts` and `moe_combine` (graph_moe.cu), in
 the order `record_experts` launches them; `route_check` runs `moe_route` alone against
-mlx-lm's routers on the same bfloat16 logits.
+mlx-lm's routers on the same bfloat16 logits. gpt_oss (`make_gpt_oss`, and `fp4e:make_gpt_oss`
+with its experts in MLX's mxfp4, the rest bfloat16, as its checkpoint loads): the step source
+gpt_oss's spec compiles (sinks, matvec's biased o projection and router, the experts' biases
+and clamped SwiGLU, mxfp4 experts), sliding and full layers; fp4e's reference takes its mxfp4
+products over the dequantized weights in float32 (`gather_qmm_fp4_f32`; GRAPH_EMU_FP4_MLX=1
+keeps MLX's CPU product), and GRAPH_EMU_FP4=1 adds `fp4_check` (the mxfp4 product alone).
 
 First the greedy sampler's two kernels alone (`sampler_check`: vocabularies of one to 25
 blocks, ties and near ties) against mlx-lm's pick. Then, for each llama fixture (default: the
@@ -249,11 +254,14 @@ RAW_F32 = (("((float*)out_b)[i] = fin(acc[r]);", "((float*)out_b)[i] = acc[r];")
 
 
 def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None, cu=None, tag="",
-          qkv_norm=True, sinks=False, oai=False):
+          qkv_norm=True, sinks=False, oai=False, gptoss=False):
     """The kernels as a shared library; qkv_norm False: matvec_qkv without its pre-norm
     (MV_QKV_NORM 0, as GraphSpec::post_only's step source defines it); sinks: attention with
     gpt_oss's sinks compiled in (ATTN_SINKS 1); oai: matvec_experts with gpt_oss's expert
-    biases and clamped SwiGLU (MOE_OAI 1)."""
+    biases and clamped SwiGLU (MOE_OAI 1); gptoss: what gpt_oss's step source defines (sinks,
+    oai, matvec's biased output (MV_OUT_BIAS 1) and mxfp4 experts (MV_FP4 1))."""
+    if gptoss:
+        sinks = oai = True
     rows, batch, nb, mma = (ROWS if rows is None else rows, BATCH if batch is None else batch,
                             NB if nb is None else nb, MMA if mma is None else mma)
     kc = MMA_KC if kc is None else kc
@@ -265,13 +273,16 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
         src = "#define ATTN_SINKS 1\n" + src
     if oai:
         src = "#define MOE_OAI 1\n" + src
+    if gptoss:
+        src = "#define MV_OUT_BIAS 1\n#define MV_FP4 1\n" + src
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     if raw_f32:
         for a, b in RAW_F32:
             assert a in src, a
             src = src.replace(a, b)
     tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_raw' if raw_f32 else ''}{tag}"
-           f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}")
+           f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
+           f"{'_gptoss' if gptoss else ''}")
     cpp, so = os.path.join(tmp, f"emu{tag}.cpp"), os.path.join(tmp, f"emu{tag}.so")
     if not os.path.exists(so):  # built once a run (the olmo2 fixtures share theirs)
         open(cpp, "w").write(PRE + src + LAUNCH)
@@ -408,6 +419,14 @@ MADE = {
                        rope_scaling=dict(type="linear", factor=2.0)),
     # EXAONE 4: post norms alone, per-head q/k norms, local layers (L) slide and rotate, the
     # global one (G) neither.
+    # gpt_oss: attention sinks, q/k/v and o biases, sliding (0 and 2, a window of 40) and full
+    # layers (layer_types), 8 experts of width 64 with biases and the clamped SwiGLU, 2 a token
+    # (top-k then softmax over the biased router's logits), an untied head. `fp4e:` puts the
+    # experts in mxfp4 (as gpt_oss's checkpoint holds them; the rest bfloat16).
+    "make_gpt_oss": dict(model_type="gpt_oss", head_dim=16, num_local_experts=8,
+                         num_experts_per_tok=2, intermediate_size=64, sliding_window=40,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                         rope_theta=150000.0, tie_word_embeddings=False),
     "make_exaone4": dict(model_type="exaone4", head_dim=16, max_position_embeddings=2048,
                          sliding_window=40, sliding_window_pattern="LGL", rope_scaling=None),
 }
@@ -426,14 +445,37 @@ def gather_mm_f32(a, b, *args, **kwargs):
     return GATHER_MM(a, b, *args, **kwargs)
 
 
+GATHER_QMM = mx.gather_qmm
+
+
+def gather_qmm_fp4_f32(x, w, scales, biases=None, rhs_indices=None, transpose=True, group_size=32,
+                       bits=4, mode="mxfp4", sorted_indices=False, **kwargs):
+    """mx.gather_qmm for mxfp4 (fp4e, see run): the experts' products over the dequantized
+    weights in float32, rounded to bfloat16 once (what a bfloat16 matmul computes). MLX's CPU
+    mxfp4 product is itself ~1% of the largest output off float64 (results/gpu/
+    2026-12-06-s35-gptoss: its inputs' or products' roundings), which a random 3-layer model's
+    routers and clamps amplify into other experts."""
+    if mode != "mxfp4":
+        return GATHER_QMM(x, w, scales, biases, rhs_indices=rhs_indices, transpose=transpose,
+                          group_size=group_size, bits=bits, mode=mode, sorted_indices=sorted_indices, **kwargs)
+    dq = mx.dequantize(w, scales, group_size=group_size, bits=bits, mode=mode).astype(mx.float32)
+    y = GATHER_MM(x.astype(mx.float32), dq.swapaxes(-1, -2) if transpose else dq, rhs_indices=rhs_indices,
+                  sorted_indices=sorted_indices)
+    return y.astype(x.dtype)
+
+
 def run(lib, name, tmp=None):
     # "q4:FIXTURE": the fixture quantized here to 4 bits in groups of 64 (mlx's nn.quantize,
     # as mlx-lm's convert does), for the 4-bit path the fixtures lack in bfloat16.
     # "q4r8:FIXTURE": the same with the MoE router in 8 bits, as mlx-lm's convert quantizes
     # qwen3_moe (its `quant_predicate`: `mlp.gate` 8 bits in groups of 64).
+    # "fp4e:FIXTURE": the experts alone in MLX's mxfp4 (e2m1 codes, e8m0 scales a group of
+    # 32), the rest bfloat16: gpt_oss's checkpoint as mlx-lm loads it (quant_method mxfp4, its
+    # attention, router, embedding and head not converted).
+    fp4e = name.startswith("fp4e:")
     quantize = name.startswith(("q4:", "q4r8:"))
     router8 = name.startswith("q4r8:")
-    base = name.split(":", 1)[1] if quantize else name
+    base = name.split(":", 1)[1] if quantize or fp4e else name
     if base in MADE:
         # A seeded random model of the row's own mlx-lm class (the dense fixtures of these
         # rows have heads of 8, below the decoder's smallest head).
@@ -443,6 +485,21 @@ def run(lib, name, tmp=None):
         model_class, args_class = _get_classes(config)
         mx.random.seed(0)
         model = model_class(args_class.from_dict(config))
+        if config["model_type"] == "gpt_oss":
+            # Sinks, biases and experts drawn so that each matters: sinks and biases (zeros
+            # at init) random; the routers wide (few bfloat16 ties among the scores); gate and
+            # up large enough that the SwiGLU's clamp at 7 bites now and then. (Routers at 4x
+            # left a pick one bfloat16 step from a tie in fp4e's 8 steps: the README.)
+            for li in model.model.layers:
+                a, m = li.self_attn, li.mlp
+                a.sinks = mx.random.normal(a.sinks.shape)
+                a.o_proj.bias = mx.random.normal(a.o_proj.bias.shape) * 0.5
+                m.router.weight = m.router.weight * 8.0
+                m.router.bias = mx.random.normal(m.router.bias.shape) * 0.5
+                for n in ("gate_proj", "up_proj", "down_proj"):
+                    lin = getattr(m.experts, n)
+                    lin.weight = lin.weight * (8.0 if n != "down_proj" else 1.0)
+                    lin.bias = mx.random.normal(lin.bias.shape) * 0.5
         mx.eval(model.parameters())
     else:
         # A fixture's name, or a model directory's path (a bench model written by
@@ -459,8 +516,15 @@ def run(lib, name, tmp=None):
         else:
             nn.quantize(model, group_size=64, bits=4)
         config = dict(config, quantization={"group_size": 64, "bits": 4})
+    if fp4e:
+        import mlx.nn as nn
+        nn.quantize(model, group_size=32, bits=4, mode="mxfp4",
+                    class_predicate=lambda path, m: ".experts." in f".{path}." and hasattr(m, "to_quantized"))
+        # The reference's mxfp4 products exact but for their one rounding (gather_qmm_fp4_f32);
+        # GRAPH_EMU_FP4_MLX=1 keeps MLX's CPU product (the figure it gives: the README).
+        mx.gather_qmm = GATHER_QMM if os.environ.get("GRAPH_EMU_FP4_MLX") else gather_qmm_fp4_f32
     p = dict(tree_flatten(model.parameters()))
-    if any(".switch_mlp." in k for k in p) and not quantize:
+    if any(".switch_mlp." in k or ".experts." in k for k in p) and not quantize and not fp4e:
         # MLX's CPU GatherMM takes float32 only: the bfloat16 experts' products of the
         # reference run in float32 and are rounded to bfloat16 once (what a bfloat16 matmul
         # computes: float32 sums, one rounding).
@@ -478,7 +542,7 @@ def run(lib, name, tmp=None):
 
     def layer_slides(i):
         a = model.model.layers[i].self_attn
-        if mt == "olmo3":
+        if mt in ("olmo3", "gpt_oss"):
             return model.args.layer_types[i] != "full_attention"
         return mt in ("gemma3_text", "exaone4") and bool(getattr(a, "is_sliding", getattr(a, "is_local", False)))
 
@@ -582,11 +646,21 @@ def run(lib, name, tmp=None):
     # gate/up (each stacked [E, I, K] flattened to [E I, K], read interleaved per expert) and down.
     mt = config["model_type"]
     moe_mod = "block_sparse_moe" if mt == "mixtral" else "mlp"
+    # gpt_oss: its router `router`, experts `experts`, each with biases, the clamped SwiGLU.
+    gptoss = mt == "gpt_oss"
+    router_name, experts_name = ("router", "experts") if gptoss else ("gate", "switch_mlp")
+    if gptoss:
+        e.lib = build(tmp, gptoss=True)  # gpt_oss's step source (before any launch)
+    # The experts' own quantization: mxfp4 (BITS_MXFP4 in the source, groups of 32, byte
+    # scales, no biases) with fp4e, else the model's.
+    BITS_MXFP4 = int(re.search(r"#define BITS_MXFP4 (0x[0-9a-fA-F]+)", CU).group(1), 16)
+    ebits, egs = (BITS_MXFP4, 32) if fp4e else (nbits, gs)
+    eparts = ["weight", "scales"] if fp4e else parts
     moe_k = config.get("num_experts_per_tok", 0)
     moe_e = config.get("num_experts", config.get("num_local_experts", 0))
     moe_i = config.get("moe_intermediate_size", inter) if mt != "mixtral" else inter
     # GraphRouter: 0 softmax then top-k (qwen3_moe; norm_topk_prob), 1 top-k then softmax.
-    moe_kind = 1 if mt == "mixtral" else 0
+    moe_kind = 1 if mt in ("mixtral", "gpt_oss") else 0
     moe_norm = int(bool(config.get("norm_topk_prob", False)))
 
     # Each layer-step's chosen experts: ours (moe_route's sel) and mlx-lm's (the indices its
@@ -610,19 +684,23 @@ def run(lib, name, tmp=None):
     def expert_lin(names, mode):
         ws = {part: [] for part in ("weight", "scales", "biases")}
         for n in names:
-            for part in parts:
+            for part in eparts:
                 x = bits(p[f"{n}.{part}"])
                 ws[part].append(e.buf(x.reshape(-1, x.shape[-1])))  # [E, n, c] -> [E n, c]
         return wts(ws)
 
     def moe_layer(pre):
-        sw = f"{pre}.{moe_mod}.switch_mlp"
+        sw = f"{pre}.{moe_mod}.{experts_name}"
         if f"{sw}.gate_proj.weight" not in p:
             return None
-        router = f"{pre}.{moe_mod}.gate"
+        router = f"{pre}.{moe_mod}.{router_name}"
         rparts = ["weight", "scales", "biases"] if f"{router}.scales" in p else ["weight"]
         rbuf = wts({x: [e.buf(bits(p[f"{router}.{x}"]))] for x in rparts})
+        # gpt_oss's biases: the router's [E]; the experts' gate and up [E I] and down [E H].
+        eb = {x: e.buf(bits(p[f"{sw}.{x}_proj.bias"]).reshape(-1)) for x in ("gate", "up", "down")} \
+            if gptoss else None
         return dict(router=rbuf, rq=qparams(router, H),
+                    rbias=e.buf(bits(p[f"{router}.bias"])) if gptoss else None, eb=eb,
                     gu=expert_lin([f"{sw}.gate_proj", f"{sw}.up_proj"], "gu"),
                     down=expert_lin([f"{sw}.down_proj"], None))
 
@@ -649,6 +727,8 @@ def run(lib, name, tmp=None):
             kn=e.buf(norm_w(f"{pre}.self_attn.k_norm.weight")) if qk_norm else None,
             bias=qkv_bias(pre, ropes[i][0]),
             o=lin([f"{pre}.self_attn.o_proj"]),
+            obias=e.buf(bits(p[f"{pre}.self_attn.o_proj.bias"])) if f"{pre}.self_attn.o_proj.bias" in p else None,
+            sinks=e.buf(bits(p[f"{pre}.self_attn.sinks"])) if f"{pre}.self_attn.sinks" in p else None,
             moe=ml,
             gu=None if ml else lin([f"{pre}.mlp.gate_proj", f"{pre}.mlp.up_proj"], "gu"),
             down=None if ml else lin([f"{pre}.mlp.down_proj"]),
@@ -681,27 +761,35 @@ def run(lib, name, tmp=None):
     bias = e.buf(np.zeros(NB * V, np.float32))  # the rows' logit biases (none)
     inv_buf = e.buf(inv_freq)
     inv_buf2 = e.buf(inv_freq2)
-    scale = float(np.float32(model.model.layers[0].self_attn.scale))
+    _a0 = model.model.layers[0].self_attn
+    scale = float(np.float32(getattr(_a0, "scale", getattr(_a0, "sm_scale", None))))  # gpt_oss: sm_scale
 
     def two(w):
         """matvec's and matvec_experts' weight parameters: W0, W1, S0, S1, B0, B1."""
         return [x for part in w for x in part[:2]]
 
-    def mv(l, x, norm, res, out, mode):
+    def mv(l, x, norm, res, out, mode, bias=None):
+        """matvec; with bias (MODE_BIAS 64, MV_OUT_BIAS): the linear's bias in B1's slot."""
         w, n = l
         cols = w[0][0].shape[-1]
+        wp = two(w)
+        if bias is not None:
+            wp[5], mode = bias, mode | 64
         e.launch(1, mv_grid(n), 256,
-                 two(w) + [x, norm if norm is not None else x, res if res is not None else x, out,
+                 wp + [x, norm if norm is not None else x, res if res is not None else x, out,
                   n, cols * 32 // nbits if q else cols, nbits, gs, mode, float(np.float32(eps)),
                   0, (final_cap if final_cap > 0 else -logit_div) if mode & 8 else res_scale if mode & 2 else 0.0])  # no timeline
 
-    in_out = NB == 1 and nh * d <= ATTN_OUT_MAX_WIDTH and ATTN_COMBINE != "attention"
+    # A biased output projection (gpt_oss) runs as matvec with MODE_BIAS, after attention's
+    # own combine (`attn_combine_in_output` in graph_decode.rs: not with an o bias).
+    in_out = NB == 1 and nh * d <= ATTN_OUT_MAX_WIDTH and ATTN_COMBINE != "attention" and \
+        layers[0]["obias"] is None
 
-    def o_proj(l, res, out, mode):
+    def o_proj(l, res, out, mode, bias=None):
         """The output projection: matvec over attention's output, or matvec_attn_out over its
         partials."""
         if not in_out:
-            return mv(l, attn, None, res, out, mode)
+            return mv(l, attn, None, res, out, mode, bias)
         w, n = l
         cols = w[0][0].shape[-1]
         e.launch(11, mv_grid(n), 256,
@@ -726,7 +814,8 @@ def run(lib, name, tmp=None):
                     e.launch(6, ((nh + nkv) * NB, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh,
                                                            d, cap, L["nrot"], int(trad), float(np.float32(eps))])
             e.launch(3, (nh * NB, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, 0 if in_out else counters, attn, nh,
-                                        nkv, d, cap, ns, scale, 0, L["window"], attn_cap, 0])
+                                        nkv, d, cap, ns, scale, 0, L["window"], attn_cap,
+                                        L["sinks"] if L["sinks"] is not None else 0])
             if sandwich:
                 o_proj(L["o"], None, y, 0)
                 e.launch(7, (NB, 1), 256, [y, L["pa"], h, H, float(np.float32(eps))])
@@ -735,18 +824,24 @@ def run(lib, name, tmp=None):
                 e.launch(7, (NB, 1), 256, [y, L["pm"], h, H, float(np.float32(eps))])
             elif L["moe"]:
                 m = L["moe"]
-                o_proj(L["o"], h, h, 2)
+                o_proj(L["o"], h, h, 2, L["obias"])
                 rw, (rgs, rbits) = m["router"], m["rq"]
-                e.launch(1, mv_grid(moe_e), 256, two(rw) + [h, L["post"], h, gates, moe_e, H, rbits, rgs, 1,
+                rp = two(rw)
+                rmode = 1
+                if m["rbias"] is not None:  # gpt_oss's router bias: matvec's MODE_BIAS
+                    rp[5], rmode = m["rbias"], 1 | 64
+                e.launch(1, mv_grid(moe_e), 256, rp + [h, L["post"], h, gates, moe_e, H, rbits, rgs, rmode,
                                                   float(np.float32(eps)), 0, 0.0])
                 e.launch(8, (1, 1), 32, [gates, sel, wts, moe_e, moe_k, moe_kind, moe_norm, 0])
                 chosen_ours.append(sorted(sel.tolist()))
+                eb = m["eb"]
                 e.launch(9, mv_grid(moe_k * 2 * moe_i), 256,
-                         two(m["gu"]) + [h, L["post"], act, sel, moe_k * 2 * moe_i, H, nbits, gs, 1 | 4,
-                          float(np.float32(eps)), 2 * moe_i, 0, 0, 0, 0])
+                         two(m["gu"]) + [h, L["post"], act, sel, moe_k * 2 * moe_i, H, ebits, egs,
+                          1 | 4 | (32 if eb else 0), float(np.float32(eps)), 2 * moe_i, 0, 0,
+                          eb["gate"] if eb else 0, eb["up"] if eb else 0])
                 e.launch(9, mv_grid(moe_k * H), 256,
-                         two(m["down"]) + [act, act, ey, sel, moe_k * H, moe_i, nbits, gs, 0,
-                          float(np.float32(eps)), H, 1, 0, 0, 0])
+                         two(m["down"]) + [act, act, ey, sel, moe_k * H, moe_i, ebits, egs, 0,
+                          float(np.float32(eps)), H, 1, 0, eb["down"] if eb else 0, 0])
                 e.launch(10, (-(-H // 256), 1), 256, [ey, wts, h, H, moe_k])
             else:
                 o_proj(L["o"], h, h, 2)
@@ -834,7 +929,8 @@ def run(lib, name, tmp=None):
         rq = next(L["moe"]["rq"] for L in layers if L["moe"])
         moe_note = (f", experts {moe_e} choosing {moe_k} of width {moe_i} "
                     f"({'top-k then softmax' if moe_kind else 'softmax then top-k'}, norm {moe_norm}) "
-                    f"in layers {[i for i, L in enumerate(layers) if L['moe']]}, router bits {rq[1]}; "
+                    f"in layers {[i for i, L in enumerate(layers) if L['moe']]}, router bits {rq[1]}, "
+                    f"experts {'mxfp4' if fp4e else f'bits {nbits}'}{', gpt_oss biases, sinks, clamped SwiGLU' if gptoss else ''}; "
                     f"the same experts as mlx-lm's in {sum(a == b for a, b in zip(chosen_ours, chosen_ref))} "
                     f"of {len(chosen_ref)} layer-steps")
     ok = worst <= BOUND_REL and share >= BOUND_AGREE
@@ -1112,6 +1208,44 @@ def oai_check(tmp):
         ok &= bool(good)
         print(f"oai check (router bias, {n} experts, k {kk}): experts and weights "
               f"{'bit-equal to mlx-lm' if good else 'DIFFER'} {'ok' if good else 'FAILED'}")
+    return ok
+
+
+def fp4_check(tmp):
+    """matvec_experts on mxfp4 experts (MV_FP4, bits BITS_MXFP4), alone: two chosen experts of
+    3 (down's per-slot inputs off: one input), K 128 and 2,880 (gpt-oss-20b's hidden, 90 groups
+    of 32), against float64 over MLX's own dequantized weights; MLX's CPU
+    quantized_matmul(mode="mxfp4") against the same, for scale. Ours within 4e-3 of the largest
+    output (its bfloat16 rounding) and no further than MLX's."""
+    lib = build(tmp, gptoss=True)
+    e = Emu(lib)
+    bits_fp4 = int(re.search(r"#define BITS_MXFP4 (0x[0-9a-fA-F]+)", CU).group(1), 16)
+    ok = True
+    for N, K in ((64, 128), (64, 2880)):
+        E = 3
+        mx.random.seed(K)
+        w = (mx.random.normal((E, N, K)) * 0.1).astype(mx.bfloat16)
+        q, sc = mx.quantize(w, group_size=32, bits=4, mode="mxfp4")[:2]
+        x = mx.random.normal((K,)).astype(mx.bfloat16)
+        deq = np.array(mx.dequantize(q, sc, group_size=32, bits=4, mode="mxfp4").astype(mx.float32)).astype(np.float64)
+        xf = np.array(x.astype(mx.float32)).astype(np.float64)
+        chosen = [2, 0]
+        ref = np.stack([deq[j] @ xf for j in chosen])
+        mlx = np.stack([np.array(mx.quantized_matmul(x[None], q[j], sc[j], None, transpose=True, group_size=32, bits=4,
+                                                     mode="mxfp4")[0].astype(mx.float32)) for j in chosen])
+        out = e.buf(np.zeros(2 * N, np.uint16))
+        qb, sb = e.buf(np.array(q).reshape(-1, q.shape[-1])), e.buf(np.array(sc).reshape(-1, sc.shape[-1]))
+        z, xb = e.buf(np.zeros(16, np.uint16)), e.buf(bits(x))
+        e.launch(9, mv_grid(2 * N), 256, [qb, qb, sb, sb, z, z, xb, xb, out, e.buf(np.array(chosen, np.int32)),
+                                          2 * N, K, bits_fp4, 32, 0, 1e-6, N, 0, 0, 0, 0])
+        ours = (out.astype(np.uint32) << 16).view(np.float32).reshape(2, N)
+        big = np.max(np.abs(ref))
+        r_ours, r_mlx = float(np.max(np.abs(ours - ref)) / big), float(np.max(np.abs(mlx - ref)) / big)
+        good = r_ours <= 4e-3 and r_ours <= max(r_mlx, 4e-3)
+        ok &= bool(good)
+        print(f"fp4 check (mxfp4 experts, {N} rows, K {K}): against float64 over MLX's dequantized weights, "
+              f"ours {r_ours:.5f} of the largest output, MLX's CPU quantized_matmul {r_mlx:.5f} "
+              f"{'ok' if good else 'FAILED'}")
     return ok
 
 
@@ -1423,7 +1557,8 @@ def main():
                              "make_mistral_linear", "make_qwen3", "q4:make_qwen3", "make_gemma3",
                              "q4:make_gemma3", "make_gemma2", "make_qwen3_moe", "q4:make_qwen3_moe",
                              "q4r8:make_qwen3_moe", "make_mixtral", "q4:make_mixtral", "make_olmo2",
-                             "q4:make_olmo2", "make_olmo2_wide", "make_exaone4"]
+                             "q4:make_olmo2", "make_olmo2_wide", "make_exaone4", "make_gpt_oss",
+                             "fp4e:make_gpt_oss"]
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         # GRAPH_EMU_SKIP_SAMPLER=1: the rows only (the sampler check takes minutes on a loaded
@@ -1439,6 +1574,8 @@ def main():
         sinks = [sink_check(tmp)] if os.environ.get("GRAPH_EMU_SINKS") else []
         # GRAPH_EMU_OAI=1: gpt_oss's experts and router alone (oai_check).
         sinks += [oai_check(tmp)] if os.environ.get("GRAPH_EMU_OAI") else []
+        # GRAPH_EMU_FP4=1: mxfp4 experts' products alone (fp4_check).
+        sinks += [fp4_check(tmp)] if os.environ.get("GRAPH_EMU_FP4") else []
         results = sampler + nb_check + sinks + [tile_check(lib), route_check(lib)] + \
             [run(lib, n, tmp) for n in names]
     sys.exit(0 if all(results) else 1)

@@ -1,7 +1,7 @@
 """Compiles the graph decoder's kernels here, as the decoder does on the GPU, and reads their
 machine code: no GPU needed.
 
-    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--kernel matvec] [--dump FILE] [--blocks]
+    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
 
 Prints, for each kernel, ptxas's registers, stack and spills, and for --kernel (default
 matvec) its innermost loops of 1,000 or more instructions with the instruction mix: one a
@@ -150,13 +150,18 @@ def main():
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--trellis", action="store_true",
                     help="append graph_trellis.cu (the trellis kernels; --kernel trellis_matvec)")
+    ap.add_argument("--gptoss", action="store_true",
+                    help="gpt_oss's step source: ATTN_SINKS, MOE_OAI, MV_OUT_BIAS and MV_FP4 "
+                         "(--kernel matvec_experts: the mxfp4 loop)")
     ap.add_argument("--dump")
     ap.add_argument("--blocks", action="store_true",
                     help="also each innermost loop's basic blocks of 40 or more instructions")
     a = ap.parse_args()
     batch = a.batch or 8 // a.rows
     early = a.early or batch
-    src = (f"#define MV_ROWS {a.rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n"
+    src = (("#define ATTN_SINKS 1\n#define MOE_OAI 1\n#define MV_OUT_BIAS 1\n#define MV_FP4 1\n"
+            if a.gptoss else "") +
+           f"#define MV_ROWS {a.rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n"
            f"#define NB {a.nb}\n#define MV_MMA {a.mma}\n#define MMA_KC {a.kc}\n"
            + (f"#define MV_MIN_BLOCKS {a.min_blocks}\n" if a.min_blocks else "")
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()

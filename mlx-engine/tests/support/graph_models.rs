@@ -193,7 +193,29 @@ pub fn moe_rows() -> Vec<Row> {
             config: mixtral(128, 8, 128),
             quant: Some((64, 4)),
         },
+        // gpt_oss: attention sinks, q/k/v and o biases, sliding (0 and 2, a window of 48:
+        // the 40-token prompt fits, the steps outgrow it) and full layers, 8 experts of width
+        // 64 with biases and the clamped SwiGLU, a biased router (top-k then softmax), an
+        // untied head; bfloat16, then with the experts in mxfp4 as gpt_oss's checkpoint holds
+        // them (`_mxfp4`: the rest bfloat16).
+        Row {
+            name: "gpt_oss",
+            config: gpt_oss(),
+            quant: None,
+        },
+        Row {
+            name: "gpt_oss_mxfp4",
+            config: gpt_oss(),
+            quant: None,
+        },
     ]
+}
+
+fn gpt_oss() -> Value {
+    json!({"model_type": "gpt_oss", "head_dim": 16, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "intermediate_size": 64, "sliding_window": 48,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_theta": 150000.0, "tie_word_embeddings": false})
 }
 
 fn gemma3() -> Value {
@@ -219,6 +241,12 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
     if let Some((g, b)) = row.quant {
         cfg["quantization"] = json!({"group_size": g, "bits": b});
     }
+    // gpt_oss's experts in mxfp4 (their uint8 scales say so; the block as mlx-lm loads the
+    // checkpoint's `quant_method: mxfp4`).
+    let mxfp4 = row.name.ends_with("_mxfp4");
+    if mxfp4 {
+        cfg["quantization"] = json!({"group_size": 32, "bits": 4, "mode": "mxfp4"});
+    }
     let n = |k: &str| cfg[k].as_i64().unwrap() as i32;
     let (h, layers, inter, heads, kv, vocab) = (
         n("hidden_size"),
@@ -233,7 +261,9 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         .and_then(Value::as_i64)
         .map_or(h / heads, |v| v as i32);
     let mt = row.config["model_type"].as_str().unwrap_or("");
-    let bias = mt == "qwen2";
+    // gpt_oss: biased q/k/v, o, router and experts, attention sinks.
+    let gpt_oss = mt == "gpt_oss";
+    let bias = mt == "qwen2" || gpt_oss;
     let qk_norm = mt == "qwen3" || mt == "qwen3_moe" || mt == "gemma3_text" || mt == "exaone4";
     // OLMo 2: post norms only, q/k norms over the whole projections; EXAONE 4: post norms only.
     let olmo2 = mt == "olmo2";
@@ -251,7 +281,7 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         .or_else(|| cfg.get("num_local_experts"))
         .and_then(Value::as_i64)
         .unwrap_or(0) as i32;
-    let moe_width = if mt == "mixtral" {
+    let moe_width = if mt == "mixtral" || gpt_oss {
         inter
     } else {
         cfg.get("moe_intermediate_size")
@@ -334,7 +364,34 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         }
         let w = draw(&[h, heads * d], s, 0.0);
         lin(&mut t, format!("{p}.self_attn.o_proj"), w);
-        if experts > 0 && !dense_layers.contains(&(i as i64)) {
+        if gpt_oss {
+            t.push((format!("{p}.self_attn.o_proj.bias"), draw(&[h], 0.5, 0.0)));
+            t.push((format!("{p}.self_attn.sinks"), draw(&[heads], 1.0, 0.0)));
+        }
+        if gpt_oss {
+            // Router (wide: few bfloat16 ties among the scores) and experts with biases, gate
+            // and up large enough that the clamp at 7 bites now and then.
+            let name = format!("{p}.mlp.router");
+            lin(&mut t, name.clone(), draw(&[experts, h], 4.0 * s, 0.0));
+            t.push((format!("{name}.bias"), draw(&[experts], 0.5, 0.0)));
+            let ex = format!("{p}.mlp.experts");
+            for (x, rows, cols, scale) in [
+                ("gate", moe_width, h, 4.0 * s),
+                ("up", moe_width, h, 4.0 * s),
+                ("down", h, moe_width, 1.0 / (moe_width as f32).sqrt()),
+            ] {
+                let w = draw(&[experts, rows, cols], scale, 0.0);
+                let name = format!("{ex}.{x}_proj");
+                if mxfp4 {
+                    let (q, sc, _) = quantize(&w, 32, 4, QuantMode::Mxfp4, None).unwrap();
+                    t.push((format!("{name}.weight"), q));
+                    t.push((format!("{name}.scales"), sc));
+                } else {
+                    lin(&mut t, name.clone(), w);
+                }
+                t.push((format!("{name}.bias"), draw(&[experts, rows], 0.5, 0.0)));
+            }
+        } else if experts > 0 && !dense_layers.contains(&(i as i64)) {
             let r = draw(&[experts, h], 2.0 * s, 0.0);
             let name = format!("{p}.{block}.gate");
             match (row.quant, router8) {

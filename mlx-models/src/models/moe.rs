@@ -483,6 +483,9 @@ pub struct MoeLayerView<'a> {
     pub rope: Option<&'a Rope>,
     /// The attention's softmax scale.
     pub scale: f32,
+    /// The attention sinks' logits, a head each (gpt_oss; also named in `other`, for
+    /// decoders that do not take them).
+    pub sinks: Option<&'a Array>,
     /// What the layer has beyond pre-norm attention with separate projections and the
     /// feed-forward block (for messages: attention sinks, a fused projection, gates, sandwich
     /// norms, a residual multiplier, sharded norms, full-width or after-rope q/k norms).
@@ -571,6 +574,7 @@ impl Model {
                 .filter(|_| per_head),
             rope: a.rope.as_ref(),
             scale: a.scale(),
+            sinks: a.sinks.as_ref(),
             other,
             ffn: match &l.ffn {
                 Ffn::Dense(m) => MoeFfnView::Dense(m),
