@@ -49,10 +49,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         b => {
             let code = match args.get(2).map(String::as_str) {
                 None => mlx_core::cpu::trellis::TrellisCode::Mad,
-                Some(c) => mlx_core::cpu::trellis::TrellisCode::from_name(c)
-                    .ok_or_else(|| {
-                        format!("CODE {c:?}: 1mad, 1mad8, 1mad8h, 1mad8s, gauss8s or gauss7s")
-                    })?,
+                Some(c) => mlx_core::cpu::trellis::TrellisCode::from_name(c).ok_or_else(|| {
+                    format!("CODE {c:?}: 1mad, 1mad8, 1mad8h, 1mad8s, gauss8s or gauss7s")
+                })?,
             };
             convert_fixture(&out, b.and_then(|b| b.parse().ok()), code)?
         }

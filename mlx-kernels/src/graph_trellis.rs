@@ -857,10 +857,7 @@ mod tests {
     fn the_sbox_codes_tables_are_the_cpus() {
         use mlx_core::cpu::trellis::{GAUSS7_TABLE, GAUSS8_TABLE, SBOX};
         let want = |v: &[i64]| v.to_vec();
-        assert_eq!(
-            source_array("TRELLIS_SBOX"),
-            want(&SBOX.map(i64::from))
-        );
+        assert_eq!(source_array("TRELLIS_SBOX"), want(&SBOX.map(i64::from)));
         assert_eq!(
             source_array("TRELLIS_GAUSS8"),
             want(&GAUSS8_TABLE.map(i64::from))
