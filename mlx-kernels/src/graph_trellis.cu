@@ -485,12 +485,15 @@ __device__ __forceinline__ int trellis_xs(ll c, int pad) { return (int)(c + pad 
 // above the state lands above bit 14), and the LOP3 masks them and ors the lane in. One IMAD a
 // weight more than 1mad8.
 // LUT 3 (the S-box codes with 256 entries: 1mad8s, gauss8s) and 4 (gauss7s's 128), L 9..=15:
-// the window's shift puts the state at bit 0, as LUT 2's; a shift and a LOP3 put its top byte
-// at bits 7..14 with the lane, one load reads SBOX[top] << 7 from the S-box's copy (lut, at
-// word top * 32 + lane); one multiply-add st * 128 + it leaves the index (S-box plus bottom
-// byte, mod 256) at bits 7..14 (what lies above the state lands above bit 14), and the LOP3
-// masks its 8 bits (7 for gauss7s) and ors the lane in for the code's load (the code table at
-// lut + TRELLIS_LUT_FLOATS). Two table loads a weight (1mad8h: one), each conflict-free.
+// the window's shift puts the state at bit 15 - L (its top byte at bits 7..14; earlier stream
+// bits above it, later ones below), one LOP3 masks the top byte and ors the lane in, one load
+// reads SBOX[top] << 7 from the S-box's copy (lut, word top * 32 + lane); one multiply-add
+// by 2^(L - 8) moves the state's bottom byte to bits 7..14 and adds it: bits 7..14 are the
+// index (S-box plus bottom byte, mod 256; the stream bits below land below bit 7, where the
+// S-box's word is zero, so no carry reaches bit 7; those above land above bit 14), and one
+// LOP3 masks its 8 bits (7 for gauss7s) and ors the lane in for the code's load (the code
+// table at lut + TRELLIS_LUT_FLOATS). Two table loads a weight (1mad8h: one), each
+// conflict-free; one LOP3 more than 1mad8h.
 template <int KB, int L, int BLOCK, int LUT = 0>
 __device__ __forceinline__ float trellis_block(const u32* w, const float* xs,
                                                const float* lut = nullptr, u32 lane4 = 0) {
@@ -506,14 +509,17 @@ __device__ __forceinline__ float trellis_block(const u32* w, const float* xs,
     const int a = start >> 5, off = start & 31;
     float c;
     if (LUT >= 3) {
-      u32 st;
+      // The state at bits 15 - L .. 14 (its top byte at 7..14): sh = the window's shift less
+      // 15 - L (stream bits above and below it).
+      u32 sb;
       if (off + L <= 32) {
-        st = w[a] >> (32 - off - L);
+        const int sh = 32 - off - L - (15 - L);
+        sb = sh >= 0 ? w[a] >> sh : w[a] << -sh;
       } else {
-        st = __funnelshift_r(w[a + 1 == BW ? 0 : a + 1], w[a], 64 - off - L);
+        sb = __funnelshift_r(w[a + 1 == BW ? 0 : a + 1], w[a], 64 - off - L - (15 - L));
       }
-      const u32 s7 = *(const u32*)((const char*)lut + (((st << (15 - L)) & 0x7F80u) | lane4));
-      const u32 h = st * 128u + s7;
+      const u32 s7 = *(const u32*)((const char*)lut + ((sb & 0x7F80u) | lane4));
+      const u32 h = sb * (1u << (L - 8)) + s7;
       constexpr u32 IMASK = LUT == 4 ? 0x3F80u : 0x7F80u;
       c = *(const float*)((const char*)lut + 4 * TRELLIS_LUT_FLOATS + ((h & IMASK) | lane4));
     } else if (LUT == 2) {

@@ -75,7 +75,7 @@ if os.environ.get("TRELLIS_ROWS2") == "1":
 MUTATIONS = {
     "fast": ("const u32 h = st * (128u + (1u << (15 - L)));", "const u32 h = st * 128u;"),
     "index": ("return ((state >> (L - 8)) + state) & 0xFFu;", "return ((state >> (L - 8)) ^ state) & 0xFFu;"),
-    "sbox": ("const u32 h = st * 128u + s7;", "const u32 h = st * 128u + ((st << (15 - L)) & 0x7F80u);"),
+    "sbox": ("const u32 h = sb * (1u << (L - 8)) + s7;", "const u32 h = sb * (1u << (L - 8)) + (sb & 0x7F80u);"),
 }
 MUTATE = os.environ.get("TRELLIS_EMU_MUTATE")
 if MUTATE:
