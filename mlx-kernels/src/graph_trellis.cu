@@ -15,7 +15,7 @@
 // table), and the S-box codes 1mad8s, gauss8s and gauss7s (the index the AES S-box of the top
 // byte plus the bottom byte, mod 256, into 1mad8's codes, GAUSS8_TABLE, or GAUSS7_TABLE at its
 // low 7 bits; at L 12 the product reads the S-box and the code from tables in shared memory,
-// trellis_sbox_fill), the code carried in the kernels' L argument (TRELLIS_CODE_SHIFT).
+// trellis_lut_fill), the code carried in the kernels' L argument (TRELLIS_CODE_SHIFT).
 //
 // Tiers (xtask/gpu/trellis_emulate.py runs this source as C++ on the CPU against the Rust
 // references): trellis_decode, trellis_input (no norm) and trellis_output are L2, bit-exact
@@ -94,7 +94,7 @@ __device__ __forceinline__ u32 trellis_mad8h_index(u32 state, int L) {
 // The AES S-box (cpu::trellis::SBOX) and the stratified Gaussian tables (GAUSS8_TABLE,
 // GAUSS7_TABLE) of the S-box codes, as the CPU's constants (graph_trellis.rs's test reads
 // them back from this source). The general path and trellis_decode read them from global
-// memory (through L1); the table paths from their copies in shared memory (trellis_sbox_fill).
+// memory (through L1); the table paths from their copies in shared memory (trellis_lut_fill).
 static __device__ const unsigned char TRELLIS_SBOX[256] = {
   99, 124, 119, 123, 242, 107, 111, 197, 48, 1, 103, 43, 254, 215, 171, 118,
   202, 130, 201, 125, 250, 89, 71, 240, 173, 212, 162, 175, 156, 164, 114, 192,
