@@ -9,7 +9,8 @@
 //! (default 64, the converter's: the kernels' general path; 32 takes their unrolled path, as
 //! the quantizer's 3-bit choice and the bench twins do), with the code CODE (`1mad`, the
 //! default; `1mad8`: the kernels' table path; `1mad8h`: at L 12, the default state of a
-//! `1mad8h` conversion, the same table at hashed indices). Then, into OUT:
+//! `1mad8h` conversion, the same table at hashed indices; `1mad8s`, `gauss8s`, `gauss7s`: at L
+//! 12, the S-box and the code's table). Then, into OUT:
 //! - `graph.safetensors`: every array of the decoder's `GraphWeights` (`embed.*`, `head.*`,
 //!   `final_norm`, `layers.I.{input_norm,post_norm}`, `layers.I.P.{weight,scales,su,sv,bias}`
 //!   for P in q k v o gate up down; the scales as float32, as the decoder uploads them), the
@@ -48,8 +49,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         b => {
             let code = match args.get(2).map(String::as_str) {
                 None => mlx_core::cpu::trellis::TrellisCode::Mad,
-                Some(c) => mlx_core::cpu::trellis::TrellisCode::from_name(c)
-                    .ok_or_else(|| format!("CODE {c:?}: 1mad, 1mad8 or 1mad8h"))?,
+                Some(c) => mlx_core::cpu::trellis::TrellisCode::from_name(c).ok_or_else(|| {
+                    format!("CODE {c:?}: 1mad, 1mad8, 1mad8h, 1mad8s, gauss8s or gauss7s")
+                })?,
             };
             convert_fixture(&out, b.and_then(|b| b.parse().ok()), code)?
         }
@@ -202,7 +204,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `dense_bf16_untied` converted to trellis 3-bit (L 8, or 12 for 1mad8h; seed 0; blocks of
+/// `dense_bf16_untied` converted to trellis 3-bit (L 8, or 12 for the hashed codes; seed 0; blocks of
 /// `block`, or the converter's default; the code `code`) into `out/model`.
 fn convert_fixture(
     out: &Path,
@@ -220,10 +222,13 @@ fn convert_fixture(
         q_bits: Some(3),
         q_group_size: block,
         trellis: Some(TrellisParams {
-            trellis_l: if code == mlx_core::cpu::trellis::TrellisCode::Mad8H {
-                12
-            } else {
+            // The hashed codes (1mad8h, 1mad8s, gauss8s, gauss7s) at their conversion's L 12.
+            trellis_l: if code == mlx_core::cpu::trellis::TrellisCode::Mad
+                || code == mlx_core::cpu::trellis::TrellisCode::Mad8
+            {
                 8
+            } else {
+                12
             },
             seed: 0,
             trellis_code: code,

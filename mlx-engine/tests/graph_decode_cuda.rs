@@ -73,7 +73,9 @@ fn graph_decoder_follows_the_mlx_forward() {
     // is the model's own MLX forward (mlx-lm has no trellis mode). Then the same with the
     // 1mad8 code (`--q-trellis-code 1mad8`: the kernels' table path), blocks of 32 and 64,
     // and the 1mad8h code at L 12 (`--q-trellis-code 1mad8h --q-trellis-l 12`: the table at
-    // hashed indices), blocks of 64 (its conversion's default) and 32.
+    // hashed indices), blocks of 64 (its conversion's default) and 32; the S-box codes at L 12
+    // (the S-box and the code's table): gauss7s in blocks of 64 and 32, gauss8s and 1mad8s in
+    // blocks of 64.
     use mlx_core::cpu::trellis::TrellisCode;
     for (block, code) in [
         (64, TrellisCode::Mad),
@@ -82,15 +84,18 @@ fn graph_decoder_follows_the_mlx_forward() {
         (64, TrellisCode::Mad8),
         (64, TrellisCode::Mad8H),
         (32, TrellisCode::Mad8H),
+        (64, TrellisCode::Gauss7S),
+        (32, TrellisCode::Gauss7S),
+        (64, TrellisCode::Gauss8S),
+        (64, TrellisCode::Mad8S),
     ] {
         let name = match code {
             TrellisCode::Mad => format!("trellis3_b{block}"),
             TrellisCode::Mad8 => format!("trellis3_1mad8_b{block}"),
             TrellisCode::Mad8H => format!("trellis3_1mad8h_b{block}"),
-            // No CUDA path (`TrellisPlanError::Code`): not in the list above.
-            TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S => {
-                unreachable!("{code:?} has no CUDA path")
-            }
+            TrellisCode::Mad8S => format!("trellis3_1mad8s_b{block}"),
+            TrellisCode::Gauss8S => format!("trellis3_gauss8s_b{block}"),
+            TrellisCode::Gauss7S => format!("trellis3_gauss7s_b{block}"),
         };
         let dst = tmp.join(&name);
         convert_trellis(&root.join("dense_bf16_untied"), &dst, block, code);
@@ -121,7 +126,7 @@ fn graph_decoder_follows_the_mlx_forward() {
     assert!(failed.is_empty(), "rows failed: {failed:?}");
 }
 
-/// `src` converted to trellis 3-bit (L 8, or 12 for 1mad8h; seed 0) in blocks of `block` with
+/// `src` converted to trellis 3-bit (L 8, or 12 for the hashed codes; seed 0) in blocks of `block` with
 /// `code`, into `dst`.
 fn convert_trellis(
     src: &std::path::Path,
@@ -137,10 +142,13 @@ fn convert_trellis(
         q_bits: Some(3),
         q_group_size: Some(block),
         trellis: Some(TrellisParams {
-            trellis_l: if code == mlx_core::cpu::trellis::TrellisCode::Mad8H {
-                12
-            } else {
+            // The hashed codes (1mad8h, 1mad8s, gauss8s, gauss7s) at their conversion's L 12.
+            trellis_l: if code == mlx_core::cpu::trellis::TrellisCode::Mad
+                || code == mlx_core::cpu::trellis::TrellisCode::Mad8
+            {
                 8
+            } else {
+                12
             },
             seed: 0,
             trellis_code: code,

@@ -435,6 +435,46 @@ fn a_1mad8h_trellis_model_passes_the_decoders_check() {
     assert_eq!(weights.check(&spec), Ok(()));
 }
 
+/// The S-box codes (`1mad8s`, `gauss8s`, `gauss7s`; L 12, `mlx convert --q-trellis-code`'s
+/// shape) map and pass the decoder's check (`TrellisPlan::new` refused them before their CUDA
+/// path).
+#[test]
+fn sbox_trellis_models_pass_the_decoders_check() {
+    use mlx_core::cpu::trellis::TrellisCode;
+    use mlx_models::config::TrellisParams;
+    use mlx_models::convert::{convert, ConvertOptions};
+    for code in [
+        TrellisCode::Gauss7S,
+        TrellisCode::Gauss8S,
+        TrellisCode::Mad8S,
+    ] {
+        let dst = tmp().join(format!("trellis3_{}", code.name()));
+        let _ = std::fs::remove_dir_all(&dst);
+        let opts = ConvertOptions {
+            quantize: true,
+            q_bits: Some(3),
+            trellis: Some(TrellisParams {
+                trellis_l: 12,
+                seed: 0,
+                trellis_code: code,
+            }),
+            ..ConvertOptions::default()
+        };
+        convert(
+            &models().join("dense_bf16_untied"),
+            &dst,
+            &opts,
+            &mut |_| {},
+        )
+        .unwrap();
+        let model = load(&dst);
+        let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+        let t = spec.trellis.expect("a trellis spec");
+        assert_eq!((t.k, t.l, t.code), (3, 12, code));
+        assert_eq!(weights.check(&spec), Ok(()), "{}", code.name());
+    }
+}
+
 #[test]
 fn options_the_decoder_does_not_take_are_named() {
     let greedy = GenerateOptions::default();

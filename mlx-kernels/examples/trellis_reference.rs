@@ -15,8 +15,9 @@
 //! - `yt.f32`: `su * fwht_blocks(z)` (the L2 reference of `trellis_output` on `z`);
 //! - `y.f32`: `TrellisView::matvec(x)`, the CPU decoder's whole trellis linear.
 //!
-//! Three codes: `1mad`, `1mad8` from case `mad8_from` on and `1mad8h` from case `mad8h_from` on
-//! (`meta.json`'s `code`). Words are random bits (every bit stream is a valid tail-biting code),
+//! Six codes: `1mad`, `1mad8` from case `mad8_from` on, `1mad8h` from case `mad8h_from` on,
+//! and the S-box codes (`gauss7s`, `gauss8s`, `1mad8s`) from case `sbox_from` on (`meta.json`'s
+//! `code`). Words are random bits (every bit stream is a valid tail-biting code),
 //! except the cases coded from a Gaussian matrix by `quantize`. Little-endian raw files.
 
 use std::io::Write;
@@ -122,10 +123,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cases.push((3, 9, 64, 192, 576, false));
     cases.push((2, 16, 64, 192, 576, false));
     cases.push((3, 12, 128, 192, 1536, false));
+    // The S-box codes (the S-box and the code's table where L is 12 and the blocks 32 or 64):
+    // gauss7s at the 135M's q/o, gate and down shapes at 3 bits in blocks of 64 and a real code
+    // (its conversion's shape), blocks of 32, 2 and 4 bits, the wide input, and the general
+    // path (L 9, blocks of 128); gauss8s and 1mad8s at 3 bits in blocks of 64 and 32, a real
+    // code, and the general path (L 16).
+    let sbox_from = cases.len();
+    let mut sbox_codes = Vec::new();
+    for (r, c) in [(576usize, 576usize), (1536, 576), (576, 1536)] {
+        cases.push((3, 12, 64, r, c, false));
+    }
+    cases.push((3, 12, 64, 576, 576, true));
+    cases.push((3, 12, 32, 576, 1536, false));
+    cases.push((2, 12, 64, 192, 576, false));
+    cases.push((4, 12, 32, 192, 576, false));
+    cases.push((3, 12, 64, 64, 14336, false));
+    cases.push((3, 9, 64, 192, 576, false));
+    cases.push((3, 12, 128, 192, 1536, false));
+    sbox_codes.resize(cases.len() - sbox_from, TrellisCode::Gauss7S);
+    for code in [TrellisCode::Gauss8S, TrellisCode::Mad8S] {
+        cases.push((3, 12, 64, 576, 1536, false));
+        cases.push((3, 12, 32, 1536, 576, false));
+        cases.push((3, 12, 64, 576, 576, true));
+        cases.push((2, 16, 64, 192, 576, false));
+        sbox_codes.resize(cases.len() - sbox_from, code);
+    }
     let pool = mlx_core::cpu::ThreadPool::new(mlx_core::cpu::available_threads())
         .map_err(|e| e.to_string())?;
     for (i, &(k, l, block, rows, cols, coded)) in cases.iter().enumerate() {
-        let code = if i >= mad8h_from {
+        let code = if i >= sbox_from {
+            sbox_codes[i - sbox_from]
+        } else if i >= mad8h_from {
             TrellisCode::Mad8H
         } else if i >= mad8_from {
             TrellisCode::Mad8

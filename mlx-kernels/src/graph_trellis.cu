@@ -8,11 +8,14 @@
 // - trellis_output: y = su * H_r z, rounded to bfloat16 as MLX rounds the linear's output,
 //   then the following op (bias, residual add, SwiGLU with the gate's output, or float32).
 // trellis_decode writes the decoded matrix (scale * code per weight), the device twin of
-// cpu::trellis::decode_row, bit for bit. Three codes: 1mad (computed per weight), 1mad8 (the
+// cpu::trellis::decode_row, bit for bit. Six codes: 1mad (computed per weight), 1mad8 (the
 // 1MAD integer rounded to int8; at L 8 the product reads it from a table in shared memory,
-// trellis_lut_fill) and 1mad8h (1mad8's code of an L-bit state's hashed 8-bit index, the
+// trellis_lut_fill), 1mad8h (1mad8's code of an L-bit state's hashed 8-bit index, the
 // state's top byte plus its bottom byte mod 256, L 9..=16; at L 12 the product reads the same
-// table), the code carried in the kernels' L argument (TRELLIS_CODE_SHIFT).
+// table), and the S-box codes 1mad8s, gauss8s and gauss7s (the index the AES S-box of the top
+// byte plus the bottom byte, mod 256, into 1mad8's codes, GAUSS8_TABLE, or GAUSS7_TABLE at its
+// low 7 bits; at L 12 the product reads the S-box and the code from tables in shared memory,
+// trellis_lut_fill), the code carried in the kernels' L argument (TRELLIS_CODE_SHIFT).
 //
 // Tiers (xtask/gpu/trellis_emulate.py runs this source as C++ on the CPU against the Rust
 // references): trellis_decode, trellis_input (no norm) and trellis_output are L2, bit-exact
@@ -29,13 +32,17 @@
 // 1mad8's divisor (cpu::trellis::MAD8_SCALE: MAD_SCALE * 127 / 510 in float32).
 #define TRELLIS_MAD8_SCALE 36.805233001708984f
 // The kernels' `L` argument carries the code above the state's bits: L | code << 8, code 0
-// for 1mad, 1 for 1mad8 and 2 for 1mad8h (graph_trellis.rs, l_arg).
+// for 1mad, 1 for 1mad8, 2 for 1mad8h, 3 for 1mad8s, 4 for gauss8s and 5 for gauss7s
+// (graph_trellis.rs, l_arg).
 #define TRELLIS_CODE_SHIFT 8
 // 1mad8's fast paths (L 8) read each code from a table of the 256 states' float32 codes in
 // shared memory, 32 copies side by side (state s, copy j at s * 32 + j; lane j reads copy j:
 // every lane its own bank, whatever the states), before the padded input (trellis_lut);
 // 1mad8h's (L 12) read the same table at each state's hashed index (trellis_mad8h_index).
 #define TRELLIS_LUT_FLOATS 8192
+// gauss8s's and gauss7s's divisors (cpu::trellis::GAUSS8_SCALE, GAUSS7_SCALE).
+#define TRELLIS_GAUSS8_SCALE 41.91534423828125f
+#define TRELLIS_GAUSS7_SCALE 43.402862548828125f
 // The largest Hadamard block the transforms take (hadamard_block's cap), float32 in shared
 // memory.
 #define TRELLIS_MAX_HB 4096
@@ -84,22 +91,105 @@ __device__ __forceinline__ u32 trellis_mad8h_index(u32 state, int L) {
   return ((state >> (L - 8)) + state) & 0xFFu;
 }
 
-// The integer code (its value times the divisor) of an L-bit state under 1mad8 (code 1) or
-// 1mad8h (code 2).
+// The AES S-box (cpu::trellis::SBOX) and the stratified Gaussian tables (GAUSS8_TABLE,
+// GAUSS7_TABLE) of the S-box codes, as the CPU's constants (graph_trellis.rs's test reads
+// them back from this source). The general path and trellis_decode read them from global
+// memory (through L1); the table paths from their copies in shared memory (trellis_lut_fill).
+static __device__ const unsigned char TRELLIS_SBOX[256] = {
+  99, 124, 119, 123, 242, 107, 111, 197, 48, 1, 103, 43, 254, 215, 171, 118,
+  202, 130, 201, 125, 250, 89, 71, 240, 173, 212, 162, 175, 156, 164, 114, 192,
+  183, 253, 147, 38, 54, 63, 247, 204, 52, 165, 229, 241, 113, 216, 49, 21,
+  4, 199, 35, 195, 24, 150, 5, 154, 7, 18, 128, 226, 235, 39, 178, 117,
+  9, 131, 44, 26, 27, 110, 90, 160, 82, 59, 214, 179, 41, 227, 47, 132,
+  83, 209, 0, 237, 32, 252, 177, 91, 106, 203, 190, 57, 74, 76, 88, 207,
+  208, 239, 170, 251, 67, 77, 51, 133, 69, 249, 2, 127, 80, 60, 159, 168,
+  81, 163, 64, 143, 146, 157, 56, 245, 188, 182, 218, 33, 16, 255, 243, 210,
+  205, 12, 19, 236, 95, 151, 68, 23, 196, 167, 126, 61, 100, 93, 25, 115,
+  96, 129, 79, 220, 34, 42, 144, 136, 70, 238, 184, 20, 222, 94, 11, 219,
+  224, 50, 58, 10, 73, 6, 36, 92, 194, 211, 172, 98, 145, 149, 228, 121,
+  231, 200, 55, 109, 141, 213, 78, 169, 108, 86, 244, 234, 101, 122, 174, 8,
+  186, 120, 37, 46, 28, 166, 180, 198, 232, 221, 116, 31, 75, 189, 139, 138,
+  112, 62, 181, 102, 72, 3, 246, 14, 97, 53, 87, 185, 134, 193, 29, 158,
+  225, 248, 152, 17, 105, 217, 142, 148, 155, 30, 135, 233, 206, 85, 40, 223,
+  140, 161, 137, 13, 191, 230, 66, 104, 65, 153, 45, 15, 176, 84, 187, 22,
+};
+static __device__ const signed char TRELLIS_GAUSS8[256] = {
+  -103, -27, 3, 34, -43, -12, 16, 59, -65, -16, 10, 43, -33, -6, 29, 70,
+  -127, -28, 0, 33, -45, -13, 15, 51, -67, -17, 8, 41, -38, -6, 27, 77,
+  -81, -24, 2, 32, -46, -9, 20, 55, -59, -18, 12, 48, -34, -3, 27, 111,
+  -70, -25, 1, 31, -48, -10, 15, 52, -61, -21, 11, 46, -36, -4, 22, 97,
+  -73, -26, 4, 31, -41, -8, 17, 62, -62, -19, 13, 45, -31, -1, 25, 127,
+  -75, -22, 7, 36, -41, -12, 17, 60, -64, -20, 13, 44, -32, -5, 24, 86,
+  -77, -23, 2, 34, -43, -8, 21, 65, -56, -16, 9, 50, -31, -2, 28, 81,
+  -68, -22, 6, 39, -39, -7, 21, 57, -57, -17, 8, 49, -39, -7, 23, 68,
+  -83, -29, 1, 32, -50, -14, 19, 54, -60, -21, 8, 47, -35, -3, 23, 73,
+  -89, -25, 5, 37, -49, -11, 18, 64, -54, -19, 7, 39, -37, -4, 22, 71,
+  -93, -27, 3, 30, -49, -11, 14, 61, -63, -20, 11, 40, -32, -2, 25, 89,
+  -97, -23, 6, 35, -42, -12, 17, 67, -55, -15, 10, 43, -30, -5, 24, 83,
+  -111, -28, 2, 33, -44, -13, 16, 57, -57, -17, 9, 42, -33, -2, 28, 79,
+  -79, -24, 5, 38, -46, -9, 20, 56, -52, -14, 12, 49, -34, 0, 29, 75,
+  -86, -29, 5, 37, -47, -10, 19, 53, -53, -18, 12, 46, -36, -1, 26, 103,
+  -71, -26, 4, 36, -40, -8, 18, 63, -51, -15, 14, 41, -37, -5, 26, 93,
+};
+static __device__ const signed char TRELLIS_GAUSS7[128] = {
+  -108, -30, 4, 39, -47, -14, 18, 64, -69, -16, 11, 44, -36, -5, 32, 78,
+  -127, -32, 0, 36, -51, -15, 17, 56, -72, -18, 9, 43, -40, -6, 29, 82,
+  -99, -27, 2, 35, -52, -11, 21, 60, -60, -20, 13, 51, -38, -2, 28, 108,
+  -78, -28, 1, 34, -54, -12, 16, 58, -62, -23, 12, 49, -39, -3, 24, 99,
+  -82, -29, 5, 33, -44, -9, 20, 69, -64, -21, 15, 47, -34, 0, 27, 127,
+  -86, -25, 7, 40, -46, -13, 19, 66, -66, -22, 14, 46, -35, -4, 26, 92,
+  -92, -26, 3, 38, -49, -10, 22, 72, -56, -17, 10, 54, -33, -1, 30, 86,
+  -75, -24, 6, 42, -43, -8, 23, 62, -58, -19, 8, 52, -42, -7, 25, 75,
+};
+
+// The S-box codes' table index of an L-bit state (L 9..=16; cpu::trellis::mad8s_index): the
+// S-box of its top 8 bits plus its low 8 bits, mod 256.
+__device__ __forceinline__ u32 trellis_mad8s_index(u32 state, int L) {
+  return ((u32)TRELLIS_SBOX[(state >> (L - 8)) & 0xFFu] + state) & 0xFFu;
+}
+
+// The integer code (its value times the divisor) of an L-bit state under 1mad8 (code 1),
+// 1mad8h (code 2), 1mad8s (3), gauss8s (4) or gauss7s (5) (TrellisCode::int).
 __device__ __forceinline__ int trellis_int8_code(u32 state, int L, int code) {
+  if (code >= 3) {
+    const u32 i = trellis_mad8s_index(state, L);
+    if (code == 4) return TRELLIS_GAUSS8[i];
+    if (code == 5) return TRELLIS_GAUSS7[i & 0x7Fu];
+    return trellis_mad8_int(i);
+  }
   return trellis_mad8_int(code == 2 ? trellis_mad8h_index(state, L) : state);
 }
 
-// The code (0 1mad, 1 1mad8, 2 1mad8h) and the state's bits of a kernel's `L` argument.
+// What a code's integers are divided by (TrellisCode::divisor).
+__device__ __forceinline__ float trellis_divisor(int code) {
+  return code == 0 ? TRELLIS_MAD_SCALE
+         : code == 4 ? TRELLIS_GAUSS8_SCALE
+         : code == 5 ? TRELLIS_GAUSS7_SCALE
+                     : TRELLIS_MAD8_SCALE;
+}
+
+// The code (0 1mad, 1 1mad8, 2 1mad8h, 3 1mad8s, 4 gauss8s, 5 gauss7s) and the state's bits
+// of a kernel's `L` argument.
 __device__ __forceinline__ int trellis_code_of(ll L) { return (int)(L >> TRELLIS_CODE_SHIFT); }
 __device__ __forceinline__ ll trellis_l_of(ll L) { return L & ((1 << TRELLIS_CODE_SHIFT) - 1); }
 
-// Whether the product of this shape reads the table of 1mad8's 256 codes: 1mad8's fast paths
-// (L 8) and 1mad8h's (L 12), blocks of 32 or 64.
+// Whether the product of this shape reads tables in shared memory: 1mad8's 256 codes at its
+// fast paths (L 8) and 1mad8h's (L 12); the S-box and the code table at the S-box codes' (L
+// 12); blocks of 32 or 64.
 __device__ __forceinline__ bool trellis_uses_lut(ll L, ll block) {
   const int code = trellis_code_of(L);
   const ll l = trellis_l_of(L);
-  return ((code == 1 && l == 8) || (code == 2 && l == 12)) && (block == 32 || block == 64);
+  return ((code == 1 && l == 8) || (code >= 2 && code <= 5 && l == 12)) &&
+         (block == 32 || block == 64);
+}
+
+// Floats of the product's tables (TrellisPlan::shared_bytes, graph_trellis.rs lut_floats):
+// 1mad8's and 1mad8h's table (TRELLIS_LUT_FLOATS); the S-box codes' S-box (TRELLIS_LUT_FLOATS:
+// 256 entries, 32 copies) then their code table (256 entries, 32 copies; gauss7s's 128).
+__device__ __forceinline__ int trellis_lut_floats(ll L, ll block) {
+  if (!trellis_uses_lut(L, block)) return 0;
+  const int code = trellis_code_of(L);
+  return code <= 2 ? TRELLIS_LUT_FLOATS : TRELLIS_LUT_FLOATS + (code == 5 ? 128 : 256) * 32;
 }
 
 // The dynamic shared memory of the product kernels: the table first, where the product reads
@@ -114,7 +204,7 @@ __device__ __forceinline__ float* trellis_lut() {
   return (float*)smem;
 }
 __device__ __forceinline__ float* trellis_xs_base(ll L, ll block) {
-  return trellis_lut() + (trellis_uses_lut(L, block) ? TRELLIS_LUT_FLOATS : 0);
+  return trellis_lut() + trellis_lut_floats(L, block);
 }
 
 // The table of 1mad8's 256 codes (1mad8h's too: its index is an 8-bit state of 1mad8) at
@@ -122,8 +212,29 @@ __device__ __forceinline__ float* trellis_xs_base(ll L, ll block) {
 // warp w computes states 32 w + lane, then writes each of its 32 states' 32 copies (one
 // shuffle and one conflict-free store a state). Written before the PDL wait (it depends on no
 // kernel); the barriers of the prologue order it before the product.
+//
+// The S-box codes' tables (code 3, 4, 5 at L 12): the S-box first, entry t copy j at word
+// t * 32 + j holding SBOX[t] << 7 (where the product adds it to the state's bottom byte at bit
+// 7), then the code table at TRELLIS_LUT_FLOATS, entry i copy j at i * 32 + j holding the
+// float of the code's integer at index i (256 entries; gauss7s's 128). Each thread writes
+// words i, i + threads, ...: every lane of a warp reads the same table entry (one broadcast)
+// and writes its own bank.
 __device__ __forceinline__ void trellis_lut_fill(ll L, ll block) {
   if (!trellis_uses_lut(L, block)) return;
+  const int code = trellis_code_of(L);
+  if (code >= 3) {
+    u32* sb = (u32*)trellis_lut();
+    float* ct = trellis_lut() + TRELLIS_LUT_FLOATS;
+    const int n = code == 5 ? 128 : 256;
+    for (int i = threadIdx.x; i < 256 * 32; i += blockDim.x) sb[i] = (u32)TRELLIS_SBOX[i >> 5] << 7;
+    for (int i = threadIdx.x; i < n * 32; i += blockDim.x) {
+      const int e = i >> 5;
+      ct[i] = (float)(code == 4 ? (int)TRELLIS_GAUSS8[e]
+                      : code == 5 ? (int)TRELLIS_GAUSS7[e]
+                                  : trellis_mad8_int((u32)e));
+    }
+    return;
+  }
   float* lut = trellis_lut();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int s0 = warp * 32; s0 < 256; s0 += warps * 32) {
@@ -158,7 +269,7 @@ __device__ __forceinline__ void trellis_decode_block(const u32* W, const float* 
   const u32 mask = (1u << L) - 1u, kmask = (1u << kb) - 1u;
   u32 state = trellis_window(words, (int)bw, 0, (int)kb, (int)L, (int)bits);
   auto value = [&](u32 s) {
-    if (code) return (float)trellis_int8_code(s, (int)L, code) / TRELLIS_MAD8_SCALE * scale;
+    if (code) return (float)trellis_int8_code(s, (int)L, code) / trellis_divisor(code) * scale;
     const u32 x = s * TRELLIS_MAD_A + TRELLIS_MAD_B;
     const u32 y = (x & 0x00FF00FFu) + ((x >> 8) & 0x00FF00FFu);
     const u32 sum = (y & 0xFFFFu) + (y >> 16);
@@ -181,7 +292,7 @@ __device__ __forceinline__ void trellis_decode_block(const u32* W, const float* 
 }
 
 // The decoded matrix: out[r, c] = scale[r] * code(state_rc), code = (byte sum - 510) / 147.8...
-// (1mad; 1mad8 and 1mad8h: their int8 code / 36.8...) as decode_row computes it (sequential
+// (1mad; the int8 codes: their integer / the code's divisor) as decode_row computes it (sequential
 // states: the first from its window, then k new bits a weight). One thread a block of a row,
 // the grid striding over them.
 extern "C" __global__ void trellis_decode(const u32* W, const float* scales, float* out, ll N,
@@ -373,11 +484,22 @@ __device__ __forceinline__ int trellis_xs(ll c, int pad) { return (int)(c + pad 
 // product are the index (no carry reaches bit 7: the first term is zero below it; what lies
 // above the state lands above bit 14), and the LOP3 masks them and ors the lane in. One IMAD a
 // weight more than 1mad8.
+// LUT 3 (the S-box codes with 256 entries: 1mad8s, gauss8s) and 4 (gauss7s's 128), L 9..=15:
+// the window's shift puts the state at bit 15 - L (its top byte at bits 7..14; earlier stream
+// bits above it, later ones below), one LOP3 masks the top byte and ors the lane in, one load
+// reads SBOX[top] << 7 from the S-box's copy (lut, word top * 32 + lane); one multiply-add
+// by 2^(L - 8) moves the state's bottom byte to bits 7..14 and adds it: bits 7..14 are the
+// index (S-box plus bottom byte, mod 256; the stream bits below land below bit 7, where the
+// S-box's word is zero, so no carry reaches bit 7; those above land above bit 14), and one
+// LOP3 masks its 8 bits (7 for gauss7s) and ors the lane in for the code's load (the code
+// table at lut + TRELLIS_LUT_FLOATS). Two table loads a weight (1mad8h: one), each
+// conflict-free; one LOP3 more than 1mad8h.
 template <int KB, int L, int BLOCK, int LUT = 0>
 __device__ __forceinline__ float trellis_block(const u32* w, const float* xs,
                                                const float* lut = nullptr, u32 lane4 = 0) {
   static_assert(LUT != 1 || L == 8, "1mad8's table path is L 8");
   static_assert(LUT != 2 || (L >= 9 && L <= 15), "1mad8h's table path is L 9..=15");
+  static_assert(LUT < 3 || (L >= 9 && L <= 15), "the S-box codes' table path is L 9..=15");
   constexpr int BITS = BLOCK * KB, BW = BITS / 32, PAD = BLOCK == 32 ? 2 : 1;
   constexpr u32 MASK = (1u << L) - 1u;
   float acc0 = 0.f, acc1 = 0.f;
@@ -386,7 +508,21 @@ __device__ __forceinline__ float trellis_block(const u32* w, const float* xs,
     const int start = ((t + 1) * KB + BITS - L) % BITS;
     const int a = start >> 5, off = start & 31;
     float c;
-    if (LUT == 2) {
+    if (LUT >= 3) {
+      // The state at bits 15 - L .. 14 (its top byte at 7..14): sh = the window's shift less
+      // 15 - L (stream bits above and below it).
+      u32 sb;
+      if (off + L <= 32) {
+        const int sh = 32 - off - L - (15 - L);
+        sb = sh >= 0 ? w[a] >> sh : w[a] << -sh;
+      } else {
+        sb = __funnelshift_r(w[a + 1 == BW ? 0 : a + 1], w[a], 64 - off - L - (15 - L));
+      }
+      const u32 s7 = *(const u32*)((const char*)lut + ((sb & 0x7F80u) | lane4));
+      const u32 h = sb * (1u << (L - 8)) + s7;
+      constexpr u32 IMASK = LUT == 4 ? 0x3F80u : 0x7F80u;
+      c = *(const float*)((const char*)lut + 4 * TRELLIS_LUT_FLOATS + ((h & IMASK) | lane4));
+    } else if (LUT == 2) {
       u32 st;
       if (off + L <= 32) {
         st = w[a] >> (32 - off - L);
@@ -519,7 +655,7 @@ __device__ __forceinline__ void trellis_row2(const u32* ra, const u32* rb, const
 
 // Any shape (k 2..4, L up to 16, any block): lane j of the group takes weights j, j + lpr, ...
 // of its row, each window read from its block's words (through L1); code: 0 1mad, 1 1mad8's
-// codes, 2 1mad8h's (computed: trellis_int8_code).
+// codes, 2 1mad8h's, 3 1mad8s's, 4 gauss8s's, 5 gauss7s's (computed: trellis_int8_code).
 __device__ __forceinline__ float trellis_row_any(const u32* row, const float* xs, int j, int lpr,
                                                  ll K, ll kb, ll L, ll block, int code) {
   const ll bw = block * kb / 32, bits = block * kb;
@@ -553,7 +689,7 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
   // L 12 (the config's defaults); 1mad8's blocks of 32 and 64 with L 8 (its table); 1mad8h's
   // blocks of 32 and 64 with L 12 (the same table, at hashed indices).
   const bool f32 = block == 32 && L == 8, f64 = block == 64 && L == 12;
-  const float div = code ? TRELLIS_MAD8_SCALE : TRELLIS_MAD_SCALE;
+  const float div = trellis_divisor(code);
 #if TRELLIS_ROWS2
   if (lut && code == 1) {
     // Two of the warp's row groups at once (trellis_row2): this one and the one a grid stride
@@ -595,7 +731,37 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
     float acc = 0.f;
     if (r < N) {
       const u32* row = W + r * wpr;
-      if (lut && code == 2) {
+      if (lut && code >= 3 && code <= 4) {
+        // 1mad8s and gauss8s at L 12 (trellis_uses_lut): the S-box and a 256-entry table.
+        if (block == 32 && kb == 2) {
+          acc = trellis_row<2, 12, 32, 3>(row, xs, j, g, nb, tab, lane4);
+        } else if (block == 32 && kb == 3) {
+          acc = trellis_row<3, 12, 32, 3>(row, xs, j, g, nb, tab, lane4);
+        } else if (block == 32) {
+          acc = trellis_row<4, 12, 32, 3>(row, xs, j, g, nb, tab, lane4);
+        } else if (kb == 2) {
+          acc = trellis_row<2, 12, 64, 3>(row, xs, j, g, nb, tab, lane4);
+        } else if (kb == 3) {
+          acc = trellis_row<3, 12, 64, 3>(row, xs, j, g, nb, tab, lane4);
+        } else {
+          acc = trellis_row<4, 12, 64, 3>(row, xs, j, g, nb, tab, lane4);
+        }
+      } else if (lut && code == 5) {
+        // gauss7s at L 12: the S-box and its 128-entry table.
+        if (block == 32 && kb == 2) {
+          acc = trellis_row<2, 12, 32, 4>(row, xs, j, g, nb, tab, lane4);
+        } else if (block == 32 && kb == 3) {
+          acc = trellis_row<3, 12, 32, 4>(row, xs, j, g, nb, tab, lane4);
+        } else if (block == 32) {
+          acc = trellis_row<4, 12, 32, 4>(row, xs, j, g, nb, tab, lane4);
+        } else if (kb == 2) {
+          acc = trellis_row<2, 12, 64, 4>(row, xs, j, g, nb, tab, lane4);
+        } else if (kb == 3) {
+          acc = trellis_row<3, 12, 64, 4>(row, xs, j, g, nb, tab, lane4);
+        } else {
+          acc = trellis_row<4, 12, 64, 4>(row, xs, j, g, nb, tab, lane4);
+        }
+      } else if (lut && code == 2) {
         // 1mad8h at L 12 (trellis_uses_lut).
         if (block == 32 && kb == 2) {
           acc = trellis_row<2, 12, 32, 2>(row, xs, j, g, nb, tab, lane4);

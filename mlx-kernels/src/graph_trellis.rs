@@ -9,10 +9,13 @@
 //! `trellis_input` in its prologue (one launch for two, bit-equal to them), and
 //! `trellis_matvec_out` with `trellis_output` in its epilogue (the last block to finish a
 //! Hadamard block of rows transforms it; bit-equal to the two launches). `trellis_decode`
-//! writes the decoded matrix, the device twin of `cpu::trellis::decode_row`. Three codes run:
+//! writes the decoded matrix, the device twin of `cpu::trellis::decode_row`. Six codes run:
 //! `1mad` (each code computed), `1mad8` (at `L` 8 each code one load from a table of the
-//! 256 states' codes in shared memory, a copy a lane: [`uses_lut`]) and `1mad8h` (at `L` 12
-//! the same table at each state's hashed index, `mad8h_index`: one multiply a weight more);
+//! 256 states' codes in shared memory, a copy a lane: [`uses_lut`]), `1mad8h` (at `L` 12
+//! the same table at each state's hashed index, `mad8h_index`: one multiply a weight more),
+//! and the S-box codes `1mad8s`, `gauss8s` and `gauss7s` (at `L` 12 two loads a weight: the
+//! AES S-box of the state's top byte from a table of its 256 entries, then the code at the
+//! index from the code's table, each in shared memory a copy a lane: [`lut_floats`]);
 //! [`l_arg`] carries the code in every launch.
 //!
 //! # Tier
@@ -111,14 +114,29 @@ pub const CODE_SHIFT: u32 = 8;
 /// the input (its address a constant: one LDS a lookup).
 pub const LUT_FLOATS: usize = 8192;
 
+/// Floats of the tables at the start of a plan's dynamic shared memory (`trellis_lut_floats`):
+/// none where the product computes its codes; 1mad8's table ([`LUT_FLOATS`]) for 1mad8 and
+/// 1mad8h; for the S-box codes the S-box (256 entries, 32 copies: [`LUT_FLOATS`]) then the
+/// code table (256 entries, 32 copies; gauss7s's 128).
+pub fn lut_floats(spec: &TrellisSpec) -> usize {
+    if !uses_lut(spec) {
+        return 0;
+    }
+    match spec.code {
+        TrellisCode::Mad | TrellisCode::Mad8 | TrellisCode::Mad8H => LUT_FLOATS,
+        TrellisCode::Mad8S | TrellisCode::Gauss8S => LUT_FLOATS + 256 * 32,
+        TrellisCode::Gauss7S => LUT_FLOATS + 128 * 32,
+    }
+}
+
 /// The kernels' `L` argument for `spec`: the state's bits, and the code above them (0 for 1mad,
-/// 1 for 1mad8, 2 for 1mad8h), so every launch of a trellis matrix says how its states decode.
+/// 1 for 1mad8, 2 for 1mad8h, 3 for 1mad8s, 4 for gauss8s, 5 for gauss7s), so every launch of
+/// a trellis matrix says how its states decode.
 pub fn l_arg(spec: &TrellisSpec) -> i64 {
     let code = match spec.code {
         TrellisCode::Mad => 0,
         TrellisCode::Mad8 => 1,
         TrellisCode::Mad8H => 2,
-        // No CUDA path: `TrellisPlan::new` refuses them (`TrellisPlanError::Code`).
         TrellisCode::Mad8S => 3,
         TrellisCode::Gauss8S => 4,
         TrellisCode::Gauss7S => 5,
@@ -126,15 +144,14 @@ pub fn l_arg(spec: &TrellisSpec) -> i64 {
     i64::from(spec.l) | code << CODE_SHIFT
 }
 
-/// Whether the product reads the table of 1mad8's 256 codes (`trellis_uses_lut`): 1mad8's fast
-/// paths (`L` 8) and 1mad8h's (`L` 12, each state's code at its hashed index), blocks of 32
-/// or 64.
+/// Whether the product reads tables in shared memory (`trellis_uses_lut`): 1mad8's fast paths
+/// (`L` 8: its 256 codes), 1mad8h's (`L` 12, the same table at each state's hashed index) and
+/// the S-box codes' (`L` 12: the S-box and the code's table), blocks of 32 or 64.
 pub fn uses_lut(spec: &TrellisSpec) -> bool {
     let l = match spec.code {
         TrellisCode::Mad => return false,
         TrellisCode::Mad8 => 8,
-        TrellisCode::Mad8H => 12,
-        TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S => return false,
+        TrellisCode::Mad8H | TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S => 12,
     };
     spec.l == l && matches!(spec.block, 32 | 64)
 }
@@ -145,7 +162,8 @@ pub const DEFAULT_SMS: u32 = 132;
 
 /// Whether `spec` takes `trellis_matvec`'s unrolled path: blocks of 32 with `L` 8 (the
 /// quantizer's 3-bit choice) or blocks of 64 with `L` 12 (the config's defaults), and the
-/// table paths ([`uses_lut`]: 1mad8's blocks of 32 or 64 with `L` 8, 1mad8h's with `L` 12).
+/// table paths ([`uses_lut`]: 1mad8's blocks of 32 or 64 with `L` 8, the hashed codes' with
+/// `L` 12).
 /// Any other shape runs the general path (each window read through L1), with the same results.
 pub fn is_fast(spec: &TrellisSpec) -> bool {
     match spec.code {
@@ -206,8 +224,8 @@ pub struct TrellisPlan {
     pub hscale_cols: f32,
     /// `trellis_matvec`'s lanes a row ([`lanes_per_row`]).
     pub lanes_per_row: u32,
-    /// `trellis_matvec`'s dynamic shared memory (the table of 1mad8's codes where the product
-    /// reads it, [`uses_lut`], then the padded float32 input).
+    /// `trellis_matvec`'s dynamic shared memory (the tables where the product reads them,
+    /// [`lut_floats`], then the padded float32 input).
     pub shared_bytes: u32,
 }
 
@@ -221,7 +239,8 @@ pub enum TrellisPlanError {
     Size { rows: usize, cols: usize },
     /// The padded float32 input does not fit `trellis_matvec`'s shared memory.
     SharedMemory { cols: usize, bytes: usize },
-    /// A code the CUDA kernels do not decode (`1mad8s`, `gauss8s`, `gauss7s`).
+    /// A code the CUDA kernels do not decode (none now: every [`TrellisCode`] has a path; kept
+    /// for a code added to the CPU first).
     Code(TrellisCode),
 }
 
@@ -267,23 +286,13 @@ impl TrellisPlan {
     ) -> std::result::Result<TrellisPlan, TrellisPlanError> {
         spec.check_shape(rows, cols)
             .map_err(TrellisPlanError::Shape)?;
-        if matches!(
-            spec.code,
-            TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S
-        ) {
-            return Err(TrellisPlanError::Code(spec.code));
-        }
         if rows >= 1 << 31 || cols >= 1 << 31 {
             return Err(TrellisPlanError::Size { rows, cols });
         }
         let (hb_rows, hb_cols) = (hadamard_block(rows), hadamard_block(cols));
         let input = (cols + pad(spec.block) * cols.div_ceil(32)) * 4;
-        // The table first, then the input (`trellis_lut`, `trellis_xs_base`).
-        let bytes = if uses_lut(spec) {
-            4 * LUT_FLOATS + input
-        } else {
-            input
-        };
+        // The tables first, then the input (`trellis_lut`, `trellis_xs_base`).
+        let bytes = 4 * lut_floats(spec) + input;
         if bytes > TRELLIS_MAX_SHARED as usize {
             return Err(TrellisPlanError::SharedMemory { cols, bytes });
         }
@@ -794,22 +803,77 @@ mod tests {
     }
 
     #[test]
-    fn mad8s_has_no_cuda_plan() {
-        // 1mad8s (the S-box hash), gauss8s and gauss7s (its index) have no CUDA path: the plan refuses
-        // them, naming the code.
-        for (code, name) in [
-            (TrellisCode::Mad8S, "1mad8s"),
-            (TrellisCode::Gauss8S, "gauss8s"),
-            (TrellisCode::Gauss7S, "gauss7s"),
+    fn sbox_plans_carry_the_code_and_the_tables() {
+        // 1mad8s, gauss8s and gauss7s: the code above the state's bits; at L 12 in blocks of 32
+        // or 64 the product reads the S-box and the code's table (gauss7s's 128 entries), before
+        // the input; other shapes take the general path (each code computed).
+        for (code, n, entries) in [
+            (TrellisCode::Mad8S, 3, 256),
+            (TrellisCode::Gauss8S, 4, 256),
+            (TrellisCode::Gauss7S, 5, 128),
         ] {
-            let s = TrellisSpec {
+            let s = |k, l, block| TrellisSpec {
                 code,
-                ..spec(3, 12, 64)
+                ..spec(k, l, block)
             };
-            let e = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS).unwrap_err();
-            assert_eq!(e, TrellisPlanError::Code(code));
-            assert!(e.to_string().contains(name), "{e}");
-            assert!(!uses_lut(&s) && !is_fast(&s));
+            assert_eq!(l_arg(&s(3, 12, 64)), 12 | n << CODE_SHIFT);
+            for (sp, fast) in [
+                (s(3, 12, 64), true),
+                (s(3, 12, 32), true),
+                (s(2, 12, 64), true),
+                (s(4, 12, 32), true),
+                (s(3, 16, 64), false),
+                (s(2, 9, 64), false),
+                (s(3, 12, 128), false),
+            ] {
+                assert_eq!(is_fast(&sp), fast, "{sp:?}");
+                assert_eq!(uses_lut(&sp), fast, "{sp:?}");
+                let p = TrellisPlan::new(&sp, 576, 1536, DEFAULT_SMS).unwrap();
+                let input = (1536 + pad(sp.block) * 48) * 4;
+                let tables = if fast { LUT_FLOATS + 32 * entries } else { 0 };
+                assert_eq!(lut_floats(&sp), tables, "{sp:?}");
+                assert_eq!(p.shared_bytes as usize, 4 * tables + input, "{sp:?}");
+            }
+            // The 8B's down (14,336 inputs) fits with both tables.
+            assert!(TrellisPlan::new(&s(3, 12, 64), 4096, 14336, DEFAULT_SMS).is_ok());
+        }
+    }
+
+    /// The integers of a `static __device__ const` array of the source.
+    fn source_array(name: &str) -> Vec<i64> {
+        let start = TRELLIS_SOURCE
+            .find(&format!(" {name}["))
+            .unwrap_or_else(|| panic!("{name} is not in the source"));
+        let body = &TRELLIS_SOURCE[start..];
+        let body = &body[body.find('{').unwrap() + 1..body.find('}').unwrap()];
+        body.split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: {v}")))
+            .collect()
+    }
+
+    #[test]
+    fn the_sbox_codes_tables_are_the_cpus() {
+        use mlx_core::cpu::trellis::{GAUSS7_TABLE, GAUSS8_TABLE, SBOX};
+        let want = |v: &[i64]| v.to_vec();
+        assert_eq!(source_array("TRELLIS_SBOX"), want(&SBOX.map(i64::from)));
+        assert_eq!(
+            source_array("TRELLIS_GAUSS8"),
+            want(&GAUSS8_TABLE.map(i64::from))
+        );
+        assert_eq!(
+            source_array("TRELLIS_GAUSS7"),
+            want(&GAUSS7_TABLE.map(i64::from))
+        );
+        for (name, v) in [
+            ("TRELLIS_GAUSS8_SCALE", mlx_core::cpu::trellis::GAUSS8_SCALE),
+            ("TRELLIS_GAUSS7_SCALE", mlx_core::cpu::trellis::GAUSS7_SCALE),
+        ] {
+            assert!(
+                TRELLIS_SOURCE.contains(&format!("#define {name} {:?}f", f64::from(v))),
+                "{name}"
+            );
         }
     }
 

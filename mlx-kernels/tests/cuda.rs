@@ -388,7 +388,8 @@ fn flash_fused_gradients_match_finite_differences() {
 /// launches) bit for bit (L2), the product
 /// within the rounding bound `xtask/gpu/trellis_emulate.py` states (L3), for the host's lanes
 /// a row and for 1 and 32, and bit for bit on integer inputs (exact sums: L2), for the 1mad,
-/// 1mad8 and 1mad8h codes (the table paths: 1mad8's at L 8, 1mad8h's at L 12). Then each shape's product is timed alone (kernel-level, printed as
+/// 1mad8, 1mad8h and the S-box codes (1mad8s, gauss8s, gauss7s) (the table paths: 1mad8's at L
+/// 8, the hashed codes' at L 12). Then each shape's product is timed alone (kernel-level, printed as
 /// weights and weight bytes a second, the matrix L2-resident: the kernel's arithmetic ceiling,
 /// evidence for the decoder's design, not a target).
 #[test]
@@ -411,6 +412,11 @@ fn trellis_kernels_match_the_cpu_references() {
         tc::TrellisCode::Mad,
         tc::TrellisCode::Mad8,
         tc::TrellisCode::Mad8H,
+    );
+    let (m8s, g8s, g7s) = (
+        tc::TrellisCode::Mad8S,
+        tc::TrellisCode::Gauss8S,
+        tc::TrellisCode::Gauss7S,
     );
     for (code, k, l, block, rows, cols) in [
         (mad, 3u32, 8u32, 32usize, 576usize, 576usize),
@@ -441,6 +447,21 @@ fn trellis_kernels_match_the_cpu_references() {
         (mad, 3, 12, 64, 4096, 14336),
         (mad8h, 3, 12, 64, 4096, 14336),
         (mad8h, 3, 12, 64, 14336, 4096),
+        // The S-box codes: their tables (L 12, blocks of 64 and 32: the S-box, then the code's
+        // table), the general path (L 16; blocks of 128), and gauss7s at the 8B's shapes beside
+        // 1mad8h's above for the timing.
+        (g7s, 3, 12, 64, 576, 1536),
+        (g7s, 3, 12, 32, 576, 576),
+        (g7s, 2, 16, 64, 192, 576),
+        (g7s, 3, 12, 128, 192, 1536),
+        (g8s, 3, 12, 64, 576, 1536),
+        (g8s, 4, 12, 32, 192, 576),
+        (m8s, 3, 12, 64, 576, 1536),
+        (m8s, 2, 16, 64, 192, 576),
+        (g7s, 3, 12, 64, 4096, 4096),
+        (g7s, 3, 12, 64, 4096, 14336),
+        (g7s, 3, 12, 64, 14336, 4096),
+        (g8s, 3, 12, 64, 4096, 4096),
     ] {
         let spec = tc::TrellisSpec { k, l, block, code };
         let plan = TrellisPlan::new(&spec, rows, cols, DEFAULT_SMS).unwrap();

@@ -26,7 +26,8 @@
 #          twins (default t3): t3 = 3 bits, L 8, blocks of 32, 1mad; t3m8 = the same with the
 #          1mad8 code (`--q-trellis-code 1mad8`: the kernels' table path); t3l12 = 3 bits, L 12,
 #          blocks of 64 (`mlx convert`'s default shape), 1mad; t3m8h = the same with the 1mad8h
-#          code (`--q-trellis-code 1mad8h`: the table at hashed indices).
+#          code (`--q-trellis-code 1mad8h`: the table at hashed indices); t3g7 = the same with
+#          gauss7s (the S-box and its 128-entry table); t3g8 = gauss8s; t3m8s = 1mad8s.
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -115,6 +116,9 @@ for part in ${PARTS:-setup test spec bench moe}; do
             t3m8) o="--bits 3 --trellis-l 8 --block 32 --code 1mad8" ;;
             t3l12) o="--bits 3 --trellis-l 12 --block 64" ;;
             t3m8h) o="--bits 3 --trellis-l 12 --block 64 --code 1mad8h" ;;
+            t3g7) o="--bits 3 --trellis-l 12 --block 64 --code gauss7s" ;;
+            t3g8) o="--bits 3 --trellis-l 12 --block 64 --code gauss8s" ;;
+            t3m8s) o="--bits 3 --trellis-l 12 --block 64 --code 1mad8s" ;;
             *) echo "== TRELLIS_TWINS: unknown twin $t" >> $OUT/trellis.log; continue ;;
           esac
           timeout $(left) python3 $C/trellis_bench_model.py /opt/models/$m /opt/models/$m-$t $o \

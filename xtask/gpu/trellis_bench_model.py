@@ -2,7 +2,7 @@
 row of issue #34 (trellis at k bits against affine 4-bit on the same decoder):
 
     python3 trellis_bench_model.py SRC_DIR DST_DIR [--bits 3] [--trellis-l 8] [--block 32]
-        [--code 1mad|1mad8|1mad8h]
+        [--code 1mad|1mad8|1mad8h|1mad8s|gauss8s|gauss7s]
 
 SRC_DIR is a model `bench_models.py` wrote (e.g. `llama-135m-q4`, `llama31-8b-q4`: every linear
 MLX affine 4-bit). Every linear but the embedding and the LM head becomes a trellis-coded one
@@ -31,9 +31,10 @@ def main():
     ap.add_argument("--trellis-l", type=int, default=8)
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--code", choices=("1mad", "1mad8", "1mad8h"), default="1mad",
+    ap.add_argument("--code", choices=("1mad", "1mad8", "1mad8h", "1mad8s", "gauss8s", "gauss7s"),
+                    default="1mad",
                     help="trellis_code (1mad8: L <= 8, blocks of 32 or whole 64s of at most 16 words; "
-                         "1mad8h: L 9..16)")
+                         "the hashed codes 1mad8h, 1mad8s, gauss8s, gauss7s: L 9..16)")
     a = ap.parse_args()
     if os.path.exists(os.path.join(a.dst, "config.json")):
         print(f"{a.dst}: already written")
@@ -45,8 +46,8 @@ def main():
     gs, bits = q["group_size"], q["bits"]
     if (a.block * a.bits) % 32 or not 2 <= a.bits <= 4 or not a.bits < a.trellis_l <= 16:
         raise SystemExit("bits 2-4, trellis-l in bits+1..16, block * bits a multiple of 32")
-    if a.code == "1mad8h" and a.trellis_l < 9:
-        raise SystemExit("1mad8h: trellis-l 9..16")
+    if a.code not in ("1mad", "1mad8") and a.trellis_l < 9:
+        raise SystemExit(f"{a.code}: trellis-l 9..16")
     weights = {}
     for f in sorted(glob.glob(os.path.join(a.src, "*.safetensors"))):
         weights.update(mx.load(f))

@@ -9,15 +9,20 @@ As `graph_emulate.py` does (its prelude and `__shared__`/barrier/shuffle emulati
 source (graph_decode.cu, whose helpers it uses, then graph_trellis.cu) is compiled as C++ with
 each CUDA block run as its threads (std::thread). Needs g++ (C++20) and numpy; not mlx.
 
-Cases of three codes (`meta.json`'s `code`: 1mad; 1mad8, whose fast paths at L 8 read a table
+Cases of six codes (`meta.json`'s `code`: 1mad; 1mad8, whose fast paths at L 8 read a table
 in shared memory; 1mad8h, whose fast paths at L 12 read the same table at each state's hashed
-index); the kernels' L argument carries the code (graph_trellis.rs, l_arg).
+index; the S-box codes 1mad8s, gauss8s and gauss7s, whose fast paths at L 12 read the AES
+S-box of the state's top byte and then the code's table, both in shared memory); the kernels'
+L argument carries the code (graph_trellis.rs, l_arg).
 
-TRELLIS_EMU_MUTATE=fast|index runs a broken source, to show the checks catch a wrong 1mad8h
+TRELLIS_EMU_MUTATE=fast|index|sbox runs a broken source, to show the checks catch a wrong 1mad8h
 index: `fast` drops the top byte from the table path's index (the multiply by 128 + 2^(15 - L)
 becomes one by 128: the index is the bottom byte alone, 1mad8's window), `index` makes the
 general path's and the decoder's index the top byte xor the bottom byte (no carries). Every
 1mad8h case of the mutated path must then FAIL (the integer check, and the decode for `index`).
+TRELLIS_EMU_MUTATE=sbox drops the S-box from the S-box codes' table path (the index becomes
+1mad8h's, top byte plus bottom byte): every S-box case on that path (L 12, blocks of 32 or 64)
+must then FAIL its integer check.
 
 Checks, per case (`trellis_reference.rs` names the references):
 - L2: `trellis_decode` equals `cpu::trellis::decode_row` bit for bit;
@@ -70,6 +75,7 @@ if os.environ.get("TRELLIS_ROWS2") == "1":
 MUTATIONS = {
     "fast": ("const u32 h = st * (128u + (1u << (15 - L)));", "const u32 h = st * 128u;"),
     "index": ("return ((state >> (L - 8)) + state) & 0xFFu;", "return ((state >> (L - 8)) ^ state) & 0xFFu;"),
+    "sbox": ("const u32 h = sb * (1u << (L - 8)) + s7;", "const u32 h = sb * (1u << (L - 8)) + (sb & 0x7F80u);"),
 }
 MUTATE = os.environ.get("TRELLIS_EMU_MUTATE")
 if MUTATE:
@@ -217,13 +223,13 @@ def run_case(lib, d):
     decoded, xh_ref, z_cpu, yt, y_cpu = (rd(n) for n in ("decoded.f32", "xh.f32", "z.f32", "yt.f32", "y.f32"))
     hr, hc = m["hb_rows"], m["hb_cols"]
     code = m.get("code", "1mad")
-    cuda_codes = {"1mad": 0, "1mad8": 1, "1mad8h": 2}
+    cuda_codes = {"1mad": 0, "1mad8": 1, "1mad8h": 2, "1mad8s": 3, "gauss8s": 4, "gauss7s": 5}
     if code not in cuda_codes:
         sys.exit(f"trellis_code {code} has no CUDA path (the kernels take {', '.join(cuda_codes)})")
     ncode = cuda_codes[code]
-    mad8 = ncode != 0  # 1mad8's int8 codes (1mad8h: of the hashed index)
+    mad8 = ncode != 0  # int8 codes (1mad8's; the hashed codes': of the hashed index)
     # The fast paths (graph_trellis.rs, is_fast): 1mad's blocks of 32 at L 8 and of 64 at L 12;
-    # the table paths, blocks of 32 and 64: 1mad8's at L 8, 1mad8h's at L 12.
+    # the table paths, blocks of 32 and 64: 1mad8's at L 8, the hashed codes' at L 12.
     if mad8:
         fast = L == (8 if ncode == 1 else 12) and block in (32, 64)
     else:
@@ -286,7 +292,9 @@ def run_case(lib, d):
     # bits: z = float32(sum code * x) * float32(scale / divisor), the codes read back from the
     # decoded matrix (decode L2 above). This checks each weight's code exactly (1mad8's table,
     # 1mad8h's index).
-    div = np.float32(36.805233001708984 if mad8 else 147.800537109375)
+    # The code's divisor (cpu::trellis TrellisCode::divisor: MAD_SCALE, MAD8_SCALE,
+    # GAUSS8_SCALE, GAUSS7_SCALE).
+    div = np.float32({0: 147.800537109375, 4: 41.91534423828125, 5: 43.402862548828125}.get(ncode, 36.805233001708984))
     codes = np.rint(decoded.astype(np.float64).reshape(N, K) / scales.astype(np.float64)[:, None]
                     * float(div)).astype(np.int64)
     xi = ((np.arange(K) * 7919 + 13) % 5 - 2).astype(np.float32)

@@ -6,7 +6,8 @@ against the model's own MLX forward (mlx-lm has no trellis mode), teacher-forced
       $MLX_ORACLE_VENV/bin/python xtask/gpu/trellis_step_emulate.py /tmp/trellis-step
 
 The fixture example converts `dense_bf16_untied` to trellis 3-bit (L 8, blocks of 32; `OUT
-BLOCK CODE` picks the blocks and the code, `1mad8h` at L 12) with `mlx convert`'s code, loads
+BLOCK CODE` picks the blocks and the code, the hashed codes `1mad8h`, `1mad8s`, `gauss8s` and
+`gauss7s` at L 12) with `mlx convert`'s code, loads
 it with the one loader, and writes what
 `mlx_engine::graph::map_model` hands the decoder (the words, float32 row scales and the
 loader's signs of every layer linear; the affine 4-bit embedding and head), the MLX prefill's
@@ -186,11 +187,11 @@ def main():
     inter, V, eps = s["intermediate"], s["vocab"], float(np.float32(s["eps"]))
     kb, Lbits, block = s["trellis_k"], s["trellis_l"], s["trellis_block"]
     code = s.get("trellis_code", "1mad")
-    cuda_codes = {"1mad": 0, "1mad8": 1, "1mad8h": 2}
+    cuda_codes = {"1mad": 0, "1mad8": 1, "1mad8h": 2, "1mad8s": 3, "gauss8s": 4, "gauss7s": 5}
     if code not in cuda_codes:
         sys.exit(f"trellis_code {code} has no CUDA path (the kernels take {', '.join(cuda_codes)})")
     ncode = cuda_codes[code]
-    # graph_trellis.rs's is_fast (1mad8's table at L 8, 1mad8h's at L 12), and the kernels' L
+    # graph_trellis.rs's is_fast (1mad8's table at L 8, the hashed codes' at L 12), and the kernels' L
     # argument with the code above the state's bits (l_arg).
     if ncode:
         fast = Lbits == (8 if ncode == 1 else 12) and block in (32, 64)
