@@ -94,9 +94,10 @@ def main():
             r = {"e_W": float((d * d).sum() / (w * w).sum())}
             for i, h in enumerate(hs):
                 hh = h[key].astype(np.float64)
-                whw = float(np.einsum("ij,jk,ik->", w, hh, w))
-                r[f"e_H{i}"] = float(np.einsum("ij,jk,ik->", d, hh, d)) / whw
-                r[f"gain{i}"] = float(np.einsum("ij,jk,ik->", wh, hh, w)) / whw
+                wH = w @ hh
+                whw = float((wH * w).sum())
+                r[f"e_H{i}"] = float(((d @ hh) * d).sum()) / whw
+                r[f"gain{i}"] = float((wH * wh).sum()) / whw
             rows[path] = r
         res[os.path.basename(m.rstrip("/"))] = rows
         print(m, {k: float(np.mean([r[k] for r in rows.values()])) for k in next(iter(rows.values()))}, flush=True)
