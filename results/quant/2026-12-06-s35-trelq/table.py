@@ -1,5 +1,5 @@
 """s35 trelq: the perplexities of this folder (ppl*_NAME.json; the JSON line of each) against
-affine-4 (17.227 at 4,096 tokens, this folder's ppl_smol-a4.json; 18.591 at 16,384, s31's).
+affine-4 (17.227 at 4,096 tokens, 18.591 at 16,384: this folder's ppl_smol-a4.json, ppl32_smol-a4.json).
 Swap rows: the share of g7-s0's gap to m12-s0 that taking the named linears from m12-s0 recovers,
 and those linears' share of the decoder's linear weights (SmolLM2-135M: q, o 576x576; k, v 192x576;
 gate, up 1536x576; down 576x1536; 30 layers)."""
@@ -7,7 +7,7 @@ import glob
 import json
 import os
 
-A4 = {8: 17.226714340191652, 32: 18.591}
+A4 = {8: 17.226714340191652, 32: 18.590884695190766}
 
 
 def ppl(name, ns=8):
