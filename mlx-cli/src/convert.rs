@@ -52,6 +52,16 @@ pub struct ConvertArgs {
         value_parser = ["1mad", "1mad8", "1mad8h", "1mad8s", "gauss8s", "gauss7s"]
     )]
     pub q_trellis_code: String,
+    /// `--q-mode trellis`: the code of the attention value projections (`*.v_proj`), where it
+    /// should differ from `--q-trellis-code`'s (each such linear's own config entry records
+    /// it). `--q-trellis-code gauss7s --q-trellis-v-code 1mad` is the 3-bit recipe that keeps
+    /// gauss7s's CPU speed and 1mad's quality (results/quant/2026-12-06-s35-trelq/). Fused
+    /// q/k/v projections keep `--q-trellis-code`'s code.
+    #[arg(
+        long,
+        value_parser = ["1mad", "1mad8", "1mad8h", "1mad8s", "gauss8s", "gauss7s"]
+    )]
+    pub q_trellis_v_code: Option<String>,
     /// `--q-mode trellis`: a `.safetensors` file of `<linear path>.hessian` (each linear's
     /// input second moment on calibration text, `xtask/quant/trellis_hessians.py`): those
     /// linears are rounded by LDLQ instead of plain Viterbi.
@@ -103,6 +113,12 @@ impl ConvertArgs {
             return Err(format!(
                 "--q-trellis-code {}: only with --q-mode trellis (got --q-mode {})",
                 self.q_trellis_code, self.q_mode
+            ));
+        }
+        if let (None, Some(v)) = (&trellis, &self.q_trellis_v_code) {
+            return Err(format!(
+                "--q-trellis-v-code {v}: only with --q-mode trellis (got --q-mode {})",
+                self.q_mode
             ));
         }
         if trellis.is_none()
@@ -165,6 +181,10 @@ impl ConvertArgs {
             trellis_hessians: self.q_hessians.clone(),
             trellis_select_hessians: self.q_select_hessians.clone(),
             trellis_seed_candidates: self.q_seed_candidates,
+            trellis_value_code: self
+                .q_trellis_v_code
+                .as_deref()
+                .and_then(mlx_core::cpu::trellis::TrellisCode::from_name),
             per_module: None,
             keep_dtype: false,
         })

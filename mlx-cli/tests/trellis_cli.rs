@@ -318,3 +318,104 @@ fn held_out_hessians_choose_each_linears_seed() {
     assert!(!out.join("x").exists());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `--q-trellis-v-code`: the attention value projections take their own code (each one's own
+/// config entry), the rest the model's; every linear is coded alone, so the mixed model's
+/// tensors are a plain conversion's under each code, and it loads.
+#[test]
+fn value_projections_take_their_own_code() {
+    let out = std::env::temp_dir().join(format!("mlx-trellis-vcode-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let source = src();
+    let convert = |name: &str, extra: &[&str]| -> (i32, String, PathBuf) {
+        let dst = out.join(name);
+        let mut args = vec![
+            "convert",
+            "--hf-path",
+            source.to_str().unwrap(),
+            "--mlx-path",
+            dst.to_str().unwrap(),
+            "-q",
+            "--q-mode",
+            "trellis",
+            "--q-bits",
+            "3",
+            "--q-trellis-l",
+            "10",
+            "--q-seed",
+            "3",
+        ];
+        args.extend_from_slice(extra);
+        let (code, _, stderr) = mlx(&args);
+        (code, stderr, dst)
+    };
+    let (code, stderr, mixed) = convert(
+        "mixed",
+        &["--q-trellis-code", "gauss7s", "--q-trellis-v-code", "1mad"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stderr, g7) = convert("g7", &["--q-trellis-code", "gauss7s"]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stderr, mad) = convert("mad", &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(mixed.join("config.json")).unwrap()).unwrap();
+    let q = &config["quantization"];
+    assert_eq!(q["trellis_code"], "gauss7s");
+    let tensors = |d: &Path| {
+        mlx_core::io::load_safetensors(d.join("model.safetensors"), None)
+            .unwrap()
+            .0
+    };
+    let (tm, tg, ta) = (tensors(&mixed), tensors(&g7), tensors(&mad));
+    let mut values = 0;
+    for (name, a) in &tm {
+        let Some(path) = name.strip_suffix(".weight") else {
+            continue;
+        };
+        if a.dtype() != Dtype::Uint32 || path.ends_with("embed_tokens") {
+            continue;
+        }
+        let value = path.ends_with(".v_proj");
+        let entry = &q[path];
+        if value {
+            values += 1;
+            // 1mad is the entry's default code: the entry says trellis without a code.
+            assert_eq!(entry["mode"], "trellis", "{path}");
+            assert!(entry.get("trellis_code").is_none(), "{path}: {entry}");
+            assert_eq!(entry["bits"], 3, "{path}");
+        } else {
+            assert!(entry.is_null(), "{path}: {entry}");
+        }
+        let want = if value { &ta[name] } else { &tg[name] };
+        let eq = mlx_core::ops::array_equal(a, want, false, None)
+            .unwrap()
+            .item::<bool>()
+            .unwrap();
+        assert!(eq, "{name}: not the plain conversion's under its code");
+    }
+    assert!(values > 0, "no value projection in the fixture");
+    assert!(logits(&mixed).iter().all(|v| v.is_finite()));
+    // A value code whose shape does not hold (1mad8 wants L 8 or less) names the option.
+    let (code, stderr, dst) = convert(
+        "bad",
+        &["--q-trellis-code", "gauss7s", "--q-trellis-v-code", "1mad8"],
+    );
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--q-trellis-v-code 1mad8"), "{stderr}");
+    assert!(!dst.exists());
+    let (code, _, stderr) = mlx(&[
+        "convert",
+        "--hf-path",
+        src().to_str().unwrap(),
+        "--mlx-path",
+        out.join("affine").to_str().unwrap(),
+        "-q",
+        "--q-trellis-v-code",
+        "1mad",
+    ]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("only with --q-mode trellis"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&out);
+}

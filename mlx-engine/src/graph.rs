@@ -954,8 +954,9 @@ pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
         return Some(format!(
             "`{t}`: attention sinks, biased output projections and routers, experts with \
              biases, the clamped SwiGLU, mxfp4 experts and sliding layers among experts \
-             (gpt_oss) have run on the emulator only, not yet on a device ({GPT_OSS_ENV}=1 \
-             takes them)"
+             (gpt_oss's kind) have run on the emulator only, not yet on a device \
+             ({GPT_OSS_ENV}=1 takes them; a prompt longer than a sliding layer's window still \
+             stays on the MLX path: the decoder takes a rotating cache only before it wraps)"
         ));
     }
     if post_norm_gated(&spec) {

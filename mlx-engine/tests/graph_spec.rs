@@ -40,6 +40,19 @@ fn every_covered_row_maps_with_its_knobs() {
         let (spec, weights) = map_model(model.as_ref()).unwrap_or_else(|e| panic!("{name}: {e}"));
         // Only olmo3 (no row here) is still opt-in among the post-norm models.
         let gated = mlx_engine::graph::post_norm_gated(&spec);
+        // olmo2 and exaone4 ran on a device (session 35): never behind the switch.
+        if ["olmo2_untied", "olmo2_q4", "exaone4"].contains(&name) {
+            assert!(spec.post_only || spec.qk_norm_full, "{name}");
+            assert!(!gated, "{name}: behind the switch");
+            // The same kernels under olmo3's name are (without the switch).
+            let mut olmo3 = spec.clone();
+            olmo3.model_type = "olmo3".into();
+            assert_eq!(
+                mlx_engine::graph::post_norm_gated(&olmo3),
+                !mlx_engine::graph::post_norm_rows_enabled(),
+                "{name} as olmo3"
+            );
+        }
         match model_unsupported(model.as_ref()) {
             None => assert!(!gated, "{name}: taken without the switch"),
             Some(why) => assert!(

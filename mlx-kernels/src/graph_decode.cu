@@ -1933,8 +1933,8 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out
 // are masked (a chunk wholly before them loads nothing and passes m = -inf, l = 0 on).
 // softcap > 0 (gemma2): scores = tanh(s / softcap) softcap, with the query scaled and each
 // op rounded to bfloat16 as mlx-lm's gemma2 computes them (softcap a bfloat16 value).
-// sinks (gpt_oss's attention sinks, compiled only where ATTN_SINKS is 1; no model maps them
-// yet): head h's sink logit sinks[h] (bfloat16) joins the softmax's max and denominator with
+// sinks (gpt_oss's attention sinks, compiled only where ATTN_SINKS is 1; gpt_oss maps them,
+// opt-in behind MLX_GRAPH_GPT_OSS): head h's sink logit sinks[h] (bfloat16) joins the softmax's max and denominator with
 // no value: chunk 0's block takes it into its max m and its sum l, so both combines (the last
 // block's, matvec_attn_out's) divide by it as mlx's sdpa with `sinks` does.
 // 128 threads; D 16, 32, 64 or 128.

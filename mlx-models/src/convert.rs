@@ -126,6 +126,11 @@ pub struct ConvertOptions {
     /// `trellis_select_hessians` is given; None: [`crate::layers::trellis::SEED_CANDIDATES`];
     /// 1 turns the choice off.
     pub trellis_seed_candidates: Option<usize>,
+    /// `--q-trellis-v-code`: the code of the attention value projections (modules whose last
+    /// path component is `v_proj`, [`is_value_projection`]) where it differs from the model's
+    /// (`trellis`' code), recorded in each such linear's own quantization entry; fused
+    /// q/k/v projections keep the model's code. None: every linear takes the model's code.
+    pub trellis_value_code: Option<mlx_core::cpu::trellis::TrellisCode>,
     /// Files written into the output beside the model's (name, bytes): the tokenizer files a
     /// caller made for a GGUF source, which has none of its own.
     pub extra_files: Vec<(String, Vec<u8>)>,
@@ -877,6 +882,27 @@ pub fn convert_in_memory(
                 return Err(ModelError::Weights(vec![format!("missing: {wname}")]));
             };
             let mut lq = lq;
+            if let (Some(t), Some(code)) = (lq.trellis, opts.trellis_value_code) {
+                if code != t.trellis_code && is_value_projection(&m.path) {
+                    let t = TrellisParams {
+                        trellis_code: code,
+                        ..t
+                    };
+                    QuantParams {
+                        group_size,
+                        bits: lq.bits,
+                        mode: "trellis".into(),
+                        trellis: Some(t),
+                    }
+                    .validate()
+                    .map_err(|e| ModelError::Convert {
+                        option: format!("--q-trellis-v-code {}", code.name()),
+                        problem: format!("{}: {e}", m.path),
+                    })?;
+                    lq.trellis = Some(t);
+                    qblock.insert(m.path.clone(), lq.to_json());
+                }
+            }
             let (wq, scales, biases) = match lq.trellis {
                 Some(t) => {
                     let q = QuantParams {
@@ -1733,6 +1759,14 @@ fn copied_files(src: &Path) -> Result<Vec<PathBuf>> {
 
 fn write_file(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(|e| io_err(path, e))
+}
+
+/// Whether `path` names an attention value projection that `--q-trellis-v-code` recodes: its
+/// last component is `v_proj` (llama, mistral, qwen2/3, gemma, phi-3's unfused twins, olmo2,
+/// starcoder2 and the other families that keep q, k and v apart). Fused q/k/v projections
+/// (`qkv_proj`, `query_key_value`, `c_attn`) keep the model's code.
+pub fn is_value_projection(path: &str) -> bool {
+    path.rsplit('.').next() == Some("v_proj")
 }
 
 #[cfg(test)]
