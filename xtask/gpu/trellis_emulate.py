@@ -370,6 +370,10 @@ def main():
     ref = Path(sys.argv[1])
     only = set(sys.argv[2:])
     cases = sorted(p for p in ref.iterdir() if p.name.startswith("case_") and (not only or p.name in only))
+    if not cases:
+        names = ", ".join(sorted(only)) or "any case_*"
+        print(f"no case in {ref} matches {names} (case names look like case_53)", file=sys.stderr)
+        return 2
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
