@@ -127,7 +127,7 @@ pub struct ConvertOptions {
     /// 1 turns the choice off.
     pub trellis_seed_candidates: Option<usize>,
     /// `--q-trellis-v-code`: the code of the attention value projections (modules whose last
-    /// path component is `v_proj`, [`is_value_projection`]) where it differs from the model's
+    /// path component is `v_proj`) where it differs from the model's
     /// (`trellis`' code), recorded in each such linear's own quantization entry; fused
     /// q/k/v projections keep the model's code. None: every linear takes the model's code.
     pub trellis_value_code: Option<mlx_core::cpu::trellis::TrellisCode>,
@@ -662,6 +662,28 @@ pub fn convert_in_memory(
                     option: "--q-bits/--q-group-size".into(),
                     problem: m.to_string(),
                 })?;
+                if let Some(code) = opts.trellis_value_code {
+                    QuantParams {
+                        group_size,
+                        bits,
+                        mode: "trellis".into(),
+                        trellis: Some(TrellisParams {
+                            trellis_code: code,
+                            ..t
+                        }),
+                    }
+                    .validate()
+                    .map_err(|m| ModelError::Convert {
+                        option: format!("--q-trellis-v-code {}", code.name()),
+                        problem: m.to_string(),
+                    })?;
+                }
+            }
+            None if opts.trellis_value_code.is_some() => {
+                return Err(ModelError::Convert {
+                    option: "--q-trellis-v-code".into(),
+                    problem: "only with --q-mode trellis".into(),
+                })
             }
             None => opts
                 .q_mode
@@ -882,24 +904,13 @@ pub fn convert_in_memory(
                 return Err(ModelError::Weights(vec![format!("missing: {wname}")]));
             };
             let mut lq = lq;
+            // `--q-trellis-v-code` (checked with the other trellis options above).
             if let (Some(t), Some(code)) = (lq.trellis, opts.trellis_value_code) {
                 if code != t.trellis_code && is_value_projection(&m.path) {
-                    let t = TrellisParams {
+                    lq.trellis = Some(TrellisParams {
                         trellis_code: code,
                         ..t
-                    };
-                    QuantParams {
-                        group_size,
-                        bits: lq.bits,
-                        mode: "trellis".into(),
-                        trellis: Some(t),
-                    }
-                    .validate()
-                    .map_err(|e| ModelError::Convert {
-                        option: format!("--q-trellis-v-code {}", code.name()),
-                        problem: format!("{}: {e}", m.path),
-                    })?;
-                    lq.trellis = Some(t);
+                    });
                     qblock.insert(m.path.clone(), lq.to_json());
                 }
             }
@@ -1762,10 +1773,10 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
 }
 
 /// Whether `path` names an attention value projection that `--q-trellis-v-code` recodes: its
-/// last component is `v_proj` (llama, mistral, qwen2/3, gemma, phi-3's unfused twins, olmo2,
-/// starcoder2 and the other families that keep q, k and v apart). Fused q/k/v projections
-/// (`qkv_proj`, `query_key_value`, `c_attn`) keep the model's code.
-pub fn is_value_projection(path: &str) -> bool {
+/// last component is `v_proj` (the families that keep q, k and v apart: llama, mistral,
+/// qwen2/3, gemma, olmo2, ...). Fused q/k/v projections (`qkv_proj`, `query_key_value`,
+/// `c_attn`) keep the model's code.
+fn is_value_projection(path: &str) -> bool {
     path.rsplit('.').next() == Some("v_proj")
 }
 
