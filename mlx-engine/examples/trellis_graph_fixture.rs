@@ -2,7 +2,7 @@
 //! a trellis-coded model, what `mlx_engine::graph::map_model` hands the decoder, and the
 //! model's own MLX forward (the reference: mlx-lm has no trellis mode) teacher-forced.
 //!
-//!     cargo run -p mlx-engine --example trellis_graph_fixture -- OUT [MODEL_DIR | BLOCK [CODE]]
+//!     cargo run -p mlx-engine --example trellis_graph_fixture -- OUT [MODEL_DIR | BLOCK [CODE [VCODE]]]
 //!
 //! Without MODEL_DIR, `dense_bf16_untied` (mlx-models' fixture) is converted to trellis 3-bit
 //! (L 8, seed 0: the `graph_spec` test's conversion) into OUT/model, in blocks of BLOCK weights
@@ -10,7 +10,9 @@
 //! the quantizer's 3-bit choice and the bench twins do), with the code CODE (`1mad`, the
 //! default; `1mad8`: the kernels' table path; `1mad8h`: at L 12, the default state of a
 //! `1mad8h` conversion, the same table at hashed indices; `1mad8s`, `gauss8s`, `gauss7s`: at L
-//! 12, the S-box and the code's table). Then, into OUT:
+//! 12, the S-box and the code's table); with VCODE the value projections take that code at
+//! CODE's L (`mlx convert --q-trellis-v-code`: `64 gauss7s 1mad` is the hybrid). Then, into
+//! OUT:
 //! - `graph.safetensors`: every array of the decoder's `GraphWeights` (`embed.*`, `head.*`,
 //!   `final_norm`, `layers.I.{input_norm,post_norm}`, `layers.I.P.{weight,scales,su,sv,bias}`
 //!   for P in q k v o gate up down; the scales as float32, as the decoder uploads them), the
@@ -18,7 +20,8 @@
 //!   `kv.I.values`, `[kv_heads, prompt, head_dim]`), and the teacher-forced steps: `tokens`
 //!   (int32, the token fed at each step: the prefill's greedy pick, then the reference's) and
 //!   `logits` (float32 `[steps, vocab]`, the MLX forward's at each step);
-//! - the metadata `spec`: the `GraphSpec`'s numbers as JSON.
+//! - the metadata `spec`: the `GraphSpec`'s numbers as JSON (`trellis_v_code` and
+//!   `trellis_v_l`: the value projections' own code and L, where they have one).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,13 +50,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let dir = match args.get(1) {
         Some(d) if d.parse::<i32>().is_err() => PathBuf::from(d),
         b => {
-            let code = match args.get(2).map(String::as_str) {
-                None => mlx_core::cpu::trellis::TrellisCode::Mad,
-                Some(c) => mlx_core::cpu::trellis::TrellisCode::from_name(c).ok_or_else(|| {
+            let code = |c: &str| {
+                mlx_core::cpu::trellis::TrellisCode::from_name(c).ok_or_else(|| {
                     format!("CODE {c:?}: 1mad, 1mad8, 1mad8h, 1mad8s, gauss8s or gauss7s")
-                })?,
+                })
             };
-            convert_fixture(&out, b.and_then(|b| b.parse().ok()), code)?
+            let main = match args.get(2) {
+                None => mlx_core::cpu::trellis::TrellisCode::Mad,
+                Some(c) => code(c)?,
+            };
+            let v = args.get(3).map(|c| code(c)).transpose()?;
+            convert_fixture(&out, b.and_then(|b| b.parse().ok()), main, v)?
         }
     };
     let model = load_model_dir(&dir, &LoadOptions::default())?.0;
@@ -167,7 +174,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
          \"intermediate\": {}, \"vocab\": {}, \"eps\": {:e}, \"attn_scale\": {:e}, \
          \"traditional\": {}, \"position_scale\": {:e}, \"output_scale\": {:e}, \"pairs\": {}, \
          \"rope_layers\": {:?}, \"tied\": {}, \"quant\": {:?}, \"trellis_k\": {}, \
-         \"trellis_l\": {}, \"trellis_block\": {}, \"trellis_code\": \"{}\", \"prompt\": {}}}",
+         \"trellis_l\": {}, \"trellis_block\": {}, \"trellis_code\": \"{}\", \"prompt\": {}{}}}",
         spec.hidden,
         spec.layers,
         spec.heads,
@@ -189,6 +196,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         t.block,
         t.code.name(),
         PROMPT,
+        spec.trellis_v.map_or(String::new(), |v| format!(
+            ", \"trellis_v_code\": \"{}\", \"trellis_v_l\": {}",
+            v.code.name(),
+            v.l
+        )),
     );
     let meta: BTreeMap<String, String> = [("spec".to_string(), meta)].into();
     let refs: Vec<(&str, &Array)> = arrays.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -205,11 +217,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// `dense_bf16_untied` converted to trellis 3-bit (L 8, or 12 for the hashed codes; seed 0; blocks of
-/// `block`, or the converter's default; the code `code`) into `out/model`.
+/// `block`, or the converter's default; the code `code`, the value projections' `v_code` where
+/// given) into `out/model`.
 fn convert_fixture(
     out: &Path,
     block: Option<i32>,
     code: mlx_core::cpu::trellis::TrellisCode,
+    v_code: Option<mlx_core::cpu::trellis::TrellisCode>,
 ) -> Result<PathBuf, Box<dyn std::error::Error>> {
     use mlx_models::config::TrellisParams;
     use mlx_models::convert::{convert, ConvertOptions};
@@ -233,6 +247,7 @@ fn convert_fixture(
             seed: 0,
             trellis_code: code,
         }),
+        trellis_value_code: v_code,
         ..ConvertOptions::default()
     };
     convert(&src, &dst, &opts, &mut |_| {})?;

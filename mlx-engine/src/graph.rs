@@ -239,6 +239,7 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, GraphGap> {
         logit_div,
         moe: None,
         trellis: None,
+        trellis_v: None,
     })
 }
 
@@ -590,6 +591,7 @@ pub fn map_moe(m: &moe::Model) -> Result<(GraphSpec, GraphWeights), GraphGap> {
             mxfp4,
         }),
         trellis: None,
+        trellis_v: None,
     };
     Ok((
         spec,
@@ -916,12 +918,19 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, GraphGap
         });
     }
     spec.quant = quant;
-    // Trellis-coded layers: the first linear's spec (GraphWeights::check names a mix, or
-    // another spec).
+    // Trellis-coded layers: the first linear's spec other than a value projection's, and the
+    // first value projection's where it differs (`mlx convert --q-trellis-v-code`; the
+    // decoder's v slice takes its own code: GraphSpec::trellis_v). GraphWeights::check names
+    // a mix, another spec, or a value projections' spec the kernels cannot pair with the rest.
+    let coded = |x: &GraphLinear| x.trellis.as_ref().map(|t| t.spec);
     spec.trellis = layers
         .iter()
-        .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
-        .find_map(|x| x.trellis.as_ref().map(|t| t.spec));
+        .flat_map(|l| [&l.q, &l.k, &l.o, &l.gate, &l.up, &l.down])
+        .find_map(coded);
+    spec.trellis_v = layers
+        .iter()
+        .find_map(|l| coded(&l.v))
+        .filter(|v| spec.trellis.is_some_and(|t| t != *v));
     Ok(GraphWeights {
         embed,
         head,

@@ -589,6 +589,13 @@ pub struct GraphSpec {
     /// Every linear of the layers trellis-coded with this spec ([`GraphTrellis`]; the
     /// embedding and head keep [`GraphSpec::quant`]); `None`: none is.
     pub trellis: Option<TrellisSpec>,
+    /// The attention value projections' (`v_proj`) trellis spec where it differs from
+    /// [`GraphSpec::trellis`] (`mlx convert --q-trellis-v-code`; every layer's the same): its
+    /// own code and `L`, the same bits and blocks and the same lanes a row
+    /// ([`crate::graph_trellis::v_spec_problem`]). `trellis_qkv`'s v slice decodes with it
+    /// (`TRELLIS_V_L`, defined only for such a model: a one-spec model compiles the same
+    /// kernels). `None`: v takes [`GraphSpec::trellis`].
+    pub trellis_v: Option<TrellisSpec>,
 }
 
 impl GraphSpec {
@@ -769,6 +776,13 @@ impl GraphSpec {
                     align.max(gs)
                 ));
             }
+        }
+        if s.trellis_v.is_some() && s.trellis.is_none() {
+            return Err(
+                "trellis_v: a value projections' trellis spec in a model whose other linears \
+                 are not trellis-coded"
+                    .into(),
+            );
         }
         if s.trellis.is_some() {
             for (on, what) in [
@@ -1073,7 +1087,18 @@ impl GraphWeights {
             let b = s.qkv_bias;
             layer_lin(&mut p, s, &n("q_proj"), &l.q, s.heads * d, h, b);
             layer_lin(&mut p, s, &n("k_proj"), &l.k, s.kv_heads * d, h, b);
-            layer_lin(&mut p, s, &n("v_proj"), &l.v, s.kv_heads * d, h, b);
+            match (s.trellis, s.trellis_v) {
+                // The value projections' own spec (`trellis_qkv`'s v slice), if the kernels
+                // can pair it with q's and k's.
+                (Some(t), Some(v)) => match crate::graph_trellis::v_spec_problem(&t, &v) {
+                    Some(why) => p.push(format!(
+                        "{}: trellis spec {v:?} beside q/k's {t:?}: {why}",
+                        n("v_proj")
+                    )),
+                    None => trellis_lin(&mut p, &v, &n("v_proj"), &l.v, s.kv_heads * d, h, b),
+                },
+                _ => layer_lin(&mut p, s, &n("v_proj"), &l.v, s.kv_heads * d, h, b),
+            }
             layer_lin(&mut p, s, &n("o_proj"), &l.o, h, s.heads * d, s.o_bias);
             match (&s.moe, &l.router) {
                 (Some(m), Some(r)) if s.moe_layer(i) => {
@@ -1677,7 +1702,8 @@ struct TLin {
 /// A trellis layer's q, k and v side by side for `trellis_qkv` (one launch): the words, row
 /// scales, signs `su` and biases in `[q; k; v]` row order, the three input sign vectors in
 /// turn, the counts of each matrix's Hadamard blocks of rows in turn; `q` and `k` describe the
-/// launch (rows, lanes, Hadamard blocks; v's are k's).
+/// launch (rows, lanes, Hadamard blocks; v's are k's; `q.shared_bytes` is the launch's, the
+/// larger of q's and v's where v has its own spec: [`upload_tqkv`]).
 #[derive(Debug, Clone, Copy)]
 struct TQkv {
     words: Buffer,
@@ -1769,9 +1795,32 @@ fn tlin_shape(rt: &GpuRuntime, spec: &TrellisSpec, rows: usize, cols: usize) -> 
 }
 
 /// A trellis layer's q, k and v side by side on the device ([`TQkv`]): the loaded arrays
-/// concatenated by rows (the signs `sv` in turn), as the affine q/k/v are.
-fn upload_tqkv(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: [&GraphLinear; 3]) -> Result<TQkv> {
-    upload_tcat(rt, spec, &parts)
+/// concatenated by rows (the signs `sv` in turn), as the affine q/k/v are. With `v_spec` (the
+/// value projections' own spec, [`GraphSpec::trellis_v`]; the kernels then decode v's slice
+/// with `TRELLIS_V_L`), the launch's dynamic shared memory is the larger of q's plan's and
+/// v's (their tables differ; the input is the same); v's lanes a row are k's
+/// ([`crate::graph_trellis::v_spec_problem`] held).
+fn upload_tqkv(
+    rt: &mut GpuRuntime,
+    spec: &TrellisSpec,
+    v_spec: Option<&TrellisSpec>,
+    parts: [&GraphLinear; 3],
+) -> Result<TQkv> {
+    let mut t = upload_tcat(rt, spec, &parts)?;
+    if let Some(v) = v_spec {
+        let vs = tlin_shape(rt, v, t.k.rows, t.q.cols)?;
+        if vs.lanes_per_row != t.k.lanes_per_row {
+            return Err(invalid(
+                "graph_decoder",
+                format!(
+                    "trellis v_proj {v:?}: {} lanes a row, k_proj's {}",
+                    vs.lanes_per_row, t.k.lanes_per_row
+                ),
+            ));
+        }
+        t.q.shared_bytes = t.q.shared_bytes.max(vs.shared_bytes);
+    }
+    Ok(t)
 }
 
 /// Trellis linears of one input side by side on the device ([`TQkv`]): q, k, v (v of k's
@@ -1842,14 +1891,14 @@ fn upload_tcat(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: &[&GraphLinear]) 
 /// bits) for the parts' byte counts.
 fn upload_trellis_layer(
     rt: &mut GpuRuntime,
-    spec: &TrellisSpec,
+    (spec, v_spec): (&TrellisSpec, Option<&TrellisSpec>),
     l: &GraphLayer,
     z: Buffer,
     g: Buffer,
 ) -> Result<(TrellisLayer, [Lin; 4])> {
     let t = TrellisLayer {
         spec: *spec,
-        qkv: upload_tqkv(rt, spec, [&l.q, &l.k, &l.v])?,
+        qkv: upload_tqkv(rt, spec, v_spec, [&l.q, &l.k, &l.v])?,
         o: upload_tlin(rt, spec, &l.o)?,
         gu: upload_tcat(rt, spec, &[&l.gate, &l.up])?,
         down: upload_tlin(rt, spec, &l.down)?,
@@ -2061,7 +2110,13 @@ impl GraphDecoder {
                 _ => None,
             };
             let tl = match (&s.trellis, trellis_scratch) {
-                (Some(ts), Some((z, g))) => Some(upload_trellis_layer(&mut rt, ts, l, z, g)?),
+                (Some(ts), Some((z, g))) => Some(upload_trellis_layer(
+                    &mut rt,
+                    (ts, s.trellis_v.as_ref()),
+                    l,
+                    z,
+                    g,
+                )?),
                 _ => None,
             };
             let (qkv, qkv_bias) = match &tl {
@@ -4006,7 +4061,9 @@ fn step_source(
     }
     if spec.trellis.is_some() {
         kernels.extend(TRELLIS_KERNELS);
-        source.push_str(&crate::graph_trellis::trellis_source());
+        source.push_str(&crate::graph_trellis::trellis_source(
+            spec.trellis_v.as_ref(),
+        ));
     }
     (source, kernels)
 }
@@ -4860,6 +4917,7 @@ mod tests {
             logit_div: 0.0,
             moe: None,
             trellis: None,
+            trellis_v: None,
         }
     }
 
@@ -5464,6 +5522,102 @@ mod tests {
                 .contains("trellis-coded linears decodes one sequence"),
             "{e}"
         );
+    }
+
+    /// The hybrid (`mlx convert --q-trellis-code gauss7s --q-trellis-v-code 1mad`): the value
+    /// projections take their own spec ([`GraphSpec::trellis_v`]) and pass; a value projections'
+    /// spec `trellis_qkv` cannot pair with q's and k's, a v_proj unlike the others', another
+    /// linear with v's spec, and `trellis_v` without `trellis` are each refused, named.
+    #[test]
+    fn value_projections_take_their_own_trellis_spec() {
+        use mlx_core::cpu::trellis::TrellisCode;
+        let t = TrellisSpec {
+            k: 3,
+            l: 12,
+            block: 64,
+            code: TrellisCode::Gauss7S,
+        };
+        let v = TrellisSpec {
+            code: TrellisCode::Mad,
+            ..t
+        };
+        let spec = GraphSpec {
+            trellis: Some(t),
+            trellis_v: Some(v),
+            ..tiny_spec()
+        };
+        let coded = |sp: TrellisSpec, n: usize, k: usize| GraphLinear {
+            weight: ops::zeros(&[n as i32, (k * 3 / 32) as i32], Dtype::Uint32, None).unwrap(),
+            scales: Some(zeros(&[n as i32, 1])),
+            biases: None,
+            bias: None,
+            trellis: Some(GraphTrellis {
+                spec: sp,
+                su: ops::ones(&[n as i32], Dtype::Float32, None).unwrap(),
+                sv: ops::ones(&[k as i32], Dtype::Float32, None).unwrap(),
+            }),
+        };
+        let mut w = tiny_weights(&spec);
+        let (h, d) = (spec.hidden, spec.head_dim);
+        for l in &mut w.layers {
+            l.q = coded(t, spec.heads * d, h);
+            l.k = coded(t, spec.kv_heads * d, h);
+            l.v = coded(v, spec.kv_heads * d, h);
+            l.o = coded(t, h, spec.heads * d);
+            l.gate = coded(t, spec.intermediate, h);
+            l.up = coded(t, spec.intermediate, h);
+            l.down = coded(t, h, spec.intermediate);
+        }
+        assert_eq!(spec.check(), Ok(()));
+        assert_eq!(w.check(&spec), Ok(()));
+        // The one-spec reading of the same weights names every value projection.
+        let one = GraphSpec {
+            trellis_v: None,
+            ..spec.clone()
+        };
+        let why = one.check_weights_err(&w);
+        assert!(why.contains("layers.0.v_proj: trellis spec"), "{why}");
+        assert!(why.contains("layers.1.v_proj: trellis spec"), "{why}");
+        // A v_proj unlike the others' v, and an o_proj with v's spec.
+        let mut bad = w.clone();
+        bad.layers[1].v.trellis.as_mut().unwrap().spec.code = TrellisCode::Gauss8S;
+        bad.layers[0].o.trellis.as_mut().unwrap().spec = v;
+        let why = spec.check_weights_err(&bad);
+        for what in [
+            "layers.1.v_proj: trellis spec",
+            "layers.0.o_proj: trellis spec",
+        ] {
+            assert!(why.contains(what), "{what}: {why}");
+        }
+        assert!(!why.contains("layers.0.v_proj"), "{why}");
+        // Value projections' specs trellis_qkv cannot run beside q's and k's: other bits,
+        // other blocks, the general path beside the unrolled one.
+        for (vs, what) in [
+            (TrellisSpec { k: 4, ..v }, "4 bits, q/k's 3"),
+            (TrellisSpec { block: 32, ..v }, "blocks of 32, q/k's 64"),
+            (TrellisSpec { l: 9, ..v }, "takes the general path"),
+        ] {
+            let s2 = GraphSpec {
+                trellis_v: Some(vs),
+                ..spec.clone()
+            };
+            let why = s2.check_weights_err(&w);
+            assert!(why.contains("layers.0.v_proj: trellis spec"), "{why}");
+            assert!(why.contains(what), "{what}: {why}");
+        }
+        // trellis_v alone.
+        let alone = GraphSpec {
+            trellis: None,
+            ..spec.clone()
+        };
+        assert!(alone.check().unwrap_err().contains("trellis_v"));
+    }
+
+    impl GraphSpec {
+        /// `weights.check(self)`'s refusal.
+        fn check_weights_err(&self, w: &GraphWeights) -> String {
+            w.check(self).unwrap_err()
+        }
     }
 
     #[test]

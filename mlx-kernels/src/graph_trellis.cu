@@ -1189,12 +1189,21 @@ __device__ __forceinline__ void trellis_qkv_block(const float* z, const float* s
 // (trellis_qkv_block) applies RoPE and writes q to qout, k and v into the caches at position
 // state[1]. Bit-equal to three trellis_linear launches then trellis_rope_qkv (the emulator's
 // L2 check). bias: null for none.
+// A model whose value projections take their own code (GraphSpec::trellis_v: mlx convert
+// --q-trellis-v-code) is compiled with TRELLIS_V_L, v's L argument (l_arg: its L and code):
+// the v slice's blocks decode with it (their tables, the input's place after them, the
+// product's path), q's and k's with L. The bits, the blocks and the lanes a row are the
+// launch's for all three (graph_trellis.rs, v_spec_problem); the launch's dynamic shared
+// memory is the larger of the two plans'. Undefined (one spec a model), the kernel is as before.
 extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS) trellis_qkv(
     const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
     float* z, int* counts, const float* su, const bf16_t* bias, bf16_t* qout, bf16_t* kc,
     bf16_t* vc, const int* state, const float* rope, ll nh, ll nkv, ll D, ll cap, ll nrot,
     ll traditional, ll K, ll kb, ll L, ll block, ll lpr_q, ll lpr_kv, ll hbc, double hscalec,
     double eps, double hscale_q, double hscale_kv, ll has_bias) {
+#ifdef TRELLIS_V_L
+  if (blockIdx.z == 2) L = TRELLIS_V_L;
+#endif
   __shared__ float buf[TRELLIS_MAX_HB];
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;

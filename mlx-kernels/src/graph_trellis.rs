@@ -49,10 +49,16 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// `TRELLIS_PREFETCH 0` defined first (the L2 prefetches before the PDL wait off: hints, the
 /// results are the same bits; the device's A/B of them); with `MLX_GRAPH_TRELLIS_ROWS2=1`,
 /// `TRELLIS_ROWS2 1` (1mad8's table path two rows a lane: the same bits, more registers; the
-/// device's A/B of it, off by default).
-pub fn trellis_source() -> String {
+/// device's A/B of it, off by default). With `v` (the value projections' spec where it differs
+/// from the rest's: [`crate::graph_decode::GraphSpec::trellis_v`]), `TRELLIS_V_L` defined as
+/// its [`l_arg`]: `trellis_qkv`'s v slice decodes with it. Without, the source is the one-spec
+/// model's, unchanged (the same kernels).
+pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
     let env = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x == v);
     let mut define = String::new();
+    if let Some(v) = v {
+        define.push_str(&format!("#define TRELLIS_V_L {}\n", l_arg(v)));
+    }
     if env("MLX_GRAPH_TRELLIS_PREFETCH", "0") {
         define.push_str("#define TRELLIS_PREFETCH 0\n");
     }
@@ -198,6 +204,41 @@ pub fn lanes_per_row(spec: &TrellisSpec, rows: usize, cols: usize, sms: u32) -> 
         }
     }
     best.0
+}
+
+/// Why `trellis_qkv` cannot run value projections of spec `v` beside q and k of spec `qk`
+/// (one launch: v's slice takes its own code and `L` from `TRELLIS_V_L`, everything else from
+/// the launch's arguments, which are q's and k's): `None` where it can. The bits (the rows'
+/// words, the offsets of the side-by-side parts) and the blocks (the input's padding in shared
+/// memory) must be q's and k's, and so must [`is_fast`] (then v's lanes a row, which the launch
+/// passes as k's, are k's: [`lanes_per_row`] of the same shape).
+pub fn v_spec_problem(qk: &TrellisSpec, v: &TrellisSpec) -> Option<String> {
+    if v.k != qk.k {
+        return Some(format!(
+            "{} bits, q/k's {}: trellis_qkv's parts share their bits",
+            v.k, qk.k
+        ));
+    }
+    if v.block != qk.block {
+        return Some(format!(
+            "blocks of {}, q/k's {}: trellis_qkv's parts share their blocks",
+            v.block, qk.block
+        ));
+    }
+    if is_fast(v) != is_fast(qk) {
+        let path = |s: &TrellisSpec| if is_fast(s) { "unrolled" } else { "general" };
+        return Some(format!(
+            "code {} L {} takes the {} path, q/k's ({} L {}) the {}: trellis_qkv's parts share \
+             their lanes a row",
+            v.code.name(),
+            v.l,
+            path(v),
+            qk.code.name(),
+            qk.l,
+            path(qk)
+        ));
+    }
+    None
 }
 
 /// Floats of padding a 32 inputs in `trellis_matvec`'s shared input (`trellis_pad`).
@@ -1024,5 +1065,70 @@ mod tests {
                 .to_string();
             assert!(e.contains(what), "{e}");
         }
+    }
+
+    /// The hybrid's source (`TRELLIS_V_L` = v's [`l_arg`], read only by `trellis_qkv`), and a
+    /// one-spec model's: the source unchanged, so the same kernels as before.
+    #[test]
+    fn value_projections_code_is_a_define_only_where_it_differs() {
+        let g7 = TrellisSpec {
+            code: TrellisCode::Gauss7S,
+            ..spec(3, 12, 64)
+        };
+        let mad = spec(3, 12, 64);
+        let env_set = ["MLX_GRAPH_TRELLIS_PREFETCH", "MLX_GRAPH_TRELLIS_ROWS2"]
+            .iter()
+            .any(|k| std::env::var(k).is_ok());
+        if !env_set {
+            assert_eq!(trellis_source(None), TRELLIS_SOURCE);
+            assert_eq!(
+                trellis_source(Some(&mad)),
+                format!("#define TRELLIS_V_L 12\n{TRELLIS_SOURCE}")
+            );
+        }
+        // The define is read in trellis_qkv alone, before anything uses L.
+        let uses: Vec<usize> = TRELLIS_SOURCE
+            .match_indices("TRELLIS_V_L")
+            .map(|(i, _)| i)
+            .collect();
+        let qkv = TRELLIS_SOURCE
+            .find("__global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS) trellis_qkv(")
+            .unwrap();
+        let body = qkv + TRELLIS_SOURCE[qkv..].find(") {").unwrap();
+        let code = uses.iter().filter(|&&i| i > body).collect::<Vec<_>>();
+        assert_eq!(code.len(), 2, "#ifdef and the assignment");
+        assert!(TRELLIS_SOURCE[body..].starts_with(
+            ") {\n#ifdef TRELLIS_V_L\n  if (blockIdx.z == 2) L = TRELLIS_V_L;\n#endif\n"
+        ));
+        // Which value projections' specs trellis_qkv pairs with gauss7s's q and k.
+        assert_eq!(v_spec_problem(&g7, &mad), None);
+        for (code, ok) in [
+            (TrellisCode::Mad8H, true),
+            (TrellisCode::Gauss8S, true),
+            (TrellisCode::Mad8, false),
+        ] {
+            let v = TrellisSpec { code, ..g7 };
+            assert_eq!(v_spec_problem(&g7, &v).is_none(), ok, "{}", code.name());
+        }
+        assert!(v_spec_problem(&g7, &spec(2, 12, 64))
+            .unwrap()
+            .contains("2 bits, q/k's 3"));
+        assert!(v_spec_problem(&g7, &spec(3, 12, 32))
+            .unwrap()
+            .contains("blocks of 32"));
+        assert!(v_spec_problem(&g7, &spec(3, 10, 64))
+            .unwrap()
+            .contains("general path"));
+        // The plans' shared memory: gauss7s's tables take more than 1mad's none, with the
+        // same input, so the launch takes gauss7s's.
+        let (pq, pv) = (
+            TrellisPlan::new(&g7, 64, 512, DEFAULT_SMS).unwrap(),
+            TrellisPlan::new(&mad, 64, 512, DEFAULT_SMS).unwrap(),
+        );
+        assert_eq!(
+            pq.shared_bytes - pv.shared_bytes,
+            4 * (LUT_FLOATS + 128 * 32) as u32
+        );
+        assert_eq!(pq.lanes_per_row, pv.lanes_per_row);
     }
 }

@@ -3,7 +3,16 @@ against the model's own MLX forward (mlx-lm has no trellis mode), teacher-forced
 
     cargo run -p mlx-engine --example trellis_graph_fixture -- /tmp/trellis-step
     [TRELLIS_STEP_LPR=1|2|4|...|32] [TRELLIS_STEP_RESIDENT=N] \
+      [TRELLIS_STEP_SRC=DIR] [TRELLIS_STEP_SAVE=FILE.npy] \
       $MLX_ORACLE_VENV/bin/python xtask/gpu/trellis_step_emulate.py /tmp/trellis-step
+
+TRELLIS_STEP_SRC takes graph_decode.cu and graph_trellis.cu from DIR instead of this tree's
+(another branch's kernels on the same fixture); TRELLIS_STEP_SAVE writes the fused step's
+logits of every step (float32 [steps, vocab]) for a bit-for-bit comparison of two runs.
+A fixture whose value projections take their own code (`OUT 64 gauss7s 1mad`, the hybrid:
+the metadata's `trellis_v_code`, GraphSpec::trellis_v) is compiled with `TRELLIS_V_L` defined
+as v's L argument (graph_trellis.rs trellis_source), and the unfused twin's v launch takes v's
+code.
 
 The fixture example converts `dense_bf16_untied` to trellis 3-bit (L 8, blocks of 32; `OUT
 BLOCK CODE` picks the blocks and the code, the hashed codes `1mad8h`, `1mad8s`, `gauss8s` and
@@ -51,7 +60,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text() for f in ("graph_decode.cu", "graph_trellis.cu"))
+SRC = Path(os.environ.get("TRELLIS_STEP_SRC", ROOT / "mlx-kernels" / "src"))
+DEC, TRE = ((SRC / f).read_text() for f in ("graph_decode.cu", "graph_trellis.cu"))
 RS = (ROOT / "mlx-kernels" / "src" / "graph_decode.rs").read_text()
 BOUND_REL, BOUND_AGREE = (
     float(x) for x in re.search(r"TEACHER_FORCED_BOUNDS: \(f32, f32\) = \((.*?), (.*?)\);", RS).groups()
@@ -123,8 +133,10 @@ OUT_RES, OUT_SWIGLU, OUT_BIAS = 2, 4, 64
 ATTN_CHUNK = 64
 
 
-def build(tmp):
-    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define NB 1\n#define MV_MMA 0\n" + CU
+def build(tmp, v_larg=None):
+    # trellis_source(Some(v)): the define before graph_trellis.cu.
+    vdef = f"#define TRELLIS_V_L {v_larg}\n" if v_larg is not None else ""
+    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define NB 1\n#define MV_MMA 0\n" + DEC + vdef + TRE
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
     open(cpp, "w").write(PRE + src + LAUNCH)
@@ -191,18 +203,30 @@ def main():
     if code not in cuda_codes:
         sys.exit(f"trellis_code {code} has no CUDA path (the kernels take {', '.join(cuda_codes)})")
     ncode = cuda_codes[code]
-    # graph_trellis.rs's is_fast (1mad8's table at L 8, the hashed codes' at L 12), and the kernels' L
-    # argument with the code above the state's bits (l_arg).
-    if ncode:
-        fast = Lbits == (8 if ncode == 1 else 12) and block in (32, 64)
-    else:
-        fast = (block, Lbits) in ((32, 8), (64, 12))
+
+    def is_fast(ncode, Lbits):
+        """graph_trellis.rs's is_fast (1mad8's table at L 8, the hashed codes' at L 12)."""
+        if ncode:
+            return Lbits == (8 if ncode == 1 else 12) and block in (32, 64)
+        return (block, Lbits) in ((32, 8), (64, 12))
+
+    fast = is_fast(ncode, Lbits)
+    # The kernels' L argument with the code above the state's bits (l_arg).
     Larg = Lbits | ncode << 8
+    # The value projections' own code and L (GraphSpec::trellis_v), else q's and k's.
+    vcode, vL = s.get("trellis_v_code"), s.get("trellis_v_l", Lbits)
+    v_larg = None
+    if vcode is not None:
+        if vcode not in cuda_codes:
+            sys.exit(f"trellis_v_code {vcode} has no CUDA path")
+        v_larg = vL | cuda_codes[vcode] << 8
+        # graph_trellis.rs v_spec_problem: the same bits and blocks (the fixture's), the same path.
+        assert is_fast(cuda_codes[vcode], vL) == fast, "v's path is not q's and k's"
     gs, nbits = s["quant"] if s["quant"] else (1, 16)
     P, cap = s["prompt"], 256
     ns = cap // ATTN_CHUNK
     with tempfile.TemporaryDirectory() as tmp:
-        lib = build(tmp)
+        lib = build(tmp, v_larg)
     keep = []
 
     def buf(a):
@@ -235,7 +259,7 @@ def main():
     final_norm = buf(w["final_norm"])
     layers, lins = [], []
 
-    def tlin(n):
+    def tlin(n, larg=Larg):
         rows, cols = w[f"{n}.su"].size, w[f"{n}.sv"].size
         hr, hc = hadamard_block(rows), hadamard_block(cols)
         return dict(words=buf(w[f"{n}.weight"]), scales=buf(w[f"{n}.scales"].astype(np.float32)),
@@ -244,7 +268,7 @@ def main():
                     counts=buf(np.zeros(rows // hr, np.int32)), rows=rows, cols=cols, hr=hr, hc=hc,
                     sr=float(np.float32(1) / np.sqrt(np.float32(hr))),
                     sc=float(np.float32(1) / np.sqrt(np.float32(hc))),
-                    lpr=lanes_per_row(rows, cols, block, fast))
+                    lpr=lanes_per_row(rows, cols, block, fast), larg=larg)
     for i in range(nl):
         L = dict(inn=buf(w[f"layers.{i}.input_norm"]), post=buf(w[f"layers.{i}.post_norm"]),
                  kc=buf(np.zeros(nkv * cap * d, np.uint16)), vc=buf(np.zeros(nkv * cap * d, np.uint16)),
@@ -253,7 +277,7 @@ def main():
         L["vc"].reshape(nkv, cap, d)[:, :P] = w[f"kv.{i}.values"]
         for p in ("q", "k", "v", "o", "gate", "up", "down"):
             n = f"layers.{i}.{p}"
-            lin = tlin(n)
+            lin = tlin(n, v_larg if p == "v" and v_larg is not None else Larg)
             L[p] = lin
             lins.append((n, lin))
         layers.append(L)
@@ -281,7 +305,7 @@ def main():
         launch(lib, 11, (blocks, 1), THREADS,
                [lin["words"], lin["scales"], x, norm if norm is not None else x, lin["sv"], z, lin["counts"],
                 lin["su"], lin["bias"] if lin["bias"] is not None else lin["su"], res if res is not None else out,
-                out, lin["rows"], lin["cols"], kb, Larg, block, lin["lpr"], lin["hc"], lin["sc"],
+                out, lin["rows"], lin["cols"], kb, lin["larg"], block, lin["lpr"], lin["hc"], lin["sc"],
                 int(norm is not None), eps, lin["hr"], lin["sr"], mode])
 
     scale = float(np.float32(s["attn_scale"]))
@@ -335,6 +359,7 @@ def main():
             raise SystemExit("an affine head: this script does not pass matvec's logit scale")
 
     tokens, refs = w["tokens"], w["logits"]
+    saved = []
     worst, agree = 0.0, 0
     bit_equal = True
     for i, tok in enumerate(tokens):
@@ -352,6 +377,7 @@ def main():
         qkv[:] = 0
         state[:] = [tok, P + i, 0, 0]
         step(True)
+        saved.append(logits.copy())
         same = np.array_equal(plain.view(np.uint32), logits.view(np.uint32))
         bit_equal &= same
         fused_lins = [(f"layers.{j}.{x}", L[x]) for j, L in enumerate(layers) for x in ("qkv", "gu")]
@@ -370,10 +396,13 @@ def main():
         print(f"step {i}: token {tok}, relative logit difference {rel:.6f}, "
               f"greedy {ours} (reference {int(np.argmax(ref))}){tie}{miss}; "
               f"trellis_qkv and trellis_gate_up {'bit-equal to' if same else 'DIFFER from'} the unfused")
+    if os.environ.get("TRELLIS_STEP_SAVE"):
+        np.save(os.environ["TRELLIS_STEP_SAVE"], np.stack(saved))
     share = agree / len(tokens)
     ok = worst <= BOUND_REL and share >= BOUND_AGREE and bit_equal
     lprs = sorted({lin["lpr"] for _, lin in lins})
-    print(f"trellis step ({code}, k {kb}, L {Lbits}, blocks of {block}, lanes a row {lprs}, grid cap {RESIDENT}, "
+    vdesc = f" + v_proj {vcode} L {vL}" if vcode is not None else ""
+    print(f"trellis step ({code}{vdesc}, k {kb}, L {Lbits}, blocks of {block}, lanes a row {lprs}, grid cap {RESIDENT}, "
           f"{len(tokens)} teacher-forced steps after a {P}-token prompt): max relative logit difference "
           f"{worst:.6f} (bound {BOUND_REL}), greedy agreement {share:.2f} (bound {BOUND_AGREE}), "
           f"trellis_qkv and trellis_gate_up bit-equal to the unfused launches at every step: {bit_equal} "
