@@ -98,9 +98,21 @@ fn graph_decoder_follows_the_mlx_forward() {
             TrellisCode::Gauss7S => format!("trellis3_gauss7s_b{block}"),
         };
         let dst = tmp.join(&name);
-        convert_trellis(&root.join("dense_bf16_untied"), &dst, block, code);
+        convert_trellis(&root.join("dense_bf16_untied"), &dst, block, code, None);
         dirs.push((name, dst));
     }
+    // The hybrid (`--q-trellis-code gauss7s --q-trellis-v-code 1mad`): gauss7s L 12 in blocks
+    // of 64, the value projections 1mad L 12 (`GraphSpec::trellis_v`: trellis_qkv's v slice
+    // decodes with TRELLIS_V_L).
+    let dst = tmp.join("trellis3_hybrid_b64");
+    convert_trellis(
+        &root.join("dense_bf16_untied"),
+        &dst,
+        64,
+        TrellisCode::Gauss7S,
+        Some(TrellisCode::Mad),
+    );
+    dirs.push(("trellis3_hybrid_b64".into(), dst));
     // MLX_GRAPH_FOLLOW_ROWS=a,b runs only those rows (device time is scarce: the MoE rows
     // alone are `qwen3_moe,qwen3_moe_q4_r8,mixtral,mixtral_q4,gpt_oss,gpt_oss_mxfp4`).
     if let Ok(picked) = std::env::var("MLX_GRAPH_FOLLOW_ROWS") {
@@ -127,12 +139,13 @@ fn graph_decoder_follows_the_mlx_forward() {
 }
 
 /// `src` converted to trellis 3-bit (L 8, or 12 for the hashed codes; seed 0) in blocks of `block` with
-/// `code`, into `dst`.
+/// `code` (the value projections with `v_code` at the same L where given), into `dst`.
 fn convert_trellis(
     src: &std::path::Path,
     dst: &std::path::Path,
     block: i32,
     code: mlx_core::cpu::trellis::TrellisCode,
+    v_code: Option<mlx_core::cpu::trellis::TrellisCode>,
 ) {
     use mlx_models::config::TrellisParams;
     use mlx_models::convert::{convert, ConvertOptions};
@@ -153,6 +166,7 @@ fn convert_trellis(
             seed: 0,
             trellis_code: code,
         }),
+        trellis_value_code: v_code,
         ..ConvertOptions::default()
     };
     convert(src, dst, &opts, &mut |_| {}).unwrap();

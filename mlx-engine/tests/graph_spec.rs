@@ -488,6 +488,81 @@ fn sbox_trellis_models_pass_the_decoders_check() {
     }
 }
 
+/// The hybrid (`mlx convert --q-mode trellis --q-bits 3 --q-trellis-code gauss7s
+/// --q-trellis-v-code 1mad`: gauss7s L 12 everywhere, 1mad L 12 on the value projections)
+/// maps with the value projections' own spec (`GraphSpec::trellis_v`) and passes the decoder's
+/// check; a mix it cannot run (another v_proj code in one layer, an o_proj with v's code, v's
+/// spec in other bits) is refused naming the linear.
+#[test]
+fn a_hybrid_trellis_model_passes_the_decoders_check() {
+    use mlx_core::cpu::trellis::TrellisCode;
+    use mlx_models::config::TrellisParams;
+    use mlx_models::convert::{convert, ConvertOptions};
+    let dst = tmp().join("trellis3_hybrid");
+    let _ = std::fs::remove_dir_all(&dst);
+    let opts = ConvertOptions {
+        quantize: true,
+        q_bits: Some(3),
+        trellis: Some(TrellisParams {
+            trellis_l: 12,
+            seed: 0,
+            trellis_code: TrellisCode::Gauss7S,
+        }),
+        trellis_value_code: Some(TrellisCode::Mad),
+        ..ConvertOptions::default()
+    };
+    convert(
+        &models().join("dense_bf16_untied"),
+        &dst,
+        &opts,
+        &mut |_| {},
+    )
+    .unwrap();
+    let model = load(&dst);
+    assert_eq!(model_unsupported(model.as_ref()), None);
+    let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+    let t = spec.trellis.expect("a trellis spec");
+    let v = spec.trellis_v.expect("the value projections' own spec");
+    assert_eq!(
+        (t.k, t.l, t.block, t.code),
+        (3, 12, 64, TrellisCode::Gauss7S)
+    );
+    assert_eq!((v.k, v.l, v.block, v.code), (3, 12, 64, TrellisCode::Mad));
+    for l in &weights.layers {
+        assert_eq!(l.v.trellis.as_ref().map(|x| x.spec), Some(v));
+        assert_eq!(l.q.trellis.as_ref().map(|x| x.spec), Some(t));
+    }
+    assert_eq!(spec.check(), Ok(()));
+    assert_eq!(weights.check(&spec), Ok(()));
+    // Mixes the decoder cannot run, each named.
+    let mut bad = weights.clone();
+    bad.layers[1].v.trellis.as_mut().unwrap().spec.code = TrellisCode::Gauss8S;
+    bad.layers[0].o.trellis.as_mut().unwrap().spec.code = TrellisCode::Mad;
+    let why = bad.check(&spec).unwrap_err();
+    for what in [
+        "layers.1.v_proj: trellis spec",
+        "layers.0.o_proj: trellis spec",
+    ] {
+        assert!(why.contains(what), "{what}: {why}");
+    }
+    let four = mlx_kernels::graph_decode::GraphSpec {
+        trellis_v: Some(mlx_core::cpu::trellis::TrellisSpec { k: 4, ..v }),
+        ..spec.clone()
+    };
+    let why = weights.check(&four).unwrap_err();
+    assert!(
+        why.contains("layers.0.v_proj: trellis spec") && why.contains("4 bits, q/k's 3"),
+        "{why}"
+    );
+    // Read as a one-spec model, every value projection is a mix.
+    let one = mlx_kernels::graph_decode::GraphSpec {
+        trellis_v: None,
+        ..spec
+    };
+    let why = weights.check(&one).unwrap_err();
+    assert!(why.contains("layers.0.v_proj: trellis spec"), "{why}");
+}
+
 #[test]
 fn options_the_decoder_does_not_take_are_named() {
     let greedy = GenerateOptions::default();

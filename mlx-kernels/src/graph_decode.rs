@@ -5611,6 +5611,20 @@ mod tests {
             ..spec.clone()
         };
         assert!(alone.check().unwrap_err().contains("trellis_v"));
+        // The step's source: TRELLIS_V_L (1mad L 12: 12) for the hybrid only; a one-spec
+        // model's source has no such line (the same kernels as before).
+        let p = SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+        };
+        let (hybrid, _) = step_source(&spec, &p, 1, false, false);
+        let (plain, _) = step_source(&one, &p, 1, false, false);
+        assert_eq!(hybrid.matches("#define TRELLIS_V_L").count(), 1);
+        assert!(hybrid.contains("#define TRELLIS_V_L 12\n"));
+        assert!(!plain.contains("#define TRELLIS_V_L"));
+        assert_eq!(hybrid.replace("#define TRELLIS_V_L 12\n", ""), plain);
     }
 
     impl GraphSpec {

@@ -27,7 +27,8 @@
 #          1mad8 code (`--q-trellis-code 1mad8`: the kernels' table path); t3l12 = 3 bits, L 12,
 #          blocks of 64 (`mlx convert`'s default shape), 1mad; t3m8h = the same with the 1mad8h
 #          code (`--q-trellis-code 1mad8h`: the table at hashed indices); t3g7 = the same with
-#          gauss7s (the S-box and its 128-entry table); t3g8 = gauss8s; t3m8s = 1mad8s.
+#          gauss7s (the S-box and its 128-entry table); t3g8 = gauss8s; t3m8s = 1mad8s; t3hy =
+#          the hybrid (gauss7s, the value projections 1mad: `--q-trellis-v-code 1mad`).
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -119,6 +120,7 @@ for part in ${PARTS:-setup test spec bench moe}; do
             t3g7) o="--bits 3 --trellis-l 12 --block 64 --code gauss7s" ;;
             t3g8) o="--bits 3 --trellis-l 12 --block 64 --code gauss8s" ;;
             t3m8s) o="--bits 3 --trellis-l 12 --block 64 --code 1mad8s" ;;
+            t3hy) o="--bits 3 --trellis-l 12 --block 64 --code gauss7s --v-code 1mad" ;;
             *) echo "== TRELLIS_TWINS: unknown twin $t" >> $OUT/trellis.log; continue ;;
           esac
           timeout $(left) python3 $C/trellis_bench_model.py /opt/models/$m /opt/models/$m-$t $o \

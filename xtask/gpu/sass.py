@@ -2,6 +2,7 @@
 machine code: no GPU needed.
 
     python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
+        [--trellis [--trellis-v-l N]]
 
 Prints, for each kernel, ptxas's registers, stack and spills, and for --kernel (default
 matvec) its innermost loops of 1,000 or more instructions with the instruction mix: one a
@@ -150,6 +151,9 @@ def main():
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--trellis", action="store_true",
                     help="append graph_trellis.cu (the trellis kernels; --kernel trellis_matvec)")
+    ap.add_argument("--trellis-v-l", type=int,
+                    help="with --trellis: TRELLIS_V_L (the value projections' l_arg, e.g. 12 for 1mad "
+                         "L 12), as trellis_source defines it for a model whose v_proj take their own code")
     ap.add_argument("--gptoss", action="store_true",
                     help="gpt_oss's step source: ATTN_SINKS, MOE_OAI, MV_OUT_BIAS and MV_FP4 "
                          "(--kernel matvec_experts: the mxfp4 loop)")
@@ -165,8 +169,9 @@ def main():
            f"#define NB {a.nb}\n#define MV_MMA {a.mma}\n#define MMA_KC {a.kc}\n"
            + (f"#define MV_MIN_BLOCKS {a.min_blocks}\n" if a.min_blocks else "")
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
-                     for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu")
-                     + (("graph_trellis.cu",) if a.trellis else ())))
+                     for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
+           + (f"#define TRELLIS_V_L {a.trellis_v_l}\n" if a.trellis and a.trellis_v_l is not None else "")
+           + ((ROOT / "mlx-kernels/src/graph_trellis.cu").read_text() if a.trellis else ""))
     cubin, log = compile_cubin(src)
     if not os.path.exists(NVDISASM):
         for name, regs, stack, st, ld in resources(log):
