@@ -28,7 +28,8 @@
 //! peak memory; [`GraphDecoder::borrowed_bytes`]), where MLX runs on the GPU and the array is
 //! evaluated, row-contiguous and aligned; else copied;
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
-//! bfloat16 scales, or trellis-coded layer linears ([`GraphSpec::trellis`]: one sequence,
+//! bfloat16 scales, or trellis-coded layer linears ([`GraphSpec::trellis`], the value
+//! projections' own code where they have one, [`GraphSpec::trellis_v`]: one sequence,
 //! dense pre-norm SwiGLU layers; `graph_trellis.cu`'s `trellis_qkv`, `trellis_gate_up` and
 //! `trellis_linear`, 5 launches a layer with attention; an untied head coded with them, the
 //! embedding affine); head size 16-128; greedy decoding; one sequence. The prompt is processed
