@@ -7,6 +7,7 @@ use std::path::Path;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mlx_core::cpu::trellis::TrellisCode;
 use mlx_core::quantized::QuantMode;
 use mlx_models::convert::{
     convert, is_gguf, ConvertOptions, Progress, CONVERSION_DTYPES, QUANT_RECIPES,
@@ -45,18 +46,21 @@ pub struct ConvertArgs {
     /// `--q-trellis-l` 9 to 16) or `1mad8s` (as 1mad8h, the top byte through the AES S-box) or
     /// `gauss8s` (1mad8s's index into a stratified 256-entry Gaussian table, L 9 to 16) or
     /// `gauss7s` (its 128-entry twin: the CPU decoder's int8 kernel takes one lookup a 64
-    /// weights fewer).
+    /// weights fewer). Default: at 3 bits with `--q-trellis-l` 9 to 16, `gauss7s` with the
+    /// value projections in `1mad` (`--q-trellis-v-code`'s default there: the 3-bit recipe
+    /// that meets both the quality and the CPU speed targets, results/quant/
+    /// 2026-12-06-s35-trelq/); otherwise `1mad`.
     #[arg(
         long,
-        default_value = "1mad",
         value_parser = ["1mad", "1mad8", "1mad8h", "1mad8s", "gauss8s", "gauss7s"]
     )]
-    pub q_trellis_code: String,
+    pub q_trellis_code: Option<String>,
     /// `--q-mode trellis`: the code of the attention value projections (`*.v_proj`), where it
     /// should differ from `--q-trellis-code`'s (each such linear's own config entry records
     /// it). `--q-trellis-code gauss7s --q-trellis-v-code 1mad` is the 3-bit recipe that keeps
     /// gauss7s's CPU speed and 1mad's quality (results/quant/2026-12-06-s35-trelq/). Fused
-    /// q/k/v projections keep `--q-trellis-code`'s code.
+    /// q/k/v projections keep `--q-trellis-code`'s code. Default: `1mad` where neither code is
+    /// given at 3 bits and L 9 to 16 (the recipe above), else the other linears' code.
     #[arg(
         long,
         value_parser = ["1mad", "1mad8", "1mad8h", "1mad8s", "gauss8s", "gauss7s"]
@@ -92,13 +96,29 @@ pub struct ConvertArgs {
 }
 
 impl ConvertArgs {
+    /// The trellis codes `--q-mode trellis` uses: the linears' and the value projections'
+    /// (`None`: the linears'). Where neither option is given, 3 bits at L 9 to 16 take the
+    /// 3-bit recipe (gauss7s, value projections 1mad); anything else takes 1mad.
+    pub fn trellis_codes(&self) -> (TrellisCode, Option<TrellisCode>) {
+        let code = |name: &Option<String>| name.as_deref().and_then(TrellisCode::from_name);
+        let bits = self
+            .q_bits
+            .unwrap_or(mlx_models::config::TRELLIS_DEFAULTS.1);
+        match (code(&self.q_trellis_code), code(&self.q_trellis_v_code)) {
+            (None, None) if bits == 3 && (9..=16).contains(&self.q_trellis_l) => {
+                (TrellisCode::Gauss7S, Some(TrellisCode::Mad))
+            }
+            (c, v) => (c.unwrap_or_default(), v),
+        }
+    }
+
     /// The library's options (the mode name is one clap accepted).
     pub fn options(&self) -> Result<ConvertOptions, String> {
+        let (trellis_code, trellis_value_code) = self.trellis_codes();
         let trellis = (self.q_mode == "trellis").then_some(mlx_models::config::TrellisParams {
             trellis_l: self.q_trellis_l,
             seed: self.q_seed,
-            trellis_code: mlx_core::cpu::trellis::TrellisCode::from_name(&self.q_trellis_code)
-                .unwrap_or_default(),
+            trellis_code,
         });
         let q_mode = if trellis.is_some() {
             QuantMode::Affine
@@ -109,10 +129,10 @@ impl ConvertArgs {
         if self.quantize && self.dequantize {
             return Err("Choose either quantize or dequantize, not both.".into());
         }
-        if trellis.is_none() && self.q_trellis_code != "1mad" {
+        if let (None, Some(c)) = (&trellis, &self.q_trellis_code) {
             return Err(format!(
-                "--q-trellis-code {}: only with --q-mode trellis (got --q-mode {})",
-                self.q_trellis_code, self.q_mode
+                "--q-trellis-code {c}: only with --q-mode trellis (got --q-mode {})",
+                self.q_mode
             ));
         }
         if let (None, Some(v)) = (&trellis, &self.q_trellis_v_code) {
@@ -181,10 +201,7 @@ impl ConvertArgs {
             trellis_hessians: self.q_hessians.clone(),
             trellis_select_hessians: self.q_select_hessians.clone(),
             trellis_seed_candidates: self.q_seed_candidates,
-            trellis_value_code: self
-                .q_trellis_v_code
-                .as_deref()
-                .and_then(mlx_core::cpu::trellis::TrellisCode::from_name),
+            trellis_value_code: trellis.and(trellis_value_code),
             per_module: None,
             keep_dtype: false,
         })

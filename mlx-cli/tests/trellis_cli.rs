@@ -357,8 +357,18 @@ fn value_projections_take_their_own_code() {
     assert_eq!(code, 0, "{stderr}");
     let (code, stderr, g7) = convert("g7", &["--q-trellis-code", "gauss7s"]);
     assert_eq!(code, 0, "{stderr}");
-    let (code, stderr, mad) = convert("mad", &[]);
+    let (code, stderr, mad) = convert("mad", &["--q-trellis-code", "1mad"]);
     assert_eq!(code, 0, "{stderr}");
+    // Neither code given at 3 bits (L 10): the 3-bit recipe, the mixed model bit for bit.
+    let (code, stderr, default) = convert("default", &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let config_of = |d: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap()
+    };
+    assert_eq!(
+        config_of(&default)["quantization"],
+        config_of(&mixed)["quantization"]
+    );
     let config: Value =
         serde_json::from_str(&std::fs::read_to_string(mixed.join("config.json")).unwrap()).unwrap();
     let q = &config["quantization"];
@@ -369,6 +379,18 @@ fn value_projections_take_their_own_code() {
             .0
     };
     let (tm, tg, ta) = (tensors(&mixed), tensors(&g7), tensors(&mad));
+    let td = tensors(&default);
+    assert_eq!(td.len(), tm.len());
+    for (name, a) in &td {
+        let eq = mlx_core::ops::array_equal(a, &tm[name], false, None)
+            .unwrap()
+            .item::<bool>()
+            .unwrap();
+        assert!(
+            eq,
+            "{name}: the default 3-bit conversion is not the recipe's"
+        );
+    }
     let mut values = 0;
     for (name, a) in &tm {
         let Some(path) = name.strip_suffix(".weight") else {
