@@ -428,8 +428,13 @@ struct GraphRun<'m> {
     /// prompt already, so no MLX cache is copied in when it starts.
     fed: bool,
     since_mlx: Vec<i32>,
-    /// The slot the decoder came from or goes to, and the model's identity.
-    keep: Option<(crate::graph::GraphKeep, usize)>,
+    /// The slot the decoder came from or goes to, the model's identity and the decoder's
+    /// spec.
+    keep: Option<(
+        crate::graph::GraphKeep,
+        usize,
+        mlx_kernels::graph_decode::GraphSpec,
+    )>,
     /// The decoder's construction times, or `None` when it was the kept one.
     built: Option<mlx_kernels::graph_decode::BuildTimes>,
 }
@@ -448,9 +453,9 @@ impl<'m> GraphRun<'m> {
 
 impl Drop for GraphRun<'_> {
     fn drop(&mut self) {
-        if let (Some((keep, model)), Some(dec)) = (self.keep.take(), self.dec.take()) {
+        if let (Some((keep, model, spec)), Some(dec)) = (self.keep.take(), self.dec.take()) {
             if let Some(dec) = dec.into_kept() {
-                keep.put(model, dec);
+                keep.put(model, spec, dec);
             }
         }
     }
@@ -655,11 +660,9 @@ fn start<'m>(
         host_logprobs,
     };
     if g.opts.graph_decode {
-        // A decoder kept from an earlier generation holds its buffers through this prompt.
-        let kept = match (&g.opts.graph_keep, &g.opts.graph_stand_in) {
-            (Some(k), None) => k.device_bytes(),
-            _ => 0,
-        };
+        // A decoder kept from an earlier generation holds what it keeps while parked (its
+        // cache's memory is given back) through this prompt.
+        let kept = g.opts.graph_keep.as_ref().map_or(0, |k| k.device_bytes());
         g.device_peak = DevicePeak::start(kept)?;
         graph_memory_line("the prompt starts", kept, &g.device_peak);
     }
@@ -719,14 +722,22 @@ impl<'m> GenerateStep<'m> {
         // The cache holds the prompt and whatever a continued prompt cache held before it.
         let cached = self.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
         let room = cached + pending + self.opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 2;
-        let kept = match &self.opts.graph_stand_in {
-            Some(_) => None,
-            None => self
-                .opts
-                .graph_keep
-                .as_ref()
-                .and_then(|k| k.take(model, &spec, room)),
-        };
+        let taking = std::time::Instant::now();
+        let kept = self
+            .opts
+            .graph_keep
+            .as_ref()
+            .and_then(|k| k.take(model, &spec, room));
+        if let Some(d) = &kept {
+            graph_memory_line(
+                &format!(
+                    "the kept decoder is taken, its cache mapped again in {:.3} ms",
+                    taking.elapsed().as_secs_f64() * 1e3
+                ),
+                d.device_bytes(),
+                &self.device_peak,
+            );
+        }
         let built = kept.is_none();
         let stand_in = self.opts.graph_stand_in.clone();
         let build = |spec: mlx_kernels::graph_decode::GraphSpec| -> mlx_core::Result<
@@ -738,8 +749,9 @@ impl<'m> GenerateStep<'m> {
                     .map(|d| Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
             }
         };
+        let keep_spec = spec.clone();
         let made = match kept {
-            Some(d) => Ok(Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
+            Some(d) => Ok(d as Box<dyn crate::graph::GraphBackend + 'm>),
             None => match build(spec.clone()) {
                 // The decoder allocates outside MLX's allocator, so device memory that MLX
                 // keeps in its buffer cache (the prompt's freed activations) is not free to
@@ -789,8 +801,7 @@ impl<'m> GenerateStep<'m> {
                 .opts
                 .graph_keep
                 .clone()
-                .filter(|_| self.opts.graph_stand_in.is_none())
-                .map(|k| (k, crate::graph::model_id(model))),
+                .map(|k| (k, crate::graph::model_id(model), keep_spec)),
         });
         Ok(())
     }
@@ -1677,6 +1688,23 @@ mod device_peak_tests {
     #[test]
     fn a_kept_decoder_is_held_through_the_prompt() {
         assert_eq!(run(DEC), PROMPT_PEAK + DEC);
+    }
+
+    /// A kept decoder parked through the prompt (its cache's memory given back): only what
+    /// it keeps while parked (session 35's 8B: 1.8 MB of 94 MB) rides beside the prompt's peak.
+    #[test]
+    fn a_parked_decoder_adds_only_its_small_state_to_the_prompts_peak() {
+        const PARKED: usize = 1_815_000;
+        let mut p = DevicePeak {
+            extra: PARKED,
+            floor: 4_520_000_000,
+            closed: 4_600_000_000,
+        };
+        p.close(PROMPT_PEAK, LIVE, PARKED);
+        // Taken: its cache's memory mapped again through the build's window.
+        p.extra = PARKED.max(DEC);
+        p.close(LIVE + 1_000_000, LIVE, DEC);
+        assert_eq!(p.with_window(LIVE + 2_000_000), PROMPT_PEAK + PARKED);
     }
 
     #[test]

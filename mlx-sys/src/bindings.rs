@@ -2281,6 +2281,26 @@ unsafe extern "C" {
     pub fn mlxs_gpurt_allocated(rt: mlxs_gpurt) -> usize;
 }
 unsafe extern "C" {
+    pub fn mlxs_gpurt_alloc_parkable(
+        rt: mlxs_gpurt,
+        sizes: *const usize,
+        n: usize,
+        out_first: *mut u32,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_gpurt_park(rt: mlxs_gpurt) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_gpurt_unpark(rt: mlxs_gpurt) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_gpurt_parkable_bytes(rt: mlxs_gpurt) -> usize;
+}
+unsafe extern "C" {
+    pub fn mlxs_gpurt_parked(rt: mlxs_gpurt) -> bool;
+}
+unsafe extern "C" {
     pub fn mlxs_gpurt_upload(
         rt: mlxs_gpurt,
         buffer: u32,
