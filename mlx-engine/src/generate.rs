@@ -699,8 +699,9 @@ impl<'m> GenerateStep<'m> {
     }
 
     /// Builds (or takes the kept) graph decoder once the prompt's first token is computed:
-    /// the prompt's MLX work is waited for first, and the build's after it, so the decoder's
-    /// CUDA work never overlaps MLX's. A build that fails (a CUDA call, device memory) leaves
+    /// the prompt's MLX work is waited for first, and the build's after it, so a build's CUDA
+    /// work never overlaps MLX's (a kept decoder's cache is mapped again while the prompt's
+    /// last step runs: driver calls and a memset on the decoder's own stream). A build that fails (a CUDA call, device memory) leaves
     /// the run on the MLX path, with the reason in [`GenerateStep::graph_fallback`].
     /// `pending`: prompt tokens not in the MLX caches that the decoder will take
     /// ([`GenerateStep::prefill_graph`]).
@@ -710,29 +711,37 @@ impl<'m> GenerateStep<'m> {
         weights: &mlx_kernels::graph_decode::GraphWeights,
         pending: usize,
     ) -> Result<()> {
-        if let Some((y, _, lse)) = &self.y {
-            mlx_core::eval([y, lse])?;
-        }
-        mlx_core::synchronize()?;
-        // The prompt's window closes here: its MLX peak beside a kept decoder's bytes only.
+        // The prompt's window closes here, its MLX work queued (its chunks waited for, its
+        // last token's step encoded: MLX allocates as it encodes): its MLX peak beside a kept
+        // decoder's parked bytes only.
         let before = self.device_peak.extra;
-        graph_memory_line("the prompt is in", before, &self.device_peak);
+        graph_memory_line("the prompt is queued", before, &self.device_peak);
         self.device_peak.switch(before)?;
         let model = self.model;
         // The cache holds the prompt and whatever a continued prompt cache held before it.
         let cached = self.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
         let room = cached + pending + self.opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 2;
+        // A kept decoder is taken while the device runs the prompt's last step: mapping its
+        // cache's memory again is host work of the driver (milliseconds), hidden behind that
+        // step instead of added to the prompt's time. The window that follows counts the
+        // whole decoder.
         let taking = std::time::Instant::now();
         let kept = self
             .opts
             .graph_keep
             .as_ref()
             .and_then(|k| k.take(model, &spec, room));
+        let took = taking.elapsed().as_secs_f64();
+        if let Some((y, _, lse)) = &self.y {
+            mlx_core::eval([y, lse])?;
+        }
+        mlx_core::synchronize()?;
+        graph_memory_line("the prompt is in", before, &self.device_peak);
         if let Some(d) = &kept {
             graph_memory_line(
                 &format!(
-                    "the kept decoder is taken, its cache mapped again in {:.3} ms",
-                    taking.elapsed().as_secs_f64() * 1e3
+                    "the kept decoder was taken, its cache mapped again in {:.3} ms",
+                    took * 1e3
                 ),
                 d.device_bytes(),
                 &self.device_peak,
