@@ -361,11 +361,16 @@ impl DevicePeak {
     }
 }
 
+/// Whether `MLX_GRAPH_MEMORY=1` (read once).
+fn graph_memory_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1"))
+}
+
 /// `MLX_GRAPH_MEMORY=1`: MLX's allocator (live, cached, peak) and the graph decoder's bytes at
 /// a point of a graph run (issue #30's peak), on stderr.
 fn graph_memory_line(what: &str, decoder: usize, peak: &DevicePeak) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1")) {
+    if !graph_memory_on() {
         return;
     }
     let r = (|| -> mlx_core::Result<String> {
@@ -455,7 +460,20 @@ impl Drop for GraphRun<'_> {
     fn drop(&mut self) {
         if let (Some((keep, model, spec)), Some(dec)) = (self.keep.take(), self.dec.take()) {
             if let Some(dec) = dec.into_kept() {
+                let (t, held) = (std::time::Instant::now(), dec.device_bytes());
                 keep.put(model, spec, dec);
+                if graph_memory_on() {
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    if keep.holds() {
+                        eprintln!(
+                            "[graph memory] the decoder is kept: {held} B decoding, {} B \
+                             while it waits ({ms:.3} ms)",
+                            keep.device_bytes()
+                        );
+                    } else {
+                        eprintln!("[graph memory] the decoder could not be parked: dropped");
+                    }
+                }
             }
         }
     }
