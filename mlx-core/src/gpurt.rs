@@ -279,10 +279,13 @@ impl GpuRuntime {
     /// Gives the parkable region's memory back to the device after the stream's work is
     /// done; [`GpuRuntime::allocated`] no longer counts it. Until [`GpuRuntime::unpark`],
     /// launches, copies and reads touching the region's buffers are errors, and so is every
-    /// graph replay. Parking a parked runtime does nothing.
+    /// graph replay. Parking a parked runtime only waits for the stream.
     pub fn park(&mut self) -> Result<()> {
         // SAFETY: live handle.
-        check("gpurt_park", unsafe { sys::mlxs_gpurt_park(self.raw) })
+        check("gpurt_park", unsafe { sys::mlxs_gpurt_park(self.raw) })?;
+        // The shim waited for the whole stream: the queued copies are done.
+        self.held.clear();
+        Ok(())
     }
 
     /// Takes device memory for the parkable region again, at the same addresses, zeroed (its

@@ -868,15 +868,16 @@ int mlxs_gpurt_park(mlxs_gpurt rt) {
   return guard([&] {
     R(rt);
     rt->not_capturing("park");
-    if (rt->parked) return;
     if (rt->park_size == 0) {
       throw std::runtime_error(
           "[gpurt] park: no parkable region (none allocated, or the driver has no virtual "
           "memory management)");
     }
     const Driver& d = rt->d();
-    // Nothing queued may still use the memory.
+    // Nothing queued may still use the memory (and the caller may let go of what its queued
+    // copies read: the stream is waited for also when the region is parked already).
     check(d.cuStreamSynchronize(rt->stream), "park: cuStreamSynchronize");
+    if (rt->parked) return;
     check(d.cuMemUnmap(rt->park_base, rt->park_size), "cuMemUnmap");
     // Unmapped: the region is unusable from here whatever the release says.
     rt->parked = true;

@@ -64,7 +64,7 @@ size_t mlxs_gpurt_allocated(mlxs_gpurt rt);
 int mlxs_gpurt_alloc_parkable(mlxs_gpurt rt, const size_t* sizes, size_t n, uint32_t* out_first);
 /* Waits for the stream, then unmaps the region and gives its memory back to the device; until
  * mlxs_gpurt_unpark, a launch, a graph replay or a copy touching the region is refused (graph
- * replays: all). Parking a parked runtime does nothing. */
+ * replays: all). Parking a parked runtime only waits for the stream. */
 int mlxs_gpurt_park(mlxs_gpurt rt);
 /* Takes device memory for the region again, maps it at the same addresses and zeroes it.
  * Unparking a runtime that is not parked does nothing. */
