@@ -719,8 +719,9 @@ impl<'m> GenerateStep<'m> {
     /// Builds (or takes the kept) graph decoder once the prompt's first token is computed:
     /// the prompt's MLX work is waited for first, and the build's after it, so a build's CUDA
     /// work never overlaps MLX's (a kept decoder's cache is mapped again while the prompt's
-    /// last step runs: driver calls and a memset on the decoder's own stream). A build that fails (a CUDA call, device memory) leaves
-    /// the run on the MLX path, with the reason in [`GenerateStep::graph_fallback`].
+    /// last step runs: driver calls and a memset on the decoder's own stream). A build that
+    /// fails (a CUDA call, device memory) leaves the run on the MLX path, with the reason in
+    /// [`GenerateStep::graph_fallback`].
     /// `pending`: prompt tokens not in the MLX caches that the decoder will take
     /// ([`GenerateStep::prefill_graph`]).
     fn build_graph(
