@@ -3,6 +3,15 @@
 //! a warm-up, then `--num-trials` timed generations of exactly `--generation-tokens` tokens
 //! (EOS ignored) through `stream_generate`, each trial's prompt and generation tokens/s and
 //! peak memory, and their averages, printed in mlx-lm's format.
+//!
+//! Peak memory is counted as mlx-lm's benchmark counts it: each trial reports the process's
+//! peak since start (mlx-lm: `mx.get_peak_memory()`, never reset, so the load and the warm-up
+//! are in every trial's figure and a trial never reports less than the one before), and the
+//! average is over the trials. With the graph decoder the figure also holds the decoder's own
+//! device buffers, beside MLX's peak of the time they were held
+//! (`mlx_core::memory::device_peak_memory`); the decoder kept between the trials waits
+//! parked, its KV cache's memory given back, through each next prompt
+//! (`mlx_engine::graph::GraphKeep`).
 
 use std::time::{Duration, Instant};
 

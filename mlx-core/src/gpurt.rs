@@ -258,6 +258,56 @@ impl GpuRuntime {
         unsafe { sys::mlxs_gpurt_allocated(self.raw) }
     }
 
+    /// The runtime's one parkable region: a zeroed buffer of each of `sizes` (bytes, each >
+    /// 0), in one range of device addresses whose memory [`GpuRuntime::park`] gives back to
+    /// the device and [`GpuRuntime::unpark`] takes again at the same addresses (CUDA's
+    /// virtual memory management), so that graphs captured over these buffers stay valid
+    /// across a park. The region's memory is the sum of the sizes (each rounded up to 256
+    /// bytes) rounded up to the driver's granularity (2 MiB on an H100):
+    /// [`GpuRuntime::parkable_bytes`]. Where the driver has no virtual memory management the
+    /// buffers are plain ones and [`GpuRuntime::park`] is an error. One region a runtime.
+    pub fn alloc_parkable(&mut self, sizes: &[usize]) -> Result<Vec<Buffer>> {
+        let mut first = 0u32;
+        // SAFETY: live handle; sizes is valid for sizes.len() reads; first is a valid
+        // out-pointer.
+        check("gpurt_alloc_parkable", unsafe {
+            sys::mlxs_gpurt_alloc_parkable(self.raw, sizes.as_ptr(), sizes.len(), &mut first)
+        })?;
+        Ok((0..sizes.len() as u32).map(|i| Buffer(first + i)).collect())
+    }
+
+    /// Gives the parkable region's memory back to the device after the stream's work is
+    /// done; [`GpuRuntime::allocated`] no longer counts it. Until [`GpuRuntime::unpark`],
+    /// launches, copies and reads touching the region's buffers are errors, and so is every
+    /// graph replay. Parking a parked runtime only waits for the stream.
+    pub fn park(&mut self) -> Result<()> {
+        // SAFETY: live handle.
+        check("gpurt_park", unsafe { sys::mlxs_gpurt_park(self.raw) })?;
+        // The shim waited for the whole stream: the queued copies are done.
+        self.held.clear();
+        Ok(())
+    }
+
+    /// Takes device memory for the parkable region again, at the same addresses, zeroed (its
+    /// contents from before the park are gone). Unparking a runtime that is not parked does
+    /// nothing.
+    pub fn unpark(&mut self) -> Result<()> {
+        // SAFETY: live handle.
+        check("gpurt_unpark", unsafe { sys::mlxs_gpurt_unpark(self.raw) })
+    }
+
+    /// The parkable region's device bytes, parked or not (0: none, or plain buffers).
+    pub fn parkable_bytes(&self) -> usize {
+        // SAFETY: live handle.
+        unsafe { sys::mlxs_gpurt_parkable_bytes(self.raw) }
+    }
+
+    /// Whether the parkable region is parked.
+    pub fn parked(&self) -> bool {
+        // SAFETY: live handle.
+        unsafe { sys::mlxs_gpurt_parked(self.raw) }
+    }
+
     /// A buffer that is `src`'s own device memory, without a copy: the array (evaluated
     /// first) must be row-contiguous where MLX's CUDA back-end holds it, and 256-byte aligned.
     /// The runtime keeps the array alive until it is dropped and never writes or frees that
@@ -589,6 +639,26 @@ impl GpuRuntime {
     }
 
     pub fn allocated(&self) -> usize {
+        match self.never {}
+    }
+
+    pub fn alloc_parkable(&mut self, sizes: &[usize]) -> Result<Vec<Buffer>> {
+        match self.never {}
+    }
+
+    pub fn park(&mut self) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn unpark(&mut self) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn parkable_bytes(&self) -> usize {
+        match self.never {}
+    }
+
+    pub fn parked(&self) -> bool {
         match self.never {}
     }
 

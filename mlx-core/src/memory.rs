@@ -39,7 +39,26 @@ pub fn peak_memory() -> Result<usize> {
 
 pub fn reset_peak_memory() -> Result<()> {
     EARLIER_PEAK.store(0, std::sync::atomic::Ordering::Relaxed);
+    DEVICE_PEAK.store(0, std::sync::atomic::Ordering::Relaxed);
     raw_reset_peak_memory()
+}
+
+/// The most device bytes a caller noted as held at once, MLX's and its own outside MLX's
+/// allocator together ([`note_device_peak`]); 0 after [`reset_peak_memory`].
+static DEVICE_PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Notes `bytes` held on the device at once by MLX's allocator and memory outside it (the
+/// graph decoder's own buffers), for [`device_peak_memory`].
+pub fn note_device_peak(bytes: usize) {
+    DEVICE_PEAK.fetch_max(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The process's device peak since start or the last [`reset_peak_memory`], as mlx-lm
+/// reports `mx.get_peak_memory()` (the process's, never per generation): MLX's
+/// [`peak_memory`], or the largest [`note_device_peak`] where memory outside MLX's allocator
+/// made that more.
+pub fn device_peak_memory() -> Result<usize> {
+    Ok(peak_memory()?.max(DEVICE_PEAK.load(std::sync::atomic::Ordering::Relaxed)))
 }
 
 /// Starts a new peak window: returns the most bytes held at once in the window that ends

@@ -4,8 +4,12 @@
 use mlx_core::memory;
 use mlx_core::prelude::*;
 
+/// The tests read and reset the one process-wide counter: one at a time.
+static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_peak_window_keeps_the_process_peak() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
     let big = ops::ones(&[1 << 20], Dtype::Float32, None).unwrap();
     big.eval().unwrap();
     drop(big);
@@ -26,4 +30,19 @@ fn a_peak_window_keeps_the_process_peak() {
     // A reset forgets both.
     memory::reset_peak_memory().unwrap();
     assert!(memory::peak_memory().unwrap() < before);
+}
+
+/// The device peak noted beside MLX's (`note_device_peak`: the graph decoder's own buffers)
+/// is the process's, as mlx-lm's `mx.get_peak_memory()`: it never falls back between
+/// generations, only with a reset.
+#[test]
+fn a_noted_device_peak_is_the_processes_until_a_reset() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let mlx = memory::peak_memory().unwrap();
+    assert_eq!(memory::device_peak_memory().unwrap(), mlx);
+    memory::note_device_peak(mlx + (1 << 30));
+    memory::note_device_peak(mlx + 1);
+    assert_eq!(memory::device_peak_memory().unwrap(), mlx + (1 << 30));
+    memory::reset_peak_memory().unwrap();
+    assert!(memory::device_peak_memory().unwrap() < mlx + (1 << 30));
 }

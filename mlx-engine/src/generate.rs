@@ -361,11 +361,16 @@ impl DevicePeak {
     }
 }
 
+/// Whether `MLX_GRAPH_MEMORY=1` (read once).
+fn graph_memory_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1"))
+}
+
 /// `MLX_GRAPH_MEMORY=1`: MLX's allocator (live, cached, peak) and the graph decoder's bytes at
 /// a point of a graph run (issue #30's peak), on stderr.
 fn graph_memory_line(what: &str, decoder: usize, peak: &DevicePeak) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("MLX_GRAPH_MEMORY").is_ok_and(|v| v == "1")) {
+    if !graph_memory_on() {
         return;
     }
     let r = (|| -> mlx_core::Result<String> {
@@ -428,8 +433,13 @@ struct GraphRun<'m> {
     /// prompt already, so no MLX cache is copied in when it starts.
     fed: bool,
     since_mlx: Vec<i32>,
-    /// The slot the decoder came from or goes to, and the model's identity.
-    keep: Option<(crate::graph::GraphKeep, usize)>,
+    /// The slot the decoder came from or goes to, the model's identity and the decoder's
+    /// spec.
+    keep: Option<(
+        crate::graph::GraphKeep,
+        usize,
+        mlx_kernels::graph_decode::GraphSpec,
+    )>,
     /// The decoder's construction times, or `None` when it was the kept one.
     built: Option<mlx_kernels::graph_decode::BuildTimes>,
 }
@@ -448,9 +458,22 @@ impl<'m> GraphRun<'m> {
 
 impl Drop for GraphRun<'_> {
     fn drop(&mut self) {
-        if let (Some((keep, model)), Some(dec)) = (self.keep.take(), self.dec.take()) {
+        if let (Some((keep, model, spec)), Some(dec)) = (self.keep.take(), self.dec.take()) {
             if let Some(dec) = dec.into_kept() {
-                keep.put(model, dec);
+                let (t, held) = (std::time::Instant::now(), dec.device_bytes());
+                keep.put(model, spec, dec);
+                if graph_memory_on() {
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    if keep.holds() {
+                        eprintln!(
+                            "[graph memory] the decoder is kept: {held} B decoding, {} B \
+                             while it waits ({ms:.3} ms)",
+                            keep.device_bytes()
+                        );
+                    } else {
+                        eprintln!("[graph memory] the decoder could not be parked: dropped");
+                    }
+                }
             }
         }
     }
@@ -655,11 +678,9 @@ fn start<'m>(
         host_logprobs,
     };
     if g.opts.graph_decode {
-        // A decoder kept from an earlier generation holds its buffers through this prompt.
-        let kept = match (&g.opts.graph_keep, &g.opts.graph_stand_in) {
-            (Some(k), None) => k.device_bytes(),
-            _ => 0,
-        };
+        // A decoder kept from an earlier generation holds what it keeps while parked (its
+        // cache's memory is given back) through this prompt.
+        let kept = g.opts.graph_keep.as_ref().map_or(0, |k| k.device_bytes());
         g.device_peak = DevicePeak::start(kept)?;
         graph_memory_line("the prompt starts", kept, &g.device_peak);
     }
@@ -696,9 +717,11 @@ impl<'m> GenerateStep<'m> {
     }
 
     /// Builds (or takes the kept) graph decoder once the prompt's first token is computed:
-    /// the prompt's MLX work is waited for first, and the build's after it, so the decoder's
-    /// CUDA work never overlaps MLX's. A build that fails (a CUDA call, device memory) leaves
-    /// the run on the MLX path, with the reason in [`GenerateStep::graph_fallback`].
+    /// the prompt's MLX work is waited for first, and the build's after it, so a build's CUDA
+    /// work never overlaps MLX's (a kept decoder's cache is mapped again while the prompt's
+    /// last step runs: driver calls and a memset on the decoder's own stream). A build that
+    /// fails (a CUDA call, device memory) leaves the run on the MLX path, with the reason in
+    /// [`GenerateStep::graph_fallback`].
     /// `pending`: prompt tokens not in the MLX caches that the decoder will take
     /// ([`GenerateStep::prefill_graph`]).
     fn build_graph(
@@ -707,26 +730,42 @@ impl<'m> GenerateStep<'m> {
         weights: &mlx_kernels::graph_decode::GraphWeights,
         pending: usize,
     ) -> Result<()> {
-        if let Some((y, _, lse)) = &self.y {
-            mlx_core::eval([y, lse])?;
-        }
-        mlx_core::synchronize()?;
-        // The prompt's window closes here: its MLX peak beside a kept decoder's bytes only.
+        // The prompt's window closes here, its MLX work queued (its chunks waited for, its
+        // last token's step encoded: MLX allocates as it encodes): its MLX peak beside a kept
+        // decoder's parked bytes only.
         let before = self.device_peak.extra;
-        graph_memory_line("the prompt is in", before, &self.device_peak);
+        graph_memory_line("the prompt is queued", before, &self.device_peak);
         self.device_peak.switch(before)?;
         let model = self.model;
         // The cache holds the prompt and whatever a continued prompt cache held before it.
         let cached = self.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
         let room = cached + pending + self.opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 2;
-        let kept = match &self.opts.graph_stand_in {
-            Some(_) => None,
-            None => self
-                .opts
-                .graph_keep
-                .as_ref()
-                .and_then(|k| k.take(model, &spec, room)),
-        };
+        // A kept decoder is taken while the device runs the prompt's last step: mapping its
+        // cache's memory again is host work of the driver (milliseconds), hidden behind that
+        // step instead of added to the prompt's time. The window that follows counts the
+        // whole decoder.
+        let taking = std::time::Instant::now();
+        let kept = self
+            .opts
+            .graph_keep
+            .as_ref()
+            .and_then(|k| k.take(model, &spec, room));
+        let took = taking.elapsed().as_secs_f64();
+        if let Some((y, _, lse)) = &self.y {
+            mlx_core::eval([y, lse])?;
+        }
+        mlx_core::synchronize()?;
+        graph_memory_line("the prompt is in", before, &self.device_peak);
+        if let Some(d) = &kept {
+            graph_memory_line(
+                &format!(
+                    "the kept decoder was taken, its cache mapped again in {:.3} ms",
+                    took * 1e3
+                ),
+                d.device_bytes(),
+                &self.device_peak,
+            );
+        }
         let built = kept.is_none();
         let stand_in = self.opts.graph_stand_in.clone();
         let build = |spec: mlx_kernels::graph_decode::GraphSpec| -> mlx_core::Result<
@@ -738,8 +777,9 @@ impl<'m> GenerateStep<'m> {
                     .map(|d| Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
             }
         };
+        let keep_spec = spec.clone();
         let made = match kept {
-            Some(d) => Ok(Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
+            Some(d) => Ok(d as Box<dyn crate::graph::GraphBackend + 'm>),
             None => match build(spec.clone()) {
                 // The decoder allocates outside MLX's allocator, so device memory that MLX
                 // keeps in its buffer cache (the prompt's freed activations) is not free to
@@ -789,8 +829,7 @@ impl<'m> GenerateStep<'m> {
                 .opts
                 .graph_keep
                 .clone()
-                .filter(|_| self.opts.graph_stand_in.is_none())
-                .map(|k| (k, crate::graph::model_id(model))),
+                .map(|k| (k, crate::graph::model_id(model), keep_spec)),
         });
         Ok(())
     }
@@ -1677,6 +1716,23 @@ mod device_peak_tests {
     #[test]
     fn a_kept_decoder_is_held_through_the_prompt() {
         assert_eq!(run(DEC), PROMPT_PEAK + DEC);
+    }
+
+    /// A kept decoder parked through the prompt (its cache's memory given back): only what
+    /// it keeps while parked (session 35's 8B: 1.8 MB of 94 MB) rides beside the prompt's peak.
+    #[test]
+    fn a_parked_decoder_adds_only_its_small_state_to_the_prompts_peak() {
+        const PARKED: usize = 1_815_000;
+        let mut p = DevicePeak {
+            extra: PARKED,
+            floor: 4_520_000_000,
+            closed: 4_600_000_000,
+        };
+        p.close(PROMPT_PEAK, LIVE, PARKED);
+        // Taken: its cache's memory mapped again through the build's window.
+        p.extra = PARKED.max(DEC);
+        p.close(LIVE + 1_000_000, LIVE, DEC);
+        assert_eq!(p.with_window(LIVE + 2_000_000), PROMPT_PEAK + PARKED);
     }
 
     #[test]

@@ -997,19 +997,57 @@ pub fn post_norm_gated(spec: &GraphSpec) -> bool {
 }
 
 /// A graph decoder kept between the generations of one loaded model (`mlx benchmark`'s
-/// warm-up and trials): building one compiles its kernels, lays the weights out on the device
-/// and captures the step, which a short generation would otherwise pay every time (and count
-/// in its prompt time). [`crate::generate::GenerateOptions::graph_keep`] hands it to
-/// `generate_step`, which takes the kept decoder when it was made for the same model (the same
-/// loaded model object and [`GraphSpec`]) with room enough, else builds one, and puts it back
-/// when the generation ends unless a CUDA call failed. Clones share the one slot. Keep one per loaded
-/// model: a slot given to a model other than the one it was filled for builds a new decoder.
+/// warm-up and trials, `mlx chat`'s turns): building one compiles its kernels, lays the
+/// weights out on the device and captures the step, which a short generation would otherwise
+/// pay every time (and count in its prompt time). [`crate::generate::GenerateOptions::graph_keep`]
+/// hands it to `generate_step`, which takes the kept decoder when it was made for the same
+/// model (the same loaded model object and [`GraphSpec`]) with room enough, else builds one,
+/// and puts it back when the generation ends unless a CUDA call failed. Clones share the one
+/// slot. Keep one per loaded model: a slot given to a model other than the one it was filled
+/// for builds a new decoder.
+///
+/// While it waits in the slot the decoder is parked ([`KeptDecoder::park`]): its KV cache's
+/// device memory goes back to the device, so the next prompt (MLX's activations) runs beside
+/// its small state only (issue #30's peak: an 8B decoder keeps 1.8 MB of its 94 MB); taking it
+/// maps the cache's memory again at the same addresses (no rebuild, no new capture). A
+/// decoder whose memory cannot be taken again is dropped, and one is built as without a kept
+/// one.
 #[derive(Clone, Default)]
 pub struct GraphKeep(std::sync::Arc<std::sync::Mutex<Option<Kept>>>);
 
 struct Kept {
     model: usize,
-    dec: mlx_kernels::graph_decode::GraphDecoder,
+    spec: GraphSpec,
+    dec: Box<dyn KeptDecoder>,
+}
+
+/// A graph decoder that can wait in a [`GraphKeep`] between generations: the CUDA decoder,
+/// or a test's stand-in.
+pub trait KeptDecoder: GraphBackend + Send {
+    /// Positions its cache holds.
+    fn capacity(&self) -> usize;
+    /// Whether an earlier CUDA call failed (it is then not kept).
+    fn is_broken(&self) -> bool;
+    /// Gives the memory it needs only while decoding (its KV cache) back to the device;
+    /// `Ok(false)`: it cannot, and keeps it. An error leaves it unusable (it is dropped).
+    fn park(&mut self) -> mlx_core::Result<bool>;
+    /// Takes that memory again. An error: it is dropped.
+    fn unpark(&mut self) -> mlx_core::Result<()>;
+}
+
+impl KeptDecoder for mlx_kernels::graph_decode::GraphDecoder {
+    fn capacity(&self) -> usize {
+        mlx_kernels::graph_decode::GraphDecoder::capacity(self)
+    }
+    fn is_broken(&self) -> bool {
+        mlx_kernels::graph_decode::GraphDecoder::is_broken(self)
+    }
+    fn park(&mut self) -> mlx_core::Result<bool> {
+        mlx_kernels::graph_decode::GraphDecoder::park(self)
+    }
+    fn unpark(&mut self) -> mlx_core::Result<()> {
+        mlx_kernels::graph_decode::GraphDecoder::unpark(self)
+    }
 }
 
 impl std::fmt::Debug for GraphKeep {
@@ -1038,7 +1076,8 @@ impl GraphKeep {
         self.0.lock().map(|k| k.is_some()).unwrap_or(false)
     }
 
-    /// The device bytes the kept decoder holds outside MLX's allocator (0: none kept).
+    /// The device bytes the kept decoder holds outside MLX's allocator while it waits (0:
+    /// none kept): parked, its small state only.
     pub fn device_bytes(&self) -> usize {
         self.0
             .lock()
@@ -1047,36 +1086,35 @@ impl GraphKeep {
             .unwrap_or(0)
     }
 
-    /// The kept decoder when it was made for `model` with `spec` and holds `room` positions.
+    /// The kept decoder, its memory taken again, when it was made for `model` with `spec`
+    /// and holds `room` positions. One that does not fit, or whose memory cannot be taken
+    /// again, is dropped (before a new one is built beside it).
     pub(crate) fn take(
         &self,
         model: &dyn LanguageModel,
         spec: &GraphSpec,
         room: usize,
-    ) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
+    ) -> Option<Box<dyn KeptDecoder>> {
         let mut k = self.0.lock().ok()?;
         let fits = k.as_ref().is_some_and(|k| {
             k.model == model_id(model)
-                && k.dec.spec() == spec
+                && &k.spec == spec
                 && k.dec.capacity() >= room
                 && !k.dec.is_broken()
         });
-        if fits {
-            k.take().map(|k| k.dec)
-        } else {
-            // A decoder that does not fit is dropped now, before a new one is built beside it.
-            *k = None;
-            None
-        }
+        let mut dec = k.take().filter(|_| fits)?.dec;
+        dec.unpark().ok()?;
+        Some(dec)
     }
 
-    /// Keeps `dec` (made for `model`) unless a CUDA call broke it.
-    pub(crate) fn put(&self, model: usize, dec: mlx_kernels::graph_decode::GraphDecoder) {
-        if dec.is_broken() {
+    /// Keeps `dec` (made for `model` with `spec`), parked, unless a CUDA call broke it or it
+    /// could not be parked.
+    pub(crate) fn put(&self, model: usize, spec: GraphSpec, mut dec: Box<dyn KeptDecoder>) {
+        if dec.is_broken() || dec.park().is_err() {
             return;
         }
         if let Ok(mut k) = self.0.lock() {
-            *k = Some(Kept { model, dec });
+            *k = Some(Kept { model, spec, dec });
         }
     }
 }
@@ -1110,9 +1148,9 @@ pub trait GraphBackend {
     fn build_times(&self) -> Option<BuildTimes> {
         None
     }
-    /// The CUDA decoder itself, to keep between generations ([`GraphKeep`]); `None` for a
-    /// stand-in or a decoder a failed CUDA call broke.
-    fn into_kept(self: Box<Self>) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
+    /// The decoder itself, to keep between generations ([`GraphKeep`]): the CUDA decoder, or
+    /// a stand-in that can be kept; `None` (the default): dropped when the generation ends.
+    fn into_kept(self: Box<Self>) -> Option<Box<dyn KeptDecoder>> {
         None
     }
     /// Device bytes the decoder holds outside MLX's allocator (the weights it re-lays for
@@ -1150,8 +1188,8 @@ impl GraphBackend for mlx_kernels::graph_decode::GraphDecoder {
     fn device_bytes(&self) -> usize {
         mlx_kernels::graph_decode::GraphDecoder::device_bytes(self)
     }
-    fn into_kept(self: Box<Self>) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
-        Some(*self)
+    fn into_kept(self: Box<Self>) -> Option<Box<dyn KeptDecoder>> {
+        Some(self)
     }
 }
 

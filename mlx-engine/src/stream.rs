@@ -494,17 +494,20 @@ impl<'m> TextStream<'m> {
         }
     }
 
-    /// The peak reported with each response: MLX's peak since start (or its last reset), or
-    /// where a graph decoder holds device buffers outside MLX's allocator (its cache, its step
-    /// buffers), the most this run held with them at once when that is more
-    /// ([`GenerateStep::device_peak`]; a speculative graph pair: MLX's peak plus its bytes).
+    /// The peak reported with each response, the process's since start (or MLX's last reset)
+    /// as mlx-lm reports `mx.get_peak_memory()`: MLX's peak, or where a graph decoder held
+    /// device buffers outside MLX's allocator (its cache, its step buffers) in this or an
+    /// earlier generation, the most held with them at once when that is more
+    /// ([`GenerateStep::device_peak`]; a speculative graph pair: MLX's peak plus its bytes;
+    /// [`memory::device_peak_memory`]).
     fn peak_memory_bytes(&self) -> Result<usize> {
-        let mlx = memory::peak_memory()?;
-        Ok(match &self.steps {
-            Steps::Plain(g) => mlx.max(g.device_peak()?.unwrap_or(0)),
-            Steps::GraphSpeculative(g) => mlx + g.device_bytes(),
-            Steps::Speculative(_) | Steps::CpuSpeculative(_) => mlx,
-        })
+        let run = match &self.steps {
+            Steps::Plain(g) => g.device_peak()?.unwrap_or(0),
+            Steps::GraphSpeculative(g) => memory::peak_memory()? + g.device_bytes(),
+            Steps::Speculative(_) | Steps::CpuSpeculative(_) => 0,
+        };
+        memory::note_device_peak(run);
+        Ok(memory::device_peak_memory()?)
     }
 
     /// Device bytes this generation's graph decoder held outside MLX's allocator (see

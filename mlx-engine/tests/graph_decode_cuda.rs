@@ -438,11 +438,21 @@ fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i
         g.graph_build_times().is_some(),
         "{name}: the first run builds"
     );
+    let full = g.graph_device_bytes();
     let a: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
     drop(g);
     assert!(keep.holds(), "{name}: given back");
+    // Issue #30's peak: the kept decoder waits parked, its KV cache's memory given back.
+    let parked = keep.device_bytes();
+    println!("{name}: the decoder holds {full} B decoding, {parked} B parked");
+    assert!(parked < full, "{name}: parked {parked} B of {full} B");
     let mut g = generate_step(prompt, model, None, kept(None)).unwrap();
     assert!(g.graph_build_times().is_none(), "{name}: the second reuses");
+    assert_eq!(
+        g.graph_device_bytes(),
+        full,
+        "{name}: taken again, its cache's memory mapped again"
+    );
     let b: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
     drop(g);
     assert_eq!(a, b, "{name}: the kept decoder decodes as a new one");

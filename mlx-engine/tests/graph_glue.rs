@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use mlx_cache::{Cache, KVCache};
 use mlx_core::{ops, Array, Dtype};
 use mlx_engine::generate::{generate_step, GenerateOptions, PromptProgress};
-use mlx_engine::graph::{GraphBackend, GraphStandIn};
+use mlx_engine::graph::{GraphBackend, GraphKeep, GraphStandIn, KeptDecoder};
 use mlx_engine::sample::{LogitsProcessor, Sampler, SamplerSettings};
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::LanguageModel;
@@ -590,4 +590,267 @@ fn a_trellis_models_prompt_goes_through_the_decoder() {
     assert_eq!(got, want);
     assert!(why.is_some_and(|w| w.contains("injected failure")));
     let _ = std::fs::remove_dir_all(&dst);
+}
+
+/// What a kept stand-in does wrong, and what it saw.
+#[derive(Default)]
+struct KeepScript {
+    /// Device bytes it holds always (its step buffers, copied weights) and those of its
+    /// cache, given back while parked.
+    small: usize,
+    cache: usize,
+    /// Parking fails (a CUDA call): the decoder is not kept.
+    fail_park: bool,
+    /// The driver cannot park: the decoder is kept whole.
+    cannot_park: bool,
+    /// Taking the cache's memory again fails: the decoder is dropped, a new one built.
+    fail_unpark: bool,
+    /// Events in order: "build", "park", "unpark", "prefix N", "progress N (held B)".
+    log: Vec<String>,
+}
+
+/// A stand-in that can be kept between generations (`GraphKeep`): it borrows nothing of the
+/// model (so it outlives a generation) and decodes a fixed sequence (each token the last plus
+/// one); it reports its cache's bytes only while it is not parked, and refuses to step while
+/// parked, as the CUDA decoder does.
+struct KeptStandIn {
+    vocab: u32,
+    capacity: usize,
+    next: u32,
+    parked: bool,
+    script: Arc<Mutex<KeepScript>>,
+}
+
+impl KeptStandIn {
+    fn usable(&self) -> mlx_core::Result<()> {
+        if self.parked {
+            return Err(err("parked: the cache's memory was given back"));
+        }
+        Ok(())
+    }
+}
+
+impl GraphBackend for KeptStandIn {
+    fn set_prefix(&mut self, kv: &[(Array, Array)]) -> mlx_core::Result<()> {
+        self.usable()?;
+        let n = kv[0].0.shape()[2];
+        self.script.lock().unwrap().log.push(format!("prefix {n}"));
+        Ok(())
+    }
+    fn start(&mut self, first: u32, _max_steps: usize) -> mlx_core::Result<()> {
+        self.usable()?;
+        self.next = first;
+        Ok(())
+    }
+    fn next_token(&mut self) -> mlx_core::Result<(u32, f32)> {
+        self.usable()?;
+        self.next = (self.next + 1) % self.vocab;
+        Ok((self.next, -0.5))
+    }
+    fn step_logits(&mut self, token: u32) -> mlx_core::Result<Vec<f32>> {
+        self.usable()?;
+        let mut l = vec![0.0f32; self.vocab as usize];
+        l[((token + 1) % self.vocab) as usize] = 10.0;
+        Ok(l)
+    }
+    fn inject_failure_after(&mut self, _n: usize) {}
+    fn device_bytes(&self) -> usize {
+        let s = self.script.lock().unwrap();
+        s.small + if self.parked { 0 } else { s.cache }
+    }
+    fn into_kept(self: Box<Self>) -> Option<Box<dyn KeptDecoder>> {
+        Some(self)
+    }
+}
+
+impl KeptDecoder for KeptStandIn {
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn is_broken(&self) -> bool {
+        false
+    }
+    fn park(&mut self) -> mlx_core::Result<bool> {
+        let mut s = self.script.lock().unwrap();
+        s.log.push("park".into());
+        if s.fail_park {
+            return Err(err("cuMemUnmap failed"));
+        }
+        if s.cannot_park {
+            return Ok(false);
+        }
+        self.parked = true;
+        Ok(true)
+    }
+    fn unpark(&mut self) -> mlx_core::Result<()> {
+        let mut s = self.script.lock().unwrap();
+        s.log.push("unpark".into());
+        if s.fail_unpark {
+            return Err(err("cuMemCreate: out of memory"));
+        }
+        self.parked = false;
+        Ok(())
+    }
+}
+
+/// `generate_step` options that build a [`KeptStandIn`] and keep it in `keep`; the prompt's
+/// progress is logged with the device bytes the slot holds at that moment.
+fn kept_opts(script: &Arc<Mutex<KeepScript>>, keep: &GraphKeep) -> GenerateOptions {
+    let mut opts = base();
+    opts.graph_decode = true;
+    opts.graph_keep = Some(keep.clone());
+    let s = script.clone();
+    opts.graph_stand_in = Some(GraphStandIn(Arc::new(move |model, room| {
+        s.lock().unwrap().log.push("build".into());
+        Ok(Box::new(KeptStandIn {
+            vocab: model.vocab_size() as u32,
+            capacity: room,
+            next: 0,
+            parked: false,
+            script: s.clone(),
+        }) as Box<dyn GraphBackend + '_>)
+    })));
+    let (s, k) = (script.clone(), keep.clone());
+    opts.prompt_progress = Some(PromptProgress(Arc::new(move |done, _| {
+        let held = k.device_bytes();
+        s.lock()
+            .unwrap()
+            .log
+            .push(format!("progress {done} (held {held})"));
+    })));
+    opts
+}
+
+/// One generation with `opts`: its tokens, the decoder's bytes once built, its device peak.
+fn kept_run(m: &dyn LanguageModel, opts: GenerateOptions) -> (Vec<u32>, usize, usize) {
+    let p = prompt(m.vocab_size());
+    let mut g = generate_step(&p, m, None, opts).unwrap();
+    let bytes = g.graph_device_bytes();
+    let toks: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+    assert_eq!(g.graph_fallback(), None);
+    let peak = g.device_peak().unwrap().expect("a graph run's peak");
+    (toks, bytes, peak)
+}
+
+/// Issue #30's peak: a decoder kept between generations (`mlx benchmark`'s trials) waits
+/// parked, its cache's memory given back, so the next prompt runs beside its small state only;
+/// the next generation takes it again (no new build) and decodes as before.
+#[test]
+fn a_kept_decoder_waits_parked_through_the_next_prompt() {
+    let m = model();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (small, cache) = (1 << 20, 3 << 30);
+    let script = Arc::new(Mutex::new(KeepScript {
+        small,
+        cache,
+        ..KeepScript::default()
+    }));
+    let keep = GraphKeep::new();
+    let (a, bytes_a, _) = kept_run(m.as_ref(), kept_opts(&script, &keep));
+    assert_eq!(bytes_a, small + cache, "decoding, it holds its cache");
+    assert!(keep.holds());
+    assert_eq!(keep.device_bytes(), small, "parked: its small state only");
+    let first = std::mem::take(&mut script.lock().unwrap().log);
+    assert_eq!(
+        first.iter().filter(|e| *e == "build").count(),
+        1,
+        "{first:?}"
+    );
+    assert_eq!(first.last().map(String::as_str), Some("park"), "{first:?}");
+    // The first prompt ran with nothing kept.
+    assert!(
+        first.contains(&"progress 39 (held 0)".to_string()),
+        "{first:?}"
+    );
+
+    let (b, bytes_b, peak_b) = kept_run(m.as_ref(), kept_opts(&script, &keep));
+    assert_eq!(b, a, "the kept decoder decodes as the new one did");
+    assert_eq!(bytes_b, small + cache, "taken again, it holds its cache");
+    let second = std::mem::take(&mut script.lock().unwrap().log);
+    assert!(
+        !second.contains(&"build".to_string()),
+        "no rebuild: {second:?}"
+    );
+    // The prompt ran beside the parked decoder; its cache's memory was taken back after it,
+    // before the prefix was copied in; parked again at the end.
+    let at = |what: &str| second.iter().position(|e| e.starts_with(what)).unwrap();
+    assert!(
+        second.contains(&format!("progress 39 (held {small})")),
+        "{second:?}"
+    );
+    assert!(at("progress 39") < at("unpark"), "{second:?}");
+    assert!(at("unpark") < at("prefix"), "{second:?}");
+    assert_eq!(
+        second.last().map(String::as_str),
+        Some("park"),
+        "{second:?}"
+    );
+    assert_eq!(keep.device_bytes(), small);
+    // The run's peak counts the cache in the windows it was held (decoding), not beside the
+    // prompt's peak (at most MLX's peak plus the whole decoder, at least the decoder beside
+    // the model's weights).
+    let mlx = mlx_core::memory::peak_memory().unwrap();
+    assert!(peak_b > small + cache, "{peak_b}");
+    assert!(
+        peak_b <= mlx + small + cache,
+        "{peak_b} against MLX's {mlx}"
+    );
+}
+
+/// A kept decoder whose cache's memory cannot be taken again is dropped and a new one built
+/// (the run decodes as usual); one that fails to park is not kept; a driver that cannot park
+/// keeps it whole, as before parking existed.
+#[test]
+fn a_kept_decoder_that_cannot_park_or_unpark_falls_back() {
+    let m = model();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (small, cache) = (1 << 20, 1 << 30);
+    let script = Arc::new(Mutex::new(KeepScript {
+        small,
+        cache,
+        ..KeepScript::default()
+    }));
+    let keep = GraphKeep::new();
+    let (a, _, _) = kept_run(m.as_ref(), kept_opts(&script, &keep));
+    script.lock().unwrap().fail_unpark = true;
+    let (b, bytes, _) = kept_run(m.as_ref(), kept_opts(&script, &keep));
+    assert_eq!(b, a);
+    assert_eq!(bytes, small + cache);
+    let log = std::mem::take(&mut script.lock().unwrap().log);
+    let at = |what: &str| log.iter().rposition(|e| e == what).unwrap();
+    assert!(
+        at("unpark") < at("build"),
+        "a new decoder after the failed one: {log:?}"
+    );
+    assert!(keep.holds(), "the new one is kept");
+
+    let mut s = script.lock().unwrap();
+    s.fail_unpark = false;
+    s.fail_park = true;
+    drop(s);
+    let (c, _, _) = kept_run(m.as_ref(), kept_opts(&script, &keep));
+    assert_eq!(c, a);
+    assert!(!keep.holds(), "a decoder that failed to park is not kept");
+    assert_eq!(keep.device_bytes(), 0);
+
+    let mut s = script.lock().unwrap();
+    s.fail_park = false;
+    s.cannot_park = true;
+    drop(s);
+    kept_run(m.as_ref(), kept_opts(&script, &keep));
+    assert!(keep.holds());
+    assert_eq!(
+        keep.device_bytes(),
+        small + cache,
+        "a driver that cannot park: kept whole"
+    );
+    script.lock().unwrap().log.clear();
+    let (d, _, _) = kept_run(m.as_ref(), kept_opts(&script, &keep));
+    assert_eq!(d, a);
+    let log = std::mem::take(&mut script.lock().unwrap().log);
+    assert!(!log.contains(&"build".to_string()), "{log:?}");
+    assert!(
+        log.contains(&format!("progress 39 (held {})", small + cache)),
+        "{log:?}"
+    );
 }

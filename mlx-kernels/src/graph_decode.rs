@@ -2090,6 +2090,10 @@ impl GraphDecoder {
             }
             None => None,
         };
+        // Every layer's keys and values in the runtime's parkable region: a decoder kept
+        // between generations gives their memory back while it waits (issue #30's peak:
+        // [`GraphDecoder::park`]).
+        let kv_bufs = rt.alloc_parkable(&vec![kv_bytes; 2 * w.layers.len()])?;
         let mut layers = Vec::with_capacity(s.layers);
         for (i, (l, rotates)) in w.layers.iter().zip(&s.rope_layers).enumerate() {
             let sliding = s.sliding.get(i).copied().unwrap_or(false);
@@ -2191,8 +2195,8 @@ impl GraphDecoder {
                 down,
                 router,
                 expert_bias,
-                kc: rt.alloc(kv_bytes)?,
-                vc: rt.alloc(kv_bytes)?,
+                kc: kv_bufs[2 * i],
+                vc: kv_bufs[2 * i + 1],
                 trellis: tl.map(|x| x.0),
             });
         }
@@ -2233,8 +2237,13 @@ impl GraphDecoder {
             wts: rt.alloc(moe_k * 4)?,
             ey: rt.alloc(if s.moe.is_some() { moe_k * h * 2 } else { 4 })?,
         };
-        // Issue #30's peak memory: what the decoder holds beyond the loaded model, by kind.
-        let kv = 2 * s.layers * kv_bytes;
+        // Issue #30's peak memory: what the decoder holds beyond the loaded model, by kind
+        // (the KV cache as the parkable region holds it: rounded up to the driver's
+        // granularity; as plain buffers where the driver cannot park).
+        let kv = match rt.parkable_bytes() {
+            0 => 2 * s.layers * kv_bytes,
+            n => n,
+        };
         let scratch = s.trellis.map_or(0, |_| {
             [s.qkv_rows(), h, 2 * i_sz, s.vocab]
                 .into_iter()
@@ -2249,11 +2258,16 @@ impl GraphDecoder {
             let acts_b = rt.allocated() - before_acts;
             eprintln!(
                 "[graph memory] `{}`: weights copied {copied} B, weights read in MLX's buffers {} B, \
-                 KV cache {kv} B ({capacity} positions x {total} rows), step buffers {acts_b} B, \
-                 trellis scratch {scratch} B; allocated {} B (CUDA graphs and NVRTC's module not \
-                 counted)",
+                 KV cache {kv} B ({capacity} positions x {total} rows; {}), step buffers \
+                 {acts_b} B, trellis scratch {scratch} B; allocated {} B (CUDA graphs and \
+                 NVRTC's module not counted)",
                 s.model_type,
                 rt.borrowed(),
+                if rt.parkable_bytes() > 0 {
+                    "parkable"
+                } else {
+                    "not parkable: no virtual memory management"
+                },
                 rt.allocated()
             );
         }
@@ -2399,9 +2413,47 @@ impl GraphDecoder {
         self.step.rows as u32
     }
 
-    /// Device bytes held (weights, cache, activations).
+    /// Device bytes held (copied weights, the cache unless parked, activations).
     pub fn device_bytes(&self) -> usize {
         self.rt.allocated()
+    }
+
+    /// Gives the KV cache's device memory back while the decoder waits between generations
+    /// (a kept decoder, `mlx_engine::graph::GraphKeep`): what is queued finishes first, and
+    /// the cache is forgotten (position 0, every row idle). The kernels, the weights' layout,
+    /// the step buffers and the captured graphs stay; until [`GraphDecoder::unpark`], a step
+    /// is an error. `Ok(false)`: this driver cannot park (no virtual memory management), the
+    /// decoder holds its cache as before. Parking a parked decoder does nothing.
+    pub fn park(&mut self) -> Result<bool> {
+        if self.rt.parkable_bytes() == 0 {
+            return Ok(false);
+        }
+        self.guard(|me| {
+            me.drain()?;
+            me.rt.synchronize()?;
+            me.rt.park()?;
+            me.pos = 0;
+            me.limit = 0;
+            me.row_pos.iter_mut().for_each(|r| *r = None);
+            Ok(true)
+        })
+    }
+
+    /// Takes the KV cache's device memory again after [`GraphDecoder::park`], at the same
+    /// device addresses (the captured graphs stay valid), zeroed. Not parked: nothing to do.
+    pub fn unpark(&mut self) -> Result<()> {
+        self.guard(|me| me.rt.unpark())
+    }
+
+    /// Whether the KV cache's memory is given back ([`GraphDecoder::park`]).
+    pub fn parked(&self) -> bool {
+        self.rt.parkable_bytes() > 0 && self.rt.parked()
+    }
+
+    /// The KV cache's device bytes when it can be parked (the region the driver maps,
+    /// rounded up to its granularity); 0 where it cannot.
+    pub fn parkable_bytes(&self) -> usize {
+        self.rt.parkable_bytes()
     }
 
     /// Bytes of the model's weights the decoder reads in MLX's own buffers (no copy;

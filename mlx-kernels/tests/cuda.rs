@@ -625,3 +625,70 @@ fn trellis_kernels_match_the_cpu_references() {
         );
     }
 }
+
+/// The runtime's parkable region (issue #30's peak: a kept graph decoder gives its KV cache's
+/// memory back between generations): a graph captured over its buffers replays after a park
+/// and an unpark at the same addresses; while parked, the region's bytes are not counted and
+/// every use of them is refused; unparked, they are zeroed.
+#[test]
+fn a_parked_region_comes_back_at_the_same_addresses() {
+    use mlx_core::gpurt::{Arg, GpuRuntime};
+    const SRC: &str = r#"
+extern "C" __global__ void fill(long long* p, long long v) {
+  p[threadIdx.x] += v + threadIdx.x;
+}
+"#;
+    let mut rt = GpuRuntime::new(SRC, &[("fill", 2)]).unwrap();
+    let k = rt.kernel("fill").unwrap();
+    let plain = rt.alloc(64).unwrap();
+    let before = rt.allocated();
+    let bufs = rt.alloc_parkable(&[3 << 20, 8 * 32]).unwrap();
+    let region = rt.parkable_bytes();
+    println!(
+        "parkable region: {region} bytes for {} asked",
+        (3 << 20) + 8 * 32
+    );
+    assert!(region >= (3 << 20) + 256, "{region}");
+    assert_eq!(rt.allocated(), before + region);
+    let g = rt
+        .capture(|rt| {
+            rt.launch(
+                k,
+                [1, 1, 1],
+                [32, 1, 1],
+                0,
+                &[Arg::Buf(bufs[1], 0), Arg::I64(5)],
+            )
+        })
+        .unwrap();
+    let read = |rt: &mut GpuRuntime| -> Vec<i64> {
+        let mut out = vec![0u8; 8 * 32];
+        rt.download(bufs[1], 0, &mut out).unwrap();
+        out.chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    rt.replay(g, 2).unwrap();
+    rt.synchronize().unwrap();
+    assert_eq!(
+        read(&mut rt),
+        (0..32).map(|i| 2 * (5 + i)).collect::<Vec<_>>()
+    );
+    rt.park().unwrap();
+    assert!(rt.parked());
+    assert_eq!(rt.allocated(), before, "the region's memory is given back");
+    assert!(rt.replay(g, 1).is_err(), "no replay while parked");
+    let mut out = vec![0u8; 8];
+    assert!(rt.download(bufs[1], 0, &mut out).is_err());
+    rt.download(plain, 0, &mut out).unwrap();
+    rt.park().unwrap();
+    rt.unpark().unwrap();
+    assert!(!rt.parked());
+    assert_eq!(rt.allocated(), before + region);
+    assert_eq!(read(&mut rt), vec![0; 32], "zeroed");
+    rt.replay(g, 1).unwrap();
+    rt.synchronize().unwrap();
+    assert_eq!(read(&mut rt), (0..32).map(|i| 5 + i).collect::<Vec<_>>());
+    rt.unpark().unwrap();
+    assert!(rt.alloc_parkable(&[64]).is_err(), "one region a runtime");
+}

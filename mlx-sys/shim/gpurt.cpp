@@ -15,6 +15,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "internal.hpp"
@@ -73,6 +74,36 @@ struct Memcpy2D {
   size_t WidthInBytes, Height;
 };
 static_assert(sizeof(Memcpy2D) == 128, "CUDA_MEMCPY2D is 128 bytes");
+// CUDA's virtual memory management (cuda.h, unchanged since CUDA 10.2): CUmemLocation,
+// CUmemAllocationProp, CUmemAccessDesc.
+using CUmemGenericAllocationHandle = unsigned long long;
+struct MemLocation {
+  int type;  // CUmemLocationType
+  int id;
+};
+struct MemAllocationProp {
+  int type;                  // CUmemAllocationType
+  int requestedHandleTypes;  // CUmemAllocationHandleType
+  MemLocation location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+};
+static_assert(sizeof(MemAllocationProp) == 32, "CUmemAllocationProp is 32 bytes");
+struct MemAccessDesc {
+  MemLocation location;
+  int flags;  // CUmemAccess_flags
+};
+static_assert(sizeof(MemAccessDesc) == 12, "CUmemAccessDesc is 12 bytes");
+constexpr int kMemAllocationTypePinned = 1;    // CU_MEM_ALLOCATION_TYPE_PINNED
+constexpr int kMemLocationTypeDevice = 1;      // CU_MEM_LOCATION_TYPE_DEVICE
+constexpr int kMemAccessReadWrite = 3;         // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+constexpr int kMemGranularityMinimum = 0;      // CU_MEM_ALLOC_GRANULARITY_MINIMUM
+
 constexpr int kMemoryTypeDevice = 2;   // CU_MEMORYTYPE_DEVICE
 constexpr int kMemoryTypeUnified = 4;  // CU_MEMORYTYPE_UNIFIED: any address of the process
 
@@ -111,6 +142,22 @@ struct Driver {
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
   CUresult (*cuMemcpy2DAsync)(const Memcpy2D*, CUstream);
+  // Virtual memory management (optional: without it a parkable region is plain memory).
+  CUresult (*cuMemGetAllocationGranularity)(size_t*, const MemAllocationProp*, int) = nullptr;
+  CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                                  unsigned long long) = nullptr;
+  CUresult (*cuMemAddressFree)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle*, size_t, const MemAllocationProp*,
+                          unsigned long long) = nullptr;
+  CUresult (*cuMemRelease)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                       unsigned long long) = nullptr;
+  CUresult (*cuMemUnmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const MemAccessDesc*, size_t) = nullptr;
+  bool vmm() const {
+    return cuMemGetAllocationGranularity && cuMemAddressReserve && cuMemAddressFree &&
+           cuMemCreate && cuMemRelease && cuMemMap && cuMemUnmap && cuMemSetAccess;
+  }
   CUresult (*cuStreamCreate)(CUstream*, unsigned);
   CUresult (*cuStreamDestroy)(CUstream);
   CUresult (*cuStreamSynchronize)(CUstream);
@@ -189,6 +236,20 @@ const Driver& driver() {
     sym(d.lib, "cuMemcpyDtoHAsync_v2", d.cuMemcpyDtoHAsync, err);
     sym(d.lib, "cuMemsetD8Async", d.cuMemsetD8Async, err);
     sym(d.lib, "cuMemcpy2DAsync_v2", d.cuMemcpy2DAsync, err);
+    {
+      // Optional: a missing one leaves parking off (opt() does not set `err`).
+      auto opt = [&](const char* name, auto& out) {
+        out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(dlsym(d.lib, name));
+      };
+      opt("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity);
+      opt("cuMemAddressReserve", d.cuMemAddressReserve);
+      opt("cuMemAddressFree", d.cuMemAddressFree);
+      opt("cuMemCreate", d.cuMemCreate);
+      opt("cuMemRelease", d.cuMemRelease);
+      opt("cuMemMap", d.cuMemMap);
+      opt("cuMemUnmap", d.cuMemUnmap);
+      opt("cuMemSetAccess", d.cuMemSetAccess);
+    }
     sym(d.lib, "cuStreamCreate", d.cuStreamCreate, err);
     sym(d.lib, "cuStreamDestroy_v2", d.cuStreamDestroy, err);
     sym(d.lib, "cuStreamSynchronize", d.cuStreamSynchronize, err);
@@ -398,6 +459,14 @@ struct mlxs_gpurt_ {
   std::vector<uint32_t> borrowed_list;  // the indices of borrowed buffers
   size_t borrowed_bytes = 0;
   std::vector<std::pair<CUgraph, CUgraphExec>> graphs;
+  // The parkable region (mlxs_gpurt_alloc_parkable): its buffers [park_first, park_end),
+  // its reserved addresses (`park_base`, `park_size` bytes, 0: plain memory, no parking),
+  // the physical memory mapped there (0 while parked).
+  uint32_t park_first = 0, park_end = 0;
+  CUdeviceptr park_base = 0;
+  size_t park_size = 0;
+  CUmemGenericAllocationHandle park_mem = 0;
+  bool parked = false;
   bool capturing = false;
   bool pdl = false;
   // Pinned read slots.
@@ -416,6 +485,11 @@ struct mlxs_gpurt_ {
     if (buffer >= buffers.size()) {
       throw std::invalid_argument(std::string("[gpurt] ") + what + ": no buffer " +
                                   std::to_string(buffer));
+    }
+    if (parked && buffer >= park_first && buffer < park_end) {
+      throw std::invalid_argument(std::string("[gpurt] ") + what + ": buffer " +
+                                  std::to_string(buffer) +
+                                  " is parked (its memory was given back; unpark first)");
     }
     auto [ptr, size] = buffers[buffer];
     if (offset > size || bytes > size - offset) {
@@ -461,7 +535,15 @@ struct mlxs_gpurt_ {
     }
     if (pinned) dr.cuMemFreeHost(pinned);
     for (size_t i = 0; i < buffers.size(); ++i) {
-      if (i >= borrowed.size() || !borrowed[i]) dr.cuMemFree(buffers[i].first);
+      const bool in_region = park_size > 0 && i >= park_first && i < park_end;
+      if (!in_region && (i >= borrowed.size() || !borrowed[i])) dr.cuMemFree(buffers[i].first);
+    }
+    if (park_size > 0) {
+      if (park_mem) {
+        dr.cuMemUnmap(park_base, park_size);
+        dr.cuMemRelease(park_mem);
+      }
+      dr.cuMemAddressFree(park_base, park_size);
     }
     for (auto m : modules) {
       if (m) dr.cuModuleUnload(m);
@@ -649,30 +731,178 @@ int mlxs_gpurt_device_name(mlxs_gpurt rt, mlxs_string* out) {
   });
 }
 
+namespace {
+
+// A zeroed buffer of `bytes` (> 0) from cuMemAlloc; its index.
+uint32_t alloc_buffer(mlxs_gpurt_& rt, size_t bytes) {
+  rt.not_capturing("alloc");
+  if (bytes == 0) throw std::invalid_argument("[gpurt] alloc: zero bytes");
+  const Driver& d = rt.d();
+  CUdeviceptr p = 0;
+  check(d.cuMemAlloc(&p, bytes), ("cuMemAlloc(" + std::to_string(bytes) + " bytes)").c_str());
+  CUresult r = d.cuMemsetD8Async(p, 0, bytes, rt.stream);
+  if (r == 0) r = d.cuStreamSynchronize(rt.stream);
+  if (r != 0) {
+    d.cuMemFree(p);
+    check(r, "cuMemsetD8Async");
+  }
+  rt.buffers.emplace_back(p, bytes);
+  rt.borrowed.emplace_back(std::nullopt);
+  rt.allocated += bytes;
+  return static_cast<uint32_t>(rt.buffers.size() - 1);
+}
+
+}  // namespace
+
 int mlxs_gpurt_alloc(mlxs_gpurt rt, size_t bytes, uint32_t* out_buffer) {
-  return guard([&] {
-    R(rt);
-    rt->not_capturing("alloc");
-    if (bytes == 0) throw std::invalid_argument("[gpurt] alloc: zero bytes");
-    const Driver& d = rt->d();
-    CUdeviceptr p = 0;
-    check(d.cuMemAlloc(&p, bytes), ("cuMemAlloc(" + std::to_string(bytes) + " bytes)").c_str());
-    CUresult r = d.cuMemsetD8Async(p, 0, bytes, rt->stream);
-    if (r == 0) r = d.cuStreamSynchronize(rt->stream);
-    if (r != 0) {
-      d.cuMemFree(p);
-      check(r, "cuMemsetD8Async");
-    }
-    rt->buffers.emplace_back(p, bytes);
-    rt->borrowed.emplace_back(std::nullopt);
-    rt->allocated += bytes;
-    *out_buffer = static_cast<uint32_t>(rt->buffers.size() - 1);
-  });
+  return guard([&] { *out_buffer = alloc_buffer(R(rt), bytes); });
 }
 
 size_t mlxs_gpurt_allocated(mlxs_gpurt rt) { return rt ? rt->allocated : 0; }
 
 size_t mlxs_gpurt_borrowed(mlxs_gpurt rt) { return rt ? rt->borrowed_bytes : 0; }
+
+namespace {
+
+// The region's allocation properties: pinned device memory of the runtime's device.
+MemAllocationProp park_prop(const mlxs_gpurt_& rt) {
+  MemAllocationProp p{};
+  p.type = kMemAllocationTypePinned;
+  p.location.type = kMemLocationTypeDevice;
+  p.location.id = rt.device;
+  return p;
+}
+
+// Creates the region's physical memory, maps it at its addresses with read-write access for
+// the device, and zeroes it (waited for). On failure nothing stays created or mapped.
+void park_map(mlxs_gpurt_& rt, const Driver& d) {
+  MemAllocationProp prop = park_prop(rt);
+  CUmemGenericAllocationHandle h = 0;
+  check(d.cuMemCreate(&h, rt.park_size, &prop, 0),
+        ("cuMemCreate(" + std::to_string(rt.park_size) + " bytes)").c_str());
+  CUresult r = d.cuMemMap(rt.park_base, rt.park_size, 0, h, 0);
+  if (r != 0) {
+    d.cuMemRelease(h);
+    check(r, "cuMemMap");
+  }
+  MemAccessDesc acc{};
+  acc.location.type = kMemLocationTypeDevice;
+  acc.location.id = rt.device;
+  acc.flags = kMemAccessReadWrite;
+  r = d.cuMemSetAccess(rt.park_base, rt.park_size, &acc, 1);
+  if (r == 0) r = d.cuMemsetD8Async(rt.park_base, 0, rt.park_size, rt.stream);
+  if (r == 0) r = d.cuStreamSynchronize(rt.stream);
+  if (r != 0) {
+    d.cuMemUnmap(rt.park_base, rt.park_size);
+    d.cuMemRelease(h);
+    check(r, "cuMemSetAccess / cuMemsetD8Async on the parkable region");
+  }
+  rt.park_mem = h;
+}
+
+}  // namespace
+
+int mlxs_gpurt_alloc_parkable(mlxs_gpurt rt, const size_t* sizes, size_t n,
+                              uint32_t* out_first) {
+  return guard([&] {
+    R(rt);
+    rt->not_capturing("alloc_parkable");
+    if (out_first == nullptr) throw std::invalid_argument("[gpurt] alloc_parkable: null out");
+    if (n == 0 || sizes == nullptr) {
+      throw std::invalid_argument("[gpurt] alloc_parkable: no buffers");
+    }
+    if (rt->park_end > rt->park_first) {
+      throw std::logic_error("[gpurt] alloc_parkable: the runtime has its parkable region already");
+    }
+    // Each buffer at a 256-byte boundary (the kernels' vector loads).
+    std::vector<size_t> offsets(n);
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (sizes[i] == 0) throw std::invalid_argument("[gpurt] alloc_parkable: zero bytes");
+      if (sizes[i] > SIZE_MAX / 2 || total > SIZE_MAX / 2) {
+        throw std::invalid_argument("[gpurt] alloc_parkable: size overflows");
+      }
+      offsets[i] = total;
+      total += (sizes[i] + 255) / 256 * 256;
+    }
+    const Driver& d = rt->d();
+    const uint32_t first = static_cast<uint32_t>(rt->buffers.size());
+    if (!d.vmm()) {
+      // No virtual memory management: plain buffers, never parked.
+      for (size_t i = 0; i < n; ++i) alloc_buffer(*rt, sizes[i]);
+      rt->park_first = first;
+      rt->park_end = static_cast<uint32_t>(rt->buffers.size());
+      *out_first = first;
+      return;
+    }
+    MemAllocationProp prop = park_prop(*rt);
+    size_t gran = 0;
+    check(d.cuMemGetAllocationGranularity(&gran, &prop, kMemGranularityMinimum),
+          "cuMemGetAllocationGranularity");
+    if (gran == 0) gran = size_t(2) << 20;
+    const size_t size = (total + gran - 1) / gran * gran;
+    CUdeviceptr base = 0;
+    check(d.cuMemAddressReserve(&base, size, 0, 0, 0), "cuMemAddressReserve");
+    rt->park_base = base;
+    rt->park_size = size;
+    try {
+      park_map(*rt, d);
+    } catch (...) {
+      d.cuMemAddressFree(base, size);
+      rt->park_base = 0;
+      rt->park_size = 0;
+      throw;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      rt->buffers.emplace_back(base + offsets[i], sizes[i]);
+      rt->borrowed.emplace_back(std::nullopt);
+    }
+    rt->park_first = first;
+    rt->park_end = static_cast<uint32_t>(rt->buffers.size());
+    rt->allocated += size;
+    *out_first = first;
+  });
+}
+
+int mlxs_gpurt_park(mlxs_gpurt rt) {
+  return guard([&] {
+    R(rt);
+    rt->not_capturing("park");
+    if (rt->park_size == 0) {
+      throw std::runtime_error(
+          "[gpurt] park: no parkable region (none allocated, or the driver has no virtual "
+          "memory management)");
+    }
+    const Driver& d = rt->d();
+    // Nothing queued may still use the memory (and the caller may let go of what its queued
+    // copies read: the stream is waited for also when the region is parked already).
+    check(d.cuStreamSynchronize(rt->stream), "park: cuStreamSynchronize");
+    if (rt->parked) return;
+    check(d.cuMemUnmap(rt->park_base, rt->park_size), "cuMemUnmap");
+    // Unmapped: the region is unusable from here whatever the release says.
+    rt->parked = true;
+    rt->allocated -= rt->park_size;
+    CUmemGenericAllocationHandle h = rt->park_mem;
+    rt->park_mem = 0;
+    check(d.cuMemRelease(h), "cuMemRelease");
+  });
+}
+
+int mlxs_gpurt_unpark(mlxs_gpurt rt) {
+  return guard([&] {
+    R(rt);
+    rt->not_capturing("unpark");
+    if (!rt->parked) return;
+    const Driver& d = rt->d();
+    park_map(*rt, d);
+    rt->parked = false;
+    rt->allocated += rt->park_size;
+  });
+}
+
+size_t mlxs_gpurt_parkable_bytes(mlxs_gpurt rt) { return rt ? rt->park_size : 0; }
+
+bool mlxs_gpurt_parked(mlxs_gpurt rt) { return rt ? rt->parked : false; }
 
 int mlxs_gpurt_upload(mlxs_gpurt rt, uint32_t buffer, size_t offset, const void* src,
                       size_t bytes) {
@@ -952,6 +1182,11 @@ int mlxs_gpurt_graph_launch(mlxs_gpurt rt, uint32_t graph, uint32_t times) {
     rt->not_capturing("graph_launch");
     if (graph >= rt->graphs.size()) {
       throw std::invalid_argument("[gpurt] graph_launch: no graph " + std::to_string(graph));
+    }
+    if (rt->parked) {
+      throw std::invalid_argument(
+          "[gpurt] graph_launch: the runtime is parked (its parkable region's memory was given "
+          "back; unpark first)");
     }
     for (uint32_t b : rt->borrowed_list) check_borrowed(*rt, b, "graph_launch");
     const Driver& d = rt->d();

@@ -52,8 +52,27 @@ int mlxs_gpurt_device_name(mlxs_gpurt rt, mlxs_string* out);
 
 /* A zeroed device buffer of `bytes` bytes (> 0). */
 int mlxs_gpurt_alloc(mlxs_gpurt rt, size_t bytes, uint32_t* out_buffer);
-/* Total bytes allocated by this runtime. */
+/* Total bytes allocated by this runtime (a parked region's not counted while parked). */
 size_t mlxs_gpurt_allocated(mlxs_gpurt rt);
+
+/* The runtime's one parkable region: `n` zeroed buffers of `sizes[i]` bytes (each > 0, each
+ * starting 256-byte aligned), numbered from `*out_first`, in one range of device addresses
+ * whose memory mlxs_gpurt_park gives back to the device and mlxs_gpurt_unpark takes again at
+ * the same addresses (CUDA's virtual memory management), so graphs captured over them stay
+ * valid. Where the driver has no virtual memory management, the buffers are plain ones and
+ * parking is refused. At most one region a runtime. */
+int mlxs_gpurt_alloc_parkable(mlxs_gpurt rt, const size_t* sizes, size_t n, uint32_t* out_first);
+/* Waits for the stream, then unmaps the region and gives its memory back to the device; until
+ * mlxs_gpurt_unpark, a launch, a graph replay or a copy touching the region is refused (graph
+ * replays: all). Parking a parked runtime only waits for the stream. */
+int mlxs_gpurt_park(mlxs_gpurt rt);
+/* Takes device memory for the region again, maps it at the same addresses and zeroes it.
+ * Unparking a runtime that is not parked does nothing. */
+int mlxs_gpurt_unpark(mlxs_gpurt rt);
+/* The region's device bytes (its mapped size, whether parked or not; 0: none). */
+size_t mlxs_gpurt_parkable_bytes(mlxs_gpurt rt);
+/* Whether the region is parked. */
+bool mlxs_gpurt_parked(mlxs_gpurt rt);
 
 int mlxs_gpurt_upload(mlxs_gpurt rt, uint32_t buffer, size_t offset, const void* src,
                       size_t bytes);
