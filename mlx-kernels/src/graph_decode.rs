@@ -69,7 +69,8 @@ use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel, Module};
 
 use crate::graph_profile::StepProfile;
 use crate::graph_trellis::{
-    l_arg, TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, TRELLIS_KERNELS, TRELLIS_THREADS,
+    epilogue_shared_bytes, l_arg, TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES,
+    TRELLIS_KERNELS, TRELLIS_THREADS,
 };
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
@@ -4618,21 +4619,27 @@ fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin
         .filter_map(|l| l.trellis.as_ref())
         .flat_map(|t| [t.o, t.down])
         .chain(head)
-        .map(|t| t.shared_bytes)
+        .map(|t| tlin_shared(&t))
         .max()
         .unwrap_or(0);
     // trellis_qkv's input is the hidden state, as o's output and gate's input are.
     let qkv = layers
         .iter()
         .filter_map(|l| l.trellis.as_ref())
-        .map(|t| t.qkv.q.shared_bytes)
+        .map(|t| tqkv_shared(&t.qkv))
         .max()
         .unwrap_or(0);
     // trellis_gate_up's input is the hidden state too.
+    let gate_up = layers
+        .iter()
+        .filter_map(|l| l.trellis.as_ref())
+        .map(|t| tqkv_shared(&t.gu))
+        .max()
+        .unwrap_or(0);
     for (name, bytes) in [
         ("trellis_linear", widest),
         ("trellis_qkv", qkv),
-        ("trellis_gate_up", qkv),
+        ("trellis_gate_up", gate_up),
     ] {
         if bytes + TRELLIS_STATIC_SHARED > 48 * 1024 {
             let k = rt.kernel(name)?;
@@ -4640,6 +4647,18 @@ fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin
         }
     }
     Ok(())
+}
+
+/// `trellis_linear`'s dynamic shared memory for `w` ([`epilogue_shared_bytes`]: the plan's,
+/// and with `TRELLIS_ALIAS` room for the output's Hadamard block).
+fn tlin_shared(w: &TLin) -> u32 {
+    epilogue_shared_bytes(w.shared_bytes, w.hb_rows)
+}
+
+/// `trellis_qkv`'s or `trellis_gate_up`'s dynamic shared memory for `f` (the launch's plan,
+/// and with `TRELLIS_ALIAS` room for the widest of its parts' output Hadamard blocks).
+fn tqkv_shared(f: &TQkv) -> u32 {
+    epilogue_shared_bytes(f.q.shared_bytes, f.q.hb_rows.max(f.k.hb_rows))
 }
 
 /// One `trellis_linear` launch (one sequence): `out = op(su * H_r (Wt (H_c (sv * x))))`, `x`
@@ -4678,7 +4697,8 @@ fn trellis_launch(
     mode: i64,
 ) -> Result<()> {
     let k = rt.kernel("trellis_linear")?;
-    let blocks = trellis_blocks(rec, rt, k, (w.rows, w.lanes_per_row, w.shared_bytes), 1)?;
+    let shared = tlin_shared(w);
+    let blocks = trellis_blocks(rec, rt, k, (w.rows, w.lanes_per_row, shared), 1)?;
     let mode = mode | if w.bias.is_some() { OUT_BIAS } else { 0 };
     rec.launch(
         rt,
@@ -4686,7 +4706,7 @@ fn trellis_launch(
         k,
         [blocks, 1, 1],
         [TRELLIS_THREADS, 1, 1],
-        w.shared_bytes,
+        shared,
         &[
             Arg::Buf(w.words, 0),
             Arg::Buf(w.scales, 0),
@@ -4729,21 +4749,16 @@ fn record_trellis_qkv(
 ) -> Result<()> {
     let (s, a, f) = (&step.shape, &step.acts, &t.qkv);
     let k = rt.kernel("trellis_qkv")?;
+    let shared = tqkv_shared(f);
     // Three slices of the grid: a third of the resident blocks each.
-    let blocks = trellis_blocks(
-        rec,
-        rt,
-        k,
-        (f.q.rows, f.q.lanes_per_row, f.q.shared_bytes),
-        3,
-    )?;
+    let blocks = trellis_blocks(rec, rt, k, (f.q.rows, f.q.lanes_per_row, shared), 3)?;
     rec.launch(
         rt,
         Part::Qkv,
         k,
         [blocks, 1, 3],
         [TRELLIS_THREADS, 1, 1],
-        f.q.shared_bytes,
+        shared,
         &[
             Arg::Buf(f.words, 0),
             Arg::Buf(f.scales, 0),
@@ -4809,21 +4824,16 @@ fn record_trellis_mlp(
         OUT_RES,
     )?;
     let (f, k) = (&t.gu, rt.kernel("trellis_gate_up")?);
+    let shared = tqkv_shared(f);
     // Two slices of the grid: half of the resident blocks each.
-    let blocks = trellis_blocks(
-        rec,
-        rt,
-        k,
-        (f.q.rows, f.q.lanes_per_row, f.q.shared_bytes),
-        2,
-    )?;
+    let blocks = trellis_blocks(rec, rt, k, (f.q.rows, f.q.lanes_per_row, shared), 2)?;
     rec.launch(
         rt,
         Part::GateUp,
         k,
         [blocks, 1, 2],
         [TRELLIS_THREADS, 1, 1],
-        f.q.shared_bytes,
+        shared,
         &[
             Arg::Buf(f.words, 0),
             Arg::Buf(f.scales, 0),

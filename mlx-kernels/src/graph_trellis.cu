@@ -65,6 +65,26 @@
 #ifndef TRELLIS_ROWS2
 #define TRELLIS_ROWS2 0
 #endif
+// 1 puts the output transform's Hadamard buffer of the kernels with it in their epilogue
+// (trellis_linear, trellis_matvec_out, trellis_qkv, trellis_gate_up) at the start of the
+// dynamic shared memory (trellis_epilogue_buf), over the tables and the input, which the
+// product no longer reads by then, instead of a static TRELLIS_MAX_HB floats: 16 KiB less a
+// block, so an SM holds one block more where shared memory bounds it (an 8B layer's input of
+// 4096: 3 blocks of trellis_linear -> 4, gauss7s's 2 -> 3; its down projection's 14336 at
+// gauss7s 1 -> 2). The host sizes the dynamic memory to hold the output's Hadamard block
+// (graph_trellis.rs, epilogue_shared_bytes). The same arithmetic in the same order: the same
+// bits. MLX_GRAPH_TRELLIS_ALIAS=1 (graph_trellis.rs, trellis_source), the device's A/B of it.
+#ifndef TRELLIS_ALIAS
+#define TRELLIS_ALIAS 0
+#endif
+// 1 loads a lane's next block of words before it decodes the current one (trellis_row: two
+// blocks' loads in flight a lane instead of one; the same sums in the same order, the same
+// bits; BW registers more): the product's loop waits on each block's load otherwise, which
+// streams from DRAM in a decode step (the kernel test's timings read the matrix from L2).
+// MLX_GRAPH_TRELLIS_PIPE=1 (graph_trellis.rs, trellis_source), the device's A/B of it.
+#ifndef TRELLIS_PIPE
+#define TRELLIS_PIPE 0
+#endif
 
 // The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
 // The byte sum is one dp4a against ones, accumulated onto the bits of 2^23 (the sum is below
@@ -598,6 +618,22 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
                                              ll nb, const float* lut = nullptr, u32 lane4 = 0) {
   constexpr int BW = BLOCK * KB / 32;
   float acc = 0.f;
+#if TRELLIS_PIPE
+  // The next block's words loaded before this one's codes (TRELLIS_PIPE): the same blocks in
+  // the same order, so the same sums.
+  if (j >= nb) return acc;
+  u32 w[BW];
+  trellis_load<BW>(row + (ll)j * BW, w);
+  for (ll b = j; b < nb; b += lpr) {
+    u32 wn[BW];
+    if (b + lpr < nb) trellis_load<BW>(row + (b + lpr) * BW, wn);
+    acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1),
+                                            lut, lane4);
+#pragma unroll
+    for (int i = 0; i < BW; ++i) w[i] = wn[i];
+  }
+  return acc;
+#endif
   for (ll b = j; b < nb; b += lpr) {
     u32 w[BW];
     trellis_load<BW>(row + b * BW, w);
@@ -911,6 +947,18 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
 }
 
+// The output transform's Hadamard buffer of an epilogue (TRELLIS_MAX_HB floats, or the
+// output's Hadamard block with TRELLIS_ALIAS): with TRELLIS_ALIAS the start of the dynamic
+// shared memory, which the host sizes to hold it (graph_trellis.rs, epilogue_shared_bytes).
+// Its first write follows the barrier that begins each counting round (trellis_count_round),
+// after every warp of the block has left the product (trellis_rows): nothing reads the tables
+// or the input after it.
+#if TRELLIS_ALIAS
+#define TRELLIS_EPILOGUE_BUF float* buf = trellis_lut()
+#else
+#define TRELLIS_EPILOGUE_BUF __shared__ float buf[TRELLIS_MAX_HB]
+#endif
+
 // Output modes (graph_decode.cu's MODE_RES, MODE_SWIGLU, MODE_F32 values).
 // y = su * H_r z for Hadamard block blockIdx.x (hb rows), sequence blockIdx.y, then
 // v = bfloat16(y) (+ bias, rounded), and
@@ -1042,7 +1090,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_out
     const u32* W, const float* scales, const float* xh, float* z, int* counts, const float* su,
     const bf16_t* bias, const bf16_t* res, void* out, ll N, ll K, ll kb, ll L, ll block,
     ll lpr, ll hb, double hscale, ll mode) {
-  __shared__ float buf[TRELLIS_MAX_HB];
+  TRELLIS_EPILOGUE_BUF;
   __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = trellis_xs_base(L, block);
   const ll b = blockIdx.y;
@@ -1069,7 +1117,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_linear(
     float* z, int* counts, const float* su, const bf16_t* bias, const bf16_t* res, void* out,
     ll N, ll K, ll kb, ll L, ll block, ll lpr, ll hbc, double hscalec, ll norm, double eps,
     ll hbr, double hscaler, ll mode) {
-  __shared__ float buf[TRELLIS_MAX_HB];
+  TRELLIS_EPILOGUE_BUF;
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = trellis_xs_base(L, block);
@@ -1204,7 +1252,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
 #ifdef TRELLIS_V_L
   if (blockIdx.z == 2) L = TRELLIS_V_L;
 #endif
-  __shared__ float buf[TRELLIS_MAX_HB];
+  TRELLIS_EPILOGUE_BUF;
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = trellis_xs_base(L, block);
@@ -1252,7 +1300,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_gate_up(
     const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
     float* z, int* counts, const float* su, bf16_t* g, bf16_t* act, ll N, ll K, ll kb, ll L,
     ll block, ll lpr, ll hbc, double hscalec, double eps, ll hbr, double hscaler) {
-  __shared__ float buf[TRELLIS_MAX_HB];
+  TRELLIS_EPILOGUE_BUF;
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = trellis_xs_base(L, block);

@@ -52,20 +52,55 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// device's A/B of it, off by default). With `v` (the value projections' spec where it differs
 /// from the rest's: [`crate::graph_decode::GraphSpec::trellis_v`]), `TRELLIS_V_L` defined as
 /// its [`l_arg`]: `trellis_qkv`'s v slice decodes with it. Without, the source is the one-spec
-/// model's, unchanged (the same kernels).
+/// model's, unchanged (the same kernels). With `MLX_GRAPH_TRELLIS_ALIAS=1`, `TRELLIS_ALIAS 1`
+/// (the epilogues' Hadamard buffer in the dynamic shared memory: [`epilogue_alias`]); with
+/// `MLX_GRAPH_TRELLIS_PIPE=1`, `TRELLIS_PIPE 1` (the product's next block of words loaded
+/// before the current one's codes). Both are the same bits, off by default: the device's A/B.
+/// [`TrellisGpu`] (the `cuda` test set's kernel check) compiles this source too, so the
+/// switches reach the kernel test as they reach the decoder.
 pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
-    let env = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x == v);
     let mut define = String::new();
     if let Some(v) = v {
         define.push_str(&format!("#define TRELLIS_V_L {}\n", l_arg(v)));
     }
-    if env("MLX_GRAPH_TRELLIS_PREFETCH", "0") {
+    if env_is("MLX_GRAPH_TRELLIS_PREFETCH", "0") {
         define.push_str("#define TRELLIS_PREFETCH 0\n");
     }
-    if env("MLX_GRAPH_TRELLIS_ROWS2", "1") {
+    if env_is("MLX_GRAPH_TRELLIS_ROWS2", "1") {
         define.push_str("#define TRELLIS_ROWS2 1\n");
     }
+    if epilogue_alias() {
+        define.push_str("#define TRELLIS_ALIAS 1\n");
+    }
+    if env_is("MLX_GRAPH_TRELLIS_PIPE", "1") {
+        define.push_str("#define TRELLIS_PIPE 1\n");
+    }
     format!("{define}{TRELLIS_SOURCE}")
+}
+
+fn env_is(key: &str, value: &str) -> bool {
+    std::env::var(key).is_ok_and(|x| x == value)
+}
+
+/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_ALIAS`
+/// (`MLX_GRAPH_TRELLIS_ALIAS=1`): the output transform's Hadamard buffer of the kernels with it
+/// in their epilogue (`trellis_linear`, `trellis_matvec_out`, `trellis_qkv`, `trellis_gate_up`)
+/// at the start of their dynamic shared memory instead of a static 16 KiB, so that their
+/// launches take [`epilogue_shared_bytes`].
+pub fn epilogue_alias() -> bool {
+    env_is("MLX_GRAPH_TRELLIS_ALIAS", "1")
+}
+
+/// The dynamic shared memory of a launch with the output transform in its epilogue: the
+/// plan's `bytes` (the tables and the padded input), and with [`epilogue_alias`] at least the
+/// widest output Hadamard block it transforms, `hb_rows` floats (the buffer then lies over
+/// them).
+pub fn epilogue_shared_bytes(bytes: u32, hb_rows: usize) -> u32 {
+    if epilogue_alias() {
+        bytes.max(4 * hb_rows as u32)
+    } else {
+        bytes
+    }
 }
 
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
@@ -444,7 +479,7 @@ impl TrellisGpu {
                 ),
             ));
         }
-        let source = format!("{}{TRELLIS_SOURCE}", crate::graph_source::SOURCE);
+        let source = format!("{}{}", crate::graph_source::SOURCE, trellis_source(None));
         let mut rt = GpuRuntime::new(&source, &TRELLIS_KERNELS)?;
         let kernels = [
             rt.kernel("trellis_decode")?,
@@ -455,10 +490,15 @@ impl TrellisGpu {
             rt.kernel("trellis_matvec_out")?,
             rt.kernel("trellis_linear")?,
         ];
-        // trellis_matvec_out's static Hadamard buffer, reductions and list come on top.
-        if plan.shared_bytes + STATIC_SHARED > 48 * 1024 {
-            for k in [kernels[2], kernels[4], kernels[5], kernels[6]] {
+        // trellis_matvec_out's static Hadamard buffer, reductions and list come on top; with
+        // TRELLIS_ALIAS the epilogues' buffer lies in the dynamic memory (epilogue_shared_bytes).
+        let epilogue = epilogue_shared_bytes(plan.shared_bytes, plan.hb_rows);
+        if epilogue + STATIC_SHARED > 48 * 1024 {
+            for k in [kernels[2], kernels[4]] {
                 rt.set_shared_limit(k, plan.shared_bytes)?;
+            }
+            for k in [kernels[5], kernels[6]] {
+                rt.set_shared_limit(k, epilogue)?;
             }
         }
         let wb: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -597,9 +637,10 @@ impl TrellisGpu {
         }
         let q = self.parts;
         self.rt.upload(q.xh, 0, &bytes_f32(xh))?;
-        let resident =
-            self.rt
-                .resident_blocks(q.kernels[5], TRELLIS_THREADS, self.plan.shared_bytes)?;
+        let shared = epilogue_shared_bytes(self.plan.shared_bytes, self.plan.hb_rows);
+        let resident = self
+            .rt
+            .resident_blocks(q.kernels[5], TRELLIS_THREADS, shared)?;
         let p = &self.plan;
         let (gx, gy) = p.matvec_grid(1, resident);
         let mode = OUT_F32 | if raw { OUT_RAW } else { 0 };
@@ -624,7 +665,6 @@ impl TrellisGpu {
             Arg::I64(mode),
         ];
         let threads = [TRELLIS_THREADS, 1, 1];
-        let shared = p.shared_bytes;
         self.rt
             .launch(q.kernels[5], [gx, gy, 1], threads, shared, &args)?;
         self.download(q.y, p.rows)
@@ -717,9 +757,8 @@ impl TrellisGpu {
     pub fn time_linear(&mut self, reps: u32) -> mlx_core::Result<f64> {
         let (p, q) = (self.plan.clone(), self.parts);
         let k = q.kernels[6];
-        let resident = self
-            .rt
-            .resident_blocks(k, TRELLIS_THREADS, p.shared_bytes)?;
+        let shared = epilogue_shared_bytes(p.shared_bytes, p.hb_rows);
+        let resident = self.rt.resident_blocks(k, TRELLIS_THREADS, shared)?;
         let (gx, gy) = p.matvec_grid(1, resident);
         let args = [
             Arg::Buf(q.words, 0),
@@ -749,7 +788,6 @@ impl TrellisGpu {
         ];
         let threads = [TRELLIS_THREADS, 1, 1];
         let reps = reps.max(1);
-        let shared = p.shared_bytes;
         let g = self.rt.capture(|rt| {
             (0..reps).try_for_each(|_| rt.launch(k, [gx, gy, 1], threads, shared, &args))
         })?;
