@@ -69,8 +69,8 @@ use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel, Module};
 
 use crate::graph_profile::StepProfile;
 use crate::graph_trellis::{
-    epilogue_shared_bytes, l_arg, TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES,
-    TRELLIS_KERNELS, TRELLIS_THREADS,
+    epilogue_shared_bytes, fused_threads, l_arg, qkv_flat, TrellisPlan, DEFAULT_SMS, OUT_BIAS,
+    OUT_F32, OUT_RES, TRELLIS_KERNELS,
 };
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
@@ -4664,9 +4664,10 @@ fn tqkv_shared(f: &TQkv) -> u32 {
 /// One `trellis_linear` launch (one sequence): `out = op(su * H_r (Wt (H_c (sv * x))))`, `x`
 /// the bfloat16 input at `x` (normed by `norm` first when given), the output's op `mode`
 /// (`graph_trellis::OUT_*`; the bias added where the linear has one) with `res`.
-/// Blocks of a trellis kernel's launch over `rows` rows (`lanes` lanes a row, `shared` bytes
-/// of shared memory a block), per slice of a grid of `slices` (the matrices one launch covers):
-/// enough blocks for the rows, at most the slice's share of the resident ones.
+/// Blocks of a fused trellis kernel's launch ([`fused_threads`] a block) over `rows` rows
+/// (`lanes` lanes a row, `shared` bytes of shared memory a block), per slice of a grid of
+/// `slices` (the matrices one launch covers): enough blocks for the rows, at most the slice's
+/// share of the resident ones.
 fn trellis_blocks(
     rec: &Recorder,
     rt: &mut GpuRuntime,
@@ -4674,12 +4675,16 @@ fn trellis_blocks(
     (rows, lanes, shared): (usize, u32, u32),
     slices: u32,
 ) -> Result<u32> {
-    let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / lanes as usize);
-    let resident = rt
-        .resident_blocks(k, TRELLIS_THREADS, shared)?
-        .min(rec.step.mv_cap)
-        / slices;
-    Ok(rows.div_ceil(rows_per_block).min(resident.max(1) as usize) as u32)
+    let threads = fused_threads();
+    let resident = rt.resident_blocks(k, threads, shared)?.min(rec.step.mv_cap) / slices;
+    Ok(rows
+        .div_ceil(fused_rows_per_block(lanes))
+        .min(resident.max(1) as usize) as u32)
+}
+
+/// Rows a block of a fused trellis kernel takes at once ([`fused_threads`], `lanes` a row).
+fn fused_rows_per_block(lanes: u32) -> usize {
+    (fused_threads() as usize / 32) * (32 / lanes as usize)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -4705,7 +4710,7 @@ fn trellis_launch(
         part,
         k,
         [blocks, 1, 1],
-        [TRELLIS_THREADS, 1, 1],
+        [fused_threads(), 1, 1],
         shared,
         &[
             Arg::Buf(w.words, 0),
@@ -4750,14 +4755,28 @@ fn record_trellis_qkv(
     let (s, a, f) = (&step.shape, &step.acts, &t.qkv);
     let k = rt.kernel("trellis_qkv")?;
     let shared = tqkv_shared(f);
-    // Three slices of the grid: a third of the resident blocks each.
-    let blocks = trellis_blocks(rec, rt, k, (f.q.rows, f.q.lanes_per_row, shared), 3)?;
+    let grid = if qkv_flat() {
+        // One flat grid, the slices' blocks in proportion to their rows (the kernel splits
+        // it with qkv_kv_blocks' formula): enough for every slice's rows, at most the resident
+        // blocks, at least one a slice.
+        let resident = rt
+            .resident_blocks(k, fused_threads(), shared)?
+            .min(rec.step.mv_cap);
+        let need = f.q.rows.div_ceil(fused_rows_per_block(f.q.lanes_per_row))
+            + 2 * f.k.rows.div_ceil(fused_rows_per_block(f.k.lanes_per_row));
+        let total = (need.min(resident as usize) as u32).max(3);
+        [total, 1, 1]
+    } else {
+        // Three slices of the grid: a third of the resident blocks each.
+        let blocks = trellis_blocks(rec, rt, k, (f.q.rows, f.q.lanes_per_row, shared), 3)?;
+        [blocks, 1, 3]
+    };
     rec.launch(
         rt,
         Part::Qkv,
         k,
-        [blocks, 1, 3],
-        [TRELLIS_THREADS, 1, 1],
+        grid,
+        [fused_threads(), 1, 1],
         shared,
         &[
             Arg::Buf(f.words, 0),
@@ -4832,7 +4851,7 @@ fn record_trellis_mlp(
         Part::GateUp,
         k,
         [blocks, 1, 2],
-        [TRELLIS_THREADS, 1, 1],
+        [fused_threads(), 1, 1],
         shared,
         &[
             Arg::Buf(f.words, 0),

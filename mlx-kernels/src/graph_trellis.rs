@@ -55,7 +55,9 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// model's, unchanged (the same kernels). With `MLX_GRAPH_TRELLIS_ALIAS=1`, `TRELLIS_ALIAS 1`
 /// (the epilogues' Hadamard buffer in the dynamic shared memory: [`epilogue_alias`]); with
 /// `MLX_GRAPH_TRELLIS_PIPE=1`, `TRELLIS_PIPE 1` (the product's next block of words loaded
-/// before the current one's codes). Both are the same bits, off by default: the device's A/B.
+/// before the current one's codes); with `MLX_GRAPH_TRELLIS_THREADS=512` or `1024`,
+/// `TRELLIS_FUSED_THREADS` (the decoder's fused kernels' blocks: [`fused_threads`]). All are
+/// the same bits, off by default: the device's A/B.
 /// [`TrellisGpu`] (the `cuda` test set's kernel check) compiles this source too, so the
 /// switches reach the kernel test as they reach the decoder.
 pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
@@ -75,11 +77,44 @@ pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
     if env_is("MLX_GRAPH_TRELLIS_PIPE", "1") {
         define.push_str("#define TRELLIS_PIPE 1\n");
     }
+    let threads = fused_threads();
+    if threads != TRELLIS_THREADS {
+        define.push_str(&format!("#define TRELLIS_FUSED_THREADS {threads}\n"));
+    }
     format!("{define}{TRELLIS_SOURCE}")
 }
 
 fn env_is(key: &str, value: &str) -> bool {
     std::env::var(key).is_ok_and(|x| x == value)
+}
+
+/// Threads a block of the decoder's fused kernels (`trellis_linear`, `trellis_qkv`,
+/// `trellis_gate_up`; `TRELLIS_FUSED_THREADS`): `MLX_GRAPH_TRELLIS_THREADS` where it is 512 or
+/// 1024, else [`TRELLIS_THREADS`] (any other value is ignored). At 1024 an SM holds one block,
+/// which stages the transformed input and fills the tables once for 32 warps (the same bits:
+/// graph_trellis.cu's `TRELLIS_FUSED_THREADS`).
+pub fn fused_threads() -> u32 {
+    match std::env::var("MLX_GRAPH_TRELLIS_THREADS").as_deref() {
+        Ok("512") => 512,
+        Ok("1024") => 1024,
+        _ => TRELLIS_THREADS,
+    }
+}
+
+/// Whether the decoder launches `trellis_qkv` on a flat grid (its slices' blocks in proportion
+/// to their rows: [`qkv_kv_blocks`]) instead of three equal slices: `MLX_GRAPH_TRELLIS_SPLIT=1`,
+/// or fused blocks wider than [`TRELLIS_THREADS`] (one a multiprocessor: equal slices would
+/// leave q's third of the GPU with four times the others' rows at Llama-3-8B's shapes).
+pub fn qkv_flat() -> bool {
+    env_is("MLX_GRAPH_TRELLIS_SPLIT", "1") || fused_threads() > TRELLIS_THREADS
+}
+
+/// k's and v's blocks each of a flat `trellis_qkv` grid of `total` blocks (at least 3) over
+/// `q_rows` and `kv_rows` rows: their share of the rows, at least one; q takes the rest
+/// (graph_trellis.cu's `trellis_qkv_kv_blocks`, which the kernel computes from its grid).
+pub fn qkv_kv_blocks(total: u32, q_rows: usize, kv_rows: usize) -> u32 {
+    let bk = u64::from(total) * kv_rows as u64 / (q_rows as u64 + 2 * kv_rows as u64);
+    (bk as u32).max(1)
 }
 
 /// Whether [`trellis_source`] compiles the kernels with `TRELLIS_ALIAS`
@@ -394,6 +429,17 @@ impl TrellisPlan {
     /// blocks the GPU holds at once; the warps stride over the rest).
     pub fn matvec_grid(&self, sequences: u32, resident: u32) -> (u32, u32) {
         let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / self.lanes_per_row as usize);
+        let blocks = self
+            .rows
+            .div_ceil(rows_per_block)
+            .min(resident.max(1) as usize);
+        (blocks as u32, sequences)
+    }
+
+    /// The grid of a fused kernel's launch of `threads` a block (`trellis_linear`:
+    /// [`fused_threads`]): enough blocks for every row group, at most `resident`.
+    pub fn fused_grid(&self, threads: u32, sequences: u32, resident: u32) -> (u32, u32) {
+        let rows_per_block = (threads as usize / 32) * (32 / self.lanes_per_row as usize);
         let blocks = self
             .rows
             .div_ceil(rows_per_block)
@@ -758,8 +804,9 @@ impl TrellisGpu {
         let (p, q) = (self.plan.clone(), self.parts);
         let k = q.kernels[6];
         let shared = epilogue_shared_bytes(p.shared_bytes, p.hb_rows);
-        let resident = self.rt.resident_blocks(k, TRELLIS_THREADS, shared)?;
-        let (gx, gy) = p.matvec_grid(1, resident);
+        let threads = fused_threads();
+        let resident = self.rt.resident_blocks(k, threads, shared)?;
+        let (gx, gy) = p.fused_grid(threads, 1, resident);
         let args = [
             Arg::Buf(q.words, 0),
             Arg::Buf(q.scales, 0),
@@ -786,7 +833,7 @@ impl TrellisGpu {
             Arg::F64(f64::from(p.hscale_rows)),
             Arg::I64(OUT_F32),
         ];
-        let threads = [TRELLIS_THREADS, 1, 1];
+        let threads = [threads, 1, 1];
         let reps = reps.max(1);
         let g = self.rt.capture(|rt| {
             (0..reps).try_for_each(|_| rt.launch(k, [gx, gy, 1], threads, shared, &args))
@@ -1080,6 +1127,21 @@ mod tests {
     }
 
     #[test]
+    fn flat_qkv_grids_split_by_rows() {
+        // Llama-3-8B's q (4096 rows) and k, v (1024 each) on 132 blocks: 22 each for k and v,
+        // 88 for q (four times k's, as the rows); SmolLM2-135M's 576 and 192 rows: 26 and 80.
+        assert_eq!(qkv_kv_blocks(132, 4096, 1024), 22);
+        assert_eq!(qkv_kv_blocks(132, 576, 192), 26);
+        // At least one block a slice, q's share never below one (kv's share is under a half).
+        for total in 3..64 {
+            for (q, kv) in [(4096, 1024), (64, 32), (32, 4096), (576, 192)] {
+                let bk = qkv_kv_blocks(total, q, kv);
+                assert!(bk >= 1 && total > 2 * bk, "{total} {q} {kv}");
+            }
+        }
+    }
+
+    #[test]
     fn plans_check_the_shape_before_the_gpu() {
         let p = TrellisPlan::new(&spec(3, 8, 32), 576, 1536, DEFAULT_SMS).unwrap();
         assert_eq!((p.hb_rows, p.hb_cols), (64, 512));
@@ -1089,6 +1151,12 @@ mod tests {
         assert_eq!(p.output_grid(2), (9, 2));
         assert_eq!(p.matvec_grid(1, 1000), (72, 1));
         assert_eq!(p.matvec_grid(1, 4), (4, 1));
+        // A fused launch of 1024 threads takes 32 rows a block (32 lanes a row): 18 blocks.
+        assert_eq!(p.fused_grid(1024, 1, 1000), (18, 1));
+        assert_eq!(
+            p.fused_grid(TRELLIS_THREADS, 1, 1000),
+            p.matvec_grid(1, 1000)
+        );
         assert_eq!(p.weight_bytes(), 576 * 1536 * 3 / 8 + 4 * 576);
         assert!(is_fast(&p.spec));
         assert!(is_fast(&spec(2, 12, 64)) && !is_fast(&spec(2, 16, 64)));
