@@ -1182,9 +1182,15 @@ mod tests {
             ..spec(3, 12, 64)
         };
         let mad = spec(3, 12, 64);
-        let env_set = ["MLX_GRAPH_TRELLIS_PREFETCH", "MLX_GRAPH_TRELLIS_ROWS2"]
-            .iter()
-            .any(|k| std::env::var(k).is_ok());
+        let env_set = [
+            "MLX_GRAPH_TRELLIS_PREFETCH",
+            "MLX_GRAPH_TRELLIS_ROWS2",
+            "MLX_GRAPH_TRELLIS_ALIAS",
+            "MLX_GRAPH_TRELLIS_PIPE",
+            "MLX_GRAPH_TRELLIS_THREADS",
+        ]
+        .iter()
+        .any(|k| std::env::var(k).is_ok());
         if !env_set {
             assert_eq!(trellis_source(None), TRELLIS_SOURCE);
             assert_eq!(
@@ -1198,14 +1204,20 @@ mod tests {
             .map(|(i, _)| i)
             .collect();
         let qkv = TRELLIS_SOURCE
-            .find("__global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS) trellis_qkv(")
+            .find(
+                "__global__ void __launch_bounds__(TRELLIS_FUSED_THREADS, \
+                 TRELLIS_FUSED_MIN_BLOCKS) trellis_qkv(",
+            )
             .unwrap();
         let body = qkv + TRELLIS_SOURCE[qkv..].find(") {").unwrap();
         let code = uses.iter().filter(|&&i| i > body).collect::<Vec<_>>();
         assert_eq!(code.len(), 2, "#ifdef and the assignment");
-        assert!(TRELLIS_SOURCE[body..].starts_with(
-            ") {\n#ifdef TRELLIS_V_L\n  if (blockIdx.z == 2) L = TRELLIS_V_L;\n#endif\n"
-        ));
+        // v's slice (zsl, from the grid) takes its L before the first use of L.
+        let set = "#ifdef TRELLIS_V_L\n  if (zsl == 2) L = TRELLIS_V_L;\n#endif\n";
+        let at = body + TRELLIS_SOURCE[body..].find(set).unwrap();
+        let first_use = body + TRELLIS_SOURCE[body..].find("(L, block)").unwrap();
+        assert!(at < first_use);
+        assert!(!TRELLIS_SOURCE[body..at].contains(" L"));
         // Which value projections' specs trellis_qkv pairs with gauss7s's q and k.
         assert_eq!(v_spec_problem(&g7, &mad), None);
         for (code, ok) in [
