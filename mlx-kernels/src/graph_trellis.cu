@@ -66,6 +66,12 @@
 #define TRELLIS_FUSED_THREADS TRELLIS_THREADS
 #endif
 #define TRELLIS_FUSED_MIN_BLOCKS (TRELLIS_MIN_BLOCKS * TRELLIS_THREADS / TRELLIS_FUSED_THREADS)
+// 1: trellis_qkv on a flat grid, its slices' blocks in proportion to their rows (graph_trellis.rs
+// qkv_flat: MLX_GRAPH_TRELLIS_SPLIT=1, or fused blocks wider than TRELLIS_THREADS). 0: three
+// equal slices, gridDim.z (the kernel as before).
+#ifndef TRELLIS_QKV_FLAT
+#define TRELLIS_QKV_FLAT 0
+#endif
 // 0 turns the L2 prefetches before the PDL wait off (trellis_prefetch, trellis_prefetch_span:
 // hints, no result depends on them): MLX_GRAPH_TRELLIS_PREFETCH=0, the device's A/B of them
 // (graph_trellis.rs, trellis_source).
@@ -1265,10 +1271,11 @@ __device__ __forceinline__ ll trellis_qkv_kv_blocks(ll total, ll Nq, ll Nk) {
 // each matrix's Hadamard blocks of rows in turn), the input norm in its prologue; its epilogue
 // (trellis_qkv_block) applies RoPE and writes q to qout, k and v into the caches at position
 // state[1]. Bit-equal to three trellis_linear launches then trellis_rope_qkv (the emulator's
-// L2 check). bias: null for none. On a flat grid (gridDim.z 1, MLX_GRAPH_TRELLIS_SPLIT=1 or
-// wider fused blocks: graph_trellis.rs, qkv_flat) the slices take blocks in proportion to
-// their rows (an 8B layer's q has four times k's rows: on three equal slices q's blocks do
-// four times the others' rows); each row is summed by one warp as before: the same bits.
+// L2 check). bias: null for none. Compiled with TRELLIS_QKV_FLAT (MLX_GRAPH_TRELLIS_SPLIT=1 or
+// wider fused blocks: graph_trellis.rs, qkv_flat), it runs on a flat grid whose slices take
+// blocks in proportion to their rows (an 8B layer's q has four times k's rows: on three equal
+// slices q's blocks do four times the others' rows); each row is summed by one warp as
+// before: the same bits.
 // A model whose value projections take their own code (GraphSpec::trellis_v: mlx convert
 // --q-trellis-v-code) is compiled with TRELLIS_V_L, v's L argument (l_arg: its L and code):
 // the v slice's blocks decode with it (their tables, the input's place after them, the
@@ -1286,15 +1293,16 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_FUSED_THREADS, TRELLIS_FUSE
   __shared__ int done[TRELLIS_ROUND], ndone;
   const ll Nq = nh * D, Nk = nkv * D;
   // The slice (0 q, 1 k, 2 v) and the block's place in it: blockIdx.z of a grid of three
-  // slices of gridDim.x blocks, or on a flat grid (gridDim.z 1: trellis_qkv_kv_blocks) q's
-  // blocks, then k's, then v's, in proportion to their rows.
-  ll zsl = blockIdx.z, bid = blockIdx.x, nbk = gridDim.x;
-  if (gridDim.z == 1) {
-    const ll bk = trellis_qkv_kv_blocks(gridDim.x, Nq, Nk), bq = (ll)gridDim.x - 2 * bk;
-    zsl = bid < bq ? 0 : bid < bq + bk ? 1 : 2;
-    bid -= zsl == 0 ? 0 : bq + (zsl - 1) * bk;
-    nbk = zsl == 0 ? bq : bk;
-  }
+  // slices of gridDim.x blocks, or with TRELLIS_QKV_FLAT on a flat grid
+  // (trellis_qkv_kv_blocks) q's blocks, then k's, then v's, in proportion to their rows.
+#if TRELLIS_QKV_FLAT
+  const ll bk = trellis_qkv_kv_blocks(gridDim.x, Nq, Nk), bq = (ll)gridDim.x - 2 * bk;
+  const ll zsl = (ll)blockIdx.x < bq ? 0 : (ll)blockIdx.x < bq + bk ? 1 : 2;
+  const ll bid = (ll)blockIdx.x - (zsl == 0 ? 0 : bq + (zsl - 1) * bk);
+  const ll nbk = zsl == 0 ? bq : bk;
+#else
+  const ll zsl = blockIdx.z, bid = blockIdx.x, nbk = gridDim.x;
+#endif
 #ifdef TRELLIS_V_L
   if (zsl == 2) L = TRELLIS_V_L;
 #endif

@@ -56,7 +56,8 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// (the epilogues' Hadamard buffer in the dynamic shared memory: [`epilogue_alias`]); with
 /// `MLX_GRAPH_TRELLIS_PIPE=1`, `TRELLIS_PIPE 1` (the product's next block of words loaded
 /// before the current one's codes); with `MLX_GRAPH_TRELLIS_THREADS=512` or `1024`,
-/// `TRELLIS_FUSED_THREADS` (the decoder's fused kernels' blocks: [`fused_threads`]). All are
+/// `TRELLIS_FUSED_THREADS` (the decoder's fused kernels' blocks: [`fused_threads`]); with
+/// [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid split by rows). All are
 /// the same bits, off by default: the device's A/B.
 /// [`TrellisGpu`] (the `cuda` test set's kernel check) compiles this source too, so the
 /// switches reach the kernel test as they reach the decoder.
@@ -80,6 +81,9 @@ pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
     let threads = fused_threads();
     if threads != TRELLIS_THREADS {
         define.push_str(&format!("#define TRELLIS_FUSED_THREADS {threads}\n"));
+    }
+    if qkv_flat() {
+        define.push_str("#define TRELLIS_QKV_FLAT 1\n");
     }
     format!("{define}{TRELLIS_SOURCE}")
 }
@@ -1188,6 +1192,7 @@ mod tests {
             "MLX_GRAPH_TRELLIS_ALIAS",
             "MLX_GRAPH_TRELLIS_PIPE",
             "MLX_GRAPH_TRELLIS_THREADS",
+            "MLX_GRAPH_TRELLIS_SPLIT",
         ]
         .iter()
         .any(|k| std::env::var(k).is_ok());

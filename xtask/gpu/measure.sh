@@ -29,6 +29,7 @@
 #          code (`--q-trellis-code 1mad8h`: the table at hashed indices); t3g7 = the same with
 #          gauss7s (the S-box and its 128-entry table); t3g8 = gauss8s; t3m8s = 1mad8s; t3hy =
 #          the hybrid (gauss7s, the value projections 1mad: `--q-trellis-v-code 1mad`).
+#          TRELLIS_BASE=0 skips the affine models themselves (a second run's switches A/B).
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -131,7 +132,7 @@ for part in ${PARTS:-setup test spec bench moe}; do
       done
       for r in $(seq ${TRELLIS_ROUNDS:-2}); do
         for m in $TM; do
-          for v in $m $(for t in $TW; do echo $m-$t; done); do
+          for v in $([ "${TRELLIS_BASE:-1}" = 1 ] && echo $m) $(for t in $TW; do echo $m-$t; done); do
             for d in ${TRELLIS_DECODERS:-auto mlx}; do
               [ $(left) -lt 30 ] && break 4
               echo "== trellis round $r $v --decoder $d switches: $(env | grep '^MLX_GRAPH_TRELLIS' | sort | tr '\n' ' ')" >> $OUT/trellis.log

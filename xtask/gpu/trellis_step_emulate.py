@@ -150,6 +150,8 @@ def build(tmp, v_larg=None):
             vdef = f"#define {d} 1\n" + vdef
     if FUSED != THREADS:
         vdef = f"#define TRELLIS_FUSED_THREADS {FUSED}\n" + vdef
+    if FLAT:
+        vdef = "#define TRELLIS_QKV_FLAT 1\n" + vdef
     src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define NB 1\n#define MV_MMA 0\n" + DEC + vdef + TRE
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
