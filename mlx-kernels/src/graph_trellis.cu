@@ -650,11 +650,14 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
   trellis_load<BW>(row + (ll)j * BW, w);
   for (ll b = j; b < nb; b += lpr) {
     u32 wn[BW];
-    if (b + lpr < nb) trellis_load<BW>(row + (b + lpr) * BW, wn);
+    const bool more = b + lpr < nb;
+    if (more) trellis_load<BW>(row + (b + lpr) * BW, wn);
     acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1),
                                             lut, lane4);
+    if (more) {
 #pragma unroll
-    for (int i = 0; i < BW; ++i) w[i] = wn[i];
+      for (int i = 0; i < BW; ++i) w[i] = wn[i];
+    }
   }
   return acc;
 #endif
