@@ -3,7 +3,8 @@ a GPU, against the Rust CPU references, on seeded random trellis matrices at Smo
 shapes:
 
     cargo run -p mlx-kernels --example trellis_reference -- /tmp/trellis-ref
-    [TRELLIS_EMU_RESIDENT=N] python3 xtask/gpu/trellis_emulate.py /tmp/trellis-ref [CASE ...]
+    [TRELLIS_EMU_RESIDENT=N] [TRELLIS_ROWS2=1] [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] \
+      python3 xtask/gpu/trellis_emulate.py /tmp/trellis-ref [CASE ...]
 
 As `graph_emulate.py` does (its prelude and `__shared__`/barrier/shuffle emulation), the exact
 source (graph_decode.cu, whose helpers it uses, then graph_trellis.cu) is compiled as C++ with
