@@ -97,11 +97,13 @@
 #ifndef TRELLIS_ALIAS
 #define TRELLIS_ALIAS 0
 #endif
-// 1 loads a lane's next block of words before it decodes the current one (trellis_row: two
-// blocks' loads in flight a lane instead of one; the same sums in the same order, the same
-// bits; BW registers more): the product's loop waits on each block's load otherwise, which
-// streams from DRAM in a decode step (the kernel test's timings read the matrix from L2).
-// MLX_GRAPH_TRELLIS_PIPE=1 (graph_trellis.rs, trellis_source), the device's A/B of it.
+// 1 asks L2 for a lane's next block of words before it loads the current one (trellis_row: a
+// prefetch, a hint; no result depends on it, no register is held for it): the product's loop
+// waits on each block's load, which streams from DRAM in a decode step (the kernel test's
+// timings read the matrix from L2). Holding the next block's words in registers instead took
+// trellis_linear and trellis_gate_up to 103-104 registers and trellis_qkv to spills in its
+// product loops (NVRTC sm_90, results/gpu/2026-12-06-s36-trellover). MLX_GRAPH_TRELLIS_PIPE=1
+// (graph_trellis.rs, trellis_source), the device's A/B of it.
 #ifndef TRELLIS_PIPE
 #define TRELLIS_PIPE 0
 #endif
@@ -642,26 +644,12 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
                                              ll nb, const float* lut = nullptr, u32 lane4 = 0) {
   constexpr int BW = BLOCK * KB / 32;
   float acc = 0.f;
-#if TRELLIS_PIPE
-  // The next block's words loaded before this one's codes (TRELLIS_PIPE): the same blocks in
-  // the same order, so the same sums.
-  if (j >= nb) return acc;
-  u32 w[BW];
-  trellis_load<BW>(row + (ll)j * BW, w);
   for (ll b = j; b < nb; b += lpr) {
-    u32 wn[BW];
-    const bool more = b + lpr < nb;
-    if (more) trellis_load<BW>(row + (b + lpr) * BW, wn);
-    acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1),
-                                            lut, lane4);
-    if (more) {
-#pragma unroll
-      for (int i = 0; i < BW; ++i) w[i] = wn[i];
-    }
-  }
-  return acc;
+#if defined(__CUDA_ARCH__) && TRELLIS_PIPE
+    // The lane's next block asked of L2 before this one's load (TRELLIS_PIPE: a hint, no
+    // register held for it; nothing on the CPU emulator).
+    if (b + lpr < nb) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (b + lpr) * BW));
 #endif
-  for (ll b = j; b < nb; b += lpr) {
     u32 w[BW];
     trellis_load<BW>(row + b * BW, w);
     acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1),
