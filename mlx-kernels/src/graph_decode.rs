@@ -4661,9 +4661,6 @@ fn tqkv_shared(f: &TQkv) -> u32 {
     epilogue_shared_bytes(f.q.shared_bytes, f.q.hb_rows.max(f.k.hb_rows))
 }
 
-/// One `trellis_linear` launch (one sequence): `out = op(su * H_r (Wt (H_c (sv * x))))`, `x`
-/// the bfloat16 input at `x` (normed by `norm` first when given), the output's op `mode`
-/// (`graph_trellis::OUT_*`; the bias added where the linear has one) with `res`.
 /// Blocks of a fused trellis kernel's launch ([`fused_threads`] a block) over `rows` rows
 /// (`lanes` lanes a row, `shared` bytes of shared memory a block), per slice of a grid of
 /// `slices` (the matrices one launch covers): enough blocks for the rows, at most the slice's
@@ -4687,6 +4684,9 @@ fn fused_rows_per_block(lanes: u32) -> usize {
     (fused_threads() as usize / 32) * (32 / lanes as usize)
 }
 
+/// One `trellis_linear` launch (one sequence): `out = op(su * H_r (Wt (H_c (sv * x))))`, `x`
+/// the bfloat16 input at `x` (normed by `norm` first when given), the output's op `mode`
+/// (`graph_trellis::OUT_*`; the bias added where the linear has one) with `res`.
 #[allow(clippy::too_many_arguments)]
 fn trellis_launch(
     rec: &mut Recorder,
