@@ -69,7 +69,8 @@ use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel, Module};
 
 use crate::graph_profile::StepProfile;
 use crate::graph_trellis::{
-    l_arg, TrellisPlan, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, TRELLIS_KERNELS, TRELLIS_THREADS,
+    epilogue_shared_bytes, fused_threads, l_arg, qkv_flat, TrellisPlan, DEFAULT_SMS, OUT_BIAS,
+    OUT_F32, OUT_RES, TRELLIS_KERNELS,
 };
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
@@ -4670,21 +4671,27 @@ fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin
         .filter_map(|l| l.trellis.as_ref())
         .flat_map(|t| [t.o, t.down])
         .chain(head)
-        .map(|t| t.shared_bytes)
+        .map(|t| tlin_shared(&t))
         .max()
         .unwrap_or(0);
     // trellis_qkv's input is the hidden state, as o's output and gate's input are.
     let qkv = layers
         .iter()
         .filter_map(|l| l.trellis.as_ref())
-        .map(|t| t.qkv.q.shared_bytes)
+        .map(|t| tqkv_shared(&t.qkv))
         .max()
         .unwrap_or(0);
     // trellis_gate_up's input is the hidden state too.
+    let gate_up = layers
+        .iter()
+        .filter_map(|l| l.trellis.as_ref())
+        .map(|t| tqkv_shared(&t.gu))
+        .max()
+        .unwrap_or(0);
     for (name, bytes) in [
         ("trellis_linear", widest),
         ("trellis_qkv", qkv),
-        ("trellis_gate_up", qkv),
+        ("trellis_gate_up", gate_up),
     ] {
         if bytes + TRELLIS_STATIC_SHARED > 48 * 1024 {
             let k = rt.kernel(name)?;
@@ -4694,12 +4701,22 @@ fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin
     Ok(())
 }
 
-/// One `trellis_linear` launch (one sequence): `out = op(su * H_r (Wt (H_c (sv * x))))`, `x`
-/// the bfloat16 input at `x` (normed by `norm` first when given), the output's op `mode`
-/// (`graph_trellis::OUT_*`; the bias added where the linear has one) with `res`.
-/// Blocks of a trellis kernel's launch over `rows` rows (`lanes` lanes a row, `shared` bytes
-/// of shared memory a block), per slice of a grid of `slices` (the matrices one launch covers):
-/// enough blocks for the rows, at most the slice's share of the resident ones.
+/// `trellis_linear`'s dynamic shared memory for `w` ([`epilogue_shared_bytes`]: the plan's,
+/// and with `TRELLIS_ALIAS` room for the output's Hadamard block).
+fn tlin_shared(w: &TLin) -> u32 {
+    epilogue_shared_bytes(w.shared_bytes, w.hb_rows)
+}
+
+/// `trellis_qkv`'s or `trellis_gate_up`'s dynamic shared memory for `f` (the launch's plan,
+/// and with `TRELLIS_ALIAS` room for the widest of its parts' output Hadamard blocks).
+fn tqkv_shared(f: &TQkv) -> u32 {
+    epilogue_shared_bytes(f.q.shared_bytes, f.q.hb_rows.max(f.k.hb_rows))
+}
+
+/// Blocks of a fused trellis kernel's launch ([`fused_threads`] a block) over `rows` rows
+/// (`lanes` lanes a row, `shared` bytes of shared memory a block), per slice of a grid of
+/// `slices` (the matrices one launch covers): enough blocks for the rows, at most the slice's
+/// share of the resident ones.
 fn trellis_blocks(
     rec: &Recorder,
     rt: &mut GpuRuntime,
@@ -4707,14 +4724,21 @@ fn trellis_blocks(
     (rows, lanes, shared): (usize, u32, u32),
     slices: u32,
 ) -> Result<u32> {
-    let rows_per_block = (TRELLIS_THREADS as usize / 32) * (32 / lanes as usize);
-    let resident = rt
-        .resident_blocks(k, TRELLIS_THREADS, shared)?
-        .min(rec.step.mv_cap)
-        / slices;
-    Ok(rows.div_ceil(rows_per_block).min(resident.max(1) as usize) as u32)
+    let threads = fused_threads();
+    let resident = rt.resident_blocks(k, threads, shared)?.min(rec.step.mv_cap) / slices;
+    Ok(rows
+        .div_ceil(fused_rows_per_block(lanes))
+        .min(resident.max(1) as usize) as u32)
 }
 
+/// Rows a block of a fused trellis kernel takes at once ([`fused_threads`], `lanes` a row).
+fn fused_rows_per_block(lanes: u32) -> usize {
+    (fused_threads() as usize / 32) * (32 / lanes as usize)
+}
+
+/// One `trellis_linear` launch (one sequence): `out = op(su * H_r (Wt (H_c (sv * x))))`, `x`
+/// the bfloat16 input at `x` (normed by `norm` first when given), the output's op `mode`
+/// (`graph_trellis::OUT_*`; the bias added where the linear has one) with `res`.
 #[allow(clippy::too_many_arguments)]
 fn trellis_launch(
     rec: &mut Recorder,
@@ -4730,15 +4754,16 @@ fn trellis_launch(
     mode: i64,
 ) -> Result<()> {
     let k = rt.kernel("trellis_linear")?;
-    let blocks = trellis_blocks(rec, rt, k, (w.rows, w.lanes_per_row, w.shared_bytes), 1)?;
+    let shared = tlin_shared(w);
+    let blocks = trellis_blocks(rec, rt, k, (w.rows, w.lanes_per_row, shared), 1)?;
     let mode = mode | if w.bias.is_some() { OUT_BIAS } else { 0 };
     rec.launch(
         rt,
         part,
         k,
         [blocks, 1, 1],
-        [TRELLIS_THREADS, 1, 1],
-        w.shared_bytes,
+        [fused_threads(), 1, 1],
+        shared,
         &[
             Arg::Buf(w.words, 0),
             Arg::Buf(w.scales, 0),
@@ -4781,21 +4806,30 @@ fn record_trellis_qkv(
 ) -> Result<()> {
     let (s, a, f) = (&step.shape, &step.acts, &t.qkv);
     let k = rt.kernel("trellis_qkv")?;
-    // Three slices of the grid: a third of the resident blocks each.
-    let blocks = trellis_blocks(
-        rec,
-        rt,
-        k,
-        (f.q.rows, f.q.lanes_per_row, f.q.shared_bytes),
-        3,
-    )?;
+    let shared = tqkv_shared(f);
+    let grid = if qkv_flat() {
+        // One flat grid, the slices' blocks in proportion to their rows (the kernel splits
+        // it with qkv_kv_blocks' formula): enough for every slice's rows, at most the resident
+        // blocks, at least one a slice.
+        let resident = rt
+            .resident_blocks(k, fused_threads(), shared)?
+            .min(rec.step.mv_cap);
+        let need = f.q.rows.div_ceil(fused_rows_per_block(f.q.lanes_per_row))
+            + 2 * f.k.rows.div_ceil(fused_rows_per_block(f.k.lanes_per_row));
+        let total = (need.min(resident as usize) as u32).max(3);
+        [total, 1, 1]
+    } else {
+        // Three slices of the grid: a third of the resident blocks each.
+        let blocks = trellis_blocks(rec, rt, k, (f.q.rows, f.q.lanes_per_row, shared), 3)?;
+        [blocks, 1, 3]
+    };
     rec.launch(
         rt,
         Part::Qkv,
         k,
-        [blocks, 1, 3],
-        [TRELLIS_THREADS, 1, 1],
-        f.q.shared_bytes,
+        grid,
+        [fused_threads(), 1, 1],
+        shared,
         &[
             Arg::Buf(f.words, 0),
             Arg::Buf(f.scales, 0),
@@ -4861,21 +4895,16 @@ fn record_trellis_mlp(
         OUT_RES,
     )?;
     let (f, k) = (&t.gu, rt.kernel("trellis_gate_up")?);
+    let shared = tqkv_shared(f);
     // Two slices of the grid: half of the resident blocks each.
-    let blocks = trellis_blocks(
-        rec,
-        rt,
-        k,
-        (f.q.rows, f.q.lanes_per_row, f.q.shared_bytes),
-        2,
-    )?;
+    let blocks = trellis_blocks(rec, rt, k, (f.q.rows, f.q.lanes_per_row, shared), 2)?;
     rec.launch(
         rt,
         Part::GateUp,
         k,
         [blocks, 1, 2],
-        [TRELLIS_THREADS, 1, 1],
-        f.q.shared_bytes,
+        [fused_threads(), 1, 1],
+        shared,
         &[
             Arg::Buf(f.words, 0),
             Arg::Buf(f.scales, 0),

@@ -52,6 +52,26 @@
 // warps that keep the weights' loads in flight; the other product kernels fit 64 by
 // themselves).
 #define TRELLIS_MIN_BLOCKS 4
+// Threads a block of the decoder's fused kernels (trellis_linear, trellis_qkv, trellis_gate_up):
+// TRELLIS_THREADS, or 512 or 1024 with MLX_GRAPH_TRELLIS_THREADS (graph_trellis.rs,
+// trellis_source; the device's A/B, off by default). Each block stages the whole transformed
+// input (norm, signs, Hadamard blocks) and fills its tables before its rows: at 1024 an SM
+// holds one block, which does that once for 32 warps instead of once a block of 8 (the input
+// read from L2 a quarter as often, the transform's butterflies and the tables' stores spread
+// over four times the threads), and the shapes whose tables and input took an SM's shared
+// memory for two or three blocks of 8 warps (gauss7s, a 14336-wide input) keep 32 warps. The
+// rows, the norm's reduction (trellis_inv_rms: TRELLIS_THREADS' partition whatever the block),
+// the transforms and the epilogues' arithmetic are the same: the same bits.
+#ifndef TRELLIS_FUSED_THREADS
+#define TRELLIS_FUSED_THREADS TRELLIS_THREADS
+#endif
+#define TRELLIS_FUSED_MIN_BLOCKS (TRELLIS_MIN_BLOCKS * TRELLIS_THREADS / TRELLIS_FUSED_THREADS)
+// 1: trellis_qkv on a flat grid, its slices' blocks in proportion to their rows (graph_trellis.rs
+// qkv_flat: MLX_GRAPH_TRELLIS_SPLIT=1, or fused blocks wider than TRELLIS_THREADS). 0: three
+// equal slices, gridDim.z (the kernel as before).
+#ifndef TRELLIS_QKV_FLAT
+#define TRELLIS_QKV_FLAT 0
+#endif
 // 0 turns the L2 prefetches before the PDL wait off (trellis_prefetch, trellis_prefetch_span:
 // hints, no result depends on them): MLX_GRAPH_TRELLIS_PREFETCH=0, the device's A/B of them
 // (graph_trellis.rs, trellis_source).
@@ -64,6 +84,28 @@
 // trellis_matvec_out to 80 registers and trellis_qkv to spills, for 1mad models too.
 #ifndef TRELLIS_ROWS2
 #define TRELLIS_ROWS2 0
+#endif
+// 1 puts the output transform's Hadamard buffer of the kernels with it in their epilogue
+// (trellis_linear, trellis_matvec_out, trellis_qkv, trellis_gate_up) at the start of the
+// dynamic shared memory (trellis_epilogue_buf), over the tables and the input, which the
+// product no longer reads by then, instead of a static TRELLIS_MAX_HB floats: 16 KiB less a
+// block, so an SM holds one block more where shared memory bounds it (an 8B layer's input of
+// 4096: 3 blocks of trellis_linear -> 4, gauss7s's 2 -> 3; its down projection's 14336 at
+// gauss7s 1 -> 2). The host sizes the dynamic memory to hold the output's Hadamard block
+// (graph_trellis.rs, epilogue_shared_bytes). The same arithmetic in the same order: the same
+// bits. MLX_GRAPH_TRELLIS_ALIAS=1 (graph_trellis.rs, trellis_source), the device's A/B of it.
+#ifndef TRELLIS_ALIAS
+#define TRELLIS_ALIAS 0
+#endif
+// 1 asks L2 for a lane's next block of words before it loads the current one (trellis_row: a
+// prefetch, a hint; no result depends on it, no register is held for it): the product's loop
+// waits on each block's load, which streams from DRAM in a decode step (the kernel test's
+// timings read the matrix from L2). Holding the next block's words in registers instead took
+// trellis_linear and trellis_gate_up to 103-104 registers and trellis_qkv to spills in its
+// product loops (NVRTC sm_90, results/gpu/2026-12-06-s36-trellover). MLX_GRAPH_TRELLIS_PIPE=1
+// (graph_trellis.rs, trellis_source), the device's A/B of it.
+#ifndef TRELLIS_PIPE
+#define TRELLIS_PIPE 0
 #endif
 
 // The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
@@ -426,16 +468,20 @@ __device__ __forceinline__ void trellis_fwht(float* buf, int hb, float hscale) {
 // of squares, warp trees, the warps' sums in order): trellis_input and trellis_matvec_in
 // reduce in this one order, so they norm to the same bits.
 __device__ __forceinline__ float trellis_inv_rms(const bf16_t* xin, ll K, double eps, float* red) {
+  // TRELLIS_THREADS' partition whatever the block's threads (a wider fused kernel's others add
+  // nothing): the same sums in the same order as trellis_input's.
   float ss = 0.f;
-  for (ll i = threadIdx.x; i < K; i += blockDim.x) {
-    const float v = bf2f(xin[i]);
-    ss += v * v;
+  if (threadIdx.x < TRELLIS_THREADS) {
+    for (ll i = threadIdx.x; i < K; i += TRELLIS_THREADS) {
+      const float v = bf2f(xin[i]);
+      ss += v * v;
+    }
   }
   ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  if ((threadIdx.x & 31) == 0 && threadIdx.x < TRELLIS_THREADS) red[threadIdx.x >> 5] = ss;
   __syncthreads();
   float tot = 0.f;
-  for (int i = 0; i < (int)(blockDim.x >> 5); ++i) tot += red[i];
+  for (int i = 0; i < TRELLIS_THREADS / 32; ++i) tot += red[i];
   return rsqrtf(tot / (float)K + (float)eps);
 }
 
@@ -599,6 +645,11 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
   constexpr int BW = BLOCK * KB / 32;
   float acc = 0.f;
   for (ll b = j; b < nb; b += lpr) {
+#if defined(__CUDA_ARCH__) && TRELLIS_PIPE
+    // The lane's next block asked of L2 before this one's load (TRELLIS_PIPE: a hint, no
+    // register held for it; nothing on the CPU emulator).
+    if (b + lpr < nb) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (b + lpr) * BW));
+#endif
     u32 w[BW];
     trellis_load<BW>(row + b * BW, w);
     acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1),
@@ -673,10 +724,11 @@ __device__ __forceinline__ float trellis_row_any(const u32* row, const float* xs
 
 // The rows of trellis_matvec and trellis_matvec_in, the input in shared memory (xs; the table
 // of 1mad8's codes, where the shape reads it, at trellis_lut()). L: the kernels' argument (the
-// code above the state's bits).
+// code above the state's bits). bid of nbk: the block's place among the blocks over these rows
+// (blockIdx.x of gridDim.x, or trellis_qkv's slice of a flat grid).
 __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, const float* xs,
                                              float* z, ll N, ll K, ll kb, ll L, ll block,
-                                             ll lpr) {
+                                             ll lpr, ll bid, ll nbk) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = (int)lpr, j = lane % g, rpw = 32 / g;
   const ll wpr = K * kb / 32, nb = K / block;
@@ -695,8 +747,8 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
     // Two of the warp's row groups at once (trellis_row2): this one and the one a grid stride
     // on (the block's next chunk of rows, so each block writes the rows it wrote before: the
     // epilogue's counting is unchanged); a missing second row repeats the first, discarded.
-    const ll stride = (ll)gridDim.x * warps * rpw;
-    for (ll r0 = ((ll)blockIdx.x * warps + warp) * rpw; r0 < N; r0 += 2 * stride) {
+    const ll stride = nbk * warps * rpw;
+    for (ll r0 = (bid * warps + warp) * rpw; r0 < N; r0 += 2 * stride) {
       const ll ra = r0 + lane / g, rb = ra + stride;
       float acc_a = 0.f, acc_b = 0.f;
       if (ra < N) {
@@ -726,7 +778,7 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
     return;
   }
 #endif
-  for (ll r0 = ((ll)blockIdx.x * warps + warp) * rpw; r0 < N; r0 += (ll)gridDim.x * warps * rpw) {
+  for (ll r0 = (bid * warps + warp) * rpw; r0 < N; r0 += nbk * warps * rpw) {
     const ll r = r0 + lane / g;
     float acc = 0.f;
     if (r < N) {
@@ -817,11 +869,12 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
 // of K kb / 32 words, one contiguous span), a 128-byte line a lane, so that the product's first
 // loads, after the prologue, hit L2 instead of DRAM (the affine matvec's loads before the wait,
 // MV_EARLY, without the registers). A hint only: nothing on the CPU emulator.
-__device__ __forceinline__ void trellis_prefetch(const u32* W, ll N, ll K, ll kb, ll lpr) {
+__device__ __forceinline__ void trellis_prefetch(const u32* W, ll N, ll K, ll kb, ll lpr,
+                                                 ll bid) {
 #if defined(__CUDA_ARCH__) && TRELLIS_PREFETCH
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const ll rpw = 32 / lpr, wpr = K * kb / 32;
-  const ll r0 = ((ll)blockIdx.x * warps + warp) * rpw;
+  const ll r0 = (bid * warps + warp) * rpw;
   if (r0 >= N) return;
   const ll rows = N - r0 < rpw ? N - r0 : rpw;
   const char* p = (const char*)(W + r0 * wpr);
@@ -857,13 +910,13 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   float* xs = trellis_xs_base(L, block);
   xh += (ll)blockIdx.y * K;
   z += (ll)blockIdx.y * N;
-  trellis_prefetch(W, N, K, kb, lpr);
+  trellis_prefetch(W, N, K, kb, lpr, blockIdx.x);
   trellis_lut_fill(L, block);
   pdl_wait_then_release();
   const int pad = trellis_pad(block);
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
   __syncthreads();
-  trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
+  trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr, blockIdx.x, gridDim.x);
 }
 
 // trellis_matvec with trellis_input in its prologue: every block makes the whole transformed
@@ -904,12 +957,24 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   float* xs = trellis_xs_base(L, block);
   xin += (ll)blockIdx.y * K;
   z += (ll)blockIdx.y * N;
-  trellis_prefetch(W, N, K, kb, lpr);
+  trellis_prefetch(W, N, K, kb, lpr, blockIdx.x);
   trellis_lut_fill(L, block);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv, K, block, hb, hscale, norm, eps);
-  trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr);
+  trellis_rows(W, scales, xs, z, N, K, kb, L, block, lpr, blockIdx.x, gridDim.x);
 }
+
+// The output transform's Hadamard buffer of an epilogue (TRELLIS_MAX_HB floats, or the
+// output's Hadamard block with TRELLIS_ALIAS): with TRELLIS_ALIAS the start of the dynamic
+// shared memory, which the host sizes to hold it (graph_trellis.rs, epilogue_shared_bytes).
+// Its first write follows the barrier that begins each counting round (trellis_count_round),
+// after every warp of the block has left the product (trellis_rows): nothing reads the tables
+// or the input after it.
+#if TRELLIS_ALIAS
+#define TRELLIS_EPILOGUE_BUF float* buf = trellis_lut()
+#else
+#define TRELLIS_EPILOGUE_BUF __shared__ float buf[TRELLIS_MAX_HB]
+#endif
 
 // Output modes (graph_decode.cu's MODE_RES, MODE_SWIGLU, MODE_F32 values).
 // y = su * H_r z for Hadamard block blockIdx.x (hb rows), sequence blockIdx.y, then
@@ -980,19 +1045,19 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_output(
 // it listed, after a barrier (the caller transforms them, then a barrier before the next
 // round). Which block completes a Hadamard block, and so the bits, are as before: the
 // transform reads z whole.
-__device__ __forceinline__ ll trellis_segments(ll N, ll RB, ll hb) {
-  const ll chunks = (ll)blockIdx.x * RB < N ? (N - (ll)blockIdx.x * RB - 1) / ((ll)gridDim.x * RB) + 1 : 0;
+__device__ __forceinline__ ll trellis_segments(ll N, ll RB, ll hb, ll bid, ll nbk) {
+  const ll chunks = bid * RB < N ? (N - bid * RB - 1) / (nbk * RB) + 1 : 0;
   return chunks * (RB > hb ? RB / hb : 1);
 }
 
 __device__ __forceinline__ int trellis_count_round(int* counts, ll N, ll RB, ll hb, int target,
-                                                   ll g0, int* done, int* ndone) {
+                                                   ll g0, int* done, int* ndone, ll bid, ll nbk) {
   if (threadIdx.x == 0) *ndone = 0;
   __syncthreads();
   const ll S = RB > hb ? RB / hb : 1;
   const ll g = g0 + threadIdx.x;
-  if (threadIdx.x < TRELLIS_ROUND && g < trellis_segments(N, RB, hb)) {
-    const ll c = ((ll)blockIdx.x + (g / S) * gridDim.x) * RB;
+  if (threadIdx.x < TRELLIS_ROUND && g < trellis_segments(N, RB, hb, bid, nbk)) {
+    const ll c = (bid + (g / S) * nbk) * RB;
     const ll a = c + (g % S) * hb, e = c + RB < N ? c + RB : N;
     if (a < e) {
       const ll h = a / hb, end = (h + 1) * hb < e ? (h + 1) * hb : e;
@@ -1022,9 +1087,11 @@ __device__ __forceinline__ void trellis_finish(const float* z, int* counts, cons
   __threadfence();
   // The block's rows: chunks of RB consecutive rows, RB apart by the grid (trellis_rows').
   const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr), nhb = N / hb;
-  const ll segs = trellis_segments(N, RB, hb);
+  const ll bid = blockIdx.x, nbk = gridDim.x;
+  const ll segs = trellis_segments(N, RB, hb, bid, nbk);
   for (ll g0 = 0; g0 < segs; g0 += TRELLIS_ROUND) {
-    const int nd = trellis_count_round(counts + b * nhb, N, RB, hb, (int)hb, g0, done, ndone);
+    const int nd =
+        trellis_count_round(counts + b * nhb, N, RB, hb, (int)hb, g0, done, ndone, bid, nbk);
     for (int i = 0; i < nd; ++i)
       trellis_output_block(z, su, bias, res, out, N, hb, hscale, mode, (ll)done[i] * hb, b, buf);
     __syncthreads();
@@ -1042,18 +1109,18 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_out
     const u32* W, const float* scales, const float* xh, float* z, int* counts, const float* su,
     const bf16_t* bias, const bf16_t* res, void* out, ll N, ll K, ll kb, ll L, ll block,
     ll lpr, ll hb, double hscale, ll mode) {
-  __shared__ float buf[TRELLIS_MAX_HB];
+  TRELLIS_EPILOGUE_BUF;
   __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = trellis_xs_base(L, block);
   const ll b = blockIdx.y;
   xh += b * K;
-  trellis_prefetch(W, N, K, kb, lpr);
+  trellis_prefetch(W, N, K, kb, lpr, blockIdx.x);
   trellis_lut_fill(L, block);
   pdl_wait_then_release();
   const int pad = trellis_pad(block);
   for (ll c = threadIdx.x; c < K; c += blockDim.x) xs[trellis_xs(c, pad)] = xh[c];
   __syncthreads();
-  trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
+  trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr, blockIdx.x, gridDim.x);
   trellis_finish(z, counts, su, bias, res, out, N, lpr, hb, hscale, mode, b, buf, done, &ndone);
 }
 
@@ -1064,18 +1131,18 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_matvec_out
 // trellis_output. The graph decoder's step launches one a linear (graph_decode.rs,
 // record_trellis_*); counts: one int a Hadamard block of rows and sequence, zero between
 // launches.
-extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_linear(
+extern "C" __global__ void __launch_bounds__(TRELLIS_FUSED_THREADS) trellis_linear(
     const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
     float* z, int* counts, const float* su, const bf16_t* bias, const bf16_t* res, void* out,
     ll N, ll K, ll kb, ll L, ll block, ll lpr, ll hbc, double hscalec, ll norm, double eps,
     ll hbr, double hscaler, ll mode) {
-  __shared__ float buf[TRELLIS_MAX_HB];
+  TRELLIS_EPILOGUE_BUF;
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = trellis_xs_base(L, block);
   const ll b = blockIdx.y;
   xin += b * K;
-  trellis_prefetch(W, N, K, kb, lpr);
+  trellis_prefetch(W, N, K, kb, lpr, blockIdx.x);
   trellis_lut_fill(L, block);
   trellis_prefetch_span(sv, 4 * K);
   trellis_prefetch_span(scales, 4 * N);
@@ -1084,7 +1151,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_linear(
   if (mode & TRELLIS_BIAS) trellis_prefetch_span(bias, 2 * N);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv, K, block, hbc, hscalec, norm, eps);
-  trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr);
+  trellis_rows(W, scales, xs, z + b * N, N, K, kb, L, block, lpr, blockIdx.x, gridDim.x);
   trellis_finish(z, counts, su, bias, res, out, N, lpr, hbr, hscaler, mode, b, buf, done, &ndone);
 }
 
@@ -1182,33 +1249,55 @@ __device__ __forceinline__ void trellis_qkv_block(const float* z, const float* s
   __syncthreads();
 }
 
+// k's and v's blocks each of a flat trellis_qkv grid of `total` blocks (at least 3): their
+// share of the rows, at least one; q takes the rest (graph_trellis.rs, qkv_kv_blocks).
+__device__ __forceinline__ ll trellis_qkv_kv_blocks(ll total, ll Nq, ll Nk) {
+  const ll bk = total * Nk / (Nq + 2 * Nk);
+  return bk < 1 ? 1 : bk;
+}
+
 // q, k and v of a trellis layer in one launch (one sequence): slice blockIdx.z of the grid
 // (0 q, 1 k, 2 v) is trellis_linear over that matrix's rows of the side-by-side words, row
 // scales, signs su and bias ([q; k; v] rows; sv: the three input sign vectors, K each; counts:
 // each matrix's Hadamard blocks of rows in turn), the input norm in its prologue; its epilogue
 // (trellis_qkv_block) applies RoPE and writes q to qout, k and v into the caches at position
 // state[1]. Bit-equal to three trellis_linear launches then trellis_rope_qkv (the emulator's
-// L2 check). bias: null for none.
+// L2 check). bias: null for none. Compiled with TRELLIS_QKV_FLAT (MLX_GRAPH_TRELLIS_SPLIT=1 or
+// wider fused blocks: graph_trellis.rs, qkv_flat), it runs on a flat grid whose slices take
+// blocks in proportion to their rows (an 8B layer's q has four times k's rows: on three equal
+// slices q's blocks do four times the others' rows); each row is summed by one warp as
+// before: the same bits.
 // A model whose value projections take their own code (GraphSpec::trellis_v: mlx convert
 // --q-trellis-v-code) is compiled with TRELLIS_V_L, v's L argument (l_arg: its L and code):
 // the v slice's blocks decode with it (their tables, the input's place after them, the
 // product's path), q's and k's with L. The bits, the blocks and the lanes a row are the
 // launch's for all three (graph_trellis.rs, v_spec_problem); the launch's dynamic shared
 // memory is the larger of the two plans'. Undefined (one spec a model), the kernel is as before.
-extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS) trellis_qkv(
+extern "C" __global__ void __launch_bounds__(TRELLIS_FUSED_THREADS, TRELLIS_FUSED_MIN_BLOCKS) trellis_qkv(
     const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
     float* z, int* counts, const float* su, const bf16_t* bias, bf16_t* qout, bf16_t* kc,
     bf16_t* vc, const int* state, const float* rope, ll nh, ll nkv, ll D, ll cap, ll nrot,
     ll traditional, ll K, ll kb, ll L, ll block, ll lpr_q, ll lpr_kv, ll hbc, double hscalec,
     double eps, double hscale_q, double hscale_kv, ll has_bias) {
-#ifdef TRELLIS_V_L
-  if (blockIdx.z == 2) L = TRELLIS_V_L;
-#endif
-  __shared__ float buf[TRELLIS_MAX_HB];
+  TRELLIS_EPILOGUE_BUF;
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;
+  const ll Nq = nh * D, Nk = nkv * D;
+  // The slice (0 q, 1 k, 2 v) and the block's place in it: blockIdx.z of a grid of three
+  // slices of gridDim.x blocks, or with TRELLIS_QKV_FLAT on a flat grid
+  // (trellis_qkv_kv_blocks) q's blocks, then k's, then v's, in proportion to their rows.
+#if TRELLIS_QKV_FLAT
+  const ll bk = trellis_qkv_kv_blocks(gridDim.x, Nq, Nk), bq = (ll)gridDim.x - 2 * bk;
+  const ll zsl = (ll)blockIdx.x < bq ? 0 : (ll)blockIdx.x < bq + bk ? 1 : 2;
+  const ll bid = (ll)blockIdx.x - (zsl == 0 ? 0 : bq + (zsl - 1) * bk);
+  const ll nbk = zsl == 0 ? bq : bk;
+#else
+  const ll zsl = blockIdx.z, bid = blockIdx.x, nbk = gridDim.x;
+#endif
+#ifdef TRELLIS_V_L
+  if (zsl == 2) L = TRELLIS_V_L;
+#endif
   float* xs = trellis_xs_base(L, block);
-  const ll zsl = blockIdx.z, Nq = nh * D, Nk = nkv * D;
   const ll N = zsl == 0 ? Nq : Nk, r0 = zsl == 0 ? 0 : zsl == 1 ? Nq : Nq + Nk;
   const ll lpr = zsl == 0 ? lpr_q : lpr_kv;
   const ll hbq = (Nq & -Nq) < TRELLIS_MAX_HB ? (Nq & -Nq) : TRELLIS_MAX_HB;
@@ -1217,7 +1306,7 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   const double hs = zsl == 0 ? hscale_q : hscale_kv;
   int* cnt = counts + (zsl == 0 ? 0 : zsl == 1 ? Nq / hbq : Nq / hbq + Nk / hbk);
   const ll wpr = K * kb / 32;
-  trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
+  trellis_prefetch(W + r0 * wpr, N, K, kb, lpr, bid);
   trellis_lut_fill(L, block);
   trellis_prefetch_span(sv, 12 * K);
   trellis_prefetch_span(scales, 4 * (Nq + 2 * Nk));
@@ -1227,13 +1316,13 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
   pdl_wait_then_release();
   const int pos = state[1];
   trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
-  trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr);
+  trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr, bid, nbk);
   __threadfence();
   // trellis_finish's counting, over this slice's rows.
   const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr);
-  const ll segs = trellis_segments(N, RB, hb);
+  const ll segs = trellis_segments(N, RB, hb, bid, nbk);
   for (ll g0 = 0; g0 < segs; g0 += TRELLIS_ROUND) {
-    const int nd = trellis_count_round(cnt, N, RB, hb, (int)hb, g0, done, &ndone);
+    const int nd = trellis_count_round(cnt, N, RB, hb, (int)hb, g0, done, &ndone, bid, nbk);
     for (int i = 0; i < nd; ++i)
       trellis_qkv_block(z + r0, su + r0, has_bias ? bias + r0 : nullptr, qout + r0, kc, vc, rope,
                         D, cap, nrot, traditional, hb, hs, (ll)done[i] * hb, zsl, pos, buf);
@@ -1248,16 +1337,16 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS
 // (counts[h] reaches 2 hb); the block completing it applies trellis_output to gate's rows
 // (mode 0, bfloat16 to g) and then to up's (MODE_SWIGLU with g, to act): the same functions
 // as two trellis_linear launches, so the same bits.
-extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_gate_up(
+extern "C" __global__ void __launch_bounds__(TRELLIS_FUSED_THREADS) trellis_gate_up(
     const u32* W, const float* scales, const bf16_t* xin, const bf16_t* normw, const float* sv,
     float* z, int* counts, const float* su, bf16_t* g, bf16_t* act, ll N, ll K, ll kb, ll L,
     ll block, ll lpr, ll hbc, double hscalec, double eps, ll hbr, double hscaler) {
-  __shared__ float buf[TRELLIS_MAX_HB];
+  TRELLIS_EPILOGUE_BUF;
   __shared__ float red[TRELLIS_THREADS / 32];
   __shared__ int done[TRELLIS_ROUND], ndone;
   float* xs = trellis_xs_base(L, block);
   const ll zsl = blockIdx.z, r0 = zsl * N, wpr = K * kb / 32;
-  trellis_prefetch(W + r0 * wpr, N, K, kb, lpr);
+  trellis_prefetch(W + r0 * wpr, N, K, kb, lpr, blockIdx.x);
   trellis_lut_fill(L, block);
   trellis_prefetch_span(sv, 8 * K);
   trellis_prefetch_span(scales, 8 * N);
@@ -1265,12 +1354,14 @@ extern "C" __global__ void __launch_bounds__(TRELLIS_THREADS) trellis_gate_up(
   trellis_prefetch_span(normw, 2 * K);
   pdl_wait_then_release();
   trellis_stage_input(xs, red, xin, normw, sv + zsl * K, K, block, hbc, hscalec, 1, eps);
-  trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr);
+  trellis_rows(W + r0 * wpr, scales + r0, xs, z + r0, N, K, kb, L, block, lpr, blockIdx.x,
+               gridDim.x);
   __threadfence();
   const ll RB = (ll)(blockDim.x >> 5) * (32 / lpr);
-  const ll segs = trellis_segments(N, RB, hbr);
+  const ll segs = trellis_segments(N, RB, hbr, blockIdx.x, gridDim.x);
   for (ll g0 = 0; g0 < segs; g0 += TRELLIS_ROUND) {
-    const int nd = trellis_count_round(counts, N, RB, hbr, 2 * (int)hbr, g0, done, &ndone);
+    const int nd = trellis_count_round(counts, N, RB, hbr, 2 * (int)hbr, g0, done, &ndone,
+                                       blockIdx.x, gridDim.x);
     for (int i = 0; i < nd; ++i) {
       const ll h0 = (ll)done[i] * hbr;
       trellis_output_block(z, su, nullptr, nullptr, g, N, hbr, hscaler, 0, h0, 0, buf);

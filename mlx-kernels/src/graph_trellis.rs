@@ -52,20 +52,94 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// device's A/B of it, off by default). With `v` (the value projections' spec where it differs
 /// from the rest's: [`crate::graph_decode::GraphSpec::trellis_v`]), `TRELLIS_V_L` defined as
 /// its [`l_arg`]: `trellis_qkv`'s v slice decodes with it. Without, the source is the one-spec
-/// model's, unchanged (the same kernels).
+/// model's, unchanged (the same kernels). With `MLX_GRAPH_TRELLIS_ALIAS=1`, `TRELLIS_ALIAS 1`
+/// (the epilogues' Hadamard buffer in the dynamic shared memory: [`epilogue_alias`]); with
+/// `MLX_GRAPH_TRELLIS_PIPE=1`, `TRELLIS_PIPE 1` (the product's next block of words loaded
+/// before the current one's codes); with `MLX_GRAPH_TRELLIS_THREADS=512` or `1024`,
+/// `TRELLIS_FUSED_THREADS` (the decoder's fused kernels' blocks: [`fused_threads`]); with
+/// [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid split by rows). All are
+/// the same bits, off by default: the device's A/B.
+/// [`TrellisGpu`] (the `cuda` test set's kernel check) compiles this source too, so the
+/// switches reach the kernel test as they reach the decoder.
 pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
-    let env = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x == v);
     let mut define = String::new();
     if let Some(v) = v {
         define.push_str(&format!("#define TRELLIS_V_L {}\n", l_arg(v)));
     }
-    if env("MLX_GRAPH_TRELLIS_PREFETCH", "0") {
+    if env_is("MLX_GRAPH_TRELLIS_PREFETCH", "0") {
         define.push_str("#define TRELLIS_PREFETCH 0\n");
     }
-    if env("MLX_GRAPH_TRELLIS_ROWS2", "1") {
+    if env_is("MLX_GRAPH_TRELLIS_ROWS2", "1") {
         define.push_str("#define TRELLIS_ROWS2 1\n");
     }
+    if epilogue_alias() {
+        define.push_str("#define TRELLIS_ALIAS 1\n");
+    }
+    if env_is("MLX_GRAPH_TRELLIS_PIPE", "1") {
+        define.push_str("#define TRELLIS_PIPE 1\n");
+    }
+    let threads = fused_threads();
+    if threads != TRELLIS_THREADS {
+        define.push_str(&format!("#define TRELLIS_FUSED_THREADS {threads}\n"));
+    }
+    if qkv_flat() {
+        define.push_str("#define TRELLIS_QKV_FLAT 1\n");
+    }
     format!("{define}{TRELLIS_SOURCE}")
+}
+
+fn env_is(key: &str, value: &str) -> bool {
+    std::env::var(key).is_ok_and(|x| x == value)
+}
+
+/// Threads a block of the decoder's fused kernels (`trellis_linear`, `trellis_qkv`,
+/// `trellis_gate_up`; `TRELLIS_FUSED_THREADS`): `MLX_GRAPH_TRELLIS_THREADS` where it is 512 or
+/// 1024, else [`TRELLIS_THREADS`] (any other value is ignored). At 1024 an SM holds one block,
+/// which stages the transformed input and fills the tables once for 32 warps (the same bits:
+/// graph_trellis.cu's `TRELLIS_FUSED_THREADS`).
+pub fn fused_threads() -> u32 {
+    match std::env::var("MLX_GRAPH_TRELLIS_THREADS").as_deref() {
+        Ok("512") => 512,
+        Ok("1024") => 1024,
+        _ => TRELLIS_THREADS,
+    }
+}
+
+/// Whether the decoder launches `trellis_qkv` on a flat grid (its slices' blocks in proportion
+/// to their rows: [`qkv_kv_blocks`]) instead of three equal slices: `MLX_GRAPH_TRELLIS_SPLIT=1`,
+/// or fused blocks wider than [`TRELLIS_THREADS`] (one a multiprocessor: equal slices would
+/// leave q's third of the GPU with four times the others' rows at Llama-3-8B's shapes).
+pub fn qkv_flat() -> bool {
+    env_is("MLX_GRAPH_TRELLIS_SPLIT", "1") || fused_threads() > TRELLIS_THREADS
+}
+
+/// k's and v's blocks each of a flat `trellis_qkv` grid of `total` blocks (at least 3) over
+/// `q_rows` and `kv_rows` rows: their share of the rows, at least one; q takes the rest
+/// (graph_trellis.cu's `trellis_qkv_kv_blocks`, which the kernel computes from its grid).
+pub fn qkv_kv_blocks(total: u32, q_rows: usize, kv_rows: usize) -> u32 {
+    let bk = u64::from(total) * kv_rows as u64 / (q_rows as u64 + 2 * kv_rows as u64);
+    (bk as u32).max(1)
+}
+
+/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_ALIAS`
+/// (`MLX_GRAPH_TRELLIS_ALIAS=1`): the output transform's Hadamard buffer of the kernels with it
+/// in their epilogue (`trellis_linear`, `trellis_matvec_out`, `trellis_qkv`, `trellis_gate_up`)
+/// at the start of their dynamic shared memory instead of a static 16 KiB, so that their
+/// launches take [`epilogue_shared_bytes`].
+pub fn epilogue_alias() -> bool {
+    env_is("MLX_GRAPH_TRELLIS_ALIAS", "1")
+}
+
+/// The dynamic shared memory of a launch with the output transform in its epilogue: the
+/// plan's `bytes` (the tables and the padded input), and with [`epilogue_alias`] at least the
+/// widest output Hadamard block it transforms, `hb_rows` floats (the buffer then lies over
+/// them).
+pub fn epilogue_shared_bytes(bytes: u32, hb_rows: usize) -> u32 {
+    if epilogue_alias() {
+        bytes.max(4 * hb_rows as u32)
+    } else {
+        bytes
+    }
 }
 
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
@@ -366,6 +440,17 @@ impl TrellisPlan {
         (blocks as u32, sequences)
     }
 
+    /// The grid of a fused kernel's launch of `threads` a block (`trellis_linear`:
+    /// [`fused_threads`]): enough blocks for every row group, at most `resident`.
+    pub fn fused_grid(&self, threads: u32, sequences: u32, resident: u32) -> (u32, u32) {
+        let rows_per_block = (threads as usize / 32) * (32 / self.lanes_per_row as usize);
+        let blocks = self
+            .rows
+            .div_ceil(rows_per_block)
+            .min(resident.max(1) as usize);
+        (blocks as u32, sequences)
+    }
+
     /// `trellis_output`'s grid: a block per Hadamard block of the output.
     pub fn output_grid(&self, sequences: u32) -> (u32, u32) {
         ((self.rows / self.hb_rows) as u32, sequences)
@@ -444,7 +529,7 @@ impl TrellisGpu {
                 ),
             ));
         }
-        let source = format!("{}{TRELLIS_SOURCE}", crate::graph_source::SOURCE);
+        let source = format!("{}{}", crate::graph_source::SOURCE, trellis_source(None));
         let mut rt = GpuRuntime::new(&source, &TRELLIS_KERNELS)?;
         let kernels = [
             rt.kernel("trellis_decode")?,
@@ -455,10 +540,15 @@ impl TrellisGpu {
             rt.kernel("trellis_matvec_out")?,
             rt.kernel("trellis_linear")?,
         ];
-        // trellis_matvec_out's static Hadamard buffer, reductions and list come on top.
-        if plan.shared_bytes + STATIC_SHARED > 48 * 1024 {
-            for k in [kernels[2], kernels[4], kernels[5], kernels[6]] {
+        // trellis_matvec_out's static Hadamard buffer, reductions and list come on top; with
+        // TRELLIS_ALIAS the epilogues' buffer lies in the dynamic memory (epilogue_shared_bytes).
+        let epilogue = epilogue_shared_bytes(plan.shared_bytes, plan.hb_rows);
+        if epilogue + STATIC_SHARED > 48 * 1024 {
+            for k in [kernels[2], kernels[4]] {
                 rt.set_shared_limit(k, plan.shared_bytes)?;
+            }
+            for k in [kernels[5], kernels[6]] {
+                rt.set_shared_limit(k, epilogue)?;
             }
         }
         let wb: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -597,9 +687,10 @@ impl TrellisGpu {
         }
         let q = self.parts;
         self.rt.upload(q.xh, 0, &bytes_f32(xh))?;
-        let resident =
-            self.rt
-                .resident_blocks(q.kernels[5], TRELLIS_THREADS, self.plan.shared_bytes)?;
+        let shared = epilogue_shared_bytes(self.plan.shared_bytes, self.plan.hb_rows);
+        let resident = self
+            .rt
+            .resident_blocks(q.kernels[5], TRELLIS_THREADS, shared)?;
         let p = &self.plan;
         let (gx, gy) = p.matvec_grid(1, resident);
         let mode = OUT_F32 | if raw { OUT_RAW } else { 0 };
@@ -624,7 +715,6 @@ impl TrellisGpu {
             Arg::I64(mode),
         ];
         let threads = [TRELLIS_THREADS, 1, 1];
-        let shared = p.shared_bytes;
         self.rt
             .launch(q.kernels[5], [gx, gy, 1], threads, shared, &args)?;
         self.download(q.y, p.rows)
@@ -717,10 +807,10 @@ impl TrellisGpu {
     pub fn time_linear(&mut self, reps: u32) -> mlx_core::Result<f64> {
         let (p, q) = (self.plan.clone(), self.parts);
         let k = q.kernels[6];
-        let resident = self
-            .rt
-            .resident_blocks(k, TRELLIS_THREADS, p.shared_bytes)?;
-        let (gx, gy) = p.matvec_grid(1, resident);
+        let shared = epilogue_shared_bytes(p.shared_bytes, p.hb_rows);
+        let threads = fused_threads();
+        let resident = self.rt.resident_blocks(k, threads, shared)?;
+        let (gx, gy) = p.fused_grid(threads, 1, resident);
         let args = [
             Arg::Buf(q.words, 0),
             Arg::Buf(q.scales, 0),
@@ -747,9 +837,8 @@ impl TrellisGpu {
             Arg::F64(f64::from(p.hscale_rows)),
             Arg::I64(OUT_F32),
         ];
-        let threads = [TRELLIS_THREADS, 1, 1];
+        let threads = [threads, 1, 1];
         let reps = reps.max(1);
-        let shared = p.shared_bytes;
         let g = self.rt.capture(|rt| {
             (0..reps).try_for_each(|_| rt.launch(k, [gx, gy, 1], threads, shared, &args))
         })?;
@@ -1042,6 +1131,21 @@ mod tests {
     }
 
     #[test]
+    fn flat_qkv_grids_split_by_rows() {
+        // Llama-3-8B's q (4096 rows) and k, v (1024 each) on 132 blocks: 22 each for k and v,
+        // 88 for q (four times k's, as the rows); SmolLM2-135M's 576 and 192 rows: 26 and 80.
+        assert_eq!(qkv_kv_blocks(132, 4096, 1024), 22);
+        assert_eq!(qkv_kv_blocks(132, 576, 192), 26);
+        // At least one block a slice, q's share never below one (kv's share is under a half).
+        for total in 3..64 {
+            for (q, kv) in [(4096, 1024), (64, 32), (32, 4096), (576, 192)] {
+                let bk = qkv_kv_blocks(total, q, kv);
+                assert!(bk >= 1 && total > 2 * bk, "{total} {q} {kv}");
+            }
+        }
+    }
+
+    #[test]
     fn plans_check_the_shape_before_the_gpu() {
         let p = TrellisPlan::new(&spec(3, 8, 32), 576, 1536, DEFAULT_SMS).unwrap();
         assert_eq!((p.hb_rows, p.hb_cols), (64, 512));
@@ -1051,6 +1155,12 @@ mod tests {
         assert_eq!(p.output_grid(2), (9, 2));
         assert_eq!(p.matvec_grid(1, 1000), (72, 1));
         assert_eq!(p.matvec_grid(1, 4), (4, 1));
+        // A fused launch of 1024 threads takes 32 rows a block (32 lanes a row): 18 blocks.
+        assert_eq!(p.fused_grid(1024, 1, 1000), (18, 1));
+        assert_eq!(
+            p.fused_grid(TRELLIS_THREADS, 1, 1000),
+            p.matvec_grid(1, 1000)
+        );
         assert_eq!(p.weight_bytes(), 576 * 1536 * 3 / 8 + 4 * 576);
         assert!(is_fast(&p.spec));
         assert!(is_fast(&spec(2, 12, 64)) && !is_fast(&spec(2, 16, 64)));
@@ -1076,9 +1186,16 @@ mod tests {
             ..spec(3, 12, 64)
         };
         let mad = spec(3, 12, 64);
-        let env_set = ["MLX_GRAPH_TRELLIS_PREFETCH", "MLX_GRAPH_TRELLIS_ROWS2"]
-            .iter()
-            .any(|k| std::env::var(k).is_ok());
+        let env_set = [
+            "MLX_GRAPH_TRELLIS_PREFETCH",
+            "MLX_GRAPH_TRELLIS_ROWS2",
+            "MLX_GRAPH_TRELLIS_ALIAS",
+            "MLX_GRAPH_TRELLIS_PIPE",
+            "MLX_GRAPH_TRELLIS_THREADS",
+            "MLX_GRAPH_TRELLIS_SPLIT",
+        ]
+        .iter()
+        .any(|k| std::env::var(k).is_ok());
         if !env_set {
             assert_eq!(trellis_source(None), TRELLIS_SOURCE);
             assert_eq!(
@@ -1092,14 +1209,20 @@ mod tests {
             .map(|(i, _)| i)
             .collect();
         let qkv = TRELLIS_SOURCE
-            .find("__global__ void __launch_bounds__(TRELLIS_THREADS, TRELLIS_MIN_BLOCKS) trellis_qkv(")
+            .find(
+                "__global__ void __launch_bounds__(TRELLIS_FUSED_THREADS, \
+                 TRELLIS_FUSED_MIN_BLOCKS) trellis_qkv(",
+            )
             .unwrap();
         let body = qkv + TRELLIS_SOURCE[qkv..].find(") {").unwrap();
         let code = uses.iter().filter(|&&i| i > body).collect::<Vec<_>>();
         assert_eq!(code.len(), 2, "#ifdef and the assignment");
-        assert!(TRELLIS_SOURCE[body..].starts_with(
-            ") {\n#ifdef TRELLIS_V_L\n  if (blockIdx.z == 2) L = TRELLIS_V_L;\n#endif\n"
-        ));
+        // v's slice (zsl, from the grid) takes its L before the first use of L.
+        let set = "#ifdef TRELLIS_V_L\n  if (zsl == 2) L = TRELLIS_V_L;\n#endif\n";
+        let at = body + TRELLIS_SOURCE[body..].find(set).unwrap();
+        let first_use = body + TRELLIS_SOURCE[body..].find("(L, block)").unwrap();
+        assert!(at < first_use);
+        assert!(!TRELLIS_SOURCE[body..at].contains(" L"));
         // Which value projections' specs trellis_qkv pairs with gauss7s's q and k.
         assert_eq!(v_spec_problem(&g7, &mad), None);
         for (code, ok) in [

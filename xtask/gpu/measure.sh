@@ -29,6 +29,7 @@
 #          code (`--q-trellis-code 1mad8h`: the table at hashed indices); t3g7 = the same with
 #          gauss7s (the S-box and its 128-entry table); t3g8 = gauss8s; t3m8s = 1mad8s; t3hy =
 #          the hybrid (gauss7s, the value projections 1mad: `--q-trellis-v-code 1mad`).
+#          TRELLIS_BASE=0 skips the affine models themselves (a second run's switches A/B).
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -51,7 +52,8 @@ for part in ${PARTS:-setup test spec bench moe}; do
       mkdir -p /opt/bin && xz -dc $C/graph_test.xz > /opt/bin/graph_test && chmod +x /opt/bin/graph_test
       mkdir -p mlx-models/tests/models && tar xJf $C/fixtures.tar.xz -C mlx-models/tests/models
       T=${TEST_S:-240}; [ $T -gt $(left) ] && T=$(left)
-      timeout $T /opt/bin/graph_test --test-threads 1 --nocapture ${TESTS:-batched_equals_single} > $OUT/graph_test.log 2>&1
+      echo "== test switches: $(env | grep '^MLX_GRAPH_TRELLIS' | sort | tr '\n' ' ')" >> $OUT/graph_test.log
+      timeout $T /opt/bin/graph_test --test-threads 1 --nocapture ${TESTS:-batched_equals_single} >> $OUT/graph_test.log 2>&1
       echo "test rc=$?" >> $OUT/graph_test.log; tail -4 $OUT/graph_test.log ;;
     ktest)
       [ -f $C/kernels_test.xz ] || { echo "== skip ktest: no kernels_test.xz" | tee -a $OUT/parts.log; continue; }
@@ -59,7 +61,8 @@ for part in ${PARTS:-setup test spec bench moe}; do
       export LD_LIBRARY_PATH="$SITE/mlx/lib" MLXS_GPURT_CACHE=/tmp/gpurt-cache
       mkdir -p /opt/bin && xz -dc $C/kernels_test.xz > /opt/bin/kernels_test && chmod +x /opt/bin/kernels_test
       T=${KTEST_S:-90}; [ $T -gt $(left) ] && T=$(left)
-      timeout $T /opt/bin/kernels_test --test-threads 1 --nocapture ${KTESTS:-trellis_kernels_match_the_cpu_references} > $OUT/kernels_test.log 2>&1
+      echo "== ktest switches: $(env | grep '^MLX_GRAPH_TRELLIS' | sort | tr '\n' ' ')" >> $OUT/kernels_test.log
+      timeout $T /opt/bin/kernels_test --test-threads 1 --nocapture ${KTESTS:-trellis_kernels_match_the_cpu_references} >> $OUT/kernels_test.log 2>&1
       echo "ktest rc=$?" >> $OUT/kernels_test.log; tail -6 $OUT/kernels_test.log ;;
     spec)
       need spec 60 && SPEC_S=60 timeout $(left) bash $C/spec_gpu.sh > $OUT/spec_run.log 2>&1
@@ -129,10 +132,10 @@ for part in ${PARTS:-setup test spec bench moe}; do
       done
       for r in $(seq ${TRELLIS_ROUNDS:-2}); do
         for m in $TM; do
-          for v in $m $(for t in $TW; do echo $m-$t; done); do
+          for v in $([ "${TRELLIS_BASE:-1}" = 1 ] && echo $m) $(for t in $TW; do echo $m-$t; done); do
             for d in ${TRELLIS_DECODERS:-auto mlx}; do
               [ $(left) -lt 30 ] && break 4
-              echo "== trellis round $r $v --decoder $d" >> $OUT/trellis.log
+              echo "== trellis round $r $v --decoder $d switches: $(env | grep '^MLX_GRAPH_TRELLIS' | sort | tr '\n' ' ')" >> $OUT/trellis.log
               timeout $(left) /opt/bin/mlx benchmark --model /opt/models/$v -p ${P:-512} -g ${G:-128} \
                 -n ${N:-3} --json --decoder $d 2>&1 | grep -v '^{"trial"' >> $OUT/trellis.log
             done

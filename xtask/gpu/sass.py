@@ -2,7 +2,7 @@
 machine code: no GPU needed.
 
     python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
-        [--trellis [--trellis-v-l N]]
+        [--trellis [--trellis-v-l N] [--trellis-define TRELLIS_ALIAS ...] [--trellis-define TRELLIS_FUSED_THREADS=1024]]
 
 Prints, for each kernel, ptxas's registers, stack and spills, and for --kernel (default
 matvec) its innermost loops of 1,000 or more instructions with the instruction mix: one a
@@ -154,6 +154,10 @@ def main():
     ap.add_argument("--trellis-v-l", type=int,
                     help="with --trellis: TRELLIS_V_L (the value projections' l_arg, e.g. 12 for 1mad "
                          "L 12), as trellis_source defines it for a model whose v_proj take their own code")
+    ap.add_argument("--trellis-define", action="append", default=[], metavar="NAME",
+                    help="with --trellis: #define NAME 1 (NAME=VALUE: NAME VALUE) first, as trellis_source "
+                         "does for a switch (TRELLIS_ALIAS, TRELLIS_PIPE, TRELLIS_ROWS2, "
+                         "TRELLIS_FUSED_THREADS=1024; repeatable)")
     ap.add_argument("--gptoss", action="store_true",
                     help="gpt_oss's step source: ATTN_SINKS, MOE_OAI, MV_OUT_BIAS and MV_FP4 "
                          "(--kernel matvec_experts: the mxfp4 loop)")
@@ -171,6 +175,8 @@ def main():
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
            + (f"#define TRELLIS_V_L {a.trellis_v_l}\n" if a.trellis and a.trellis_v_l is not None else "")
+           + "".join(f"#define {d.partition('=')[0]} {d.partition('=')[2] or 1}\n"
+                     for d in (a.trellis_define if a.trellis else []))
            + ((ROOT / "mlx-kernels/src/graph_trellis.cu").read_text() if a.trellis else ""))
     cubin, log = compile_cubin(src)
     if not os.path.exists(NVDISASM):

@@ -3,7 +3,8 @@ a GPU, against the Rust CPU references, on seeded random trellis matrices at Smo
 shapes:
 
     cargo run -p mlx-kernels --example trellis_reference -- /tmp/trellis-ref
-    [TRELLIS_EMU_RESIDENT=N] python3 xtask/gpu/trellis_emulate.py /tmp/trellis-ref [CASE ...]
+    [TRELLIS_EMU_RESIDENT=N] [TRELLIS_ROWS2=1] [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] \
+      python3 xtask/gpu/trellis_emulate.py /tmp/trellis-ref [CASE ...]
 
 As `graph_emulate.py` does (its prelude and `__shared__`/barrier/shuffle emulation), the exact
 source (graph_decode.cu, whose helpers it uses, then graph_trellis.cu) is compiled as C++ with
@@ -68,9 +69,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text() for f in ("graph_decode.cu", "graph_trellis.cu"))
-# TRELLIS_ROWS2=1: the source as MLX_GRAPH_TRELLIS_ROWS2=1 compiles it (1mad8's two rows a lane).
-if os.environ.get("TRELLIS_ROWS2") == "1":
-    CU = "#define TRELLIS_ROWS2 1\n" + CU
+# TRELLIS_ROWS2=1: the source as MLX_GRAPH_TRELLIS_ROWS2=1 compiles it (1mad8's two rows a lane);
+# TRELLIS_ALIAS=1 and TRELLIS_PIPE=1 as MLX_GRAPH_TRELLIS_ALIAS=1 and MLX_GRAPH_TRELLIS_PIPE=1 do
+# (the epilogues' Hadamard buffer over the dynamic shared memory; the next block's words loaded
+# before the current one's codes): every check below then runs on that source.
+for _d in ("TRELLIS_ROWS2", "TRELLIS_ALIAS", "TRELLIS_PIPE"):
+    if os.environ.get(_d) == "1":
+        CU = f"#define {_d} 1\n" + CU
 # TRELLIS_EMU_MUTATE: a wrong 1mad8h index (the module doc), for the checks' own check.
 MUTATIONS = {
     "fast": ("const u32 h = st * (128u + (1u << (15 - L)));", "const u32 h = st * 128u;"),

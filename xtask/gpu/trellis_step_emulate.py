@@ -3,7 +3,8 @@ against the model's own MLX forward (mlx-lm has no trellis mode), teacher-forced
 
     cargo run -p mlx-engine --example trellis_graph_fixture -- /tmp/trellis-step
     [TRELLIS_STEP_LPR=1|2|4|...|32] [TRELLIS_STEP_RESIDENT=N] \
-      [TRELLIS_STEP_SRC=DIR] [TRELLIS_STEP_SAVE=FILE.npy] \
+      [TRELLIS_STEP_SRC=DIR] [TRELLIS_STEP_SAVE=FILE.npy] [TRELLIS_STEP_STEPS=N] \
+      [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] [TRELLIS_SPLIT=1] [TRELLIS_FUSED_THREADS=512|1024] \
       $MLX_ORACLE_VENV/bin/python xtask/gpu/trellis_step_emulate.py /tmp/trellis-step
 
 TRELLIS_STEP_SRC takes graph_decode.cu and graph_trellis.cu from DIR instead of this tree's
@@ -118,6 +119,7 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16]), P(const bf16_t*, 17)); }); break;
     case 11: run_grid(gx, gy, bx, [=] { trellis_linear(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(const bf16_t*, 8), P(const bf16_t*, 9), P(void*, 10), L(11), L(12), L(13), L(14), L(15), L(16), L(17), D_(a[18]), L(19), D_(a[20]), L(21), D_(a[22]), L(23)); }); break;
     case 13: run_grid3(gx, gy, 3, bx, [=] { trellis_qkv(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(const bf16_t*, 8), P(bf16_t*, 9), P(bf16_t*, 10), P(bf16_t*, 11), P(const int*, 12), P(const float*, 13), L(14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), L(23), L(24), L(25), L(26), D_(a[27]), D_(a[28]), D_(a[29]), D_(a[30]), L(31)); }); break;
+    case 15: run_grid(gx, gy, bx, [=] { trellis_qkv(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(const bf16_t*, 8), P(bf16_t*, 9), P(bf16_t*, 10), P(bf16_t*, 11), P(const int*, 12), P(const float*, 13), L(14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), L(23), L(24), L(25), L(26), D_(a[27]), D_(a[28]), D_(a[29]), D_(a[30]), L(31)); }); break;
     case 14: run_grid3(gx, gy, 2, bx, [=] { trellis_gate_up(P(const u32*, 0), P(const float*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const float*, 4), P(float*, 5), P(int*, 6), P(const float*, 7), P(bf16_t*, 8), P(bf16_t*, 9), L(10), L(11), L(12), L(13), L(14), L(15), L(16), D_(a[17]), D_(a[18]), L(19), D_(a[20])); }); break;
     case 12: run_grid(gx, gy, bx, [=] { trellis_rope_qkv(P(bf16_t*, 0), P(bf16_t*, 1), P(bf16_t*, 2), P(const int*, 3), P(const float*, 4), L(5), L(6), L(7), L(8), L(9), L(10)); }); break;
   }
@@ -129,6 +131,11 @@ RESIDENT = int(os.environ.get("TRELLIS_STEP_RESIDENT", "3"))  # a grid's cap (on
 LPR = os.environ.get("TRELLIS_STEP_LPR")  # lanes a row for every linear (default: the host's)
 SMS = 132  # graph_trellis.rs DEFAULT_SMS (lanes_per_row's multiprocessors)
 THREADS = 256  # TRELLIS_THREADS
+# TRELLIS_FUSED_THREADS=512|1024: the fused kernels' blocks as MLX_GRAPH_TRELLIS_THREADS makes
+# them (graph_trellis.rs fused_threads); trellis_qkv then takes the flat grid, as it does with
+# TRELLIS_SPLIT=1 (qkv_flat: the slices' blocks in proportion to their rows).
+FUSED = int(os.environ.get("TRELLIS_FUSED_THREADS", "256"))
+FLAT = os.environ.get("TRELLIS_SPLIT") == "1" or FUSED > THREADS
 OUT_RES, OUT_SWIGLU, OUT_BIAS = 2, 4, 64
 ATTN_CHUNK = 64
 
@@ -136,6 +143,15 @@ ATTN_CHUNK = 64
 def build(tmp, v_larg=None):
     # trellis_source(Some(v)): the define before graph_trellis.cu.
     vdef = f"#define TRELLIS_V_L {v_larg}\n" if v_larg is not None else ""
+    # TRELLIS_ALIAS=1, TRELLIS_PIPE=1: the source as MLX_GRAPH_TRELLIS_ALIAS=1 and
+    # MLX_GRAPH_TRELLIS_PIPE=1 compile it (trellis_source's defines; the same bits expected).
+    for d in ("TRELLIS_ALIAS", "TRELLIS_PIPE"):
+        if os.environ.get(d) == "1":
+            vdef = f"#define {d} 1\n" + vdef
+    if FUSED != THREADS:
+        vdef = f"#define TRELLIS_FUSED_THREADS {FUSED}\n" + vdef
+    if FLAT:
+        vdef = "#define TRELLIS_QKV_FLAT 1\n" + vdef
     src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define NB 1\n#define MV_MMA 0\n" + DEC + vdef + TRE
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
@@ -299,10 +315,10 @@ def main():
         lins.append(("head", head_lin))
 
     def tl(lin, x, norm, res, out, mode):
-        rpb = (THREADS // 32) * (32 // lin["lpr"])
+        rpb = (FUSED // 32) * (32 // lin["lpr"])
         blocks = max(1, min(-(-lin["rows"] // rpb), RESIDENT))
         mode |= OUT_BIAS if lin["bias"] is not None else 0
-        launch(lib, 11, (blocks, 1), THREADS,
+        launch(lib, 11, (blocks, 1), FUSED,
                [lin["words"], lin["scales"], x, norm if norm is not None else x, lin["sv"], z, lin["counts"],
                 lin["su"], lin["bias"] if lin["bias"] is not None else lin["su"], res if res is not None else out,
                 out, lin["rows"], lin["cols"], kb, lin["larg"], block, lin["lpr"], lin["hc"], lin["sc"],
@@ -312,9 +328,16 @@ def main():
 
     def qkv_fused(L):
         q, k, f = L["q"], L["k"], L["qkv"]
-        rpb = (THREADS // 32) * (32 // q["lpr"])
+        rpb = (FUSED // 32) * (32 // q["lpr"])
         blocks = max(1, min(-(-q["rows"] // rpb), RESIDENT))
-        launch(lib, 13, (blocks, 1), THREADS,
+        kind = 13
+        if FLAT:
+            # record_trellis_qkv's flat grid: enough blocks for every slice, at most the cap
+            # (three slices' worth here, the emulator's one wave), at least three.
+            rpk = (FUSED // 32) * (32 // k["lpr"])
+            need = -(-q["rows"] // rpb) + 2 * -(-k["rows"] // rpk)
+            blocks, kind = max(3, min(need, 3 * RESIDENT)), 15
+        launch(lib, kind, (blocks, 1), FUSED,
                [f["words"], f["scales"], h, L["inn"], f["sv"], f["z"], f["counts"], f["su"],
                 f["bias"] if f["bias"] is not None else f["su"], qkv, L["kc"], L["vc"], state, rope,
                 nh, nkv, d, cap, L["nrot"], int(s["traditional"]), H, kb, Larg, block, q["lpr"], k["lpr"],
@@ -322,9 +345,9 @@ def main():
 
     def gate_up_fused(L):
         ga, f = L["gate"], L["gu"]
-        rpb = (THREADS // 32) * (32 // ga["lpr"])
+        rpb = (FUSED // 32) * (32 // ga["lpr"])
         blocks = max(1, min(-(-ga["rows"] // rpb), RESIDENT))
-        launch(lib, 14, (blocks, 1), THREADS,
+        launch(lib, 14, (blocks, 1), FUSED,
                [f["words"], f["scales"], h, L["post"], f["sv"], f["z"], f["counts"], f["su"], g, act,
                 ga["rows"], H, kb, Larg, block, ga["lpr"], ga["hc"], ga["sc"], eps, ga["hr"], ga["sr"]])
 
@@ -359,6 +382,10 @@ def main():
             raise SystemExit("an affine head: this script does not pass matvec's logit scale")
 
     tokens, refs = w["tokens"], w["logits"]
+    # TRELLIS_STEP_STEPS=N: the first N steps only (a quick bit-for-bit comparison of a
+    # switch's logits against a full run's first N, TRELLIS_STEP_SAVE).
+    if os.environ.get("TRELLIS_STEP_STEPS"):
+        tokens = tokens[: int(os.environ["TRELLIS_STEP_STEPS"])]
     saved = []
     worst, agree = 0.0, 0
     bit_equal = True
@@ -402,7 +429,7 @@ def main():
     ok = worst <= BOUND_REL and share >= BOUND_AGREE and bit_equal
     lprs = sorted({lin["lpr"] for _, lin in lins})
     vdesc = f" + v_proj {vcode} L {vL}" if vcode is not None else ""
-    print(f"trellis step ({code}{vdesc}, k {kb}, L {Lbits}, blocks of {block}, lanes a row {lprs}, grid cap {RESIDENT}, "
+    print(f"trellis step ({code}{vdesc}, k {kb}, L {Lbits}, blocks of {block}, lanes a row {lprs}, grid cap {RESIDENT}, fused blocks of {FUSED}{' (flat trellis_qkv)' if FLAT else ''}, "
           f"{len(tokens)} teacher-forced steps after a {P}-token prompt): max relative logit difference "
           f"{worst:.6f} (bound {BOUND_REL}), greedy agreement {share:.2f} (bound {BOUND_AGREE}), "
           f"trellis_qkv and trellis_gate_up bit-equal to the unfused launches at every step: {bit_equal} "
