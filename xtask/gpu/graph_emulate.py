@@ -115,6 +115,15 @@ template <class T> inline T shfl(T (&slot)[32][32], T v, int o) {
   g_wbar[w]->arrive_and_wait();
   return r;
 }
+inline unsigned __ballot_sync(unsigned, int p) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_is[w][l] = p != 0;
+  g_wbar[w]->arrive_and_wait();
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) r |= (unsigned)g_is[w][i] << i;
+  g_wbar[w]->arrive_and_wait();
+  return r;
+}
 inline float __shfl_xor_sync(unsigned, float v, int o) { return shfl(g_fs, v, o); }
 inline int __shfl_xor_sync(unsigned, int v, int o) { return shfl(g_is, v, o); }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -231,6 +240,10 @@ MMA = int(os.environ.get("GRAPH_EMU_MMA", "0"))
 # The tensor-core tiles' staged inputs (MMA_KC in the source, `mma_chunk` in graph_decode.rs;
 # a multiple of 512, 0: all of K): GRAPH_EMU_MMA_KC=512 runs every product of K > 512 in chunks.
 MMA_KC = int(os.environ.get("GRAPH_EMU_MMA_KC", "0"))
+# The tensor-core tiles' cp.async ring (MMA_ASYNC in the source, MLX_GRAPH_MMA_ASYNC=1 on the
+# device): GRAPH_EMU_MMA_ASYNC=1 builds this tree's tiles with it (main's reference tile of
+# mma_bit_check stays as it is).
+MMA_ASYNC = int(os.environ.get("GRAPH_EMU_MMA_ASYNC", "0"))
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 # The output projection combines the attention's partials in its prologue (matvec_attn_out;
 # attention launched without counters) where `attn_combine_in_output` in graph_decode.rs
@@ -266,7 +279,8 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
                             NB if nb is None else nb, MMA if mma is None else mma)
     kc = MMA_KC if kc is None else kc
     src = (f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n"
-           f"#define MMA_KC {kc}\n" + (CU if cu is None else cu))
+           f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
+           + (CU if cu is None else cu))
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
     if sinks:
@@ -280,7 +294,8 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
         for a, b in RAW_F32:
             assert a in src, a
             src = src.replace(a, b)
-    tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_raw' if raw_f32 else ''}{tag}"
+    tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_async' if MMA_ASYNC and cu is None else ''}"
+           f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
     cpp, so = os.path.join(tmp, f"emu{tag}.cpp"), os.path.join(tmp, f"emu{tag}.so")
