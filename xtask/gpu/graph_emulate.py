@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -47,6 +47,9 @@ With GRAPH_EMU_MMA=1 (the tensor-core tiles) and GRAPH_EMU_NB=N > 1, `mma_bit_ch
 N-sequence tile against main's 5-sequence tile (c6af23fc's source, from git) 5 sequences at a
 time, every output bit for bit; GRAPH_EMU_MMA_KC=512 stages every product of K > 512 in chunks
 (`mma_chunk` in graph_decode.rs). Widths past 8 are tensor-core tiles only (GRAPH_EMU_MMA=1).
+GRAPH_EMU_MMA_ASYNC=1 builds this tree's tiles with the cp.async weight ring (MMA_ASYNC,
+MLX_GRAPH_MMA_ASYNC=1 on the device; the emulator copies at once, so the check is of the ring's
+slots, halves and order, not of the device's memory ordering).
 
 Needs g++ with C++20 (std::barrier).
 """
