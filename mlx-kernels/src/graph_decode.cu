@@ -1069,7 +1069,26 @@ __device__ __forceinline__ int mv_row_bytes(ll K, ll bits) {
 // The warps' sums are added in warp order in shared memory, and the epilogue runs on one
 // thread a (row group, sequence). Tier: L3 against the single-row kernels (the tensor cores'
 // sums are in their own order), within TEACHER_FORCED_BOUNDS (graph_decode.rs).
+// MMA_ASYNC (the host's switch MLX_GRAPH_MMA_ASYNC=1, wide tiles only; 0 otherwise): each
+// warp's weights and scale/bias words go through a ring of MMA_BATCH slots in shared memory
+// by cp.async, one commit group an item, and an item waits for its own group only
+// (cp.async.wait_group MMA_BATCH - 1, in order). The register loads' way (MMA_ASYNC 0) waits,
+// in sm_90's SASS, for every weight load in flight at each item (one scoreboard for all 8
+// items' loads) and for the item's scale/bias loads right after issuing them (they are packed
+// at once): one memory latency an item and warp
+// (results/gpu/2026-12-06-s36-mmatile). The products' arithmetic and order are the same:
+// every output is the MMA_ASYNC 0 tile's, bit for bit (graph_emulate.py's mma_bit_check).
+#ifndef MMA_ASYNC
+#define MMA_ASYNC 0
+#endif
+#if MMA_ASYNC
+// 6 slots of 640 bytes a warp (30 KiB a block, in static shared memory under 48 KiB with
+// the partial sums): 5 items in flight a warp while one is summed.
+#define MMA_BATCH 6
+#define MMA_SLOT 640
+#else
 #define MMA_BATCH 8
+#endif
 
 // 8 bytes of codes, past L1.
 __device__ __forceinline__ uint2 ld_stream2(const unsigned char* p) {
@@ -1152,6 +1171,27 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async_wait_all() {
 #ifdef __CUDA_ARCH__
   asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+// A 4-byte copy (through L1: cp.async.ca), the ring's commit group and its in-order wait for
+// all but the newest n groups (MMA_ASYNC; the emulator copies at once).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+#ifdef __CUDA_ARCH__
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+#else
+  *(u32*)dst = *(const u32*)src;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int n>
+__device__ __forceinline__ void cp_async_wait_group() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory");
 #endif
 }
 
@@ -1289,8 +1329,20 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
     k.j = k.c * GC + warp;
     return true;
   };
+#if MMA_ASYNC
+  // Warp w's slot u: 16 rows x 32 bytes of codes (row r at 32 r), then 32 words of scales
+  // (row r at word r) and biases (row r at 16 + r), each the aligned word holding the value;
+  // pm[u] bit l: lane l's value is its word's high half.
+  __shared__ __align__(16) unsigned char ring[MV_WARPS][MMA_BATCH][MMA_SLOT];
+  u32 pm[MMA_BATCH];
+  // Lane l copies row l / 2's bytes 16 (l & 1) .. + 16 and row (l & 15)'s scale (l < 16) or
+  // bias.
+  const unsigned char* cw = nullptr;
+  const bf16_t* csb = nullptr;
+#else
   uint2 q[MMA_BATCH][2];
   u32 sb[MMA_BATCH][2];
+#endif
   MmaCur lc = first;  // the next item to load
   // Where lane (g, t) reads in rows block lc.b0 + lc.i: rows g and g + 8 (the last row for
   // those past N).
@@ -1299,6 +1351,21 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
   const bf16_t* lb[2];
   auto rows_at = [&]() {
     const ll rb = blockIdx.x + (ll)(lc.b0 + lc.i) * gridDim.x;
+#if MMA_ASYNC
+    {
+      ll row = 16 * rb + (lane >> 1);
+      row = row < N ? row : N - 1;
+      int pt;
+      ll phys;
+      wt.wrow(row, pt, phys);
+      cw = wt.words(pt) + phys * row_bytes + 16 * (lane & 1);
+      row = 16 * rb + (lane & 15);
+      row = row < N ? row : N - 1;
+      wt.wrow(row, pt, phys);
+      csb = (lane < 16 ? wt.scales(pt) : wt.biases(pt)) + phys * G;
+    }
+    return;
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       ll row = 16 * rb + g + 8 * h;
@@ -1312,6 +1379,21 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
     }
   };
   rows_at();
+#if MMA_ASYNC
+#define MMA_LOAD(u)                                                                    \
+  {                                                                                    \
+    const int j = lc.j;                                                                \
+    const bool on = lc.b0 < nrb && j < G;                                              \
+    const unsigned long long sa = (unsigned long long)(csb + (on ? j : 0));            \
+    if (on) {                                                                          \
+      cp_async16(ring[warp][u] + 16 * lane, cw + 32 * j);                              \
+      cp_async4(ring[warp][u] + 512 + 4 * lane, (const void*)(sa & ~3ull));            \
+    }                                                                                  \
+    pm[u] = __ballot_sync(0xffffffffu, (sa >> 1) & 1);                                 \
+    cp_async_commit();                                                                 \
+    if (advance(lc)) rows_at();                                                        \
+  }
+#else
 #define MMA_LOAD(u)                         \
   {                                         \
     const int j = lc.j;                     \
@@ -1323,6 +1405,7 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
     }                                       \
     if (advance(lc)) rows_at();             \
   }
+#endif
 #pragma unroll
   for (int u = 0; u < MMA_BATCH; ++u) MMA_LOAD(u)
   pdl_wait_then_release();
@@ -1368,7 +1451,33 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
     for (int u = 0; u < MMA_BATCH; ++u) {
       if (cc.b0 < nrb) {
         const int j = cc.j, jl = j - cc.c * GC;
+#if MMA_ASYNC
+        // This item's group is in (all but the MMA_BATCH - 1 newest), every lane's.
+        cp_async_wait_group<MMA_BATCH - 1>();
+        __syncwarp();
+#endif
         if (j < G) {
+#if MMA_ASYNC
+          // The item's codes and (scale, bias) words, as the register loads would hold them.
+          uint2 q[1][2];
+          u32 sb[1][2];
+          {
+            const unsigned char* st = ring[warp][u];
+            q[0][0] = *(const uint2*)(st + 32 * g + 8 * t);
+            q[0][1] = *(const uint2*)(st + 32 * (g + 8) + 8 * t);
+            const u32* sw = (const u32*)(st + 512);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = g + 8 * h;
+              const u32 s16 = (sw[r] >> (16 * ((pm[u] >> r) & 1))) & 0xffffu;
+              const u32 b16 = (sw[16 + r] >> (16 * ((pm[u] >> (16 + r)) & 1))) & 0xffffu;
+              sb[0][h] = s16 | (b16 << 16);
+            }
+          }
+#define MMA_U 0
+#else
+#define MMA_U u
+#endif
           // B's column g of column tile nt: sequence 8 nt + g's inputs (columns past NB
           // multiply zeros).
           u32 bx[MMA_NT][8];
@@ -1393,8 +1502,8 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
           for (int s = 0; s < 4; ++s) {
             // Codes 4 s .. 4 s + 3 of each row: logical k 2t, 2t+1 (a[0], a[1]) and
             // 2t+8, 2t+9 (a[2], a[3]); inputs 4 s .. 4 s + 3 the same k of B.
-            const u32 w0 = (s < 2 ? q[u][0].x : q[u][0].y) >> (16 * (s & 1));
-            const u32 w1 = (s < 2 ? q[u][1].x : q[u][1].y) >> (16 * (s & 1));
+            const u32 w0 = (s < 2 ? q[MMA_U][0].x : q[MMA_U][0].y) >> (16 * (s & 1));
+            const u32 w1 = (s < 2 ? q[MMA_U][1].x : q[MMA_U][1].y) >> (16 * (s & 1));
             const u32 a[4] = {codes_bf2(w0), codes_bf2(w1), codes_bf2(w0 >> 8), codes_bf2(w1 >> 8)};
 #pragma unroll
             for (int nt = 0; nt < MMA_NT; ++nt) {
@@ -1412,10 +1521,15 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
                 const float* xc = mv_chunk_sums(smem + n * xstride, KC);
                 xsum = xc[2 * jl] + xc[2 * jl + 1];
               }
-              acc[nt][e] += lo2f(sb[u][e >> 1]) * d[nt][e] + hi2f(sb[u][e >> 1]) * xsum;
+              acc[nt][e] += lo2f(sb[MMA_U][e >> 1]) * d[nt][e] + hi2f(sb[MMA_U][e >> 1]) * xsum;
             }
           }
         }
+#undef MMA_U
+#if MMA_ASYNC
+        // Every lane is past the slot's words before it is refilled.
+        __syncwarp();
+#endif
         MMA_LOAD(u)
         const int ci = cc.i, cch = cc.c;
         if (advance(cc)) {

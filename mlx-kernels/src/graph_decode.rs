@@ -2273,11 +2273,17 @@ impl GraphDecoder {
             );
         }
         let max_k = s.mv_inputs().into_iter().map(|x| x.0).max().unwrap_or(h);
-        let chunk = wide_from
-            .filter(|&f| nb >= f)
-            .and_then(|_| mma_chunk(s, nb, opts.min_blocks_per_sm));
+        let wide = wide_from.is_some_and(|f| nb >= f);
+        let chunk = wide
+            .then(|| mma_chunk(s, nb, opts.min_blocks_per_sm))
+            .flatten();
         let shared = mv_staged_per_sequence(s, chunk) * nb as u32;
-        if shared + MV_STATIC_SHARED > MV_SHARED_MAX {
+        let static_shared = if wide {
+            mma_static_shared(mma_async())
+        } else {
+            MV_STATIC_SHARED
+        };
+        if shared + static_shared > MV_SHARED_MAX {
             return Err(invalid(
                 "graph_decoder",
                 format!(
@@ -3624,6 +3630,25 @@ const MV_SHARED_MAX: u32 = 227 * 1024;
 const MV_STATIC_SHARED: u32 = 11 * 1024;
 /// The shared memory of a multiprocessor (sm_90: 228 KiB, 1 KiB of it reserved a block).
 const SM_SHARED: u32 = 228 * 1024;
+/// The static shared memory of the wide tensor-core tiles' cp.async ring (`MMA_ASYNC` in the
+/// source: 8 warps x 6 slots x 640 bytes), besides [`MV_STATIC_SHARED`].
+const MMA_RING_SHARED: u32 = 8 * 6 * 640;
+
+/// Whether wide tensor-core tiles stream their weights through the cp.async ring
+/// (`MLX_GRAPH_MMA_ASYNC=1`; off by default: an A/B switch until the device has measured
+/// it, `results/gpu/2026-12-06-s36-mmatile`). Read where the step source's defines are chosen
+/// and where the tiles' shared memory is sized, so the decoder, `mlx` and the tests alike
+/// take it from their environment. The products are bit-equal either way.
+fn mma_async() -> bool {
+    std::env::var("MLX_GRAPH_MMA_ASYNC").is_ok_and(|v| v == "1")
+}
+
+/// The static shared memory bound of a wide tensor-core tile's kernels (`ring`: with the
+/// cp.async ring).
+fn mma_static_shared(ring: bool) -> u32 {
+    MV_STATIC_SHARED + if ring { MMA_RING_SHARED } else { 0 }
+}
+
 /// The chunks of K a tensor-core tile stages are multiples of this many inputs (a group of 64
 /// for each of a block's 8 warps: `MMA_KC` in the source).
 const MMA_KC_STEP: usize = 64 * 8;
@@ -3944,10 +3969,15 @@ fn tile_shape(
 /// (the registers of one: no spills at 16 rows, `results/gpu/2026-12-06-s34-wide`). Past 8
 /// rows always 1: at 128 registers the 16-row loop spills (3 local loads and stores an item).
 fn mma_min_blocks(spec: &GraphSpec, nb: usize) -> u32 {
+    mma_min_blocks_with(spec, nb, mma_async())
+}
+
+/// [`mma_min_blocks`] with the cp.async ring (`ring`) or without.
+fn mma_min_blocks_with(spec: &GraphSpec, nb: usize, ring: bool) -> u32 {
     if nb > TILE_SEQUENCES as usize {
         return 1;
     }
-    let one = nb as u32 * mv_shared_bytes(spec.hidden, 4) + MV_STATIC_SHARED + 1024;
+    let one = nb as u32 * mv_shared_bytes(spec.hidden, 4) + mma_static_shared(ring) + 1024;
     if 2 * one <= SM_SHARED {
         2
     } else {
@@ -3961,13 +3991,24 @@ fn mma_min_blocks(spec: &GraphSpec, nb: usize) -> u32 {
 /// (`MV_MIN_BLOCKS`: `min_blocks`, else [`mma_min_blocks`]). At 8B (down's K 14,336): 6,144
 /// at 8 and 16 rows (16 x 13,056 bytes, one block; 8 x 13,056, two).
 fn mma_chunk(spec: &GraphSpec, nb: usize, min_blocks: Option<u32>) -> Option<usize> {
+    mma_chunk_with(spec, nb, min_blocks, mma_async())
+}
+
+/// [`mma_chunk`] with the cp.async ring (`ring`: its 30 KiB of static shared memory leave
+/// less for the inputs; at 8B, 5,120 at 16 rows and 4,096 at 8) or without.
+fn mma_chunk_with(
+    spec: &GraphSpec,
+    nb: usize,
+    min_blocks: Option<u32>,
+    ring: bool,
+) -> Option<usize> {
     let blocks = min_blocks
-        .unwrap_or_else(|| mma_min_blocks(spec, nb))
+        .unwrap_or_else(|| mma_min_blocks_with(spec, nb, ring))
         .max(1);
     let block = (SM_SHARED / blocks)
         .saturating_sub(1024)
         .min(MV_SHARED_MAX)
-        .saturating_sub(MV_STATIC_SHARED);
+        .saturating_sub(mma_static_shared(ring));
     let room = block / nb.max(1) as u32;
     if spec.mv_shared_per_sequence() <= room {
         return None;
@@ -4068,9 +4109,15 @@ fn step_source(
     } else {
         0
     };
+    // The wide tiles' cp.async ring (MLX_GRAPH_MMA_ASYNC=1): the same bits, its own loads.
+    let ring = if wide && mma4 && mma_async() {
+        "#define MMA_ASYNC 1\n"
+    } else {
+        ""
+    };
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
-         #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{SOURCE}",
+         #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{SOURCE}",
         p.rows,
         p.batch,
         p.early,
@@ -4132,7 +4179,9 @@ fn mv_shared_opt_in(
     chunk: Option<usize>,
 ) -> Result<()> {
     let shared = mv_staged_per_sequence(spec, chunk) * nb as u32;
-    if shared + MV_STATIC_SHARED <= 48 * 1024 {
+    // With the cp.async ring on, the larger static bound (opting in where a module without
+    // the ring would not need it is harmless).
+    if shared + mma_static_shared(mma_async()) <= 48 * 1024 {
         return Ok(());
     }
     let experts = if spec.moe.is_some() {
@@ -5487,26 +5536,40 @@ mod tests {
         // Down's inputs of 16 rows (476 KB) staged in chunks of 6,144: 16 x 13,056 bytes, one
         // block a multiprocessor; at 8 rows two blocks of 8 x 13,056. The K 4,096 products
         // stage all of K (16 x 8,704 bytes).
-        assert_eq!(mma_min_blocks(&s, 16), 1);
-        assert_eq!(mma_min_blocks(&s, 8), 2);
-        assert_eq!(mma_chunk(&s, 16, None), Some(6144));
-        assert_eq!(mma_chunk(&s, 8, None), Some(6144));
+        assert_eq!(mma_min_blocks_with(&s, 16, false), 1);
+        assert_eq!(mma_min_blocks_with(&s, 8, false), 2);
+        assert_eq!(mma_chunk_with(&s, 16, None, false), Some(6144));
+        assert_eq!(mma_chunk_with(&s, 8, None, false), Some(6144));
         assert_eq!(mv_tile_shared(14336, 4, 16, Some(6144)), 16 * 13056);
         assert_eq!(mv_tile_shared(4096, 4, 16, Some(6144)), 16 * 8704);
         assert!(mv_staged_per_sequence(&s, Some(6144)) * 16 + MV_STATIC_SHARED <= MV_SHARED_MAX);
         assert!(
             2 * (mv_tile_shared(14336, 4, 8, Some(6144)) + MV_STATIC_SHARED + 1024) <= SM_SHARED
         );
+        // With the cp.async ring (MLX_GRAPH_MMA_ASYNC=1; 30 KiB more static shared memory
+        // a block): 16 rows stage down in chunks of 5,120 (K 4,096 whole), 8 rows keep two
+        // blocks a multiprocessor with chunks of 4,096.
+        assert_eq!(mma_min_blocks_with(&s, 16, true), 1);
+        assert_eq!(mma_min_blocks_with(&s, 8, true), 2);
+        assert_eq!(mma_chunk_with(&s, 16, None, true), Some(5120));
+        assert_eq!(mma_chunk_with(&s, 8, None, true), Some(4096));
+        assert!(
+            mv_staged_per_sequence(&s, Some(5120)) * 16 + mma_static_shared(true) <= MV_SHARED_MAX
+        );
+        assert_eq!(mv_tile_shared(4096, 4, 16, Some(5120)), 16 * 8704);
         // Every chunk a multiple of 8 groups of 64 (the warps' groups stay in order).
-        for nb in 4..=16 {
-            if let Some(kc) = mma_chunk(&s, nb, None) {
-                assert_eq!(kc % MMA_KC_STEP, 0);
-                let blocks = mma_min_blocks(&s, nb);
-                assert!(
-                    blocks * (nb as u32 * mv_shared_bytes(kc, 4) + MV_STATIC_SHARED + 1024)
-                        <= SM_SHARED,
-                    "{nb} rows"
-                );
+        for ring in [false, true] {
+            for nb in 4..=16 {
+                if let Some(kc) = mma_chunk_with(&s, nb, None, ring) {
+                    assert_eq!(kc % MMA_KC_STEP, 0);
+                    let blocks = mma_min_blocks_with(&s, nb, ring);
+                    assert!(
+                        blocks
+                            * (nb as u32 * mv_shared_bytes(kc, 4) + mma_static_shared(ring) + 1024)
+                            <= SM_SHARED,
+                        "{nb} rows, ring {ring}"
+                    );
+                }
             }
         }
         // A small model's inputs fit whole.
@@ -5514,7 +5577,8 @@ mod tests {
             quant: Some((64, 4)),
             ..tiny_spec()
         };
-        assert_eq!(mma_chunk(&small, 16, None), None);
+        assert_eq!(mma_chunk_with(&small, 16, None, false), None);
+        assert_eq!(mma_chunk_with(&small, 16, None, true), None);
     }
 
     #[test]

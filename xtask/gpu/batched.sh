@@ -65,6 +65,8 @@ for m in ${SERVE_MODELS:-llama31-8b-q4}; do
       # FFMA ones (MLX_GRAPH_WIDE_TILES=0: 3 x 6 for 16 rows at 8B, session 33's engine).
       graphwide) MLX_GRAPH_FIT_ROWS=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphmma) MLX_GRAPH_TENSOR_CORES=4 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
+      # graphasync: the wide tiles with the cp.async ring (MLX_GRAPH_MMA_ASYNC=1, s36 mmatile).
+      graphasync) MLX_GRAPH_MMA_ASYNC=1 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphnarrow) MLX_GRAPH_WIDE_TILES=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphffma) MLX_GRAPH_TENSOR_CORES=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       *) serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder $d --log-level info ;;

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -47,6 +47,9 @@ With GRAPH_EMU_MMA=1 (the tensor-core tiles) and GRAPH_EMU_NB=N > 1, `mma_bit_ch
 N-sequence tile against main's 5-sequence tile (c6af23fc's source, from git) 5 sequences at a
 time, every output bit for bit; GRAPH_EMU_MMA_KC=512 stages every product of K > 512 in chunks
 (`mma_chunk` in graph_decode.rs). Widths past 8 are tensor-core tiles only (GRAPH_EMU_MMA=1).
+GRAPH_EMU_MMA_ASYNC=1 builds this tree's tiles with the cp.async weight ring (MMA_ASYNC,
+MLX_GRAPH_MMA_ASYNC=1 on the device; the emulator copies at once, so the check is of the ring's
+slots, halves and order, not of the device's memory ordering).
 
 Needs g++ with C++20 (std::barrier).
 """
@@ -112,6 +115,15 @@ template <class T> inline T shfl(T (&slot)[32][32], T v, int o) {
   slot[w][l] = v;
   g_wbar[w]->arrive_and_wait();
   T r = slot[w][l ^ o];
+  g_wbar[w]->arrive_and_wait();
+  return r;
+}
+inline unsigned __ballot_sync(unsigned, int p) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_is[w][l] = p != 0;
+  g_wbar[w]->arrive_and_wait();
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) r |= (unsigned)g_is[w][i] << i;
   g_wbar[w]->arrive_and_wait();
   return r;
 }
@@ -231,6 +243,10 @@ MMA = int(os.environ.get("GRAPH_EMU_MMA", "0"))
 # The tensor-core tiles' staged inputs (MMA_KC in the source, `mma_chunk` in graph_decode.rs;
 # a multiple of 512, 0: all of K): GRAPH_EMU_MMA_KC=512 runs every product of K > 512 in chunks.
 MMA_KC = int(os.environ.get("GRAPH_EMU_MMA_KC", "0"))
+# The tensor-core tiles' cp.async ring (MMA_ASYNC in the source, MLX_GRAPH_MMA_ASYNC=1 on the
+# device): GRAPH_EMU_MMA_ASYNC=1 builds this tree's tiles with it (main's reference tile of
+# mma_bit_check stays as it is).
+MMA_ASYNC = int(os.environ.get("GRAPH_EMU_MMA_ASYNC", "0"))
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 # The output projection combines the attention's partials in its prologue (matvec_attn_out;
 # attention launched without counters) where `attn_combine_in_output` in graph_decode.rs
@@ -266,7 +282,8 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
                             NB if nb is None else nb, MMA if mma is None else mma)
     kc = MMA_KC if kc is None else kc
     src = (f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n"
-           f"#define MMA_KC {kc}\n" + (CU if cu is None else cu))
+           f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
+           + (CU if cu is None else cu))
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
     if sinks:
@@ -280,7 +297,8 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
         for a, b in RAW_F32:
             assert a in src, a
             src = src.replace(a, b)
-    tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_raw' if raw_f32 else ''}{tag}"
+    tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_async' if MMA_ASYNC and cu is None else ''}"
+           f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
     cpp, so = os.path.join(tmp, f"emu{tag}.cpp"), os.path.join(tmp, f"emu{tag}.so")
