@@ -46,10 +46,10 @@ pub struct ConvertArgs {
     /// `--q-trellis-l` 9 to 16) or `1mad8s` (as 1mad8h, the top byte through the AES S-box) or
     /// `gauss8s` (1mad8s's index into a stratified 256-entry Gaussian table, L 9 to 16) or
     /// `gauss7s` (its 128-entry twin: the CPU decoder's int8 kernel takes one lookup a 64
-    /// weights fewer). Default: at 3 bits with `--q-trellis-l` 9 to 16, `gauss7s` with the
-    /// value projections in `1mad` (`--q-trellis-v-code`'s default there: the 3-bit recipe
-    /// that meets both the quality and the CPU speed targets, results/quant/
-    /// 2026-12-06-s35-trelq/); otherwise `1mad`.
+    /// weights fewer). Default: at 3 bits in blocks of 64 (`--q-group-size`) with
+    /// `--q-trellis-l` 9 to 16, `gauss7s`, with the value projections in `1mad` unless
+    /// `--q-trellis-v-code` says otherwise (the 3-bit recipe that meets both the quality and
+    /// the CPU speed targets, results/quant/2026-12-06-s35-trelq/); otherwise `1mad`.
     #[arg(
         long,
         value_parser = ["1mad", "1mad8", "1mad8h", "1mad8s", "gauss8s", "gauss7s"]
@@ -60,7 +60,7 @@ pub struct ConvertArgs {
     /// it). `--q-trellis-code gauss7s --q-trellis-v-code 1mad` is the 3-bit recipe that keeps
     /// gauss7s's CPU speed and 1mad's quality (results/quant/2026-12-06-s35-trelq/). Fused
     /// q/k/v projections keep `--q-trellis-code`'s code. Default: `1mad` where neither code is
-    /// given at 3 bits and L 9 to 16 (the recipe above), else the other linears' code.
+    /// given at the 3-bit recipe's shape (above), else the other linears' code.
     #[arg(
         long,
         value_parser = ["1mad", "1mad8", "1mad8h", "1mad8s", "gauss8s", "gauss7s"]
@@ -97,19 +97,28 @@ pub struct ConvertArgs {
 
 impl ConvertArgs {
     /// The trellis codes `--q-mode trellis` uses: the linears' and the value projections'
-    /// (`None`: the linears'). Where neither option is given, 3 bits at L 9 to 16 take the
-    /// 3-bit recipe (gauss7s, value projections 1mad); anything else takes 1mad.
+    /// (`None`: the linears'). At 3 bits in blocks of 64 with L 9 to 16 (the 3-bit recipe's
+    /// shape, where both codes take the kernels' same path on CUDA) the linears default to
+    /// gauss7s and, where `--q-trellis-code` is not given either, the value projections to
+    /// 1mad; every other shape defaults to 1mad. A code given is used as given.
     pub fn trellis_codes(&self) -> (TrellisCode, Option<TrellisCode>) {
         let code = |name: &Option<String>| name.as_deref().and_then(TrellisCode::from_name);
-        let bits = self
-            .q_bits
-            .unwrap_or(mlx_models::config::TRELLIS_DEFAULTS.1);
-        match (code(&self.q_trellis_code), code(&self.q_trellis_v_code)) {
-            (None, None) if bits == 3 && (9..=16).contains(&self.q_trellis_l) => {
-                (TrellisCode::Gauss7S, Some(TrellisCode::Mad))
-            }
-            (c, v) => (c.unwrap_or_default(), v),
-        }
+        let (g, b, _) = mlx_models::config::TRELLIS_DEFAULTS;
+        let recipe = self.q_bits.unwrap_or(b) == 3
+            && self.q_group_size.unwrap_or(g) == 64
+            && (9..=16).contains(&self.q_trellis_l);
+        let (given, given_v) = (code(&self.q_trellis_code), code(&self.q_trellis_v_code));
+        let value = match (given, given_v) {
+            (_, Some(v)) => Some(v),
+            (None, None) if recipe => Some(TrellisCode::Mad),
+            _ => None,
+        };
+        let linears = given.unwrap_or(if recipe {
+            TrellisCode::Gauss7S
+        } else {
+            TrellisCode::Mad
+        });
+        (linears, value)
     }
 
     /// The library's options (the mode name is one clap accepted).
@@ -355,5 +364,56 @@ impl ProgressView {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        a: ConvertArgs,
+    }
+
+    fn codes(extra: &[&str]) -> (TrellisCode, Option<TrellisCode>) {
+        let mut args = vec!["convert", "--hf-path", "src", "-q", "--q-mode", "trellis"];
+        args.extend_from_slice(extra);
+        Cmd::try_parse_from(args).unwrap().a.trellis_codes()
+    }
+
+    #[test]
+    fn the_3_bit_recipe_is_the_default_only_at_its_shape() {
+        use TrellisCode::{Gauss7S, Mad, Mad8H};
+        let recipe = (Gauss7S, Some(Mad));
+        assert_eq!(codes(&["--q-bits", "3"]), recipe);
+        assert_eq!(codes(&["--q-bits", "3", "--q-group-size", "64"]), recipe);
+        assert_eq!(codes(&["--q-bits", "3", "--q-trellis-l", "9"]), recipe);
+        // Other shapes (gauss7s's blocks, the CUDA kernels' paths, other bits) take 1mad.
+        for other in [
+            &["--q-bits", "3", "--q-group-size", "32"][..],
+            &["--q-bits", "3", "--q-group-size", "256"],
+            &["--q-bits", "3", "--q-trellis-l", "8"],
+            &["--q-bits", "2"],
+            &["--q-bits", "4"],
+            &[],
+        ] {
+            assert_eq!(codes(other), (Mad, None), "{other:?}");
+        }
+        // A code given is used as given; the other keeps its default.
+        assert_eq!(
+            codes(&["--q-bits", "3", "--q-trellis-code", "1mad"]),
+            (Mad, None)
+        );
+        assert_eq!(
+            codes(&["--q-bits", "3", "--q-trellis-v-code", "1mad8h"]),
+            (Gauss7S, Some(Mad8H))
+        );
+        assert_eq!(
+            codes(&["--q-bits", "2", "--q-trellis-v-code", "1mad8h"]),
+            (Mad, Some(Mad8H))
+        );
     }
 }

@@ -1103,7 +1103,15 @@ impl GraphKeep {
                 && !k.dec.is_broken()
         });
         let mut dec = k.take().filter(|_| fits)?.dec;
-        dec.unpark().ok()?;
+        if dec.unpark().is_err() {
+            // MLX's buffer cache (the prompt's freed activations) may hold the memory the
+            // region needs: it goes back to the device and the mapping is tried once more.
+            if mlx_core::memory::cache_memory().ok()? == 0 {
+                return None;
+            }
+            mlx_core::memory::clear_cache().ok()?;
+            dec.unpark().ok()?;
+        }
         Some(dec)
     }
 

@@ -2267,7 +2267,7 @@ impl GraphDecoder {
                 if rt.parkable_bytes() > 0 {
                     "parkable"
                 } else {
-                    "not parkable: no virtual memory management"
+                    "not parkable: no virtual memory management here, or it refused the region"
                 },
                 rt.allocated()
             );

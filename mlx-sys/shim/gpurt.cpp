@@ -110,6 +110,9 @@ constexpr int kMemoryTypeUnified = 4;  // CU_MEMORYTYPE_UNIFIED: any address of 
 constexpr int kAttrCcMajor = 75;            // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 constexpr int kAttrCcMinor = 76;            // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
 constexpr int kAttrSmCount = 16;            // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: a driver may export the VMM entry
+// points for a device (or a vGPU/WSL setup) that refuses them.
+constexpr int kAttrVmmSupported = 102;
 constexpr int kFuncMaxDynamicShared = 8;    // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
 constexpr int kCaptureThreadLocal = 1;      // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
@@ -827,22 +830,43 @@ int mlxs_gpurt_alloc_parkable(mlxs_gpurt rt, const size_t* sizes, size_t n,
     }
     const Driver& d = rt->d();
     const uint32_t first = static_cast<uint32_t>(rt->buffers.size());
-    if (!d.vmm()) {
-      // No virtual memory management: plain buffers, never parked.
-      for (size_t i = 0; i < n; ++i) alloc_buffer(*rt, sizes[i]);
+    // Plain buffers, never parked: where the driver or the device has no virtual memory
+    // management, or refuses the region. A failure part way frees what it allocated.
+    auto plain = [&] {
+      try {
+        for (size_t i = 0; i < n; ++i) alloc_buffer(*rt, sizes[i]);
+      } catch (...) {
+        while (rt->buffers.size() > first) {
+          d.cuMemFree(rt->buffers.back().first);
+          rt->allocated -= rt->buffers.back().second;
+          rt->buffers.pop_back();
+          rt->borrowed.pop_back();
+        }
+        throw;
+      }
       rt->park_first = first;
       rt->park_end = static_cast<uint32_t>(rt->buffers.size());
       *out_first = first;
+    };
+    int vmm_on = 0;
+    if (!d.vmm() || d.cuDeviceGetAttribute(&vmm_on, kAttrVmmSupported, rt->device) != 0 ||
+        vmm_on == 0) {
+      plain();
       return;
     }
     MemAllocationProp prop = park_prop(*rt);
     size_t gran = 0;
-    check(d.cuMemGetAllocationGranularity(&gran, &prop, kMemGranularityMinimum),
-          "cuMemGetAllocationGranularity");
+    if (d.cuMemGetAllocationGranularity(&gran, &prop, kMemGranularityMinimum) != 0) {
+      plain();
+      return;
+    }
     if (gran == 0) gran = size_t(2) << 20;
     const size_t size = (total + gran - 1) / gran * gran;
     CUdeviceptr base = 0;
-    check(d.cuMemAddressReserve(&base, size, 0, 0, 0), "cuMemAddressReserve");
+    if (d.cuMemAddressReserve(&base, size, 0, 0, 0) != 0) {
+      plain();
+      return;
+    }
     rt->park_base = base;
     rt->park_size = size;
     try {
@@ -851,7 +875,10 @@ int mlxs_gpurt_alloc_parkable(mlxs_gpurt rt, const size_t* sizes, size_t n,
       d.cuMemAddressFree(base, size);
       rt->park_base = 0;
       rt->park_size = 0;
-      throw;
+      // The region refused (not supported there, or no memory): plain buffers, whose own
+      // failure is the one reported.
+      plain();
+      return;
     }
     for (size_t i = 0; i < n; ++i) {
       rt->buffers.emplace_back(base + offsets[i], sizes[i]);
