@@ -1722,17 +1722,9 @@ mod device_peak_tests {
     /// it keeps while parked (session 35's 8B: 1.8 MB of 94 MB) rides beside the prompt's peak.
     #[test]
     fn a_parked_decoder_adds_only_its_small_state_to_the_prompts_peak() {
+        // Taken, its cache's memory is mapped again through the build's window (`run`'s).
         const PARKED: usize = 1_815_000;
-        let mut p = DevicePeak {
-            extra: PARKED,
-            floor: 4_520_000_000,
-            closed: 4_600_000_000,
-        };
-        p.close(PROMPT_PEAK, LIVE, PARKED);
-        // Taken: its cache's memory mapped again through the build's window.
-        p.extra = PARKED.max(DEC);
-        p.close(LIVE + 1_000_000, LIVE, DEC);
-        assert_eq!(p.with_window(LIVE + 2_000_000), PROMPT_PEAK + PARKED);
+        assert_eq!(run(PARKED), PROMPT_PEAK + PARKED);
     }
 
     #[test]

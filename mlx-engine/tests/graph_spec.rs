@@ -415,14 +415,16 @@ fn a_trellis_model_maps_its_trellis_linears() {
     assert!(why.contains("layers.0.o_proj: not trellis-coded"), "{why}");
 }
 
-/// A `1mad8h` model (L 12, `mlx convert --q-trellis-code 1mad8h`'s shape) maps and passes the
-/// decoder's check (`TrellisPlan::new` refused the code before its CUDA path).
-#[test]
-fn a_1mad8h_trellis_model_passes_the_decoders_check() {
-    use mlx_core::cpu::trellis::TrellisCode;
+/// `dense_bf16_untied` converted to trellis 3-bit at L 12 (blocks of 64, seed 0) with `code`,
+/// the value projections with `v_code` where given, into the test folder's `name`.
+fn trellis3_model(
+    name: &str,
+    code: mlx_core::cpu::trellis::TrellisCode,
+    v_code: Option<mlx_core::cpu::trellis::TrellisCode>,
+) -> std::path::PathBuf {
     use mlx_models::config::TrellisParams;
     use mlx_models::convert::{convert, ConvertOptions};
-    let dst = tmp().join("trellis3_1mad8h");
+    let dst = tmp().join(name);
     let _ = std::fs::remove_dir_all(&dst);
     let opts = ConvertOptions {
         quantize: true,
@@ -430,8 +432,9 @@ fn a_1mad8h_trellis_model_passes_the_decoders_check() {
         trellis: Some(TrellisParams {
             trellis_l: 12,
             seed: 0,
-            trellis_code: TrellisCode::Mad8H,
+            trellis_code: code,
         }),
+        trellis_value_code: v_code,
         ..ConvertOptions::default()
     };
     convert(
@@ -441,6 +444,15 @@ fn a_1mad8h_trellis_model_passes_the_decoders_check() {
         &mut |_| {},
     )
     .unwrap();
+    dst
+}
+
+/// A `1mad8h` model (L 12, `mlx convert --q-trellis-code 1mad8h`'s shape) maps and passes the
+/// decoder's check (`TrellisPlan::new` refused the code before its CUDA path).
+#[test]
+fn a_1mad8h_trellis_model_passes_the_decoders_check() {
+    use mlx_core::cpu::trellis::TrellisCode;
+    let dst = trellis3_model("trellis3_1mad8h", TrellisCode::Mad8H, None);
     let model = load(&dst);
     let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
     let t = spec.trellis.expect("a trellis spec");
@@ -454,32 +466,12 @@ fn a_1mad8h_trellis_model_passes_the_decoders_check() {
 #[test]
 fn sbox_trellis_models_pass_the_decoders_check() {
     use mlx_core::cpu::trellis::TrellisCode;
-    use mlx_models::config::TrellisParams;
-    use mlx_models::convert::{convert, ConvertOptions};
     for code in [
         TrellisCode::Gauss7S,
         TrellisCode::Gauss8S,
         TrellisCode::Mad8S,
     ] {
-        let dst = tmp().join(format!("trellis3_{}", code.name()));
-        let _ = std::fs::remove_dir_all(&dst);
-        let opts = ConvertOptions {
-            quantize: true,
-            q_bits: Some(3),
-            trellis: Some(TrellisParams {
-                trellis_l: 12,
-                seed: 0,
-                trellis_code: code,
-            }),
-            ..ConvertOptions::default()
-        };
-        convert(
-            &models().join("dense_bf16_untied"),
-            &dst,
-            &opts,
-            &mut |_| {},
-        )
-        .unwrap();
+        let dst = trellis3_model(&format!("trellis3_{}", code.name()), code, None);
         let model = load(&dst);
         let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
         let t = spec.trellis.expect("a trellis spec");
@@ -496,28 +488,11 @@ fn sbox_trellis_models_pass_the_decoders_check() {
 #[test]
 fn a_hybrid_trellis_model_passes_the_decoders_check() {
     use mlx_core::cpu::trellis::TrellisCode;
-    use mlx_models::config::TrellisParams;
-    use mlx_models::convert::{convert, ConvertOptions};
-    let dst = tmp().join("trellis3_hybrid");
-    let _ = std::fs::remove_dir_all(&dst);
-    let opts = ConvertOptions {
-        quantize: true,
-        q_bits: Some(3),
-        trellis: Some(TrellisParams {
-            trellis_l: 12,
-            seed: 0,
-            trellis_code: TrellisCode::Gauss7S,
-        }),
-        trellis_value_code: Some(TrellisCode::Mad),
-        ..ConvertOptions::default()
-    };
-    convert(
-        &models().join("dense_bf16_untied"),
-        &dst,
-        &opts,
-        &mut |_| {},
-    )
-    .unwrap();
+    let dst = trellis3_model(
+        "trellis3_hybrid",
+        TrellisCode::Gauss7S,
+        Some(TrellisCode::Mad),
+    );
     let model = load(&dst);
     assert_eq!(model_unsupported(model.as_ref()), None);
     let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
