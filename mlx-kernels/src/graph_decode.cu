@@ -436,6 +436,18 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 #define MV_EARLY MV_BATCH
 #endif
 
+// MV_ASYNC (the host's switch MLX_GRAPH_MV_ASYNC=1; 0 otherwise): the FFMA row kernels'
+// (mv_run's) scales and biases are kept as loaded, each 16-bit value zero-extended in a
+// register of its own (the item's sb and bi), and read as floats only where the item is
+// summed. Packed into one word at the load (ld_sb, MV_ASYNC 0), ptxas issues the pack (a PRMT)
+// right after the loads, so each refill waits a memory latency for its own scale and bias
+// and the items in flight no longer hide it (results/gpu/2026-12-06-s36-mmatile, section 5).
+// Both ways read the same values and sum them in the same order: every output is MV_ASYNC 0's,
+// bit for bit (graph_emulate.py's nb_bit_check; results/gpu/2026-12-06-s36-mvload).
+#ifndef MV_ASYNC
+#define MV_ASYNC 0
+#endif
+
 // Where a matrix's rows are: the loaded model's own arrays as MLX holds them (issue #30: no
 // copy), one to three parts, each with its words (rows of K bfloat16 values or K BITS-bit
 // codes) and, quantized, its bfloat16 scales and biases ([rows, K / gs] each, MLX's layout).
@@ -537,7 +549,12 @@ struct MvStream {
   ll N, groups, stride;
   int row_bytes, C, G, gs_shift, per_lane, lane;
   uint4 q[MV_BATCH][MV_ROWS];
+  // A row's group's scale and bias: one word, scale in the low half (ld_sb); with MV_ASYNC, the
+  // scale alone in sb's low half and the bias in bi's (mxfp4: sb the scale, bi unused).
   u32 sb[MV_BATCH][MV_ROWS];
+#if MV_ASYNC
+  u32 bi[MV_BATCH][MV_ROWS];
+#endif
   ll lp;  // the next item to load: row group lp, chunk lane + 32 lk
   int lk;
   // Row group lp's rows (Wts): row r is row a + r of part 0 (WMAP_ONE); row a + (r >> 1) of
@@ -604,6 +621,36 @@ struct MvStream {
     }
     return ld_sb(sp, bp, (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g);
   }
+  // MV_ASYNC: the same group's scale into s and bias into b, each as loaded (zero-extended).
+  __device__ __forceinline__ void scale_bias_raw(int rr, int g, u32& s, u32& b) const {
+    const bf16_t* ps;
+    const bf16_t* pb;
+    int i;
+    if (MAP == WMAP_ONE) {
+      ps = wt.s0;
+      pb = wt.b0;
+      i = ia + rr * G + g;
+    } else if (MAP == WMAP_PAIR) {
+      ps = rr & 1 ? wt.s1 : wt.s0;
+      pb = rr & 1 ? wt.b1 : wt.b0;
+      i = ia + (rr >> 1) * G + g;
+    } else {
+      ps = sp;
+      pb = bp;
+      i = (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g;
+    }
+    s = ps[i];
+    b = pb[i];
+  }
+  // Slot u's row r's scale and bias as floats (where the item is summed).
+  __device__ __forceinline__ float scale_f(int u, int r) const { return lo2f(sb[u][r]); }
+  __device__ __forceinline__ float bias_f(int u, int r) const {
+#if MV_ASYNC
+    return lo2f(bi[u][r]);
+#else
+    return hi2f(sb[u][r]);
+#endif
+  }
   // mxfp4: row rr's group g's scale (a byte in the part's scales), halved, as float bits.
   __device__ __forceinline__ u32 scale_fp4(int rr, int g) const {
     const unsigned char* s0 = (const unsigned char*)wt.s0;
@@ -622,7 +669,12 @@ struct MvStream {
       for (int r = 0; r < MV_ROWS; ++r) {
         const int rr = r < last ? r : last;
         q[u][r] = ld_stream((const uint4*)words(rr) + c);
+#if MV_ASYNC
+        if (BITS != 16 && FP4) sb[u][r] = scale_fp4(rr, g);
+        if (BITS != 16 && !FP4) scale_bias_raw(rr, g, sb[u][r], bi[u][r]);
+#else
         if (BITS != 16) sb[u][r] = FP4 ? scale_fp4(rr, g) : scale_bias(rr, g);
+#endif
       }
     }
     if (++lk == per_lane) {
@@ -640,6 +692,9 @@ struct MvStream {
       for (int r = 0; r < MV_ROWS; ++r) {
         q[u][r] = q[u + 1][r];
         sb[u][r] = sb[u + 1][r];
+#if MV_ASYNC
+        bi[u][r] = bi[u + 1][r];
+#endif
       }
     }
   }
@@ -670,7 +725,7 @@ struct MvStream {
         const float xsum = ((const float*)((const unsigned char*)xc + b * xstride))[c];
 #pragma unroll
         for (int r = 0; r < MV_ROWS; ++r)
-          acc[b][r] = ::scale_bias(acc[b][r], lo2f(sb[u][r]), d[r], hi2f(sb[u][r]), xsum);
+          acc[b][r] = ::scale_bias(acc[b][r], scale_f(u, r), d[r], bias_f(u, r), xsum);
       }
     }
     if (BITS != 16 && !FP4 && NB > 1) qchunk_rows(u, c, xs, xc, xstride, acc);
@@ -736,7 +791,7 @@ struct MvStream {
       const float xsum = ((const float*)((const unsigned char*)xc + b * xstride))[c];
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r)
-        acc[b][r] = ::scale_bias(acc[b][r], lo2f(sb[u][r]), d[b][r], hi2f(sb[u][r]), xsum);
+        acc[b][r] = ::scale_bias(acc[b][r], scale_f(u, r), d[b][r], bias_f(u, r), xsum);
     }
   }
 };

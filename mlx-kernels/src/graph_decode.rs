@@ -3643,6 +3643,26 @@ fn mma_async() -> bool {
     std::env::var("MLX_GRAPH_MMA_ASYNC").is_ok_and(|v| v == "1")
 }
 
+/// Whether the FFMA row kernels (graph_decode.cu's `mv_run`: the one-row step, the FFMA tiles
+/// and speculative decoding's verify rows) keep each item's scales and biases as loaded and
+/// read them where the item is summed (`MLX_GRAPH_MV_ASYNC=1`; off by default: an A/B switch
+/// until the device has measured it, `results/gpu/2026-12-06-s36-mvload`). Read where the step
+/// source's defines are chosen, so the decoder, `mlx` and the tests alike take it from their
+/// environment. Every output is bit-equal either way.
+fn mv_async() -> bool {
+    std::env::var("MLX_GRAPH_MV_ASYNC").is_ok_and(|v| v == "1")
+}
+
+/// The step source's define for [`mv_async`] (`on`), empty when off (the source then is
+/// main's, byte for byte, so its cached kernels stay valid).
+fn mv_async_define(on: bool) -> &'static str {
+    if on {
+        "#define MV_ASYNC 1\n"
+    } else {
+        ""
+    }
+}
+
 /// The static shared memory bound of a wide tensor-core tile's kernels (`ring`: with the
 /// cp.async ring).
 fn mma_static_shared(ring: bool) -> u32 {
@@ -4115,9 +4135,12 @@ fn step_source(
     } else {
         ""
     };
+    // The FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1): the same bits.
+    let mv_async = mv_async_define(mv_async());
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
-         #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{SOURCE}",
+         #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
+         {SOURCE}",
         p.rows,
         p.batch,
         p.early,
@@ -5471,6 +5494,27 @@ mod tests {
             }
         }
         (widths.len(), tiles + keys.len())
+    }
+
+    #[test]
+    fn the_row_kernels_deferred_scale_reads_are_one_define() {
+        // MLX_GRAPH_MV_ASYNC=1 adds one define; off, the source is main's (its kernel cache
+        // entries stay valid), and the kernel source's default is off.
+        assert_eq!(mv_async_define(true), "#define MV_ASYNC 1\n");
+        assert_eq!(mv_async_define(false), "");
+        assert!(SOURCE.contains("#ifndef MV_ASYNC\n#define MV_ASYNC 0\n#endif"));
+        let p = SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+        };
+        let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
+        assert_eq!(
+            src.contains("#define MV_ASYNC 1\n"),
+            mv_async(),
+            "the step source follows MLX_GRAPH_MV_ASYNC"
+        );
     }
 
     #[test]
