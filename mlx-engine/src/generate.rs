@@ -751,10 +751,19 @@ impl<'m> GenerateStep<'m> {
             .as_ref()
             .and_then(|k| k.take(model, &spec, room));
         let took = taking.elapsed().as_secs_f64();
-        if let Some((y, _, lse)) = &self.y {
-            mlx_core::eval([y, lse])?;
+        let prompt_in = (|| -> mlx_core::Result<()> {
+            if let Some((y, _, lse)) = &self.y {
+                mlx_core::eval([y, lse])?;
+            }
+            mlx_core::synchronize()
+        })();
+        if let Err(e) = prompt_in {
+            // The prompt failed: the kept decoder goes back (parked) for the next generation.
+            if let (Some(d), Some(k)) = (kept, &self.opts.graph_keep) {
+                k.put(crate::graph::model_id(model), spec, d);
+            }
+            return Err(e.into());
         }
-        mlx_core::synchronize()?;
         graph_memory_line("the prompt is in", before, &self.device_peak);
         if let Some(d) = &kept {
             graph_memory_line(
