@@ -33,6 +33,36 @@ fn rel(a: &[f32], b: &[f32]) -> f32 {
     (num / den).sqrt()
 }
 
+/// `mlx convert` of `src` into `dst` as trellis `bits` at L `l` with sign seed `seed`, then
+/// `extra`: the exit code, stdout and stderr.
+fn convert_trellis(
+    src: &Path,
+    dst: &Path,
+    bits: &str,
+    l: &str,
+    seed: &str,
+    extra: &[&str],
+) -> (i32, String, String) {
+    let mut args = vec![
+        "convert",
+        "--hf-path",
+        src.to_str().unwrap(),
+        "--mlx-path",
+        dst.to_str().unwrap(),
+        "-q",
+        "--q-mode",
+        "trellis",
+        "--q-bits",
+        bits,
+        "--q-trellis-l",
+        l,
+        "--q-seed",
+        seed,
+    ];
+    args.extend_from_slice(extra);
+    mlx(&args)
+}
+
 #[test]
 fn trellis_conversions_load_dequantize_and_improve_with_bits() {
     let out = std::env::temp_dir().join(format!("mlx-trellis-cli-{}", std::process::id()));
@@ -42,22 +72,7 @@ fn trellis_conversions_load_dequantize_and_improve_with_bits() {
     let mut errors = Vec::new();
     for bits in ["2", "3", "4"] {
         let dst = out.join(format!("t{bits}"));
-        let (code, stdout, stderr) = mlx(&[
-            "convert",
-            "--hf-path",
-            src().to_str().unwrap(),
-            "--mlx-path",
-            dst.to_str().unwrap(),
-            "-q",
-            "--q-mode",
-            "trellis",
-            "--q-bits",
-            bits,
-            "--q-trellis-l",
-            "10",
-            "--q-seed",
-            "7",
-        ]);
+        let (code, stdout, stderr) = convert_trellis(&src(), &dst, bits, "10", "7", &[]);
         assert_eq!(code, 0, "{stderr}");
         assert!(stdout.contains("bits per weight"), "{stdout}");
         let config: Value =
@@ -198,26 +213,15 @@ fn held_out_hessians_choose_each_linears_seed() {
     let source_dir = src();
     let convert = |name: &str, extra: &[&str]| {
         let dst = out.join(name);
-        let mut args = vec![
-            "convert",
-            "--hf-path",
-            source_dir.to_str().unwrap(),
-            "--mlx-path",
-            dst.to_str().unwrap(),
-            "-q",
-            "--q-mode",
-            "trellis",
-            "--q-bits",
+        let calib = ["--q-hessians", calib.to_str().unwrap()];
+        let (code, stdout, stderr) = convert_trellis(
+            &source_dir,
+            &dst,
             "2",
-            "--q-trellis-l",
             "8",
-            "--q-seed",
             "7",
-            "--q-hessians",
-            calib.to_str().unwrap(),
-        ];
-        args.extend(extra);
-        let (code, stdout, stderr) = mlx(&args);
+            &[&calib[..], extra].concat(),
+        );
         assert_eq!(code, 0, "{stderr}");
         (dst, stdout)
     };
@@ -330,24 +334,7 @@ fn value_projections_take_their_own_code() {
     let source = src();
     let convert = |name: &str, extra: &[&str]| -> (i32, String, PathBuf) {
         let dst = out.join(name);
-        let mut args = vec![
-            "convert",
-            "--hf-path",
-            source.to_str().unwrap(),
-            "--mlx-path",
-            dst.to_str().unwrap(),
-            "-q",
-            "--q-mode",
-            "trellis",
-            "--q-bits",
-            "3",
-            "--q-trellis-l",
-            "10",
-            "--q-seed",
-            "3",
-        ];
-        args.extend_from_slice(extra);
-        let (code, _, stderr) = mlx(&args);
+        let (code, _, stderr) = convert_trellis(&source, &dst, "3", "10", "3", extra);
         (code, stderr, dst)
     };
     let (code, stderr, mixed) = convert(

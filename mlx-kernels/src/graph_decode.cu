@@ -317,17 +317,14 @@ __device__ __forceinline__ uint4 xs_scale(uint4 o, ll bits) {
   return o;
 }
 
-// Chunk c (16 bytes of each of MV_ROWS quantized rows: 4 words of BITS-bit codes, 32 / BITS a
-// word, the lowest bits first) against the matching inputs: d[r] = sum(q_r * x).
-template <int BITS>
-__device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, float* d) {
-  constexpr int PER = 32 / BITS;
-  constexpr int VALS = 4 * PER;
-  float x[VALS];
+// Chunk c's N 16-byte pieces of bfloat16 inputs (slots c N .. c N + N - 1 of the swizzled
+// shared input, xs_slot) as 8 N floats: qchunk's and qchunk_fp4's input load.
+template <int N>
+__device__ __forceinline__ void chunk_inputs(const bf16_t* xs, int c, float* x) {
   const uint4* xv = (const uint4*)xs;
 #pragma unroll
-  for (int i = 0; i < VALS / 8; ++i) {
-    const uint4 t = xv[xs_slot(c * (VALS / 8) + i)];
+  for (int i = 0; i < N; ++i) {
+    const uint4 t = xv[xs_slot(c * N + i)];
     x[8 * i + 0] = lo2f(t.x);
     x[8 * i + 1] = hi2f(t.x);
     x[8 * i + 2] = lo2f(t.y);
@@ -337,6 +334,16 @@ __device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, 
     x[8 * i + 6] = lo2f(t.w);
     x[8 * i + 7] = hi2f(t.w);
   }
+}
+
+// Chunk c (16 bytes of each of MV_ROWS quantized rows: 4 words of BITS-bit codes, 32 / BITS a
+// word, the lowest bits first) against the matching inputs: d[r] = sum(q_r * x).
+template <int BITS>
+__device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, float* d) {
+  constexpr int PER = 32 / BITS;
+  constexpr int VALS = 4 * PER;
+  float x[VALS];
+  chunk_inputs<VALS / 8>(xs, c, x);
   // Each word's codes are summed on their own, then the words' sums in order: four short
   // chains of dependent adds a row rather than one long one.
   float t[4][MV_ROWS];
@@ -365,19 +372,7 @@ __device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, 
 // order (qchunk's order).
 __device__ __forceinline__ void qchunk_fp4(const uint4* w, const bf16_t* xs, int c, float* d) {
   float x[32];
-  const uint4* xv = (const uint4*)xs;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 t = xv[xs_slot(c * 4 + i)];
-    x[8 * i + 0] = lo2f(t.x);
-    x[8 * i + 1] = hi2f(t.x);
-    x[8 * i + 2] = lo2f(t.y);
-    x[8 * i + 3] = hi2f(t.y);
-    x[8 * i + 4] = lo2f(t.z);
-    x[8 * i + 5] = hi2f(t.z);
-    x[8 * i + 6] = lo2f(t.w);
-    x[8 * i + 7] = hi2f(t.w);
-  }
+  chunk_inputs<4>(xs, c, x);
   float t[4][MV_ROWS];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
