@@ -57,8 +57,10 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// `MLX_GRAPH_TRELLIS_PIPE=1`, `TRELLIS_PIPE 1` (the product's next block of words loaded
 /// before the current one's codes); with `MLX_GRAPH_TRELLIS_THREADS=512` or `1024`,
 /// `TRELLIS_FUSED_THREADS` (the decoder's fused kernels' blocks: [`fused_threads`]); with
-/// [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid split by rows). All are
-/// the same bits, off by default: the device's A/B.
+/// [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid split by rows); with
+/// `MLX_GRAPH_TRELLIS_STATES=1`, `TRELLIS_STATES 1` (the S-box codes' product from one table of
+/// every 12-bit state's code: [`state_table`]). All are the same bits, off by default: the
+/// device's A/B.
 /// [`TrellisGpu`] (the `cuda` test set's kernel check) compiles this source too, so the
 /// switches reach the kernel test as they reach the decoder.
 pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
@@ -84,6 +86,9 @@ pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
     }
     if qkv_flat() {
         define.push_str("#define TRELLIS_QKV_FLAT 1\n");
+    }
+    if state_table() {
+        define.push_str("#define TRELLIS_STATES 1\n");
     }
     format!("{define}{TRELLIS_SOURCE}")
 }
@@ -142,6 +147,20 @@ pub fn epilogue_shared_bytes(bytes: u32, hb_rows: usize) -> u32 {
     }
 }
 
+/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_STATES`
+/// (`MLX_GRAPH_TRELLIS_STATES=1`): the S-box codes' (`1mad8s`, `gauss8s`, `gauss7s`) fast paths
+/// at `L` 12 read each weight's code from one table of the 4,096 states' codes (bytes, four a
+/// word, 32 copies: [`STATE_WORDS`]) instead of the S-box then the code's table: one
+/// shared-memory load a weight instead of two, the same bits. Its plans take the bigger table
+/// ([`lut_floats`]).
+pub fn state_table() -> bool {
+    env_is("MLX_GRAPH_TRELLIS_STATES", "1")
+}
+
+/// Words of the states' table ([`state_table`]; `TRELLIS_STATE_WORDS`): 4,096 byte codes, four a
+/// word, 32 copies of each word (128 KiB).
+pub const STATE_WORDS: usize = 1024 * 32;
+
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
 /// checks).
 pub const TRELLIS_KERNELS: [(&str, u32); 10] = [
@@ -197,12 +216,19 @@ pub const LUT_FLOATS: usize = 8192;
 /// Floats of the tables at the start of a plan's dynamic shared memory (`trellis_lut_floats`):
 /// none where the product computes its codes; 1mad8's table ([`LUT_FLOATS`]) for 1mad8 and
 /// 1mad8h; for the S-box codes the S-box (256 entries, 32 copies: [`LUT_FLOATS`]) then the
-/// code table (256 entries, 32 copies; gauss7s's 128).
+/// code table (256 entries, 32 copies; gauss7s's 128); with [`state_table`], the S-box codes'
+/// table of every state's code ([`STATE_WORDS`]).
 pub fn lut_floats(spec: &TrellisSpec) -> usize {
+    lut_floats_with(spec, state_table())
+}
+
+/// [`lut_floats`] with [`state_table`] given: with it, the S-box codes take [`STATE_WORDS`].
+pub fn lut_floats_with(spec: &TrellisSpec, states: bool) -> usize {
     if !uses_lut(spec) {
         return 0;
     }
     match spec.code {
+        TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S if states => STATE_WORDS,
         TrellisCode::Mad | TrellisCode::Mad8 | TrellisCode::Mad8H => LUT_FLOATS,
         TrellisCode::Mad8S | TrellisCode::Gauss8S => LUT_FLOATS + 256 * 32,
         TrellisCode::Gauss7S => LUT_FLOATS + 128 * 32,
@@ -961,11 +987,18 @@ mod tests {
                 let p = TrellisPlan::new(&sp, 576, 1536, DEFAULT_SMS).unwrap();
                 let input = (1536 + pad(sp.block) * 48) * 4;
                 let tables = if fast { LUT_FLOATS + 32 * entries } else { 0 };
-                assert_eq!(lut_floats(&sp), tables, "{sp:?}");
-                assert_eq!(p.shared_bytes as usize, 4 * tables + input, "{sp:?}");
+                assert_eq!(lut_floats_with(&sp, false), tables, "{sp:?}");
+                // MLX_GRAPH_TRELLIS_STATES=1: one table of the 4,096 states' byte codes.
+                let states = if fast { STATE_WORDS } else { 0 };
+                assert_eq!(lut_floats_with(&sp, true), states, "{sp:?}");
+                let now = if state_table() { states } else { tables };
+                assert_eq!(lut_floats(&sp), now, "{sp:?}");
+                assert_eq!(p.shared_bytes as usize, 4 * now + input, "{sp:?}");
             }
-            // The 8B's down (14,336 inputs) fits with both tables.
+            // The 8B's down (14,336 inputs) fits with both tables, and with the states' table.
             assert!(TrellisPlan::new(&s(3, 12, 64), 4096, 14336, DEFAULT_SMS).is_ok());
+            let down = 4 * STATE_WORDS + (14336 + 14336 / 32) * 4;
+            assert!(down <= TRELLIS_MAX_SHARED as usize, "{down}");
         }
     }
 
@@ -1048,6 +1081,7 @@ mod tests {
         )));
         assert_eq!(define("TRELLIS_CODE_SHIFT"), i64::from(CODE_SHIFT));
         assert_eq!(define("TRELLIS_LUT_FLOATS"), LUT_FLOATS as i64);
+        assert_eq!(define("TRELLIS_STATE_WORDS"), STATE_WORDS as i64);
         assert_eq!(define("TRELLIS_ROUND"), i64::from(TRELLIS_ROUND));
         // The largest dynamic share leaves room for the static buffers in the 227 KiB a block.
         const { assert!(TRELLIS_MAX_SHARED + STATIC_SHARED <= 227 * 1024) };
@@ -1193,6 +1227,7 @@ mod tests {
             "MLX_GRAPH_TRELLIS_PIPE",
             "MLX_GRAPH_TRELLIS_THREADS",
             "MLX_GRAPH_TRELLIS_SPLIT",
+            "MLX_GRAPH_TRELLIS_STATES",
         ]
         .iter()
         .any(|k| std::env::var(k).is_ok());
@@ -1250,8 +1285,9 @@ mod tests {
         );
         assert_eq!(
             pq.shared_bytes - pv.shared_bytes,
-            4 * (LUT_FLOATS + 128 * 32) as u32
+            4 * lut_floats(&g7) as u32
         );
+        assert!(lut_floats(&g7) >= LUT_FLOATS + 128 * 32);
         assert_eq!(pq.lanes_per_row, pv.lanes_per_row);
     }
 }
