@@ -122,6 +122,14 @@
 // (results/gpu/2026-12-06-s37-trelprod). 128 KiB of tables leave an SM one block: meant with
 // MLX_GRAPH_TRELLIS_THREADS=1024 (32 warps a block). MLX_GRAPH_TRELLIS_STATES=1
 // (graph_trellis.rs, trellis_source and lut_floats), the device's A/B of it.
+// 1 makes trellis_row take a lane's blocks two at a time, both blocks' words loaded before
+// either's codes: at the 8B's 4,096-wide rows and 32 lanes a row a lane has two blocks, whose
+// loads then overlap instead of each waiting its own latency after the other's codes. The same
+// blocks summed in the same order: the same bits. BW words more live a lane (6 at 3 bits,
+// blocks of 64). MLX_GRAPH_TRELLIS_PAIR=1 (graph_trellis.rs, trellis_source), the device's A/B.
+#ifndef TRELLIS_PAIR
+#define TRELLIS_PAIR 0
+#endif
 #ifndef TRELLIS_STATES
 #define TRELLIS_STATES 0
 #endif
@@ -700,6 +708,30 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
                                              ll nb, const float* lut = nullptr, u32 lane4 = 0) {
   constexpr int BW = BLOCK * KB / 32;
   float acc = 0.f;
+#if TRELLIS_PAIR
+  // Two blocks a pass, both loads issued before either block's codes (TRELLIS_PAIR): a lane
+  // of a 4,096-wide row at 32 lanes a row has two blocks, which then wait on one load latency
+  // instead of two in a row. The blocks are summed in the same order: the same bits.
+  constexpr int PAD = BLOCK == 32 ? 2 : 1;
+  ll b = j;
+  for (; b + lpr < nb; b += 2 * lpr) {
+#if defined(__CUDA_ARCH__) && TRELLIS_PIPE
+    if (b + 2 * lpr < nb) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (b + 2 * lpr) * BW));
+    if (b + 3 * lpr < nb) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (b + 3 * lpr) * BW));
+#endif
+    u32 w0[BW], w1[BW];
+    trellis_load<BW>(row + b * BW, w0);
+    trellis_load<BW>(row + (b + lpr) * BW, w1);
+    acc += trellis_block<KB, L, BLOCK, LUT>(w0, xs + trellis_xs(b * BLOCK, PAD), lut, lane4);
+    acc += trellis_block<KB, L, BLOCK, LUT>(w1, xs + trellis_xs((b + lpr) * BLOCK, PAD), lut,
+                                            lane4);
+  }
+  if (b < nb) {
+    u32 w[BW];
+    trellis_load<BW>(row + b * BW, w);
+    acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, PAD), lut, lane4);
+  }
+#else
   for (ll b = j; b < nb; b += lpr) {
 #if defined(__CUDA_ARCH__) && TRELLIS_PIPE
     // The lane's next block asked of L2 before this one's load (TRELLIS_PIPE: a hint, no
@@ -711,6 +743,7 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
     acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1),
                                             lut, lane4);
   }
+#endif
   return acc;
 }
 

@@ -59,8 +59,9 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// `TRELLIS_FUSED_THREADS` (the decoder's fused kernels' blocks: [`fused_threads`]); with
 /// [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid split by rows); with
 /// `MLX_GRAPH_TRELLIS_STATES=1`, `TRELLIS_STATES 1` (the S-box codes' product from one table of
-/// every 12-bit state's code: [`state_table`]). All are the same bits, off by default: the
-/// device's A/B.
+/// every 12-bit state's code: [`state_table`]); with `MLX_GRAPH_TRELLIS_PAIR=1`,
+/// `TRELLIS_PAIR 1` (the product's lanes load two blocks' words before decoding either). All
+/// are the same bits, off by default: the device's A/B.
 /// [`TrellisGpu`] (the `cuda` test set's kernel check) compiles this source too, so the
 /// switches reach the kernel test as they reach the decoder.
 pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
@@ -89,6 +90,9 @@ pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
     }
     if state_table() {
         define.push_str("#define TRELLIS_STATES 1\n");
+    }
+    if env_is("MLX_GRAPH_TRELLIS_PAIR", "1") {
+        define.push_str("#define TRELLIS_PAIR 1\n");
     }
     format!("{define}{TRELLIS_SOURCE}")
 }
@@ -1228,6 +1232,7 @@ mod tests {
             "MLX_GRAPH_TRELLIS_THREADS",
             "MLX_GRAPH_TRELLIS_SPLIT",
             "MLX_GRAPH_TRELLIS_STATES",
+            "MLX_GRAPH_TRELLIS_PAIR",
         ]
         .iter()
         .any(|k| std::env::var(k).is_ok());

@@ -3,7 +3,8 @@ a GPU, against the Rust CPU references, on seeded random trellis matrices at Smo
 shapes:
 
     cargo run -p mlx-kernels --example trellis_reference -- /tmp/trellis-ref
-    [TRELLIS_EMU_RESIDENT=N] [TRELLIS_ROWS2=1] [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] [TRELLIS_STATES=1] \
+    [TRELLIS_EMU_RESIDENT=N] [TRELLIS_ROWS2=1] [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] \
+      [TRELLIS_STATES=1] [TRELLIS_PAIR=1] \
       python3 xtask/gpu/trellis_emulate.py /tmp/trellis-ref [CASE ...]
 
 As `graph_emulate.py` does (its prelude and `__shared__`/barrier/shuffle emulation), the exact
@@ -75,9 +76,10 @@ CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text() for f in ("graph_dec
 # TRELLIS_ALIAS=1 and TRELLIS_PIPE=1 as MLX_GRAPH_TRELLIS_ALIAS=1 and MLX_GRAPH_TRELLIS_PIPE=1 do
 # (the epilogues' Hadamard buffer over the dynamic shared memory; the next block's words loaded
 # before the current one's codes); TRELLIS_STATES=1 as MLX_GRAPH_TRELLIS_STATES=1 (the S-box
-# codes' fast paths from one table of the 12-bit states' codes): every check below then runs on
+# codes' fast paths from one table of the 12-bit states' codes), TRELLIS_PAIR=1 as
+# MLX_GRAPH_TRELLIS_PAIR=1 (two blocks' loads before their codes): every check below then runs on
 # that source.
-for _d in ("TRELLIS_ROWS2", "TRELLIS_ALIAS", "TRELLIS_PIPE", "TRELLIS_STATES"):
+for _d in ("TRELLIS_ROWS2", "TRELLIS_ALIAS", "TRELLIS_PIPE", "TRELLIS_STATES", "TRELLIS_PAIR"):
     if os.environ.get(_d) == "1":
         CU = f"#define {_d} 1\n" + CU
 # TRELLIS_EMU_MUTATE: a wrong 1mad8h index (the module doc), for the checks' own check.
