@@ -3634,23 +3634,29 @@ const SM_SHARED: u32 = 228 * 1024;
 /// source: 8 warps x 6 slots x 640 bytes), besides [`MV_STATIC_SHARED`].
 const MMA_RING_SHARED: u32 = 8 * 6 * 640;
 
-/// Whether wide tensor-core tiles stream their weights through the cp.async ring
-/// (`MLX_GRAPH_MMA_ASYNC=1`; off by default: an A/B switch until the device has measured
-/// it, `results/gpu/2026-12-06-s36-mmatile`). Read where the step source's defines are chosen
-/// and where the tiles' shared memory is sized, so the decoder, `mlx` and the tests alike
-/// take it from their environment. The products are bit-equal either way.
+/// Whether wide tensor-core tiles stream their weights through the cp.async ring (on by
+/// default; `MLX_GRAPH_MMA_ASYNC=0` turns it off: the H100 ran 16 rows at 106.1 steps/s with it
+/// against 92.9 without, `results/gpu/2026-12-06-s37-h100`). Read where the step source's
+/// defines are chosen and where the tiles' shared memory is sized, so the decoder, `mlx` and
+/// the tests alike take it from their environment. The products are bit-equal either way.
 fn mma_async() -> bool {
-    std::env::var("MLX_GRAPH_MMA_ASYNC").is_ok_and(|v| v == "1")
+    switch_on("MLX_GRAPH_MMA_ASYNC")
+}
+
+/// A default-on switch of the step source: off only where the variable is `0`.
+fn switch_on(key: &str) -> bool {
+    std::env::var(key).map_or(true, |v| v != "0")
 }
 
 /// Whether the FFMA row kernels (graph_decode.cu's `mv_run`: the one-row step, the FFMA tiles
 /// and speculative decoding's verify rows) keep each item's scales and biases as loaded and
-/// read them where the item is summed (`MLX_GRAPH_MV_ASYNC=1`; off by default: an A/B switch
-/// until the device has measured it, `results/gpu/2026-12-06-s36-mvload`). Read where the step
-/// source's defines are chosen, so the decoder, `mlx` and the tests alike take it from their
-/// environment. Every output is bit-equal either way.
+/// read them where the item is summed (on by default; `MLX_GRAPH_MV_ASYNC=0` turns it off: the
+/// H100 ran the 8B's one-row step at 340.7 steps/s with it against 300.3 without,
+/// `results/gpu/2026-12-06-s37-h100`). Read where the step source's defines are chosen, so the
+/// decoder, `mlx` and the tests alike take it from their environment. Every output is
+/// bit-equal either way.
 fn mv_async() -> bool {
-    std::env::var("MLX_GRAPH_MV_ASYNC").is_ok_and(|v| v == "1")
+    switch_on("MLX_GRAPH_MV_ASYNC")
 }
 
 /// The step source's define for [`mv_async`] (`on`), empty when off (the source then is
@@ -4129,13 +4135,13 @@ fn step_source(
     } else {
         0
     };
-    // The wide tiles' cp.async ring (MLX_GRAPH_MMA_ASYNC=1): the same bits, its own loads.
+    // The wide tiles' cp.async ring (MLX_GRAPH_MMA_ASYNC, on unless 0): the same bits, its own loads.
     let ring = if wide && mma4 && mma_async() {
         "#define MMA_ASYNC 1\n"
     } else {
         ""
     };
-    // The FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1): the same bits.
+    // The FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC, on unless 0): the same bits.
     let mv_async = mv_async_define(mv_async());
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
@@ -5498,8 +5504,8 @@ mod tests {
 
     #[test]
     fn the_row_kernels_deferred_scale_reads_are_one_define() {
-        // MLX_GRAPH_MV_ASYNC=1 adds one define; off, the source is main's (its kernel cache
-        // entries stay valid), and the kernel source's default is off.
+        // MLX_GRAPH_MV_ASYNC (on unless 0) adds one define; off, the source is the one without
+        // it, and the kernel source's own default is off.
         assert_eq!(mv_async_define(true), "#define MV_ASYNC 1\n");
         assert_eq!(mv_async_define(false), "");
         assert!(SOURCE.contains("#ifndef MV_ASYNC\n#define MV_ASYNC 0\n#endif"));
@@ -5513,7 +5519,7 @@ mod tests {
         assert_eq!(
             src.contains("#define MV_ASYNC 1\n"),
             mv_async(),
-            "the step source follows MLX_GRAPH_MV_ASYNC"
+            "the step source follows MLX_GRAPH_MV_ASYNC (on unless 0)"
         );
     }
 
@@ -5590,7 +5596,7 @@ mod tests {
         assert!(
             2 * (mv_tile_shared(14336, 4, 8, Some(6144)) + MV_STATIC_SHARED + 1024) <= SM_SHARED
         );
-        // With the cp.async ring (MLX_GRAPH_MMA_ASYNC=1; 30 KiB more static shared memory
+        // With the cp.async ring (MLX_GRAPH_MMA_ASYNC, on unless 0; 30 KiB more static shared memory
         // a block): 16 rows stage down in chunks of 5,120 (K 4,096 whole), 8 rows keep two
         // blocks a multiprocessor with chunks of 4,096.
         assert_eq!(mma_min_blocks_with(&s, 16, true), 1);
