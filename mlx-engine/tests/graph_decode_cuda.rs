@@ -17,6 +17,11 @@
 //! Every row runs even after one fails; the failed rows are listed at the end.
 //! Without a CUDA driver the test says so and passes.
 //!
+//! A row with experts may hold a step over the bound at a routing near tie (bfloat16 rounding
+//! alone picks other experts on one side: `ROUTER_NEAR_TIE` in graph_decode.rs, from the
+//! decoder's own router margins and the model's float32 forward on the CPU); such steps are
+//! listed and held apart, at most `ROUTER_NEAR_TIES` of a row's 24.
+//!
 //! `MLX_GRAPH_FOLLOW_CPU=1` (a diagnosis, for a row over its bound): the rows are written on
 //! MLX's CPU device (the weights `xtask/gpu/graph_emulate.py`'s `rs:` rows use; each row's
 //! fingerprint printed, the GPU-written one beside it), and each step's logits are also
@@ -34,7 +39,10 @@ use mlx_engine::generate::{generate_step, GenerateOptions};
 
 use mlx_core::ops;
 use mlx_core::{Array, Device, Dtype};
-use mlx_kernels::graph_decode::{compare_logits, GraphDecoder, TEACHER_FORCED_BOUNDS};
+use mlx_kernels::graph_decode::{
+    compare_logits, router_margin, GraphDecoder, ROUTER_NEAR_TIE, ROUTER_NEAR_TIES,
+    TEACHER_FORCED_BOUNDS,
+};
 use mlx_models::load::{load_model_dir, LoadOptions};
 
 /// Equal, bit for bit.
@@ -263,10 +271,12 @@ fn follow_row(name: &str, dir: &std::path::Path) {
             );
         }
         dec.set_prefix(&kv).unwrap();
-        // MLX_GRAPH_FOLLOW_CPU=1: the same model in float32 on the CPU, its prompt in; the
-        // steps are teacher-forced on its picks (the emulator's `GRAPH_EMU_FOLLOW=f32`), so
-        // that they follow the tokens the emulator's run follows.
-        let mut cpu = follow_cpu().then(|| {
+        // A model with experts (and MLX_GRAPH_FOLLOW_CPU=1, any): the same model in float32 on
+        // the CPU, its prompt in, for the near-tie rule ([`ROUTER_NEAR_TIE`]). With the switch
+        // the steps are teacher-forced on its picks (the emulator's `GRAPH_EMU_FOLLOW=f32`),
+        // so that they follow the tokens the emulator's run follows.
+        let moe = dec.spec().moe.as_ref().map(|m| m.top_k);
+        let mut cpu = (follow_cpu() || moe.is_some()).then(|| {
             on_cpu(|| {
                 let opts = LoadOptions {
                     dtype: Some(Dtype::Float32),
@@ -277,17 +287,20 @@ fn follow_row(name: &str, dir: &std::path::Path) {
                 let logits = m.forward(&x, Some(&mut c)).unwrap();
                 let n = logits.dim(1).unwrap();
                 let last = ops::slice_axis(&logits, 1, n - 1, n, None).unwrap();
-                token = ops::argmax(&last, -1, false, None)
+                let pick = ops::argmax(&last, -1, false, None)
                     .unwrap()
                     .astype(Dtype::Uint32)
                     .unwrap()
                     .to_vec::<u32>()
                     .unwrap()[0];
+                if follow_cpu() {
+                    token = pick;
+                }
                 (m, c)
             })
         });
-        // And the GPU forward over plain caches (no rotation: the sliding layers' window kept
-        // by the masks the model makes for them), its prompt in.
+        // With the switch, the GPU forward over plain caches too (no rotation: the sliding
+        // layers' window kept by the masks the model makes for them), its prompt in.
         let mut plain = follow_cpu().then(|| {
             let mut c: Vec<Box<dyn mlx_cache::Cache>> = (0..model.num_layers())
                 .map(|_| Box::new(mlx_cache::KVCache::new()) as Box<dyn mlx_cache::Cache>)
@@ -300,8 +313,9 @@ fn follow_row(name: &str, dir: &std::path::Path) {
         let (mut agree, steps) = (0, 24);
         let mut ours_greedy = Vec::new();
         let mut diffs = Vec::with_capacity(steps);
+        // Steps over the bound that are routing near ties (step, which side).
+        let mut ties: Vec<(usize, &str)> = Vec::new();
         for step in 0..steps {
-            let mut next = None;
             let x = Array::from_slice(&[token as i32], &[1, 1]).unwrap();
             let reference = model
                 .forward(&x, Some(&mut caches))
@@ -312,7 +326,9 @@ fn follow_row(name: &str, dir: &std::path::Path) {
                 .unwrap();
             let ours = dec.step_logits(token).unwrap();
             let c = compare_logits(&reference, &ours);
-            if let Some((m, c32)) = cpu.as_mut() {
+            let mut next = c.reference_token as u32;
+            // The float32 CPU forward against ours and against the GPU forward.
+            let f32_cmp = cpu.as_mut().map(|(m, c32)| {
                 let f32_logits = on_cpu(|| {
                     m.forward(&x, Some(c32))
                         .unwrap()
@@ -321,10 +337,31 @@ fn follow_row(name: &str, dir: &std::path::Path) {
                         .to_vec::<f32>()
                         .unwrap()
                 });
-                let (o, g) = (
+                (
                     compare_logits(&f32_logits, &ours),
                     compare_logits(&f32_logits, &reference),
-                );
+                )
+            });
+            // Our router's smallest relative top-k margin over the layers with experts.
+            let margins: Vec<f32> = match moe {
+                Some(k) => dec
+                    .router_logits()
+                    .unwrap()
+                    .iter()
+                    .map(|g| router_margin(g, k))
+                    .collect(),
+                None => Vec::new(),
+            };
+            let least = margins.iter().copied().fold(1.0f32, f32::min);
+            if c.rel_diff > TEACHER_FORCED_BOUNDS.0 && moe.is_some() {
+                let b = TEACHER_FORCED_BOUNDS.0;
+                if least < ROUTER_NEAR_TIE {
+                    ties.push((step, "our router"));
+                } else if f32_cmp.is_some_and(|(o, g)| o.rel_diff <= b && g.rel_diff > b) {
+                    ties.push((step, "the MLX forward"));
+                }
+            }
+            if let (Some((o, g)), true) = (f32_cmp, follow_cpu()) {
                 let plain_logits = model
                     .forward(&x, plain.as_deref_mut())
                     .unwrap()
@@ -340,7 +377,7 @@ fn follow_row(name: &str, dir: &std::path::Path) {
                     "{name} step {step:2} position {} pick {:3} (ours {:3}, float32 CPU {:3}): \
                      {:.5} (float32 CPU against ours {:.5}, against the GPU forward {:.5}; \
                      the GPU forward over plain caches against ours {:.5}, against the GPU \
-                     forward {:.5})",
+                     forward {:.5}); our router's relative top-k margins {margins:.4?}",
                     prompt.len() + step,
                     c.reference_token,
                     c.ours_token,
@@ -351,20 +388,28 @@ fn follow_row(name: &str, dir: &std::path::Path) {
                     po.rel_diff,
                     pg.rel_diff
                 );
-                next = Some(o.reference_token as u32);
+                next = o.reference_token as u32;
             }
             diffs.push(c.rel_diff);
             agree += usize::from(c.reference_token == c.ours_token);
             ours_greedy.push(c.ours_token as u32);
-            token = next.unwrap_or(c.reference_token as u32);
+            token = next;
         }
         // Every step runs before the bound is checked, so a failure shows where the
-        // difference starts and how it grows (device time is scarce).
-        let worst = diffs.iter().copied().fold(0.0f32, f32::max);
+        // difference starts and how it grows (device time is scarce). Routing near ties are
+        // listed and held apart (at most ROUTER_NEAR_TIES of them).
+        if !ties.is_empty() {
+            eprintln!("{name}: steps over the bound at a routing near tie (step, side): {ties:?}");
+        }
+        let worst = diffs
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| !ties.iter().any(|t| t.0 == *j))
+            .fold(0.0f32, |m, (_, &d)| m.max(d));
         assert!(
-            worst <= TEACHER_FORCED_BOUNDS.0,
+            worst <= TEACHER_FORCED_BOUNDS.0 && ties.len() <= ROUTER_NEAR_TIES,
             "{name}: relative logit difference {worst} (step {} of {steps}, the prompt {} \
-             positions; each step's: {diffs:?})",
+             positions; each step's: {diffs:?}; routing near ties apart: {ties:?})",
             diffs.iter().position(|&d| d == worst).unwrap_or(0),
             prompt.len()
         );
