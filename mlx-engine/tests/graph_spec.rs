@@ -305,6 +305,31 @@ fn dump_the_gpt_oss_steps() {
     }
 }
 
+/// The CUDA follow test's near-tie rule runs each MoE row's float32 forward on MLX's CPU
+/// (`ROUTER_NEAR_TIE`): every row loads in float32 and steps over its rotating or plain caches
+/// here, with finite logits.
+#[test]
+fn moe_rows_run_in_float32_on_the_cpu() {
+    use mlx_core::{Array, Dtype};
+    // Its own folder: other tests remove `tmp()` when they end.
+    let root = std::env::temp_dir().join(format!("graph_spec_f32_{}", std::process::id()));
+    for row in graph_models::moe_rows() {
+        let dir = graph_models::write(&root, &row);
+        let opts = LoadOptions {
+            dtype: Some(Dtype::Float32),
+        };
+        let model = load_model_dir(&dir, &opts).unwrap().0;
+        let mut caches = model.make_cache();
+        for x in [&[1, 2, 3][..], &[4]] {
+            let x = Array::from_slice(x, &[1, x.len() as i32]).unwrap();
+            let out = model.forward(&x, Some(&mut caches)).unwrap();
+            let v = out.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+            assert!(v.iter().all(|x| x.is_finite()), "{}", row.name);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// The first largest logit's index.
 fn compare_argmax(v: &[f32]) -> i32 {
     let mut best = 0;

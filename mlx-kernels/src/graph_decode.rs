@@ -5216,6 +5216,17 @@ mod tests {
         w
     }
 
+    /// [`super::router_margin`]: the k-th largest logit less the next, over the largest magnitude.
+    #[test]
+    fn router_margin_is_the_top_k_gap_over_the_largest_magnitude() {
+        // Sorted: 3, 2.5, 2, -4; k 2: (2.5 - 2) / 4.
+        assert_eq!(super::router_margin(&[2.0, 3.0, -4.0, 2.5], 2), 0.125);
+        assert_eq!(super::router_margin(&[1.0, 1.0, 0.5], 1), 0.0);
+        // No (k + 1)-th logit, or k 0: no tie to be near.
+        assert_eq!(super::router_margin(&[1.0, 2.0], 2), 1.0);
+        assert_eq!(super::router_margin(&[1.0, 2.0], 0), 1.0);
+    }
+
     /// gpt_oss's spec: mxfp4 experts with biases, the clamped SwiGLU, a biased router and
     /// output projection, sinks. Its weights' shapes and dtypes are checked (mxfp4: uint32
     /// codes `[E, n, k / 8]`, uint8 scales `[E, n, k / 32]`, no biases; the experts' biases

@@ -22,6 +22,17 @@ and clamped SwiGLU, mxfp4 experts), sliding and full layers; fp4e's reference ta
 products over the dequantized weights in float32 (`gather_qmm_fp4_f32`; GRAPH_EMU_FP4_MLX=1
 keeps MLX's CPU product), and GRAPH_EMU_FP4=1 adds `fp4_check` (the mxfp4 product alone).
 
+The CUDA test's own gpt_oss rows (`rs:gpt_oss`, `rs:gpt_oss_mxfp4`: graph_models.rs's weights
+bit for bit, their fingerprint printed as the test's MLX_GRAPH_FOLLOW_CPU=1 prints it) run as
+`graph_decoder_follows_the_mlx_forward` runs them: a 40-token prompt, 24 teacher-forced steps,
+a cache of 128, the reference over mlx-lm's make_cache (RotatingKVCache(48) on the sliding
+layers). Each step prints its difference, the float32 reference's (the same weights in float32
+on the CPU) against ours and against mlx-lm's, and per layer the routers' top-k margins (mlx-lm's,
+ours, how far the two sides' router logits are apart); then the test's near-tie rule
+(ROUTER_NEAR_TIE in graph_decode.rs). GRAPH_EMU_FOLLOW=f32 teacher-forces on the float32
+reference's picks (as the test does with MLX_GRAPH_FOLLOW_CPU=1), GRAPH_EMU_FOLLOW=ours on ours;
+GRAPH_EMU_PROMPT and GRAPH_EMU_STEPS override the prompt's length and the steps.
+
 First the greedy sampler's two kernels alone (`sampler_check`: vocabularies of one to 25
 blocks, ties and near ties) against mlx-lm's pick. Then, for each llama fixture (default: the
 three `GraphDecoder` accepts, `dense_bf16_mha` with traditional RoPE and MHA,
