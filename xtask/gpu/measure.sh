@@ -87,12 +87,14 @@ for part in ${PARTS:-setup test spec bench moe}; do
     thru)
       need thru 120 || continue
       # THRU_SIDES: 1 = wide tiles, 0 = MLX_GRAPH_WIDE_TILES=0, async = wide tiles with the
-      # cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with MLX_GRAPH_MV_ASYNC=1; each
-      # side runs with the switches it does not name off.
-      for side in ${THRU_SIDES:-1 0}; do
+      # cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with MLX_GRAPH_MV_ASYNC=1, on =
+      # wide tiles with both (the defaults since session 37); each side runs with the switches
+      # it does not name off.
+      for side in ${THRU_SIDES:-on 1}; do
         wide=$side; ring=0; mv=0
         [ $side = async ] && wide=1 ring=1
         [ $side = mv ] && wide=1 mv=1
+        [ $side = on ] && wide=1 ring=1 mv=1
         echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv" >> $OUT/throughput.log
         SKIP_TEST=1 SERVE_MODELS=" " THRU_MODELS="${THRU_MODELS:-llama31-8b-q4}" ROWS="${ROWS:-1 2 4 8 16}" \
           MLX_GRAPH_BATCH_MMA=4 MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv \
