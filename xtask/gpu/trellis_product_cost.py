@@ -12,7 +12,8 @@ affine-4's (#34's GPU target), for the device A/B of MLX_GRAPH_TRELLIS_STATES an
    1): a line through each code's two 8B shapes of 4,096 inputs ((4096, 4096) and (14336,
    4096)), t = a + b W; b in clocks a warp-weight at the H100 SXM's clock (1.755 GHz sustained,
    1.98 boost), against the bound: the loop's efficiency.
-3. The 8B step: the s36 measured t3g7 step (11.88 ms) less what STATES saves in the products
+3. The 8B step: the s36 measured t3g7 step (11.88 ms) and the s37 t3hy step under main's new
+   defaults (132.8 tok/s, 7.53 ms) less what STATES saves in the products
    at the same efficiency (every gauss7s weight: b scaled by the bounds' ratio), and the
    floors: every product at its bound with nothing around it, against affine-4's whole step
    (3.29 ms; 304 steps/s, s36 call 2).
@@ -39,6 +40,7 @@ LAYER_8B = {"qkv": 6144 * 4096, "o": 4096 * 4096, "gate_up": 2 * 14336 * 4096, "
 V_8B = 1024 * 4096  # value projections (1mad in the default hybrid)
 LAYERS_8B = 32
 STEP_T3G7_8B = 11.88e-3  # s36 call 1: 84.2 tok/s
+STEP_T3HY_WIDE_8B = 1.0 / 132.8  # s37 call 2: t3hy with THREADS=1024, ALIAS, PIPE (the defaults since)
 STEP_AFFINE4_8B = 3.29e-3  # s36 call 2: 304 steps/s at one row
 LAYER_135M = {"qkv": 960 * 576, "o": 576 * 576, "gate_up": 2 * 1536 * 576, "down": 576 * 1536}
 LAYERS_135M = 30
@@ -109,9 +111,10 @@ def main():
     s1 = STEP_T3G7_8B - saved
     print(f"- t3g7 / t3hy step: measured {STEP_T3G7_8B * 1e3:.2f} ms ({1 / STEP_T3G7_8B:.1f} tok/s) -> "
           f"STATES {s1 * 1e3:.2f} ms ({1 / s1:.1f} tok/s)")
-    for lo, hi in ((9.1e-3, 10.0e-3), (7.5e-3, 8.5e-3)):
-        print(f"- with trellover's predicted `wide` step {lo * 1e3:.1f}-{hi * 1e3:.1f} ms: "
-              f"{(lo - saved) * 1e3:.2f}-{(hi - saved) * 1e3:.2f} ms ({1 / (hi - saved):.0f}-{1 / (lo - saved):.0f} tok/s)")
+    w = STEP_T3HY_WIDE_8B
+    print(f"- t3hy under main's defaults since s37 (THREADS=1024, ALIAS, PIPE): measured {w * 1e3:.2f} ms "
+          f"({1 / w:.1f} tok/s) -> STATES {(w - saved) * 1e3:.2f} ms ({1 / (w - saved):.1f} tok/s, "
+          f"{(w / (w - saved) - 1) * 100:+.1f}%); around the products: {(w - LAYERS_8B * w_g7 * b7) * 1e3:.2f} ms")
     print("\nFloors: every product of the 8B step at its loop's bound (100% efficiency), nothing around it:\n")
     print("| path | products a step (1.755 / 1.98 GHz) | against affine-4's whole step (3.29 ms) |")
     print("|---|---|---|")
