@@ -117,11 +117,17 @@
 // load; its byte s & 3 into a float's low mantissa under 2^23 (one PRMT with 0x4B000000, its
 // selector one LOP3 from the state's bits 5..6) and one add takes 2^23 + 128 off: the same
 // integer-valued code, the same FMAs in the same order, so the same bits as LUT 3 and 4. It
-// trades the S-box's wavefront for ~1 ALU instruction a weight more: the loop was bound by the
-// shared-memory pipe (3 wavefronts a warp-weight: S-box, code, input; now 2), not by issue
-// (results/gpu/2026-12-06-s37-trelprod). 128 KiB of tables leave an SM one block: meant with
-// MLX_GRAPH_TRELLIS_THREADS=1024 (32 warps a block). MLX_GRAPH_TRELLIS_STATES=1
-// (graph_trellis.rs, trellis_source and lut_floats), the device's A/B of it.
+// trades the S-box's wavefront for ~2 instructions a weight more (9.5-9.8 against 7.8-7.9,
+// NVRTC sm_90; ptxas rematerialises the selector's mask every weight): the S-box loop is bound
+// by the shared-memory pipe (3 wavefronts a warp-weight: S-box, code, input), this one by issue
+// (2.4 clocks a warp-weight against 3.0; results/gpu/2026-12-06-s37-trelprod). 128 KiB of
+// tables leave an SM one block: meant with the 1,024-thread fused blocks (the default;
+// MLX_GRAPH_TRELLIS_THREADS). MLX_GRAPH_TRELLIS_STATES=1 (graph_trellis.rs, trellis_source and
+// lut_floats), the device's A/B of it.
+#ifndef TRELLIS_STATES
+#define TRELLIS_STATES 0
+#endif
+#define TRELLIS_STATE_WORDS 32768
 // 1 makes trellis_row take a lane's blocks two at a time, both blocks' words loaded before
 // either's codes: at the 8B's 4,096-wide rows and 32 lanes a row a lane has two blocks, whose
 // loads then overlap instead of each waiting its own latency after the other's codes. The same
@@ -130,10 +136,6 @@
 #ifndef TRELLIS_PAIR
 #define TRELLIS_PAIR 0
 #endif
-#ifndef TRELLIS_STATES
-#define TRELLIS_STATES 0
-#endif
-#define TRELLIS_STATE_WORDS 32768
 
 // The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
 // The byte sum is one dp4a against ones, accumulated onto the bits of 2^23 (the sum is below
@@ -716,8 +718,9 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
   ll b = j;
   for (; b + lpr < nb; b += 2 * lpr) {
 #if defined(__CUDA_ARCH__) && TRELLIS_PIPE
-    if (b + 2 * lpr < nb) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (b + 2 * lpr) * BW));
-    if (b + 3 * lpr < nb) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (b + 3 * lpr) * BW));
+    // The next pair asked of L2 (TRELLIS_PIPE's hint).
+    for (ll n = b + 2 * lpr; n < nb && n < b + 4 * lpr; n += lpr)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + n * BW));
 #endif
     u32 w0[BW], w1[BW];
     trellis_load<BW>(row + b * BW, w0);
