@@ -267,8 +267,8 @@ impl mlx_engine::graph::GraphBackend for StandIn<'_> {
 /// MLX's. The bound (coded bytes + the shared Hadamard matrices + one layer's linears in
 /// float32 + the KV cache + 1 MiB of activations: 7.8 MB) cannot hold with every linear
 /// decoded at once (8 layers: 18.9 MB of float32), nor with each layer's own Hadamard
-/// matrices held from the load (45 MB; on a Llama-3.1-8B shape 21.2 GB, what made the H100's
-/// 27.1 GB peak of results/gpu/2026-12-06-s37-h100 call 2).
+/// matrices held from the load (45 MB; at 8B what made the H100's peak: the figures in
+/// results/gpu/2026-12-06-s37-trelpeak).
 #[test]
 fn a_trellis_models_peak_holds_one_linear_decoded_at_a_time() {
     use mlx_engine::generate::{generate_step, GenerateOptions};

@@ -279,12 +279,11 @@ impl TrellisWeight {
             }
             _ => {
                 let z = ops::matmul(&xh, &self.decoded()?.transpose_all()?, None)?;
-                // The kernel's decoded matrix is a float32 copy of the whole weight (4x a
-                // bfloat16 one, ~10x the codes): the product is computed now, so that the
-                // matrix is freed before the next linear decodes its own. Left lazy, a
-                // prompt's forward held every linear's at once until its evaluation (an
-                // 8B: 28 GB; issue #34). The plain-ops decode stays lazy (MLX frees its
-                // intermediates as the graph runs).
+                // The kernel's decoded matrix is a float32 copy of the whole weight: the
+                // product is computed now, so that the matrix is freed before the next linear
+                // decodes its own. Left lazy, a prompt's forward held every linear's at once
+                // until its evaluation (issue #34). The plain-ops decode stays lazy (MLX frees
+                // its intermediates as the graph runs).
                 if trellis_decode() == TrellisDecode::Kernel {
                     z.eval()?;
                 }
@@ -331,10 +330,9 @@ impl TrellisWeight {
 
 /// The normalized Hadamard matrix of `block` (`cpu::trellis::hadamard_matrix`, float32
 /// `(block, block)`) as an MLX array, made on first use and shared by every trellis layer of
-/// the process. Each layer held its own two before (made at load, up to 4096 x 4096 each:
-/// 21 GB for a Llama-3.1-8B-shaped model, in MLX's memory from the load on; issue #34's
-/// peak); the distinct sizes are few (at most 13 blocks, 85 MB together for an 8B's 1,024,
-/// 2,048 and 4,096) and only the MLX forward makes them.
+/// the process. Each layer held its own two before (made at load, up to 4096 x 4096 float32
+/// each, in MLX's memory from the load on: issue #34's peak, results/gpu/2026-12-06-s37-trelpeak);
+/// the distinct sizes are few (at most 13 blocks) and only the MLX forward makes them.
 fn hadamard_array(block: usize) -> Result<Array> {
     static MATRICES: std::sync::Mutex<std::collections::BTreeMap<usize, Array>> =
         std::sync::Mutex::new(std::collections::BTreeMap::new());
