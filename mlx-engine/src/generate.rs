@@ -361,6 +361,12 @@ impl DevicePeak {
     }
 }
 
+/// Whether a trellis-coded model's prompt goes through the graph decoder (the default), not
+/// MLX's path (`MLX_GRAPH_TRELLIS_PROMPT=0`).
+pub fn trellis_prompt_on_decoder() -> bool {
+    std::env::var("MLX_GRAPH_TRELLIS_PROMPT").as_deref() != Ok("0")
+}
+
 /// Whether `MLX_GRAPH_MEMORY=1` (read once).
 fn graph_memory_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -685,13 +691,13 @@ fn start<'m>(
         graph_memory_line("the prompt starts", kept, &g.device_peak);
     }
     // A trellis-coded model's prompt goes through the graph decoder a token a step: MLX's path
-    // has no GPU kernel for its linears (it decodes every weight on the host per prompt
-    // chunk, issue #34: 20 tok/s and a float32 copy of every weight at 8B).
-    // Opt-in (`MLX_GRAPH_TRELLIS_PROMPT=1`; always for the CPU stand-in the tests use): on
-    // session 30's H100 the `trellis3_b32` row's first token after such a prompt was not the
-    // MLX forward's (results/gpu/2026-12-05-s30-h100/call5).
-    let trellis_prompt = g.opts.graph_stand_in.is_some()
-        || std::env::var("MLX_GRAPH_TRELLIS_PROMPT").is_ok_and(|v| v == "1");
+    // has no GPU kernel for its linears (it decodes every weight on the host, one linear at a
+    // time; issue #34, results/gpu/2026-12-06-s37-trelpeak). By default (`MLX_GRAPH_TRELLIS_PROMPT=0` sends it to MLX's path): the
+    // decoder is L3 against the MLX forward from its first token on, whose choice at a near
+    // tie may then differ from the MLX forward's (session 30's `trellis3_b32` row,
+    // results/gpu/2026-12-05-s30-h100/call5; graph_decode_cuda's engine check allows that
+    // within its teacher-forced bound).
+    let trellis_prompt = g.opts.graph_stand_in.is_some() || trellis_prompt_on_decoder();
     let cached = g.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
     match graph_spec {
         Some((spec, weights))

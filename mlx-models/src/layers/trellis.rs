@@ -54,11 +54,12 @@ pub struct TrellisWeight {
     pub params: TrellisParams,
     pub rows: i32,
     pub cols: i32,
-    /// The layer's signs and Hadamard blocks (made from the seed and path at load).
+    /// The layer's signs (made from the seed and path at load) and Hadamard block sizes
+    /// (their matrices are shared by every layer: [`hadamard_array`]).
     su: Array,
     sv: Array,
-    h_rows: Array,
-    h_cols: Array,
+    block_rows: usize,
+    block_cols: usize,
     /// The fused decode-and-dot kernel's read plan (`cpu::trellis::TrellisMatvec`).
     plan: tc::TrellisMatvec,
     /// The signs as host vectors and the scales as float32 (made on the first
@@ -143,8 +144,8 @@ impl TrellisWeight {
             su_host: su,
             sv_host: sv,
             scales_host: std::sync::OnceLock::new(),
-            h_rows: Array::from_slice(&tc::hadamard_matrix(br), &[br as i32, br as i32])?,
-            h_cols: Array::from_slice(&tc::hadamard_matrix(bc), &[bc as i32, bc as i32])?,
+            block_rows: br,
+            block_cols: bc,
             plan: tc::TrellisMatvec::new(&spec, cols as usize)
                 .map_err(|m| ModelError::Config(format!("{path}: {m}")))?,
         })
@@ -250,22 +251,24 @@ impl TrellisWeight {
         }
     }
 
-    fn hadamard(x: &Array, h: &Array) -> Result<Array> {
+    /// `x`'s last axis in Hadamard blocks of `block`: a product with the block's matrix.
+    fn hadamard(x: &Array, block: usize) -> Result<Array> {
+        let h = hadamard_array(block)?;
         let shape = x.shape();
         let n = *shape.last().unwrap_or(&0);
-        let b = h.shape()[0];
+        let b = block as i32;
         let mut blocks = shape.clone();
         blocks.pop();
         blocks.push(n / b);
         blocks.push(b);
-        Ok(ops::matmul(&x.reshape(&blocks)?, h, None)?.reshape(&shape)?)
+        Ok(ops::matmul(&x.reshape(&blocks)?, &h, None)?.reshape(&shape)?)
     }
 
     /// `x W^T` for the logical `W` (float32 inside, `x`'s dtype out). On the kernel path an
     /// input of at most [`FUSED_MAX_ROWS`] rows takes the fused decode-and-dot kernel.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
         let xf = (&x.astype(Dtype::Float32)? * &self.sv)?;
-        let xh = Self::hadamard(&xf, &self.h_cols)?;
+        let xh = Self::hadamard(&xf, self.block_cols)?;
         let n_in = x.size() as i64 / i64::from(self.cols.max(1));
         let z = match pool() {
             Some(pool)
@@ -274,9 +277,20 @@ impl TrellisWeight {
             {
                 self.fused(pool, &xh)?
             }
-            _ => ops::matmul(&xh, &self.decoded()?.transpose_all()?, None)?,
+            _ => {
+                let z = ops::matmul(&xh, &self.decoded()?.transpose_all()?, None)?;
+                // The kernel's decoded matrix is a float32 copy of the whole weight: the
+                // product is computed now, so that the matrix is freed before the next linear
+                // decodes its own. Left lazy, a prompt's forward held every linear's at once
+                // until its evaluation (issue #34). The plain-ops decode stays lazy (MLX frees
+                // its intermediates as the graph runs).
+                if trellis_decode() == TrellisDecode::Kernel {
+                    z.eval()?;
+                }
+                z
+            }
         };
-        let y = (&Self::hadamard(&z, &self.h_rows)? * &self.su)?;
+        let y = (&Self::hadamard(&z, self.block_rows)? * &self.su)?;
         Ok(y.astype(x.dtype())?)
     }
 
@@ -308,10 +322,31 @@ impl TrellisWeight {
     /// The logical (dequantized) matrix `diag(su) H_r Wt H_c diag(sv)`, float32.
     pub fn dequantize(&self) -> Result<Array> {
         let wt = self.decoded()?;
-        let left = Self::hadamard(&wt.transpose_all()?, &self.h_rows)?.transpose_all()?;
-        let both = Self::hadamard(&left, &self.h_cols)?;
+        let left = Self::hadamard(&wt.transpose_all()?, self.block_rows)?.transpose_all()?;
+        let both = Self::hadamard(&left, self.block_cols)?;
         Ok((&(&both * &self.sv)? * &self.su.reshape(&[self.rows, 1])?)?)
     }
+}
+
+/// The normalized Hadamard matrix of `block` (`cpu::trellis::hadamard_matrix`, float32
+/// `(block, block)`) as an MLX array, made on first use and shared by every trellis layer of
+/// the process. Each layer held its own two before (made at load, up to 4096 x 4096 float32
+/// each, in MLX's memory from the load on: issue #34's peak, results/gpu/2026-12-06-s37-trelpeak);
+/// the distinct sizes are few (at most 13 blocks) and only the MLX forward makes them.
+fn hadamard_array(block: usize) -> Result<Array> {
+    static MATRICES: std::sync::Mutex<std::collections::BTreeMap<usize, Array>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let mut m = MATRICES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = m.get(&block) {
+        return Ok(h.clone());
+    }
+    let b = i32::try_from(block).map_err(|_| ModelError::Tensor {
+        name: "trellis-coded weight".into(),
+        problem: format!("a Hadamard block of {block}"),
+    })?;
+    let h = Array::from_slice(&tc::hadamard_matrix(block), &[b, b])?;
+    m.insert(block, h.clone());
+    Ok(h)
 }
 
 /// Trellis-quantizes a float `(rows, cols)` weight for the layer at `path` on `threads`
