@@ -3708,7 +3708,7 @@ fn mma_banks() -> bool {
 }
 
 /// The step source's define for [`mma_banks`] (`on`: wide tiles of 4-bit weights in groups of
-/// 64), empty otherwise (the source then is main's, byte for byte).
+/// 64), empty otherwise (`MMA_BANKS 0`: the tiles' placement as before the switch).
 fn mma_banks_define(on: bool) -> &'static str {
     if on {
         "#define MMA_BANKS 1\n"
