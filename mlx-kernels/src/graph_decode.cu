@@ -1198,6 +1198,28 @@ __device__ __forceinline__ void mma16816(float* d, const u32* a, const u32* b) {
 // Rows blocks of 16 a block carries partial sums for across the chunks of K (its rows blocks
 // beyond restage the chunks: the host sizes the grid so that there are none at 8B).
 #define MMA_RB 2
+// MMA_BANKS (the host's switch MLX_GRAPH_MMA_BANKS=1, wide tiles only; 0 otherwise): where the
+// staged inputs sit, so that an item's shared-memory reads fall in distinct banks. A sequence's
+// staged input is 17 K / 8 bytes, a multiple of 128 at K 4,096 and chunks of 5,120: every
+// sequence's piece p then sits in the same banks, and an item's B fragments (lanes g, g + 1 of a
+// quarter-warp: sequences g, g + 1, the same pieces) take two passes where one would do, its
+// chunk sums (4 sequences 2 apart, the same index) four. With MMA_BANKS, odd sequences' pieces
+// swap within pairs of slots (slot ^ 1), and sequence b's chunk sums within groups of 8
+// (index ^ 2 ((b >> 1) & 3), where KC is a multiple of 256 so that the groups are whole); the
+// warps' partial sums are 4 MMA_NT + 1 floats a lane apart (the epilogue's reads of 8 row
+// groups at once: 8 passes, then one). Only addresses move: every value read and every sum's
+// order are MMA_BANKS 0's, so every output is its bit for bit (graph_emulate.py's mma_bit_check).
+#ifndef MMA_BANKS
+#define MMA_BANKS 0
+#endif
+// Sequence b's slot of staged piece p (xs_slot's, odd sequences' swapped in pairs with MMA_BANKS).
+__device__ __forceinline__ int mma_slot(int p, int b) {
+  return xs_slot(p) ^ (MMA_BANKS ? (b & 1) : 0);
+}
+// What sequence b's chunk sum indices are XORed with (even: a sum's pair stays in order).
+__device__ __forceinline__ int mma_sum_x(int b, int KC) {
+  return MMA_BANKS && (KC & 255) == 0 ? 2 * ((b >> 1) & 3) : 0;
+}
 
 // A path the host never launches (a trap on the device; the emulator stops).
 __device__ __forceinline__ void mv_unreachable() {
@@ -1256,7 +1278,7 @@ __device__ __forceinline__ void mma_copy(unsigned char* smem, int xstride, const
   const ll KP = K >> 3;
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     const int b = i / n, tt = i - b * n;
-    cp_async16((uint4*)(smem + b * xstride) + xs_slot(tt), xv + b * KP + p0 + tt);
+    cp_async16((uint4*)(smem + b * xstride) + mma_slot(tt, b), xv + b * KP + p0 + tt);
   }
   cp_async_wait_all();
   __syncthreads();
@@ -1274,7 +1296,7 @@ __device__ __forceinline__ void mma_inv_rms(float* invs, float (*redn)[MV_WARPS]
     float ss = 0.f;
     if (staged) {
       const uint4* xs = (const uint4*)(smem + b * xstride);
-      for (int p = tid; p < pieces; p += T) ss += sq8(xs[xs_slot(p)]);
+      for (int p = tid; p < pieces; p += T) ss += sq8(xs[mma_slot(p, b)]);
     } else {
       const uint4* xv = (const uint4*)(xin + b * K);
       for (int p = tid; p < pieces; p += T) ss += sq8(xv[p]);
@@ -1306,7 +1328,7 @@ __device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int
     uint4 gw = {0u, 0u, 0u, 0u};
     if (ok && norm) gw = gv[tt];
     for (int b = 0; b < NB; ++b) {
-      uint4* slot = (uint4*)(smem + b * xstride) + xs_slot(ok ? tt : 0);
+      uint4* slot = (uint4*)(smem + b * xstride) + mma_slot(ok ? tt : 0, b);
       float sum = 0.f;
       if (ok) {
         uint4 o = *slot;
@@ -1318,7 +1340,8 @@ __device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (ok && (tt & 3) == 0) mv_chunk_sums(smem + b * xstride, KC)[tt >> 2] = sum;
+      if (ok && (tt & 3) == 0)
+        mv_chunk_sums(smem + b * xstride, KC)[(tt >> 2) ^ mma_sum_x(b, KC)] = sum;
     }
   }
   __syncthreads();
@@ -1336,7 +1359,7 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
                                            const bf16_t* normw, bool norm, ll N, ll K,
                                            double eps, unsigned char* smem, float* red,
                                            Trace& tr, Pre pre, Epi epi) {
-  __shared__ __align__(16) float part[MV_WARPS][32][4 * MMA_NT];
+  __shared__ __align__(16) float part[MV_WARPS][32][4 * MMA_NT + MMA_BANKS];
   __shared__ float sums[NB][16];
   __shared__ float invs[NB];
   __shared__ float redn[NB][MV_WARPS];
@@ -1484,6 +1507,9 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
 #pragma unroll
       for (int e = 0; e < 4; ++e) keep[r][nt][e] = 0.f;
   MmaCur cc = first;  // the item being summed
+  // The XOR of lane (g, t)'s chunk sum reads: its columns n = 8 nt + 2 t + (e & 1) all have
+  // (n >> 1) & 3 = t.
+  const int sum_x = mma_sum_x(2 * t, KC);
   int done = 0;       // rows blocks whose epilogue ran (they run in order)
   // The epilogue's thread (row group erg, sequence en) loads what it reads from memory
   // (pre: the residual, the position and RoPE table) a rows block ahead, as mv_run's lanes
@@ -1537,8 +1563,8 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
             uint4 x0 = {0u, 0u, 0u, 0u}, x1 = {0u, 0u, 0u, 0u};
             if (sq < NB) {
               const uint4* xg = (const uint4*)(smem + sq * xstride);
-              x0 = xg[xs_slot(8 * jl + 2 * t)];
-              x1 = xg[xs_slot(8 * jl + 2 * t + 1)];
+              x0 = xg[mma_slot(8 * jl + 2 * t, sq)];
+              x1 = xg[mma_slot(8 * jl + 2 * t + 1, sq)];
             }
             bx[nt][0] = x0.x, bx[nt][1] = x0.y, bx[nt][2] = x0.z, bx[nt][3] = x0.w;
             bx[nt][4] = x1.x, bx[nt][5] = x1.y, bx[nt][6] = x1.z, bx[nt][7] = x1.w;
@@ -1569,7 +1595,9 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
               float xsum = 0.f;
               if (n < NB) {
                 const float* xc = mv_chunk_sums(smem + n * xstride, KC);
-                xsum = xc[2 * jl] + xc[2 * jl + 1];
+                // Sums 2 jl and 2 jl + 1, side by side wherever they sit (one 8-byte read).
+                const float2 x2 = *(const float2*)(xc + ((2 * jl) ^ sum_x));
+                xsum = x2.x + x2.y;
               }
               acc[nt][e] += lo2f(sb[MMA_U][e >> 1]) * d[nt][e] + hi2f(sb[MMA_U][e >> 1]) * xsum;
             }

@@ -3695,6 +3695,28 @@ fn mma_async() -> bool {
     switch_on("MLX_GRAPH_MMA_ASYNC")
 }
 
+/// Whether the wide tensor-core tiles place their staged inputs, chunk sums and partial sums
+/// in distinct shared-memory banks (`MMA_BANKS` in the source; `MLX_GRAPH_MMA_BANKS=1`, off by
+/// default): at 8B every sequence's staged input is a multiple of 128 bytes long, so an item's
+/// B-fragment reads take twice their passes, its chunk sums four times and the epilogue's
+/// partial sums eight (`results/gpu/2026-12-06-s37-mmagap`). Read where the step source's
+/// defines are chosen, so the decoder, `mlx` and the tests alike take it from their
+/// environment. Only addresses move: the products are bit-equal either way, and neither the
+/// dynamic shared memory nor the static bound changes.
+fn mma_banks() -> bool {
+    std::env::var("MLX_GRAPH_MMA_BANKS").is_ok_and(|v| v == "1")
+}
+
+/// The step source's define for [`mma_banks`] (`on`: wide tiles of 4-bit weights in groups of
+/// 64), empty otherwise (`MMA_BANKS 0`: the tiles' placement as before the switch).
+fn mma_banks_define(on: bool) -> &'static str {
+    if on {
+        "#define MMA_BANKS 1\n"
+    } else {
+        ""
+    }
+}
+
 /// A default-on switch of the step source: off only where the variable is `0`.
 fn switch_on(key: &str) -> bool {
     std::env::var(key).map_or(true, |v| v != "0")
@@ -4195,10 +4217,12 @@ fn step_source(
     };
     // The FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC, on unless 0): the same bits.
     let mv_async = mv_async_define(mv_async());
+    // The wide tiles' bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1): the same bits.
+    let banks = mma_banks_define(wide && mma4 && mma_banks());
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {SOURCE}",
+         {banks}{SOURCE}",
         p.rows,
         p.batch,
         p.early,
@@ -5694,6 +5718,18 @@ mod tests {
         };
         assert_eq!(mma_chunk_with(&small, 16, None, false), None);
         assert_eq!(mma_chunk_with(&small, 16, None, true), None);
+        // MLX_GRAPH_MMA_BANKS (MMA_BANKS): at 8B a sequence's staged input (17 K / 8 bytes)
+        // is a multiple of 128 bytes, every sequence's piece in the same banks, the conflicts
+        // MMA_BANKS removes. Its partial sums' padding (a float a lane and sequence column
+        // tile: part[8][32][4 x 2 + 1], then sums, invs and redn) stays under the static bound
+        // the sizing takes, so no size changes.
+        for kc in [4096, 5120] {
+            assert_eq!(mv_shared_bytes(kc, 4) % 128, 0);
+        }
+        let static_16 = (8 * 32 * (4 * 2 + 1) + 16 * 16 + 16 + 16 * 8) * 4;
+        assert!(static_16 <= MV_STATIC_SHARED, "{static_16}");
+        assert_eq!(mma_banks_define(false), "");
+        assert_eq!(mma_banks_define(true), "#define MMA_BANKS 1\n");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -61,6 +61,9 @@ time, every output bit for bit; GRAPH_EMU_MMA_KC=512 stages every product of K >
 GRAPH_EMU_MMA_ASYNC=1 builds this tree's tiles with the cp.async weight ring (MMA_ASYNC,
 MLX_GRAPH_MMA_ASYNC=1 on the device; the emulator copies at once, so the check is of the ring's
 slots, halves and order, not of the device's memory ordering).
+GRAPH_EMU_MMA_BANKS=1 builds this tree's tiles with their staged inputs, chunk sums and partial
+sums placed in distinct banks (MMA_BANKS, MLX_GRAPH_MMA_BANKS=1 on the device): only addresses
+move, so mma_bit_check must find every output bit-equal to main's tile.
 GRAPH_EMU_MV_ASYNC=1 builds this tree's FFMA row kernels (mv_run) with their scales and biases
 kept as loaded and read where summed (MV_ASYNC, MLX_GRAPH_MV_ASYNC=1 on the device), and
 `nb_bit_check` then runs at any NB (1 included) against the one-sequence kernel of main's source
@@ -264,6 +267,10 @@ MMA_KC = int(os.environ.get("GRAPH_EMU_MMA_KC", "0"))
 # device): GRAPH_EMU_MMA_ASYNC=1 builds this tree's tiles with it (main's reference tile of
 # mma_bit_check stays as it is).
 MMA_ASYNC = int(os.environ.get("GRAPH_EMU_MMA_ASYNC", "0"))
+# The tensor-core tiles' bank-conflict-free placement of the staged inputs, chunk sums and
+# partial sums (MMA_BANKS in the source, MLX_GRAPH_MMA_BANKS=1 on the device):
+# GRAPH_EMU_MMA_BANKS=1 builds this tree's tiles with it (mma_bit_check's reference stays main's).
+MMA_BANKS = int(os.environ.get("GRAPH_EMU_MMA_BANKS", "0"))
 # The FFMA row kernels' deferred scale/bias reads (MV_ASYNC in the source, MLX_GRAPH_MV_ASYNC=1
 # on the device): GRAPH_EMU_MV_ASYNC=1 builds this tree's kernels with it; nb_bit_check's
 # one-sequence reference is then main's kernel (MV_ASYNC_REF's source, before MV_ASYNC).
@@ -305,6 +312,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
     kc = MMA_KC if kc is None else kc
     src = (f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n"
            f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
+           + (f"#define MMA_BANKS {MMA_BANKS}\n" if cu is None else "")
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
            + (CU if cu is None else cu))
     if not qkv_norm:
@@ -321,6 +329,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
             assert a in src, a
             src = src.replace(a, b)
     tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_async' if MMA_ASYNC and cu is None else ''}"
+           f"{'_banks' if MMA_BANKS and cu is None else ''}"
            f"{'_mvasync' if MV_ASYNC and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"

@@ -1,7 +1,7 @@
 """Compiles the graph decoder's kernels here, as the decoder does on the GPU, and reads their
 machine code: no GPU needed.
 
-    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mv-async] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
+    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mv-async] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
         [--trellis [--trellis-v-l N] [--trellis-define TRELLIS_ALIAS ...] [--trellis-define TRELLIS_FUSED_THREADS=1024]]
 
 Prints, for each kernel, ptxas's registers, stack and spills, and for --kernel (default
@@ -150,6 +150,8 @@ def main():
                     help="MMA_KC: inputs a tensor-core tile stages at once (0: all of K)")
     ap.add_argument("--mma-async", action="store_true",
                     help="MMA_ASYNC 1: the wide tiles' cp.async ring (MLX_GRAPH_MMA_ASYNC=1)")
+    ap.add_argument("--mma-banks", action="store_true",
+                    help="MMA_BANKS 1: the wide tiles' bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1)")
     ap.add_argument("--mv-async", action="store_true",
                     help="MV_ASYNC 1: the FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1)")
     ap.add_argument("--kernel", default="matvec")
@@ -177,6 +179,7 @@ def main():
            f"#define NB {a.nb}\n#define MV_MMA {a.mma}\n#define MMA_KC {a.kc}\n"
            + (f"#define MV_MIN_BLOCKS {a.min_blocks}\n" if a.min_blocks else "")
            + ("#define MMA_ASYNC 1\n" if a.mma_async else "")
+           + ("#define MMA_BANKS 1\n" if a.mma_banks else "")
            + ("#define MV_ASYNC 1\n" if a.mv_async else "")
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))

@@ -2,7 +2,7 @@
 on write W<n> and on read R<n>, the scoreboards it waits for: wait<ns>), for the first
 tensor-core tile item of a kernel: what an item waits for.
 
-    python3 xtask/gpu/sass_ctrl.py [--nb 16] [--kc 6144] [--min-blocks 1] [--mma-async] [--kernel matvec]
+    python3 xtask/gpu/sass_ctrl.py [--nb 16] [--kc 6144] [--min-blocks 1] [--mma-async] [--mma-banks] [--kernel matvec]
     python3 xtask/gpu/sass_ctrl.py --ffma [--nb 1] [--mv-async] [--kernel matvec,matvec_qkv]
 
 Compiles as sass.py does (NVRTC_LIB, NVDISASM), disassembles with `nvdisasm -hex` and reads the
@@ -61,6 +61,7 @@ def main():
     ap.add_argument("--kc", type=int, default=6144)
     ap.add_argument("--min-blocks", type=int, default=1)
     ap.add_argument("--mma-async", action="store_true")
+    ap.add_argument("--mma-banks", action="store_true", help="MMA_BANKS 1 (MLX_GRAPH_MMA_BANKS=1)")
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--ffma", action="store_true")
     ap.add_argument("--mv-async", action="store_true")
@@ -72,6 +73,7 @@ def main():
     src = (f"#define MV_ROWS 2\n#define MV_BATCH 4\n#define MV_EARLY 4\n#define NB {a.nb}\n"
            f"#define MV_MMA 1\n#define MMA_KC {a.kc}\n#define MV_MIN_BLOCKS {a.min_blocks}\n"
            + ("#define MMA_ASYNC 1\n" if a.mma_async else "")
+           + ("#define MMA_BANKS 1\n" if a.mma_banks else "")
            + "".join((root / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu")))
     cubin, _ = S.compile_cubin(src)
