@@ -3,7 +3,8 @@
 # skipped when less than its share of BUDGET_S (default 570 s) is left, carrying .gpu/a and
 # .gpu/c of `cargo xtask gpu pack` (spec_gpu.sh, spec_cost.py and this script copied into .gpu/c):
 #   setup  product_setup.sh with MODELS (skipped when /opt/models holds them all);
-#   test   graph_decode_cuda's TESTS (default batched_equals_single) capped at TEST_S;
+#   test   graph_decode_cuda's TESTS (default batched_equals_single) capped at TEST_S, with
+#          TEST_ENV's assignments (e.g. "MLX_GRAPH_MV_RING=1") in its environment alone;
 #   ktest  mlx-kernels' `cuda` test set, KTESTS (default trellis_kernels_match_the_cpu_references)
 #          capped at KTEST_S;
 #   spec   spec_gpu.sh (draft-model speculation on the graph decoder, forced acceptance: cost
@@ -58,8 +59,8 @@ for part in ${PARTS:-setup test spec bench moe}; do
       mkdir -p /opt/bin && xz -dc $C/graph_test.xz > /opt/bin/graph_test && chmod +x /opt/bin/graph_test
       mkdir -p mlx-models/tests/models && tar xJf $C/fixtures.tar.xz -C mlx-models/tests/models
       T=${TEST_S:-240}; [ $T -gt $(left) ] && T=$(left)
-      echo "== test switches: $(env | grep '^MLX_GRAPH_TRELLIS' | sort | tr '\n' ' ')" >> $OUT/graph_test.log
-      timeout $T /opt/bin/graph_test --test-threads 1 --nocapture ${TESTS:-batched_equals_single} >> $OUT/graph_test.log 2>&1
+      echo "== test switches: $(env | grep '^MLX_GRAPH_TRELLIS' | sort | tr '\n' ' ')${TEST_ENV:+ TEST_ENV: $TEST_ENV}" >> $OUT/graph_test.log
+      env $TEST_ENV timeout $T /opt/bin/graph_test --test-threads 1 --nocapture ${TESTS:-batched_equals_single} >> $OUT/graph_test.log 2>&1
       echo "test rc=$?" >> $OUT/graph_test.log; tail -4 $OUT/graph_test.log ;;
     ktest)
       [ -f $C/kernels_test.xz ] || { echo "== skip ktest: no kernels_test.xz" | tee -a $OUT/parts.log; continue; }
