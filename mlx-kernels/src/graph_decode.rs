@@ -3689,8 +3689,8 @@ fn mv_ring_in(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> 
             <= MV_SHARED_MAX
 }
 
-/// The step source's define for the ring (`on`: [`mv_ring_in`]), empty when off (the source
-/// then is main's, byte for byte, so its cached kernels stay valid).
+/// The step source's define for the ring (`on`: [`mv_ring_in`]), empty when off (the source's
+/// ring is all under `MV_RING_ON`: the kernels then are the register loads' ones).
 fn mv_ring_define(on: bool) -> &'static str {
     if on {
         "#define MV_RING 1\n"
@@ -5558,8 +5558,8 @@ mod tests {
 
     #[test]
     fn the_row_kernels_ring_is_one_define_where_it_fits() {
-        // MLX_GRAPH_MV_RING=1 adds one define; off, the source is main's (its kernel cache
-        // entries stay valid), and the kernel source's default is off.
+        // MLX_GRAPH_MV_RING=1 adds one define; off, none (the register loads' kernels), and
+        // the kernel source's default is off.
         assert_eq!(mv_ring_define(true), "#define MV_RING 1\n");
         assert_eq!(mv_ring_define(false), "");
         assert!(SOURCE.contains("#ifndef MV_RING\n#define MV_RING 0\n#endif"));
