@@ -16,6 +16,19 @@
 //! `max_tokens`, and an injected CUDA failure hands the run to the MLX path.
 //! Every row runs even after one fails; the failed rows are listed at the end.
 //! Without a CUDA driver the test says so and passes.
+//!
+//! A row with experts may hold a step over the bound at a routing near tie (bfloat16 rounding
+//! alone picks other experts on one side: `ROUTER_NEAR_TIE` in graph_decode.rs, from the
+//! decoder's own router margins and the model's float32 forward on the CPU); such steps are
+//! listed and held apart, at most `ROUTER_NEAR_TIES` of a row's 24.
+//!
+//! `MLX_GRAPH_FOLLOW_CPU=1` (a diagnosis, for a row over its bound): the rows are written on
+//! MLX's CPU device (the weights `xtask/gpu/graph_emulate.py`'s `rs:` rows use; each row's
+//! fingerprint printed, the GPU-written one beside it), and each step's logits are also
+//! computed by the same model in float32 on the CPU (MLX's CPU stream of the CUDA build): one
+//! line a step gives the reference's pick and the decoder's and the GPU forward's differences
+//! from that float32 forward, so one device call tells which side moved at a step over the
+//! bound. The bounds are checked as without it.
 
 #[path = "support/graph_models.rs"]
 mod graph_models;
@@ -25,8 +38,11 @@ use std::path::PathBuf;
 use mlx_engine::generate::{generate_step, GenerateOptions};
 
 use mlx_core::ops;
-use mlx_core::{Array, Dtype};
-use mlx_kernels::graph_decode::{compare_logits, GraphDecoder, TEACHER_FORCED_BOUNDS};
+use mlx_core::{Array, Device, Dtype};
+use mlx_kernels::graph_decode::{
+    compare_logits, router_margin, GraphDecoder, ROUTER_NEAR_TIE, ROUTER_NEAR_TIES,
+    TEACHER_FORCED_BOUNDS,
+};
 use mlx_models::load::{load_model_dir, LoadOptions};
 
 /// Equal, bit for bit.
@@ -41,6 +57,27 @@ fn bf16(v: f32) -> f32 {
     }
     let b = v.to_bits();
     f32::from_bits(b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
+}
+
+/// `MLX_GRAPH_FOLLOW_CPU=1`: the float32 CPU reference beside the GPU's (see the module's
+/// doc).
+fn follow_cpu() -> bool {
+    std::env::var("MLX_GRAPH_FOLLOW_CPU").is_ok_and(|v| v == "1")
+}
+
+/// `f` with MLX's CPU as the default device (its ops recorded on the CPU stream), then the
+/// default device as it was.
+fn on_cpu<T>(f: impl FnOnce() -> T) -> T {
+    // Put back on the way out, a panic's too (the next row runs on the GPU).
+    struct Back(Device);
+    impl Drop for Back {
+        fn drop(&mut self) {
+            let _ = self.0.set_default();
+        }
+    }
+    let _back = Back(Device::default_device().unwrap());
+    Device::cpu().set_default().unwrap();
+    f()
 }
 
 #[test]
@@ -65,7 +102,22 @@ fn graph_decoder_follows_the_mlx_forward() {
         .into_iter()
         .chain(graph_models::moe_rows())
     {
-        dirs.push((row.name.to_string(), graph_models::write(&tmp, &row)));
+        let dir = if follow_cpu() {
+            // The weights drawn on the CPU (the emulator's), and the fingerprint of those the
+            // GPU draws (the rows' weights without the switch).
+            let gpu = graph_models::write(&tmp.join("gpu"), &row);
+            let dir = on_cpu(|| graph_models::write(&tmp, &row));
+            eprintln!(
+                "{}: fingerprint {:016x} (written on the CPU; on the GPU {:016x})",
+                row.name,
+                graph_models::fingerprint(&dir),
+                graph_models::fingerprint(&gpu)
+            );
+            dir
+        } else {
+            graph_models::write(&tmp, &row)
+        };
+        dirs.push((row.name.to_string(), dir));
     }
     // Trellis-coded rows (`GraphSpec::trellis`): `dense_bf16_untied` converted to trellis
     // 3-bit (L 8) in blocks of 64 (the kernels' general path) and of 32 (their unrolled path),
@@ -219,11 +271,56 @@ fn follow_row(name: &str, dir: &std::path::Path) {
             );
         }
         dec.set_prefix(&kv).unwrap();
+        // A model with experts (and MLX_GRAPH_FOLLOW_CPU=1, any): the same model in float32 on
+        // the CPU, its prompt in, for the near-tie rule ([`ROUTER_NEAR_TIE`]). With the switch
+        // the steps are teacher-forced on its picks (the emulator's `GRAPH_EMU_FOLLOW=f32`),
+        // so that they follow the tokens the emulator's run follows.
+        let moe = dec.spec().moe.as_ref().map(|m| m.top_k);
+        // (Where MLX's CPU cannot run it, the rule goes on without it, saying so.)
+        let mut cpu = (follow_cpu() || moe.is_some())
+            .then(|| {
+                on_cpu(|| -> Result<_, Box<dyn std::error::Error>> {
+                    let opts = LoadOptions {
+                        dtype: Some(Dtype::Float32),
+                    };
+                    let m = load_model_dir(dir, &opts)?.0;
+                    let mut c = m.make_cache();
+                    let x = Array::from_slice(&prompt, &[1, prompt.len() as i32])?;
+                    let logits = m.forward(&x, Some(&mut c))?;
+                    let n = logits.dim(1)?;
+                    let last = ops::slice_axis(&logits, 1, n - 1, n, None)?;
+                    let pick = ops::argmax(&last, -1, false, None)?
+                        .astype(Dtype::Uint32)?
+                        .to_vec::<u32>()?[0];
+                    Ok((m, c, pick))
+                })
+                .map_err(|e| eprintln!("{name}: no float32 CPU forward: {e}"))
+                .ok()
+            })
+            .flatten()
+            .map(|(m, c, pick)| {
+                if follow_cpu() {
+                    token = pick;
+                }
+                (m, c)
+            });
+        // With the switch, the GPU forward over plain caches too (no rotation: the sliding
+        // layers' window kept by the masks the model makes for them), its prompt in.
+        let mut plain = follow_cpu().then(|| {
+            let mut c: Vec<Box<dyn mlx_cache::Cache>> = (0..model.num_layers())
+                .map(|_| Box::new(mlx_cache::KVCache::new()) as Box<dyn mlx_cache::Cache>)
+                .collect();
+            let x = Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap();
+            model.forward(&x, Some(&mut c)).unwrap().eval().unwrap();
+            c
+        });
         let first = token;
         let (mut agree, steps) = (0, 24);
         let mut ours_greedy = Vec::new();
         let mut diffs = Vec::with_capacity(steps);
-        for _ in 0..steps {
+        // Steps over the bound that are routing near ties (step, which side).
+        let mut ties: Vec<(usize, &str)> = Vec::new();
+        for step in 0..steps {
             let x = Array::from_slice(&[token as i32], &[1, 1]).unwrap();
             let reference = model
                 .forward(&x, Some(&mut caches))
@@ -234,18 +331,89 @@ fn follow_row(name: &str, dir: &std::path::Path) {
                 .unwrap();
             let ours = dec.step_logits(token).unwrap();
             let c = compare_logits(&reference, &ours);
+            let mut next = c.reference_token as u32;
+            // The float32 CPU forward against ours and against the GPU forward.
+            let f32_cmp = cpu.as_mut().and_then(|(m, c32)| {
+                let f32_logits = on_cpu(|| -> Result<_, Box<dyn std::error::Error>> {
+                    Ok(m.forward(&x, Some(c32))?
+                        .astype(Dtype::Float32)?
+                        .to_vec::<f32>()?)
+                })
+                .map_err(|e| eprintln!("{name} step {step}: no float32 CPU forward: {e}"))
+                .ok()?;
+                Some((
+                    compare_logits(&f32_logits, &ours),
+                    compare_logits(&f32_logits, &reference),
+                ))
+            });
+            // Our router's smallest relative top-k margin over the layers with experts.
+            let margins: Vec<f32> = match moe {
+                Some(k) => dec
+                    .router_logits()
+                    .unwrap()
+                    .iter()
+                    .map(|g| router_margin(g, k))
+                    .collect(),
+                None => Vec::new(),
+            };
+            let least = margins.iter().copied().fold(1.0f32, f32::min);
+            if c.rel_diff > TEACHER_FORCED_BOUNDS.0 && moe.is_some() {
+                let b = TEACHER_FORCED_BOUNDS.0;
+                if least < ROUTER_NEAR_TIE {
+                    ties.push((step, "our router"));
+                } else if f32_cmp.is_some_and(|(o, g)| o.rel_diff <= b && g.rel_diff > b) {
+                    ties.push((step, "the MLX forward"));
+                }
+            }
+            if let (Some((o, g)), true) = (f32_cmp, follow_cpu()) {
+                let plain_logits = model
+                    .forward(&x, plain.as_deref_mut())
+                    .unwrap()
+                    .astype(Dtype::Float32)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap();
+                let (po, pg) = (
+                    compare_logits(&plain_logits, &ours),
+                    compare_logits(&plain_logits, &reference),
+                );
+                eprintln!(
+                    "{name} step {step:2} position {} pick {:3} (ours {:3}, float32 CPU {:3}): \
+                     {:.5} (float32 CPU against ours {:.5}, against the GPU forward {:.5}; \
+                     the GPU forward over plain caches against ours {:.5}, against the GPU \
+                     forward {:.5}); our router's relative top-k margins {margins:.4?}",
+                    prompt.len() + step,
+                    c.reference_token,
+                    c.ours_token,
+                    o.reference_token,
+                    c.rel_diff,
+                    o.rel_diff,
+                    g.rel_diff,
+                    po.rel_diff,
+                    pg.rel_diff
+                );
+                next = o.reference_token as u32;
+            }
             diffs.push(c.rel_diff);
             agree += usize::from(c.reference_token == c.ours_token);
             ours_greedy.push(c.ours_token as u32);
-            token = c.reference_token as u32;
+            token = next;
         }
         // Every step runs before the bound is checked, so a failure shows where the
-        // difference starts and how it grows (device time is scarce).
-        let worst = diffs.iter().copied().fold(0.0f32, f32::max);
+        // difference starts and how it grows (device time is scarce). Routing near ties are
+        // listed and held apart (at most ROUTER_NEAR_TIES of them).
+        if !ties.is_empty() {
+            eprintln!("{name}: steps over the bound at a routing near tie (step, side): {ties:?}");
+        }
+        let worst = diffs
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| !ties.iter().any(|t| t.0 == *j))
+            .fold(0.0f32, |m, (_, &d)| m.max(d));
         assert!(
-            worst <= TEACHER_FORCED_BOUNDS.0,
+            worst <= TEACHER_FORCED_BOUNDS.0 && ties.len() <= ROUTER_NEAR_TIES,
             "{name}: relative logit difference {worst} (step {} of {steps}, the prompt {} \
-             positions; each step's: {diffs:?})",
+             positions; each step's: {diffs:?}; routing near ties apart: {ties:?})",
             diffs.iter().position(|&d| d == worst).unwrap_or(0),
             prompt.len()
         );

@@ -221,6 +221,126 @@ fn every_covered_row_maps_with_its_knobs() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// The MoE rows as the CUDA test writes them, under `$MLX_GRAPH_ROWS_OUT` (a folder), with
+/// their fingerprints: `xtask/gpu/graph_emulate.py`'s `rs:` rows are its own copy of gpt_oss's
+/// (`cargo test -p mlx-engine --test graph_spec write_the_moe_rows -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn write_the_moe_rows() {
+    let root = PathBuf::from(std::env::var("MLX_GRAPH_ROWS_OUT").expect("MLX_GRAPH_ROWS_OUT"));
+    for row in graph_models::moe_rows() {
+        let dir = graph_models::write(&root, &row);
+        let f = graph_models::fingerprint(&dir);
+        eprintln!("{}: fingerprint {f:016x}", row.name);
+    }
+}
+
+/// gpt_oss's rows through the model's own forward on the CPU, as the CUDA test's reference
+/// runs them (its `make_cache`: rotating caches on the sliding layers), in float32 (MLX's CPU
+/// `gather_mm` takes no bfloat16) and, for the mxfp4 row, in its stored dtypes: the 40-token
+/// prompt, then 24 greedy steps; each run's tokens (int32) and logits (float32) into
+/// `$MLX_GRAPH_ROWS_OUT/NAME-DTYPE.{tokens,logits}`, for mlx-lm to replay
+/// (`xtask/gpu/gptoss_rotating_check.py`). Beside it the same steps over plain caches (no
+/// rotation; the window kept by the masks), as `MLX_GRAPH_FOLLOW_CPU=1` runs them on the GPU:
+/// their largest relative difference is printed.
+#[test]
+#[ignore]
+fn dump_the_gpt_oss_steps() {
+    use mlx_core::{ops, Array, Dtype};
+    let root = PathBuf::from(std::env::var("MLX_GRAPH_ROWS_OUT").expect("MLX_GRAPH_ROWS_OUT"));
+    for row in graph_models::moe_rows() {
+        if !row.name.starts_with("gpt_oss") {
+            continue;
+        }
+        let dir = graph_models::write(&root, &row);
+        for (tag, dtype) in [("f32", Some(Dtype::Float32)), ("stored", None)] {
+            if dtype.is_none() && !row.name.ends_with("_mxfp4") {
+                continue;
+            }
+            let model = load_model_dir(&dir, &LoadOptions { dtype }).unwrap().0;
+            let vocab = model.vocab_size();
+            let prompt: Vec<i32> = (0..40).map(|i| (i * 7919 + 13) % vocab).collect();
+            let mut caches = model.make_cache();
+            let mut plain: Vec<Box<dyn mlx_cache::Cache>> = (0..model.num_layers())
+                .map(|_| Box::new(mlx_cache::KVCache::new()) as Box<dyn mlx_cache::Cache>)
+                .collect();
+            let mut x = Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap();
+            let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+            let mut worst = 0f32;
+            for _ in 0..25 {
+                let last = |out: Array| {
+                    let n = out.dim(1).unwrap();
+                    ops::slice_axis(&out, 1, n - 1, n, None)
+                        .unwrap()
+                        .astype(Dtype::Float32)
+                        .unwrap()
+                        .to_vec::<f32>()
+                        .unwrap()
+                };
+                let p = last(model.forward(&x, Some(&mut plain)).unwrap());
+                let last = last(model.forward(&x, Some(&mut caches)).unwrap());
+                worst = worst.max(mlx_kernels::graph_decode::compare_logits(&last, &p).rel_diff);
+                let t = compare_argmax(&last);
+                logits.extend(last);
+                tokens.push(t);
+                x = Array::from_slice(&[t], &[1, 1]).unwrap();
+            }
+            let base = root.join(format!("{}-{tag}", row.name));
+            let bytes = |v: Vec<[u8; 4]>| v.concat();
+            std::fs::write(
+                base.with_extension("tokens"),
+                bytes(tokens.iter().map(|t| t.to_le_bytes()).collect()),
+            )
+            .unwrap();
+            std::fs::write(
+                base.with_extension("logits"),
+                bytes(logits.iter().map(|t| t.to_le_bytes()).collect()),
+            )
+            .unwrap();
+            eprintln!(
+                "{}-{tag}: tokens {tokens:?}; over plain caches at most {worst} relative",
+                row.name
+            );
+        }
+    }
+}
+
+/// The CUDA follow test's near-tie rule runs each MoE row's float32 forward on MLX's CPU
+/// (`ROUTER_NEAR_TIE`): every row loads in float32 and steps over its rotating or plain caches
+/// here, with finite logits.
+#[test]
+fn moe_rows_run_in_float32_on_the_cpu() {
+    use mlx_core::{Array, Dtype};
+    // Its own folder: other tests remove `tmp()` when they end.
+    let root = std::env::temp_dir().join(format!("graph_spec_f32_{}", std::process::id()));
+    for row in graph_models::moe_rows() {
+        let dir = graph_models::write(&root, &row);
+        let opts = LoadOptions {
+            dtype: Some(Dtype::Float32),
+        };
+        let model = load_model_dir(&dir, &opts).unwrap().0;
+        let mut caches = model.make_cache();
+        for x in [&[1, 2, 3][..], &[4]] {
+            let x = Array::from_slice(x, &[1, x.len() as i32]).unwrap();
+            let out = model.forward(&x, Some(&mut caches)).unwrap();
+            let v = out.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+            assert!(v.iter().all(|x| x.is_finite()), "{}", row.name);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The first largest logit's index.
+fn compare_argmax(v: &[f32]) -> i32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as i32
+}
+
 #[test]
 fn moe_rows_map_with_their_knobs() {
     use mlx_kernels::graph_decode::GraphRouter;

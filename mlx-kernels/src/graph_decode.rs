@@ -156,6 +156,32 @@ const MV_WARPS: usize = MV_THREADS as usize / 32;
 /// the MLX forward's. Random bench models have many near-ties among bfloat16 logits.
 pub const TEACHER_FORCED_BOUNDS: (f32, f32) = (0.05, 0.9);
 
+/// A model with experts, a teacher-forced step over [`TEACHER_FORCED_BOUNDS`]: a routing near
+/// tie, not a wrong kernel, when either
+/// - the decoder's router chose within this of a tie in some layer ([`router_margin`] of
+///   [`GraphDecoder::router_logits`]: bfloat16 rounding alone can pick other experts than the
+///   MLX forward's there), or
+/// - the decoder is within the bound of the model's float32 forward on the CPU and the MLX
+///   forward is not (the MLX forward picked other experts).
+///
+/// The `cuda` test lists such steps apart, at most [`ROUTER_NEAR_TIES`] of a row's 24 (the
+/// measurements: results/gpu/2026-12-06-s37-gptoss).
+pub const ROUTER_NEAR_TIE: f32 = 0.03;
+/// At most this many of a row's teacher-forced steps may be routing near ties.
+pub const ROUTER_NEAR_TIES: usize = 3;
+
+/// A router's top-k margin, relative: the k-th largest logit less the (k+1)-th, over the
+/// largest logit magnitude (1 for fewer than k + 1 logits).
+pub fn router_margin(logits: &[f32], k: usize) -> f32 {
+    if k == 0 || logits.len() <= k {
+        return 1.0;
+    }
+    let mut g = logits.to_vec();
+    g.sort_by(|a, b| b.total_cmp(a));
+    let scale = g.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    (g[k - 1] - g[k]) / scale
+}
+
 /// How [`GraphDecoder::load_with`] builds the step. The settings change speed, not results
 /// (each lane sums its chunks in the same order whatever they are).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1342,6 +1368,9 @@ struct Layer {
     /// gpt_oss's experts' biases (`GraphMoe::oai`): gate's and up's `[experts * width]`,
     /// down's `[experts * hidden]`.
     expert_bias: Option<[Buffer; 3]>,
+    /// The router's logits of a layer with experts (bfloat16, experts), this layer's own (a
+    /// step buffer): what [`GraphDecoder::router_logits`] reads back after a step.
+    gates: Option<Buffer>,
     kc: Buffer,
     vc: Buffer,
     /// A layer of trellis-coded linears ([`GraphSpec::trellis`]): its linears, launched by
@@ -2196,6 +2225,7 @@ impl GraphDecoder {
                 down,
                 router,
                 expert_bias,
+                gates: None,
                 kc: kv_bufs[2 * i],
                 vc: kv_bufs[2 * i + 1],
                 trellis: tl.map(|x| x.0),
@@ -2215,6 +2245,9 @@ impl GraphDecoder {
             .as_ref()
             .map_or((1, 1, 0), |m| (m.experts, m.top_k, m.intermediate));
         let before_acts = rt.allocated();
+        for l in layers.iter_mut().filter(|l| l.router.is_some()) {
+            l.gates = Some(rt.alloc(moe_e.max(2) * 2)?);
+        }
         let acts = Activations {
             h: rt.alloc(total * h * 2)?,
             qkv: rt.alloc(total * s.qkv_rows() * 2)?,
@@ -3066,6 +3099,25 @@ impl GraphDecoder {
         })
     }
 
+    /// The last step's router logits (bfloat16 values as float32), one `Vec` of `experts` a
+    /// layer with experts, in layer order (empty for a model without experts): the choice
+    /// the step made, for a test to see how near a tie its top-k was.
+    pub fn router_logits(&mut self) -> Result<Vec<Vec<f32>>> {
+        let e = self.step.shape.moe.as_ref().map_or(0, |m| m.experts);
+        let bufs: Vec<Buffer> = self.step.layers.iter().filter_map(|l| l.gates).collect();
+        let mut out = Vec::with_capacity(bufs.len());
+        for b in bufs {
+            let mut raw = vec![0u8; e * 2];
+            self.rt.download(b, 0, &mut raw)?;
+            out.push(
+                raw.chunks_exact(2)
+                    .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                    .collect(),
+            );
+        }
+        Ok(out)
+    }
+
     /// Times each [`Part`] of the step alone: a graph of only that part's kernels (captured
     /// once, on the first call), replayed `reps` times at the current position (which must
     /// leave room for one more a row of the first tile), host time per replay. With several
@@ -3634,23 +3686,29 @@ const SM_SHARED: u32 = 228 * 1024;
 /// source: 8 warps x 6 slots x 640 bytes), besides [`MV_STATIC_SHARED`].
 const MMA_RING_SHARED: u32 = 8 * 6 * 640;
 
-/// Whether wide tensor-core tiles stream their weights through the cp.async ring
-/// (`MLX_GRAPH_MMA_ASYNC=1`; off by default: an A/B switch until the device has measured
-/// it, `results/gpu/2026-12-06-s36-mmatile`). Read where the step source's defines are chosen
-/// and where the tiles' shared memory is sized, so the decoder, `mlx` and the tests alike
-/// take it from their environment. The products are bit-equal either way.
+/// Whether wide tensor-core tiles stream their weights through the cp.async ring (on by
+/// default; `MLX_GRAPH_MMA_ASYNC=0` turns it off: the H100 ran 16 rows at 106.1 steps/s with it
+/// against 92.9 without, `results/gpu/2026-12-06-s37-h100`). Read where the step source's
+/// defines are chosen and where the tiles' shared memory is sized, so the decoder, `mlx` and
+/// the tests alike take it from their environment. The products are bit-equal either way.
 fn mma_async() -> bool {
-    std::env::var("MLX_GRAPH_MMA_ASYNC").is_ok_and(|v| v == "1")
+    switch_on("MLX_GRAPH_MMA_ASYNC")
+}
+
+/// A default-on switch of the step source: off only where the variable is `0`.
+fn switch_on(key: &str) -> bool {
+    std::env::var(key).map_or(true, |v| v != "0")
 }
 
 /// Whether the FFMA row kernels (graph_decode.cu's `mv_run`: the one-row step, the FFMA tiles
 /// and speculative decoding's verify rows) keep each item's scales and biases as loaded and
-/// read them where the item is summed (`MLX_GRAPH_MV_ASYNC=1`; off by default: an A/B switch
-/// until the device has measured it, `results/gpu/2026-12-06-s36-mvload`). Read where the step
-/// source's defines are chosen, so the decoder, `mlx` and the tests alike take it from their
-/// environment. Every output is bit-equal either way.
+/// read them where the item is summed (on by default; `MLX_GRAPH_MV_ASYNC=0` turns it off: the
+/// H100 ran the 8B's one-row step at 340.7 steps/s with it against 300.3 without,
+/// `results/gpu/2026-12-06-s37-h100`). Read where the step source's defines are chosen, so the
+/// decoder, `mlx` and the tests alike take it from their environment. Every output is
+/// bit-equal either way.
 fn mv_async() -> bool {
-    std::env::var("MLX_GRAPH_MV_ASYNC").is_ok_and(|v| v == "1")
+    switch_on("MLX_GRAPH_MV_ASYNC")
 }
 
 /// The step source's define for [`mv_async`] (`on`), empty when off (the source then is
@@ -4165,13 +4223,13 @@ fn step_source(
     } else {
         0
     };
-    // The wide tiles' cp.async ring (MLX_GRAPH_MMA_ASYNC=1): the same bits, its own loads.
+    // The wide tiles' cp.async ring (MLX_GRAPH_MMA_ASYNC, on unless 0): the same bits, its own loads.
     let ring = if wide && mma4 && mma_async() {
         "#define MMA_ASYNC 1\n"
     } else {
         ""
     };
-    // The FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1): the same bits.
+    // The FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC, on unless 0): the same bits.
     let mv_async = mv_async_define(mv_async());
     // The FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1, where it fits): the same bits.
     let mv_ring = mv_ring_define(mv_ring_in(spec, p.rows, nb, mma, mv_ring()));
@@ -4271,6 +4329,8 @@ fn record_experts(
     let step: &Step = rec.step;
     let (s, a) = (&step.shape, &step.acts);
     let (h, iw, k) = (s.hidden, m.intermediate, m.top_k);
+    // The layer's own logits buffer (read back by `router_logits`).
+    let gates = l.gates.unwrap_or(a.gates);
     matvec(
         rec,
         rt,
@@ -4279,7 +4339,7 @@ fn record_experts(
         a.h,
         Some(l.post_norm),
         None,
-        a.gates,
+        gates,
         MODE_NORM,
     )?;
     let (kind, norm) = match m.router {
@@ -4295,7 +4355,7 @@ fn record_experts(
         [32, 1, 1],
         0,
         &[
-            Arg::Buf(a.gates, 0),
+            Arg::Buf(gates, 0),
             Arg::Buf(a.sel, 0),
             Arg::Buf(a.wts, 0),
             Arg::I64(m.experts as i64),
@@ -5201,6 +5261,17 @@ mod tests {
         w
     }
 
+    /// [`super::router_margin`]: the k-th largest logit less the next, over the largest magnitude.
+    #[test]
+    fn router_margin_is_the_top_k_gap_over_the_largest_magnitude() {
+        // Sorted: 3, 2.5, 2, -4; k 2: (2.5 - 2) / 4.
+        assert_eq!(super::router_margin(&[2.0, 3.0, -4.0, 2.5], 2), 0.125);
+        assert_eq!(super::router_margin(&[1.0, 1.0, 0.5], 1), 0.0);
+        // No (k + 1)-th logit, or k 0: no tie to be near.
+        assert_eq!(super::router_margin(&[1.0, 2.0], 2), 1.0);
+        assert_eq!(super::router_margin(&[1.0, 2.0], 0), 1.0);
+    }
+
     /// gpt_oss's spec: mxfp4 experts with biases, the clamped SwiGLU, a biased router and
     /// output projection, sinks. Its weights' shapes and dtypes are checked (mxfp4: uint32
     /// codes `[E, n, k / 8]`, uint8 scales `[E, n, k / 32]`, no biases; the experts' biases
@@ -5537,8 +5608,8 @@ mod tests {
 
     #[test]
     fn the_row_kernels_deferred_scale_reads_are_one_define() {
-        // MLX_GRAPH_MV_ASYNC=1 adds one define; off, the source is main's (its kernel cache
-        // entries stay valid), and the kernel source's default is off.
+        // MLX_GRAPH_MV_ASYNC (on unless 0) adds one define; off, the source is the one without
+        // it, and the kernel source's own default is off.
         assert_eq!(mv_async_define(true), "#define MV_ASYNC 1\n");
         assert_eq!(mv_async_define(false), "");
         assert!(SOURCE.contains("#ifndef MV_ASYNC\n#define MV_ASYNC 0\n#endif"));
@@ -5552,7 +5623,7 @@ mod tests {
         assert_eq!(
             src.contains("#define MV_ASYNC 1\n"),
             mv_async(),
-            "the step source follows MLX_GRAPH_MV_ASYNC"
+            "the step source follows MLX_GRAPH_MV_ASYNC (on unless 0)"
         );
     }
 
@@ -5674,7 +5745,7 @@ mod tests {
         assert!(
             2 * (mv_tile_shared(14336, 4, 8, Some(6144)) + MV_STATIC_SHARED + 1024) <= SM_SHARED
         );
-        // With the cp.async ring (MLX_GRAPH_MMA_ASYNC=1; 30 KiB more static shared memory
+        // With the cp.async ring (MLX_GRAPH_MMA_ASYNC, on unless 0; 30 KiB more static shared memory
         // a block): 16 rows stage down in chunks of 5,120 (K 4,096 whole), 8 rows keep two
         // blocks a multiprocessor with chunks of 4,096.
         assert_eq!(mma_min_blocks_with(&s, 16, true), 1);

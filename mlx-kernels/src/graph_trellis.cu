@@ -107,6 +107,35 @@
 #ifndef TRELLIS_PIPE
 #define TRELLIS_PIPE 0
 #endif
+// 1 reads the S-box codes' (1mad8s, gauss8s, gauss7s) fast paths (L 12, blocks of 32 or 64) from
+// one table of every 12-bit state's code instead of the S-box then the code's table: one
+// shared-memory load a weight instead of two (trellis_block's LUT 5). The 4,096 codes are bytes
+// (the integer code + 128), four states a word (word s >> 2, byte s & 3), 32 copies of each word
+// side by side (word q copy j at q * 32 + j: lane j reads copy j, its own bank, whatever the
+// states): TRELLIS_STATE_WORDS words, 128 KiB (trellis_lut_fill). A weight: the window's shift
+// puts the state at bits 5..16, one LOP3 masks s >> 2 at bits 7..16 and ors the lane in, one
+// load; its byte s & 3 into a float's low mantissa under 2^23 (one PRMT with 0x4B000000, its
+// selector one LOP3 from the state's bits 5..6) and one add takes 2^23 + 128 off: the same
+// integer-valued code, the same FMAs in the same order, so the same bits as LUT 3 and 4. It
+// trades the S-box's wavefront for ~2 instructions a weight more (9.5-9.8 against 7.8-7.9,
+// NVRTC sm_90; ptxas rematerialises the selector's mask every weight): the S-box loop is bound
+// by the shared-memory pipe (3 wavefronts a warp-weight: S-box, code, input), this one by issue
+// (2.4 clocks a warp-weight against 3.0; results/gpu/2026-12-06-s37-trelprod). 128 KiB of
+// tables leave an SM one block: meant with the 1,024-thread fused blocks (the default;
+// MLX_GRAPH_TRELLIS_THREADS). MLX_GRAPH_TRELLIS_STATES=1 (graph_trellis.rs, trellis_source and
+// lut_floats), the device's A/B of it.
+#ifndef TRELLIS_STATES
+#define TRELLIS_STATES 0
+#endif
+#define TRELLIS_STATE_WORDS 32768
+// 1 makes trellis_row take a lane's blocks two at a time, both blocks' words loaded before
+// either's codes: at the 8B's 4,096-wide rows and 32 lanes a row a lane has two blocks, whose
+// loads then overlap instead of each waiting its own latency after the other's codes. The same
+// blocks summed in the same order: the same bits. BW words more live a lane (6 at 3 bits,
+// blocks of 64). MLX_GRAPH_TRELLIS_PAIR=1 (graph_trellis.rs, trellis_source), the device's A/B.
+#ifndef TRELLIS_PAIR
+#define TRELLIS_PAIR 0
+#endif
 
 // The 1MAD code of a state, as the integer byte sum minus 510, as a float (exact: |c| <= 510).
 // The byte sum is one dp4a against ones, accumulated onto the bits of 2^23 (the sum is below
@@ -231,6 +260,7 @@ __device__ __forceinline__ bool trellis_uses_lut(ll L, ll block) {
 __device__ __forceinline__ int trellis_lut_floats(ll L, ll block) {
   if (!trellis_uses_lut(L, block)) return 0;
   const int code = trellis_code_of(L);
+  if (TRELLIS_STATES && code >= 3) return TRELLIS_STATE_WORDS;
   return code <= 2 ? TRELLIS_LUT_FLOATS : TRELLIS_LUT_FLOATS + (code == 5 ? 128 : 256) * 32;
 }
 
@@ -264,6 +294,27 @@ __device__ __forceinline__ float* trellis_xs_base(ll L, ll block) {
 __device__ __forceinline__ void trellis_lut_fill(ll L, ll block) {
   if (!trellis_uses_lut(L, block)) return;
   const int code = trellis_code_of(L);
+#if TRELLIS_STATES
+  if (code >= 3) {
+    // The table of every 12-bit state's code (TRELLIS_STATES): first each word's four biased
+    // codes at its copy 0, then, after a barrier (every thread of the block calls this), each
+    // word's copies 0..31 from copy 0, four a 16-byte store (copy 0 rewritten with its value).
+    u32* t = (u32*)trellis_lut();
+    for (int q = threadIdx.x; q < 1024; q += blockDim.x) {
+      u32 w = 0;
+      for (int k = 0; k < 4; ++k)
+        w |= (u32)((trellis_int8_code((u32)(4 * q + k), 12, code) + 128) & 0xFF) << (8 * k);
+      t[q * 32] = w;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 1024 * 8; i += blockDim.x) {
+      uint4 v;
+      v.x = v.y = v.z = v.w = t[(i >> 3) * 32];
+      *(uint4*)(t + (i >> 3) * 32 + (i & 7) * 4) = v;
+    }
+    return;
+  }
+#endif
   if (code >= 3) {
     u32* sb = (u32*)trellis_lut();
     float* ct = trellis_lut() + TRELLIS_LUT_FLOATS;
@@ -545,7 +596,9 @@ __device__ __forceinline__ float trellis_block(const u32* w, const float* xs,
                                                const float* lut = nullptr, u32 lane4 = 0) {
   static_assert(LUT != 1 || L == 8, "1mad8's table path is L 8");
   static_assert(LUT != 2 || (L >= 9 && L <= 15), "1mad8h's table path is L 9..=15");
-  static_assert(LUT < 3 || (L >= 9 && L <= 15), "the S-box codes' table path is L 9..=15");
+  static_assert(LUT < 3 || LUT == 5 || (L >= 9 && L <= 15),
+                "the S-box codes' table path is L 9..=15");
+  static_assert(LUT != 5 || L == 12, "the states' table path is L 12");
   constexpr int BITS = BLOCK * KB, BW = BITS / 32, PAD = BLOCK == 32 ? 2 : 1;
   constexpr u32 MASK = (1u << L) - 1u;
   float acc0 = 0.f, acc1 = 0.f;
@@ -554,7 +607,20 @@ __device__ __forceinline__ float trellis_block(const u32* w, const float* xs,
     const int start = ((t + 1) * KB + BITS - L) % BITS;
     const int a = start >> 5, off = start & 31;
     float c;
-    if (LUT >= 3) {
+    if (LUT == 5) {
+      // The state at bits 5..16 (TRELLIS_STATES): its word s >> 2 at bits 7..16, its byte
+      // s & 3 at bits 5..6; stream bits above and below.
+      u32 sb;
+      if (off + L <= 32) {
+        const int sh = 32 - off - L - 5;
+        sb = sh >= 0 ? w[a] >> sh : w[a] << -sh;
+      } else {
+        sb = __funnelshift_r(w[a + 1 == BW ? 0 : a + 1], w[a], 64 - off - L - 5);
+      }
+      const u32 q = *(const u32*)((const char*)lut + ((sb & 0x1FF80u) | lane4));
+      const u32 v = __byte_perm(q, 0x4B000000u, ((sb >> 5) & 3u) | 0x7650u);
+      c = __uint_as_float(v) - 8388736.f;  // 2^23 + 128: the byte's bias
+    } else if (LUT >= 3) {
       // The state at bits 15 - L .. 14 (its top byte at 7..14): sh = the window's shift less
       // 15 - L (stream bits above and below it).
       u32 sb;
@@ -644,6 +710,31 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
                                              ll nb, const float* lut = nullptr, u32 lane4 = 0) {
   constexpr int BW = BLOCK * KB / 32;
   float acc = 0.f;
+#if TRELLIS_PAIR
+  // Two blocks a pass, both loads issued before either block's codes (TRELLIS_PAIR): a lane
+  // of a 4,096-wide row at 32 lanes a row has two blocks, which then wait on one load latency
+  // instead of two in a row. The blocks are summed in the same order: the same bits.
+  constexpr int PAD = BLOCK == 32 ? 2 : 1;
+  ll b = j;
+  for (; b + lpr < nb; b += 2 * lpr) {
+#if defined(__CUDA_ARCH__) && TRELLIS_PIPE
+    // The next pair asked of L2 (TRELLIS_PIPE's hint).
+    for (ll n = b + 2 * lpr; n < nb && n < b + 4 * lpr; n += lpr)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + n * BW));
+#endif
+    u32 w0[BW], w1[BW];
+    trellis_load<BW>(row + b * BW, w0);
+    trellis_load<BW>(row + (b + lpr) * BW, w1);
+    acc += trellis_block<KB, L, BLOCK, LUT>(w0, xs + trellis_xs(b * BLOCK, PAD), lut, lane4);
+    acc += trellis_block<KB, L, BLOCK, LUT>(w1, xs + trellis_xs((b + lpr) * BLOCK, PAD), lut,
+                                            lane4);
+  }
+  if (b < nb) {
+    u32 w[BW];
+    trellis_load<BW>(row + b * BW, w);
+    acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, PAD), lut, lane4);
+  }
+#else
   for (ll b = j; b < nb; b += lpr) {
 #if defined(__CUDA_ARCH__) && TRELLIS_PIPE
     // The lane's next block asked of L2 before this one's load (TRELLIS_PIPE: a hint, no
@@ -655,6 +746,7 @@ __device__ __forceinline__ float trellis_row(const u32* row, const float* xs, in
     acc += trellis_block<KB, L, BLOCK, LUT>(w, xs + trellis_xs(b * BLOCK, BLOCK == 32 ? 2 : 1),
                                             lut, lane4);
   }
+#endif
   return acc;
 }
 
@@ -783,6 +875,24 @@ __device__ __forceinline__ void trellis_rows(const u32* W, const float* scales, 
     float acc = 0.f;
     if (r < N) {
       const u32* row = W + r * wpr;
+#if TRELLIS_STATES
+      if (lut && code >= 3) {
+        // The S-box codes at L 12 from the states' table (TRELLIS_STATES).
+        if (block == 32 && kb == 2) {
+          acc = trellis_row<2, 12, 32, 5>(row, xs, j, g, nb, tab, lane4);
+        } else if (block == 32 && kb == 3) {
+          acc = trellis_row<3, 12, 32, 5>(row, xs, j, g, nb, tab, lane4);
+        } else if (block == 32) {
+          acc = trellis_row<4, 12, 32, 5>(row, xs, j, g, nb, tab, lane4);
+        } else if (kb == 2) {
+          acc = trellis_row<2, 12, 64, 5>(row, xs, j, g, nb, tab, lane4);
+        } else if (kb == 3) {
+          acc = trellis_row<3, 12, 64, 5>(row, xs, j, g, nb, tab, lane4);
+        } else {
+          acc = trellis_row<4, 12, 64, 5>(row, xs, j, g, nb, tab, lane4);
+        }
+      } else
+#endif
       if (lut && code >= 3 && code <= 4) {
         // 1mad8s and gauss8s at L 12 (trellis_uses_lut): the S-box and a 256-entry table.
         if (block == 32 && kb == 2) {

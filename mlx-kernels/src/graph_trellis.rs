@@ -52,13 +52,19 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// device's A/B of it, off by default). With `v` (the value projections' spec where it differs
 /// from the rest's: [`crate::graph_decode::GraphSpec::trellis_v`]), `TRELLIS_V_L` defined as
 /// its [`l_arg`]: `trellis_qkv`'s v slice decodes with it. Without, the source is the one-spec
-/// model's, unchanged (the same kernels). With `MLX_GRAPH_TRELLIS_ALIAS=1`, `TRELLIS_ALIAS 1`
-/// (the epilogues' Hadamard buffer in the dynamic shared memory: [`epilogue_alias`]); with
-/// `MLX_GRAPH_TRELLIS_PIPE=1`, `TRELLIS_PIPE 1` (the product's next block of words loaded
-/// before the current one's codes); with `MLX_GRAPH_TRELLIS_THREADS=512` or `1024`,
-/// `TRELLIS_FUSED_THREADS` (the decoder's fused kernels' blocks: [`fused_threads`]); with
-/// [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid split by rows). All are
-/// the same bits, off by default: the device's A/B.
+/// model's, unchanged (the same kernels). Unless `MLX_GRAPH_TRELLIS_ALIAS=0`, `TRELLIS_ALIAS 1`
+/// (the epilogues' Hadamard buffer in the dynamic shared memory: [`epilogue_alias`]); unless
+/// `MLX_GRAPH_TRELLIS_PIPE=0`, `TRELLIS_PIPE 1` (the product's next block of words loaded
+/// before the current one's codes); `TRELLIS_FUSED_THREADS` 1024 unless
+/// `MLX_GRAPH_TRELLIS_THREADS=256` or `512` (the decoder's fused kernels' blocks:
+/// [`fused_threads`]); with [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid
+/// split by rows); with `MLX_GRAPH_TRELLIS_STATES=1`, `TRELLIS_STATES 1` (the S-box codes'
+/// product from one table of every 12-bit state's code: [`state_table`]); with
+/// `MLX_GRAPH_TRELLIS_PAIR=1`, `TRELLIS_PAIR 1` (the product's lanes load two blocks' words
+/// before decoding either). All are the same bits on the emulator; the first three are on by
+/// default since the H100 ran the 8B's default trellis-3 model at 132.8 tok/s with them against
+/// 86.4 without (`results/gpu/2026-12-06-s37-h100`); the last two are off by default (the
+/// device's A/B, `results/gpu/2026-12-06-s37-trelprod`).
 /// [`TrellisGpu`] (the `cuda` test set's kernel check) compiles this source too, so the
 /// switches reach the kernel test as they reach the decoder.
 pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
@@ -75,7 +81,7 @@ pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
     if epilogue_alias() {
         define.push_str("#define TRELLIS_ALIAS 1\n");
     }
-    if env_is("MLX_GRAPH_TRELLIS_PIPE", "1") {
+    if !env_is("MLX_GRAPH_TRELLIS_PIPE", "0") {
         define.push_str("#define TRELLIS_PIPE 1\n");
     }
     let threads = fused_threads();
@@ -85,6 +91,12 @@ pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
     if qkv_flat() {
         define.push_str("#define TRELLIS_QKV_FLAT 1\n");
     }
+    if state_table() {
+        define.push_str("#define TRELLIS_STATES 1\n");
+    }
+    if env_is("MLX_GRAPH_TRELLIS_PAIR", "1") {
+        define.push_str("#define TRELLIS_PAIR 1\n");
+    }
     format!("{define}{TRELLIS_SOURCE}")
 }
 
@@ -93,15 +105,16 @@ fn env_is(key: &str, value: &str) -> bool {
 }
 
 /// Threads a block of the decoder's fused kernels (`trellis_linear`, `trellis_qkv`,
-/// `trellis_gate_up`; `TRELLIS_FUSED_THREADS`): `MLX_GRAPH_TRELLIS_THREADS` where it is 512 or
-/// 1024, else [`TRELLIS_THREADS`] (any other value is ignored). At 1024 an SM holds one block,
+/// `trellis_gate_up`; `TRELLIS_FUSED_THREADS`): `MLX_GRAPH_TRELLIS_THREADS` where it is 256
+/// ([`TRELLIS_THREADS`]) or 512, else 1024 (the default since the H100 measured it,
+/// `results/gpu/2026-12-06-s37-h100`; any other value is ignored). At 1024 an SM holds one block,
 /// which stages the transformed input and fills the tables once for 32 warps (the same bits:
 /// graph_trellis.cu's `TRELLIS_FUSED_THREADS`).
 pub fn fused_threads() -> u32 {
     match std::env::var("MLX_GRAPH_TRELLIS_THREADS").as_deref() {
+        Ok("256") => TRELLIS_THREADS,
         Ok("512") => 512,
-        Ok("1024") => 1024,
-        _ => TRELLIS_THREADS,
+        _ => 1024,
     }
 }
 
@@ -121,13 +134,13 @@ pub fn qkv_kv_blocks(total: u32, q_rows: usize, kv_rows: usize) -> u32 {
     (bk as u32).max(1)
 }
 
-/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_ALIAS`
-/// (`MLX_GRAPH_TRELLIS_ALIAS=1`): the output transform's Hadamard buffer of the kernels with it
+/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_ALIAS` (unless
+/// `MLX_GRAPH_TRELLIS_ALIAS=0`): the output transform's Hadamard buffer of the kernels with it
 /// in their epilogue (`trellis_linear`, `trellis_matvec_out`, `trellis_qkv`, `trellis_gate_up`)
 /// at the start of their dynamic shared memory instead of a static 16 KiB, so that their
 /// launches take [`epilogue_shared_bytes`].
 pub fn epilogue_alias() -> bool {
-    env_is("MLX_GRAPH_TRELLIS_ALIAS", "1")
+    !env_is("MLX_GRAPH_TRELLIS_ALIAS", "0")
 }
 
 /// The dynamic shared memory of a launch with the output transform in its epilogue: the
@@ -141,6 +154,20 @@ pub fn epilogue_shared_bytes(bytes: u32, hb_rows: usize) -> u32 {
         bytes
     }
 }
+
+/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_STATES`
+/// (`MLX_GRAPH_TRELLIS_STATES=1`): the S-box codes' (`1mad8s`, `gauss8s`, `gauss7s`) fast paths
+/// at `L` 12 read each weight's code from one table of the 4,096 states' codes (bytes, four a
+/// word, 32 copies: [`STATE_WORDS`]) instead of the S-box then the code's table: one
+/// shared-memory load a weight instead of two, the same bits. Its plans take the bigger table
+/// ([`lut_floats`]).
+pub fn state_table() -> bool {
+    env_is("MLX_GRAPH_TRELLIS_STATES", "1")
+}
+
+/// Words of the states' table ([`state_table`]; `TRELLIS_STATE_WORDS`): 4,096 byte codes, four a
+/// word, 32 copies of each word (128 KiB).
+pub const STATE_WORDS: usize = 1024 * 32;
 
 /// The kernels and their parameter counts (every parameter 8 bytes wide, as the runtime
 /// checks).
@@ -197,12 +224,19 @@ pub const LUT_FLOATS: usize = 8192;
 /// Floats of the tables at the start of a plan's dynamic shared memory (`trellis_lut_floats`):
 /// none where the product computes its codes; 1mad8's table ([`LUT_FLOATS`]) for 1mad8 and
 /// 1mad8h; for the S-box codes the S-box (256 entries, 32 copies: [`LUT_FLOATS`]) then the
-/// code table (256 entries, 32 copies; gauss7s's 128).
+/// code table (256 entries, 32 copies; gauss7s's 128); with [`state_table`], the S-box codes'
+/// table of every state's code ([`STATE_WORDS`]).
 pub fn lut_floats(spec: &TrellisSpec) -> usize {
+    lut_floats_with(spec, state_table())
+}
+
+/// [`lut_floats`] with [`state_table`] given: with it, the S-box codes take [`STATE_WORDS`].
+pub fn lut_floats_with(spec: &TrellisSpec, states: bool) -> usize {
     if !uses_lut(spec) {
         return 0;
     }
     match spec.code {
+        TrellisCode::Mad8S | TrellisCode::Gauss8S | TrellisCode::Gauss7S if states => STATE_WORDS,
         TrellisCode::Mad | TrellisCode::Mad8 | TrellisCode::Mad8H => LUT_FLOATS,
         TrellisCode::Mad8S | TrellisCode::Gauss8S => LUT_FLOATS + 256 * 32,
         TrellisCode::Gauss7S => LUT_FLOATS + 128 * 32,
@@ -961,11 +995,18 @@ mod tests {
                 let p = TrellisPlan::new(&sp, 576, 1536, DEFAULT_SMS).unwrap();
                 let input = (1536 + pad(sp.block) * 48) * 4;
                 let tables = if fast { LUT_FLOATS + 32 * entries } else { 0 };
-                assert_eq!(lut_floats(&sp), tables, "{sp:?}");
-                assert_eq!(p.shared_bytes as usize, 4 * tables + input, "{sp:?}");
+                assert_eq!(lut_floats_with(&sp, false), tables, "{sp:?}");
+                // MLX_GRAPH_TRELLIS_STATES=1: one table of the 4,096 states' byte codes.
+                let states = if fast { STATE_WORDS } else { 0 };
+                assert_eq!(lut_floats_with(&sp, true), states, "{sp:?}");
+                let now = if state_table() { states } else { tables };
+                assert_eq!(lut_floats(&sp), now, "{sp:?}");
+                assert_eq!(p.shared_bytes as usize, 4 * now + input, "{sp:?}");
             }
-            // The 8B's down (14,336 inputs) fits with both tables.
+            // The 8B's down (14,336 inputs) fits with both tables, and with the states' table.
             assert!(TrellisPlan::new(&s(3, 12, 64), 4096, 14336, DEFAULT_SMS).is_ok());
+            let down = 4 * STATE_WORDS + (14336 + 14336 / 32) * 4;
+            assert!(down <= TRELLIS_MAX_SHARED as usize, "{down}");
         }
     }
 
@@ -1048,6 +1089,7 @@ mod tests {
         )));
         assert_eq!(define("TRELLIS_CODE_SHIFT"), i64::from(CODE_SHIFT));
         assert_eq!(define("TRELLIS_LUT_FLOATS"), LUT_FLOATS as i64);
+        assert_eq!(define("TRELLIS_STATE_WORDS"), STATE_WORDS as i64);
         assert_eq!(define("TRELLIS_ROUND"), i64::from(TRELLIS_ROUND));
         // The largest dynamic share leaves room for the static buffers in the 227 KiB a block.
         const { assert!(TRELLIS_MAX_SHARED + STATIC_SHARED <= 227 * 1024) };
@@ -1193,14 +1235,20 @@ mod tests {
             "MLX_GRAPH_TRELLIS_PIPE",
             "MLX_GRAPH_TRELLIS_THREADS",
             "MLX_GRAPH_TRELLIS_SPLIT",
+            "MLX_GRAPH_TRELLIS_STATES",
+            "MLX_GRAPH_TRELLIS_PAIR",
         ]
         .iter()
         .any(|k| std::env::var(k).is_ok());
         if !env_set {
-            assert_eq!(trellis_source(None), TRELLIS_SOURCE);
+            // The default switches' defines (ALIAS, PIPE, 1,024 threads and so the flat q/k/v
+            // grid), then the source.
+            let defaults = "#define TRELLIS_ALIAS 1\n#define TRELLIS_PIPE 1\n\
+                            #define TRELLIS_FUSED_THREADS 1024\n#define TRELLIS_QKV_FLAT 1\n";
+            assert_eq!(trellis_source(None), format!("{defaults}{TRELLIS_SOURCE}"));
             assert_eq!(
                 trellis_source(Some(&mad)),
-                format!("#define TRELLIS_V_L 12\n{TRELLIS_SOURCE}")
+                format!("#define TRELLIS_V_L 12\n{defaults}{TRELLIS_SOURCE}")
             );
         }
         // The define is read in trellis_qkv alone, before anything uses L.
@@ -1250,8 +1298,9 @@ mod tests {
         );
         assert_eq!(
             pq.shared_bytes - pv.shared_bytes,
-            4 * (LUT_FLOATS + 128 * 32) as u32
+            4 * lut_floats(&g7) as u32
         );
+        assert!(lut_floats(&g7) >= LUT_FLOATS + 128 * 32);
         assert_eq!(pq.lanes_per_row, pv.lanes_per_row);
     }
 }

@@ -469,6 +469,8 @@ struct mlxs_gpurt_ {
   CUdeviceptr park_base = 0;
   size_t park_size = 0;
   CUmemGenericAllocationHandle park_mem = 0;
+  // Handles whose release failed when parking: released again when the runtime is destroyed.
+  std::vector<CUmemGenericAllocationHandle> unreleased;
   bool parked = false;
   bool capturing = false;
   bool pdl = false;
@@ -548,6 +550,7 @@ struct mlxs_gpurt_ {
       }
       dr.cuMemAddressFree(park_base, park_size);
     }
+    for (auto h : unreleased) dr.cuMemRelease(h);
     for (auto m : modules) {
       if (m) dr.cuModuleUnload(m);
     }
@@ -911,7 +914,9 @@ int mlxs_gpurt_park(mlxs_gpurt rt) {
     rt->allocated -= rt->park_size;
     CUmemGenericAllocationHandle h = rt->park_mem;
     rt->park_mem = 0;
-    check(d.cuMemRelease(h), "cuMemRelease");
+    const CUresult r = d.cuMemRelease(h);
+    if (r != 0) rt->unreleased.push_back(h);
+    check(r, "cuMemRelease");
   });
 }
 

@@ -22,6 +22,17 @@ and clamped SwiGLU, mxfp4 experts), sliding and full layers; fp4e's reference ta
 products over the dequantized weights in float32 (`gather_qmm_fp4_f32`; GRAPH_EMU_FP4_MLX=1
 keeps MLX's CPU product), and GRAPH_EMU_FP4=1 adds `fp4_check` (the mxfp4 product alone).
 
+The CUDA test's own gpt_oss rows (`rs:gpt_oss`, `rs:gpt_oss_mxfp4`: graph_models.rs's weights
+bit for bit, their fingerprint printed as the test's MLX_GRAPH_FOLLOW_CPU=1 prints it) run as
+`graph_decoder_follows_the_mlx_forward` runs them: a 40-token prompt, 24 teacher-forced steps,
+a cache of 128, the reference over mlx-lm's make_cache (RotatingKVCache(48) on the sliding
+layers). Each step prints its difference, the float32 reference's (the same weights in float32
+on the CPU) against ours and against mlx-lm's, and per layer the routers' top-k margins (mlx-lm's,
+ours, how far the two sides' router logits are apart); then the test's near-tie rule
+(ROUTER_NEAR_TIE in graph_decode.rs). GRAPH_EMU_FOLLOW=f32 teacher-forces on the float32
+reference's picks (as the test does with MLX_GRAPH_FOLLOW_CPU=1), GRAPH_EMU_FOLLOW=ours on ours;
+GRAPH_EMU_PROMPT and GRAPH_EMU_STEPS override the prompt's length and the steps.
+
 First the greedy sampler's two kernels alone (`sampler_check`: vocabularies of one to 25
 blocks, ties and near ties) against mlx-lm's pick. Then, for each llama fixture (default: the
 three `GraphDecoder` accepts, `dense_bf16_mha` with traditional RoPE and MHA,
@@ -84,6 +95,8 @@ ROOT = HERE.parent.parent
 CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
              for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
 RS = (ROOT / "mlx-kernels" / "src" / "graph_decode.rs").read_text()
+NEAR_TIE = float(re.search(r"pub const ROUTER_NEAR_TIE: f32 = (.*?);", RS).group(1))
+NEAR_TIES = int(re.search(r"pub const ROUTER_NEAR_TIES: usize = (.*?);", RS).group(1))
 BOUND_REL, BOUND_AGREE = (
     float(x) for x in re.search(r"TEACHER_FORCED_BOUNDS: \(f32, f32\) = \((.*?), (.*?)\);", RS).groups()
 )
@@ -476,10 +489,109 @@ MADE = {
 }
 
 
+# The CUDA test's own rows (`graph_decoder_follows_the_mlx_forward`), written here as
+# mlx-engine/tests/support/graph_models.rs `write` writes them (the same seeded draws in the
+# same order: MLX's normal under key(1), key(2), ..., rounded to bfloat16): "rs:gpt_oss" and
+# "rs:gpt_oss_mxfp4" (its experts in MLX's mxfp4). Such a row runs as the test runs it: a
+# 40-token prompt, 24 teacher-forced steps, a cache of 128 positions, the reference mlx-lm's
+# model over its own make_cache (RotatingKVCache(48) on the sliding layers), each step's
+# difference and every layer-step's router margin printed.
+RS_BASE = dict(hidden_size=64, num_hidden_layers=3, intermediate_size=128, num_attention_heads=4,
+               num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=160, rope_theta=10000.0,
+               tie_word_embeddings=True)
+RS_ROWS = {
+    "gpt_oss": dict(model_type="gpt_oss", head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+                    intermediate_size=64, sliding_window=48,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_theta=150000.0, tie_word_embeddings=False),
+}
+RS_ROWS["gpt_oss_mxfp4"] = RS_ROWS["gpt_oss"]
+# follow_row's prompt length, steps and cache (GraphDecoder::new(spec, &weights, 128)).
+RS_PROMPT, RS_STEPS, RS_CAP = 40, 24, 128
+
+
+def write_rs_row(root, name):
+    """graph_models.rs `write` for a gpt_oss row: config.json and model.safetensors under
+    root/name (returned)."""
+    import json
+    cfg = dict(RS_BASE, **RS_ROWS[name])
+    mxfp4 = name.endswith("_mxfp4")
+    if mxfp4:
+        cfg["quantization"] = dict(group_size=32, bits=4, mode="mxfp4")
+    h, layers, heads, kv, vocab = (cfg[k] for k in ("hidden_size", "num_hidden_layers",
+                                                     "num_attention_heads", "num_key_value_heads",
+                                                     "vocab_size"))
+    d, experts, width = cfg["head_dim"], cfg["num_local_experts"], cfg["intermediate_size"]
+    seed = [0]
+
+    def draw(shape, scale, loc=0.0):
+        seed[0] += 1
+        return mx.random.normal(shape, dtype=mx.float32, loc=loc, scale=scale,
+                                key=mx.random.key(seed[0])).astype(mx.bfloat16)
+
+    t = {"model.embed_tokens.weight": draw([vocab, h], 0.5)}
+    if not cfg["tie_word_embeddings"]:
+        t["lm_head.weight"] = draw([vocab, h], 0.1)
+    s = float(np.float32(1.0) / np.sqrt(np.float32(h)))
+    for i in range(layers):
+        pre = f"model.layers.{i}"
+        for x, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d)):
+            t[f"{pre}.self_attn.{x}_proj.weight"] = draw([rows, h], s)
+            t[f"{pre}.self_attn.{x}_proj.bias"] = draw([rows], 0.5)
+        t[f"{pre}.self_attn.o_proj.weight"] = draw([h, heads * d], s)
+        t[f"{pre}.self_attn.o_proj.bias"] = draw([h], 0.5)
+        t[f"{pre}.self_attn.sinks"] = draw([heads], 1.0)
+        t[f"{pre}.mlp.router.weight"] = draw([experts, h], 4.0 * s)
+        t[f"{pre}.mlp.router.bias"] = draw([experts], 0.5)
+        for x, rows, cols, scale in (("gate", width, h, 4.0 * s), ("up", width, h, 4.0 * s),
+                                     ("down", h, width, float(np.float32(1.0) / np.sqrt(np.float32(width))))):
+            w = draw([experts, rows, cols], scale)
+            n = f"{pre}.mlp.experts.{x}_proj"
+            if mxfp4:
+                q = mx.quantize(w, group_size=32, bits=4, mode="mxfp4")
+                t[f"{n}.weight"], t[f"{n}.scales"] = q[0], q[1]
+            else:
+                t[f"{n}.weight"] = w
+            t[f"{n}.bias"] = draw([experts, rows], 0.5)
+        for x in ("input_layernorm", "post_attention_layernorm"):
+            t[f"{pre}.{x}.weight"] = draw([h], 0.1, 1.0)
+    t["model.norm.weight"] = draw([h], 0.1, 1.0)
+    dst = Path(root) / name
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    mx.save_safetensors(str(dst / "model.safetensors"), t)
+    return dst
+
+
+def fingerprint(dst):
+    """graph_models.rs `fingerprint`: FNV-1a (64 bits) over the tensors of dst's
+    model.safetensors in name order, each name's bytes then its elements' raw bytes."""
+    h, mask = 0xcbf29ce484222325, (1 << 64) - 1
+    for name, a in sorted(mx.load(str(Path(dst) / "model.safetensors")).items()):
+        raw = bits(a).tobytes()
+        for b in name.encode() + raw:
+            h = ((h ^ b) * 0x100000001b3) & mask
+    return h
+
+
 GATHER_MM = mx.gather_mm
 from mlx_lm.models.switch_layers import SwitchGLU as _SwitchGLU  # noqa: E402
 
 SWITCH_GLU_CALL = _SwitchGLU.__call__
+from mlx_lm.models import gpt_oss as _gpt_oss  # noqa: E402
+
+GPT_OSS_MLP_CALL = _gpt_oss.MLPBlock.__call__
+
+
+def bf16_ulp(v):
+    """One bfloat16 step at |v| (8 significant bits)."""
+    v = abs(float(v))
+    return 2.0 ** (np.floor(np.log2(v)) - 7) if v > 0 else 2.0 ** -133
+
+
+def bf2f(u):
+    """bfloat16 bits (uint16) as float32."""
+    return (np.asarray(u, np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def gather_mm_f32(a, b, *args, **kwargs):
@@ -516,11 +628,28 @@ def run(lib, name, tmp=None):
     # "fp4e:FIXTURE": the experts alone in MLX's mxfp4 (e2m1 codes, e8m0 scales a group of
     # 32), the rest bfloat16: gpt_oss's checkpoint as mlx-lm loads it (quant_method mxfp4, its
     # attention, router, embedding and head not converted).
-    fp4e = name.startswith("fp4e:")
+    # "rs:ROW": the CUDA test's row ROW (RS_ROWS), written as graph_models.rs writes it and run
+    # as follow_row runs it.
+    rs = name.startswith("rs:")
+    fp4e = name.startswith("fp4e:") or (rs and name.endswith("_mxfp4"))
     quantize = name.startswith(("q4:", "q4r8:"))
     router8 = name.startswith("q4r8:")
-    base = name.split(":", 1)[1] if quantize or fp4e else name
-    if base in MADE:
+    base = name.split(":", 1)[1] if quantize or fp4e or rs else name
+    prompt_len, steps, cap = (RS_PROMPT, RS_STEPS, RS_CAP) if rs else (PROMPT, 8, 0)
+    prompt_len = int(os.environ.get("GRAPH_EMU_PROMPT", prompt_len))
+    steps = int(os.environ.get("GRAPH_EMU_STEPS", steps))
+    f32_model = None
+    if rs:
+        rs_dir = write_rs_row(tmp, base)
+        print(f"{name}: fingerprint {fingerprint(rs_dir):016x} (graph_models.rs's `fingerprint`)")
+        model, config = load_model(rs_dir)
+        # Only the experts are quantized (mxfp4: fp4e's paths); the other linears bfloat16.
+        config = {k: v for k, v in config.items() if k != "quantization"}
+        # A second reference: the same weights in float32, on the CPU (as the CUDA test's
+        # MLX_GRAPH_FOLLOW_CPU=1 runs it beside the MLX forward on the GPU).
+        f32_model, _ = load_model(rs_dir)
+        f32_model.set_dtype(mx.float32)
+    elif base in MADE:
         # A seeded random model of the row's own mlx-lm class (the dense fixtures of these
         # rows have heads of 8, below the decoder's smallest head).
         from mlx_lm.utils import _get_classes
@@ -560,10 +689,11 @@ def run(lib, name, tmp=None):
         else:
             nn.quantize(model, group_size=64, bits=4)
         config = dict(config, quantization={"group_size": 64, "bits": 4})
-    if fp4e:
+    if fp4e and not rs:
         import mlx.nn as nn
         nn.quantize(model, group_size=32, bits=4, mode="mxfp4",
                     class_predicate=lambda path, m: ".experts." in f".{path}." and hasattr(m, "to_quantized"))
+    if fp4e:
         # The reference's mxfp4 products exact but for their one rounding (gather_qmm_fp4_f32);
         # GRAPH_EMU_FP4_MLX=1 keeps MLX's CPU product (the figure it gives: the README).
         mx.gather_qmm = GATHER_QMM if os.environ.get("GRAPH_EMU_FP4_MLX") else gather_qmm_fp4_f32
@@ -712,12 +842,25 @@ def run(lib, name, tmp=None):
     chosen_ours, chosen_ref = [], []
     from mlx_lm.models import switch_layers
 
+    # The float32 reference's calls (f32_model) record nothing.
+    quiet = [False]
+
     def record(self, x, indices):
-        if indices.size == moe_k:
+        if indices.size == moe_k and not quiet[0]:
             chosen_ref.append(sorted(np.array(indices).reshape(-1).tolist()))
         return SWITCH_GLU_CALL(self, x, indices)
 
     switch_layers.SwitchGLU.__call__ = record
+    # Each decode step's router logits a layer: mlx-lm's (gpt_oss's MLPBlock, one token) and
+    # ours (the router's matvec output, `gates`), for the top-k margins.
+    router_ref, router_ours = [], []
+
+    def record_router(self, x):
+        if x.shape[-2] == 1 and not quiet[0]:
+            router_ref.append(np.array(self.router(x).reshape(-1).astype(mx.float32)))
+        return GPT_OSS_MLP_CALL(self, x)
+
+    _gpt_oss.MLPBlock.__call__ = record_router
 
     def qparams(name, k):
         """A linear's own (group size, bits) from its arrays' shapes; (1, 16) for bfloat16."""
@@ -748,7 +891,7 @@ def run(lib, name, tmp=None):
                     gu=expert_lin([f"{sw}.gate_proj", f"{sw}.up_proj"], "gu"),
                     down=expert_lin([f"{sw}.down_proj"], None))
 
-    cap = -(-(PROMPT + 8) // 64) * 64
+    cap = max(cap, -(-(prompt_len + steps) // 64) * 64)
     ns = cap // 64
     embed, _ = lin(["model.embed_tokens"])
     head = embed if tied else lin(["lm_head"])[0]
@@ -878,6 +1021,7 @@ def run(lib, name, tmp=None):
                                                   float(np.float32(eps)), 0, 0.0])
                 e.launch(8, (1, 1), 32, [gates, sel, wts, moe_e, moe_k, moe_kind, moe_norm, 0])
                 chosen_ours.append(sorted(sel.tolist()))
+                router_ours.append(gates[:moe_e].copy())
                 eb = m["eb"]
                 e.launch(9, mv_grid(moe_k * 2 * moe_i), 256,
                          two(m["gu"]) + [h, L["post"], act, sel, moe_k * 2 * moe_i, H, ebits, egs,
@@ -901,7 +1045,7 @@ def run(lib, name, tmp=None):
         """Row b's prompt through mlx-lm: its greedy token and its cache (the reference's);
         its keys and values into the row's cache slot."""
         # (Rows past 8 repeat the lengths of rows 0-7, with their own tokens.)
-        prompt = [(i * 7919 + 13 + 101 * b) % V for i in range(PROMPT - 17 * (b % 8))]
+        prompt = [(i * 7919 + 13 + 101 * b) % V for i in range(prompt_len - 17 * (b % 8))]
         cache = make_prompt_cache(model)
         out = model(mx.array([prompt]), cache=cache)
         token = int(mx.argmax(out[0, -1]).item())
@@ -915,9 +1059,23 @@ def run(lib, name, tmp=None):
             kb, vb = bits(k[0]), bits(v[0])  # [nkv, n, d]
             layers[i]["kc"].reshape(NB, nkv, cap, d)[b, :, :n] = kb
             layers[i]["vc"].reshape(NB, nkv, cap, d)[b, :, :n] = vb
-        return dict(token=token, cache=cache, pos=len(prompt))
+        row = dict(token=token, cache=cache, pos=len(prompt))
+        if f32_model is not None and b == 0:
+            row["f32_cache"] = make_prompt_cache(f32_model)
+            first = f32_forward(mx.array([prompt]), row["f32_cache"])
+            if os.environ.get("GRAPH_EMU_FOLLOW") == "f32":
+                row["token"] = int(np.argmax(first))
+        return row
 
-    steps = 8
+    def f32_forward(x, cache):
+        """The float32 reference's logits (MLX's own CPU products, mxfp4's too)."""
+        quiet[0], patched = True, mx.gather_qmm
+        mx.gather_qmm = GATHER_QMM
+        try:
+            return np.array(f32_model(x, cache=cache)[0, -1].astype(mx.float32))
+        finally:
+            quiet[0], mx.gather_qmm = False, patched
+
     joins = {b: 0 for b in range(NB)}
     leaves = {b: steps for b in range(NB)}
     if NB > 1:
@@ -927,6 +1085,9 @@ def run(lib, name, tmp=None):
     rows = {}
     worst, agree, count = 0.0, 0, 0
     margins = []
+    rels = []  # each step's relative difference (row 0)
+    f32_rels = []  # row 0's, against the float32 reference: (ours, mlx-lm's)
+    ref_tokens, our_tokens = [], []  # row 0's picks: the reference's, ours
     for step_i in range(steps):
         for b in range(NB):
             if step_i == joins[b]:
@@ -938,6 +1099,8 @@ def run(lib, name, tmp=None):
             if b in rows:
                 r = rows[b]
                 refs[b] = np.array(model(mx.array([[r["token"]]]), cache=r["cache"])[0, -1].astype(mx.float32))
+                if "f32_cache" in r:
+                    r["f32"] = f32_forward(mx.array([[r["token"]]]), r["f32_cache"])
                 state[4 * b:4 * b + 4] = [r["token"], r["pos"], 0, 0]
             else:
                 state[4 * b:4 * b + 4] = [0, -1, 0, 0]  # idle
@@ -958,14 +1121,82 @@ def run(lib, name, tmp=None):
             ref = refs[b]
             rel = float(np.max(np.abs(ref - lg)) / max(np.max(np.abs(ref)), 1e-6))
             worst = max(worst, rel)
+            if b == 0:
+                rels.append(rel)
+                ref_tokens.append(int(np.argmax(ref)))
+                our_tokens.append(int(np.argmax(lg)))
+                if "f32" in r:
+                    f = r["f32"]
+                    fm = max(np.max(np.abs(f)), 1e-6)
+                    f32_rels.append((float(np.max(np.abs(f - lg)) / fm), float(np.max(np.abs(f - ref)) / fm),
+                                     int(np.argmax(f))))
             agree += int(np.argmax(ref) == np.argmax(lg))
             if np.argmax(ref) != np.argmax(lg):
                 # How near a tie the reference had it: its pick's logit less ours, relative.
                 margins.append(float((ref.max() - ref[np.argmax(lg)]) / max(np.max(np.abs(ref)), 1e-6)))
             count += 1
             r["token"] = int(np.argmax(ref))
+            if os.environ.get("GRAPH_EMU_FOLLOW") == "ours":
+                # Teacher-forced on our picks (a reference that chose as we did at a near tie:
+                # the tokens a device run's GPU forward may have followed).
+                r["token"] = int(np.argmax(lg))
+            if "f32" in r and os.environ.get("GRAPH_EMU_FOLLOW") == "f32":
+                # Teacher-forced on the float32 reference's picks (as MLX_GRAPH_FOLLOW_CPU=1
+                # runs the CUDA test), so that a device run follows the same tokens.
+                r["token"] = int(np.argmax(r["f32"]))
     steps = count
     share = agree / steps
+    if rs or os.environ.get("GRAPH_EMU_PER_STEP"):
+        # Each step: its position, its difference, and per MoE layer the routers' top-k margin
+        # (the k-th largest logit less the (k+1)-th: mlx-lm's, in bfloat16 steps at the k-th,
+        # and ours) and whether both sides chose the same experts.
+        nmoe = sum(1 for L in layers if L["moe"])
+        router_noise, ours_margins = [], []  # |ours - mlx-lm's| router logits; ours' margins
+        follow = {"f32": "the float32 reference's", "ours": "our"}.get(os.environ.get("GRAPH_EMU_FOLLOW"), "mlx-lm's")
+        print(f"{name}: each step (the prompt {prompt_len} positions, window {window}, cache {cap}; "
+              f"teacher-forced on {follow} picks):")
+        for j, rel in enumerate(rels):
+            line = f"  step {j:2d} position {prompt_len + j:3d} pick {ref_tokens[j]:3d}"
+            if f32_rels:
+                line += f" (ours {our_tokens[j]:3d}, float32 CPU {f32_rels[j][2]:3d})"
+            line += f": {rel:.5f}"
+            if f32_rels:
+                line += f" (float32 CPU against ours {f32_rels[j][0]:.5f}, against mlx-lm's {f32_rels[j][1]:.5f})"
+            if nmoe and len(router_ref) == nmoe * len(rels):
+                cells = []
+                for li in range(nmoe):
+                    dg = float(np.max(np.abs(router_ref[j * nmoe + li] - bf2f(router_ours[j * nmoe + li]))))
+                    router_noise.append(dg)
+                    gr = np.sort(router_ref[j * nmoe + li])[::-1]
+                    go = np.sort(bf2f(router_ours[j * nmoe + li]))[::-1]
+                    rm = float(go[moe_k - 1] - go[moe_k]) / max(float(np.max(np.abs(go))), 1e-6)
+                    ours_margins.append((j, rm))
+                    gap = gr[moe_k - 1] - gr[moe_k]
+                    same = chosen_ours[j * nmoe + li] == chosen_ref[j * nmoe + li]
+                    cells.append(f"L{li} {gap:.4f} ({gap / bf16_ulp(gr[moe_k - 1]):.0f} steps) "
+                                 f"ours {go[moe_k - 1] - go[moe_k]:.4f} = {rm:.4f} relative (logits apart {dg:.4f})"
+                                 f"{'' if same else ' OTHER EXPERTS'}")
+                line += "; top-k margins " + ", ".join(cells)
+            print(line)
+        if router_noise:
+            # The CUDA test's rule (ROUTER_NEAR_TIE in graph_decode.rs): a step over the bound
+            # is a routing near tie where our router's relative top-k margin is under
+            # ROUTER_NEAR_TIE in some layer, or where we are within the bound of the float32
+            # reference and mlx-lm's forward is not; at most ROUTER_NEAR_TIES of them.
+            over = [j for j, r in enumerate(rels) if r > BOUND_REL]
+            ties = []
+            for j in over:
+                ours_tie = min(m for i, m in ours_margins if i == j) < NEAR_TIE
+                ref_off = bool(f32_rels) and f32_rels[j][0] <= BOUND_REL < f32_rels[j][1]
+                if ours_tie or ref_off:
+                    ties.append((j, "our router" if ours_tie else "mlx-lm's forward"))
+            rest = max([r for j, r in enumerate(rels) if j not in dict(ties)] or [0.0])
+            print(f"{name}: router logits ours against mlx-lm's at most {max(router_noise):.4f} apart "
+                  f"(median {float(np.median(router_noise)):.4f}); our smallest relative top-k margin "
+                  f"{min(m for _, m in ours_margins):.4f}; steps over {BOUND_REL}: {over}, of them near "
+                  f"routing ties {ties}; the other steps at most {rest:.5f}: "
+                  f"{'ok' if len(ties) == len(over) and len(ties) <= NEAR_TIES else 'FAILED'} with the near "
+                  f"ties apart")
     verify_ok = verify_check(e, name, NB, V, cap, nkv, d, layers, state, tokens, logits, step, start) if NB > 1 else True
     tie_note = f"; where the picks differ, the reference's margin between them: {margins}" if margins else ""
     moe_note = ""

@@ -21,9 +21,10 @@
 #          THRU_SIDES (default "1 0") picks the runs: 1 wide, 0 narrow, async = wide tiles with
 #          the cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with the FFMA row kernels'
 #          deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1; the other sides run with it off);
-#          ffma = the FFMA row kernels at every width (MLX_GRAPH_BATCH_MMA=99: the verify rows'
-#          kernels, 2 tiles of 5 at 9 rows of the 8B), ring = the same with the FFMA row kernels'
-#          cp.async ring (MLX_GRAPH_MV_RING=1; the other sides run with it off);
+#          ffma = main's defaults (MMA_ASYNC and MV_ASYNC on) with the FFMA row kernels at every
+#          width (MLX_GRAPH_BATCH_MMA=99: the verify rows' kernels, 2 tiles of 5 at 9 rows of the
+#          8B), ring = the same with the FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1; the
+#          other sides run with it off);
 #   trellis  issue #34's decode row: each of TRELLIS_MODELS (affine 4-bit dirs setup wrote) gets a
 #          trellis-3 twin (trellis_bench_model.py, copied into .gpu/c: L 8, blocks of 32, random
 #          codes), then `mlx benchmark` on both, `--decoder auto` and `--decoder mlx`, alternating,
@@ -91,15 +92,17 @@ for part in ${PARTS:-setup test spec bench moe}; do
     thru)
       need thru 120 || continue
       # THRU_SIDES: 1 = wide tiles, 0 = MLX_GRAPH_WIDE_TILES=0, async = wide tiles with the
-      # cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with MLX_GRAPH_MV_ASYNC=1, ffma =
-      # FFMA tiles at every width (MLX_GRAPH_BATCH_MMA=99), ring = ffma with MLX_GRAPH_MV_RING=1;
-      # each side runs with the switches it does not name off.
-      for side in ${THRU_SIDES:-1 0}; do
+      # cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with MLX_GRAPH_MV_ASYNC=1, on =
+      # wide tiles with both (the defaults since session 37), ffma = the defaults with the FFMA
+      # tiles at every width (MLX_GRAPH_BATCH_MMA=99), ring = ffma with the FFMA row kernels'
+      # cp.async ring (MLX_GRAPH_MV_RING=1); each side runs with the switches it does not name off.
+      for side in ${THRU_SIDES:-on 1}; do
         wide=$side; ring=0; mv=0; mvring=0; mma=4
         [ $side = async ] && wide=1 ring=1
         [ $side = mv ] && wide=1 mv=1
-        [ $side = ffma ] && wide=1 mma=99
-        [ $side = ring ] && wide=1 mma=99 mvring=1
+        [ $side = on ] && wide=1 ring=1 mv=1
+        [ $side = ffma ] && wide=1 ring=1 mv=1 mma=99
+        [ $side = ring ] && wide=1 ring=1 mv=1 mma=99 mvring=1
         echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring" >> $OUT/throughput.log
         SKIP_TEST=1 SERVE_MODELS=" " THRU_MODELS="${THRU_MODELS:-llama31-8b-q4}" ROWS="${ROWS:-1 2 4 8 16}" \
           MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv \

@@ -4,6 +4,7 @@ shapes:
 
     cargo run -p mlx-kernels --example trellis_reference -- /tmp/trellis-ref
     [TRELLIS_EMU_RESIDENT=N] [TRELLIS_ROWS2=1] [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] \
+      [TRELLIS_STATES=1] [TRELLIS_PAIR=1] \
       python3 xtask/gpu/trellis_emulate.py /tmp/trellis-ref [CASE ...]
 
 As `graph_emulate.py` does (its prelude and `__shared__`/barrier/shuffle emulation), the exact
@@ -23,7 +24,9 @@ general path's and the decoder's index the top byte xor the bottom byte (no carr
 1mad8h case of the mutated path must then FAIL (the integer check, and the decode for `index`).
 TRELLIS_EMU_MUTATE=sbox drops the S-box from the S-box codes' table path (the index becomes
 1mad8h's, top byte plus bottom byte): every S-box case on that path (L 12, blocks of 32 or 64)
-must then FAIL its integer check.
+must then FAIL its integer check. TRELLIS_EMU_MUTATE=states (with TRELLIS_STATES=1) reads byte 0 of
+every word of the states' table (the state's low two bits dropped): every S-box case on that
+path must then FAIL its integer check.
 
 Checks, per case (`trellis_reference.rs` names the references):
 - L2: `trellis_decode` equals `cpu::trellis::decode_row` bit for bit;
@@ -72,8 +75,11 @@ CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text() for f in ("graph_dec
 # TRELLIS_ROWS2=1: the source as MLX_GRAPH_TRELLIS_ROWS2=1 compiles it (1mad8's two rows a lane);
 # TRELLIS_ALIAS=1 and TRELLIS_PIPE=1 as MLX_GRAPH_TRELLIS_ALIAS=1 and MLX_GRAPH_TRELLIS_PIPE=1 do
 # (the epilogues' Hadamard buffer over the dynamic shared memory; the next block's words loaded
-# before the current one's codes): every check below then runs on that source.
-for _d in ("TRELLIS_ROWS2", "TRELLIS_ALIAS", "TRELLIS_PIPE"):
+# before the current one's codes); TRELLIS_STATES=1 as MLX_GRAPH_TRELLIS_STATES=1 (the S-box
+# codes' fast paths from one table of the 12-bit states' codes), TRELLIS_PAIR=1 as
+# MLX_GRAPH_TRELLIS_PAIR=1 (two blocks' loads before their codes): every check below then runs on
+# that source.
+for _d in ("TRELLIS_ROWS2", "TRELLIS_ALIAS", "TRELLIS_PIPE", "TRELLIS_STATES", "TRELLIS_PAIR"):
     if os.environ.get(_d) == "1":
         CU = f"#define {_d} 1\n" + CU
 # TRELLIS_EMU_MUTATE: a wrong 1mad8h index (the module doc), for the checks' own check.
@@ -81,6 +87,7 @@ MUTATIONS = {
     "fast": ("const u32 h = st * (128u + (1u << (15 - L)));", "const u32 h = st * 128u;"),
     "index": ("return ((state >> (L - 8)) + state) & 0xFFu;", "return ((state >> (L - 8)) ^ state) & 0xFFu;"),
     "sbox": ("const u32 h = sb * (1u << (L - 8)) + s7;", "const u32 h = sb * (1u << (L - 8)) + (sb & 0x7F80u);"),
+    "states": ("((sb >> 5) & 3u) | 0x7650u", "0x7650u"),
 }
 MUTATE = os.environ.get("TRELLIS_EMU_MUTATE")
 if MUTATE:

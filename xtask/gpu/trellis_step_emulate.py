@@ -4,7 +4,8 @@ against the model's own MLX forward (mlx-lm has no trellis mode), teacher-forced
     cargo run -p mlx-engine --example trellis_graph_fixture -- /tmp/trellis-step
     [TRELLIS_STEP_LPR=1|2|4|...|32] [TRELLIS_STEP_RESIDENT=N] \
       [TRELLIS_STEP_SRC=DIR] [TRELLIS_STEP_SAVE=FILE.npy] [TRELLIS_STEP_STEPS=N] \
-      [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] [TRELLIS_SPLIT=1] [TRELLIS_FUSED_THREADS=512|1024] \
+      [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] [TRELLIS_STATES=1] [TRELLIS_PAIR=1] [TRELLIS_SPLIT=1] \
+      [TRELLIS_FUSED_THREADS=512|1024] \
       $MLX_ORACLE_VENV/bin/python xtask/gpu/trellis_step_emulate.py /tmp/trellis-step
 
 TRELLIS_STEP_SRC takes graph_decode.cu and graph_trellis.cu from DIR instead of this tree's
@@ -143,9 +144,10 @@ ATTN_CHUNK = 64
 def build(tmp, v_larg=None):
     # trellis_source(Some(v)): the define before graph_trellis.cu.
     vdef = f"#define TRELLIS_V_L {v_larg}\n" if v_larg is not None else ""
-    # TRELLIS_ALIAS=1, TRELLIS_PIPE=1: the source as MLX_GRAPH_TRELLIS_ALIAS=1 and
-    # MLX_GRAPH_TRELLIS_PIPE=1 compile it (trellis_source's defines; the same bits expected).
-    for d in ("TRELLIS_ALIAS", "TRELLIS_PIPE"):
+    # TRELLIS_ALIAS=1, TRELLIS_PIPE=1, TRELLIS_STATES=1, TRELLIS_PAIR=1: the source as
+    # MLX_GRAPH_TRELLIS_ALIAS=1, _PIPE=1, _STATES=1 and _PAIR=1 compile it (trellis_source's
+    # defines; the same bits expected).
+    for d in ("TRELLIS_ALIAS", "TRELLIS_PIPE", "TRELLIS_STATES", "TRELLIS_PAIR"):
         if os.environ.get(d) == "1":
             vdef = f"#define {d} 1\n" + vdef
     if FUSED != THREADS:

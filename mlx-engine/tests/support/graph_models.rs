@@ -230,6 +230,21 @@ fn base() -> Value {
         "vocab_size": 160, "rope_theta": 10000.0, "tie_word_embeddings": true})
 }
 
+/// FNV-1a (64 bits) over the tensors of `dir`'s `model.safetensors` in name order: each name's
+/// bytes, then its elements' raw bytes (row-major). `xtask/gpu/graph_emulate.py` prints the
+/// same for its `rs:` rows (its own copy of [`write`]'s gpt_oss rows), so a device log and the
+/// emulator's say whether they ran the same weights.
+pub fn fingerprint(dir: &Path) -> u64 {
+    let (tensors, _) = mlx_core::io::load_safetensors(dir.join("model.safetensors"), None).unwrap();
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for (name, a) in &tensors {
+        for b in name.bytes().chain(a.to_bytes().unwrap()) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
 /// Writes `row` under `root/name` (seeded: the same bytes every time) and returns the dir.
 pub fn write(root: &Path, row: &Row) -> PathBuf {
     let dir = root.join(row.name);
