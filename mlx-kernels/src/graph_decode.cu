@@ -420,6 +420,43 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 #endif
 }
 
+// A 16-byte copy from global to shared memory, past L1 and the registers (cp.async; the
+// emulator copies at once).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#ifdef __CUDA_ARCH__
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+  *(uint4*)dst = *(const uint4*)src;
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+// A 4-byte copy (through L1: cp.async.ca), the ring's commit group and its in-order wait for
+// all but the newest n groups (MMA_ASYNC; the emulator copies at once).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+#ifdef __CUDA_ARCH__
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+#else
+  *(u32*)dst = *(const u32*)src;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int n>
+__device__ __forceinline__ void cp_async_wait_group() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory");
+#endif
+}
+
 // Chunks a lane keeps in flight for each of its MV_ROWS rows: 8 16-byte loads a lane (more
 // would cost the second block an SM: ~120 registers a thread at 8).
 #ifndef MV_BATCH
@@ -441,6 +478,37 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 // bit for bit (graph_emulate.py's nb_bit_check; results/gpu/2026-12-06-s36-mvload).
 #ifndef MV_ASYNC
 #define MV_ASYNC 0
+#endif
+
+// MV_RING (the host's switch MLX_GRAPH_MV_RING=1; 0 otherwise): the FFMA row kernels (mv_run)
+// stream each lane's items through a ring of MV_RING_DEPTH slots in shared memory by cp.async
+// (its 16 bytes of codes a row, and the aligned 4-byte words holding its group's scale and
+// bias a row), one commit group an item, and an item waits for its own group only
+// (cp.async.wait_group MV_RING_DEPTH - 1, in order); its slot is read into registers where it
+// is summed and refilled with the item MV_RING_DEPTH ahead. The register loads' way waits, in
+// sm_90's SASS, for every load in flight on one scoreboard: once a 4-item trip with one
+// sequence, once an item with several (the verify rows; results/gpu/2026-12-06-s36-mvload,
+// section 3). A lane reads only what it copied itself (no barrier). The items are the same
+// and summed in the same order, from the same values: every output is the register loads',
+// bit for bit (graph_emulate.py's nb_bit_check; results/gpu/2026-12-06-s37-mvring). Static
+// shared memory: 8 warps x MV_RING_DEPTH x MV_RING_SLOT (36 KiB at 3); with 2 rows a warp and
+// the FFMA kernels only (MV_RING_ON): a tensor-core module's tiles keep theirs (MV_MMA).
+#ifndef MV_RING
+#define MV_RING 0
+#endif
+#ifndef MV_RING_DEPTH
+#define MV_RING_DEPTH 3
+#endif
+#define MV_RING_ON (MV_RING && MV_ROWS == 2 && !MV_MMA)
+// A lane's slot: MV_ROWS x 16 bytes of codes, 2 MV_ROWS words (each row's scale, then bias);
+// a warp's slot: the codes of row r at 512 r + 16 lane, word w at 512 MV_ROWS + 128 w + 4 lane.
+#define MV_RING_SLOT (32 * 24 * MV_ROWS)
+#if MV_RING_ON
+#define MV_SLOTS MV_RING_DEPTH
+// One ring a block, at file scope: every mv_run of a kernel (each a template instance) shares it.
+__shared__ __align__(16) unsigned char mv_ring[MV_WARPS][MV_RING_DEPTH][MV_RING_SLOT];
+#else
+#define MV_SLOTS MV_BATCH
 #endif
 
 // Where a matrix's rows are: the loaded model's own arrays as MLX holds them (issue #30: no
@@ -543,12 +611,24 @@ struct MvStream {
   Wts wt;
   ll N, groups, stride;
   int row_bytes, C, G, gs_shift, per_lane, lane;
+#if MV_RING_ON
+  // The item being summed, read from its ring slot (fetch).
+  uint4 q[1][MV_ROWS];
+#else
   uint4 q[MV_BATCH][MV_ROWS];
+#endif
   // A row's group's scale and bias: one word, scale in the low half (ld_sb); with MV_ASYNC, the
   // scale alone in sb's low half and the bias in bi's (mxfp4: sb the scale, bi unused).
-  u32 sb[MV_BATCH][MV_ROWS];
+  u32 sb[MV_RING_ON ? 1 : MV_BATCH][MV_ROWS];
 #if MV_ASYNC
-  u32 bi[MV_BATCH][MV_ROWS];
+  u32 bi[MV_RING_ON ? 1 : MV_BATCH][MV_ROWS];
+#endif
+#if MV_RING_ON
+  // This warp's ring (MV_RING_DEPTH slots of MV_RING_SLOT bytes), and the byte offsets of the
+  // items' values in their words: 8 bits an item (row r's scale at bits 4 r, its bias at
+  // 4 r + 2), the oldest item in flight in the lowest 8 (shifted in at load, read at fetch).
+  unsigned char* ring;
+  u32 hm;
 #endif
   ll lp;  // the next item to load: row group lp, chunk lane + 32 lk
   int lk;
@@ -658,6 +738,33 @@ struct MvStream {
 
   __device__ __forceinline__ void load(int u) {
     const int c = lane + 32 * lk;
+#if MV_RING_ON
+    // Into slot u by cp.async: the codes, and the aligned words holding the values (their
+    // offsets into hm); one commit group an item, empty past the stream or C.
+    u32 h = 0;
+    if (lp < groups && c < C) {
+      const int g = (c * VALS) >> gs_shift;
+      unsigned char* st = ring + u * MV_RING_SLOT;
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) {
+        const int rr = r < last ? r : last;
+        cp_async16(st + 512 * r + 16 * lane, (const uint4*)words(rr) + c);
+        if (BITS != 16) {
+          const unsigned long long sa = (unsigned long long)sb_addr(rr, g, false);
+          cp_async4(st + 512 * MV_ROWS + 128 * (2 * r) + 4 * lane, (const void*)(sa & ~3ull));
+          h |= (u32)(sa & 3) << (4 * r);
+          if (!FP4) {
+            const unsigned long long ba = (unsigned long long)sb_addr(rr, g, true);
+            cp_async4(st + 512 * MV_ROWS + 128 * (2 * r + 1) + 4 * lane,
+                      (const void*)(ba & ~3ull));
+            h |= (u32)(ba & 3) << (4 * r + 2);
+          }
+        }
+      }
+    }
+    cp_async_commit();
+    hm = (hm >> 8) | (h << (8 * (MV_RING_DEPTH - 1)));
+#else
     if (lp < groups && c < C) {
       const int g = (c * VALS) >> gs_shift;
 #pragma unroll
@@ -672,6 +779,7 @@ struct MvStream {
 #endif
       }
     }
+#endif
     if (++lk == per_lane) {
       lk = 0;
       lp += stride;
@@ -679,10 +787,71 @@ struct MvStream {
     }
   }
 
+#if MV_RING_ON
+  // Row rr's group g's scale (bias: its bias) address: where scale_bias and scale_fp4 read.
+  __device__ __forceinline__ const unsigned char* sb_addr(int rr, int g, bool bias) const {
+    if (FP4) {
+      const unsigned char* s0 = (const unsigned char*)wt.s0;
+      if (MAP == WMAP_PAIR) {
+        const int i = ia + (rr >> 1) * G + g;
+        return (rr & 1 ? (const unsigned char*)wt.s1 : s0) + i;
+      }
+      return s0 + ia + rr * G + g;
+    }
+    const bf16_t* ps;
+    const bf16_t* pb;
+    int i;
+    if (MAP == WMAP_ONE) {
+      ps = wt.s0;
+      pb = wt.b0;
+      i = ia + rr * G + g;
+    } else if (MAP == WMAP_PAIR) {
+      ps = rr & 1 ? wt.s1 : wt.s0;
+      pb = rr & 1 ? wt.b1 : wt.b0;
+      i = ia + (rr >> 1) * G + g;
+    } else {
+      ps = sp;
+      pb = bp;
+      i = (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g;
+    }
+    return (const unsigned char*)((bias ? pb : ps) + i);
+  }
+
+  // The oldest item in flight (slot u) once its group is in, into register slot 0: its codes,
+  // and its scale and bias as the register loads hold them (ld_sb's word; with MV_ASYNC the
+  // halves apart; mxfp4: mv_fp4_scale of the byte).
+  __device__ __forceinline__ void fetch(int u) {
+    cp_async_wait_group<MV_RING_DEPTH - 1>();
+    const unsigned char* st = ring + u * MV_RING_SLOT;
+    const u32 h = hm;
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+      q[0][r] = *(const uint4*)(st + 512 * r + 16 * lane);
+      if (BITS != 16) {
+        const u32 ws = *(const u32*)(st + 512 * MV_ROWS + 128 * (2 * r) + 4 * lane);
+        const u32 s_sh = 8 * ((h >> (4 * r)) & 3);
+        if (FP4) {
+          sb[0][r] = mv_fp4_scale((ws >> s_sh) & 0xffu);
+        } else {
+          const u32 wb = *(const u32*)(st + 512 * MV_ROWS + 128 * (2 * r + 1) + 4 * lane);
+          const u32 s16 = (ws >> s_sh) & 0xffffu;
+          const u32 b16 = (wb >> (8 * ((h >> (4 * r + 2)) & 3))) & 0xffffu;
+#if MV_ASYNC
+          sb[0][r] = s16;
+          bi[0][r] = b16;
+#else
+          sb[0][r] = s16 | (b16 << 16);
+#endif
+        }
+      }
+    }
+  }
+#endif
+
   // Slot u takes slot u + 1's item (the last slot keeps its own until loaded again).
   __device__ __forceinline__ void rotate() {
 #pragma unroll
-    for (int u = 0; u + 1 < MV_BATCH; ++u) {
+    for (int u = 0; u + 1 < (MV_RING_ON ? 1 : MV_BATCH); ++u) {
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r) {
         q[u][r] = q[u + 1][r];
@@ -1230,43 +1399,6 @@ __device__ __forceinline__ void mv_unreachable() {
 #endif
 }
 
-// A 16-byte copy from global to shared memory, past L1 and the registers (cp.async; the
-// emulator copies at once).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-#ifdef __CUDA_ARCH__
-  const u32 d = (u32)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-#else
-  *(uint4*)dst = *(const uint4*)src;
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-#ifdef __CUDA_ARCH__
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-// A 4-byte copy (through L1: cp.async.ca), the ring's commit group and its in-order wait for
-// all but the newest n groups (MMA_ASYNC; the emulator copies at once).
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-#ifdef __CUDA_ARCH__
-  const u32 d = (u32)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
-#else
-  *(u32*)dst = *(const u32*)src;
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#ifdef __CUDA_ARCH__
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-template <int n>
-__device__ __forceinline__ void cp_async_wait_group() {
-#ifdef __CUDA_ARCH__
-  asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory");
-#endif
-}
-
 // The tensor-core tiles' prologue, in three steps (mv_prologue's bits, all sequences' loads in
 // flight at once instead of a round trip a sequence). mma_copy: pieces p0 .. p0 + n (8 inputs
 // each) of every sequence's input straight into its slots (sequence b's at smem + b xstride,
@@ -1721,8 +1853,12 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   m.sel = sel;
   m.rpe = rpe;
   m.group();
+#if MV_RING_ON
+  m.ring = mv_ring[warp][0];
+  m.hm = 0;
+#endif
 #pragma unroll
-  for (int u = 0; u < MV_EARLY; ++u) m.load(u);
+  for (int u = 0; u < (MV_EARLY < MV_SLOTS ? MV_EARLY : MV_SLOTS); ++u) m.load(u);
   pdl_wait_then_release();
   tr.mark(1);
 #pragma unroll
@@ -1737,8 +1873,16 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   }
   tr.mark(2);
 #pragma unroll
-  for (int u = MV_EARLY; u < MV_BATCH; ++u) m.load(u);
+  for (int u = MV_EARLY; u < MV_SLOTS; ++u) m.load(u);
+#if MV_RING_ON
+  // Traced steps only: the first item's group, then its first word (as the register loads').
+  if (tr.buf) {
+    cp_async_wait_group<MV_RING_DEPTH - 1>();
+    tr.arrived(*(const u32*)(m.ring + 16 * lane));
+  }
+#else
   tr.arrived(m.q[0][0].x);
+#endif
   ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
   int k = 0;
 #if NB > 1
@@ -1809,6 +1953,18 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   // item loads into the last (the items summed and loaded in the order below, so the same
   // sums): one copy of the long body instead of MV_BATCH (with the epilogue's between them,
   // ~200 KB of code at 5 sequences, past the instruction cache; results/gpu/2026-12-05-s31-spec).
+#if MV_RING_ON
+  // The ring: the oldest item's slot u read once its group is in, then refilled.
+  int u = 0;
+#pragma unroll 1
+  while (p < m.groups) {
+    m.fetch(u);
+    m.compute(0, lane + 32 * k, co, xs, xc, xstride, acc);
+    m.load(u);
+    u = u + 1 == MV_RING_DEPTH ? 0 : u + 1;
+    if (++k == m.per_lane) next_group();
+  }
+#else
 #pragma unroll 1
   while (p < m.groups) {
     m.compute(0, lane + 32 * k, co, xs, xc, xstride, acc);
@@ -1816,12 +1972,18 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
     m.load(MV_BATCH - 1);
     if (++k == m.per_lane) next_group();
   }
+#endif
 #else
   while (p < m.groups) {
 #pragma unroll
-    for (int u = 0; u < MV_BATCH; ++u) {
+    for (int u = 0; u < MV_SLOTS; ++u) {
       if (p < m.groups) {
+#if MV_RING_ON
+        m.fetch(u);
+        m.compute(0, lane + 32 * k, co, xs, xc, xstride, acc);
+#else
         m.compute(u, lane + 32 * k, co, xs, xc, xstride, acc);
+#endif
         m.load(u);
         if (++k == m.per_lane) next_group();
       }

@@ -3743,6 +3743,42 @@ fn mv_async_define(on: bool) -> &'static str {
     }
 }
 
+/// The static shared memory of the FFMA row kernels' cp.async ring (`MV_RING` in the source:
+/// 8 warps x `MV_RING_DEPTH` 3 slots x 1,536 bytes), besides [`MV_STATIC_SHARED`].
+const MV_RING_SHARED: u32 = 8 * 3 * 1536;
+
+/// Whether the FFMA row kernels (graph_decode.cu's `mv_run`: the one-row step, the FFMA tiles
+/// and speculative decoding's verify rows) stream their weights, scales and biases through a
+/// cp.async ring in shared memory, each item waiting for its own loads only
+/// (`MLX_GRAPH_MV_RING=1`; off by default: an A/B switch until the device has measured it,
+/// `results/gpu/2026-12-06-s37-mvring`). Read where the step source's defines are chosen, so
+/// the decoder, `mlx` and the tests alike take it from their environment. Every output is
+/// bit-equal either way.
+fn mv_ring() -> bool {
+    std::env::var("MLX_GRAPH_MV_RING").is_ok_and(|v| v == "1")
+}
+
+/// Whether the kernels of tiles of `nb` rows take the ring ([`mv_ring`], `on`): the FFMA
+/// modules (not `mma`) at 2 rows a warp (the source's `MV_RING_ON`), where the ring's static
+/// shared memory fits beside the tile's inputs (elsewhere, e.g. 7 rows of the 8B's down
+/// projection, the module keeps the register loads: the switch never changes the tiles).
+fn mv_ring_in(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> bool {
+    on && rows == 2
+        && !mma
+        && spec.mv_shared_per_sequence() * nb as u32 + MV_STATIC_SHARED + MV_RING_SHARED
+            <= MV_SHARED_MAX
+}
+
+/// The step source's define for the ring (`on`: [`mv_ring_in`]), empty when off (the source's
+/// ring is all under `MV_RING_ON`: the kernels then are the register loads' ones).
+fn mv_ring_define(on: bool) -> &'static str {
+    if on {
+        "#define MV_RING 1\n"
+    } else {
+        ""
+    }
+}
+
 /// The static shared memory bound of a wide tensor-core tile's kernels (`ring`: with the
 /// cp.async ring).
 fn mma_static_shared(ring: bool) -> u32 {
@@ -4219,10 +4255,12 @@ fn step_source(
     let mv_async = mv_async_define(mv_async());
     // The wide tiles' bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1): the same bits.
     let banks = mma_banks_define(wide && mma4 && mma_banks());
+    // The FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1, where it fits): the same bits.
+    let mv_ring = mv_ring_define(mv_ring_in(spec, p.rows, nb, mma, mv_ring()));
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{SOURCE}",
+         {banks}{mv_ring}{SOURCE}",
         p.rows,
         p.batch,
         p.early,
@@ -4285,8 +4323,9 @@ fn mv_shared_opt_in(
 ) -> Result<()> {
     let shared = mv_staged_per_sequence(spec, chunk) * nb as u32;
     // With the cp.async ring on, the larger static bound (opting in where a module without
-    // the ring would not need it is harmless).
-    if shared + mma_static_shared(mma_async()) <= 48 * 1024 {
+    // the ring would not need it is harmless); likewise with the FFMA row kernels' ring.
+    let ffma_ring = if mv_ring() { MV_RING_SHARED } else { 0 };
+    if shared + mma_static_shared(mma_async()).max(MV_STATIC_SHARED + ffma_ring) <= 48 * 1024 {
         return Ok(());
     }
     let experts = if spec.moe.is_some() {
@@ -5610,6 +5649,51 @@ mod tests {
             mv_async(),
             "the step source follows MLX_GRAPH_MV_ASYNC (on unless 0)"
         );
+    }
+
+    #[test]
+    fn the_row_kernels_ring_is_one_define_where_it_fits() {
+        // MLX_GRAPH_MV_RING=1 adds one define; off, none (the register loads' kernels), and
+        // the kernel source's default is off.
+        assert_eq!(mv_ring_define(true), "#define MV_RING 1\n");
+        assert_eq!(mv_ring_define(false), "");
+        assert!(SOURCE.contains("#ifndef MV_RING\n#define MV_RING 0\n#endif"));
+        assert!(SOURCE.contains("#define MV_RING_DEPTH 3\n"));
+        assert!(SOURCE.contains("#define MV_RING_SLOT (32 * 24 * MV_ROWS)"));
+        assert_eq!(
+            MV_RING_SHARED,
+            8 * 3 * 32 * 24 * 2,
+            "the source's ring at 2 rows a warp"
+        );
+        // The 8B: the one-row step and the verify rows of K 4 (5 rows) take it; 7 rows of the
+        // down projection's inputs leave no room (they keep the register loads), nor do the
+        // tensor-core tiles and 4 rows a warp (the source's MV_RING_ON).
+        let s = spec_8b();
+        for nb in 1..=6 {
+            assert!(mv_ring_in(&s, 2, nb, false, true), "8B, {nb} rows");
+        }
+        assert!(!mv_ring_in(&s, 2, 7, false, true));
+        assert!(!mv_ring_in(&s, 2, 5, true, true));
+        assert!(!mv_ring_in(&s, 4, 5, false, true));
+        assert!(!mv_ring_in(&s, 2, 1, false, false));
+        // Where it applies, the block's shared memory still fits: inputs, ring and the rest.
+        assert!(
+            s.mv_shared_per_sequence() * 6 + MV_STATIC_SHARED + MV_RING_SHARED <= MV_SHARED_MAX
+        );
+        let p = SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+        };
+        let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
+        assert_eq!(
+            src.contains("#define MV_RING 1\n"),
+            mv_ring(),
+            "the step source follows MLX_GRAPH_MV_RING"
+        );
+        let (mma, _) = step_source(&tiny_moe_spec(), &p, 1, true, false);
+        assert!(!mma.contains("#define MV_RING 1\n"));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -68,6 +68,12 @@ GRAPH_EMU_MV_ASYNC=1 builds this tree's FFMA row kernels (mv_run) with their sca
 kept as loaded and read where summed (MV_ASYNC, MLX_GRAPH_MV_ASYNC=1 on the device), and
 `nb_bit_check` then runs at any NB (1 included) against the one-sequence kernel of main's source
 (MV_ASYNC_REF, a commit, from git): every output bit for bit.
+GRAPH_EMU_MV_RING=1 builds this tree's FFMA row kernels with the cp.async ring (MV_RING,
+MLX_GRAPH_MV_RING=1 on the device; 2 rows a warp, FFMA modules only; GRAPH_EMU_MV_RING_DEPTH=N
+its slots, 3 by default), and `nb_bit_check` then runs at any NB (1 included) against the
+one-sequence kernel of main's source before it (MV_RING_REF, from git); the emulator copies at
+once, so the check is of the ring's slots, word halves and order, not of the device's memory
+ordering.
 
 Needs g++ with C++20 (std::barrier).
 """
@@ -276,6 +282,12 @@ MMA_BANKS = int(os.environ.get("GRAPH_EMU_MMA_BANKS", "0"))
 # one-sequence reference is then main's kernel (MV_ASYNC_REF's source, before MV_ASYNC).
 MV_ASYNC = int(os.environ.get("GRAPH_EMU_MV_ASYNC", "0"))
 MV_ASYNC_REF = "c11b15b0"
+# The FFMA row kernels' cp.async ring (MV_RING in the source, MLX_GRAPH_MV_RING=1 on the
+# device): GRAPH_EMU_MV_RING=1 builds this tree's kernels with it (GRAPH_EMU_MV_RING_DEPTH: its
+# slots); nb_bit_check's one-sequence reference is then main's kernel (MV_RING_REF's source).
+MV_RING = int(os.environ.get("GRAPH_EMU_MV_RING", "0"))
+MV_RING_DEPTH = os.environ.get("GRAPH_EMU_MV_RING_DEPTH")
+MV_RING_REF = "84e45b2b"
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 # The output projection combines the attention's partials in its prologue (matvec_attn_out;
 # attention launched without counters) where `attn_combine_in_output` in graph_decode.rs
@@ -314,6 +326,8 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
            + (f"#define MMA_BANKS {MMA_BANKS}\n" if cu is None else "")
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
+           + (f"#define MV_RING {MV_RING}\n" if cu is None else "")
+           + (f"#define MV_RING_DEPTH {MV_RING_DEPTH}\n" if cu is None and MV_RING_DEPTH else "")
            + (CU if cu is None else cu))
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
@@ -331,6 +345,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
     tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_async' if MMA_ASYNC and cu is None else ''}"
            f"{'_banks' if MMA_BANKS and cu is None else ''}"
            f"{'_mvasync' if MV_ASYNC and cu is None else ''}"
+           f"{'_mvring' + (MV_RING_DEPTH or '') if MV_RING and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
@@ -1563,12 +1578,14 @@ def nb_bit_check(lib, tmp):
     the float32 output unrounded (RAW_F32), and the inputs scaled by powers of two from 2^-12
     to 2^12, so that the float32 sums round: an order changed anywhere shows (a kernel summing
     the words of a chunk in reverse passed the bfloat16 outputs and fails this)."""
-    if MV_ASYNC:
-        # The reference: main's one-sequence kernel (before MV_ASYNC), from git.
+    if MV_ASYNC or MV_RING:
+        # The reference: main's one-sequence kernel (before MV_ASYNC, or before MV_RING), from
+        # git.
+        ref = MV_RING_REF if MV_RING else MV_ASYNC_REF
         ref_cu = subprocess.run(["git", "-C", str(ROOT), "show",
-                                 f"{MV_ASYNC_REF}:mlx-kernels/src/graph_decode.cu"],
+                                 f"{ref}:mlx-kernels/src/graph_decode.cu"],
                                 check=True, capture_output=True, text=True).stdout
-        assert "MV_ASYNC" not in ref_cu
+        assert ("MV_RING" if MV_RING else "MV_ASYNC") not in ref_cu
         rest = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
                        for f in ("graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
         one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True, cu=ref_cu + rest,
@@ -1623,7 +1640,8 @@ def nb_bit_check(lib, tmp):
                 if not same:
                     print(f"nb bit check: bits {nbits} gs {gs} {n} x {k} mode {mode}: rows differ "
                           "from the one-sequence kernel FAILED")
-    ref = f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC else ""
+    ref = (f" ({MV_RING_REF}'s, MV_RING{' + MV_ASYNC' if MV_ASYNC else ''} against main)" if MV_RING
+           else f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC else "")
     print(f"nb bit check (sequences {NB}, rows per warp {ROWS}, chunks in flight {BATCH}): "
           f"{count} products, every sequence's output bit-equal to the one-sequence kernel's{ref} "
           f"{'ok' if ok else 'FAILED'}")
@@ -1846,7 +1864,7 @@ def main():
         # machine and does not depend on the model).
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
         # GRAPH_EMU_NB_CHECK_ONLY=1: the NB-sequence kernel against the one-sequence one only.
-        nb_check = [nb_bit_check(lib, tmp)] if (NB > 1 or MV_ASYNC) and MMA == 0 else []
+        nb_check = [nb_bit_check(lib, tmp)] if (NB > 1 or MV_ASYNC or MV_RING) and MMA == 0 else []
         if MMA:
             nb_check.append(mma_bit_check(tmp))
         if os.environ.get("GRAPH_EMU_NB_CHECK_ONLY"):

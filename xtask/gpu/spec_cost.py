@@ -20,14 +20,17 @@ verify kernels at 4 rows a warp (MLX_GRAPH_SPEC_ROWS=4; the rows' bits unchanged
 `spec`); `specmb2` rows (SPEC_MB2=1): the verify kernels at 128 registers and 2 chunks in
 flight (MLX_GRAPH_SPEC_MIN_BLOCKS=2 MLX_GRAPH_SPEC_CHUNKS=2: two blocks an SM where the inputs
 fit; the rows' bits unchanged, A/B against `spec`); `specr4mb2` rows (SPEC_R4MB2=1): the same at
-4 rows a warp and 1 chunk in flight."""
+4 rows a warp and 1 chunk in flight; `specring` rows (SPEC_RING=1): with the FFMA row kernels'
+cp.async ring (MLX_GRAPH_MV_RING=1), their ideal from the models alone with it
+(`graphring-target`/`graphring-draft`), `same tokens` against `graph-target` without it (not in
+the worst ratio: an A/B against `spec`)."""
 import json
 import statistics
 import sys
 from collections import defaultdict
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-tps = {"graph": defaultdict(list), "mlx": defaultdict(list)}
+tps = {"graph": defaultdict(list), "mlx": defaultdict(list), "graphring": defaultdict(list)}
 plain_tokens = {}
 spec = defaultdict(list)
 ref = defaultdict(list)
@@ -43,7 +46,9 @@ for r in rows:
         tps["graph"][words[1]].append(r["generation_tps"])
         if kind == "graph-target":
             plain_tokens[words[1]] = r.get("tokens_sha")
-    elif kind in ("spec", "mlxspec", "spectc", "specseq", "specr4", "specmb2", "specr4mb2"):
+    elif kind in ("graphring-target", "graphring-draft"):
+        tps["graphring"][words[1]].append(r["generation_tps"])
+    elif kind in ("spec", "mlxspec", "spectc", "specseq", "specr4", "specmb2", "specr4mb2", "specring"):
         spec[(kind, words[1], words[2], words[3])].append(r)
     elif kind == "mlxlm-spec":
         ref[(words[1], words[2], words[3])].append(r["generation_tps"])
@@ -57,7 +62,7 @@ print("| side | target | draft | K | decoder | tokens | rounds | drafted / accep
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 worst = None
 for (kind, t, d, k), runs in spec.items():
-    side = "mlx" if kind == "mlxspec" else "graph"
+    side = "mlx" if kind == "mlxspec" else "graphring" if kind == "specring" else "graph"
     med = best[side]
     if t not in med or d not in med:
         print(f"| {kind} | {t} | {d} | {k[1:]} | missing plain runs of {t} or {d} on the {side} side |")
@@ -84,7 +89,9 @@ for (kind, t, d, k), runs in spec.items():
 print()
 for side, d in best.items():
     for m, v in sorted(d.items()):
-        print(f"- {m}: {v:.1f} tok/s alone on the {'graph decoder' if side == 'graph' else 'MLX path'} "
+        where = {"graph": "graph decoder", "graphring": "graph decoder with MLX_GRAPH_MV_RING=1",
+                 "mlx": "MLX path"}[side]
+        print(f"- {m}: {v:.1f} tok/s alone on the {where} "
               f"(fastest of {len(tps[side][m])})")
 if worst is not None:
     print(f"\nworst graph-speculation measured / ideal: {worst:.3f} (the issue's bound: 1.15)")
