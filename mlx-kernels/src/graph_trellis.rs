@@ -52,19 +52,18 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// device's A/B of it, off by default). With `v` (the value projections' spec where it differs
 /// from the rest's: [`crate::graph_decode::GraphSpec::trellis_v`]), `TRELLIS_V_L` defined as
 /// its [`l_arg`]: `trellis_qkv`'s v slice decodes with it. Without, the source is the one-spec
-/// model's, unchanged (the same kernels). Unless `MLX_GRAPH_TRELLIS_ALIAS=0`, `TRELLIS_ALIAS 1`
-/// (the epilogues' Hadamard buffer in the dynamic shared memory: [`epilogue_alias`]); unless
-/// `MLX_GRAPH_TRELLIS_PIPE=0`, `TRELLIS_PIPE 1` (the product's next block of words loaded
-/// before the current one's codes); `TRELLIS_FUSED_THREADS` 1024 unless
-/// `MLX_GRAPH_TRELLIS_THREADS=256` or `512` (the decoder's fused kernels' blocks:
-/// [`fused_threads`]); with [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid
+/// model's, unchanged (the same kernels). With `MLX_GRAPH_TRELLIS_ALIAS=1`, `TRELLIS_ALIAS 1`
+/// (the epilogues' Hadamard buffer in the dynamic shared memory: [`epilogue_alias`]); with
+/// `MLX_GRAPH_TRELLIS_PIPE=1`, `TRELLIS_PIPE 1` (the product's next block of words loaded
+/// before the current one's codes); with `MLX_GRAPH_TRELLIS_THREADS=512` or `1024`,
+/// `TRELLIS_FUSED_THREADS` (the decoder's fused kernels' blocks: [`fused_threads`]); with [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid
 /// split by rows); with `MLX_GRAPH_TRELLIS_STATES=1`, `TRELLIS_STATES 1` (the S-box codes'
 /// product from one table of every 12-bit state's code: [`state_table`]); with
 /// `MLX_GRAPH_TRELLIS_PAIR=1`, `TRELLIS_PAIR 1` (the product's lanes load two blocks' words
-/// before decoding either). All are the same bits on the emulator; the first three are on by
-/// default since the H100 ran the 8B's default trellis-3 model at 132.8 tok/s with them against
-/// 86.4 without (`results/gpu/2026-12-06-s37-h100`); the last two are off by default (the
-/// device's A/B, `results/gpu/2026-12-06-s37-trelprod`).
+/// before decoding either). All are the same bits on the emulator and off by default: the
+/// first three together took the 8B's trellis-3 default model from 86.4 to 132.8 tok/s on an
+/// H100 but the 135M's from 629.9 to 514.5 (`results/gpu/2026-12-06-s37-h100`), so they wait
+/// for a choice by size; the last two are the device's A/B (`results/gpu/2026-12-06-s37-trelprod`).
 /// [`TrellisGpu`] (the `cuda` test set's kernel check) compiles this source too, so the
 /// switches reach the kernel test as they reach the decoder.
 pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
@@ -81,7 +80,7 @@ pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
     if epilogue_alias() {
         define.push_str("#define TRELLIS_ALIAS 1\n");
     }
-    if !env_is("MLX_GRAPH_TRELLIS_PIPE", "0") {
+    if env_is("MLX_GRAPH_TRELLIS_PIPE", "1") {
         define.push_str("#define TRELLIS_PIPE 1\n");
     }
     let threads = fused_threads();
@@ -105,16 +104,17 @@ fn env_is(key: &str, value: &str) -> bool {
 }
 
 /// Threads a block of the decoder's fused kernels (`trellis_linear`, `trellis_qkv`,
-/// `trellis_gate_up`; `TRELLIS_FUSED_THREADS`): `MLX_GRAPH_TRELLIS_THREADS` where it is 256
-/// ([`TRELLIS_THREADS`]) or 512, else 1024 (the default since the H100 measured it,
-/// `results/gpu/2026-12-06-s37-h100`; any other value is ignored). At 1024 an SM holds one block,
+/// `trellis_gate_up`; `TRELLIS_FUSED_THREADS`): `MLX_GRAPH_TRELLIS_THREADS` where it is 512 or
+/// 1024, else [`TRELLIS_THREADS`] (any other value is ignored; 1024 with ALIAS and PIPE took the
+/// 8B's trellis-3 default model from 86.4 to 132.8 tok/s on an H100 but the 135M's from 629.9
+/// to 514.5, `results/gpu/2026-12-06-s37-h100`: off by default until chosen by size). At 1024 an SM holds one block,
 /// which stages the transformed input and fills the tables once for 32 warps (the same bits:
 /// graph_trellis.cu's `TRELLIS_FUSED_THREADS`).
 pub fn fused_threads() -> u32 {
     match std::env::var("MLX_GRAPH_TRELLIS_THREADS").as_deref() {
-        Ok("256") => TRELLIS_THREADS,
         Ok("512") => 512,
-        _ => 1024,
+        Ok("1024") => 1024,
+        _ => TRELLIS_THREADS,
     }
 }
 
@@ -134,13 +134,13 @@ pub fn qkv_kv_blocks(total: u32, q_rows: usize, kv_rows: usize) -> u32 {
     (bk as u32).max(1)
 }
 
-/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_ALIAS` (unless
-/// `MLX_GRAPH_TRELLIS_ALIAS=0`): the output transform's Hadamard buffer of the kernels with it
+/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_ALIAS`
+/// (`MLX_GRAPH_TRELLIS_ALIAS=1`): the output transform's Hadamard buffer of the kernels with it
 /// in their epilogue (`trellis_linear`, `trellis_matvec_out`, `trellis_qkv`, `trellis_gate_up`)
 /// at the start of their dynamic shared memory instead of a static 16 KiB, so that their
 /// launches take [`epilogue_shared_bytes`].
 pub fn epilogue_alias() -> bool {
-    !env_is("MLX_GRAPH_TRELLIS_ALIAS", "0")
+    env_is("MLX_GRAPH_TRELLIS_ALIAS", "1")
 }
 
 /// The dynamic shared memory of a launch with the output transform in its epilogue: the
@@ -1241,14 +1241,10 @@ mod tests {
         .iter()
         .any(|k| std::env::var(k).is_ok());
         if !env_set {
-            // The default switches' defines (ALIAS, PIPE, 1,024 threads and so the flat q/k/v
-            // grid), then the source.
-            let defaults = "#define TRELLIS_ALIAS 1\n#define TRELLIS_PIPE 1\n\
-                            #define TRELLIS_FUSED_THREADS 1024\n#define TRELLIS_QKV_FLAT 1\n";
-            assert_eq!(trellis_source(None), format!("{defaults}{TRELLIS_SOURCE}"));
+            assert_eq!(trellis_source(None), TRELLIS_SOURCE);
             assert_eq!(
                 trellis_source(Some(&mad)),
-                format!("#define TRELLIS_V_L 12\n{defaults}{TRELLIS_SOURCE}")
+                format!("#define TRELLIS_V_L 12\n{TRELLIS_SOURCE}")
             );
         }
         // The define is read in trellis_qkv alone, before anything uses L.
