@@ -194,14 +194,14 @@ fn quantized<'m>(
             q.bits as u32,
             q.group_size as usize,
         ) {
-            return Ok(m);
+            return Ok(lanes(q, m));
         }
     }
     // Biases another reader left lazy are computed once here (the MLX forward's bits).
     biases
         .eval()
         .map_err(|e| unsup(format!("{what}: biases: {e}")))?;
-    Matrix::affine(
+    let m = Matrix::affine(
         words,
         floats(&q.scales, what)?,
         floats(biases, what)?,
@@ -210,7 +210,18 @@ fn quantized<'m>(
         q.bits as u32,
         q.group_size as usize,
     )
-    .map_err(|e| unsup(format!("{what}: {e}")))
+    .map_err(|e| unsup(format!("{what}: {e}")))?;
+    Ok(lanes(q, m))
+}
+
+/// `m` with the lane kernel's layout of `q` attached (made once, kept with the weight) where
+/// that kernel is on (`MLX_CPU_LANE4=1`) and takes it; `m` as it is otherwise.
+fn lanes<'m>(q: &'m mlx_models::layers::QuantizedWeight, m: Matrix<'m>) -> Matrix<'m> {
+    if cpu::lane4_from_env() && cpu::Lanes16::packs(&m) {
+        q.cpu_lanes.attach(m)
+    } else {
+        m
+    }
 }
 
 /// An RMSNorm's scale as the kernels read it.

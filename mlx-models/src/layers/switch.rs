@@ -103,6 +103,7 @@ impl SwitchLinear {
                         mode,
                         lookup_dtype: None,
                         symmetric: false,
+                        cpu_lanes: Default::default(),
                     },
                     bias: b,
                 })
