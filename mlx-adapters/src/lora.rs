@@ -234,7 +234,6 @@ fn requantized_like(fused: &Array, like: &QuantizedWeight) -> Result<QuantizedWe
         mode: like.mode,
         lookup_dtype: None,
         symmetric: false,
-        cpu_lanes: Default::default(),
     })
 }
 

@@ -194,14 +194,14 @@ fn quantized<'m>(
             q.bits as u32,
             q.group_size as usize,
         ) {
-            return Ok(lanes(q, m));
+            return Ok(m);
         }
     }
     // Biases another reader left lazy are computed once here (the MLX forward's bits).
     biases
         .eval()
         .map_err(|e| unsup(format!("{what}: biases: {e}")))?;
-    let m = Matrix::affine(
+    Matrix::affine(
         words,
         floats(&q.scales, what)?,
         floats(biases, what)?,
@@ -210,18 +210,7 @@ fn quantized<'m>(
         q.bits as u32,
         q.group_size as usize,
     )
-    .map_err(|e| unsup(format!("{what}: {e}")))?;
-    Ok(lanes(q, m))
-}
-
-/// `m` with the lane kernel's layout of `q` attached (made once, kept with the weight) where
-/// that kernel is on (`MLX_CPU_LANE4=1`) and takes it; `m` as it is otherwise.
-fn lanes<'m>(q: &'m mlx_models::layers::QuantizedWeight, m: Matrix<'m>) -> Matrix<'m> {
-    if cpu::lane4_from_env() && cpu::Lanes16::packs(&m) {
-        q.cpu_lanes.attach(m)
-    } else {
-        m
-    }
+    .map_err(|e| unsup(format!("{what}: {e}")))
 }
 
 /// An RMSNorm's scale as the kernels read it.
@@ -458,6 +447,19 @@ impl<'m> Weights<'m> {
                 .layer_view(i)
                 .ok_or_else(|| unsup(format!("layer {i} is missing")))?;
             layers.push(layer(d, v, i)?);
+        }
+        if cpu::lane4_from_env() {
+            // The lane kernel's layouts of the layers' 4-bit products (made by the first
+            // decoder over this model, kept with it: `Model::cpu_lanes`).
+            let mut ws: Vec<Matrix<'m>> = layers
+                .iter()
+                .flat_map(|l: &Layer<'m>| [l.q.0, l.k.0, l.v.0, l.o.0, l.gate.0, l.up.0, l.down.0])
+                .collect();
+            m.cpu_lanes().attach(&mut ws);
+            for (l, w) in layers.iter_mut().zip(ws.chunks(7)) {
+                (l.q.0, l.k.0, l.v.0, l.o.0) = (w[0], w[1], w[2], w[3]);
+                (l.gate.0, l.up.0, l.down.0) = (w[4], w[5], w[6]);
+            }
         }
         let final_norm = rms_weight(Some(m.final_norm()), "final norm")?;
         for (i, l) in layers.iter().enumerate() {

@@ -173,7 +173,6 @@ fn quantized_weight(w: &Array, group_size: i32, bits: i32) -> Result<QuantizedWe
         mode: QuantMode::Affine,
         lookup_dtype: None,
         symmetric: false,
-        cpu_lanes: Default::default(),
     })
 }
 

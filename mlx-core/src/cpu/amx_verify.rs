@@ -1576,4 +1576,40 @@ mod tests {
             }
         }
     }
+
+    /// A `LanesStore` packs on its first request and attaches the same layouts to the same
+    /// matrices afterwards; a matrix it cannot lay out (8-bit) is left without one.
+    #[test]
+    fn lanes_store_packs_once_and_attaches() {
+        use super::super::LanesStore;
+        let mut g = Lcg(31);
+        let c = case(&mut g, 40, 96, 32);
+        let w4 = Matrix::affine(
+            &c.words,
+            Floats::F16(&c.scales),
+            Floats::F16(&c.biases),
+            40,
+            96,
+            4,
+            32,
+        )
+        .unwrap();
+        let w8 = Matrix::affine(
+            &c.words,
+            Floats::F16(&c.scales[..60]),
+            Floats::F16(&c.biases[..60]),
+            20,
+            96,
+            8,
+            32,
+        )
+        .unwrap();
+        let store = LanesStore::default();
+        for _ in 0..2 {
+            let mut ws = [w4, w8];
+            store.attach(&mut ws);
+            assert!(ws[0].lanes().is_some());
+            assert!(ws[1].lanes().is_none());
+        }
+    }
 }

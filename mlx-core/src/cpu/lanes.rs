@@ -140,47 +140,58 @@ impl Lanes16 {
         })
     }
 
+    /// Whether 64 words spread over `words` (a matrix's packed words) are where this layout
+    /// put them: a cheap check that `words` still hold what was packed.
+    pub(crate) fn samples_match(&self, words: &[u32]) -> bool {
+        let (chunks, wpr) = (self.cols / 32, self.cols / 8);
+        if words.len() != self.rows * wpr {
+            return false;
+        }
+        (0..64).all(|k| {
+            let i = k * (words.len() - 1) / 63;
+            let (n, w) = (i / wpr, i % wpr);
+            let (b, c, j) = (n / 16, w / 4, w % 4);
+            self.words.get(((b * chunks + c) * 4 + j) * 16 + n % 16) == Some(&words[i])
+        })
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.words.len() * 4 + (self.scales.len() + self.biases.len()) * 2
     }
 }
 
-/// A place for a weight's [`Lanes16`], made on first request and kept with the weight (a
-/// quantized weight holds one, so the layout lives as long as the arrays it was made from).
-/// A clone starts empty: a cloned weight may have its arrays replaced.
+/// The lane layouts of a model's 4-bit weights, made once on the first request and kept with
+/// the model (a dense model holds one: the layouts live as long as the arrays they were made
+/// from, and the next decoder over the same model reuses them).
 #[derive(Default)]
-pub struct LanesCache(std::sync::OnceLock<Option<Lanes16>>);
+pub struct LanesStore(std::sync::OnceLock<Vec<Option<Lanes16>>>);
 
-impl Clone for LanesCache {
-    fn clone(&self) -> Self {
-        LanesCache::default()
-    }
-}
-
-impl std::fmt::Debug for LanesCache {
+impl std::fmt::Debug for LanesStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.get() {
-            Some(Some(l)) => write!(f, "LanesCache({l:?})"),
-            _ => write!(f, "LanesCache(empty)"),
+            Some(v) => write!(f, "LanesStore({} layouts)", v.iter().flatten().count()),
+            None => write!(f, "LanesStore(empty)"),
         }
     }
 }
 
-impl LanesCache {
-    /// `w` with its lane layout attached: packed on the first call (`None` kept where
-    /// [`Lanes16::packs`] does not hold), attached where it is `w`'s own
-    /// ([`Matrix::with_lanes`]); `w` unchanged otherwise.
-    pub fn attach<'a>(&'a self, w: Matrix<'a>) -> Matrix<'a> {
-        let l = self.0.get_or_init(|| Lanes16::pack(&w).ok());
-        match l {
-            Some(l) => w.with_lanes(l).unwrap_or(w),
-            None => w,
+impl LanesStore {
+    /// `ws` with their lane layouts attached: packed on the first call (where
+    /// [`Lanes16::packs`] holds), and attached where a layout is its matrix's own
+    /// ([`Matrix::with_lanes`]: the same words, shape and group; a matrix whose arrays were
+    /// replaced since keeps no layout). Later calls must list the same matrices in the same
+    /// order; any other matrix is left as it is.
+    pub fn attach<'a>(&'a self, ws: &mut [Matrix<'a>]) {
+        let packed = self
+            .0
+            .get_or_init(|| ws.iter().map(|w| Lanes16::pack(w).ok()).collect());
+        for (w, l) in ws.iter_mut().zip(packed) {
+            if let Some(l) = l {
+                if let Ok(m) = w.with_lanes(l) {
+                    *w = m;
+                }
+            }
         }
-    }
-
-    /// Drops the layout (the weight's arrays may change).
-    pub fn clear(&mut self) {
-        self.0 = std::sync::OnceLock::new();
     }
 }

@@ -417,6 +417,7 @@ impl<'a> Matrix<'a> {
         };
         if (self.rows, self.cols) != (lanes.rows, lanes.cols)
             || lanes.src != (words.as_ptr() as usize, words.len())
+            || !lanes.samples_match(words)
         {
             return Err(bad(format!(
                 "lanes of a ({}, {}) matrix attached to another ({}, {}) matrix",

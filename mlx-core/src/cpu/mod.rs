@@ -40,7 +40,7 @@ mod x86;
 pub use batch::{
     matmul_t_each, matmul_t_each_prefetch, matmul_t_each_with, KvPrefetch, RowsScratch,
 };
-pub use lanes::{Lanes16, LanesCache};
+pub use lanes::{Lanes16, LanesStore};
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
 pub use ops::{
     attention, attention_f16, gelu_approx_mul_isa, greedy_lse, rms_norm, rope, rope_inv_freqs,

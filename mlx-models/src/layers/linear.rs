@@ -33,9 +33,6 @@ pub struct QuantizedWeight {
     /// mutably (`parameters_mut`: an update may replace them) clears it, so replaced biases
     /// are read as stored.
     pub symmetric: bool,
-    /// The CPU decoder's lane layout of this weight (`mlx_core::cpu::Lanes16`), made when its
-    /// lane kernel is on (`MLX_CPU_LANE4=1`) and kept as long as the weight; empty otherwise.
-    pub cpu_lanes: mlx_core::cpu::LanesCache,
 }
 
 impl QuantizedWeight {
@@ -47,12 +44,10 @@ impl QuantizedWeight {
             scales,
             biases,
             symmetric,
-            cpu_lanes,
             ..
         } = self;
         // The biases may be replaced through the handle: read them as stored from now on.
         *symmetric = false;
-        cpu_lanes.clear();
         LayerParam::push(out, path, "weight", weight, true);
         LayerParam::push(out, path, "scales", scales, true);
         if let Some(b) = biases {
@@ -166,7 +161,6 @@ impl QuantizedWeight {
             mode,
             lookup_dtype: None,
             symmetric,
-            cpu_lanes: Default::default(),
         })
     }
 

@@ -103,7 +103,6 @@ impl SwitchLinear {
                         mode,
                         lookup_dtype: None,
                         symmetric: false,
-                        cpu_lanes: Default::default(),
                     },
                     bias: b,
                 })
