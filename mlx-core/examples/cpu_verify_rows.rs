@@ -1,14 +1,17 @@
 //! Times the products of a speculative verification pass (`m` input rows over one weight
-//! matrix, one thread) at SmolLM2-135M's 4-bit shapes three ways, interleaved per row count:
+//! matrix, one thread) at SmolLM2-135M's 4-bit shapes four ways, interleaved per row count:
 //! the default kernel (`matmul_t_each`), the chunk-sum lane kernel (`matmul_t_each` with
-//! `CpuContext::lane4`) and the AMX int8 tile kernel (`cpu::amx_verify`, its inputs laid out
+//! `CpuContext::lane4`), the same lane kernel over a `Lanes16` layout made once (`lanes16`)
+//! and the AMX int8 tile kernel (`cpu::amx_verify`, its inputs laid out
 //! on each call): `cargo run --release -p mlx-core --example cpu_verify_rows -- [MAX_ROWS]
 //! [MB] [ROUNDS]`. Each shape cycles through `MB` (default 8) of weight copies; the fastest of
 //! many runs is printed with its cost in the default kernel's one-row products.
 
 use half::f16;
 use mlx_core::cpu::amx_verify::{self, Kernel};
-use mlx_core::cpu::{matmul_t_each, Activations, CpuContext, Floats, MatJob, Matrix, RowsScratch};
+use mlx_core::cpu::{
+    matmul_t_each, Activations, CpuContext, Floats, Lanes16, MatJob, Matrix, RowsScratch,
+};
 
 struct Lcg(u64);
 
@@ -54,6 +57,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|(w, s, b)| Matrix::affine(w, Floats::F16(s), Floats::F16(b), rows, cols, 4, 32))
             .collect::<Result<_, _>>()?;
+        // The lane kernel over each matrix's lane layout (`Lanes16`, made here once).
+        let lanes: Vec<Lanes16> = mats.iter().map(Lanes16::pack).collect::<Result<_, _>>()?;
+        let laned: Vec<Matrix<'_>> = mats
+            .iter()
+            .zip(&lanes)
+            .map(|(w, l)| w.with_lanes(l))
+            .collect::<Result<_, _>>()?;
         for round in 0..rounds {
             let mut base = 0.0;
             for m in 1..=max_rows {
@@ -68,14 +78,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let s: Vec<f32> = (0..m * cols / 32).map(|_| rng.unit()).collect();
                 let mut out = vec![0f32; m * rows];
                 let reps = (copies * 8).max(40);
-                let mut best = [f64::INFINITY; 3];
+                let mut best = [f64::INFINITY; 4];
                 for i in 0..reps {
                     for (k, b) in best.iter_mut().enumerate() {
-                        let w = &mats[(i + k) % copies];
+                        let w = if k == 3 {
+                            &laned[(i + k) % copies]
+                        } else {
+                            &mats[(i + k) % copies]
+                        };
                         let t = std::time::Instant::now();
                         match k {
-                            0 | 1 => {
-                                ctx.lane4 = k == 1;
+                            0 | 1 | 3 => {
+                                ctx.lane4 = k != 0;
                                 let mut jobs = [MatJob {
                                     w,
                                     bias: None,
@@ -103,13 +117,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     base = best[0];
                 }
                 println!(
-                    "round {round} {rows}x{cols} m={m}: default {:.1} us ({:.2}) | lane {:.1} us ({:.2}) | amx {:.1} us ({:.2})",
+                    "round {round} {rows}x{cols} m={m}: default {:.1} us ({:.2}) | lane {:.1} us ({:.2}) | amx {:.1} us ({:.2}) | lanes16 {:.1} us ({:.2})",
                     best[0] * 1e6,
                     best[0] / base,
                     best[1] * 1e6,
                     best[1] / base,
                     best[2] * 1e6,
-                    best[2] / base
+                    best[2] / base,
+                    best[3] * 1e6,
+                    best[3] / base
                 );
             }
         }

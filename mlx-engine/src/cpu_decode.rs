@@ -448,6 +448,19 @@ impl<'m> Weights<'m> {
                 .ok_or_else(|| unsup(format!("layer {i} is missing")))?;
             layers.push(layer(d, v, i)?);
         }
+        if cpu::lane4_from_env() {
+            // The lane kernel's layouts of the layers' 4-bit products (made by the first
+            // decoder over this model, kept with it: `Model::cpu_lanes`).
+            let mut ws: Vec<Matrix<'m>> = layers
+                .iter()
+                .flat_map(|l: &Layer<'m>| [l.q.0, l.k.0, l.v.0, l.o.0, l.gate.0, l.up.0, l.down.0])
+                .collect();
+            m.cpu_lanes().attach(&mut ws);
+            for (l, w) in layers.iter_mut().zip(ws.chunks(7)) {
+                (l.q.0, l.k.0, l.v.0, l.o.0) = (w[0], w[1], w[2], w[3]);
+                (l.gate.0, l.up.0, l.down.0) = (w[4], w[5], w[6]);
+            }
+        }
         let final_norm = rms_weight(Some(m.final_norm()), "final norm")?;
         for (i, l) in layers.iter().enumerate() {
             let shapes = [

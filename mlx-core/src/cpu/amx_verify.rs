@@ -430,6 +430,507 @@ unsafe fn block<const MT: usize>(
     }
 }
 
+thread_local! {
+    /// A worker's inputs in the byte order the lane kernels broadcast ([`pick_inputs`]).
+    static XB: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The `m` inputs' int16 codes (`q`, `m * cols`) with each chunk's 64 bytes reordered as the
+/// lane kernels broadcast them: per 4-code word `j` of the chunk (codes `8j..8j + 8`) the low
+/// bytes of its 4 even codes, their high bytes, the low bytes of its 4 odd codes, their high
+/// bytes (`xb[(t * chunks + c) * 16 + 4 j + k]`), as [`block`] shuffles them per chunk.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW; `q` holds `m * cols` codes; `xb` holds `m * cols / 2` words.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn pick_inputs(q: *const i16, m: usize, cols: usize, xb: &mut [u32]) {
+    let n = m * cols / 32;
+    assert!(xb.len() >= n * 16);
+    let pick = _mm512_set4_epi32(0x0f0b_0703, 0x0e0a_0602, 0x0d09_0501, 0x0c08_0400);
+    for i in 0..n {
+        // SAFETY: chunk i's 32 codes lie within `q`; 16 words within `xb` (the assert).
+        unsafe {
+            let x = _mm512_loadu_si512(q.add(32 * i) as *const _);
+            _mm512_storeu_si512(
+                xb.as_mut_ptr().add(16 * i) as *mut _,
+                _mm512_shuffle_epi8(x, pick),
+            );
+        }
+    }
+}
+
+/// Rows `r0..r1` of `out` as [`rows`] computes them (the same bits: [`reference`]'s), from the
+/// lane layout attached to `w` ([`Matrix::with_lanes`]): the words, scales and biases of each
+/// 16-row block are plain loads, not transposes. 4-bit symmetric matrices (Q4_0) too (their
+/// biases formed at packing, the bits of the materialized ones). Up to six inputs a pass over
+/// each block; a block only partly in `r0..r1` is computed whole and stored in part.
+///
+/// # Safety
+/// As [`rows`], with `w.lanes()` attached.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_lanes(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    q: *const i16,
+    d: *const f32,
+    s: *const f32,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Some(l) = w.lanes() else { return };
+    if m >= 2 && lane_amx() {
+        // SAFETY: the contract; AMX-INT8 usable (lane_amx).
+        unsafe { rows_lanes_amx(l, r0, r1, q, d, s, m, out, bias) };
+        return;
+    }
+    // SAFETY: the contract.
+    unsafe { rows_lanes_vnni(l, r0, r1, q, d, s, m, out, bias) }
+}
+
+/// Panics unless rows `..r1` lie within `l` and its arrays hold every block.
+fn check_lanes(l: &super::lanes::Lanes16, r1: usize) {
+    let chunks = l.cols / 32;
+    let groups = l.cols / l.group;
+    let blocks = l.rows.div_ceil(16);
+    assert!(
+        r1 <= l.rows
+            && l.words.len() >= blocks * chunks * 64
+            && l.scales.len() >= blocks * groups * 16
+            && l.biases.len() >= blocks * groups * 16,
+        "lanes: rows ..{r1} of {} or a short layout",
+        l.rows
+    );
+}
+
+/// [`rows_lanes`] on AVX-512 VNNI whatever the number of inputs.
+///
+/// # Safety
+/// As [`rows_lanes`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_lanes_vnni(
+    l: &super::lanes::Lanes16,
+    r0: usize,
+    r1: usize,
+    q: *const i16,
+    d: *const f32,
+    s: *const f32,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    check_lanes(l, r1);
+    let chunks = l.cols / 32;
+    let blocks = l.rows.div_ceil(16);
+    XB.with(|xb| {
+        let mut xb = xb.borrow_mut();
+        xb.resize(m * chunks * 16, 0);
+        // SAFETY: the contract (q holds m rows of cols codes); xb sized above.
+        unsafe { pick_inputs(q, m, l.cols, &mut xb) };
+        let mut b = r0 / 16;
+        while b * 16 < r1 {
+            let (lo, hi) = ((b * 16).max(r0), (b * 16 + 16).min(r1));
+            let mut t0 = 0;
+            while t0 < m {
+                let mt = (m - t0).min(MAX_MT);
+                // SAFETY: the contract; inputs t0..t0 + mt of xb, d and s.
+                unsafe {
+                    let x = xb.as_ptr().add(t0 * chunks * 16);
+                    let (dt, st) = (d.add(t0 * chunks), s.add(t0 * chunks));
+                    let pf = t0 == 0 && b + 1 < blocks;
+                    match mt {
+                        1 => block_l::<1>(l, b, x, dt, st, lo, hi, t0, out, bias, pf),
+                        2 => block_l::<2>(l, b, x, dt, st, lo, hi, t0, out, bias, pf),
+                        3 => block_l::<3>(l, b, x, dt, st, lo, hi, t0, out, bias, pf),
+                        4 => block_l::<4>(l, b, x, dt, st, lo, hi, t0, out, bias, pf),
+                        5 => block_l::<5>(l, b, x, dt, st, lo, hi, t0, out, bias, pf),
+                        _ => block_l::<6>(l, b, x, dt, st, lo, hi, t0, out, bias, pf),
+                    }
+                }
+                t0 += mt;
+            }
+            b += 1;
+        }
+    });
+}
+
+/// Whether [`rows_lanes`] takes 2 or more inputs on AMX's int8 tiles ([`rows_lanes_amx`]):
+/// only with `MLX_CPU_LANE_AMX=1` where the CPU and OS allow them ([`amx_int8_available`]).
+/// Off by default: measured slower than the VNNI kernel at every row count here
+/// (`results/spec/2026-12-06-s37-speccpu/`).
+pub fn lane_amx() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("MLX_CPU_LANE_AMX").is_ok_and(|v| v == "1") && amx_int8_available()
+    })
+}
+
+thread_local! {
+    /// A worker's A tiles, B tiles and C tiles for [`rows_lanes_amx`].
+    static LT: RefCell<(Vec<u8>, Vec<u8>, Vec<i32>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// The most inputs a pass of [`rows_lanes_amx`] takes (its A and C tiles hold `2 m + 1`
+/// rows).
+const LANE_AMX_MT: usize = 7;
+
+/// [`amx_l`]'s ring of B and C tiles: slots, how many chunks ahead a B tile is written and
+/// how many behind a C tile is read.
+const RING: usize = 8;
+const LEAD: usize = 3;
+const LAG: usize = 3;
+
+/// [`rows_lanes`] for 2 or more inputs with the integer sums on AMX (as [`rows_amx`] forms
+/// them: per block and chunk one `tdpbuud` of `2 m + 1` rows, the B tile the block's lane
+/// words split into nibbles, plain stores), the float epilogue [`block_l`]'s: the same bits
+/// ([`reference`]'s). Inputs in passes of up to [`LANE_AMX_MT`].
+///
+/// # Safety
+/// As [`rows_lanes`], and AMX-INT8 usable by this thread ([`amx_int8_available`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_lanes_amx(
+    l: &super::lanes::Lanes16,
+    r0: usize,
+    r1: usize,
+    q: *const i16,
+    d: *const f32,
+    s: *const f32,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    check_lanes(l, r1);
+    let chunks = l.cols / 32;
+    LT.with(|lt| {
+        let mut lt = lt.borrow_mut();
+        let (xa, bt, ct) = &mut *lt;
+        let passes = m.div_ceil(LANE_AMX_MT);
+        let mut t0 = 0;
+        for p in 0..passes {
+            let mt = (m - t0).div_ceil(passes - p);
+            let r = 2 * mt + 1;
+            xa.resize(chunks * r * 32, 0);
+            bt.resize(RING * 512, 0);
+            ct.resize(RING * r * 16, 0);
+            // SAFETY: the contract; inputs t0..t0 + mt; the scratch sized above.
+            unsafe {
+                lane_a_tiles(q.add(t0 * l.cols), mt, l.cols, xa);
+                let (dt, st) = (d.add(t0 * chunks), s.add(t0 * chunks));
+                match mt {
+                    1 => amx_l::<1>(l, r0, r1, xa, dt, st, t0, out, bias, bt, ct),
+                    2 => amx_l::<2>(l, r0, r1, xa, dt, st, t0, out, bias, bt, ct),
+                    3 => amx_l::<3>(l, r0, r1, xa, dt, st, t0, out, bias, bt, ct),
+                    4 => amx_l::<4>(l, r0, r1, xa, dt, st, t0, out, bias, bt, ct),
+                    5 => amx_l::<5>(l, r0, r1, xa, dt, st, t0, out, bias, bt, ct),
+                    6 => amx_l::<6>(l, r0, r1, xa, dt, st, t0, out, bias, bt, ct),
+                    _ => amx_l::<7>(l, r0, r1, xa, dt, st, t0, out, bias, bt, ct),
+                }
+            }
+            t0 += mt;
+        }
+    });
+}
+
+/// The A tiles of `mt` inputs (`q`: `mt * cols` int16 codes) in [`amx_inputs`]' layout, with
+/// vector shuffles: per chunk `2 mt + 1` rows of 32 bytes (the high bytes plus 128, the low
+/// bytes, ones).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW; `q` holds `mt * cols` codes; `xa` holds `cols / 32 * (2 mt + 1)
+/// * 32` bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn lane_a_tiles(q: *const i16, mt: usize, cols: usize, xa: &mut [u8]) {
+    let chunks = cols / 32;
+    let r = 2 * mt + 1;
+    assert!(xa.len() >= chunks * r * 32);
+    let pick = _mm512_set4_epi32(0x0f0b_0703, 0x0e0a_0602, 0x0d09_0501, 0x0c08_0400);
+    // Dwords 0..8: the low bytes (even codes of words 0..4, then odd), 8..16: the high ones.
+    let idx = _mm512_set_epi32(15, 11, 7, 3, 13, 9, 5, 1, 14, 10, 6, 2, 12, 8, 4, 0);
+    let flip = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi8(-128));
+    let ones = _mm256_set1_epi8(1);
+    let a = xa.as_mut_ptr();
+    for c in 0..chunks {
+        // SAFETY: chunk c of each input lies within `q`; the rows within `xa` (the assert).
+        unsafe {
+            for t in 0..mt {
+                let x = _mm512_loadu_si512(q.add(t * cols + 32 * c) as *const _);
+                let y = _mm512_permutexvar_epi32(idx, _mm512_shuffle_epi8(x, pick));
+                let y = _mm512_xor_si512(y, flip);
+                _mm256_storeu_si256(
+                    a.add((c * r + mt + t) * 32) as *mut _,
+                    _mm512_castsi512_si256(y),
+                );
+                _mm256_storeu_si256(
+                    a.add((c * r + t) * 32) as *mut _,
+                    _mm512_extracti64x4_epi64::<1>(y),
+                );
+            }
+            _mm256_storeu_si256(a.add((c * r + 2 * mt) * 32) as *mut _, ones);
+        }
+    }
+}
+
+/// [`rows_lanes_amx`]'s pass of `MT` inputs (from input `t0`) over the blocks of `r0..r1`.
+///
+/// # Safety
+/// As [`rows_lanes_amx`]; `xa` holds the inputs' A tiles ([`lane_a_tiles`]), `bt` `RING *
+/// 512` bytes, `ct` `RING * (2 MT + 1) * 16` words.
+#[inline]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn amx_l<const MT: usize>(
+    l: &super::lanes::Lanes16,
+    r0: usize,
+    r1: usize,
+    xa: &[u8],
+    d: *const f32,
+    s: *const f32,
+    t0: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+    bt: &mut [u8],
+    ct: &mut [i32],
+) {
+    let r = 2 * MT + 1;
+    let chunks = l.cols / 32;
+    let groups = l.cols / l.group;
+    let shift = (l.group / 32).trailing_zeros();
+    let blocks = l.rows.div_ceil(16);
+    assert!(xa.len() >= chunks * r * 32 && bt.len() >= RING * 512 && ct.len() >= RING * r * 16);
+    let mut cfg = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [0; 16],
+        rows: [0; 16],
+    };
+    for set in 0..2 {
+        cfg.rows[3 * set] = 8;
+        cfg.colsb[3 * set] = 64;
+        cfg.rows[3 * set + 1] = r as u8;
+        cfg.colsb[3 * set + 1] = 32;
+        cfg.rows[3 * set + 2] = r as u8;
+        cfg.colsb[3 * set + 2] = 64;
+    }
+    let nib = _mm512_set1_epi8(0x0f);
+    // SAFETY (whole body): the layout's blocks, the inputs and the scratch as checked (the
+    // asserts here and in `rows_lanes`); tile loads and stores stay within `bt`, `xa`, `ct`;
+    // the configuration is 64 readable bytes; prefetches are hints naming the next block,
+    // which exists; the output rows of `r0..r1` are this caller's.
+    unsafe {
+        asm!("ldtilecfg [{0}]", in(reg) &cfg, options(nostack, readonly));
+        let (bp, cp) = (bt.as_mut_ptr(), ct.as_mut_ptr());
+        let f16x16 = |p: *const f16| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const _));
+        let mut b = r0 / 16;
+        while b * 16 < r1 {
+            let wp = l.words.as_ptr().add(b * chunks * 64);
+            let sp = l.scales.as_ptr().add(b * groups * 16);
+            let bq = l.biases.as_ptr().add(b * groups * 16);
+            let (nw, ns) = (chunks * 64, groups * 16);
+            let pf = t0 == 0 && b + 1 < blocks;
+            let mut acc = [[_mm512_setzero_ps(); 2]; MT];
+            for c in 0..chunks {
+                let bv = f16x16(bq.add((c >> shift) * 16));
+                for t in 0..MT {
+                    let xs = _mm512_set1_ps(*s.add(t * chunks + c));
+                    acc[t][c & 1] = _mm512_fmadd_ps(bv, xs, acc[t][c & 1]);
+                }
+            }
+            // A ring of RING slots: chunk c's B tile is written LEAD chunks before its
+            // product, and its C tile read LAG chunks after (stores settle before the tile
+            // unit or the vector loads read them; the scratch stays in L1).
+            let prep = |c: usize| {
+                let slot = bp.add(c % RING * 512);
+                for j in 0..4 {
+                    let zv = _mm512_loadu_si512(wp.add((c * 4 + j) * 16) as *const _);
+                    let lo = _mm512_and_si512(zv, nib);
+                    let hi = _mm512_and_si512(_mm512_srli_epi32::<4>(zv), nib);
+                    _mm512_storeu_si512(slot.add(j * 64) as *mut _, lo);
+                    _mm512_storeu_si512(slot.add((4 + j) * 64) as *mut _, hi);
+                }
+            };
+            for c in 0..LEAD.min(chunks) {
+                prep(c);
+            }
+            for c in 0..chunks + LAG {
+                if pf && c < chunks {
+                    let p = wp.add(nw + c * 64) as *const i8;
+                    for k in 0..4 {
+                        _mm_prefetch::<_MM_HINT_T0>(p.add(64 * k));
+                    }
+                    if c * 32 < ns {
+                        _mm_prefetch::<_MM_HINT_T0>(sp.add(ns + c * 32) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(bq.add(ns + c * 32) as *const i8);
+                    }
+                }
+                if c + LEAD < chunks {
+                    prep(c + LEAD);
+                }
+                if c < chunks {
+                    let (bb, a, cc) = (
+                        bp.add(c % RING * 512),
+                        xa.as_ptr().add(c * r * 32),
+                        cp.add(c % RING * r * 16),
+                    );
+                    if c % 2 == 0 {
+                        asm!(
+                            "tileloadd tmm0, [{b} + {s64}*1]",
+                            "tileloadd tmm1, [{a} + {s32}*1]",
+                            "tilezero tmm2",
+                            "tdpbuud tmm2, tmm1, tmm0",
+                            "tilestored [{c} + {s64}*1], tmm2",
+                            b = in(reg) bb, a = in(reg) a, c = in(reg) cc,
+                            s64 = in(reg) 64usize, s32 = in(reg) 32usize,
+                            options(nostack)
+                        );
+                    } else {
+                        asm!(
+                            "tileloadd tmm3, [{b} + {s64}*1]",
+                            "tileloadd tmm4, [{a} + {s32}*1]",
+                            "tilezero tmm5",
+                            "tdpbuud tmm5, tmm4, tmm3",
+                            "tilestored [{c} + {s64}*1], tmm5",
+                            b = in(reg) bb, a = in(reg) a, c = in(reg) cc,
+                            s64 = in(reg) 64usize, s32 = in(reg) 32usize,
+                            options(nostack)
+                        );
+                    }
+                }
+                if c >= LAG {
+                    let e = c - LAG;
+                    let sc = f16x16(sp.add((e >> shift) * 16));
+                    let cc = cp.add(e % RING * r * 16);
+                    let onesc = _mm512_slli_epi32::<15>(_mm512_loadu_si512(
+                        cc.add(2 * MT * 16) as *const _
+                    ));
+                    for t in 0..MT {
+                        let ch = _mm512_loadu_si512(cc.add(t * 16) as *const _);
+                        let cl = _mm512_loadu_si512(cc.add((MT + t) * 16) as *const _);
+                        let sum = _mm512_add_epi32(
+                            _mm512_sub_epi32(_mm512_slli_epi32::<8>(ch), onesc),
+                            cl,
+                        );
+                        let f = _mm512_mul_ps(sc, _mm512_set1_ps(*d.add(t * chunks + e)));
+                        acc[t][e & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, acc[t][e & 1]);
+                    }
+                }
+            }
+            let n0 = b * 16;
+            let nr = (l.rows - n0).min(16);
+            let (lo, hi) = (n0.max(r0), (n0 + 16).min(r1));
+            let bvec = _mm512_loadu_ps(bias16(bias, n0, nr).as_ptr());
+            let keep = mask16(hi - n0) & !mask16(lo - n0);
+            for t in 0..MT {
+                let o = out.range((t0 + t) * l.rows + n0, nr);
+                let res = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), bvec);
+                _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, res);
+            }
+            b += 1;
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    }
+}
+
+/// [`rows_lanes`] for `MT` inputs (from input `t0`: `xb`, `d`, `s` point at its values) over
+/// block `b`, rows `lo..hi` of it stored; `pf`: prefetch block `b + 1` on the way.
+///
+/// # Safety
+/// As [`rows_lanes`].
+#[inline]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn block_l<const MT: usize>(
+    l: &super::lanes::Lanes16,
+    b: usize,
+    xb: *const u32,
+    d: *const f32,
+    s: *const f32,
+    lo: usize,
+    hi: usize,
+    t0: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+    pf: bool,
+) {
+    let chunks = l.cols / 32;
+    let groups = l.cols / l.group;
+    let shift = (l.group / 32).trailing_zeros();
+    let nib = _mm512_set1_epi8(0x0f);
+    // SAFETY (whole body): block b's words, scales and biases lie within the layout
+    // (`rows_lanes`' assert); inputs within the contract's buffers; prefetches are hints
+    // naming block b + 1, which exists when `pf` is set; the output rows lo..hi of every
+    // input are this caller's.
+    unsafe {
+        let wp = l.words.as_ptr().add(b * chunks * 64);
+        let sp = l.scales.as_ptr().add(b * groups * 16);
+        let bp = l.biases.as_ptr().add(b * groups * 16);
+        let f16x16 = |p: *const f16| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const _));
+        let mut acc = [[_mm512_setzero_ps(); 2]; MT];
+        for c in 0..chunks {
+            let bv = f16x16(bp.add((c >> shift) * 16));
+            for t in 0..MT {
+                let xs = _mm512_set1_ps(*s.add(t * chunks + c));
+                acc[t][c & 1] = _mm512_fmadd_ps(bv, xs, acc[t][c & 1]);
+            }
+        }
+        let (nw, ns) = (chunks * 64, groups * 16);
+        for c in 0..chunks {
+            if pf {
+                // Block b + 1's share: this chunk's 4 lines of words, a line of its scales and
+                // of its biases while any are left.
+                let p = wp.add(nw + c * 64) as *const i8;
+                for k in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(64 * k));
+                }
+                if c * 32 < ns {
+                    _mm_prefetch::<_MM_HINT_T0>(sp.add(ns + c * 32) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(bp.add(ns + c * 32) as *const i8);
+                }
+            }
+            let sc = f16x16(sp.add((c >> shift) * 16));
+            let mut lov = [_mm512_setzero_si512(); 4];
+            let mut hiv = [_mm512_setzero_si512(); 4];
+            for j in 0..4 {
+                let zv = _mm512_loadu_si512(wp.add((c * 4 + j) * 16) as *const _);
+                lov[j] = _mm512_and_si512(zv, nib);
+                hiv[j] = _mm512_and_si512(_mm512_srli_epi32::<4>(zv), nib);
+            }
+            for t in 0..MT {
+                let xp = xb.add((t * chunks + c) * 16);
+                let bc = |i: usize| _mm512_set1_epi32(*xp.add(i) as i32);
+                let mut sh = _mm512_setzero_si512();
+                let mut sl = _mm512_setzero_si512();
+                for j in 0..4 {
+                    sh = _mm512_dpbusd_epi32(sh, lov[j], bc(4 * j + 1));
+                    sl = _mm512_dpbusd_epi32(sl, bc(4 * j), lov[j]);
+                    sh = _mm512_dpbusd_epi32(sh, hiv[j], bc(4 * j + 3));
+                    sl = _mm512_dpbusd_epi32(sl, bc(4 * j + 2), hiv[j]);
+                }
+                let sum = _mm512_add_epi32(_mm512_slli_epi32::<8>(sh), sl);
+                let f = _mm512_mul_ps(sc, _mm512_set1_ps(*d.add(t * chunks + c)));
+                acc[t][c & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, acc[t][c & 1]);
+            }
+        }
+        let n0 = b * 16;
+        let nr = (l.rows - n0).min(16);
+        let bvec = _mm512_loadu_ps(bias16(bias, n0, nr).as_ptr());
+        // Lanes lo - n0 .. hi - n0 of the block are stored.
+        let keep = mask16(hi - n0) & !mask16(lo - n0);
+        for t in 0..MT {
+            let o = out.range((t0 + t) * l.rows + n0, nr);
+            let r = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), bvec);
+            _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, r);
+        }
+    }
+}
+
 /// The most inputs [`rows_amx`] takes (its A and C tiles hold `2 m + 1` rows).
 pub const AMX_MAX_M: usize = 7;
 
@@ -651,6 +1152,11 @@ pub enum Kernel {
     Vnni,
     /// The AMX tile kernel (at most [`AMX_MAX_M`] inputs).
     Amx,
+    /// The AVX-512 VNNI kernel over the lane layout attached to the matrix
+    /// ([`Matrix::with_lanes`]; 4-bit symmetric matrices too).
+    Lanes,
+    /// The AMX tile kernel over the lane layout (what `rows_lanes` runs for 2 or more inputs).
+    LanesAmx,
 }
 
 /// `out = x W^T (+ bias)` for `m` int16-quantized inputs (as the CPU decoder quantizes them)
@@ -670,7 +1176,12 @@ pub fn products(
 ) -> Option<()> {
     let (n, cols) = (w.rows(), w.cols());
     let chunks = cols / 32;
-    if !supports(w)
+    let takes = if matches!(kernel, Kernel::Lanes | Kernel::LanesAmx) {
+        w.lanes().is_some()
+    } else {
+        supports(w)
+    };
+    if !takes
         || m == 0
         || q.len() < m * cols
         || d.len() < m * chunks
@@ -691,6 +1202,34 @@ pub fn products(
             unsafe {
                 rows(
                     w,
+                    0,
+                    n,
+                    q.as_ptr(),
+                    d.as_ptr(),
+                    s.as_ptr(),
+                    m,
+                    SharedOut::new(out),
+                    fb,
+                )
+            }
+        }
+        Kernel::Lanes | Kernel::LanesAmx => {
+            let l = w.lanes()?;
+            if !super::Isa::Avx512.available()
+                || (kernel == Kernel::LanesAmx && !amx_int8_available())
+            {
+                return None;
+            }
+            let f = if kernel == Kernel::Lanes {
+                rows_lanes_vnni
+            } else {
+                rows_lanes_amx
+            };
+            // SAFETY: AVX-512 F/BW/VL/VNNI checked (and AMX-INT8 for the tiles); lanes
+            // attached; sizes checked above; one thread.
+            unsafe {
+                f(
+                    l,
                     0,
                     n,
                     q.as_ptr(),
@@ -897,6 +1436,180 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+    /// The lane kernels over a [`Lanes16`](super::super::Lanes16) layout (VNNI, and AMX where
+    /// the CPU has it) give [`reference`]'s bits for every row of 1..=9 inputs (past six or
+    /// seven: two passes over each block), with and
+    /// without a bias, for 4-bit affine matrices (GGUF's Q4_1 as loaded; groups 32 to 128) and
+    /// 4-bit symmetric ones (Q4_0: against the reference over the materialized biases
+    /// `-8 x scale`), over partial 16-row blocks and chunk counts not a multiple of 4; and
+    /// through `matmul_t_each` with `lane4` (2 workers: blocks split at any row) every input
+    /// row of a verification pass has the bits `matmul_t` gives it alone. Tier L2.
+    #[test]
+    fn lanes_are_the_reference_bit_for_bit() {
+        use super::super::Lanes16;
+        if !Isa::Avx512.available() {
+            eprintln!("no AVX-512 here: rows_lanes not checked");
+            return;
+        }
+        let mut ctx = CpuContext::new(2).unwrap();
+        ctx.activations = Activations::Int16;
+        ctx.lane4 = true;
+        let mut scratch = RowsScratch::default();
+        let mut g = Lcg(23);
+        for (rows, cols, group) in [
+            (37, 576, 32),
+            (70, 1536, 32),
+            (16, 64, 64),
+            (33, 1024, 128),
+            (3, 96, 32),
+        ] {
+            let c = case(&mut g, rows, cols, group);
+            // Symmetric: the scales within Matrix::symmetric's range, the materialized
+            // biases -8 x scale (exact in float16).
+            let sym_b: Vec<f16> = c
+                .scales
+                .iter()
+                .map(|v| f16::from_f32(-8.0 * v.to_f32()))
+                .collect();
+            let affine = Matrix::affine(
+                &c.words,
+                Floats::F16(&c.scales),
+                Floats::F16(&c.biases),
+                rows,
+                cols,
+                4,
+                group,
+            )
+            .unwrap();
+            let sym =
+                Matrix::symmetric(&c.words, Floats::F16(&c.scales), rows, cols, 4, group).unwrap();
+            let sym_ref = Matrix::affine(
+                &c.words,
+                Floats::F16(&c.scales),
+                Floats::F16(&sym_b),
+                rows,
+                cols,
+                4,
+                group,
+            )
+            .unwrap();
+            let bias: Vec<f32> = (0..rows).map(|_| g.unit()).collect();
+            for (w, wref, what) in [(affine, affine, "affine"), (sym, sym_ref, "symmetric")] {
+                assert!(Lanes16::packs(&w));
+                let l = Lanes16::pack(&w).unwrap();
+                let wl = w.with_lanes(&l).unwrap();
+                // Another matrix's layout is refused (a copy of the words: another array).
+                let words2 = c.words.clone();
+                let other =
+                    Matrix::symmetric(&words2, Floats::F16(&c.scales), rows, cols, 4, group)
+                        .unwrap();
+                assert!(other.with_lanes(&l).is_err());
+                for m in 1..=9 {
+                    let (q, d, s) = inputs(&mut g, m, cols);
+                    for b in [None, Some(&bias[..])] {
+                        let mut want = vec![0f32; m * rows];
+                        products(Kernel::Reference, &wref, &q, &d, &s, m, b, &mut want).unwrap();
+                        for k in [Kernel::Lanes, Kernel::LanesAmx] {
+                            let mut got = vec![f32::NAN; m * rows];
+                            if products(k, &wl, &q, &d, &s, m, b, &mut got).is_none() {
+                                eprintln!("{k:?} not available here");
+                                continue;
+                            }
+                            for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    x.to_bits(),
+                                    y.to_bits(),
+                                    "{k:?} {what} {rows}x{cols} g{group} m {m} bias {}: output {i}: {x} vs {y}",
+                                    b.is_some()
+                                );
+                            }
+                        }
+                    }
+                    // Through the decoder's entry points: each row of the pass is the row
+                    // alone.
+                    let x: Vec<f32> = (0..m * cols).map(|_| g.unit()).collect();
+                    let mut got = vec![0f32; m * rows];
+                    let fb = Some(Floats::F32(&bias));
+                    let mut jobs = [MatJob {
+                        w: &wl,
+                        bias: fb,
+                        out: &mut got,
+                    }];
+                    matmul_t_each(&ctx, &x, m, &mut jobs, &mut scratch).unwrap();
+                    for t in 0..m {
+                        let mut alone = vec![0f32; rows];
+                        let mut jobs = [MatJob {
+                            w: &wl,
+                            bias: fb,
+                            out: &mut alone,
+                        }];
+                        matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
+                        let mut plain = vec![0f32; rows];
+                        let mut jobs = [MatJob {
+                            w: &wref,
+                            bias: fb,
+                            out: &mut plain,
+                        }];
+                        // The lane kernel without the layout (transposing per call): the same
+                        // bits (affine only: it does not take symmetric matrices).
+                        if what == "affine" {
+                            matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
+                            assert!(
+                                plain
+                                    .iter()
+                                    .zip(&alone)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{what} {rows}x{cols} row {t}: lanes16 is not rows' bits"
+                            );
+                        }
+                        let row = &got[t * rows..(t + 1) * rows];
+                        assert!(
+                            row.iter()
+                                .zip(&alone)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{what} {rows}x{cols}, {m} inputs, row {t}: not the bits alone"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A `LanesStore` packs on its first request and attaches the same layouts to the same
+    /// matrices afterwards; a matrix it cannot lay out (8-bit) is left without one.
+    #[test]
+    fn lanes_store_packs_once_and_attaches() {
+        use super::super::LanesStore;
+        let mut g = Lcg(31);
+        let c = case(&mut g, 40, 96, 32);
+        let w4 = Matrix::affine(
+            &c.words,
+            Floats::F16(&c.scales),
+            Floats::F16(&c.biases),
+            40,
+            96,
+            4,
+            32,
+        )
+        .unwrap();
+        let w8 = Matrix::affine(
+            &c.words,
+            Floats::F16(&c.scales[..60]),
+            Floats::F16(&c.biases[..60]),
+            20,
+            96,
+            8,
+            32,
+        )
+        .unwrap();
+        let store = LanesStore::default();
+        for _ in 0..2 {
+            let mut ws = [w4, w8];
+            store.attach(&mut ws);
+            assert!(ws[0].lanes().is_some());
+            assert!(ws[1].lanes().is_none());
         }
     }
 }

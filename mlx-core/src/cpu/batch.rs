@@ -504,6 +504,13 @@ pub fn matmul_t_each_prefetch(
                 let Some(q) = qx16 else { break };
                 // The kernel `matmul_t` picks for one input; each input row's sums are
                 // independent of how many rows a call takes (`each_row_is_what_it_is_alone`).
+                if isa == Isa::Avx512 && lane4 && w.lanes().is_some() {
+                    // SAFETY: as below, with the lane layout attached (`rows_lanes` reads it).
+                    unsafe {
+                        super::amx_verify::rows_lanes(&w, r0, r1, q.q, q.d, q.s, m, out, bias)
+                    };
+                    continue;
+                }
                 if isa == Isa::Avx512 && lane4 && super::amx_verify::supports(&w) {
                     // SAFETY: as below (Isa::Avx512, q holding m rows of codes, scales and
                     // sums, these weight rows of the output this worker's alone).

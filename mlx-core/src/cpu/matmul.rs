@@ -145,6 +145,8 @@ pub struct Matrix<'a> {
     rows: usize,
     cols: usize,
     pub(crate) kind: Kind<'a>,
+    /// The same matrix laid out for the lane kernel ([`Matrix::with_lanes`]), if attached.
+    lanes: Option<&'a super::lanes::Lanes16>,
 }
 
 fn bad(msg: String) -> Error {
@@ -165,6 +167,7 @@ impl<'a> Matrix<'a> {
             rows,
             cols,
             kind: Kind::Dense(data),
+            lanes: None,
         })
     }
 
@@ -219,6 +222,7 @@ impl<'a> Matrix<'a> {
                 bits,
                 group,
             },
+            lanes: None,
         })
     }
 
@@ -340,6 +344,7 @@ impl<'a> Matrix<'a> {
             rows,
             cols,
             kind: Kind::Ggml { data, ty },
+            lanes: None,
         })
     }
 
@@ -349,6 +354,7 @@ impl<'a> Matrix<'a> {
             rows: view.rows(),
             cols: view.cols(),
             kind: Kind::Trellis(view),
+            lanes: None,
         }
     }
 
@@ -390,6 +396,43 @@ impl<'a> Matrix<'a> {
 
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// This matrix with `lanes` attached: its lane layout ([`super::lanes::Lanes16::pack`] of
+    /// this same matrix: the same words, shape and group, else an error), which the lane
+    /// kernel (`CpuContext::lane4`) reads instead of transposing the words on every call.
+    pub fn with_lanes(self, lanes: &'a super::lanes::Lanes16) -> Result<Matrix<'a>> {
+        let words = match self.kind {
+            Kind::Affine { words, group, .. } | Kind::Symmetric { words, group, .. }
+                if group == lanes.group =>
+            {
+                words
+            }
+            _ => {
+                return Err(bad(format!(
+                    "lanes of a ({}, {}) group-{} matrix attached to another layout",
+                    lanes.rows, lanes.cols, lanes.group
+                )))
+            }
+        };
+        if (self.rows, self.cols) != (lanes.rows, lanes.cols)
+            || lanes.src != (words.as_ptr() as usize, words.len())
+            || !lanes.samples_match(words)
+        {
+            return Err(bad(format!(
+                "lanes of a ({}, {}) matrix attached to another ({}, {}) matrix",
+                lanes.rows, lanes.cols, self.rows, self.cols
+            )));
+        }
+        Ok(Matrix {
+            lanes: Some(lanes),
+            ..self
+        })
+    }
+
+    /// The lane layout attached by [`Matrix::with_lanes`].
+    pub fn lanes(&self) -> Option<&'a super::lanes::Lanes16> {
+        self.lanes
     }
 
     pub fn cols(&self) -> usize {
@@ -654,6 +697,11 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(q) = qx16.filter(|_| int16_kernel(&w)) {
+            if isa == Isa::Avx512 && lane4 && w.lanes().is_some() {
+                // SAFETY: as below, with the lane layout attached (`rows_lanes` reads it).
+                unsafe { super::amx_verify::rows_lanes(&w, r0, r1, q.q, q.d, q.s, m, out, bias) };
+                continue;
+            }
             if isa == Isa::Avx512 && lane4 && super::amx_verify::supports(&w) {
                 // SAFETY: as below (Isa::Avx512: AVX-512 F/BW/VL + VNNI), q holding m rows of
                 // codes, scales and sums.

@@ -26,6 +26,7 @@ mod kgemm;
 pub mod kquant;
 #[cfg(target_arch = "x86_64")]
 mod kquant_x86;
+mod lanes;
 mod matmul;
 mod ops;
 mod pages;
@@ -39,6 +40,7 @@ mod x86;
 pub use batch::{
     matmul_t_each, matmul_t_each_prefetch, matmul_t_each_with, KvPrefetch, RowsScratch,
 };
+pub use lanes::{Lanes16, LanesStore};
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
 pub use ops::{
     attention, attention_f16, gelu_approx_mul_isa, greedy_lse, rms_norm, rope, rope_inv_freqs,
@@ -204,8 +206,15 @@ pub struct CpuContext {
     /// The 4-bit float16 affine products over int16 inputs on AVX-512 (the decode step's and
     /// the verification pass's) through `amx_verify::rows` (chunk-sum arithmetic, rows in the
     /// vector lanes: other bits than the default kernel's, cheaper extra rows). Off by default;
-    /// `MLX_CPU_LANE4=1` sets it. An experiment of #33 (session 28).
+    /// `MLX_CPU_LANE4=1` sets it ([`lane4_from_env`]). An experiment of #33 (session 28).
+    /// Matrices with a lane layout attached ([`Matrix::with_lanes`]) take
+    /// `amx_verify::rows_lanes` instead (the same bits, no transposes).
     pub lane4: bool,
+}
+
+/// Whether `MLX_CPU_LANE4` is `1` (what [`CpuContext::lane4`] starts as).
+pub fn lane4_from_env() -> bool {
+    std::env::var("MLX_CPU_LANE4").is_ok_and(|v| v == "1")
 }
 
 impl CpuContext {
@@ -234,7 +243,7 @@ impl CpuContext {
             activations: Activations::F32,
             split4: true,
             amx,
-            lane4: std::env::var("MLX_CPU_LANE4").is_ok_and(|v| v == "1"),
+            lane4: lane4_from_env(),
         })
     }
 

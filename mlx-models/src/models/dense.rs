@@ -538,6 +538,8 @@ pub struct Model {
     /// The checkpoint's multi-token-prediction layers, loaded only under `--mtp`
     /// ([`Weights::with_mtp`]; MiMo's `model.mtp_layers`).
     mtp: Vec<mtp::MtpLayer>,
+    /// The CPU decoder's lane layouts of the layers' 4-bit weights ([`Model::cpu_lanes`]).
+    cpu_lanes: mlx_core::cpu::LanesStore,
 }
 
 impl Model {
@@ -707,7 +709,15 @@ impl Model {
             checkpoint_own: 0..0,
             pipeline: None,
             mtp,
+            cpu_lanes: Default::default(),
         })
+    }
+
+    /// Where the CPU decoder keeps the lane layouts of this model's 4-bit weights
+    /// (`mlx_core::cpu::LanesStore`, made only under `MLX_CPU_LANE4=1`): they live as long as
+    /// the model, and a layout whose arrays were replaced since is not attached.
+    pub fn cpu_lanes(&self) -> &mlx_core::cpu::LanesStore {
+        &self.cpu_lanes
     }
 
     fn sanitize(d: &Descriptor, w: &mut Weights) -> Result<()> {
