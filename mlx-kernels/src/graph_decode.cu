@@ -430,6 +430,13 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 #ifndef MV_EARLY
 #define MV_EARLY MV_BATCH
 #endif
+// MV_EARLY_NORM (the host's switch MLX_GRAPH_EARLY_PROLOGUE=1; 0 otherwise): a normed
+// product's norm weights (the model's, read from memory, usually past L2 by the time the
+// step comes back to them) are loaded before the wait as well, so the prologue past the wait
+// waits only for its input. The same values, summed the same way: the same bits.
+#ifndef MV_EARLY_NORM
+#define MV_EARLY_NORM 0
+#endif
 
 // MV_ASYNC (the host's switch MLX_GRAPH_MV_ASYNC=1; 0 otherwise): the FFMA row kernels'
 // (mv_run's) scales and biases are kept as loaded, each 16-bit value zero-extended in a
@@ -897,9 +904,12 @@ __device__ __forceinline__ void mv_store_normed(bf16_t* xs, float* xc, const uin
 // 16-byte chunk of codes covers), shared by every row. All threads of the block take part,
 // each loading its 16-byte pieces (one slot of xs each; K is a multiple of 8) at once: one
 // round trip to L2 when they fit (K up to 8,192 normed, 16,384 not), rounds of them beyond.
+// g_pre: gpre holds the norm's weights of this thread's pieces, loaded already (mv_run with
+// MV_EARLY_NORM, before the wait: the same values, so the same bits).
 __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, const bf16_t* xin,
                                             const bf16_t* normw, ll K, bool norm, double eps,
-                                            ll bits, bool raw = false) {
+                                            ll bits, bool raw = false,
+                                            const uint4* gpre = nullptr, bool g_pre = false) {
   const int tid = threadIdx.x;
   const int T = blockDim.x, pieces = (int)(K / 8);
   const uint4* xv = (const uint4*)xin;
@@ -908,7 +918,13 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     // The input and the weights at once, kept in registers across the reduction.
     uint4 v[PRO_PIECES], g[PRO_PIECES];
     float ss = 0.f;
-    mv_load_pieces<PRO_PIECES, true>(v, g, xv, gv, 0, pieces);
+    if (g_pre) {
+      mv_load_pieces<PRO_PIECES, false>(v, v, xv, gv, 0, pieces);
+#pragma unroll
+      for (int i = 0; i < PRO_PIECES; ++i) g[i] = gpre[i];
+    } else {
+      mv_load_pieces<PRO_PIECES, true>(v, g, xv, gv, 0, pieces);
+    }
     mv_add_squares<PRO_PIECES>(ss, v, 0, pieces);
     const float inv = mv_inv_rms(ss, red, K, eps);
     mv_store_normed<PRO_PIECES>(xs, xc, v, g, inv, 0, pieces, bits, raw);
@@ -1695,6 +1711,18 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   m.group();
 #pragma unroll
   for (int u = 0; u < MV_EARLY; ++u) m.load(u);
+#if MV_EARLY_NORM
+  // The norm's weights are the model's, written by no kernel of the step: this thread's pieces
+  // load before the wait too (mv_prologue's one-round case; the same values it would load).
+  uint4 gpre[PRO_PIECES];
+  const bool early_norm = norm && !ap && !per_slot && Kx / 8 <= MV_WARPS * 32 * PRO_PIECES;
+  if (early_norm)
+    mv_load_pieces<PRO_PIECES, false>(gpre, gpre, (const uint4*)normw, nullptr, 0, (int)(Kx / 8));
+  const uint4* gp = gpre;
+#else
+  const uint4* gp = nullptr;
+  const bool early_norm = false;
+#endif
   pdl_wait_then_release();
   tr.mark(1);
 #pragma unroll
@@ -1704,7 +1732,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                        (float*)(smem + NB * xstride), *ap, b, Kx, BITS);
     } else {
       mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, Kx), red,
-                  xin + b * Kx, normw, Kx, norm, eps, XB);
+                  xin + b * Kx, normw, Kx, norm, eps, XB, false, gp, early_norm);
     }
   }
   tr.mark(2);

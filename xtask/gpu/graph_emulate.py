@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -269,6 +269,11 @@ MMA_ASYNC = int(os.environ.get("GRAPH_EMU_MMA_ASYNC", "0"))
 # one-sequence reference is then main's kernel (MV_ASYNC_REF's source, before MV_ASYNC).
 MV_ASYNC = int(os.environ.get("GRAPH_EMU_MV_ASYNC", "0"))
 MV_ASYNC_REF = "c11b15b0"
+# A normed product's norm weights loaded before the wait (MV_EARLY_NORM in the source,
+# MLX_GRAPH_EARLY_PROLOGUE=1 on the device): GRAPH_EMU_EARLY_NORM=1 builds this tree's kernels
+# with it (the emulator has no wait: the check is that the loaded pieces are the ones the
+# prologue would load; with GRAPH_EMU_DUMP, every step's logits against main's).
+EARLY_NORM = int(os.environ.get("GRAPH_EMU_EARLY_NORM", "0"))
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 # The output projection combines the attention's partials in its prologue (matvec_attn_out;
 # attention launched without counters) where `attn_combine_in_output` in graph_decode.rs
@@ -306,6 +311,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
     src = (f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n"
            f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
+           + (f"#define MV_EARLY_NORM {EARLY_NORM}\n" if cu is None and EARLY_NORM else "")
            + (CU if cu is None else cu))
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
@@ -322,6 +328,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
             src = src.replace(a, b)
     tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_async' if MMA_ASYNC and cu is None else ''}"
            f"{'_mvasync' if MV_ASYNC and cu is None else ''}"
+           f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")

@@ -19,7 +19,8 @@
 #          (MLX_GRAPH_BATCH_BREAKDOWN=BREAKDOWN, default 20 replays), into throughput.log;
 #          THRU_SIDES (default "1 0") picks the runs: 1 wide, 0 narrow, async = wide tiles with
 #          the cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with the FFMA row kernels'
-#          deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1; the other sides run with it off);
+#          deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1; the other sides run with it off),
+#          early = on with the norm weights loaded before the wait (MLX_GRAPH_EARLY_PROLOGUE=1);
 #   trellis  issue #34's decode row: each of TRELLIS_MODELS (affine 4-bit dirs setup wrote) gets a
 #          trellis-3 twin (trellis_bench_model.py, copied into .gpu/c: L 8, blocks of 32, random
 #          codes), then `mlx benchmark` on both, `--decoder auto` and `--decoder mlx`, alternating,
@@ -55,7 +56,7 @@ for part in ${PARTS:-setup test spec bench moe}; do
       mkdir -p /opt/bin && xz -dc $C/graph_test.xz > /opt/bin/graph_test && chmod +x /opt/bin/graph_test
       mkdir -p mlx-models/tests/models && tar xJf $C/fixtures.tar.xz -C mlx-models/tests/models
       T=${TEST_S:-240}; [ $T -gt $(left) ] && T=$(left)
-      echo "== test switches: $(env | grep '^MLX_GRAPH_TRELLIS' | sort | tr '\n' ' ')" >> $OUT/graph_test.log
+      echo "== test switches: $(env | grep '^MLX_GRAPH_TRELLIS\|^MLX_GRAPH_EARLY' | sort | tr '\n' ' ')" >> $OUT/graph_test.log
       timeout $T /opt/bin/graph_test --test-threads 1 --nocapture ${TESTS:-batched_equals_single} >> $OUT/graph_test.log 2>&1
       echo "test rc=$?" >> $OUT/graph_test.log; tail -4 $OUT/graph_test.log ;;
     ktest)
@@ -88,16 +89,18 @@ for part in ${PARTS:-setup test spec bench moe}; do
       need thru 120 || continue
       # THRU_SIDES: 1 = wide tiles, 0 = MLX_GRAPH_WIDE_TILES=0, async = wide tiles with the
       # cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with MLX_GRAPH_MV_ASYNC=1, on =
-      # wide tiles with both (the defaults since session 37); each side runs with the switches
-      # it does not name off.
+      # wide tiles with both (the defaults since session 37), early = on with
+      # MLX_GRAPH_EARLY_PROLOGUE=1; each side runs with the switches it does not name off.
       for side in ${THRU_SIDES:-on 1}; do
-        wide=$side; ring=0; mv=0
+        wide=$side; ring=0; mv=0; early=0
         [ $side = async ] && wide=1 ring=1
         [ $side = mv ] && wide=1 mv=1
         [ $side = on ] && wide=1 ring=1 mv=1
-        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv" >> $OUT/throughput.log
+        [ $side = early ] && wide=1 ring=1 mv=1 early=1
+        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_EARLY_PROLOGUE=$early" >> $OUT/throughput.log
         SKIP_TEST=1 SERVE_MODELS=" " THRU_MODELS="${THRU_MODELS:-llama31-8b-q4}" ROWS="${ROWS:-1 2 4 8 16}" \
           MLX_GRAPH_BATCH_MMA=4 MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv \
+          MLX_GRAPH_EARLY_PROLOGUE=$early \
           MLX_GRAPH_BATCH_BREAKDOWN=${BREAKDOWN:-20} timeout $(left) bash $C/batched.sh \
           > $OUT/thru_run_$side.log 2>&1
       done
