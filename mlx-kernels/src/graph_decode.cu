@@ -175,6 +175,11 @@ __device__ __forceinline__ void rope_angle(int i, int pos, const float* inv_freq
 // rope[half + i], the cosine and sine of pair i at position state[1], for the nrot rotated
 // pairs i < nrot <= half (read by matvec_qkv's epilogue); with nrot2 > 0 a second table (the
 // sliding layers' own RoPE: Gemma 3's local base) at rope + 2 half, from inv_freq2.
+// EMBED_BATCH (16 with the host's switch MLX_GRAPH_EARLY_PROLOGUE=1; 1 otherwise, the loop as
+// it was): the values a thread loads before storing them.
+#ifndef EMBED_BATCH
+#define EMBED_BATCH 1
+#endif
 extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_t* B,
                                  const int* state, bf16_t* h,
                                  ll H, ll bits, ll gs, float* rope, ll half, ll nrot,
@@ -194,18 +199,37 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
   float* rope2 = rope + 2 * half;
   for (int i = threadIdx.x; i < nrot2; i += blockDim.x)
     rope_angle(i, pos, inv_freq2, pos_scale2, out_scale2, rope2[i], rope2[half + i]);
-  for (ll k = threadIdx.x; k < H; k += blockDim.x) {
-    float v;
-    if (bits == 16) {
-      v = bf2f(((const bf16_t*)table)[tok * H + k]);
-    } else {
-      const ll per = 32 / bits;
-      const u32* w = (const u32*)table + tok * (H / per);
-      const u32 q = (w[k / per] >> ((k % per) * bits)) & ((1u << bits) - 1u);
-      const ll g = tok * (H / gs) + k / gs;
-      v = rbf(rbf(bf2f(S[g]) * (float)q) + bf2f(B[g]));
+  // The offsets within the row in 32 bits (k < H), as EMBED_BATCH > 1 compiles them: the same
+  // quotients as 64-bit ones, without 64-bit divisions.
+  auto value = [&](ll k) {
+    if (bits == 16) return bf2f(((const bf16_t*)table)[tok * H + k]);
+    const ll per = 32 / bits;
+    const u32* w = (const u32*)table + tok * (H / per);
+#if EMBED_BATCH > 1
+    const int ki = (int)k, pi = (int)per;
+    const u32 q = (w[ki / pi] >> ((ki % pi) * bits)) & ((1u << bits) - 1u);
+    const ll g = tok * (H / gs) + ki / (int)gs;
+#else
+    const u32 q = (w[k / per] >> ((k % per) * bits)) & ((1u << bits) - 1u);
+    const ll g = tok * (H / gs) + k / gs;
+#endif
+    return rbf(rbf(bf2f(S[g]) * (float)q) + bf2f(B[g]));
+  };
+  // EMBED_BATCH values a thread are loaded before any is stored (a store to h may alias the
+  // scales' loads for the compiler, so one at a time each waits a memory latency): the same
+  // values, the same stores.
+  for (ll k0 = threadIdx.x; k0 < H; k0 += EMBED_BATCH * (ll)blockDim.x) {
+    float v[EMBED_BATCH];
+#pragma unroll
+    for (int j = 0; j < EMBED_BATCH; ++j) {
+      const ll k = k0 + j * (ll)blockDim.x;
+      if (k < H) v[j] = value(k);
     }
-    h[k] = f2bf(v * (float)emb_scale);
+#pragma unroll
+    for (int j = 0; j < EMBED_BATCH; ++j) {
+      const ll k = k0 + j * (ll)blockDim.x;
+      if (k < H) h[k] = f2bf(v[j] * (float)emb_scale);
+    }
   }
 }
 

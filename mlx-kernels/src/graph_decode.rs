@@ -3722,8 +3722,9 @@ fn mv_async_define(on: bool) -> &'static str {
 }
 
 /// Whether the FFMA row kernels (`mv_run`) load a normed product's norm weights before the
-/// wait for the previous kernel, with their first weights (`MLX_GRAPH_EARLY_PROLOGUE=1`; off
-/// otherwise): the prologue past the wait then waits for its input alone. Read where the step
+/// wait for the previous kernel, with their first weights, and `embed` loads its 16 values a
+/// thread before storing them (`MLX_GRAPH_EARLY_PROLOGUE=1`; off otherwise): the prologue past
+/// the wait then waits for its input alone, and embed for one round trip. Read where the step
 /// source's defines are chosen, so the decoder, `mlx` and the tests alike take it from their
 /// environment. The same values, normed the same way: every output is bit-equal either way
 /// (`results/gpu/2026-12-06-s37-stepgap`).
@@ -3735,7 +3736,7 @@ fn early_prologue() -> bool {
 /// main's, byte for byte, so its cached kernels stay valid).
 fn early_prologue_define(on: bool) -> &'static str {
     if on {
-        "#define MV_EARLY_NORM 1\n"
+        "#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n"
     } else {
         ""
     }
@@ -5614,9 +5615,13 @@ mod tests {
     fn the_early_norm_weights_are_one_define() {
         // MLX_GRAPH_EARLY_PROLOGUE=1 adds one define; off (the default), the source is the one
         // without it, and the kernel source's own default is off.
-        assert_eq!(early_prologue_define(true), "#define MV_EARLY_NORM 1\n");
+        assert_eq!(
+            early_prologue_define(true),
+            "#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n"
+        );
         assert_eq!(early_prologue_define(false), "");
         assert!(SOURCE.contains("#ifndef MV_EARLY_NORM\n#define MV_EARLY_NORM 0\n#endif"));
+        assert!(SOURCE.contains("#ifndef EMBED_BATCH\n#define EMBED_BATCH 1\n#endif"));
         let p = SourceParams {
             rows: 2,
             batch: 4,

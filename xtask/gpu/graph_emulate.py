@@ -269,9 +269,9 @@ MMA_ASYNC = int(os.environ.get("GRAPH_EMU_MMA_ASYNC", "0"))
 # one-sequence reference is then main's kernel (MV_ASYNC_REF's source, before MV_ASYNC).
 MV_ASYNC = int(os.environ.get("GRAPH_EMU_MV_ASYNC", "0"))
 MV_ASYNC_REF = "c11b15b0"
-# A normed product's norm weights loaded before the wait (MV_EARLY_NORM in the source,
-# MLX_GRAPH_EARLY_PROLOGUE=1 on the device): GRAPH_EMU_EARLY_NORM=1 builds this tree's kernels
-# with it (the emulator has no wait: the check is that the loaded pieces are the ones the
+# A normed product's norm weights loaded before the wait and embed's values loaded 16 a thread
+# at once (MV_EARLY_NORM and EMBED_BATCH 16 in the source, MLX_GRAPH_EARLY_PROLOGUE=1 on the
+# device): GRAPH_EMU_EARLY_NORM=1 builds this tree's kernels with them (the emulator has no wait: the check is that the loaded pieces are the ones the
 # prologue would load; with GRAPH_EMU_DUMP, every step's logits against main's).
 EARLY_NORM = int(os.environ.get("GRAPH_EMU_EARLY_NORM", "0"))
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
@@ -311,7 +311,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
     src = (f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n"
            f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
-           + (f"#define MV_EARLY_NORM {EARLY_NORM}\n" if cu is None and EARLY_NORM else "")
+           + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if cu is None and EARLY_NORM else "")
            + (CU if cu is None else cu))
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src

@@ -153,7 +153,8 @@ def main():
     ap.add_argument("--mv-async", action="store_true",
                     help="MV_ASYNC 1: the FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1)")
     ap.add_argument("--early-norm", action="store_true",
-                    help="MV_EARLY_NORM 1: the norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1)")
+                    help="MV_EARLY_NORM 1 and EMBED_BATCH 16: the norm weights before the wait, embed's "
+                         "loads at once (MLX_GRAPH_EARLY_PROLOGUE=1)")
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--trellis", action="store_true",
                     help="append graph_trellis.cu (the trellis kernels; --kernel trellis_matvec)")
@@ -180,7 +181,7 @@ def main():
            + (f"#define MV_MIN_BLOCKS {a.min_blocks}\n" if a.min_blocks else "")
            + ("#define MMA_ASYNC 1\n" if a.mma_async else "")
            + ("#define MV_ASYNC 1\n" if a.mv_async else "")
-           + ("#define MV_EARLY_NORM 1\n" if a.early_norm else "")
+           + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if a.early_norm else "")
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
            + (f"#define TRELLIS_V_L {a.trellis_v_l}\n" if a.trellis and a.trellis_v_l is not None else "")
