@@ -199,38 +199,62 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
   float* rope2 = rope + 2 * half;
   for (int i = threadIdx.x; i < nrot2; i += blockDim.x)
     rope_angle(i, pos, inv_freq2, pos_scale2, out_scale2, rope2[i], rope2[half + i]);
-  // The offsets within the row in 32 bits (k < H), as EMBED_BATCH > 1 compiles them: the same
-  // quotients as 64-bit ones, without 64-bit divisions.
-  auto value = [&](ll k) {
-    if (bits == 16) return bf2f(((const bf16_t*)table)[tok * H + k]);
-    const ll per = 32 / bits;
-    const u32* w = (const u32*)table + tok * (H / per);
 #if EMBED_BATCH > 1
-    const int ki = (int)k, pi = (int)per;
-    const u32 q = (w[ki / pi] >> ((ki % pi) * bits)) & ((1u << bits) - 1u);
-    const ll g = tok * (H / gs) + ki / (int)gs;
-#else
-    const u32 q = (w[k / per] >> ((k % per) * bits)) & ((1u << bits) - 1u);
-    const ll g = tok * (H / gs) + k / gs;
-#endif
-    return rbf(rbf(bf2f(S[g]) * (float)q) + bf2f(B[g]));
-  };
-  // EMBED_BATCH values a thread are loaded before any is stored (a store to h may alias the
-  // scales' loads for the compiler, so one at a time each waits a memory latency): the same
-  // values, the same stores.
+  // EMBED_BATCH values a thread: every load first (the code words, scales and biases, or the
+  // bfloat16 values, into registers; the row's offsets in 32 bits, k < H: the same quotients),
+  // then the same arithmetic and stores as the loop below. One at a time, each value waits
+  // two memory latencies (its word, then its scale and bias), 16 values in turn at 8B.
+  const ll per = bits == 16 ? 1 : 32 / bits;
+  const u32* w = (const u32*)table + (bits == 16 ? 0 : tok * (H / per));
+  const bf16_t* Sr = S + (bits == 16 ? 0 : tok * (H / gs));
+  const bf16_t* Br = B + (bits == 16 ? 0 : tok * (H / gs));
+  const int pi = (int)per, gi = (int)gs;
   for (ll k0 = threadIdx.x; k0 < H; k0 += EMBED_BATCH * (ll)blockDim.x) {
-    float v[EMBED_BATCH];
+    u32 wv[EMBED_BATCH];
+    bf16_t sv[EMBED_BATCH], bv[EMBED_BATCH];
 #pragma unroll
     for (int j = 0; j < EMBED_BATCH; ++j) {
-      const ll k = k0 + j * (ll)blockDim.x;
-      if (k < H) v[j] = value(k);
+      const int k = (int)(k0 + j * (ll)blockDim.x);
+      if (k < H) {
+        if (bits == 16) {
+          wv[j] = ((const bf16_t*)table)[tok * H + k];
+        } else {
+          wv[j] = w[k / pi];
+          sv[j] = Sr[k / gi];
+          bv[j] = Br[k / gi];
+        }
+      }
     }
 #pragma unroll
     for (int j = 0; j < EMBED_BATCH; ++j) {
-      const ll k = k0 + j * (ll)blockDim.x;
-      if (k < H) h[k] = f2bf(v[j] * (float)emb_scale);
+      const int k = (int)(k0 + j * (ll)blockDim.x);
+      if (k < H) {
+        float v;
+        if (bits == 16) {
+          v = bf2f((bf16_t)wv[j]);
+        } else {
+          const u32 q = (wv[j] >> ((k % pi) * bits)) & ((1u << bits) - 1u);
+          v = rbf(rbf(bf2f(sv[j]) * (float)q) + bf2f(bv[j]));
+        }
+        h[k] = f2bf(v * (float)emb_scale);
+      }
     }
   }
+#else
+  for (ll k = threadIdx.x; k < H; k += blockDim.x) {
+    float v;
+    if (bits == 16) {
+      v = bf2f(((const bf16_t*)table)[tok * H + k]);
+    } else {
+      const ll per = 32 / bits;
+      const u32* w = (const u32*)table + tok * (H / per);
+      const u32 q = (w[k / per] >> ((k % per) * bits)) & ((1u << bits) - 1u);
+      const ll g = tok * (H / gs) + k / gs;
+      v = rbf(rbf(bf2f(S[g]) * (float)q) + bf2f(B[g]));
+    }
+    h[k] = f2bf(v * (float)emb_scale);
+  }
+#endif
 }
 
 // Dot product of 8 bfloat16 weights with 8 bfloat16 inputs, added to acc.

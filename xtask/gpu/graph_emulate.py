@@ -1747,6 +1747,43 @@ def route_check(lib):
     return ok
 
 
+def embed_check(tmp):
+    """embed with EMBED_BATCH 16 (MLX_GRAPH_EARLY_PROLOGUE=1) against EMBED_BATCH 1 (main's
+    loop), alone, at widths the fixtures do not reach (a thread's 2nd to 16th values: H past
+    the block's 256 threads): bfloat16, 4-bit and 8-bit tables, several tokens, a Gemma-like
+    scale; every output bit (h and the RoPE table) equal."""
+    libs = [build(tmp, cu=f"#define EMBED_BATCH {n}\n" + CU, tag=f"_embed{n}") for n in (1, 16)]
+    rng = np.random.default_rng(7)
+    ok = True
+    for H, nbits, gs in ((4096, 16, 1), (576, 16, 1), (4096, 4, 64), (2048, 8, 32), (576, 4, 32),
+                         (8192, 4, 64)):
+        V, half = 5, 64
+        if nbits == 16:
+            table = rng.integers(0, 1 << 16, (V, H), dtype=np.uint16) & 0xBFFF
+            S = B = np.zeros(1, np.uint16)
+        else:
+            table = rng.integers(0, 1 << 32, (V, H * nbits // 32), dtype=np.uint32)
+            S = (rng.integers(0x3C00, 0x3F80, (V, H // gs))).astype(np.uint16)
+            B = (rng.integers(0xBC00, 0xBF80, (V, H // gs))).astype(np.uint16)
+        inv = (1.0 / (10000.0 ** (np.arange(half) / half))).astype(np.float32)
+        for tok, pos, scale in ((3, 17, 1.0), (0, 0, 1.0), (4, 511, 24.0)):
+            outs = []
+            for lib in libs:
+                e = Emu(lib)
+                state = e.buf(np.array([tok, pos, 0, 0], np.int32))
+                h = e.buf(np.zeros(H, np.uint16))
+                rope = e.buf(np.zeros(4 * half, np.float32))
+                e.launch(0, (1, 1), 256, [e.buf(table), e.buf(S), e.buf(B), state, h, H, nbits, gs, rope,
+                                          half, half, e.buf(inv), 1.0, 1.0, scale, 0, e.buf(inv), 1.0,
+                                          1.0])
+                outs.append((h.copy(), rope.view(np.uint32).copy()))
+            same = all(np.array_equal(a, b) for a, b in zip(outs[0], outs[1]))
+            ok &= same
+            print(f"embed check (H {H}, bits {nbits}, group {gs}, token {tok}, position {pos}, scale "
+                  f"{scale}): EMBED_BATCH 16 against 1 {'bit-equal ok' if same else 'FAILED'}")
+    return ok
+
+
 def mlx_lm_pick(logits):
     """mlx-lm's greedy pick from bfloat16 logits: generate_step's log-probabilities
     (logits - logsumexp, in the logits' dtype) through sample_utils' greedy sampler."""
@@ -1845,6 +1882,7 @@ def main():
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
         # GRAPH_EMU_NB_CHECK_ONLY=1: the NB-sequence kernel against the one-sequence one only.
         nb_check = [nb_bit_check(lib, tmp)] if (NB > 1 or MV_ASYNC) and MMA == 0 else []
+        nb_check += [embed_check(tmp)] if EARLY_NORM else []
         if MMA:
             nb_check.append(mma_bit_check(tmp))
         if os.environ.get("GRAPH_EMU_NB_CHECK_ONLY"):
