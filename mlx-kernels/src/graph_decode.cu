@@ -202,8 +202,9 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
 #if EMBED_BATCH > 1
   // EMBED_BATCH values a thread: every load first (the code words, scales and biases, or the
   // bfloat16 values, into registers; the row's offsets in 32 bits, k < H: the same quotients),
-  // then the same arithmetic and stores as the loop below. One at a time, each value waits
-  // two memory latencies (its word, then its scale and bias), 16 values in turn at 8B.
+  // then the same arithmetic and stores as the loop below, whose store may alias the next
+  // value's scale and bias for the compiler: each value waits a memory latency there, 16 in
+  // turn at 8B (results/gpu/2026-12-06-s37-stepgap).
   const ll per = bits == 16 ? 1 : 32 / bits;
   const u32* w = (const u32*)table + (bits == 16 ? 0 : tok * (H / per));
   const bf16_t* Sr = S + (bits == 16 ? 0 : tok * (H / gs));
@@ -1756,12 +1757,10 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   m.lk = 0;
   m.sel = sel;
   m.rpe = rpe;
-  m.group();
-#pragma unroll
-  for (int u = 0; u < MV_EARLY; ++u) m.load(u);
 #if MV_EARLY_NORM
   // The norm's weights are the model's, written by no kernel of the step: this thread's pieces
-  // load before the wait too (mv_prologue's one-round case; the same values it would load).
+  // load before the wait too, ahead of the first weights (mv_prologue's one-round case; the same
+  // values it would load).
   uint4 gpre[PRO_PIECES];
   const bool early_norm = norm && !ap && !per_slot && Kx / 8 <= MV_WARPS * 32 * PRO_PIECES;
   if (early_norm)
@@ -1771,6 +1770,9 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   const uint4* gp = nullptr;
   const bool early_norm = false;
 #endif
+  m.group();
+#pragma unroll
+  for (int u = 0; u < MV_EARLY; ++u) m.load(u);
   pdl_wait_then_release();
   tr.mark(1);
 #pragma unroll
