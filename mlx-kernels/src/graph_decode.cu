@@ -175,6 +175,11 @@ __device__ __forceinline__ void rope_angle(int i, int pos, const float* inv_freq
 // rope[half + i], the cosine and sine of pair i at position state[1], for the nrot rotated
 // pairs i < nrot <= half (read by matvec_qkv's epilogue); with nrot2 > 0 a second table (the
 // sliding layers' own RoPE: Gemma 3's local base) at rope + 2 half, from inv_freq2.
+// EMBED_BATCH (16 with the host's switch MLX_GRAPH_EARLY_PROLOGUE=1; 1 otherwise, the loop as
+// it was): the values a thread loads before storing them.
+#ifndef EMBED_BATCH
+#define EMBED_BATCH 1
+#endif
 extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_t* B,
                                  const int* state, bf16_t* h,
                                  ll H, ll bits, ll gs, float* rope, ll half, ll nrot,
@@ -194,6 +199,49 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
   float* rope2 = rope + 2 * half;
   for (int i = threadIdx.x; i < nrot2; i += blockDim.x)
     rope_angle(i, pos, inv_freq2, pos_scale2, out_scale2, rope2[i], rope2[half + i]);
+#if EMBED_BATCH > 1
+  // EMBED_BATCH values a thread: every load first (the code words, scales and biases, or the
+  // bfloat16 values, into registers; the row's offsets in 32 bits, k < H: the same quotients),
+  // then the same arithmetic and stores as the loop below, whose store may alias the next
+  // value's scale and bias for the compiler: each value waits a memory latency there, 16 in
+  // turn at 8B (results/gpu/2026-12-06-s37-stepgap).
+  const ll per = bits == 16 ? 1 : 32 / bits;
+  const u32* w = (const u32*)table + (bits == 16 ? 0 : tok * (H / per));
+  const bf16_t* Sr = S + (bits == 16 ? 0 : tok * (H / gs));
+  const bf16_t* Br = B + (bits == 16 ? 0 : tok * (H / gs));
+  const int pi = (int)per, gi = (int)gs;
+  for (ll k0 = threadIdx.x; k0 < H; k0 += EMBED_BATCH * (ll)blockDim.x) {
+    u32 wv[EMBED_BATCH];
+    bf16_t sv[EMBED_BATCH], bv[EMBED_BATCH];
+#pragma unroll
+    for (int j = 0; j < EMBED_BATCH; ++j) {
+      const int k = (int)(k0 + j * (ll)blockDim.x);
+      if (k < H) {
+        if (bits == 16) {
+          wv[j] = ((const bf16_t*)table)[tok * H + k];
+        } else {
+          wv[j] = w[k / pi];
+          sv[j] = Sr[k / gi];
+          bv[j] = Br[k / gi];
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < EMBED_BATCH; ++j) {
+      const int k = (int)(k0 + j * (ll)blockDim.x);
+      if (k < H) {
+        float v;
+        if (bits == 16) {
+          v = bf2f((bf16_t)wv[j]);
+        } else {
+          const u32 q = (wv[j] >> ((k % pi) * bits)) & ((1u << bits) - 1u);
+          v = rbf(rbf(bf2f(sv[j]) * (float)q) + bf2f(bv[j]));
+        }
+        h[k] = f2bf(v * (float)emb_scale);
+      }
+    }
+  }
+#else
   for (ll k = threadIdx.x; k < H; k += blockDim.x) {
     float v;
     if (bits == 16) {
@@ -207,6 +255,7 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
     }
     h[k] = f2bf(v * (float)emb_scale);
   }
+#endif
 }
 
 // Dot product of 8 bfloat16 weights with 8 bfloat16 inputs, added to acc.
@@ -466,6 +515,13 @@ __device__ __forceinline__ void cp_async_wait_group() {
 // prologue, whose input reads would queue behind them).
 #ifndef MV_EARLY
 #define MV_EARLY MV_BATCH
+#endif
+// MV_EARLY_NORM (the host's switch MLX_GRAPH_EARLY_PROLOGUE=1; 0 otherwise): a normed
+// product's norm weights (the model's, read from memory, usually past L2 by the time the
+// step comes back to them) are loaded before the wait as well, so the prologue past the wait
+// waits only for its input. The same values, summed the same way: the same bits.
+#ifndef MV_EARLY_NORM
+#define MV_EARLY_NORM 0
 #endif
 
 // MV_ASYNC (the host's switch MLX_GRAPH_MV_ASYNC=1; 0 otherwise): the FFMA row kernels'
@@ -1066,9 +1122,12 @@ __device__ __forceinline__ void mv_store_normed(bf16_t* xs, float* xc, const uin
 // 16-byte chunk of codes covers), shared by every row. All threads of the block take part,
 // each loading its 16-byte pieces (one slot of xs each; K is a multiple of 8) at once: one
 // round trip to L2 when they fit (K up to 8,192 normed, 16,384 not), rounds of them beyond.
+// g_pre: gpre holds the norm's weights of this thread's pieces, loaded already (mv_run with
+// MV_EARLY_NORM, before the wait: the same values, so the same bits).
 __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, const bf16_t* xin,
                                             const bf16_t* normw, ll K, bool norm, double eps,
-                                            ll bits, bool raw = false) {
+                                            ll bits, bool raw = false,
+                                            const uint4* gpre = nullptr, bool g_pre = false) {
   const int tid = threadIdx.x;
   const int T = blockDim.x, pieces = (int)(K / 8);
   const uint4* xv = (const uint4*)xin;
@@ -1077,7 +1136,13 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     // The input and the weights at once, kept in registers across the reduction.
     uint4 v[PRO_PIECES], g[PRO_PIECES];
     float ss = 0.f;
-    mv_load_pieces<PRO_PIECES, true>(v, g, xv, gv, 0, pieces);
+    if (g_pre) {
+      mv_load_pieces<PRO_PIECES, false>(v, v, xv, gv, 0, pieces);
+#pragma unroll
+      for (int i = 0; i < PRO_PIECES; ++i) g[i] = gpre[i];
+    } else {
+      mv_load_pieces<PRO_PIECES, true>(v, g, xv, gv, 0, pieces);
+    }
     mv_add_squares<PRO_PIECES>(ss, v, 0, pieces);
     const float inv = mv_inv_rms(ss, red, K, eps);
     mv_store_normed<PRO_PIECES>(xs, xc, v, g, inv, 0, pieces, bits, raw);
@@ -1852,6 +1917,19 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   m.lk = 0;
   m.sel = sel;
   m.rpe = rpe;
+#if MV_EARLY_NORM
+  // The norm's weights are the model's, written by no kernel of the step: this thread's pieces
+  // load before the wait too, ahead of the first weights (mv_prologue's one-round case; the same
+  // values it would load).
+  uint4 gpre[PRO_PIECES];
+  const bool early_norm = norm && !ap && !per_slot && Kx / 8 <= MV_WARPS * 32 * PRO_PIECES;
+  if (early_norm)
+    mv_load_pieces<PRO_PIECES, false>(gpre, gpre, (const uint4*)normw, nullptr, 0, (int)(Kx / 8));
+  const uint4* gp = gpre;
+#else
+  const uint4* gp = nullptr;
+  const bool early_norm = false;
+#endif
   m.group();
 #if MV_RING_ON
   m.ring = mv_ring[warp][0];
@@ -1868,7 +1946,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                        (float*)(smem + NB * xstride), *ap, b, Kx, BITS);
     } else {
       mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, Kx), red,
-                  xin + b * Kx, normw, Kx, norm, eps, XB);
+                  xin + b * Kx, normw, Kx, norm, eps, XB, false, gp, early_norm);
     }
   }
   tr.mark(2);

@@ -3779,6 +3779,27 @@ fn mv_ring_define(on: bool) -> &'static str {
     }
 }
 
+/// Whether the FFMA row kernels (`mv_run`) load a normed product's norm weights before the
+/// wait for the previous kernel, with their first weights, and `embed` loads its 16 values a
+/// thread before storing them (`MLX_GRAPH_EARLY_PROLOGUE=1`; off otherwise): the prologue past
+/// the wait then waits for its input alone, and embed for one round trip. Read where the step
+/// source's defines are chosen, so the decoder, `mlx` and the tests alike take it from their
+/// environment. The same values, normed the same way: every output is bit-equal either way
+/// (`results/gpu/2026-12-06-s37-stepgap`).
+fn early_prologue() -> bool {
+    std::env::var("MLX_GRAPH_EARLY_PROLOGUE").is_ok_and(|v| v == "1")
+}
+
+/// The step source's define for [`early_prologue`] (`on`), empty when off (the source then is
+/// main's, byte for byte, so its cached kernels stay valid).
+fn early_prologue_define(on: bool) -> &'static str {
+    if on {
+        "#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n"
+    } else {
+        ""
+    }
+}
+
 /// The static shared memory bound of a wide tensor-core tile's kernels (`ring`: with the
 /// cp.async ring).
 fn mma_static_shared(ring: bool) -> u32 {
@@ -4257,10 +4278,12 @@ fn step_source(
     let banks = mma_banks_define(wide && mma4 && mma_banks());
     // The FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1, where it fits): the same bits.
     let mv_ring = mv_ring_define(mv_ring_in(spec, p.rows, nb, mma, mv_ring()));
+    // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
+    let early_norm = early_prologue_define(early_prologue());
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{mv_ring}{SOURCE}",
+         {banks}{mv_ring}{early_norm}{SOURCE}",
         p.rows,
         p.batch,
         p.early,
@@ -5694,6 +5717,31 @@ mod tests {
         );
         let (mma, _) = step_source(&tiny_moe_spec(), &p, 1, true, false);
         assert!(!mma.contains("#define MV_RING 1\n"));
+    }
+
+    #[test]
+    fn the_early_norm_weights_are_one_define() {
+        // MLX_GRAPH_EARLY_PROLOGUE=1 adds one define; off (the default), the source is the one
+        // without it, and the kernel source's own default is off.
+        assert_eq!(
+            early_prologue_define(true),
+            "#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n"
+        );
+        assert_eq!(early_prologue_define(false), "");
+        assert!(SOURCE.contains("#ifndef MV_EARLY_NORM\n#define MV_EARLY_NORM 0\n#endif"));
+        assert!(SOURCE.contains("#ifndef EMBED_BATCH\n#define EMBED_BATCH 1\n#endif"));
+        let p = SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+        };
+        let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
+        assert_eq!(
+            src.contains("#define MV_EARLY_NORM 1\n"),
+            early_prologue(),
+            "the step source follows MLX_GRAPH_EARLY_PROLOGUE (off unless 1)"
+        );
     }
 
     #[test]

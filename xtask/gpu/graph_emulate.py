@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -288,6 +288,11 @@ MV_ASYNC_REF = "c11b15b0"
 MV_RING = int(os.environ.get("GRAPH_EMU_MV_RING", "0"))
 MV_RING_DEPTH = os.environ.get("GRAPH_EMU_MV_RING_DEPTH")
 MV_RING_REF = "84e45b2b"
+# A normed product's norm weights loaded before the wait and embed's values loaded 16 a thread
+# at once (MV_EARLY_NORM and EMBED_BATCH 16 in the source, MLX_GRAPH_EARLY_PROLOGUE=1 on the
+# device): GRAPH_EMU_EARLY_NORM=1 builds this tree's kernels with them (the emulator has no wait: the check is that the loaded pieces are the ones the
+# prologue would load; with GRAPH_EMU_DUMP, every step's logits against main's).
+EARLY_NORM = int(os.environ.get("GRAPH_EMU_EARLY_NORM", "0"))
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 # The output projection combines the attention's partials in its prologue (matvec_attn_out;
 # attention launched without counters) where `attn_combine_in_output` in graph_decode.rs
@@ -328,6 +333,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
            + (f"#define MV_RING {MV_RING}\n" if cu is None else "")
            + (f"#define MV_RING_DEPTH {MV_RING_DEPTH}\n" if cu is None and MV_RING_DEPTH else "")
+           + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if cu is None and EARLY_NORM else "")
            + (CU if cu is None else cu))
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
@@ -346,6 +352,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_banks' if MMA_BANKS and cu is None else ''}"
            f"{'_mvasync' if MV_ASYNC and cu is None else ''}"
            f"{'_mvring' + (MV_RING_DEPTH or '') if MV_RING and cu is None else ''}"
+           f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
@@ -1767,6 +1774,43 @@ def route_check(lib):
     return ok
 
 
+def embed_check(tmp):
+    """embed with EMBED_BATCH 16 (MLX_GRAPH_EARLY_PROLOGUE=1) against EMBED_BATCH 1 (main's
+    loop), alone, at widths the fixtures do not reach (a thread's 2nd to 16th values: H past
+    the block's 256 threads): bfloat16, 4-bit and 8-bit tables, several tokens, a Gemma-like
+    scale; every output bit (h and the RoPE table) equal."""
+    libs = [build(tmp, cu=f"#define EMBED_BATCH {n}\n" + CU, tag=f"_embed{n}") for n in (1, 16)]
+    rng = np.random.default_rng(7)
+    ok = True
+    for H, nbits, gs in ((4096, 16, 1), (576, 16, 1), (4096, 4, 64), (2048, 8, 32), (576, 4, 32),
+                         (8192, 4, 64)):
+        V, half = 5, 64
+        if nbits == 16:
+            table = rng.integers(0, 1 << 16, (V, H), dtype=np.uint16) & 0xBFFF
+            S = B = np.zeros(1, np.uint16)
+        else:
+            table = rng.integers(0, 1 << 32, (V, H * nbits // 32), dtype=np.uint32)
+            S = (rng.integers(0x3C00, 0x3F80, (V, H // gs))).astype(np.uint16)
+            B = (rng.integers(0xBC00, 0xBF80, (V, H // gs))).astype(np.uint16)
+        inv = (1.0 / (10000.0 ** (np.arange(half) / half))).astype(np.float32)
+        for tok, pos, scale in ((3, 17, 1.0), (0, 0, 1.0), (4, 511, 24.0)):
+            outs = []
+            for lib in libs:
+                e = Emu(lib)
+                state = e.buf(np.array([tok, pos, 0, 0], np.int32))
+                h = e.buf(np.zeros(H, np.uint16))
+                rope = e.buf(np.zeros(4 * half, np.float32))
+                e.launch(0, (1, 1), 256, [e.buf(table), e.buf(S), e.buf(B), state, h, H, nbits, gs, rope,
+                                          half, half, e.buf(inv), 1.0, 1.0, scale, 0, e.buf(inv), 1.0,
+                                          1.0])
+                outs.append((h.copy(), rope.view(np.uint32).copy()))
+            same = all(np.array_equal(a, b) for a, b in zip(outs[0], outs[1]))
+            ok &= same
+            print(f"embed check (H {H}, bits {nbits}, group {gs}, token {tok}, position {pos}, scale "
+                  f"{scale}): EMBED_BATCH 16 against 1 {'bit-equal ok' if same else 'FAILED'}")
+    return ok
+
+
 def mlx_lm_pick(logits):
     """mlx-lm's greedy pick from bfloat16 logits: generate_step's log-probabilities
     (logits - logsumexp, in the logits' dtype) through sample_utils' greedy sampler."""
@@ -1865,6 +1909,7 @@ def main():
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
         # GRAPH_EMU_NB_CHECK_ONLY=1: the NB-sequence kernel against the one-sequence one only.
         nb_check = [nb_bit_check(lib, tmp)] if (NB > 1 or MV_ASYNC or MV_RING) and MMA == 0 else []
+        nb_check += [embed_check(tmp)] if EARLY_NORM else []
         if MMA:
             nb_check.append(mma_bit_check(tmp))
         if os.environ.get("GRAPH_EMU_NB_CHECK_ONLY"):

@@ -25,7 +25,8 @@
 #          ffma = main's defaults (MMA_ASYNC and MV_ASYNC on) with the FFMA row kernels at every
 #          width (MLX_GRAPH_BATCH_MMA=99: the verify rows' kernels, 2 tiles of 5 at 9 rows of the
 #          8B), ring = the same with the FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1; the
-#          other sides run with it off);
+#          other sides run with it off),
+#          early = on with the norm weights loaded before the wait (MLX_GRAPH_EARLY_PROLOGUE=1);
 #   trellis  issue #34's decode row: each of TRELLIS_MODELS (affine 4-bit dirs setup wrote) gets a
 #          trellis-3 twin (trellis_bench_model.py, copied into .gpu/c: L 8, blocks of 32, random
 #          codes), then `mlx benchmark` on both, `--decoder auto` and `--decoder mlx`, alternating,
@@ -61,7 +62,7 @@ for part in ${PARTS:-setup test spec bench moe}; do
       mkdir -p /opt/bin && xz -dc $C/graph_test.xz > /opt/bin/graph_test && chmod +x /opt/bin/graph_test
       mkdir -p mlx-models/tests/models && tar xJf $C/fixtures.tar.xz -C mlx-models/tests/models
       T=${TEST_S:-240}; [ $T -gt $(left) ] && T=$(left)
-      echo "== test switches: $(env | grep '^MLX_GRAPH_TRELLIS\|^MLX_GRAPH_MMA' | sort | tr '\n' ' ')${TEST_ENV:+ TEST_ENV: $TEST_ENV}" >> $OUT/graph_test.log
+      echo "== test switches: $(env | grep '^MLX_GRAPH_TRELLIS\|^MLX_GRAPH_MMA\|^MLX_GRAPH_EARLY' | sort | tr '\n' ' ')${TEST_ENV:+ TEST_ENV: $TEST_ENV}" >> $OUT/graph_test.log
       env $TEST_ENV timeout $T /opt/bin/graph_test --test-threads 1 --nocapture ${TESTS:-batched_equals_single} >> $OUT/graph_test.log 2>&1
       echo "test rc=$?" >> $OUT/graph_test.log; tail -4 $OUT/graph_test.log ;;
     ktest)
@@ -97,19 +98,21 @@ for part in ${PARTS:-setup test spec bench moe}; do
       # wide tiles with both (the defaults since session 37), banks = on plus the wide tiles'
       # bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1), ffma = the defaults with the FFMA
       # tiles at every width (MLX_GRAPH_BATCH_MMA=99), ring = ffma with the FFMA row kernels'
-      # cp.async ring (MLX_GRAPH_MV_RING=1); each side runs with the switches it does not name off.
+      # cp.async ring (MLX_GRAPH_MV_RING=1), early = on with
+      # MLX_GRAPH_EARLY_PROLOGUE=1; each side runs with the switches it does not name off.
       for side in ${THRU_SIDES:-on 1}; do
-        wide=$side; ring=0; mv=0; banks=0; mvring=0; mma=4
+        wide=$side; ring=0; mv=0; banks=0; mvring=0; mma=4; early=0
         [ $side = async ] && wide=1 ring=1
         [ $side = mv ] && wide=1 mv=1
         [ $side = on ] && wide=1 ring=1 mv=1
         [ $side = banks ] && wide=1 ring=1 mv=1 banks=1
         [ $side = ffma ] && wide=1 ring=1 mv=1 mma=99
         [ $side = ring ] && wide=1 ring=1 mv=1 mma=99 mvring=1
-        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring" >> $OUT/throughput.log
+        [ $side = early ] && wide=1 ring=1 mv=1 early=1
+        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early" >> $OUT/throughput.log
         SKIP_TEST=1 SERVE_MODELS=" " THRU_MODELS="${THRU_MODELS:-llama31-8b-q4}" ROWS="${ROWS:-1 2 4 8 16}" \
           MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv \
-          MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_MV_RING=$mvring \
+          MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early \
           MLX_GRAPH_BATCH_BREAKDOWN=${BREAKDOWN:-20} timeout $(left) bash $C/batched.sh \
           > $OUT/thru_run_$side.log 2>&1
       done
