@@ -677,6 +677,44 @@ unsafe fn lane_a_tiles(q: *const i16, mt: usize, cols: usize, xa: &mut [u8]) {
     }
 }
 
+/// One chunk's product on the tile unit: `cc` (`r` rows of 16 int32, rows 64 bytes apart) =
+/// `a` (`r` rows of 32 bytes) times the chunk's B tile `b` (8 rows of 64 bytes), on tile
+/// registers 0-2 for an `even` chunk and 3-5 for an odd one (the configuration's two sets),
+/// so that consecutive chunks' products do not wait on one register.
+///
+/// # Safety
+/// AMX is available and a configuration with both sets (B 8 x 64, A `r` x 32, C `r` x 64
+/// bytes) is loaded; `b`, `a` and `cc` point at that many readable (`cc`: writable) bytes.
+#[inline(always)]
+unsafe fn tile_product(even: bool, b: *const u8, a: *const u8, cc: *mut i32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if even {
+            asm!(
+                "tileloadd tmm0, [{b} + {s64}*1]",
+                "tileloadd tmm1, [{a} + {s32}*1]",
+                "tilezero tmm2",
+                "tdpbuud tmm2, tmm1, tmm0",
+                "tilestored [{c} + {s64}*1], tmm2",
+                b = in(reg) b, a = in(reg) a, c = in(reg) cc,
+                s64 = in(reg) 64usize, s32 = in(reg) 32usize,
+                options(nostack)
+            );
+        } else {
+            asm!(
+                "tileloadd tmm3, [{b} + {s64}*1]",
+                "tileloadd tmm4, [{a} + {s32}*1]",
+                "tilezero tmm5",
+                "tdpbuud tmm5, tmm4, tmm3",
+                "tilestored [{c} + {s64}*1], tmm5",
+                b = in(reg) b, a = in(reg) a, c = in(reg) cc,
+                s64 = in(reg) 64usize, s32 = in(reg) 32usize,
+                options(nostack)
+            );
+        }
+    }
+}
+
 /// [`rows_lanes_amx`]'s pass of `MT` inputs (from input `t0`) over the blocks of `r0..r1`.
 ///
 /// # Safety
@@ -779,29 +817,7 @@ unsafe fn amx_l<const MT: usize>(
                         xa.as_ptr().add(c * r * 32),
                         cp.add(c % RING * r * 16),
                     );
-                    if c % 2 == 0 {
-                        asm!(
-                            "tileloadd tmm0, [{b} + {s64}*1]",
-                            "tileloadd tmm1, [{a} + {s32}*1]",
-                            "tilezero tmm2",
-                            "tdpbuud tmm2, tmm1, tmm0",
-                            "tilestored [{c} + {s64}*1], tmm2",
-                            b = in(reg) bb, a = in(reg) a, c = in(reg) cc,
-                            s64 = in(reg) 64usize, s32 = in(reg) 32usize,
-                            options(nostack)
-                        );
-                    } else {
-                        asm!(
-                            "tileloadd tmm3, [{b} + {s64}*1]",
-                            "tileloadd tmm4, [{a} + {s32}*1]",
-                            "tilezero tmm5",
-                            "tdpbuud tmm5, tmm4, tmm3",
-                            "tilestored [{c} + {s64}*1], tmm5",
-                            b = in(reg) bb, a = in(reg) a, c = in(reg) cc,
-                            s64 = in(reg) 64usize, s32 = in(reg) 32usize,
-                            options(nostack)
-                        );
-                    }
+                    tile_product(c % 2 == 0, bb, a, cc);
                 }
                 if c >= LAG {
                     let e = c - LAG;
@@ -1085,29 +1101,7 @@ unsafe fn amx_in(
                     xa.as_ptr().add(c * r * 32),
                     cp.add(c * r * 16),
                 );
-                if c % 2 == 0 {
-                    asm!(
-                        "tileloadd tmm0, [{b} + {s64}*1]",
-                        "tileloadd tmm1, [{a} + {s32}*1]",
-                        "tilezero tmm2",
-                        "tdpbuud tmm2, tmm1, tmm0",
-                        "tilestored [{c} + {s64}*1], tmm2",
-                        b = in(reg) b, a = in(reg) a, c = in(reg) cc,
-                        s64 = in(reg) 64usize, s32 = in(reg) 32usize,
-                        options(nostack)
-                    );
-                } else {
-                    asm!(
-                        "tileloadd tmm3, [{b} + {s64}*1]",
-                        "tileloadd tmm4, [{a} + {s32}*1]",
-                        "tilezero tmm5",
-                        "tdpbuud tmm5, tmm4, tmm3",
-                        "tilestored [{c} + {s64}*1], tmm5",
-                        b = in(reg) b, a = in(reg) a, c = in(reg) cc,
-                        s64 = in(reg) 64usize, s32 = in(reg) 32usize,
-                        options(nostack)
-                    );
-                }
+                tile_product(c % 2 == 0, b, a, cc);
             }
             let (sv, bv) = f.split_at_mut(groups * 16);
             factors16(v.scales, n0, v.rows, groups, sv);
