@@ -224,6 +224,10 @@ fn convert_trellis(
     convert(src, dst, &opts, &mut |_| {}).unwrap();
 }
 
+/// The largest difference a routing near tie excuses in [`follow_row`] (a step over it fails
+/// whatever the routers' margins).
+const NEAR_TIE_CAP: f32 = 0.3;
+
 /// One row of [`graph_decoder_follows_the_mlx_forward`].
 fn follow_row(name: &str, dir: &std::path::Path) {
     {
@@ -357,7 +361,10 @@ fn follow_row(name: &str, dir: &std::path::Path) {
                 None => Vec::new(),
             };
             let least = margins.iter().copied().fold(1.0f32, f32::min);
-            if c.rel_diff > TEACHER_FORCED_BOUNDS.0 && moe.is_some() {
+            // A near tie excuses a step's difference up to NEAR_TIE_CAP only: the emulator's
+            // largest at a flipped routing choice was 0.2065 (results/gpu/2026-12-06-s37-gptoss),
+            // and a kernel bug shown at a few steps may not hide behind a tie unbounded.
+            if c.rel_diff > TEACHER_FORCED_BOUNDS.0 && c.rel_diff <= NEAR_TIE_CAP && moe.is_some() {
                 let b = TEACHER_FORCED_BOUNDS.0;
                 if least < ROUTER_NEAR_TIE {
                     ties.push((step, "our router"));

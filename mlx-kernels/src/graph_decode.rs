@@ -3734,7 +3734,7 @@ fn mv_async() -> bool {
 }
 
 /// The step source's define for [`mv_async`] (`on`), empty when off (the source then is
-/// main's, byte for byte, so its cached kernels stay valid).
+/// the one without the define).
 fn mv_async_define(on: bool) -> &'static str {
     if on {
         "#define MV_ASYNC 1\n"
@@ -3791,7 +3791,7 @@ fn early_prologue() -> bool {
 }
 
 /// The step source's define for [`early_prologue`] (`on`), empty when off (the source then is
-/// main's, byte for byte, so its cached kernels stay valid).
+/// the one without the define).
 fn early_prologue_define(on: bool) -> &'static str {
     if on {
         "#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n"

@@ -911,11 +911,12 @@ int mlxs_gpurt_park(mlxs_gpurt rt) {
     check(d.cuMemUnmap(rt->park_base, rt->park_size), "cuMemUnmap");
     // Unmapped: the region is unusable from here whatever the release says.
     rt->parked = true;
-    rt->allocated -= rt->park_size;
     CUmemGenericAllocationHandle h = rt->park_mem;
     rt->park_mem = 0;
     const CUresult r = d.cuMemRelease(h);
+    // A handle not released still holds its memory: counted until the runtime releases it.
     if (r != 0) rt->unreleased.push_back(h);
+    else rt->allocated -= rt->park_size;
     check(r, "cuMemRelease");
   });
 }

@@ -18,7 +18,8 @@
 #          default "1 2 4 8 16"), tensor-core tiles from 4 rows, once with the wide tiles (one
 #          of 8 or 16) and once without (MLX_GRAPH_WIDE_TILES=0), with each part's time a step
 #          (MLX_GRAPH_BATCH_BREAKDOWN=BREAKDOWN, default 20 replays), into throughput.log;
-#          THRU_SIDES (default "1 0") picks the runs: 1 wide, 0 narrow, async = wide tiles with
+#          THRU_SIDES (default "on 1") picks the runs: on = the defaults (wide tiles, MMA_ASYNC
+#          and MV_ASYNC), 1 wide with both switches off, 0 narrow, async = wide tiles with
 #          the cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with the FFMA row kernels'
 #          deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1; the other sides run with it off),
 #          banks = both plus the wide tiles' bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1);

@@ -420,6 +420,13 @@ pub fn matmul_t_each_prefetch(
     let threads = ctx.pool.threads();
     let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
     let block = (total / (threads * 8)).clamp(1, 32);
+    // The lane kernel computes whole 16-row blocks: a worker's rows are then whole blocks, so
+    // no two workers write one block's rows.
+    let block = if jobs.iter().any(|j| j.w.lanes().is_some()) {
+        block.next_multiple_of(16)
+    } else {
+        block
+    };
     type Plan<'p> = (Matrix<'p>, Option<Floats<'p>>, SharedOut, usize, Path);
     let mut plan: [Option<Plan<'_>>; MAX_JOBS] = [None; MAX_JOBS];
     let mut blocks = 0;

@@ -73,6 +73,7 @@ impl Lanes16 {
             && (group / 32).is_power_of_two()
             && group <= 512
             && w.cols() % 32 == 0
+            && w.cols() > 0
             && w.rows() > 0
     }
 
