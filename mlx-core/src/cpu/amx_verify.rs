@@ -1274,6 +1274,28 @@ mod tests {
     };
     use super::*;
 
+    /// `w x + bias` for one input row by `matmul_t` (the one-row step's kernels).
+    fn row_alone(
+        ctx: &CpuContext,
+        w: &Matrix<'_>,
+        bias: Option<Floats<'_>>,
+        x: &[f32],
+    ) -> Vec<f32> {
+        let mut out = vec![0f32; w.rows()];
+        let mut jobs = [MatJob {
+            w,
+            bias,
+            out: &mut out,
+        }];
+        matmul_t(ctx, x, 1, &mut jobs).unwrap();
+        out
+    }
+
+    /// Whether two outputs are equal bit for bit.
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     struct Case {
         words: Vec<u32>,
         scales: Vec<f16>,
@@ -1413,18 +1435,9 @@ mod tests {
                     }];
                     matmul_t_each(&ctx, &x, m, &mut jobs, &mut scratch).unwrap();
                     for t in 0..m {
-                        let mut alone = vec![0f32; rows];
-                        let mut jobs = [MatJob {
-                            w: &w,
-                            bias: b,
-                            out: &mut alone,
-                        }];
-                        matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
-                        let row = &got[t * rows..(t + 1) * rows];
+                        let alone = row_alone(&ctx, &w, b, &x[t * cols..(t + 1) * cols]);
                         assert!(
-                            row.iter()
-                                .zip(&alone)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            same_bits(&got[t * rows..(t + 1) * rows], &alone),
                             "{rows}x{cols}, {m} inputs, row {t}: not the bits alone"
                         );
                     }
@@ -1533,36 +1546,18 @@ mod tests {
                     }];
                     matmul_t_each(&ctx, &x, m, &mut jobs, &mut scratch).unwrap();
                     for t in 0..m {
-                        let mut alone = vec![0f32; rows];
-                        let mut jobs = [MatJob {
-                            w: &wl,
-                            bias: fb,
-                            out: &mut alone,
-                        }];
-                        matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
-                        let mut plain = vec![0f32; rows];
-                        let mut jobs = [MatJob {
-                            w: &wref,
-                            bias: fb,
-                            out: &mut plain,
-                        }];
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let alone = row_alone(&ctx, &wl, fb, xt);
                         // The lane kernel without the layout (transposing per call): the same
                         // bits (affine only: it does not take symmetric matrices).
                         if what == "affine" {
-                            matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
                             assert!(
-                                plain
-                                    .iter()
-                                    .zip(&alone)
-                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                same_bits(&row_alone(&ctx, &wref, fb, xt), &alone),
                                 "{what} {rows}x{cols} row {t}: lanes16 is not rows' bits"
                             );
                         }
-                        let row = &got[t * rows..(t + 1) * rows];
                         assert!(
-                            row.iter()
-                                .zip(&alone)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            same_bits(&got[t * rows..(t + 1) * rows], &alone),
                             "{what} {rows}x{cols}, {m} inputs, row {t}: not the bits alone"
                         );
                     }
