@@ -114,6 +114,7 @@ constexpr int kAttrSmCount = 16;            // CU_DEVICE_ATTRIBUTE_MULTIPROCESSO
 // points for a device (or a vGPU/WSL setup) that refuses them.
 constexpr int kAttrVmmSupported = 102;
 constexpr int kFuncMaxDynamicShared = 8;    // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+constexpr int kFuncCarveout = 9;            // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
 constexpr int kCaptureThreadLocal = 1;      // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 constexpr unsigned kEventDisableTiming = 2; // CU_EVENT_DISABLE_TIMING
@@ -619,6 +620,19 @@ void load_module(mlxs_gpurt_& rt, const Driver& d, const std::string& src,
     if (!cache_path.empty()) kernel_cache_write(cache_dir, cache_path, key, cubin);
   }
   rt.modules.push_back(module);
+  // MLXS_GPURT_CARVEOUT=P (0..100): every kernel prefers P% of the unified L1 as shared
+  // memory, so consecutive kernels ask for one configuration (an experiment switch; unset,
+  // the driver chooses per kernel).
+  int carveout = -1;
+  if (const char* c = std::getenv("MLXS_GPURT_CARVEOUT"); c && *c) {
+    char* end = nullptr;
+    long v = std::strtol(c, &end, 10);
+    if (*end != '\0' || v < 0 || v > 100) {
+      throw std::invalid_argument(std::string("[gpurt] MLXS_GPURT_CARVEOUT=") + c +
+                                  ": expected a percentage 0..100");
+    }
+    carveout = int(v);
+  }
   // Appended only when every kernel is found: a failed module adds none.
   std::vector<CUfunction> found;
   for (size_t i = 0; i < n_kernels; ++i) {
@@ -643,6 +657,10 @@ void load_module(mlxs_gpurt_& rt, const Driver& d, const std::string& src,
         throw std::invalid_argument("[gpurt] kernel " + kname + " takes " + std::to_string(k) +
                                     " parameters, declared " + std::to_string(arities[i]));
       }
+    }
+    if (carveout >= 0) {
+      check(d.cuFuncSetAttribute(f, kFuncCarveout, carveout),
+            "cuFuncSetAttribute(preferred shared memory carveout)");
     }
     found.push_back(f);
   }
