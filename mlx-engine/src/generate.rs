@@ -114,8 +114,11 @@ pub struct GenerateOptions {
 pub const PREFILL_DENSE_DEFAULT: Option<DensePrompt> = None;
 
 /// The fewest rows a prompt chunk takes the dense linears with when `MLX_PREFILL_DENSE=1`
-/// turns them on and `MLX_PREFILL_DENSE_ROWS` does not say.
-pub const PREFILL_DENSE_ROWS: usize = 64;
+/// turns them on and `MLX_PREFILL_DENSE_ROWS` does not say: the dequantization costs the
+/// same at any width (session 38's probe, H100: ~40 ms for the 8B's linears with the probe's
+/// per-call synchronisation), so narrow chunks keep MLX's `quantized_matmul` (the probe shows
+/// the dense product faster at 512 and 2,048 rows; below, unmeasured).
+pub const PREFILL_DENSE_ROWS: usize = 256;
 
 /// [`GenerateOptions::graph_prompt_dense`] under the environment: `MLX_PREFILL_DENSE` `0` (or
 /// `off`) turns the dense prompt linears off, `1` (or `on`) on (blocks of
@@ -131,6 +134,56 @@ pub fn prompt_dense_from_env(given: Option<DensePrompt>) -> Result<Option<DenseP
         var("MLX_PREFILL_DENSE_ROWS").as_deref(),
         var("MLX_PREFILL_DENSE_BLOCK_MB").as_deref(),
     )
+}
+
+/// `MLX_PREFILL_DENSE_HEADROOM_MB=H` (H >= 1, MiB; unset: none): with the dense prompt
+/// linears on, MLX's memory limit is the active memory at the prompt's start plus H through
+/// the prompt ([`with_memory_headroom`]). MLX's CUDA backend keeps every op's inputs (here
+/// the dequantized weight blocks) until the batch of ops they were queued in has run, and
+/// the host may queue up to ten batches ahead of the device; above the limit, MLX's `eval`
+/// waits for queued batches before it queues more, which bounds what the blocks add to the
+/// prompt's peak (at some cost in overlap). For A/B runs of speed against peak memory.
+pub fn prefill_headroom_from_env() -> Result<Option<usize>> {
+    let v = std::env::var("MLX_PREFILL_DENSE_HEADROOM_MB").ok();
+    headroom_setting(v.as_deref())
+}
+
+/// [`prefill_headroom_from_env`] with the variable's value given (`None`: unset), in bytes.
+pub fn headroom_setting(value: Option<&str>) -> Result<Option<usize>> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(v) => match v.parse::<usize>().ok().filter(|&n| n > 0) {
+            Some(mb) => mb
+                .checked_mul(1 << 20)
+                .map(Some)
+                .ok_or_else(|| EngineError::Options {
+                    option: "MLX_PREFILL_DENSE_HEADROOM_MB".into(),
+                    problem: format!("`{v}` MiB is more than this machine can count"),
+                }),
+            None => Err(EngineError::Options {
+                option: "MLX_PREFILL_DENSE_HEADROOM_MB".into(),
+                problem: format!("`{v}` is not a whole number of at least 1"),
+            }),
+        },
+    }
+}
+
+/// Runs `body` with MLX's memory limit at the active memory now plus `headroom` bytes (`None`:
+/// the limit as it is), restoring the previous limit afterwards, also when `body` fails. The
+/// limit is never raised above the one in force.
+pub fn with_memory_headroom<T>(
+    headroom: Option<usize>,
+    body: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let Some(h) = headroom else {
+        return body();
+    };
+    let previous = memory::memory_limit()?;
+    let limit = memory::active_memory()?.saturating_add(h).min(previous);
+    memory::set_memory_limit(limit)?;
+    let out = body();
+    memory::set_memory_limit(previous)?;
+    out
 }
 
 /// [`prompt_dense_from_env`] with the variables' values given (`None`: unset).
@@ -792,7 +845,13 @@ fn start<'m>(
             // Issue #30's prefill: the prompt's quantized linears as the graph decoder's
             // generation asks (`graph_prompt_dense`, under the environment).
             let dense = prompt_dense_from_env(g.opts.graph_prompt_dense)?;
-            on_generation_stream(|| with_dense_prompt(dense, || g.prefill(prompt)))?;
+            let headroom = match dense {
+                Some(_) => prefill_headroom_from_env()?,
+                None => None,
+            };
+            on_generation_stream(|| {
+                with_memory_headroom(headroom, || with_dense_prompt(dense, || g.prefill(prompt)))
+            })?;
             on_generation_stream(|| g.build_graph(spec, &weights, 0))?;
         }
         None => on_generation_stream(|| g.prefill(prompt))?,
@@ -1876,6 +1935,26 @@ mod prompt_dense_tests {
         );
     }
 
+    /// The headroom's limit holds inside the body only (also when it fails), never above the
+    /// limit in force.
+    #[test]
+    fn the_memory_headroom_is_undone_after_the_prompt() {
+        use super::{memory, with_memory_headroom, EngineError};
+        let before = memory::memory_limit().unwrap();
+        let inside = with_memory_headroom(Some(MIB), || Ok(memory::memory_limit()?)).unwrap();
+        assert!(inside <= before && inside >= MIB, "{inside} of {before}");
+        assert_eq!(memory::memory_limit().unwrap(), before);
+        let failed = with_memory_headroom(Some(MIB), || -> super::Result<()> {
+            Err(EngineError::ZeroMaxTokens)
+        });
+        assert!(failed.is_err());
+        assert_eq!(memory::memory_limit().unwrap(), before);
+        let huge = with_memory_headroom(Some(usize::MAX), || Ok(memory::memory_limit()?));
+        assert_eq!(huge.unwrap(), before, "never raised");
+        let none = with_memory_headroom(None, || Ok(memory::memory_limit()?));
+        assert_eq!(none.unwrap(), before);
+    }
+
     #[test]
     fn a_bad_value_is_an_error_naming_the_variable() {
         for (d, r, b, var) in [
@@ -1892,6 +1971,12 @@ mod prompt_dense_tests {
                 "{d:?} {r:?} {b:?}: {e}"
             );
         }
+        for v in ["0", "x", "-1"] {
+            let e = super::headroom_setting(Some(v)).unwrap_err().to_string();
+            assert!(e.starts_with("MLX_PREFILL_DENSE_HEADROOM_MB"), "{e}");
+        }
+        assert_eq!(super::headroom_setting(None).unwrap(), None);
+        assert_eq!(super::headroom_setting(Some("3")).unwrap(), Some(3 * MIB));
         let huge = (usize::MAX / 2).to_string();
         let e = prompt_dense_setting(None, Some("1"), None, Some(&huge))
             .unwrap_err()
