@@ -28,12 +28,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 BLOCK = 32 << 20
-ROWS_SWEEP = [2, 16, 64, 128, 256, 511, 2048]
+# The widths that matter first: MLX compiles each kernel variant (tile width, bits, group size)
+# on first use, which may take the call's time before the narrow widths are reached.
+ROWS_SWEEP = [511, 2048, 256, 128, 64, 16, 2]
 SHAPES = [("q", 4096, 4096), ("kv", 1024, 4096), ("o", 4096, 4096), ("gate", 14336, 4096),
           ("down", 4096, 14336)]
 if os.environ.get("PREFILL_CHECK_SMALL") == "1":  # a dry run off the device (CPU)
     SHAPES = [(name, n // 16, k // 16) for name, n, k in SHAPES]
-    ROWS_SWEEP = [2, 64, 511]
+    ROWS_SWEEP = [511, 64, 2]
 HEADROOM_MB = [256, 1024, 1536]
 
 

@@ -20,7 +20,7 @@
 # beside it); every run's averages are gathered in $OUT/s38p.txt.
 echo "== s38p check at ${SECONDS} s" | tee -a $OUT/s38p.txt
 SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-LD_LIBRARY_PATH="$SITE/mlx/lib" timeout 60 python3 xtask/gpu/prefill_dense_check.py \
+LD_LIBRARY_PATH="$SITE/mlx/lib" timeout 80 python3 xtask/gpu/prefill_dense_check.py \
   /opt/models/llama31-8b-q4 > $OUT/check.jsonl 2> $OUT/check.err
 echo "check rc=$?" | tee -a $OUT/s38p.txt
 grep '"part": "model"' $OUT/check.jsonl | tee -a $OUT/s38p.txt; tail -3 $OUT/check.err
@@ -33,7 +33,7 @@ run() {  # NAME BUDGET_S SIDES ENV...
   tar xzf $OUT/$name/logs-$name.tgz -O ./bench.log 2> /dev/null \
     | grep '^== round\|"averages"\|Averages' | cut -c1-200 | tee -a $OUT/s38p.txt
 }
-run off 150 "graph mlxlm" MLX_PREFILL_DENSE=0
-run on 85 "graph" MLX_PREFILL_DENSE=1
-run onh 85 "graph" MLX_PREFILL_DENSE=1 MLX_PREFILL_DENSE_HEADROOM_MB=1536
+run off 140 "graph mlxlm" MLX_PREFILL_DENSE=0
+run on 80 "graph" MLX_PREFILL_DENSE=1
+run onh 80 "graph" MLX_PREFILL_DENSE=1 MLX_PREFILL_DENSE_HEADROOM_MB=1536
 echo "s38p-done at ${SECONDS} s" | tee -a $OUT/s38p.txt
