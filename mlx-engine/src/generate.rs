@@ -104,13 +104,15 @@ pub struct GenerateOptions {
     /// enough rows ([`DensePrompt`], tier L3 against the exact forward); `None`: MLX's
     /// `quantized_matmul` (the exact path). Read only with the graph decoder; the environment
     /// overrides it there ([`prompt_dense_from_env`]: `MLX_PREFILL_DENSE`, `_ROWS`,
-    /// `_BLOCK_MB`). Default [`PREFILL_DENSE_DEFAULT`].
+    /// `_BLOCK_MB`; `_HEADROOM_MB`, [`prefill_headroom_from_env`]). Default
+    /// [`PREFILL_DENSE_DEFAULT`].
     pub graph_prompt_dense: Option<DensePrompt>,
 }
 
-/// [`GenerateOptions::graph_prompt_dense`]'s default: off (the exact prompt forward), until
-/// a device measurement shows the dense prompt linears faster than MLX's
-/// (`results/gpu/2026-12-06-s38-prefill`).
+/// [`GenerateOptions::graph_prompt_dense`]'s default: off (the exact prompt forward). Session
+/// 38's probe found the dense product 1.35-3.55x faster than MLX's CUDA `quantized_matmul` at
+/// the 8B's linears and 512-2,048 rows; the prompt's speed and peak memory end to end are
+/// `results/gpu/2026-12-06-s38-prefill/s38p.sh`'s to measure before this turns on.
 pub const PREFILL_DENSE_DEFAULT: Option<DensePrompt> = None;
 
 /// The fewest rows a prompt chunk takes the dense linears with when `MLX_PREFILL_DENSE=1`

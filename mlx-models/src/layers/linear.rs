@@ -165,10 +165,10 @@ impl QuantizedWeight {
     }
 
     /// `x @ dequantize(w).T` by blocks of the weight's rows, each block dequantized and
-    /// multiplied alone, at most
-    /// `block_bytes` of dequantized weight a block (at least one row), the blocks' outputs
-    /// joined along the last axis. The same product as [`QuantizedWeight::matmul_t`] within
-    /// float rounding (tier L3: [`DensePrompt`]); a dense GEMM instead of the quantized one.
+    /// multiplied alone, at most `block_bytes` of dequantized weight a block (at least one
+    /// row), the blocks' outputs joined along the last axis. The same product as
+    /// [`QuantizedWeight::matmul_t`] within float rounding (tier L3: [`DensePrompt`]); a dense
+    /// GEMM instead of the quantized one.
     pub fn matmul_t_dense(&self, x: &Array, block_bytes: usize) -> Result<Array> {
         let rows = self.weight.dim(0)?;
         let cols = i64::from(self.weight.dim(1)?) * 32 / i64::from(self.bits);
@@ -234,12 +234,14 @@ impl QuantizedWeight {
 /// input of at least [`DensePrompt::min_rows`] rows (every dimension but the last multiplied)
 /// is multiplied by the dequantized weight (`x @ dequantize(w).T`, a dense GEMM) instead of
 /// MLX's `quantized_matmul`, the weight dequantized in blocks of at most
-/// [`DensePrompt::block_bytes`] ([`QuantizedWeight::matmul_t_dense`]), so the transient
-/// memory stays one block's (and the blocks' outputs) whatever the weight's size. Tier L3
-/// against the exact forward (float rounding: the products are summed in another order); off
-/// by default, and then the forward builds the graph it builds without it, node for node.
+/// [`DensePrompt::block_bytes`] ([`QuantizedWeight::matmul_t_dense`]), so no linear's
+/// dequantized weight is ever made whole (what MLX keeps of the blocks across linears until
+/// their work has run is the engine's to bound: `MLX_PREFILL_DENSE_HEADROOM_MB`). Tier L3
+/// against the exact forward (float rounding: on the CPU the two products sum in another
+/// order; on an H100 they were bit-equal at the 8B's shapes, `results/gpu/2026-12-06-s38-prefill`);
+/// off by default, and then the forward builds the graph it builds without it, node for node.
 /// The engine turns it on for the prompt forward of a generation the GPU graph decoder
-/// decodes (issue #30's prefill), where MLX's CUDA `quantized_matmul` at prompt widths may be
+/// decodes (issue #30's prefill): there MLX's CUDA `quantized_matmul` at prompt widths is
 /// slower than cuBLAS on the dequantized weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DensePrompt {
