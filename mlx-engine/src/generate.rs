@@ -14,6 +14,8 @@ use crate::compiled::CompiledDecoder;
 use crate::cpu_decode::CpuDecoder;
 use crate::error::{EngineError, Result};
 use crate::sample::{check_logits_processors, check_token_ids, LogitsProcessor, Sampler};
+use mlx_models::layers::with_dense_prompt;
+pub use mlx_models::layers::DensePrompt;
 use mlx_models::LanguageModel;
 
 /// mlx-lm's `DEFAULT_QUANTIZED_KV_START`.
@@ -96,6 +98,140 @@ pub struct GenerateOptions {
     /// Tests: a stand-in for the CUDA graph decoder ([`crate::graph::GraphStandIn`]), so the
     /// engine's glue runs without a GPU.
     pub graph_stand_in: Option<crate::graph::GraphStandIn>,
+    /// Issue #30's prefill: how the quantized linears of the prompt's MLX forward run when
+    /// the graph decoder decodes the generation ([`GenerateOptions::graph_decode`], the
+    /// prompt through MLX's forward): `Some`: `x @ dequantize(w).T` by blocks for chunks of
+    /// enough rows ([`DensePrompt`], tier L3 against the exact forward); `None`: MLX's
+    /// `quantized_matmul` (the exact path). Read only with the graph decoder; the environment
+    /// overrides it there ([`prompt_dense_from_env`]: `MLX_PREFILL_DENSE`, `_ROWS`,
+    /// `_BLOCK_MB`; `_HEADROOM_MB`, [`prefill_headroom_from_env`]). Default
+    /// [`PREFILL_DENSE_DEFAULT`].
+    pub graph_prompt_dense: Option<DensePrompt>,
+}
+
+/// [`GenerateOptions::graph_prompt_dense`]'s default: off (the exact prompt forward). Session
+/// 38's probe found the dense product 1.35-3.55x faster than MLX's CUDA `quantized_matmul` at
+/// the 8B's linears and 512-2,048 rows; the prompt's speed and peak memory end to end are
+/// `results/gpu/2026-12-06-s38-prefill/s38p.sh`'s to measure before this turns on.
+pub const PREFILL_DENSE_DEFAULT: Option<DensePrompt> = None;
+
+/// The fewest rows a prompt chunk takes the dense linears with when `MLX_PREFILL_DENSE=1`
+/// turns them on and `MLX_PREFILL_DENSE_ROWS` does not say: the dequantization costs the
+/// same at any width (session 38's probe, H100: ~40 ms for the 8B's linears with the probe's
+/// per-call synchronisation), so narrow chunks keep MLX's `quantized_matmul` (the probe shows
+/// the dense product faster at 512 and 2,048 rows; below, unmeasured).
+pub const PREFILL_DENSE_ROWS: usize = 256;
+
+/// [`GenerateOptions::graph_prompt_dense`] under the environment: `MLX_PREFILL_DENSE` `0` (or
+/// `off`) turns the dense prompt linears off, `1` (or `on`) on (blocks of
+/// [`DensePrompt::DEFAULT_BLOCK_BYTES`] from [`PREFILL_DENSE_ROWS`] rows, unless `given` says
+/// otherwise); unset, `given` stands. `MLX_PREFILL_DENSE_ROWS=T` (T >= 1) and
+/// `MLX_PREFILL_DENSE_BLOCK_MB=B` (B >= 1, MiB) then set the rows and the block. Any other
+/// value is an error naming the variable.
+pub fn prompt_dense_from_env(given: Option<DensePrompt>) -> Result<Option<DensePrompt>> {
+    let var = |name| std::env::var(name).ok();
+    prompt_dense_setting(
+        given,
+        var("MLX_PREFILL_DENSE").as_deref(),
+        var("MLX_PREFILL_DENSE_ROWS").as_deref(),
+        var("MLX_PREFILL_DENSE_BLOCK_MB").as_deref(),
+    )
+}
+
+/// `MLX_PREFILL_DENSE_HEADROOM_MB=H` (H >= 1, MiB; unset: none): with the dense prompt
+/// linears on, MLX's memory limit is the active memory at the prompt's start plus H through
+/// the prompt ([`with_memory_headroom`]). MLX's CUDA backend keeps every op's inputs (here
+/// the dequantized weight blocks) until the batch of ops they were queued in has run, and
+/// the host may queue up to ten batches ahead of the device; above the limit, MLX's `eval`
+/// waits for queued batches before it queues more, which bounds what the blocks add to the
+/// prompt's peak (at some cost in overlap). For A/B runs of speed against peak memory.
+pub fn prefill_headroom_from_env() -> Result<Option<usize>> {
+    let v = std::env::var("MLX_PREFILL_DENSE_HEADROOM_MB").ok();
+    headroom_setting(v.as_deref())
+}
+
+/// [`prefill_headroom_from_env`] with the variable's value given (`None`: unset), in bytes.
+pub fn headroom_setting(value: Option<&str>) -> Result<Option<usize>> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(v) => match v.parse::<usize>().ok().filter(|&n| n > 0) {
+            Some(mb) => mb
+                .checked_mul(1 << 20)
+                .map(Some)
+                .ok_or_else(|| EngineError::Options {
+                    option: "MLX_PREFILL_DENSE_HEADROOM_MB".into(),
+                    problem: format!("`{v}` MiB is more than this machine can count"),
+                }),
+            None => Err(EngineError::Options {
+                option: "MLX_PREFILL_DENSE_HEADROOM_MB".into(),
+                problem: format!("`{v}` is not a whole number of at least 1"),
+            }),
+        },
+    }
+}
+
+/// Runs `body` with MLX's memory limit at the active memory now plus `headroom` bytes (`None`:
+/// the limit as it is), restoring the previous limit afterwards, also when `body` fails. The
+/// limit is never raised above the one in force.
+pub fn with_memory_headroom<T>(
+    headroom: Option<usize>,
+    body: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let Some(h) = headroom else {
+        return body();
+    };
+    let previous = memory::memory_limit()?;
+    let limit = memory::active_memory()?.saturating_add(h).min(previous);
+    memory::set_memory_limit(limit)?;
+    let out = body();
+    memory::set_memory_limit(previous)?;
+    out
+}
+
+/// [`prompt_dense_from_env`] with the variables' values given (`None`: unset).
+pub fn prompt_dense_setting(
+    given: Option<DensePrompt>,
+    dense: Option<&str>,
+    rows: Option<&str>,
+    block_mb: Option<&str>,
+) -> Result<Option<DensePrompt>> {
+    let bad = |option: &str, value: &str, want: &str| EngineError::Options {
+        option: option.into(),
+        problem: format!("`{value}` is not {want}"),
+    };
+    let on = match dense.map(str::trim) {
+        None | Some("") => given,
+        Some(v) if v == "0" || v.eq_ignore_ascii_case("off") => None,
+        Some(v) if v == "1" || v.eq_ignore_ascii_case("on") => Some(given.unwrap_or(
+            DensePrompt::new(PREFILL_DENSE_ROWS, DensePrompt::DEFAULT_BLOCK_BYTES)?,
+        )),
+        Some(v) => return Err(bad("MLX_PREFILL_DENSE", v, "0, off, 1 or on")),
+    };
+    let count = |option: &str, value: Option<&str>| -> Result<Option<usize>> {
+        match value.map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(v) => match v.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Some(n)),
+                _ => Err(bad(option, v, "a whole number of at least 1")),
+            },
+        }
+    };
+    let rows = count("MLX_PREFILL_DENSE_ROWS", rows)?;
+    let block_mb = count("MLX_PREFILL_DENSE_BLOCK_MB", block_mb)?;
+    let Some(d) = on else {
+        return Ok(None);
+    };
+    let block = match block_mb {
+        Some(mb) => mb.checked_mul(1 << 20).ok_or_else(|| {
+            bad(
+                "MLX_PREFILL_DENSE_BLOCK_MB",
+                &mb.to_string(),
+                "a size in MiB this machine can count",
+            )
+        })?,
+        None => d.block_bytes(),
+    };
+    Ok(Some(DensePrompt::new(rows.unwrap_or(d.min_rows()), block)?))
 }
 
 /// The CPU decoder's settings in [`GenerateOptions`].
@@ -205,6 +341,7 @@ impl Default for GenerateOptions {
             graph_fail_after: None,
             graph_keep: None,
             graph_stand_in: None,
+            graph_prompt_dense: PREFILL_DENSE_DEFAULT,
         }
     }
 }
@@ -707,7 +844,16 @@ fn start<'m>(
             on_generation_stream(|| g.prefill_graph(prompt))?;
         }
         Some((spec, weights)) => {
-            on_generation_stream(|| g.prefill(prompt))?;
+            // Issue #30's prefill: the prompt's quantized linears as the graph decoder's
+            // generation asks (`graph_prompt_dense`, under the environment).
+            let dense = prompt_dense_from_env(g.opts.graph_prompt_dense)?;
+            let headroom = match dense {
+                Some(_) => prefill_headroom_from_env()?,
+                None => None,
+            };
+            on_generation_stream(|| {
+                with_memory_headroom(headroom, || with_dense_prompt(dense, || g.prefill(prompt)))
+            })?;
             on_generation_stream(|| g.build_graph(spec, &weights, 0))?;
         }
         None => on_generation_stream(|| g.prefill(prompt))?,
@@ -1751,5 +1897,92 @@ mod device_peak_tests {
         assert_eq!(p.with_window(0), 140);
         p.close(95, 80, 0);
         assert_eq!(p.with_window(85), 145);
+    }
+}
+
+#[cfg(test)]
+mod prompt_dense_tests {
+    use super::{prompt_dense_setting, DensePrompt, PREFILL_DENSE_ROWS};
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn the_environment_turns_the_dense_prompt_linears_on_and_off() {
+        let given = DensePrompt::new(100, 4 * MIB).unwrap();
+        let on = DensePrompt::new(PREFILL_DENSE_ROWS, DensePrompt::DEFAULT_BLOCK_BYTES).unwrap();
+        let s = |g, d, r, b| prompt_dense_setting(g, d, r, b).unwrap();
+        // Unset: the option stands.
+        assert_eq!(s(None, None, None, None), None);
+        assert_eq!(s(Some(given), None, None, None), Some(given));
+        assert_eq!(s(Some(given), Some(""), None, None), Some(given));
+        // Off and on.
+        for v in ["0", "off", " OFF "] {
+            assert_eq!(s(Some(given), Some(v), Some("8"), None), None, "{v}");
+        }
+        for v in ["1", "on", "On"] {
+            assert_eq!(s(None, Some(v), None, None), Some(on), "{v}");
+            assert_eq!(s(Some(given), Some(v), None, None), Some(given), "{v}");
+        }
+        // Rows and block size over whichever setting is on.
+        let want = DensePrompt::new(8, 2 * MIB).unwrap();
+        assert_eq!(s(None, Some("1"), Some("8"), Some("2")), Some(want));
+        assert_eq!(
+            s(Some(given), None, Some("8"), None),
+            Some(DensePrompt::new(8, 4 * MIB).unwrap())
+        );
+        assert_eq!(
+            s(None, None, Some("8"), Some("2")),
+            None,
+            "rows alone turn nothing on"
+        );
+    }
+
+    /// The headroom's limit holds inside the body only (also when it fails), never above the
+    /// limit in force.
+    #[test]
+    fn the_memory_headroom_is_undone_after_the_prompt() {
+        use super::{memory, with_memory_headroom, EngineError};
+        let before = memory::memory_limit().unwrap();
+        let inside = with_memory_headroom(Some(MIB), || Ok(memory::memory_limit()?)).unwrap();
+        assert!(inside <= before && inside >= MIB, "{inside} of {before}");
+        assert_eq!(memory::memory_limit().unwrap(), before);
+        let failed = with_memory_headroom(Some(MIB), || -> super::Result<()> {
+            Err(EngineError::ZeroMaxTokens)
+        });
+        assert!(failed.is_err());
+        assert_eq!(memory::memory_limit().unwrap(), before);
+        let huge = with_memory_headroom(Some(usize::MAX), || Ok(memory::memory_limit()?));
+        assert_eq!(huge.unwrap(), before, "never raised");
+        let none = with_memory_headroom(None, || Ok(memory::memory_limit()?));
+        assert_eq!(none.unwrap(), before);
+    }
+
+    #[test]
+    fn a_bad_value_is_an_error_naming_the_variable() {
+        for (d, r, b, var) in [
+            (Some("yes"), None, None, "MLX_PREFILL_DENSE"),
+            (Some("1"), Some("0"), None, "MLX_PREFILL_DENSE_ROWS"),
+            (Some("1"), Some("-3"), None, "MLX_PREFILL_DENSE_ROWS"),
+            (Some("1"), Some("lots"), None, "MLX_PREFILL_DENSE_ROWS"),
+            (Some("1"), None, Some("0"), "MLX_PREFILL_DENSE_BLOCK_MB"),
+            (None, Some("x"), None, "MLX_PREFILL_DENSE_ROWS"),
+        ] {
+            let e = prompt_dense_setting(None, d, r, b).unwrap_err().to_string();
+            assert!(
+                e.starts_with(var) && e.contains("is not"),
+                "{d:?} {r:?} {b:?}: {e}"
+            );
+        }
+        for v in ["0", "x", "-1"] {
+            let e = super::headroom_setting(Some(v)).unwrap_err().to_string();
+            assert!(e.starts_with("MLX_PREFILL_DENSE_HEADROOM_MB"), "{e}");
+        }
+        assert_eq!(super::headroom_setting(None).unwrap(), None);
+        assert_eq!(super::headroom_setting(Some("3")).unwrap(), Some(3 * MIB));
+        let huge = (usize::MAX / 2).to_string();
+        let e = prompt_dense_setting(None, Some("1"), None, Some(&huge))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("MLX_PREFILL_DENSE_BLOCK_MB"), "{e}");
     }
 }

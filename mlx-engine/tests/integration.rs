@@ -16,6 +16,7 @@ mod cpu_decode_gemma3;
 mod cpu_decode_smollm2;
 mod cpu_spec;
 mod gemma3_gguf;
+mod prompt_dense;
 mod smollm2_gguf;
 mod smollm2_gguf_logits;
 mod smollm2_tokenizer;

@@ -27,7 +27,9 @@ pub use attention::{
 };
 pub use embedding::{Embedding, EmbeddingAdapter};
 pub use ggml::GgmlWeight;
-pub use linear::{Linear, LinearAdapter, QuantizedWeight};
+pub use linear::{
+    dense_prompt, with_dense_prompt, DensePrompt, Linear, LinearAdapter, QuantizedWeight,
+};
 pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub(crate) use rope::base_pow;
