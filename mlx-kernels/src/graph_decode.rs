@@ -6056,6 +6056,58 @@ mod tests {
         assert_eq!(hybrid.replace("#define TRELLIS_V_L 12\n", ""), plain);
     }
 
+    /// Writes the step sources of an affine model and of trellis models (the 135M's and the
+    /// 8B's hidden widths, hybrid value projections) to `$MLX_SOURCE_DUMP` where it is set:
+    /// the files that show a change leaves the step sources as they were (`cmp` the dumps of
+    /// two commits; results/gpu/2026-12-06-s38-trelwidth).
+    #[test]
+    fn step_sources_dump() {
+        use mlx_core::cpu::trellis::TrellisCode;
+        let Some(dir) = std::env::var_os("MLX_SOURCE_DUMP") else {
+            return;
+        };
+        let t = TrellisSpec {
+            k: 3,
+            l: 12,
+            block: 64,
+            code: TrellisCode::Gauss7S,
+        };
+        let v = TrellisSpec {
+            code: TrellisCode::Mad,
+            ..t
+        };
+        let p = SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+        };
+        let affine = GraphSpec {
+            quant: Some((64, 4)),
+            ..tiny_spec()
+        };
+        let small = GraphSpec {
+            hidden: 576,
+            trellis: Some(t),
+            trellis_v: Some(v),
+            ..tiny_spec()
+        };
+        let large = GraphSpec {
+            hidden: 4096,
+            ..small.clone()
+        };
+        let named = [
+            ("bf16", &tiny_spec()),
+            ("affine", &affine),
+            ("trellis576", &small),
+            ("trellis4096", &large),
+        ];
+        for (name, s) in named {
+            let (src, _) = step_source(s, &p, 1, false, false);
+            std::fs::write(std::path::Path::new(&dir).join(format!("{name}.cu")), src).unwrap();
+        }
+    }
+
     impl GraphSpec {
         /// `weights.check(self)`'s refusal.
         fn check_weights_err(&self, w: &GraphWeights) -> String {
