@@ -2355,6 +2355,14 @@ impl GraphDecoder {
                 },
                 rt.allocated()
             );
+            if s.trellis.is_some() {
+                // The one choice the source, the plans and the launches took (the device
+                // logs' record of it).
+                eprintln!(
+                    "[graph memory] `{}`: trellis switches for hidden {h}: {:?}",
+                    s.model_type, params.trellis
+                );
+            }
         }
         let max_k = s.mv_inputs().into_iter().map(|x| x.0).max().unwrap_or(h);
         let wide = wide_from.is_some_and(|f| nb >= f);

@@ -622,12 +622,17 @@ fn trellis_kernels_match_the_cpu_references() {
         println!(
             "{what}: decode, transforms bit-equal; product worst error / bound {worst:.3}; \
              trellis_matvec {:.2} us, {:.0} Gweights/s, {:.0} GB/s of weights (lanes {}); \
-             trellis_linear {:.2} us",
+             trellis_linear {:.2} us ({} threads{}{}{}{})",
             t * 1e6,
             weights / t / 1e9,
             plan.weight_bytes() as f64 / t / 1e9,
             plan.lanes_per_row,
-            tl * 1e6
+            tl * 1e6,
+            switches.threads,
+            if switches.alias { ", ALIAS" } else { "" },
+            if switches.pipe { ", PIPE" } else { "" },
+            if switches.states { ", STATES" } else { "" },
+            if switches.pair { ", PAIR" } else { "" },
         );
     }
 }
