@@ -49,12 +49,14 @@ pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 /// (1,024-thread fused blocks, the aliased epilogue buffer and the pipelined product) by
 /// default. On an H100 (`results/gpu/2026-12-06-s37-h100`, `mlx benchmark --decoder graph`) those
 /// switches took the Llama-3.1-8B-shaped trellis-3 default model (hidden 4,096) from 86.4 to
-/// 132.8 tok/s and SmolLM2-135M's (hidden 576) from 629.9 to 514.5. A 1,024-thread block takes
-/// 32 rows at 32 lanes a row and an SM holds one, so the launches over the hidden state's rows
-/// (o, down, and q at Llama's shapes) fill `hidden / 32` SMs: 18 of 132 at 576, 64 at 2,048, 128
-/// at 4,096. From 2,048 they fill about half of an H100 or more; the widths between 576 and
-/// 4,096 are not measured.
-pub const WIDE_HIDDEN: usize = 2048;
+/// 132.8 tok/s and SmolLM2-135M's (hidden 576) from 629.9 to 514.5. An SM holds one 1,024-thread
+/// block, so a launch covers as many SMs as its grid has blocks: the launches over the hidden
+/// state's rows (o and down; q at Llama's shapes) take 128 blocks of the H100's 132 at 4,096,
+/// 9 to 18 at 576, and 48 to 64 at Llama-3.2-1B's and 3B's 2,048 and 3,072 (`xtask/gpu/
+/// trellis_cost.py`'s grids), where the 256-thread default's grids fill every SM. So the wide
+/// switches start at the one measured width where they paid; the widths between 576 and 4,096
+/// are not measured (one device row there would move this constant).
+pub const WIDE_HIDDEN: usize = 4096;
 
 /// The trellis kernels' switches of one model: the source's defines ([`TrellisSwitches::source`]),
 /// the launches' threads and grids ([`TrellisSwitches::threads`],
@@ -1407,12 +1409,13 @@ mod tests {
     #[test]
     fn switches_are_chosen_by_the_hidden_width() {
         let wide = TrellisSwitches::WIDE;
-        // SmolLM2-135M (576), Gemma 3 270M (640), 1,536: the kernels' own defaults; from 2,048
-        // (Llama-3.2-1B) to Llama-3.1-8B's 4,096 and beyond: 1,024 threads, ALIAS and PIPE.
-        for h in [64, 576, 640, 1536, 2047] {
+        // SmolLM2-135M (576), Gemma 3 270M (640), Llama-3.2-1B and 3B (2,048, 3,072), Qwen2.5-7B
+        // (3,584): the kernels' own defaults; from Llama-3.1-8B's 4,096: 1,024 threads, ALIAS
+        // and PIPE.
+        for h in [64, 576, 640, 1536, 2048, 3072, 3584, 4095] {
             assert_eq!(TrellisSwitches::by_shape(h), PLAIN, "{h}");
         }
-        for h in [WIDE_HIDDEN, 3072, 4096, 8192] {
+        for h in [WIDE_HIDDEN, 4096, 5120, 8192] {
             assert_eq!(TrellisSwitches::by_shape(h), wide, "{h}");
         }
         assert_eq!(

@@ -42,7 +42,7 @@
 #          the hybrid (gauss7s, the value projections 1mad: `--q-trellis-v-code 1mad`).
 #          TRELLIS_BASE=0 skips the affine models themselves (a second run's switches A/B).
 #          The trellis kernels' switches are the model's shape's choice (graph_trellis.rs
-#          TrellisSwitches: 1,024 threads, ALIAS and PIPE from hidden 2,048) unless the
+#          TrellisSwitches: 1,024 threads, ALIAS and PIPE from hidden 4,096) unless the
 #          environment's MLX_GRAPH_TRELLIS_* override them. TRELLIS_SIDES (default "default") runs
 #          each twin once a side: default = the shape's choice, states = with
 #          MLX_GRAPH_TRELLIS_STATES=1, pair = with MLX_GRAPH_TRELLIS_PAIR=1, both = with both

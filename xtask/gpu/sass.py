@@ -168,9 +168,9 @@ def main():
                     help="append graph_trellis.cu (the trellis kernels; --kernel trellis_matvec)")
     ap.add_argument("--trellis-v-l", type=int,
                     help="with --trellis: TRELLIS_V_L (the value projections' l_arg, e.g. 12 for 1mad "
-                         "L 12), as trellis_source defines it for a model whose v_proj take their own code")
+                         "L 12), as TrellisSwitches::source defines it for a model whose v_proj take their own code")
     ap.add_argument("--trellis-define", action="append", default=[], metavar="NAME",
-                    help="with --trellis: #define NAME 1 (NAME=VALUE: NAME VALUE) first, as trellis_source "
+                    help="with --trellis: #define NAME 1 (NAME=VALUE: NAME VALUE) first, as TrellisSwitches::source "
                          "does for a switch (TRELLIS_ALIAS, TRELLIS_PIPE, TRELLIS_ROWS2, "
                          "TRELLIS_FUSED_THREADS=1024; repeatable)")
     ap.add_argument("--gptoss", action="store_true",

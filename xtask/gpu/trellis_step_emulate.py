@@ -19,7 +19,7 @@ TRELLIS_STEP_SRC takes graph_decode.cu and graph_trellis.cu from DIR instead of 
 logits of every step (float32 [steps, vocab]) for a bit-for-bit comparison of two runs.
 A fixture whose value projections take their own code (`OUT 64 gauss7s 1mad`, the hybrid:
 the metadata's `trellis_v_code`, GraphSpec::trellis_v) is compiled with `TRELLIS_V_L` defined
-as v's L argument (graph_trellis.rs trellis_source), and the unfused twin's v launch takes v's
+as v's L argument (graph_trellis.rs TrellisSwitches::source), and the unfused twin's v launch takes v's
 code.
 
 The fixture example converts `dense_bf16_untied` to trellis 3-bit (L 8, blocks of 32; `OUT
@@ -139,8 +139,8 @@ LPR = os.environ.get("TRELLIS_STEP_LPR")  # lanes a row for every linear (defaul
 SMS = 132  # graph_trellis.rs DEFAULT_SMS (lanes_per_row's multiprocessors)
 THREADS = 256  # TRELLIS_THREADS
 # TRELLIS_FUSED_THREADS=512|1024: the fused kernels' blocks as MLX_GRAPH_TRELLIS_THREADS makes
-# them (graph_trellis.rs fused_threads); trellis_qkv then takes the flat grid, as it does with
-# TRELLIS_SPLIT=1 (qkv_flat: the slices' blocks in proportion to their rows).
+# them (graph_trellis.rs TrellisSwitches::threads); trellis_qkv then takes the flat grid, as with
+# TRELLIS_SPLIT=1 (TrellisSwitches::qkv_flat: the slices' blocks in proportion to their rows).
 FUSED = int(os.environ.get("TRELLIS_FUSED_THREADS", "256"))
 FLAT = os.environ.get("TRELLIS_SPLIT") == "1" or FUSED > THREADS
 # TRELLIS_STEP_DEFINES=FILE: the host's defines (TrellisSwitches::defines) verbatim; the launches'
@@ -165,10 +165,10 @@ ATTN_CHUNK = 64
 
 
 def build(tmp, v_larg=None):
-    # trellis_source(Some(v)): the define before graph_trellis.cu.
+    # TrellisSwitches::source(Some(v)): the define before graph_trellis.cu.
     vdef = f"#define TRELLIS_V_L {v_larg}\n" if v_larg is not None else ""
     # TRELLIS_ALIAS=1, TRELLIS_PIPE=1, TRELLIS_STATES=1, TRELLIS_PAIR=1: the source as
-    # MLX_GRAPH_TRELLIS_ALIAS=1, _PIPE=1, _STATES=1 and _PAIR=1 compile it (trellis_source's
+    # MLX_GRAPH_TRELLIS_ALIAS=1, _PIPE=1, _STATES=1 and _PAIR=1 compile it (TrellisSwitches::defines
     # defines; the same bits expected).
     if HOST_DEFINES is not None:
         # TrellisSwitches::source: TRELLIS_V_L, then the switches' defines.
