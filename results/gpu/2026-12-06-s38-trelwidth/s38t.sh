@@ -5,7 +5,7 @@
 # MLX_GRAPH_TRELLIS_STATES=1 and MLX_GRAPH_TRELLIS_PAIR=1 should join the 8B's choice.
 #
 # Needs: a warm H100/H200 whose /opt/models holds llama-135m-q4 and llama31-8b-q4 (measure.sh's
-# setup part done), and .gpu/c from a bundle of this branch (prepare_product.sh: mlx.xz,
+# setup part done), and .gpu/c from a bundle of this branch (prepare_product[_c].sh: mlx.xz,
 # kernels_test.xz, graph_test.xz, fixtures.tar.xz, measure.sh and trellis_bench_model.py).
 #   run(carry=[".gpu/c"], timeout_s=330, command="bash results/gpu/2026-12-06-s38-trelwidth/s38t.sh")
 # Logs: $OUT/tr (speed), $OUT/k (kernel test), $OUT/t (follow test), each measure.sh's
