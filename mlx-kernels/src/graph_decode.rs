@@ -69,8 +69,7 @@ use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel, Module};
 
 use crate::graph_profile::StepProfile;
 use crate::graph_trellis::{
-    epilogue_shared_bytes, fused_threads, l_arg, qkv_flat, TrellisPlan, DEFAULT_SMS, OUT_BIAS,
-    OUT_F32, OUT_RES, TRELLIS_KERNELS,
+    l_arg, TrellisPlan, TrellisSwitches, DEFAULT_SMS, OUT_BIAS, OUT_F32, OUT_RES, TRELLIS_KERNELS,
 };
 use mlx_core::{ops, Array, Dtype, Error, Result};
 
@@ -627,6 +626,15 @@ pub struct GraphSpec {
 }
 
 impl GraphSpec {
+    /// The trellis kernels' switches for this model: chosen by its hidden width, each
+    /// `MLX_GRAPH_TRELLIS_*` variable overriding ([`TrellisSwitches::from_env`]). The decoder
+    /// reads it once, when it is built, and compiles, sizes and launches its trellis kernels
+    /// with that one value (a model without trellis-coded linears compiles no trellis kernel:
+    /// its source does not depend on it).
+    pub fn trellis_switches(&self) -> TrellisSwitches {
+        TrellisSwitches::from_env(self.hidden)
+    }
+
     /// Why the decoder cannot run this spec (`Err` names the field and the problem).
     pub fn check(&self) -> std::result::Result<(), String> {
         let s = self;
@@ -967,7 +975,18 @@ pub struct GraphWeights {
 
 impl GraphWeights {
     /// Checks every array's shape and dtype against `spec`; every problem is listed at once.
+    /// Trellis linears' plans are checked under the model's switches
+    /// ([`GraphSpec::trellis_switches`]).
     pub fn check(&self, spec: &GraphSpec) -> std::result::Result<(), String> {
+        self.check_with(spec, &spec.trellis_switches())
+    }
+
+    /// [`GraphWeights::check`] with the trellis switches given (the decoder's, chosen once).
+    fn check_with(
+        &self,
+        spec: &GraphSpec,
+        sw: &TrellisSwitches,
+    ) -> std::result::Result<(), String> {
         fn want(p: &mut Vec<String>, name: &str, a: &Array, shape: &[usize], dt: Dtype) {
             let sh: Vec<i32> = shape.iter().map(|&n| n as i32).collect();
             if a.shape() != sh.as_slice() || a.dtype() != dt {
@@ -1076,6 +1095,7 @@ impl GraphWeights {
         fn layer_lin(
             p: &mut Vec<String>,
             s: &GraphSpec,
+            sw: &TrellisSwitches,
             name: &str,
             l: &GraphLinear,
             n: usize,
@@ -1083,7 +1103,7 @@ impl GraphWeights {
             bias: bool,
         ) {
             match s.trellis {
-                Some(t) => trellis_lin(p, &t, name, l, n, k, bias),
+                Some(t) => trellis_lin(p, &t, sw, name, l, n, k, bias),
                 None => lin(p, s, name, l, n, k, bias),
             }
         }
@@ -1095,7 +1115,7 @@ impl GraphWeights {
             // The converter trellis-codes an untied head with the layers.
             (Some(l), false) => match s.trellis {
                 Some(t) if l.trellis.is_some() => {
-                    trellis_lin(&mut p, &t, "lm_head", l, s.vocab, h, false)
+                    trellis_lin(&mut p, &t, sw, "lm_head", l, s.vocab, h, false)
                 }
                 _ => lin(&mut p, s, "lm_head", l, s.vocab, h, false),
             },
@@ -1113,8 +1133,8 @@ impl GraphWeights {
         for (i, l) in self.layers.iter().enumerate() {
             let n = |x: &str| format!("layers.{i}.{x}");
             let b = s.qkv_bias;
-            layer_lin(&mut p, s, &n("q_proj"), &l.q, s.heads * d, h, b);
-            layer_lin(&mut p, s, &n("k_proj"), &l.k, s.kv_heads * d, h, b);
+            layer_lin(&mut p, s, sw, &n("q_proj"), &l.q, s.heads * d, h, b);
+            layer_lin(&mut p, s, sw, &n("k_proj"), &l.k, s.kv_heads * d, h, b);
             match (s.trellis, s.trellis_v) {
                 // The value projections' own spec (`trellis_qkv`'s v slice), if the kernels
                 // can pair it with q's and k's.
@@ -1123,11 +1143,11 @@ impl GraphWeights {
                         "{}: trellis spec {v:?} beside q/k's {t:?}: {why}",
                         n("v_proj")
                     )),
-                    None => trellis_lin(&mut p, &v, &n("v_proj"), &l.v, s.kv_heads * d, h, b),
+                    None => trellis_lin(&mut p, &v, sw, &n("v_proj"), &l.v, s.kv_heads * d, h, b),
                 },
-                _ => layer_lin(&mut p, s, &n("v_proj"), &l.v, s.kv_heads * d, h, b),
+                _ => layer_lin(&mut p, s, sw, &n("v_proj"), &l.v, s.kv_heads * d, h, b),
             }
-            layer_lin(&mut p, s, &n("o_proj"), &l.o, h, s.heads * d, s.o_bias);
+            layer_lin(&mut p, s, sw, &n("o_proj"), &l.o, h, s.heads * d, s.o_bias);
             match (&s.moe, &l.router) {
                 (Some(m), Some(r)) if s.moe_layer(i) => {
                     let e = [m.experts];
@@ -1171,16 +1191,27 @@ impl GraphWeights {
                     layer_lin(
                         &mut p,
                         s,
+                        sw,
                         &n("gate_proj"),
                         &l.gate,
                         s.intermediate,
                         h,
                         false,
                     );
-                    layer_lin(&mut p, s, &n("up_proj"), &l.up, s.intermediate, h, false);
                     layer_lin(
                         &mut p,
                         s,
+                        sw,
+                        &n("up_proj"),
+                        &l.up,
+                        s.intermediate,
+                        h,
+                        false,
+                    );
+                    layer_lin(
+                        &mut p,
+                        s,
+                        sw,
                         &n("down_proj"),
                         &l.down,
                         h,
@@ -1248,9 +1279,11 @@ impl GraphWeights {
 /// / 32]` (uint32), the row scales `[n, 1]` (bfloat16 or float32), the signs (float32 `[n]` and
 /// `[k]`), no affine biases, and the kernels' plan ([`TrellisPlan::new`]: shape, code, shared
 /// memory).
+#[allow(clippy::too_many_arguments)]
 fn trellis_lin(
     p: &mut Vec<String>,
     spec: &TrellisSpec,
+    sw: &TrellisSwitches,
     name: &str,
     l: &GraphLinear,
     n: usize,
@@ -1270,7 +1303,7 @@ fn trellis_lin(
         ));
         return;
     }
-    if let Err(e) = TrellisPlan::new(spec, n, k, DEFAULT_SMS) {
+    if let Err(e) = TrellisPlan::new(spec, n, k, DEFAULT_SMS, sw) {
         p.push(format!("{name}: {e}"));
         return;
     }
@@ -1776,7 +1809,12 @@ struct TrellisLayer {
 }
 
 /// Uploads one trellis-coded linear (`TrellisPlan::new` checked it in `GraphWeights::check`).
-fn upload_tlin(rt: &mut GpuRuntime, spec: &TrellisSpec, l: &GraphLinear) -> Result<TLin> {
+fn upload_tlin(
+    rt: &mut GpuRuntime,
+    spec: &TrellisSpec,
+    sw: &TrellisSwitches,
+    l: &GraphLinear,
+) -> Result<TLin> {
     let (t, scales) = match (&l.trellis, &l.scales) {
         (Some(t), Some(s)) => (t, s),
         _ => {
@@ -1789,7 +1827,7 @@ fn upload_tlin(rt: &mut GpuRuntime, spec: &TrellisSpec, l: &GraphLinear) -> Resu
     let sh = l.weight.shape();
     let rows = sh.first().copied().unwrap_or(0) as usize;
     let cols = t.sv.size();
-    let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?)
+    let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?, sw)
         .map_err(|e| invalid("graph_decoder", e.to_string()))?;
     Ok(TLin {
         words: put(rt, &l.weight)?,
@@ -1809,9 +1847,14 @@ fn upload_tlin(rt: &mut GpuRuntime, spec: &TrellisSpec, l: &GraphLinear) -> Resu
     })
 }
 
-/// The launch shape of a `(rows, cols)` trellis matrix of `spec`.
-fn tlin_shape(rt: &GpuRuntime, spec: &TrellisSpec, rows: usize, cols: usize) -> Result<TLinShape> {
-    let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?)
+/// The launch shape of a `(rows, cols)` trellis matrix of `spec` under the model's switches.
+fn tlin_shape(
+    rt: &GpuRuntime,
+    (spec, sw): (&TrellisSpec, &TrellisSwitches),
+    rows: usize,
+    cols: usize,
+) -> Result<TLinShape> {
+    let plan = TrellisPlan::new(spec, rows, cols, rt.sm_count()?, sw)
         .map_err(|e| invalid("graph_decoder", e.to_string()))?;
     Ok(TLinShape {
         rows,
@@ -1833,13 +1876,13 @@ fn tlin_shape(rt: &GpuRuntime, spec: &TrellisSpec, rows: usize, cols: usize) -> 
 /// ([`crate::graph_trellis::v_spec_problem`] held).
 fn upload_tqkv(
     rt: &mut GpuRuntime,
-    spec: &TrellisSpec,
+    (spec, sw): (&TrellisSpec, &TrellisSwitches),
     v_spec: Option<&TrellisSpec>,
     parts: [&GraphLinear; 3],
 ) -> Result<TQkv> {
-    let mut t = upload_tcat(rt, spec, &parts)?;
+    let mut t = upload_tcat(rt, (spec, sw), &parts)?;
     if let Some(v) = v_spec {
-        let vs = tlin_shape(rt, v, t.k.rows, t.q.cols)?;
+        let vs = tlin_shape(rt, (v, sw), t.k.rows, t.q.cols)?;
         if vs.lanes_per_row != t.k.lanes_per_row {
             return Err(invalid(
                 "graph_decoder",
@@ -1858,7 +1901,11 @@ fn upload_tqkv(
 /// shape), or gate and up (`k` then describes up). Counts: each part's Hadamard blocks of rows
 /// in turn for three parts; one set, shared by both, for two (`trellis_gate_up` counts a
 /// block of rows over gate and up).
-fn upload_tcat(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: &[&GraphLinear]) -> Result<TQkv> {
+fn upload_tcat(
+    rt: &mut GpuRuntime,
+    (spec, sw): (&TrellisSpec, &TrellisSwitches),
+    parts: &[&GraphLinear],
+) -> Result<TQkv> {
     let missing = || invalid("graph_decoder", "a trellis linear's parts are missing");
     let mut ts = Vec::with_capacity(3);
     for p in parts {
@@ -1870,8 +1917,8 @@ fn upload_tcat(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: &[&GraphLinear]) 
     let rows = |p: &GraphLinear| p.weight.shape().first().copied().unwrap_or(0) as usize;
     let cols = ts[0].0.sv.size();
     let (q, k) = (
-        tlin_shape(rt, spec, rows(parts[0]), cols)?,
-        tlin_shape(rt, spec, rows(parts[1]), cols)?,
+        tlin_shape(rt, (spec, sw), rows(parts[0]), cols)?,
+        tlin_shape(rt, (spec, sw), rows(parts[1]), cols)?,
     );
     let last = rows(parts[parts.len() - 1]);
     let same = if parts.len() == 3 { k.rows } else { q.rows };
@@ -1922,17 +1969,17 @@ fn upload_tcat(rt: &mut GpuRuntime, spec: &TrellisSpec, parts: &[&GraphLinear]) 
 /// bits) for the parts' byte counts.
 fn upload_trellis_layer(
     rt: &mut GpuRuntime,
-    (spec, v_spec): (&TrellisSpec, Option<&TrellisSpec>),
+    (spec, v_spec, sw): (&TrellisSpec, Option<&TrellisSpec>, &TrellisSwitches),
     l: &GraphLayer,
     z: Buffer,
     g: Buffer,
 ) -> Result<(TrellisLayer, [Lin; 4])> {
     let t = TrellisLayer {
         spec: *spec,
-        qkv: upload_tqkv(rt, spec, v_spec, [&l.q, &l.k, &l.v])?,
-        o: upload_tlin(rt, spec, &l.o)?,
-        gu: upload_tcat(rt, spec, &[&l.gate, &l.up])?,
-        down: upload_tlin(rt, spec, &l.down)?,
+        qkv: upload_tqkv(rt, (spec, sw), v_spec, [&l.q, &l.k, &l.v])?,
+        o: upload_tlin(rt, spec, sw, &l.o)?,
+        gu: upload_tcat(rt, (spec, sw), &[&l.gate, &l.up])?,
+        down: upload_tlin(rt, spec, sw, &l.down)?,
         z,
         g,
     };
@@ -2062,7 +2109,10 @@ impl GraphDecoder {
         }
         let what = |e: String| invalid("graph_decoder", format!("`{}`: {e}", spec.model_type));
         spec.check().map_err(what)?;
-        weights.check(&spec).map_err(what)?;
+        // The trellis kernels' switches, chosen once: the source, the plans' shared memory and
+        // the launches all take this value.
+        let trellis = spec.trellis_switches();
+        weights.check_with(&spec, &trellis).map_err(what)?;
         if capacity == 0 || capacity > (1 << 24) {
             return Err(invalid(
                 "graph_decoder",
@@ -2076,6 +2126,7 @@ impl GraphDecoder {
             batch,
             early,
             min_blocks: opts.min_blocks_per_sm,
+            trellis,
         };
         let t0 = std::time::Instant::now();
         let wide = wide_from.is_some_and(|f| nb >= f);
@@ -2090,7 +2141,7 @@ impl GraphDecoder {
         // A trellis-coded head (an untied head the converter coded with the layers).
         let trellis_head = match (&w.head, &s.trellis) {
             (Some(l), Some(t)) if !s.tied && l.trellis.is_some() => {
-                Some(upload_tlin(&mut rt, t, l)?)
+                Some(upload_tlin(&mut rt, t, &params.trellis, l)?)
             }
             _ => None,
         };
@@ -2147,7 +2198,7 @@ impl GraphDecoder {
             let tl = match (&s.trellis, trellis_scratch) {
                 (Some(ts), Some((z, g))) => Some(upload_trellis_layer(
                     &mut rt,
-                    (ts, s.trellis_v.as_ref()),
+                    (ts, s.trellis_v.as_ref(), &params.trellis),
                     l,
                     z,
                     g,
@@ -2304,6 +2355,14 @@ impl GraphDecoder {
                 },
                 rt.allocated()
             );
+            if s.trellis.is_some() {
+                // The one choice the source, the plans and the launches took (the device
+                // logs' record of it).
+                eprintln!(
+                    "[graph memory] `{}`: trellis switches for hidden {h}: {:?}",
+                    s.model_type, params.trellis
+                );
+            }
         }
         let max_k = s.mv_inputs().into_iter().map(|x| x.0).max().unwrap_or(h);
         let wide = wide_from.is_some_and(|f| nb >= f);
@@ -2329,7 +2388,7 @@ impl GraphDecoder {
         }
         mv_shared_opt_in(&mut rt, Module::FIRST, &spec, nb, chunk)?;
         if s.trellis.is_some() {
-            trellis_shared_limit(&mut rt, &layers, trellis_head)?;
+            trellis_shared_limit(&mut rt, &params.trellis, &layers, trellis_head)?;
         }
         let mv_cap = match opts.blocks_per_sm {
             Some(b) => b.saturating_mul(rt.sm_count()?),
@@ -4228,6 +4287,10 @@ struct SourceParams {
     batch: u32,
     early: u32,
     min_blocks: Option<u32>,
+    /// The trellis kernels' switches ([`GraphSpec::trellis_switches`], chosen once when the
+    /// decoder is built): their source's defines, and the launches' threads, grids and shared
+    /// memory ([`Step::params`]).
+    trellis: TrellisSwitches,
 }
 
 /// Which kernels a step is recorded with: `tiles` launches of the kernels of `module`,
@@ -4328,9 +4391,7 @@ fn step_source(
     }
     if spec.trellis.is_some() {
         kernels.extend(TRELLIS_KERNELS);
-        source.push_str(&crate::graph_trellis::trellis_source(
-            spec.trellis_v.as_ref(),
-        ));
+        source.push_str(&p.trellis.source(spec.trellis_v.as_ref()));
     }
     (source, kernels)
 }
@@ -4883,27 +4944,32 @@ const TRELLIS_STATIC_SHARED: u32 = crate::graph_trellis::STATIC_SHARED;
 
 /// Opts `trellis_linear` in to the dynamic shared memory its widest input takes, where that is
 /// past the default 48 KiB (with its static buffers).
-fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin>) -> Result<()> {
+fn trellis_shared_limit(
+    rt: &mut GpuRuntime,
+    sw: &TrellisSwitches,
+    layers: &[Layer],
+    head: Option<TLin>,
+) -> Result<()> {
     let widest = layers
         .iter()
         .filter_map(|l| l.trellis.as_ref())
         .flat_map(|t| [t.o, t.down])
         .chain(head)
-        .map(|t| tlin_shared(&t))
+        .map(|t| tlin_shared(sw, &t))
         .max()
         .unwrap_or(0);
     // trellis_qkv's input is the hidden state, as o's output and gate's input are.
     let qkv = layers
         .iter()
         .filter_map(|l| l.trellis.as_ref())
-        .map(|t| tqkv_shared(&t.qkv))
+        .map(|t| tqkv_shared(sw, &t.qkv))
         .max()
         .unwrap_or(0);
     // trellis_gate_up's input is the hidden state too.
     let gate_up = layers
         .iter()
         .filter_map(|l| l.trellis.as_ref())
-        .map(|t| tqkv_shared(&t.gu))
+        .map(|t| tqkv_shared(sw, &t.gu))
         .max()
         .unwrap_or(0);
     for (name, bytes) in [
@@ -4919,19 +4985,20 @@ fn trellis_shared_limit(rt: &mut GpuRuntime, layers: &[Layer], head: Option<TLin
     Ok(())
 }
 
-/// `trellis_linear`'s dynamic shared memory for `w` ([`epilogue_shared_bytes`]: the plan's,
-/// and with `TRELLIS_ALIAS` room for the output's Hadamard block).
-fn tlin_shared(w: &TLin) -> u32 {
-    epilogue_shared_bytes(w.shared_bytes, w.hb_rows)
+/// `trellis_linear`'s dynamic shared memory for `w` under the model's switches
+/// ([`TrellisSwitches::epilogue_shared_bytes`]: the plan's, and with `TRELLIS_ALIAS` room for
+/// the output's Hadamard block).
+fn tlin_shared(sw: &TrellisSwitches, w: &TLin) -> u32 {
+    sw.epilogue_shared_bytes(w.shared_bytes, w.hb_rows)
 }
 
 /// `trellis_qkv`'s or `trellis_gate_up`'s dynamic shared memory for `f` (the launch's plan,
 /// and with `TRELLIS_ALIAS` room for the widest of its parts' output Hadamard blocks).
-fn tqkv_shared(f: &TQkv) -> u32 {
-    epilogue_shared_bytes(f.q.shared_bytes, f.q.hb_rows.max(f.k.hb_rows))
+fn tqkv_shared(sw: &TrellisSwitches, f: &TQkv) -> u32 {
+    sw.epilogue_shared_bytes(f.q.shared_bytes, f.q.hb_rows.max(f.k.hb_rows))
 }
 
-/// Blocks of a fused trellis kernel's launch ([`fused_threads`] a block) over `rows` rows
+/// Blocks of a fused trellis kernel's launch ([`TrellisSwitches::threads`] a block) over `rows` rows
 /// (`lanes` lanes a row, `shared` bytes of shared memory a block), per slice of a grid of
 /// `slices` (the matrices one launch covers): enough blocks for the rows, at most the slice's
 /// share of the resident ones.
@@ -4942,16 +5009,16 @@ fn trellis_blocks(
     (rows, lanes, shared): (usize, u32, u32),
     slices: u32,
 ) -> Result<u32> {
-    let threads = fused_threads();
+    let threads = rec.step.params.trellis.threads;
     let resident = rt.resident_blocks(k, threads, shared)?.min(rec.step.mv_cap) / slices;
     Ok(rows
-        .div_ceil(fused_rows_per_block(lanes))
+        .div_ceil(fused_rows_per_block(threads, lanes))
         .min(resident.max(1) as usize) as u32)
 }
 
-/// Rows a block of a fused trellis kernel takes at once ([`fused_threads`], `lanes` a row).
-fn fused_rows_per_block(lanes: u32) -> usize {
-    (fused_threads() as usize / 32) * (32 / lanes as usize)
+/// Rows a block of a fused trellis kernel takes at once (`threads` a block, `lanes` a row).
+fn fused_rows_per_block(threads: u32, lanes: u32) -> usize {
+    (threads as usize / 32) * (32 / lanes as usize)
 }
 
 /// One `trellis_linear` launch (one sequence): `out = op(su * H_r (Wt (H_c (sv * x))))`, `x`
@@ -4972,7 +5039,8 @@ fn trellis_launch(
     mode: i64,
 ) -> Result<()> {
     let k = rt.kernel("trellis_linear")?;
-    let shared = tlin_shared(w);
+    let sw = rec.step.params.trellis;
+    let shared = tlin_shared(&sw, w);
     let blocks = trellis_blocks(rec, rt, k, (w.rows, w.lanes_per_row, shared), 1)?;
     let mode = mode | if w.bias.is_some() { OUT_BIAS } else { 0 };
     rec.launch(
@@ -4980,7 +5048,7 @@ fn trellis_launch(
         part,
         k,
         [blocks, 1, 1],
-        [fused_threads(), 1, 1],
+        [sw.threads, 1, 1],
         shared,
         &[
             Arg::Buf(w.words, 0),
@@ -5024,16 +5092,22 @@ fn record_trellis_qkv(
 ) -> Result<()> {
     let (s, a, f) = (&step.shape, &step.acts, &t.qkv);
     let k = rt.kernel("trellis_qkv")?;
-    let shared = tqkv_shared(f);
-    let grid = if qkv_flat() {
+    let sw = step.params.trellis;
+    let shared = tqkv_shared(&sw, f);
+    let grid = if sw.qkv_flat() {
         // One flat grid, the slices' blocks in proportion to their rows (the kernel splits
         // it with qkv_kv_blocks' formula): enough for every slice's rows, at most the resident
         // blocks, at least one a slice.
         let resident = rt
-            .resident_blocks(k, fused_threads(), shared)?
+            .resident_blocks(k, sw.threads, shared)?
             .min(rec.step.mv_cap);
-        let need = f.q.rows.div_ceil(fused_rows_per_block(f.q.lanes_per_row))
-            + 2 * f.k.rows.div_ceil(fused_rows_per_block(f.k.lanes_per_row));
+        let need =
+            f.q.rows
+                .div_ceil(fused_rows_per_block(sw.threads, f.q.lanes_per_row))
+                + 2 * f
+                    .k
+                    .rows
+                    .div_ceil(fused_rows_per_block(sw.threads, f.k.lanes_per_row));
         let total = (need.min(resident as usize) as u32).max(3);
         [total, 1, 1]
     } else {
@@ -5046,7 +5120,7 @@ fn record_trellis_qkv(
         Part::Qkv,
         k,
         grid,
-        [fused_threads(), 1, 1],
+        [sw.threads, 1, 1],
         shared,
         &[
             Arg::Buf(f.words, 0),
@@ -5113,7 +5187,8 @@ fn record_trellis_mlp(
         OUT_RES,
     )?;
     let (f, k) = (&t.gu, rt.kernel("trellis_gate_up")?);
-    let shared = tqkv_shared(f);
+    let sw = step.params.trellis;
+    let shared = tqkv_shared(&sw, f);
     // Two slices of the grid: half of the resident blocks each.
     let blocks = trellis_blocks(rec, rt, k, (f.q.rows, f.q.lanes_per_row, shared), 2)?;
     rec.launch(
@@ -5121,7 +5196,7 @@ fn record_trellis_mlp(
         Part::GateUp,
         k,
         [blocks, 1, 2],
-        [fused_threads(), 1, 1],
+        [sw.threads, 1, 1],
         shared,
         &[
             Arg::Buf(f.words, 0),
@@ -5370,6 +5445,7 @@ mod tests {
             batch: 4,
             early: 4,
             min_blocks: None,
+            trellis: TrellisSwitches::PLAIN,
         };
         let (src, _) = step_source(&s, &p, 1, false, false);
         for d in ["MV_FP4 1", "MV_OUT_BIAS 1", "MOE_OAI 1", "ATTN_SINKS 1"] {
@@ -5665,6 +5741,7 @@ mod tests {
             batch: 4,
             early: 4,
             min_blocks: None,
+            trellis: TrellisSwitches::PLAIN,
         };
         let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
         assert_eq!(
@@ -5708,6 +5785,7 @@ mod tests {
             batch: 4,
             early: 4,
             min_blocks: None,
+            trellis: TrellisSwitches::PLAIN,
         };
         let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
         assert_eq!(
@@ -5735,6 +5813,7 @@ mod tests {
             batch: 4,
             early: 4,
             min_blocks: None,
+            trellis: TrellisSwitches::PLAIN,
         };
         let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
         assert_eq!(
@@ -6047,6 +6126,7 @@ mod tests {
             batch: 4,
             early: 4,
             min_blocks: None,
+            trellis: TrellisSwitches::PLAIN,
         };
         let (hybrid, _) = step_source(&spec, &p, 1, false, false);
         let (plain, _) = step_source(&one, &p, 1, false, false);
@@ -6054,6 +6134,70 @@ mod tests {
         assert!(hybrid.contains("#define TRELLIS_V_L 12\n"));
         assert!(!plain.contains("#define TRELLIS_V_L"));
         assert_eq!(hybrid.replace("#define TRELLIS_V_L 12\n", ""), plain);
+    }
+
+    /// Writes the step sources of an affine model and of trellis models (the 135M's and the
+    /// 8B's hidden widths, hybrid value projections) to `$MLX_SOURCE_DUMP` where it is set:
+    /// the files that show a change leaves the step sources as they were (`cmp` the dumps of
+    /// two commits; results/gpu/2026-12-06-s38-trelwidth).
+    #[test]
+    fn step_sources_dump() {
+        use mlx_core::cpu::trellis::TrellisCode;
+        let Some(dir) = std::env::var_os("MLX_SOURCE_DUMP") else {
+            return;
+        };
+        let t = TrellisSpec {
+            k: 3,
+            l: 12,
+            block: 64,
+            code: TrellisCode::Gauss7S,
+        };
+        let v = TrellisSpec {
+            code: TrellisCode::Mad,
+            ..t
+        };
+        let p = SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+            trellis: TrellisSwitches::PLAIN,
+        };
+        let affine = GraphSpec {
+            quant: Some((64, 4)),
+            ..tiny_spec()
+        };
+        let small = GraphSpec {
+            hidden: 576,
+            trellis: Some(t),
+            trellis_v: Some(v),
+            ..tiny_spec()
+        };
+        let large = GraphSpec {
+            hidden: 4096,
+            ..small.clone()
+        };
+        let named = [
+            ("bf16", &tiny_spec()),
+            ("affine", &affine),
+            ("trellis576", &small),
+            ("trellis4096", &large),
+        ];
+        for (name, s) in named {
+            // The decoder's params: the model's switches, chosen once from its shape and the
+            // environment (SourceParams::trellis).
+            let p = SourceParams {
+                trellis: s.trellis_switches(),
+                ..p
+            };
+            let (src, _) = step_source(s, &p, 1, false, false);
+            std::fs::write(std::path::Path::new(&dir).join(format!("{name}.cu")), src).unwrap();
+            // The trellis defines alone (xtask/gpu/trellis_step_emulate.py's
+            // TRELLIS_STEP_DEFINES: the emulator compiles and launches as the host chose).
+            let defines = p.trellis.defines();
+            let file = format!("defines{}.txt", s.hidden);
+            std::fs::write(std::path::Path::new(&dir).join(file), defines).unwrap();
+        }
     }
 
     impl GraphSpec {

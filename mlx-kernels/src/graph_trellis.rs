@@ -15,7 +15,7 @@
 //! the same table at each state's hashed index, `mad8h_index`: one multiply a weight more),
 //! and the S-box codes `1mad8s`, `gauss8s` and `gauss7s` (at `L` 12 two loads a weight: the
 //! AES S-box of the state's top byte from a table of its 256 entries, then the code at the
-//! index from the code's table, each in shared memory a copy a lane: [`lut_floats`]);
+//! index from the code's table, each in shared memory a copy a lane: [`lut_floats_with`]);
 //! [`l_arg`] carries the code in every launch.
 //!
 //! # Tier
@@ -45,85 +45,204 @@ use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Kernel};
 /// uses) for a model with trellis-coded linears.
 pub const TRELLIS_SOURCE: &str = include_str!("graph_trellis.cu");
 
-/// [`TRELLIS_SOURCE`] as the graph decoder compiles it: with `MLX_GRAPH_TRELLIS_PREFETCH=0`,
-/// `TRELLIS_PREFETCH 0` defined first (the L2 prefetches before the PDL wait off: hints, the
-/// results are the same bits; the device's A/B of them); with `MLX_GRAPH_TRELLIS_ROWS2=1`,
-/// `TRELLIS_ROWS2 1` (1mad8's table path two rows a lane: the same bits, more registers; the
-/// device's A/B of it, off by default). With `v` (the value projections' spec where it differs
-/// from the rest's: [`crate::graph_decode::GraphSpec::trellis_v`]), `TRELLIS_V_L` defined as
-/// its [`l_arg`]: `trellis_qkv`'s v slice decodes with it. Without, the source is the one-spec
-/// model's, unchanged (the same kernels). With `MLX_GRAPH_TRELLIS_ALIAS=1`, `TRELLIS_ALIAS 1`
-/// (the epilogues' Hadamard buffer in the dynamic shared memory: [`epilogue_alias`]); with
-/// `MLX_GRAPH_TRELLIS_PIPE=1`, `TRELLIS_PIPE 1` (the product's next block of words loaded
-/// before the current one's codes); with `MLX_GRAPH_TRELLIS_THREADS=512` or `1024`,
-/// `TRELLIS_FUSED_THREADS` (the decoder's fused kernels' blocks: [`fused_threads`]); with [`qkv_flat`], `TRELLIS_QKV_FLAT 1` (`trellis_qkv` on a flat grid
-/// split by rows); with `MLX_GRAPH_TRELLIS_STATES=1`, `TRELLIS_STATES 1` (the S-box codes'
-/// product from one table of every 12-bit state's code: [`state_table`]); with
-/// `MLX_GRAPH_TRELLIS_PAIR=1`, `TRELLIS_PAIR 1` (the product's lanes load two blocks' words
-/// before decoding either). All are the same bits on the emulator and off by default: the
-/// first three together took the 8B's trellis-3 default model from 86.4 to 132.8 tok/s on an
-/// H100 but the 135M's from 629.9 to 514.5 (`results/gpu/2026-12-06-s37-h100`), so they wait
-/// for a choice by size; the last two are the device's A/B (`results/gpu/2026-12-06-s37-trelprod`).
-/// [`TrellisGpu`] (the `cuda` test set's kernel check) compiles this source too, so the
-/// switches reach the kernel test as they reach the decoder.
-pub fn trellis_source(v: Option<&TrellisSpec>) -> String {
-    let mut define = String::new();
-    if let Some(v) = v {
-        define.push_str(&format!("#define TRELLIS_V_L {}\n", l_arg(v)));
-    }
-    if env_is("MLX_GRAPH_TRELLIS_PREFETCH", "0") {
-        define.push_str("#define TRELLIS_PREFETCH 0\n");
-    }
-    if env_is("MLX_GRAPH_TRELLIS_ROWS2", "1") {
-        define.push_str("#define TRELLIS_ROWS2 1\n");
-    }
-    if epilogue_alias() {
-        define.push_str("#define TRELLIS_ALIAS 1\n");
-    }
-    if env_is("MLX_GRAPH_TRELLIS_PIPE", "1") {
-        define.push_str("#define TRELLIS_PIPE 1\n");
-    }
-    let threads = fused_threads();
-    if threads != TRELLIS_THREADS {
-        define.push_str(&format!("#define TRELLIS_FUSED_THREADS {threads}\n"));
-    }
-    if qkv_flat() {
-        define.push_str("#define TRELLIS_QKV_FLAT 1\n");
-    }
-    if state_table() {
-        define.push_str("#define TRELLIS_STATES 1\n");
-    }
-    if env_is("MLX_GRAPH_TRELLIS_PAIR", "1") {
-        define.push_str("#define TRELLIS_PAIR 1\n");
-    }
-    format!("{define}{TRELLIS_SOURCE}")
+/// The hidden width from which a model's trellis kernels take [`TrellisSwitches::WIDE`]
+/// (1,024-thread fused blocks, the aliased epilogue buffer and the pipelined product) by
+/// default. On an H100 (`results/gpu/2026-12-06-s37-h100`, `mlx benchmark --decoder graph`) those
+/// switches took the Llama-3.1-8B-shaped trellis-3 default model (hidden 4,096) from 86.4 to
+/// 132.8 tok/s and SmolLM2-135M's (hidden 576) from 629.9 to 514.5. An SM holds one 1,024-thread
+/// block, so a launch covers as many SMs as its grid has blocks: the launches over the hidden
+/// state's rows (o and down; q at Llama's shapes) take 128 blocks of the H100's 132 at 4,096,
+/// 9 to 18 at 576, and 48 to 64 at Llama-3.2-1B's and 3B's 2,048 and 3,072 (`xtask/gpu/
+/// trellis_cost.py`'s grids), where the 256-thread default's grids fill every SM. So the wide
+/// switches start at the one measured width where they paid; the widths between 576 and 4,096
+/// are not measured (one device row there would move this constant).
+pub const WIDE_HIDDEN: usize = 4096;
+
+/// The trellis kernels' switches of one model: the source's defines ([`TrellisSwitches::source`]),
+/// the launches' threads and grids ([`TrellisSwitches::threads`],
+/// [`TrellisSwitches::qkv_flat`]) and their shared memory
+/// ([`TrellisSwitches::epilogue_shared_bytes`], [`TrellisSwitches::lut_floats`]) all read this
+/// one value, chosen once from the model's shape ([`TrellisSwitches::from_env`]), so the kernels
+/// and their launches cannot disagree. Every choice computes the same bits (the emulators'
+/// checks); only the speed differs.
+///
+/// | field | define | variable | by shape |
+/// |---|---|---|---|
+/// | `threads` | `TRELLIS_FUSED_THREADS` | `MLX_GRAPH_TRELLIS_THREADS` (256, 512, 1024) | 1,024 from [`WIDE_HIDDEN`], else 256 |
+/// | `alias` | `TRELLIS_ALIAS` | `MLX_GRAPH_TRELLIS_ALIAS` | on from [`WIDE_HIDDEN`] |
+/// | `pipe` | `TRELLIS_PIPE` | `MLX_GRAPH_TRELLIS_PIPE` | on from [`WIDE_HIDDEN`] |
+/// | `split` | `TRELLIS_QKV_FLAT` (with wider blocks too) | `MLX_GRAPH_TRELLIS_SPLIT` | off |
+/// | `states` | `TRELLIS_STATES` | `MLX_GRAPH_TRELLIS_STATES` | off (not run on a device) |
+/// | `pair` | `TRELLIS_PAIR` | `MLX_GRAPH_TRELLIS_PAIR` | off (not run on a device) |
+/// | `prefetch` | `TRELLIS_PREFETCH 0` when off | `MLX_GRAPH_TRELLIS_PREFETCH` | on |
+/// | `rows2` | `TRELLIS_ROWS2` | `MLX_GRAPH_TRELLIS_ROWS2` | off |
+///
+/// A variable set to `1` turns its switch on, `0` off (`THREADS`: `256`, `512` or `1024`);
+/// unset, or any other value (ignored, as the graph decoder's other switches ignore theirs),
+/// leaves the shape's choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrellisSwitches {
+    /// Threads a block of the decoder's fused kernels (`trellis_linear`, `trellis_qkv`,
+    /// `trellis_gate_up`): 256 ([`TRELLIS_THREADS`]), 512 or 1,024. At 1,024 an SM holds one
+    /// block, which stages the transformed input and fills the tables once for 32 warps (the
+    /// same bits: graph_trellis.cu's `TRELLIS_FUSED_THREADS`).
+    pub threads: u32,
+    /// The output transform's Hadamard buffer of the kernels with it in their epilogue
+    /// (`trellis_linear`, `trellis_matvec_out`, `trellis_qkv`, `trellis_gate_up`) at the start
+    /// of their dynamic shared memory instead of a static 16 KiB, so that their launches take
+    /// [`TrellisSwitches::epilogue_shared_bytes`].
+    pub alias: bool,
+    /// The product's next block of words loaded before the current one's codes.
+    pub pipe: bool,
+    /// `trellis_qkv` on a flat grid even at 256 threads ([`TrellisSwitches::qkv_flat`]).
+    pub split: bool,
+    /// The S-box codes' (`1mad8s`, `gauss8s`, `gauss7s`) fast paths at `L` 12 read each
+    /// weight's code from one table of the 4,096 states' codes (bytes, four a word, 32 copies:
+    /// [`STATE_WORDS`]) instead of the S-box then the code's table: one shared-memory load a
+    /// weight instead of two. Its plans take the bigger table ([`TrellisSwitches::lut_floats`]);
+    /// 128 KiB of tables leave an SM one block, so it wants 1,024 threads.
+    pub states: bool,
+    /// The product's lanes load two blocks' words before decoding either.
+    pub pair: bool,
+    /// The L2 prefetches before the PDL wait (hints; off: `TRELLIS_PREFETCH 0`).
+    pub prefetch: bool,
+    /// 1mad8's table path two rows a lane (more registers).
+    pub rows2: bool,
 }
 
-fn env_is(key: &str, value: &str) -> bool {
-    std::env::var(key).is_ok_and(|x| x == value)
-}
+impl TrellisSwitches {
+    /// Every switch at the kernels' own defaults: the source without a define (256-thread
+    /// fused blocks, the prefetches on).
+    pub const PLAIN: TrellisSwitches = TrellisSwitches {
+        threads: TRELLIS_THREADS,
+        alias: false,
+        pipe: false,
+        split: false,
+        states: false,
+        pair: false,
+        prefetch: true,
+        rows2: false,
+    };
 
-/// Threads a block of the decoder's fused kernels (`trellis_linear`, `trellis_qkv`,
-/// `trellis_gate_up`; `TRELLIS_FUSED_THREADS`): `MLX_GRAPH_TRELLIS_THREADS` where it is 512 or
-/// 1024, else [`TRELLIS_THREADS`] (any other value is ignored; 1024 with ALIAS and PIPE took the
-/// 8B's trellis-3 default model from 86.4 to 132.8 tok/s on an H100 but the 135M's from 629.9
-/// to 514.5, `results/gpu/2026-12-06-s37-h100`: off by default until chosen by size). At 1024 an SM holds one block,
-/// which stages the transformed input and fills the tables once for 32 warps (the same bits:
-/// graph_trellis.cu's `TRELLIS_FUSED_THREADS`).
-pub fn fused_threads() -> u32 {
-    match std::env::var("MLX_GRAPH_TRELLIS_THREADS").as_deref() {
-        Ok("512") => 512,
-        Ok("1024") => 1024,
-        _ => TRELLIS_THREADS,
+    /// [`TrellisSwitches::PLAIN`] with 1,024-thread fused blocks, `alias` and `pipe`: the
+    /// choice from [`WIDE_HIDDEN`].
+    pub const WIDE: TrellisSwitches = TrellisSwitches {
+        threads: 1024,
+        alias: true,
+        pipe: true,
+        ..TrellisSwitches::PLAIN
+    };
+
+    /// The choice for a model of hidden width `hidden`, no variable read:
+    /// [`TrellisSwitches::WIDE`] from [`WIDE_HIDDEN`], else [`TrellisSwitches::PLAIN`].
+    pub fn by_shape(hidden: usize) -> TrellisSwitches {
+        if hidden >= WIDE_HIDDEN {
+            TrellisSwitches::WIDE
+        } else {
+            TrellisSwitches::PLAIN
+        }
     }
-}
 
-/// Whether the decoder launches `trellis_qkv` on a flat grid (its slices' blocks in proportion
-/// to their rows: [`qkv_kv_blocks`]) instead of three equal slices: `MLX_GRAPH_TRELLIS_SPLIT=1`,
-/// or fused blocks wider than [`TRELLIS_THREADS`] (one a multiprocessor: equal slices would
-/// leave q's third of the GPU with four times the others' rows at Llama-3-8B's shapes).
-pub fn qkv_flat() -> bool {
-    env_is("MLX_GRAPH_TRELLIS_SPLIT", "1") || fused_threads() > TRELLIS_THREADS
+    /// `self` with each switch whose variable `var` gives as `1`/`0` (`THREADS`: `256`,
+    /// `512`, `1024`) forced on/off (to that width); unset or any other value keeps `self`'s.
+    pub fn overridden(self, var: impl Fn(&str) -> Option<String>) -> TrellisSwitches {
+        let flag = |key: &str, now: bool| match var(key).as_deref() {
+            Some("1") => true,
+            Some("0") => false,
+            _ => now,
+        };
+        TrellisSwitches {
+            threads: match var("MLX_GRAPH_TRELLIS_THREADS").as_deref() {
+                Some("256") => 256,
+                Some("512") => 512,
+                Some("1024") => 1024,
+                _ => self.threads,
+            },
+            alias: flag("MLX_GRAPH_TRELLIS_ALIAS", self.alias),
+            pipe: flag("MLX_GRAPH_TRELLIS_PIPE", self.pipe),
+            split: flag("MLX_GRAPH_TRELLIS_SPLIT", self.split),
+            states: flag("MLX_GRAPH_TRELLIS_STATES", self.states),
+            pair: flag("MLX_GRAPH_TRELLIS_PAIR", self.pair),
+            prefetch: flag("MLX_GRAPH_TRELLIS_PREFETCH", self.prefetch),
+            rows2: flag("MLX_GRAPH_TRELLIS_ROWS2", self.rows2),
+        }
+    }
+
+    /// The switches of a model of hidden width `hidden`: the shape's choice
+    /// ([`TrellisSwitches::by_shape`]) under the environment's `MLX_GRAPH_TRELLIS_*` variables
+    /// ([`TrellisSwitches::overridden`]). The graph decoder reads it once, when it is built
+    /// ([`crate::graph_decode::GraphSpec::trellis_switches`]).
+    pub fn from_env(hidden: usize) -> TrellisSwitches {
+        TrellisSwitches::by_shape(hidden).overridden(|k| std::env::var(k).ok())
+    }
+
+    /// Whether the decoder launches `trellis_qkv` on a flat grid (its slices' blocks in
+    /// proportion to their rows: [`qkv_kv_blocks`]) instead of three equal slices: `split`, or
+    /// fused blocks wider than [`TRELLIS_THREADS`] (one a multiprocessor: equal slices would
+    /// leave q's third of the GPU with four times the others' rows at Llama-3-8B's shapes).
+    pub fn qkv_flat(&self) -> bool {
+        self.split || self.threads > TRELLIS_THREADS
+    }
+
+    /// The defines [`TrellisSwitches::source`] puts before the kernels (after `TRELLIS_V_L`),
+    /// in this order; none for [`TrellisSwitches::PLAIN`].
+    pub fn defines(&self) -> String {
+        let mut define = String::new();
+        if !self.prefetch {
+            define.push_str("#define TRELLIS_PREFETCH 0\n");
+        }
+        if self.rows2 {
+            define.push_str("#define TRELLIS_ROWS2 1\n");
+        }
+        if self.alias {
+            define.push_str("#define TRELLIS_ALIAS 1\n");
+        }
+        if self.pipe {
+            define.push_str("#define TRELLIS_PIPE 1\n");
+        }
+        if self.threads != TRELLIS_THREADS {
+            define.push_str(&format!("#define TRELLIS_FUSED_THREADS {}\n", self.threads));
+        }
+        if self.qkv_flat() {
+            define.push_str("#define TRELLIS_QKV_FLAT 1\n");
+        }
+        if self.states {
+            define.push_str("#define TRELLIS_STATES 1\n");
+        }
+        if self.pair {
+            define.push_str("#define TRELLIS_PAIR 1\n");
+        }
+        define
+    }
+
+    /// [`TRELLIS_SOURCE`] as the graph decoder compiles it: with `v` (the value projections'
+    /// spec where it differs from the rest's: [`crate::graph_decode::GraphSpec::trellis_v`]),
+    /// `TRELLIS_V_L` defined first as its [`l_arg`] (`trellis_qkv`'s v slice decodes with it;
+    /// without, the one-spec model's source); then [`TrellisSwitches::defines`]. With
+    /// [`TrellisSwitches::PLAIN`] and no `v`, [`TRELLIS_SOURCE`] itself. [`TrellisGpu`] (the
+    /// `cuda` test set's kernel check) compiles its plan's switches' source.
+    pub fn source(&self, v: Option<&TrellisSpec>) -> String {
+        let v = v.map_or(String::new(), |v| {
+            format!("#define TRELLIS_V_L {}\n", l_arg(v))
+        });
+        format!("{v}{}{TRELLIS_SOURCE}", self.defines())
+    }
+
+    /// The dynamic shared memory of a launch with the output transform in its epilogue: the
+    /// plan's `bytes` (the tables and the padded input), and with `alias` at least the widest
+    /// output Hadamard block it transforms, `hb_rows` floats (the buffer then lies over them).
+    pub fn epilogue_shared_bytes(&self, bytes: u32, hb_rows: usize) -> u32 {
+        if self.alias {
+            bytes.max(4 * hb_rows as u32)
+        } else {
+            bytes
+        }
+    }
+
+    /// [`lut_floats_with`] under `states`.
+    pub fn lut_floats(&self, spec: &TrellisSpec) -> usize {
+        lut_floats_with(spec, self.states)
+    }
 }
 
 /// k's and v's blocks each of a flat `trellis_qkv` grid of `total` blocks (at least 3) over
@@ -134,38 +253,7 @@ pub fn qkv_kv_blocks(total: u32, q_rows: usize, kv_rows: usize) -> u32 {
     (bk as u32).max(1)
 }
 
-/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_ALIAS`
-/// (`MLX_GRAPH_TRELLIS_ALIAS=1`): the output transform's Hadamard buffer of the kernels with it
-/// in their epilogue (`trellis_linear`, `trellis_matvec_out`, `trellis_qkv`, `trellis_gate_up`)
-/// at the start of their dynamic shared memory instead of a static 16 KiB, so that their
-/// launches take [`epilogue_shared_bytes`].
-pub fn epilogue_alias() -> bool {
-    env_is("MLX_GRAPH_TRELLIS_ALIAS", "1")
-}
-
-/// The dynamic shared memory of a launch with the output transform in its epilogue: the
-/// plan's `bytes` (the tables and the padded input), and with [`epilogue_alias`] at least the
-/// widest output Hadamard block it transforms, `hb_rows` floats (the buffer then lies over
-/// them).
-pub fn epilogue_shared_bytes(bytes: u32, hb_rows: usize) -> u32 {
-    if epilogue_alias() {
-        bytes.max(4 * hb_rows as u32)
-    } else {
-        bytes
-    }
-}
-
-/// Whether [`trellis_source`] compiles the kernels with `TRELLIS_STATES`
-/// (`MLX_GRAPH_TRELLIS_STATES=1`): the S-box codes' (`1mad8s`, `gauss8s`, `gauss7s`) fast paths
-/// at `L` 12 read each weight's code from one table of the 4,096 states' codes (bytes, four a
-/// word, 32 copies: [`STATE_WORDS`]) instead of the S-box then the code's table: one
-/// shared-memory load a weight instead of two, the same bits. Its plans take the bigger table
-/// ([`lut_floats`]).
-pub fn state_table() -> bool {
-    env_is("MLX_GRAPH_TRELLIS_STATES", "1")
-}
-
-/// Words of the states' table ([`state_table`]; `TRELLIS_STATE_WORDS`): 4,096 byte codes, four a
+/// Words of the states' table ([`TrellisSwitches::states`]; `TRELLIS_STATE_WORDS`): 4,096 byte codes, four a
 /// word, 32 copies of each word (128 KiB).
 pub const STATE_WORDS: usize = 1024 * 32;
 
@@ -224,13 +312,9 @@ pub const LUT_FLOATS: usize = 8192;
 /// Floats of the tables at the start of a plan's dynamic shared memory (`trellis_lut_floats`):
 /// none where the product computes its codes; 1mad8's table ([`LUT_FLOATS`]) for 1mad8 and
 /// 1mad8h; for the S-box codes the S-box (256 entries, 32 copies: [`LUT_FLOATS`]) then the
-/// code table (256 entries, 32 copies; gauss7s's 128); with [`state_table`], the S-box codes'
-/// table of every state's code ([`STATE_WORDS`]).
-pub fn lut_floats(spec: &TrellisSpec) -> usize {
-    lut_floats_with(spec, state_table())
-}
-
-/// [`lut_floats`] with [`state_table`] given: with it, the S-box codes take [`STATE_WORDS`].
+/// code table (256 entries, 32 copies; gauss7s's 128); with `states`
+/// ([`TrellisSwitches::states`]), the S-box codes' table of every state's code
+/// ([`STATE_WORDS`]).
 pub fn lut_floats_with(spec: &TrellisSpec, states: bool) -> usize {
     if !uses_lut(spec) {
         return 0;
@@ -374,8 +458,11 @@ pub struct TrellisPlan {
     /// `trellis_matvec`'s lanes a row ([`lanes_per_row`]).
     pub lanes_per_row: u32,
     /// `trellis_matvec`'s dynamic shared memory (the tables where the product reads them,
-    /// [`lut_floats`], then the padded float32 input).
+    /// [`TrellisSwitches::lut_floats`], then the padded float32 input).
     pub shared_bytes: u32,
+    /// The model's switches the plan was made under (the tables' size; [`TrellisGpu`]
+    /// compiles and launches its kernels with them).
+    pub switches: TrellisSwitches,
 }
 
 /// Why a trellis matrix has no CUDA plan ([`TrellisPlan::new`]): the matrix's shape and
@@ -425,13 +512,14 @@ impl std::error::Error for TrellisPlanError {
 }
 
 impl TrellisPlan {
-    /// The plan of a `(rows, cols)` matrix of `spec` on a GPU of `sms` multiprocessors; `Err`
-    /// names the problem.
+    /// The plan of a `(rows, cols)` matrix of `spec` on a GPU of `sms` multiprocessors under
+    /// the model's `switches`; `Err` names the problem.
     pub fn new(
         spec: &TrellisSpec,
         rows: usize,
         cols: usize,
         sms: u32,
+        switches: &TrellisSwitches,
     ) -> std::result::Result<TrellisPlan, TrellisPlanError> {
         spec.check_shape(rows, cols)
             .map_err(TrellisPlanError::Shape)?;
@@ -441,7 +529,7 @@ impl TrellisPlan {
         let (hb_rows, hb_cols) = (hadamard_block(rows), hadamard_block(cols));
         let input = (cols + pad(spec.block) * cols.div_ceil(32)) * 4;
         // The tables first, then the input (`trellis_lut`, `trellis_xs_base`).
-        let bytes = 4 * lut_floats(spec) + input;
+        let bytes = 4 * switches.lut_floats(spec) + input;
         if bytes > TRELLIS_MAX_SHARED as usize {
             return Err(TrellisPlanError::SharedMemory { cols, bytes });
         }
@@ -455,6 +543,7 @@ impl TrellisPlan {
             hscale_cols: 1.0 / (hb_cols as f32).sqrt(),
             lanes_per_row: lanes_per_row(spec, rows, cols, sms),
             shared_bytes: bytes as u32,
+            switches: *switches,
         })
     }
 
@@ -475,7 +564,7 @@ impl TrellisPlan {
     }
 
     /// The grid of a fused kernel's launch of `threads` a block (`trellis_linear`:
-    /// [`fused_threads`]): enough blocks for every row group, at most `resident`.
+    /// [`TrellisSwitches::threads`]): enough blocks for every row group, at most `resident`.
     pub fn fused_grid(&self, threads: u32, sequences: u32, resident: u32) -> (u32, u32) {
         let rows_per_block = (threads as usize / 32) * (32 / self.lanes_per_row as usize);
         let blocks = self
@@ -563,7 +652,11 @@ impl TrellisGpu {
                 ),
             ));
         }
-        let source = format!("{}{}", crate::graph_source::SOURCE, trellis_source(None));
+        let source = format!(
+            "{}{}",
+            crate::graph_source::SOURCE,
+            plan.switches.source(None)
+        );
         let mut rt = GpuRuntime::new(&source, &TRELLIS_KERNELS)?;
         let kernels = [
             rt.kernel("trellis_decode")?,
@@ -576,7 +669,9 @@ impl TrellisGpu {
         ];
         // trellis_matvec_out's static Hadamard buffer, reductions and list come on top; with
         // TRELLIS_ALIAS the epilogues' buffer lies in the dynamic memory (epilogue_shared_bytes).
-        let epilogue = epilogue_shared_bytes(plan.shared_bytes, plan.hb_rows);
+        let epilogue = plan
+            .switches
+            .epilogue_shared_bytes(plan.shared_bytes, plan.hb_rows);
         if epilogue + STATIC_SHARED > 48 * 1024 {
             for k in [kernels[2], kernels[4]] {
                 rt.set_shared_limit(k, plan.shared_bytes)?;
@@ -721,7 +816,10 @@ impl TrellisGpu {
         }
         let q = self.parts;
         self.rt.upload(q.xh, 0, &bytes_f32(xh))?;
-        let shared = epilogue_shared_bytes(self.plan.shared_bytes, self.plan.hb_rows);
+        let shared = self
+            .plan
+            .switches
+            .epilogue_shared_bytes(self.plan.shared_bytes, self.plan.hb_rows);
         let resident = self
             .rt
             .resident_blocks(q.kernels[5], TRELLIS_THREADS, shared)?;
@@ -841,8 +939,8 @@ impl TrellisGpu {
     pub fn time_linear(&mut self, reps: u32) -> mlx_core::Result<f64> {
         let (p, q) = (self.plan.clone(), self.parts);
         let k = q.kernels[6];
-        let shared = epilogue_shared_bytes(p.shared_bytes, p.hb_rows);
-        let threads = fused_threads();
+        let shared = p.switches.epilogue_shared_bytes(p.shared_bytes, p.hb_rows);
+        let threads = p.switches.threads;
         let resident = self.rt.resident_blocks(k, threads, shared)?;
         let (gx, gy) = p.fused_grid(threads, 1, resident);
         let args = [
@@ -922,6 +1020,8 @@ fn launch_matvec(
 mod tests {
     use super::*;
 
+    const PLAIN: TrellisSwitches = TrellisSwitches::PLAIN;
+
     fn spec(k: u32, l: u32, block: usize) -> TrellisSpec {
         TrellisSpec {
             k,
@@ -951,17 +1051,17 @@ mod tests {
         ] {
             assert_eq!(is_fast(&s), fast, "{s:?}");
             assert_eq!(uses_lut(&s), fast, "{s:?}");
-            let p = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS).unwrap();
+            let p = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS, &PLAIN).unwrap();
             let input = (1536 + pad(s.block) * 48) * 4;
             let want = if fast { 4 * LUT_FLOATS + input } else { input };
             assert_eq!(p.shared_bytes as usize, want, "{s:?}");
             assert_eq!(p.lanes_per_row, lanes_per_row(&s, 576, 1536, DEFAULT_SMS));
         }
         // The 8B's down (14,336 inputs) fits with the table.
-        assert!(TrellisPlan::new(&m8h(3, 12, 64), 4096, 14336, DEFAULT_SMS).is_ok());
+        assert!(TrellisPlan::new(&m8h(3, 12, 64), 4096, 14336, DEFAULT_SMS, &PLAIN).is_ok());
         // The shape's own check still refuses L 8.
         assert!(matches!(
-            TrellisPlan::new(&m8h(3, 8, 64), 64, 256, DEFAULT_SMS),
+            TrellisPlan::new(&m8h(3, 8, 64), 64, 256, DEFAULT_SMS, &PLAIN),
             Err(TrellisPlanError::Shape(_))
         ));
     }
@@ -992,19 +1092,26 @@ mod tests {
             ] {
                 assert_eq!(is_fast(&sp), fast, "{sp:?}");
                 assert_eq!(uses_lut(&sp), fast, "{sp:?}");
-                let p = TrellisPlan::new(&sp, 576, 1536, DEFAULT_SMS).unwrap();
+                let p = TrellisPlan::new(&sp, 576, 1536, DEFAULT_SMS, &PLAIN).unwrap();
                 let input = (1536 + pad(sp.block) * 48) * 4;
                 let tables = if fast { LUT_FLOATS + 32 * entries } else { 0 };
                 assert_eq!(lut_floats_with(&sp, false), tables, "{sp:?}");
                 // MLX_GRAPH_TRELLIS_STATES=1: one table of the 4,096 states' byte codes.
                 let states = if fast { STATE_WORDS } else { 0 };
                 assert_eq!(lut_floats_with(&sp, true), states, "{sp:?}");
-                let now = if state_table() { states } else { tables };
-                assert_eq!(lut_floats(&sp), now, "{sp:?}");
-                assert_eq!(p.shared_bytes as usize, 4 * now + input, "{sp:?}");
+                assert_eq!(PLAIN.lut_floats(&sp), tables, "{sp:?}");
+                assert_eq!(p.shared_bytes as usize, 4 * tables + input, "{sp:?}");
+                // A plan under the states' switch takes its table.
+                let on = TrellisSwitches {
+                    states: true,
+                    ..PLAIN
+                };
+                assert_eq!(on.lut_floats(&sp), states, "{sp:?}");
+                let ps = TrellisPlan::new(&sp, 576, 1536, DEFAULT_SMS, &on).unwrap();
+                assert_eq!(ps.shared_bytes as usize, 4 * states + input, "{sp:?}");
             }
             // The 8B's down (14,336 inputs) fits with both tables, and with the states' table.
-            assert!(TrellisPlan::new(&s(3, 12, 64), 4096, 14336, DEFAULT_SMS).is_ok());
+            assert!(TrellisPlan::new(&s(3, 12, 64), 4096, 14336, DEFAULT_SMS, &PLAIN).is_ok());
             let down = 4 * STATE_WORDS + (14336 + 14336 / 32) * 4;
             assert!(down <= TRELLIS_MAX_SHARED as usize, "{down}");
         }
@@ -1161,7 +1268,7 @@ mod tests {
         ] {
             assert_eq!(is_fast(&s), fast);
             assert_eq!(uses_lut(&s), fast);
-            let p = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS).unwrap();
+            let p = TrellisPlan::new(&s, 576, 1536, DEFAULT_SMS, &PLAIN).unwrap();
             let input = (1536 + pad(s.block) * 48) * 4;
             let want = if fast { 4 * LUT_FLOATS + input } else { input };
             assert_eq!(p.shared_bytes as usize, want, "{s:?}");
@@ -1169,7 +1276,7 @@ mod tests {
         // 1mad at L 8 in blocks of 64 keeps the general path.
         assert!(!is_fast(&spec(3, 8, 64)) && !uses_lut(&spec(3, 8, 32)));
         // The 8B's down (14,336 inputs) fits with the table.
-        assert!(TrellisPlan::new(&m8(3, 8, 32), 4096, 14336, DEFAULT_SMS).is_ok());
+        assert!(TrellisPlan::new(&m8(3, 8, 32), 4096, 14336, DEFAULT_SMS, &PLAIN).is_ok());
     }
 
     #[test]
@@ -1189,7 +1296,7 @@ mod tests {
 
     #[test]
     fn plans_check_the_shape_before_the_gpu() {
-        let p = TrellisPlan::new(&spec(3, 8, 32), 576, 1536, DEFAULT_SMS).unwrap();
+        let p = TrellisPlan::new(&spec(3, 8, 32), 576, 1536, DEFAULT_SMS, &PLAIN).unwrap();
         assert_eq!((p.hb_rows, p.hb_cols), (64, 512));
         assert_eq!(p.hscale_cols, 1.0 / (512f32).sqrt());
         assert_eq!(p.shared_bytes as usize, (1536 + 2 * 48) * 4);
@@ -1212,7 +1319,7 @@ mod tests {
             (spec(3, 8, 32), 4, 1 << 16, "shared memory"),
             (spec(3, 8, 32), 1 << 31, 32, "31-bit"),
         ] {
-            let e = TrellisPlan::new(&s, rows, cols, DEFAULT_SMS)
+            let e = TrellisPlan::new(&s, rows, cols, DEFAULT_SMS, &PLAIN)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(what), "{e}");
@@ -1228,23 +1335,13 @@ mod tests {
             ..spec(3, 12, 64)
         };
         let mad = spec(3, 12, 64);
-        let env_set = [
-            "MLX_GRAPH_TRELLIS_PREFETCH",
-            "MLX_GRAPH_TRELLIS_ROWS2",
-            "MLX_GRAPH_TRELLIS_ALIAS",
-            "MLX_GRAPH_TRELLIS_PIPE",
-            "MLX_GRAPH_TRELLIS_THREADS",
-            "MLX_GRAPH_TRELLIS_SPLIT",
-            "MLX_GRAPH_TRELLIS_STATES",
-            "MLX_GRAPH_TRELLIS_PAIR",
-        ]
-        .iter()
-        .any(|k| std::env::var(k).is_ok());
-        if !env_set {
-            assert_eq!(trellis_source(None), TRELLIS_SOURCE);
+        // PLAIN's source is the kernels' own; the hybrid's adds its one line first, whatever
+        // the switches.
+        assert_eq!(PLAIN.source(None), TRELLIS_SOURCE);
+        for sw in [PLAIN, TrellisSwitches::WIDE] {
             assert_eq!(
-                trellis_source(Some(&mad)),
-                format!("#define TRELLIS_V_L 12\n{TRELLIS_SOURCE}")
+                sw.source(Some(&mad)),
+                format!("#define TRELLIS_V_L 12\n{}", sw.source(None))
             );
         }
         // The define is read in trellis_qkv alone, before anything uses L.
@@ -1289,14 +1386,185 @@ mod tests {
         // The plans' shared memory: gauss7s's tables take more than 1mad's none, with the
         // same input, so the launch takes gauss7s's.
         let (pq, pv) = (
-            TrellisPlan::new(&g7, 64, 512, DEFAULT_SMS).unwrap(),
-            TrellisPlan::new(&mad, 64, 512, DEFAULT_SMS).unwrap(),
+            TrellisPlan::new(&g7, 64, 512, DEFAULT_SMS, &PLAIN).unwrap(),
+            TrellisPlan::new(&mad, 64, 512, DEFAULT_SMS, &PLAIN).unwrap(),
         );
         assert_eq!(
             pq.shared_bytes - pv.shared_bytes,
-            4 * lut_floats(&g7) as u32
+            4 * PLAIN.lut_floats(&g7) as u32
         );
-        assert!(lut_floats(&g7) >= LUT_FLOATS + 128 * 32);
+        assert!(PLAIN.lut_floats(&g7) >= LUT_FLOATS + 128 * 32);
         assert_eq!(pq.lanes_per_row, pv.lanes_per_row);
+    }
+
+    /// Each variable's value as `overridden` reads it (a map instead of the environment).
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (format!("MLX_GRAPH_TRELLIS_{k}"), v.to_string()))
+            .collect();
+        move |k: &str| m.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn switches_are_chosen_by_the_hidden_width() {
+        let wide = TrellisSwitches::WIDE;
+        // SmolLM2-135M (576), Gemma 3 270M (640), Llama-3.2-1B and 3B (2,048, 3,072), Qwen2.5-7B
+        // (3,584): the kernels' own defaults; from Llama-3.1-8B's 4,096: 1,024 threads, ALIAS
+        // and PIPE.
+        for h in [64, 576, 640, 1536, 2048, 3072, 3584, 4095] {
+            assert_eq!(TrellisSwitches::by_shape(h), PLAIN, "{h}");
+        }
+        for h in [WIDE_HIDDEN, 4096, 5120, 8192] {
+            assert_eq!(TrellisSwitches::by_shape(h), wide, "{h}");
+        }
+        assert_eq!(
+            (wide.threads, wide.alias, wide.pipe, wide.split),
+            (1024, true, true, false)
+        );
+        // STATES and PAIR are off for every shape (not run on a device yet); the prefetches
+        // on, ROWS2 off.
+        for sw in [PLAIN, wide] {
+            assert!(!sw.states && !sw.pair && sw.prefetch && !sw.rows2);
+        }
+        // The flat qkv grid comes with wider blocks, or SPLIT.
+        assert!(!PLAIN.qkv_flat() && wide.qkv_flat());
+        let split = TrellisSwitches {
+            split: true,
+            ..PLAIN
+        };
+        assert!(split.qkv_flat());
+        // Unset: the shape's choice.
+        for h in [576, 4096] {
+            let by = TrellisSwitches::by_shape(h);
+            assert_eq!(by.overridden(vars(&[])), by);
+        }
+    }
+
+    #[test]
+    fn variables_override_the_shapes_choice() {
+        let (small, large) = (
+            TrellisSwitches::by_shape(576),
+            TrellisSwitches::by_shape(4096),
+        );
+        // =1 forces on, =0 off, whatever the shape.
+        let on = [("THREADS", "1024"), ("ALIAS", "1"), ("PIPE", "1")];
+        let off = [("THREADS", "256"), ("ALIAS", "0"), ("PIPE", "0")];
+        assert_eq!(small.overridden(vars(&on)), TrellisSwitches::WIDE);
+        assert_eq!(large.overridden(vars(&off)), PLAIN);
+        assert_eq!(large.overridden(vars(&on)), TrellisSwitches::WIDE);
+        assert_eq!(small.overridden(vars(&off)), PLAIN);
+        // One variable moves its switch alone.
+        let no_alias = large.overridden(vars(&[("ALIAS", "0")]));
+        assert_eq!(
+            no_alias,
+            TrellisSwitches {
+                alias: false,
+                ..TrellisSwitches::WIDE
+            }
+        );
+        assert_eq!(large.overridden(vars(&[("THREADS", "512")])).threads, 512);
+        for (key, pick) in [
+            (
+                "STATES",
+                (|s: &TrellisSwitches| s.states) as fn(&TrellisSwitches) -> bool,
+            ),
+            ("PAIR", |s| s.pair),
+            ("SPLIT", |s| s.split),
+            ("ROWS2", |s| s.rows2),
+        ] {
+            for base in [small, large] {
+                assert!(pick(&base.overridden(vars(&[(key, "1")]))), "{key}");
+                assert!(!pick(&base.overridden(vars(&[(key, "0")]))), "{key}");
+            }
+        }
+        assert!(!large.overridden(vars(&[("PREFETCH", "0")])).prefetch);
+        // Any other value is ignored (the decoder's other switches' convention): the shape's
+        // choice stays.
+        for bad in ["", "2", "on", "true", "yes", " 1", "1024"] {
+            for base in [small, large] {
+                let got = base.overridden(vars(&[
+                    ("ALIAS", bad),
+                    ("PIPE", bad),
+                    ("STATES", bad),
+                    ("PAIR", bad),
+                    ("SPLIT", bad),
+                    ("PREFETCH", bad),
+                    ("ROWS2", bad),
+                ]));
+                assert_eq!(got, base, "{bad:?}");
+            }
+        }
+        for bad in ["", "0", "1", "128", "2048", "768", "big"] {
+            for base in [small, large] {
+                assert_eq!(base.overridden(vars(&[("THREADS", bad)])), base, "{bad:?}");
+            }
+        }
+    }
+
+    /// The source, shared memory and launches of one choice read the same fields: the shape's
+    /// choice at 4,096 is the same source as the old global switches forced at 576, and
+    /// PLAIN's is the kernels' own.
+    #[test]
+    fn a_choice_gives_one_source_and_its_shared_memory() {
+        let wide = TrellisSwitches::WIDE;
+        let forced = TrellisSwitches::by_shape(576).overridden(vars(&[
+            ("THREADS", "1024"),
+            ("ALIAS", "1"),
+            ("PIPE", "1"),
+        ]));
+        assert_eq!(
+            forced.source(None),
+            TrellisSwitches::by_shape(4096).source(None)
+        );
+        assert_eq!(
+            wide.defines(),
+            "#define TRELLIS_ALIAS 1\n#define TRELLIS_PIPE 1\n#define TRELLIS_FUSED_THREADS \
+             1024\n#define TRELLIS_QKV_FLAT 1\n"
+        );
+        assert_eq!(PLAIN.defines(), "");
+        // Every switch on: the defines in the order the kernels have always taken them.
+        let all = TrellisSwitches {
+            threads: 512,
+            alias: true,
+            pipe: true,
+            split: true,
+            states: true,
+            pair: true,
+            prefetch: false,
+            rows2: true,
+        };
+        let order = [
+            "TRELLIS_PREFETCH 0",
+            "TRELLIS_ROWS2 1",
+            "TRELLIS_ALIAS 1",
+            "TRELLIS_PIPE 1",
+            "TRELLIS_FUSED_THREADS 512",
+            "TRELLIS_QKV_FLAT 1",
+            "TRELLIS_STATES 1",
+            "TRELLIS_PAIR 1",
+        ];
+        let want: String = order.iter().map(|d| format!("#define {d}\n")).collect();
+        assert_eq!(all.defines(), want);
+        // ALIAS: the epilogue's buffer in the dynamic memory, at least the widest output block.
+        assert_eq!(wide.epilogue_shared_bytes(1000, 4096), 4 * 4096);
+        assert_eq!(wide.epilogue_shared_bytes(20000, 64), 20000);
+        assert_eq!(PLAIN.epilogue_shared_bytes(1000, 4096), 1000);
+        // A plan carries its switches; STATES sizes its tables.
+        let g7 = TrellisSpec {
+            code: TrellisCode::Gauss7S,
+            ..spec(3, 12, 64)
+        };
+        let p = TrellisPlan::new(&g7, 4096, 14336, DEFAULT_SMS, &wide).unwrap();
+        assert_eq!(p.switches, wide);
+        let st = TrellisSwitches {
+            states: true,
+            ..wide
+        };
+        let ps = TrellisPlan::new(&g7, 4096, 14336, DEFAULT_SMS, &st).unwrap();
+        assert_eq!(
+            ps.shared_bytes - p.shared_bytes,
+            4 * (STATE_WORDS - LUT_FLOATS - 128 * 32) as u32
+        );
     }
 }

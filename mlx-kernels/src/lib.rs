@@ -19,7 +19,8 @@
 //! [`graph_trellis`] holds the CUDA kernels of trellis-coded linears (decode, the fused
 //! decode-and-dot, the Hadamard transforms with the op that follows) and their launch plans,
 //! checked on the CPU emulator against `mlx_core::cpu::trellis` (L2 for decode and transforms,
-//! L3 with a rounding bound for the product); the graph decoder does not launch them yet.
+//! L3 with a rounding bound for the product); the graph decoder launches them for a trellis
+//! model under that model's switches (`graph_trellis::TrellisSwitches`, chosen by its width).
 //!
 //! Tiers (as in the project): L1 is bit-equality with the oracle (mlx-lm) for the same
 //! weights, dtype and back-end; L2 is bit-equality of the fused kernel with its plain-ops

@@ -395,7 +395,9 @@ fn flash_fused_gradients_match_finite_differences() {
 #[test]
 fn trellis_kernels_match_the_cpu_references() {
     use mlx_core::cpu::trellis as tc;
-    use mlx_kernels::graph_trellis::{is_fast, TrellisGpu, TrellisPlan, DEFAULT_SMS};
+    use mlx_kernels::graph_trellis::{
+        is_fast, TrellisGpu, TrellisPlan, TrellisSwitches, DEFAULT_SMS,
+    };
     gpu();
     let mut seed = 0x7E11_15C0_u64;
     let mut next = move || {
@@ -464,7 +466,11 @@ fn trellis_kernels_match_the_cpu_references() {
         (g8s, 3, 12, 64, 4096, 4096),
     ] {
         let spec = tc::TrellisSpec { k, l, block, code };
-        let plan = TrellisPlan::new(&spec, rows, cols, DEFAULT_SMS).unwrap();
+        // The switches a model of this matrix's narrower side as its hidden width takes (the
+        // 135M's shapes the kernels' own defaults, the 8B's the wide ones), each
+        // MLX_GRAPH_TRELLIS_* variable overriding, as the decoder chooses them.
+        let switches = TrellisSwitches::from_env(rows.min(cols));
+        let plan = TrellisPlan::new(&spec, rows, cols, DEFAULT_SMS, &switches).unwrap();
         let wpr = cols * k as usize / 32;
         let words: Vec<u32> = (0..rows * wpr).map(|_| next() as u32).collect();
         let scales: Vec<f32> = (0..rows)
@@ -616,12 +622,17 @@ fn trellis_kernels_match_the_cpu_references() {
         println!(
             "{what}: decode, transforms bit-equal; product worst error / bound {worst:.3}; \
              trellis_matvec {:.2} us, {:.0} Gweights/s, {:.0} GB/s of weights (lanes {}); \
-             trellis_linear {:.2} us",
+             trellis_linear {:.2} us ({} threads{}{}{}{})",
             t * 1e6,
             weights / t / 1e9,
             plan.weight_bytes() as f64 / t / 1e9,
             plan.lanes_per_row,
-            tl * 1e6
+            tl * 1e6,
+            switches.threads,
+            if switches.alias { ", ALIAS" } else { "" },
+            if switches.pipe { ", PIPE" } else { "" },
+            if switches.states { ", STATES" } else { "" },
+            if switches.pair { ", PAIR" } else { "" },
         );
     }
 }

@@ -41,6 +41,13 @@
 #          gauss7s (the S-box and its 128-entry table); t3g8 = gauss8s; t3m8s = 1mad8s; t3hy =
 #          the hybrid (gauss7s, the value projections 1mad: `--q-trellis-v-code 1mad`).
 #          TRELLIS_BASE=0 skips the affine models themselves (a second run's switches A/B).
+#          The trellis kernels' switches are the model's shape's choice (graph_trellis.rs
+#          TrellisSwitches: 1,024 threads, ALIAS and PIPE from hidden 4,096) unless the
+#          environment's MLX_GRAPH_TRELLIS_* override them. TRELLIS_SIDES (default "default") runs
+#          each twin once a side: default = the shape's choice, states = with
+#          MLX_GRAPH_TRELLIS_STATES=1, pair = with MLX_GRAPH_TRELLIS_PAIR=1, both = with both
+#          (the affine models once, in the first side). TRELLIS_NEED (default 120) is the
+#          seconds the part wants left to start.
 # Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -135,7 +142,7 @@ for part in ${PARTS:-setup test spec bench moe}; do
       done
       grep -h "written\|averages\|Averages\|== moe\|decoder" $OUT/moe.log | cut -c1-220 ;;
     trellis)
-      need trellis 120 || continue
+      need trellis ${TRELLIS_NEED:-120} || continue
       export LD_LIBRARY_PATH="$SITE/mlx/lib"
       mkdir -p /opt/bin && [ -x /opt/bin/mlx ] || { xz -dc $C/mlx.xz > /opt/bin/mlx && chmod +x /opt/bin/mlx; }
       TM=${TRELLIS_MODELS:-llama-135m-q4 llama31-8b-q4}
@@ -157,14 +164,26 @@ for part in ${PARTS:-setup test spec bench moe}; do
             >> $OUT/trellis.log 2>&1
         done
       done
+      SIDES=${TRELLIS_SIDES:-default}
       for r in $(seq ${TRELLIS_ROUNDS:-2}); do
         for m in $TM; do
           for v in $([ "${TRELLIS_BASE:-1}" = 1 ] && echo $m) $(for t in $TW; do echo $m-$t; done); do
-            for d in ${TRELLIS_DECODERS:-auto mlx}; do
-              [ $(left) -lt 30 ] && break 4
-              echo "== trellis round $r $v --decoder $d switches: $(env | grep '^MLX_GRAPH_TRELLIS' | sort | tr '\n' ' ')" >> $OUT/trellis.log
-              timeout $(left) /opt/bin/mlx benchmark --model /opt/models/$v -p ${P:-512} -g ${G:-128} \
-                -n ${N:-3} --json --decoder $d 2>&1 | grep -v '^{"trial"' >> $OUT/trellis.log
+            for side in $SIDES; do
+              # The affine model takes no trellis switch: once, in the first side.
+              [ $v = $m ] && [ $side != ${SIDES%% *} ] && continue
+              case $side in
+                default) se= ;;
+                states) se=MLX_GRAPH_TRELLIS_STATES=1 ;;
+                pair) se=MLX_GRAPH_TRELLIS_PAIR=1 ;;
+                both) se="MLX_GRAPH_TRELLIS_STATES=1 MLX_GRAPH_TRELLIS_PAIR=1" ;;
+                *) echo "== TRELLIS_SIDES: unknown side $side" >> $OUT/trellis.log; continue ;;
+              esac
+              for d in ${TRELLIS_DECODERS:-auto mlx}; do
+                [ $(left) -lt 30 ] && break 5
+                echo "== trellis round $r $v --decoder $d side $side switches: $(env $se | grep '^MLX_GRAPH_TRELLIS' | sort | tr '\n' ' ')" >> $OUT/trellis.log
+                env $se timeout $(left) /opt/bin/mlx benchmark --model /opt/models/$v -p ${P:-512} -g ${G:-128} \
+                  -n ${N:-3} --json --decoder $d 2>&1 | grep -v '^{"trial"' >> $OUT/trellis.log
+              done
             done
           done
         done

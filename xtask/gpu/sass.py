@@ -3,6 +3,10 @@ machine code: no GPU needed.
 
     python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mv-async] [--mv-ring] [--early-norm] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
         [--trellis [--trellis-v-l N] [--trellis-define TRELLIS_ALIAS ...] [--trellis-define TRELLIS_FUSED_THREADS=1024]]
+    python3 xtask/gpu/sass.py --source FILE [--kernel trellis_qkv] [--dump FILE]
+
+--source compiles FILE as it is instead: a step source the host wrote (graph_decode.rs's
+`step_sources_dump` test, `MLX_SOURCE_DUMP=DIR`: the decoder's own defines and switches).
 
 Prints, for each kernel, ptxas's registers, stack and spills, and for --kernel (default
 matvec) its innermost loops of 1,000 or more instructions with the instruction mix: one a
@@ -164,15 +168,17 @@ def main():
                     help="append graph_trellis.cu (the trellis kernels; --kernel trellis_matvec)")
     ap.add_argument("--trellis-v-l", type=int,
                     help="with --trellis: TRELLIS_V_L (the value projections' l_arg, e.g. 12 for 1mad "
-                         "L 12), as trellis_source defines it for a model whose v_proj take their own code")
+                         "L 12), as TrellisSwitches::source defines it for a model whose v_proj take their own code")
     ap.add_argument("--trellis-define", action="append", default=[], metavar="NAME",
-                    help="with --trellis: #define NAME 1 (NAME=VALUE: NAME VALUE) first, as trellis_source "
+                    help="with --trellis: #define NAME 1 (NAME=VALUE: NAME VALUE) first, as TrellisSwitches::source "
                          "does for a switch (TRELLIS_ALIAS, TRELLIS_PIPE, TRELLIS_ROWS2, "
                          "TRELLIS_FUSED_THREADS=1024; repeatable)")
     ap.add_argument("--gptoss", action="store_true",
                     help="gpt_oss's step source: ATTN_SINKS, MOE_OAI, MV_OUT_BIAS and MV_FP4 "
                          "(--kernel matvec_experts: the mxfp4 loop)")
     ap.add_argument("--dump")
+    ap.add_argument("--source", help="compile this step source as it is (the other options but "
+                    "--kernel, --dump and --blocks are ignored)")
     ap.add_argument("--blocks", action="store_true",
                     help="also each innermost loop's basic blocks of 40 or more instructions")
     a = ap.parse_args()
@@ -194,6 +200,8 @@ def main():
            + "".join(f"#define {d.partition('=')[0]} {d.partition('=')[2] or 1}\n"
                      for d in (a.trellis_define if a.trellis else []))
            + ((ROOT / "mlx-kernels/src/graph_trellis.cu").read_text() if a.trellis else ""))
+    if a.source:
+        src = pathlib.Path(a.source).read_text()
     cubin, log = compile_cubin(src)
     if not os.path.exists(NVDISASM):
         for name, regs, stack, st, ld in resources(log):

@@ -1,11 +1,12 @@
 """Where a trellis decode step's time goes beyond the product: a cost model of the graph decoder's
 fused trellis launches (`trellis_qkv`, `trellis_linear`, `trellis_gate_up`) from the code and
 the H100's measured kernel timings, for the device A/B of the switches (graph_trellis.rs
-`trellis_source`):
+`TrellisSwitches::source`):
 
     python3 xtask/gpu/trellis_cost.py [KERNELS_TEST_LOG]
 
-1. Occupancy and grid per launch of an 8B and a 135M layer, for each twin (t3g7: gauss7s, L 12,
+1. Occupancy and grid per launch of an 8B and a 135M layer (and, for the choice by width, a
+   Llama-3.2-1B and 3B layer), for each twin (t3g7: gauss7s, L 12,
    blocks of 64; t3l12: 1mad, L 12, blocks of 64) and each configuration: `base` (main: 256
    threads, a static 16 KiB Hadamard buffer), `alias` (MLX_GRAPH_TRELLIS_ALIAS=1), `wide`
    (MLX_GRAPH_TRELLIS_THREADS=1024 with ALIAS; trellis_qkv on the flat grid). Per launch:
@@ -36,6 +37,10 @@ STATIC_ALIAS = 4 * 8 + 4 * 128 + 16
 MODELS = {  # hidden, intermediate, heads * head_dim, kv_heads * head_dim, layers
     "8B": (4096, 14336, 4096, 1024, 32),
     "135M": (576, 1536, 576, 192, 30),
+    # Llama-3.2-1B's and 3B's shapes: the widths between (not measured; the choice by width,
+    # graph_trellis.rs WIDE_HIDDEN).
+    "1B": (2048, 8192, 2048, 512, 16),
+    "3B": (3072, 8192, 3072, 1024, 28),
 }
 TWINS = {  # code's table floats, block (L 12 both)
     "t3g7": (LUT_FLOATS + 128 * 32, 64),

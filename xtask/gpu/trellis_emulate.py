@@ -4,7 +4,7 @@ shapes:
 
     cargo run -p mlx-kernels --example trellis_reference -- /tmp/trellis-ref
     [TRELLIS_EMU_RESIDENT=N] [TRELLIS_ROWS2=1] [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] \
-      [TRELLIS_STATES=1] [TRELLIS_PAIR=1] \
+      [TRELLIS_STATES=1] [TRELLIS_PAIR=1] [TRELLIS_EMU_DEFINES=FILE] \
       python3 xtask/gpu/trellis_emulate.py /tmp/trellis-ref [CASE ...]
 
 As `graph_emulate.py` does (its prelude and `__shared__`/barrier/shuffle emulation), the exact
@@ -79,7 +79,18 @@ CU = "".join((ROOT / "mlx-kernels" / "src" / f).read_text() for f in ("graph_dec
 # codes' fast paths from one table of the 12-bit states' codes), TRELLIS_PAIR=1 as
 # MLX_GRAPH_TRELLIS_PAIR=1 (two blocks' loads before their codes): every check below then runs on
 # that source.
-for _d in ("TRELLIS_ROWS2", "TRELLIS_ALIAS", "TRELLIS_PIPE", "TRELLIS_STATES", "TRELLIS_PAIR"):
+# TRELLIS_EMU_DEFINES=FILE instead: the host's defines for a model (graph_trellis.rs
+# `TrellisSwitches::defines`, as graph_decode.rs's `step_sources_dump` test writes them for a hidden
+# width: `defines4096.txt`), verbatim after graph_decode.cu, as `TrellisSwitches::source` puts them.
+_SWITCHES = ("TRELLIS_ROWS2", "TRELLIS_ALIAS", "TRELLIS_PIPE", "TRELLIS_STATES", "TRELLIS_PAIR")
+if os.environ.get("TRELLIS_EMU_DEFINES"):
+    if any(_d in os.environ for _d in _SWITCHES):
+        sys.exit("TRELLIS_EMU_DEFINES with a TRELLIS_* switch variable: one or the other")
+    _host = Path(os.environ["TRELLIS_EMU_DEFINES"]).read_text()
+    _dec, _tre = ((ROOT / "mlx-kernels" / "src" / f).read_text() for f in ("graph_decode.cu", "graph_trellis.cu"))
+    CU = _dec + _host + _tre
+    print(f"TRELLIS_EMU_DEFINES: {_host.splitlines() or 'none (the kernels own defaults)'}")
+for _d in _SWITCHES:
     if os.environ.get(_d) == "1":
         CU = f"#define {_d} 1\n" + CU
 # TRELLIS_EMU_MUTATE: a wrong 1mad8h index (the module doc), for the checks' own check.

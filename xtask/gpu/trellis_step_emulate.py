@@ -5,15 +5,21 @@ against the model's own MLX forward (mlx-lm has no trellis mode), teacher-forced
     [TRELLIS_STEP_LPR=1|2|4|...|32] [TRELLIS_STEP_RESIDENT=N] \
       [TRELLIS_STEP_SRC=DIR] [TRELLIS_STEP_SAVE=FILE.npy] [TRELLIS_STEP_STEPS=N] \
       [TRELLIS_ALIAS=1] [TRELLIS_PIPE=1] [TRELLIS_STATES=1] [TRELLIS_PAIR=1] [TRELLIS_SPLIT=1] \
-      [TRELLIS_FUSED_THREADS=512|1024] \
+      [TRELLIS_FUSED_THREADS=512|1024] [TRELLIS_STEP_DEFINES=FILE] \
       $MLX_ORACLE_VENV/bin/python xtask/gpu/trellis_step_emulate.py /tmp/trellis-step
+
+TRELLIS_STEP_DEFINES takes the trellis defines from FILE, the host's own choice for a model
+(graph_trellis.rs `TrellisSwitches::defines`, as graph_decode.rs's `step_sources_dump` test
+writes them for a hidden width: `defines576.txt`, `defines4096.txt`), instead of the switch
+variables above (which it refuses beside it): the source then carries exactly those lines, and
+the launches take its `TRELLIS_FUSED_THREADS` and `TRELLIS_QKV_FLAT` as the host's do.
 
 TRELLIS_STEP_SRC takes graph_decode.cu and graph_trellis.cu from DIR instead of this tree's
 (another branch's kernels on the same fixture); TRELLIS_STEP_SAVE writes the fused step's
 logits of every step (float32 [steps, vocab]) for a bit-for-bit comparison of two runs.
 A fixture whose value projections take their own code (`OUT 64 gauss7s 1mad`, the hybrid:
 the metadata's `trellis_v_code`, GraphSpec::trellis_v) is compiled with `TRELLIS_V_L` defined
-as v's L argument (graph_trellis.rs trellis_source), and the unfused twin's v launch takes v's
+as v's L argument (graph_trellis.rs TrellisSwitches::source), and the unfused twin's v launch takes v's
 code.
 
 The fixture example converts `dense_bf16_untied` to trellis 3-bit (L 8, blocks of 32; `OUT
@@ -133,27 +139,48 @@ LPR = os.environ.get("TRELLIS_STEP_LPR")  # lanes a row for every linear (defaul
 SMS = 132  # graph_trellis.rs DEFAULT_SMS (lanes_per_row's multiprocessors)
 THREADS = 256  # TRELLIS_THREADS
 # TRELLIS_FUSED_THREADS=512|1024: the fused kernels' blocks as MLX_GRAPH_TRELLIS_THREADS makes
-# them (graph_trellis.rs fused_threads); trellis_qkv then takes the flat grid, as it does with
-# TRELLIS_SPLIT=1 (qkv_flat: the slices' blocks in proportion to their rows).
+# them (graph_trellis.rs TrellisSwitches::threads); trellis_qkv then takes the flat grid, as with
+# TRELLIS_SPLIT=1 (TrellisSwitches::qkv_flat: the slices' blocks in proportion to their rows).
 FUSED = int(os.environ.get("TRELLIS_FUSED_THREADS", "256"))
 FLAT = os.environ.get("TRELLIS_SPLIT") == "1" or FUSED > THREADS
+# TRELLIS_STEP_DEFINES=FILE: the host's defines (TrellisSwitches::defines) verbatim; the launches'
+# threads and grid follow its lines.
+HOST_DEFINES = None
+if os.environ.get("TRELLIS_STEP_DEFINES"):
+    _switches = ("TRELLIS_ALIAS", "TRELLIS_PIPE", "TRELLIS_STATES", "TRELLIS_PAIR", "TRELLIS_SPLIT",
+                 "TRELLIS_FUSED_THREADS")
+    _both = [d for d in _switches if d in os.environ]
+    if _both:
+        sys.exit(f"TRELLIS_STEP_DEFINES with {', '.join(_both)}: one or the other")
+    HOST_DEFINES = Path(os.environ["TRELLIS_STEP_DEFINES"]).read_text()
+    for _line in HOST_DEFINES.splitlines():
+        _m = re.fullmatch(r"#define (TRELLIS_\w+) (\S+)", _line)
+        if not _m:
+            sys.exit(f"TRELLIS_STEP_DEFINES: not a trellis define: {_line!r}")
+    _fused = re.search(r"^#define TRELLIS_FUSED_THREADS (\d+)$", HOST_DEFINES, re.M)
+    FUSED = int(_fused.group(1)) if _fused else THREADS
+    FLAT = "#define TRELLIS_QKV_FLAT 1\n" in HOST_DEFINES
 OUT_RES, OUT_SWIGLU, OUT_BIAS = 2, 4, 64
 ATTN_CHUNK = 64
 
 
 def build(tmp, v_larg=None):
-    # trellis_source(Some(v)): the define before graph_trellis.cu.
+    # TrellisSwitches::source(Some(v)): the define before graph_trellis.cu.
     vdef = f"#define TRELLIS_V_L {v_larg}\n" if v_larg is not None else ""
     # TRELLIS_ALIAS=1, TRELLIS_PIPE=1, TRELLIS_STATES=1, TRELLIS_PAIR=1: the source as
-    # MLX_GRAPH_TRELLIS_ALIAS=1, _PIPE=1, _STATES=1 and _PAIR=1 compile it (trellis_source's
+    # MLX_GRAPH_TRELLIS_ALIAS=1, _PIPE=1, _STATES=1 and _PAIR=1 compile it (TrellisSwitches::defines
     # defines; the same bits expected).
-    for d in ("TRELLIS_ALIAS", "TRELLIS_PIPE", "TRELLIS_STATES", "TRELLIS_PAIR"):
-        if os.environ.get(d) == "1":
-            vdef = f"#define {d} 1\n" + vdef
-    if FUSED != THREADS:
-        vdef = f"#define TRELLIS_FUSED_THREADS {FUSED}\n" + vdef
-    if FLAT:
-        vdef = "#define TRELLIS_QKV_FLAT 1\n" + vdef
+    if HOST_DEFINES is not None:
+        # TrellisSwitches::source: TRELLIS_V_L, then the switches' defines.
+        vdef = vdef + HOST_DEFINES
+    else:
+        for d in ("TRELLIS_ALIAS", "TRELLIS_PIPE", "TRELLIS_STATES", "TRELLIS_PAIR"):
+            if os.environ.get(d) == "1":
+                vdef = f"#define {d} 1\n" + vdef
+        if FUSED != THREADS:
+            vdef = f"#define TRELLIS_FUSED_THREADS {FUSED}\n" + vdef
+        if FLAT:
+            vdef = "#define TRELLIS_QKV_FLAT 1\n" + vdef
     src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define NB 1\n#define MV_MMA 0\n" + DEC + vdef + TRE
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
@@ -212,6 +239,8 @@ def load(path):
 
 def main():
     fix = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/trellis-step")
+    if HOST_DEFINES is not None:
+        print(f"TRELLIS_STEP_DEFINES: {HOST_DEFINES.splitlines() or 'none (the kernels own defaults)'}")
     w, s = load(fix / "graph.safetensors")
     H, nl, nh, nkv, d = s["hidden"], s["layers"], s["heads"], s["kv_heads"], s["head_dim"]
     inter, V, eps = s["intermediate"], s["vocab"], float(np.float32(s["eps"]))
