@@ -1085,19 +1085,25 @@ impl<'m> GenerateStep<'m> {
     /// The caches, e.g. to keep as a prompt cache for the next call. After the graph decoder,
     /// the tokens it saw are run through the MLX forward first, so that the caches hold what
     /// the MLX path's would (every token returned); if that fails, the caches may hold fewer.
-    pub fn into_cache(mut self) -> Vec<Box<dyn Cache>> {
+    /// A caller that may not need the caches takes [`Self::into_held_cache`] instead.
+    pub fn into_cache(self) -> Vec<Box<dyn Cache>> {
+        let model = self.model;
+        self.into_held_cache().sync_or_keep(model)
+    }
+
+    /// The caches and the tokens the graph decoder saw that they do not hold yet, run through
+    /// the MLX forward only when the caches are used ([`crate::held::HeldCaches`]): after a
+    /// trellis prompt on the decoder, the MLX caches hold nothing and every token is pending
+    /// (`mlx chat`'s next turn then runs them on the decoder with its prompt). Nothing is
+    /// pending after the MLX path or the CPU decoder.
+    pub fn into_held_cache(mut self) -> crate::held::HeldCaches {
         let ids = self
             .graph
             .as_mut()
             .map(|g| std::mem::take(&mut g.since_mlx))
             .unwrap_or_default();
         self.settle();
-        if !ids.is_empty() {
-            let synced =
-                on_generation_stream(|| forward_into_caches(self.model, &mut self.caches, &ids));
-            let _ = synced;
-        }
-        std::mem::take(&mut self.caches)
+        crate::held::HeldCaches::new(std::mem::take(&mut self.caches), ids)
     }
 
     /// The CPU decoder this generation ran through (`None` on the MLX path), its cache
@@ -1525,7 +1531,7 @@ const GRAPH_NOT_FINITE: &str = "the graph decoder gave non-finite values";
 /// MLX forward's values were finite for the same prompt).
 /// Runs `ids` through the MLX forward into `caches` and evaluates their states: the MLX
 /// caches catch up on the tokens the graph decoder took.
-fn forward_into_caches(
+pub(crate) fn forward_into_caches(
     model: &dyn LanguageModel,
     caches: &mut [Box<dyn Cache>],
     ids: &[i32],

@@ -485,6 +485,23 @@ impl<'m> TextStream<'m> {
         }
     }
 
+    /// [`TextStream::into_synced_caches`], except that plain decoding's tokens the graph
+    /// decoder ran and the MLX caches do not hold yet stay pending
+    /// ([`GenerateStep::into_held_cache`]): run through the MLX forward only when the caches
+    /// are used.
+    pub fn into_held_caches(self) -> Result<(crate::held::HeldCaches, Vec<Box<dyn Cache>>)> {
+        match self.steps {
+            Steps::Plain(g) => Ok((g.into_held_cache(), Vec::new())),
+            Steps::Speculative(g) => {
+                let (c, d) = g.into_synced_caches()?;
+                Ok((crate::held::HeldCaches::synced(c), d))
+            }
+            Steps::CpuSpeculative(_) | Steps::GraphSpeculative(_) => {
+                Ok((crate::held::HeldCaches::synced(Vec::new()), Vec::new()))
+            }
+        }
+    }
+
     /// Why the graph decoder handed the run to the MLX path, if it did (see
     /// [`GenerateStep::graph_fallback`]).
     pub fn graph_fallback(&self) -> Option<&str> {
