@@ -614,7 +614,16 @@ struct KeepScript {
     fail_unpark: bool,
     /// Events in order: "build", "park", "unpark", "prefix N", "progress N (held B)".
     log: Vec<String>,
+    /// MLX's peak in the last prompt's window, read once its chunks are in (after
+    /// [`PROMPT_SPIKE`]).
+    prompt_peak: usize,
 }
+
+/// Bytes the prompt's progress callback allocates through MLX (and frees) once the prompt's
+/// chunks are in, as a long prompt's activations would: MLX's peak in the prompt's window
+/// then stands this far above its peak while the decoder decodes, so that a run's peak that
+/// added the decoder's cache to the prompt's window is told apart from one that did not.
+const PROMPT_SPIKE: usize = 64 << 20;
 
 /// A stand-in that can be kept between generations (`GraphKeep`): it borrows nothing of the
 /// model (so it outlives a generation) and decodes a fixed sequence (each token the last plus
@@ -718,12 +727,16 @@ fn kept_opts(script: &Arc<Mutex<KeepScript>>, keep: &GraphKeep) -> GenerateOptio
         }) as Box<dyn GraphBackend + '_>)
     })));
     let (s, k) = (script.clone(), keep.clone());
-    opts.prompt_progress = Some(PromptProgress(Arc::new(move |done, _| {
+    opts.prompt_progress = Some(PromptProgress(Arc::new(move |done, total| {
         let held = k.device_bytes();
-        s.lock()
-            .unwrap()
-            .log
-            .push(format!("progress {done} (held {held})"));
+        let mut s = s.lock().unwrap();
+        s.log.push(format!("progress {done} (held {held})"));
+        if done + 1 == total {
+            let spike = ops::zeros(&[(PROMPT_SPIKE / 4) as i32], Dtype::Float32, None).unwrap();
+            spike.eval().unwrap();
+            drop(spike);
+            s.prompt_peak = mlx_core::memory::window_peak(0).unwrap();
+        }
     })));
     opts
 }
@@ -794,10 +807,18 @@ fn a_kept_decoder_waits_parked_through_the_next_prompt() {
     );
     assert_eq!(keep.device_bytes(), small);
     // The run's peak counts the cache in the windows it was held (decoding), not beside the
-    // prompt's peak (at most MLX's peak plus the whole decoder, at least the decoder beside
-    // the model's weights).
+    // prompt's peak: below the prompt's MLX peak (raised by PROMPT_SPIKE) plus the whole
+    // decoder, by about the spike (it was at most MLX's peak plus the whole decoder, which a
+    // peak that added the cache to the prompt's window met too); at least the decoder beside
+    // the model's weights.
     let mlx = mlx_core::memory::peak_memory().unwrap();
+    let prompt_peak = script.lock().unwrap().prompt_peak;
+    assert!(prompt_peak >= PROMPT_SPIKE, "{prompt_peak}");
     assert!(peak_b > small + cache, "{peak_b}");
+    assert!(
+        peak_b + PROMPT_SPIKE / 2 <= prompt_peak + small + cache,
+        "{peak_b}: the cache counted beside the prompt's MLX peak {prompt_peak}"
+    );
     assert!(
         peak_b <= mlx + small + cache,
         "{peak_b} against MLX's {mlx}"
