@@ -350,6 +350,20 @@ impl DevicePeak {
         self.extra = next;
     }
 
+    /// Closes the current window, in which `bytes` more came to be held (a decoder built in
+    /// it: counted beside the window's whole MLX peak), and starts one that holds `bytes`.
+    pub(crate) fn built(&mut self, bytes: usize) -> mlx_core::Result<()> {
+        let (ended, floor) = memory::restart_peak_window()?;
+        self.built_with(ended, floor, bytes);
+        Ok(())
+    }
+
+    /// [`Self::built`] with MLX's readings given.
+    fn built_with(&mut self, ended: usize, floor: usize, bytes: usize) {
+        self.extra = self.extra.max(bytes);
+        self.close(ended, floor, bytes);
+    }
+
     /// The peak so far.
     pub(crate) fn now(&self) -> mlx_core::Result<usize> {
         Ok(self.with_window(memory::window_peak(self.floor)?))
@@ -1746,6 +1760,28 @@ mod device_peak_tests {
         // Taken, its cache's memory is mapped again through the build's window (`run`'s).
         const PARKED: usize = 1_815_000;
         assert_eq!(run(PARKED), PROMPT_PEAK + PARKED);
+    }
+
+    /// Graph speculation (`GraphSpecSteps::new`): both prompts run on MLX's path with no
+    /// decoder, then the pair is built (its window closed by `built`) and decodes. Its peak is
+    /// the prompts' MLX peak or the pair beside MLX's bytes while it was held, never the two
+    /// added (it was MLX's process peak plus the pair's bytes, noted into the process's device
+    /// peak, so every later response of the process reported that sum).
+    #[test]
+    fn a_speculative_pair_built_after_the_prompts_is_not_added_to_their_peak() {
+        const PAIR: usize = 2 * DEC;
+        let run = |prompt_peak: usize| {
+            let mut p = DevicePeak {
+                extra: 0,
+                floor: 4_520_000_000,
+                closed: 4_600_000_000,
+            };
+            p.close(prompt_peak, LIVE, 0);
+            p.built_with(LIVE + 1_000_000, LIVE, PAIR);
+            p.with_window(LIVE + 2_000_000)
+        };
+        assert_eq!(run(PROMPT_PEAK), PROMPT_PEAK);
+        assert_eq!(run(LIVE), LIVE + 2_000_000 + PAIR);
     }
 
     #[test]

@@ -515,12 +515,13 @@ impl<'m> TextStream<'m> {
     /// as mlx-lm reports `mx.get_peak_memory()`: MLX's peak, or where a graph decoder held
     /// device buffers outside MLX's allocator (its cache, its step buffers) in this or an
     /// earlier generation, the most held with them at once when that is more
-    /// ([`GenerateStep::device_peak`]; a speculative graph pair: MLX's peak plus its bytes;
+    /// ([`GenerateStep::device_peak`]; a speculative graph pair's the same way,
+    /// [`crate::graph_speculative::GraphSpecSteps::device_peak`];
     /// [`memory::device_peak_memory`]).
     fn peak_memory_bytes(&self) -> Result<usize> {
         let run = match &self.steps {
             Steps::Plain(g) => g.device_peak()?.unwrap_or(0),
-            Steps::GraphSpeculative(g) => memory::peak_memory()? + g.device_bytes(),
+            Steps::GraphSpeculative(g) => g.device_peak()?,
             Steps::Speculative(_) | Steps::CpuSpeculative(_) => 0,
         };
         memory::note_device_peak(run);
