@@ -58,12 +58,6 @@ impl HeldCaches {
         self.cached() + self.pending.len()
     }
 
-    /// The caches as they are, pending tokens dropped (what they hold is still consistent:
-    /// a prefix of the sequence).
-    pub fn into_unsynced(self) -> Vec<Box<dyn Cache>> {
-        self.caches
-    }
-
     /// The caches with the pending tokens run through `model`'s MLX forward: they hold every
     /// token. Where that fails, the error is returned and the caches are lost (a forward that
     /// failed may have left some layers updated).

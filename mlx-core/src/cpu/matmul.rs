@@ -399,8 +399,9 @@ impl<'a> Matrix<'a> {
     }
 
     /// This matrix with `lanes` attached: its lane layout ([`super::lanes::Lanes16::pack`] of
-    /// this same matrix: the same words, scales, biases, shape and group, else an error), which the lane
-    /// kernel (`CpuContext::lane4`) reads instead of transposing the words on every call.
+    /// this same matrix: the same words, scales, biases, shape and group, else an error), which
+    /// the lane kernel (`CpuContext::lane4`) reads instead of transposing the words on every
+    /// call.
     pub fn with_lanes(self, lanes: &'a super::lanes::Lanes16) -> Result<Matrix<'a>> {
         let (words, scales, biases) = match self.kind {
             Kind::Affine {
