@@ -16,6 +16,7 @@ use crate::chat_template::ChatTemplateOptions;
 use crate::cpu_decode::CpuDecoder;
 use crate::error::Result;
 use crate::generate::{cpu_decode_unsupported, make_prompt_cache};
+use crate::held::HeldCaches;
 use crate::prompt_cache::PromptCache;
 use crate::speculative::{Drafter, SpecStats};
 use crate::stream::{
@@ -128,7 +129,11 @@ pub struct Conversation<'m> {
     model: &'m dyn LanguageModel,
     tokenizer: &'m Tokenizer,
     system: Option<String>,
-    cache: Vec<Box<dyn Cache>>,
+    /// The growing cache, with the tokens the last turn's graph decoder ran that it does not
+    /// hold yet (after a trellis prompt on the decoder, every token: the next turn runs them
+    /// with its prompt, [`HeldCaches::continue_with`]; a conversation that ends or is reset
+    /// never runs them through MLX's path).
+    cache: HeldCaches,
     /// The CPU decoder and its cache (`None` on the MLX path; taken during a turn).
     cpu: Option<CpuDecoder<'m>>,
     opts: StreamOptions,
@@ -173,11 +178,11 @@ impl<'m> Conversation<'m> {
             model,
             tokenizer,
             system: system.map(str::to_string),
-            cache: if cpu.is_some() {
+            cache: HeldCaches::synced(if cpu.is_some() {
                 Vec::new()
             } else {
                 make_prompt_cache(model, opts.generate.max_kv_size)?
-            },
+            }),
             cpu,
             opts,
             spec: None,
@@ -224,7 +229,7 @@ impl<'m> Conversation<'m> {
             }
             Some(sp) => {
                 let depth = sp.num_draft_tokens + 1;
-                self.cache = self.model.make_cache_with_rollback(depth);
+                self.cache = HeldCaches::synced(self.model.make_cache_with_rollback(depth));
                 self.draft_cache = sp
                     .draft
                     .map(|d| d.make_cache_with_rollback(depth))
@@ -232,7 +237,10 @@ impl<'m> Conversation<'m> {
             }
             None if self.opts.generate.cpu_decode.is_some() => self.reset_cpu()?,
             None => {
-                self.cache = make_prompt_cache(self.model, self.opts.generate.max_kv_size)?;
+                self.cache = HeldCaches::synced(make_prompt_cache(
+                    self.model,
+                    self.opts.generate.max_kv_size,
+                )?);
             }
         }
         Ok(())
@@ -259,7 +267,7 @@ impl<'m> Conversation<'m> {
     pub fn cached_tokens(&self) -> usize {
         match &self.cpu {
             Some(d) => d.position(),
-            None => self.cache.first().map_or(0, |c| c.offset()),
+            None => self.cache.tokens(),
         }
     }
 
@@ -279,7 +287,23 @@ impl<'m> Conversation<'m> {
             .tokenizer
             .apply_chat_template_ids(&messages, &ChatTemplateOptions::generation(true))?;
         let cpu = self.cpu.take();
-        let cache = std::mem::take(&mut self.cache);
+        let held = std::mem::replace(&mut self.cache, HeldCaches::synced(Vec::new()));
+        // The tokens the last turn's graph decoder ran and the cache does not hold: the head
+        // of this turn's prompt where the cache holds nothing (a trellis prompt ran on the
+        // decoder), else run through the MLX forward now (plain decoding only: speculation
+        // leaves none pending). Prepended, they count in this turn's prompt statistics
+        // (`prompt_tokens`, `prompt_tps`): this turn runs them.
+        let continued = match (&self.spec, &cpu) {
+            (None, None) => held.continue_with(self.model, &prompt),
+            _ => held.sync(self.model).map(|c| (c, prompt.clone())),
+        };
+        let (cache, prompt) = match continued {
+            Ok(c) => c,
+            Err(e) => {
+                self.reset()?;
+                return Err(e);
+            }
+        };
         let started = match (&self.spec, cpu) {
             (None, Some(cpu)) => {
                 stream_generate_cpu(self.model, self.tokenizer, &prompt, cpu, self.opts.clone())
@@ -368,11 +392,14 @@ impl<'m> Conversation<'m> {
             if self.spec.is_some() {
                 self.reset()?;
             } else {
-                self.cache = stream.into_cache();
+                self.cache = match stream.into_held_caches() {
+                    Ok((c, _)) => c,
+                    Err(_) => HeldCaches::synced(Vec::new()),
+                };
             }
             return Err(e);
         }
-        let (cache, draft_cache) = match stream.into_synced_caches() {
+        let (cache, draft_cache) = match stream.into_held_caches() {
             Ok(c) => c,
             Err(e) => {
                 self.reset()?;

@@ -487,6 +487,20 @@ impl DevicePeak {
         self.extra = next;
     }
 
+    /// Closes the current window, in which `bytes` more came to be held (a decoder built in
+    /// it: counted beside the window's whole MLX peak), and starts one that holds `bytes`.
+    pub(crate) fn built(&mut self, bytes: usize) -> mlx_core::Result<()> {
+        let (ended, floor) = memory::restart_peak_window()?;
+        self.built_with(ended, floor, bytes);
+        Ok(())
+    }
+
+    /// [`Self::built`] with MLX's readings given.
+    fn built_with(&mut self, ended: usize, floor: usize, bytes: usize) {
+        self.extra = self.extra.max(bytes);
+        self.close(ended, floor, bytes);
+    }
+
     /// The peak so far.
     pub(crate) fn now(&self) -> mlx_core::Result<usize> {
         Ok(self.with_window(memory::window_peak(self.floor)?))
@@ -1231,19 +1245,25 @@ impl<'m> GenerateStep<'m> {
     /// The caches, e.g. to keep as a prompt cache for the next call. After the graph decoder,
     /// the tokens it saw are run through the MLX forward first, so that the caches hold what
     /// the MLX path's would (every token returned); if that fails, the caches may hold fewer.
-    pub fn into_cache(mut self) -> Vec<Box<dyn Cache>> {
+    /// A caller that may not need the caches takes [`Self::into_held_cache`] instead.
+    pub fn into_cache(self) -> Vec<Box<dyn Cache>> {
+        let model = self.model;
+        self.into_held_cache().sync_or_keep(model)
+    }
+
+    /// The caches and the tokens the graph decoder saw that they do not hold yet, run through
+    /// the MLX forward only when the caches are used ([`crate::held::HeldCaches`]): after a
+    /// trellis prompt on the decoder, the MLX caches hold nothing and every token is pending
+    /// (`mlx chat`'s next turn then runs them on the decoder with its prompt). Nothing is
+    /// pending after the MLX path or the CPU decoder.
+    pub fn into_held_cache(mut self) -> crate::held::HeldCaches {
         let ids = self
             .graph
             .as_mut()
             .map(|g| std::mem::take(&mut g.since_mlx))
             .unwrap_or_default();
         self.settle();
-        if !ids.is_empty() {
-            let synced =
-                on_generation_stream(|| forward_into_caches(self.model, &mut self.caches, &ids));
-            let _ = synced;
-        }
-        std::mem::take(&mut self.caches)
+        crate::held::HeldCaches::new(std::mem::take(&mut self.caches), ids)
     }
 
     /// The CPU decoder this generation ran through (`None` on the MLX path), its cache
@@ -1671,7 +1691,7 @@ const GRAPH_NOT_FINITE: &str = "the graph decoder gave non-finite values";
 /// MLX forward's values were finite for the same prompt).
 /// Runs `ids` through the MLX forward into `caches` and evaluates their states: the MLX
 /// caches catch up on the tokens the graph decoder took.
-fn forward_into_caches(
+pub(crate) fn forward_into_caches(
     model: &dyn LanguageModel,
     caches: &mut [Box<dyn Cache>],
     ids: &[i32],
@@ -1886,6 +1906,28 @@ mod device_peak_tests {
         // Taken, its cache's memory is mapped again through the build's window (`run`'s).
         const PARKED: usize = 1_815_000;
         assert_eq!(run(PARKED), PROMPT_PEAK + PARKED);
+    }
+
+    /// Graph speculation (`GraphSpecSteps::new`): both prompts run on MLX's path with no
+    /// decoder, then the pair is built (its window closed by `built`) and decodes. Its peak is
+    /// the prompts' MLX peak or the pair beside MLX's bytes while it was held, never the two
+    /// added (it was MLX's process peak plus the pair's bytes, noted into the process's device
+    /// peak, so every later response of the process reported that sum).
+    #[test]
+    fn a_speculative_pair_built_after_the_prompts_is_not_added_to_their_peak() {
+        const PAIR: usize = 2 * DEC;
+        let run = |prompt_peak: usize| {
+            let mut p = DevicePeak {
+                extra: 0,
+                floor: 4_520_000_000,
+                closed: 4_600_000_000,
+            };
+            p.close(prompt_peak, LIVE, 0);
+            p.built_with(LIVE + 1_000_000, LIVE, PAIR);
+            p.with_window(LIVE + 2_000_000)
+        };
+        assert_eq!(run(PROMPT_PEAK), PROMPT_PEAK);
+        assert_eq!(run(LIVE), LIVE + 2_000_000 + PAIR);
     }
 
     #[test]

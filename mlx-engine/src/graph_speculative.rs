@@ -22,7 +22,9 @@ use mlx_core::Array;
 use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions, MAX_SEQUENCES, MMA_MIN_SEQUENCES};
 use mlx_models::LanguageModel;
 
-use crate::generate::{generate_step, on_generation_stream, GenerateOptions, GRAPH_DEFAULT_ROOM};
+use crate::generate::{
+    generate_step, on_generation_stream, DevicePeak, GenerateOptions, GRAPH_DEFAULT_ROOM,
+};
 use crate::speculative::SpecStats;
 use crate::{EngineError, Result};
 
@@ -203,6 +205,17 @@ fn prefill(model: &dyn LanguageModel, ids: &[i32], opts: &GenerateOptions) -> Re
     Ok((first.token, lp, kv))
 }
 
+/// The prompts are in (MLX's path ran them, no decoder held): the build's window of `peak`
+/// begins, `build` makes the decoder pair (and says the device bytes it holds outside MLX's
+/// allocator), and those bytes count from that window on: beside MLX's peak of the time they
+/// were held, not beside the prompts'.
+fn pair_window<T>(peak: &mut DevicePeak, build: impl FnOnce() -> Result<(T, usize)>) -> Result<T> {
+    peak.switch(0)?;
+    let (pair, bytes) = build()?;
+    peak.built(bytes)?;
+    Ok(pair)
+}
+
 /// What a speculation round asks of a decoder: the CUDA graph decoder's calls (and a stand-in
 /// in the unit tests, which check the rounds' bookkeeping against plain greedy decoding over
 /// random acceptance patterns on a machine without CUDA).
@@ -274,6 +287,11 @@ pub struct GraphSpecSteps {
     /// target verifies, on its own stream, instead of a catch-up step on the last draft after
     /// a fully accepted round (`MLX_GRAPH_SPEC_OVERLAP=0` turns it off, for A/B runs).
     overlap: bool,
+    /// MLX's peak and the pair's own bytes as held at once (as a plain graph run's,
+    /// [`crate::generate::GenerateStep::device_peak`]): the prompts' window without the pair,
+    /// the build's and the decode's with it. `None` for decoders built by the caller
+    /// ([`Self::from_decoders`]).
+    peak: Option<DevicePeak>,
 }
 
 /// Where speculation's rounds spend their time (`MLX_GRAPH_SPEC_PROFILE=1`: a summary on
@@ -401,6 +419,8 @@ impl GraphSpecSteps {
             ));
         }
         let k = num_draft_tokens;
+        // The prompts' window: MLX's path alone, no decoder held.
+        let mut peak = DevicePeak::start(0)?;
         let (first, lp, kv) = prefill(target, ids, opts)?;
         let (_, _, dkv) = prefill(draft, ids, opts)?;
         let room = ids.len() + opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + k + 2;
@@ -412,34 +432,39 @@ impl GraphSpecSteps {
         let (dspec, dweights) = map(draft)?;
         let (target_dec, draft_dec) = on_generation_stream(|| {
             mlx_core::synchronize()?;
-            // The verify rows share row 0's cache slot (one slot, not K + 1) where they fit one
-            // launch's tile; past it each row keeps a slot (a second tile's rows in row 0's slot
-            // failed a launch's bounds check on session 30's H100).
-            let opts = GraphOptions {
-                sequences: (k + 1) as u32,
-                one_cache_slot: k < GraphDecoder::max_sequences(&tspec) as usize,
-                tensor_cores_from: tensor_core_verify(),
-                ..verify_launch_options()
-            };
-            let mut t = GraphDecoder::with_options(tspec.clone(), &tweights, room, &opts)?;
-            let mut d = GraphDecoder::new(dspec, &dweights, room)?;
-            t.set_prefix(&kv)?;
-            d.set_prefix(&dkv)?;
-            // A measurement only (`MLX_GRAPH_SPEC_BREAKDOWN`): its failure is reported, not
-            // the speculation's.
-            if let Err(e) = verify_breakdown(&mut t, &tspec, &tweights, &kv, room) {
-                eprintln!("[graph verify breakdown] not measured: {e}");
-            }
-            mlx_core::synchronize()?;
-            Ok((t, d))
+            pair_window(&mut peak, || {
+                // The verify rows share row 0's cache slot (one slot, not K + 1) where they fit
+                // one launch's tile; past it each row keeps a slot (a second tile's rows in row
+                // 0's slot failed a launch's bounds check on session 30's H100).
+                let opts = GraphOptions {
+                    sequences: (k + 1) as u32,
+                    one_cache_slot: k < GraphDecoder::max_sequences(&tspec) as usize,
+                    tensor_cores_from: tensor_core_verify(),
+                    ..verify_launch_options()
+                };
+                let mut t = GraphDecoder::with_options(tspec.clone(), &tweights, room, &opts)?;
+                let mut d = GraphDecoder::new(dspec, &dweights, room)?;
+                t.set_prefix(&kv)?;
+                d.set_prefix(&dkv)?;
+                // A measurement only (`MLX_GRAPH_SPEC_BREAKDOWN`): its failure is reported,
+                // not the speculation's.
+                if let Err(e) = verify_breakdown(&mut t, &tspec, &tweights, &kv, room) {
+                    eprintln!("[graph verify breakdown] not measured: {e}");
+                }
+                mlx_core::synchronize()?;
+                let bytes = t.device_bytes() + d.device_bytes();
+                Ok(((t, d), bytes))
+            })
         })?;
-        Ok(Self::from_decoders(
+        let mut steps = Self::from_decoders(
             Box::new(target_dec),
             Box::new(draft_dec),
             (first, lp),
             opts.max_tokens,
             k,
-        ))
+        );
+        steps.peak = Some(peak);
+        Ok(steps)
     }
 
     /// Speculation over two decoders whose caches hold the same prompt, `first` (and its
@@ -464,6 +489,7 @@ impl GraphSpecSteps {
             stats: SpecStats::default(),
             profile: Profile::from_env(),
             overlap: std::env::var("MLX_GRAPH_SPEC_OVERLAP").as_deref() != Ok("0"),
+            peak: None,
         }
     }
 
@@ -471,6 +497,18 @@ impl GraphSpecSteps {
     /// take them, caches, activations): a generation's reported peak adds them.
     pub fn device_bytes(&self) -> usize {
         self.target.device_bytes() + self.draft.device_bytes()
+    }
+
+    /// The most bytes this run held on the device at once, MLX's allocator and the pair's own
+    /// buffers together: the pair's bytes beside MLX's peak of the time they were held, not
+    /// beside the prompts' (MLX's path ran them before the pair was built). For decoders
+    /// built by the caller ([`Self::from_decoders`]): MLX's peak plus their bytes, an upper
+    /// bound.
+    pub fn device_peak(&self) -> Result<usize> {
+        Ok(match &self.peak {
+            Some(p) => p.now()?,
+            None => mlx_core::memory::peak_memory()? + self.device_bytes(),
+        })
     }
 
     /// The acceptance statistics so far.
@@ -589,6 +627,49 @@ impl GraphSpecSteps {
             p.add(parts, fed, k, tokens.len(), n + 1);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod peak_tests {
+    use super::*;
+
+    /// Graph speculation's reported peak (`GraphSpecSteps::device_peak`, what every response
+    /// reports and `mlx_core::memory::note_device_peak` keeps for the process): the prompts'
+    /// MLX peak (raised here by 64 MiB of activations, freed before the build) and the pair's
+    /// bytes are not added. It was MLX's process peak plus the pair's bytes, which counted
+    /// the prompts' activations beside the pair, and stayed in the process's peak for every
+    /// later response (`mlx benchmark`'s trials, `mlx generate --verbose`).
+    #[test]
+    fn the_pair_is_not_counted_beside_the_prompts_peak() {
+        const SPIKE: usize = 64 << 20;
+        const PAIR: usize = 3 << 30;
+        let mut peak = DevicePeak::start(0).unwrap();
+        let spike =
+            mlx_core::ops::zeros(&[(SPIKE / 4) as i32], mlx_core::Dtype::Float32, None).unwrap();
+        spike.eval().unwrap();
+        drop(spike);
+        let prompts = mlx_core::memory::window_peak(0).unwrap();
+        assert!(prompts >= SPIKE, "{prompts}");
+        pair_window(&mut peak, || Ok(((), PAIR))).unwrap();
+        let got = peak.now().unwrap();
+        assert!(got >= PAIR, "{got}: the pair counted");
+        assert!(
+            got + SPIKE / 2 <= prompts + PAIR,
+            "{got}: the pair counted beside the prompts' MLX peak {prompts}"
+        );
+        let old = mlx_core::memory::peak_memory().unwrap() + PAIR;
+        assert!(
+            got + SPIKE / 2 <= old,
+            "{got} against the old estimate {old}"
+        );
+        // A failed build leaves the pair uncounted.
+        let mut peak = DevicePeak::start(0).unwrap();
+        let failed: Result<()> = pair_window(&mut peak, || {
+            Err(EngineError::GraphDecoderUnsupported("no device".into()))
+        });
+        assert!(failed.is_err());
+        assert!(peak.now().unwrap() < PAIR);
     }
 }
 

@@ -13,6 +13,8 @@
 //!   greedy speculation on the CPU decoder (drafts verified in one batched pass).
 //! - [`grammar`]: constrained decoding (JSON schema, JSON object, Lark) through `llguidance`.
 //! - [`stream`]: `stream_generate` (text, stop conditions, statistics).
+//! - [`held`]: the MLX caches a generation hands back with the tokens the graph decoder ran
+//!   that they do not hold yet, run through the MLX forward only when the caches are used.
 //! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: `mlx_lm.chat`'s
 //!   conversation over one growing cache ([`chat::Conversation`]) and a prefix-reusing
 //!   session ([`chat::ChatSession`]).
@@ -37,6 +39,7 @@ pub mod generate;
 pub mod grammar;
 pub mod graph;
 pub mod graph_speculative;
+pub mod held;
 pub mod hub;
 pub mod load;
 pub mod prompt_cache;

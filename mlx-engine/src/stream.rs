@@ -485,6 +485,23 @@ impl<'m> TextStream<'m> {
         }
     }
 
+    /// [`TextStream::into_synced_caches`], except that plain decoding's tokens the graph
+    /// decoder ran and the MLX caches do not hold yet stay pending
+    /// ([`GenerateStep::into_held_cache`]): run through the MLX forward only when the caches
+    /// are used.
+    pub fn into_held_caches(self) -> Result<(crate::held::HeldCaches, Vec<Box<dyn Cache>>)> {
+        match self.steps {
+            Steps::Plain(g) => Ok((g.into_held_cache(), Vec::new())),
+            Steps::Speculative(g) => {
+                let (c, d) = g.into_synced_caches()?;
+                Ok((crate::held::HeldCaches::synced(c), d))
+            }
+            Steps::CpuSpeculative(_) | Steps::GraphSpeculative(_) => {
+                Ok((crate::held::HeldCaches::synced(Vec::new()), Vec::new()))
+            }
+        }
+    }
+
     /// Why the graph decoder handed the run to the MLX path, if it did (see
     /// [`GenerateStep::graph_fallback`]).
     pub fn graph_fallback(&self) -> Option<&str> {
@@ -498,12 +515,13 @@ impl<'m> TextStream<'m> {
     /// as mlx-lm reports `mx.get_peak_memory()`: MLX's peak, or where a graph decoder held
     /// device buffers outside MLX's allocator (its cache, its step buffers) in this or an
     /// earlier generation, the most held with them at once when that is more
-    /// ([`GenerateStep::device_peak`]; a speculative graph pair: MLX's peak plus its bytes;
+    /// ([`GenerateStep::device_peak`]; a speculative graph pair's the same way,
+    /// [`crate::graph_speculative::GraphSpecSteps::device_peak`];
     /// [`memory::device_peak_memory`]).
     fn peak_memory_bytes(&self) -> Result<usize> {
         let run = match &self.steps {
             Steps::Plain(g) => g.device_peak()?.unwrap_or(0),
-            Steps::GraphSpeculative(g) => memory::peak_memory()? + g.device_bytes(),
+            Steps::GraphSpeculative(g) => g.device_peak()?,
             Steps::Speculative(_) | Steps::CpuSpeculative(_) => 0,
         };
         memory::note_device_peak(run);

@@ -583,7 +583,8 @@ fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i
     // results/gpu/2026-12-05-s30-h100/call5).
     let fed = mlx_engine::generate::trellis_prompt_on_decoder()
         && mlx_engine::graph::map_model(model).is_ok_and(|(s, _)| s.trellis.is_some());
-    if fed && steps[0].token != mlx[0] {
+    // The MLX forward's logits after the prompt (float32) and their largest magnitude.
+    let mlx_last = || -> (Vec<f32>, f32) {
         let x = Array::from_slice(prompt, &[1, prompt.len() as i32]).unwrap();
         let logits = model.forward(&x, None).unwrap();
         let n = logits.dim(1).unwrap();
@@ -594,6 +595,10 @@ fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i
             .to_vec::<f32>()
             .unwrap();
         let scale = last.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+        (last, scale)
+    };
+    if fed && steps[0].token != mlx[0] {
+        let (last, scale) = mlx_last();
         let gap = (last[mlx[0] as usize] - last[steps[0].token as usize]) / scale;
         eprintln!(
             "{name}: the first token after the prompt through the decoder is {}, the MLX \
@@ -680,7 +685,8 @@ fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i
     // the device's greedy choice; a seeded sampler repeats itself, and its first token (the
     // MLX forward's) is the MLX path's.
     use mlx_engine::sample::{Sampler, SamplerSettings};
-    let sampled = |settings: SamplerSettings, graph: bool| -> Vec<u32> {
+    // The tokens, and the first step's log-probabilities (what its draw was made from).
+    let sampled_lp = |settings: SamplerSettings, graph: bool| -> (Vec<u32>, Array) {
         mlx_core::random::seed(7).unwrap();
         let o = GenerateOptions {
             sampler: Sampler::new(settings),
@@ -688,10 +694,12 @@ fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i
         };
         let mut g = generate_step(prompt, model, None, o).unwrap();
         assert_eq!(g.uses_graph_decoder(), graph, "{name}");
-        let t: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+        let steps: Vec<_> = g.by_ref().map(|s| s.unwrap()).collect();
         assert_eq!(g.graph_fallback(), None, "{name}");
-        t
+        let first = steps[0].logprobs.clone();
+        (steps.iter().map(|s| s.token).collect(), first)
     };
+    let sampled = |settings: SamplerSettings, graph: bool| sampled_lp(settings, graph).0;
     let top1 = SamplerSettings {
         temp: 1.0,
         top_k: 1,
@@ -710,25 +718,109 @@ fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i
     };
     // The MLX path around the decoder's runs: whether MLX itself repeats a seeded run after
     // the decoder ran (and was dropped) tells an MLX-side fault from the decoder's.
-    let mlx1 = sampled(warm.clone(), false);
+    let (mlx1, mlx1_lp) = sampled_lp(warm.clone(), false);
     let x = sampled(warm.clone(), true);
     let y = sampled(warm.clone(), true);
-    let mlx2 = sampled(warm, false);
+    let mlx2 = sampled(warm.clone(), false);
     let all = format!("greedy {a:?}; MLX path {mlx1:?} then {mlx2:?}; graph {x:?} then {y:?}");
     eprintln!("{name}: {all}");
     assert_eq!(
         mlx1, mlx2,
         "{name}: the MLX path seeded, around the decoder's runs ({all})"
     );
-    // (A prompt through the decoder samples its first token from the decoder's logits: L3,
-    // the draw may part at a near tie.)
-    if !fed {
+    // A prompt through the decoder samples its first token from the decoder's logits (L3):
+    // the draw is the MLX path's, or parts from it at a near tie only: the greedy rule above
+    // with the draw's noise in it (`seeded_near_tie`).
+    if fed && x[0] != mlx1[0] {
+        let (last, scale) = mlx_last();
+        seeded_near_tie(name, &warm, &mlx1_lp, &last, scale, mlx1[0], x[0]);
+    } else {
         assert_eq!(
             x[0], mlx1[0],
             "{name}: the first token is the MLX path's ({all})"
         );
     }
     assert_eq!(x, y, "{name}: seeded ({all})");
+}
+
+/// The seeded first draw's near-tie rule, for a prompt that ran through the decoder: the
+/// engine's run drew `ours` from the decoder's first logits where the MLX path drew `mlx` from
+/// its own (`mlx_lp`, the MLX path's first log-probabilities; `last`, the MLX forward's
+/// logits, largest magnitude `scale`), both with `mx.random.seed(7)`'s first key. The sampler
+/// draws `argmax(lp / temp + g)` with the same Gumbel noise `g` on both paths (the key and
+/// the shape, not the values, make it; top-p and min-p only mask), so the draws part only
+/// where the decoder's logits moved `ours` past `mlx` under that noise. Checked: (1) the MLX
+/// path's draw is reproduced here from `mlx_lp` (the rule is about that draw); (2) between
+/// the two tokens alone, MLX's logits draw `mlx`, and draw `ours` once `ours`'s logit rises by
+/// `TEACHER_FORCED_BOUNDS.0 x scale`: the draw's margin is within the teacher-forced bound,
+/// as the greedy rule's gap (the margin found by bisection is printed).
+fn seeded_near_tie(
+    name: &str,
+    warm: &mlx_engine::sample::SamplerSettings,
+    mlx_lp: &Array,
+    last: &[f32],
+    scale: f32,
+    mlx: u32,
+    ours: u32,
+) {
+    use mlx_engine::sample::{Sampler, SamplerSettings};
+    let vocab = last.len() as i32;
+    let draw = |settings: &SamplerSettings, lp: &Array| -> u32 {
+        mlx_core::random::seed(7).unwrap();
+        Sampler::new(settings.clone())
+            .sample(lp)
+            .unwrap()
+            .astype(Dtype::Uint32)
+            .unwrap()
+            .to_vec::<u32>()
+            .unwrap()[0]
+    };
+    let again = draw(warm, &mlx_lp.reshape(&[1, vocab]).unwrap());
+    assert_eq!(
+        again, mlx,
+        "{name}: the MLX path's seeded first draw is not reproduced outside the engine"
+    );
+    // The two tokens alone, at the temperature only: `ours`'s logit raised by `delta`.
+    let plain = SamplerSettings {
+        temp: warm.temp,
+        ..SamplerSettings::default()
+    };
+    let pair = |delta: f32| -> u32 {
+        let mut v = vec![f32::NEG_INFINITY; last.len()];
+        v[mlx as usize] = last[mlx as usize];
+        v[ours as usize] = last[ours as usize] + delta;
+        draw(&plain, &Array::from_slice(&v, &[1, vocab]).unwrap())
+    };
+    assert_eq!(
+        pair(0.0),
+        mlx,
+        "{name}: MLX's logits draw its token over the decoder's"
+    );
+    let bound = TEACHER_FORCED_BOUNDS.0 * scale;
+    let (mut lo, mut hi) = (0.0f32, bound);
+    let within = pair(bound) == ours;
+    if within {
+        for _ in 0..20 {
+            let mid = 0.5 * (lo + hi);
+            if pair(mid) == ours {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+    }
+    eprintln!(
+        "{name}: the seeded first draw through the decoder is {ours}, the MLX path's {mlx} (a \
+         near tie: the draw's margin {} of the largest logit, the bound {})",
+        if within { hi / scale } else { f32::INFINITY },
+        TEACHER_FORCED_BOUNDS.0
+    );
+    assert!(
+        within,
+        "{name}: the decoder's seeded first token {ours} is more than {} of the largest logit \
+         from the MLX path's draw {mlx}",
+        TEACHER_FORCED_BOUNDS.0
+    );
 }
 
 #[test]

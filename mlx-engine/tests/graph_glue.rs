@@ -530,18 +530,14 @@ fn the_decoders_own_device_bytes_are_counted_in_the_runs_peak() {
     );
 }
 
-/// A trellis-coded model's prompt goes through the decoder (`feed_prompt`, then its last
-/// token's logits), not through MLX's path (issue #34: no GPU kernel there): the tokens are
-/// the MLX path's (the stand-in runs the prompt as one forward, as the MLX path does with
-/// chunks of 64), no MLX cache is copied in, and `into_cache` brings the MLX caches up to
-/// every token.
-#[test]
-fn a_trellis_models_prompt_goes_through_the_decoder() {
+/// A trellis-coded model converted from the untied dense fixture (3 bits, L 8), in a folder
+/// of its own (removed by the caller).
+fn trellis_model(tag: &str) -> (Box<dyn LanguageModel>, PathBuf) {
     use mlx_models::config::TrellisParams;
     use mlx_models::convert::{convert, ConvertOptions};
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../mlx-models/tests/models/dense_bf16_untied");
-    let dst = std::env::temp_dir().join(format!("graph_glue_trellis_{}", std::process::id()));
+    let dst = std::env::temp_dir().join(format!("graph_glue_{tag}_{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dst);
     let copts = ConvertOptions {
         quantize: true,
@@ -556,6 +552,17 @@ fn a_trellis_models_prompt_goes_through_the_decoder() {
     };
     convert(&src, &dst, &copts, &mut |_| {}).unwrap();
     let m = load_model_dir(&dst, &LoadOptions::default()).unwrap().0;
+    (m, dst)
+}
+
+/// A trellis-coded model's prompt goes through the decoder (`feed_prompt`, then its last
+/// token's logits), not through MLX's path (issue #34: no GPU kernel there): the tokens are
+/// the MLX path's (the stand-in runs the prompt as one forward, as the MLX path does with
+/// chunks of 64), no MLX cache is copied in, and `into_cache` brings the MLX caches up to
+/// every token.
+#[test]
+fn a_trellis_models_prompt_goes_through_the_decoder() {
+    let (m, dst) = trellis_model("trellis");
     let opts = GenerateOptions {
         prefill_step_size: 64,
         ..base()
@@ -607,7 +614,16 @@ struct KeepScript {
     fail_unpark: bool,
     /// Events in order: "build", "park", "unpark", "prefix N", "progress N (held B)".
     log: Vec<String>,
+    /// MLX's peak in the last prompt's window, read once its chunks are in (after
+    /// [`PROMPT_SPIKE`]).
+    prompt_peak: usize,
 }
+
+/// Bytes the prompt's progress callback allocates through MLX (and frees) once the prompt's
+/// chunks are in, as a long prompt's activations would: MLX's peak in the prompt's window
+/// then stands this far above its peak while the decoder decodes, so that a run's peak that
+/// added the decoder's cache to the prompt's window is told apart from one that did not.
+const PROMPT_SPIKE: usize = 64 << 20;
 
 /// A stand-in that can be kept between generations (`GraphKeep`): it borrows nothing of the
 /// model (so it outlives a generation) and decodes a fixed sequence (each token the last plus
@@ -711,12 +727,16 @@ fn kept_opts(script: &Arc<Mutex<KeepScript>>, keep: &GraphKeep) -> GenerateOptio
         }) as Box<dyn GraphBackend + '_>)
     })));
     let (s, k) = (script.clone(), keep.clone());
-    opts.prompt_progress = Some(PromptProgress(Arc::new(move |done, _| {
+    opts.prompt_progress = Some(PromptProgress(Arc::new(move |done, total| {
         let held = k.device_bytes();
-        s.lock()
-            .unwrap()
-            .log
-            .push(format!("progress {done} (held {held})"));
+        let mut s = s.lock().unwrap();
+        s.log.push(format!("progress {done} (held {held})"));
+        if done + 1 == total {
+            let spike = ops::zeros(&[(PROMPT_SPIKE / 4) as i32], Dtype::Float32, None).unwrap();
+            spike.eval().unwrap();
+            drop(spike);
+            s.prompt_peak = mlx_core::memory::window_peak(0).unwrap();
+        }
     })));
     opts
 }
@@ -787,10 +807,18 @@ fn a_kept_decoder_waits_parked_through_the_next_prompt() {
     );
     assert_eq!(keep.device_bytes(), small);
     // The run's peak counts the cache in the windows it was held (decoding), not beside the
-    // prompt's peak (at most MLX's peak plus the whole decoder, at least the decoder beside
-    // the model's weights).
+    // prompt's peak: below the prompt's MLX peak (raised by PROMPT_SPIKE) plus the whole
+    // decoder, by about the spike (it was at most MLX's peak plus the whole decoder, which a
+    // peak that added the cache to the prompt's window met too); at least the decoder beside
+    // the model's weights.
     let mlx = mlx_core::memory::peak_memory().unwrap();
+    let prompt_peak = script.lock().unwrap().prompt_peak;
+    assert!(prompt_peak >= PROMPT_SPIKE, "{prompt_peak}");
     assert!(peak_b > small + cache, "{peak_b}");
+    assert!(
+        peak_b + PROMPT_SPIKE / 2 <= prompt_peak + small + cache,
+        "{peak_b}: the cache counted beside the prompt's MLX peak {prompt_peak}"
+    );
     assert!(
         peak_b <= mlx + small + cache,
         "{peak_b} against MLX's {mlx}"
@@ -852,5 +880,92 @@ fn a_kept_decoder_that_cannot_park_or_unpark_falls_back() {
     assert!(
         log.contains(&format!("progress 39 (held {})", small + cache)),
         "{log:?}"
+    );
+}
+
+/// `mlx chat`'s turns on a trellis model (`Conversation` keeps a `HeldCaches`): the first
+/// turn's prompt ran on the decoder, so handing its caches back runs nothing through MLX's
+/// path (they stay empty, every token pending; `into_cache` would replay them all through the
+/// MLX forward, about the MLX path's prompt cost); the next turn takes the pending tokens as
+/// the head of its prompt, which goes through the decoder too (no MLX cache copied in), and
+/// gives the MLX path's tokens for the whole conversation as one prompt. A model whose prompt
+/// runs on MLX's path (the dense fixture) syncs first, as before, and the MLX path and the
+/// CPU decoder leave nothing pending.
+#[test]
+fn a_trellis_conversation_is_not_replayed_through_mlx() {
+    use mlx_engine::held::Plan;
+    let (m, dst) = trellis_model("trellis_chat");
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let script = Arc::new(Mutex::new(Script::default()));
+    let opts = |graph: bool| GenerateOptions {
+        prefill_step_size: 64,
+        graph_decode: graph,
+        graph_stand_in: graph.then(|| stand_in(&script)),
+        ..base()
+    };
+    let p = prompt(m.vocab_size());
+    let mut g = generate_step(&p, m.as_ref(), None, opts(true)).unwrap();
+    let first: Vec<i32> = g.by_ref().map(|s| s.unwrap().token as i32).collect();
+    assert!(g.uses_graph_decoder());
+    let held = g.into_held_cache();
+    assert_eq!(
+        held.cached(),
+        0,
+        "no MLX forward ran: the caches hold nothing"
+    );
+    let history: Vec<i32> = p.iter().chain(&first).copied().collect();
+    assert_eq!(held.pending(), &history[..], "every token is pending");
+    assert_eq!(held.plan(), Plan::Prepend);
+    script.lock().unwrap().log.clear();
+
+    let next: Vec<u32> = p[..7].iter().map(|&t| t as u32).collect();
+    let (caches, joined) = held.continue_with(m.as_ref(), &next).unwrap();
+    assert_eq!(
+        caches[0].offset(),
+        0,
+        "still nothing run through MLX's path"
+    );
+    let joined: Vec<i32> = joined.iter().map(|&t| t as i32).collect();
+    let whole: Vec<i32> = history.iter().chain(&p[..7]).copied().collect();
+    assert_eq!(joined, whole);
+    let mut g = generate_step(&joined, m.as_ref(), Some(caches), opts(true)).unwrap();
+    let second: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+    assert_eq!(g.graph_fallback(), None);
+    let log = std::mem::take(&mut script.lock().unwrap().log);
+    assert!(
+        log.contains(&format!("feed {}", whole.len() - 1)),
+        "the next turn's prompt on the decoder: {log:?}"
+    );
+    assert!(!log.iter().any(|e| e.starts_with("prefix")), "{log:?}");
+    // The caches a caller does use (a prompt-cache file) are still brought up to every token.
+    assert_eq!(g.into_cache()[0].offset(), whole.len() + second.len());
+    // The MLX path over the same conversation as one prompt (one chunk, as the stand-in feeds
+    // it): the same tokens.
+    let mut mlx = generate_step(&whole, m.as_ref(), None, opts(false)).unwrap();
+    let want: Vec<u32> = mlx.by_ref().map(|s| s.unwrap().token).collect();
+    assert_eq!(second, want);
+    assert_eq!(mlx.into_held_cache().plan(), Plan::AsIs, "the MLX path");
+    let _ = std::fs::remove_dir_all(&dst);
+
+    // The dense fixture's prompt runs on MLX's path: its generated tokens are pending, and a
+    // continuation runs them through the MLX forward first (the caches as `into_cache`'s).
+    let d = model();
+    let p = prompt(d.vocab_size());
+    let dense = |graph: bool| GenerateOptions {
+        graph_decode: graph,
+        graph_stand_in: graph.then(|| stand_in(&script)),
+        ..base()
+    };
+    let mut g = generate_step(&p, d.as_ref(), None, dense(true)).unwrap();
+    let n = g.by_ref().count();
+    let held = g.into_held_cache();
+    assert_eq!(held.plan(), Plan::SyncFirst);
+    assert_eq!(held.tokens(), p.len() + n);
+    let (caches, prompt2) = held.continue_with(d.as_ref(), &next).unwrap();
+    assert_eq!(prompt2, next);
+    assert_eq!(
+        caches[0].offset(),
+        p.len() + n,
+        "synced before the next turn"
     );
 }

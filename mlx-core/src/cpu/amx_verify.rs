@@ -1566,6 +1566,64 @@ mod tests {
         }
     }
 
+    /// A layout attaches to the matrix it was packed from only: one with the same words but
+    /// other scales or biases is refused, whether they are other arrays (a copy of the scales,
+    /// the other kind's biases: these words' affine and symmetric layouts differ in their
+    /// biases only) or the same arrays changed in place (found by the sampled values).
+    #[test]
+    fn a_layout_attaches_to_its_own_scales_and_biases_only() {
+        use super::super::Lanes16;
+        /// `c`'s words as a 4-bit affine matrix with scales `s` and biases `b`.
+        fn affine4<'a>(c: &'a Case, s: &'a [f16], b: &'a [f16]) -> Matrix<'a> {
+            Matrix::affine(
+                &c.words,
+                Floats::F16(s),
+                Floats::F16(b),
+                c.rows,
+                c.cols,
+                4,
+                c.group,
+            )
+            .unwrap()
+        }
+        let mut g = Lcg(29);
+        for (rows, cols, group) in [(37, 576, 32), (16, 64, 64), (3, 96, 32)] {
+            let c = case(&mut g, rows, cols, group);
+            let sym_b: Vec<f16> = c
+                .scales
+                .iter()
+                .map(|v| f16::from_f32(-8.0 * v.to_f32()))
+                .collect();
+            let affine = affine4(&c, &c.scales, &c.biases);
+            let sym =
+                Matrix::symmetric(&c.words, Floats::F16(&c.scales), rows, cols, 4, group).unwrap();
+            let sym_ref = affine4(&c, &c.scales, &sym_b);
+            let scales2 = c.scales.clone();
+            let copy = affine4(&c, &scales2, &c.biases);
+            for (w, others) in [
+                (affine, [sym, sym_ref, copy]),
+                (sym, [affine, sym_ref, copy]),
+            ] {
+                let l = Lanes16::pack(&w).unwrap();
+                assert!(w.with_lanes(&l).is_ok(), "its own layout");
+                for o in others {
+                    assert!(o.with_lanes(&l).is_err(), "another matrix's layout");
+                }
+            }
+            // The same arrays changed in place after packing (the layout keeps no borrow).
+            let (mut s2, mut b2) = (c.scales.clone(), c.biases.clone());
+            let l2 = Lanes16::pack(&affine4(&c, &s2, &b2)).unwrap();
+            let attaches = |s2: &[f16], b2: &[f16]| affine4(&c, s2, b2).with_lanes(&l2).is_ok();
+            assert!(attaches(&s2, &b2), "its own layout");
+            let last = s2.len() - 1;
+            s2[last] = -s2[last];
+            assert!(!attaches(&s2, &b2), "a scale changed in place");
+            s2[last] = -s2[last];
+            b2[0] = f16::from_f32(b2[0].to_f32() + 1.0);
+            assert!(!attaches(&s2, &b2), "a bias changed in place");
+        }
+    }
+
     /// A `LanesStore` packs on its first request and attaches the same layouts to the same
     /// matrices afterwards; a matrix it cannot lay out (8-bit) is left without one.
     #[test]

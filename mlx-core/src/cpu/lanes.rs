@@ -22,9 +22,10 @@ pub struct Lanes16 {
     pub(crate) rows: usize,
     pub(crate) cols: usize,
     pub(crate) group: usize,
-    /// The packed words' address and length in the matrix it was made from
-    /// ([`Matrix::with_lanes`] attaches it to that matrix only).
-    pub(crate) src: (usize, usize),
+    /// The address and length of the packed words, the scales and the biases (`None`: a
+    /// symmetric matrix's, formed from its scales) in the matrix it was made from
+    /// ([`Matrix::with_lanes`] attaches it to that matrix only: [`Lanes16::made_from`]).
+    pub(crate) src: Sources,
     /// Per block `b` and chunk `c`: 4 x 16 words, `words[((b * chunks + c) * 4 + j) * 16 + i]`
     /// = word `j` of chunk `c` of row `16 b + i` (rows past the matrix repeat its last).
     pub(crate) words: Vec<u32>,
@@ -43,6 +44,31 @@ impl std::fmt::Debug for Lanes16 {
             self.rows, self.cols, self.group
         )
     }
+}
+
+/// Where a layout's words, scales and biases came from: address and length of each slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sources {
+    words: (usize, usize),
+    scales: (usize, usize),
+    biases: Option<(usize, usize)>,
+}
+
+impl Sources {
+    fn of(words: &[u32], scales: &[f16], biases: Option<&[f16]>) -> Self {
+        let at = |p: *const f16, n: usize| (p as usize, n);
+        Sources {
+            words: (words.as_ptr() as usize, words.len()),
+            scales: at(scales.as_ptr(), scales.len()),
+            biases: biases.map(|b| at(b.as_ptr(), b.len())),
+        }
+    }
+}
+
+/// `k`-th of `n` indices spread evenly over `0..len` (`len > 0`): the first and the last
+/// included.
+fn spread(k: usize, n: usize, len: usize) -> usize {
+    k * (len - 1) / (n - 1)
 }
 
 fn bad(msg: String) -> Error {
@@ -134,26 +160,61 @@ impl Lanes16 {
             rows,
             cols,
             group,
-            src: (words.as_ptr() as usize, words.len()),
+            src: Sources::of(words, scales, biases),
             words: lw,
             scales: ls,
             biases: lb,
         })
     }
 
-    /// Whether 64 words spread over `words` (a matrix's packed words) are where this layout
-    /// put them: a cheap check that `words` still hold what was packed.
-    pub(crate) fn samples_match(&self, words: &[u32]) -> bool {
-        let (chunks, wpr) = (self.cols / 32, self.cols / 8);
-        if words.len() != self.rows * wpr {
+    /// Whether this layout was packed from a matrix of these `words`, float16 `scales` and
+    /// `biases` (`None`: a symmetric matrix's): the same slices (addresses and lengths) and,
+    /// a cheap check that they still hold what was packed, 64 words and 16 scales and biases
+    /// spread over them where this layout put them. Scales or biases of another dtype are
+    /// never this layout's.
+    pub(crate) fn made_from(
+        &self,
+        words: &[u32],
+        scales: Floats<'_>,
+        biases: Option<Floats<'_>>,
+    ) -> bool {
+        let scales = match scales {
+            Floats::F16(s) => s,
+            _ => return false,
+        };
+        let biases = match biases {
+            None => None,
+            Some(Floats::F16(b)) => Some(b),
+            Some(_) => return false,
+        };
+        let (chunks, wpr, groups) = (self.cols / 32, self.cols / 8, self.cols / self.group);
+        if self.src != Sources::of(words, scales, biases)
+            || words.len() != self.rows * wpr
+            || scales.len() != self.rows * groups
+            || biases.is_some_and(|b| b.len() != scales.len())
+        {
             return false;
         }
-        (0..64).all(|k| {
-            let i = k * (words.len() - 1) / 63;
+        let words_match = (0..64).all(|k| {
+            let i = spread(k, 64, words.len());
             let (n, w) = (i / wpr, i % wpr);
             let (b, c, j) = (n / 16, w / 4, w % 4);
             self.words.get(((b * chunks + c) * 4 + j) * 16 + n % 16) == Some(&words[i])
-        })
+        });
+        // Scale or bias `i` of the matrix (row `n`, group `g`) sits at this lane of the block.
+        let at = |i: usize| {
+            let (n, g) = (i / groups, i % groups);
+            ((n / 16) * groups + g) * 16 + n % 16
+        };
+        let same = |mine: &[f16], theirs: f16, i: usize| {
+            mine.get(at(i)).map(|v| v.to_bits()) == Some(theirs.to_bits())
+        };
+        words_match
+            && (0..16).all(|k| {
+                let i = spread(k, 16, scales.len());
+                same(&self.scales, scales[i], i)
+                    && biases.is_none_or(|b| same(&self.biases, b[i], i))
+            })
     }
 
     /// Bytes held.

@@ -399,15 +399,24 @@ impl<'a> Matrix<'a> {
     }
 
     /// This matrix with `lanes` attached: its lane layout ([`super::lanes::Lanes16::pack`] of
-    /// this same matrix: the same words, shape and group, else an error), which the lane
-    /// kernel (`CpuContext::lane4`) reads instead of transposing the words on every call.
+    /// this same matrix: the same words, scales, biases, shape and group, else an error), which
+    /// the lane kernel (`CpuContext::lane4`) reads instead of transposing the words on every
+    /// call.
     pub fn with_lanes(self, lanes: &'a super::lanes::Lanes16) -> Result<Matrix<'a>> {
-        let words = match self.kind {
-            Kind::Affine { words, group, .. } | Kind::Symmetric { words, group, .. }
-                if group == lanes.group =>
-            {
-                words
-            }
+        let (words, scales, biases) = match self.kind {
+            Kind::Affine {
+                words,
+                scales,
+                biases,
+                group,
+                ..
+            } if group == lanes.group => (words, scales, Some(biases)),
+            Kind::Symmetric {
+                words,
+                scales,
+                group,
+                ..
+            } if group == lanes.group => (words, scales, None),
             _ => {
                 return Err(bad(format!(
                     "lanes of a ({}, {}) group-{} matrix attached to another layout",
@@ -416,11 +425,11 @@ impl<'a> Matrix<'a> {
             }
         };
         if (self.rows, self.cols) != (lanes.rows, lanes.cols)
-            || lanes.src != (words.as_ptr() as usize, words.len())
-            || !lanes.samples_match(words)
+            || !lanes.made_from(words, scales, biases)
         {
             return Err(bad(format!(
-                "lanes of a ({}, {}) matrix attached to another ({}, {}) matrix",
+                "lanes of a ({}, {}) matrix attached to another ({}, {}) matrix (other \
+                 words, scales or biases)",
                 lanes.rows, lanes.cols, self.rows, self.cols
             )));
         }
