@@ -109,11 +109,55 @@ pub struct GenerateOptions {
     pub graph_prompt_dense: Option<DensePrompt>,
 }
 
-/// [`GenerateOptions::graph_prompt_dense`]'s default: off (the exact prompt forward). Session
-/// 38's probe found the dense product 1.35-3.55x faster than MLX's CUDA `quantized_matmul` at
-/// the 8B's linears and 512-2,048 rows; the prompt's speed and peak memory end to end are
-/// `results/gpu/2026-12-06-s38-prefill/s38p.sh`'s to measure before this turns on.
-pub const PREFILL_DENSE_DEFAULT: Option<DensePrompt> = None;
+/// [`GenerateOptions::graph_prompt_dense`]'s default: [`DensePrompt::DEFAULT`] (chunks of 256
+/// rows or more, blocks of 32 MiB), applied where the model's quantized linears hold at least
+/// [`PREFILL_DENSE_MIN_BYTES`] (the default only; an explicit setting or `MLX_PREFILL_DENSE=1`
+/// applies at any size), with MLX's memory limit held at the prompt's start plus
+/// [`default_prefill_headroom`] unless `MLX_PREFILL_DENSE_HEADROOM_MB` says. Measured on an
+/// H100 (`results/gpu/2026-12-06-s38-h100` call 3, `mlx benchmark --decoder auto`, the
+/// Llama-3.1-8B-shaped 4-bit model, prompt 512): prompt 7,189 tok/s off, 11,458 on with a
+/// 1,536 MiB headroom (mlx-lm: 6,699), peak 6.228 GB (off 6.348; mlx-lm 6.044 by its trials'
+/// mean, 6.347 its largest); without the headroom 10,090 tok/s at a 10.73 GB peak. Tier L3
+/// (end to end the 8B's logits were within 0.0135 of the exact forward's; each linear on its
+/// own was bit-equal to MLX's CUDA `quantized_matmul` from 256 rows as one block, not always
+/// in blocks).
+pub const PREFILL_DENSE_DEFAULT: Option<DensePrompt> = Some(DensePrompt::DEFAULT);
+
+/// The default dense prompt ([`PREFILL_DENSE_DEFAULT`]) applies to models whose quantized
+/// linears (codes, scales and biases) hold at least this many bytes: 1 GiB. It was measured
+/// at 8B (4.5 GB); below, the memory limit's headroom is small against a block and MLX's
+/// `quantized_matmul` stays.
+pub const PREFILL_DENSE_MIN_BYTES: usize = 1 << 30;
+
+/// The most [`default_prefill_headroom`] gives: 1,536 MiB (at 8B, 2,048 MiB took the peak to
+/// 6.70 GB and 1,024 MiB cost a fifth of the gain).
+pub const PREFILL_HEADROOM_MAX: usize = 1536 << 20;
+
+/// The memory limit's headroom through a dense prompt when `MLX_PREFILL_DENSE_HEADROOM_MB`
+/// does not say: a third of the quantized linears' bytes, at least 256 MiB (eight blocks) and
+/// at most [`PREFILL_HEADROOM_MAX`].
+pub fn default_prefill_headroom(quantized_bytes: usize) -> usize {
+    (quantized_bytes / 3).clamp(256 << 20, PREFILL_HEADROOM_MAX)
+}
+
+/// The bytes of a graph-decoded model's quantized linears (codes, scales and biases): what
+/// a dense prompt dequantizes.
+fn quantized_linear_bytes(w: &mlx_kernels::graph_decode::GraphWeights) -> usize {
+    let one = |l: &mlx_kernels::graph_decode::GraphLinear| -> usize {
+        match (&l.scales, &l.biases) {
+            (Some(s), b) => l.weight.nbytes() + s.nbytes() + b.as_ref().map_or(0, |b| b.nbytes()),
+            (None, _) => 0,
+        }
+    };
+    let mut n = one(&w.embed) + w.head.as_ref().map_or(0, one);
+    for l in &w.layers {
+        n += [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+            .into_iter()
+            .map(one)
+            .sum::<usize>();
+    }
+    n
+}
 
 /// The fewest rows a prompt chunk takes the dense linears with when `MLX_PREFILL_DENSE=1`
 /// turns them on and `MLX_PREFILL_DENSE_ROWS` does not say: the dequantization costs the
@@ -860,9 +904,18 @@ fn start<'m>(
         Some((spec, weights)) => {
             // Issue #30's prefill: the prompt's quantized linears as the graph decoder's
             // generation asks (`graph_prompt_dense`, under the environment).
-            let dense = prompt_dense_from_env(g.opts.graph_prompt_dense)?;
+            // The default applies from PREFILL_DENSE_MIN_BYTES of quantized linears; an
+            // explicit setting or `MLX_PREFILL_DENSE=1` at any size.
+            let qbytes = quantized_linear_bytes(&weights);
+            let chosen = g.opts.graph_prompt_dense != PREFILL_DENSE_DEFAULT
+                || std::env::var_os("MLX_PREFILL_DENSE").is_some();
+            let dense = prompt_dense_from_env(g.opts.graph_prompt_dense)?
+                .filter(|_| chosen || qbytes >= PREFILL_DENSE_MIN_BYTES);
             let headroom = match dense {
-                Some(_) => prefill_headroom_from_env()?,
+                Some(_) => Some(
+                    prefill_headroom_from_env()?
+                        .unwrap_or_else(|| default_prefill_headroom(qbytes)),
+                ),
                 None => None,
             };
             on_generation_stream(|| {
@@ -1944,6 +1997,18 @@ mod device_peak_tests {
 
 #[cfg(test)]
 mod prompt_dense_tests {
+    #[test]
+    fn the_default_headroom_is_a_third_of_the_quantized_bytes_within_its_bounds() {
+        use super::{default_prefill_headroom, PREFILL_HEADROOM_MAX};
+        assert_eq!(default_prefill_headroom(0), 256 << 20);
+        assert_eq!(default_prefill_headroom(3 << 30), 1 << 30);
+        assert_eq!(
+            default_prefill_headroom(4_517_000_000),
+            PREFILL_HEADROOM_MAX.min(4_517_000_000 / 3)
+        );
+        assert_eq!(default_prefill_headroom(usize::MAX), PREFILL_HEADROOM_MAX);
+    }
+
     use super::{prompt_dense_setting, DensePrompt, PREFILL_DENSE_ROWS};
 
     const MIB: usize = 1 << 20;

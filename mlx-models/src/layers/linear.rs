@@ -238,8 +238,11 @@ impl QuantizedWeight {
 /// dequantized weight is ever made whole (what MLX keeps of the blocks across linears until
 /// their work has run is the engine's to bound: `MLX_PREFILL_DENSE_HEADROOM_MB`). Tier L3
 /// against the exact forward (float rounding: on the CPU the two products sum in another
-/// order; on an H100 they were bit-equal at the 8B's shapes, `results/gpu/2026-12-06-s38-prefill`);
-/// off by default, and then the forward builds the graph it builds without it, node for node.
+/// order; on an H100 each 8B linear was bit-equal from 256 rows as one block, but a block
+/// split can change cuBLAS's kernel (the down projection's at 511 rows differed), and the 8B's
+/// logits end to end were within 0.0135, `results/gpu/2026-12-06-s38-h100` call 3);
+/// off outside [`with_dense_prompt`], and then the forward builds the graph it builds without
+/// it, node for node.
 /// The engine turns it on for the prompt forward of a generation the GPU graph decoder
 /// decodes (issue #30's prefill): there MLX's CUDA `quantized_matmul` at prompt widths is
 /// slower than cuBLAS on the dequantized weight.
@@ -253,6 +256,13 @@ impl DensePrompt {
     /// The block of dequantized weight by default: 32 MiB (a 4096-wide bfloat16 weight's
     /// 4,096 rows; the 8B's 14,336-wide down projection in four blocks of 1,024 rows).
     pub const DEFAULT_BLOCK_BYTES: usize = 32 << 20;
+
+    /// Inputs of 256 rows or more, blocks of [`DensePrompt::DEFAULT_BLOCK_BYTES`] (the setting
+    /// measured on the device, `results/gpu/2026-12-06-s38-h100` call 3).
+    pub const DEFAULT: DensePrompt = DensePrompt {
+        min_rows: 256,
+        block_bytes: Self::DEFAULT_BLOCK_BYTES,
+    };
 
     /// Inputs of at least `min_rows` rows, blocks of at most `block_bytes` of dequantized
     /// weight (a block holds one row at least). Either one 0 is an error.
