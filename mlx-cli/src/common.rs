@@ -351,8 +351,8 @@ pub struct SpecArgs {
     /// Speculate by prompt lookup: find the earlier occurrence (prompt and output so far) of
     /// the last N tokens (at least N: 1 is best on edits and summaries) whose preceding tokens
     /// match furthest back, and draft the tokens that followed it, at most the matched length
-    /// and at most --num-draft-tokens; the model verifies them in one pass, so greedy
-    /// output is that of plain decoding.
+    /// and at most --num-draft-tokens, stopping where the output once left such a copy; the
+    /// model verifies them in one pass, so greedy output is that of plain decoding.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64), conflicts_with = "mtp")]
     pub prompt_lookup_ngram: Option<u64>,
     /// Speculate with the model's own multi-token-prediction layers (DeepSeek V3, GLM-4.5,

@@ -21,7 +21,8 @@ use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::cpu_spec::{
     greedy, longest_match, prompt_lookup_by_context, prompt_lookup_capped, prompt_lookup_drafts,
-    prompt_lookup_longest, speculative_greedy_with, DraftLength, LOOKUP_DRAFTS, LOOKUP_SLACK,
+    prompt_lookup_longest, speculative_greedy_with, DraftLength, LookupDrafter, LOOKUP_DRAFTS,
+    LOOKUP_SLACK,
 };
 use mlx_engine::load::{load, LoadSpec, ModelRef, Quiet};
 use mlx_engine::speculative::prompt_lookup;
@@ -72,10 +73,11 @@ fn row(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = arg("--rounds", 5);
-    // The defaults: the library's policy (`cpu_spec::prompt_lookup_drafts`, what `mlx
-    // generate --prompt-lookup-ngram 1` drafts with): any n-gram of one token or more, the
-    // occurrence with the longest context, drafts up to one past that context's length, at
-    // most 8, no adaptation. The flags below vary it for experiments.
+    // The defaults: the library's policy (`cpu_spec::LookupDrafter`, what `mlx generate
+    // --prompt-lookup-ngram 1` drafts with): any n-gram of one token or more, the occurrence
+    // with the longest context, drafts up to that context's length plus `LOOKUP_SLACK`, at
+    // most `LOOKUP_DRAFTS`, stopped where the output once left a copy, no adaptation. The
+    // flags below vary it for experiments.
     let ngram: usize = arg("--ngram", 1);
     let k: usize = arg("--draft", LOOKUP_DRAFTS);
     let max_tokens: usize = arg("--max-tokens", 160);
@@ -90,6 +92,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let by_context: usize = arg("--by-context", 1);
     // With `--by-context 1`: drafts up to the matched context's length plus this many.
     let slack: usize = arg("--slack", LOOKUP_SLACK);
+    // With `--by-context 1` and the library's slack: 1 drafts with `LookupDrafter` (the rule
+    // plus its memory of divergences), 0 with the rule alone (`prompt_lookup_capped`).
+    let memo: usize = arg("--memo", 1);
+    let memo = memo != 0 && by_context != 0 && slack == LOOKUP_SLACK;
     // > 0: time one verification pass of 1..=N rows against a one-token step and exit.
     let cost: usize = arg("--cost", 0);
 
@@ -201,8 +207,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (t, c) = first.take().ok_or("no token")?;
         let (plain_s, plain_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
 
+        let mut drafter = LookupDrafter::new(ngram);
         let mut lookup = |h: &[u32], n: usize| {
-            if by_context != 0 {
+            if memo {
+                drafter.propose(h, n)
+            } else if by_context != 0 {
                 prompt_lookup_capped(h, ngram, n, slack)
             } else if longest != 0 {
                 prompt_lookup_longest(h, ngram, n)
@@ -299,7 +308,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              decoder: half-precision scales, the CPU decoder's int16 activations), {} \
              threads, prompt {} tokens (a copy-edit request over a passage with repeated spans, ChatML), at most {max_tokens} tokens, greedy, stop at EOS; prompt \
              lookup n-gram {ngram}, up to {k} draft tokens (adaptive: {}, longest-context lookup: {}, \
-             drafts capped by the matched context plus {slack}: {}) verified in one batched pass; plain = \
+             drafts capped by the matched context plus {slack}: {}, stopped where a copy diverged \
+             before: {memo}) verified in one batched pass; plain = \
              the same decoder one token a step. Rounds alternate the two; decode rate = \
              (tokens - 1) / (time from the first token to the last).\n\n\
              The CPU-time ratio is plain's CPU seconds a decoded token over speculation's (every \

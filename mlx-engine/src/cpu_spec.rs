@@ -78,28 +78,102 @@ pub fn prompt_lookup_by_context(history: &[u32], ngram: usize, k: usize) -> Vec<
 
 /// How many tokens past the matched context [`prompt_lookup_drafts`] drafts: a match of `n`
 /// tokens drafts up to `n + LOOKUP_SLACK`. None: a draft past its evidence is rejected more
-/// often than its row (~0.2-0.3 of a one-token step) repays (`spec_bench --simulate` over
-/// three prompts and three measured cost curves, `results/bench/2026-12-04-s25-spec/`).
+/// often than its verification row repays (`spec_bench --simulate` over three prompts and
+/// three measured cost curves, `results/bench/2026-12-04-s25-spec/`; again at the idle
+/// machine's row cost in `results/spec/2026-12-06-s38-specpolicy/`).
 pub const LOOKUP_SLACK: usize = 0;
 
 /// The default most drafts a prompt-lookup round proposes (`--num-draft-tokens` with
-/// `--prompt-lookup-ngram` when not given): 4, the best of 3-8 in the same simulation. A
+/// `--prompt-lookup-ngram` when not given): 4, the best of 3-8 in the same simulations. A
 /// pass then stays inside one tile of the multi-row kernels (up to six rows share a pass over
-/// each weight block; a seventh costs a second pass, ~0.6-0.8 of a step where each row
-/// before it costs ~0.25).
+/// each weight block; a seventh costs a second pass).
 pub const LOOKUP_DRAFTS: usize = 4;
 
-/// The prompt-lookup policy every entry point drafts with (`mlx generate|chat|serve
-/// --prompt-lookup-ngram N --num-draft-tokens K`, the MLX path's
-/// [`crate::speculative::Drafter::PromptLookup`] and the CPU decoder's alike): among the
-/// earlier occurrences (prompt and output so far) of `history`'s last `ngram` tokens, the one
-/// whose match with the tokens before them reaches furthest back ([`longest_match`]); the
-/// tokens that followed it, at most `k` and at most the matched length plus [`LOOKUP_SLACK`].
-/// A one-token match drafts one, a long copied span the whole `k`. Measured against the
-/// other lookups in `results/bench/2026-12-04-s23-spec/` and (the slack and `k`)
-/// `results/bench/2026-12-04-s25-spec/`.
+/// The prompt-lookup rule every entry point drafts with, without memory ([`LookupDrafter`]
+/// adds it): among the earlier occurrences (prompt and output so far) of `history`'s last
+/// `ngram` tokens, the one whose match with the tokens before them reaches furthest back
+/// ([`longest_match`]); the tokens that followed it, at most `k` and at most the matched
+/// length plus [`LOOKUP_SLACK`]. A one-token match drafts one, a long copied span the whole
+/// `k`. Measured against the other lookups in `results/bench/2026-12-04-s23-spec/` and (the
+/// slack and `k`) `results/bench/2026-12-04-s25-spec/`.
 pub fn prompt_lookup_drafts(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
     prompt_lookup_capped(history, ngram, k, LOOKUP_SLACK)
+}
+
+/// The prompt-lookup drafter every entry point drafts with (`mlx generate|chat|serve
+/// --prompt-lookup-ngram N --num-draft-tokens K`, the MLX path's
+/// [`crate::speculative::Drafter::PromptLookup`] and the CPU decoder's alike): the rule of
+/// [`prompt_lookup_drafts`], plus a memory of where copying diverged. After a pass it sees
+/// (in the next call's history) what the output did where its drafts were copied from: at
+/// the first draft the output did not follow, the source position (an index into the
+/// history) is remembered, and a later draft copied across that position stops before it.
+/// The text being copied diverged there once (an edit the reply makes, a word it changes), so
+/// verifying the copy's token there again mostly pays a rejected row. `k` stays the most
+/// drafts a pass; the drafts only get shorter than [`prompt_lookup_drafts`]' (never longer),
+/// and drafts only steer which rows a pass verifies, so the output is plain greedy decoding's
+/// whatever they are. Simulated on five editing replies at three row costs
+/// (`results/spec/2026-12-06-s38-specpolicy/`): never worse than the rule alone on any, on
+/// the bench's copy-edit reply the same passes (no position diverges twice there).
+///
+/// One drafter per generation: it takes each call's history to extend the previous call's
+/// (a shorter one starts its memory afresh).
+#[derive(Clone, Debug, Default)]
+pub struct LookupDrafter {
+    ngram: usize,
+    /// History positions where the output did not follow a draft copied from there.
+    diverged: std::collections::HashSet<usize>,
+    /// The last call's history length.
+    seen: usize,
+    /// The last call's drafts and the history position they were copied from.
+    last: Option<(usize, Vec<u32>)>,
+}
+
+impl LookupDrafter {
+    /// A drafter matching n-grams of `ngram` tokens (0: it never drafts).
+    pub fn new(ngram: usize) -> LookupDrafter {
+        LookupDrafter {
+            ngram,
+            ..Default::default()
+        }
+    }
+
+    /// Up to `k` drafts after `history` (the prompt and output so far).
+    pub fn propose(&mut self, history: &[u32], k: usize) -> Vec<u32> {
+        let last = self.last.take();
+        if history.len() < self.seen {
+            self.diverged.clear();
+        } else if let Some((from, drafts)) = last {
+            // What the output did after the last call's history, against what was copied.
+            let got = &history[self.seen..];
+            let n = drafts.iter().zip(got).take_while(|(a, b)| a == b).count();
+            if n < drafts.len() && n < got.len() {
+                self.diverged.insert(from + n);
+            }
+        }
+        self.seen = history.len();
+        if k == 0 {
+            return Vec::new();
+        }
+        let Some((len, from)) = longest_match(history, self.ngram) else {
+            return Vec::new();
+        };
+        let mut d = k.min(len + LOOKUP_SLACK).min(history.len() - from);
+        if let Some(i) = (0..d).find(|i| self.diverged.contains(&(from + i))) {
+            d = i;
+        }
+        let drafts = history[from..from + d].to_vec();
+        if !drafts.is_empty() {
+            self.last = Some((from, drafts.clone()));
+        }
+        drafts
+    }
+
+    /// The history positions remembered as diverged, in order.
+    pub fn diverged(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.diverged.iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
 }
 
 /// [`prompt_lookup_drafts`] with the cap `matched length + slack` (the bench's simulator

@@ -37,10 +37,11 @@ pub enum Drafter<'m> {
         model: &'m dyn LanguageModel,
         cache: Option<Vec<Box<dyn Cache>>>,
     },
-    /// Prompt lookup by [`crate::cpu_spec::prompt_lookup_drafts`] (the policy every entry
-    /// point drafts with): the tokens after the earlier occurrence of the last `ngram` tokens
-    /// (prompt and output so far) with the longest matching context, capped by that context;
-    /// no draft when there is none.
+    /// Prompt lookup by [`crate::cpu_spec::LookupDrafter`] (the drafter every entry point
+    /// drafts with): the tokens after the earlier occurrence of the last `ngram` tokens
+    /// (prompt and output so far) with the longest matching context, capped by that context
+    /// and stopped before a position where copying diverged earlier; no draft when there is
+    /// none.
     PromptLookup { ngram: usize },
     /// Any proposer: called with the prompt and output so far and the most tokens it may
     /// propose (tests force accept patterns with it).
@@ -587,9 +588,10 @@ pub fn speculative_generate_step<'m>(
             }
             (
                 None,
-                Some(Box::new(move |h: &[u32], k: usize| {
-                    crate::cpu_spec::prompt_lookup_drafts(h, ngram, k)
-                })),
+                Some({
+                    let mut lookup = crate::cpu_spec::LookupDrafter::new(ngram);
+                    Box::new(move |h: &[u32], k: usize| lookup.propose(h, k))
+                }),
             )
         }
         Drafter::Custom(f) => (None, Some(f)),

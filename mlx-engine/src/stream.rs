@@ -175,7 +175,7 @@ pub fn stream_generate_speculative<'m>(
 /// [`stream_generate`] with prompt lookup speculation on the CPU decoder
 /// ([`crate::cpu_spec`]): greedy only (temperature 0, no logits processors, no grammar, no
 /// prompt cache); `opts.generate.cpu_decode` must be set (its threads run the decoder). Drafts
-/// by [`crate::cpu_spec::prompt_lookup_drafts`] (n-grams of at least `ngram` tokens, at most
+/// by [`crate::cpu_spec::LookupDrafter`] (n-grams of at least `ngram` tokens, at most
 /// `num_draft_tokens` a round) are verified in one batched pass each; the output is plain
 /// greedy decoding's on the CPU decoder, bit for bit.
 pub fn stream_generate_cpu_speculative<'m>(
@@ -334,12 +334,13 @@ fn cpu_speculative<'m>(
         // Prompt lookup drafts by its policy (the number of drafts fixed, capped by the
         // matched context); a draft model's rounds adapt to its misses.
         let (propose, adaptive): (Box<crate::cpu_spec::Propose<'m>>, bool) = match drafter {
-            CpuDrafterSpec::Lookup(ngram) => (
-                Box::new(move |h: &[u32], k: usize| {
-                    crate::cpu_spec::prompt_lookup_drafts(h, ngram, k)
-                }),
-                false,
-            ),
+            CpuDrafterSpec::Lookup(ngram) => {
+                let mut lookup = crate::cpu_spec::LookupDrafter::new(ngram);
+                (
+                    Box::new(move |h: &[u32], k: usize| lookup.propose(h, k)),
+                    false,
+                )
+            }
             CpuDrafterSpec::Model(d) => {
                 let room = ids.len() + g.max_tokens.unwrap_or(0) + num_draft_tokens + 1;
                 let ddec = CpuDecoder::new(d, dec.threads(), room)?;

@@ -9,7 +9,7 @@ use mlx_core::prelude::*;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::cpu_spec::{
     greedy, prompt_lookup_by_context, prompt_lookup_drafts, prompt_lookup_longest,
-    speculative_greedy, speculative_greedy_with, DraftLength,
+    speculative_greedy, speculative_greedy_with, DraftLength, LookupDrafter,
 };
 use mlx_engine::speculative::prompt_lookup;
 use mlx_models::load::{load_model_dir, LoadOptions};
@@ -277,6 +277,74 @@ fn the_lookup_policy_drafts_no_further_than_its_match() {
     assert!(prompt_lookup_drafts(h, 1, 0).is_empty());
     assert!(prompt_lookup_drafts(h, 0, 4).is_empty());
     assert_eq!(mlx_engine::cpu_spec::LOOKUP_DRAFTS, 4);
+}
+
+/// The drafter (`LookupDrafter`): the rule of `prompt_lookup_drafts` until a copy diverges;
+/// then a later draft copied across the position where the output left the copy stops before
+/// it. Source "1 3 4 5 6 7"; the output copies "3 4 5" and writes 9 where the source has 6;
+/// later it writes "1 3 4 5", whose longest match is the source again.
+#[test]
+fn the_lookup_drafter_stops_where_a_copy_diverged() {
+    let prompt = [1, 3, 4, 5, 6, 7, 0];
+    let mut h: Vec<u32> = prompt.to_vec();
+    h.extend([2, 3, 4, 5]);
+    let mut d = LookupDrafter::new(1);
+    // No divergence seen yet: the rule's drafts (a match of three: up to three).
+    assert_eq!(d.propose(&h, 4), prompt_lookup_drafts(&h, 1, 4));
+    assert_eq!(d.propose(&h, 4), vec![6, 7, 0]);
+    // The pass kept none of them: the output wrote 9 where the copy (position 4) had 6.
+    h.push(9);
+    assert!(d.propose(&h, 4).is_empty(), "nothing before 9 to copy");
+    assert_eq!(d.diverged(), vec![4]);
+    h.extend([8, 1, 3, 4, 5]);
+    // "1 3 4 5" matches the source four tokens back: the rule drafts 6 7 0 2 from position
+    // 4, the drafter stops before position 4.
+    assert_eq!(prompt_lookup_drafts(&h, 1, 4), vec![6, 7, 0, 2]);
+    assert!(d.propose(&h, 4).is_empty());
+    // A copy that the output followed teaches nothing.
+    let mut g: Vec<u32> = vec![6, 7, 0, 2, 9, 6, 7];
+    let mut e = LookupDrafter::new(1);
+    assert_eq!(e.propose(&g, 4), vec![0, 2]);
+    g.extend([0, 2, 9]);
+    assert_eq!(e.propose(&g, 4), vec![6, 7, 0, 2]);
+    assert!(e.diverged().is_empty());
+    // A divergence inside a draft marks the first position not followed only.
+    let mut f = LookupDrafter::new(1);
+    let mut x: Vec<u32> = vec![4, 1, 2, 3, 5, 4, 1];
+    assert_eq!(f.propose(&x, 4), vec![2, 3]);
+    x.extend([2, 3]);
+    assert_eq!(f.propose(&x, 4), vec![5, 4, 1, 2]);
+    x.extend([5, 8]);
+    f.propose(&x, 4);
+    assert_eq!(f.diverged(), vec![5]);
+    // A shorter history is another generation: the memory starts afresh.
+    assert_eq!(d.propose(&h[..11], 4), prompt_lookup_drafts(&h[..11], 1, 4));
+    assert!(d.diverged().is_empty());
+    // k 0 and n-gram 0 draft nothing.
+    assert!(LookupDrafter::new(1).propose(&h, 0).is_empty());
+    assert!(LookupDrafter::new(0).propose(&h, 4).is_empty());
+}
+
+/// Greedy identity with the drafter: on the fixtures, speculation drafting with
+/// `LookupDrafter` (a prompt whose spans the output copies and leaves) gives plain greedy
+/// decoding's tokens for 1-6 drafts a pass.
+#[test]
+fn the_lookup_drafter_keeps_greedy_output() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models/q4_g32");
+    let opts = LoadOptions {
+        dtype: Some(Dtype::Float32),
+    };
+    let model = load_model_dir(&dir, &opts).unwrap().0;
+    let mut dec = CpuDecoder::new(model.as_ref(), 2, 96).unwrap();
+    let reference = greedy(&mut dec, PROMPT, GEN, &mut |_| false).unwrap();
+    for k in 1..=6 {
+        let mut d = LookupDrafter::new(1);
+        let mut lookup = |h: &[u32], n: usize| d.propose(h, n);
+        let (got, st) =
+            speculative_greedy(&mut dec, PROMPT, GEN, k, &mut lookup, &mut |_| false).unwrap();
+        assert_eq!(got, reference, "k {k}");
+        assert!(st.accepted <= st.drafted);
+    }
 }
 
 /// A small deterministic generator (xorshift64*), for the property test below.
