@@ -113,7 +113,7 @@ pub struct GenerateOptions {
 /// rows or more, blocks of 32 MiB), applied where the model's quantized linears hold at least
 /// [`PREFILL_DENSE_MIN_BYTES`] (the default only; an explicit setting or `MLX_PREFILL_DENSE=1`
 /// applies at any size), with MLX's memory limit held at the prompt's start plus
-/// [`default_prefill_headroom`] unless `MLX_PREFILL_DENSE_HEADROOM_MB` says. Measured on an
+/// [`default_prefill_headroom`] unless `MLX_PREFILL_DENSE_HEADROOM_MB` says (1,536 MiB at 8B). Measured on an
 /// H100 (`results/gpu/2026-12-06-s38-h100` call 3, `mlx benchmark --decoder auto`, the
 /// Llama-3.1-8B-shaped 4-bit model, prompt 512): prompt 7,189 tok/s off, 11,458 on with a
 /// 1,536 MiB headroom (mlx-lm: 6,699), peak 6.228 GB (off 6.348; mlx-lm 6.044 by its trials'
@@ -134,10 +134,13 @@ pub const PREFILL_DENSE_MIN_BYTES: usize = 1 << 30;
 pub const PREFILL_HEADROOM_MAX: usize = 1536 << 20;
 
 /// The memory limit's headroom through a dense prompt when `MLX_PREFILL_DENSE_HEADROOM_MB`
-/// does not say: a third of the quantized linears' bytes, at least 256 MiB (eight blocks) and
-/// at most [`PREFILL_HEADROOM_MAX`].
+/// does not say: three eighths of the quantized linears' bytes, at least 256 MiB (eight blocks)
+/// and at most [`PREFILL_HEADROOM_MAX`] (which an 8B model's 4.5-4.8 GB reach: the measured
+/// setting).
 pub fn default_prefill_headroom(quantized_bytes: usize) -> usize {
-    (quantized_bytes / 3).clamp(256 << 20, PREFILL_HEADROOM_MAX)
+    (quantized_bytes / 8)
+        .saturating_mul(3)
+        .clamp(256 << 20, PREFILL_HEADROOM_MAX)
 }
 
 /// The bytes of a graph-decoded model's quantized linears (codes, scales and biases): what
@@ -1998,13 +2001,13 @@ mod device_peak_tests {
 #[cfg(test)]
 mod prompt_dense_tests {
     #[test]
-    fn the_default_headroom_is_a_third_of_the_quantized_bytes_within_its_bounds() {
+    fn the_default_headroom_is_three_eighths_of_the_quantized_bytes_within_its_bounds() {
         use super::{default_prefill_headroom, PREFILL_HEADROOM_MAX};
         assert_eq!(default_prefill_headroom(0), 256 << 20);
-        assert_eq!(default_prefill_headroom(3 << 30), 1 << 30);
+        assert_eq!(default_prefill_headroom(2 << 30), 768 << 20);
         assert_eq!(
             default_prefill_headroom(4_517_000_000),
-            PREFILL_HEADROOM_MAX.min(4_517_000_000 / 3)
+            PREFILL_HEADROOM_MAX
         );
         assert_eq!(default_prefill_headroom(usize::MAX), PREFILL_HEADROOM_MAX);
     }
