@@ -110,17 +110,18 @@ pub struct GenerateOptions {
 }
 
 /// [`GenerateOptions::graph_prompt_dense`]'s default: [`DensePrompt::DEFAULT`] (chunks of 256
-/// rows or more, blocks of 32 MiB), applied where the model's quantized linears hold at least
-/// [`PREFILL_DENSE_MIN_BYTES`] (the default only; an explicit setting or `MLX_PREFILL_DENSE=1`
-/// applies at any size), with MLX's memory limit held at the prompt's start plus
-/// [`default_prefill_headroom`] unless `MLX_PREFILL_DENSE_HEADROOM_MB` says (1,536 MiB at 8B). Measured on an
-/// H100 (`results/gpu/2026-12-06-s38-h100` call 3, `mlx benchmark --decoder auto`, the
-/// Llama-3.1-8B-shaped 4-bit model, prompt 512): prompt 7,189 tok/s off, 11,458 on with a
-/// 1,536 MiB headroom (mlx-lm: 6,699), peak 6.228 GB (off 6.348; mlx-lm 6.044 by its trials'
-/// mean, 6.347 its largest); without the headroom 10,090 tok/s at a 10.73 GB peak. Tier L3
-/// (end to end the 8B's logits were within 0.0135 of the exact forward's; each linear on its
-/// own was bit-equal to MLX's CUDA `quantized_matmul` from 256 rows as one block, not always
-/// in blocks).
+/// rows or more, blocks of 32 MiB). It applies where the model's densifiable linears
+/// ([`dense_prompt_bytes`]) hold at least [`PREFILL_DENSE_MIN_BYTES`]; a setting other than
+/// the default, or `MLX_PREFILL_DENSE=1`, applies at any size ([`dense_prompt_applies`]).
+/// MLX's memory limit is then held at the active memory plus [`default_prefill_headroom`]
+/// (1,536 MiB at 8B) before each chunk, unless `MLX_PREFILL_DENSE_HEADROOM_MB` says. Measured
+/// on an H100 (`results/gpu/2026-12-06-s38-h100` call 3, `mlx benchmark --decoder auto`, the
+/// Llama-3.1-8B-shaped 4-bit model, prompt 512, one run of 3 trials a setting): prompt 7,189
+/// tok/s off, 11,458 with a 1,536 MiB headroom, 8,971-9,052 with 1,024 (mlx-lm: 6,699); peak
+/// 6.228 GB (off 6.348; mlx-lm 6.044 by its trials' mean, 6.347 its largest); without a limit
+/// 10,090 tok/s at a 10.73 GB peak. Tier L3 (end to end the 8B's logits were within 0.0135 of
+/// the exact forward's; each linear on its own was bit-equal to MLX's CUDA `quantized_matmul`
+/// from 256 rows as one block, not always in blocks).
 pub const PREFILL_DENSE_DEFAULT: Option<DensePrompt> = Some(DensePrompt::DEFAULT);
 
 /// The default dense prompt ([`PREFILL_DENSE_DEFAULT`]) applies to models whose quantized
@@ -143,23 +144,43 @@ pub fn default_prefill_headroom(quantized_bytes: usize) -> usize {
         .clamp(256 << 20, PREFILL_HEADROOM_MAX)
 }
 
-/// The bytes of a graph-decoded model's quantized linears (codes, scales and biases): what
-/// a dense prompt dequantizes.
-fn quantized_linear_bytes(w: &mlx_kernels::graph_decode::GraphWeights) -> usize {
+/// The bytes (codes, scales and biases) of the quantized linears a dense prompt dequantizes:
+/// the attention's projections and the MLPs of layers without experts, affine or
+/// floating-point quantized, not trellis-coded. The embedding and the head are not counted (a
+/// prompt chunk reads neither as a quantized linear's product), nor experts (MLX's path runs
+/// them through `gather_qmm`).
+fn dense_prompt_bytes(
+    spec: &mlx_kernels::graph_decode::GraphSpec,
+    w: &mlx_kernels::graph_decode::GraphWeights,
+) -> usize {
     let one = |l: &mlx_kernels::graph_decode::GraphLinear| -> usize {
-        match (&l.scales, &l.biases) {
-            (Some(s), b) => l.weight.nbytes() + s.nbytes() + b.as_ref().map_or(0, |b| b.nbytes()),
-            (None, _) => 0,
+        match (&l.scales, &l.trellis) {
+            (Some(s), None) => {
+                l.weight.nbytes() + s.nbytes() + l.biases.as_ref().map_or(0, |b| b.nbytes())
+            }
+            _ => 0,
         }
     };
-    let mut n = one(&w.embed) + w.head.as_ref().map_or(0, one);
-    for l in &w.layers {
-        n += [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-            .into_iter()
-            .map(one)
-            .sum::<usize>();
-    }
-    n
+    w.layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let attn: usize = [&l.q, &l.k, &l.v, &l.o].into_iter().map(one).sum();
+            let mlp: usize = if spec.moe_layer(i) {
+                0
+            } else {
+                [&l.gate, &l.up, &l.down].into_iter().map(one).sum()
+            };
+            attn + mlp
+        })
+        .sum()
+}
+
+/// Whether the dense prompt linears apply: there must be quantized linears to densify
+/// (`bytes` > 0); then the default ([`PREFILL_DENSE_DEFAULT`], neither `explicit` nor
+/// `forced` by `MLX_PREFILL_DENSE`) from [`PREFILL_DENSE_MIN_BYTES`] on, a setting at any size.
+pub fn dense_prompt_applies(explicit: bool, forced: bool, bytes: usize) -> bool {
+    bytes > 0 && (explicit || forced || bytes >= PREFILL_DENSE_MIN_BYTES)
 }
 
 /// The fewest rows a prompt chunk takes the dense linears with when `MLX_PREFILL_DENSE=1`
@@ -220,6 +241,11 @@ pub fn headroom_setting(value: Option<&str>) -> Result<Option<usize>> {
 /// Runs `body` with MLX's memory limit at the active memory now plus `headroom` bytes (`None`:
 /// the limit as it is), restoring the previous limit afterwards, also when `body` fails. The
 /// limit is never raised above the one in force.
+///
+/// The limit follows the prompt: before each chunk [`reapply_memory_headroom`] moves it to
+/// the active memory then plus `headroom` (the caches grow through a long prompt). It is
+/// restored also when `body` panics (a guard), and nothing is done where MLX reports no limit
+/// (0). MLX's limit is the process's: one generation at a time should hold it.
 pub fn with_memory_headroom<T>(
     headroom: Option<usize>,
     body: impl FnOnce() -> Result<T>,
@@ -228,11 +254,37 @@ pub fn with_memory_headroom<T>(
         return body();
     };
     let previous = memory::memory_limit()?;
-    let limit = memory::active_memory()?.saturating_add(h).min(previous);
-    memory::set_memory_limit(limit)?;
+    if previous == 0 {
+        return body();
+    }
+    struct Restore(usize, Option<(usize, usize)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            HEADROOM.with(|c| c.set(self.1));
+            let _ = memory::set_memory_limit(self.0);
+        }
+    }
+    let outer = HEADROOM.with(|c| c.replace(Some((h, previous))));
+    let guard = Restore(previous, outer);
+    reapply_memory_headroom()?;
     let out = body();
-    memory::set_memory_limit(previous)?;
+    drop(guard);
     out
+}
+
+thread_local! {
+    /// The prompt's memory headroom and the limit before it ([`with_memory_headroom`]).
+    static HEADROOM: std::cell::Cell<Option<(usize, usize)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Inside [`with_memory_headroom`]: MLX's memory limit to the active memory now plus the
+/// headroom, never above the limit before it; elsewhere nothing.
+pub fn reapply_memory_headroom() -> Result<()> {
+    if let Some((h, previous)) = HEADROOM.with(|c| c.get()) {
+        let limit = memory::active_memory()?.saturating_add(h).min(previous);
+        memory::set_memory_limit(limit)?;
+    }
+    Ok(())
 }
 
 /// [`prompt_dense_from_env`] with the variables' values given (`None`: unset).
@@ -907,13 +959,11 @@ fn start<'m>(
         Some((spec, weights)) => {
             // Issue #30's prefill: the prompt's quantized linears as the graph decoder's
             // generation asks (`graph_prompt_dense`, under the environment).
-            // The default applies from PREFILL_DENSE_MIN_BYTES of quantized linears; an
-            // explicit setting or `MLX_PREFILL_DENSE=1` at any size.
-            let qbytes = quantized_linear_bytes(&weights);
-            let chosen = g.opts.graph_prompt_dense != PREFILL_DENSE_DEFAULT
-                || std::env::var_os("MLX_PREFILL_DENSE").is_some();
+            let qbytes = dense_prompt_bytes(&spec, &weights);
+            let explicit = g.opts.graph_prompt_dense != PREFILL_DENSE_DEFAULT;
+            let forced = std::env::var("MLX_PREFILL_DENSE").is_ok_and(|v| !v.trim().is_empty());
             let dense = prompt_dense_from_env(g.opts.graph_prompt_dense)?
-                .filter(|_| chosen || qbytes >= PREFILL_DENSE_MIN_BYTES);
+                .filter(|_| dense_prompt_applies(explicit, forced, qbytes));
             let headroom = match dense {
                 Some(_) => Some(
                     prefill_headroom_from_env()?
@@ -1217,6 +1267,8 @@ impl<'m> GenerateStep<'m> {
         while rest.len() > 1 {
             let n = self.opts.prefill_step_size.min(rest.len() - 1);
             let chunk = &rest[..n];
+            // A dense prompt's memory headroom follows the caches' growth.
+            reapply_memory_headroom()?;
             let processed = ops::slice_axis(&remaining, 0, 0, n as i32, None)?;
             let x = ops::expand_dims(&processed, &[0], None)?;
             self.model.forward(&x, Some(&mut self.caches))?;
@@ -2000,6 +2052,42 @@ mod device_peak_tests {
 
 #[cfg(test)]
 mod prompt_dense_tests {
+    #[test]
+    fn the_default_applies_from_its_size_and_a_setting_at_any_size() {
+        use super::{dense_prompt_applies, PREFILL_DENSE_MIN_BYTES};
+        let big = PREFILL_DENSE_MIN_BYTES;
+        assert!(dense_prompt_applies(false, false, big));
+        assert!(!dense_prompt_applies(false, false, big - 1));
+        assert!(dense_prompt_applies(true, false, 1));
+        assert!(dense_prompt_applies(false, true, 1));
+        // Nothing to densify: never (no headroom either).
+        assert!(!dense_prompt_applies(true, true, 0));
+    }
+
+    #[test]
+    fn the_headroom_is_restored_after_a_panic_and_reapplied_per_chunk() {
+        use super::{reapply_memory_headroom, with_memory_headroom};
+        use mlx_core::memory;
+        let before = memory::memory_limit().unwrap();
+        let r = std::panic::catch_unwind(|| {
+            let _ = with_memory_headroom(Some(1 << 30), || -> crate::error::Result<()> {
+                panic!("a callback panics");
+            });
+        });
+        assert!(r.is_err());
+        assert_eq!(memory::memory_limit().unwrap(), before);
+        with_memory_headroom(Some(1 << 30), || {
+            reapply_memory_headroom()?;
+            assert!(memory::memory_limit().unwrap() <= before);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(memory::memory_limit().unwrap(), before);
+        // Outside: nothing.
+        reapply_memory_headroom().unwrap();
+        assert_eq!(memory::memory_limit().unwrap(), before);
+    }
+
     #[test]
     fn the_default_headroom_is_three_eighths_of_the_quantized_bytes_within_its_bounds() {
         use super::{default_prefill_headroom, PREFILL_HEADROOM_MAX};

@@ -874,7 +874,7 @@ impl GraphSpec {
     }
 
     /// Whether layer `i` routes to experts.
-    fn moe_layer(&self, i: usize) -> bool {
+    pub fn moe_layer(&self, i: usize) -> bool {
         self.moe
             .as_ref()
             .is_some_and(|m| m.layers.get(i).copied().unwrap_or(false))
