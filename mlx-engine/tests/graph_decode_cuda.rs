@@ -1797,3 +1797,66 @@ fn combine_row(name: &str, dir: &std::path::Path) {
         }
     }
 }
+
+/// Issue #30's prefill on the device: a prompt of more than 256 tokens through the dense prompt
+/// linears (`graph_prompt_dense`, forced by a setting other than the default so the tiny row
+/// qualifies) against the exact prompt (`None`), both decoded by the graph decoder: the first
+/// step's log-probabilities within 0.2 nats (tier L3; the CPU twin in `prompt_dense.rs`
+/// measured 0.094), the dense prompt really taken (a 300-row chunk, threshold 255).
+#[test]
+fn the_dense_prompt_follows_the_exact_prompt() {
+    use mlx_engine::generate::DensePrompt;
+    if !GraphDecoder::available() {
+        eprintln!("no CUDA driver: skipped");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("graph_dense_{}", std::process::id()));
+    for row in graph_models::rows()
+        .into_iter()
+        .filter(|r| ["llama3_q4", "qwen3_q4"].contains(&r.name))
+    {
+        let dir = graph_models::write(&tmp, &row);
+        let model = load_model_dir(&dir, &LoadOptions::default()).unwrap().0;
+        let vocab = model.vocab_size();
+        let prompt: Vec<i32> = (0..300).map(|i| (i * 7919 + 13) % vocab).collect();
+        let run = |dense: Option<DensePrompt>| -> (Vec<u32>, Vec<f32>) {
+            let opts = GenerateOptions {
+                max_tokens: Some(4),
+                graph_decode: true,
+                graph_prompt_dense: dense,
+                ..GenerateOptions::default()
+            };
+            let mut g = generate_step(&prompt, model.as_ref(), None, opts).unwrap();
+            assert!(
+                g.uses_graph_decoder(),
+                "{}: {:?}",
+                row.name,
+                g.graph_fallback()
+            );
+            let steps: Vec<_> = g.by_ref().map(|s| s.unwrap()).collect();
+            let first = steps[0]
+                .logprobs
+                .astype(Dtype::Float32)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            (steps.iter().map(|s| s.token).collect(), first)
+        };
+        let (exact_tokens, exact) = run(None);
+        let (dense_tokens, dense) = run(Some(DensePrompt::new(255, 1 << 20).unwrap()));
+        let diff = dense
+            .iter()
+            .zip(&exact)
+            .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        eprintln!(
+            "{}: dense prompt's first log-probabilities within {diff} of the exact prompt's; \
+             tokens {dense_tokens:?} against {exact_tokens:?}",
+            row.name
+        );
+        assert!(
+            diff <= 0.2,
+            "{}: the dense prompt's first log-probabilities differ by {diff}",
+            row.name
+        );
+    }
+}
