@@ -5258,6 +5258,23 @@ mod tests {
     }
 
     /// A tiny llama-shaped spec (2 layers, hidden 64, 4 heads of 16, 2 KV heads).
+    /// `mlx convert`'s 3-bit default hybrid: gauss7s, L 12, blocks of 64, and the value
+    /// projections' 1mad twin.
+    fn hybrid_trellis() -> (TrellisSpec, TrellisSpec) {
+        use mlx_core::cpu::trellis::TrellisCode;
+        let t = TrellisSpec {
+            k: 3,
+            l: 12,
+            block: 64,
+            code: TrellisCode::Gauss7S,
+        };
+        let v = TrellisSpec {
+            code: TrellisCode::Mad,
+            ..t
+        };
+        (t, v)
+    }
+
     pub(crate) fn tiny_spec() -> GraphSpec {
         GraphSpec {
             model_type: "llama".into(),
@@ -6039,16 +6056,7 @@ mod tests {
     #[test]
     fn value_projections_take_their_own_trellis_spec() {
         use mlx_core::cpu::trellis::TrellisCode;
-        let t = TrellisSpec {
-            k: 3,
-            l: 12,
-            block: 64,
-            code: TrellisCode::Gauss7S,
-        };
-        let v = TrellisSpec {
-            code: TrellisCode::Mad,
-            ..t
-        };
+        let (t, v) = hybrid_trellis();
         let spec = GraphSpec {
             trellis: Some(t),
             trellis_v: Some(v),
@@ -6142,20 +6150,10 @@ mod tests {
     /// two commits; results/gpu/2026-12-06-s38-trelwidth).
     #[test]
     fn step_sources_dump() {
-        use mlx_core::cpu::trellis::TrellisCode;
         let Some(dir) = std::env::var_os("MLX_SOURCE_DUMP") else {
             return;
         };
-        let t = TrellisSpec {
-            k: 3,
-            l: 12,
-            block: 64,
-            code: TrellisCode::Gauss7S,
-        };
-        let v = TrellisSpec {
-            code: TrellisCode::Mad,
-            ..t
-        };
+        let (t, v) = hybrid_trellis();
         let p = SourceParams {
             rows: 2,
             batch: 4,
