@@ -567,6 +567,61 @@ __shared__ __align__(16) unsigned char mv_ring[MV_WARPS][MV_RING_DEPTH][MV_RING_
 #define MV_SLOTS MV_BATCH
 #endif
 
+// MV_STEAL (the host's switch MLX_GRAPH_MV_STEAL=1; 0 otherwise): the FFMA row kernels'
+// (mv_run's) row groups past the ones a warp streams before its wait are taken from a counter
+// as the warp's loads reach them, not every gridDim.x MV_WARPS-th: warps of a multiprocessor
+// the memory system serves faster take more groups, and the kernel's blocks end closer
+// together (results/gpu/2026-12-06-s38-steal). A warp's groups before the wait are the static
+// ones (first blockIdx.x MV_WARPS + warp, then + the warps of the grid, as many as its early
+// loads reach: the same number for every warp); past the wait, each group it moves on to is
+// `base` + one atomicAdd on mv_steal_ctr (lane 0, broadcast by shuffle), `base` the first
+// group past the static ones. A group is summed whole by one warp, its chunks in the same
+// order, so every output is the static kernel's, bit for bit (graph_emulate.py with
+// GRAPH_EMU_STEAL=1). The atomic is issued as the warp loads a group's last item but one (its
+// last, with one item a row), and its value read as the last item's loads move on to the next
+// group: its round trip overlaps a compute item, and the items in flight keep their number. The counter is the module's (a step's kernels are one stream's, one at a
+// time past their waits) and resets itself: every warp takes until one take fails (a warp
+// whose loads never reach past its static groups takes once at its end), so the takes number
+// the remaining groups R plus the grid's warps W, and the take that returns R + W - 1, the
+// kernel's last, sets the counter back to 0. A kernel touches it only past its own
+// griddepcontrol.wait, by when the kernels before it have completed (as attention's
+// counters, which their last block resets).
+// FFMA modules only (MV_STEAL_ON): a tensor-core module's kernels, its FFMA fallbacks
+// included, keep the static groups.
+#ifndef MV_STEAL
+#define MV_STEAL 0
+#endif
+#define MV_STEAL_ON (MV_STEAL && !MV_MMA)
+#if MV_STEAL_ON
+__device__ u32 mv_steal_ctr;
+// Each warp's queue of the groups its loads have taken and its sums not begun (a ring of
+// MV_STEAL_Q, at most MV_SLOTS + 1 in it: one a load ahead), in shared memory, not registers
+// (held in registers, it cost the row kernels 200-500 bytes of spills a thread: sass.py). Every
+// lane writes the same value to the same word and reads it back itself: no barrier.
+#define MV_STEAL_Q 8
+static_assert(MV_SLOTS + 1 <= MV_STEAL_Q, "the steal queue holds a load's worth of groups");
+__shared__ int mv_steal_q[MV_WARPS][MV_STEAL_Q];
+// One take: the counter's old value, +1. In PTX, not atomicAdd: NVRTC turns a lane's
+// atomicAdd into a warp-aggregated one whose shuffle of the result waits for the atomic where
+// it is issued (sass.py), and the take is issued a load ahead of its use for its round trip to
+// overlap. The emulator's atomicAdd otherwise.
+// Called by every lane, it adds on lane 0 alone (the others' addresses, past the counter, are
+// not touched); an address per lane keeps ptxas from aggregating it.
+__device__ __forceinline__ u32 mv_steal_atomic(int lane) {
+#ifdef __CUDA_ARCH__
+  u32 t = 0;
+  asm volatile(
+      "{ .reg .pred p; setp.eq.u32 p, %2, 0; @p atom.global.add.u32 %0, [%1], 1; }"
+      : "+r"(t)
+      : "l"(&mv_steal_ctr + lane), "r"(lane)
+      : "memory");
+  return t;
+#else
+  return lane == 0 ? atomicAdd(&mv_steal_ctr, 1u) : 0u;
+#endif
+}
+#endif
+
 // Where a matrix's rows are: the loaded model's own arrays as MLX holds them (issue #30: no
 // copy), one to three parts, each with its words (rows of K bfloat16 values or K BITS-bit
 // codes) and, quantized, its bfloat16 scales and biases ([rows, K / gs] each, MLX's layout).
@@ -705,6 +760,47 @@ struct MvStream {
   // expert sel[j] in the stacked weights (a row group never straddles two slots).
   const int* sel;
   ll rpe;
+#if MV_STEAL_ON
+  // This warp's queue (mv_steal_q): the groups taken, pushed at qt, the sums' next at qh (both
+  // counted from 0, the slot the count mod MV_STEAL_Q); st: 0 before the wait (the static
+  // groups), 1 past it (groups from the counter, the first `base` + the take), 3 with a take
+  // issued (lane 0's tk, not read yet), 2 once the warp's failing take is read (it takes no
+  // more).
+  int qh, qt, st, base;
+  u32 tk;
+
+  // Issues a take (lane 0's atomic; its value read by take()).
+  __device__ __forceinline__ void issue() {
+    tk = mv_steal_atomic(lane);
+    st = 3;
+  }
+  // Reads the take issued (broadcast): base + its number, or `groups` (none left). The last
+  // take of the kernel resets the counter (see MV_STEAL).
+  __device__ __forceinline__ ll take() {
+    const u32 t = __shfl_sync(0xffffffffu, tk, 0);
+    st = 1;
+    const ll g = base + (ll)t;
+    if (g < groups) return g;
+    st = 2;
+    const ll rest = groups > base ? groups - base : 0;
+    if (lane == 0 && (ll)t == rest + stride - 1) atomicExch(&mv_steal_ctr, 0u);
+    return groups;
+  }
+  __device__ __forceinline__ void push(ll g) {
+    mv_steal_q[threadIdx.x >> 5][qt & (MV_STEAL_Q - 1)] = (int)g;
+    ++qt;
+  }
+  // The sums' next group (the oldest taken).
+  __device__ __forceinline__ ll pop() {
+    return mv_steal_q[threadIdx.x >> 5][qh++ & (MV_STEAL_Q - 1)];
+  }
+  // The wait is past: groups from here on come from the counter, the first past the static
+  // ones every warp has reached (lp0 its first; all have made the same number of moves).
+  __device__ __forceinline__ void go_dynamic(ll lp0) {
+    base = (int)(lp - lp0 + stride);
+    st = 1;
+  }
+#endif
 
   __device__ __forceinline__ void group() {
     const ll row0 = MV_ROWS * lp;
@@ -794,6 +890,10 @@ struct MvStream {
 
   __device__ __forceinline__ void load(int u) {
     const int c = lane + 32 * lk;
+#if MV_STEAL_ON
+    // The next group's take, a load ahead of its use (see MV_STEAL).
+    if (st == 1 && lk + 2 >= per_lane) issue();
+#endif
 #if MV_RING_ON
     // Into slot u by cp.async: the codes, and the aligned words holding the values (their
     // offsets into hm); one commit group an item, empty past the stream or C.
@@ -838,7 +938,17 @@ struct MvStream {
 #endif
     if (++lk == per_lane) {
       lk = 0;
+#if MV_STEAL_ON
+      if (st == 3) {
+        lp = take();
+        push(lp);
+      } else if (st == 0) {
+        lp += stride;
+        push(lp);
+      }
+#else
       lp += stride;
+#endif
       group();
     }
   }
@@ -1917,6 +2027,12 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   m.lk = 0;
   m.sel = sel;
   m.rpe = rpe;
+#if MV_STEAL_ON
+  m.qh = 0;
+  m.qt = 0;
+  m.st = 0;
+  m.base = 0;
+#endif
 #if MV_EARLY_NORM
   // The norm's weights are the model's, written by no kernel of the step: this thread's pieces
   // load before the wait too, ahead of the first weights (mv_prologue's one-round case; the same
@@ -1938,6 +2054,9 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
 #pragma unroll
   for (int u = 0; u < (MV_EARLY < MV_SLOTS ? MV_EARLY : MV_SLOTS); ++u) m.load(u);
   pdl_wait_then_release();
+#if MV_STEAL_ON
+  m.go_dynamic((ll)blockIdx.x * MV_WARPS + warp);
+#endif
   tr.mark(1);
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
@@ -1962,6 +2081,12 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   tr.arrived(m.q[0][0].x);
 #endif
   ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
+  // The group after p: the oldest the loads have taken (MV_STEAL_ON), or p + stride.
+#if MV_STEAL_ON
+#define MV_NEXT_GROUP(p) m.pop()
+#else
+#define MV_NEXT_GROUP(p) ((p) + m.stride)
+#endif
   int k = 0;
 #if NB > 1
   // Lane b < NB: sequence b's (the epilogue runs on NB lanes at once, next_group).
@@ -2004,7 +2129,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
     }
     if (lane < NB) epi(MV_ROWS * p, lane, mine, early);
     k = 0;
-    p += m.stride;
+    p = MV_NEXT_GROUP(p);
     co = coff(p);
     if (lane < NB && p < m.groups) early = pre(MV_ROWS * p, lane);
   };
@@ -2019,7 +2144,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
       for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = 0.f;
     }
     k = 0;
-    p += m.stride;
+    p = MV_NEXT_GROUP(p);
     co = coff(p);
 #pragma unroll
     for (int b = 0; b < NB; ++b)
@@ -2067,6 +2192,13 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
       }
     }
   }
+#endif
+#undef MV_NEXT_GROUP
+#if MV_STEAL_ON
+  // A warp whose loads never moved past the wait takes once (and finds none left: its static
+  // groups reached the end), so that the takes number R + W and the last resets the counter.
+  if (m.st == 1) m.issue();
+  if (m.st == 3) m.take();
 #endif
   if (tr.buf) __syncthreads();
 #endif  // NB > 8

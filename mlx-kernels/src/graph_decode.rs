@@ -3859,6 +3859,28 @@ fn early_prologue_define(on: bool) -> &'static str {
     }
 }
 
+/// Whether the FFMA row kernels (graph_decode.cu's `mv_run`: the one-row step, the FFMA tiles
+/// and speculative decoding's verify rows, the experts' products) take their row groups past
+/// the ones a warp loads before its wait from a counter, one atomic a group, instead of every
+/// grid's-warps-th (`MLX_GRAPH_MV_STEAL=1`; off otherwise): the warps the memory system serves
+/// faster take more, and a kernel's blocks end closer together. Read where the step source's
+/// defines are chosen, so the decoder, `mlx` and the tests alike take it from their
+/// environment. Each row group is summed whole by one warp in the same order: every output is
+/// bit-equal either way (`results/gpu/2026-12-06-s38-steal`).
+fn mv_steal() -> bool {
+    std::env::var("MLX_GRAPH_MV_STEAL").is_ok_and(|v| v == "1")
+}
+
+/// The step source's define for [`mv_steal`] (`on`), empty when off (the source then is the one
+/// without the define: the static groups).
+fn mv_steal_define(on: bool) -> &'static str {
+    if on {
+        "#define MV_STEAL 1\n"
+    } else {
+        ""
+    }
+}
+
 /// The static shared memory bound of a wide tensor-core tile's kernels (`ring`: with the
 /// cp.async ring).
 fn mma_static_shared(ring: bool) -> u32 {
@@ -4343,10 +4365,12 @@ fn step_source(
     let mv_ring = mv_ring_define(mv_ring_in(spec, p.rows, nb, mma, mv_ring()));
     // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
     let early_norm = early_prologue_define(early_prologue());
+    // The row groups past the early loads' from a counter (MLX_GRAPH_MV_STEAL=1): the same bits.
+    let steal = mv_steal_define(mv_steal());
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{mv_ring}{early_norm}{SOURCE}",
+         {banks}{mv_ring}{early_norm}{steal}{SOURCE}",
         p.rows,
         p.batch,
         p.early,
@@ -5838,6 +5862,30 @@ mod tests {
             early_prologue(),
             "the step source follows MLX_GRAPH_EARLY_PROLOGUE (off unless 1)"
         );
+    }
+
+    #[test]
+    fn the_stolen_row_groups_are_one_define() {
+        // MLX_GRAPH_MV_STEAL=1 adds one define; off (the default), the source is the one without
+        // it, and the kernel source's own default is off.
+        assert_eq!(mv_steal_define(true), "#define MV_STEAL 1\n");
+        assert_eq!(mv_steal_define(false), "");
+        assert!(SOURCE.contains("#ifndef MV_STEAL\n#define MV_STEAL 0\n#endif"));
+        let p = SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+            trellis: TrellisSwitches::PLAIN,
+        };
+        for nb in [1, 3] {
+            let (src, _) = step_source(&tiny_moe_spec(), &p, nb, false, false);
+            assert_eq!(
+                src.contains("#define MV_STEAL 1\n"),
+                mv_steal(),
+                "the step source follows MLX_GRAPH_MV_STEAL (off unless 1)"
+            );
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -112,6 +112,7 @@ for _name in ("ARGMAX_THREADS", "ARGMAX_PER"):
 PRE = r"""
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -132,6 +133,7 @@ std::barrier<>* g_bar;
 std::barrier<>* g_wbar[32];
 float g_fs[32][32];
 int g_is[32][32];
+unsigned g_us[32][32];
 alignas(16) unsigned char g_smem[256 * 1024];
 inline void __syncthreads() { g_bar->arrive_and_wait(); }
 inline void __syncwarp() { g_wbar[threadIdx.x >> 5]->arrive_and_wait(); }
@@ -155,6 +157,14 @@ inline unsigned __ballot_sync(unsigned, int p) {
 }
 inline float __shfl_xor_sync(unsigned, float v, int o) { return shfl(g_fs, v, o); }
 inline int __shfl_xor_sync(unsigned, int v, int o) { return shfl(g_is, v, o); }
+inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_us[w][l] = v;
+  g_wbar[w]->arrive_and_wait();
+  unsigned r = g_us[w][src];
+  g_wbar[w]->arrive_and_wait();
+  return r;
+}
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
@@ -180,6 +190,21 @@ inline int atomicMax(int* p, int v) {
   return o;
 }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+// The 32-bit unsigned atomics are the row kernels' group counter's alone (MV_STEAL): each take
+// is noted for its block (g_steal_takes), and with g_steal_jitter the taking thread first
+// sleeps 0-63 us at random, so that the warps of a block take in shuffled orders.
+std::atomic<long long> g_steal_takes[4096];
+int g_steal_jitter = 0;
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  if (g_steal_jitter) {
+    thread_local unsigned long long s = 0x9E3779B97F4A7C15ull ^ (unsigned long long)(uintptr_t)&s;
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    std::this_thread::sleep_for(std::chrono::microseconds((s >> 33) & 63));
+  }
+  if (blockIdx.x < 4096) g_steal_takes[blockIdx.x]++;
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 // mma.sync.m16n8k16 (bfloat16 A and B, float32 C and D) over the warp's fragments, as the PTX
 // ISA lays them out: each lane posts its A and B registers, then computes its four elements
 // of D from all lanes' (the products exact, summed in double, added to C, rounded once; the
@@ -210,11 +235,30 @@ inline void mma_emulate(float* d, const unsigned* a, const unsigned* b) {
 """
 
 LAUNCH = r"""
+// With a seed (emu_steal_setup), each grid's blocks run in a shuffled order (any order is the
+// GPU's to pick), so the row kernels' counter (MV_STEAL) gives its groups to other blocks than
+// the first. After every grid: the counter must be 0 again (it resets itself), and the blocks
+// that took groups past their first warps' one take are counted (g_stats).
+unsigned long long g_block_order = 0;
+// g_stats: row-kernel grids (grids that took), grids where groups were taken past the static
+// ones, the groups so taken, grids where a block other than block 0 took them, grids after
+// which the counter was not 0 (a failure: set back to 0 for the next).
+long long g_stats[5];
 template <class F> void run_grid(unsigned gx, unsigned gy, unsigned bx, F f) {
   gridDim = {gx, gy, 1};
   blockDim = {bx, 1, 1};
+  std::vector<unsigned> order(gx);
+  for (unsigned i = 0; i < gx; ++i) order[i] = i;
+  if (g_block_order) {
+    for (unsigned i = gx; i > 1; --i) {
+      g_block_order = g_block_order * 6364136223846793005ull + 1442695040888963407ull;
+      std::swap(order[i - 1], order[(g_block_order >> 33) % i]);
+    }
+  }
+  for (unsigned i = 0; i < gx && i < 4096; ++i) g_steal_takes[i] = 0;
   for (unsigned y = 0; y < gy; ++y)
-    for (unsigned x = 0; x < gx; ++x) {
+    for (unsigned xi = 0; xi < gx; ++xi) {
+      const unsigned x = order[xi];
       std::barrier<> bar(bx);
       g_bar = &bar;
       std::vector<std::barrier<>*> wb;
@@ -225,7 +269,25 @@ template <class F> void run_grid(unsigned gx, unsigned gy, unsigned bx, F f) {
       for (auto& t : ts) t.join();
       for (auto* b : wb) delete b;
     }
+#if MV_STEAL_ON
+  long long taken = 0, others = 0, any = 0;
+  const long long warps = (bx + 31) / 32;
+  for (unsigned i = 0; i < gx && i < 4096; ++i) {
+    const long long t = g_steal_takes[i];
+    any += t;
+    if (t > warps) {  // each warp's one failing take; past that, groups taken
+      taken += t - warps;
+      if (i != 0) others += t - warps;
+    }
+  }
+  if (any) g_stats[0]++;
+  if (taken) { g_stats[1]++; g_stats[2] += taken; }
+  if (others) g_stats[3]++;
+  if (mv_steal_ctr != 0) { g_stats[4]++; mv_steal_ctr = 0; }
+#endif
 }
+extern "C" void emu_steal_setup(unsigned long long seed, int jitter) { g_block_order = seed; g_steal_jitter = jitter; }
+extern "C" void emu_steal_stats(long long* out) { for (int i = 0; i < 5; ++i) out[i] = g_stats[i]; }
 typedef unsigned long long u64;
 #define A(i) (a[i])
 #define P(T, i) ((T)(uintptr_t)a[i])
@@ -293,6 +355,19 @@ MV_RING_REF = "84e45b2b"
 # device): GRAPH_EMU_EARLY_NORM=1 builds this tree's kernels with them (the emulator has no wait: the check is that the loaded pieces are the ones the
 # prologue would load; with GRAPH_EMU_DUMP, every step's logits against main's).
 EARLY_NORM = int(os.environ.get("GRAPH_EMU_EARLY_NORM", "0"))
+# The FFMA row kernels' groups past the early loads' taken from a counter (MV_STEAL in the
+# source, MLX_GRAPH_MV_STEAL=1 on the device): GRAPH_EMU_STEAL=1 builds this tree's kernels with
+# it. Blocks run one at a time here, so the first block run takes every group left: each grid's
+# blocks run in an order shuffled by GRAPH_EMU_STEAL_SEED (0: as launched; 1 by default), and
+# with GRAPH_EMU_STEAL_JITTER=1 (the default) each take first sleeps 0-63 us at random, so the
+# 8 warps of a block take in shuffled orders. At the end, per library: the row grids, those where
+# groups were taken past the static ones (and by a block other than block 0), the groups taken,
+# and the grids after which the counter was not back to 0 (a failure). Compare the steps'
+# logits (GRAPH_EMU_DUMP) with a run without the switch: every step bit-equal.
+STEAL = int(os.environ.get("GRAPH_EMU_STEAL", "0"))
+STEAL_SEED = int(os.environ.get("GRAPH_EMU_STEAL_SEED", "1"))
+STEAL_JITTER = int(os.environ.get("GRAPH_EMU_STEAL_JITTER", "1"))
+STEAL_LIBS = []
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 # The output projection combines the attention's partials in its prologue (matvec_attn_out;
 # attention launched without counters) where `attn_combine_in_output` in graph_decode.rs
@@ -334,6 +409,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + (f"#define MV_RING {MV_RING}\n" if cu is None else "")
            + (f"#define MV_RING_DEPTH {MV_RING_DEPTH}\n" if cu is None and MV_RING_DEPTH else "")
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if cu is None and EARLY_NORM else "")
+           + ("#define MV_STEAL 1\n" if cu is None and STEAL else "")
            + (CU if cu is None else cu))
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
@@ -353,6 +429,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_mvasync' if MV_ASYNC and cu is None else ''}"
            f"{'_mvring' + (MV_RING_DEPTH or '') if MV_RING and cu is None else ''}"
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
+           f"{'_steal' if STEAL and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
@@ -362,7 +439,28 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
         subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-fPIC", "-shared", "-pthread", cpp, "-o", so], check=True)
     lib = ctypes.CDLL(so)
     lib.emu.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64)]
+    if STEAL and cu is None and all(t != tag for t, _ in STEAL_LIBS):
+        lib.emu_steal_setup(ctypes.c_ulonglong(STEAL_SEED), STEAL_JITTER)
+        STEAL_LIBS.append((tag, lib))
     return lib
+
+
+def steal_report():
+    """GRAPH_EMU_STEAL's counts (see STEAL), per library: fails if a counter was not back to 0
+    after a grid, or if no library's grid took a group past the static ones (the dynamic path
+    not exercised; nb_bit_check's small products alone take none)."""
+    ok, any_took = True, False
+    for tag, lib in STEAL_LIBS:
+        st = (ctypes.c_longlong * 5)()
+        lib.emu_steal_stats(st)
+        grids, took, groups, others, bad = list(st)
+        ok &= bad == 0
+        any_took |= took > 0
+        print(f"steal {tag}: {grids} row grids, {took} took {groups} groups past the static ones "
+              f"({others} of them by a block other than block 0), counter not 0 after {bad} "
+              f"{'ok' if bad == 0 else 'FAILED'}")
+    print(f"steal: groups taken past the static ones {'ok' if any_took else 'in no grid: FAILED'}")
+    return ok and any_took
 
 
 def bits(a):
@@ -1922,6 +2020,8 @@ def main():
         sinks += [fp4_check(tmp)] if os.environ.get("GRAPH_EMU_FP4") else []
         results = sampler + nb_check + sinks + [tile_check(lib), route_check(lib)] + \
             [run(lib, n, tmp) for n in names]
+        if STEAL:
+            results.append(steal_report())
     sys.exit(0 if all(results) else 1)
 
 

@@ -1,7 +1,7 @@
 """Compiles the graph decoder's kernels here, as the decoder does on the GPU, and reads their
 machine code: no GPU needed.
 
-    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mv-async] [--mv-ring] [--early-norm] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
+    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mv-async] [--mv-ring] [--early-norm] [--steal] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
         [--trellis [--trellis-v-l N] [--trellis-define TRELLIS_ALIAS ...] [--trellis-define TRELLIS_FUSED_THREADS=1024]]
     python3 xtask/gpu/sass.py --source FILE [--kernel trellis_qkv] [--dump FILE]
 
@@ -163,6 +163,8 @@ def main():
     ap.add_argument("--early-norm", action="store_true",
                     help="MV_EARLY_NORM 1 and EMBED_BATCH 16: the norm weights before the wait, embed's "
                          "loads at once (MLX_GRAPH_EARLY_PROLOGUE=1)")
+    ap.add_argument("--steal", action="store_true",
+                    help="the row groups past the early loads' from a counter (MV_STEAL, MLX_GRAPH_MV_STEAL=1)")
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--trellis", action="store_true",
                     help="append graph_trellis.cu (the trellis kernels; --kernel trellis_matvec)")
@@ -194,6 +196,7 @@ def main():
            + ("#define MV_ASYNC 1\n" if a.mv_async else "")
            + ("#define MV_RING 1\n" if a.mv_ring else "")
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if a.early_norm else "")
+           + ("#define MV_STEAL 1\n" if a.steal else "")
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
            + (f"#define TRELLIS_V_L {a.trellis_v_l}\n" if a.trellis and a.trellis_v_l is not None else "")
