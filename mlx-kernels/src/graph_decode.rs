@@ -5282,6 +5282,18 @@ mod tests {
     }
 
     /// A tiny llama-shaped spec (2 layers, hidden 64, 4 heads of 16, 2 KV heads).
+    /// The step source's parameters the define tests build with: 2 rows a warp, 4 in flight,
+    /// the plain trellis switches.
+    fn plain_params() -> SourceParams {
+        SourceParams {
+            rows: 2,
+            batch: 4,
+            early: 4,
+            min_blocks: None,
+            trellis: TrellisSwitches::PLAIN,
+        }
+    }
+
     /// `mlx convert`'s 3-bit default hybrid: gauss7s, L 12, blocks of 64, and the value
     /// projections' 1mad twin.
     fn hybrid_trellis() -> (TrellisSpec, TrellisSpec) {
@@ -5481,13 +5493,7 @@ mod tests {
         ] {
             assert!(err.contains(want), "{want}: {err}");
         }
-        let p = SourceParams {
-            rows: 2,
-            batch: 4,
-            early: 4,
-            min_blocks: None,
-            trellis: TrellisSwitches::PLAIN,
-        };
+        let p = plain_params();
         let (src, _) = step_source(&s, &p, 1, false, false);
         for d in ["MV_FP4 1", "MV_OUT_BIAS 1", "MOE_OAI 1", "ATTN_SINKS 1"] {
             assert!(src.contains(&format!("#define {d}\n")), "{d}");
@@ -5777,13 +5783,7 @@ mod tests {
         assert_eq!(mv_async_define(true), "#define MV_ASYNC 1\n");
         assert_eq!(mv_async_define(false), "");
         assert!(SOURCE.contains("#ifndef MV_ASYNC\n#define MV_ASYNC 0\n#endif"));
-        let p = SourceParams {
-            rows: 2,
-            batch: 4,
-            early: 4,
-            min_blocks: None,
-            trellis: TrellisSwitches::PLAIN,
-        };
+        let p = plain_params();
         let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
         assert_eq!(
             src.contains("#define MV_ASYNC 1\n"),
@@ -5821,13 +5821,7 @@ mod tests {
         assert!(
             s.mv_shared_per_sequence() * 6 + MV_STATIC_SHARED + MV_RING_SHARED <= MV_SHARED_MAX
         );
-        let p = SourceParams {
-            rows: 2,
-            batch: 4,
-            early: 4,
-            min_blocks: None,
-            trellis: TrellisSwitches::PLAIN,
-        };
+        let p = plain_params();
         let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
         assert_eq!(
             src.contains("#define MV_RING 1\n"),
@@ -5849,13 +5843,7 @@ mod tests {
         assert_eq!(early_prologue_define(false), "");
         assert!(SOURCE.contains("#ifndef MV_EARLY_NORM\n#define MV_EARLY_NORM 0\n#endif"));
         assert!(SOURCE.contains("#ifndef EMBED_BATCH\n#define EMBED_BATCH 1\n#endif"));
-        let p = SourceParams {
-            rows: 2,
-            batch: 4,
-            early: 4,
-            min_blocks: None,
-            trellis: TrellisSwitches::PLAIN,
-        };
+        let p = plain_params();
         let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
         assert_eq!(
             src.contains("#define MV_EARLY_NORM 1\n"),
@@ -5871,13 +5859,7 @@ mod tests {
         assert_eq!(mv_steal_define(true), "#define MV_STEAL 1\n");
         assert_eq!(mv_steal_define(false), "");
         assert!(SOURCE.contains("#ifndef MV_STEAL\n#define MV_STEAL 0\n#endif"));
-        let p = SourceParams {
-            rows: 2,
-            batch: 4,
-            early: 4,
-            min_blocks: None,
-            trellis: TrellisSwitches::PLAIN,
-        };
+        let p = plain_params();
         for nb in [1, 3] {
             let (src, _) = step_source(&tiny_moe_spec(), &p, nb, false, false);
             assert_eq!(
@@ -6177,13 +6159,7 @@ mod tests {
         assert!(alone.check().unwrap_err().contains("trellis_v"));
         // The step's source: TRELLIS_V_L (1mad L 12: 12) for the hybrid only; a one-spec
         // model's source has no such line (the same kernels as before).
-        let p = SourceParams {
-            rows: 2,
-            batch: 4,
-            early: 4,
-            min_blocks: None,
-            trellis: TrellisSwitches::PLAIN,
-        };
+        let p = plain_params();
         let (hybrid, _) = step_source(&spec, &p, 1, false, false);
         let (plain, _) = step_source(&one, &p, 1, false, false);
         assert_eq!(hybrid.matches("#define TRELLIS_V_L").count(), 1);
@@ -6202,13 +6178,7 @@ mod tests {
             return;
         };
         let (t, v) = hybrid_trellis();
-        let p = SourceParams {
-            rows: 2,
-            batch: 4,
-            early: 4,
-            min_blocks: None,
-            trellis: TrellisSwitches::PLAIN,
-        };
+        let p = plain_params();
         let affine = GraphSpec {
             quant: Some((64, 4)),
             ..tiny_spec()
