@@ -566,6 +566,19 @@ namespace {
 // `rt` and appends its kernels `kernel_names` (with their declared arities) to `rt.kernels`.
 void load_module(mlxs_gpurt_& rt, const Driver& d, const std::string& src,
                  const char* const* kernel_names, const uint32_t* arities, size_t n_kernels) {
+  // MLXS_GPURT_CARVEOUT=P (0..100): every kernel prefers P% of the unified L1 as shared
+  // memory, so consecutive kernels ask for one configuration (an experiment switch; unset,
+  // the driver chooses per kernel).
+  int carveout = -1;
+  if (const char* c = std::getenv("MLXS_GPURT_CARVEOUT"); c && *c) {
+    char* end = nullptr;
+    long v = std::strtol(c, &end, 10);
+    if (c[0] < '0' || c[0] > '9' || *end != '\0' || v < 0 || v > 100) {
+      throw std::invalid_argument(std::string("[gpurt] MLXS_GPURT_CARVEOUT=") + c +
+                                  ": expected a percentage 0..100");
+    }
+    carveout = int(v);
+  }
   const std::string& arch = rt.arch;
   CUmodule module = nullptr;
   bool from_cache = false;
@@ -620,19 +633,6 @@ void load_module(mlxs_gpurt_& rt, const Driver& d, const std::string& src,
     if (!cache_path.empty()) kernel_cache_write(cache_dir, cache_path, key, cubin);
   }
   rt.modules.push_back(module);
-  // MLXS_GPURT_CARVEOUT=P (0..100): every kernel prefers P% of the unified L1 as shared
-  // memory, so consecutive kernels ask for one configuration (an experiment switch; unset,
-  // the driver chooses per kernel).
-  int carveout = -1;
-  if (const char* c = std::getenv("MLXS_GPURT_CARVEOUT"); c && *c) {
-    char* end = nullptr;
-    long v = std::strtol(c, &end, 10);
-    if (*end != '\0' || v < 0 || v > 100) {
-      throw std::invalid_argument(std::string("[gpurt] MLXS_GPURT_CARVEOUT=") + c +
-                                  ": expected a percentage 0..100");
-    }
-    carveout = int(v);
-  }
   // Appended only when every kernel is found: a failed module adds none.
   std::vector<CUfunction> found;
   for (size_t i = 0; i < n_kernels; ++i) {
