@@ -62,31 +62,31 @@ impl HeldCaches {
     /// token. Where that fails, the error is returned and the caches are lost (a forward that
     /// failed may have left some layers updated).
     pub fn sync(self, model: &dyn LanguageModel) -> Result<Vec<Box<dyn Cache>>> {
-        let Self {
-            mut caches,
-            pending,
-        } = self;
-        if !pending.is_empty() {
-            crate::generate::on_generation_stream(|| {
-                crate::generate::forward_into_caches(model, &mut caches, &pending)
-            })?;
-        }
-        Ok(caches)
+        let (caches, ran) = self.run_pending(model);
+        ran.map(|()| caches)
     }
 
     /// [`Self::sync`], keeping the caches where the forward fails (they may then hold fewer
     /// tokens than were generated: [`crate::generate::GenerateStep::into_cache`]'s contract).
     pub fn sync_or_keep(self, model: &dyn LanguageModel) -> Vec<Box<dyn Cache>> {
+        self.run_pending(model).0
+    }
+
+    /// The pending tokens through `model`'s MLX forward into the caches (nothing when none
+    /// are pending): the caches and how the forward went.
+    fn run_pending(self, model: &dyn LanguageModel) -> (Vec<Box<dyn Cache>>, Result<()>) {
         let Self {
             mut caches,
             pending,
         } = self;
-        if !pending.is_empty() {
-            let _ = crate::generate::on_generation_stream(|| {
+        let ran = if pending.is_empty() {
+            Ok(())
+        } else {
+            crate::generate::on_generation_stream(|| {
                 crate::generate::forward_into_caches(model, &mut caches, &pending)
-            });
-        }
-        caches
+            })
+        };
+        (caches, ran)
     }
 
     /// What continuing with `prompt` runs ([`Self::plan`] carried out): the caches and the

@@ -848,24 +848,29 @@ struct MvStream {
     }
     return ld_sb(sp, bp, (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g);
   }
+  // Row rr's group g: its scales' and biases' arrays and its index in both (the places
+  // scale_bias reads; MV_ASYNC's and MV_RING's reads take them from here).
+  __device__ __forceinline__ int sb_at(int rr, int g, const bf16_t*& ps,
+                                       const bf16_t*& pb) const {
+    if (MAP == WMAP_ONE) {
+      ps = wt.s0;
+      pb = wt.b0;
+      return ia + rr * G + g;
+    }
+    if (MAP == WMAP_PAIR) {
+      ps = rr & 1 ? wt.s1 : wt.s0;
+      pb = rr & 1 ? wt.b1 : wt.b0;
+      return ia + (rr >> 1) * G + g;
+    }
+    ps = sp;
+    pb = bp;
+    return (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g;
+  }
   // MV_ASYNC: the same group's scale into s and bias into b, each as loaded (zero-extended).
   __device__ __forceinline__ void scale_bias_raw(int rr, int g, u32& s, u32& b) const {
     const bf16_t* ps;
     const bf16_t* pb;
-    int i;
-    if (MAP == WMAP_ONE) {
-      ps = wt.s0;
-      pb = wt.b0;
-      i = ia + rr * G + g;
-    } else if (MAP == WMAP_PAIR) {
-      ps = rr & 1 ? wt.s1 : wt.s0;
-      pb = rr & 1 ? wt.b1 : wt.b0;
-      i = ia + (rr >> 1) * G + g;
-    } else {
-      ps = sp;
-      pb = bp;
-      i = (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g;
-    }
+    const int i = sb_at(rr, g, ps, pb);
     s = ps[i];
     b = pb[i];
   }
@@ -966,20 +971,7 @@ struct MvStream {
     }
     const bf16_t* ps;
     const bf16_t* pb;
-    int i;
-    if (MAP == WMAP_ONE) {
-      ps = wt.s0;
-      pb = wt.b0;
-      i = ia + rr * G + g;
-    } else if (MAP == WMAP_PAIR) {
-      ps = rr & 1 ? wt.s1 : wt.s0;
-      pb = rr & 1 ? wt.b1 : wt.b0;
-      i = ia + (rr >> 1) * G + g;
-    } else {
-      ps = sp;
-      pb = bp;
-      i = (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g;
-    }
+    const int i = sb_at(rr, g, ps, pb);
     return (const unsigned char*)((bias ? pb : ps) + i);
   }
 

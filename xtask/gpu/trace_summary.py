@@ -118,11 +118,16 @@ def blocks(path, layer):
               + (f"  late {spread([r[8] - r[6] for r in rs])}" if all(r[8] for r in rs) else ""))
 
 
-args = sys.argv[1:]
-layer = None
-if args[:1] == ["--blocks"]:
-    layer, args = int(args[1]), args[2:]
-for p in args:
-    summarise(p)
-    if layer is not None:
-        blocks(p, layer)
+def main():
+    args = sys.argv[1:]
+    layer = None
+    if args[:1] == ["--blocks"]:
+        layer, args = int(args[1]), args[2:]
+    for p in args:
+        summarise(p)
+        if layer is not None:
+            blocks(p, layer)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,41 +21,13 @@ a load ahead of its use; their count a step is printed against an L2 same-addres
 """
 import statistics
 import sys
+from pathlib import Path
+
+# The trace's kernel kinds and instances: trace_summary.py's own.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "xtask" / "gpu"))
+from trace_summary import instances, kind  # noqa: E402
 
 
-
-def kind(what):
-    """xtask/gpu/trace_summary.py's (which runs on import)."""
-    k, mode, K = what & 0xFF, (what >> 8) & 0xFF, what >> 16
-    if k == 1:
-        return "qkv"
-    if k == 2:
-        return "attention"
-    if mode & 32:
-        return f"o_combine_k{K}"
-    if mode & 8:
-        return "head"
-    if mode & 4:
-        return "gate_up"
-    return f"res_k{K}"
-
-
-def instances(path):
-    """xtask/gpu/trace_summary.py's: the step's kernels, each its blocks' records."""
-    recs = []
-    for line in open(path):
-        f = [int(x) for x in line.split()]
-        if len(f) in (8, 9):
-            recs.append(f + [0] * (9 - len(f)))
-    recs.sort(key=lambda r: r[4])
-    out, cur = [], None
-    for r in recs:
-        what = r[0] & ~0xFF00 if r[0] & 0xFF == 2 else r[0]
-        if cur is None or what != cur["what"]:
-            cur = {"what": what, "recs": []}
-            out.append(cur)
-        cur["recs"].append(r)
-    return out
 
 # Llama-3.1-8B: rows and K of each kind (4-bit, groups of 64: 32 inputs a 16-byte chunk).
 SHAPES = {"qkv": (6144, 4096), "res_k4096": (4096, 4096), "gate_up": (28672, 4096),
