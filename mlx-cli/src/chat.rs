@@ -146,8 +146,10 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
     };
     decoder.apply(&mut opts.generate);
     if decoder.graph {
-        // One decoder for every turn: built (kernels, weights, capture) in the first.
-        opts.generate.graph_keep = Some(mlx_engine::graph::GraphKeep::new());
+        // One decoder for every turn: built (kernels, weights, capture) in the first. A
+        // trellis model's decoder keeps the conversation in its cache: each turn runs only its
+        // new tokens.
+        opts.generate.graph_keep = Some(mlx_engine::graph::GraphKeep::for_conversation());
     }
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);

@@ -7,6 +7,14 @@
 //! - [`ChatSession`] renders the whole conversation each turn, reuses the cached prefix it
 //!   shares with the previous turn (trimmed to the common prefix), and runs the model only on
 //!   the rest.
+//!
+//! On the GPU graph decoder, a trellis-coded model's prompt runs through the decoder and the
+//! MLX caches hold nothing ([`crate::held`]). Both keep the decoder between turns, its cache
+//! holding the conversation ([`crate::graph::GraphKeep::for_conversation`], made here when
+//! the options ask for the decoder and name no slot): each turn hands the generation the
+//! whole conversation with empty MLX caches, and the kept decoder runs only the tokens it
+//! does not hold. The MLX caches are filled (the tokens run through MLX's forward) only where
+//! they are used: a fall-back to the MLX path mid-turn runs the conversation's whole history.
 
 use serde_json::{json, Value};
 
@@ -16,7 +24,7 @@ use crate::chat_template::ChatTemplateOptions;
 use crate::cpu_decode::CpuDecoder;
 use crate::error::Result;
 use crate::generate::{cpu_decode_unsupported, make_prompt_cache};
-use crate::held::HeldCaches;
+use crate::held::{HeldCaches, Plan};
 use crate::prompt_cache::PromptCache;
 use crate::speculative::{Drafter, SpecStats};
 use crate::stream::{
@@ -31,7 +39,8 @@ use mlx_models::LanguageModel;
 pub struct TurnStats {
     /// Tokens of the rendered conversation.
     pub prompt_tokens: usize,
-    /// Of those, tokens that ran through the model this turn (the rest came from the cache).
+    /// Of those, tokens that ran through the model this turn (the rest came from the cache,
+    /// or from a kept graph decoder's: [`crate::stream::TextStream::prompt_reused`]).
     pub prefilled: usize,
     pub generated: usize,
     pub prompt_tps: f64,
@@ -48,12 +57,15 @@ pub struct ChatSession<'m> {
 }
 
 impl<'m> ChatSession<'m> {
+    /// With `opts.generate.graph_decode` and no `graph_keep`, the session keeps its decoder in
+    /// a conversation's slot ([`crate::graph::GraphKeep::for_conversation`]).
     pub fn new(
         model: &'m dyn LanguageModel,
         tokenizer: &'m Tokenizer,
         system: Option<&str>,
-        opts: StreamOptions,
+        mut opts: StreamOptions,
     ) -> Self {
+        conversation_keep(&mut opts);
         let messages = system
             .map(|s| vec![json!({"role": "system", "content": s})])
             .unwrap_or_default();
@@ -95,7 +107,7 @@ impl<'m> ChatSession<'m> {
         let mut reply = String::new();
         let mut stats = TurnStats {
             prompt_tokens: tokens.len(),
-            prefilled: tokens.len() - reused,
+            prefilled: tokens.len() - reused - stream.prompt_reused(),
             ..TurnStats::default()
         };
         for r in stream.by_ref() {
@@ -112,10 +124,21 @@ impl<'m> ChatSession<'m> {
             .copied()
             .chain(stream.cached_tokens())
             .collect();
-        let caches = stream.into_cache();
-        let offset = caches.first().map_or(0, |c| c.offset());
-        if offset == held.len() {
-            self.cache.insert(held, caches);
+        match stream.into_held_caches() {
+            // A trellis prompt ran on the graph decoder: the MLX caches hold nothing, and the
+            // decoder (kept in the session's slot) holds the conversation. Nothing is run
+            // through MLX's forward: the next turn's prompt is the whole conversation again,
+            // of which the kept decoder runs only what it does not hold (a decoder not kept,
+            // or a fall-back, runs it all).
+            Ok((h, _)) if h.plan() == Plan::Prepend => {}
+            Ok((h, _)) => {
+                let caches = h.sync_or_keep(self.model);
+                let offset = caches.first().map_or(0, |c| c.offset());
+                if offset == held.len() {
+                    self.cache.insert(held, caches);
+                }
+            }
+            Err(_) => {}
         }
         self.messages
             .push(json!({"role": "assistant", "content": reply}));
@@ -163,8 +186,9 @@ impl<'m> Conversation<'m> {
         model: &'m dyn LanguageModel,
         tokenizer: &'m Tokenizer,
         system: Option<&str>,
-        opts: StreamOptions,
+        mut opts: StreamOptions,
     ) -> Result<Self> {
+        conversation_keep(&mut opts);
         let cpu = match opts.generate.cpu_decode {
             Some(c) => {
                 if let Some(why) = cpu_decode_unsupported(model, &opts.generate, false) {
@@ -290,9 +314,10 @@ impl<'m> Conversation<'m> {
         let held = std::mem::replace(&mut self.cache, HeldCaches::synced(Vec::new()));
         // The tokens the last turn's graph decoder ran and the cache does not hold: the head
         // of this turn's prompt where the cache holds nothing (a trellis prompt ran on the
-        // decoder), else run through the MLX forward now (plain decoding only: speculation
-        // leaves none pending). Prepended, they count in this turn's prompt statistics
-        // (`prompt_tokens`, `prompt_tps`): this turn runs them.
+        // decoder, which is kept holding them: it runs only what it does not hold), else run
+        // through the MLX forward now (plain decoding only: speculation leaves none pending).
+        // This turn's prompt statistics (`prompt_tokens`, `prompt_tps`) count those the
+        // decoder runs again (none it held; a decoder not kept runs them all).
         let continued = match (&self.spec, &cpu) {
             (None, None) => held.continue_with(self.model, &prompt),
             _ => held.sync(self.model).map(|c| (c, prompt.clone())),
@@ -412,5 +437,14 @@ impl<'m> Conversation<'m> {
             what: "chat".into(),
             problem: "generation produced no response".into(),
         })
+    }
+}
+
+/// The options of a conversation: with the graph decoder and no slot named, a conversation's
+/// slot ([`crate::graph::GraphKeep::for_conversation`]), so that the decoder and its cache
+/// are kept from one turn to the next.
+fn conversation_keep(opts: &mut StreamOptions) {
+    if opts.generate.graph_decode && opts.generate.graph_keep.is_none() {
+        opts.generate.graph_keep = Some(crate::graph::GraphKeep::for_conversation());
     }
 }

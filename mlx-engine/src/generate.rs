@@ -667,6 +667,9 @@ pub struct GenerateStep<'m> {
     graph_bytes: usize,
     /// MLX's peak and the graph decoder's own bytes as held at once (issue #30's peak).
     device_peak: DevicePeak,
+    /// Prompt tokens a kept decoder held already and did not run again
+    /// ([`GenerateStep::prompt_reused`]).
+    prompt_reused: usize,
     /// The newest step's token and its log-probability where the host computed them (the
     /// CPU decoder's greedy steps, [`host_greedy`]): the step's log-probabilities are then
     /// left lazy, read only by whoever asks, and the token is read and fed on without MLX.
@@ -684,9 +687,14 @@ struct GraphRun<'m> {
     dec: Option<Box<dyn crate::graph::GraphBackend + 'm>>,
     started: bool,
     /// The prompt went in through the decoder ([`GenerateStep::prefill_graph`]): it holds the
-    /// prompt already, so no MLX cache is copied in when it starts.
+    /// prompt already, so no MLX cache is copied in when it starts. Its cache then holds
+    /// `since_mlx` from position 0 (the MLX caches hold nothing): a conversation's slot keeps
+    /// it so ([`crate::graph::GraphKeep::put_holding`]).
     fed: bool,
     since_mlx: Vec<i32>,
+    /// Positions of the prompt a kept decoder holds already ([`crate::graph::reusable`]):
+    /// [`GenerateStep::prefill_graph`] runs only the rest.
+    reuse: usize,
     /// The slot the decoder came from or goes to, the model's identity and the decoder's
     /// spec.
     keep: Option<(
@@ -715,14 +723,24 @@ impl Drop for GraphRun<'_> {
         if let (Some((keep, model, spec)), Some(dec)) = (self.keep.take(), self.dec.take()) {
             if let Some(dec) = dec.into_kept() {
                 let (t, held) = (std::time::Instant::now(), dec.device_bytes());
-                keep.put(model, spec, dec);
+                // A prompt that went in through the decoder: its cache holds the run's tokens
+                // from position 0, up to its position (a greedy run's last token is not in
+                // it).
+                let holds: Vec<u32> = match dec.position() {
+                    Some(p) if self.fed && p <= self.since_mlx.len() => {
+                        self.since_mlx[..p].iter().map(|&t| t as u32).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                keep.put_holding(model, spec, dec, holds);
                 if graph_memory_on() {
                     let ms = t.elapsed().as_secs_f64() * 1e3;
                     if keep.holds() {
                         eprintln!(
                             "[graph memory] the decoder is kept: {held} B decoding, {} B \
-                             while it waits ({ms:.3} ms)",
-                            keep.device_bytes()
+                             while it waits, holding {} positions ({ms:.3} ms)",
+                            keep.device_bytes(),
+                            keep.held_tokens().len()
                         );
                     } else {
                         eprintln!("[graph memory] the decoder could not be parked: dropped");
@@ -928,6 +946,7 @@ fn start<'m>(
         graph_fallback: None,
         graph_bytes: 0,
         device_peak: DevicePeak::default(),
+        prompt_reused: 0,
         host: None,
         host_logprobs,
     };
@@ -951,7 +970,7 @@ fn start<'m>(
         Some((spec, weights))
             if trellis_prompt && spec.trellis.is_some() && cached == 0 && prompt.len() > 1 =>
         {
-            on_generation_stream(|| g.build_graph(spec, &weights, prompt.len()))?;
+            on_generation_stream(|| g.build_graph(spec, &weights, Some(prompt)))?;
             on_generation_stream(|| g.prefill_graph(prompt))?;
         }
         Some((spec, weights)) => {
@@ -972,7 +991,7 @@ fn start<'m>(
             on_generation_stream(|| {
                 with_memory_headroom(headroom, || with_dense_prompt(dense, || g.prefill(prompt)))
             })?;
-            on_generation_stream(|| g.build_graph(spec, &weights, 0))?;
+            on_generation_stream(|| g.build_graph(spec, &weights, None))?;
         }
         None => on_generation_stream(|| g.prefill(prompt))?,
     }
@@ -992,14 +1011,16 @@ impl<'m> GenerateStep<'m> {
     /// last step runs: driver calls and a memset on the decoder's own stream). A build that
     /// fails (a CUDA call, device memory) leaves the run on the MLX path, with the reason in
     /// [`GenerateStep::graph_fallback`].
-    /// `pending`: prompt tokens not in the MLX caches that the decoder will take
-    /// ([`GenerateStep::prefill_graph`]).
+    /// `fed`: the prompt, none of it in the MLX caches, that the decoder will take
+    /// ([`GenerateStep::prefill_graph`]); a kept decoder that holds the tokens it begins with
+    /// (a conversation's slot, [`crate::graph::GraphKeep::for_conversation`]) keeps them.
     fn build_graph(
         &mut self,
         spec: mlx_kernels::graph_decode::GraphSpec,
         weights: &mlx_kernels::graph_decode::GraphWeights,
-        pending: usize,
+        fed: Option<&[i32]>,
     ) -> Result<()> {
+        let pending = fed.map_or(0, <[i32]>::len);
         // The prompt's window closes here, its MLX work queued (its chunks waited for, its
         // last token's step encoded: MLX allocates as it encodes): its MLX peak beside a kept
         // decoder's parked bytes only.
@@ -1010,6 +1031,21 @@ impl<'m> GenerateStep<'m> {
         // The cache holds the prompt and whatever a continued prompt cache held before it.
         let cached = self.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
         let room = cached + pending + self.opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 2;
+        // A conversation's decoder is built with room to spare (twice what this turn needs,
+        // rounded up to a power of two), so that later turns continue it rather than build
+        // another, which would run the whole conversation again: a conversation of `n`
+        // positions builds about log2(n) decoders, each with at most 4x the room it needs.
+        let conversation = fed.is_some()
+            && self
+                .opts
+                .graph_keep
+                .as_ref()
+                .is_some_and(crate::graph::GraphKeep::is_for_conversation);
+        let build_room = if conversation {
+            (2 * room).next_power_of_two()
+        } else {
+            room
+        };
         // A kept decoder is taken while the device runs the prompt's last step: mapping its
         // cache's memory again is host work of the driver (milliseconds), hidden behind that
         // step instead of added to the prompt's time. The window that follows counts the
@@ -1029,16 +1065,18 @@ impl<'m> GenerateStep<'m> {
         })();
         if let Err(e) = prompt_in {
             // The prompt failed: the kept decoder goes back (parked) for the next generation.
-            if let (Some(d), Some(k)) = (kept, &self.opts.graph_keep) {
-                k.put(crate::graph::model_id(model), spec, d);
+            if let (Some((d, holds)), Some(k)) = (kept, &self.opts.graph_keep) {
+                k.put_holding(crate::graph::model_id(model), spec, d, holds);
             }
             return Err(e.into());
         }
         graph_memory_line("the prompt is in", before, &self.device_peak);
-        if let Some(d) = &kept {
+        if let Some((d, holds)) = &kept {
             graph_memory_line(
                 &format!(
-                    "the kept decoder was taken, its cache mapped again in {:.3} ms",
+                    "the kept decoder was taken (holding {} positions), its cache mapped \
+                     again in {:.3} ms",
+                    holds.len(),
                     took * 1e3
                 ),
                 d.device_bytes(),
@@ -1051,14 +1089,19 @@ impl<'m> GenerateStep<'m> {
             Box<dyn crate::graph::GraphBackend + 'm>,
         > {
             match &stand_in {
-                Some(s) => (s.0)(model, room),
-                None => mlx_kernels::graph_decode::GraphDecoder::new(spec, weights, room)
+                Some(s) => (s.0)(model, build_room),
+                None => mlx_kernels::graph_decode::GraphDecoder::new(spec, weights, build_room)
                     .map(|d| Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
             }
         };
         let keep_spec = spec.clone();
+        // The positions of the prompt the kept decoder holds already.
+        let reuse = match (&kept, fed) {
+            (Some((_, holds)), Some(prompt)) => crate::graph::reusable(holds, prompt),
+            _ => 0,
+        };
         let made = match kept {
-            Some(d) => Ok(d as Box<dyn crate::graph::GraphBackend + 'm>),
+            Some((d, _)) => Ok(d as Box<dyn crate::graph::GraphBackend + 'm>),
             None => match build(spec.clone()) {
                 // The decoder allocates outside MLX's allocator, so device memory that MLX
                 // keeps in its buffer cache (the prompt's freed activations) is not free to
@@ -1104,6 +1147,7 @@ impl<'m> GenerateStep<'m> {
             started: false,
             fed: false,
             since_mlx: Vec::new(),
+            reuse,
             keep: self
                 .opts
                 .graph_keep
@@ -1319,7 +1363,14 @@ impl<'m> GenerateStep<'m> {
                     })
                     .collect()
             };
-            g.dec()?.feed_prompt(&ids(head)?)?;
+            // A kept decoder that holds the prompt's first `reuse` tokens (a conversation's
+            // earlier turns) runs only the rest; else the whole prompt from position 0.
+            let reuse = g.reuse.min(head.len());
+            if reuse > 0 {
+                g.dec()?.resume(reuse, &ids(&head[reuse..])?)?;
+            } else {
+                g.dec()?.feed_prompt(&ids(head)?)?;
+            }
             g.fed = true;
             g.since_mlx.extend_from_slice(head);
             let l = g.dec()?.step_logits(ids(&[last])?[0])?;
@@ -1331,6 +1382,7 @@ impl<'m> GenerateStep<'m> {
         })();
         match r {
             Ok(l) => {
+                self.prompt_reused = self.graph.as_ref().map_or(0, |g| g.reuse.min(head.len()));
                 self.track(head);
                 self.progress(self.prompt_len);
                 let logits =
@@ -1362,11 +1414,16 @@ impl<'m> GenerateStep<'m> {
     /// trellis prompt on the decoder, the MLX caches hold nothing and every token is pending
     /// (`mlx chat`'s next turn then runs them on the decoder with its prompt). Nothing is
     /// pending after the MLX path or the CPU decoder.
+    /// A decoder kept in a conversation's slot ([`crate::graph::GraphKeep::for_conversation`])
+    /// keeps those tokens in its cache: the next turn, given them as the head of its prompt,
+    /// runs only what follows them.
     pub fn into_held_cache(mut self) -> crate::held::HeldCaches {
+        // Cloned: the run's decoder, given back to its slot when `settle` lets it go, says
+        // which of them its cache holds.
         let ids = self
             .graph
-            .as_mut()
-            .map(|g| std::mem::take(&mut g.since_mlx))
+            .as_ref()
+            .map(|g| g.since_mlx.clone())
             .unwrap_or_default();
         self.settle();
         crate::held::HeldCaches::new(std::mem::take(&mut self.caches), ids)
@@ -1409,6 +1466,13 @@ impl<'m> GenerateStep<'m> {
     /// Whether this generation decodes through the graph decoder (until a fallback).
     pub fn uses_graph_decoder(&self) -> bool {
         self.graph.is_some()
+    }
+
+    /// Tokens at the head of the prompt that a kept decoder held already
+    /// ([`crate::graph::GraphKeep::for_conversation`]: a conversation's earlier turns) and
+    /// that this generation did not run again; 0 without one (every other run).
+    pub fn prompt_reused(&self) -> usize {
+        self.prompt_reused
     }
 
     /// How the graph decoder of this generation was made: `Some(times)` when it was built
@@ -1696,6 +1760,11 @@ impl GenerateStep<'_> {
                     let _ = graph_begin(g, &self.caches, token, left);
                 }
                 graph_memory_line("the prefix is in", self.graph_bytes, &self.device_peak);
+            } else if let Some(g) = self.graph.as_mut() {
+                // The run's only token: the decoder never takes it, but the caches the MLX
+                // path leaves hold it (its step ran before it was handed out), so it is
+                // pending for them, as `graph_begin` leaves a started run's first token.
+                g.since_mlx.push(token as i32);
             }
             // Held as the pending token: the decoder started (or the next call starts it)
             // from it.

@@ -1012,13 +1012,44 @@ pub fn post_norm_gated(spec: &GraphSpec) -> bool {
 /// maps the cache's memory again at the same addresses (no rebuild, no new capture). A
 /// decoder whose memory cannot be taken again is dropped, and one is built as without a kept
 /// one.
+///
+/// A slot made for a conversation ([`GraphKeep::for_conversation`]: `mlx chat`'s turns,
+/// [`crate::chat::ChatSession`]) keeps a decoder whose prompt went in through it (a
+/// trellis-coded model's, [`crate::generate::GenerateStep`]'s prompt on the decoder) with its
+/// cache instead: not parked, with the tokens it holds from position 0. The next turn's
+/// generation, given the whole conversation as its prompt (the MLX caches hold none of it:
+/// [`crate::held::Plan::Prepend`]), keeps the positions whose tokens begin that prompt
+/// ([`reusable`]) and runs only the rest through the decoder ([`GraphBackend::resume`]), as
+/// the MLX path continues its caches. Every other run's decoder is parked as in a plain slot.
 #[derive(Clone, Default)]
-pub struct GraphKeep(std::sync::Arc<std::sync::Mutex<Option<Kept>>>);
+pub struct GraphKeep {
+    slot: std::sync::Arc<std::sync::Mutex<Option<Kept>>>,
+    conversation: bool,
+}
 
 struct Kept {
     model: usize,
     spec: GraphSpec,
     dec: Box<dyn KeptDecoder>,
+    /// The tokens the decoder's cache holds from position 0 (a conversation's slot); empty
+    /// when it was parked (its cache forgotten).
+    holds: Vec<u32>,
+}
+
+/// How many positions of a kept decoder that holds `holds` (its tokens from position 0) a
+/// generation of `prompt` keeps: those whose tokens begin the prompt, short of the prompt's
+/// last token (its step gives the logits of the first token). The decoder then runs only
+/// `prompt[reusable..]`; the positions after the common prefix (a reply the next turn's
+/// template renders otherwise, a reset conversation) are forgotten. A position's keys and
+/// values depend only on the tokens up to it, so the kept positions are those a fresh run of
+/// the whole prompt computes.
+pub fn reusable(holds: &[u32], prompt: &[i32]) -> usize {
+    let head = prompt.len().saturating_sub(1);
+    holds
+        .iter()
+        .zip(&prompt[..head])
+        .take_while(|(&h, &p)| i64::from(h) == i64::from(p))
+        .count()
 }
 
 /// A graph decoder that can wait in a [`GraphKeep`] between generations: the CUDA decoder,
@@ -1071,15 +1102,40 @@ impl GraphKeep {
         Self::default()
     }
 
+    /// An empty slot for one conversation: a decoder whose prompt went in through it waits
+    /// with its cache and the tokens it holds (see [`GraphKeep`]).
+    pub fn for_conversation() -> Self {
+        Self {
+            conversation: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the slot was made for a conversation ([`GraphKeep::for_conversation`]).
+    pub fn is_for_conversation(&self) -> bool {
+        self.conversation
+    }
+
     /// Whether a decoder is kept.
     pub fn holds(&self) -> bool {
-        self.0.lock().map(|k| k.is_some()).unwrap_or(false)
+        self.slot.lock().map(|k| k.is_some()).unwrap_or(false)
+    }
+
+    /// The tokens the kept decoder's cache holds from position 0 (empty: none kept, or kept
+    /// parked).
+    pub fn held_tokens(&self) -> Vec<u32> {
+        self.slot
+            .lock()
+            .ok()
+            .and_then(|k| k.as_ref().map(|k| k.holds.clone()))
+            .unwrap_or_default()
     }
 
     /// The device bytes the kept decoder holds outside MLX's allocator while it waits (0:
-    /// none kept): parked, its small state only.
+    /// none kept): parked, its small state only; one that holds a conversation, its cache
+    /// too.
     pub fn device_bytes(&self) -> usize {
-        self.0
+        self.slot
             .lock()
             .ok()
             .and_then(|k| k.as_ref().map(|k| k.dec.device_bytes()))
@@ -1087,22 +1143,33 @@ impl GraphKeep {
     }
 
     /// The kept decoder, its memory taken again, when it was made for `model` with `spec`
-    /// and holds `room` positions. One that does not fit, or whose memory cannot be taken
-    /// again, is dropped (before a new one is built beside it).
+    /// and holds `room` positions, with the tokens its cache holds from position 0 (empty
+    /// unless it waited holding a conversation and still says it holds as many). One that
+    /// does not fit, or whose memory cannot be taken again, is dropped (before a new one is
+    /// built beside it).
     pub(crate) fn take(
         &self,
         model: &dyn LanguageModel,
         spec: &GraphSpec,
         room: usize,
-    ) -> Option<Box<dyn KeptDecoder>> {
-        let mut k = self.0.lock().ok()?;
+    ) -> Option<(Box<dyn KeptDecoder>, Vec<u32>)> {
+        let mut k = self.slot.lock().ok()?;
         let fits = k.as_ref().is_some_and(|k| {
             k.model == model_id(model)
                 && &k.spec == spec
                 && k.dec.capacity() >= room
                 && !k.dec.is_broken()
         });
-        let mut dec = k.take().filter(|_| fits)?.dec;
+        let Kept { mut dec, holds, .. } = k.take().filter(|_| fits)?;
+        if !holds.is_empty() {
+            // Not parked: its cache holds the conversation.
+            let holds = if dec.position() == Some(holds.len()) {
+                holds
+            } else {
+                Vec::new()
+            };
+            return Some((dec, holds));
+        }
         if dec.unpark().is_err() {
             // MLX's buffer cache (the prompt's freed activations) may hold the memory the
             // region needs: it goes back to the device and the mapping is tried once more.
@@ -1112,7 +1179,7 @@ impl GraphKeep {
             mlx_core::memory::clear_cache().ok()?;
             dec.unpark().ok()?;
         }
-        Some(dec)
+        Some((dec, Vec::new()))
     }
 
     /// Keeps `dec` (made for `model` with `spec`), parked, unless a CUDA call broke it or it
@@ -1121,8 +1188,41 @@ impl GraphKeep {
         if dec.is_broken() || dec.park().is_err() {
             return;
         }
-        if let Ok(mut k) = self.0.lock() {
-            *k = Some(Kept { model, spec, dec });
+        if let Ok(mut k) = self.slot.lock() {
+            *k = Some(Kept {
+                model,
+                spec,
+                dec,
+                holds: Vec::new(),
+            });
+        }
+    }
+
+    /// Keeps `dec` (made for `model` with `spec`) with its cache, which holds `holds` from
+    /// position 0 (a conversation's slot; else, or where `holds` is not what the decoder's
+    /// position says, it is parked as [`GraphKeep::put`] parks). What it still computes is
+    /// waited for ([`GraphBackend::resume`] with no tokens), so nothing of it runs beside the
+    /// next prompt; a decoder that fails there, or that a CUDA call broke, is not kept.
+    pub(crate) fn put_holding(
+        &self,
+        model: usize,
+        spec: GraphSpec,
+        mut dec: Box<dyn KeptDecoder>,
+        holds: Vec<u32>,
+    ) {
+        if !self.conversation || holds.is_empty() || dec.position() != Some(holds.len()) {
+            return self.put(model, spec, dec);
+        }
+        if dec.is_broken() || dec.resume(holds.len(), &[]).is_err() {
+            return;
+        }
+        if let Ok(mut k) = self.slot.lock() {
+            *k = Some(Kept {
+                model,
+                spec,
+                dec,
+                holds,
+            });
         }
     }
 }
@@ -1150,6 +1250,23 @@ pub trait GraphBackend {
         Err(mlx_core::Error::InvalidArgument {
             op: "graph_decoder",
             message: "this decoder does not take a prompt".into(),
+        })
+    }
+    /// Positions its cache holds (`None`: a decoder that does not say, which is never
+    /// continued: [`GraphKeep::for_conversation`]'s decoder feeds each prompt whole then).
+    fn position(&self) -> Option<usize> {
+        None
+    }
+    /// Keeps the first `keep` cached positions (at most [`GraphBackend::position`]), forgets
+    /// the rest, and takes `tokens` after them, one step a token, nothing read back: the
+    /// position becomes `keep + tokens.len()`. What a run waited for first (the reads a greedy
+    /// run queued ahead) is finished. A kept decoder's next turn ([`GraphKeep`]); a decoder
+    /// that says its position takes it.
+    fn resume(&mut self, keep: usize, tokens: &[u32]) -> mlx_core::Result<()> {
+        let _ = (keep, tokens);
+        Err(mlx_core::Error::InvalidArgument {
+            op: "graph_decoder",
+            message: "this decoder does not continue its cache".into(),
         })
     }
     /// What building it cost (the CUDA decoder's kernels, weights and capture).
@@ -1188,6 +1305,14 @@ impl GraphBackend for mlx_kernels::graph_decode::GraphDecoder {
     }
     fn feed_prompt(&mut self, tokens: &[u32]) -> mlx_core::Result<()> {
         self.reset();
+        self.feed(tokens)
+    }
+    fn position(&self) -> Option<usize> {
+        Some(mlx_kernels::graph_decode::GraphDecoder::position(self))
+    }
+    fn resume(&mut self, keep: usize, tokens: &[u32]) -> mlx_core::Result<()> {
+        // `rewind` waits for the reads a greedy run left queued first.
+        self.rewind(keep)?;
         self.feed(tokens)
     }
     fn build_times(&self) -> Option<BuildTimes> {

@@ -13,7 +13,11 @@
 //! caches hold nothing and every token is pending. Running them through the MLX forward costs
 //! about what the MLX path's prompt would (issue #34). [`HeldCaches::continue_with`] instead
 //! hands a continuation (`mlx chat`'s next turn) the pending tokens as the head of its prompt,
-//! which then goes through the decoder too; a conversation that ends runs nothing. Where the
+//! which then goes through the decoder too; a conversation that ends runs nothing. A decoder
+//! kept in a conversation's slot ([`crate::graph::GraphKeep::for_conversation`]) holds those
+//! tokens in its own cache already, so the next turn runs only the tokens after the ones it
+//! holds (its new prompt, and the last reply's last token where a greedy run never stepped
+//! it), not the whole conversation again. Where the
 //! caches hold something (every other model on the graph decoder: its prompt ran on MLX's
 //! path, only the generated tokens are pending; the CPU decoder and the MLX path: nothing is
 //! pending), a continuation syncs first, as before.
@@ -131,7 +135,9 @@ pub enum Plan {
     AsIs,
     /// The caches hold nothing (a trellis prompt ran on the graph decoder): the pending tokens
     /// become the head of the next prompt, run as the next generation runs its prompt (through
-    /// the decoder for a trellis model), and the caches go on empty. No MLX forward runs here.
+    /// the decoder for a trellis model; a decoder kept in a conversation's slot, which holds
+    /// them, runs only the tokens after those it holds: [`crate::graph::reusable`]), and the
+    /// caches go on empty. No MLX forward runs here.
     Prepend,
     /// The caches hold a prefix (a prompt that ran on MLX's path): the pending tokens are run
     /// through the MLX forward first, as [`crate::generate::GenerateStep::into_cache`] does.

@@ -46,6 +46,8 @@ pub struct GenerationResponse {
     pub logprob: Option<f32>,
     /// The most likely tokens at this step, most likely first.
     pub top_logprobs: Vec<(u32, f32)>,
+    /// Tokens of the prompt run this generation: the prompt's, less those a kept graph
+    /// decoder held already ([`TextStream::prompt_reused`]); `prompt_tps` is over these.
     pub prompt_tokens: usize,
     pub prompt_tps: f64,
     /// Tokens generated so far, counting an EOS token that ended generation (as mlx-lm does).
@@ -71,6 +73,14 @@ enum Steps<'m> {
 }
 
 impl Steps<'_> {
+    /// See [`GenerateStep::prompt_reused`]; 0 for speculative decoding.
+    fn prompt_reused(&self) -> usize {
+        match self {
+            Steps::Plain(g) => g.prompt_reused(),
+            _ => 0,
+        }
+    }
+
     fn next(&mut self) -> Option<Result<Step>> {
         match self {
             Steps::Plain(g) => g.next(),
@@ -375,7 +385,8 @@ fn start<'m>(
     let ids = check_prompt(model, prompt, &opts)?;
     let start = Instant::now();
     let steps = steps(&ids, opts.generate.clone())?;
-    Ok(TextStream::new(steps, tokenizer, opts, prompt.len(), start))
+    let ran = prompt.len() - steps.prompt_reused().min(prompt.len());
+    Ok(TextStream::new(steps, tokenizer, opts, ran, start))
 }
 
 impl<'m> TextStream<'m> {
@@ -586,6 +597,13 @@ impl<'m> TextStream<'m> {
             Steps::Speculative(_) | Steps::GraphSpeculative(_) => false,
             Steps::CpuSpeculative(_) => true,
         }
+    }
+
+    /// Tokens at the head of the prompt that a kept graph decoder held already and this
+    /// generation did not run again ([`GenerateStep::prompt_reused`]: a conversation's
+    /// earlier turns on a trellis model); 0 for every other generation.
+    pub fn prompt_reused(&self) -> usize {
+        self.steps.prompt_reused()
     }
 
     /// The tokens generated so far (without a final EOS token).

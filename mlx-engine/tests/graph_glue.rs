@@ -287,8 +287,11 @@ fn the_decoder_starts_before_the_first_token_is_handed_out() {
     opts.graph_decode = true;
     opts.graph_stand_in = Some(stand_in(&script));
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let steps = generate_step(&p, m.as_ref(), None, opts).unwrap().count();
-    assert_eq!(steps, 1);
+    let mut g = generate_step(&p, m.as_ref(), None, opts).unwrap();
+    assert_eq!(g.by_ref().count(), 1);
+    // The caches as the MLX path leaves them (its step of the only token ran): that token
+    // was pending for them.
+    assert_eq!(g.into_cache()[0].offset(), p.len() + 1);
     let log = std::mem::take(&mut script.lock().unwrap().log);
     assert!(!log.iter().any(|e| e.starts_with("start")), "{log:?}");
 }
@@ -968,4 +971,504 @@ fn a_trellis_conversation_is_not_replayed_through_mlx() {
         p.len() + n,
         "synced before the next turn"
     );
+}
+
+/// `graph::reusable`: the kept positions are the common head of what the decoder holds and the
+/// prompt, short of the prompt's last token.
+#[test]
+fn a_kept_decoder_reuses_the_common_head_short_of_the_last_token() {
+    use mlx_engine::graph::reusable;
+    assert_eq!(reusable(&[], &[1, 2, 3]), 0);
+    assert_eq!(reusable(&[1, 2], &[1, 2, 3, 4]), 2, "all it holds");
+    assert_eq!(
+        reusable(&[1, 2, 9, 9], &[1, 2, 3, 4]),
+        2,
+        "rewound past a change"
+    );
+    assert_eq!(
+        reusable(&[1, 2, 3, 4], &[1, 2, 3, 4]),
+        3,
+        "the last token runs"
+    );
+    assert_eq!(
+        reusable(&[1, 2, 3, 4, 5], &[1, 2, 3]),
+        2,
+        "a shorter prompt"
+    );
+    assert_eq!(reusable(&[7], &[1, 2]), 0, "another conversation");
+    assert_eq!(reusable(&[1], &[1]), 0);
+    assert_eq!(reusable(&[1], &[]), 0);
+}
+
+/// What a [`ChatStandIn`] did, and what it is told to do wrong.
+#[derive(Default)]
+struct ChatScript {
+    /// Events in order: "build N" (its room), "feed N", "resume K N", "prefix N",
+    /// "start", "park", "unpark".
+    log: Vec<String>,
+    /// Prompt tokens it ran before the prompt's last (`feed_prompt`, `resume`: one step each).
+    prompt_steps: usize,
+    /// The `n`-th `next_token` from now fails as a CUDA call would.
+    fail_after: Option<usize>,
+}
+
+/// A conversation's decoder on the CPU: a copy of the model of its own (it is kept between
+/// generations, so it borrows nothing), run one token a step through its own MLX caches, as
+/// the CUDA decoder runs its steps; it holds its positions across generations, and `resume`
+/// trims them to the kept ones and runs the rest. Greedy picks as [`StandIn`]'s.
+struct ChatStandIn {
+    model: Box<dyn LanguageModel>,
+    caches: Vec<Box<dyn Cache>>,
+    capacity: usize,
+    pending: Option<u32>,
+    parked: bool,
+    script: Arc<Mutex<ChatScript>>,
+}
+
+impl ChatStandIn {
+    fn position_now(&self) -> usize {
+        self.caches.first().map_or(0, |c| c.offset())
+    }
+
+    /// The logits after `token` at the current position (bfloat16, `[1, vocab]`).
+    fn forward(&mut self, token: u32) -> mlx_core::Result<Array> {
+        if self.parked {
+            return Err(err("parked: the cache's memory was given back"));
+        }
+        if self.position_now() >= self.capacity {
+            return Err(err("the cache is full"));
+        }
+        let x = Array::from_slice(&[token as i32], &[1, 1])?;
+        let logits = self
+            .model
+            .forward(&x, Some(&mut self.caches))
+            .map_err(|e| err(&e.to_string()))?;
+        let logits = ops::squeeze(&logits, &[1], None)?;
+        logits.eval()?;
+        Ok(logits)
+    }
+
+    fn run(&mut self, tokens: &[u32]) -> mlx_core::Result<()> {
+        for &t in tokens {
+            self.forward(t)?;
+        }
+        self.script.lock().unwrap().prompt_steps += tokens.len();
+        Ok(())
+    }
+}
+
+impl GraphBackend for ChatStandIn {
+    fn set_prefix(&mut self, kv: &[(Array, Array)]) -> mlx_core::Result<()> {
+        let n = kv[0].0.shape()[2];
+        self.script.lock().unwrap().log.push(format!("prefix {n}"));
+        self.caches = kv
+            .iter()
+            .map(|(k, v)| {
+                let mut c = KVCache::new();
+                c.update_and_fetch(k, v).unwrap();
+                Box::new(c) as Box<dyn Cache>
+            })
+            .collect();
+        Ok(())
+    }
+    fn start(&mut self, first: u32, _max_steps: usize) -> mlx_core::Result<()> {
+        self.script.lock().unwrap().log.push("start".into());
+        self.pending = Some(first);
+        Ok(())
+    }
+    fn next_token(&mut self) -> mlx_core::Result<(u32, f32)> {
+        {
+            let mut s = self.script.lock().unwrap();
+            match s.fail_after {
+                Some(0) => {
+                    s.fail_after = None;
+                    return Err(err("injected failure"));
+                }
+                Some(n) => s.fail_after = Some(n - 1),
+                None => {}
+            }
+        }
+        let t = self.pending.take().expect("started");
+        let logits = self.forward(t)?;
+        let lse = ops::logsumexp(&logits, &[0, 1], true, None)?;
+        let lp = ops::subtract(&logits, &lse, None)?;
+        let tok = ops::argmax(&lp, -1, false, None)?
+            .astype(Dtype::Uint32)?
+            .to_vec::<u32>()?[0];
+        let lp = lp.astype(Dtype::Float32)?.to_vec::<f32>()?[tok as usize];
+        self.pending = Some(tok);
+        Ok((tok, lp))
+    }
+    fn step_logits(&mut self, token: u32) -> mlx_core::Result<Vec<f32>> {
+        self.forward(token)?.astype(Dtype::Float32)?.to_vec::<f32>()
+    }
+    fn inject_failure_after(&mut self, _n: usize) {}
+    fn feed_prompt(&mut self, tokens: &[u32]) -> mlx_core::Result<()> {
+        self.script
+            .lock()
+            .unwrap()
+            .log
+            .push(format!("feed {}", tokens.len()));
+        self.caches = self.model.make_cache();
+        self.run(tokens)
+    }
+    fn position(&self) -> Option<usize> {
+        Some(self.position_now())
+    }
+    fn resume(&mut self, keep: usize, tokens: &[u32]) -> mlx_core::Result<()> {
+        if !tokens.is_empty() {
+            self.script
+                .lock()
+                .unwrap()
+                .log
+                .push(format!("resume {keep} {}", tokens.len()));
+        }
+        let held = self.position_now();
+        assert!(keep <= held, "resume at {keep} of {held}");
+        for c in self.caches.iter_mut() {
+            assert_eq!(c.trim(held - keep), held - keep);
+        }
+        self.pending = None;
+        self.run(tokens)
+    }
+    fn into_kept(self: Box<Self>) -> Option<Box<dyn KeptDecoder>> {
+        Some(self)
+    }
+}
+
+impl KeptDecoder for ChatStandIn {
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn is_broken(&self) -> bool {
+        false
+    }
+    fn park(&mut self) -> mlx_core::Result<bool> {
+        self.script.lock().unwrap().log.push("park".into());
+        self.caches = self.model.make_cache();
+        self.parked = true;
+        Ok(true)
+    }
+    fn unpark(&mut self) -> mlx_core::Result<()> {
+        self.script.lock().unwrap().log.push("unpark".into());
+        self.parked = false;
+        Ok(())
+    }
+}
+
+/// A stand-in function building [`ChatStandIn`]s over a copy of the model in `dir`.
+fn chat_stand_in(dir: &std::path::Path, script: &Arc<Mutex<ChatScript>>) -> GraphStandIn {
+    let (dir, script) = (dir.to_path_buf(), script.clone());
+    GraphStandIn(Arc::new(move |_model, room| {
+        script.lock().unwrap().log.push(format!("build {room}"));
+        let model = load_model_dir(&dir, &LoadOptions::default())
+            .map_err(|e| err(&e.to_string()))?
+            .0;
+        let caches = model.make_cache();
+        Ok(Box::new(ChatStandIn {
+            model,
+            caches,
+            capacity: room,
+            pending: None,
+            parked: false,
+            script: script.clone(),
+        }) as Box<dyn GraphBackend + '_>)
+    }))
+}
+
+/// The character-level ChatML tokenizer of 128 ids (the trellis fixture's vocabulary).
+fn tiny_chat_tokenizer() -> mlx_engine::Tokenizer {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_chat");
+    mlx_engine::Tokenizer::from_dir(&dir).unwrap()
+}
+
+/// One `Conversation` turn: its tokens (the EOS token too) and its last response.
+fn chat_turn(
+    conv: &mut mlx_engine::chat::Conversation<'_>,
+    query: &str,
+) -> (Vec<u32>, mlx_engine::stream::GenerationResponse) {
+    let mut toks = Vec::new();
+    let last = conv
+        .turn(query, |r| toks.extend(r.token))
+        .unwrap_or_else(|e| panic!("turn {query:?}: {e}"));
+    (toks, last)
+}
+
+/// Issue #34's chat: `mlx chat`'s turns on a trellis model (`Conversation`, its decoder kept
+/// in a conversation's slot) run each turn's new tokens only. The decoder, kept with its cache
+/// between turns, holds the conversation so far: the next turn keeps those positions and runs
+/// the tokens after them (its prompt, and the last reply's last token, which a greedy run never
+/// steps). Every turn's tokens are those of a fresh run of the whole conversation on a new
+/// decoder (the same tokens at the same positions, one step each), greedy and seeded, and the
+/// MLX caches never run a token. Three turns, then a reset.
+#[test]
+fn a_trellis_chat_runs_only_each_turns_new_tokens() {
+    use mlx_engine::chat::Conversation;
+    use mlx_engine::chat_template::ChatTemplateOptions;
+    use mlx_engine::stream::{stream_generate, StreamOptions};
+    let (m, dst) = trellis_model("chat_keep");
+    let tok = tiny_chat_tokenizer();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let script = Arc::new(Mutex::new(ChatScript::default()));
+    let opts = |sampler: &Sampler, keep: Option<&GraphKeep>| StreamOptions {
+        generate: GenerateOptions {
+            max_tokens: Some(6),
+            prefill_step_size: 64,
+            sampler: sampler.clone(),
+            graph_decode: true,
+            graph_stand_in: Some(chat_stand_in(&dst, &script)),
+            graph_keep: keep.cloned(),
+            ..GenerateOptions::default()
+        },
+        ..StreamOptions::default()
+    };
+    let render = |q: &str| -> Vec<u32> {
+        tok.apply_chat_template_ids(
+            &[serde_json::json!({"role": "user", "content": q})],
+            &ChatTemplateOptions::generation(true),
+        )
+        .unwrap()
+    };
+    let greedy = Sampler::new(SamplerSettings::default());
+    let seeded = Sampler::new(SamplerSettings {
+        temp: 0.8,
+        top_p: 0.95,
+        ..SamplerSettings::default()
+    });
+    for (name, sampler) in [("greedy", &greedy), ("seeded", &seeded)] {
+        let keep = GraphKeep::for_conversation();
+        let mut conv =
+            Conversation::new(m.as_ref(), &tok, None, opts(sampler, Some(&keep))).unwrap();
+        // The whole conversation so far (every prompt, reply and EOS token).
+        let mut history: Vec<u32> = Vec::new();
+        for (turn, q) in ["Hi there.", "And then?", "Bye!"].iter().enumerate() {
+            let prompt = render(q);
+            let whole: Vec<u32> = history.iter().chain(&prompt).copied().collect();
+            script.lock().unwrap().log.clear();
+            script.lock().unwrap().prompt_steps = 0;
+            mlx_core::random::seed(5 + turn as u64).unwrap();
+            let (got, last) = chat_turn(&mut conv, q);
+            assert_eq!(conv.graph_fallback(), None, "{name} turn {turn}");
+            let log = std::mem::take(&mut script.lock().unwrap().log);
+            let ran = script.lock().unwrap().prompt_steps;
+            // What the decoder held of the conversation: all of it after a seeded turn (each
+            // token is stepped before it is handed out); all but the last token after a
+            // greedy one (the last token read is never stepped).
+            let held = match (turn, name) {
+                (0, _) => 0,
+                (_, "greedy") => history.len() - 1,
+                _ => history.len(),
+            };
+            assert_eq!(
+                ran + 1,
+                whole.len() - held,
+                "{name} turn {turn}: the decoder ran the tokens after those it held: {log:?}"
+            );
+            assert_eq!(last.prompt_tokens, whole.len() - held, "{name} turn {turn}");
+            if turn == 0 {
+                assert!(log[0].starts_with("build"), "{log:?}");
+                assert!(
+                    log.contains(&format!("feed {}", whole.len() - 1)),
+                    "{log:?}"
+                );
+            } else {
+                assert!(!log.iter().any(|e| e.starts_with("build")), "{log:?}");
+                assert!(!log.iter().any(|e| e.starts_with("feed")), "{log:?}");
+                assert!(
+                    log.contains(&format!("resume {held} {}", whole.len() - 1 - held)),
+                    "{name} turn {turn}: {log:?}"
+                );
+            }
+            assert!(!log.iter().any(|e| e.starts_with("prefix")), "{log:?}");
+            assert!(!log.contains(&"park".to_string()), "kept holding: {log:?}");
+            history = whole.iter().chain(&got).copied().collect();
+            assert_eq!(conv.cached_tokens(), history.len(), "{name} turn {turn}");
+            assert_eq!(
+                keep.held_tokens(),
+                history[..history.len() - (held_after(name))]
+            );
+
+            // A fresh run of the whole conversation on a new decoder: the same tokens.
+            script.lock().unwrap().log.clear();
+            mlx_core::random::seed(5 + turn as u64).unwrap();
+            let fresh: Vec<u32> =
+                stream_generate(m.as_ref(), &tok, &whole, None, opts(sampler, None))
+                    .unwrap()
+                    .map(|r| r.unwrap().token.unwrap())
+                    .collect();
+            let log = std::mem::take(&mut script.lock().unwrap().log);
+            assert!(
+                log.contains(&format!("feed {}", whole.len() - 1)),
+                "{log:?}"
+            );
+            assert_eq!(
+                got, fresh,
+                "{name} turn {turn}: a fresh run of the conversation"
+            );
+        }
+        // A reset conversation: the decoder keeps the positions its new prompt shares with
+        // what it holds (the template's head), forgets the rest, and runs the prompt's rest;
+        // the tokens are a fresh run's.
+        conv.reset().unwrap();
+        let prompt = render("Hello.");
+        let shared = mlx_engine::graph::reusable(
+            &history[..history.len() - held_after(name)],
+            &prompt.iter().map(|&t| t as i32).collect::<Vec<_>>(),
+        );
+        assert!(shared > 0 && shared + 3 < prompt.len(), "{shared}");
+        script.lock().unwrap().prompt_steps = 0;
+        mlx_core::random::seed(9).unwrap();
+        let (again, _) = chat_turn(&mut conv, "Hello.");
+        assert_eq!(
+            script.lock().unwrap().prompt_steps,
+            prompt.len() - 1 - shared
+        );
+        assert_eq!(conv.cached_tokens(), prompt.len() + again.len());
+        mlx_core::random::seed(9).unwrap();
+        let fresh: Vec<u32> = stream_generate(m.as_ref(), &tok, &prompt, None, opts(sampler, None))
+            .unwrap()
+            .map(|r| r.unwrap().token.unwrap())
+            .collect();
+        assert_eq!(again, fresh, "{name}: after the reset");
+    }
+    let _ = std::fs::remove_dir_all(&dst);
+}
+
+/// Tokens at the end of a turn's history its decoder does not hold: a greedy run's last.
+fn held_after(sampling: &str) -> usize {
+    usize::from(sampling == "greedy")
+}
+
+/// A CUDA failure mid-conversation (the kept decoder's third token of the second turn): the
+/// MLX path finishes the turn with the conversation's whole history (every earlier turn's
+/// tokens, which the MLX caches had never run, go through its forward then), the failed
+/// decoder is not kept, and the next turn continues the MLX caches (only its prompt runs
+/// there; a new decoder takes their prefix). Each turn's tokens are a fresh run's of the whole
+/// conversation.
+#[test]
+fn a_failure_mid_chat_hands_the_whole_history_to_mlx() {
+    use mlx_engine::chat::Conversation;
+    use mlx_engine::chat_template::ChatTemplateOptions;
+    use mlx_engine::stream::{stream_generate, StreamOptions};
+    let (m, dst) = trellis_model("chat_fail");
+    let tok = tiny_chat_tokenizer();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let script = Arc::new(Mutex::new(ChatScript::default()));
+    let opts = |keep: Option<&GraphKeep>| StreamOptions {
+        generate: GenerateOptions {
+            max_tokens: Some(6),
+            prefill_step_size: 64,
+            graph_decode: true,
+            graph_stand_in: Some(chat_stand_in(&dst, &script)),
+            graph_keep: keep.cloned(),
+            ..GenerateOptions::default()
+        },
+        ..StreamOptions::default()
+    };
+    let render = |q: &str| -> Vec<u32> {
+        tok.apply_chat_template_ids(
+            &[serde_json::json!({"role": "user", "content": q})],
+            &ChatTemplateOptions::generation(true),
+        )
+        .unwrap()
+    };
+    let keep = GraphKeep::for_conversation();
+    let mut conv = Conversation::new(m.as_ref(), &tok, None, opts(Some(&keep))).unwrap();
+    let mut history: Vec<u32> = Vec::new();
+    for (turn, q) in ["Hi there.", "And then?", "Bye!"].iter().enumerate() {
+        let whole: Vec<u32> = history.iter().chain(&render(q)).copied().collect();
+        script.lock().unwrap().log.clear();
+        script.lock().unwrap().fail_after = (turn == 1).then_some(2);
+        let (got, last) = chat_turn(&mut conv, q);
+        script.lock().unwrap().fail_after = None;
+        let log = std::mem::take(&mut script.lock().unwrap().log);
+        assert_eq!(got.len(), last.generation_tokens, "turn {turn}");
+        match turn {
+            0 => assert_eq!(conv.graph_fallback(), None),
+            1 => {
+                let why = conv.graph_fallback().unwrap_or_default();
+                assert!(why.contains("injected"), "{why}");
+                assert!(got.len() > 3 || last.finish_reason.is_some());
+                assert!(!keep.holds(), "a failed decoder is not kept");
+            }
+            _ => {
+                assert_eq!(conv.graph_fallback(), None);
+                // The MLX caches held the history: a new decoder took their prefix (the
+                // history and this turn's prompt, which ran on MLX's path).
+                assert!(log.iter().any(|e| e.starts_with("build")), "{log:?}");
+                assert!(log.contains(&format!("prefix {}", whole.len())), "{log:?}");
+                assert!(!log.iter().any(|e| e.starts_with("feed")), "{log:?}");
+            }
+        }
+        history = whole.iter().chain(&got).copied().collect();
+        assert_eq!(conv.cached_tokens(), history.len(), "turn {turn}");
+        let fresh: Vec<u32> = stream_generate(m.as_ref(), &tok, &whole, None, opts(None))
+            .unwrap()
+            .map(|r| r.unwrap().token.unwrap())
+            .collect();
+        assert_eq!(got, fresh, "turn {turn}: a fresh run of the conversation");
+    }
+    let _ = std::fs::remove_dir_all(&dst);
+}
+
+/// `ChatSession` (the whole conversation rendered each turn) on a trellis model: the MLX
+/// caches are not filled after a turn (no MLX forward of the conversation); the next turn's
+/// rendered conversation goes to the kept decoder, which keeps the positions it shares with
+/// it (rewinding past the reply where the template renders it otherwise) and runs the rest.
+/// The replies are a fresh run's of the rendered conversation.
+#[test]
+fn a_trellis_chat_session_keeps_its_decoder() {
+    use mlx_engine::chat::ChatSession;
+    use mlx_engine::chat_template::ChatTemplateOptions;
+    use mlx_engine::stream::{stream_generate, StreamOptions};
+    let (m, dst) = trellis_model("chat_session");
+    let tok = tiny_chat_tokenizer();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let script = Arc::new(Mutex::new(ChatScript::default()));
+    let opts = |keep: Option<&GraphKeep>| StreamOptions {
+        generate: GenerateOptions {
+            max_tokens: Some(6),
+            prefill_step_size: 64,
+            graph_decode: true,
+            graph_stand_in: Some(chat_stand_in(&dst, &script)),
+            graph_keep: keep.cloned(),
+            ..GenerateOptions::default()
+        },
+        ..StreamOptions::default()
+    };
+    let keep = GraphKeep::for_conversation();
+    let mut chat = ChatSession::new(m.as_ref(), &tok, None, opts(Some(&keep)));
+    for (turn, q) in ["Hi there.", "And then?", "Bye!"].iter().enumerate() {
+        let mut messages = chat.messages().to_vec();
+        messages.push(serde_json::json!({"role": "user", "content": q}));
+        let tokens = tok
+            .apply_chat_template_ids(&messages, &ChatTemplateOptions::generation(true))
+            .unwrap();
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let reuse = mlx_engine::graph::reusable(&keep.held_tokens(), &ids);
+        script.lock().unwrap().log.clear();
+        let (reply, stats) = chat.send(q, |_| {}).unwrap();
+        let log = std::mem::take(&mut script.lock().unwrap().log);
+        assert_eq!(stats.prompt_tokens, tokens.len());
+        assert_eq!(
+            stats.prefilled,
+            tokens.len() - reuse,
+            "turn {turn}: {log:?}"
+        );
+        if turn > 0 {
+            assert!(reuse > 0, "turn {turn}");
+            assert!(!log.iter().any(|e| e.starts_with("build")), "{log:?}");
+            assert!(
+                log.contains(&format!("resume {reuse} {}", tokens.len() - 1 - reuse)),
+                "{log:?}"
+            );
+        }
+        assert!(!log.iter().any(|e| e.starts_with("prefix")), "{log:?}");
+        let cold: String = stream_generate(m.as_ref(), &tok, &tokens, None, opts(None))
+            .unwrap()
+            .map(|r| r.unwrap().text)
+            .collect();
+        assert_eq!(reply, cold, "turn {turn}");
+    }
+    let _ = std::fs::remove_dir_all(&dst);
 }
