@@ -1860,3 +1860,175 @@ fn the_dense_prompt_follows_the_exact_prompt() {
         );
     }
 }
+
+/// Issue #34's chat on the device: three turns of a conversation on a trellis row
+/// (`dense_bf16_untied` at 3 bits, 1mad, blocks of 64), each turn continued as `mlx chat`
+/// continues it (`HeldCaches::continue_with`: the MLX caches hold nothing, the whole
+/// conversation is the next prompt) with the decoder kept in a conversation's slot
+/// (`GraphKeep::for_conversation`). Each turn's tokens equal a fresh run of the whole
+/// conversation on a new decoder (the same tokens at the same positions; a position's
+/// attention runs over the positions in use, not the cache's capacity), greedy and seeded; the
+/// kept decoder ran only the tokens after those it held (`prompt_reused`: all but the last
+/// reply's last token after a greedy turn, every one after a seeded turn), was not rebuilt,
+/// and holds the conversation when the turn ends (`held_tokens`). Then a CUDA failure in the
+/// second turn: the MLX path finishes it over the whole history (the MLX caches then hold
+/// every token), the failed decoder is not kept, and the third turn continues the MLX caches
+/// on a new decoder.
+#[test]
+fn trellis_chat_keeps_its_decoder() {
+    use mlx_engine::graph::GraphKeep;
+    use mlx_engine::held::{HeldCaches, Plan};
+    use mlx_engine::sample::{Sampler, SamplerSettings};
+    if !GraphDecoder::available() {
+        eprintln!("no CUDA driver: skipped");
+        return;
+    }
+    if !mlx_engine::generate::trellis_prompt_on_decoder() {
+        eprintln!("MLX_GRAPH_TRELLIS_PROMPT=0: a trellis prompt runs on MLX's path; skipped");
+        return;
+    }
+    let mut root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models");
+    if !root.exists() {
+        root = PathBuf::from("mlx-models/tests/models");
+    }
+    let dst = std::env::temp_dir().join(format!("graph_chat_{}", std::process::id()));
+    convert_trellis(
+        &root.join("dense_bf16_untied"),
+        &dst,
+        64,
+        mlx_core::cpu::trellis::TrellisCode::Mad,
+        None,
+    );
+    let model = load_model_dir(&dst, &LoadOptions::default()).unwrap().0;
+    let m = model.as_ref();
+    let vocab = m.vocab_size();
+    let turns: Vec<Vec<u32>> = [(40, 13), (9, 31), (13, 47)]
+        .iter()
+        .map(|&(n, salt)| (0..n).map(|i| ((i * 7919 + salt) % vocab) as u32).collect())
+        .collect();
+    let opts = |sampler: &Sampler, keep: Option<&GraphKeep>, fail: Option<usize>| GenerateOptions {
+        max_tokens: Some(12),
+        sampler: sampler.clone(),
+        graph_decode: true,
+        graph_keep: keep.cloned(),
+        graph_fail_after: fail,
+        ..GenerateOptions::default()
+    };
+    let ids = |t: &[u32]| t.iter().map(|&t| t as i32).collect::<Vec<i32>>();
+    let greedy = Sampler::new(SamplerSettings::default());
+    let seeded = Sampler::new(SamplerSettings {
+        temp: 0.8,
+        top_p: 0.95,
+        ..SamplerSettings::default()
+    });
+    for (name, sampler) in [("greedy", &greedy), ("seeded", &seeded)] {
+        let keep = GraphKeep::for_conversation();
+        let mut held = HeldCaches::synced(m.make_cache());
+        let mut history: Vec<u32> = Vec::new();
+        for (turn, p) in turns.iter().enumerate() {
+            let (caches, prompt) = held.continue_with(m, p).unwrap();
+            let whole: Vec<u32> = history.iter().chain(p).copied().collect();
+            assert_eq!(prompt, whole, "{name} turn {turn}: the whole conversation");
+            mlx_core::random::seed(7 + turn as u64).unwrap();
+            let mut g = generate_step(
+                &ids(&prompt),
+                m,
+                Some(caches),
+                opts(sampler, Some(&keep), None),
+            )
+            .unwrap();
+            assert!(g.uses_graph_decoder(), "{name} turn {turn}");
+            let toks: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+            assert_eq!(g.graph_fallback(), None, "{name} turn {turn}");
+            // What the decoder held of the conversation before this turn.
+            let before = match (turn, name) {
+                (0, _) => 0,
+                (_, "greedy") => history.len() - 1,
+                _ => history.len(),
+            };
+            assert_eq!(
+                g.prompt_reused(),
+                before,
+                "{name} turn {turn}: the decoder ran {} of the prompt's {} tokens",
+                whole.len() - g.prompt_reused(),
+                whole.len()
+            );
+            if turn > 0 {
+                assert!(
+                    g.graph_build_times().is_none(),
+                    "{name} turn {turn}: the kept decoder continued"
+                );
+            }
+            held = g.into_held_cache();
+            history = whole.iter().chain(&toks).copied().collect();
+            assert_eq!(held.plan(), Plan::Prepend, "{name} turn {turn}");
+            assert_eq!(held.cached(), 0, "{name} turn {turn}: no MLX forward ran");
+            assert_eq!(held.pending(), &ids(&history)[..], "{name} turn {turn}");
+            let after = history.len() - usize::from(name == "greedy");
+            assert_eq!(
+                keep.held_tokens(),
+                history[..after],
+                "{name} turn {turn}: the kept decoder holds the conversation"
+            );
+            mlx_core::random::seed(7 + turn as u64).unwrap();
+            let fresh: Vec<u32> = generate_step(&ids(&whole), m, None, opts(sampler, None, None))
+                .unwrap()
+                .map(|s| s.unwrap().token)
+                .collect();
+            eprintln!(
+                "{name} turn {turn}: {toks:?} (ran {})",
+                whole.len() - before
+            );
+            assert_eq!(
+                toks, fresh,
+                "{name} turn {turn}: a fresh run of the conversation"
+            );
+        }
+    }
+
+    // A CUDA failure after the kept decoder's third token of the second turn.
+    let keep = GraphKeep::for_conversation();
+    let mut held = HeldCaches::synced(m.make_cache());
+    let mut history: Vec<u32> = Vec::new();
+    for (turn, p) in turns.iter().enumerate() {
+        let (caches, prompt) = held.continue_with(m, p).unwrap();
+        let fail = (turn == 1).then_some(3);
+        let mut g = generate_step(
+            &ids(&prompt),
+            m,
+            Some(caches),
+            opts(&greedy, Some(&keep), fail),
+        )
+        .unwrap();
+        let toks: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+        assert_eq!(toks.len(), 12, "failure turn {turn}: the run finishes");
+        let why = g.graph_fallback().map(str::to_string);
+        held = g.into_held_cache();
+        history = history.iter().chain(p).chain(&toks).copied().collect();
+        assert_eq!(held.tokens(), history.len(), "failure turn {turn}");
+        match turn {
+            1 => {
+                assert!(
+                    why.is_some_and(|w| w.contains("injected")),
+                    "failure turn 1"
+                );
+                assert_eq!(
+                    held.cached(),
+                    history.len(),
+                    "the MLX path holds the whole history"
+                );
+                assert_eq!(held.plan(), Plan::AsIs);
+                assert!(!keep.holds(), "a failed decoder is not kept");
+            }
+            2 => {
+                // Its prompt ran on MLX's path over the MLX caches; the new decoder's
+                // generated tokens are pending for them.
+                assert_eq!(why, None, "failure turn 2");
+                assert_eq!(prompt, *p, "failure turn 2: the MLX caches continued");
+                assert_eq!(held.plan(), Plan::SyncFirst);
+            }
+            _ => assert_eq!(why, None),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dst);
+}

@@ -1265,6 +1265,13 @@ fn a_trellis_chat_runs_only_each_turns_new_tokens() {
                 "{name} turn {turn}: the decoder ran the tokens after those it held: {log:?}"
             );
             assert_eq!(last.prompt_tokens, whole.len() - held, "{name} turn {turn}");
+            eprintln!(
+                "{name} turn {turn}: conversation {} tokens, the decoder ran {} of them \
+                 (without the kept decoder: {})",
+                whole.len(),
+                whole.len() - held,
+                whole.len()
+            );
             if turn == 0 {
                 assert!(log[0].starts_with("build"), "{log:?}");
                 assert!(
