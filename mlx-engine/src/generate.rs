@@ -1031,10 +1031,11 @@ impl<'m> GenerateStep<'m> {
         // The cache holds the prompt and whatever a continued prompt cache held before it.
         let cached = self.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
         let room = cached + pending + self.opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 2;
-        // A conversation's decoder is built with room to spare (twice what this turn needs,
-        // rounded up to a power of two), so that later turns continue it rather than build
-        // another, which would run the whole conversation again: a conversation of `n`
-        // positions builds about log2(n) decoders, each with at most 4x the room it needs.
+        // A conversation's decoder is built with room to spare (half again what this turn
+        // needs, rounded up to 256 positions, MLX's cache step), so that later turns continue
+        // it rather than build another, which would run the whole conversation again: a
+        // conversation of `n` positions builds about log1.5(n) decoders, each with at most
+        // 1.5x the room it needs plus 255 positions.
         let conversation = fed.is_some()
             && self
                 .opts
@@ -1042,7 +1043,7 @@ impl<'m> GenerateStep<'m> {
                 .as_ref()
                 .is_some_and(crate::graph::GraphKeep::is_for_conversation);
         let build_room = if conversation {
-            (2 * room).next_power_of_two()
+            (room + room / 2).next_multiple_of(256)
         } else {
             room
         };
