@@ -136,8 +136,8 @@ const ATTN_CHUNK: usize = 64;
 /// instead of the attention's last block a head (one serial round trip through L2 less a
 /// layer; the same bits). Each of its blocks then reads every head's partials: at 8B widths
 /// (4,096) that would be ~40 MB of L2 reads a layer, so large models keep the last-block
-/// combine. Opt-in until it has run on a device (`MLX_GRAPH_ATTN_COMBINE=output`; checked
-/// bit-equal on the emulator only, results/gpu/2026-12-05-s32-small).
+/// combine. Opt-in (`MLX_GRAPH_ATTN_COMBINE=output`; bit-equal on the emulator,
+/// results/gpu/2026-12-05-s32-small; slower on an H100 at 135M, results/gpu/2026-12-06-s39-h100).
 const ATTN_OUT_MAX_WIDTH: usize = 1_024;
 /// Chunks of partial outputs `matvec_attn_out`'s blocks stage at once (`ATTN_OUT_CHUNKS`).
 const ATTN_OUT_CHUNKS: usize = 12;
@@ -4092,7 +4092,7 @@ struct Step {
 /// Whether the output projection combines the attention's partials itself
 /// ([`GraphOptions::attn_combine_in_output`]): one sequence a step (one tile of one) and a
 /// block's threads for the attention's width / 8 pieces; by default also an attention width
-/// within [`ATTN_OUT_MAX_WIDTH`] and `MLX_GRAPH_ATTN_COMBINE=output` (opt-in until it has run
+/// within [`ATTN_OUT_MAX_WIDTH`] and `MLX_GRAPH_ATTN_COMBINE=output` (opt-in: measured slower
 /// on a device).
 fn attn_combine_in_output(spec: &GraphSpec, nb: usize, tiles: usize, opt: Option<bool>) -> bool {
     let width = spec.heads * spec.head_dim;
