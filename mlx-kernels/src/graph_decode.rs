@@ -238,8 +238,8 @@ pub struct GraphOptions {
     /// prologue (`matvec_attn_out`) instead of the attention's last block a head: the same
     /// bits, one serial round trip through L2 less a layer. `None` (the default): with
     /// `MLX_GRAPH_ATTN_COMBINE=output`, where [`attn_combine_in_output`] allows it (one
-    /// sequence a step, small attention widths), else never (opt-in until it has run on a
-    /// device); `Some(false)`: never; `Some(true)`: wherever one sequence a step allows it
+    /// sequence a step, small attention widths), else never (opt-in: slower on an H100 at
+    /// 135M); `Some(false)`: never; `Some(true)`: wherever one sequence a step allows it
     /// (for testing).
     pub attn_combine_in_output: Option<bool>,
     /// A batched step launches kernels sized to the rows it has (default true): a step whose
