@@ -182,6 +182,11 @@ pub struct ChatSpeculation<'m> {
 
 impl<'m> Conversation<'m> {
     /// A conversation with a fresh cache (`make_prompt_cache(model, opts.generate.max_kv_size)`).
+    /// With `opts.generate.graph_decode` and no `graph_keep`, it keeps its GPU graph decoder in
+    /// a conversation's slot ([`crate::graph::GraphKeep::for_conversation`]) for as long as it
+    /// lives: the decoder's weights, and for a trellis-coded model the conversation's KV cache
+    /// on the device, stay allocated between turns (pass your own `graph_keep` to share or
+    /// drop it).
     pub fn new(
         model: &'m dyn LanguageModel,
         tokenizer: &'m Tokenizer,

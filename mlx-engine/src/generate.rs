@@ -417,6 +417,9 @@ pub enum CompiledDecode {
     Auto,
 }
 
+/// mlx-lm's `prefill_step_size` (`GenerateOptions::prefill_step_size`'s default).
+pub const DEFAULT_PREFILL_STEP_SIZE: usize = 2048;
+
 impl Default for GenerateOptions {
     fn default() -> Self {
         GenerateOptions {
@@ -424,7 +427,7 @@ impl Default for GenerateOptions {
             sampler: Sampler::greedy(),
             logits_processors: Vec::new(),
             max_kv_size: None,
-            prefill_step_size: 2048,
+            prefill_step_size: DEFAULT_PREFILL_STEP_SIZE,
             kv_bits: None,
             kv_group_size: 64,
             quantized_kv_start: DEFAULT_QUANTIZED_KV_START,
@@ -1036,12 +1039,11 @@ impl<'m> GenerateStep<'m> {
         // it rather than build another, which would run the whole conversation again: a
         // conversation of `n` positions builds about log1.5(n) decoders, each with at most
         // 1.5x the room it needs plus 255 positions.
-        let conversation = fed.is_some()
-            && self
-                .opts
-                .graph_keep
-                .as_ref()
-                .is_some_and(crate::graph::GraphKeep::is_for_conversation);
+        let conversation = self
+            .opts
+            .graph_keep
+            .as_ref()
+            .is_some_and(crate::graph::GraphKeep::is_for_conversation);
         let build_room = if conversation {
             (room + room / 2).next_multiple_of(256)
         } else {
@@ -1086,12 +1088,12 @@ impl<'m> GenerateStep<'m> {
         }
         let built = kept.is_none();
         let stand_in = self.opts.graph_stand_in.clone();
-        let build = |spec: mlx_kernels::graph_decode::GraphSpec| -> mlx_core::Result<
-            Box<dyn crate::graph::GraphBackend + 'm>,
-        > {
+        let build = |spec: mlx_kernels::graph_decode::GraphSpec,
+                     positions: usize|
+         -> mlx_core::Result<Box<dyn crate::graph::GraphBackend + 'm>> {
             match &stand_in {
-                Some(s) => (s.0)(model, build_room),
-                None => mlx_kernels::graph_decode::GraphDecoder::new(spec, weights, build_room)
+                Some(s) => (s.0)(model, positions),
+                None => mlx_kernels::graph_decode::GraphDecoder::new(spec, weights, positions)
                     .map(|d| Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
             }
         };
@@ -1103,15 +1105,23 @@ impl<'m> GenerateStep<'m> {
         };
         let made = match kept {
             Some((d, _)) => Ok(d as Box<dyn crate::graph::GraphBackend + 'm>),
-            None => match build(spec.clone()) {
+            None => match build(spec.clone(), build_room) {
                 // The decoder allocates outside MLX's allocator, so device memory that MLX
                 // keeps in its buffer cache (the prompt's freed activations) is not free to
                 // it: where a build fails while MLX caches something, the cache goes back to
-                // the device and the build is tried once more.
-                // Where the retry fails too, the first error is the one reported.
-                Err(first) if memory::cache_memory()? > 0 => {
-                    memory::clear_cache()?;
-                    build(spec).map_err(|_| first)
+                // the device and the build is tried once more; a conversation's decoder
+                // (built with room to spare) is then tried at the room this turn needs.
+                // Where the retries fail too, the first error is the one reported.
+                Err(first) => {
+                    let mut again = Err(());
+                    if memory::cache_memory()? > 0 {
+                        memory::clear_cache()?;
+                        again = build(spec.clone(), build_room).map_err(|_| ());
+                    }
+                    if again.is_err() && build_room > room {
+                        again = build(spec, room).map_err(|_| ());
+                    }
+                    again.map_err(|()| first)
                 }
                 r => r,
             },
@@ -1554,7 +1564,12 @@ impl<'m> GenerateStep<'m> {
             Err(e) => {
                 let ids = self.graph_give_up(&e);
                 if !ids.is_empty() {
-                    forward_into_caches(self.model, &mut self.caches, &ids)?;
+                    forward_into_caches(
+                        self.model,
+                        &mut self.caches,
+                        &ids,
+                        self.opts.prefill_step_size,
+                    )?;
                 }
                 Ok(None)
             }
@@ -1612,8 +1627,23 @@ impl<'m> GenerateStep<'m> {
                 } else {
                     ids
                 };
-                let x = Array::from_slice(&toks, &[toks.len() as i32])?;
-                let next = self.step(&x, Some(&toks))?;
+                // A long history (a conversation whose turns ran on the decoder) goes in
+                // chunks of `prefill_step_size`, as a prompt does; the last chunk gives the
+                // next token.
+                let split = toks.len().saturating_sub(self.opts.prefill_step_size);
+                if split > 0 {
+                    let (head, _) = toks.split_at(split);
+                    forward_into_caches(
+                        self.model,
+                        &mut self.caches,
+                        head,
+                        self.opts.prefill_step_size,
+                    )?;
+                    self.track(head);
+                }
+                let toks = &toks[split..];
+                let x = Array::from_slice(toks, &[toks.len() as i32])?;
+                let next = self.step(&x, Some(toks))?;
                 async_eval([&next.0, &next.1, &next.2])?;
                 self.y = Some(next);
                 Ok(None)
@@ -1865,20 +1895,25 @@ const GRAPH_NOT_FINITE: &str = "the graph decoder gave non-finite values";
 
 /// The error a non-finite value from the graph decoder is treated as (a device fault: the
 /// MLX forward's values were finite for the same prompt).
-/// Runs `ids` through the MLX forward into `caches` and evaluates their states: the MLX
-/// caches catch up on the tokens the graph decoder took.
+/// Runs `ids` through the MLX forward into `caches`, in chunks of at most `chunk` tokens (a
+/// prompt's `prefill_step_size`: a long conversation's history never goes in as one
+/// forward), and evaluates their states after each: the MLX caches catch up on the tokens the
+/// graph decoder took.
 pub(crate) fn forward_into_caches(
     model: &dyn LanguageModel,
     caches: &mut [Box<dyn Cache>],
     ids: &[i32],
+    chunk: usize,
 ) -> Result<()> {
-    let x = Array::from_slice(ids, &[1, ids.len() as i32])?;
-    model.forward(&x, Some(caches))?;
-    let states: Vec<Array> = caches
-        .iter()
-        .flat_map(|c| c.state().into_arrays())
-        .collect();
-    mlx_core::eval(states.iter())?;
+    for part in ids.chunks(chunk.max(1)) {
+        let x = Array::from_slice(part, &[1, part.len() as i32])?;
+        model.forward(&x, Some(caches))?;
+        let states: Vec<Array> = caches
+            .iter()
+            .flat_map(|c| c.state().into_arrays())
+            .collect();
+        mlx_core::eval(states.iter())?;
+    }
     Ok(())
 }
 

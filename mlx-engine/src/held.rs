@@ -87,7 +87,12 @@ impl HeldCaches {
             Ok(())
         } else {
             crate::generate::on_generation_stream(|| {
-                crate::generate::forward_into_caches(model, &mut caches, &pending)
+                crate::generate::forward_into_caches(
+                    model,
+                    &mut caches,
+                    &pending,
+                    crate::generate::DEFAULT_PREFILL_STEP_SIZE,
+                )
             })
         };
         (caches, ran)
