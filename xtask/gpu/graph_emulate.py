@@ -1721,7 +1721,9 @@ def nb_bit_check(lib, tmp):
     shapes = ((40, 320), (130, 64), (24, 1024)) + (((130, 2560), (66, 4096)) if MV_NB else ())
     grid = lambda n, rows: (max(1, min(((n + rows - 1) // rows + 7) // 8, RESIDENT)), 1)
     ok, count = True, 0
-    for nbits, gs in ((4, 64), (4, 32), (8, 64), (16, 1)):
+    # MV_NB: also 4-bit in groups of 128 and 8-bit in groups of 32.
+    widths = ((4, 64), (4, 32), (8, 64), (16, 1)) + (((4, 128), (8, 32)) if MV_NB else ())
+    for nbits, gs in widths:
         for n, k in shapes:
             if k % max(gs, 64):
                 continue
