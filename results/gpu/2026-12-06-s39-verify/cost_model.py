@@ -344,7 +344,7 @@ def items_a_scheduler(a, n, layers, k):
 
 
 def cycles_an_item(a, per_lane, W, L, cache={}):
-    key = (id(a), per_lane, W, L)
+    key = (a["nb"], a["rows"], a["batch"], a["min_blocks"], a["mv_nb"], a["ring"], per_lane, W, L)
     if key not in cache:
         tr, unit = group_trace(a, per_lane)
         cache[key] = simulate(tr, W, L, units=4) / (unit * 4 * W)
