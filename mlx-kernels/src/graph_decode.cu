@@ -591,6 +591,17 @@ __shared__ __align__(16) unsigned char mv_ring[MV_WARPS][MV_RING_DEPTH][MV_RING_
 #ifndef MV_STEAL
 #define MV_STEAL 0
 #endif
+// MV_NB (the host's switch MLX_GRAPH_MV_NB=1; 0 otherwise): the FFMA tiles of several sequences
+// (NB > 1: batched rows, speculation's verify rows) stream their items as the one-row kernel
+// does, MV_BATCH a trip unrolled, item j in register slot j % MV_BATCH, each slot refilled once
+// summed. Without it one item a trip from slot 0, the slots moved down one a trip (rotate): the
+// moves read the slot loaded in the trip before, so every trip waits for its newest load (one
+// memory round trip an item; results/gpu/2026-12-06-s39-verify). The same items, summed in
+// the same order by the same code (compute): every output is the one without the switch, bit
+// for bit. The register loads only (not MV_RING_ON, whose slots are in shared memory).
+#ifndef MV_NB
+#define MV_NB 0
+#endif
 #define MV_STEAL_ON (MV_STEAL && !MV_MMA)
 #if MV_STEAL_ON
 __device__ u32 mv_steal_ctr;
@@ -2158,6 +2169,18 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
     m.load(u);
     u = u + 1 == MV_RING_DEPTH ? 0 : u + 1;
     if (++k == m.per_lane) next_group();
+  }
+#elif MV_NB
+  // MV_NB: MV_BATCH items a trip, item j from slot j % MV_BATCH (the one-row loop's order).
+  while (p < m.groups) {
+#pragma unroll
+    for (int u = 0; u < MV_BATCH; ++u) {
+      if (p < m.groups) {
+        m.compute(u, lane + 32 * k, co, xs, xc, xstride, acc);
+        m.load(u);
+        if (++k == m.per_lane) next_group();
+      }
+    }
   }
 #else
 #pragma unroll 1

@@ -3881,6 +3881,27 @@ fn mv_steal_define(on: bool) -> &'static str {
     }
 }
 
+/// Whether the FFMA tiles of several sequences (graph_decode.cu's `mv_run` at `NB` > 1: batched
+/// rows, speculation's verify rows) stream their items as the one-row kernel does, `MV_BATCH` a
+/// trip from constant register slots, instead of one a trip with the slots moved down
+/// (`MLX_GRAPH_MV_NB=1`; off otherwise: an A/B switch until the device has measured it,
+/// `results/gpu/2026-12-06-s39-verify`). Read where the step source's defines are chosen, so the
+/// decoder, `mlx` and the tests alike take it from their environment. The same items summed in
+/// the same order: every output is bit-equal either way.
+fn mv_nb() -> bool {
+    std::env::var("MLX_GRAPH_MV_NB").is_ok_and(|v| v == "1")
+}
+
+/// The step source's define for [`mv_nb`] (`on`) in tiles of `nb` > 1 rows, empty otherwise (a
+/// one-row step's source is the one without the switch).
+fn mv_nb_define(nb: usize, on: bool) -> &'static str {
+    if on && nb > 1 {
+        "#define MV_NB 1\n"
+    } else {
+        ""
+    }
+}
+
 /// The static shared memory bound of a wide tensor-core tile's kernels (`ring`: with the
 /// cp.async ring).
 fn mma_static_shared(ring: bool) -> u32 {
@@ -4367,10 +4388,12 @@ fn step_source(
     let early_norm = early_prologue_define(early_prologue());
     // The row groups past the early loads' from a counter (MLX_GRAPH_MV_STEAL=1): the same bits.
     let steal = mv_steal_define(mv_steal());
+    // The FFMA tiles' constant-slot loop (MLX_GRAPH_MV_NB=1, tiles of several rows): the same bits.
+    let mv_nb = mv_nb_define(nb, mv_nb());
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{mv_ring}{early_norm}{steal}{SOURCE}",
+         {banks}{mv_ring}{early_norm}{steal}{mv_nb}{SOURCE}",
         p.rows,
         p.batch,
         p.early,
@@ -5866,6 +5889,25 @@ mod tests {
                 src.contains("#define MV_STEAL 1\n"),
                 mv_steal(),
                 "the step source follows MLX_GRAPH_MV_STEAL (off unless 1)"
+            );
+        }
+    }
+
+    #[test]
+    fn the_tiles_constant_slots_are_one_define() {
+        // MLX_GRAPH_MV_NB=1 adds one define to the sources of tiles of several rows; a one-row
+        // step's source never has it, and the kernel source's own default is off.
+        assert_eq!(mv_nb_define(2, true), "#define MV_NB 1\n");
+        assert_eq!(mv_nb_define(1, true), "");
+        assert_eq!(mv_nb_define(5, false), "");
+        assert!(SOURCE.contains("#ifndef MV_NB\n#define MV_NB 0\n#endif"));
+        let p = plain_params();
+        for nb in [1, 3] {
+            let (src, _) = step_source(&tiny_moe_spec(), &p, nb, false, false);
+            assert_eq!(
+                src.contains("#define MV_NB 1\n"),
+                mv_nb() && nb > 1,
+                "the step source follows MLX_GRAPH_MV_NB (off unless 1) at several rows"
             );
         }
     }

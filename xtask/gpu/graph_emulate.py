@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -74,6 +74,10 @@ its slots, 3 by default), and `nb_bit_check` then runs at any NB (1 included) ag
 one-sequence kernel of main's source before it (MV_RING_REF, from git); the emulator copies at
 once, so the check is of the ring's slots, word halves and order, not of the device's memory
 ordering.
+GRAPH_EMU_MV_NB=1 builds this tree's FFMA tiles of several sequences with MV_NB (MLX_GRAPH_MV_NB=1
+on the device: MV_BATCH items a trip from constant register slots), and `nb_bit_check` then
+compares every sequence's output both with the one-sequence kernel (this tree's, no switch) and
+with the NB-sequence kernel built without the switch: every output bit for bit.
 
 Needs g++ with C++20 (std::barrier).
 """
@@ -350,6 +354,10 @@ MV_ASYNC_REF = "c11b15b0"
 MV_RING = int(os.environ.get("GRAPH_EMU_MV_RING", "0"))
 MV_RING_DEPTH = os.environ.get("GRAPH_EMU_MV_RING_DEPTH")
 MV_RING_REF = "84e45b2b"
+# The FFMA tiles' constant-slot loop (MV_NB in the source, MLX_GRAPH_MV_NB=1 on the device):
+# GRAPH_EMU_MV_NB=1 builds this tree's kernels with it; nb_bit_check then also runs the
+# NB-sequence kernel without it (this tree's, the switch off) and compares the two.
+MV_NB = int(os.environ.get("GRAPH_EMU_MV_NB", "0"))
 # A normed product's norm weights loaded before the wait and embed's values loaded 16 a thread
 # at once (MV_EARLY_NORM and EMBED_BATCH 16 in the source, MLX_GRAPH_EARLY_PROLOGUE=1 on the
 # device): GRAPH_EMU_EARLY_NORM=1 builds this tree's kernels with them (the emulator has no wait: the check is that the loaded pieces are the ones the
@@ -410,6 +418,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + (f"#define MV_RING_DEPTH {MV_RING_DEPTH}\n" if cu is None and MV_RING_DEPTH else "")
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if cu is None and EARLY_NORM else "")
            + ("#define MV_STEAL 1\n" if cu is None and STEAL else "")
+           + ("#define MV_NB 1\n" if cu is None and MV_NB else "")
            + (CU if cu is None else cu))
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
@@ -430,6 +439,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_mvring' + (MV_RING_DEPTH or '') if MV_RING and cu is None else ''}"
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
            f"{'_steal' if STEAL and cu is None else ''}"
+           f"{'_mvnb' if MV_NB and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
@@ -1683,7 +1693,11 @@ def nb_bit_check(lib, tmp):
     the float32 output unrounded (RAW_F32), and the inputs scaled by powers of two from 2^-12
     to 2^12, so that the float32 sums round: an order changed anywhere shows (a kernel summing
     the words of a chunk in reverse passed the bfloat16 outputs and fails this)."""
-    if MV_ASYNC or MV_RING:
+    if MV_NB:
+        # This tree's one-sequence kernel, no switch but MV_ASYNC as this run builds it.
+        one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True,
+                    cu=f"#define MV_ASYNC {MV_ASYNC}\n" + CU, tag="_one")
+    elif MV_ASYNC or MV_RING:
         # The reference: main's one-sequence kernel (before MV_ASYNC, or before MV_RING), from
         # git.
         ref = MV_RING_REF if MV_RING else MV_ASYNC_REF
@@ -1698,10 +1712,19 @@ def nb_bit_check(lib, tmp):
     else:
         one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True)
     e1, en = Emu(one), Emu(build(tmp, raw_f32=True))
+    # MV_NB: the NB-sequence kernel without the switch too (this tree's, MV_ASYNC as built).
+    eoff = (Emu(build(tmp, raw_f32=True, cu=f"#define MV_ASYNC {MV_ASYNC}\n" + CU, tag="_off"))
+            if MV_NB else None)
+    # MV_NB: also rows of several chunks a lane (K 2,560: 3 at 4 bits, not a multiple of the 4
+    # slots; K 4,096: 4) and warps of several row groups (130 and 66 rows over 24 warps), so
+    # that items cross row groups in every slot.
+    shapes = ((40, 320), (130, 64), (24, 1024)) + (((130, 2560), (66, 4096)) if MV_NB else ())
     grid = lambda n, rows: (max(1, min(((n + rows - 1) // rows + 7) // 8, RESIDENT)), 1)
     ok, count = True, 0
-    for nbits, gs in ((4, 64), (4, 32), (8, 64), (16, 1)):
-        for n, k in ((40, 320), (130, 64), (24, 1024)):
+    # MV_NB: also 4-bit in groups of 128 and 8-bit in groups of 32.
+    widths = ((4, 64), (4, 32), (8, 64), (16, 1)) + (((4, 128), (8, 32)) if MV_NB else ())
+    for nbits, gs in widths:
+        for n, k in shapes:
             if k % max(gs, 64):
                 continue
             w = mx.random.normal((n, k), key=mx.random.key(n + nbits)).astype(mx.bfloat16)
@@ -1733,6 +1756,15 @@ def nb_bit_check(lib, tmp):
                 en.launch(1, grid(n, ROWS), 256, wargs(en, mode) + [xb, en.buf(g), rb, out, n,
                                                   k, nbits, gs, mode, 1e-5, 0, 0.0])
                 same = True
+                if eoff is not None:
+                    oo = eoff.buf(np.zeros(NB * out_n, dt))
+                    eoff.launch(1, grid(n, ROWS), 256, wargs(eoff, mode) + [
+                        eoff.buf(x.reshape(-1)), eoff.buf(g), eoff.buf(res.reshape(-1)), oo, n, k,
+                        nbits, gs, mode, 1e-5, 0, 0.0])
+                    if not np.array_equal(oo.view(np.uint8), out.view(np.uint8)):
+                        same = False
+                        print(f"nb bit check: bits {nbits} gs {gs} {n} x {k} mode {mode}: the "
+                              "switch's rows differ from the kernel without it FAILED")
                 for b in range(NB):
                     o1 = e1.buf(np.zeros(out_n, dt))
                     e1.launch(1, grid(n, 2), 256, wargs(e1, mode) + [e1.buf(x[b]), e1.buf(g),
@@ -1745,8 +1777,12 @@ def nb_bit_check(lib, tmp):
                 if not same:
                     print(f"nb bit check: bits {nbits} gs {gs} {n} x {k} mode {mode}: rows differ "
                           "from the one-sequence kernel FAILED")
-    ref = (f" ({MV_RING_REF}'s, MV_RING{' + MV_ASYNC' if MV_ASYNC else ''} against main)" if MV_RING
-           else f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC else "")
+    ref = (f" ({MV_RING_REF}'s, MV_RING{' + MV_ASYNC' if MV_ASYNC else ''} against main)"
+           if MV_RING and not MV_NB
+           else f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC and not MV_NB else "")
+    if MV_NB:
+        ref += (f" and to the {NB}-sequence kernel without MV_NB (this tree's"
+                f"{', MV_ASYNC' if MV_ASYNC else ''})")
     print(f"nb bit check (sequences {NB}, rows per warp {ROWS}, chunks in flight {BATCH}): "
           f"{count} products, every sequence's output bit-equal to the one-sequence kernel's{ref} "
           f"{'ok' if ok else 'FAILED'}")
@@ -2006,7 +2042,8 @@ def main():
         # machine and does not depend on the model).
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
         # GRAPH_EMU_NB_CHECK_ONLY=1: the NB-sequence kernel against the one-sequence one only.
-        nb_check = [nb_bit_check(lib, tmp)] if (NB > 1 or MV_ASYNC or MV_RING) and MMA == 0 else []
+        nb_check = ([nb_bit_check(lib, tmp)] if (NB > 1 or MV_ASYNC or MV_RING) and MMA == 0
+                    else [])
         nb_check += [embed_check(tmp)] if EARLY_NORM else []
         if MMA:
             nb_check.append(mma_bit_check(tmp))

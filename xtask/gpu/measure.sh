@@ -29,7 +29,9 @@
 #          other sides run with it off),
 #          early = on with the norm weights loaded before the wait (MLX_GRAPH_EARLY_PROLOGUE=1),
 #          steal = on with the FFMA row groups past the early loads' from a counter
-#          (MLX_GRAPH_MV_STEAL=1);
+#          (MLX_GRAPH_MV_STEAL=1); nb = ffma with the FFMA tiles' constant-slot loop
+#          (MLX_GRAPH_MV_NB=1); ffma4 and nb4 = ffma and nb at 4 rows a warp
+#          (THRU_MV_ROWS=4: batched.sh's MLX_GRAPH_BATCH_MV_ROWS);
 #   trellis  issue #34's decode row: each of TRELLIS_MODELS (affine 4-bit dirs setup wrote) gets a
 #          trellis-3 twin (trellis_bench_model.py, copied into .gpu/c: L 8, blocks of 32, random
 #          codes), then `mlx benchmark` on both, `--decoder auto` and `--decoder mlx`, alternating,
@@ -109,10 +111,11 @@ for part in ${PARTS:-setup test spec bench moe}; do
       # bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1), ffma = the defaults with the FFMA
       # tiles at every width (MLX_GRAPH_BATCH_MMA=99), ring = ffma with the FFMA row kernels'
       # cp.async ring (MLX_GRAPH_MV_RING=1), early = on with
-      # MLX_GRAPH_EARLY_PROLOGUE=1, steal = on with MLX_GRAPH_MV_STEAL=1; each side runs with
-      # the switches it does not name off.
+      # MLX_GRAPH_EARLY_PROLOGUE=1, steal = on with MLX_GRAPH_MV_STEAL=1, nb = ffma with
+      # MLX_GRAPH_MV_NB=1, ffma4 / nb4 = ffma / nb at 4 rows a warp (THRU_MV_ROWS=4); each side runs
+      # with the switches it does not name off.
       for side in ${THRU_SIDES:-on 1}; do
-        wide=$side; ring=0; mv=0; banks=0; mvring=0; mma=4; early=0; steal=0
+        wide=$side; ring=0; mv=0; banks=0; mvring=0; mma=4; early=0; steal=0; mvnb=0; mvrows=2
         [ $side = async ] && wide=1 ring=1
         [ $side = mv ] && wide=1 mv=1
         [ $side = on ] && wide=1 ring=1 mv=1
@@ -121,11 +124,14 @@ for part in ${PARTS:-setup test spec bench moe}; do
         [ $side = ring ] && wide=1 ring=1 mv=1 mma=99 mvring=1
         [ $side = early ] && wide=1 ring=1 mv=1 early=1
         [ $side = steal ] && wide=1 ring=1 mv=1 steal=1
-        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early MLX_GRAPH_MV_STEAL=$steal" >> $OUT/throughput.log
+        [ $side = nb ] && wide=1 ring=1 mv=1 mma=99 mvnb=1
+        [ $side = ffma4 ] && wide=1 ring=1 mv=1 mma=99 mvrows=4
+        [ $side = nb4 ] && wide=1 ring=1 mv=1 mma=99 mvnb=1 mvrows=4
+        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb THRU_MV_ROWS=$mvrows" >> $OUT/throughput.log
         SKIP_TEST=1 SERVE_MODELS=" " THRU_MODELS="${THRU_MODELS:-llama31-8b-q4}" ROWS="${ROWS:-1 2 4 8 16}" \
           MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv \
           MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early \
-          MLX_GRAPH_MV_STEAL=$steal \
+          MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb THRU_MV_ROWS=$mvrows \
           MLX_GRAPH_BATCH_BREAKDOWN=${BREAKDOWN:-20} timeout $(left) bash $C/batched.sh \
           > $OUT/thru_run_$side.log 2>&1
       done

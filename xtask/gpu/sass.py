@@ -1,7 +1,7 @@
 """Compiles the graph decoder's kernels here, as the decoder does on the GPU, and reads their
 machine code: no GPU needed.
 
-    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mv-async] [--mv-ring] [--early-norm] [--steal] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
+    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mv-async] [--mv-ring] [--mv-nb] [--early-norm] [--steal] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
         [--trellis [--trellis-v-l N] [--trellis-define TRELLIS_ALIAS ...] [--trellis-define TRELLIS_FUSED_THREADS=1024]]
     python3 xtask/gpu/sass.py --source FILE [--kernel trellis_qkv] [--dump FILE]
 
@@ -160,6 +160,9 @@ def main():
                     help="MV_ASYNC 1: the FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1)")
     ap.add_argument("--mv-ring", action="store_true",
                     help="the FFMA row kernels' cp.async ring (MV_RING 1, MLX_GRAPH_MV_RING=1)")
+    ap.add_argument("--mv-nb", action="store_true",
+                    help="MV_NB 1: the FFMA tiles of several sequences stream MV_BATCH items a trip "
+                         "from constant slots (MLX_GRAPH_MV_NB=1)")
     ap.add_argument("--early-norm", action="store_true",
                     help="MV_EARLY_NORM 1 and EMBED_BATCH 16: the norm weights before the wait, embed's "
                          "loads at once (MLX_GRAPH_EARLY_PROLOGUE=1)")
@@ -195,6 +198,7 @@ def main():
            + ("#define MMA_BANKS 1\n" if a.mma_banks else "")
            + ("#define MV_ASYNC 1\n" if a.mv_async else "")
            + ("#define MV_RING 1\n" if a.mv_ring else "")
+           + ("#define MV_NB 1\n" if a.mv_nb else "")
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if a.early_norm else "")
            + ("#define MV_STEAL 1\n" if a.steal else "")
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
