@@ -1182,6 +1182,37 @@ fn tiny_chat_tokenizer() -> mlx_engine::Tokenizer {
     mlx_engine::Tokenizer::from_dir(&dir).unwrap()
 }
 
+/// The chat tests' options: 6 tokens a turn, prompts in chunks of 64, the graph decoder's
+/// stand-in over `dst` logging to `script`, `sampler` (greedy when `None`) and `keep`.
+fn chat_options(
+    dst: &std::path::Path,
+    script: &Arc<Mutex<ChatScript>>,
+    sampler: Option<&Sampler>,
+    keep: Option<&GraphKeep>,
+) -> mlx_engine::stream::StreamOptions {
+    mlx_engine::stream::StreamOptions {
+        generate: GenerateOptions {
+            max_tokens: Some(6),
+            prefill_step_size: 64,
+            sampler: sampler.cloned().unwrap_or_else(Sampler::greedy),
+            graph_decode: true,
+            graph_stand_in: Some(chat_stand_in(dst, script)),
+            graph_keep: keep.cloned(),
+            ..GenerateOptions::default()
+        },
+        ..mlx_engine::stream::StreamOptions::default()
+    }
+}
+
+/// A user turn `q` rendered alone by the tiny chat template, with the generation prompt.
+fn render_user(tok: &mlx_engine::Tokenizer, q: &str) -> Vec<u32> {
+    tok.apply_chat_template_ids(
+        &[serde_json::json!({"role": "user", "content": q})],
+        &mlx_engine::chat_template::ChatTemplateOptions::generation(true),
+    )
+    .unwrap()
+}
+
 /// One `Conversation` turn: its tokens (the EOS token too) and its last response.
 fn chat_turn(
     conv: &mut mlx_engine::chat::Conversation<'_>,
@@ -1204,31 +1235,15 @@ fn chat_turn(
 #[test]
 fn a_trellis_chat_runs_only_each_turns_new_tokens() {
     use mlx_engine::chat::Conversation;
-    use mlx_engine::chat_template::ChatTemplateOptions;
-    use mlx_engine::stream::{stream_generate, StreamOptions};
+    use mlx_engine::stream::stream_generate;
     let (m, dst) = trellis_model("chat_keep");
     let tok = tiny_chat_tokenizer();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let script = Arc::new(Mutex::new(ChatScript::default()));
-    let opts = |sampler: &Sampler, keep: Option<&GraphKeep>| StreamOptions {
-        generate: GenerateOptions {
-            max_tokens: Some(6),
-            prefill_step_size: 64,
-            sampler: sampler.clone(),
-            graph_decode: true,
-            graph_stand_in: Some(chat_stand_in(&dst, &script)),
-            graph_keep: keep.cloned(),
-            ..GenerateOptions::default()
-        },
-        ..StreamOptions::default()
+    let opts = |sampler: &Sampler, keep: Option<&GraphKeep>| {
+        chat_options(&dst, &script, Some(sampler), keep)
     };
-    let render = |q: &str| -> Vec<u32> {
-        tok.apply_chat_template_ids(
-            &[serde_json::json!({"role": "user", "content": q})],
-            &ChatTemplateOptions::generation(true),
-        )
-        .unwrap()
-    };
+    let render = |q: &str| render_user(&tok, q);
     let greedy = Sampler::new(SamplerSettings::default());
     let seeded = Sampler::new(SamplerSettings {
         temp: 0.8,
@@ -1359,30 +1374,13 @@ fn held_after(sampling: &str) -> usize {
 #[test]
 fn a_failure_mid_chat_hands_the_whole_history_to_mlx() {
     use mlx_engine::chat::Conversation;
-    use mlx_engine::chat_template::ChatTemplateOptions;
-    use mlx_engine::stream::{stream_generate, StreamOptions};
+    use mlx_engine::stream::stream_generate;
     let (m, dst) = trellis_model("chat_fail");
     let tok = tiny_chat_tokenizer();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let script = Arc::new(Mutex::new(ChatScript::default()));
-    let opts = |keep: Option<&GraphKeep>| StreamOptions {
-        generate: GenerateOptions {
-            max_tokens: Some(6),
-            prefill_step_size: 64,
-            graph_decode: true,
-            graph_stand_in: Some(chat_stand_in(&dst, &script)),
-            graph_keep: keep.cloned(),
-            ..GenerateOptions::default()
-        },
-        ..StreamOptions::default()
-    };
-    let render = |q: &str| -> Vec<u32> {
-        tok.apply_chat_template_ids(
-            &[serde_json::json!({"role": "user", "content": q})],
-            &ChatTemplateOptions::generation(true),
-        )
-        .unwrap()
-    };
+    let opts = |keep: Option<&GraphKeep>| chat_options(&dst, &script, None, keep);
+    let render = |q: &str| render_user(&tok, q);
     let keep = GraphKeep::for_conversation();
     let mut conv = Conversation::new(m.as_ref(), &tok, None, opts(Some(&keep))).unwrap();
     let mut history: Vec<u32> = Vec::new();
@@ -1431,22 +1429,12 @@ fn a_failure_mid_chat_hands_the_whole_history_to_mlx() {
 fn a_trellis_chat_session_keeps_its_decoder() {
     use mlx_engine::chat::ChatSession;
     use mlx_engine::chat_template::ChatTemplateOptions;
-    use mlx_engine::stream::{stream_generate, StreamOptions};
+    use mlx_engine::stream::stream_generate;
     let (m, dst) = trellis_model("chat_session");
     let tok = tiny_chat_tokenizer();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let script = Arc::new(Mutex::new(ChatScript::default()));
-    let opts = |keep: Option<&GraphKeep>| StreamOptions {
-        generate: GenerateOptions {
-            max_tokens: Some(6),
-            prefill_step_size: 64,
-            graph_decode: true,
-            graph_stand_in: Some(chat_stand_in(&dst, &script)),
-            graph_keep: keep.cloned(),
-            ..GenerateOptions::default()
-        },
-        ..StreamOptions::default()
-    };
+    let opts = |keep: Option<&GraphKeep>| chat_options(&dst, &script, None, keep);
     let keep = GraphKeep::for_conversation();
     let mut chat = ChatSession::new(m.as_ref(), &tok, None, opts(Some(&keep)));
     for (turn, q) in ["Hi there.", "And then?", "Bye!"].iter().enumerate() {
