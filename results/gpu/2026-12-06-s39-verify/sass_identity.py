@@ -2,7 +2,7 @@
 one-row step with the switch on (the host adds no define at one row, and MV_NB 1 at NB 1 reaches
 no code), for every kernel of the step source: sm_90 SASS from NVRTC as the decoder compiles it.
 
-    python3 results/gpu/2026-12-06-s39-verify/sass_identity.py [REF_COMMIT (default main)]
+    python3 results/gpu/2026-12-06-s39-verify/sass_identity.py [REF_COMMIT (default df09581c, main before the switch)]
 
 Prints, for each build, whether the whole disassembly (every kernel, the `.text` sections
 and the instructions) is byte-identical.
@@ -13,7 +13,7 @@ import sys
 
 import cost_model as C
 
-REF = sys.argv[1] if len(sys.argv) > 1 else "main"
+REF = sys.argv[1] if len(sys.argv) > 1 else "df09581c"
 
 
 def tree_source(files_text, nb, mv_nb=False, mv_async=True):
