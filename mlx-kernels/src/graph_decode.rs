@@ -3884,8 +3884,8 @@ fn mv_steal_define(on: bool) -> &'static str {
 /// Whether the FFMA tiles of several sequences (graph_decode.cu's `mv_run` at `NB` > 1: batched
 /// rows, speculation's verify rows) stream their items as the one-row kernel does, `MV_BATCH` a
 /// trip from constant register slots, instead of one a trip with the slots moved down
-/// (`MLX_GRAPH_MV_NB=1`; off otherwise: an A/B switch until the device has measured it,
-/// `results/gpu/2026-12-06-s39-verify`). Read where the step source's defines are chosen, so the
+/// (`MLX_GRAPH_MV_NB=1`; off otherwise: +0.8% at 5 rows of the 8B on an H100, within noise,
+/// `results/gpu/2026-12-06-s39-h100`, `results/gpu/2026-12-06-s39-verify`). Read where the step source's defines are chosen, so the
 /// decoder, `mlx` and the tests alike take it from their environment. The same items summed in
 /// the same order: every output is bit-equal either way.
 fn mv_nb() -> bool {
