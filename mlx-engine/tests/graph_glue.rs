@@ -105,14 +105,7 @@ impl GraphBackend for StandIn<'_> {
 
     fn next_token(&mut self) -> mlx_core::Result<(u32, f32)> {
         let t = self.pending.take().expect("started");
-        let logits = self.forward(t)?;
-        // The MLX path's greedy pick: argmax of the log-probabilities in the logits' dtype.
-        let lse = ops::logsumexp(&logits, &[0, 1], true, None)?;
-        let lp = ops::subtract(&logits, &lse, None)?;
-        let tok = ops::argmax(&lp, -1, false, None)?
-            .astype(Dtype::Uint32)?
-            .to_vec::<u32>()?[0];
-        let lp = lp.astype(Dtype::Float32)?.to_vec::<f32>()?[tok as usize];
+        let (tok, lp) = greedy_pick(&self.forward(t)?)?;
         self.pending = Some(tok);
         Ok((tok, lp))
     }
@@ -535,6 +528,18 @@ fn the_decoders_own_device_bytes_are_counted_in_the_runs_peak() {
 
 /// A trellis-coded model converted from the untied dense fixture (3 bits, L 8), in a folder
 /// of its own (removed by the caller).
+/// The MLX path's greedy pick from a step's `logits` `(1, 1, vocab)`: the argmax of the
+/// log-probabilities in the logits' dtype, and its log-probability.
+fn greedy_pick(logits: &Array) -> mlx_core::Result<(u32, f32)> {
+    let lse = ops::logsumexp(logits, &[0, 1], true, None)?;
+    let lp = ops::subtract(logits, &lse, None)?;
+    let tok = ops::argmax(&lp, -1, false, None)?
+        .astype(Dtype::Uint32)?
+        .to_vec::<u32>()?[0];
+    let lp = lp.astype(Dtype::Float32)?.to_vec::<f32>()?[tok as usize];
+    Ok((tok, lp))
+}
+
 fn trellis_model(tag: &str) -> (Box<dyn LanguageModel>, PathBuf) {
     use mlx_models::config::TrellisParams;
     use mlx_models::convert::{convert, ConvertOptions};
@@ -1089,13 +1094,7 @@ impl GraphBackend for ChatStandIn {
             }
         }
         let t = self.pending.take().expect("started");
-        let logits = self.forward(t)?;
-        let lse = ops::logsumexp(&logits, &[0, 1], true, None)?;
-        let lp = ops::subtract(&logits, &lse, None)?;
-        let tok = ops::argmax(&lp, -1, false, None)?
-            .astype(Dtype::Uint32)?
-            .to_vec::<u32>()?[0];
-        let lp = lp.astype(Dtype::Float32)?.to_vec::<f32>()?[tok as usize];
+        let (tok, lp) = greedy_pick(&self.forward(t)?)?;
         self.pending = Some(tok);
         Ok((tok, lp))
     }
