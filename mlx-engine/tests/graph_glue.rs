@@ -1470,3 +1470,72 @@ fn a_trellis_chat_session_keeps_its_decoder() {
     }
     let _ = std::fs::remove_dir_all(&dst);
 }
+
+/// A conversation that outgrows its kept decoder (the first turn's decoder has room for 256
+/// positions, the second turn needs more): the second turn builds a new one,
+/// with half again its room (rounded to 256), feeds it the whole conversation, and its tokens
+/// are a fresh run's of the whole conversation.
+#[test]
+fn a_conversation_that_outgrows_its_decoder_builds_a_larger_one() {
+    use mlx_engine::chat::Conversation;
+    use mlx_engine::stream::stream_generate;
+    let (m, dst) = trellis_model("chat_grow");
+    let tok = tiny_chat_tokenizer();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let script = Arc::new(Mutex::new(ChatScript::default()));
+    // As many tokens a turn as leave the first turn's spare room at 256 positions.
+    let most = 168 - render_user(&tok, "Hi there.").len();
+    let opts = |keep: Option<&GraphKeep>| {
+        let mut o = chat_options(&dst, &script, None, keep);
+        o.generate.max_tokens = Some(most);
+        o
+    };
+    let keep = GraphKeep::for_conversation();
+    let mut conv = Conversation::new(m.as_ref(), &tok, None, opts(Some(&keep))).unwrap();
+    let mut history: Vec<u32> = Vec::new();
+    // The kept decoder's positions, and how many turns built a larger one.
+    let (mut capacity, mut grew) = (0, 0);
+    for (turn, q) in ["Hi there.", "And then?", "Go on.", "Bye!"]
+        .iter()
+        .enumerate()
+    {
+        let whole: Vec<u32> = history
+            .iter()
+            .chain(&render_user(&tok, q))
+            .copied()
+            .collect();
+        script.lock().unwrap().log.clear();
+        let (got, _) = chat_turn(&mut conv, q);
+        assert_eq!(conv.graph_fallback(), None, "turn {turn}");
+        let log = std::mem::take(&mut script.lock().unwrap().log);
+        let room = whole.len() + most + 2;
+        if turn == 0 || room > capacity {
+            let spare = (room + room / 2).next_multiple_of(256);
+            assert!(turn > 0 || spare == 256, "{log:?}");
+            assert_eq!(log[0], format!("build {spare}"), "turn {turn}: {log:?}");
+            assert!(
+                log.contains(&format!("feed {}", whole.len() - 1)),
+                "turn {turn}: the whole conversation goes to the new decoder: {log:?}"
+            );
+            grew += usize::from(turn > 0);
+            capacity = spare;
+        } else {
+            assert!(
+                !log.iter().any(|e| e.starts_with("build")),
+                "turn {turn}: {log:?}"
+            );
+        }
+        let fresh: Vec<u32> = stream_generate(m.as_ref(), &tok, &whole, None, opts(None))
+            .unwrap()
+            .map(|r| r.unwrap().token.unwrap())
+            .collect();
+        assert_eq!(got, fresh, "turn {turn}: a fresh run of the conversation");
+        history = whole.iter().chain(&got).copied().collect();
+    }
+    assert!(
+        grew > 0,
+        "no turn outgrew its decoder ({} positions)",
+        history.len()
+    );
+    let _ = std::fs::remove_dir_all(&dst);
+}
