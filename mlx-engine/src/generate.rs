@@ -1113,15 +1113,15 @@ impl<'m> GenerateStep<'m> {
                 // (built with room to spare) is then tried at the room this turn needs.
                 // Where the retries fail too, the first error is the one reported.
                 Err(first) => {
-                    let mut again = Err(());
+                    let mut again = None;
                     if memory::cache_memory()? > 0 {
                         memory::clear_cache()?;
-                        again = build(spec.clone(), build_room).map_err(|_| ());
+                        again = build(spec.clone(), build_room).ok();
                     }
-                    if again.is_err() && build_room > room {
-                        again = build(spec, room).map_err(|_| ());
+                    if again.is_none() && build_room > room {
+                        again = build(spec, room).ok();
                     }
-                    again.map_err(|()| first)
+                    again.ok_or(first)
                 }
                 r => r,
             },

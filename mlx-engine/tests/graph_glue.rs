@@ -1203,6 +1203,19 @@ fn chat_options(
     }
 }
 
+/// The tokens of a fresh run of `prompt` with `opts` (no kept decoder: a new one).
+fn fresh_tokens(
+    m: &dyn LanguageModel,
+    tok: &mlx_engine::Tokenizer,
+    prompt: &[u32],
+    opts: mlx_engine::stream::StreamOptions,
+) -> Vec<u32> {
+    mlx_engine::stream::stream_generate(m, tok, prompt, None, opts)
+        .unwrap()
+        .map(|r| r.unwrap().token.unwrap())
+        .collect()
+}
+
 /// A user turn `q` rendered alone by the tiny chat template, with the generation prompt.
 fn render_user(tok: &mlx_engine::Tokenizer, q: &str) -> Vec<u32> {
     tok.apply_chat_template_ids(
@@ -1234,7 +1247,6 @@ fn chat_turn(
 #[test]
 fn a_trellis_chat_runs_only_each_turns_new_tokens() {
     use mlx_engine::chat::Conversation;
-    use mlx_engine::stream::stream_generate;
     let (m, dst) = trellis_model("chat_keep");
     let tok = tiny_chat_tokenizer();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -1316,11 +1328,7 @@ fn a_trellis_chat_runs_only_each_turns_new_tokens() {
             // A fresh run of the whole conversation on a new decoder: the same tokens.
             script.lock().unwrap().log.clear();
             mlx_core::random::seed(5 + turn as u64).unwrap();
-            let fresh: Vec<u32> =
-                stream_generate(m.as_ref(), &tok, &whole, None, opts(sampler, None))
-                    .unwrap()
-                    .map(|r| r.unwrap().token.unwrap())
-                    .collect();
+            let fresh: Vec<u32> = fresh_tokens(m.as_ref(), &tok, &whole, opts(sampler, None));
             let log = std::mem::take(&mut script.lock().unwrap().log);
             assert!(
                 log.contains(&format!("feed {}", whole.len() - 1)),
@@ -1350,10 +1358,7 @@ fn a_trellis_chat_runs_only_each_turns_new_tokens() {
         );
         assert_eq!(conv.cached_tokens(), prompt.len() + again.len());
         mlx_core::random::seed(9).unwrap();
-        let fresh: Vec<u32> = stream_generate(m.as_ref(), &tok, &prompt, None, opts(sampler, None))
-            .unwrap()
-            .map(|r| r.unwrap().token.unwrap())
-            .collect();
+        let fresh: Vec<u32> = fresh_tokens(m.as_ref(), &tok, &prompt, opts(sampler, None));
         assert_eq!(again, fresh, "{name}: after the reset");
     }
     let _ = std::fs::remove_dir_all(&dst);
@@ -1373,7 +1378,6 @@ fn held_after(sampling: &str) -> usize {
 #[test]
 fn a_failure_mid_chat_hands_the_whole_history_to_mlx() {
     use mlx_engine::chat::Conversation;
-    use mlx_engine::stream::stream_generate;
     let (m, dst) = trellis_model("chat_fail");
     let tok = tiny_chat_tokenizer();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -1410,10 +1414,7 @@ fn a_failure_mid_chat_hands_the_whole_history_to_mlx() {
         }
         history = whole.iter().chain(&got).copied().collect();
         assert_eq!(conv.cached_tokens(), history.len(), "turn {turn}");
-        let fresh: Vec<u32> = stream_generate(m.as_ref(), &tok, &whole, None, opts(None))
-            .unwrap()
-            .map(|r| r.unwrap().token.unwrap())
-            .collect();
+        let fresh: Vec<u32> = fresh_tokens(m.as_ref(), &tok, &whole, opts(None));
         assert_eq!(got, fresh, "turn {turn}: a fresh run of the conversation");
     }
     let _ = std::fs::remove_dir_all(&dst);
@@ -1478,7 +1479,6 @@ fn a_trellis_chat_session_keeps_its_decoder() {
 #[test]
 fn a_conversation_that_outgrows_its_decoder_builds_a_larger_one() {
     use mlx_engine::chat::Conversation;
-    use mlx_engine::stream::stream_generate;
     let (m, dst) = trellis_model("chat_grow");
     let tok = tiny_chat_tokenizer();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -1525,10 +1525,7 @@ fn a_conversation_that_outgrows_its_decoder_builds_a_larger_one() {
                 "turn {turn}: {log:?}"
             );
         }
-        let fresh: Vec<u32> = stream_generate(m.as_ref(), &tok, &whole, None, opts(None))
-            .unwrap()
-            .map(|r| r.unwrap().token.unwrap())
-            .collect();
+        let fresh: Vec<u32> = fresh_tokens(m.as_ref(), &tok, &whole, opts(None));
         assert_eq!(got, fresh, "turn {turn}: a fresh run of the conversation");
         history = whole.iter().chain(&got).copied().collect();
     }
