@@ -84,11 +84,18 @@ fn tensor_core_verify() -> Option<u32> {
         .then_some(MMA_MIN_SEQUENCES)
 }
 
-/// The verify target's matrix-vector launch settings, for A/B runs on a device (measuring
-/// only; they change speed, never a row's bits: each lane sums its chunks in the same order
-/// whatever they are): `MLX_GRAPH_SPEC_ROWS=2|4` ([`GraphOptions::rows_per_warp`]),
-/// `MLX_GRAPH_SPEC_CHUNKS=N` ([`GraphOptions::chunks_in_flight`]) and
-/// `MLX_GRAPH_SPEC_MIN_BLOCKS=N` ([`GraphOptions::min_blocks_per_sm`]); the defaults otherwise.
+/// Weight rows a warp in the verify target's FFMA tiles: 4, where plain decoding's one-row
+/// step keeps [`GraphOptions::default`]'s 2. A tile of 5 sequences of the 8B-shaped 4-bit
+/// model ran 143.3 steps/s at 4 against 127.2 at 2 (+12.7%, one H100 call,
+/// results/gpu/2026-12-06-s40-h100/); a row's bits do not depend on it.
+const VERIFY_ROWS_PER_WARP: u32 = 4;
+
+/// The verify target's matrix-vector launch settings. They change speed, never a row's bits
+/// (each lane sums its chunks in the same order whatever they are). A/B runs on a device
+/// override them: `MLX_GRAPH_SPEC_ROWS=2|4` ([`GraphOptions::rows_per_warp`], default
+/// [`VERIFY_ROWS_PER_WARP`]), `MLX_GRAPH_SPEC_CHUNKS=N` ([`GraphOptions::chunks_in_flight`])
+/// and `MLX_GRAPH_SPEC_MIN_BLOCKS=N` ([`GraphOptions::min_blocks_per_sm`]); the decoder's
+/// defaults otherwise.
 fn verify_launch_options() -> GraphOptions {
     let num = |name: &str| {
         std::env::var(name)
@@ -97,7 +104,7 @@ fn verify_launch_options() -> GraphOptions {
     };
     let d = GraphOptions::default();
     GraphOptions {
-        rows_per_warp: num("MLX_GRAPH_SPEC_ROWS").unwrap_or(d.rows_per_warp),
+        rows_per_warp: num("MLX_GRAPH_SPEC_ROWS").unwrap_or(VERIFY_ROWS_PER_WARP),
         chunks_in_flight: num("MLX_GRAPH_SPEC_CHUNKS").or(d.chunks_in_flight),
         min_blocks_per_sm: num("MLX_GRAPH_SPEC_MIN_BLOCKS").or(d.min_blocks_per_sm),
         ..d
