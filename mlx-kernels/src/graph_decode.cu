@@ -87,6 +87,22 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 #endif
 }
 
+// The wait of a kernel's blocks for the kernel before it, as the row and attention bodies take
+// it (their kernels pass this one; the persistent step, GRAPH_PERSIST, a grid barrier), and
+// the barrier of a body's threads (the kernels': the block's).
+struct PdlWait {
+  __device__ __forceinline__ void operator()() const { pdl_wait_then_release(); }
+};
+struct BlockSync {
+  __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+// The block and thread a body runs as (its kernel's: blockIdx, threadIdx; read where used).
+struct KernelIdx {
+  __device__ __forceinline__ ll x() const { return blockIdx.x; }
+  __device__ __forceinline__ ll y() const { return blockIdx.y; }
+  __device__ __forceinline__ int t() const { return threadIdx.x; }
+};
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -1989,12 +2005,13 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
 // (read after the wait for the previous kernel, which wrote sel: the caller waits first); with
 // `per_slot`, slot j's input is its own, xin + j K (the N / rpe inputs side by side in shared
 // memory), else every slot's is xin.
-template <int BITS, int MAP, bool FP4 = false, class Pre, class Epi>
+template <int BITS, int MAP, bool FP4 = false, class Pre, class Epi, class Wait = PdlWait>
 __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,
                                        double eps, unsigned char* smem, float* red, Trace& tr,
                                        Pre pre, Epi epi, const int* sel = nullptr, ll rpe = 1,
-                                       bool per_slot = false, const AttnParts* ap = nullptr) {
+                                       bool per_slot = false, const AttnParts* ap = nullptr,
+                                       Wait wait = Wait()) {
 #if MV_MMA
   if (BITS == 4 && !FP4 && gs == 64 && !sel && !ap) {
     mv_run_mma(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
@@ -2056,7 +2073,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
 #endif
 #pragma unroll
   for (int u = 0; u < (MV_EARLY < MV_SLOTS ? MV_EARLY : MV_SLOTS); ++u) m.load(u);
-  pdl_wait_then_release();
+  wait();
 #if MV_STEAL_ON
   m.go_dynamic((ll)blockIdx.x * MV_WARPS + warp);
 #endif
@@ -2293,12 +2310,14 @@ __device__ __forceinline__ MvRes mv_res_load(const bf16_t* res, ll N, ll mode, l
 #define MV_OUT_BIAS 0
 #endif
 #define MODE_BIAS 64
-extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
+// matvec's body (the kernel below; the persistent step's phases), its shared memory and wait
+// passed in.
+template <class Wait>
+__device__ __forceinline__ void matvec_body(
     const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
     const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, const bf16_t* res, void* out, ll N,
-    ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[MV_WARPS];
+    ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap, unsigned char* smem,
+    float* red, Wait wait) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   // With a residual, its values for the group's rows (mv_res_load).
@@ -2355,8 +2374,17 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
   const Wts wt = make_wts(W0, W1, W1, S0, S1, S1, B0, B1, B1,
                           (mode & MODE_SWIGLU) ? WMAP_PAIR : WMAP_ONE);
   MV_DISPATCH(bits, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr, pre,
-              epi)
+              epi, nullptr, 1, false, nullptr, wait)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
+}
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
+    const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
+    const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, const bf16_t* res, void* out, ll N,
+    ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[MV_WARPS];
+  matvec_body(W0, W1, S0, S1, B0, B1, xin, normw, res, out, N, K, bits, gs, mode, eps, trace, cap,
+              smem, red, PdlWait());
 }
 
 // The attention projections with RoPE and the cache write in the epilogue:
@@ -2376,14 +2404,16 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
 #ifndef MV_QKV_NORM
 #define MV_QKV_NORM 1
 #endif
-extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
+// matvec_qkv's body (the kernel below; the persistent step's phases), its shared memory and
+// wait passed in.
+template <class Wait>
+__device__ __forceinline__ void matvec_qkv_body(
     const void* Wq, const void* Wk, const void* Wv, const bf16_t* Sq, const bf16_t* Sk,
     const bf16_t* Sv, const bf16_t* Bq, const bf16_t* Bk, const bf16_t* Bv, const bf16_t* xin,
     const bf16_t* normw, bf16_t* qout, bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
     ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional, double eps, const float* rope,
-    u64* trace, ll nrot, const bf16_t* bias, ll pairs) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[MV_WARPS];
+    u64* trace, ll nrot, const bf16_t* bias, ll pairs, unsigned char* smem, float* red,
+    Wait wait) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   const int Di = (int)D, half = Di / 2, qrows = (int)nh * Di, krows = qrows + (int)nkv * Di;
@@ -2455,8 +2485,20 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
   // D is a multiple of MV_ROWS: every group is whole.
   const Wts wt = make_wts(Wq, Wk, Wv, Sq, Sk, Sv, Bq, Bk, Bv, WMAP_QKV, qrows, krows, D, pairs);
   MV_DISPATCH_MAP(bits, WMAP_QKV, wt, xin, normw, MV_QKV_NORM != 0, (nh + 2 * nkv) * D, K, gs,
-                  eps, smem, red, tr, pre, epi)
+                  eps, smem, red, tr, pre, epi, nullptr, 1, false, nullptr, wait)
   tr.done(TRACE_QKV | (u64)K << 16);
+}
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
+    const void* Wq, const void* Wk, const void* Wv, const bf16_t* Sq, const bf16_t* Sk,
+    const bf16_t* Sv, const bf16_t* Bq, const bf16_t* Bk, const bf16_t* Bv, const bf16_t* xin,
+    const bf16_t* normw, bf16_t* qout, bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
+    ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional, double eps, const float* rope,
+    u64* trace, ll nrot, const bf16_t* bias, ll pairs) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[MV_WARPS];
+  matvec_qkv_body(Wq, Wk, Wv, Sq, Sk, Sv, Bq, Bk, Bv, xin, normw, qout, kc, vc, state, K, bits, gs,
+                  nh, nkv, D, cap, traditional, eps, rope, trace, nrot, bias, pairs, smem, red,
+                  PdlWait());
 }
 
 // The output projection of an attention whose partials are not combined yet (attention with
@@ -2466,12 +2508,13 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
 // atomic and reloads. W0 (S0, B0) as matvec's; po, pml the attention's partials (nh heads,
 // NS chunks a head), state the step state; mode 0 or MODE_RES (with cap: the residual
 // multiplier), as matvec's.
-extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out(
+// matvec_attn_out's body (the kernel below; the persistent step's phases), its shared memory
+// and wait passed in.
+template <class Wait>
+__device__ __forceinline__ void matvec_attn_out_body(
     const void* W0, const bf16_t* S0, const bf16_t* B0, const float* po, const float* pml,
     const int* state, const bf16_t* res, bf16_t* out, ll N, ll K, ll bits, ll gs, ll mode,
-    ll nh, ll NS, u64* trace, double cap) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[MV_WARPS];
+    ll nh, ll NS, u64* trace, double cap, unsigned char* smem, float* red, Wait wait) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   using Res = MvRes;
@@ -2497,8 +2540,17 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out
   const AttnParts ap{po, pml, state, nh, NS};
   const Wts wt = make_wts(W0, W0, W0, S0, S0, S0, B0, B0, B0, WMAP_ONE);
   MV_DISPATCH_MAP(bits, WMAP_ONE, wt, (const bf16_t*)po, (const bf16_t*)po, false, N, K, gs,
-                  0.0, smem, red, tr, pre, epi, nullptr, 1, false, &ap)
+                  0.0, smem, red, tr, pre, epi, nullptr, 1, false, &ap, wait)
   tr.done(TRACE_MATVEC | (u64)(mode | 32) << 8 | (u64)K << 16);
+}
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out(
+    const void* W0, const bf16_t* S0, const bf16_t* B0, const float* po, const float* pml,
+    const int* state, const bf16_t* res, bf16_t* out, ll N, ll K, ll bits, ll gs, ll mode,
+    ll nh, ll NS, u64* trace, double cap) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[MV_WARPS];
+  matvec_attn_out_body(W0, S0, B0, po, pml, state, res, out, N, K, bits, gs, mode, nh, NS, trace,
+                       cap, smem, red, PdlWait());
 }
 
 // Attention of one query over the cache, split over the sequence: block (h, s) covers
@@ -2520,14 +2572,18 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out
 #ifndef ATTN_SINKS
 #define ATTN_SINKS 0
 #endif
-extern "C" __global__ void __launch_bounds__(128, 4) attention(
+// attention's body (the kernel below; the persistent step's phases): block (ix.x(), ix.y()) of
+// the kernel's grid, thread ix.t() of its 128, its shared memory, wait and barrier passed in.
+template <class Wait, class Sync, class Idx>
+__device__ __forceinline__ void attention_body(
     const bf16_t* qb, const bf16_t* kc, const bf16_t* vc, const int* state, float* po,
     float* pml, int* counters, bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS, double scale,
-    u64* trace, ll window, double softcap, const bf16_t* sinks) {
+    u64* trace, ll window, double softcap, const bf16_t* sinks, Idx ix, float* q, float* p,
+    float* part, float* red, int* last_p, Wait& wait, Sync sync) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   // Block (b nh + h, s): sequence b's head h (grid nh NB by NS).
-  const ll b = blockIdx.x / nh, h = blockIdx.x % nh, s = blockIdx.y;
+  const ll b = ix.x() / nh, h = ix.x() % nh, s = ix.y();
   state += 4 * b;
   // A verify group's row j shares the slot of the group's first row (b - j), whose positions
   // state[1] - j .. state[1] this step writes.
@@ -2545,7 +2601,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   const ll L = state[1] < 0 ? 0 : (ll)state[1] + 1;
   const ll start = s * ATTN_CHUNK;
   if (start >= L) {
-    pdl_wait_then_release();
+    wait();
     tr.mark(1);
     tr.mark(2);
     tr.done(TRACE_ATTENTION);
@@ -2556,12 +2612,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   // Rows of the chunk before `lo` are outside the window.
   const ll lo = window > 0 && L > window ? L - window - start : 0;
   const ll kvh = h / (nh / nkv);
-  __shared__ __align__(16) float q[128];
-  __shared__ float p[ATTN_CHUNK];
-  __shared__ float part[8 * ATTN_THREADS];
-  __shared__ float red[ATTN_THREADS / 32];
-  __shared__ int last;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int& last = *last_p;
+  const int tid = ix.t(), lane = tid & 31, warp = tid >> 5;
   // Every load at once: the thread's key (a thread a position), its value pieces (thread
   // (position group tp, piece td) takes 8 dimensions of positions tp, tp + P, ..., P = 1024 /
   // D position groups) and the query; then the arithmetic. The cached positions' keys and
@@ -2591,7 +2643,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     const int j = tp + i * P;
     if (j < n && j >= lo && j < fresh) load_value(i, j);
   }
-  pdl_wait_then_release();
+  wait();
   tr.mark(1);
   if (tid < n && tid >= lo && tid >= fresh) load_key();
 #pragma unroll
@@ -2604,7 +2656,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     const float qs = (float)scale * bf2f(qb[h * D + d]);
     q[d] = cap_s > 0.f ? rbf(qs) : qs;
   }
-  __syncthreads();
+  sync();
   float sc = NEG_INF;
   if (tid < n && tid >= lo) {
     sc = 0.f;
@@ -2623,7 +2675,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   float m = sc;
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if (lane == 0) red[warp] = m;
-  __syncthreads();
+  sync();
   m = fmaxf(red[0], red[1]);
 #if ATTN_SINKS
   // The sink joins chunk 0's max (and, below, its sum).
@@ -2633,9 +2685,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   const float e = tid < n && tid >= lo ? expf(sc - m) : 0.f;
   if (tid < ATTN_CHUNK) p[tid] = e;
   float l = warp_sum(e);
-  __syncthreads();
+  sync();
   if (lane == 0) red[warp] = l;
-  __syncthreads();
+  sync();
   l = red[0] + red[1];
 #if ATTN_SINKS
   if (sink != NEG_INF) l += expf(sink - m);
@@ -2662,7 +2714,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) part[8 * tid + i] = o[i];  // = part[tp * D + 8 td + i]
-  __syncthreads();
+  sync();
   if (tid < D) {
     float t = 0.f;
     for (int w = 0; w < P; ++w) t += part[w * D + tid];
@@ -2680,9 +2732,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     return;
   }
   __threadfence();
-  __syncthreads();
+  sync();
   if (tid == 0) last = atomicAdd(&counters[h], 1) == (int)(ns - 1);
-  __syncthreads();
+  sync();
   tr.mark(2);
   if (!last) {
     tr.done(TRACE_ATTENTION);
@@ -2704,7 +2756,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     float mx = mt;
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if (lane == 0) red[warp] = mx;
-    __syncthreads();
+    sync();
     float Mn = M;
     for (int i = 0; i < ATTN_THREADS / 32; ++i) Mn = fmaxf(Mn, red[i]);
     // 0 on the first tile; chunks wholly outside a window (m = -inf) weigh 0, even in a tile
@@ -2713,9 +2765,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     const float wt = t < ns && mt != NEG_INF ? expf(mt - Mn) : 0.f;
     part[tid] = wt;
     float lw = warp_sum(lt * wt);
-    __syncthreads();
+    sync();
     if (lane == 0) red[warp] = lw;
-    __syncthreads();
+    sync();
     float tile = 0.f;
     for (int i = 0; i < ATTN_THREADS / 32; ++i) tile += red[i];
     den = den * keep + tile;
@@ -2741,11 +2793,24 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
       for (; j < nt; ++j) num += __ldcg(pp + j * D) * part[j];
     }
     M = Mn;
-    __syncthreads();
+    sync();
   }
   if (tid < D) out[h * D + tid] = f2bf(num / den);
   if (tid == 0) counters[h] = 0;
   tr.done(TRACE_ATTENTION | 1 << 8);
+}
+extern "C" __global__ void __launch_bounds__(128, 4) attention(
+    const bf16_t* qb, const bf16_t* kc, const bf16_t* vc, const int* state, float* po,
+    float* pml, int* counters, bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS, double scale,
+    u64* trace, ll window, double softcap, const bf16_t* sinks) {
+  __shared__ __align__(16) float q[128];
+  __shared__ float p[ATTN_CHUNK];
+  __shared__ float part[8 * ATTN_THREADS];
+  __shared__ float red[ATTN_THREADS / 32];
+  __shared__ int last;
+  PdlWait wait;
+  attention_body(qb, kc, vc, state, po, pml, counters, out, nh, nkv, D, cap, NS, scale, trace,
+                 window, softcap, sinks, KernelIdx(), q, p, part, red, &last, wait, BlockSync());
 }
 
 // Warp-wide (max, first index) reduction; every lane gets the result.
@@ -2914,3 +2979,224 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
   state[1] += 1;
   state[2] = step + 1;
 }
+
+// The persistent step (GRAPH_PERSIST 1: the host's MLX_GRAPH_PERSIST=1, one-row FFMA steps of
+// the llama family): one launch runs a step's row and attention kernels, from the first
+// layer's q/k/v product to the head, as phases of one grid of co-resident blocks (the SMs
+// times the blocks an SM holds), in the order record_step launches them. Phase i is the table
+// row ph[i] (PS_WORDS words: the kernel, its grid's x and y, then its arguments as the kernel
+// takes them); a grid barrier (ps_barrier) stands where the kernel's blocks wait for the one
+// before (pdl_wait_then_release), so each phase's weights load before it as with PDL. A row
+// phase (matvec, matvec_qkv, matvec_attn_out) runs the kernel's body over this grid (the
+// groups of rows stride over its warps; each group is summed whole by one warp: the same bits
+// whatever the grid); an attention phase runs the kernel's 128-thread blocks as the virtual
+// blocks of the half blocks (2 blockIdx.x + half, then + 2 gridDim.x), each half with its own
+// shared memory and barrier. Every output is the kernels' own, bit for bit.
+#ifndef GRAPH_PERSIST
+#define GRAPH_PERSIST 0
+#endif
+#if GRAPH_PERSIST
+#if MV_MMA || MV_STEAL_ON || MV_RING_ON || NB != 1 || ATTN_SINKS || MV_OUT_BIAS
+#error "the persistent step runs one-row FFMA steps"
+#endif
+#define PS_WORDS 32
+// The persistent step's blocks an SM (its registers: 255 at one block, no spills).
+#ifndef PS_MIN_BLOCKS
+#define PS_MIN_BLOCKS 1
+#endif
+// The phases' kernels (the emulator's numbers for them).
+#define PS_MATVEC 1
+#define PS_QKV 2
+#define PS_ATTENTION 3
+#define PS_ATTN_OUT 11
+// A half block's attention shared memory in floats: q[128], p[ATTN_CHUNK], part[8 x 128],
+// red[4], last (and 3 to keep 16 bytes).
+#define PS_ATTN_FLOATS (128 + ATTN_CHUNK + 8 * ATTN_THREADS + ATTN_THREADS / 32 + 4)
+
+__device__ __forceinline__ u64 ps_load_acquire(const u64* p) {
+#ifdef __CUDA_ARCH__
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#else
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+// The barrier of half `half` of the block (threads 128 half ..): named barrier 1 + half.
+__device__ __forceinline__ void ps_half_sync(int half) {
+#ifdef __CUDA_ARCH__
+  asm volatile("bar.sync %0, 128;" ::"r"(half + 1) : "memory");
+#else
+  emu_half_sync(half);
+#endif
+}
+
+// The block's barrier (bar.sync 0 over its 256 threads) from wherever each warp calls it: an
+// attention phase's halves call it from their own code (each exactly once a phase).
+__device__ __forceinline__ void ps_block_sync() {
+#ifdef __CUDA_ARCH__
+  asm volatile("bar.sync 0;" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+
+// The grid barrier: the block's threads meet, thread 0 makes their writes visible (fence),
+// adds 1 to the counter and waits until it reaches the next multiple of gridDim.x (every
+// block arrived: the counter only grows, across phases and steps, so no reset), and the
+// block meets again. `first` (the step's first phase): the blocks wait for the kernel before
+// this one (embed) first.
+__device__ __forceinline__ void ps_barrier(u64* ctr, bool first) {
+  if (first) pdl_wait_then_release();
+  ps_block_sync();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const u64 units = gridDim.x;
+    const u64 old = atomicAdd(ctr, 1ull);
+    const u64 target = (old / units + 1) * units;
+    // A grid whose blocks are not all resident (the host sizes it from the occupancy API; a
+    // GPU shared with another context could hold fewer) would wait forever: past ~2^30 polls
+    // (seconds) the kernel traps instead, a CUDA error that poisons the decoder.
+    for (u32 polls = 0; ps_load_acquire(ctr) < target; ++polls) {
+      if (polls == (1u << 30)) __trap();
+#ifndef __CUDA_ARCH__
+      emu_yield();
+#endif
+    }
+    __threadfence();
+  }
+  ps_block_sync();
+}
+
+// A row phase's wait: every thread of the block calls it once.
+struct PsWait {
+  u64* ctr;
+  bool first;
+  __device__ __forceinline__ void operator()() const { ps_barrier(ctr, first); }
+};
+// An attention phase's, a half block's: its first virtual block's call, or after its last.
+struct PsWaitOnce {
+  u64* ctr;
+  bool first, done;
+  __device__ __forceinline__ void operator()() {
+    if (!done) {
+      done = true;
+      ps_barrier(ctr, first);
+    }
+  }
+};
+// An attention phase's virtual block (bx, by) and thread of its 128.
+struct PsIdx {
+  ll bx, by;
+  int tid;
+  __device__ __forceinline__ ll x() const { return bx; }
+  __device__ __forceinline__ ll y() const { return by; }
+  __device__ __forceinline__ int t() const { return tid; }
+};
+struct PsHalfSync {
+  int half;
+  __device__ __forceinline__ void operator()() const { ps_half_sync(half); }
+};
+
+// A phase's argument i as the kernel's parameter (a pointer, an integer, a double's bits).
+#define PS_P(T, i) ((T)a[3 + (i)])
+#define PS_L(i) ((ll)a[3 + (i)])
+#define PS_D(i) (__longlong_as_double((ll)a[3 + (i)]))
+// Each phase's kernel body is a function of its own, called from the step's loop (inlined
+// into the loop, the bodies' registers were allocated around the loop's back edge: ~6 KB of
+// spills, some in the products' inner loops; called, each is allocated as its kernel is).
+__device__ __noinline__ void ps_matvec(const u64* a, unsigned char* smem, float* red, float*,
+                                       u64* ctr, bool first) {
+  matvec_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const bf16_t*, 2),
+              PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
+              PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
+              PS_P(void*, 9), PS_L(10), PS_L(11), PS_L(12), PS_L(13), PS_L(14), PS_D(15), nullptr,
+              PS_D(17), smem, red, PsWait{ctr, first});
+}
+__device__ __noinline__ void ps_qkv(const u64* a, unsigned char* smem, float* red, float*,
+                                    u64* ctr, bool first) {
+  matvec_qkv_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const void*, 2),
+                  PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
+                  PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
+                  PS_P(const bf16_t*, 9), PS_P(const bf16_t*, 10), PS_P(bf16_t*, 11),
+                  PS_P(bf16_t*, 12), PS_P(bf16_t*, 13), PS_P(const int*, 14), PS_L(15), PS_L(16),
+                  PS_L(17), PS_L(18), PS_L(19), PS_L(20), PS_L(21), PS_L(22), PS_D(23),
+                  PS_P(const float*, 24), nullptr, PS_L(26), PS_P(const bf16_t*, 27), PS_L(28),
+                  smem, red, PsWait{ctr, first});
+}
+__device__ __noinline__ void ps_attn_out(const u64* a, unsigned char* smem, float* red, float*,
+                                         u64* ctr, bool first) {
+  matvec_attn_out_body(PS_P(const void*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
+                       PS_P(const float*, 3), PS_P(const float*, 4), PS_P(const int*, 5),
+                       PS_P(const bf16_t*, 6), PS_P(bf16_t*, 7), PS_L(8), PS_L(9), PS_L(10),
+                       PS_L(11), PS_L(12), PS_L(13), PS_L(14), nullptr, PS_D(16), smem, red,
+                       PsWait{ctr, first});
+}
+__device__ __noinline__ void ps_none(const u64*, unsigned char*, float*, float*, u64*, bool) {}
+// The attention kernel's blocks 2 blockIdx.x + half, + 2 gridDim.x, .. on half `half` (sm: its
+// shared memory), then the barrier if none of them took it.
+__device__ __noinline__ void ps_attention(const u64* a, unsigned char*, float*, float* sm,
+                                          u64* ctr, bool first) {
+  const int half = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
+  const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
+  float* q = sm;
+  float* p = q + 128;
+  float* part = p + ATTN_CHUNK;
+  float* red = part + 8 * ATTN_THREADS;
+  int* last = (int*)(red + ATTN_THREADS / 32);
+  PsWaitOnce w{ctr, first, false};
+  for (ll vb = 2 * (ll)blockIdx.x + half; vb < blocks; vb += 2 * (ll)gridDim.x)
+    attention_body(PS_P(const bf16_t*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
+                   PS_P(const int*, 3), PS_P(float*, 4), PS_P(float*, 5), PS_P(int*, 6),
+                   PS_P(bf16_t*, 7), PS_L(8), PS_L(9), PS_L(10), PS_L(11), PS_L(12), PS_D(13),
+                   nullptr, PS_L(15), PS_D(16), PS_P(const bf16_t*, 17),
+                   PsIdx{vb % gx, vb / gx, tid}, q, p, part, red, last, w, PsHalfSync{half});
+  w();
+}
+
+// The phases' functions by kernel number (PS_MATVEC ..), called through this table: an indirect
+// call is compiled on its own, whatever the loop around it (a direct one, in the loop, was
+// allocated with the loop's values: ~5 KB of spills).
+typedef void (*PsPhaseFn)(const u64*, unsigned char*, float*, float*, u64*, bool);
+__device__ PsPhaseFn ps_phases[16] = {ps_none,   ps_matvec, ps_qkv,  ps_attention,
+                                      ps_none,   ps_none,   ps_none, ps_none,
+                                      ps_none,   ps_none,   ps_none, ps_attn_out,
+                                      ps_none,   ps_none,   ps_none, ps_none};
+
+// ph: n phases of PS_WORDS words; ctr: the barrier's counter (zeroed once when allocated);
+// attn_at: where the attention halves' shared memory begins (the row phases' dynamic shared
+// memory before it), 16-byte aligned; the block's shared memory is attn_at + 64 +
+// 2 PS_ATTN_FLOATS 4 bytes.
+extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(const u64* ph, ll n,
+                                                                             u64* ctr,
+                                                                             ll attn_at) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* red = (float*)(smem + attn_at);
+  float* sm = red + 16 + (threadIdx.x >> 7) * PS_ATTN_FLOATS;
+  for (ll i = 0; i < n; ++i) {
+    const u64* a = ph + i * PS_WORDS;
+    ps_phases[a[0] & 15](a, smem, red, sm, ctr, i == 0);
+  }
+}
+#undef PS_P
+#undef PS_L
+#undef PS_D
+#endif  // GRAPH_PERSIST
+
+#if GRAPH_PERSIST
+// Writes one phase of the persistent step's table (row: PS_WORDS words): the kernel, its grid,
+// and its arguments as the launcher resolved them (buffers as device addresses; doubles as
+// their bits). Launched once a phase when the decoder is built, before the step is captured.
+extern "C" __global__ void persist_fill(u64* row, u64 kind, u64 gx, u64 gy, u64 a0, u64 a1,
+                                        u64 a2, u64 a3, u64 a4, u64 a5, u64 a6, u64 a7, u64 a8,
+                                        u64 a9, u64 a10, u64 a11, u64 a12, u64 a13, u64 a14,
+                                        u64 a15, u64 a16, u64 a17, u64 a18, u64 a19, u64 a20,
+                                        u64 a21, u64 a22, u64 a23, u64 a24, u64 a25, u64 a26,
+                                        u64 a27, u64 a28) {
+  const u64 v[PS_WORDS] = {kind, gx,  gy,  a0,  a1,  a2,  a3,  a4,  a5,  a6,  a7,
+                           a8,   a9,  a10, a11, a12, a13, a14, a15, a16, a17, a18,
+                           a19,  a20, a21, a22, a23, a24, a25, a26, a27, a28};
+  if (threadIdx.x < PS_WORDS) row[threadIdx.x] = v[threadIdx.x];
+}
+#endif
