@@ -3004,6 +3004,11 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
 #ifndef PS_MIN_BLOCKS
 #define PS_MIN_BLOCKS 1
 #endif
+// The grid barrier's ordering: 0, fences around a relaxed atomic (as cooperative groups' grid
+// sync); 1, a release atomic and acquire polls (MLX_GRAPH_PERSIST=2, for A/B).
+#ifndef PS_BARRIER_RA
+#define PS_BARRIER_RA 0
+#endif
 // The phases' kernels (the emulator's numbers for them).
 #define PS_MATVEC 1
 #define PS_QKV 2
@@ -3020,6 +3025,17 @@ __device__ __forceinline__ u64 ps_load_acquire(const u64* p) {
   return v;
 #else
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+// Adds 1 to the counter with release semantics (PS_BARRIER_RA's arrival: no separate fence).
+__device__ __forceinline__ u64 ps_add_release(u64* p) {
+#ifdef __CUDA_ARCH__
+  u64 old;
+  asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(p) : "memory");
+  return old;
+#else
+  return __atomic_fetch_add(p, 1ull, __ATOMIC_RELEASE);
 #endif
 }
 
@@ -3051,20 +3067,30 @@ __device__ __forceinline__ void ps_barrier(u64* ctr, bool first) {
   if (first) pdl_wait_then_release();
   ps_block_sync();
   if (threadIdx.x == 0) {
-    __threadfence();
     const u64 units = gridDim.x;
+#if PS_BARRIER_RA
+    // Release/acquire alone (MLX_GRAPH_PERSIST=2): the arrival's release orders the block's
+    // writes (made the thread's by the block barrier) before it, the polls' acquire the
+    // phase's reads after them; no fence.sc on either side.
+    const u64 old = ps_add_release(ctr);
+#else
+    __threadfence();
     const u64 old = atomicAdd(ctr, 1ull);
+#endif
     const u64 target = (old / units + 1) * units;
     // A grid whose blocks are not all resident (the host sizes it from the occupancy API; a
-    // GPU shared with another context could hold fewer) would wait forever: past ~2^30 polls
-    // (seconds) the kernel traps instead, a CUDA error that poisons the decoder.
+    // GPU shared with another context could hold fewer) would wait forever: past 2^24 polls
+    // (~10 s at an L2 round trip a poll; a phase takes microseconds) the kernel traps
+    // instead, a CUDA error that poisons the decoder.
     for (u32 polls = 0; ps_load_acquire(ctr) < target; ++polls) {
-      if (polls == (1u << 30)) __trap();
+      if (polls == (1u << 24)) __trap();
 #ifndef __CUDA_ARCH__
       emu_yield();
 #endif
     }
+#if !PS_BARRIER_RA
     __threadfence();
+#endif
   }
   ps_block_sync();
 }

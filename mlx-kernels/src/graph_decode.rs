@@ -3968,7 +3968,8 @@ fn mv_nb_define(nb: usize, on: bool) -> &'static str {
     }
 }
 
-/// Whether one-row steps run as one persistent kernel (`MLX_GRAPH_PERSIST=1`; off otherwise):
+/// Whether one-row steps run as one persistent kernel (`MLX_GRAPH_PERSIST=1`, or `2`:
+/// [`persist_release_acquire`]; off otherwise):
 /// graph_decode.cu's `persist_step` runs the step's row and attention kernels, from the first
 /// q/k/v product to the head, as phases of one grid of co-resident blocks separated by a grid
 /// barrier, instead of ~5 launches a layer (the boundaries between them, not the weights, are
@@ -3978,7 +3979,14 @@ fn mv_nb_define(nb: usize, on: bool) -> &'static str {
 /// either way. Where [`persist_spec`] or [`persist_build`] do not allow it, the switch does
 /// nothing ([`GraphDecoder::persistent_step`] says which).
 fn persist() -> bool {
-    std::env::var("MLX_GRAPH_PERSIST").is_ok_and(|v| v == "1")
+    std::env::var("MLX_GRAPH_PERSIST").is_ok_and(|v| v == "1" || v == "2")
+}
+
+/// `MLX_GRAPH_PERSIST=2`: the persistent step's grid barrier orders by a release atomic and
+/// acquire polls alone (`PS_BARRIER_RA`) instead of fences around a relaxed atomic (as
+/// cooperative groups' grid sync), for A/B on a device. The same bits either way.
+fn persist_release_acquire() -> bool {
+    std::env::var("MLX_GRAPH_PERSIST").is_ok_and(|v| v == "2")
 }
 
 /// Why a step of `spec` (tiles of `nb` rows, `mma`: on the tensor cores) cannot run as the
@@ -4004,10 +4012,10 @@ fn persist_spec(spec: &GraphSpec, nb: usize, mma: bool) -> Option<&'static str> 
 /// The step source's define for the persistent step (`on`), empty otherwise (the source then
 /// is the one without it: no persistent kernel compiled).
 fn persist_define(on: bool) -> &'static str {
-    if on {
-        "#define GRAPH_PERSIST 1\n"
-    } else {
-        ""
+    match (on, persist_release_acquire()) {
+        (false, _) => "",
+        (true, false) => "#define GRAPH_PERSIST 1\n",
+        (true, true) => "#define GRAPH_PERSIST 1\n#define PS_BARRIER_RA 1\n",
     }
 }
 
@@ -6209,7 +6217,7 @@ mod tests {
         // the two persistent kernels to a one-row llama step's source, nothing elsewhere; the
         // kernel source's own default is off (no persistent kernel compiled).
         assert!(SOURCE.contains("#ifndef GRAPH_PERSIST\n#define GRAPH_PERSIST 0\n#endif"));
-        assert_eq!(persist_define(true), "#define GRAPH_PERSIST 1\n");
+        assert!(persist_define(true).starts_with("#define GRAPH_PERSIST 1\n"));
         assert_eq!(persist_define(false), "");
         let off = plain_params();
         let on = SourceParams {
@@ -6223,8 +6231,8 @@ mod tests {
         if !(mv_steal() || mv_ring()) {
             assert_eq!(persist_spec(&s, 1, false), None);
             let (src, kernels) = step_source(&s, &on, 1, false, false);
-            assert!(src.contains("#define GRAPH_PERSIST 1\n"));
-            assert_eq!(src.replace("#define GRAPH_PERSIST 1\n", ""), plain);
+            assert!(src.contains(persist_define(true)));
+            assert_eq!(src.replace(persist_define(true), ""), plain);
             assert!(PERSIST_KERNELS.iter().all(|p| kernels.contains(p)));
         }
         // Several rows, the tensor cores, experts, q/k norms: the kernels, the source unchanged.

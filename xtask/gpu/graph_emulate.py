@@ -436,6 +436,8 @@ DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved th
 # (GRAPH_EMU_DUMP, dump_compare.py) with a run without it: every step bit-equal.
 # GRAPH_EMU_PERSIST_MUTATE=skip drops one phase (the last layer's down projection), =barrier
 # lets the barrier's waiters through without waiting: both must show in the logits.
+# GRAPH_EMU_PERSIST=2: the barrier by a release atomic and acquire polls (PS_BARRIER_RA,
+# MLX_GRAPH_PERSIST=2 on the device).
 PERSIST = int(os.environ.get("GRAPH_EMU_PERSIST", "0"))
 PERSIST_GRID = int(os.environ.get("GRAPH_EMU_PERSIST_GRID", "4"))
 PERSIST_MUTATE = os.environ.get("GRAPH_EMU_PERSIST_MUTATE", "")
@@ -486,6 +488,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define MV_STEAL 1\n" if cu is None and STEAL else "")
            + ("#define MV_NB 1\n" if cu is None and MV_NB else "")
            + ("#define GRAPH_PERSIST 1\n" if cu is None and PERSIST else "")
+           + ("#define PS_BARRIER_RA 1\n" if cu is None and PERSIST == 2 else "")
            + (CU if cu is None else cu))
     if cu is None and PERSIST_MUTATE == "barrier":
         a = "ps_load_acquire(ctr) < target;"
@@ -511,7 +514,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
            f"{'_steal' if STEAL and cu is None else ''}"
            f"{'_mvnb' if MV_NB and cu is None else ''}"
-           f"{'_persist' + PERSIST_MUTATE if PERSIST and cu is None else ''}"
+           f"{'_persist' + str(PERSIST) + PERSIST_MUTATE if PERSIST and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
