@@ -101,6 +101,9 @@ struct KernelIdx {
   __device__ __forceinline__ ll x() const { return blockIdx.x; }
   __device__ __forceinline__ ll y() const { return blockIdx.y; }
   __device__ __forceinline__ int t() const { return threadIdx.x; }
+  __device__ __forceinline__ unsigned ux() const { return blockIdx.x; }
+  __device__ __forceinline__ unsigned ut() const { return threadIdx.x; }
+  __device__ __forceinline__ ll gx() const { return gridDim.x; }
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -196,24 +199,27 @@ __device__ __forceinline__ void rope_angle(int i, int pos, const float* inv_freq
 #ifndef EMBED_BATCH
 #define EMBED_BATCH 1
 #endif
-extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_t* B,
-                                 const int* state, bf16_t* h,
-                                 ll H, ll bits, ll gs, float* rope, ll half, ll nrot,
-                                 const float* inv_freq, double pos_scale, double out_scale,
-                                 double emb_scale, ll nrot2, const float* inv_freq2,
-                                 double pos_scale2, double out_scale2) {
-  pdl_wait_then_release();
-  const int b = blockIdx.x;  // the row
+// embed's body (the kernel below; the persistent step's first phase): block ix.ux() (the row),
+// thread ix.ut(), its wait passed in.
+template <class Wait, class Idx>
+__device__ __forceinline__ void embed_body(const void* table, const bf16_t* S, const bf16_t* B,
+                                           const int* state, bf16_t* h, ll H, ll bits, ll gs,
+                                           float* rope, ll half, ll nrot, const float* inv_freq,
+                                           double pos_scale, double out_scale, double emb_scale,
+                                           ll nrot2, const float* inv_freq2, double pos_scale2,
+                                           double out_scale2, Idx ix, Wait& wait) {
+  wait();
+  const int b = ix.ux();  // the row
   state += 4 * b;
   h += (ll)b * H;
   rope += (ll)b * 4 * half;
   // An idle row embeds token 0 (its results are never read).
   const ll tok = state[1] < 0 ? 0 : state[0];
   const int pos = state[1] < 0 ? 0 : state[1];
-  for (int i = threadIdx.x; i < nrot; i += blockDim.x)
+  for (int i = ix.ut(); i < nrot; i += blockDim.x)
     rope_angle(i, pos, inv_freq, pos_scale, out_scale, rope[i], rope[half + i]);
   float* rope2 = rope + 2 * half;
-  for (int i = threadIdx.x; i < nrot2; i += blockDim.x)
+  for (int i = ix.ut(); i < nrot2; i += blockDim.x)
     rope_angle(i, pos, inv_freq2, pos_scale2, out_scale2, rope2[i], rope2[half + i]);
 #if EMBED_BATCH > 1
   // EMBED_BATCH values a thread: every load first (the code words, scales and biases, or the
@@ -226,7 +232,7 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
   const bf16_t* Sr = S + (bits == 16 ? 0 : tok * (H / gs));
   const bf16_t* Br = B + (bits == 16 ? 0 : tok * (H / gs));
   const int pi = (int)per, gi = (int)gs;
-  for (ll k0 = threadIdx.x; k0 < H; k0 += EMBED_BATCH * (ll)blockDim.x) {
+  for (ll k0 = ix.ut(); k0 < H; k0 += EMBED_BATCH * (ll)blockDim.x) {
     u32 wv[EMBED_BATCH];
     bf16_t sv[EMBED_BATCH], bv[EMBED_BATCH];
 #pragma unroll
@@ -258,7 +264,7 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
     }
   }
 #else
-  for (ll k = threadIdx.x; k < H; k += blockDim.x) {
+  for (ll k = ix.ut(); k < H; k += blockDim.x) {
     float v;
     if (bits == 16) {
       v = bf2f(((const bf16_t*)table)[tok * H + k]);
@@ -272,6 +278,16 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
     h[k] = f2bf(v * (float)emb_scale);
   }
 #endif
+}
+extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_t* B,
+                                 const int* state, bf16_t* h,
+                                 ll H, ll bits, ll gs, float* rope, ll half, ll nrot,
+                                 const float* inv_freq, double pos_scale, double out_scale,
+                                 double emb_scale, ll nrot2, const float* inv_freq2,
+                                 double pos_scale2, double out_scale2) {
+  PdlWait wait;
+  embed_body(table, S, B, state, h, H, bits, gs, rope, half, nrot, inv_freq, pos_scale,
+             out_scale, emb_scale, nrot2, inv_freq2, pos_scale2, out_scale2, KernelIdx(), wait);
 }
 
 // Dot product of 8 bfloat16 weights with 8 bfloat16 inputs, added to acc.
@@ -2859,8 +2875,8 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 // logit_bias processor adds it to the bfloat16 logits (x + 0 is x: a row without a bias
 // reads its logits).
 __device__ __forceinline__ void argmax_load(const float* logits, const float* bias, ll V,
-                                            float* v) {
-  const ll base = (ll)blockIdx.x * ARGMAX_SLICE + threadIdx.x;
+                                            float* v, ll bx, unsigned t) {
+  const ll base = bx * ARGMAX_SLICE + t;
 #pragma unroll
   for (int k = 0; k < ARGMAX_PER; ++k) {
     const ll i = base + k * ARGMAX_THREADS;
@@ -2868,21 +2884,24 @@ __device__ __forceinline__ void argmax_load(const float* logits, const float* bi
   }
 }
 
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
-    const float* logits, const float* bias, float* part, int* ctl, ll V) {
-  __shared__ float red[ARGMAX_THREADS / 32];
-  __shared__ int last;
-  pdl_wait_then_release();
-  const int tid = threadIdx.x;
-  const ll G = gridDim.x;
+// argmax_partial's body (the kernel below; the persistent step's phases): block
+// (ix.x(), ix.y()) of a grid of ix.gx() by NB, its shared memory and wait passed in.
+template <class Wait, class Idx>
+__device__ __forceinline__ void argmax_partial_body(const float* logits, const float* bias,
+                                                    float* part, int* ctl, ll V, float* red,
+                                                    int* last_p, Idx ix, Wait& wait) {
+  int& last = *last_p;
+  wait();
+  const int tid = ix.t();
+  const ll G = ix.gx();
   // Block (x, b): sequence b's logits, parts and counters (grid G by NB).
-  const ll row = blockIdx.y;
+  const ll row = ix.y();
   logits += row * V;
   bias += row * V;
   part += row * (2 * G + 2);
   ctl += row * 4;
   float v[ARGMAX_PER];
-  argmax_load(logits, bias, V, v);
+  argmax_load(logits, bias, V, v, ix.x(), ix.ut());
   float m = NEG_INF;
 #pragma unroll
   for (int k = 0; k < ARGMAX_PER; ++k) m = v[k] > m ? v[k] : m;
@@ -2894,8 +2913,8 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
   }
   s = block_sum(s, red);
   if (tid == 0) {
-    part[2 * blockIdx.x] = m;
-    part[2 * blockIdx.x + 1] = s;
+    part[2 * ix.ux()] = m;
+    part[2 * ix.ux() + 1] = s;
   }
   __threadfence();
   __syncthreads();
@@ -2921,15 +2940,25 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
     ctl[0] = 0;
   }
 }
-
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
-    const float* logits, const float* bias, const float* part, int* ctl, int* state,
-    int* tokens, ll V, ll max_steps) {
-  __shared__ int red[ARGMAX_THREADS / 32];
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
+    const float* logits, const float* bias, float* part, int* ctl, ll V) {
+  __shared__ float red[ARGMAX_THREADS / 32];
   __shared__ int last;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const ll G = gridDim.x;
-  const ll row = blockIdx.y;
+  PdlWait wait;
+  argmax_partial_body(logits, bias, part, ctl, V, red, &last, KernelIdx(), wait);
+}
+
+// argmax_pick's body (the kernel below; the persistent step's last phase): block
+// (ix.x(), ix.y()) of a grid of ix.gx() by NB, its shared memory and wait passed in.
+template <class Wait, class Idx>
+__device__ __forceinline__ void argmax_pick_body(const float* logits, const float* bias,
+                                                 const float* part, int* ctl, int* state,
+                                                 int* tokens, ll V, ll max_steps, int* red,
+                                                 int* last_p, Idx ix, Wait& wait) {
+  int& last = *last_p;
+  const int tid = ix.t(), lane = tid & 31, warp = tid >> 5;
+  const ll G = ix.gx();
+  const ll row = ix.y();
   logits += row * V;
   bias += row * V;
   part += row * (2 * G + 2);
@@ -2938,14 +2967,14 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
   tokens += row * 2 * max_steps;
   // The logits were written two kernels back: loaded before the wait (see attention).
   float v[ARGMAX_PER];
-  argmax_load(logits, bias, V, v);
-  pdl_wait_then_release();
+  argmax_load(logits, bias, V, v, ix.x(), ix.ut());
+  wait();
   // An idle row samples nothing (its state is the host's: read after the wait).
   if (state[1] < 0) return;
   const float lse = __ldcg(&part[2 * G]), best = __ldcg(&part[2 * G + 1]);
   // V - the thread's first index whose log-probability is the largest, or 0.
   int mine = 0;
-  const ll base = (ll)blockIdx.x * ARGMAX_SLICE + tid;
+  const ll base = ix.x() * ARGMAX_SLICE + tid;
 #pragma unroll
   for (int k = ARGMAX_PER - 1; k >= 0; --k) {
     if (rbf(v[k] - lse) == best) mine = (int)(V - (base + k * ARGMAX_THREADS));
@@ -2979,10 +3008,19 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
   state[1] += 1;
   state[2] = step + 1;
 }
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
+    const float* logits, const float* bias, const float* part, int* ctl, int* state,
+    int* tokens, ll V, ll max_steps) {
+  __shared__ int red[ARGMAX_THREADS / 32];
+  __shared__ int last;
+  PdlWait wait;
+  argmax_pick_body(logits, bias, part, ctl, state, tokens, V, max_steps, red, &last, KernelIdx(),
+                   wait);
+}
 
 // The persistent step (GRAPH_PERSIST 1: the host's MLX_GRAPH_PERSIST=1, one-row FFMA steps of
-// the llama family): one launch runs a step's row and attention kernels, from the first
-// layer's q/k/v product to the head, as phases of one grid of co-resident blocks (the SMs
+// the llama family): one launch runs a whole step (embed, each layer's row and attention
+// kernels, the head, the argmax pair) as phases of one grid of co-resident blocks (the SMs
 // times the blocks an SM holds), in the order record_step launches them. Phase i is the table
 // row ph[i] (PS_WORDS words: the kernel, its grid's x and y, then its arguments as the kernel
 // takes them); a grid barrier (ps_barrier) stands where the kernel's blocks wait for the one
@@ -3010,6 +3048,9 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
 #define PS_BARRIER_RA 0
 #endif
 // The phases' kernels (the emulator's numbers for them).
+#define PS_EMBED 0
+#define PS_ARGMAX_PARTIAL 4
+#define PS_ARGMAX_PICK 5
 #define PS_MATVEC 1
 #define PS_QKV 2
 #define PS_ATTENTION 3
@@ -3116,9 +3157,13 @@ struct PsWaitOnce {
 struct PsIdx {
   ll bx, by;
   int tid;
+  ll gridx;
   __device__ __forceinline__ ll x() const { return bx; }
   __device__ __forceinline__ ll y() const { return by; }
   __device__ __forceinline__ int t() const { return tid; }
+  __device__ __forceinline__ unsigned ux() const { return (unsigned)bx; }
+  __device__ __forceinline__ unsigned ut() const { return (unsigned)tid; }
+  __device__ __forceinline__ ll gx() const { return gridx; }
 };
 struct PsHalfSync {
   int half;
@@ -3160,6 +3205,41 @@ __device__ __noinline__ void ps_attn_out(const u64* a, unsigned char* smem, floa
                        PsWait{ctr, first});
 }
 __device__ __noinline__ void ps_none(const u64*, unsigned char*, float*, float*, u64*, bool) {}
+// embed and the argmax pair: the kernels' 256-thread blocks as the blocks' virtual blocks
+// (blockIdx.x, + gridDim.x, ..; the grid gx by gy), then the barrier if none of them took it.
+// Their shared memory: red (8 words) and last (the 9th) in the row phases' `red` (16 words).
+__device__ __noinline__ void ps_embed(const u64* a, unsigned char*, float*, float*, u64* ctr,
+                                      bool first) {
+  const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
+  PsWaitOnce w{ctr, first, false};
+  for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
+    embed_body(PS_P(const void*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
+               PS_P(const int*, 3), PS_P(bf16_t*, 4), PS_L(5), PS_L(6), PS_L(7), PS_P(float*, 8),
+               PS_L(9), PS_L(10), PS_P(const float*, 11), PS_D(12), PS_D(13), PS_D(14), PS_L(15),
+               PS_P(const float*, 16), PS_D(17), PS_D(18),
+               PsIdx{vb % gx, vb / gx, (int)threadIdx.x, gx}, w);
+  w();
+}
+__device__ __noinline__ void ps_argmax_partial(const u64* a, unsigned char*, float* red, float*,
+                                               u64* ctr, bool first) {
+  const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
+  PsWaitOnce w{ctr, first, false};
+  for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
+    argmax_partial_body(PS_P(const float*, 0), PS_P(const float*, 1), PS_P(float*, 2),
+                        PS_P(int*, 3), PS_L(4), red, (int*)(red + 8),
+                        PsIdx{vb % gx, vb / gx, (int)threadIdx.x, gx}, w);
+  w();
+}
+__device__ __noinline__ void ps_argmax_pick(const u64* a, unsigned char*, float* red, float*,
+                                            u64* ctr, bool first) {
+  const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
+  PsWaitOnce w{ctr, first, false};
+  for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
+    argmax_pick_body(PS_P(const float*, 0), PS_P(const float*, 1), PS_P(const float*, 2),
+                     PS_P(int*, 3), PS_P(int*, 4), PS_P(int*, 5), PS_L(6), PS_L(7), (int*)red,
+                     (int*)(red + 8), PsIdx{vb % gx, vb / gx, (int)threadIdx.x, gx}, w);
+  w();
+}
 // The attention kernel's blocks 2 blockIdx.x + half, + 2 gridDim.x, .. on half `half` (sm: its
 // shared memory), then the barrier if none of them took it.
 __device__ __noinline__ void ps_attention(const u64* a, unsigned char*, float*, float* sm,
@@ -3177,7 +3257,7 @@ __device__ __noinline__ void ps_attention(const u64* a, unsigned char*, float*, 
                    PS_P(const int*, 3), PS_P(float*, 4), PS_P(float*, 5), PS_P(int*, 6),
                    PS_P(bf16_t*, 7), PS_L(8), PS_L(9), PS_L(10), PS_L(11), PS_L(12), PS_D(13),
                    nullptr, PS_L(15), PS_D(16), PS_P(const bf16_t*, 17),
-                   PsIdx{vb % gx, vb / gx, tid}, q, p, part, red, last, w, PsHalfSync{half});
+                   PsIdx{vb % gx, vb / gx, tid, gx}, q, p, part, red, last, w, PsHalfSync{half});
   w();
 }
 
@@ -3185,10 +3265,10 @@ __device__ __noinline__ void ps_attention(const u64* a, unsigned char*, float*, 
 // call is compiled on its own, whatever the loop around it (a direct one, in the loop, was
 // allocated with the loop's values: ~5 KB of spills).
 typedef void (*PsPhaseFn)(const u64*, unsigned char*, float*, float*, u64*, bool);
-__device__ PsPhaseFn ps_phases[16] = {ps_none,   ps_matvec, ps_qkv,  ps_attention,
-                                      ps_none,   ps_none,   ps_none, ps_none,
-                                      ps_none,   ps_none,   ps_none, ps_attn_out,
-                                      ps_none,   ps_none,   ps_none, ps_none};
+__device__ PsPhaseFn ps_phases[16] = {ps_embed, ps_matvec,         ps_qkv,         ps_attention,
+                                      ps_argmax_partial, ps_argmax_pick, ps_none, ps_none,
+                                      ps_none,  ps_none,           ps_none,        ps_attn_out,
+                                      ps_none,  ps_none,           ps_none,        ps_none};
 
 // ph: n phases of PS_WORDS words; ctr: the barrier's counter (zeroed once when allocated);
 // attn_at: where the attention halves' shared memory begins (the row phases' dynamic shared

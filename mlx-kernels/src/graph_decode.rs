@@ -2529,7 +2529,7 @@ impl GraphDecoder {
     }
 
     /// The persistent step (`MLX_GRAPH_PERSIST=1`): `Ok(blocks)` where the step runs as one
-    /// persistent kernel of that many blocks between embed and the sampler, `Err(why)` where
+    /// persistent kernel of that many blocks (one launch a step), `Err(why)` where
     /// it does not (the switch off, or a step it does not take: the kernels as without it).
     pub fn persistent_step(&self) -> std::result::Result<u32, String> {
         match self.step.persist {
@@ -3715,12 +3715,12 @@ struct Recorder<'a> {
     module: Module,
     /// The first tile's first row.
     first_row: usize,
-    /// The persistent step's phases' kernels (matvec, matvec_qkv, attention, matvec_attn_out)
-    /// where they are collected or replaced, else none.
-    phase_kernels: Option<[Kernel; 4]>,
+    /// The persistent step's phases' kernels (matvec, matvec_qkv, attention, matvec_attn_out,
+    /// embed, argmax_partial, argmax_pick) where they are collected or replaced, else none.
+    phase_kernels: Option<[Kernel; 7]>,
     /// Collect the phases instead of launching anything (persist_build), or none.
     collect: Option<Vec<Phase>>,
-    /// Leave the phases to the persistent step (launched after the head).
+    /// Leave the phases to the persistent step (launched in their place, after the last).
     persist: bool,
 }
 
@@ -3970,9 +3970,9 @@ fn mv_nb_define(nb: usize, on: bool) -> &'static str {
 
 /// Whether one-row steps run as one persistent kernel (`MLX_GRAPH_PERSIST=1`, or `2`:
 /// [`persist_release_acquire`]; off otherwise):
-/// graph_decode.cu's `persist_step` runs the step's row and attention kernels, from the first
-/// q/k/v product to the head, as phases of one grid of co-resident blocks separated by a grid
-/// barrier, instead of ~5 launches a layer (the boundaries between them, not the weights, are
+/// graph_decode.cu's `persist_step` runs the whole step (embed, each layer's row and attention
+/// kernels, the head, the greedy sampler's pair) as phases of one grid of co-resident blocks
+/// separated by a grid barrier: one launch a step instead of ~5 a layer (the boundaries between them, not the weights, are
 /// a small model's step: issue #30's 135M target). Read where the step source's defines are
 /// chosen and where the decoder is built, so the decoder, `mlx` and the tests alike take it
 /// from their environment. Each phase runs its kernel's own code: every output is bit-equal
@@ -3991,7 +3991,7 @@ fn persist_release_acquire() -> bool {
 
 /// Why a step of `spec` (tiles of `nb` rows, `mma`: on the tensor cores) cannot run as the
 /// persistent step, or none: the llama family's one-row FFMA steps (bfloat16 or affine
-/// weights, tied or untied heads) whose every kernel between embed and the greedy sampler is a
+/// weights, tied or untied heads) whose every kernel besides embed and the greedy sampler is a
 /// row product or attention.
 fn persist_spec(spec: &GraphSpec, nb: usize, mma: bool) -> Option<&'static str> {
     if nb != 1 || mma {
@@ -4025,8 +4025,9 @@ const PERSIST_KERNELS: [(&str, u32); 2] = [("persist_step", 4), ("persist_fill",
 /// up to 29 arguments (matvec_qkv's).
 const PS_WORDS: usize = 32;
 /// The phases' kernels as the source numbers them (`PS_MATVEC`, `PS_QKV`, `PS_ATTENTION`,
-/// `PS_ATTN_OUT`), in [`Recorder::phase_kernels`]' order.
-const PS_KINDS: [i64; 4] = [1, 2, 3, 11];
+/// `PS_ATTN_OUT`, `PS_EMBED`, `PS_ARGMAX_PARTIAL`, `PS_ARGMAX_PICK`), in
+/// [`Recorder::phase_kernels`]' order.
+const PS_KINDS: [i64; 7] = [1, 2, 3, 11, 0, 4, 5];
 /// A half block's attention shared memory in the persistent step (`PS_ATTN_FLOATS` floats).
 const PS_ATTN_BYTES: u32 = (128 + ATTN_CHUNK as u32 + 8 * 128 + 4 + 4) * 4;
 
@@ -4828,6 +4829,9 @@ fn record_step_with(
             rt.kernel_in(set.module, "matvec_qkv")?,
             rt.kernel_in(set.module, "attention")?,
             rt.kernel_in(set.module, "matvec_attn_out")?,
+            rt.kernel_in(set.module, "embed")?,
+            rt.kernel_in(set.module, "argmax_partial")?,
+            rt.kernel_in(set.module, "argmax_pick")?,
         ])
     } else {
         None
@@ -5141,26 +5145,6 @@ fn record_step_with(
             MODE_NORM | MODE_F32,
         )?,
     }
-    if let Some(c) = rec.collect.take() {
-        return Ok(c);
-    }
-    if let (true, Some(p)) = (rec.persist, step.persist) {
-        let k = rec.kernel(rt, "persist_step")?;
-        rec.launch(
-            rt,
-            Part::Head,
-            k,
-            [p.grid, 1, 1],
-            [MV_THREADS, 1, 1],
-            p.shared,
-            &[
-                Arg::Buf(p.table, 0),
-                Arg::I64(p.phases as i64),
-                Arg::Buf(p.counter, 0),
-                Arg::I64(p.attn_at as i64),
-            ],
-        )?;
-    }
     let am_blocks = am_g as u32;
     let am_row = (2 * am_g + 2) * 4;
     for t in 0..tiles {
@@ -5197,6 +5181,26 @@ fn record_step_with(
                 Arg::Buf(a.tokens, at(t, cap * 8)),
                 Arg::I64(s.vocab as i64),
                 Arg::I64(cap as i64),
+            ],
+        )?;
+    }
+    if let Some(c) = rec.collect.take() {
+        return Ok(c);
+    }
+    if let (true, Some(p)) = (rec.persist, step.persist) {
+        let k = rec.kernel(rt, "persist_step")?;
+        rec.launch(
+            rt,
+            Part::Head,
+            k,
+            [p.grid, 1, 1],
+            [MV_THREADS, 1, 1],
+            p.shared,
+            &[
+                Arg::Buf(p.table, 0),
+                Arg::I64(p.phases as i64),
+                Arg::Buf(p.counter, 0),
+                Arg::I64(p.attn_at as i64),
             ],
         )?;
     }
@@ -6252,7 +6256,18 @@ mod tests {
         // A phase's words (PS_WORDS) hold matvec_qkv's arguments, the largest (KERNELS' arity).
         let most = KERNELS
             .iter()
-            .filter(|k| ["matvec", "matvec_qkv", "attention", "matvec_attn_out"].contains(&k.0))
+            .filter(|k| {
+                [
+                    "matvec",
+                    "matvec_qkv",
+                    "attention",
+                    "matvec_attn_out",
+                    "embed",
+                    "argmax_partial",
+                    "argmax_pick",
+                ]
+                .contains(&k.0)
+            })
             .map(|k| k.1 as usize)
             .max();
         assert_eq!(most, Some(PS_WORDS - 3));

@@ -428,8 +428,8 @@ STEAL_JITTER = int(os.environ.get("GRAPH_EMU_STEAL_JITTER", "1"))
 STEAL_LIBS = []
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 # The persistent step (GRAPH_PERSIST in the source, MLX_GRAPH_PERSIST=1 on the device):
-# GRAPH_EMU_PERSIST=1 builds it and runs each one-row llama step's row and attention kernels,
-# from the first q/k/v product to the head, as the phases of one persistent_step grid of
+# GRAPH_EMU_PERSIST=1 builds it and runs each one-row llama step (embed, the layers' row and
+# attention kernels, the head, the argmax pair) as the phases of one persistent_step grid of
 # GRAPH_EMU_PERSIST_GRID blocks (4 by default; all at once, so that its grid barrier works;
 # fewer than the kernels' grids, so that the blocks loop over their virtual blocks), its
 # barrier's counter kept across the steps (never reset). Compare the steps' logits
@@ -568,7 +568,7 @@ class Emu:
         return arr
 
     def launch(self, k, grid, block, args):
-        if self.phases is not None and k in (1, 2, 3, 11):
+        if self.phases is not None and k in (0, 1, 2, 3, 4, 5, 11):
             self.phases.append((k, grid, args))
             return
         vals = []
@@ -1213,15 +1213,15 @@ def run(lib, name, tmp=None):
                   cols * 32 // nbits if q else cols, nbits, gs, mode, nh, ns, 0, res_scale if mode & 2 else 0.0])
 
     # The persistent step takes one-row llama steps (graph_decode.rs's `persist_spec`): every
-    # kernel between embed and the sampler a row product or attention.
+    # kernel besides embed and the sampler a row product or attention.
     persist = PERSIST and NB == 1 and not (qk_norm or sandwich or any(L["moe"] for L in layers)
                                            or layers[0]["obias"] is not None)
 
     def step():
-        e.launch(0, (NB, 1), 256, [embed[0][0], embed[1][0], embed[2][0], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,
-                                   pos_scale, out_scale, emb_scale, pairs2, inv_buf2, pos_scale2, out_scale2])
         if persist:
             e.phases = []
+        e.launch(0, (NB, 1), 256, [embed[0][0], embed[1][0], embed[2][0], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,
+                                   pos_scale, out_scale, emb_scale, pairs2, inv_buf2, pos_scale2, out_scale2])
         for L in layers:
             w, n = L["qkv"]
             e.launch(2, mv_grid(n), 256,
@@ -1272,10 +1272,10 @@ def run(lib, name, tmp=None):
                 mv(L["gu"], h, L["post"], None, act, 1 | 4)
                 mv(L["down"], act, None, h, h, 2)
         mv((head, V), h, final_norm, None, logits, 1 | 8)
-        if persist:
-            e.persist()
         e.launch(4, (am, NB), 256, [logits, bias, am_part, am_ctl, V])
         e.launch(5, (am, NB), 256, [logits, bias, am_part, am_ctl, state, tokens, V, cap])
+        if persist:
+            e.persist()
 
     from mlx_lm.models.cache import KVCache
 
