@@ -38,3 +38,9 @@ run mut_skip GRAPH_EMU_ATTN_COMBINE=attention GRAPH_EMU_PERSIST=1 GRAPH_EMU_PERS
 cmp off_attn mut_skip mut_skip
 run mut_barrier GRAPH_EMU_ATTN_COMBINE=attention GRAPH_EMU_PERSIST=1 GRAPH_EMU_PERSIST_MUTATE=barrier
 cmp off_attn mut_barrier mut_barrier
+# More rows the persistent step takes (q/k/v biases and a tied head: q4:make_qwen2; llama3 RoPE:
+# make_llama3), and one it does not (make_qwen3: q/k norms, the kernels either way).
+FIX="q4:make_qwen2 make_llama3 make_qwen3"
+run off_more GRAPH_EMU_ATTN_COMBINE=attention
+run on_more GRAPH_EMU_ATTN_COMBINE=attention GRAPH_EMU_PERSIST=1
+cmp off_more on_more more
