@@ -11,7 +11,14 @@ import re
 import subprocess
 import sys
 
-import cost_model as C
+import importlib.util
+import pathlib
+
+# Session 39's SASS helpers (NVRTC, nvdisasm, the cache), from its folder.
+_spec = importlib.util.spec_from_file_location(
+    "cost_model", pathlib.Path(__file__).resolve().parent.parent / "2026-12-06-s39-verify" / "cost_model.py")
+C = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(C)
 
 REF = sys.argv[1] if len(sys.argv) > 1 else "015deb8b"
 
