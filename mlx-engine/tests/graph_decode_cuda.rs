@@ -2032,3 +2032,118 @@ fn trellis_chat_keeps_its_decoder() {
     }
     let _ = std::fs::remove_dir_all(&dst);
 }
+
+/// The persistent step (`MLX_GRAPH_PERSIST=1`, [`GraphDecoder::persistent_step`]): the one-row
+/// step's row and attention kernels run as the phases of one kernel of co-resident blocks, each
+/// phase the kernel's own code (graph_decode.cu's `persist_step`). Tier: equal, bit for bit.
+/// Rows: the small llama fixtures (bfloat16 tied, 4-bit, bfloat16 untied) and a 135M-shaped
+/// llama (SmolLM2-135M's layer: hidden 576, 9 heads of 64, 3 KV heads, MLP 1,536, vocabulary
+/// 49,152, tied; 4 layers instead of 30) in bfloat16 and in 4 bits; prompts of 40 and 200
+/// tokens (the attention over 1 and 4 chunks), the attention combined by its last block
+/// (the default) and by the output projection. Each: 32 teacher-forced steps' logits, then 32
+/// greedy tokens, against a decoder without the persistent step; the decoder must report that
+/// it took it. `MLX_GRAPH_PERSIST_ROWS=a,b` picks rows.
+#[test]
+fn persistent_step_equals_the_kernels() {
+    if !GraphDecoder::available() {
+        eprintln!("no CUDA driver: skipped");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("graph_persist_{}", std::process::id()));
+    let picked = std::env::var("MLX_GRAPH_PERSIST_ROWS").ok();
+    let wanted = |name: &str| match &picked {
+        Some(list) => list.split(',').any(|p| p.trim() == name),
+        None => true,
+    };
+    let s135m = serde_json::json!({"model_type": "llama", "hidden_size": 576,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "intermediate_size": 1536, "num_hidden_layers": 4, "vocab_size": 49152,
+        "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192,
+        "tie_word_embeddings": true});
+    let mut rows: Vec<graph_models::Row> = graph_models::rows()
+        .into_iter()
+        .filter(|r| ["llama", "llama3_q4", "llama_yarn_untied"].contains(&r.name))
+        .collect();
+    rows.push(graph_models::Row {
+        name: "llama_135m_shape",
+        config: s135m.clone(),
+        quant: None,
+    });
+    rows.push(graph_models::Row {
+        name: "llama_135m_shape_q4",
+        config: s135m,
+        quant: Some((64, 4)),
+    });
+    let mut failed = Vec::new();
+    for row in rows.into_iter().filter(|r| wanted(r.name)) {
+        let dir = graph_models::write(&tmp, &row);
+        let name = row.name;
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| persist_row(name, &dir)));
+        eprintln!(
+            "persist row {name}: {}",
+            if ok.is_ok() { "ok" } else { "FAILED" }
+        );
+        if ok.is_err() {
+            failed.push(name);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(failed.is_empty(), "persistent step rows failed: {failed:?}");
+}
+
+fn persist_row(name: &str, dir: &std::path::Path) {
+    use mlx_kernels::graph_decode::GraphOptions;
+    let model = load_model_dir(dir, &LoadOptions::default()).unwrap().0;
+    let vocab = model.vocab_size();
+    let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+    for len in [40, 200] {
+        let prompt: Vec<i32> = (0..len).map(|i| (i * 7919 + 13) % vocab).collect();
+        let (first, kv, _) = prefill(model.as_ref(), &prompt);
+        let tokens: Vec<u32> = std::iter::once(first)
+            .chain((1..32).map(|i| ((7 + 31 * i) % vocab) as u32))
+            .collect();
+        for in_output in [false, true] {
+            // (teacher-forced logits, greedy tokens with their log-probabilities)
+            let run = |persist: bool| -> (Vec<Vec<f32>>, Vec<(u32, f32)>) {
+                let opts = GraphOptions {
+                    persistent_step: Some(persist),
+                    attn_combine_in_output: Some(in_output),
+                    ..GraphOptions::default()
+                };
+                let mut dec =
+                    GraphDecoder::with_options(spec.clone(), &weights, 1024, &opts).unwrap();
+                let took = dec.persistent_step();
+                assert_eq!(took.is_ok(), persist, "{name}: persistent step {took:?}");
+                if let Ok(blocks) = took {
+                    eprintln!("{name}: prompt {len}: persistent step of {blocks} blocks");
+                }
+                dec.set_prefix(&kv).unwrap();
+                let logits = tokens
+                    .iter()
+                    .map(|&t| dec.step_logits(t).unwrap())
+                    .collect();
+                // Greedy from the prompt's end again: a fresh decoder, the same prefix.
+                let mut dec =
+                    GraphDecoder::with_options(spec.clone(), &weights, 1024, &opts).unwrap();
+                dec.set_prefix(&kv).unwrap();
+                dec.start(first, 32).unwrap();
+                let greedy = (0..32).map(|_| dec.next_token().unwrap()).collect();
+                (logits, greedy)
+            };
+            let (on, off) = (run(true), run(false));
+            for (i, (a, b)) in on.0.iter().zip(&off.0).enumerate() {
+                assert!(
+                    same_bits(a, b),
+                    "{name}: prompt {len}, combine in output {in_output}, step {i}: logits differ"
+                );
+            }
+            for (i, (a, b)) in on.1.iter().zip(&off.1).enumerate() {
+                assert!(
+                    a.0 == b.0 && a.1.to_bits() == b.1.to_bits(),
+                    "{name}: prompt {len}, combine in output {in_output}, greedy step {i}: \
+                     {a:?} against {b:?}"
+                );
+            }
+        }
+    }
+}

@@ -87,6 +87,25 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 #endif
 }
 
+// The wait of a kernel's blocks for the kernel before it, as the row and attention bodies take
+// it (their kernels pass this one; the persistent step, GRAPH_PERSIST, a grid barrier), and
+// the barrier of a body's threads (the kernels': the block's).
+struct PdlWait {
+  __device__ __forceinline__ void operator()() const { pdl_wait_then_release(); }
+};
+struct BlockSync {
+  __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+// The block and thread a body runs as (its kernel's: blockIdx, threadIdx; read where used).
+struct KernelIdx {
+  __device__ __forceinline__ ll x() const { return blockIdx.x; }
+  __device__ __forceinline__ ll y() const { return blockIdx.y; }
+  __device__ __forceinline__ int t() const { return threadIdx.x; }
+  __device__ __forceinline__ unsigned ux() const { return blockIdx.x; }
+  __device__ __forceinline__ unsigned ut() const { return threadIdx.x; }
+  __device__ __forceinline__ ll gx() const { return gridDim.x; }
+};
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -180,24 +199,27 @@ __device__ __forceinline__ void rope_angle(int i, int pos, const float* inv_freq
 #ifndef EMBED_BATCH
 #define EMBED_BATCH 1
 #endif
-extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_t* B,
-                                 const int* state, bf16_t* h,
-                                 ll H, ll bits, ll gs, float* rope, ll half, ll nrot,
-                                 const float* inv_freq, double pos_scale, double out_scale,
-                                 double emb_scale, ll nrot2, const float* inv_freq2,
-                                 double pos_scale2, double out_scale2) {
-  pdl_wait_then_release();
-  const int b = blockIdx.x;  // the row
+// embed's body (the kernel below; the persistent step's first phase): block ix.ux() (the row),
+// thread ix.ut(), its wait passed in.
+template <class Wait, class Idx>
+__device__ __forceinline__ void embed_body(const void* table, const bf16_t* S, const bf16_t* B,
+                                           const int* state, bf16_t* h, ll H, ll bits, ll gs,
+                                           float* rope, ll half, ll nrot, const float* inv_freq,
+                                           double pos_scale, double out_scale, double emb_scale,
+                                           ll nrot2, const float* inv_freq2, double pos_scale2,
+                                           double out_scale2, Idx ix, Wait& wait) {
+  wait();
+  const int b = ix.ux();  // the row
   state += 4 * b;
   h += (ll)b * H;
   rope += (ll)b * 4 * half;
   // An idle row embeds token 0 (its results are never read).
   const ll tok = state[1] < 0 ? 0 : state[0];
   const int pos = state[1] < 0 ? 0 : state[1];
-  for (int i = threadIdx.x; i < nrot; i += blockDim.x)
+  for (int i = ix.ut(); i < nrot; i += blockDim.x)
     rope_angle(i, pos, inv_freq, pos_scale, out_scale, rope[i], rope[half + i]);
   float* rope2 = rope + 2 * half;
-  for (int i = threadIdx.x; i < nrot2; i += blockDim.x)
+  for (int i = ix.ut(); i < nrot2; i += blockDim.x)
     rope_angle(i, pos, inv_freq2, pos_scale2, out_scale2, rope2[i], rope2[half + i]);
 #if EMBED_BATCH > 1
   // EMBED_BATCH values a thread: every load first (the code words, scales and biases, or the
@@ -210,7 +232,7 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
   const bf16_t* Sr = S + (bits == 16 ? 0 : tok * (H / gs));
   const bf16_t* Br = B + (bits == 16 ? 0 : tok * (H / gs));
   const int pi = (int)per, gi = (int)gs;
-  for (ll k0 = threadIdx.x; k0 < H; k0 += EMBED_BATCH * (ll)blockDim.x) {
+  for (ll k0 = ix.ut(); k0 < H; k0 += EMBED_BATCH * (ll)blockDim.x) {
     u32 wv[EMBED_BATCH];
     bf16_t sv[EMBED_BATCH], bv[EMBED_BATCH];
 #pragma unroll
@@ -242,7 +264,7 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
     }
   }
 #else
-  for (ll k = threadIdx.x; k < H; k += blockDim.x) {
+  for (ll k = ix.ut(); k < H; k += blockDim.x) {
     float v;
     if (bits == 16) {
       v = bf2f(((const bf16_t*)table)[tok * H + k]);
@@ -256,6 +278,16 @@ extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_
     h[k] = f2bf(v * (float)emb_scale);
   }
 #endif
+}
+extern "C" __global__ void embed(const void* table, const bf16_t* S, const bf16_t* B,
+                                 const int* state, bf16_t* h,
+                                 ll H, ll bits, ll gs, float* rope, ll half, ll nrot,
+                                 const float* inv_freq, double pos_scale, double out_scale,
+                                 double emb_scale, ll nrot2, const float* inv_freq2,
+                                 double pos_scale2, double out_scale2) {
+  PdlWait wait;
+  embed_body(table, S, B, state, h, H, bits, gs, rope, half, nrot, inv_freq, pos_scale,
+             out_scale, emb_scale, nrot2, inv_freq2, pos_scale2, out_scale2, KernelIdx(), wait);
 }
 
 // Dot product of 8 bfloat16 weights with 8 bfloat16 inputs, added to acc.
@@ -1989,12 +2021,13 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
 // (read after the wait for the previous kernel, which wrote sel: the caller waits first); with
 // `per_slot`, slot j's input is its own, xin + j K (the N / rpe inputs side by side in shared
 // memory), else every slot's is xin.
-template <int BITS, int MAP, bool FP4 = false, class Pre, class Epi>
+template <int BITS, int MAP, bool FP4 = false, class Pre, class Epi, class Wait = PdlWait>
 __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,
                                        double eps, unsigned char* smem, float* red, Trace& tr,
                                        Pre pre, Epi epi, const int* sel = nullptr, ll rpe = 1,
-                                       bool per_slot = false, const AttnParts* ap = nullptr) {
+                                       bool per_slot = false, const AttnParts* ap = nullptr,
+                                       Wait wait = Wait()) {
 #if MV_MMA
   if (BITS == 4 && !FP4 && gs == 64 && !sel && !ap) {
     mv_run_mma(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
@@ -2056,7 +2089,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
 #endif
 #pragma unroll
   for (int u = 0; u < (MV_EARLY < MV_SLOTS ? MV_EARLY : MV_SLOTS); ++u) m.load(u);
-  pdl_wait_then_release();
+  wait();
 #if MV_STEAL_ON
   m.go_dynamic((ll)blockIdx.x * MV_WARPS + warp);
 #endif
@@ -2293,12 +2326,14 @@ __device__ __forceinline__ MvRes mv_res_load(const bf16_t* res, ll N, ll mode, l
 #define MV_OUT_BIAS 0
 #endif
 #define MODE_BIAS 64
-extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
+// matvec's body (the kernel below; the persistent step's phases), its shared memory and wait
+// passed in.
+template <class Wait>
+__device__ __forceinline__ void matvec_body(
     const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
     const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, const bf16_t* res, void* out, ll N,
-    ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[MV_WARPS];
+    ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap, unsigned char* smem,
+    float* red, Wait wait) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   // With a residual, its values for the group's rows (mv_res_load).
@@ -2355,8 +2390,17 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
   const Wts wt = make_wts(W0, W1, W1, S0, S1, S1, B0, B1, B1,
                           (mode & MODE_SWIGLU) ? WMAP_PAIR : WMAP_ONE);
   MV_DISPATCH(bits, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr, pre,
-              epi)
+              epi, nullptr, 1, false, nullptr, wait)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
+}
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
+    const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
+    const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, const bf16_t* res, void* out, ll N,
+    ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[MV_WARPS];
+  matvec_body(W0, W1, S0, S1, B0, B1, xin, normw, res, out, N, K, bits, gs, mode, eps, trace, cap,
+              smem, red, PdlWait());
 }
 
 // The attention projections with RoPE and the cache write in the epilogue:
@@ -2376,14 +2420,16 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
 #ifndef MV_QKV_NORM
 #define MV_QKV_NORM 1
 #endif
-extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
+// matvec_qkv's body (the kernel below; the persistent step's phases), its shared memory and
+// wait passed in.
+template <class Wait>
+__device__ __forceinline__ void matvec_qkv_body(
     const void* Wq, const void* Wk, const void* Wv, const bf16_t* Sq, const bf16_t* Sk,
     const bf16_t* Sv, const bf16_t* Bq, const bf16_t* Bk, const bf16_t* Bv, const bf16_t* xin,
     const bf16_t* normw, bf16_t* qout, bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
     ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional, double eps, const float* rope,
-    u64* trace, ll nrot, const bf16_t* bias, ll pairs) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[MV_WARPS];
+    u64* trace, ll nrot, const bf16_t* bias, ll pairs, unsigned char* smem, float* red,
+    Wait wait) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   const int Di = (int)D, half = Di / 2, qrows = (int)nh * Di, krows = qrows + (int)nkv * Di;
@@ -2455,8 +2501,20 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
   // D is a multiple of MV_ROWS: every group is whole.
   const Wts wt = make_wts(Wq, Wk, Wv, Sq, Sk, Sv, Bq, Bk, Bv, WMAP_QKV, qrows, krows, D, pairs);
   MV_DISPATCH_MAP(bits, WMAP_QKV, wt, xin, normw, MV_QKV_NORM != 0, (nh + 2 * nkv) * D, K, gs,
-                  eps, smem, red, tr, pre, epi)
+                  eps, smem, red, tr, pre, epi, nullptr, 1, false, nullptr, wait)
   tr.done(TRACE_QKV | (u64)K << 16);
+}
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
+    const void* Wq, const void* Wk, const void* Wv, const bf16_t* Sq, const bf16_t* Sk,
+    const bf16_t* Sv, const bf16_t* Bq, const bf16_t* Bk, const bf16_t* Bv, const bf16_t* xin,
+    const bf16_t* normw, bf16_t* qout, bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
+    ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional, double eps, const float* rope,
+    u64* trace, ll nrot, const bf16_t* bias, ll pairs) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[MV_WARPS];
+  matvec_qkv_body(Wq, Wk, Wv, Sq, Sk, Sv, Bq, Bk, Bv, xin, normw, qout, kc, vc, state, K, bits, gs,
+                  nh, nkv, D, cap, traditional, eps, rope, trace, nrot, bias, pairs, smem, red,
+                  PdlWait());
 }
 
 // The output projection of an attention whose partials are not combined yet (attention with
@@ -2466,12 +2524,13 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
 // atomic and reloads. W0 (S0, B0) as matvec's; po, pml the attention's partials (nh heads,
 // NS chunks a head), state the step state; mode 0 or MODE_RES (with cap: the residual
 // multiplier), as matvec's.
-extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out(
+// matvec_attn_out's body (the kernel below; the persistent step's phases), its shared memory
+// and wait passed in.
+template <class Wait>
+__device__ __forceinline__ void matvec_attn_out_body(
     const void* W0, const bf16_t* S0, const bf16_t* B0, const float* po, const float* pml,
     const int* state, const bf16_t* res, bf16_t* out, ll N, ll K, ll bits, ll gs, ll mode,
-    ll nh, ll NS, u64* trace, double cap) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[MV_WARPS];
+    ll nh, ll NS, u64* trace, double cap, unsigned char* smem, float* red, Wait wait) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   using Res = MvRes;
@@ -2497,8 +2556,17 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out
   const AttnParts ap{po, pml, state, nh, NS};
   const Wts wt = make_wts(W0, W0, W0, S0, S0, S0, B0, B0, B0, WMAP_ONE);
   MV_DISPATCH_MAP(bits, WMAP_ONE, wt, (const bf16_t*)po, (const bf16_t*)po, false, N, K, gs,
-                  0.0, smem, red, tr, pre, epi, nullptr, 1, false, &ap)
+                  0.0, smem, red, tr, pre, epi, nullptr, 1, false, &ap, wait)
   tr.done(TRACE_MATVEC | (u64)(mode | 32) << 8 | (u64)K << 16);
+}
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out(
+    const void* W0, const bf16_t* S0, const bf16_t* B0, const float* po, const float* pml,
+    const int* state, const bf16_t* res, bf16_t* out, ll N, ll K, ll bits, ll gs, ll mode,
+    ll nh, ll NS, u64* trace, double cap) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[MV_WARPS];
+  matvec_attn_out_body(W0, S0, B0, po, pml, state, res, out, N, K, bits, gs, mode, nh, NS, trace,
+                       cap, smem, red, PdlWait());
 }
 
 // Attention of one query over the cache, split over the sequence: block (h, s) covers
@@ -2520,14 +2588,18 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out
 #ifndef ATTN_SINKS
 #define ATTN_SINKS 0
 #endif
-extern "C" __global__ void __launch_bounds__(128, 4) attention(
+// attention's body (the kernel below; the persistent step's phases): block (ix.x(), ix.y()) of
+// the kernel's grid, thread ix.t() of its 128, its shared memory, wait and barrier passed in.
+template <class Wait, class Sync, class Idx>
+__device__ __forceinline__ void attention_body(
     const bf16_t* qb, const bf16_t* kc, const bf16_t* vc, const int* state, float* po,
     float* pml, int* counters, bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS, double scale,
-    u64* trace, ll window, double softcap, const bf16_t* sinks) {
+    u64* trace, ll window, double softcap, const bf16_t* sinks, Idx ix, float* q, float* p,
+    float* part, float* red, int* last_p, Wait& wait, Sync sync) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   // Block (b nh + h, s): sequence b's head h (grid nh NB by NS).
-  const ll b = blockIdx.x / nh, h = blockIdx.x % nh, s = blockIdx.y;
+  const ll b = ix.x() / nh, h = ix.x() % nh, s = ix.y();
   state += 4 * b;
   // A verify group's row j shares the slot of the group's first row (b - j), whose positions
   // state[1] - j .. state[1] this step writes.
@@ -2545,7 +2617,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   const ll L = state[1] < 0 ? 0 : (ll)state[1] + 1;
   const ll start = s * ATTN_CHUNK;
   if (start >= L) {
-    pdl_wait_then_release();
+    wait();
     tr.mark(1);
     tr.mark(2);
     tr.done(TRACE_ATTENTION);
@@ -2556,12 +2628,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   // Rows of the chunk before `lo` are outside the window.
   const ll lo = window > 0 && L > window ? L - window - start : 0;
   const ll kvh = h / (nh / nkv);
-  __shared__ __align__(16) float q[128];
-  __shared__ float p[ATTN_CHUNK];
-  __shared__ float part[8 * ATTN_THREADS];
-  __shared__ float red[ATTN_THREADS / 32];
-  __shared__ int last;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int& last = *last_p;
+  const int tid = ix.t(), lane = tid & 31, warp = tid >> 5;
   // Every load at once: the thread's key (a thread a position), its value pieces (thread
   // (position group tp, piece td) takes 8 dimensions of positions tp, tp + P, ..., P = 1024 /
   // D position groups) and the query; then the arithmetic. The cached positions' keys and
@@ -2591,7 +2659,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     const int j = tp + i * P;
     if (j < n && j >= lo && j < fresh) load_value(i, j);
   }
-  pdl_wait_then_release();
+  wait();
   tr.mark(1);
   if (tid < n && tid >= lo && tid >= fresh) load_key();
 #pragma unroll
@@ -2604,7 +2672,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     const float qs = (float)scale * bf2f(qb[h * D + d]);
     q[d] = cap_s > 0.f ? rbf(qs) : qs;
   }
-  __syncthreads();
+  sync();
   float sc = NEG_INF;
   if (tid < n && tid >= lo) {
     sc = 0.f;
@@ -2623,7 +2691,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   float m = sc;
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if (lane == 0) red[warp] = m;
-  __syncthreads();
+  sync();
   m = fmaxf(red[0], red[1]);
 #if ATTN_SINKS
   // The sink joins chunk 0's max (and, below, its sum).
@@ -2633,9 +2701,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   const float e = tid < n && tid >= lo ? expf(sc - m) : 0.f;
   if (tid < ATTN_CHUNK) p[tid] = e;
   float l = warp_sum(e);
-  __syncthreads();
+  sync();
   if (lane == 0) red[warp] = l;
-  __syncthreads();
+  sync();
   l = red[0] + red[1];
 #if ATTN_SINKS
   if (sink != NEG_INF) l += expf(sink - m);
@@ -2662,7 +2730,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) part[8 * tid + i] = o[i];  // = part[tp * D + 8 td + i]
-  __syncthreads();
+  sync();
   if (tid < D) {
     float t = 0.f;
     for (int w = 0; w < P; ++w) t += part[w * D + tid];
@@ -2680,9 +2748,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     return;
   }
   __threadfence();
-  __syncthreads();
+  sync();
   if (tid == 0) last = atomicAdd(&counters[h], 1) == (int)(ns - 1);
-  __syncthreads();
+  sync();
   tr.mark(2);
   if (!last) {
     tr.done(TRACE_ATTENTION);
@@ -2704,7 +2772,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     float mx = mt;
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if (lane == 0) red[warp] = mx;
-    __syncthreads();
+    sync();
     float Mn = M;
     for (int i = 0; i < ATTN_THREADS / 32; ++i) Mn = fmaxf(Mn, red[i]);
     // 0 on the first tile; chunks wholly outside a window (m = -inf) weigh 0, even in a tile
@@ -2713,9 +2781,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     const float wt = t < ns && mt != NEG_INF ? expf(mt - Mn) : 0.f;
     part[tid] = wt;
     float lw = warp_sum(lt * wt);
-    __syncthreads();
+    sync();
     if (lane == 0) red[warp] = lw;
-    __syncthreads();
+    sync();
     float tile = 0.f;
     for (int i = 0; i < ATTN_THREADS / 32; ++i) tile += red[i];
     den = den * keep + tile;
@@ -2741,11 +2809,24 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
       for (; j < nt; ++j) num += __ldcg(pp + j * D) * part[j];
     }
     M = Mn;
-    __syncthreads();
+    sync();
   }
   if (tid < D) out[h * D + tid] = f2bf(num / den);
   if (tid == 0) counters[h] = 0;
   tr.done(TRACE_ATTENTION | 1 << 8);
+}
+extern "C" __global__ void __launch_bounds__(128, 4) attention(
+    const bf16_t* qb, const bf16_t* kc, const bf16_t* vc, const int* state, float* po,
+    float* pml, int* counters, bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS, double scale,
+    u64* trace, ll window, double softcap, const bf16_t* sinks) {
+  __shared__ __align__(16) float q[128];
+  __shared__ float p[ATTN_CHUNK];
+  __shared__ float part[8 * ATTN_THREADS];
+  __shared__ float red[ATTN_THREADS / 32];
+  __shared__ int last;
+  PdlWait wait;
+  attention_body(qb, kc, vc, state, po, pml, counters, out, nh, nkv, D, cap, NS, scale, trace,
+                 window, softcap, sinks, KernelIdx(), q, p, part, red, &last, wait, BlockSync());
 }
 
 // Warp-wide (max, first index) reduction; every lane gets the result.
@@ -2794,8 +2875,8 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 // logit_bias processor adds it to the bfloat16 logits (x + 0 is x: a row without a bias
 // reads its logits).
 __device__ __forceinline__ void argmax_load(const float* logits, const float* bias, ll V,
-                                            float* v) {
-  const ll base = (ll)blockIdx.x * ARGMAX_SLICE + threadIdx.x;
+                                            float* v, ll bx, unsigned t) {
+  const ll base = bx * ARGMAX_SLICE + t;
 #pragma unroll
   for (int k = 0; k < ARGMAX_PER; ++k) {
     const ll i = base + k * ARGMAX_THREADS;
@@ -2803,21 +2884,24 @@ __device__ __forceinline__ void argmax_load(const float* logits, const float* bi
   }
 }
 
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
-    const float* logits, const float* bias, float* part, int* ctl, ll V) {
-  __shared__ float red[ARGMAX_THREADS / 32];
-  __shared__ int last;
-  pdl_wait_then_release();
-  const int tid = threadIdx.x;
-  const ll G = gridDim.x;
+// argmax_partial's body (the kernel below; the persistent step's phases): block
+// (ix.x(), ix.y()) of a grid of ix.gx() by NB, its shared memory and wait passed in.
+template <class Wait, class Idx>
+__device__ __forceinline__ void argmax_partial_body(const float* logits, const float* bias,
+                                                    float* part, int* ctl, ll V, float* red,
+                                                    int* last_p, Idx ix, Wait& wait) {
+  int& last = *last_p;
+  wait();
+  const int tid = ix.t();
+  const ll G = ix.gx();
   // Block (x, b): sequence b's logits, parts and counters (grid G by NB).
-  const ll row = blockIdx.y;
+  const ll row = ix.y();
   logits += row * V;
   bias += row * V;
   part += row * (2 * G + 2);
   ctl += row * 4;
   float v[ARGMAX_PER];
-  argmax_load(logits, bias, V, v);
+  argmax_load(logits, bias, V, v, ix.x(), ix.ut());
   float m = NEG_INF;
 #pragma unroll
   for (int k = 0; k < ARGMAX_PER; ++k) m = v[k] > m ? v[k] : m;
@@ -2829,8 +2913,8 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
   }
   s = block_sum(s, red);
   if (tid == 0) {
-    part[2 * blockIdx.x] = m;
-    part[2 * blockIdx.x + 1] = s;
+    part[2 * ix.ux()] = m;
+    part[2 * ix.ux() + 1] = s;
   }
   __threadfence();
   __syncthreads();
@@ -2856,15 +2940,25 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
     ctl[0] = 0;
   }
 }
-
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
-    const float* logits, const float* bias, const float* part, int* ctl, int* state,
-    int* tokens, ll V, ll max_steps) {
-  __shared__ int red[ARGMAX_THREADS / 32];
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
+    const float* logits, const float* bias, float* part, int* ctl, ll V) {
+  __shared__ float red[ARGMAX_THREADS / 32];
   __shared__ int last;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const ll G = gridDim.x;
-  const ll row = blockIdx.y;
+  PdlWait wait;
+  argmax_partial_body(logits, bias, part, ctl, V, red, &last, KernelIdx(), wait);
+}
+
+// argmax_pick's body (the kernel below; the persistent step's last phase): block
+// (ix.x(), ix.y()) of a grid of ix.gx() by NB, its shared memory and wait passed in.
+template <class Wait, class Idx>
+__device__ __forceinline__ void argmax_pick_body(const float* logits, const float* bias,
+                                                 const float* part, int* ctl, int* state,
+                                                 int* tokens, ll V, ll max_steps, int* red,
+                                                 int* last_p, Idx ix, Wait& wait) {
+  int& last = *last_p;
+  const int tid = ix.t(), lane = tid & 31, warp = tid >> 5;
+  const ll G = ix.gx();
+  const ll row = ix.y();
   logits += row * V;
   bias += row * V;
   part += row * (2 * G + 2);
@@ -2873,14 +2967,14 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
   tokens += row * 2 * max_steps;
   // The logits were written two kernels back: loaded before the wait (see attention).
   float v[ARGMAX_PER];
-  argmax_load(logits, bias, V, v);
-  pdl_wait_then_release();
+  argmax_load(logits, bias, V, v, ix.x(), ix.ut());
+  wait();
   // An idle row samples nothing (its state is the host's: read after the wait).
   if (state[1] < 0) return;
   const float lse = __ldcg(&part[2 * G]), best = __ldcg(&part[2 * G + 1]);
   // V - the thread's first index whose log-probability is the largest, or 0.
   int mine = 0;
-  const ll base = (ll)blockIdx.x * ARGMAX_SLICE + tid;
+  const ll base = ix.x() * ARGMAX_SLICE + tid;
 #pragma unroll
   for (int k = ARGMAX_PER - 1; k >= 0; --k) {
     if (rbf(v[k] - lse) == best) mine = (int)(V - (base + k * ARGMAX_THREADS));
@@ -2914,3 +3008,301 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
   state[1] += 1;
   state[2] = step + 1;
 }
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
+    const float* logits, const float* bias, const float* part, int* ctl, int* state,
+    int* tokens, ll V, ll max_steps) {
+  __shared__ int red[ARGMAX_THREADS / 32];
+  __shared__ int last;
+  PdlWait wait;
+  argmax_pick_body(logits, bias, part, ctl, state, tokens, V, max_steps, red, &last, KernelIdx(),
+                   wait);
+}
+
+// The persistent step (GRAPH_PERSIST 1: the host's MLX_GRAPH_PERSIST=1, one-row FFMA steps of
+// the llama family): one launch runs a whole step (embed, each layer's row and attention
+// kernels, the head, the argmax pair) as phases of one grid of co-resident blocks (the SMs
+// times the blocks an SM holds), in the order record_step launches them. Phase i is the table
+// row ph[i] (PS_WORDS words: the kernel, its grid's x and y, then its arguments as the kernel
+// takes them); a grid barrier (ps_barrier) stands where the kernel's blocks wait for the one
+// before (pdl_wait_then_release), so each phase's weights load before it as with PDL. A row
+// phase (matvec, matvec_qkv, matvec_attn_out) runs the kernel's body over this grid (the
+// groups of rows stride over its warps; each group is summed whole by one warp: the same bits
+// whatever the grid); an attention phase runs the kernel's 128-thread blocks as the virtual
+// blocks of the half blocks (2 blockIdx.x + half, then + 2 gridDim.x), each half with its own
+// shared memory and barrier. Every output is the kernels' own, bit for bit.
+#ifndef GRAPH_PERSIST
+#define GRAPH_PERSIST 0
+#endif
+#if GRAPH_PERSIST
+#if MV_MMA || MV_STEAL_ON || MV_RING_ON || NB != 1 || ATTN_SINKS || MV_OUT_BIAS
+#error "the persistent step runs one-row FFMA steps"
+#endif
+#define PS_WORDS 32
+// The persistent step's blocks an SM (its registers: 255 at one block, no spills).
+#ifndef PS_MIN_BLOCKS
+#define PS_MIN_BLOCKS 1
+#endif
+// The grid barrier's ordering: 0, fences around a relaxed atomic (as cooperative groups' grid
+// sync); 1, a release atomic and acquire polls (MLX_GRAPH_PERSIST=2, for A/B).
+#ifndef PS_BARRIER_RA
+#define PS_BARRIER_RA 0
+#endif
+// The phases' kernels (the emulator's numbers for them).
+#define PS_EMBED 0
+#define PS_ARGMAX_PARTIAL 4
+#define PS_ARGMAX_PICK 5
+#define PS_MATVEC 1
+#define PS_QKV 2
+#define PS_ATTENTION 3
+#define PS_ATTN_OUT 11
+// A half block's attention shared memory in floats: q[128], p[ATTN_CHUNK], part[8 x 128],
+// red[4], last (and 3 to keep 16 bytes).
+#define PS_ATTN_FLOATS (128 + ATTN_CHUNK + 8 * ATTN_THREADS + ATTN_THREADS / 32 + 4)
+
+__device__ __forceinline__ u64 ps_load_acquire(const u64* p) {
+#ifdef __CUDA_ARCH__
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#else
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+// Adds 1 to the counter with release semantics (PS_BARRIER_RA's arrival: no separate fence).
+__device__ __forceinline__ u64 ps_add_release(u64* p) {
+#ifdef __CUDA_ARCH__
+  u64 old;
+  asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(p) : "memory");
+  return old;
+#else
+  return __atomic_fetch_add(p, 1ull, __ATOMIC_RELEASE);
+#endif
+}
+
+// The barrier of half `half` of the block (threads 128 half ..): named barrier 1 + half.
+__device__ __forceinline__ void ps_half_sync(int half) {
+#ifdef __CUDA_ARCH__
+  asm volatile("bar.sync %0, 128;" ::"r"(half + 1) : "memory");
+#else
+  emu_half_sync(half);
+#endif
+}
+
+// The block's barrier (bar.sync 0 over its 256 threads) from wherever each warp calls it: an
+// attention phase's halves call it from their own code (each exactly once a phase).
+__device__ __forceinline__ void ps_block_sync() {
+#ifdef __CUDA_ARCH__
+  asm volatile("bar.sync 0;" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+
+// The grid barrier: the block's threads meet, thread 0 makes their writes visible (fence),
+// adds 1 to the counter and waits until it reaches the next multiple of gridDim.x (every
+// block arrived: the counter only grows, across phases and steps, so no reset), and the
+// block meets again. `first` (the step's first phase): the blocks wait for the kernel before
+// this one (embed) first.
+__device__ __forceinline__ void ps_barrier(u64* ctr, bool first) {
+  if (first) pdl_wait_then_release();
+  ps_block_sync();
+  if (threadIdx.x == 0) {
+    const u64 units = gridDim.x;
+#if PS_BARRIER_RA
+    // Release/acquire alone (MLX_GRAPH_PERSIST=2): the arrival's release orders the block's
+    // writes (made the thread's by the block barrier) before it, the polls' acquire the
+    // phase's reads after them; no fence.sc on either side.
+    const u64 old = ps_add_release(ctr);
+#else
+    __threadfence();
+    const u64 old = atomicAdd(ctr, 1ull);
+#endif
+    const u64 target = (old / units + 1) * units;
+    // A grid whose blocks are not all resident (the host sizes it from the occupancy API; a
+    // GPU shared with another context could hold fewer) would wait forever: past 2^24 polls
+    // (~10 s at an L2 round trip a poll; a phase takes microseconds) the kernel traps
+    // instead, a CUDA error that poisons the decoder.
+    for (u32 polls = 0; ps_load_acquire(ctr) < target; ++polls) {
+      if (polls == (1u << 24)) __trap();
+#ifndef __CUDA_ARCH__
+      emu_yield();
+#endif
+    }
+#if !PS_BARRIER_RA
+    __threadfence();
+#endif
+  }
+  ps_block_sync();
+}
+
+// A row phase's wait: every thread of the block calls it once.
+struct PsWait {
+  u64* ctr;
+  bool first;
+  __device__ __forceinline__ void operator()() const { ps_barrier(ctr, first); }
+};
+// An attention phase's, a half block's: its first virtual block's call, or after its last.
+struct PsWaitOnce {
+  u64* ctr;
+  bool first, done;
+  __device__ __forceinline__ void operator()() {
+    if (!done) {
+      done = true;
+      ps_barrier(ctr, first);
+    }
+  }
+};
+// An attention phase's virtual block (bx, by) and thread of its 128.
+struct PsIdx {
+  ll bx, by;
+  int tid;
+  ll gridx;
+  __device__ __forceinline__ ll x() const { return bx; }
+  __device__ __forceinline__ ll y() const { return by; }
+  __device__ __forceinline__ int t() const { return tid; }
+  __device__ __forceinline__ unsigned ux() const { return (unsigned)bx; }
+  __device__ __forceinline__ unsigned ut() const { return (unsigned)tid; }
+  __device__ __forceinline__ ll gx() const { return gridx; }
+};
+struct PsHalfSync {
+  int half;
+  __device__ __forceinline__ void operator()() const { ps_half_sync(half); }
+};
+
+// A phase's argument i as the kernel's parameter (a pointer, an integer, a double's bits).
+#define PS_P(T, i) ((T)a[3 + (i)])
+#define PS_L(i) ((ll)a[3 + (i)])
+#define PS_D(i) (__longlong_as_double((ll)a[3 + (i)]))
+// Each phase's kernel body is a function of its own, called from the step's loop (inlined
+// into the loop, the bodies' registers were allocated around the loop's back edge: ~6 KB of
+// spills, some in the products' inner loops; called, each is allocated as its kernel is).
+__device__ __noinline__ void ps_matvec(const u64* a, unsigned char* smem, float* red, float*,
+                                       u64* ctr, bool first) {
+  matvec_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const bf16_t*, 2),
+              PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
+              PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
+              PS_P(void*, 9), PS_L(10), PS_L(11), PS_L(12), PS_L(13), PS_L(14), PS_D(15), nullptr,
+              PS_D(17), smem, red, PsWait{ctr, first});
+}
+__device__ __noinline__ void ps_qkv(const u64* a, unsigned char* smem, float* red, float*,
+                                    u64* ctr, bool first) {
+  matvec_qkv_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const void*, 2),
+                  PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
+                  PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
+                  PS_P(const bf16_t*, 9), PS_P(const bf16_t*, 10), PS_P(bf16_t*, 11),
+                  PS_P(bf16_t*, 12), PS_P(bf16_t*, 13), PS_P(const int*, 14), PS_L(15), PS_L(16),
+                  PS_L(17), PS_L(18), PS_L(19), PS_L(20), PS_L(21), PS_L(22), PS_D(23),
+                  PS_P(const float*, 24), nullptr, PS_L(26), PS_P(const bf16_t*, 27), PS_L(28),
+                  smem, red, PsWait{ctr, first});
+}
+__device__ __noinline__ void ps_attn_out(const u64* a, unsigned char* smem, float* red, float*,
+                                         u64* ctr, bool first) {
+  matvec_attn_out_body(PS_P(const void*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
+                       PS_P(const float*, 3), PS_P(const float*, 4), PS_P(const int*, 5),
+                       PS_P(const bf16_t*, 6), PS_P(bf16_t*, 7), PS_L(8), PS_L(9), PS_L(10),
+                       PS_L(11), PS_L(12), PS_L(13), PS_L(14), nullptr, PS_D(16), smem, red,
+                       PsWait{ctr, first});
+}
+__device__ __noinline__ void ps_none(const u64*, unsigned char*, float*, float*, u64*, bool) {}
+// embed and the argmax pair: the kernels' 256-thread blocks as the blocks' virtual blocks
+// (blockIdx.x, + gridDim.x, ..; the grid gx by gy), then the barrier if none of them took it.
+// Their shared memory: red (8 words) and last (the 9th) in the row phases' `red` (16 words).
+__device__ __noinline__ void ps_embed(const u64* a, unsigned char*, float*, float*, u64* ctr,
+                                      bool first) {
+  const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
+  PsWaitOnce w{ctr, first, false};
+  for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
+    embed_body(PS_P(const void*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
+               PS_P(const int*, 3), PS_P(bf16_t*, 4), PS_L(5), PS_L(6), PS_L(7), PS_P(float*, 8),
+               PS_L(9), PS_L(10), PS_P(const float*, 11), PS_D(12), PS_D(13), PS_D(14), PS_L(15),
+               PS_P(const float*, 16), PS_D(17), PS_D(18),
+               PsIdx{vb % gx, vb / gx, (int)threadIdx.x, gx}, w);
+  w();
+}
+__device__ __noinline__ void ps_argmax_partial(const u64* a, unsigned char*, float* red, float*,
+                                               u64* ctr, bool first) {
+  const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
+  PsWaitOnce w{ctr, first, false};
+  for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
+    argmax_partial_body(PS_P(const float*, 0), PS_P(const float*, 1), PS_P(float*, 2),
+                        PS_P(int*, 3), PS_L(4), red, (int*)(red + 8),
+                        PsIdx{vb % gx, vb / gx, (int)threadIdx.x, gx}, w);
+  w();
+}
+__device__ __noinline__ void ps_argmax_pick(const u64* a, unsigned char*, float* red, float*,
+                                            u64* ctr, bool first) {
+  const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
+  PsWaitOnce w{ctr, first, false};
+  for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
+    argmax_pick_body(PS_P(const float*, 0), PS_P(const float*, 1), PS_P(const float*, 2),
+                     PS_P(int*, 3), PS_P(int*, 4), PS_P(int*, 5), PS_L(6), PS_L(7), (int*)red,
+                     (int*)(red + 8), PsIdx{vb % gx, vb / gx, (int)threadIdx.x, gx}, w);
+  w();
+}
+// The attention kernel's blocks 2 blockIdx.x + half, + 2 gridDim.x, .. on half `half` (sm: its
+// shared memory), then the barrier if none of them took it.
+__device__ __noinline__ void ps_attention(const u64* a, unsigned char*, float*, float* sm,
+                                          u64* ctr, bool first) {
+  const int half = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
+  const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
+  float* q = sm;
+  float* p = q + 128;
+  float* part = p + ATTN_CHUNK;
+  float* red = part + 8 * ATTN_THREADS;
+  int* last = (int*)(red + ATTN_THREADS / 32);
+  PsWaitOnce w{ctr, first, false};
+  for (ll vb = 2 * (ll)blockIdx.x + half; vb < blocks; vb += 2 * (ll)gridDim.x)
+    attention_body(PS_P(const bf16_t*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
+                   PS_P(const int*, 3), PS_P(float*, 4), PS_P(float*, 5), PS_P(int*, 6),
+                   PS_P(bf16_t*, 7), PS_L(8), PS_L(9), PS_L(10), PS_L(11), PS_L(12), PS_D(13),
+                   nullptr, PS_L(15), PS_D(16), PS_P(const bf16_t*, 17),
+                   PsIdx{vb % gx, vb / gx, tid, gx}, q, p, part, red, last, w, PsHalfSync{half});
+  w();
+}
+
+// The phases' functions by kernel number (PS_MATVEC ..), called through this table: an indirect
+// call is compiled on its own, whatever the loop around it (a direct one, in the loop, was
+// allocated with the loop's values: ~5 KB of spills).
+typedef void (*PsPhaseFn)(const u64*, unsigned char*, float*, float*, u64*, bool);
+__device__ PsPhaseFn ps_phases[16] = {ps_embed, ps_matvec,         ps_qkv,         ps_attention,
+                                      ps_argmax_partial, ps_argmax_pick, ps_none, ps_none,
+                                      ps_none,  ps_none,           ps_none,        ps_attn_out,
+                                      ps_none,  ps_none,           ps_none,        ps_none};
+
+// ph: n phases of PS_WORDS words; ctr: the barrier's counter (zeroed once when allocated);
+// attn_at: where the attention halves' shared memory begins (the row phases' dynamic shared
+// memory before it), 16-byte aligned; the block's shared memory is attn_at + 64 +
+// 2 PS_ATTN_FLOATS 4 bytes.
+extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(const u64* ph, ll n,
+                                                                             u64* ctr,
+                                                                             ll attn_at) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* red = (float*)(smem + attn_at);
+  float* sm = red + 16 + (threadIdx.x >> 7) * PS_ATTN_FLOATS;
+  for (ll i = 0; i < n; ++i) {
+    const u64* a = ph + i * PS_WORDS;
+    ps_phases[a[0] & 15](a, smem, red, sm, ctr, i == 0);
+  }
+}
+#undef PS_P
+#undef PS_L
+#undef PS_D
+#endif  // GRAPH_PERSIST
+
+#if GRAPH_PERSIST
+// Writes one phase of the persistent step's table (row: PS_WORDS words): the kernel, its grid,
+// and its arguments as the launcher resolved them (buffers as device addresses; doubles as
+// their bits). Launched once a phase when the decoder is built, before the step is captured.
+extern "C" __global__ void persist_fill(u64* row, u64 kind, u64 gx, u64 gy, u64 a0, u64 a1,
+                                        u64 a2, u64 a3, u64 a4, u64 a5, u64 a6, u64 a7, u64 a8,
+                                        u64 a9, u64 a10, u64 a11, u64 a12, u64 a13, u64 a14,
+                                        u64 a15, u64 a16, u64 a17, u64 a18, u64 a19, u64 a20,
+                                        u64 a21, u64 a22, u64 a23, u64 a24, u64 a25, u64 a26,
+                                        u64 a27, u64 a28) {
+  const u64 v[PS_WORDS] = {kind, gx,  gy,  a0,  a1,  a2,  a3,  a4,  a5,  a6,  a7,
+                           a8,   a9,  a10, a11, a12, a13, a14, a15, a16, a17, a18,
+                           a19,  a20, a21, a22, a23, a24, a25, a26, a27, a28};
+  if (threadIdx.x < PS_WORDS) row[threadIdx.x] = v[threadIdx.x];
+}
+#endif

@@ -266,6 +266,10 @@ pub struct GraphOptions {
     /// session 33's tiles (at most [`TILE_SEQUENCES`] rows, as many as fit), for A/B runs
     /// (`MLX_GRAPH_WIDE_TILES=0` in the batch engine).
     pub wide_tiles: bool,
+    /// One-row steps as one persistent kernel ([`GraphDecoder::persistent_step`]): `None`
+    /// (the default): with `MLX_GRAPH_PERSIST=1`, else never; `Some(on)`: as given (for
+    /// testing). Where the step does not qualify, the kernels run either way. The same bits.
+    pub persistent_step: Option<bool>,
 }
 
 /// The most sequences a [`GraphDecoder`] decodes a step.
@@ -311,6 +315,7 @@ impl Default for GraphOptions {
             attn_combine_in_output: None,
             fit_rows: true,
             wide_tiles: true,
+            persistent_step: None,
         }
     }
 }
@@ -2126,6 +2131,7 @@ impl GraphDecoder {
             batch,
             early,
             min_blocks: opts.min_blocks_per_sm,
+            persist: opts.persistent_step.unwrap_or_else(persist),
             trellis,
         };
         let t0 = std::time::Instant::now();
@@ -2421,10 +2427,30 @@ impl GraphDecoder {
             params,
             fit_rows: opts.fit_rows && !opts.one_cache_slot && nb * tiles > 1,
             wide_from,
+            persist: None,
         };
         let weights_s = t1.elapsed().as_secs_f64();
         let t2 = std::time::Instant::now();
         let full = step.full_set();
+        step.persist = persist_build(&mut rt, &step, full)?;
+        // Asked for (MLX_GRAPH_PERSIST=1): one line says whether the step took it (the device
+        // logs' record of it; GraphDecoder::persistent_step says the same).
+        if step.params.persist {
+            match step.persist {
+                Some(p) => eprintln!(
+                    "[graph persist] `{}`: persistent step of {} blocks, {} phases, {} B of \
+                     shared memory a block",
+                    step.shape.model_type, p.grid, p.phases, p.shared
+                ),
+                None => eprintln!(
+                    "[graph persist] `{}`: MLX_GRAPH_PERSIST=1 does nothing here: {}",
+                    step.shape.model_type,
+                    persist_spec(&step.shape, nb, mma).unwrap_or(
+                        "one tile of one row a step, and a block that fits a multiprocessor"
+                    )
+                ),
+            }
+        }
         let graph = match rt.capture(|rt| record_step(rt, &step, full, None, None)) {
             Ok(g) => g,
             Err(_) if pdl => {
@@ -2500,6 +2526,24 @@ impl GraphDecoder {
     /// Whether the step's kernels run with programmatic dependent launch.
     pub fn programmatic_launch(&self) -> bool {
         self.step.pdl
+    }
+
+    /// The persistent step (`MLX_GRAPH_PERSIST=1`): `Ok(blocks)` where the step runs as one
+    /// persistent kernel of that many blocks (one launch a step), `Err(why)` where
+    /// it does not (the switch off, or a step it does not take: the kernels as without it).
+    pub fn persistent_step(&self) -> std::result::Result<u32, String> {
+        match self.step.persist {
+            Some(p) => Ok(p.grid),
+            None if !self.step.params.persist => {
+                Err("not asked for (MLX_GRAPH_PERSIST is not 1)".into())
+            }
+            None => Err(format!(
+                "MLX_GRAPH_PERSIST=1 does nothing here: {}",
+                persist_spec(&self.step.shape, self.step.nb, self.step.mma).unwrap_or(
+                    "one tile of one row a step, and a block that fits a multiprocessor"
+                )
+            )),
+        }
     }
 
     /// 16-byte chunks of each row a lane keeps in flight in the matrix-vector products.
@@ -3671,6 +3715,13 @@ struct Recorder<'a> {
     module: Module,
     /// The first tile's first row.
     first_row: usize,
+    /// The persistent step's phases' kernels (matvec, matvec_qkv, attention, matvec_attn_out,
+    /// embed, argmax_partial, argmax_pick) where they are collected or replaced, else none.
+    phase_kernels: Option<[Kernel; 7]>,
+    /// Collect the phases instead of launching anything (persist_build), or none.
+    collect: Option<Vec<Phase>>,
+    /// Leave the phases to the persistent step (launched in their place, after the last).
+    persist: bool,
 }
 
 impl Recorder<'_> {
@@ -3696,6 +3747,21 @@ impl Recorder<'_> {
         args: &[Arg],
     ) -> Result<()> {
         if self.only.is_some_and(|p| p != part) {
+            return Ok(());
+        }
+        let kind = self
+            .phase_kernels
+            .and_then(|ks| ks.iter().position(|&x| x == k))
+            .map(|i| PS_KINDS[i]);
+        if let (Some(c), Some(kind)) = (&mut self.collect, kind) {
+            c.push(Phase {
+                kind,
+                grid: [grid[0], grid[1]],
+                shared,
+                args: args.to_vec(),
+            });
+        }
+        if self.collect.is_some() || (self.persist && kind.is_some()) {
             return Ok(());
         }
         if self.step.pdl {
@@ -3900,6 +3966,94 @@ fn mv_nb_define(nb: usize, on: bool) -> &'static str {
     } else {
         ""
     }
+}
+
+/// Whether one-row steps run as one persistent kernel (`MLX_GRAPH_PERSIST=1`, or `2`:
+/// [`persist_release_acquire`]; off otherwise):
+/// graph_decode.cu's `persist_step` runs the whole step (embed, each layer's row and attention
+/// kernels, the head, the greedy sampler's pair) as phases of one grid of co-resident blocks
+/// separated by a grid barrier: one launch a step instead of ~5 a layer (the boundaries between them, not the weights, are
+/// a small model's step: issue #30's 135M target). Read where the step source's defines are
+/// chosen and where the decoder is built, so the decoder, `mlx` and the tests alike take it
+/// from their environment. Each phase runs its kernel's own code: every output is bit-equal
+/// either way. Where [`persist_spec`] or [`persist_build`] do not allow it, the switch does
+/// nothing ([`GraphDecoder::persistent_step`] says which).
+fn persist() -> bool {
+    std::env::var("MLX_GRAPH_PERSIST").is_ok_and(|v| v == "1" || v == "2")
+}
+
+/// `MLX_GRAPH_PERSIST=2`: the persistent step's grid barrier orders by a release atomic and
+/// acquire polls alone (`PS_BARRIER_RA`) instead of fences around a relaxed atomic (as
+/// cooperative groups' grid sync), for A/B on a device. The same bits either way.
+fn persist_release_acquire() -> bool {
+    std::env::var("MLX_GRAPH_PERSIST").is_ok_and(|v| v == "2")
+}
+
+/// Why a step of `spec` (tiles of `nb` rows, `mma`: on the tensor cores) cannot run as the
+/// persistent step, or none: the llama family's one-row FFMA steps (bfloat16 or affine
+/// weights, tied or untied heads) whose every kernel besides embed and the greedy sampler is a
+/// row product or attention.
+fn persist_spec(spec: &GraphSpec, nb: usize, mma: bool) -> Option<&'static str> {
+    if nb != 1 || mma {
+        Some("one row a step on the FFMA kernels only")
+    } else if spec.qk_norm || spec.sandwich || spec.post_only {
+        Some("not with q/k norms, sandwich or post norms (their own kernels)")
+    } else if spec.moe.is_some() || spec.trellis.is_some() {
+        Some("not with experts or trellis-coded weights")
+    } else if spec.attn_sinks || spec.o_bias {
+        Some("not with attention sinks or a biased output projection")
+    } else if mv_steal() || mv_ring() {
+        Some("not with MLX_GRAPH_MV_STEAL or MLX_GRAPH_MV_RING")
+    } else {
+        None
+    }
+}
+
+/// The step source's define for the persistent step (`on`), empty otherwise (the source then
+/// is the one without it: no persistent kernel compiled).
+fn persist_define(on: bool) -> &'static str {
+    match (on, persist_release_acquire()) {
+        (false, _) => "",
+        (true, false) => "#define GRAPH_PERSIST 1\n",
+        (true, true) => "#define GRAPH_PERSIST 1\n#define PS_BARRIER_RA 1\n",
+    }
+}
+
+/// The persistent step's kernels: the step, and the table's writer.
+const PERSIST_KERNELS: [(&str, u32); 2] = [("persist_step", 4), ("persist_fill", 33)];
+/// Words a phase of the table (`PS_WORDS` in the source): the kernel, its grid's x and y, and
+/// up to 29 arguments (matvec_qkv's).
+const PS_WORDS: usize = 32;
+/// The phases' kernels as the source numbers them (`PS_MATVEC`, `PS_QKV`, `PS_ATTENTION`,
+/// `PS_ATTN_OUT`, `PS_EMBED`, `PS_ARGMAX_PARTIAL`, `PS_ARGMAX_PICK`), in
+/// [`Recorder::phase_kernels`]' order.
+const PS_KINDS: [i64; 7] = [1, 2, 3, 11, 0, 4, 5];
+/// A half block's attention shared memory in the persistent step (`PS_ATTN_FLOATS` floats).
+const PS_ATTN_BYTES: u32 = (128 + ATTN_CHUNK as u32 + 8 * 128 + 4 + 4) * 4;
+
+/// A phase of the persistent step as the recorder saw its launch: the kernel (`PS_KINDS`), its
+/// grid's x and y, its dynamic shared memory and its arguments.
+struct Phase {
+    kind: i64,
+    grid: [u32; 2],
+    shared: u32,
+    args: Vec<Arg>,
+}
+
+/// The persistent step of a set of kernels (`module`, first row `first_row`): its table of
+/// `phases` phases and its barrier's counter (zeroed once: it only grows), its grid (the SMs
+/// times the blocks of 256 threads an SM holds at `shared` bytes), and where the attention
+/// halves' shared memory begins (`attn_at`: past the row phases').
+#[derive(Debug, Clone, Copy)]
+struct PersistStep {
+    module: Module,
+    first_row: usize,
+    table: Buffer,
+    phases: usize,
+    counter: Buffer,
+    grid: u32,
+    shared: u32,
+    attn_at: u32,
 }
 
 /// The static shared memory bound of a wide tensor-core tile's kernels (`ring`: with the
@@ -4108,6 +4262,8 @@ struct Step {
     fit_rows: bool,
     /// Tiles of at least this many rows are wide tensor-core tiles ([`wide_from`]).
     wide_from: Option<usize>,
+    /// The persistent step's table (`MLX_GRAPH_PERSIST=1` where [`persist_in`] allows it).
+    persist: Option<PersistStep>,
 }
 
 /// Whether the output projection combines the attention's partials itself
@@ -4330,6 +4486,9 @@ struct SourceParams {
     batch: u32,
     early: u32,
     min_blocks: Option<u32>,
+    /// The persistent step asked for ([`GraphOptions::persistent_step`], the environment's
+    /// `MLX_GRAPH_PERSIST=1` by default).
+    persist: bool,
     /// The trellis kernels' switches ([`GraphSpec::trellis_switches`], chosen once when the
     /// decoder is built): their source's defines, and the launches' threads, grids and shared
     /// memory ([`Step::params`]).
@@ -4390,10 +4549,13 @@ fn step_source(
     let steal = mv_steal_define(mv_steal());
     // The FFMA tiles' constant-slot loop (MLX_GRAPH_MV_NB=1, tiles of several rows): the same bits.
     let mv_nb = mv_nb_define(nb, mv_nb());
+    // The persistent step (MLX_GRAPH_PERSIST=1, one-row llama steps): the same bits.
+    let persist_on = p.persist && persist_spec(spec, nb, mma).is_none();
+    let persist = persist_define(persist_on);
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{mv_ring}{early_norm}{steal}{mv_nb}{SOURCE}",
+         {banks}{mv_ring}{early_norm}{steal}{mv_nb}{persist}{SOURCE}",
         p.rows,
         p.batch,
         p.early,
@@ -4420,6 +4582,9 @@ fn step_source(
         source = format!("#define MV_FP4 1\n{source}");
     }
     let mut kernels = KERNELS.to_vec();
+    if persist_on {
+        kernels.extend(PERSIST_KERNELS);
+    }
     if spec.qk_norm {
         kernels.push(if spec.qk_norm_full {
             QK_NORM_FULL_KERNEL
@@ -4610,6 +4775,19 @@ fn record_step(
     only: Option<Part>,
     trace: Option<Buffer>,
 ) -> Result<()> {
+    record_step_with(rt, step, set, only, trace, None).map(|_| ())
+}
+
+/// [`record_step`]; with `collect`, records nothing and returns the phases the persistent step
+/// would run ([`persist_build`]).
+fn record_step_with(
+    rt: &mut GpuRuntime,
+    step: &Step,
+    set: Set,
+    only: Option<Part>,
+    trace: Option<Buffer>,
+    collect: Option<Vec<Phase>>,
+) -> Result<Vec<Phase>> {
     let Step {
         shape: ref s,
         capacity: cap,
@@ -4637,6 +4815,27 @@ fn record_step(
     let slot = s.kv_heads * cap * s.head_dim * 2;
     let rope_row = 2 * s.head_dim * 4;
     let am_g = s.vocab.div_ceil(ARGMAX_SLICE);
+    // The persistent step replaces the phases where its table was built for this set, and
+    // the whole step is recorded untraced.
+    let persist = only.is_none()
+        && trace.is_none()
+        && collect.is_none()
+        && step
+            .persist
+            .is_some_and(|p| p.module == set.module && p.first_row == set.first_row && tiles == 1);
+    let phase_kernels = if persist || collect.is_some() {
+        Some([
+            rt.kernel_in(set.module, "matvec")?,
+            rt.kernel_in(set.module, "matvec_qkv")?,
+            rt.kernel_in(set.module, "attention")?,
+            rt.kernel_in(set.module, "matvec_attn_out")?,
+            rt.kernel_in(set.module, "embed")?,
+            rt.kernel_in(set.module, "argmax_partial")?,
+            rt.kernel_in(set.module, "argmax_pick")?,
+        ])
+    } else {
+        None
+    };
     let mut rec = Recorder {
         step,
         only,
@@ -4646,6 +4845,9 @@ fn record_step(
         nb,
         module: set.module,
         first_row: set.first_row,
+        phase_kernels,
+        collect,
+        persist,
     };
     let k_embed = rec.kernel(rt, "embed")?;
     let k_qkv = rec.kernel(rt, "matvec_qkv")?;
@@ -4982,7 +5184,107 @@ fn record_step(
             ],
         )?;
     }
-    Ok(())
+    if let Some(c) = rec.collect.take() {
+        return Ok(c);
+    }
+    if let (true, Some(p)) = (rec.persist, step.persist) {
+        let k = rec.kernel(rt, "persist_step")?;
+        rec.launch(
+            rt,
+            Part::Head,
+            k,
+            [p.grid, 1, 1],
+            [MV_THREADS, 1, 1],
+            p.shared,
+            &[
+                Arg::Buf(p.table, 0),
+                Arg::I64(p.phases as i64),
+                Arg::Buf(p.counter, 0),
+                Arg::I64(p.attn_at as i64),
+            ],
+        )?;
+    }
+    Ok(Vec::new())
+}
+
+/// The persistent step of `set` (`MLX_GRAPH_PERSIST=1`), or none where it does not apply (the
+/// switch off, a step [`persist_spec`] turns down, more than one tile, a module compiled
+/// without it, or no block of it fitting a multiprocessor): the phases `record_step` would
+/// launch, collected without launching, written to a table on the device by `persist_fill`
+/// (one launch a phase, here, before the step is captured: the launcher resolves their
+/// buffers), and the grid sized so that every block is resident at once (the grid barrier
+/// waits for all of them).
+fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<PersistStep>> {
+    if !step.params.persist
+        || persist_spec(&step.shape, set.nb, step.mma).is_some()
+        || set.tiles != 1
+        || step.tiles != 1
+    {
+        return Ok(None);
+    }
+    let (Ok(k_step), Ok(k_fill)) = (
+        rt.kernel_in(set.module, "persist_step"),
+        rt.kernel_in(set.module, "persist_fill"),
+    ) else {
+        return Ok(None);
+    };
+    let phases = record_step_with(rt, step, set, None, None, Some(Vec::new()))?;
+    if phases.is_empty() {
+        return Ok(None);
+    }
+    let table = rt.alloc(phases.len() * PS_WORDS * 8)?;
+    let counter = rt.alloc_from(&[0u8; 8])?;
+    for (i, ph) in phases.iter().enumerate() {
+        if ph.args.len() > PS_WORDS - 3 {
+            return Err(invalid(
+                "graph_decoder",
+                format!(
+                    "persistent step: a phase of {} arguments, more than {}",
+                    ph.args.len(),
+                    PS_WORDS - 3
+                ),
+            ));
+        }
+        let mut args = vec![
+            Arg::Buf(table, i * PS_WORDS * 8),
+            Arg::I64(ph.kind),
+            Arg::I64(i64::from(ph.grid[0])),
+            Arg::I64(i64::from(ph.grid[1])),
+        ];
+        args.extend_from_slice(&ph.args);
+        args.resize(PS_WORDS + 1, Arg::I64(0));
+        rt.launch(k_fill, [1, 1, 1], [32, 1, 1], 0, &args)?;
+    }
+    rt.synchronize()?;
+    let attn_at = phases
+        .iter()
+        .map(|p| p.shared)
+        .max()
+        .unwrap_or(0)
+        .next_multiple_of(16);
+    let shared = attn_at + 64 + 2 * PS_ATTN_BYTES;
+    if shared > MV_SHARED_MAX {
+        return Ok(None);
+    }
+    if shared > 48 * 1024 {
+        rt.set_shared_limit(k_step, shared)?;
+    }
+    let grid = rt
+        .resident_blocks(k_step, MV_THREADS, shared)?
+        .min(step.mv_cap);
+    if grid == 0 {
+        return Ok(None);
+    }
+    Ok(Some(PersistStep {
+        module: set.module,
+        first_row: set.first_row,
+        table,
+        phases: phases.len(),
+        counter,
+        grid,
+        shared,
+        attn_at,
+    }))
 }
 
 /// `trellis_linear`'s static shared memory (the output's Hadamard buffer, the reductions and
@@ -5313,6 +5615,7 @@ mod tests {
             batch: 4,
             early: 4,
             min_blocks: None,
+            persist: false,
             trellis: TrellisSwitches::PLAIN,
         }
     }
@@ -5910,6 +6213,66 @@ mod tests {
                 "the step source follows MLX_GRAPH_MV_NB (off unless 1) at several rows"
             );
         }
+    }
+
+    #[test]
+    fn the_persistent_step_is_one_define_for_one_row_llama_steps() {
+        // GraphOptions::persistent_step (MLX_GRAPH_PERSIST=1 by default) adds one define and
+        // the two persistent kernels to a one-row llama step's source, nothing elsewhere; the
+        // kernel source's own default is off (no persistent kernel compiled).
+        assert!(SOURCE.contains("#ifndef GRAPH_PERSIST\n#define GRAPH_PERSIST 0\n#endif"));
+        assert!(persist_define(true).starts_with("#define GRAPH_PERSIST 1\n"));
+        assert_eq!(persist_define(false), "");
+        let off = plain_params();
+        let on = SourceParams {
+            persist: true,
+            ..plain_params()
+        };
+        let s = tiny_spec();
+        let (plain, kernels) = step_source(&s, &off, 1, false, false);
+        assert!(!plain.contains("#define GRAPH_PERSIST 1\n"));
+        assert!(!kernels.iter().any(|k| k.0 == "persist_step"));
+        if !(mv_steal() || mv_ring()) {
+            assert_eq!(persist_spec(&s, 1, false), None);
+            let (src, kernels) = step_source(&s, &on, 1, false, false);
+            assert!(src.contains(persist_define(true)));
+            assert_eq!(src.replace(persist_define(true), ""), plain);
+            assert!(PERSIST_KERNELS.iter().all(|p| kernels.contains(p)));
+        }
+        // Several rows, the tensor cores, experts, q/k norms: the kernels, the source unchanged.
+        assert!(persist_spec(&s, 2, false).is_some());
+        assert!(persist_spec(&s, 1, true).is_some());
+        assert!(persist_spec(&tiny_moe_spec(), 1, false).is_some());
+        let qk = GraphSpec {
+            qk_norm: true,
+            ..tiny_spec()
+        };
+        assert!(persist_spec(&qk, 1, false).is_some());
+        for (spec, nb) in [(&s, 3), (&tiny_moe_spec(), 1), (&qk, 1)] {
+            let (a, _) = step_source(spec, &on, nb, false, false);
+            let (b, _) = step_source(spec, &off, nb, false, false);
+            assert_eq!(a, b, "the persistent step's define where it does not apply");
+        }
+        // A phase's words (PS_WORDS) hold matvec_qkv's arguments, the largest (KERNELS' arity).
+        let most = KERNELS
+            .iter()
+            .filter(|k| {
+                [
+                    "matvec",
+                    "matvec_qkv",
+                    "attention",
+                    "matvec_attn_out",
+                    "embed",
+                    "argmax_partial",
+                    "argmax_pick",
+                ]
+                .contains(&k.0)
+            })
+            .map(|k| k.1 as usize)
+            .max();
+        assert_eq!(most, Some(PS_WORDS - 3));
+        assert!(SOURCE.contains(&format!("#define PS_WORDS {PS_WORDS}\n")));
+        assert_eq!(PERSIST_KERNELS[1].1 as usize, PS_WORDS + 1);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -78,6 +78,9 @@ GRAPH_EMU_MV_NB=1 builds this tree's FFMA tiles of several sequences with MV_NB 
 on the device: MV_BATCH items a trip from constant register slots), and `nb_bit_check` then
 compares every sequence's output both with the one-sequence kernel (this tree's, no switch) and
 with the NB-sequence kernel built without the switch: every output bit for bit.
+GRAPH_EMU_PERSIST=1 builds the persistent step (GRAPH_PERSIST, MLX_GRAPH_PERSIST=1 on the device)
+and runs each one-row llama step's row and attention kernels as one `persist_step` grid, its
+blocks at once (PERSIST below); compare the steps' logits with a run without it.
 
 Needs g++ with C++20 (std::barrier).
 """
@@ -119,12 +122,15 @@ PRE = r"""
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
@@ -138,35 +144,55 @@ std::barrier<>* g_wbar[32];
 float g_fs[32][32];
 int g_is[32][32];
 unsigned g_us[32][32];
-alignas(16) unsigned char g_smem[256 * 1024];
-inline void __syncthreads() { g_bar->arrive_and_wait(); }
-inline void __syncwarp() { g_wbar[threadIdx.x >> 5]->arrive_and_wait(); }
+// The persistent step's blocks run at once (run_grid_coop), each with its own barriers, warp
+// exchange slots and shared memory (t_bar set: these; else the globals above, blocks running one
+// after another); EMU_BLOCKS at most.
+#define EMU_BLOCKS 16
+thread_local std::barrier<>* t_bar = nullptr;
+thread_local std::barrier<>* t_wbar[32];
+thread_local std::barrier<>* t_hbar[2];
+thread_local float (*t_fs)[32] = g_fs;
+thread_local int (*t_is)[32] = g_is;
+thread_local unsigned (*t_us)[32] = g_us;
+float g_fs_blk[EMU_BLOCKS][32][32];
+int g_is_blk[EMU_BLOCKS][32][32];
+unsigned g_us_blk[EMU_BLOCKS][32][32];
+alignas(16) unsigned char g_smem_store[EMU_BLOCKS][256 * 1024];
+thread_local unsigned char* g_smem = g_smem_store[0];
+inline std::barrier<>* warp_bar(int w) { return t_bar ? t_wbar[w] : g_wbar[w]; }
+inline void __syncthreads() { (t_bar ? t_bar : g_bar)->arrive_and_wait(); }
+// The persistent step's half-block barrier (bar.sync 1 + half, 128) and its spin's pause.
+inline void emu_half_sync(int half) { t_hbar[half]->arrive_and_wait(); }
+inline void emu_yield() { std::this_thread::yield(); }
+inline void __trap() { fprintf(stderr, "__trap\n"); abort(); }
+inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+inline void __syncwarp() { warp_bar(threadIdx.x >> 5)->arrive_and_wait(); }
 inline void __threadfence() {}
-template <class T> inline T shfl(T (&slot)[32][32], T v, int o) {
+template <class T> inline T shfl(T (*slot)[32], T v, int o) {
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   slot[w][l] = v;
-  g_wbar[w]->arrive_and_wait();
+  warp_bar(w)->arrive_and_wait();
   T r = slot[w][l ^ o];
-  g_wbar[w]->arrive_and_wait();
+  warp_bar(w)->arrive_and_wait();
   return r;
 }
 inline unsigned __ballot_sync(unsigned, int p) {
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  g_is[w][l] = p != 0;
-  g_wbar[w]->arrive_and_wait();
+  t_is[w][l] = p != 0;
+  warp_bar(w)->arrive_and_wait();
   unsigned r = 0;
-  for (int i = 0; i < 32; ++i) r |= (unsigned)g_is[w][i] << i;
-  g_wbar[w]->arrive_and_wait();
+  for (int i = 0; i < 32; ++i) r |= (unsigned)t_is[w][i] << i;
+  warp_bar(w)->arrive_and_wait();
   return r;
 }
-inline float __shfl_xor_sync(unsigned, float v, int o) { return shfl(g_fs, v, o); }
-inline int __shfl_xor_sync(unsigned, int v, int o) { return shfl(g_is, v, o); }
+inline float __shfl_xor_sync(unsigned, float v, int o) { return shfl(t_fs, v, o); }
+inline int __shfl_xor_sync(unsigned, int v, int o) { return shfl(t_is, v, o); }
 inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  g_us[w][l] = v;
-  g_wbar[w]->arrive_and_wait();
-  unsigned r = g_us[w][src];
-  g_wbar[w]->arrive_and_wait();
+  t_us[w][l] = v;
+  warp_bar(w)->arrive_and_wait();
+  unsigned r = t_us[w][src];
+  warp_bar(w)->arrive_and_wait();
   return r;
 }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -290,6 +316,27 @@ template <class F> void run_grid(unsigned gx, unsigned gy, unsigned bx, F f) {
   if (mv_steal_ctr != 0) { g_stats[4]++; mv_steal_ctr = 0; }
 #endif
 }
+// The persistent step's grid (GRAPH_PERSIST): every block at once, each thread its own
+// (blocks of 256: halves of 128 with their own barriers), so that the grid barrier can work.
+template <class F> void run_grid_coop(unsigned gx, unsigned bx, F f) {
+  gridDim = {gx, 1, 1};
+  blockDim = {bx, 1, 1};
+  if (gx > EMU_BLOCKS || bx != 256) { fprintf(stderr, "run_grid_coop: %u blocks of %u\n", gx, bx); abort(); }
+  std::vector<std::barrier<>*> bars;
+  for (unsigned i = 0; i < gx * 11; ++i) bars.push_back(new std::barrier<>(i % 11 == 0 ? 256 : i % 11 < 3 ? 128 : 32));
+  std::vector<std::thread> ts;
+  for (unsigned x = 0; x < gx; ++x)
+    for (unsigned t = 0; t < bx; ++t)
+      ts.emplace_back([=] {
+        threadIdx = {t, 0, 0}; blockIdx = {x, 0, 0}; g_smem = g_smem_store[x];
+        t_fs = g_fs_blk[x]; t_is = g_is_blk[x]; t_us = g_us_blk[x];
+        t_bar = bars[11 * x]; t_hbar[0] = bars[11 * x + 1]; t_hbar[1] = bars[11 * x + 2];
+        for (unsigned w = 0; w < 8; ++w) t_wbar[w] = bars[11 * x + 3 + w];
+        f();
+      });
+  for (auto& t : ts) t.join();
+  for (auto* b : bars) delete b;
+}
 extern "C" void emu_steal_setup(unsigned long long seed, int jitter) { g_block_order = seed; g_steal_jitter = jitter; }
 extern "C" void emu_steal_stats(long long* out) { for (int i = 0; i < 5; ++i) out[i] = g_stats[i]; }
 typedef unsigned long long u64;
@@ -311,6 +358,9 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 9: run_grid(gx, gy, bx, [=] { matvec_experts(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(bf16_t*, 8), P(const int*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), L(16), L(17), P(u64*, 18), P(const bf16_t*, 19), P(const bf16_t*, 20)); }); break;
     case 10: run_grid(gx, gy, bx, [=] { moe_combine(P(const bf16_t*, 0), P(const float*, 1), P(bf16_t*, 2), L(3), L(4)); }); break;
     case 11: run_grid(gx, gy, bx, [=] { matvec_attn_out(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const float*, 3), P(const float*, 4), P(const int*, 5), P(const bf16_t*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), P(u64*, 15), D_(a[16])); }); break;
+#if GRAPH_PERSIST
+    case 13: run_grid_coop(gx, bx, [=] { persist_step(P(const u64*, 0), L(1), P(u64*, 2), L(3)); }); break;
+#endif
     case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(const float*, 2), P(int*, 3), P(int*, 4), P(int*, 5), L(6), L(7)); }); break;
   }
 }
@@ -377,6 +427,24 @@ STEAL_SEED = int(os.environ.get("GRAPH_EMU_STEAL_SEED", "1"))
 STEAL_JITTER = int(os.environ.get("GRAPH_EMU_STEAL_JITTER", "1"))
 STEAL_LIBS = []
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
+# The persistent step (GRAPH_PERSIST in the source, MLX_GRAPH_PERSIST=1 on the device):
+# GRAPH_EMU_PERSIST=1 builds it and runs each one-row llama step (embed, the layers' row and
+# attention kernels, the head, the argmax pair) as the phases of one persistent_step grid of
+# GRAPH_EMU_PERSIST_GRID blocks (4 by default; all at once, so that its grid barrier works;
+# fewer than the kernels' grids, so that the blocks loop over their virtual blocks), its
+# barrier's counter kept across the steps (never reset). Compare the steps' logits
+# (GRAPH_EMU_DUMP, dump_compare.py) with a run without it: every step bit-equal.
+# GRAPH_EMU_PERSIST_MUTATE=skip drops one phase (the last layer's down projection), =barrier
+# lets the barrier's waiters through without waiting: both must show in the logits.
+# GRAPH_EMU_PERSIST=2: the barrier by a release atomic and acquire polls (PS_BARRIER_RA,
+# MLX_GRAPH_PERSIST=2 on the device).
+PERSIST = int(os.environ.get("GRAPH_EMU_PERSIST", "0"))
+PERSIST_GRID = int(os.environ.get("GRAPH_EMU_PERSIST_GRID", "4"))
+PERSIST_MUTATE = os.environ.get("GRAPH_EMU_PERSIST_MUTATE", "")
+# The persistent step's row phases' shared memory (the attention halves' after it).
+PERSIST_ATTN_AT = 128 * 1024
+# Words a phase (PS_WORDS in the source).
+PS_WORDS = 32
 # The output projection combines the attention's partials in its prologue (matvec_attn_out;
 # attention launched without counters) where `attn_combine_in_output` in graph_decode.rs
 # says so: one sequence a step and an attention width of at most ATTN_OUT_MAX_WIDTH; with
@@ -419,7 +487,13 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if cu is None and EARLY_NORM else "")
            + ("#define MV_STEAL 1\n" if cu is None and STEAL else "")
            + ("#define MV_NB 1\n" if cu is None and MV_NB else "")
+           + ("#define GRAPH_PERSIST 1\n" if cu is None and PERSIST else "")
+           + ("#define PS_BARRIER_RA 1\n" if cu is None and PERSIST == 2 else "")
            + (CU if cu is None else cu))
+    if cu is None and PERSIST_MUTATE == "barrier":
+        a = "ps_load_acquire(ctr) < target;"
+        assert a in src
+        src = src.replace(a, "false && ps_load_acquire(ctr) < target;")
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
     if sinks:
@@ -440,6 +514,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
            f"{'_steal' if STEAL and cu is None else ''}"
            f"{'_mvnb' if MV_NB and cu is None else ''}"
+           f"{'_persist' + str(PERSIST) + PERSIST_MUTATE if PERSIST and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
@@ -483,6 +558,9 @@ def bits(a):
 class Emu:
     def __init__(self, lib):
         self.lib, self.keep = lib, []
+        # The persistent step's phases being collected (None: launches run), its counter.
+        self.phases, self.ctr = None, np.zeros(1, np.uint64)
+        self.persist_steps, self.persist_phases = 0, 0
 
     def buf(self, arr):
         arr = np.ascontiguousarray(arr)
@@ -490,6 +568,9 @@ class Emu:
         return arr
 
     def launch(self, k, grid, block, args):
+        if self.phases is not None and k in (0, 1, 2, 3, 4, 5, 11):
+            self.phases.append((k, grid, args))
+            return
         vals = []
         for x in args:
             if isinstance(x, np.ndarray):
@@ -500,6 +581,30 @@ class Emu:
                 vals.append(int(x) & 0xFFFFFFFFFFFFFFFF)
         arr = (ctypes.c_uint64 * len(vals))(*vals)
         self.lib.emu(k, grid[0], grid[1], block, arr)
+
+    def persist(self):
+        """The collected phases as one persistent_step grid (graph_decode.cu: a row of PS_WORDS
+        words a phase, the kernel, its grid, its arguments as the kernel's)."""
+        ph, self.phases = self.phases, None
+        if PERSIST_MUTATE == "skip":
+            downs = [i for i, (k, _, a) in enumerate(ph) if k == 1 and a[14] == 2]
+            del ph[downs[-1]]
+        table = np.zeros((len(ph), PS_WORDS), np.uint64)
+        for i, (k, grid, args) in enumerate(ph):
+            row = [k, grid[0], grid[1]]
+            for x in args:
+                if isinstance(x, np.ndarray):
+                    row.append(x.ctypes.data)
+                elif isinstance(x, float):
+                    row.append(int(np.float64(x).view(np.uint64)))
+                else:
+                    row.append(int(x) & 0xFFFFFFFFFFFFFFFF)
+            assert len(row) <= PS_WORDS, (k, len(row))
+            table[i, :len(row)] = row
+        self.keep.append(table)
+        self.launch(13, (PERSIST_GRID, 1), 256, [table, len(ph), self.ctr, PERSIST_ATTN_AT])
+        self.persist_steps += 1
+        self.persist_phases += len(ph)
 
 
 def pair_rope_rows(a, d, pairs):
@@ -1107,7 +1212,14 @@ def run(lib, name, tmp=None):
                  [w[0][0], w[1][0], w[2][0], po, pml, state, res if res is not None else attn, out, n,
                   cols * 32 // nbits if q else cols, nbits, gs, mode, nh, ns, 0, res_scale if mode & 2 else 0.0])
 
+    # The persistent step takes one-row llama steps (graph_decode.rs's `persist_spec`): every
+    # kernel besides embed and the sampler a row product or attention.
+    persist = PERSIST and NB == 1 and not (qk_norm or sandwich or any(L["moe"] for L in layers)
+                                           or layers[0]["obias"] is not None)
+
     def step():
+        if persist:
+            e.phases = []
         e.launch(0, (NB, 1), 256, [embed[0][0], embed[1][0], embed[2][0], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,
                                    pos_scale, out_scale, emb_scale, pairs2, inv_buf2, pos_scale2, out_scale2])
         for L in layers:
@@ -1162,6 +1274,8 @@ def run(lib, name, tmp=None):
         mv((head, V), h, final_norm, None, logits, 1 | 8)
         e.launch(4, (am, NB), 256, [logits, bias, am_part, am_ctl, V])
         e.launch(5, (am, NB), 256, [logits, bias, am_part, am_ctl, state, tokens, V, cap])
+        if persist:
+            e.persist()
 
     from mlx_lm.models.cache import KVCache
 
@@ -1345,6 +1459,15 @@ def run(lib, name, tmp=None):
         note = (f"; {dense[0]} against float64: mlx-lm (CPU) {mlx_err:.4f}, "
                 f"ours {ours_err:.4f}")
         ok = ours_err < mlx_err and share >= 0.75
+    if PERSIST:
+        # One arrival a block a phase: the counter, never reset, must hold exactly that many.
+        arrivals = e.persist_phases * PERSIST_GRID
+        ctr_ok = int(e.ctr[0]) == arrivals
+        verify_ok = verify_ok and ctr_ok and (e.persist_steps > 0) == bool(persist)
+        print(f"{name}: persistent step {'on' if persist else 'not taken (the kernels)'}: "
+              f"{e.persist_steps} steps, {e.persist_phases // max(e.persist_steps, 1)} phases a step, "
+              f"{PERSIST_GRID} blocks; barrier counter {int(e.ctr[0])} (expected {arrivals}) "
+              f"{'ok' if ctr_ok else 'FAILED'}")
     print(f"{name} (rows per warp {ROWS}, sequences {NB}, row-steps {count}): max relative logit difference {worst:.5f}, greedy agreement {share:.2f} "
           f"(traditional RoPE {trad}, rotated pairs {[r[0] for r in ropes]}, q/k/v bias {has_bias}, "
           f"bits {nbits}, tied {tied}, sandwich {sandwich}, post-only {post_only}, q/k norm "
