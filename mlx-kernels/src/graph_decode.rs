@@ -3902,6 +3902,33 @@ fn mv_nb_define(nb: usize, on: bool) -> &'static str {
     }
 }
 
+/// Whether the FFMA tiles of several sequences run `matvec` and `matvec_qkv` in blocks of 512
+/// threads at 128 registers a thread (`MLX_GRAPH_MV_WIDE=1`; off otherwise): 16 warps a
+/// multiprocessor over one copy of the inputs, 4 a scheduler where the 256-thread blocks'
+/// 245 registers leave 2 (`results/gpu/2026-12-06-s40-verify512`). Read where the step
+/// source's defines are chosen and where its kernels are launched ([`mv_wide_in`]). The same
+/// sums in the same order: every output is bit-equal either way.
+fn mv_wide() -> bool {
+    std::env::var("MLX_GRAPH_MV_WIDE").is_ok_and(|v| v == "1")
+}
+
+/// Whether the module of tiles of `nb` rows (`mma`: on the tensor cores) takes [`mv_wide`]
+/// (`on`): FFMA tiles of several rows, without the ring ([`mv_ring_in`]) or the counter
+/// ([`mv_steal`]), whose shared arrays are a 256-thread block's (the source's `MV_WIDE_ON`).
+fn mv_wide_in(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> bool {
+    on && nb > 1 && !mma && !mv_ring_in(spec, rows, nb, mma, mv_ring()) && !mv_steal()
+}
+
+/// The threads of a `matvec` / `matvec_qkv` block in a module of tiles of `nb` rows: 512 with
+/// [`mv_wide_in`], [`MV_THREADS`] otherwise.
+fn mv_threads(spec: &GraphSpec, rows: usize, nb: usize, mma: bool) -> u32 {
+    if mv_wide_in(spec, rows, nb, mma, mv_wide()) {
+        2 * MV_THREADS
+    } else {
+        MV_THREADS
+    }
+}
+
 /// The static shared memory bound of a wide tensor-core tile's kernels (`ring`: with the
 /// cp.async ring).
 fn mma_static_shared(ring: bool) -> u32 {
@@ -3964,6 +3991,14 @@ fn matvec_tile(
         lin.n * 2
     };
     let (xo, ro, oo) = (rows * lin.k * 2, rows * lin.n * 2, rows * out_row);
+    // 512 with MLX_GRAPH_MV_WIDE=1 in FFMA tiles of several rows (the warps of a block of 256
+    // count as its rows a warp in mv_blocks).
+    let threads = mv_threads(
+        &rec.step.shape,
+        rec.step.rows,
+        rec.nb,
+        rec.nb as u32 >= rec.step.mma_from,
+    );
     rec.launch(
         rt,
         part,
@@ -3971,14 +4006,13 @@ fn matvec_tile(
         [
             mv_blocks(
                 lin.n,
-                rec.step.rows,
-                rt.resident_blocks(k, MV_THREADS, shared)?
-                    .min(rec.step.mv_cap),
+                rec.step.rows * (threads / MV_THREADS) as usize,
+                rt.resident_blocks(k, threads, shared)?.min(rec.step.mv_cap),
             ),
             1,
             1,
         ],
-        [MV_THREADS, 1, 1],
+        [threads, 1, 1],
         shared,
         &[
             lin.word(0),
@@ -4390,13 +4424,21 @@ fn step_source(
     let steal = mv_steal_define(mv_steal());
     // The FFMA tiles' constant-slot loop (MLX_GRAPH_MV_NB=1, tiles of several rows): the same bits.
     let mv_nb = mv_nb_define(nb, mv_nb());
+    // The FFMA tiles' 512-thread blocks (MLX_GRAPH_MV_WIDE=1, tiles of several rows): one item
+    // in flight a lane (128 registers; 16 warps cover its round trip). The same bits.
+    let wide_mv = mv_wide_in(spec, p.rows, nb, mma, mv_wide());
+    let (batch, early, mv_wide_def) = if wide_mv {
+        (1, 1, "#define MV_WIDE 1\n")
+    } else {
+        (p.batch, p.early, "")
+    };
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{mv_ring}{early_norm}{steal}{mv_nb}{SOURCE}",
+         {banks}{mv_ring}{early_norm}{steal}{mv_nb}{mv_wide_def}{SOURCE}",
         p.rows,
-        p.batch,
-        p.early,
+        batch,
+        early,
         u8::from(mma)
     );
     // OLMo 2's blocks: matvec_qkv without its pre-norm.
@@ -4693,8 +4735,10 @@ fn record_step(
     let scale = s.attn_scale as f64;
     // Every layer's q/k/v product has the same shape.
     let qkv_shared = mv_tile_shared(s.hidden, bits, nb, step.chunk(nb));
+    // 512 with MLX_GRAPH_MV_WIDE=1 in FFMA tiles of several rows (as matvec's).
+    let qkv_threads = mv_threads(s, step.rows, nb, nb as u32 >= step.mma_from);
     let qkv_resident = rt
-        .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
+        .resident_blocks(k_qkv, qkv_threads, qkv_shared)?
         .min(mv_cap);
     for l in layers {
         if let Some(tl) = &l.trellis {
@@ -4706,8 +4750,16 @@ fn record_step(
                 rt,
                 Part::Qkv,
                 k_qkv,
-                [mv_blocks(l.qkv.n, rows, qkv_resident), 1, 1],
-                [MV_THREADS, 1, 1],
+                [
+                    mv_blocks(
+                        l.qkv.n,
+                        rows * (qkv_threads / MV_THREADS) as usize,
+                        qkv_resident,
+                    ),
+                    1,
+                    1,
+                ],
+                [qkv_threads, 1, 1],
                 qkv_shared,
                 &[
                     l.qkv.word(0),
@@ -5910,6 +5962,43 @@ mod tests {
                 "the step source follows MLX_GRAPH_MV_NB (off unless 1) at several rows"
             );
         }
+    }
+
+    #[test]
+    fn the_tiles_512_thread_blocks_are_one_define_and_their_launch() {
+        // MLX_GRAPH_MV_WIDE=1: FFMA tiles of several rows (not on the tensor cores) get MV_WIDE
+        // 1 with one item in flight a lane, and matvec / matvec_qkv launch 512 threads; a
+        // one-row step and tensor-core tiles never do, and the kernel source's default is off.
+        let s = spec_8b();
+        assert!(mv_wide_in(&s, 2, 5, false, true));
+        assert!(mv_wide_in(&s, 4, 8, false, true));
+        assert!(!mv_wide_in(&s, 2, 1, false, true), "one row");
+        assert!(!mv_wide_in(&s, 2, 5, true, true), "tensor cores");
+        assert!(!mv_wide_in(&s, 2, 5, false, false), "off");
+        assert!(SOURCE.contains("#ifndef MV_WIDE\n#define MV_WIDE 0\n#endif"));
+        assert!(SOURCE.contains("__launch_bounds__(MV_BOUNDS) matvec("));
+        assert!(SOURCE.contains("__launch_bounds__(MV_BOUNDS) matvec_qkv("));
+        let p = plain_params();
+        for nb in [1, 3] {
+            let (src, _) = step_source(&tiny_moe_spec(), &p, nb, false, false);
+            let on = mv_wide_in(&tiny_moe_spec(), p.rows, nb, false, mv_wide());
+            assert!(!on || nb > 1);
+            assert_eq!(
+                src.contains("#define MV_WIDE 1\n"),
+                on,
+                "the step source follows MLX_GRAPH_MV_WIDE (off unless 1) at several rows"
+            );
+            let batch = if on { 1 } else { p.batch };
+            assert!(src.contains(&format!(
+                "#define MV_ROWS {}\n#define MV_BATCH {batch}\n#define MV_EARLY {}\n",
+                p.rows,
+                if on { 1 } else { p.early }
+            )));
+            let t = mv_threads(&tiny_moe_spec(), p.rows, nb, false);
+            assert_eq!(t, if on { 512 } else { MV_THREADS });
+        }
+        assert_eq!(mv_threads(&s, 2, 1, false), MV_THREADS);
+        assert_eq!(mv_threads(&s, 2, 5, true), MV_THREADS);
     }
 
     #[test]

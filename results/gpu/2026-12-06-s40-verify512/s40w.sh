@@ -1,0 +1,30 @@
+#!/bin/bash
+# PREPARED, NOT RUN (no GPU here). One call of <= 300 s on a WARM H100 that already holds
+# /opt/models/llama31-8b-q4 (measure.sh's setup in an earlier call, e.g.
+#   PARTS="setup" MODELS="llama31-8b-q4" bash .gpu/c/measure.sh
+# ), with .gpu/c packed from branch h27-verify512 by xtask/gpu/prepare_product_c.sh and this script
+# copied into it:
+#   run(carry=[".gpu/a", ".gpu/c"], command="bash .gpu/c/s40w.sh", timeout_s=300)
+# 1. `thru`, rows 1 and 5, sides ffma (main's FFMA tiles at every width, MLX_GRAPH_BATCH_MMA=99)
+#    and w512 (the same with MLX_GRAPH_MV_WIDE=1: matvec and matvec_qkv of the tiles of several
+#    rows in 512-thread blocks), each part's time a step (BREAKDOWN=10): a/throughput.log.
+#    Rows 1 run the same kernels on both sides (the switch never reaches one row): noise control.
+# 2. graph_decode_cuda's verify_equals_single_steps and batched_equals_single (row llama3_q4)
+#    under MLX_GRAPH_MV_WIDE=1: the switch's rows bit-equal to one-row steps on the device's own
+#    compiler: b/graph_test.log.
+export MLXS_GPURT_CACHE=/tmp/gpurt-cache
+[ -d /opt/models/llama31-8b-q4 ] || { echo "== no /opt/models/llama31-8b-q4: run the setup first" | tee -a $OUT/s40w.txt; }
+PARTS="thru" THRU_MODELS=llama31-8b-q4 ROWS="1 5" BREAKDOWN=10 THRU_SIDES="ffma w512" THRU_S=65 \
+  BUDGET_S=140 TAG=thru bash .gpu/c/measure.sh > /dev/null 2>&1
+grep -h "==\|batched_throughput" $OUT/throughput.log | cut -c1-300 | tee -a $OUT/s40w.txt
+mkdir -p $OUT/a && mv $OUT/*.log $OUT/*.tgz $OUT/a/ 2>/dev/null
+echo "== tests at $SECONDS" | tee -a $OUT/s40w.txt
+T=$((292 - SECONDS)); [ $T -lt 60 ] && T=60
+MLX_GRAPH_BATCHED_ROWS=llama3_q4 PARTS="test" TEST_ENV="MLX_GRAPH_MV_WIDE=1" \
+  TESTS="verify_equals_single_steps batched_equals_single" \
+  TEST_S=$T BUDGET_S=$((T + 5)) TAG=test bash .gpu/c/measure.sh > /dev/null 2>&1
+grep -ah "verify group\|test result\|panicked\|rc=\|^test \|bit" $OUT/graph_test.log | cut -c1-240 | tee -a $OUT/s40w.txt
+mkdir -p $OUT/b && mv $OUT/*.log $OUT/*.tgz $OUT/b/ 2>/dev/null
+cd $OUT && tar czf all.tgz --exclude=all.tgz --exclude=s40w.txt . && \
+  find . -mindepth 1 ! -name all.tgz ! -name s40w.txt -delete
+echo s40w-done at $SECONDS | tee -a $OUT/s40w.txt
