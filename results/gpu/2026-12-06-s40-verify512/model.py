@@ -42,13 +42,13 @@ def source(nb, rows=2, batch=None, min_blocks=None, mv_nb=False, ring=False, wid
     return ("#define MV_WIDE 1\n" if wide else "") + _source(nb, rows, batch, min_blocks, mv_nb, ring)
 
 
-def analyse(nb, batch=None, wide=False):
+def analyse(nb, batch=None, wide=False, rows=2):
     C.source = lambda *a: source(*a, wide=wide)
     try:
-        a = C.analyse(nb, 2, batch)
+        a = C.analyse(nb, rows, batch)
     finally:
         C.source = _source
-    hx, plain, log = C.disassemble(source(nb, 2, batch, wide=wide))
+    hx, plain, log = C.disassemble(source(nb, rows, batch, wide=wide))
     res = {n: (r, st, ld) for n, r, _, st, ld in C.S.resources(log)}
     threads = 512 if wide and nb > 1 else 256
     blocks = C.blocks_an_sm(res["matvec"][0], threads)
@@ -58,7 +58,7 @@ def analyse(nb, batch=None, wide=False):
     per = max(a["items_a_trip"], 1)
     local = sum(1 for x in hot if C.op(x[4]).startswith(("LDL", "STL"))) / per
     return {
-        "nb": nb, "wide": wide, "batch": a["batch"], "threads": threads,
+        "nb": nb, "rows": rows, "wide": wide, "batch": a["batch"], "threads": threads,
         "matvec_registers": res["matvec"][0], "matvec_spill_store_bytes": res["matvec"][1],
         "matvec_spill_load_bytes": res["matvec"][2],
         "matvec_qkv_registers": res["matvec_qkv"][0],
@@ -86,11 +86,18 @@ MEAS = {
                           GateUp=2802.0, Down=1651.2, Head=333.5),
     "5 rows, 4 rows a warp, MV_NB": dict(I=1460, rows=4, W=2, step=1e6 / 141.8, Qkv=1186.9,
                                          Output=781.3, GateUp=2476.9, Down=1432.9, Head=293.9),
+    # results/gpu/2026-12-06-s40-h100/call1 (another H100, main 015deb8b): 127.2 / 143.3.
+    "5 rows (main, s40)": dict(I=921, rows=2, W=2, step=1e6 / 127.2, Qkv=1121.4, Output=623.1,
+                               GateUp=3049.1, Down=1640.0, Head=387.6),
+    "5 rows, 4 rows a warp (s40)": dict(I=1501, rows=4, W=2, step=1e6 / 143.3, Qkv=1132.1,
+                                        Output=660.2, GateUp=2420.2, Down=1394.7, Head=313.1),
     "1 row (main)": dict(I=397, rows=2, W=4, step=1e6 / 338.5, **C.MEASURED["1 row"]),
 }
 # Session 39's item model of main's 5 rows (cost_model.txt): the parts' item time; the rest of
 # each measured part (launch, prologue, tail) is its fixed cost.
 S39_ITEMS_5 = {"Qkv": 651, "Output": 434, "GateUp": 3039, "Down": 1498, "Head": 425}
+# The same at 4 rows a warp (cost_model.txt's "5 rows, 4 rows a warp").
+S39_ITEMS_5_R4 = {"Qkv": 476, "Output": 318, "GateUp": 2223, "Down": 1054, "Head": 311}
 
 
 def c_of(m, part):
@@ -108,20 +115,24 @@ def main():
         builds.append(analyse(nb))
         if nb > 1:
             builds.append(analyse(nb, batch=1, wide=True))
+    # 4 rows a warp (the verify target's default since s40, VERIFY_ROWS_PER_WARP): 2 chunks in
+    # flight by default (8 / rows), 1 with the switch.
+    builds.append(analyse(5, rows=4))
+    builds.append(analyse(5, batch=1, wide=True, rows=4))
     print("## SASS (matvec's 4-bit WMAP_ONE loop; NVRTC sm_90)\n")
-    print("| NB | build | threads | MV_BATCH | matvec registers | spills (bytes stored / loaded, all of matvec) "
+    print("| NB | rows a warp | build | threads | MV_BATCH | matvec registers | spills (bytes stored / loaded, all of matvec) "
           "| matvec_qkv registers (spills) | blocks an SM | warps a scheduler | hot instructions an item "
           "| local accesses an item | stall cycles an item alone |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for b in builds:
-        print(f"| {b['nb']} | {'MV_WIDE' if b['wide'] else 'default'} | {b['threads']} | {b['batch']} | "
+        print(f"| {b['nb']} | {b['rows']} | {'MV_WIDE' if b['wide'] else 'default'} | {b['threads']} | {b['batch']} | "
               f"{b['matvec_registers']} | {b['matvec_spill_store_bytes']} / {b['matvec_spill_load_bytes']} | "
               f"{b['matvec_qkv_registers']} ({b['matvec_qkv_spill_store_bytes']} / "
               f"{b['matvec_qkv_spill_load_bytes']}) | {b['blocks_an_sm']} | {b['warps_a_scheduler']} | "
               f"{b['hot_instructions_an_item']:.0f} | {b['local_accesses_an_item']:.0f} | "
               f"{b['hot_stall_cycles_an_item']:.0f} |")
     for b in builds:
-        print(f"  NB {b['nb']} {'MV_WIDE' if b['wide'] else 'default'} by kind: {b['kinds_an_item']}")
+        print(f"  NB {b['nb']} rows {b['rows']} {'MV_WIDE' if b['wide'] else 'default'} by kind: {b['kinds_an_item']}")
     print("\n## Recalibration: cycles an issued instruction a scheduler, c = part / (items x I)\n")
     print("| build | warps a scheduler | I (hot, an item) | GateUp c | Down c | GateUp IPC | Down IPC |")
     print("|---|---|---|---|---|---|---|")
@@ -147,32 +158,36 @@ def main():
     print("\nSession 39's model (L = 1,206 cycles) against the device, GateUp / Down us: "
           + "; ".join(f"{k} {v[0]:,} / {v[1]:,} (measured {MEAS[k]['GateUp']:,.0f} / "
                       f"{MEAS[k]['Down']:,.0f})" for k, v in s39_l.items()))
-    print("\n## Prediction, 5 rows (the K 4 verify), 8B, H100\n")
-    base = MEAS["5 rows (main)"]
     rows_out = []
-    wide5 = next(b for b in builds if b["nb"] == 5 and b["wide"])
-    I_w = wide5["hot_instructions_an_item"]
-    print("| c(4) | " + " | ".join(C.PARTS[i][0] for i in range(len(C.PARTS)))
-          + " | step us | steps/s | against main's 7,710 us |")
-    print("|---|" + "---|" * (len(C.PARTS) + 3))
-    for label, c4 in (("1.0 (issue bound)", 1.0), (f"{c4_lo:.3f}", c4_lo), (f"{c4_hi:.3f}", c4_hi),
-                      (f"{c2g:.3f} (= c(2): no gain from warps)", c2g)):
-        cells, step = [], base["step"]
-        for p in C.PARTS:
-            name = p[0]
-            # The part's item time at main scaled by instructions x c, its fixed cost kept.
-            c_main = c_of(base, name) if name in ("GateUp", "Down") else c2g
-            ratio = (I_w * c4) / (base["I"] * c_main)
-            new = base[name] - S39_ITEMS_5[name] + S39_ITEMS_5[name] * ratio
-            cells.append(new)
-            step += new - base[name]
-        rows_out.append({"c4": c4, "parts_us": dict(zip([p[0] for p in C.PARTS], cells)),
-                         "step_us": step})
-        print(f"| {label} | " + " | ".join(f"{v:,.0f}" for v in cells)
-              + f" | {step:,.0f} | {1e6 / step:.1f} | {step / base['step'] - 1:+.1%} |")
-    print(f"\n#33's bound (xtask/gpu/spec_cost.py, measured / ideal <= 1.15) needs ~3,900 us: "
-          f"the switch's instructions an item ({I_w:.0f}) at the issue bound give "
-          f"{rows_out[0]['step_us']:,.0f} us")
+    for rows, base_key, items in ((2, "5 rows (main)", S39_ITEMS_5),
+                                  (4, "5 rows, 4 rows a warp (s40)", S39_ITEMS_5_R4)):
+        base = MEAS[base_key]
+        w = next(b for b in builds if b["nb"] == 5 and b["wide"] and b["rows"] == rows)
+        I_w = w["hot_instructions_an_item"]
+        print(f"\n## Prediction, 5 rows (the K 4 verify), {rows} rows a warp, 8B, H100: MV_WIDE "
+              f"({I_w:.0f} instructions an item, {w['warps_a_scheduler']} warps a scheduler) "
+              f"against {base_key} ({base['step']:,.0f} us measured, {base['I']} an item)\n")
+        print("| c(4) | " + " | ".join(p[0] for p in C.PARTS)
+              + " | step us | steps/s | against the base |")
+        print("|---|" + "---|" * (len(C.PARTS) + 3))
+        for label, c4 in (("1.0 (issue bound)", 1.0), (f"{c4_lo:.3f}", c4_lo),
+                          (f"{c4_hi:.3f}", c4_hi), (f"{c2g:.3f} (= c(2): no gain from warps)", c2g)):
+            cells, step = [], base["step"]
+            for p in C.PARTS:
+                name = p[0]
+                # The part's item time scaled by instructions x c, its fixed cost kept.
+                c_base = c_of(base, name) if name in ("GateUp", "Down") else c2g
+                ratio = (I_w * c4) / (base["I"] * c_base)
+                new = base[name] - items[name] + items[name] * ratio
+                cells.append(new)
+                step += new - base[name]
+            rows_out.append({"rows": rows, "base": base_key, "c4": c4, "I_wide": I_w,
+                             "parts_us": dict(zip([p[0] for p in C.PARTS], cells)),
+                             "step_us": step})
+            print(f"| {label} | " + " | ".join(f"{v:,.0f}" for v in cells)
+                  + f" | {step:,.0f} | {1e6 / step:.1f} | {step / base['step'] - 1:+.1%} |")
+    print("\n#33's bound (xtask/gpu/spec_cost.py, measured / ideal <= 1.15) needs the verify at "
+          "~3,900 us")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(
             {"builds": builds, "calibration": {k: {"GateUp_c": v[0], "Down_c": v[1]}
