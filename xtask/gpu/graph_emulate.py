@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -1793,8 +1793,9 @@ def nb_bit_check(lib, tmp):
                     print(f"nb bit check: bits {nbits} gs {gs} {n} x {k} mode {mode}: rows differ "
                           "from the one-sequence kernel FAILED")
     ref = (f" ({MV_RING_REF}'s, MV_RING{' + MV_ASYNC' if MV_ASYNC else ''} against main)"
-           if MV_RING and not MV_NB
-           else f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC and not MV_NB else "")
+           if MV_RING and not (MV_NB or MV_WIDE)
+           else f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC and not (MV_NB or MV_WIDE)
+           else " (this tree's, no switch)" if MV_WIDE else "")
     if MV_NB or MV_WIDE:
         ref += (f" and to the {NB}-sequence kernel without {'MV_WIDE' if MV_WIDE else 'MV_NB'}"
                 f" (this tree's{', MV_ASYNC' if MV_ASYNC else ''}"
