@@ -611,7 +611,8 @@ __shared__ __align__(16) unsigned char mv_ring[MV_WARPS][MV_RING_DEPTH][MV_RING_
 // whole by one warp, its chunks in the same order); the prologue runs on the first 256 threads
 // as in a block of 256 (the norm's sum of squares in the same order; the other warps wait at its
 // barriers); qchunk_rows takes one sequence at a time within a word (each (sequence, row) chain
-// in the same order). Every output is the one without the switch, bit for bit.
+// in the same order). Every output is the one without the switch, bit for bit (graph_emulate.py
+// with GRAPH_EMU_MV_WIDE=1). Not with MV_RING_ON or MV_STEAL, whose shared arrays are 8 warps'.
 #ifndef MV_WIDE
 #define MV_WIDE 0
 #endif
