@@ -36,3 +36,17 @@ for rows in (2, 4):
         cells = [cyc(b, W, L) for L in (0, 600, 1206, 1800)]
         print(f"| {name} | {W} | " + " | ".join(f"{c:,.0f} ({c / meas[rows]:.2f})" for c in cells)
               + f" | {meas[rows]:,.0f} |")
+
+# The step: the base's measured step with each mat-vec part's item time (session 39's item model
+# of the base) scaled by the switch's GateUp ratio (model / base measured), fixed costs kept.
+print("\n| 5 rows, 8B, H100 | L | GateUp ratio | step us predicted | against the base measured |")
+print("|---|---|---|---|---|")
+for rows, base_key, items in ((2, "5 rows (main)", M.S39_ITEMS_5),
+                              (4, "5 rows, 4 rows a warp (s40)", M.S39_ITEMS_5_R4)):
+    w = M.analyse(5, batch=1, wide=True, rows=rows)
+    base = M.MEAS[base_key]["step"]
+    for L in (0, 600, 1206):
+        r = cyc(w, 4, L) / meas[rows]
+        step = base + sum(items.values()) * (r - 1)
+        print(f"| MV_WIDE, {rows} rows a warp, against {base_key} ({base:,.0f} us) | {L} | "
+              f"{r:.3f} | {step:,.0f} | {step / base - 1:+.1%} |")
