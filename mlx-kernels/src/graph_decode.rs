@@ -2127,6 +2127,7 @@ impl GraphDecoder {
             early,
             min_blocks: opts.min_blocks_per_sm,
             trellis,
+            mv_wide: mv_wide(),
         };
         let t0 = std::time::Instant::now();
         let wide = wide_from.is_some_and(|f| nb >= f);
@@ -3905,9 +3906,10 @@ fn mv_nb_define(nb: usize, on: bool) -> &'static str {
 /// Whether the FFMA tiles of several sequences run `matvec` and `matvec_qkv` in blocks of 512
 /// threads at 128 registers a thread (`MLX_GRAPH_MV_WIDE=1`; off otherwise): 16 warps a
 /// multiprocessor over one copy of the inputs, 4 a scheduler where the 256-thread blocks'
-/// 245 registers leave 2 (`results/gpu/2026-12-06-s40-verify512`). Read where the step
-/// source's defines are chosen and where its kernels are launched ([`mv_wide_in`]). The same
-/// sums in the same order: every output is bit-equal either way.
+/// 245 registers leave 2 (`results/gpu/2026-12-06-s40-verify512`). Read once when the decoder is
+/// built ([`SourceParams::mv_wide`]), so that its tiles' sources and their launches agree, and
+/// `mlx`, `mlx serve` and the test binaries take it from their environment. The same sums in
+/// the same order: every output is bit-equal either way.
 fn mv_wide() -> bool {
     std::env::var("MLX_GRAPH_MV_WIDE").is_ok_and(|v| v == "1")
 }
@@ -3920,9 +3922,9 @@ fn mv_wide_in(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> 
 }
 
 /// The threads of a `matvec` / `matvec_qkv` block in a module of tiles of `nb` rows: 512 with
-/// [`mv_wide_in`], [`MV_THREADS`] otherwise.
-fn mv_threads(spec: &GraphSpec, rows: usize, nb: usize, mma: bool) -> u32 {
-    if mv_wide_in(spec, rows, nb, mma, mv_wide()) {
+/// [`mv_wide_in`] (`on`: the decoder's [`SourceParams::mv_wide`]), [`MV_THREADS`] otherwise.
+fn mv_threads(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> u32 {
+    if mv_wide_in(spec, rows, nb, mma, on) {
         2 * MV_THREADS
     } else {
         MV_THREADS
@@ -3998,6 +4000,7 @@ fn matvec_tile(
         rec.step.rows,
         rec.nb,
         rec.nb as u32 >= rec.step.mma_from,
+        rec.step.params.mv_wide,
     );
     rec.launch(
         rt,
@@ -4368,6 +4371,9 @@ struct SourceParams {
     /// decoder is built): their source's defines, and the launches' threads, grids and shared
     /// memory ([`Step::params`]).
     trellis: TrellisSwitches,
+    /// [`mv_wide`], read once when the decoder is built: its FFMA tiles' sources and their
+    /// launches ([`mv_wide_in`], [`mv_threads`]) take this value.
+    mv_wide: bool,
 }
 
 /// Which kernels a step is recorded with: `tiles` launches of the kernels of `module`,
@@ -4426,7 +4432,7 @@ fn step_source(
     let mv_nb = mv_nb_define(nb, mv_nb());
     // The FFMA tiles' 512-thread blocks (MLX_GRAPH_MV_WIDE=1, tiles of several rows): one item
     // in flight a lane (128 registers; 16 warps cover its round trip). The same bits.
-    let wide_mv = mv_wide_in(spec, p.rows, nb, mma, mv_wide());
+    let wide_mv = mv_wide_in(spec, p.rows, nb, mma, p.mv_wide);
     let (batch, early, mv_wide_def) = if wide_mv {
         (1, 1, "#define MV_WIDE 1\n")
     } else {
@@ -4736,7 +4742,13 @@ fn record_step(
     // Every layer's q/k/v product has the same shape.
     let qkv_shared = mv_tile_shared(s.hidden, bits, nb, step.chunk(nb));
     // 512 with MLX_GRAPH_MV_WIDE=1 in FFMA tiles of several rows (as matvec's).
-    let qkv_threads = mv_threads(s, step.rows, nb, nb as u32 >= step.mma_from);
+    let qkv_threads = mv_threads(
+        s,
+        step.rows,
+        nb,
+        nb as u32 >= step.mma_from,
+        step.params.mv_wide,
+    );
     let qkv_resident = rt
         .resident_blocks(k_qkv, qkv_threads, qkv_shared)?
         .min(mv_cap);
@@ -5366,6 +5378,7 @@ mod tests {
             early: 4,
             min_blocks: None,
             trellis: TrellisSwitches::PLAIN,
+            mv_wide: false,
         }
     }
 
@@ -5978,27 +5991,34 @@ mod tests {
         assert!(SOURCE.contains("#ifndef MV_WIDE\n#define MV_WIDE 0\n#endif"));
         assert!(SOURCE.contains("__launch_bounds__(MV_BOUNDS) matvec("));
         assert!(SOURCE.contains("__launch_bounds__(MV_BOUNDS) matvec_qkv("));
-        let p = plain_params();
-        for nb in [1, 3] {
-            let (src, _) = step_source(&tiny_moe_spec(), &p, nb, false, false);
-            let on = mv_wide_in(&tiny_moe_spec(), p.rows, nb, false, mv_wide());
-            assert!(!on || nb > 1);
-            assert_eq!(
-                src.contains("#define MV_WIDE 1\n"),
-                on,
-                "the step source follows MLX_GRAPH_MV_WIDE (off unless 1) at several rows"
-            );
-            let batch = if on { 1 } else { p.batch };
-            assert!(src.contains(&format!(
-                "#define MV_ROWS {}\n#define MV_BATCH {batch}\n#define MV_EARLY {}\n",
-                p.rows,
-                if on { 1 } else { p.early }
-            )));
-            let t = mv_threads(&tiny_moe_spec(), p.rows, nb, false);
-            assert_eq!(t, if on { 512 } else { MV_THREADS });
+        for wide in [false, true] {
+            let p = SourceParams {
+                mv_wide: wide,
+                ..plain_params()
+            };
+            for nb in [1, 3] {
+                let (src, _) = step_source(&tiny_moe_spec(), &p, nb, false, false);
+                let on = mv_wide_in(&tiny_moe_spec(), p.rows, nb, false, wide);
+                if !mv_ring() && !mv_steal() {
+                    assert_eq!(on, wide && nb > 1);
+                }
+                assert_eq!(
+                    src.contains("#define MV_WIDE 1\n"),
+                    on,
+                    "the step source follows the decoder's MLX_GRAPH_MV_WIDE at several rows"
+                );
+                assert!(src.contains(&format!(
+                    "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n",
+                    p.rows,
+                    if on { 1 } else { p.batch },
+                    if on { 1 } else { p.early }
+                )));
+                let t = mv_threads(&tiny_moe_spec(), p.rows, nb, false, wide);
+                assert_eq!(t, if on { 512 } else { MV_THREADS });
+            }
         }
-        assert_eq!(mv_threads(&s, 2, 1, false), MV_THREADS);
-        assert_eq!(mv_threads(&s, 2, 5, true), MV_THREADS);
+        assert_eq!(mv_threads(&s, 2, 1, false, true), MV_THREADS);
+        assert_eq!(mv_threads(&s, 2, 5, true, true), MV_THREADS);
     }
 
     #[test]
@@ -6335,6 +6355,7 @@ mod tests {
             // environment (SourceParams::trellis).
             let p = SourceParams {
                 trellis: s.trellis_switches(),
+                mv_wide: mv_wide(),
                 ..p
             };
             let (src, _) = step_source(s, &p, 1, false, false);
