@@ -25,8 +25,8 @@ spec.loader.exec_module(C)
 REF = sys.argv[1] if len(sys.argv) > 1 else "015deb8b"
 
 
-def tree_source(files_text, nb, mv_async=True, mv_nb=False, wide=False, batch=4):
-    return (f"#define MV_ROWS 2\n#define MV_BATCH {batch}\n#define MV_EARLY {batch}\n#define NB {nb}\n"
+def tree_source(files_text, nb, mv_async=True, mv_nb=False, wide=False, batch=4, rows=2):
+    return (f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {batch}\n#define NB {nb}\n"
             "#define MV_MMA 0\n#define MMA_KC 0\n"
             + ("#define MV_ASYNC 1\n" if mv_async else "")
             + ("#define MV_NB 1\n" if mv_nb else "")
@@ -44,16 +44,17 @@ ref = "".join(subprocess.run(["git", "-C", str(C.ROOT), "show", f"{REF}:mlx-kern
 new = "".join((C.ROOT / "mlx-kernels/src" / f).read_text() for f in C.SOURCES)
 assert ref != new, "the reference is this tree"
 ok = True
-# (NB, MV_ASYNC, MV_NB, this tree's MV_WIDE)
-for nb, mv_async, mv_nb, wide in ((1, True, False, False), (5, True, False, False),
-                                  (8, True, False, False), (5, False, False, False),
-                                  (5, True, True, False), (1, True, False, True)):
-    a = strip(C.disassemble(tree_source(ref, nb, mv_async, mv_nb))[1])
-    b = strip(C.disassemble(tree_source(new, nb, mv_async, mv_nb, wide))[1])
+# (NB, MV_ASYNC, MV_NB, this tree's MV_WIDE, rows a warp, chunks in flight)
+for nb, mv_async, mv_nb, wide, rows, batch in (
+        (1, True, False, False, 2, 4), (5, True, False, False, 2, 4), (8, True, False, False, 2, 4),
+        (5, False, False, False, 2, 4), (5, True, True, False, 2, 4), (1, True, False, True, 2, 4),
+        (5, True, False, False, 4, 2)):
+    a = strip(C.disassemble(tree_source(ref, nb, mv_async, mv_nb, batch=batch, rows=rows))[1])
+    b = strip(C.disassemble(tree_source(new, nb, mv_async, mv_nb, wide, batch, rows))[1])
     same = a == b
     ok &= same
     n = len(re.findall(r"/\*[0-9a-f]{4,}\*/", b))
-    print(f"NB {nb}, MV_ASYNC {int(mv_async)}, MV_NB {int(mv_nb)}, this tree "
+    print(f"NB {nb}, {rows} rows a warp, MV_ASYNC {int(mv_async)}, MV_NB {int(mv_nb)}, this tree "
           f"{'with' if wide else 'without'} MV_WIDE 1 against {REF}: {n} instructions, "
           f"{'byte-identical' if same else 'DIFFERENT'}", flush=True)
 print(f"rc {0 if ok else 1}")
