@@ -606,8 +606,8 @@ __shared__ __align__(16) unsigned char mv_ring[MV_WARPS][MV_RING_DEPTH][MV_RING_
 // sequences (NB > 1 without MV_MMA: batched rows, speculation's verify rows) run matvec and
 // matvec_qkv in blocks of 512 threads (16 warps over one copy of the inputs) at 128 registers a
 // thread, for 4 warps a scheduler where 245 registers leave 2 (results/gpu/2026-12-06-s40-verify512).
-// The host launches those two kernels with 512 threads and MV_BATCH 2 (the same bytes in flight
-// a multiprocessor). The warps stride over the row groups by the block's warps (a group is summed
+// The host launches those two kernels with 512 threads and sets MV_BATCH 1 (one item in flight a
+// lane: 16 warps hold as many bytes in flight a multiprocessor as 8 at 2). The warps stride over the row groups by the block's warps (a group is summed
 // whole by one warp, its chunks in the same order); the prologue runs on the first 256 threads
 // as in a block of 256 (the norm's sum of squares in the same order; the other warps wait at its
 // barriers); qchunk_rows takes one sequence at a time within a word (each (sequence, row) chain
