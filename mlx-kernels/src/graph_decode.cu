@@ -634,6 +634,34 @@ __shared__ __align__(16) unsigned char mv_ring[MV_WARPS][MV_RING_DEPTH][MV_RING_
 #ifndef MV_NB
 #define MV_NB 0
 #endif
+// MV_WIDE (the host's switch MLX_GRAPH_MV_WIDE=1; 0 otherwise): the FFMA tiles of several
+// sequences (NB > 1 without MV_MMA: batched rows, speculation's verify rows) run matvec and
+// matvec_qkv in blocks of 512 threads (16 warps over one copy of the inputs) at 128 registers a
+// thread, for 4 warps a scheduler where 245 registers leave 2 (results/gpu/2026-12-06-s40-verify512).
+// The host launches those two kernels with 512 threads and sets MV_BATCH 1 (one item in flight a
+// lane: 16 warps hold as many bytes in flight a multiprocessor as 8 at 2). The warps stride over the row groups by the block's warps (a group is summed
+// whole by one warp, its chunks in the same order); the prologue runs on the first 256 threads
+// as in a block of 256 (the norm's sum of squares in the same order; the other warps wait at its
+// barriers); qchunk_rows takes one sequence at a time within a word (each (sequence, row) chain
+// in the same order). Every output is the one without the switch, bit for bit (graph_emulate.py
+// with GRAPH_EMU_MV_WIDE=1). Not with MV_RING_ON or MV_STEAL, whose shared arrays are 8 warps'.
+#ifndef MV_WIDE
+#define MV_WIDE 0
+#endif
+#define MV_WIDE_ON (MV_WIDE && NB > 1 && !MV_MMA && !MV_RING_ON && !MV_STEAL)
+#if MV_WIDE_ON
+// matvec's and matvec_qkv's launch bounds: 512 threads, one block (128 registers a thread).
+#define MV_BOUNDS 512, 1
+#else
+#define MV_BOUNDS 256, MV_MIN_BLOCKS
+#endif
+// The prologue's threads (a block of 256 for it) and whether this thread is one of them.
+__device__ __forceinline__ int mv_pro_t() {
+  return MV_WIDE_ON ? MV_WARPS * 32 : (int)blockDim.x;
+}
+__device__ __forceinline__ bool mv_pro_mine() {
+  return !MV_WIDE_ON || (int)threadIdx.x < MV_WARPS * 32;
+}
 #define MV_STEAL_ON (MV_STEAL && !MV_MMA)
 #if MV_STEAL_ON
 __device__ u32 mv_steal_ctr;
@@ -1126,6 +1154,23 @@ struct MvStream {
       // Word i's inputs: slot c (VALS / 8) + i PER / 8, from its (i PER % 8)-th value.
       const int slot = xs_slot(c * (VALS / 8) + (i * PER) / 8);
       const int off = (i * PER) % 8;
+#if MV_WIDE_ON
+      // MV_WIDE (128 registers): one sequence's inputs at a time, its MV_ROWS chains summed in
+      // the order below (each chain's adds as qchunk's), then the next sequence's.
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const uint4 tb = ((const uint4*)((const unsigned char*)xs + b * xstride))[slot];
+        float sr[MV_ROWS];
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+          const float x = slot_value(tb, off + j);
+#pragma unroll
+          for (int r = 0; r < MV_ROWS; ++r) sr[r] = j == 0 ? q[r][0] * x : sr[r] + q[r][j] * x;
+        }
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r) d[b][r] = i == 0 ? sr[r] : d[b][r] + sr[r];
+      }
+#else
       uint4 t[NB];
 #pragma unroll
       for (int b = 0; b < NB; ++b)
@@ -1150,6 +1195,7 @@ struct MvStream {
       for (int b = 0; b < NB; ++b)
 #pragma unroll
         for (int r = 0; r < MV_ROWS; ++r) d[b][r] = i == 0 ? s[b][r] : d[b][r] + s[b][r];
+#endif
     }
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
@@ -1221,8 +1267,8 @@ __device__ __forceinline__ void mv_load_pieces(uint4* v, uint4* g, const uint4* 
                                                const uint4* gv, int rd, int pieces) {
 #pragma unroll
   for (int i = 0; i < P; ++i) {
-    const int t = (rd * P + i) * (int)blockDim.x + (int)threadIdx.x;
-    if (t < pieces) {
+    const int t = (rd * P + i) * mv_pro_t() + (int)threadIdx.x;
+    if (t < pieces && mv_pro_mine()) {
       v[i] = xv[t];
       if (NORM) g[i] = gv[t];
     }
@@ -1234,7 +1280,7 @@ template <int P>
 __device__ __forceinline__ void mv_add_squares(float& ss, const uint4* v, int rd, int pieces) {
 #pragma unroll
   for (int i = 0; i < P; ++i) {
-    if ((rd * P + i) * (int)blockDim.x + (int)threadIdx.x < pieces) ss += sq8(v[i]);
+    if ((rd * P + i) * mv_pro_t() + (int)threadIdx.x < pieces && mv_pro_mine()) ss += sq8(v[i]);
   }
 }
 
@@ -1242,7 +1288,7 @@ __device__ __forceinline__ void mv_add_squares(float& ss, const uint4* v, int rd
 __device__ __forceinline__ float mv_inv_rms(float ss, float* red, ll K, double eps) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   ss = warp_sum(ss);
-  if (lane == 0) red[warp] = ss;
+  if (lane == 0 && mv_pro_mine()) red[warp] = ss;
   __syncthreads();
   float tot = 0.f;
   for (int i = 0; i < MV_WARPS; ++i) tot += red[i];
@@ -1256,7 +1302,7 @@ __device__ __forceinline__ void mv_store_normed(bf16_t* xs, float* xc, const uin
                                                 ll bits, bool raw) {
 #pragma unroll
   for (int i = 0; i < P; ++i) {
-    const int t = (rd * P + i) * (int)blockDim.x + (int)threadIdx.x;
+    const int t = mv_pro_mine() ? (rd * P + i) * mv_pro_t() + (int)threadIdx.x : pieces;
     mv_store_piece(xs, xc, t, pieces, t < pieces ? norm8(v[i], g[i], inv) : v[i], bits, raw);
   }
 }
@@ -1274,7 +1320,7 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
                                             ll bits, bool raw = false,
                                             const uint4* gpre = nullptr, bool g_pre = false) {
   const int tid = threadIdx.x;
-  const int T = blockDim.x, pieces = (int)(K / 8);
+  const int T = mv_pro_t(), pieces = (int)(K / 8);
   const uint4* xv = (const uint4*)xin;
   const uint4* gv = (const uint4*)normw;
   if (norm && pieces <= T * PRO_PIECES) {
@@ -1314,7 +1360,8 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
       mv_load_pieces<P, false>(v, v, xv, gv, rd, pieces);
 #pragma unroll
       for (int i = 0; i < P; ++i) {
-        mv_store_piece(xs, xc, (rd * P + i) * T + tid, pieces, v[i], bits, raw);
+        mv_store_piece(xs, xc, mv_pro_mine() ? (rd * P + i) * T + tid : pieces, pieces, v[i],
+                       bits, raw);
       }
     }
   }
@@ -2052,14 +2099,16 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   m.wt = wt;
   m.N = N;
   m.groups = (N + MV_ROWS - 1) / MV_ROWS;
-  m.stride = (ll)gridDim.x * MV_WARPS;
+  // The block's warps (MV_WIDE: 16).
+  const int nw = MV_WIDE_ON ? (int)(blockDim.x >> 5) : MV_WARPS;
+  m.stride = (ll)gridDim.x * nw;
   m.row_bytes = (int)(K * BITS / 8);
   m.gs_shift = __ffsll(gs) - 1;  // gs is a power of two (1 for bfloat16)
   m.C = (int)(K / m.VALS);
   m.G = (int)(K >> m.gs_shift);
   m.per_lane = (m.C + 31) / 32;
   m.lane = lane;
-  m.lp = (ll)blockIdx.x * MV_WARPS + warp;
+  m.lp = (ll)blockIdx.x * nw + warp;
   m.lk = 0;
   m.sel = sel;
   m.rpe = rpe;
@@ -2091,7 +2140,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   for (int u = 0; u < (MV_EARLY < MV_SLOTS ? MV_EARLY : MV_SLOTS); ++u) m.load(u);
   wait();
 #if MV_STEAL_ON
-  m.go_dynamic((ll)blockIdx.x * MV_WARPS + warp);
+  m.go_dynamic((ll)blockIdx.x * nw + warp);
 #endif
   tr.mark(1);
 #pragma unroll
@@ -2116,7 +2165,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
 #else
   tr.arrived(m.q[0][0].x);
 #endif
-  ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
+  ll p = (ll)blockIdx.x * nw + warp;  // the row group being summed, chunk lane + 32 k
   // The group after p: the oldest the loads have taken (MV_STEAL_ON), or p + stride.
 #if MV_STEAL_ON
 #define MV_NEXT_GROUP(p) m.pop()
@@ -2393,7 +2442,7 @@ __device__ __forceinline__ void matvec_body(
               epi, nullptr, 1, false, nullptr, wait)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
-extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS) matvec(
     const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
     const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, const bf16_t* res, void* out, ll N,
     ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
@@ -2504,7 +2553,7 @@ __device__ __forceinline__ void matvec_qkv_body(
                   eps, smem, red, tr, pre, epi, nullptr, 1, false, nullptr, wait)
   tr.done(TRACE_QKV | (u64)K << 16);
 }
-extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS) matvec_qkv(
     const void* Wq, const void* Wk, const void* Wv, const bf16_t* Sq, const bf16_t* Sk,
     const bf16_t* Sv, const bf16_t* Bq, const bf16_t* Bk, const bf16_t* Bv, const bf16_t* xin,
     const bf16_t* normw, bf16_t* qout, bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,

@@ -2133,6 +2133,7 @@ impl GraphDecoder {
             min_blocks: opts.min_blocks_per_sm,
             persist: opts.persistent_step.unwrap_or_else(persist),
             trellis,
+            mv_wide: mv_wide(),
         };
         let t0 = std::time::Instant::now();
         let wide = wide_from.is_some_and(|f| nb >= f);
@@ -4056,6 +4057,34 @@ struct PersistStep {
     attn_at: u32,
 }
 
+/// Whether the FFMA tiles of several sequences run `matvec` and `matvec_qkv` in blocks of 512
+/// threads at 128 registers a thread (`MLX_GRAPH_MV_WIDE=1`; off otherwise): 16 warps a
+/// multiprocessor over one copy of the inputs, 4 a scheduler where the 256-thread blocks'
+/// 245 registers leave 2 (`results/gpu/2026-12-06-s40-verify512`). Read once when the decoder is
+/// built ([`SourceParams::mv_wide`]), so that its tiles' sources and their launches agree, and
+/// `mlx`, `mlx serve` and the test binaries take it from their environment. The same sums in
+/// the same order: every output is bit-equal either way.
+fn mv_wide() -> bool {
+    std::env::var("MLX_GRAPH_MV_WIDE").is_ok_and(|v| v == "1")
+}
+
+/// Whether the module of tiles of `nb` rows (`mma`: on the tensor cores) takes [`mv_wide`]
+/// (`on`): FFMA tiles of several rows, without the ring ([`mv_ring_in`]) or the counter
+/// ([`mv_steal`]), whose shared arrays are a 256-thread block's (the source's `MV_WIDE_ON`).
+fn mv_wide_in(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> bool {
+    on && nb > 1 && !mma && !mv_ring_in(spec, rows, nb, mma, mv_ring()) && !mv_steal()
+}
+
+/// The threads of a `matvec` / `matvec_qkv` block in a module of tiles of `nb` rows: 512 with
+/// [`mv_wide_in`] (`on`: the decoder's [`SourceParams::mv_wide`]), [`MV_THREADS`] otherwise.
+fn mv_threads(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> u32 {
+    if mv_wide_in(spec, rows, nb, mma, on) {
+        2 * MV_THREADS
+    } else {
+        MV_THREADS
+    }
+}
+
 /// The static shared memory bound of a wide tensor-core tile's kernels (`ring`: with the
 /// cp.async ring).
 fn mma_static_shared(ring: bool) -> u32 {
@@ -4118,6 +4147,15 @@ fn matvec_tile(
         lin.n * 2
     };
     let (xo, ro, oo) = (rows * lin.k * 2, rows * lin.n * 2, rows * out_row);
+    // 512 with MLX_GRAPH_MV_WIDE=1 in FFMA tiles of several rows (the warps of a block of 256
+    // count as its rows a warp in mv_blocks).
+    let threads = mv_threads(
+        &rec.step.shape,
+        rec.step.rows,
+        rec.nb,
+        rec.nb as u32 >= rec.step.mma_from,
+        rec.step.params.mv_wide,
+    );
     rec.launch(
         rt,
         part,
@@ -4125,14 +4163,13 @@ fn matvec_tile(
         [
             mv_blocks(
                 lin.n,
-                rec.step.rows,
-                rt.resident_blocks(k, MV_THREADS, shared)?
-                    .min(rec.step.mv_cap),
+                rec.step.rows * (threads / MV_THREADS) as usize,
+                rt.resident_blocks(k, threads, shared)?.min(rec.step.mv_cap),
             ),
             1,
             1,
         ],
-        [MV_THREADS, 1, 1],
+        [threads, 1, 1],
         shared,
         &[
             lin.word(0),
@@ -4493,6 +4530,9 @@ struct SourceParams {
     /// decoder is built): their source's defines, and the launches' threads, grids and shared
     /// memory ([`Step::params`]).
     trellis: TrellisSwitches,
+    /// [`mv_wide`], read once when the decoder is built: its FFMA tiles' sources and their
+    /// launches ([`mv_wide_in`], [`mv_threads`]) take this value.
+    mv_wide: bool,
 }
 
 /// Which kernels a step is recorded with: `tiles` launches of the kernels of `module`,
@@ -4552,13 +4592,21 @@ fn step_source(
     // The persistent step (MLX_GRAPH_PERSIST=1, one-row llama steps): the same bits.
     let persist_on = p.persist && persist_spec(spec, nb, mma).is_none();
     let persist = persist_define(persist_on);
+    // The FFMA tiles' 512-thread blocks (MLX_GRAPH_MV_WIDE=1, tiles of several rows): one item
+    // in flight a lane (128 registers; 16 warps cover its round trip). The same bits.
+    let wide_mv = mv_wide_in(spec, p.rows, nb, mma, p.mv_wide);
+    let (batch, early, mv_wide_def) = if wide_mv {
+        (1, 1, "#define MV_WIDE 1\n")
+    } else {
+        (p.batch, p.early, "")
+    };
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{mv_ring}{early_norm}{steal}{mv_nb}{persist}{SOURCE}",
+         {banks}{mv_ring}{early_norm}{steal}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
         p.rows,
-        p.batch,
-        p.early,
+        batch,
+        early,
         u8::from(mma)
     );
     // OLMo 2's blocks: matvec_qkv without its pre-norm.
@@ -4895,8 +4943,16 @@ fn record_step_with(
     let scale = s.attn_scale as f64;
     // Every layer's q/k/v product has the same shape.
     let qkv_shared = mv_tile_shared(s.hidden, bits, nb, step.chunk(nb));
+    // 512 with MLX_GRAPH_MV_WIDE=1 in FFMA tiles of several rows (as matvec's).
+    let qkv_threads = mv_threads(
+        s,
+        step.rows,
+        nb,
+        nb as u32 >= step.mma_from,
+        step.params.mv_wide,
+    );
     let qkv_resident = rt
-        .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
+        .resident_blocks(k_qkv, qkv_threads, qkv_shared)?
         .min(mv_cap);
     for l in layers {
         if let Some(tl) = &l.trellis {
@@ -4908,8 +4964,16 @@ fn record_step_with(
                 rt,
                 Part::Qkv,
                 k_qkv,
-                [mv_blocks(l.qkv.n, rows, qkv_resident), 1, 1],
-                [MV_THREADS, 1, 1],
+                [
+                    mv_blocks(
+                        l.qkv.n,
+                        rows * (qkv_threads / MV_THREADS) as usize,
+                        qkv_resident,
+                    ),
+                    1,
+                    1,
+                ],
+                [qkv_threads, 1, 1],
                 qkv_shared,
                 &[
                     l.qkv.word(0),
@@ -5617,6 +5681,7 @@ mod tests {
             min_blocks: None,
             persist: false,
             trellis: TrellisSwitches::PLAIN,
+            mv_wide: false,
         }
     }
 
@@ -6276,6 +6341,50 @@ mod tests {
     }
 
     #[test]
+    fn the_tiles_512_thread_blocks_are_one_define_and_their_launch() {
+        // MLX_GRAPH_MV_WIDE=1: FFMA tiles of several rows (not on the tensor cores) get MV_WIDE
+        // 1 with one item in flight a lane, and matvec / matvec_qkv launch 512 threads; a
+        // one-row step and tensor-core tiles never do, and the kernel source's default is off.
+        let s = spec_8b();
+        assert!(mv_wide_in(&s, 2, 5, false, true));
+        assert!(mv_wide_in(&s, 4, 8, false, true));
+        assert!(!mv_wide_in(&s, 2, 1, false, true), "one row");
+        assert!(!mv_wide_in(&s, 2, 5, true, true), "tensor cores");
+        assert!(!mv_wide_in(&s, 2, 5, false, false), "off");
+        assert!(SOURCE.contains("#ifndef MV_WIDE\n#define MV_WIDE 0\n#endif"));
+        assert!(SOURCE.contains("__launch_bounds__(MV_BOUNDS) matvec("));
+        assert!(SOURCE.contains("__launch_bounds__(MV_BOUNDS) matvec_qkv("));
+        for wide in [false, true] {
+            let p = SourceParams {
+                mv_wide: wide,
+                ..plain_params()
+            };
+            for nb in [1, 3] {
+                let (src, _) = step_source(&tiny_moe_spec(), &p, nb, false, false);
+                let on = mv_wide_in(&tiny_moe_spec(), p.rows, nb, false, wide);
+                if !mv_ring() && !mv_steal() {
+                    assert_eq!(on, wide && nb > 1);
+                }
+                assert_eq!(
+                    src.contains("#define MV_WIDE 1\n"),
+                    on,
+                    "the step source follows the decoder's MLX_GRAPH_MV_WIDE at several rows"
+                );
+                assert!(src.contains(&format!(
+                    "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n",
+                    p.rows,
+                    if on { 1 } else { p.batch },
+                    if on { 1 } else { p.early }
+                )));
+                let t = mv_threads(&tiny_moe_spec(), p.rows, nb, false, wide);
+                assert_eq!(t, if on { 512 } else { MV_THREADS });
+            }
+        }
+        assert_eq!(mv_threads(&s, 2, 1, false, true), MV_THREADS);
+        assert_eq!(mv_threads(&s, 2, 5, true, true), MV_THREADS);
+    }
+
+    #[test]
     fn wide_tensor_core_tiles_take_sixteen_rows_in_one_pass() {
         let s = spec_8b();
         let ffma = GraphDecoder::max_sequences(&s);
@@ -6609,6 +6718,7 @@ mod tests {
             // environment (SourceParams::trellis).
             let p = SourceParams {
                 trellis: s.trellis_switches(),
+                mv_wide: mv_wide(),
                 ..p
             };
             let (src, _) = step_source(s, &p, 1, false, false);

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -408,6 +408,12 @@ MV_RING_REF = "84e45b2b"
 # GRAPH_EMU_MV_NB=1 builds this tree's kernels with it; nb_bit_check then also runs the
 # NB-sequence kernel without it (this tree's, the switch off) and compares the two.
 MV_NB = int(os.environ.get("GRAPH_EMU_MV_NB", "0"))
+# The FFMA tiles' 512-thread blocks (MV_WIDE in the source, MLX_GRAPH_MV_WIDE=1 on the device,
+# which also sets MV_BATCH 1: run with GRAPH_EMU_BATCH=1): GRAPH_EMU_MV_WIDE=1 builds this tree's
+# kernels with it and launches matvec and matvec_qkv of NB > 1 sequences with 512 threads (MV_T);
+# nb_bit_check then also runs the NB-sequence kernel without it (this tree's, 256 threads, 8 / rows
+# chunks in flight as the default) and compares the two.
+MV_WIDE = int(os.environ.get("GRAPH_EMU_MV_WIDE", "0"))
 # A normed product's norm weights loaded before the wait and embed's values loaded 16 a thread
 # at once (MV_EARLY_NORM and EMBED_BATCH 16 in the source, MLX_GRAPH_EARLY_PROLOGUE=1 on the
 # device): GRAPH_EMU_EARLY_NORM=1 builds this tree's kernels with them (the emulator has no wait: the check is that the loaded pieces are the ones the
@@ -454,9 +460,14 @@ ATTN_OUT_MAX_WIDTH = int(re.search(r"const ATTN_OUT_MAX_WIDTH: usize = ([\d_]+);
 ATTN_COMBINE = os.environ.get("GRAPH_EMU_ATTN_COMBINE", "output")
 
 
-def mv_grid(rows):
-    """mv_blocks in graph_decode.rs."""
-    return (max(1, min(((rows + ROWS - 1) // ROWS + 7) // 8, RESIDENT)), 1)
+# matvec's and matvec_qkv's threads (mv_threads in graph_decode.rs).
+MV_T = 512 if MV_WIDE and NB > 1 and not MMA else 256
+
+
+def mv_grid(rows, threads=256):
+    """mv_blocks in graph_decode.rs (blocks of `threads`)."""
+    w = threads // 32
+    return (max(1, min(((rows + ROWS - 1) // ROWS + w - 1) // w, RESIDENT)), 1)
 
 
 # matvec's float32 output (MODE_F32) as the raw sums, not rounded to bfloat16 (nb_bit_check's
@@ -487,6 +498,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if cu is None and EARLY_NORM else "")
            + ("#define MV_STEAL 1\n" if cu is None and STEAL else "")
            + ("#define MV_NB 1\n" if cu is None and MV_NB else "")
+           + ("#define MV_WIDE 1\n" if cu is None and MV_WIDE else "")
            + ("#define GRAPH_PERSIST 1\n" if cu is None and PERSIST else "")
            + ("#define PS_BARRIER_RA 1\n" if cu is None and PERSIST == 2 else "")
            + (CU if cu is None else cu))
@@ -514,6 +526,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
            f"{'_steal' if STEAL and cu is None else ''}"
            f"{'_mvnb' if MV_NB and cu is None else ''}"
+           f"{'_mvwide' if MV_WIDE and cu is None else ''}"
            f"{'_persist' + str(PERSIST) + PERSIST_MUTATE if PERSIST and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
@@ -1191,7 +1204,7 @@ def run(lib, name, tmp=None):
         wp = two(w)
         if bias is not None:
             wp[5], mode = bias, mode | 64
-        e.launch(1, mv_grid(n), 256,
+        e.launch(1, mv_grid(n, MV_T), MV_T,
                  wp + [x, norm if norm is not None else x, res if res is not None else x, out,
                   n, cols * 32 // nbits if q else cols, nbits, gs, mode, float(np.float32(eps)),
                   0, (final_cap if final_cap > 0 else -logit_div) if mode & 8 else res_scale if mode & 2 else 0.0])  # no timeline
@@ -1224,7 +1237,7 @@ def run(lib, name, tmp=None):
                                    pos_scale, out_scale, emb_scale, pairs2, inv_buf2, pos_scale2, out_scale2])
         for L in layers:
             w, n = L["qkv"]
-            e.launch(2, mv_grid(n), 256,
+            e.launch(2, mv_grid(n, MV_T), MV_T,
                      [x for part in w for x in part] +
                      [h, 0 if L["inn"] is None else L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
                       int(trad), float(np.float32(eps)), rope[L["rope_off"]:], 0, 0 if qk_norm else L["nrot"],
@@ -1816,7 +1829,7 @@ def nb_bit_check(lib, tmp):
     the float32 output unrounded (RAW_F32), and the inputs scaled by powers of two from 2^-12
     to 2^12, so that the float32 sums round: an order changed anywhere shows (a kernel summing
     the words of a chunk in reverse passed the bfloat16 outputs and fails this)."""
-    if MV_NB:
+    if MV_NB or MV_WIDE:
         # This tree's one-sequence kernel, no switch but MV_ASYNC as this run builds it.
         one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True,
                     cu=f"#define MV_ASYNC {MV_ASYNC}\n" + CU, tag="_one")
@@ -1836,16 +1849,18 @@ def nb_bit_check(lib, tmp):
         one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True)
     e1, en = Emu(one), Emu(build(tmp, raw_f32=True))
     # MV_NB: the NB-sequence kernel without the switch too (this tree's, MV_ASYNC as built).
-    eoff = (Emu(build(tmp, raw_f32=True, cu=f"#define MV_ASYNC {MV_ASYNC}\n" + CU, tag="_off"))
-            if MV_NB else None)
+    # MV_WIDE: the same, with the default's chunks in flight (8 / rows) and 256 threads.
+    eoff = (Emu(build(tmp, raw_f32=True, cu=f"#define MV_ASYNC {MV_ASYNC}\n" + CU, tag="_off",
+                      batch=8 // ROWS if MV_WIDE else None))
+            if MV_NB or MV_WIDE else None)
     # MV_NB: also rows of several chunks a lane (K 2,560: 3 at 4 bits, not a multiple of the 4
     # slots; K 4,096: 4) and warps of several row groups (130 and 66 rows over 24 warps), so
     # that items cross row groups in every slot.
-    shapes = ((40, 320), (130, 64), (24, 1024)) + (((130, 2560), (66, 4096)) if MV_NB else ())
+    shapes = ((40, 320), (130, 64), (24, 1024)) + (((130, 2560), (66, 4096)) if MV_NB or MV_WIDE else ())
     grid = lambda n, rows: (max(1, min(((n + rows - 1) // rows + 7) // 8, RESIDENT)), 1)
     ok, count = True, 0
     # MV_NB: also 4-bit in groups of 128 and 8-bit in groups of 32.
-    widths = ((4, 64), (4, 32), (8, 64), (16, 1)) + (((4, 128), (8, 32)) if MV_NB else ())
+    widths = ((4, 64), (4, 32), (8, 64), (16, 1)) + (((4, 128), (8, 32)) if MV_NB or MV_WIDE else ())
     for nbits, gs in widths:
         for n, k in shapes:
             if k % max(gs, 64):
@@ -1876,7 +1891,7 @@ def nb_bit_check(lib, tmp):
                 dt = np.float32 if mode & 8 else np.uint16
                 out = en.buf(np.zeros(NB * out_n, dt))
                 xb, rb = en.buf(x.reshape(-1)), en.buf(res.reshape(-1))
-                en.launch(1, grid(n, ROWS), 256, wargs(en, mode) + [xb, en.buf(g), rb, out, n,
+                en.launch(1, mv_grid(n, MV_T), MV_T, wargs(en, mode) + [xb, en.buf(g), rb, out, n,
                                                   k, nbits, gs, mode, 1e-5, 0, 0.0])
                 same = True
                 if eoff is not None:
@@ -1901,11 +1916,15 @@ def nb_bit_check(lib, tmp):
                     print(f"nb bit check: bits {nbits} gs {gs} {n} x {k} mode {mode}: rows differ "
                           "from the one-sequence kernel FAILED")
     ref = (f" ({MV_RING_REF}'s, MV_RING{' + MV_ASYNC' if MV_ASYNC else ''} against main)"
-           if MV_RING and not MV_NB
-           else f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC and not MV_NB else "")
-    if MV_NB:
-        ref += (f" and to the {NB}-sequence kernel without MV_NB (this tree's"
-                f"{', MV_ASYNC' if MV_ASYNC else ''})")
+           if MV_RING and not (MV_NB or MV_WIDE)
+           else f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC and not (MV_NB or MV_WIDE)
+           else " (this tree's, no switch)" if MV_WIDE else "")
+    if MV_NB or MV_WIDE:
+        ref += (f" and to the {NB}-sequence kernel without {'MV_WIDE' if MV_WIDE else 'MV_NB'}"
+                f" (this tree's{', MV_ASYNC' if MV_ASYNC else ''}"
+                f"{f', {8 // ROWS} chunks in flight, 256 threads' if MV_WIDE else ''})")
+    if MV_WIDE:
+        ref += f"; the switch's kernel in blocks of {MV_T} threads"
     print(f"nb bit check (sequences {NB}, rows per warp {ROWS}, chunks in flight {BATCH}): "
           f"{count} products, every sequence's output bit-equal to the one-sequence kernel's{ref} "
           f"{'ok' if ok else 'FAILED'}")

@@ -112,10 +112,11 @@ for part in ${PARTS:-setup test spec bench moe}; do
       # tiles at every width (MLX_GRAPH_BATCH_MMA=99), ring = ffma with the FFMA row kernels'
       # cp.async ring (MLX_GRAPH_MV_RING=1), early = on with
       # MLX_GRAPH_EARLY_PROLOGUE=1, steal = on with MLX_GRAPH_MV_STEAL=1, nb = ffma with
-      # MLX_GRAPH_MV_NB=1, ffma4 / nb4 = ffma / nb at 4 rows a warp (THRU_MV_ROWS=4); each side runs
-      # with the switches it does not name off.
+      # MLX_GRAPH_MV_NB=1, ffma4 / nb4 = ffma / nb at 4 rows a warp (THRU_MV_ROWS=4), w512 = ffma
+      # with MLX_GRAPH_MV_WIDE=1 (the FFMA tiles' 512-thread blocks), w512r4 = ffma4 with it; each
+      # side runs with the switches it does not name off.
       for side in ${THRU_SIDES:-on 1}; do
-        wide=$side; ring=0; mv=0; banks=0; mvring=0; mma=4; early=0; steal=0; mvnb=0; mvrows=2
+        wide=$side; ring=0; mv=0; banks=0; mvring=0; mma=4; early=0; steal=0; mvnb=0; mvrows=2; mvwide=0
         [ $side = async ] && wide=1 ring=1
         [ $side = mv ] && wide=1 mv=1
         [ $side = on ] && wide=1 ring=1 mv=1
@@ -127,11 +128,13 @@ for part in ${PARTS:-setup test spec bench moe}; do
         [ $side = nb ] && wide=1 ring=1 mv=1 mma=99 mvnb=1
         [ $side = ffma4 ] && wide=1 ring=1 mv=1 mma=99 mvrows=4
         [ $side = nb4 ] && wide=1 ring=1 mv=1 mma=99 mvnb=1 mvrows=4
-        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb THRU_MV_ROWS=$mvrows" >> $OUT/throughput.log
+        [ $side = w512 ] && wide=1 ring=1 mv=1 mma=99 mvwide=1
+        [ $side = w512r4 ] && wide=1 ring=1 mv=1 mma=99 mvwide=1 mvrows=4
+        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb MLX_GRAPH_MV_WIDE=$mvwide THRU_MV_ROWS=$mvrows" >> $OUT/throughput.log
         SKIP_TEST=1 SERVE_MODELS=" " THRU_MODELS="${THRU_MODELS:-llama31-8b-q4}" ROWS="${ROWS:-1 2 4 8 16}" \
           MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv \
           MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early \
-          MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb THRU_MV_ROWS=$mvrows \
+          MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb MLX_GRAPH_MV_WIDE=$mvwide THRU_MV_ROWS=$mvrows \
           MLX_GRAPH_BATCH_BREAKDOWN=${BREAKDOWN:-20} timeout $(left) bash $C/batched.sh \
           > $OUT/thru_run_$side.log 2>&1
       done
