@@ -3978,7 +3978,8 @@ fn mv_nb_define(nb: usize, on: bool) -> &'static str {
 /// chosen and where the decoder is built, so the decoder, `mlx` and the tests alike take it
 /// from their environment. Each phase runs its kernel's own code: every output is bit-equal
 /// either way. Where [`persist_spec`] or [`persist_build`] do not allow it, the switch does
-/// nothing ([`GraphDecoder::persistent_step`] says which).
+/// nothing ([`GraphDecoder::persistent_step`] says which). Off by default: measured slower
+/// than the kernels on an H100 (results/gpu/2026-12-06-s40-h100/, call 3).
 fn persist() -> bool {
     std::env::var("MLX_GRAPH_PERSIST").is_ok_and(|v| v == "1" || v == "2")
 }
