@@ -2,7 +2,7 @@
 # PREPARED for session 41 (session 40 call 3 gave these runs 35 s: no figure). One call of <= 450 s (a cold machine runs the setup first; <= 300 s on a warm H100 that already holds
 # /opt/models/llama31-8b-q4 (measure.sh's setup in an earlier call of the same machine, e.g.
 #   PARTS="setup" MODELS="llama31-8b-q4" bash .gpu/c/measure.sh
-# )), with .gpu/c packed from branch h27-verify512 by xtask/gpu/prepare_product_c.sh and this script
+# )), with .gpu/c packed from main (h27-verify512 merged) by xtask/gpu/prepare_product_c.sh and this script
 # copied into it:
 #   run(carry=[".gpu/a", ".gpu/c"], command="bash .gpu/c/s40w.sh", timeout_s=300)
 # 1. `thru`, one FFMA tile of 5 rows (the K 4 verify), FFMA tiles at every width
