@@ -93,7 +93,8 @@ const VERIFY_ROWS_PER_WARP: u32 = 4;
 /// The verify target's matrix-vector launch settings. They change speed, never a row's bits
 /// (each lane sums its chunks in the same order whatever they are). A/B runs on a device
 /// override them: `MLX_GRAPH_SPEC_ROWS=2|4` ([`GraphOptions::rows_per_warp`], default
-/// [`VERIFY_ROWS_PER_WARP`]), `MLX_GRAPH_SPEC_CHUNKS=N` ([`GraphOptions::chunks_in_flight`])
+/// [`VERIFY_ROWS_PER_WARP`], or 2 where `MLX_GRAPH_SPEC_CHUNKS` asks for more than 4 chunks),
+/// `MLX_GRAPH_SPEC_CHUNKS=N` ([`GraphOptions::chunks_in_flight`])
 /// and `MLX_GRAPH_SPEC_MIN_BLOCKS=N` ([`GraphOptions::min_blocks_per_sm`]); the decoder's
 /// defaults otherwise.
 fn verify_launch_options() -> GraphOptions {
@@ -103,9 +104,16 @@ fn verify_launch_options() -> GraphOptions {
             .and_then(|v| v.trim().parse::<u32>().ok())
     };
     let d = GraphOptions::default();
+    let chunks = num("MLX_GRAPH_SPEC_CHUNKS");
+    // More chunks in flight than 4 rows a warp allow (16 loads a lane) keep the 2 rows a warp
+    // they were valid with before 4 became the default.
+    let rows = num("MLX_GRAPH_SPEC_ROWS").unwrap_or(match chunks {
+        Some(c) if c.saturating_mul(VERIFY_ROWS_PER_WARP) > 16 => d.rows_per_warp,
+        _ => VERIFY_ROWS_PER_WARP,
+    });
     GraphOptions {
-        rows_per_warp: num("MLX_GRAPH_SPEC_ROWS").unwrap_or(VERIFY_ROWS_PER_WARP),
-        chunks_in_flight: num("MLX_GRAPH_SPEC_CHUNKS").or(d.chunks_in_flight),
+        rows_per_warp: rows,
+        chunks_in_flight: chunks.or(d.chunks_in_flight),
         min_blocks_per_sm: num("MLX_GRAPH_SPEC_MIN_BLOCKS").or(d.min_blocks_per_sm),
         ..d
     }

@@ -3171,7 +3171,9 @@ __device__ __forceinline__ void ps_barrier(u64* ctr, bool first) {
     // A grid whose blocks are not all resident (the host sizes it from the occupancy API; a
     // GPU shared with another context could hold fewer) would wait forever: past 2^24 polls
     // (~10 s at an L2 round trip a poll; a phase takes microseconds) the kernel traps
-    // instead, a CUDA error that poisons the decoder.
+    // instead of hanging: a sticky CUDA error that poisons the process's CUDA context (the
+    // MLX path's included), not only the decoder. A cooperative launch, which fails cleanly
+    // where the blocks cannot all be resident, is what would let the engine fall back.
     for (u32 polls = 0; ps_load_acquire(ctr) < target; ++polls) {
       if (polls == (1u << 24)) __trap();
 #ifndef __CUDA_ARCH__

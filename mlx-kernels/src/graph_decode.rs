@@ -190,8 +190,9 @@ pub struct GraphOptions {
     /// true; off where the driver cannot).
     pub programmatic_launch: bool,
     /// Rows of a weight matrix one warp computes at once, sharing each input load: 2
-    /// (default) or 4 (slower for whole steps, though faster for some matrices alone:
-    /// `results/gpu/README.md`).
+    /// (default) or 4 (slower for whole one-row steps, though faster for some matrices alone:
+    /// `results/gpu/README.md`; faster for tiles of several rows: speculation's verify target
+    /// runs 4 by default, `results/gpu/2026-12-06-s40-h100/`).
     pub rows_per_warp: u32,
     /// 16-byte chunks of each of its rows a lane keeps in flight: 1 to 8, with at most 16
     /// loads a lane (`rows_per_warp` times this). Default `8 / rows_per_warp`.
@@ -267,7 +268,7 @@ pub struct GraphOptions {
     /// (`MLX_GRAPH_WIDE_TILES=0` in the batch engine).
     pub wide_tiles: bool,
     /// One-row steps as one persistent kernel ([`GraphDecoder::persistent_step`]): `None`
-    /// (the default): with `MLX_GRAPH_PERSIST=1`, else never; `Some(on)`: as given (for
+    /// (the default): with `MLX_GRAPH_PERSIST=1` or `2`, else never; `Some(on)`: as given (for
     /// testing). Where the step does not qualify, the kernels run either way. The same bits.
     pub persistent_step: Option<bool>,
 }
@@ -2433,7 +2434,16 @@ impl GraphDecoder {
         let weights_s = t1.elapsed().as_secs_f64();
         let t2 = std::time::Instant::now();
         let full = step.full_set();
-        step.persist = persist_build(&mut rt, &step, full)?;
+        // A failure building the persistent step (its table, its launch settings) leaves the
+        // kernels running, as where the step does not qualify; the line below says why.
+        let mut persist_failed = None;
+        step.persist = match persist_build(&mut rt, &step, full) {
+            Ok(p) => p,
+            Err(e) => {
+                persist_failed = Some(e.to_string());
+                None
+            }
+        };
         // Asked for (MLX_GRAPH_PERSIST=1): one line says whether the step took it (the device
         // logs' record of it; GraphDecoder::persistent_step says the same).
         if step.params.persist {
@@ -2444,10 +2454,12 @@ impl GraphDecoder {
                     step.shape.model_type, p.grid, p.phases, p.shared
                 ),
                 None => eprintln!(
-                    "[graph persist] `{}`: MLX_GRAPH_PERSIST=1 does nothing here: {}",
+                    "[graph persist] `{}`: MLX_GRAPH_PERSIST does nothing here: {}",
                     step.shape.model_type,
-                    persist_spec(&step.shape, nb, mma).unwrap_or(
-                        "one tile of one row a step, and a block that fits a multiprocessor"
+                    persist_failed.as_deref().unwrap_or(
+                        persist_spec(&step.shape, nb, mma).unwrap_or(
+                            "one tile of one row a step, and a block that fits a multiprocessor"
+                        )
                     )
                 ),
             }
@@ -2536,10 +2548,10 @@ impl GraphDecoder {
         match self.step.persist {
             Some(p) => Ok(p.grid),
             None if !self.step.params.persist => {
-                Err("not asked for (MLX_GRAPH_PERSIST is not 1)".into())
+                Err("not asked for (MLX_GRAPH_PERSIST is not 1 or 2)".into())
             }
             None => Err(format!(
-                "MLX_GRAPH_PERSIST=1 does nothing here: {}",
+                "MLX_GRAPH_PERSIST does nothing here: {}",
                 persist_spec(&self.step.shape, self.step.nb, self.step.mma).unwrap_or(
                     "one tile of one row a step, and a block that fits a multiprocessor"
                 )
@@ -3754,9 +3766,11 @@ impl Recorder<'_> {
             .phase_kernels
             .and_then(|ks| ks.iter().position(|&x| x == k))
             .map(|i| PS_KINDS[i]);
-        if let (Some(c), Some(kind)) = (&mut self.collect, kind) {
+        // Collecting, a launch of a kernel that is not a phase (`NOT_A_PHASE`) is kept in its
+        // place, so that the persistent step is refused rather than run out of order.
+        if let Some(c) = &mut self.collect {
             c.push(Phase {
-                kind,
+                kind: kind.unwrap_or(NOT_A_PHASE),
                 grid: [grid[0], grid[1]],
                 shared,
                 args: args.to_vec(),
@@ -4030,6 +4044,8 @@ const PS_WORDS: usize = 32;
 /// `PS_ATTN_OUT`, `PS_EMBED`, `PS_ARGMAX_PARTIAL`, `PS_ARGMAX_PICK`), in
 /// [`Recorder::phase_kernels`]' order.
 const PS_KINDS: [i64; 7] = [1, 2, 3, 11, 0, 4, 5];
+/// A recorded launch no phase runs ([`persist_build`] then refuses the persistent step).
+const NOT_A_PHASE: i64 = -1;
 /// A half block's attention shared memory in the persistent step (`PS_ATTN_FLOATS` floats).
 const PS_ATTN_BYTES: u32 = (128 + ATTN_CHUNK as u32 + 8 * 128 + 4 + 4) * 4;
 
@@ -4300,7 +4316,8 @@ struct Step {
     fit_rows: bool,
     /// Tiles of at least this many rows are wide tensor-core tiles ([`wide_from`]).
     wide_from: Option<usize>,
-    /// The persistent step's table (`MLX_GRAPH_PERSIST=1` where [`persist_in`] allows it).
+    /// The persistent step's table (`MLX_GRAPH_PERSIST=1` or `2` where [`persist_spec`] allows
+    /// it).
     persist: Option<PersistStep>,
 }
 
@@ -5294,7 +5311,9 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
         return Ok(None);
     };
     let phases = record_step_with(rt, step, set, None, None, Some(Vec::new()))?;
-    if phases.is_empty() {
+    // A kernel of the step that no phase runs would run outside the persistent kernel, out of
+    // the step's order: the kernels then, as where the step does not qualify.
+    if phases.is_empty() || phases.iter().any(|p| p.kind == NOT_A_PHASE) {
         return Ok(None);
     }
     let table = rt.alloc(phases.len() * PS_WORDS * 8)?;
