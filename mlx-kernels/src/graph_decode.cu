@@ -3339,9 +3339,7 @@ extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(co
 #undef PS_P
 #undef PS_L
 #undef PS_D
-#endif  // GRAPH_PERSIST
 
-#if GRAPH_PERSIST
 // Writes one phase of the persistent step's table (row: PS_WORDS words): the kernel, its grid,
 // and its arguments as the launcher resolved them (buffers as device addresses; doubles as
 // their bits). Launched once a phase when the decoder is built, before the step is captured.
@@ -3356,4 +3354,4 @@ extern "C" __global__ void persist_fill(u64* row, u64 kind, u64 gx, u64 gy, u64 
                            a19,  a20, a21, a22, a23, a24, a25, a26, a27, a28};
   if (threadIdx.x < PS_WORDS) row[threadIdx.x] = v[threadIdx.x];
 }
-#endif
+#endif  // GRAPH_PERSIST

@@ -2429,39 +2429,22 @@ impl GraphDecoder {
             params,
             fit_rows: opts.fit_rows && !opts.one_cache_slot && nb * tiles > 1,
             wide_from,
-            persist: None,
+            persist: Err(String::new()),
         };
         let weights_s = t1.elapsed().as_secs_f64();
         let t2 = std::time::Instant::now();
         let full = step.full_set();
-        // A failure building the persistent step (its table, its launch settings) leaves the
-        // kernels running, as where the step does not qualify; the line below says why.
-        let mut persist_failed = None;
-        step.persist = match persist_build(&mut rt, &step, full) {
-            Ok(p) => p,
-            Err(e) => {
-                persist_failed = Some(e.to_string());
-                None
-            }
-        };
+        step.persist = persist_status(&mut rt, &step, full);
         // Asked for (MLX_GRAPH_PERSIST=1): one line says whether the step took it (the device
         // logs' record of it; GraphDecoder::persistent_step says the same).
         if step.params.persist {
-            match step.persist {
-                Some(p) => eprintln!(
+            match &step.persist {
+                Ok(p) => eprintln!(
                     "[graph persist] `{}`: persistent step of {} blocks, {} phases, {} B of \
                      shared memory a block",
                     step.shape.model_type, p.grid, p.phases, p.shared
                 ),
-                None => eprintln!(
-                    "[graph persist] `{}`: MLX_GRAPH_PERSIST does nothing here: {}",
-                    step.shape.model_type,
-                    persist_failed.as_deref().unwrap_or(
-                        persist_spec(&step.shape, nb, mma).unwrap_or(
-                            "one tile of one row a step, and a block that fits a multiprocessor"
-                        )
-                    )
-                ),
+                Err(why) => eprintln!("[graph persist] `{}`: {why}", step.shape.model_type),
             }
         }
         let graph = match rt.capture(|rt| record_step(rt, &step, full, None, None)) {
@@ -2545,18 +2528,11 @@ impl GraphDecoder {
     /// persistent kernel of that many blocks (one launch a step), `Err(why)` where
     /// it does not (the switch off, or a step it does not take: the kernels as without it).
     pub fn persistent_step(&self) -> std::result::Result<u32, String> {
-        match self.step.persist {
-            Some(p) => Ok(p.grid),
-            None if !self.step.params.persist => {
-                Err("not asked for (MLX_GRAPH_PERSIST is not 1 or 2)".into())
-            }
-            None => Err(format!(
-                "MLX_GRAPH_PERSIST does nothing here: {}",
-                persist_spec(&self.step.shape, self.step.nb, self.step.mma).unwrap_or(
-                    "one tile of one row a step, and a block that fits a multiprocessor"
-                )
-            )),
-        }
+        self.step
+            .persist
+            .as_ref()
+            .map(|p| p.grid)
+            .map_err(Clone::clone)
     }
 
     /// 16-byte chunks of each row a lane keeps in flight in the matrix-vector products.
@@ -3765,7 +3741,7 @@ impl Recorder<'_> {
         let kind = self
             .phase_kernels
             .and_then(|ks| ks.iter().position(|&x| x == k))
-            .map(|i| PS_KINDS[i]);
+            .map(|i| PS_PHASES[i].1);
         // Collecting, a launch of a kernel that is not a phase (`NOT_A_PHASE`) is kept in its
         // place, so that the persistent step is refused rather than run out of order.
         if let Some(c) = &mut self.collect {
@@ -4040,16 +4016,24 @@ const PERSIST_KERNELS: [(&str, u32); 2] = [("persist_step", 4), ("persist_fill",
 /// Words a phase of the table (`PS_WORDS` in the source): the kernel, its grid's x and y, and
 /// up to 29 arguments (matvec_qkv's).
 const PS_WORDS: usize = 32;
-/// The phases' kernels as the source numbers them (`PS_MATVEC`, `PS_QKV`, `PS_ATTENTION`,
+/// The phases' kernels and their numbers in the source (`PS_MATVEC`, `PS_QKV`, `PS_ATTENTION`,
 /// `PS_ATTN_OUT`, `PS_EMBED`, `PS_ARGMAX_PARTIAL`, `PS_ARGMAX_PICK`), in
 /// [`Recorder::phase_kernels`]' order.
-const PS_KINDS: [i64; 7] = [1, 2, 3, 11, 0, 4, 5];
+const PS_PHASES: [(&str, i64); 7] = [
+    ("matvec", 1),
+    ("matvec_qkv", 2),
+    ("attention", 3),
+    ("matvec_attn_out", 11),
+    ("embed", 0),
+    ("argmax_partial", 4),
+    ("argmax_pick", 5),
+];
 /// A recorded launch no phase runs ([`persist_build`] then refuses the persistent step).
 const NOT_A_PHASE: i64 = -1;
 /// A half block's attention shared memory in the persistent step (`PS_ATTN_FLOATS` floats).
 const PS_ATTN_BYTES: u32 = (128 + ATTN_CHUNK as u32 + 8 * 128 + 4 + 4) * 4;
 
-/// A phase of the persistent step as the recorder saw its launch: the kernel (`PS_KINDS`), its
+/// A phase of the persistent step as the recorder saw its launch: the kernel (`PS_PHASES`), its
 /// grid's x and y, its dynamic shared memory and its arguments.
 struct Phase {
     kind: i64,
@@ -4166,13 +4150,7 @@ fn matvec_tile(
     let (xo, ro, oo) = (rows * lin.k * 2, rows * lin.n * 2, rows * out_row);
     // 512 with MLX_GRAPH_MV_WIDE=1 in FFMA tiles of several rows (the warps of a block of 256
     // count as its rows a warp in mv_blocks).
-    let threads = mv_threads(
-        &rec.step.shape,
-        rec.step.rows,
-        rec.nb,
-        rec.nb as u32 >= rec.step.mma_from,
-        rec.step.params.mv_wide,
-    );
+    let threads = rec.step.mv_threads(rec.nb);
     rec.launch(
         rt,
         part,
@@ -4317,8 +4295,8 @@ struct Step {
     /// Tiles of at least this many rows are wide tensor-core tiles ([`wide_from`]).
     wide_from: Option<usize>,
     /// The persistent step's table (`MLX_GRAPH_PERSIST=1` or `2` where [`persist_spec`] allows
-    /// it).
-    persist: Option<PersistStep>,
+    /// it), or why the step runs its kernels ([`persist_status`]).
+    persist: std::result::Result<PersistStep, String>,
 }
 
 /// Whether the output projection combines the attention's partials itself
@@ -4347,6 +4325,18 @@ fn attn_out_shared_bytes(spec: &GraphSpec, capacity: usize, bits: usize) -> u32 
 }
 
 impl Step {
+    /// The threads of a `matvec` / `matvec_qkv` block in tiles of `nb` rows ([`mv_threads`]
+    /// with this decoder's rows a warp, tensor-core widths and [`SourceParams::mv_wide`]).
+    fn mv_threads(&self, nb: usize) -> u32 {
+        mv_threads(
+            &self.shape,
+            self.rows,
+            nb,
+            nb as u32 >= self.mma_from,
+            self.params.mv_wide,
+        )
+    }
+
     /// The constructor's kernels over all its tiles.
     fn full_set(&self) -> Set {
         Set {
@@ -4888,17 +4878,14 @@ fn record_step_with(
         && collect.is_none()
         && step
             .persist
-            .is_some_and(|p| p.module == set.module && p.first_row == set.first_row && tiles == 1);
+            .as_ref()
+            .is_ok_and(|p| p.module == set.module && p.first_row == set.first_row && tiles == 1);
     let phase_kernels = if persist || collect.is_some() {
-        Some([
-            rt.kernel_in(set.module, "matvec")?,
-            rt.kernel_in(set.module, "matvec_qkv")?,
-            rt.kernel_in(set.module, "attention")?,
-            rt.kernel_in(set.module, "matvec_attn_out")?,
-            rt.kernel_in(set.module, "embed")?,
-            rt.kernel_in(set.module, "argmax_partial")?,
-            rt.kernel_in(set.module, "argmax_pick")?,
-        ])
+        let mut ks = [rt.kernel_in(set.module, PS_PHASES[0].0)?; 7];
+        for (k, (name, _)) in ks.iter_mut().zip(PS_PHASES).skip(1) {
+            *k = rt.kernel_in(set.module, name)?;
+        }
+        Some(ks)
     } else {
         None
     };
@@ -4962,13 +4949,7 @@ fn record_step_with(
     // Every layer's q/k/v product has the same shape.
     let qkv_shared = mv_tile_shared(s.hidden, bits, nb, step.chunk(nb));
     // 512 with MLX_GRAPH_MV_WIDE=1 in FFMA tiles of several rows (as matvec's).
-    let qkv_threads = mv_threads(
-        s,
-        step.rows,
-        nb,
-        nb as u32 >= step.mma_from,
-        step.params.mv_wide,
-    );
+    let qkv_threads = step.mv_threads(nb);
     let qkv_resident = rt
         .resident_blocks(k_qkv, qkv_threads, qkv_shared)?
         .min(mv_cap);
@@ -5269,7 +5250,7 @@ fn record_step_with(
     if let Some(c) = rec.collect.take() {
         return Ok(c);
     }
-    if let (true, Some(p)) = (rec.persist, step.persist) {
+    if let (true, Ok(p)) = (rec.persist, &step.persist) {
         let k = rec.kernel(rt, "persist_step")?;
         rec.launch(
             rt,
@@ -5287,6 +5268,27 @@ fn record_step_with(
         )?;
     }
     Ok(Vec::new())
+}
+
+/// The persistent step of `set`, or why the step runs its kernels: not asked for, a step it
+/// does not take ([`persist_build`]'s none), or a failure building it (its table, its launch
+/// settings), which leaves the kernels running as well.
+fn persist_status(
+    rt: &mut GpuRuntime,
+    step: &Step,
+    set: Set,
+) -> std::result::Result<PersistStep, String> {
+    if !step.params.persist {
+        return Err("not asked for (MLX_GRAPH_PERSIST is not 1 or 2)".into());
+    }
+    let why = match persist_build(rt, step, set) {
+        Ok(Some(p)) => return Ok(p),
+        Ok(None) => persist_spec(&step.shape, set.nb, step.mma)
+            .unwrap_or("one tile of one row a step, and a block that fits a multiprocessor")
+            .to_string(),
+        Err(e) => e.to_string(),
+    };
+    Err(format!("MLX_GRAPH_PERSIST does nothing here: {why}"))
 }
 
 /// The persistent step of `set` (`MLX_GRAPH_PERSIST=1`), or none where it does not apply (the
@@ -6341,18 +6343,7 @@ mod tests {
         // A phase's words (PS_WORDS) hold matvec_qkv's arguments, the largest (KERNELS' arity).
         let most = KERNELS
             .iter()
-            .filter(|k| {
-                [
-                    "matvec",
-                    "matvec_qkv",
-                    "attention",
-                    "matvec_attn_out",
-                    "embed",
-                    "argmax_partial",
-                    "argmax_pick",
-                ]
-                .contains(&k.0)
-            })
+            .filter(|k| PS_PHASES.iter().any(|p| p.0 == k.0))
             .map(|k| k.1 as usize)
             .max();
         assert_eq!(most, Some(PS_WORDS - 3));
