@@ -3145,12 +3145,15 @@ __device__ __forceinline__ u64 ps_load_acquire(const u64* p) {
 #endif
 }
 
-// After relaxed polls (PS_POLL_RELAXED) with the release/acquire barrier: the acquire.
-__device__ __forceinline__ void ps_fence_acquire() {
+// One acquire load of the counter (PS_POLL_RELAXED with the release/acquire barrier: after the
+// relaxed polls).
+__device__ __forceinline__ void ps_acquire_once(const u64* p) {
 #ifdef __CUDA_ARCH__
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  (void)v;
 #else
-  __atomic_thread_fence(__ATOMIC_ACQ_REL);
+  (void)__atomic_load_n(p, __ATOMIC_ACQUIRE);
 #endif
 }
 
@@ -3164,6 +3167,21 @@ __device__ __forceinline__ u64 ps_add_release(u64* p) {
   return __atomic_fetch_add(p, 1ull, __ATOMIC_RELEASE);
 #endif
 }
+
+// The same with acquire too (PS_SPLIT's arrival with PS_BARRIER_RA: the block whose arrival
+// completes the barrier does not poll, its arrival is its acquire).
+__device__ __forceinline__ u64 ps_add_acq_rel(u64* p) {
+#ifdef __CUDA_ARCH__
+  u64 old;
+  asm volatile("atom.add.acq_rel.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(p) : "memory");
+  return old;
+#else
+  return __atomic_fetch_add(p, 1ull, __ATOMIC_ACQ_REL);
+#endif
+}
+
+// PS_SPLIT: a target's bit 63 says the block's own arrival completed the barrier.
+#define PS_LAST (1ull << 63)
 
 __device__ __forceinline__ u64 ps_clock() {
 #ifdef __CUDA_ARCH__
@@ -3206,14 +3224,19 @@ __device__ __forceinline__ void ps_block_sync() {
 // The grid barrier's arrival: the block's threads meet, thread 0 makes their writes visible
 // (fence) and adds 1 to the counter; returns (thread 0's) the next multiple of gridDim.x, which
 // the counter reaches when every block has arrived (the counter only grows, across phases and
-// steps, so no reset).
-__device__ __forceinline__ u64 ps_arrive(u64* ctr, u64* slot) {
+// steps, so no reset). PS_SPLIT: `prev`, the block's previous target in this launch (0: none),
+// gives it without a 64-bit division (prev + gridDim.x: each block arrives once a barrier),
+// and the arrival that completes the barrier marks its target PS_LAST (its wait does not
+// poll; with PS_BARRIER_RA the arrival is acquire and release).
+__device__ __forceinline__ u64 ps_arrive(u64* ctr, u64* slot, u64 prev = 0) {
   ps_block_sync();
   u64 target = 0;
   if (threadIdx.x == 0) {
     ps_mark(slot, 1);
     const u64 units = gridDim.x;
-#if PS_BARRIER_RA
+#if PS_BARRIER_RA && PS_SPLIT
+    const u64 old = ps_add_acq_rel(ctr);
+#elif PS_BARRIER_RA
     // Release/acquire alone (MLX_GRAPH_PERSIST=2): the arrival's release orders the block's
     // writes (made the thread's by the block barrier) before it, the polls' acquire the
     // phase's reads after them; no fence.sc on either side.
@@ -3222,31 +3245,44 @@ __device__ __forceinline__ u64 ps_arrive(u64* ctr, u64* slot) {
     __threadfence();
     const u64 old = atomicAdd(ctr, 1ull);
 #endif
+#if PS_SPLIT
+    target = prev ? (prev & ~PS_LAST) + units : (old / units + 1) * units;
+    if (old + 1 == target) target |= PS_LAST;
+#else
+    (void)prev;
     target = (old / units + 1) * units;
+#endif
   }
   return target;
 }
 
-// The grid barrier's wait: thread 0 polls the counter until it reaches `target` (every block
-// arrived), and the block meets again.
-__device__ __forceinline__ void ps_wait(const u64* ctr, u64 target, u64* slot) {
+// The grid barrier's wait: thread 0 polls the counter until it reaches `tgt` (every block
+// arrived; PS_LAST: it has), and the block meets again.
+__device__ __forceinline__ void ps_wait(const u64* ctr, u64 tgt, u64* slot) {
   if (threadIdx.x == 0) {
+    const u64 target = tgt & ~PS_LAST;
     // A grid whose blocks are not all resident (the host sizes it from the occupancy API; a
     // GPU shared with another context could hold fewer) would wait forever: past 2^24 polls
     // (~10 s at an L2 round trip a poll; a phase takes microseconds) the kernel traps
     // instead of hanging: a sticky CUDA error that poisons the process's CUDA context (the
     // MLX path's included), not only the decoder. A cooperative launch, which fails cleanly
     // where the blocks cannot all be resident, is what would let the engine fall back.
-    for (u32 polls = 0; ps_load_acquire(ctr) < target; ++polls) {
-      if (polls == (1u << 24)) __trap();
+#if PS_SPLIT
+    if (!(tgt & PS_LAST))
+#endif
+    {
+      for (u32 polls = 0; ps_load_acquire(ctr) < target; ++polls) {
+        if (polls == (1u << 24)) __trap();
 #ifndef __CUDA_ARCH__
-      emu_yield();
+        emu_yield();
+#endif
+      }
+#if PS_BARRIER_RA && PS_POLL_RELAXED
+      ps_acquire_once(ctr);
 #endif
     }
 #if !PS_BARRIER_RA
     __threadfence();
-#elif PS_POLL_RELAXED
-    ps_fence_acquire();
 #endif
     ps_mark(slot, 2);
   }
@@ -3282,7 +3318,7 @@ struct PsBar {
   __device__ __forceinline__ u64 done() const {
 #if PS_SPLIT
     if (last) return 0;
-    return ps_arrive(ctr, slot ? slot + (ll)gridDim.x * PS_TW : nullptr);
+    return ps_arrive(ctr, slot ? slot + (ll)gridDim.x * PS_TW : nullptr, target);
 #else
     return 0;
 #endif

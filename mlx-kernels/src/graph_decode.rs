@@ -2441,8 +2441,15 @@ impl GraphDecoder {
             match &step.persist {
                 Ok(p) => eprintln!(
                     "[graph persist] `{}`: persistent step of {} blocks, {} phases, {} B of \
-                     shared memory a block",
-                    step.shape.model_type, p.grid, p.phases, p.shared
+                     shared memory a block; defines: {}",
+                    step.shape.model_type,
+                    p.grid,
+                    p.phases,
+                    p.shared,
+                    persist_define(true)
+                        .trim_end()
+                        .replace("#define ", "")
+                        .replace('\n', ", ")
                 ),
                 Err(why) => eprintln!("[graph persist] `{}`: {why}", step.shape.model_type),
             }
