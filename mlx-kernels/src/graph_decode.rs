@@ -4076,8 +4076,11 @@ fn persist_phase_labels(kinds: &[i64]) -> Vec<String> {
 /// graph_decode.cu's `persist_step` writes them with `PS_TRACE`): per phase, from the last
 /// departure of its barrier (D) to the last departure of the next (the step's end after the
 /// last phase): its span, each block's work (D to the block's next arrival, or its end: min,
-/// median, max over the blocks), the next barrier (its last arrival to its last departure) and
-/// the median block's own departure-to-arrival in clock64 cycles; then the sums by kind
+/// median, max over the blocks), D to the blocks' entry into the next phase (median: the
+/// phase's work and its function's return; the rest of the work, up to the arrival, is the next
+/// phase's call, table row and early loads, or with PS_SPLIT, where the block arrives before it
+/// returns, negative), the next barrier (its last arrival to its last departure) and the median
+/// block's own departure-to-arrival in clock64 cycles; then the sums by kind
 /// (`persist_phase_labels`) and the whole step. Times in microseconds.
 fn persist_trace_summary(kinds: &[i64], grid: usize, w: &[u64]) -> String {
     let n = kinds.len();
@@ -4093,11 +4096,12 @@ fn persist_trace_summary(kinds: &[i64], grid: usize, w: &[u64]) -> String {
         v[v.len() / 2]
     };
     let labels = persist_phase_labels(kinds);
-    // (label, span, work max, barrier, work median, cycles median)
+    // (label, span, work max, barrier, work median, entry median)
     let mut rows = Vec::with_capacity(n);
     let mut text = String::new();
     for i in 0..n {
         let d = max_of(i, 2);
+        let entry = |b: usize| at(i + 1, b, 0) - d;
         let (next_end, barrier, first_out, ends, cycles): (f64, f64, f64, Vec<f64>, Vec<f64>) =
             if i + 1 < n {
                 let a = max_of(i + 1, 1);
@@ -4122,14 +4126,16 @@ fn persist_trace_summary(kinds: &[i64], grid: usize, w: &[u64]) -> String {
         let wmax = work.iter().copied().fold(f64::MIN, f64::max);
         let wmed = median(work);
         let cmed = median(cycles);
+        let emed = median((0..grid).map(entry).collect());
         text += &format!(
-            "phase {i:3} {:<14} span {:7.2}  work min {:6.2} med {:6.2} max {:6.2}  barrier {:5.2} \
-             (first out {:5.2})  block cycles med {:.0}\n",
+            "phase {i:3} {:<14} span {:7.2}  work min {:6.2} med {:6.2} max {:6.2}  entry med \
+             {:6.2}  barrier {:5.2} (first out {:5.2})  block cycles med {:.0}\n",
             labels[i],
             us(next_end - d),
             us(wmin),
             us(wmed),
             us(wmax),
+            us(emed),
             us(barrier),
             us(first_out),
             cmed
@@ -4140,25 +4146,26 @@ fn persist_trace_summary(kinds: &[i64], grid: usize, w: &[u64]) -> String {
             us(wmax),
             us(barrier),
             us(wmed),
+            us(emed),
         ));
     }
-    let mut by_kind: Vec<(String, usize, f64, f64, f64, f64)> = Vec::new();
-    for (l, span, wmax, bar, wmed) in &rows {
+    let mut by_kind: Vec<(String, usize, [f64; 5])> = Vec::new();
+    for (l, span, wmax, bar, wmed, emed) in &rows {
+        let v = [*span, *wmax, *bar, *wmed, *emed];
         match by_kind.iter_mut().find(|k| &k.0 == l) {
             Some(k) => {
                 k.1 += 1;
-                k.2 += span;
-                k.3 += wmax;
-                k.4 += bar;
-                k.5 += wmed;
+                for (a, b) in k.2.iter_mut().zip(v) {
+                    *a += b;
+                }
             }
-            None => by_kind.push((l.clone(), 1, *span, *wmax, *bar, *wmed)),
+            None => by_kind.push((l.clone(), 1, v)),
         }
     }
-    for (l, c, span, wmax, bar, wmed) in &by_kind {
+    for (l, c, [span, wmax, bar, wmed, emed]) in &by_kind {
         text += &format!(
             "kind {l:<14} x{c:<3} span {span:8.2} us ({:.2} a phase)  work max {wmax:8.2}  \
-             work med {wmed:8.2}  barrier {bar:7.2}\n",
+             work med {wmed:8.2}  entry med {emed:8.2}  barrier {bar:7.2}\n",
             span / *c as f64
         );
     }
@@ -6620,8 +6627,8 @@ mod tests {
         let s = persist_trace_summary(&kinds, grid, &w);
         // Each phase spans 10 us; its work ends at the next arrivals (9.0 and 9.1 us after
         // its departure), the barrier 0.9 us; the last phase's ends at the end (8 us).
-        assert!(s.contains("phase   3 o              span   10.00  work min   9.00 med   9.10 max   9.10  barrier  0.90"), "{s}");
-        assert!(s.contains("phase   8 argmax_pick    span    8.00  work min   8.00 med   8.00 max   8.00  barrier  0.00"), "{s}");
+        assert!(s.contains("phase   3 o              span   10.00  work min   9.00 med   9.10 max   9.10  entry med   8.00  barrier  0.90"), "{s}");
+        assert!(s.contains("phase   8 argmax_pick    span    8.00  work min   8.00 med   8.00 max   8.00  entry med   8.00  barrier  0.00"), "{s}");
         assert!(s.contains("block cycles med 18200"), "{s}");
         assert!(
             s.contains("kind o              x1   span    10.00 us"),
