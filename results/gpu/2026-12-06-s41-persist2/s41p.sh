@@ -8,8 +8,7 @@
 #    warm-up replays the step 4 times at its position and prints, per phase and summed by kind,
 #    the span, the blocks' work and the barrier (lines `[graph persist trace] ...`; the raw
 #    trace, a line a block and phase, in trace_*.txt). First session 40's step as it is
-#    (MLX_GRAPH_PERSIST=1), then with the split barrier (SPLIT=1, the lever the trace is
-#    expected to point at).
+#    (MLX_GRAPH_PERSIST=1), then the split release/acquire barrier (`sr` below).
 # 2. The 135M bf16 product path (`mlx benchmark --decoder auto -p 512 -g 128 -n 3`): the
 #    kernels (MLX_GRAPH_PERSIST=0), session 40's step (=1) and the levers (SIDES), 2 rounds
 #    interleaved (a run skipped past 200 s): decode tok/s a run.
@@ -35,22 +34,27 @@ bench() {  # tag, generated tokens, trials, env...
   grep -h '\[graph persist\]\|rc=' $OUT/p/$tag.err | cut -c1-200 | tee -a $S
 }
 # 1. The traces (16 tokens, 1 trial: the trace is the warm-up's).
-for t in p1 split; do
+for t in p1 sr; do
   case $t in
     p1) X="MLX_GRAPH_PERSIST=1" ;;
-    split) X="MLX_GRAPH_PERSIST=1 MLX_GRAPH_PERSIST_SPLIT=1" ;;
+    sr) X="MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1" ;;
   esac
   echo "== trace $t ($X) at $SECONDS s" | tee -a $S
   bench trace_$t 16 1 $X MLX_GRAPH_PERSIST_TRACE=$OUT/p/trace_$t.txt
   grep -h '\[graph persist trace\] \(kind\|step\|failed\)' $OUT/p/trace_$t.err | cut -c1-200 | tee -a $S
 done
 # 2. The sides: name and environment.
-SIDES=${SIDES:-"off p1 split sra sra66"}
+# off: the kernels; p1: session 40's step; sr: the split barrier (PS_SPLIT) by release/acquire
+# (PS_BARRIER_RA); sra: the same with relaxed polls and one acquire load (PS_POLL_RELAXED);
+# sr66: sr on 66 blocks (MLX_GRAPH_PERSIST_BLOCKS).
+SIDES=${SIDES:-"off p1 sr sra sr66"}
 side_env() {
   case $1 in
     off) echo "MLX_GRAPH_PERSIST=0" ;;
     p1) echo "MLX_GRAPH_PERSIST=1" ;;
     split) echo "MLX_GRAPH_PERSIST=1 MLX_GRAPH_PERSIST_SPLIT=1" ;;
+    sr) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1" ;;
+    sr66) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
     sra) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_POLL=1" ;;
     sra66) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_POLL=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
     split66) echo "MLX_GRAPH_PERSIST=1 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
@@ -67,7 +71,7 @@ for r in 1 2; do
   done
 done
 # 3. The bits on the device under the best lever.
-TEST_ENV=${TEST_ENV:-"MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_POLL=1"}
+TEST_ENV=${TEST_ENV:-"MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1"}
 echo "== test under $TEST_ENV at $SECONDS s" | tee -a $S
 PARTS=test TESTS=persistent_step_equals_the_kernels TEST_ENV="$TEST_ENV" TEST_S=$((276 - SECONDS)) \
   BUDGET_S=$((278 - SECONDS)) TAG=ptest bash .gpu/c/measure.sh > /dev/null 2>&1
