@@ -4099,7 +4099,7 @@ fn persist_trace_summary(kinds: &[i64], grid: usize, w: &[u64]) -> String {
     // (label, span, work max, barrier, work median, entry median)
     let mut rows = Vec::with_capacity(n);
     let mut text = String::new();
-    for i in 0..n {
+    for (i, label) in labels.iter().enumerate() {
         let d = max_of(i, 2);
         let entry = |b: usize| at(i + 1, b, 0) - d;
         let (next_end, barrier, first_out, ends, cycles): (f64, f64, f64, Vec<f64>, Vec<f64>) =
@@ -4130,7 +4130,7 @@ fn persist_trace_summary(kinds: &[i64], grid: usize, w: &[u64]) -> String {
         text += &format!(
             "phase {i:3} {:<14} span {:7.2}  work min {:6.2} med {:6.2} max {:6.2}  entry med \
              {:6.2}  barrier {:5.2} (first out {:5.2})  block cycles med {:.0}\n",
-            labels[i],
+            label,
             us(next_end - d),
             us(wmin),
             us(wmed),
@@ -4141,7 +4141,7 @@ fn persist_trace_summary(kinds: &[i64], grid: usize, w: &[u64]) -> String {
             cmed
         );
         rows.push((
-            labels[i].clone(),
+            label.clone(),
             us(next_end - d),
             us(wmax),
             us(barrier),
@@ -4264,6 +4264,18 @@ fn persist_blocks_cap() -> Option<u32> {
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|&n| n > 0)
+}
+
+/// `MLX_GRAPH_PERSIST_CHUNKS=N` (1 to 8, at most 16 / `rows` rows a warp): with the persistent
+/// step on, its source's chunks in flight a lane and chunks loaded before the wait (`MV_BATCH`,
+/// `MV_EARLY`) are N (the default 4; its phase functions have 255 registers): at 135M, down's
+/// row group (K 1,536: 6 chunks a lane) all loaded before the barrier. The same bits (the loads'
+/// order is not the sums'). The kernels of that source take it too (part graphs, traces).
+fn persist_chunks(rows: usize) -> Option<u32> {
+    std::env::var("MLX_GRAPH_PERSIST_CHUNKS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|&c| (1..=8).contains(&c) && c as usize * rows <= 16)
 }
 
 /// The step source's defines for the persistent step (`on`), empty otherwise (the source then
@@ -4881,6 +4893,8 @@ fn step_source(
     let wide_mv = mv_wide_in(spec, p.rows, nb, mma, p.mv_wide);
     let (batch, early, mv_wide_def) = if wide_mv {
         (1, 1, "#define MV_WIDE 1\n")
+    } else if let Some(c) = persist_chunks(p.rows).filter(|_| persist_on) {
+        (c, c, "")
     } else {
         (p.batch, p.early, "")
     };

@@ -46,8 +46,9 @@ done
 # 2. The sides: name and environment.
 # off: the kernels; p1: session 40's step; sr: the split barrier (PS_SPLIT) by release/acquire
 # (PS_BARRIER_RA); sra: the same with relaxed polls and one acquire load (PS_POLL_RELAXED);
-# sr66: sr on 66 blocks (MLX_GRAPH_PERSIST_BLOCKS).
-SIDES=${SIDES:-"off p1 sr sra sr66"}
+# sr66: sr on 66 blocks (MLX_GRAPH_PERSIST_BLOCKS); sr6: sr with 6 chunks in flight and
+# before the barrier (MLX_GRAPH_PERSIST_CHUNKS=6: down's row group all loaded before it).
+SIDES=${SIDES:-"off p1 sr sr6 sr66 sra"}
 side_env() {
   case $1 in
     off) echo "MLX_GRAPH_PERSIST=0" ;;
@@ -55,6 +56,7 @@ side_env() {
     split) echo "MLX_GRAPH_PERSIST=1 MLX_GRAPH_PERSIST_SPLIT=1" ;;
     sr) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1" ;;
     sr66) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
+    sr6) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_CHUNKS=6" ;;
     sra) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_POLL=1" ;;
     sra66) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_POLL=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
     split66) echo "MLX_GRAPH_PERSIST=1 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
