@@ -3129,6 +3129,14 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
 #ifndef PS_POLL_RELAXED
 #define PS_POLL_RELAXED 0
 #endif
+// PS_SMEM_TABLE (MLX_GRAPH_PERSIST_SMEM=1): each block copies the table and each phase's
+// function into its shared memory when the step begins (past the attention halves': n
+// (PS_WORDS + 1) words), so that a phase's call and arguments are shared-memory reads instead of
+// a chain of dependent global loads (its kind, its function, then its arguments) after the
+// previous phase.
+#ifndef PS_SMEM_TABLE
+#define PS_SMEM_TABLE 0
+#endif
 #define PS_TW 8
 
 __device__ __forceinline__ u64 ps_load_acquire(const u64* p) {
@@ -3477,8 +3485,8 @@ __device__ PsPhaseFn ps_phases[16] = {ps_embed, ps_matvec,         ps_qkv,      
 // ph: n phases of PS_WORDS words; ctr: the barrier's counter (zeroed once when allocated);
 // attn_at: where the attention halves' shared memory begins (the row phases' dynamic shared
 // memory before it), 16-byte aligned; the block's shared memory is attn_at + 64 +
-// 2 PS_ATTN_FLOATS 4 bytes; trace: the step's trace (PS_TRACE: (n + 1) gridDim.x PS_TW words),
-// or null.
+// 2 PS_ATTN_FLOATS 4 bytes (PS_SMEM_TABLE: + n (PS_WORDS + 1) 8); trace: the step's trace
+// (PS_TRACE: (n + 1) gridDim.x PS_TW words), or null.
 extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(const u64* ph, ll n,
                                                                              u64* ctr,
                                                                              ll attn_at,
@@ -3494,6 +3502,20 @@ extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(co
   (void)trace;
 #define PS_SLOT(i) ((u64*)nullptr)
 #endif
+#if PS_SMEM_TABLE
+  // The table and the phases' functions, past the attention halves' shared memory.
+  u64* tab = (u64*)(smem + attn_at + 64 + 2 * PS_ATTN_FLOATS * 4);
+  PsPhaseFn* fns = (PsPhaseFn*)(tab + n * PS_WORDS);
+  for (ll j = threadIdx.x; j < n * PS_WORDS; j += blockDim.x) tab[j] = ph[j];
+  ps_block_sync();
+  for (ll j = threadIdx.x; j < n; j += blockDim.x) fns[j] = ps_phases[tab[j * PS_WORDS] & 15];
+  ps_block_sync();
+  const u64* table = tab;
+#define PS_FN(i, a) fns[i]
+#else
+  const u64* table = ph;
+#define PS_FN(i, a) ps_phases[(a)[0] & 15]
+#endif
   u64 target = 0;
 #if PS_SPLIT
   // The first phase's arrival (after the kernel before this one: the previous step's).
@@ -3503,13 +3525,14 @@ extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(co
   }
 #endif
   for (ll i = 0; i < n; ++i) {
-    const u64* a = ph + i * PS_WORDS;
+    const u64* a = table + i * PS_WORDS;
     ps_mark(PS_SLOT(i), 0);
-    target = ps_phases[a[0] & 15](a, smem, red, sm, ctr, target,
+    target = PS_FN(i, a)(a, smem, red, sm, ctr, target,
                                   (i == 0 ? 1 : 0) | (i + 1 == n ? 2 : 0), PS_SLOT(i));
   }
   ps_mark(PS_SLOT(n), 0);
 #undef PS_SLOT
+#undef PS_FN
 }
 #undef PS_P
 #undef PS_L

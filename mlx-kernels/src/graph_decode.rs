@@ -4238,7 +4238,8 @@ fn persist_trace_path() -> Option<std::ffi::OsString> {
 /// same bits: `MLX_GRAPH_PERSIST_SPLIT=1` (`PS_SPLIT`: a block arrives at the barrier as soon as
 /// its phase's work is done and waits after the next phase's early loads),
 /// `MLX_GRAPH_PERSIST_POLL=1` (`PS_POLL_RELAXED`: relaxed polls, one acquire fence after),
-/// `MLX_GRAPH_PERSIST_MIN_BLOCKS=2` (`PS_MIN_BLOCKS 2`: two blocks an SM, 128 registers).
+/// `MLX_GRAPH_PERSIST_MIN_BLOCKS=2` (`PS_MIN_BLOCKS 2`: two blocks an SM, 128 registers),
+/// `MLX_GRAPH_PERSIST_SMEM=1` ([`persist_smem_table`]).
 fn persist_levers() -> String {
     let on = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
     let mut d = String::new();
@@ -4248,6 +4249,9 @@ fn persist_levers() -> String {
     if on("MLX_GRAPH_PERSIST_POLL") {
         d += "#define PS_POLL_RELAXED 1\n";
     }
+    if persist_smem_table() {
+        d += "#define PS_SMEM_TABLE 1\n";
+    }
     if std::env::var("MLX_GRAPH_PERSIST_MIN_BLOCKS").is_ok_and(|v| v == "2") {
         d += "#define PS_MIN_BLOCKS 2\n";
     }
@@ -4255,6 +4259,13 @@ fn persist_levers() -> String {
         d += "#define PS_TRACE 1\n";
     }
     d
+}
+
+/// `MLX_GRAPH_PERSIST_SMEM=1` (`PS_SMEM_TABLE`): each block of the persistent step copies its
+/// table and the phases' functions into shared memory when the step begins (`phases`
+/// `(PS_WORDS + 1)` words a block more; where that does not fit, the kernels run).
+fn persist_smem_table() -> bool {
+    std::env::var("MLX_GRAPH_PERSIST_SMEM").is_ok_and(|v| v == "1")
 }
 
 /// `MLX_GRAPH_PERSIST_BLOCKS=N`: the persistent step's grid at most N blocks (fewer arrivals a
@@ -5639,7 +5650,12 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
         .max()
         .unwrap_or(0)
         .next_multiple_of(16);
-    let shared = attn_at + 64 + 2 * PS_ATTN_BYTES;
+    let table_bytes = if persist_smem_table() {
+        u32::try_from(phases.len() * (PS_WORDS + 1) * 8).unwrap_or(u32::MAX)
+    } else {
+        0
+    };
+    let shared = (attn_at + 64 + 2 * PS_ATTN_BYTES).saturating_add(table_bytes);
     if shared > MV_SHARED_MAX {
         return Ok(None);
     }

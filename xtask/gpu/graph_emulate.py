@@ -457,6 +457,9 @@ PERSIST_MUTATE = os.environ.get("GRAPH_EMU_PERSIST_MUTATE", "")
 PERSIST_SPLIT = int(os.environ.get("GRAPH_EMU_PERSIST_SPLIT", "0"))
 PERSIST_POLL = int(os.environ.get("GRAPH_EMU_PERSIST_POLL", "0"))
 PERSIST_TRACE = int(os.environ.get("GRAPH_EMU_PERSIST_TRACE", "0"))
+# GRAPH_EMU_PERSIST_SMEM=1: PS_SMEM_TABLE (MLX_GRAPH_PERSIST_SMEM=1): the table and the phases'
+# functions read from each block's shared memory.
+PERSIST_SMEM = int(os.environ.get("GRAPH_EMU_PERSIST_SMEM", "0"))
 PS_TW = 8
 # The persistent step's row phases' shared memory (the attention halves' after it).
 PERSIST_ATTN_AT = 128 * 1024
@@ -515,6 +518,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define PS_SPLIT 1\n" if cu is None and PERSIST and PERSIST_SPLIT else "")
            + ("#define PS_POLL_RELAXED 1\n" if cu is None and PERSIST and PERSIST_POLL else "")
            + ("#define PS_TRACE 1\n" if cu is None and PERSIST and PERSIST_TRACE else "")
+           + ("#define PS_SMEM_TABLE 1\n" if cu is None and PERSIST and PERSIST_SMEM else "")
            + (CU if cu is None else cu))
     if cu is None and PERSIST_MUTATE == "barrier":
         a = "ps_load_acquire(ctr) < target;"
@@ -545,6 +549,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_split' if PERSIST and PERSIST_SPLIT and cu is None else ''}"
            f"{'_poll' if PERSIST and PERSIST_POLL and cu is None else ''}"
            f"{'_trace' if PERSIST and PERSIST_TRACE and cu is None else ''}"
+           f"{'_smem' if PERSIST and PERSIST_SMEM and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
