@@ -1,14 +1,16 @@
 #!/bin/bash
 # Session 41 (engineer persist2, issue #30): where the persistent step's time goes, and its
 # levers. ONE call of <= 280 s on an H100 (cold is fine: the 135M model's setup first), with
-# .gpu/c packed from branch h28-persist2 by xtask/gpu/prepare_product_c.sh and this script
-# copied into it:
+# .gpu/c packed from branch h28-persist2 by xtask/gpu/prepare_product_c.sh and this script and
+# xtask/gpu/trace_summary.py copied into it:
 #   run(carry=[".gpu/a", ".gpu/c"], command="bash .gpu/c/s41p.sh", timeout_s=290)
 # 1. The trace of one persistent step (MLX_GRAPH_PERSIST_TRACE=PATH): `mlx benchmark`'s
 #    warm-up replays the step 4 times at its position and prints, per phase and summed by kind,
 #    the span, the blocks' work and the barrier (lines `[graph persist trace] ...`; the raw
 #    trace, a line a block and phase, in trace_*.txt). First session 40's step as it is
-#    (MLX_GRAPH_PERSIST=1), then the split release/acquire barrier (`sr` below).
+#    (MLX_GRAPH_PERSIST=1), then the levers together (`srs` below).
+#    Then the kernels' own timeline (MLX_GRAPH_TRACE, xtask/gpu/trace_summary.py copied into
+#    .gpu/c too), for the comparison.
 # 2. The 135M bf16 product path (`mlx benchmark --decoder auto -p 512 -g 128 -n 3`): the
 #    kernels (MLX_GRAPH_PERSIST=0), session 40's step (=1) and the levers (SIDES), 2 rounds
 #    interleaved (a run skipped past 200 s): decode tok/s a run.
@@ -34,21 +36,29 @@ bench() {  # tag, generated tokens, trials, env...
   grep -h '\[graph persist\]\|rc=' $OUT/p/$tag.err | cut -c1-200 | tee -a $S
 }
 # 1. The traces (16 tokens, 1 trial: the trace is the warm-up's).
-for t in p1 sr; do
+for t in p1 srs; do
   case $t in
     p1) X="MLX_GRAPH_PERSIST=1" ;;
-    sr) X="MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1" ;;
+    srs) X="MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1" ;;
   esac
   echo "== trace $t ($X) at $SECONDS s" | tee -a $S
   bench trace_$t 16 1 $X MLX_GRAPH_PERSIST_TRACE=$OUT/p/trace_$t.txt
   grep -h '\[graph persist trace\] \(kind\|step\|failed\)' $OUT/p/trace_$t.err | cut -c1-200 | tee -a $S
 done
+# The kernels' own timeline at 135M (MLX_GRAPH_TRACE: a traced copy of the step, each block's
+# entry, wait, prologue and end; .gpu/c/trace_summary.py: release, prologue and stream a kernel,
+# the kernels' side of the comparison).
+echo "== kernel trace at $SECONDS s" | tee -a $S
+bench ktrace 16 1 MLX_GRAPH_PERSIST=0 MLX_GRAPH_TRACE=$OUT/p/ktrace-%p.txt
+for f in $OUT/p/ktrace-*.txt; do python3 .gpu/c/trace_summary.py --blocks 5 "$f"; done > $OUT/p/ktrace_summary.txt 2>&1
+head -12 $OUT/p/ktrace_summary.txt | cut -c1-200 | tee -a $S
 # 2. The sides: name and environment.
 # off: the kernels; p1: session 40's step; sr: the split barrier (PS_SPLIT) by release/acquire
 # (PS_BARRIER_RA); sra: the same with relaxed polls and one acquire load (PS_POLL_RELAXED);
-# sr66: sr on 66 blocks (MLX_GRAPH_PERSIST_BLOCKS); sr6: sr with 6 chunks in flight and
-# before the barrier (MLX_GRAPH_PERSIST_CHUNKS=6: down's row group all loaded before it).
-SIDES=${SIDES:-"off p1 sr sr6 sr66 sra"}
+# srs: sr with the table and the phases' functions in shared memory (MLX_GRAPH_PERSIST_SMEM=1);
+# srs6: srs with 6 chunks in flight and before the barrier (MLX_GRAPH_PERSIST_CHUNKS=6: down's
+# row group all loaded before it); srs66: srs on 66 blocks (MLX_GRAPH_PERSIST_BLOCKS=66).
+SIDES=${SIDES:-"off p1 sr srs srs6 srs66"}
 side_env() {
   case $1 in
     off) echo "MLX_GRAPH_PERSIST=0" ;;
@@ -57,6 +67,9 @@ side_env() {
     sr) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1" ;;
     sr66) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
     sr6) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_CHUNKS=6" ;;
+    srs) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1" ;;
+    srs6) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_CHUNKS=6" ;;
+    srs66) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
     sra) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_POLL=1" ;;
     sra66) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_POLL=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
     split66) echo "MLX_GRAPH_PERSIST=1 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
@@ -73,7 +86,7 @@ for r in 1 2; do
   done
 done
 # 3. The bits on the device under the best lever.
-TEST_ENV=${TEST_ENV:-"MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1"}
+TEST_ENV=${TEST_ENV:-"MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1"}
 echo "== test under $TEST_ENV at $SECONDS s" | tee -a $S
 PARTS=test TESTS=persistent_step_equals_the_kernels TEST_ENV="$TEST_ENV" TEST_S=$((276 - SECONDS)) \
   BUDGET_S=$((278 - SECONDS)) TAG=ptest bash .gpu/c/measure.sh > /dev/null 2>&1
