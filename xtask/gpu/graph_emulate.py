@@ -441,7 +441,9 @@ DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved th
 # barrier's counter kept across the steps (never reset). Compare the steps' logits
 # (GRAPH_EMU_DUMP, dump_compare.py) with a run without it: every step bit-equal.
 # GRAPH_EMU_PERSIST_MUTATE=skip drops one phase (the last layer's down projection), =barrier
-# lets the barrier's waiters through without waiting: both must show in the logits.
+# lets the barrier's waiters through without waiting: both must show in the logits; =trace
+# (with GRAPH_EMU_PERSIST_SPLIT and _TRACE) notes the split barrier's arrivals in the wrong
+# slot: the trace check must fail.
 # GRAPH_EMU_PERSIST=2: the barrier by a release atomic and acquire polls (PS_BARRIER_RA,
 # MLX_GRAPH_PERSIST=2 on the device).
 PERSIST = int(os.environ.get("GRAPH_EMU_PERSIST", "0"))
@@ -520,6 +522,11 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define PS_TRACE 1\n" if cu is None and PERSIST and PERSIST_TRACE else "")
            + ("#define PS_SMEM_TABLE 1\n" if cu is None and PERSIST and PERSIST_SMEM else "")
            + (CU if cu is None else cu))
+    if cu is None and PERSIST_MUTATE == "trace":
+        # The split barrier's next arrival noted in the neighbouring block's slot of its row.
+        a = "slot ? slot + (ll)gridDim.x * PS_TW : nullptr"
+        assert a in src
+        src = src.replace(a, "slot ? slot + PS_TW : nullptr")
     if cu is None and PERSIST_MUTATE == "barrier":
         a = "ps_load_acquire(ctr) < target;"
         assert a in src

@@ -58,6 +58,8 @@ head -12 $OUT/p/ktrace_summary.txt | cut -c1-200 | tee -a $S
 # srs: sr with the table and the phases' functions in shared memory (MLX_GRAPH_PERSIST_SMEM=1);
 # srs6: srs with 6 chunks in flight and before the barrier (MLX_GRAPH_PERSIST_CHUNKS=6: down's
 # row group all loaded before it); srs66: srs on 66 blocks (MLX_GRAPH_PERSIST_BLOCKS=66).
+# Also defined (SIDES="..." to pick): split (=1 SPLIT), sra (sr with relaxed polls and one
+# acquire load), sr6, srs2 (srs at 2 blocks an SM: 128 registers), p66, split66, mb2.
 SIDES=${SIDES:-"off p1 sr srs srs6 srs66"}
 side_env() {
   case $1 in
@@ -70,6 +72,7 @@ side_env() {
     srs) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1" ;;
     srs6) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_CHUNKS=6" ;;
     srs66) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
+    srs2) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_MIN_BLOCKS=2" ;;
     sra) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_POLL=1" ;;
     sra66) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_POLL=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
     split66) echo "MLX_GRAPH_PERSIST=1 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_BLOCKS=66" ;;
