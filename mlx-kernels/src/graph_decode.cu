@@ -3108,13 +3108,15 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
 // red[4], last (and 3 to keep 16 bytes).
 #define PS_ATTN_FLOATS (128 + ATTN_CHUNK + 8 * ATTN_THREADS + ATTN_THREADS / 32 + 4)
 
-// PS_TRACE (the host's MLX_GRAPH_PERSIST_TRACE): thread 0 of every block notes, for each
-// phase, %globaltimer and clock64 at the phase's entry (before its function is called), at its
-// barrier's arrival and at its departure, into the step's trace (`trace`: PS_TW words a phase
-// and block, [phase][block]: entry, arrival, departure, SM, then the three clock64 values; a
-// last row's entry is the step's end). Only thread 0 writes it, only the trace: the same bits.
+// The trace (the host's MLX_GRAPH_PERSIST_TRACE: a non-null `trace`): thread 0 of every block
+// notes, for each phase, %globaltimer and clock64 at the phase's entry (before its function is
+// called), at its barrier's arrival and at its departure, into the step's trace (PS_TW words a
+// phase and block, [phase][block]: entry, arrival, departure, SM, then the three clock64
+// values; a last row's entry is the step's end). Only thread 0 writes it, only the trace: the
+// same bits. A runtime switch (a null trace writes nothing), so that a traced run and an
+// untraced one share their compiled source; PS_TRACE 0 compiles it out.
 #ifndef PS_TRACE
-#define PS_TRACE 0
+#define PS_TRACE 1
 #endif
 // PS_SPLIT (MLX_GRAPH_PERSIST_SPLIT=1): the grid barrier in two: a block arrives as soon as its
 // phase's work is done (at the end of the phase's function, before its saved registers are
@@ -3486,7 +3488,7 @@ __device__ PsPhaseFn ps_phases[16] = {ps_embed, ps_matvec,         ps_qkv,      
 // attn_at: where the attention halves' shared memory begins (the row phases' dynamic shared
 // memory before it), 16-byte aligned; the block's shared memory is attn_at + 64 +
 // 2 PS_ATTN_FLOATS 4 bytes (PS_SMEM_TABLE: + n (PS_WORDS + 1) 8); trace: the step's trace
-// (PS_TRACE: (n + 1) gridDim.x PS_TW words), or null.
+// ((n + 1) gridDim.x PS_TW words), or null.
 extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(const u64* ph, ll n,
                                                                              u64* ctr,
                                                                              ll attn_at,

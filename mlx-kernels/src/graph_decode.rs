@@ -4073,7 +4073,7 @@ fn persist_phase_labels(kinds: &[i64]) -> Vec<String> {
 }
 
 /// The summary of one persistent step's trace (`w`: `(kinds.len() + 1) grid PS_TW` words, as
-/// graph_decode.cu's `persist_step` writes them with `PS_TRACE`): per phase, from the last
+/// graph_decode.cu's `persist_step` writes them given a trace): per phase, from the last
 /// departure of its barrier (D) to the last departure of the next (the step's end after the
 /// last phase): its span, each block's work (D to the block's next arrival, or its end: min,
 /// median, max over the blocks), D to the blocks' entry into the next phase (median: the
@@ -4227,9 +4227,10 @@ fn persist_spec(spec: &GraphSpec, nb: usize, mma: bool) -> Option<&'static str> 
     }
 }
 
-/// `MLX_GRAPH_PERSIST_TRACE=PATH`: the persistent step records its timeline (`PS_TRACE`: each
-/// block's entry, barrier arrival and departure a phase) and the first run of the process
-/// writes one step's to PATH and its summary to stderr ([`GraphDecoder::persist_trace_once`]).
+/// `MLX_GRAPH_PERSIST_TRACE=PATH`: the persistent step records its timeline (each block's entry,
+/// barrier arrival and departure a phase, into a buffer its launch is given: no define, the
+/// same compiled source as without) and the first run of the process writes one step's to PATH
+/// and its summary to stderr ([`GraphDecoder::persist_trace_once`]).
 fn persist_trace_path() -> Option<std::ffi::OsString> {
     std::env::var_os("MLX_GRAPH_PERSIST_TRACE").filter(|p| !p.is_empty())
 }
@@ -4254,9 +4255,6 @@ fn persist_levers() -> String {
     }
     if std::env::var("MLX_GRAPH_PERSIST_MIN_BLOCKS").is_ok_and(|v| v == "2") {
         d += "#define PS_MIN_BLOCKS 2\n";
-    }
-    if persist_trace_path().is_some() {
-        d += "#define PS_TRACE 1\n";
     }
     d
 }

@@ -449,13 +449,14 @@ DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved th
 PERSIST = int(os.environ.get("GRAPH_EMU_PERSIST", "0"))
 PERSIST_GRID = int(os.environ.get("GRAPH_EMU_PERSIST_GRID", "4"))
 PERSIST_MUTATE = os.environ.get("GRAPH_EMU_PERSIST_MUTATE", "")
-# Session 41's levers and trace, each a define (the host's switch in brackets):
+# Session 41's levers, each a define (the host's switch in brackets), and the trace:
 # GRAPH_EMU_PERSIST_SPLIT=1: PS_SPLIT (MLX_GRAPH_PERSIST_SPLIT=1: a block arrives at the end of
 # its phase's work, waits after the next phase's early loads); GRAPH_EMU_PERSIST_POLL=1:
-# PS_POLL_RELAXED (MLX_GRAPH_PERSIST_POLL=1); GRAPH_EMU_PERSIST_TRACE=1: PS_TRACE
-# (MLX_GRAPH_PERSIST_TRACE=PATH): the step writes its trace, which the emulator checks: every
-# block's entry, arrival and departure of every phase and the end written where they belong
-# (the emulator's clocks read 0), nothing else.
+# PS_POLL_RELAXED (MLX_GRAPH_PERSIST_POLL=1); GRAPH_EMU_PERSIST_TRACE=1
+# (MLX_GRAPH_PERSIST_TRACE=PATH): the step is given a trace buffer (the same source; without,
+# a null one) and writes its trace, which the emulator checks: every block's entry, arrival and
+# departure of every phase and the end written where they belong (the emulator's clocks read
+# 0), nothing else.
 PERSIST_SPLIT = int(os.environ.get("GRAPH_EMU_PERSIST_SPLIT", "0"))
 PERSIST_POLL = int(os.environ.get("GRAPH_EMU_PERSIST_POLL", "0"))
 PERSIST_TRACE = int(os.environ.get("GRAPH_EMU_PERSIST_TRACE", "0"))
@@ -519,7 +520,6 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define PS_BARRIER_RA 1\n" if cu is None and PERSIST == 2 else "")
            + ("#define PS_SPLIT 1\n" if cu is None and PERSIST and PERSIST_SPLIT else "")
            + ("#define PS_POLL_RELAXED 1\n" if cu is None and PERSIST and PERSIST_POLL else "")
-           + ("#define PS_TRACE 1\n" if cu is None and PERSIST and PERSIST_TRACE else "")
            + ("#define PS_SMEM_TABLE 1\n" if cu is None and PERSIST and PERSIST_SMEM else "")
            + (CU if cu is None else cu))
     if cu is None and PERSIST_MUTATE == "trace":
@@ -555,7 +555,6 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_persist' + str(PERSIST) + PERSIST_MUTATE if PERSIST and cu is None else ''}"
            f"{'_split' if PERSIST and PERSIST_SPLIT and cu is None else ''}"
            f"{'_poll' if PERSIST and PERSIST_POLL and cu is None else ''}"
-           f"{'_trace' if PERSIST and PERSIST_TRACE and cu is None else ''}"
            f"{'_smem' if PERSIST and PERSIST_SMEM and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"

@@ -27,7 +27,7 @@ VARIANTS = [
     ("sra (=2, SPLIT, POLL)", "PS_BARRIER_RA PS_SPLIT PS_POLL_RELAXED", 4),
     ("srs (=2, SPLIT, SMEM)", "PS_BARRIER_RA PS_SPLIT PS_SMEM_TABLE", 4),
     ("srs6 (=2, SPLIT, SMEM, CHUNKS=6)", "PS_BARRIER_RA PS_SPLIT PS_SMEM_TABLE", 6),
-    ("p1 + TRACE", "PS_TRACE", 4),
+    ("p1, the trace compiled out (PS_TRACE 0)", "PS_TRACE=0", 4),
 ]
 CU = (ROOT / "mlx-kernels/src/graph_decode.cu").read_text()
 
@@ -35,7 +35,8 @@ CU = (ROOT / "mlx-kernels/src/graph_decode.cu").read_text()
 def source(defs, chunks):
     return (f"#define MV_ROWS 2\n#define MV_BATCH {chunks}\n#define MV_EARLY {chunks}\n#define NB 1\n"
             "#define MV_MMA 0\n#define MMA_KC 0\n#define MV_ASYNC 1\n#define GRAPH_PERSIST 1\n"
-            + "".join(f"#define {d} 1\n" for d in defs.split()) + CU)
+            + "".join(f"#define {d.split('=')[0]} {d.split('=')[1] if '=' in d else 1}\n"
+                      for d in defs.split()) + CU)
 
 
 def sections(sass):
