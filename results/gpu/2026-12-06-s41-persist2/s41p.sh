@@ -52,8 +52,10 @@ echo "== kernel trace at $SECONDS s" | tee -a $S
 bench ktrace 16 1 MLX_GRAPH_PERSIST=0 MLX_GRAPH_TRACE=$OUT/p/ktrace-%p.txt
 for f in $OUT/p/ktrace-*.txt; do python3 .gpu/c/trace_summary.py --blocks 5 "$f"; done > $OUT/p/ktrace_summary.txt 2>&1
 head -12 $OUT/p/ktrace_summary.txt | cut -c1-200 | tee -a $S
-# 2. The sides: name and environment (each new source is compiled once, ~10-30 s, then cached:
-#    the sides are in order of need; past 200 s the rest are skipped, so that the test runs).
+# 2. The sides: name and environment (each new source is compiled once, ~10-30 s, then cached;
+#    the traces' sources are p1's and srs's, the kernel trace's off's: 2 more compiles, srs6's
+#    and sr's. The sides are in order of need; past 200 s the rest are skipped, so that the test
+#    runs).
 # off: the kernels; p1: session 40's step; sr: the split barrier (PS_SPLIT) by release/acquire
 # (PS_BARRIER_RA); sra: the same with relaxed polls and one acquire load (PS_POLL_RELAXED);
 # srs: sr with the table and the phases' functions in shared memory (MLX_GRAPH_PERSIST_SMEM=1);
