@@ -14,8 +14,9 @@
 # 2. The 135M bf16 product path (`mlx benchmark --decoder auto -p 512 -g 128 -n 3`): the
 #    kernels (MLX_GRAPH_PERSIST=0), session 40's step (=1) and the levers (SIDES), 2 rounds
 #    interleaved (a run skipped past 200 s): decode tok/s a run.
-# 3. persistent_step_equals_the_kernels (graph_decode_cuda) under the best lever (TEST_ENV):
-#    every row's logits and greedy tokens bit-equal to the kernels', on the device.
+# 3. persistent_step_equals_the_kernels (graph_decode_cuda) under the best lever (TEST_ENV,
+#    with the trace on): every row's logits and greedy tokens bit-equal to the kernels', on the
+#    device.
 # Output: $OUT/s41p.txt (the summary) and $OUT/all.tgz (everything).
 export MLXS_GPURT_CACHE=/tmp/gpurt-cache
 M=llama-135m-bf16
@@ -92,7 +93,9 @@ for r in 1 2; do
   done
 done
 # 3. The bits on the device under the best lever.
-TEST_ENV=${TEST_ENV:-"MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1"}
+# (With the trace on: every persistent decoder of the test writes its trace each step, so its
+# bits are also the traced step's.)
+TEST_ENV=${TEST_ENV:-"MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_TRACE=/tmp/ptest-trace-%p.txt"}
 echo "== test under $TEST_ENV at $SECONDS s" | tee -a $S
 PARTS=test TESTS=persistent_step_equals_the_kernels TEST_ENV="$TEST_ENV" TEST_S=$((276 - SECONDS)) \
   BUDGET_S=$((278 - SECONDS)) TAG=ptest bash .gpu/c/measure.sh > /dev/null 2>&1
