@@ -13,7 +13,7 @@
 #    .gpu/c too), for the comparison.
 # 2. The 135M bf16 product path (`mlx benchmark --decoder auto -p 512 -g 128 -n 3`): the
 #    kernels (MLX_GRAPH_PERSIST=0), session 40's step (=1) and the levers (SIDES), 2 rounds
-#    interleaved (a run skipped past 200 s): decode tok/s a run.
+#    interleaved (a run skipped past 185 s): decode tok/s a run.
 # 3. persistent_step_equals_the_kernels (graph_decode_cuda) under the best lever (TEST_ENV,
 #    with the trace on): every row's logits and greedy tokens bit-equal to the kernels', on the
 #    device.
@@ -55,7 +55,7 @@ for f in $OUT/p/ktrace-*.txt; do python3 .gpu/c/trace_summary.py --blocks 5 "$f"
 head -12 $OUT/p/ktrace_summary.txt | cut -c1-200 | tee -a $S
 # 2. The sides: name and environment (each new source is compiled once, ~10-30 s, then cached;
 #    the traces' sources are p1's and srs's, the kernel trace's off's: 2 more compiles, srs6's
-#    and sr's. The sides are in order of need; past 200 s the rest are skipped, so that the test
+#    and sr's. The sides are in order of need; past 185 s the rest are skipped, so that the test
 #    runs).
 # off: the kernels; p1: session 40's step; sr: the split barrier (PS_SPLIT) by release/acquire
 # (PS_BARRIER_RA); sra: the same with relaxed polls and one acquire load (PS_POLL_RELAXED);
@@ -86,7 +86,7 @@ side_env() {
 }
 for r in 1 2; do
   for side in $SIDES; do
-    [ $SECONDS -gt 200 ] && { echo "== round $r $side skipped at $SECONDS s" | tee -a $S; continue; }
+    [ $SECONDS -gt 185 ] && { echo "== round $r $side skipped at $SECONDS s" | tee -a $S; continue; }
     X=$(side_env $side)
     echo "== round $r $side ($X) at $SECONDS s" | tee -a $S
     bench bench_${r}_$side 128 3 $X
