@@ -3108,13 +3108,62 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
 // red[4], last (and 3 to keep 16 bytes).
 #define PS_ATTN_FLOATS (128 + ATTN_CHUNK + 8 * ATTN_THREADS + ATTN_THREADS / 32 + 4)
 
+// The trace (the host's MLX_GRAPH_PERSIST_TRACE: a non-null `trace`): thread 0 of every block
+// notes, for each phase, %globaltimer and clock64 at the phase's entry (before its function is
+// called), at its barrier's arrival and at its departure, into the step's trace (PS_TW words a
+// phase and block, [phase][block]: entry, arrival, departure, SM, then the three clock64
+// values; a last row's entry is the step's end). Only thread 0 writes it, only the trace: the
+// same bits. A runtime switch (a null trace writes nothing), so that a traced run and an
+// untraced one share their compiled source; PS_TRACE 0 compiles it out.
+#ifndef PS_TRACE
+#define PS_TRACE 1
+#endif
+// PS_SPLIT (MLX_GRAPH_PERSIST_SPLIT=1): the grid barrier in two: a block arrives as soon as its
+// phase's work is done (at the end of the phase's function, before its saved registers are
+// restored), and waits where the kernel's blocks wait (after the next phase's early loads): the
+// return, the next phase's table row, call and early loads overlap the barrier instead of
+// preceding the arrival.
+#ifndef PS_SPLIT
+#define PS_SPLIT 0
+#endif
+// PS_POLL_RELAXED (MLX_GRAPH_PERSIST_POLL=1): the barrier's polls are relaxed loads and one
+// acquire fence follows the last (instead of an acquire load a poll).
+#ifndef PS_POLL_RELAXED
+#define PS_POLL_RELAXED 0
+#endif
+// PS_SMEM_TABLE (MLX_GRAPH_PERSIST_SMEM=1): each block copies the table and each phase's
+// function into its shared memory when the step begins (past the attention halves': n
+// (PS_WORDS + 1) words), so that a phase's call and arguments are shared-memory reads instead of
+// a chain of dependent global loads (its kind, its function, then its arguments) after the
+// previous phase.
+#ifndef PS_SMEM_TABLE
+#define PS_SMEM_TABLE 0
+#endif
+#define PS_TW 8
+
 __device__ __forceinline__ u64 ps_load_acquire(const u64* p) {
 #ifdef __CUDA_ARCH__
   u64 v;
+#if PS_POLL_RELAXED
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+#else
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+#endif
   return v;
 #else
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  return __atomic_load_n(p, PS_POLL_RELAXED ? __ATOMIC_RELAXED : __ATOMIC_ACQUIRE);
+#endif
+}
+
+// One acquire load of the counter (PS_POLL_RELAXED with the release/acquire barrier: after the
+// relaxed polls).
+__device__ __forceinline__ void ps_acquire_once(const u64* p) {
+#ifdef __CUDA_ARCH__
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  (void)v;
+#else
+  (void)__atomic_load_n(p, __ATOMIC_ACQUIRE);
 #endif
 }
 
@@ -3126,6 +3175,40 @@ __device__ __forceinline__ u64 ps_add_release(u64* p) {
   return old;
 #else
   return __atomic_fetch_add(p, 1ull, __ATOMIC_RELEASE);
+#endif
+}
+
+// The same with acquire too (PS_SPLIT's arrival with PS_BARRIER_RA: the block whose arrival
+// completes the barrier does not poll, its arrival is its acquire).
+__device__ __forceinline__ u64 ps_add_acq_rel(u64* p) {
+#ifdef __CUDA_ARCH__
+  u64 old;
+  asm volatile("atom.add.acq_rel.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(p) : "memory");
+  return old;
+#else
+  return __atomic_fetch_add(p, 1ull, __ATOMIC_ACQ_REL);
+#endif
+}
+
+// PS_SPLIT: a target's bit 63 says the block's own arrival completed the barrier.
+#define PS_LAST (1ull << 63)
+
+__device__ __forceinline__ u64 ps_clock() {
+#ifdef __CUDA_ARCH__
+  return (u64)clock64();
+#else
+  return 0;
+#endif
+}
+
+// The trace's time `which` (0 entry, 1 arrival, 2 departure) of this block's slot (thread 0).
+__device__ __forceinline__ void ps_mark(u64* slot, int which) {
+#if PS_TRACE
+  if (slot) {
+    slot[which] = gtime();
+    slot[4 + which] = ps_clock();
+    if (which == 0) slot[3] = sm_id();
+  }
 #endif
 }
 
@@ -3148,17 +3231,22 @@ __device__ __forceinline__ void ps_block_sync() {
 #endif
 }
 
-// The grid barrier: the block's threads meet, thread 0 makes their writes visible (fence),
-// adds 1 to the counter and waits until it reaches the next multiple of gridDim.x (every
-// block arrived: the counter only grows, across phases and steps, so no reset), and the
-// block meets again. `first` (the step's first phase): the blocks wait for the kernel before
-// this one (embed) first.
-__device__ __forceinline__ void ps_barrier(u64* ctr, bool first) {
-  if (first) pdl_wait_then_release();
+// The grid barrier's arrival: the block's threads meet, thread 0 makes their writes visible
+// (fence) and adds 1 to the counter; returns (thread 0's) the next multiple of gridDim.x, which
+// the counter reaches when every block has arrived (the counter only grows, across phases and
+// steps, so no reset). PS_SPLIT: `prev`, the block's previous target in this launch (0: none),
+// gives it without a 64-bit division (prev + gridDim.x: each block arrives once a barrier),
+// and the arrival that completes the barrier marks its target PS_LAST (its wait does not
+// poll; with PS_BARRIER_RA the arrival is acquire and release).
+__device__ __forceinline__ u64 ps_arrive(u64* ctr, u64* slot, u64 prev = 0) {
   ps_block_sync();
+  u64 target = 0;
   if (threadIdx.x == 0) {
+    ps_mark(slot, 1);
     const u64 units = gridDim.x;
-#if PS_BARRIER_RA
+#if PS_BARRIER_RA && PS_SPLIT
+    const u64 old = ps_add_acq_rel(ctr);
+#elif PS_BARRIER_RA
     // Release/acquire alone (MLX_GRAPH_PERSIST=2): the arrival's release orders the block's
     // writes (made the thread's by the block barrier) before it, the polls' acquire the
     // phase's reads after them; no fence.sc on either side.
@@ -3167,40 +3255,99 @@ __device__ __forceinline__ void ps_barrier(u64* ctr, bool first) {
     __threadfence();
     const u64 old = atomicAdd(ctr, 1ull);
 #endif
-    const u64 target = (old / units + 1) * units;
+#if PS_SPLIT
+    target = prev ? (prev & ~PS_LAST) + units : (old / units + 1) * units;
+    if (old + 1 == target) target |= PS_LAST;
+#else
+    (void)prev;
+    target = (old / units + 1) * units;
+#endif
+  }
+  return target;
+}
+
+// The grid barrier's wait: thread 0 polls the counter until it reaches `tgt` (every block
+// arrived; PS_LAST: it has), and the block meets again.
+__device__ __forceinline__ void ps_wait(const u64* ctr, u64 tgt, u64* slot) {
+  if (threadIdx.x == 0) {
+    const u64 target = tgt & ~PS_LAST;
     // A grid whose blocks are not all resident (the host sizes it from the occupancy API; a
     // GPU shared with another context could hold fewer) would wait forever: past 2^24 polls
     // (~10 s at an L2 round trip a poll; a phase takes microseconds) the kernel traps
     // instead of hanging: a sticky CUDA error that poisons the process's CUDA context (the
     // MLX path's included), not only the decoder. A cooperative launch, which fails cleanly
     // where the blocks cannot all be resident, is what would let the engine fall back.
-    for (u32 polls = 0; ps_load_acquire(ctr) < target; ++polls) {
-      if (polls == (1u << 24)) __trap();
+#if PS_SPLIT
+    if (!(tgt & PS_LAST))
+#endif
+    {
+      for (u32 polls = 0; ps_load_acquire(ctr) < target; ++polls) {
+        if (polls == (1u << 24)) __trap();
 #ifndef __CUDA_ARCH__
-      emu_yield();
+        emu_yield();
+#endif
+      }
+#if PS_BARRIER_RA && PS_POLL_RELAXED
+      ps_acquire_once(ctr);
 #endif
     }
 #if !PS_BARRIER_RA
     __threadfence();
 #endif
+    ps_mark(slot, 2);
   }
   ps_block_sync();
 }
 
+// The grid barrier: arrival and wait at once. `first` (the step's first phase): the blocks
+// wait for the kernel before this one (embed) first.
+__device__ __forceinline__ void ps_barrier(u64* ctr, bool first, u64* slot) {
+  if (first) pdl_wait_then_release();
+  const u64 target = ps_arrive(ctr, slot);
+  ps_wait(ctr, target, slot);
+}
+
+// A phase's barrier as its function sees it: the counter, the target its block's arrival set
+// (PS_SPLIT: at the end of the phase before), whether it is the step's first and last phase,
+// and the block's trace slot for it (null: no trace).
+struct PsBar {
+  u64* ctr;
+  u64 target;
+  bool first, last;
+  u64* slot;
+  // Where the kernel's blocks wait for the kernel before.
+  __device__ __forceinline__ void wait() const {
+#if PS_SPLIT
+    ps_wait(ctr, target, slot);
+#else
+    ps_barrier(ctr, first, slot);
+#endif
+  }
+  // The end of the phase's work (every thread of the block): PS_SPLIT, the next phase's
+  // arrival (none after the last), its target; else nothing.
+  __device__ __forceinline__ u64 done() const {
+#if PS_SPLIT
+    if (last) return 0;
+    return ps_arrive(ctr, slot ? slot + (ll)gridDim.x * PS_TW : nullptr, target);
+#else
+    return 0;
+#endif
+  }
+};
+
 // A row phase's wait: every thread of the block calls it once.
 struct PsWait {
-  u64* ctr;
-  bool first;
-  __device__ __forceinline__ void operator()() const { ps_barrier(ctr, first); }
+  const PsBar* b;
+  __device__ __forceinline__ void operator()() const { b->wait(); }
 };
 // An attention phase's, a half block's: its first virtual block's call, or after its last.
 struct PsWaitOnce {
-  u64* ctr;
-  bool first, done;
+  const PsBar* b;
+  bool done;
   __device__ __forceinline__ void operator()() {
     if (!done) {
       done = true;
-      ps_barrier(ctr, first);
+      b->wait();
     }
   }
 };
@@ -3228,16 +3375,19 @@ struct PsHalfSync {
 // Each phase's kernel body is a function of its own, called from the step's loop (inlined
 // into the loop, the bodies' registers were allocated around the loop's back edge: ~6 KB of
 // spills, some in the products' inner loops; called, each is allocated as its kernel is).
-__device__ __noinline__ void ps_matvec(const u64* a, unsigned char* smem, float* red, float*,
-                                       u64* ctr, bool first) {
+__device__ __noinline__ u64 ps_matvec(const u64* a, unsigned char* smem, float* red, float*,
+                                       u64* ctr, u64 target, int flags, u64* slot) {
+  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
   matvec_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const bf16_t*, 2),
               PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
               PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
               PS_P(void*, 9), PS_L(10), PS_L(11), PS_L(12), PS_L(13), PS_L(14), PS_D(15), nullptr,
-              PS_D(17), smem, red, PsWait{ctr, first});
+              PS_D(17), smem, red, PsWait{&bar});
+  return bar.done();
 }
-__device__ __noinline__ void ps_qkv(const u64* a, unsigned char* smem, float* red, float*,
-                                    u64* ctr, bool first) {
+__device__ __noinline__ u64 ps_qkv(const u64* a, unsigned char* smem, float* red, float*,
+                                    u64* ctr, u64 target, int flags, u64* slot) {
+  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
   matvec_qkv_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const void*, 2),
                   PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
                   PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
@@ -3245,24 +3395,30 @@ __device__ __noinline__ void ps_qkv(const u64* a, unsigned char* smem, float* re
                   PS_P(bf16_t*, 12), PS_P(bf16_t*, 13), PS_P(const int*, 14), PS_L(15), PS_L(16),
                   PS_L(17), PS_L(18), PS_L(19), PS_L(20), PS_L(21), PS_L(22), PS_D(23),
                   PS_P(const float*, 24), nullptr, PS_L(26), PS_P(const bf16_t*, 27), PS_L(28),
-                  smem, red, PsWait{ctr, first});
+                  smem, red, PsWait{&bar});
+  return bar.done();
 }
-__device__ __noinline__ void ps_attn_out(const u64* a, unsigned char* smem, float* red, float*,
-                                         u64* ctr, bool first) {
+__device__ __noinline__ u64 ps_attn_out(const u64* a, unsigned char* smem, float* red, float*,
+                                         u64* ctr, u64 target, int flags, u64* slot) {
+  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
   matvec_attn_out_body(PS_P(const void*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
                        PS_P(const float*, 3), PS_P(const float*, 4), PS_P(const int*, 5),
                        PS_P(const bf16_t*, 6), PS_P(bf16_t*, 7), PS_L(8), PS_L(9), PS_L(10),
                        PS_L(11), PS_L(12), PS_L(13), PS_L(14), nullptr, PS_D(16), smem, red,
-                       PsWait{ctr, first});
+                       PsWait{&bar});
+  return bar.done();
 }
-__device__ __noinline__ void ps_none(const u64*, unsigned char*, float*, float*, u64*, bool) {}
+__device__ __noinline__ u64 ps_none(const u64*, unsigned char*, float*, float*, u64* ctr, u64 target, int flags, u64* slot) {
+  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
+  return bar.done();
+}
 // embed and the argmax pair: the kernels' 256-thread blocks as the blocks' virtual blocks
 // (blockIdx.x, + gridDim.x, ..; the grid gx by gy), then the barrier if none of them took it.
 // Their shared memory: red (8 words) and last (the 9th) in the row phases' `red` (16 words).
-__device__ __noinline__ void ps_embed(const u64* a, unsigned char*, float*, float*, u64* ctr,
-                                      bool first) {
+__device__ __noinline__ u64 ps_embed(const u64* a, unsigned char*, float*, float*, u64* ctr, u64 target, int flags, u64* slot) {
+  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
-  PsWaitOnce w{ctr, first, false};
+  PsWaitOnce w{&bar, false};
   for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
     embed_body(PS_P(const void*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
                PS_P(const int*, 3), PS_P(bf16_t*, 4), PS_L(5), PS_L(6), PS_L(7), PS_P(float*, 8),
@@ -3270,31 +3426,37 @@ __device__ __noinline__ void ps_embed(const u64* a, unsigned char*, float*, floa
                PS_P(const float*, 16), PS_D(17), PS_D(18),
                PsIdx{vb % gx, vb / gx, (int)threadIdx.x, gx}, w);
   w();
+  return bar.done();
 }
-__device__ __noinline__ void ps_argmax_partial(const u64* a, unsigned char*, float* red, float*,
-                                               u64* ctr, bool first) {
+__device__ __noinline__ u64 ps_argmax_partial(const u64* a, unsigned char*, float* red, float*,
+                                               u64* ctr, u64 target, int flags, u64* slot) {
+  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
-  PsWaitOnce w{ctr, first, false};
+  PsWaitOnce w{&bar, false};
   for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
     argmax_partial_body(PS_P(const float*, 0), PS_P(const float*, 1), PS_P(float*, 2),
                         PS_P(int*, 3), PS_L(4), red, (int*)(red + 8),
                         PsIdx{vb % gx, vb / gx, (int)threadIdx.x, gx}, w);
   w();
+  return bar.done();
 }
-__device__ __noinline__ void ps_argmax_pick(const u64* a, unsigned char*, float* red, float*,
-                                            u64* ctr, bool first) {
+__device__ __noinline__ u64 ps_argmax_pick(const u64* a, unsigned char*, float* red, float*,
+                                            u64* ctr, u64 target, int flags, u64* slot) {
+  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
-  PsWaitOnce w{ctr, first, false};
+  PsWaitOnce w{&bar, false};
   for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
     argmax_pick_body(PS_P(const float*, 0), PS_P(const float*, 1), PS_P(const float*, 2),
                      PS_P(int*, 3), PS_P(int*, 4), PS_P(int*, 5), PS_L(6), PS_L(7), (int*)red,
                      (int*)(red + 8), PsIdx{vb % gx, vb / gx, (int)threadIdx.x, gx}, w);
   w();
+  return bar.done();
 }
 // The attention kernel's blocks 2 blockIdx.x + half, + 2 gridDim.x, .. on half `half` (sm: its
 // shared memory), then the barrier if none of them took it.
-__device__ __noinline__ void ps_attention(const u64* a, unsigned char*, float*, float* sm,
-                                          u64* ctr, bool first) {
+__device__ __noinline__ u64 ps_attention(const u64* a, unsigned char*, float*, float* sm,
+                                          u64* ctr, u64 target, int flags, u64* slot) {
+  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
   const int half = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
   float* q = sm;
@@ -3302,7 +3464,7 @@ __device__ __noinline__ void ps_attention(const u64* a, unsigned char*, float*, 
   float* part = p + ATTN_CHUNK;
   float* red = part + 8 * ATTN_THREADS;
   int* last = (int*)(red + ATTN_THREADS / 32);
-  PsWaitOnce w{ctr, first, false};
+  PsWaitOnce w{&bar, false};
   for (ll vb = 2 * (ll)blockIdx.x + half; vb < blocks; vb += 2 * (ll)gridDim.x)
     attention_body(PS_P(const bf16_t*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
                    PS_P(const int*, 3), PS_P(float*, 4), PS_P(float*, 5), PS_P(int*, 6),
@@ -3310,12 +3472,13 @@ __device__ __noinline__ void ps_attention(const u64* a, unsigned char*, float*, 
                    nullptr, PS_L(15), PS_D(16), PS_P(const bf16_t*, 17),
                    PsIdx{vb % gx, vb / gx, tid, gx}, q, p, part, red, last, w, PsHalfSync{half});
   w();
+  return bar.done();
 }
 
 // The phases' functions by kernel number (PS_MATVEC ..), called through this table: an indirect
 // call is compiled on its own, whatever the loop around it (a direct one, in the loop, was
 // allocated with the loop's values: ~5 KB of spills).
-typedef void (*PsPhaseFn)(const u64*, unsigned char*, float*, float*, u64*, bool);
+typedef u64 (*PsPhaseFn)(const u64*, unsigned char*, float*, float*, u64*, u64, int, u64*);
 __device__ PsPhaseFn ps_phases[16] = {ps_embed, ps_matvec,         ps_qkv,         ps_attention,
                                       ps_argmax_partial, ps_argmax_pick, ps_none, ps_none,
                                       ps_none,  ps_none,           ps_none,        ps_attn_out,
@@ -3324,17 +3487,54 @@ __device__ PsPhaseFn ps_phases[16] = {ps_embed, ps_matvec,         ps_qkv,      
 // ph: n phases of PS_WORDS words; ctr: the barrier's counter (zeroed once when allocated);
 // attn_at: where the attention halves' shared memory begins (the row phases' dynamic shared
 // memory before it), 16-byte aligned; the block's shared memory is attn_at + 64 +
-// 2 PS_ATTN_FLOATS 4 bytes.
+// 2 PS_ATTN_FLOATS 4 bytes (PS_SMEM_TABLE: + n (PS_WORDS + 1) 8); trace: the step's trace
+// ((n + 1) gridDim.x PS_TW words), or null.
 extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(const u64* ph, ll n,
                                                                              u64* ctr,
-                                                                             ll attn_at) {
+                                                                             ll attn_at,
+                                                                             u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   float* red = (float*)(smem + attn_at);
   float* sm = red + 16 + (threadIdx.x >> 7) * PS_ATTN_FLOATS;
-  for (ll i = 0; i < n; ++i) {
-    const u64* a = ph + i * PS_WORDS;
-    ps_phases[a[0] & 15](a, smem, red, sm, ctr, i == 0);
+#if PS_TRACE
+  // Thread 0's slot in row i: slot + i gridDim.x PS_TW.
+  u64* slot = (trace && threadIdx.x == 0) ? trace + (ll)blockIdx.x * PS_TW : nullptr;
+#define PS_SLOT(i) (slot ? slot + (i) * (ll)gridDim.x * PS_TW : nullptr)
+#else
+  (void)trace;
+#define PS_SLOT(i) ((u64*)nullptr)
+#endif
+#if PS_SMEM_TABLE
+  // The table and the phases' functions, past the attention halves' shared memory.
+  u64* tab = (u64*)(smem + attn_at + 64 + 2 * PS_ATTN_FLOATS * 4);
+  PsPhaseFn* fns = (PsPhaseFn*)(tab + n * PS_WORDS);
+  for (ll j = threadIdx.x; j < n * PS_WORDS; j += blockDim.x) tab[j] = ph[j];
+  ps_block_sync();
+  for (ll j = threadIdx.x; j < n; j += blockDim.x) fns[j] = ps_phases[tab[j * PS_WORDS] & 15];
+  ps_block_sync();
+  const u64* table = tab;
+#define PS_FN(i, a) fns[i]
+#else
+  const u64* table = ph;
+#define PS_FN(i, a) ps_phases[(a)[0] & 15]
+#endif
+  u64 target = 0;
+#if PS_SPLIT
+  // The first phase's arrival (after the kernel before this one: the previous step's).
+  if (n > 0) {
+    pdl_wait_then_release();
+    target = ps_arrive(ctr, PS_SLOT(0));
   }
+#endif
+  for (ll i = 0; i < n; ++i) {
+    const u64* a = table + i * PS_WORDS;
+    ps_mark(PS_SLOT(i), 0);
+    target = PS_FN(i, a)(a, smem, red, sm, ctr, target,
+                                  (i == 0 ? 1 : 0) | (i + 1 == n ? 2 : 0), PS_SLOT(i));
+  }
+  ps_mark(PS_SLOT(n), 0);
+#undef PS_SLOT
+#undef PS_FN
 }
 #undef PS_P
 #undef PS_L

@@ -2441,8 +2441,15 @@ impl GraphDecoder {
             match &step.persist {
                 Ok(p) => eprintln!(
                     "[graph persist] `{}`: persistent step of {} blocks, {} phases, {} B of \
-                     shared memory a block",
-                    step.shape.model_type, p.grid, p.phases, p.shared
+                     shared memory a block; defines: {}",
+                    step.shape.model_type,
+                    p.grid,
+                    p.phases,
+                    p.shared,
+                    persist_define(true)
+                        .trim_end()
+                        .replace("#define ", "")
+                        .replace('\n', ", ")
                 ),
                 Err(why) => eprintln!("[graph persist] `{}`: {why}", step.shape.model_type),
             }
@@ -3442,6 +3449,7 @@ impl GraphDecoder {
     pub fn start(&mut self, first: u32, max_steps: usize) -> Result<()> {
         self.check_token(first)?;
         self.trace_once(first);
+        self.persist_trace_once(first);
         let t = self.profile.is_some().then(std::time::Instant::now);
         self.guard(|me| {
             me.drain()?;
@@ -3480,6 +3488,79 @@ impl GraphDecoder {
             self.queued_to += 1;
         }
         Ok(())
+    }
+
+    /// `MLX_GRAPH_PERSIST_TRACE=PATH` with the persistent step taken: the first run of the
+    /// process (`mlx benchmark`'s warm-up) replays the step on `first` at the run's position
+    /// [`PS_TRACE_STEPS`] times (the run's own first step then computes it again, the same
+    /// values), writes the last one's trace to PATH (`%p`: the process id; a line a block and
+    /// phase: `phase kind block sm entry arrival departure` in ns of %globaltimer, then the three
+    /// as clock64) and its summary ([`persist_trace_summary`]) to stderr.
+    fn persist_trace_once(&mut self, first: u32) {
+        static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let Some(path) = persist_trace_path() else {
+            return;
+        };
+        let Ok(p) = &self.step.persist else {
+            return;
+        };
+        let (Some(buf), grid, kinds) = (p.trace, p.grid as usize, p.kinds.clone()) else {
+            return;
+        };
+        if self.check_room(1).is_err() || DONE.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let pos = self.pos;
+        let words = (kinds.len() + 1) * grid * PS_TW;
+        let r = self.guard(|me| {
+            let graph = me.fitted_graph(0, 1)?;
+            for _ in 0..PS_TRACE_STEPS {
+                me.set_state(first)?;
+                me.rt.replay(graph, 1)?;
+            }
+            me.rt.synchronize()?;
+            let mut raw = vec![0u8; words * 8];
+            me.rt.download(buf, 0, &mut raw)?;
+            Ok(raw)
+        });
+        self.pos = pos;
+        let raw = match r {
+            Ok(raw) => raw,
+            Err(e) => {
+                eprintln!("[graph persist trace] failed: {e}");
+                return;
+            }
+        };
+        let w: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            .collect();
+        let labels = persist_phase_labels(&kinds);
+        let mut text = format!(
+            "# persistent step trace: {} phases, {grid} blocks; phase kind block sm entry \
+             arrival departure (ns) entry_clk arrival_clk departure_clk (the last row: the end)\n",
+            kinds.len()
+        );
+        for i in 0..=kinds.len() {
+            let label = labels.get(i).map_or("end", |l| l.as_str());
+            for b in 0..grid {
+                let r = &w[(i * grid + b) * PS_TW..][..PS_TW];
+                text += &format!(
+                    "{i} {label} {b} {} {} {} {} {} {} {}\n",
+                    r[3], r[0], r[1], r[2], r[4], r[5], r[6]
+                );
+            }
+        }
+        let path = std::path::PathBuf::from(
+            path.to_string_lossy()
+                .replace("%p", &std::process::id().to_string()),
+        );
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("[graph persist trace] {}: {e}", path.display());
+        }
+        for line in persist_trace_summary(&kinds, grid, &w).lines() {
+            eprintln!("[graph persist trace] {line}");
+        }
     }
 
     /// `MLX_GRAPH_TRACE=PATH`: the first run of the process (`mlx benchmark`'s warm-up)
@@ -3959,6 +4040,151 @@ fn mv_nb_define(nb: usize, on: bool) -> &'static str {
     }
 }
 
+/// Steps replayed for the persistent step's trace ([`GraphDecoder::persist_trace_once`]); the
+/// last one's is kept (the earlier ones warm the caches).
+const PS_TRACE_STEPS: usize = 4;
+
+/// The phases' names for the trace: `embed`, `qkv`, `attention`, `attn_out`, `argmax_partial`,
+/// `argmax_pick`, and the plain products by where they stand: `o` after attention, `gate_up`
+/// after the output projection, `down` after gate/up, `head` after the last down projection.
+fn persist_phase_labels(kinds: &[i64]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(kinds.len());
+    for &k in kinds {
+        let prev = out.last().map_or("", |s| s.as_str());
+        let label = match k {
+            0 => "embed",
+            2 => "qkv",
+            3 => "attention",
+            11 => "attn_out",
+            4 => "argmax_partial",
+            5 => "argmax_pick",
+            1 => match prev {
+                "attention" => "o",
+                "o" | "attn_out" => "gate_up",
+                "gate_up" => "down",
+                "down" => "head",
+                _ => "matvec",
+            },
+            _ => "?",
+        };
+        out.push(label.to_string());
+    }
+    out
+}
+
+/// The summary of one persistent step's trace (`w`: `(kinds.len() + 1) grid PS_TW` words, as
+/// graph_decode.cu's `persist_step` writes them given a trace): per phase, from the last
+/// departure of its barrier (D) to the last departure of the next (the step's end after the
+/// last phase): its span, each block's work (D to the block's next arrival, or its end: min,
+/// median, max over the blocks), D to the blocks' entry into the next phase (median: the
+/// phase's work and its function's return; the rest of the work, up to the arrival, is the next
+/// phase's call, table row and early loads, or with PS_SPLIT, where the block arrives before it
+/// returns, negative), the next barrier (its last arrival to its last departure) and the median
+/// block's own departure-to-arrival in clock64 cycles; then the sums by kind
+/// (`persist_phase_labels`) and the whole step. Times in microseconds.
+fn persist_trace_summary(kinds: &[i64], grid: usize, w: &[u64]) -> String {
+    let n = kinds.len();
+    if grid == 0 || n == 0 || w.len() < (n + 1) * grid * PS_TW {
+        return "no trace".into();
+    }
+    let at = |i: usize, b: usize, j: usize| w[(i * grid + b) * PS_TW + j] as f64;
+    let us = |ns: f64| ns / 1000.0;
+    let max_of = |i: usize, j: usize| (0..grid).map(|b| at(i, b, j)).fold(f64::MIN, f64::max);
+    let min_of = |i: usize, j: usize| (0..grid).map(|b| at(i, b, j)).fold(f64::MAX, f64::min);
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let labels = persist_phase_labels(kinds);
+    // (label, span, work max, barrier, work median, entry median)
+    let mut rows = Vec::with_capacity(n);
+    let mut text = String::new();
+    for (i, label) in labels.iter().enumerate() {
+        let d = max_of(i, 2);
+        let entry = |b: usize| at(i + 1, b, 0) - d;
+        let (next_end, barrier, first_out, ends, cycles): (f64, f64, f64, Vec<f64>, Vec<f64>) =
+            if i + 1 < n {
+                let a = max_of(i + 1, 1);
+                (
+                    max_of(i + 1, 2),
+                    max_of(i + 1, 2) - a,
+                    min_of(i + 1, 2) - a,
+                    (0..grid).map(|b| at(i + 1, b, 1)).collect(),
+                    (0..grid).map(|b| at(i + 1, b, 5) - at(i, b, 6)).collect(),
+                )
+            } else {
+                (
+                    max_of(n, 0),
+                    0.0,
+                    0.0,
+                    (0..grid).map(|b| at(n, b, 0)).collect(),
+                    (0..grid).map(|b| at(n, b, 4) - at(i, b, 6)).collect(),
+                )
+            };
+        let work: Vec<f64> = ends.iter().map(|e| e - d).collect();
+        let wmin = work.iter().copied().fold(f64::MAX, f64::min);
+        let wmax = work.iter().copied().fold(f64::MIN, f64::max);
+        let wmed = median(work);
+        let cmed = median(cycles);
+        let emed = median((0..grid).map(entry).collect());
+        text += &format!(
+            "phase {i:3} {:<14} span {:7.2}  work min {:6.2} med {:6.2} max {:6.2}  entry med \
+             {:6.2}  barrier {:5.2} (first out {:5.2})  block cycles med {:.0}\n",
+            label,
+            us(next_end - d),
+            us(wmin),
+            us(wmed),
+            us(wmax),
+            us(emed),
+            us(barrier),
+            us(first_out),
+            cmed
+        );
+        rows.push((
+            label.clone(),
+            us(next_end - d),
+            us(wmax),
+            us(barrier),
+            us(wmed),
+            us(emed),
+        ));
+    }
+    let mut by_kind: Vec<(String, usize, [f64; 5])> = Vec::new();
+    for (l, span, wmax, bar, wmed, emed) in &rows {
+        let v = [*span, *wmax, *bar, *wmed, *emed];
+        match by_kind.iter_mut().find(|k| &k.0 == l) {
+            Some(k) => {
+                k.1 += 1;
+                for (a, b) in k.2.iter_mut().zip(v) {
+                    *a += b;
+                }
+            }
+            None => by_kind.push((l.clone(), 1, v)),
+        }
+    }
+    for (l, c, [span, wmax, bar, wmed, emed]) in &by_kind {
+        text += &format!(
+            "kind {l:<14} x{c:<3} span {span:8.2} us ({:.2} a phase)  work max {wmax:8.2}  \
+             work med {wmed:8.2}  entry med {emed:8.2}  barrier {bar:7.2}\n",
+            span / *c as f64
+        );
+    }
+    let start = min_of(0, 0);
+    let first_d = max_of(0, 2);
+    let end = max_of(n, 0);
+    let (sum_span, sum_bar) = rows.iter().fold((0.0, 0.0), |(s, b), r| (s + r.1, b + r.3));
+    // clock64 against %globaltimer over block 0's step (its SM's clock in GHz).
+    let ghz = (at(n, 0, 4) - at(0, 0, 4)) / (at(n, 0, 0) - at(0, 0, 0)).max(1.0);
+    text += &format!(
+        "step {:.2} us: entry to the first departure {:.2}, phases {sum_span:.2} (barriers \
+         {sum_bar:.2}), {n} phases, {grid} blocks, {:.2} us a phase; block 0 clock {ghz:.3} GHz\n",
+        us(end - start),
+        us(first_d - start),
+        sum_span / n as f64
+    );
+    text
+}
+
 /// Whether one-row steps run as one persistent kernel (`MLX_GRAPH_PERSIST=1`, or `2`:
 /// [`persist_release_acquire`]; off otherwise):
 /// graph_decode.cu's `persist_step` runs the whole step (embed, each layer's row and attention
@@ -4001,18 +4227,81 @@ fn persist_spec(spec: &GraphSpec, nb: usize, mma: bool) -> Option<&'static str> 
     }
 }
 
-/// The step source's define for the persistent step (`on`), empty otherwise (the source then
-/// is the one without it: no persistent kernel compiled).
-fn persist_define(on: bool) -> &'static str {
-    match (on, persist_release_acquire()) {
-        (false, _) => "",
-        (true, false) => "#define GRAPH_PERSIST 1\n",
-        (true, true) => "#define GRAPH_PERSIST 1\n#define PS_BARRIER_RA 1\n",
+/// `MLX_GRAPH_PERSIST_TRACE=PATH`: the persistent step records its timeline (each block's entry,
+/// barrier arrival and departure a phase, into a buffer its launch is given: no define, the
+/// same compiled source as without) and the first run of the process writes one step's to PATH
+/// and its summary to stderr ([`GraphDecoder::persist_trace_once`]).
+fn persist_trace_path() -> Option<std::ffi::OsString> {
+    std::env::var_os("MLX_GRAPH_PERSIST_TRACE").filter(|p| !p.is_empty())
+}
+
+/// The persistent step's levers (session 41, issue #30), each a define of its own, each the
+/// same bits: `MLX_GRAPH_PERSIST_SPLIT=1` (`PS_SPLIT`: a block arrives at the barrier as soon as
+/// its phase's work is done and waits after the next phase's early loads),
+/// `MLX_GRAPH_PERSIST_POLL=1` (`PS_POLL_RELAXED`: relaxed polls, one acquire fence after),
+/// `MLX_GRAPH_PERSIST_MIN_BLOCKS=2` (`PS_MIN_BLOCKS 2`: two blocks an SM, 128 registers),
+/// `MLX_GRAPH_PERSIST_SMEM=1` ([`persist_smem_table`]).
+fn persist_levers() -> String {
+    let on = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
+    let mut d = String::new();
+    if on("MLX_GRAPH_PERSIST_SPLIT") {
+        d += "#define PS_SPLIT 1\n";
     }
+    if on("MLX_GRAPH_PERSIST_POLL") {
+        d += "#define PS_POLL_RELAXED 1\n";
+    }
+    if persist_smem_table() {
+        d += "#define PS_SMEM_TABLE 1\n";
+    }
+    if std::env::var("MLX_GRAPH_PERSIST_MIN_BLOCKS").is_ok_and(|v| v == "2") {
+        d += "#define PS_MIN_BLOCKS 2\n";
+    }
+    d
+}
+
+/// `MLX_GRAPH_PERSIST_SMEM=1` (`PS_SMEM_TABLE`): each block of the persistent step copies its
+/// table and the phases' functions into shared memory when the step begins (`phases`
+/// `(PS_WORDS + 1)` words a block more; where that does not fit, the kernels run).
+fn persist_smem_table() -> bool {
+    std::env::var("MLX_GRAPH_PERSIST_SMEM").is_ok_and(|v| v == "1")
+}
+
+/// `MLX_GRAPH_PERSIST_BLOCKS=N`: the persistent step's grid at most N blocks (fewer arrivals a
+/// barrier; the same bits: each row group is summed whole by one warp whatever the grid).
+fn persist_blocks_cap() -> Option<u32> {
+    std::env::var("MLX_GRAPH_PERSIST_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|&n| n > 0)
+}
+
+/// `MLX_GRAPH_PERSIST_CHUNKS=N` (1 to 8, at most 16 / `rows` rows a warp): with the persistent
+/// step on, its source's chunks in flight a lane and chunks loaded before the wait (`MV_BATCH`,
+/// `MV_EARLY`) are N (the default 4; its phase functions have 255 registers): at 135M, down's
+/// row group (K 1,536: 6 chunks a lane) all loaded before the barrier. The same bits (the loads'
+/// order is not the sums'). The kernels of that source take it too (part graphs, traces).
+fn persist_chunks(rows: usize) -> Option<u32> {
+    std::env::var("MLX_GRAPH_PERSIST_CHUNKS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|&c| (1..=8).contains(&c) && c as usize * rows <= 16)
+}
+
+/// The step source's defines for the persistent step (`on`), empty otherwise (the source then
+/// is the one without it: no persistent kernel compiled).
+fn persist_define(on: bool) -> String {
+    if !on {
+        return String::new();
+    }
+    let mut d = "#define GRAPH_PERSIST 1\n".to_string();
+    if persist_release_acquire() {
+        d += "#define PS_BARRIER_RA 1\n";
+    }
+    d + &persist_levers()
 }
 
 /// The persistent step's kernels: the step, and the table's writer.
-const PERSIST_KERNELS: [(&str, u32); 2] = [("persist_step", 4), ("persist_fill", 33)];
+const PERSIST_KERNELS: [(&str, u32); 2] = [("persist_step", 5), ("persist_fill", 33)];
 /// Words a phase of the table (`PS_WORDS` in the source): the kernel, its grid's x and y, and
 /// up to 29 arguments (matvec_qkv's).
 const PS_WORDS: usize = 32;
@@ -4046,7 +4335,7 @@ struct Phase {
 /// `phases` phases and its barrier's counter (zeroed once: it only grows), its grid (the SMs
 /// times the blocks of 256 threads an SM holds at `shared` bytes), and where the attention
 /// halves' shared memory begins (`attn_at`: past the row phases').
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct PersistStep {
     module: Module,
     first_row: usize,
@@ -4056,7 +4345,15 @@ struct PersistStep {
     grid: u32,
     shared: u32,
     attn_at: u32,
+    /// The phases' kernels in order (`PS_PHASES` numbers), for the trace's summary.
+    kinds: Vec<i64>,
+    /// `MLX_GRAPH_PERSIST_TRACE`: the step's trace (`(phases + 1) grid PS_TW` words), or none.
+    trace: Option<Buffer>,
 }
+
+/// Words a phase and block of the persistent step's trace (`PS_TW`): entry, arrival, departure
+/// (%globaltimer, ns), SM, the same three as clock64, one unused.
+const PS_TW: usize = 8;
 
 /// Whether the FFMA tiles of several sequences run `matvec` and `matvec_qkv` in blocks of 512
 /// threads at 128 registers a thread (`MLX_GRAPH_MV_WIDE=1`; off otherwise): 16 warps a
@@ -4605,6 +4902,8 @@ fn step_source(
     let wide_mv = mv_wide_in(spec, p.rows, nb, mma, p.mv_wide);
     let (batch, early, mv_wide_def) = if wide_mv {
         (1, 1, "#define MV_WIDE 1\n")
+    } else if let Some(c) = persist_chunks(p.rows).filter(|_| persist_on) {
+        (c, c, "")
     } else {
         (p.batch, p.early, "")
     };
@@ -5264,6 +5563,7 @@ fn record_step_with(
                 Arg::I64(p.phases as i64),
                 Arg::Buf(p.counter, 0),
                 Arg::I64(p.attn_at as i64),
+                p.trace.map_or(Arg::I64(0), |b| Arg::Buf(b, 0)),
             ],
         )?;
     }
@@ -5348,7 +5648,12 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
         .max()
         .unwrap_or(0)
         .next_multiple_of(16);
-    let shared = attn_at + 64 + 2 * PS_ATTN_BYTES;
+    let table_bytes = if persist_smem_table() {
+        u32::try_from(phases.len() * (PS_WORDS + 1) * 8).unwrap_or(u32::MAX)
+    } else {
+        0
+    };
+    let shared = (attn_at + 64 + 2 * PS_ATTN_BYTES).saturating_add(table_bytes);
     if shared > MV_SHARED_MAX {
         return Ok(None);
     }
@@ -5357,10 +5662,16 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
     }
     let grid = rt
         .resident_blocks(k_step, MV_THREADS, shared)?
-        .min(step.mv_cap);
+        .min(step.mv_cap)
+        .min(persist_blocks_cap().unwrap_or(u32::MAX));
     if grid == 0 {
         return Ok(None);
     }
+    let trace = match persist_trace_path() {
+        Some(_) => Some(rt.alloc((phases.len() + 1) * grid as usize * PS_TW * 8)?),
+        None => None,
+    };
+    let kinds = phases.iter().map(|p| p.kind).collect();
     Ok(Some(PersistStep {
         module: set.module,
         first_row: set.first_row,
@@ -5370,6 +5681,8 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
         grid,
         shared,
         attn_at,
+        kinds,
+        trace,
     }))
 }
 
@@ -6303,6 +6616,57 @@ mod tests {
     }
 
     #[test]
+    fn the_persistent_traces_summary_names_the_phases_and_adds_them_up() {
+        // A made-up trace of 9 phases on 2 blocks: phase i's entry at 10 i us, the blocks'
+        // arrivals at + 1.0 and + 1.1 us, their departures at + 2 us; the end at 90 us.
+        let kinds = [0, 2, 3, 1, 1, 1, 1, 4, 5];
+        assert_eq!(
+            persist_phase_labels(&kinds),
+            [
+                "embed",
+                "qkv",
+                "attention",
+                "o",
+                "gate_up",
+                "down",
+                "head",
+                "argmax_partial",
+                "argmax_pick"
+            ]
+        );
+        assert_eq!(
+            persist_phase_labels(&[2, 3, 11, 1, 1]),
+            ["qkv", "attention", "attn_out", "gate_up", "down"]
+        );
+        let (n, grid) = (kinds.len(), 2);
+        let mut w = vec![0u64; (n + 1) * grid * PS_TW];
+        for i in 0..=n {
+            for b in 0..grid {
+                let r = &mut w[(i * grid + b) * PS_TW..][..PS_TW];
+                let t = 10_000 * i as u64;
+                r[0] = t;
+                r[1] = t + 1_000 + 100 * b as u64;
+                r[2] = t + 2_000;
+                r[4] = 2 * r[0];
+                r[5] = 2 * r[1];
+                r[6] = 2 * r[2];
+            }
+        }
+        let s = persist_trace_summary(&kinds, grid, &w);
+        // Each phase spans 10 us; its work ends at the next arrivals (9.0 and 9.1 us after
+        // its departure), the barrier 0.9 us; the last phase's ends at the end (8 us).
+        assert!(s.contains("phase   3 o              span   10.00  work min   9.00 med   9.10 max   9.10  entry med   8.00  barrier  0.90"), "{s}");
+        assert!(s.contains("phase   8 argmax_pick    span    8.00  work min   8.00 med   8.00 max   8.00  entry med   8.00  barrier  0.00"), "{s}");
+        assert!(s.contains("block cycles med 18200"), "{s}");
+        assert!(
+            s.contains("kind o              x1   span    10.00 us"),
+            "{s}"
+        );
+        assert!(s.contains("step 90.00 us: entry to the first departure 2.00, phases 88.00 (barriers 7.20), 9 phases, 2 blocks, 9.78 us a phase; block 0 clock 2.000 GHz"), "{s}");
+        assert_eq!(persist_trace_summary(&kinds, 2, &w[..10]), "no trace");
+    }
+
+    #[test]
     fn the_persistent_step_is_one_define_for_one_row_llama_steps() {
         // GraphOptions::persistent_step (MLX_GRAPH_PERSIST=1 by default) adds one define and
         // the two persistent kernels to a one-row llama step's source, nothing elsewhere; the
@@ -6322,8 +6686,8 @@ mod tests {
         if !(mv_steal() || mv_ring()) {
             assert_eq!(persist_spec(&s, 1, false), None);
             let (src, kernels) = step_source(&s, &on, 1, false, false);
-            assert!(src.contains(persist_define(true)));
-            assert_eq!(src.replace(persist_define(true), ""), plain);
+            assert!(src.contains(&persist_define(true)));
+            assert_eq!(src.replace(&persist_define(true), ""), plain);
             assert!(PERSIST_KERNELS.iter().all(|p| kernels.contains(p)));
         }
         // Several rows, the tensor cores, experts, q/k norms: the kernels, the source unchanged.

@@ -359,7 +359,7 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 10: run_grid(gx, gy, bx, [=] { moe_combine(P(const bf16_t*, 0), P(const float*, 1), P(bf16_t*, 2), L(3), L(4)); }); break;
     case 11: run_grid(gx, gy, bx, [=] { matvec_attn_out(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const float*, 3), P(const float*, 4), P(const int*, 5), P(const bf16_t*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), P(u64*, 15), D_(a[16])); }); break;
 #if GRAPH_PERSIST
-    case 13: run_grid_coop(gx, bx, [=] { persist_step(P(const u64*, 0), L(1), P(u64*, 2), L(3)); }); break;
+    case 13: run_grid_coop(gx, bx, [=] { persist_step(P(const u64*, 0), L(1), P(u64*, 2), L(3), P(u64*, 4)); }); break;
 #endif
     case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(const float*, 2), P(int*, 3), P(int*, 4), P(int*, 5), L(6), L(7)); }); break;
   }
@@ -441,12 +441,29 @@ DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved th
 # barrier's counter kept across the steps (never reset). Compare the steps' logits
 # (GRAPH_EMU_DUMP, dump_compare.py) with a run without it: every step bit-equal.
 # GRAPH_EMU_PERSIST_MUTATE=skip drops one phase (the last layer's down projection), =barrier
-# lets the barrier's waiters through without waiting: both must show in the logits.
+# lets the barrier's waiters through without waiting: both must show in the logits; =trace
+# (with GRAPH_EMU_PERSIST_SPLIT and _TRACE) notes the split barrier's arrivals in the wrong
+# slot: the trace check must fail.
 # GRAPH_EMU_PERSIST=2: the barrier by a release atomic and acquire polls (PS_BARRIER_RA,
 # MLX_GRAPH_PERSIST=2 on the device).
 PERSIST = int(os.environ.get("GRAPH_EMU_PERSIST", "0"))
 PERSIST_GRID = int(os.environ.get("GRAPH_EMU_PERSIST_GRID", "4"))
 PERSIST_MUTATE = os.environ.get("GRAPH_EMU_PERSIST_MUTATE", "")
+# Session 41's levers, each a define (the host's switch in brackets), and the trace:
+# GRAPH_EMU_PERSIST_SPLIT=1: PS_SPLIT (MLX_GRAPH_PERSIST_SPLIT=1: a block arrives at the end of
+# its phase's work, waits after the next phase's early loads); GRAPH_EMU_PERSIST_POLL=1:
+# PS_POLL_RELAXED (MLX_GRAPH_PERSIST_POLL=1); GRAPH_EMU_PERSIST_TRACE=1
+# (MLX_GRAPH_PERSIST_TRACE=PATH): the step is given a trace buffer (the same source; without,
+# a null one) and writes its trace, which the emulator checks: every block's entry, arrival and
+# departure of every phase and the end written where they belong (the emulator's clocks read
+# 0), nothing else.
+PERSIST_SPLIT = int(os.environ.get("GRAPH_EMU_PERSIST_SPLIT", "0"))
+PERSIST_POLL = int(os.environ.get("GRAPH_EMU_PERSIST_POLL", "0"))
+PERSIST_TRACE = int(os.environ.get("GRAPH_EMU_PERSIST_TRACE", "0"))
+# GRAPH_EMU_PERSIST_SMEM=1: PS_SMEM_TABLE (MLX_GRAPH_PERSIST_SMEM=1): the table and the phases'
+# functions read from each block's shared memory.
+PERSIST_SMEM = int(os.environ.get("GRAPH_EMU_PERSIST_SMEM", "0"))
+PS_TW = 8
 # The persistent step's row phases' shared memory (the attention halves' after it).
 PERSIST_ATTN_AT = 128 * 1024
 # Words a phase (PS_WORDS in the source).
@@ -501,7 +518,15 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define MV_WIDE 1\n" if cu is None and MV_WIDE else "")
            + ("#define GRAPH_PERSIST 1\n" if cu is None and PERSIST else "")
            + ("#define PS_BARRIER_RA 1\n" if cu is None and PERSIST == 2 else "")
+           + ("#define PS_SPLIT 1\n" if cu is None and PERSIST and PERSIST_SPLIT else "")
+           + ("#define PS_POLL_RELAXED 1\n" if cu is None and PERSIST and PERSIST_POLL else "")
+           + ("#define PS_SMEM_TABLE 1\n" if cu is None and PERSIST and PERSIST_SMEM else "")
            + (CU if cu is None else cu))
+    if cu is None and PERSIST_MUTATE == "trace":
+        # The split barrier's next arrival noted in the neighbouring block's slot of its row.
+        a = "slot ? slot + (ll)gridDim.x * PS_TW : nullptr"
+        assert a in src
+        src = src.replace(a, "slot ? slot + PS_TW : nullptr")
     if cu is None and PERSIST_MUTATE == "barrier":
         a = "ps_load_acquire(ctr) < target;"
         assert a in src
@@ -528,6 +553,9 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_mvnb' if MV_NB and cu is None else ''}"
            f"{'_mvwide' if MV_WIDE and cu is None else ''}"
            f"{'_persist' + str(PERSIST) + PERSIST_MUTATE if PERSIST and cu is None else ''}"
+           f"{'_split' if PERSIST and PERSIST_SPLIT and cu is None else ''}"
+           f"{'_poll' if PERSIST and PERSIST_POLL and cu is None else ''}"
+           f"{'_smem' if PERSIST and PERSIST_SMEM and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
@@ -574,6 +602,7 @@ class Emu:
         # The persistent step's phases being collected (None: launches run), its counter.
         self.phases, self.ctr = None, np.zeros(1, np.uint64)
         self.persist_steps, self.persist_phases = 0, 0
+        self.trace_bad = 0  # PERSIST_TRACE: steps whose trace was not as it must be
 
     def buf(self, arr):
         arr = np.ascontiguousarray(arr)
@@ -615,7 +644,17 @@ class Emu:
             assert len(row) <= PS_WORDS, (k, len(row))
             table[i, :len(row)] = row
         self.keep.append(table)
-        self.launch(13, (PERSIST_GRID, 1), 256, [table, len(ph), self.ctr, PERSIST_ATTN_AT])
+        n, g = len(ph), PERSIST_GRID
+        ones = np.uint64(0xFFFFFFFFFFFFFFFF)
+        trace = np.full((n + 1, g, PS_TW), ones, np.uint64) if PERSIST_TRACE else 0
+        self.launch(13, (PERSIST_GRID, 1), 256, [table, n, self.ctr, PERSIST_ATTN_AT, trace])
+        if PERSIST_TRACE:
+            # Rows 0..n-1: entry, arrival, departure, SM and the three clocks written (0 here),
+            # the 8th word not; the last row: the end (time, SM, clock) only.
+            want = np.full((n + 1, g, PS_TW), ones, np.uint64)
+            want[:n, :, :7] = 0
+            want[n, :, [0, 3, 4]] = 0
+            self.trace_bad += int(not np.array_equal(trace, want))
         self.persist_steps += 1
         self.persist_phases += len(ph)
 
@@ -1477,6 +1516,11 @@ def run(lib, name, tmp=None):
         arrivals = e.persist_phases * PERSIST_GRID
         ctr_ok = int(e.ctr[0]) == arrivals
         verify_ok = verify_ok and ctr_ok and (e.persist_steps > 0) == bool(persist)
+        if PERSIST_TRACE:
+            verify_ok = verify_ok and e.trace_bad == 0
+            print(f"{name}: persistent step trace: {e.persist_steps - e.trace_bad} of "
+                  f"{e.persist_steps} steps' traces as they must be "
+                  f"{'ok' if e.trace_bad == 0 else 'FAILED'}")
         print(f"{name}: persistent step {'on' if persist else 'not taken (the kernels)'}: "
               f"{e.persist_steps} steps, {e.persist_phases // max(e.persist_steps, 1)} phases a step, "
               f"{PERSIST_GRID} blocks; barrier counter {int(e.ctr[0])} (expected {arrivals}) "
