@@ -3126,8 +3126,9 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
 #ifndef PS_SPLIT
 #define PS_SPLIT 0
 #endif
-// PS_POLL_RELAXED (MLX_GRAPH_PERSIST_POLL=1): the barrier's polls are relaxed loads and one
-// acquire fence follows the last (instead of an acquire load a poll).
+// PS_POLL_RELAXED (MLX_GRAPH_PERSIST_POLL=1): the barrier's polls are relaxed loads; after the
+// last, one acquire load (PS_BARRIER_RA) or the fence already there (without it), instead of an
+// acquire load a poll.
 #ifndef PS_POLL_RELAXED
 #define PS_POLL_RELAXED 0
 #endif
@@ -3408,6 +3409,8 @@ __device__ __noinline__ u64 ps_attn_out(const u64* a, unsigned char* smem, float
                        PsWait{&bar});
   return bar.done();
 }
+// The table's unused kernel numbers (never a phase: persist_build refuses a step with a launch no
+// phase runs). With PS_SPLIT it would arrive without waiting, its departure unwritten.
 __device__ __noinline__ u64 ps_none(const u64*, unsigned char*, float*, float*, u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
   return bar.done();

@@ -2441,7 +2441,7 @@ impl GraphDecoder {
             match &step.persist {
                 Ok(p) => eprintln!(
                     "[graph persist] `{}`: persistent step of {} blocks, {} phases, {} B of \
-                     shared memory a block; defines: {}",
+                     shared memory a block; defines: {}; chunks in flight: {}",
                     step.shape.model_type,
                     p.grid,
                     p.phases,
@@ -2449,9 +2449,18 @@ impl GraphDecoder {
                     persist_define(true)
                         .trim_end()
                         .replace("#define ", "")
-                        .replace('\n', ", ")
+                        .replace('\n', ", "),
+                    persist_chunks(step.rows).map_or("the default".to_string(), |c| c.to_string())
                 ),
-                Err(why) => eprintln!("[graph persist] `{}`: {why}", step.shape.model_type),
+                Err(why) => eprintln!(
+                    "[graph persist] `{}`: {why}{}",
+                    step.shape.model_type,
+                    if persist_trace_path().is_some() {
+                        " (MLX_GRAPH_PERSIST_TRACE: no trace without the persistent step)"
+                    } else {
+                        ""
+                    }
+                ),
             }
         }
         let graph = match rt.capture(|rt| record_step(rt, &step, full, None, None)) {
@@ -4238,7 +4247,8 @@ fn persist_trace_path() -> Option<std::ffi::OsString> {
 /// The persistent step's levers (session 41, issue #30), each a define of its own, each the
 /// same bits: `MLX_GRAPH_PERSIST_SPLIT=1` (`PS_SPLIT`: a block arrives at the barrier as soon as
 /// its phase's work is done and waits after the next phase's early loads),
-/// `MLX_GRAPH_PERSIST_POLL=1` (`PS_POLL_RELAXED`: relaxed polls, one acquire fence after),
+/// `MLX_GRAPH_PERSIST_POLL=1` (`PS_POLL_RELAXED`: relaxed polls, then one acquire load with
+/// `=2` or the fence with `=1`),
 /// `MLX_GRAPH_PERSIST_MIN_BLOCKS=2` (`PS_MIN_BLOCKS 2`: two blocks an SM, 128 registers),
 /// `MLX_GRAPH_PERSIST_SMEM=1` ([`persist_smem_table`]).
 fn persist_levers() -> String {
@@ -5655,7 +5665,14 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
     };
     let shared = (attn_at + 64 + 2 * PS_ATTN_BYTES).saturating_add(table_bytes);
     if shared > MV_SHARED_MAX {
-        return Ok(None);
+        return Err(invalid(
+            "graph_decoder",
+            format!(
+                "persistent step: a block needs {shared} bytes of shared memory (the phase \
+                 table's {table_bytes} with MLX_GRAPH_PERSIST_SMEM=1), more than the \
+                 {MV_SHARED_MAX} a block may take"
+            ),
+        ));
     }
     if shared > 48 * 1024 {
         rt.set_shared_limit(k_step, shared)?;
@@ -6683,7 +6700,8 @@ mod tests {
         let (plain, kernels) = step_source(&s, &off, 1, false, false);
         assert!(!plain.contains("#define GRAPH_PERSIST 1\n"));
         assert!(!kernels.iter().any(|k| k.0 == "persist_step"));
-        if !(mv_steal() || mv_ring()) {
+        // (MLX_GRAPH_PERSIST_CHUNKS changes the persistent source's chunks: not this check.)
+        if !(mv_steal() || mv_ring() || std::env::var_os("MLX_GRAPH_PERSIST_CHUNKS").is_some()) {
             assert_eq!(persist_spec(&s, 1, false), None);
             let (src, kernels) = step_source(&s, &on, 1, false, false);
             assert!(src.contains(&persist_define(true)));
@@ -7380,6 +7398,7 @@ mod tests {
             .iter()
             .chain([&QK_NORM_KERNEL, &QK_NORM_FULL_KERNEL, &GEMMA_KERNEL])
             .chain(&MOE_KERNELS)
+            .chain(&PERSIST_KERNELS)
         {
             let source = all.as_str();
             // `extern "C" __global__ void [__launch_bounds__(..)] name(`
