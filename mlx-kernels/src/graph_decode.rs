@@ -2398,7 +2398,7 @@ impl GraphDecoder {
         if s.trellis.is_some() {
             trellis_shared_limit(&mut rt, &params.trellis, &layers, trellis_head)?;
         }
-        let mv_cap = match opts.blocks_per_sm {
+        let mv_cap = match opts.blocks_per_sm.or_else(blocks_per_sm_env) {
             Some(b) => b.saturating_mul(rt.sm_count()?),
             None => u32::MAX,
         };
@@ -3924,6 +3924,19 @@ fn mma_banks_define(on: bool) -> &'static str {
 }
 
 /// A default-on switch of the step source: off only where the variable is `0`.
+/// `MLX_GRAPH_BLOCKS_PER_SM=N` (N >= 1; unset or anything else: ignored), for A/B runs of the
+/// product path: [`GraphOptions::blocks_per_sm`] where the options leave it unset. With fewer
+/// blocks of a matrix-vector kernel on a multiprocessor than fit, the next kernel's blocks can
+/// be resident beside them and load their weights before their wait (programmatic launch).
+/// The FFMA kernels' rows keep their bits (a row group is summed whole by one warp whatever
+/// the grid); tensor-core tiles may split K differently (tier L3 either way).
+fn blocks_per_sm_env() -> Option<u32> {
+    std::env::var("MLX_GRAPH_BLOCKS_PER_SM")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|&n| n > 0)
+}
+
 fn switch_on(key: &str) -> bool {
     std::env::var(key).map_or(true, |v| v != "0")
 }

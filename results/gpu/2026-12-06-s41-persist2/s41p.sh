@@ -57,17 +57,20 @@ head -12 $OUT/p/ktrace_summary.txt | cut -c1-200 | tee -a $S
 #    the traces' sources are p1's and srs's, the kernel trace's off's: 2 more compiles, srs6's
 #    and sr's. The sides are in order of need; past 185 s the rest are skipped, so that the test
 #    runs).
-# off: the kernels; p1: session 40's step; sr: the split barrier (PS_SPLIT) by release/acquire
+# off: the kernels; b1: the kernels at one block of a matrix-vector kernel an SM
+# (MLX_GRAPH_BLOCKS_PER_SM=1, added by the lead after the branch: the next kernel's blocks
+# resident early, loading their weights before their wait; the same source, no compile); p1: session 40's step; sr: the split barrier (PS_SPLIT) by release/acquire
 # (PS_BARRIER_RA); sra: the same with relaxed polls and one acquire load (PS_POLL_RELAXED);
 # srs: sr with the table and the phases' functions in shared memory (MLX_GRAPH_PERSIST_SMEM=1);
 # srs6: srs with 6 chunks in flight and before the barrier (MLX_GRAPH_PERSIST_CHUNKS=6: down's
 # row group all loaded before it); srs66: srs on 66 blocks (MLX_GRAPH_PERSIST_BLOCKS=66).
 # Also defined (SIDES="..." to pick): split (=1 SPLIT), sra (sr with relaxed polls and one
 # acquire load), sr6, srs2 (srs at 2 blocks an SM: 128 registers), p66, split66, mb2.
-SIDES=${SIDES:-"off p1 srs srs66 srs6 sr"}
+SIDES=${SIDES:-"off b1 p1 srs srs66 srs6 sr"}
 side_env() {
   case $1 in
     off) echo "MLX_GRAPH_PERSIST=0" ;;
+    b1) echo "MLX_GRAPH_PERSIST=0 MLX_GRAPH_BLOCKS_PER_SM=1" ;;
     p1) echo "MLX_GRAPH_PERSIST=1" ;;
     split) echo "MLX_GRAPH_PERSIST=1 MLX_GRAPH_PERSIST_SPLIT=1" ;;
     sr) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1" ;;
