@@ -649,14 +649,37 @@ class Emu:
         trace = np.full((n + 1, g, PS_TW), ones, np.uint64) if PERSIST_TRACE else 0
         self.launch(13, (PERSIST_GRID, 1), 256, [table, n, self.ctr, PERSIST_ATTN_AT, trace])
         if PERSIST_TRACE:
-            # Rows 0..n-1: entry, arrival, departure, SM and the three clocks written (0 here),
-            # the 8th word not; the last row: the end (time, SM, clock) only.
+            # Rows 0..n-1: entry, arrival, departure (the emulator's timer: a counter each read
+            # advances), SM and the three clocks (0 here) written, the 8th word not; the last
+            # row: the end (time, SM, clock) only.
             want = np.full((n + 1, g, PS_TW), ones, np.uint64)
-            want[:n, :, :7] = 0
-            want[n, :, [0, 3, 4]] = 0
-            self.trace_bad += int(not np.array_equal(trace, want))
+            want[:n, :, 3:7] = 0
+            want[n, :, [3, 4]] = 0
+            times = trace[:n, :, :3].astype(np.int64)
+            end = trace[n, :, 0].astype(np.int64)
+            got = trace.copy()
+            got[:n, :, :3] = want[:n, :, :3]
+            got[n, :, 0] = want[n, :, 0]
+            self.trace_bad += int(not (np.array_equal(got, want)
+                                       and trace_in_order(times, end, PERSIST_SPLIT)))
         self.persist_steps += 1
         self.persist_phases += len(ph)
+
+
+def trace_in_order(times, end, split):
+    """Whether a persistent step's trace times ([phase][block][entry, arrival, departure], and
+    each block's end) are in the order the step takes them: each block's entry before its
+    barrier's arrival (PS_SPLIT: the arrival, made at the end of the phase before, first)
+    before its departure before the next phase's; the end last; and no block departing a
+    barrier before every block has arrived at it."""
+    e, a, d = times[..., 0], times[..., 1], times[..., 2]
+    if (times <= 0).any() or (end <= 0).any():
+        return False
+    first, second = (a, e) if split else (e, a)
+    ok = (first < second).all() and (second < d).all()
+    nxt = a[1:] if split else e[1:]
+    ok = ok and (d[:-1] < nxt).all() and (d[-1] < end).all()
+    return bool(ok and (d.min(axis=1) > a.max(axis=1)).all())
 
 
 def pair_rope_rows(a, d, pairs):
