@@ -3318,6 +3318,9 @@ struct PsBar {
   u64 target;
   bool first, last;
   u64* slot;
+  // A phase function's: `flags` bit 0, the step's first phase; bit 1, its last.
+  __device__ __forceinline__ PsBar(u64* c, u64 t, int flags, u64* s)
+      : ctr(c), target(t), first((flags & 1) != 0), last((flags & 2) != 0), slot(s) {}
   // Where the kernel's blocks wait for the kernel before.
   __device__ __forceinline__ void wait() const {
 #if PS_SPLIT
@@ -3380,7 +3383,7 @@ struct PsHalfSync {
 // spills, some in the products' inner loops; called, each is allocated as its kernel is).
 __device__ __noinline__ u64 ps_matvec(const u64* a, unsigned char* smem, float* red, float*,
                                        u64* ctr, u64 target, int flags, u64* slot) {
-  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
+  const PsBar bar{ctr, target, flags, slot};
   matvec_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const bf16_t*, 2),
               PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
               PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
@@ -3390,7 +3393,7 @@ __device__ __noinline__ u64 ps_matvec(const u64* a, unsigned char* smem, float* 
 }
 __device__ __noinline__ u64 ps_qkv(const u64* a, unsigned char* smem, float* red, float*,
                                     u64* ctr, u64 target, int flags, u64* slot) {
-  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
+  const PsBar bar{ctr, target, flags, slot};
   matvec_qkv_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const void*, 2),
                   PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
                   PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
@@ -3403,7 +3406,7 @@ __device__ __noinline__ u64 ps_qkv(const u64* a, unsigned char* smem, float* red
 }
 __device__ __noinline__ u64 ps_attn_out(const u64* a, unsigned char* smem, float* red, float*,
                                          u64* ctr, u64 target, int flags, u64* slot) {
-  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
+  const PsBar bar{ctr, target, flags, slot};
   matvec_attn_out_body(PS_P(const void*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
                        PS_P(const float*, 3), PS_P(const float*, 4), PS_P(const int*, 5),
                        PS_P(const bf16_t*, 6), PS_P(bf16_t*, 7), PS_L(8), PS_L(9), PS_L(10),
@@ -3414,14 +3417,14 @@ __device__ __noinline__ u64 ps_attn_out(const u64* a, unsigned char* smem, float
 // The table's unused kernel numbers (never a phase: persist_build refuses a step with a launch no
 // phase runs). With PS_SPLIT it would arrive without waiting, its departure unwritten.
 __device__ __noinline__ u64 ps_none(const u64*, unsigned char*, float*, float*, u64* ctr, u64 target, int flags, u64* slot) {
-  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
+  const PsBar bar{ctr, target, flags, slot};
   return bar.done();
 }
 // embed and the argmax pair: the kernels' 256-thread blocks as the blocks' virtual blocks
 // (blockIdx.x, + gridDim.x, ..; the grid gx by gy), then the barrier if none of them took it.
 // Their shared memory: red (8 words) and last (the 9th) in the row phases' `red` (16 words).
 __device__ __noinline__ u64 ps_embed(const u64* a, unsigned char*, float*, float*, u64* ctr, u64 target, int flags, u64* slot) {
-  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
+  const PsBar bar{ctr, target, flags, slot};
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
   PsWaitOnce w{&bar, false};
   for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
@@ -3435,7 +3438,7 @@ __device__ __noinline__ u64 ps_embed(const u64* a, unsigned char*, float*, float
 }
 __device__ __noinline__ u64 ps_argmax_partial(const u64* a, unsigned char*, float* red, float*,
                                                u64* ctr, u64 target, int flags, u64* slot) {
-  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
+  const PsBar bar{ctr, target, flags, slot};
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
   PsWaitOnce w{&bar, false};
   for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
@@ -3447,7 +3450,7 @@ __device__ __noinline__ u64 ps_argmax_partial(const u64* a, unsigned char*, floa
 }
 __device__ __noinline__ u64 ps_argmax_pick(const u64* a, unsigned char*, float* red, float*,
                                             u64* ctr, u64 target, int flags, u64* slot) {
-  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
+  const PsBar bar{ctr, target, flags, slot};
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
   PsWaitOnce w{&bar, false};
   for (ll vb = blockIdx.x; vb < blocks; vb += gridDim.x)
@@ -3461,7 +3464,7 @@ __device__ __noinline__ u64 ps_argmax_pick(const u64* a, unsigned char*, float* 
 // shared memory), then the barrier if none of them took it.
 __device__ __noinline__ u64 ps_attention(const u64* a, unsigned char*, float*, float* sm,
                                           u64* ctr, u64 target, int flags, u64* slot) {
-  const PsBar bar{ctr, target, (flags & 1) != 0, (flags & 2) != 0, slot};
+  const PsBar bar{ctr, target, flags, slot};
   const int half = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
   float* q = sm;

@@ -3560,10 +3560,7 @@ impl GraphDecoder {
                 );
             }
         }
-        let path = std::path::PathBuf::from(
-            path.to_string_lossy()
-                .replace("%p", &std::process::id().to_string()),
-        );
+        let path = trace_file(&path);
         if let Err(e) = std::fs::write(&path, text) {
             eprintln!("[graph persist trace] {}: {e}", path.display());
         }
@@ -3589,11 +3586,7 @@ impl GraphDecoder {
         let pos = self.pos;
         let r = self.trace_step(first);
         self.pos = pos;
-        // `%p`: the process id (one file a process, where several share the variable).
-        let path = std::path::PathBuf::from(
-            path.to_string_lossy()
-                .replace("%p", &std::process::id().to_string()),
-        );
+        let path = trace_file(&path);
         match r {
             Ok(records) => {
                 let mut text = String::new();
@@ -3659,11 +3652,7 @@ impl GraphDecoder {
     fn print_breakdown_once(&mut self) {
         // Once a process for each count of rows a tile (bit nb).
         static DONE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let Some(reps) = std::env::var("MLX_GRAPH_BREAKDOWN")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|&r| r > 0)
-        else {
+        let Some(reps) = env_count("MLX_GRAPH_BREAKDOWN") else {
             return;
         };
         let bit = 1u64 << self.step.nb.min(63);
@@ -3923,7 +3912,6 @@ fn mma_banks_define(on: bool) -> &'static str {
     }
 }
 
-/// A default-on switch of the step source: off only where the variable is `0`.
 /// `MLX_GRAPH_BLOCKS_PER_SM=N` (N >= 1; unset or anything else: ignored), for A/B runs of the
 /// product path: [`GraphOptions::blocks_per_sm`] where the options leave it unset. With fewer
 /// blocks of a matrix-vector kernel on a multiprocessor than fit, the next kernel's blocks can
@@ -3931,12 +3919,19 @@ fn mma_banks_define(on: bool) -> &'static str {
 /// The FFMA kernels' rows keep their bits (a row group is summed whole by one warp whatever
 /// the grid); tensor-core tiles may split K differently (tier L3 either way).
 fn blocks_per_sm_env() -> Option<u32> {
-    std::env::var("MLX_GRAPH_BLOCKS_PER_SM")
+    env_count("MLX_GRAPH_BLOCKS_PER_SM")
+}
+
+/// A count from the environment for an A/B switch: `key`'s value where it is a whole number
+/// of at least 1, none otherwise (unset, 0 or not a number: the switch off).
+fn env_count(key: &str) -> Option<u32> {
+    std::env::var(key)
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|&n| n > 0)
 }
 
+/// A default-on switch of the step source: off only where the variable is `0`.
 fn switch_on(key: &str) -> bool {
     std::env::var(key).map_or(true, |v| v != "0")
 }
@@ -4060,6 +4055,15 @@ fn mv_nb_define(nb: usize, on: bool) -> &'static str {
     } else {
         ""
     }
+}
+
+/// A trace's file: `path` with `%p` replaced by the process id (one file a process, where
+/// several share the variable: `MLX_GRAPH_TRACE`, `MLX_GRAPH_PERSIST_TRACE`).
+fn trace_file(path: &std::ffi::OsStr) -> std::path::PathBuf {
+    std::path::PathBuf::from(
+        path.to_string_lossy()
+            .replace("%p", &std::process::id().to_string()),
+    )
 }
 
 /// Steps replayed for the persistent step's trace ([`GraphDecoder::persist_trace_once`]); the
@@ -4292,10 +4296,7 @@ fn persist_smem_table() -> bool {
 /// `MLX_GRAPH_PERSIST_BLOCKS=N`: the persistent step's grid at most N blocks (fewer arrivals a
 /// barrier; the same bits: each row group is summed whole by one warp whatever the grid).
 fn persist_blocks_cap() -> Option<u32> {
-    std::env::var("MLX_GRAPH_PERSIST_BLOCKS")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|&n| n > 0)
+    env_count("MLX_GRAPH_PERSIST_BLOCKS")
 }
 
 /// `MLX_GRAPH_PERSIST_CHUNKS=N` (1 to 8, at most 16 / `rows` rows a warp): with the persistent
@@ -4304,10 +4305,7 @@ fn persist_blocks_cap() -> Option<u32> {
 /// row group (K 1,536: 6 chunks a lane) all loaded before the barrier. The same bits (the loads'
 /// order is not the sums'). The kernels of that source take it too (part graphs, traces).
 fn persist_chunks(rows: usize) -> Option<u32> {
-    std::env::var("MLX_GRAPH_PERSIST_CHUNKS")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|&c| (1..=8).contains(&c) && c as usize * rows <= 16)
+    env_count("MLX_GRAPH_PERSIST_CHUNKS").filter(|&c| c <= 8 && c as usize * rows <= 16)
 }
 
 /// The step source's defines for the persistent step (`on`), empty otherwise (the source then
