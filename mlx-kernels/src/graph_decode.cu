@@ -57,6 +57,19 @@ __device__ __forceinline__ dim3 ps_nctaid() {
 #define gridDim ps_nctaid()
 #endif
 #endif
+// The layer loop (PS_LOOP) also defines every register a body loads only on some paths (the
+// pieces past an input's end, the keys a chunk lacks): left unset, the value from the loop's
+// previous phase would flow into it, and ptxas keeps such registers live around the whole loop
+// (spilled). PS_ZERO is their initializer there, nothing elsewhere; the bits are the same (no
+// path reads the zero: every use is behind the same condition as the load).
+#if defined(GRAPH_PERSIST) && defined(PS_LOOP)
+#if GRAPH_PERSIST && PS_LOOP
+#define PS_ZERO = {}
+#endif
+#endif
+#ifndef PS_ZERO
+#define PS_ZERO
+#endif
 
 #define NEG_INF __int_as_float(0xff800000)
 #define MV_WARPS 8
@@ -1307,6 +1320,12 @@ __device__ __forceinline__ void mv_load_pieces(uint4* v, uint4* g, const uint4* 
       v[i] = xv[t];
       if (NORM) g[i] = gv[t];
     }
+#if defined(PS_LOOP) && PS_LOOP
+    else {
+      v[i] = make_uint4(0, 0, 0, 0);  // PS_ZERO's reason (the layer loop)
+      if (NORM) g[i] = make_uint4(0, 0, 0, 0);
+    }
+#endif
   }
 }
 
@@ -2131,6 +2150,22 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   const int xstride = mv_row_bytes(Kx, XB);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   MvStream<BITS, MAP, FP4> m;
+#if defined(PS_LOOP) && PS_LOOP
+  // The persistent step's layer loop (PS_LOOP): the items' registers defined in every phase
+  // (a load leaves some unset where a warp has fewer items), so that none is live around the
+  // loop from the phase before (an unset register on one path keeps the other path's value:
+  // ptxas then holds it across the whole loop).
+#pragma unroll
+  for (int u = 0; u < MV_BATCH; ++u)
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+      m.q[u][r] = make_uint4(0, 0, 0, 0);
+      m.sb[u][r] = 0;
+#if MV_ASYNC
+      m.bi[u][r] = 0;
+#endif
+    }
+#endif
   m.wt = wt;
   m.N = N;
   m.groups = (N + MV_ROWS - 1) / MV_ROWS;
@@ -2725,7 +2760,7 @@ __device__ __forceinline__ void attention_body(
   // Rows of the chunk from `fresh` on were written this step (the q/k/v kernel before this
   // one): loaded after the wait. Only row cur, but in a verify group's row.
   const ll fresh = cur - back;
-  uint4 kr[16], vr[8];
+  uint4 kr[16] PS_ZERO, vr[8] PS_ZERO;
   auto load_key = [&]() {
     const uint4* k = (const uint4*)(kc + (kvh * cap + start + tid) * D);
 #pragma unroll

@@ -31,6 +31,10 @@ VARIANTS = {
              "PS_BARRIER_RA PS_SPLIT PS_SMEM_TABLE PS_LOOP"),
     "srl": ("=2, SPLIT, LOOP (the table in global memory)", "PS_BARRIER_RA PS_SPLIT PS_LOOP"),
     "p1l": ("=1, LOOP (no split)", "PS_LOOP"),
+    "srsl_c2": ("srsl with 2 chunks in flight and before the wait (MLX_GRAPH_PERSIST_CHUNKS=2)",
+                "PS_BARRIER_RA PS_SPLIT PS_SMEM_TABLE PS_LOOP CHUNKS=2"),
+    "srsl_c1": ("srsl with 1 chunk in flight and before the wait (MLX_GRAPH_PERSIST_CHUNKS=1)",
+                "PS_BARRIER_RA PS_SPLIT PS_SMEM_TABLE PS_LOOP CHUNKS=1"),
     "srsl_t0": ("srsl, the trace compiled out (PS_TRACE 0)",
                 "PS_BARRIER_RA PS_SPLIT PS_SMEM_TABLE PS_LOOP PS_TRACE=0"),
 }
@@ -38,6 +42,12 @@ CU = (ROOT / "mlx-kernels/src/graph_decode.cu").read_text()
 
 
 def source(defs, chunks=4):
+    """The step source with `defs` (CHUNKS=N: MV_BATCH = MV_EARLY = N, as
+    MLX_GRAPH_PERSIST_CHUNKS)."""
+    for d in defs.split():
+        if d.startswith("CHUNKS="):
+            chunks = int(d.split("=")[1])
+    defs = " ".join(d for d in defs.split() if not d.startswith("CHUNKS="))
     return (f"#define MV_ROWS 2\n#define MV_BATCH {chunks}\n#define MV_EARLY {chunks}\n#define NB 1\n"
             "#define MV_MMA 0\n#define MMA_KC 0\n#define MV_ASYNC 1\n#define GRAPH_PERSIST 1\n"
             + "".join(f"#define {d.split('=')[0]} {d.split('=')[1] if '=' in d else 1}\n"
@@ -96,8 +106,9 @@ def report(key):
         print(f"    item loops (length, LDL, STL, FFMA), {len(items)}: {items}")
         atoms = [k for k, x in enumerate(ins) if op(x).startswith("ATOMG")]
         early = [k for k, x in enumerate(ins) if "LDG.E.NA.128.CONSTANT" in x]
+        # A poll: the counter's strong load and the L1 invalidation after it.
         polls = [k for k, x in enumerate(ins) if op(x).startswith("LDG.E.64.STRONG.GPU")
-                 or op(x).startswith("LDG.E.64.STRONG")]
+                 and k + 1 < len(ins) and ins[k + 1].startswith("CCTL.IVALL")]
         ffma = [k for k, x in enumerate(ins) if op(x) == "FFMA"]
         to_early = [next((e - a for e in early if e > a), None) for a in atoms]
         to_ffma = [next((f - p for f in ffma if f > p), None) for p in polls]
