@@ -1322,8 +1322,8 @@ __device__ __forceinline__ void mv_load_pieces(uint4* v, uint4* g, const uint4* 
     }
 #if defined(PS_LOOP) && PS_LOOP
     else {
-      v[i] = make_uint4(0, 0, 0, 0);  // PS_ZERO's reason (the layer loop)
-      if (NORM) g[i] = make_uint4(0, 0, 0, 0);
+      v[i] = uint4{};  // PS_ZERO's reason (the layer loop)
+      if (NORM) g[i] = uint4{};
     }
 #endif
   }
@@ -2159,7 +2159,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   for (int u = 0; u < MV_BATCH; ++u)
 #pragma unroll
     for (int r = 0; r < MV_ROWS; ++r) {
-      m.q[u][r] = make_uint4(0, 0, 0, 0);
+      m.q[u][r] = uint4{};
       m.sb[u][r] = 0;
 #if MV_ASYNC
       m.bi[u][r] = 0;

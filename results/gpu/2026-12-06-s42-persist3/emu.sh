@@ -44,9 +44,11 @@ cmp off_attn p1l_trace p1l_trace
 FIXS=dense_bf16_mha run mut_loop_order $A GRAPH_EMU_PERSIST=2 GRAPH_EMU_PERSIST_SPLIT=1 GRAPH_EMU_PERSIST_SMEM=1 $L GRAPH_EMU_PERSIST_MUTATE=loop_order
 cmp off_attn mut_loop_order mut_loop_order
 FIXS=dense_bf16_mha run mut_loop_target $A GRAPH_EMU_PERSIST=2 GRAPH_EMU_PERSIST_SPLIT=1 GRAPH_EMU_PERSIST_SMEM=1 $L GRAPH_EMU_PERSIST_MUTATE=loop_target GRAPH_EMU_PERSIST_GRID=7 GRAPH_EMU_PERSIST_TRACE=1
-# Fewer chunks in flight (MLX_GRAPH_PERSIST_CHUNKS=2 and 1: GRAPH_EMU_BATCH) against the kernels
+# Other chunks in flight (MLX_GRAPH_PERSIST_CHUNKS=2, 1 and 6: GRAPH_EMU_BATCH) against the kernels
 # at the default 4: the loads' count is not the sums' order.
 run srsl_b2_g7_trace $A GRAPH_EMU_PERSIST=2 GRAPH_EMU_PERSIST_SPLIT=1 GRAPH_EMU_PERSIST_SMEM=1 $L GRAPH_EMU_BATCH=2 GRAPH_EMU_PERSIST_GRID=7 GRAPH_EMU_PERSIST_TRACE=1
 cmp off_attn srsl_b2_g7_trace srsl_b2_g7_trace
 run srsl_b1 $A GRAPH_EMU_PERSIST=2 GRAPH_EMU_PERSIST_SPLIT=1 GRAPH_EMU_PERSIST_SMEM=1 $L GRAPH_EMU_BATCH=1
 cmp off_attn srsl_b1 srsl_b1
+run srsl_b6 $A GRAPH_EMU_PERSIST=2 GRAPH_EMU_PERSIST_SPLIT=1 GRAPH_EMU_PERSIST_SMEM=1 $L GRAPH_EMU_BATCH=6
+cmp off_attn srsl_b6 srsl_b6

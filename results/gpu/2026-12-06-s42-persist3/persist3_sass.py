@@ -31,6 +31,8 @@ VARIANTS = {
              "PS_BARRIER_RA PS_SPLIT PS_SMEM_TABLE PS_LOOP"),
     "srl": ("=2, SPLIT, LOOP (the table in global memory)", "PS_BARRIER_RA PS_SPLIT PS_LOOP"),
     "p1l": ("=1, LOOP (no split)", "PS_LOOP"),
+    "srsl_c6": ("srsl with 6 chunks in flight and before the wait (MLX_GRAPH_PERSIST_CHUNKS=6)",
+                "PS_BARRIER_RA PS_SPLIT PS_SMEM_TABLE PS_LOOP CHUNKS=6"),
     "srsl_c2": ("srsl with 2 chunks in flight and before the wait (MLX_GRAPH_PERSIST_CHUNKS=2)",
                 "PS_BARRIER_RA PS_SPLIT PS_SMEM_TABLE PS_LOOP CHUNKS=2"),
     "srsl_c1": ("srsl with 1 chunk in flight and before the wait (MLX_GRAPH_PERSIST_CHUNKS=1)",

@@ -6,7 +6,8 @@ kernels are not run). Bodies:
   mvloop      one matvec phase in a `while` over the loop state in shared memory (as srsl's)
   mvfor       one matvec phase in `for (r < 3)` with `#pragma unroll 1`
   mvnopragma  mvloop without `#pragma unroll 1`
-Environment: CH=N chunks (MV_BATCH = MV_EARLY, default 4), NOASYNC=1 (MV_ASYNC 0).
+Environment: CH=N chunks (MV_BATCH = MV_EARLY, default 4), NOASYNC=1 (MV_ASYNC 0), NOZERO=1
+(the tree before PS_ZERO: the registers loaded on some paths left unset in the layer loop).
 
     NVRTC_LIB=... NVDISASM=... python3 persist3_study.py BODY ["DEFINES"]
 """
@@ -31,6 +32,10 @@ body = {
     "mvloop": "#pragma unroll 1\n  while (st.r > 0) {\n    PS_RUN(ps_matvec, st.i, 0)\n    if (threadIdx.x == 0) { st.i = st.i + 1; st.r = st.r - 1; }\n    ps_block_sync();\n  }\n",
 }[sys.argv[1]]
 s = s[:a] + body + s[b:]
+if os.environ.get("NOZERO"):
+    assert s.count("#if defined(PS_LOOP) && PS_LOOP\n") == 2 and "#define PS_ZERO = {}\n" in s
+    s = s.replace("#if defined(PS_LOOP) && PS_LOOP\n", "#if 0\n")
+    s = s.replace("#define PS_ZERO = {}\n", "#define PS_ZERO\n")
 if os.environ.get("NOASYNC"):
     s = s.replace("#define MV_ASYNC 1\n", "#define MV_ASYNC 0\n")
 _, sass, log = C.disassemble(s)
@@ -38,5 +43,6 @@ lines = log.split("\n")
 for i, l in enumerate(lines):
     if "Function properties for persist_step" in l:
         print(sys.argv[1:], f"CH={os.environ.get('CH', '4')}",
-              "NOASYNC" if os.environ.get("NOASYNC") else "", lines[i + 1].split(".", 1)[1].strip(),
+              "NOASYNC" if os.environ.get("NOASYNC") else "",
+              "NOZERO" if os.environ.get("NOZERO") else "", lines[i + 1].split(".", 1)[1].strip(),
               lines[i + 2].split(":", 1)[1].strip())

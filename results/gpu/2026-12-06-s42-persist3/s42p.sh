@@ -11,8 +11,8 @@
 #    step 4 times and prints, per phase and summed by kind, the span, the blocks' work and the
 #    barrier (`[graph persist trace] ...`; the raw trace in p/trace_*.txt).
 # 2. The 135M bf16 product path (`mlx benchmark --decoder auto -p 512 -g 128 -n 3`): off (the
-#    kernels), srs, srsl, srsl2, srsl1, 2 rounds interleaved (a run skipped past 190 s): decode
-#    tok/s a run. SIDES="..." picks others (srl, p1l: below).
+#    kernels), srs, srsl, srsl6, 2 rounds interleaved (a run skipped past 190 s): decode tok/s a
+#    run. SIDES="..." picks others (srl, p1l, srsl2, srsl1: below).
 # 3. persistent_step_equals_the_kernels (graph_decode_cuda) under srsl with the trace on
 #    (TEST_ENV): every row's logits and greedy tokens bit-equal to the kernels', on the device
 #    (rows not of the loop's shape print why and run the kernels).
@@ -37,9 +37,9 @@ bench() {  # tag, generated tokens, trials, env...
 }
 # off: the kernels; srs: session 41's levers (=2, SPLIT, SMEM), calls through ps_phases;
 # srsl: srs as the layer loop (MLX_GRAPH_PERSIST_LOOP=1); srl: the loop with the table in
-# global memory; p1l: the loop with session 40's barrier (=1, no split); srsl2, srsl1: srsl
-# with 2 and 1 chunks in flight and before the barrier (MLX_GRAPH_PERSIST_CHUNKS: fewer
-# spills in the layer loop's item loops, less in flight: README section 3).
+# global memory; p1l: the loop with session 40's barrier (=1, no split); srsl6: srsl with 6
+# chunks in flight and before the barrier (MLX_GRAPH_PERSIST_CHUNKS=6: down's row group loaded
+# before it; spill-free too: README section 3); srsl2, srsl1: 2 and 1 chunks.
 side_env() {
   case $1 in
     off) echo "MLX_GRAPH_PERSIST=0" ;;
@@ -47,12 +47,13 @@ side_env() {
     srsl) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_LOOP=1" ;;
     srl) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_LOOP=1" ;;
     p1l) echo "MLX_GRAPH_PERSIST=1 MLX_GRAPH_PERSIST_LOOP=1" ;;
+    srsl6) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_LOOP=1 MLX_GRAPH_PERSIST_CHUNKS=6" ;;
     srsl2) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_LOOP=1 MLX_GRAPH_PERSIST_CHUNKS=2" ;;
     srsl1) echo "MLX_GRAPH_PERSIST=2 MLX_GRAPH_PERSIST_SPLIT=1 MLX_GRAPH_PERSIST_SMEM=1 MLX_GRAPH_PERSIST_LOOP=1 MLX_GRAPH_PERSIST_CHUNKS=1" ;;
   esac
 }
 # 1. The traces (16 tokens, 1 trial: the trace is the warm-up's). Compiles srsl's and srs's
-#    sources (~10-30 s each, then cached; the sides add off's, srsl2's and srsl1's).
+#    sources (~10-30 s each, then cached; the sides add off's and srsl6's).
 for t in ${TRACES:-srsl srs}; do
   X=$(side_env $t)
   echo "== trace $t ($X) at $SECONDS s" | tee -a $S
@@ -60,7 +61,7 @@ for t in ${TRACES:-srsl srs}; do
   grep -h '\[graph persist trace\] \(kind\|step\|failed\)' $OUT/p/trace_$t.err | cut -c1-200 | tee -a $S
 done
 # 2. The sides, 2 rounds interleaved; past 190 s the rest are skipped, so that the test runs.
-SIDES=${SIDES:-"off srs srsl srsl2 srsl1"}
+SIDES=${SIDES:-"off srs srsl srsl6"}
 for r in 1 2; do
   for side in $SIDES; do
     [ $SECONDS -gt 190 ] && { echo "== round $r $side skipped at $SECONDS s" | tee -a $S; continue; }
