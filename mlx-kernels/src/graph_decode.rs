@@ -4324,7 +4324,7 @@ fn persist_loop_shape(kinds: &[i64]) -> Option<String> {
         return Some(format!(
             "MLX_GRAPH_PERSIST_LOOP: layer {l}'s phases are {got:?}, not q/k/v, attention and \
              three row products {LAYER:?} (an output projection that combines attention, \
-             MLX_GRAPH_ATTN_COMBINE=out, is another kernel)"
+             MLX_GRAPH_ATTN_COMBINE=output, is another kernel)"
         ));
     }
     None
@@ -6814,6 +6814,11 @@ mod tests {
             "static_assert(sizeof(PsLoopState) <= {PS_LOOP_STATE_BYTES},"
         )));
         assert_eq!(PERSIST_KERNELS[0], ("persist_step", 5));
+        // Both forms of the step (the loop over the table of functions, the layer loop) are
+        // the same kernel with the same five parameters: the launch does not change.
+        let head = "__launch_bounds__(256, PS_MIN_BLOCKS) persist_step(const u64* ph, ll n,";
+        assert_eq!(SOURCE.matches(head).count(), 2);
+        assert!(SOURCE.contains("#if !PS_LOOP\n") && SOURCE.contains("#else  // PS_LOOP\n"));
         // The 135M llama step: embed, 30 layers of five, the head, the argmax pair (154).
         let mut kinds = vec![0];
         for _ in 0..30 {

@@ -3,8 +3,7 @@
 # (MLX_GRAPH_PERSIST_LOOP=1, PS_LOOP: every phase's body inlined in its fixed place, no call a
 # phase) against the kernels and session 41's best guess (srs). ONE call of <= 290 s on an H100
 # or H200 (cold is fine: the 135M model's setup first), with .gpu/c packed from branch
-# h29-persist3 by xtask/gpu/prepare_product_c.sh and this script and xtask/gpu/trace_summary.py
-# copied into it:
+# h29-persist3 by xtask/gpu/prepare_product_c.sh and this script copied into it:
 #   run(carry=[".gpu/a", ".gpu/c"], command="bash .gpu/c/s42p.sh", timeout_s=290)
 # 1. The trace of one step of the layer loop (`srsl`: =2, SPLIT, SMEM, LOOP) and of srs (the
 #    same levers, calls through the table of functions): `mlx benchmark`'s warm-up replays the
