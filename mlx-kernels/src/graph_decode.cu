@@ -25,6 +25,52 @@ typedef unsigned short bf16_t;
 typedef unsigned int u32;
 typedef long long ll;
 
+// The persistent step's layer loop (GRAPH_PERSIST with PS_LOOP, on the device): every body is
+// inlined into one kernel, where the compiler would compute what the bodies derive from the
+// thread's and block's indices and the grid's size (lanes, warps, strides, shared-memory
+// addresses) once, before the loop, and keep it live (spilled) across every phase. Read through
+// an opaque `asm volatile` where each body reads them, they are each body's own: recomputed in
+// its phase, dead after it. Only that source; the kernels' sources read the built-ins as ever.
+#if defined(GRAPH_PERSIST) && defined(PS_LOOP) && defined(__CUDA_ARCH__)
+#if GRAPH_PERSIST && PS_LOOP
+// x through the asm (y and z, unused by the bodies here, as the built-ins).
+#define PS_SREG(FN, B, REG)                                 \
+  __device__ __forceinline__ uint3 FN() {                   \
+    uint3 r;                                                \
+    asm volatile("mov.u32 %0, " REG ";" : "=r"(r.x));       \
+    r.y = B.y;                                              \
+    r.z = B.z;                                              \
+    return r;                                               \
+  }
+PS_SREG(ps_tid, threadIdx, "%%tid.x")
+PS_SREG(ps_ctaid, blockIdx, "%%ctaid.x")
+PS_SREG(ps_ntid, blockDim, "%%ntid.x")
+#undef PS_SREG
+__device__ __forceinline__ dim3 ps_nctaid() {
+  unsigned int x;
+  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(x));
+  return dim3(x, gridDim.y, gridDim.z);
+}
+#define threadIdx ps_tid()
+#define blockIdx ps_ctaid()
+#define blockDim ps_ntid()
+#define gridDim ps_nctaid()
+#endif
+#endif
+// The layer loop (PS_LOOP) also defines every register a body loads only on some paths (the
+// pieces past an input's end, the keys a chunk lacks): left unset, the value from the loop's
+// previous phase would flow into it, and ptxas keeps such registers live around the whole loop
+// (spilled). PS_ZERO is their initializer there, nothing elsewhere; the bits are the same (no
+// path reads the zero: every use is behind the same condition as the load).
+#if defined(GRAPH_PERSIST) && defined(PS_LOOP)
+#if GRAPH_PERSIST && PS_LOOP
+#define PS_ZERO = {}
+#endif
+#endif
+#ifndef PS_ZERO
+#define PS_ZERO
+#endif
+
 #define NEG_INF __int_as_float(0xff800000)
 #define MV_WARPS 8
 #define MODE_NORM 1
@@ -1274,6 +1320,12 @@ __device__ __forceinline__ void mv_load_pieces(uint4* v, uint4* g, const uint4* 
       v[i] = xv[t];
       if (NORM) g[i] = gv[t];
     }
+#if defined(PS_LOOP) && PS_LOOP
+    else {
+      v[i] = uint4{};  // PS_ZERO's reason (the layer loop)
+      if (NORM) g[i] = uint4{};
+    }
+#endif
   }
 }
 
@@ -2098,6 +2150,22 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   const int xstride = mv_row_bytes(Kx, XB);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   MvStream<BITS, MAP, FP4> m;
+#if defined(PS_LOOP) && PS_LOOP
+  // The persistent step's layer loop (PS_LOOP): the items' registers defined in every phase
+  // (a load leaves some unset where a warp has fewer items), so that none is live around the
+  // loop from the phase before (an unset register on one path keeps the other path's value:
+  // ptxas then holds it across the whole loop).
+#pragma unroll
+  for (int u = 0; u < MV_BATCH; ++u)
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+      m.q[u][r] = uint4{};
+      m.sb[u][r] = 0;
+#if MV_ASYNC
+      m.bi[u][r] = 0;
+#endif
+    }
+#endif
   m.wt = wt;
   m.N = N;
   m.groups = (N + MV_ROWS - 1) / MV_ROWS;
@@ -2692,7 +2760,7 @@ __device__ __forceinline__ void attention_body(
   // Rows of the chunk from `fresh` on were written this step (the q/k/v kernel before this
   // one): loaded after the wait. Only row cur, but in a verify group's row.
   const ll fresh = cur - back;
-  uint4 kr[16], vr[8];
+  uint4 kr[16] PS_ZERO, vr[8] PS_ZERO;
   auto load_key = [&]() {
     const uint4* k = (const uint4*)(kc + (kvh * cap + start + tid) * D);
 #pragma unroll
@@ -3142,6 +3210,16 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
 #ifndef PS_SMEM_TABLE
 #define PS_SMEM_TABLE 0
 #endif
+// PS_LOOP (MLX_GRAPH_PERSIST_LOOP=1): the step as a layer loop with each phase's body inlined in
+// its fixed place (embed; a layer: q/k/v, attention, then its three row products, the last
+// layer's four with the head; the argmax pair), instead of a loop that calls each phase through
+// the table of functions (ps_phases): no call, no ABI saves and restores, no marshalling. Only
+// for the step of that shape (the host checks the phases' kinds: persist_loop_shape); each
+// phase's arguments are read from its row inside the phase (volatile loads: not hoisted across
+// phases, not kept live across the loop), so that each body is allocated on its own.
+#ifndef PS_LOOP
+#define PS_LOOP 0
+#endif
 #define PS_TW 8
 
 __device__ __forceinline__ u64 ps_load_acquire(const u64* p) {
@@ -3374,6 +3452,15 @@ struct PsHalfSync {
   __device__ __forceinline__ void operator()() const { ps_half_sync(half); }
 };
 
+// A phase's row: PS_LOOP, read through a volatile pointer (each argument loaded where its
+// phase uses it, never hoisted out of the layer loop).
+#if PS_LOOP
+typedef const volatile u64* PsRow;
+#define PS_PHASE_FN __device__ __forceinline__
+#else
+typedef const u64* PsRow;
+#define PS_PHASE_FN __device__ __noinline__
+#endif
 // A phase's argument i as the kernel's parameter (a pointer, an integer, a double's bits).
 #define PS_P(T, i) ((T)a[3 + (i)])
 #define PS_L(i) ((ll)a[3 + (i)])
@@ -3381,7 +3468,7 @@ struct PsHalfSync {
 // Each phase's kernel body is a function of its own, called from the step's loop (inlined
 // into the loop, the bodies' registers were allocated around the loop's back edge: ~6 KB of
 // spills, some in the products' inner loops; called, each is allocated as its kernel is).
-__device__ __noinline__ u64 ps_matvec(const u64* a, unsigned char* smem, float* red, float*,
+PS_PHASE_FN u64 ps_matvec(PsRow a, unsigned char* smem, float* red, float*,
                                        u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
   matvec_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const bf16_t*, 2),
@@ -3391,7 +3478,7 @@ __device__ __noinline__ u64 ps_matvec(const u64* a, unsigned char* smem, float* 
               PS_D(17), smem, red, PsWait{&bar});
   return bar.done();
 }
-__device__ __noinline__ u64 ps_qkv(const u64* a, unsigned char* smem, float* red, float*,
+PS_PHASE_FN u64 ps_qkv(PsRow a, unsigned char* smem, float* red, float*,
                                     u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
   matvec_qkv_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const void*, 2),
@@ -3404,7 +3491,7 @@ __device__ __noinline__ u64 ps_qkv(const u64* a, unsigned char* smem, float* red
                   smem, red, PsWait{&bar});
   return bar.done();
 }
-__device__ __noinline__ u64 ps_attn_out(const u64* a, unsigned char* smem, float* red, float*,
+PS_PHASE_FN u64 ps_attn_out(PsRow a, unsigned char* smem, float* red, float*,
                                          u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
   matvec_attn_out_body(PS_P(const void*, 0), PS_P(const bf16_t*, 1), PS_P(const bf16_t*, 2),
@@ -3416,14 +3503,14 @@ __device__ __noinline__ u64 ps_attn_out(const u64* a, unsigned char* smem, float
 }
 // The table's unused kernel numbers (never a phase: persist_build refuses a step with a launch no
 // phase runs). With PS_SPLIT it would arrive without waiting, its departure unwritten.
-__device__ __noinline__ u64 ps_none(const u64*, unsigned char*, float*, float*, u64* ctr, u64 target, int flags, u64* slot) {
+PS_PHASE_FN u64 ps_none(PsRow, unsigned char*, float*, float*, u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
   return bar.done();
 }
 // embed and the argmax pair: the kernels' 256-thread blocks as the blocks' virtual blocks
 // (blockIdx.x, + gridDim.x, ..; the grid gx by gy), then the barrier if none of them took it.
 // Their shared memory: red (8 words) and last (the 9th) in the row phases' `red` (16 words).
-__device__ __noinline__ u64 ps_embed(const u64* a, unsigned char*, float*, float*, u64* ctr, u64 target, int flags, u64* slot) {
+PS_PHASE_FN u64 ps_embed(PsRow a, unsigned char*, float*, float*, u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
   PsWaitOnce w{&bar, false};
@@ -3436,7 +3523,7 @@ __device__ __noinline__ u64 ps_embed(const u64* a, unsigned char*, float*, float
   w();
   return bar.done();
 }
-__device__ __noinline__ u64 ps_argmax_partial(const u64* a, unsigned char*, float* red, float*,
+PS_PHASE_FN u64 ps_argmax_partial(PsRow a, unsigned char*, float* red, float*,
                                                u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
@@ -3448,7 +3535,7 @@ __device__ __noinline__ u64 ps_argmax_partial(const u64* a, unsigned char*, floa
   w();
   return bar.done();
 }
-__device__ __noinline__ u64 ps_argmax_pick(const u64* a, unsigned char*, float* red, float*,
+PS_PHASE_FN u64 ps_argmax_pick(PsRow a, unsigned char*, float* red, float*,
                                             u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
   const ll gx = (ll)a[1], blocks = gx * (ll)a[2];
@@ -3462,7 +3549,7 @@ __device__ __noinline__ u64 ps_argmax_pick(const u64* a, unsigned char*, float* 
 }
 // The attention kernel's blocks 2 blockIdx.x + half, + 2 gridDim.x, .. on half `half` (sm: its
 // shared memory), then the barrier if none of them took it.
-__device__ __noinline__ u64 ps_attention(const u64* a, unsigned char*, float*, float* sm,
+PS_PHASE_FN u64 ps_attention(PsRow a, unsigned char*, float*, float* sm,
                                           u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
   const int half = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
@@ -3483,10 +3570,11 @@ __device__ __noinline__ u64 ps_attention(const u64* a, unsigned char*, float*, f
   return bar.done();
 }
 
+#if !PS_LOOP
 // The phases' functions by kernel number (PS_MATVEC ..), called through this table: an indirect
 // call is compiled on its own, whatever the loop around it (a direct one, in the loop, was
 // allocated with the loop's values: ~5 KB of spills).
-typedef u64 (*PsPhaseFn)(const u64*, unsigned char*, float*, float*, u64*, u64, int, u64*);
+typedef u64 (*PsPhaseFn)(PsRow, unsigned char*, float*, float*, u64*, u64, int, u64*);
 __device__ PsPhaseFn ps_phases[16] = {ps_embed, ps_matvec,         ps_qkv,         ps_attention,
                                       ps_argmax_partial, ps_argmax_pick, ps_none, ps_none,
                                       ps_none,  ps_none,           ps_none,        ps_attn_out,
@@ -3544,6 +3632,124 @@ extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(co
 #undef PS_SLOT
 #undef PS_FN
 }
+#else  // PS_LOOP
+// The step as a layer loop (PS_LOOP; the host runs it only for this shape of table): phase 0
+// embed; then `layers` layers of five phases (q/k/v, attention, three row products: o,
+// gate/up, down), the last layer's row products followed by the head's (a fourth, the same
+// body); then argmax_partial and argmax_pick. Each phase's body inlined once, in that order;
+// the loops `#pragma unroll 1`. Nothing lives in registers from one phase to the next: the
+// loops' counters and the barrier's target (thread 0's) are in shared memory (volatile: read
+// where each phase begins, written where it ends), the trace slot and the attention halves'
+// memory are recomputed from the launch's parameters and the (opaque) thread index a phase, so
+// that each body is allocated as if it were a kernel of its own. The same arguments (ph, n,
+// ctr, attn_at, trace), barrier, trace and bits as the loop over the table of functions.
+// A value the compiler cannot see through (an empty asm that may change it): what a phase
+// derives from it is computed in the phase, never hoisted out of the layer loop and kept live
+// across the other phases.
+template <class T>
+__device__ __forceinline__ T ps_opaque(T v) {
+#ifdef __CUDA_ARCH__
+  static_assert(sizeof(T) == 8, "64-bit values");
+  asm volatile("" : "+l"(v));
+#endif
+  return v;
+}
+struct PsLoopState {
+  ll i, l, r, layers;
+  u64 target;
+};
+// What the host adds to the block's shared memory for it (graph_decode.rs: PS_LOOP_STATE_BYTES).
+static_assert(sizeof(PsLoopState) <= 64, "the layer loop's state: 64 bytes");
+extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(const u64* ph, ll n,
+                                                                             u64* ctr,
+                                                                             ll attn_at,
+                                                                             u64* trace) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  // The loop's state: past the attention halves' memory and the table (PS_SMEM_TABLE), in the
+  // block's own dynamic shared memory (the host adds PS_LOOP_STATE_BYTES).
+  volatile PsLoopState& st = *(PsLoopState*)(smem + attn_at + 64 + 2 * PS_ATTN_FLOATS * 4 +
+                                             (PS_SMEM_TABLE ? n * PS_WORDS * 8 : 0));
+#define PS_RED ((float*)(sm_ + at_))
+#define PS_SM (PS_RED + 16 + (threadIdx.x >> 7) * PS_ATTN_FLOATS)
+#if PS_TRACE
+#define PS_SLOT(i)                                                                   \
+  ((tr_ && threadIdx.x == 0) ? tr_ + ((ll)blockIdx.x + (i) * (ll)gridDim.x) * PS_TW \
+                             : nullptr)
+#else
+  (void)trace;
+#define PS_SLOT(i) ((u64*)nullptr)
+#endif
+#if PS_SMEM_TABLE
+  u64* tab = (u64*)(smem + attn_at + 64 + 2 * PS_ATTN_FLOATS * 4);
+  for (ll j = threadIdx.x; j < n * PS_WORDS; j += blockDim.x) tab[j] = ph[j];
+  const PsRow table = tab;
+#else
+  const PsRow table = ph;
+#endif
+  if (n < 9 || (n - 4) % 5 != 0) return;  // not this shape (the host never launches it so)
+  unsigned char* sm_ = smem;
+  ll at_ = attn_at;
+  u64* tr_ = trace;
+  if (threadIdx.x == 0) {
+    st.i = 1;
+    st.l = 0;
+    st.layers = (n - 4) / 5;
+    st.target = 0;
+  }
+  ps_block_sync();
+#if PS_SPLIT
+  pdl_wait_then_release();
+  {
+    const u64 t = ps_arrive(ctr, PS_SLOT(0));
+    if (threadIdx.x == 0) st.target = t;
+  }
+#endif
+  // Phase j of kind FN at row j: its entry mark, its body, its target (thread 0's) kept; the
+  // launch's values made opaque first (each phase derives its own from them).
+#define PS_RUN(FN, j, flags)                                                                \
+  {                                                                                         \
+    sm_ = ps_opaque(sm_);                                                                   \
+    at_ = ps_opaque(at_);                                                                   \
+    tr_ = ps_opaque(tr_);                                                                   \
+    const ll j_ = (j);                                                                      \
+    ps_mark(PS_SLOT(j_), 0);                                                                \
+    const u64 t_ = FN(table + j_ * PS_WORDS, sm_, PS_RED, PS_SM, ps_opaque(ctr), st.target, \
+                      flags, PS_SLOT(j_));                                                  \
+    if (threadIdx.x == 0) st.target = t_;                                                   \
+  }
+  PS_RUN(ps_embed, 0, 1)
+#pragma unroll 1
+  while (st.l < st.layers) {
+    PS_RUN(ps_qkv, st.i, 0)
+    PS_RUN(ps_attention, st.i + 1, 0)
+    // Every thread has read st.i above (before the phases' barriers): thread 0 moves it on.
+    if (threadIdx.x == 0) {
+      st.i = st.i + 2;
+      st.r = st.l + 1 == st.layers ? 4 : 3;
+    }
+    ps_block_sync();
+#pragma unroll 1
+    while (st.r > 0) {
+      PS_RUN(ps_matvec, st.i, 0)
+      ps_block_sync();
+      if (threadIdx.x == 0) {
+        st.i = st.i + 1;
+        st.r = st.r - 1;
+      }
+      ps_block_sync();
+    }
+    if (threadIdx.x == 0) st.l = st.l + 1;
+    ps_block_sync();
+  }
+  PS_RUN(ps_argmax_partial, n - 2, 0)
+  PS_RUN(ps_argmax_pick, n - 1, 2)
+  ps_mark(PS_SLOT(n), 0);
+#undef PS_RUN
+#undef PS_SLOT
+#undef PS_RED
+#undef PS_SM
+}
+#endif  // PS_LOOP
 #undef PS_P
 #undef PS_L
 #undef PS_D

@@ -4267,7 +4267,8 @@ fn persist_trace_path() -> Option<std::ffi::OsString> {
 /// `MLX_GRAPH_PERSIST_POLL=1` (`PS_POLL_RELAXED`: relaxed polls, then one acquire load with
 /// `=2` or the fence with `=1`),
 /// `MLX_GRAPH_PERSIST_MIN_BLOCKS=2` (`PS_MIN_BLOCKS 2`: two blocks an SM, 128 registers),
-/// `MLX_GRAPH_PERSIST_SMEM=1` ([`persist_smem_table`]).
+/// `MLX_GRAPH_PERSIST_SMEM=1` ([`persist_smem_table`]), `MLX_GRAPH_PERSIST_LOOP=1`
+/// ([`persist_loop`]).
 fn persist_levers() -> String {
     let on = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
     let mut d = String::new();
@@ -4283,8 +4284,55 @@ fn persist_levers() -> String {
     if std::env::var("MLX_GRAPH_PERSIST_MIN_BLOCKS").is_ok_and(|v| v == "2") {
         d += "#define PS_MIN_BLOCKS 2\n";
     }
+    if persist_loop() {
+        d += "#define PS_LOOP 1\n";
+    }
     d
 }
+
+/// `MLX_GRAPH_PERSIST_LOOP=1` (`PS_LOOP`, session 42, issue #30): the persistent step as a layer
+/// loop with each phase's body inlined in its fixed place (embed; a layer's q/k/v, attention
+/// and three row products; the head; the argmax pair) instead of a loop calling each phase
+/// through a table of functions (no call a phase: no ABI register saves and restores). Only for
+/// a step of that shape ([`persist_loop_shape`]; elsewhere the kernels run and
+/// [`GraphDecoder::persistent_step`] says why). The same bits. Off by default: not measured.
+fn persist_loop() -> bool {
+    std::env::var("MLX_GRAPH_PERSIST_LOOP").is_ok_and(|v| v == "1")
+}
+
+/// Why the phases' kernels (`kinds`, `PS_PHASES` numbers in the step's order) are not the
+/// layer loop's shape (`PS_LOOP`: embed; per layer q/k/v, attention, the output projection,
+/// gate/up and down as `matvec`; the head as `matvec`; argmax_partial, argmax_pick), or none.
+fn persist_loop_shape(kinds: &[i64]) -> Option<String> {
+    const LAYER: [i64; 5] = [2, 3, 1, 1, 1];
+    let n = kinds.len();
+    if n < 9 || (n - 4) % 5 != 0 {
+        return Some(format!(
+            "MLX_GRAPH_PERSIST_LOOP: {n} phases, not 4 + 5 a layer (embed, the layers' five, \
+             the head, the argmax pair)"
+        ));
+    }
+    let layers = &kinds[1..n - 3];
+    if kinds[0] != 0 || kinds[n - 3..] != [1, 4, 5] {
+        return Some(
+            "MLX_GRAPH_PERSIST_LOOP: the step does not begin with embed and end with the head \
+             and the argmax pair"
+                .into(),
+        );
+    }
+    if let Some((l, got)) = layers.chunks(5).enumerate().find(|(_, c)| *c != LAYER) {
+        return Some(format!(
+            "MLX_GRAPH_PERSIST_LOOP: layer {l}'s phases are {got:?}, not q/k/v, attention and \
+             three row products {LAYER:?} (an output projection that combines attention, \
+             MLX_GRAPH_ATTN_COMBINE=output, is another kernel)"
+        ));
+    }
+    None
+}
+
+/// Bytes the layer loop (`PS_LOOP`) keeps its state in, past the table in the block's shared
+/// memory (graph_decode.cu's `PsLoopState`, at most 64).
+const PS_LOOP_STATE_BYTES: u32 = 64;
 
 /// `MLX_GRAPH_PERSIST_SMEM=1` (`PS_SMEM_TABLE`): each block of the persistent step copies its
 /// table and the phases' functions into shared memory when the step begins (`phases`
@@ -5639,6 +5687,12 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
     if phases.is_empty() || phases.iter().any(|p| p.kind == NOT_A_PHASE) {
         return Ok(None);
     }
+    if persist_loop() {
+        let kinds: Vec<i64> = phases.iter().map(|p| p.kind).collect();
+        if let Some(why) = persist_loop_shape(&kinds) {
+            return Err(invalid("graph_decoder", why));
+        }
+    }
     let table = rt.alloc(phases.len() * PS_WORDS * 8)?;
     let counter = rt.alloc_from(&[0u8; 8])?;
     for (i, ph) in phases.iter().enumerate() {
@@ -5674,7 +5728,14 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
     } else {
         0
     };
-    let shared = (attn_at + 64 + 2 * PS_ATTN_BYTES).saturating_add(table_bytes);
+    let loop_bytes = if persist_loop() {
+        PS_LOOP_STATE_BYTES
+    } else {
+        0
+    };
+    let shared = (attn_at + 64 + 2 * PS_ATTN_BYTES)
+        .saturating_add(table_bytes)
+        .saturating_add(loop_bytes);
     if shared > MV_SHARED_MAX {
         return Err(invalid(
             "graph_decoder",
@@ -6742,6 +6803,51 @@ mod tests {
         assert_eq!(most, Some(PS_WORDS - 3));
         assert!(SOURCE.contains(&format!("#define PS_WORDS {PS_WORDS}\n")));
         assert_eq!(PERSIST_KERNELS[1].1 as usize, PS_WORDS + 1);
+    }
+
+    #[test]
+    fn the_layer_loop_takes_only_its_shape_of_step() {
+        // MLX_GRAPH_PERSIST_LOOP=1 (PS_LOOP): a define of its own, off in the source by
+        // default; the same kernel and arguments as the persistent step's (persist_step, 5).
+        assert!(SOURCE.contains("#ifndef PS_LOOP\n#define PS_LOOP 0\n#endif"));
+        assert!(SOURCE.contains(&format!(
+            "static_assert(sizeof(PsLoopState) <= {PS_LOOP_STATE_BYTES},"
+        )));
+        assert_eq!(PERSIST_KERNELS[0], ("persist_step", 5));
+        // Both forms of the step (the loop over the table of functions, the layer loop) are
+        // the same kernel with the same five parameters: the launch does not change.
+        let head = "__launch_bounds__(256, PS_MIN_BLOCKS) persist_step(const u64* ph, ll n,";
+        assert_eq!(SOURCE.matches(head).count(), 2);
+        assert!(SOURCE.contains("#if !PS_LOOP\n") && SOURCE.contains("#else  // PS_LOOP\n"));
+        // The 135M llama step: embed, 30 layers of five, the head, the argmax pair (154).
+        let mut kinds = vec![0];
+        for _ in 0..30 {
+            kinds.extend([2, 3, 1, 1, 1]);
+        }
+        kinds.extend([1, 4, 5]);
+        assert_eq!(kinds.len(), 154);
+        assert_eq!(persist_loop_shape(&kinds), None);
+        assert_eq!(persist_loop_shape(&[0, 2, 3, 1, 1, 1, 1, 4, 5]), None);
+        // Not its shape: attention combined by the output projection (matvec_attn_out), a
+        // phase too few or too many, the head or the sampler missing.
+        let mut out = kinds.clone();
+        out[3] = 11;
+        let why = persist_loop_shape(&out).unwrap();
+        assert!(
+            why.contains("layer 0's phases are [2, 3, 11, 1, 1]"),
+            "{why}"
+        );
+        assert!(persist_loop_shape(&kinds[..153])
+            .unwrap()
+            .contains("153 phases"));
+        let mut more = kinds.clone();
+        more.insert(5, 1);
+        assert!(persist_loop_shape(&more).is_some());
+        let mut head = kinds.clone();
+        head[151] = 4;
+        assert!(persist_loop_shape(&head).unwrap().contains("the head"));
+        assert!(persist_loop_shape(&[0, 2, 3, 1]).is_some());
+        assert!(persist_loop_shape(&[]).is_some());
     }
 
     #[test]

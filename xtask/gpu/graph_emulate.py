@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_LOOP=1] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier|loop_order|loop_target]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -463,6 +463,10 @@ PERSIST_TRACE = int(os.environ.get("GRAPH_EMU_PERSIST_TRACE", "0"))
 # GRAPH_EMU_PERSIST_SMEM=1: PS_SMEM_TABLE (MLX_GRAPH_PERSIST_SMEM=1): the table and the phases'
 # functions read from each block's shared memory.
 PERSIST_SMEM = int(os.environ.get("GRAPH_EMU_PERSIST_SMEM", "0"))
+# GRAPH_EMU_PERSIST_LOOP=1: PS_LOOP (MLX_GRAPH_PERSIST_LOOP=1): the step as a layer loop with
+# the phases' bodies inlined in their fixed order (its state past the table, in the block's
+# shared memory: PERSIST_ATTN_AT leaves room).
+PERSIST_LOOP = int(os.environ.get("GRAPH_EMU_PERSIST_LOOP", "0"))
 PS_TW = 8
 # The persistent step's row phases' shared memory (the attention halves' after it).
 PERSIST_ATTN_AT = 128 * 1024
@@ -521,12 +525,25 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define PS_SPLIT 1\n" if cu is None and PERSIST and PERSIST_SPLIT else "")
            + ("#define PS_POLL_RELAXED 1\n" if cu is None and PERSIST and PERSIST_POLL else "")
            + ("#define PS_SMEM_TABLE 1\n" if cu is None and PERSIST and PERSIST_SMEM else "")
+           + ("#define PS_LOOP 1\n" if cu is None and PERSIST and PERSIST_LOOP else "")
            + (CU if cu is None else cu))
     if cu is None and PERSIST_MUTATE == "trace":
         # The split barrier's next arrival noted in the neighbouring block's slot of its row.
         a = "slot ? slot + (ll)gridDim.x * PS_TW : nullptr"
         assert a in src
         src = src.replace(a, "slot ? slot + PS_TW : nullptr")
+    if cu is None and PERSIST_MUTATE == "loop_order":
+        # PS_LOOP: each layer's last two row products run in the wrong order (down before
+        # gate/up; the last layer's: the head before down): every phase still a row product.
+        a = "PS_RUN(ps_matvec, st.i, 0)"
+        assert a in src
+        src = src.replace(a, "PS_RUN(ps_matvec, st.r == 2 ? st.i + 1 : st.r == 1 ? st.i - 1 : st.i, 0)")
+    if cu is None and PERSIST_MUTATE == "loop_target":
+        # PS_LOOP: thread 0's barrier target not kept from one phase to the next (a stale one:
+        # its block leaves the barrier before the others have arrived).
+        a = "if (threadIdx.x == 0) st.target = t_;"
+        assert a in src
+        src = src.replace(a, "(void)t_;")
     if cu is None and PERSIST_MUTATE == "barrier":
         a = "ps_load_acquire(ctr) < target;"
         assert a in src
@@ -556,6 +573,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_split' if PERSIST and PERSIST_SPLIT and cu is None else ''}"
            f"{'_poll' if PERSIST and PERSIST_POLL and cu is None else ''}"
            f"{'_smem' if PERSIST and PERSIST_SMEM and cu is None else ''}"
+           f"{'_loop' if PERSIST and PERSIST_LOOP and cu is None else ''}"
            f"{'_raw' if raw_f32 else ''}{tag}"
            f"{'' if qkv_norm else '_post'}{'_sinks' if sinks else ''}{'_oai' if oai else ''}"
            f"{'_gptoss' if gptoss else ''}")
