@@ -3468,6 +3468,8 @@ typedef const u64* PsRow;
 // Each phase's kernel body is a function of its own, called from the step's loop (inlined
 // into the loop, the bodies' registers were allocated around the loop's back edge: ~6 KB of
 // spills, some in the products' inner loops; called, each is allocated as its kernel is).
+// Under PS_LOOP they are inlined in the layer loop instead (PS_PHASE_FN), spill-free there
+// because PS_ZERO defines every register a body loads on some paths only.
 PS_PHASE_FN u64 ps_matvec(PsRow a, unsigned char* smem, float* red, float*,
                                        u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
@@ -3713,8 +3715,8 @@ extern "C" __global__ void __launch_bounds__(256, PS_MIN_BLOCKS) persist_step(co
     tr_ = ps_opaque(tr_);                                                                   \
     const ll j_ = (j);                                                                      \
     ps_mark(PS_SLOT(j_), 0);                                                                \
-    const u64 t_ = FN(table + j_ * PS_WORDS, sm_, PS_RED, PS_SM, ps_opaque(ctr), st.target, \
-                      flags, PS_SLOT(j_));                                                  \
+    const u64 t_ = FN(table + j_ * PS_WORDS, sm_, PS_RED, PS_SM, ps_opaque(ctr),            \
+                      threadIdx.x == 0 ? st.target : 0, flags, PS_SLOT(j_));               \
     if (threadIdx.x == 0) st.target = t_;                                                   \
   }
   PS_RUN(ps_embed, 0, 1)

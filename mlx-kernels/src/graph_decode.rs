@@ -5741,8 +5741,9 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
             "graph_decoder",
             format!(
                 "persistent step: a block needs {shared} bytes of shared memory (the phase \
-                 table's {table_bytes} with MLX_GRAPH_PERSIST_SMEM=1), more than the \
-                 {MV_SHARED_MAX} a block may take"
+                 table's {table_bytes} with MLX_GRAPH_PERSIST_SMEM=1, the layer loop's \
+                 {loop_bytes} with MLX_GRAPH_PERSIST_LOOP=1), more than the {MV_SHARED_MAX} a \
+                 block may take"
             ),
         ));
     }

@@ -649,6 +649,15 @@ class Emu:
         if PERSIST_MUTATE == "skip":
             downs = [i for i, (k, _, a) in enumerate(ph) if k == 1 and a[14] == 2]
             del ph[downs[-1]]
+        if PERSIST_LOOP and PERSIST_MUTATE == "":
+            # The layer loop runs only the regular shape (graph_decode.rs persist_loop_shape):
+            # embed, L x [q/k/v, attention, three row products], the head, the argmax pair.
+            kinds = [k for k, _, _ in ph]
+            layers = (len(kinds) - 4) // 5
+            assert len(kinds) >= 9 and (len(kinds) - 4) % 5 == 0 and \
+                kinds == [0] + [2, 3, 1, 1, 1] * layers + [1, 4, 5], (
+                    "GRAPH_EMU_PERSIST_LOOP: the step is not the loop's shape (the combine in "
+                    f"the output projection? set GRAPH_EMU_ATTN_COMBINE=attention): {kinds}")
         table = np.zeros((len(ph), PS_WORDS), np.uint64)
         for i, (k, grid, args) in enumerate(ph):
             row = [k, grid[0], grid[1]]
