@@ -25,14 +25,21 @@ typedef unsigned short bf16_t;
 typedef unsigned int u32;
 typedef long long ll;
 
-// The persistent step's layer loop (GRAPH_PERSIST with PS_LOOP, on the device): every body is
-// inlined into one kernel, where the compiler would compute what the bodies derive from the
-// thread's and block's indices and the grid's size (lanes, warps, strides, shared-memory
-// addresses) once, before the loop, and keep it live (spilled) across every phase. Read through
-// an opaque `asm volatile` where each body reads them, they are each body's own: recomputed in
-// its phase, dead after it. Only that source; the kernels' sources read the built-ins as ever.
-#if defined(GRAPH_PERSIST) && defined(PS_LOOP) && defined(__CUDA_ARCH__)
+// The persistent step's layer loop (GRAPH_PERSIST with PS_LOOP) only; the kernels' sources
+// keep the built-ins and define nothing here.
+// - On the device every body is inlined into one kernel, where the compiler would compute what
+//   the bodies derive from the thread's and block's indices and the grid's size (lanes, warps,
+//   strides, shared-memory addresses) once, before the loop, and keep it live (spilled) across
+//   every phase. Read through an opaque `asm volatile` where each body reads them, they are
+//   each body's own: recomputed in its phase, dead after it.
+// - PS_ZERO defines every register a body loads only on some paths (the pieces past an input's
+//   end, the keys a chunk lacks): left unset, the value from the loop's previous phase would
+//   flow into it, and ptxas keeps such registers live around the whole loop (spilled). The bits
+//   are the same (no path reads the zero: every use is behind the same condition as the load).
+#if defined(GRAPH_PERSIST) && defined(PS_LOOP)
 #if GRAPH_PERSIST && PS_LOOP
+#define PS_ZERO = {}
+#ifdef __CUDA_ARCH__
 // x through the asm (y and z, unused by the bodies here, as the built-ins).
 #define PS_SREG(FN, B, REG)                                 \
   __device__ __forceinline__ uint3 FN() {                   \
@@ -56,15 +63,6 @@ __device__ __forceinline__ dim3 ps_nctaid() {
 #define blockDim ps_ntid()
 #define gridDim ps_nctaid()
 #endif
-#endif
-// The layer loop (PS_LOOP) also defines every register a body loads only on some paths (the
-// pieces past an input's end, the keys a chunk lacks): left unset, the value from the loop's
-// previous phase would flow into it, and ptxas keeps such registers live around the whole loop
-// (spilled). PS_ZERO is their initializer there, nothing elsewhere; the bits are the same (no
-// path reads the zero: every use is behind the same condition as the load).
-#if defined(GRAPH_PERSIST) && defined(PS_LOOP)
-#if GRAPH_PERSIST && PS_LOOP
-#define PS_ZERO = {}
 #endif
 #endif
 #ifndef PS_ZERO

@@ -5687,7 +5687,8 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
     if phases.is_empty() || phases.iter().any(|p| p.kind == NOT_A_PHASE) {
         return Ok(None);
     }
-    if persist_loop() {
+    let looped = persist_loop();
+    if looped {
         let kinds: Vec<i64> = phases.iter().map(|p| p.kind).collect();
         if let Some(why) = persist_loop_shape(&kinds) {
             return Err(invalid("graph_decoder", why));
@@ -5728,11 +5729,7 @@ fn persist_build(rt: &mut GpuRuntime, step: &Step, set: Set) -> Result<Option<Pe
     } else {
         0
     };
-    let loop_bytes = if persist_loop() {
-        PS_LOOP_STATE_BYTES
-    } else {
-        0
-    };
+    let loop_bytes = if looped { PS_LOOP_STATE_BYTES } else { 0 };
     let shared = (attn_at + 64 + 2 * PS_ATTN_BYTES)
         .saturating_add(table_bytes)
         .saturating_add(loop_bytes);
