@@ -2115,9 +2115,8 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
 // the same epilogue, run once a rows block (the two one after the other: a second `part` does
 // not fit the 48 KiB of static shared memory beside the ring). So every output is
 // mv_run_mma's, bit for bit (graph_emulate.py's mma_bit_check and the step dumps). Where a
-// block's batch holds an odd number of rows blocks, its last item is a pair with an empty second
-// half: no loads, its sums never written (rows blocks of a product past the block's count are
-// not touched). The ring (MMA_ASYNC) holds MMA_PBATCH pair items a warp (the same 30 KiB: two
+// block's batch holds an odd number of rows blocks, its last rows block runs alone, today's item
+// (the item lambda of one rows block: no second chain; its half of the ring slot is not loaded). The ring (MMA_ASYNC) holds MMA_PBATCH pair items a warp (the same 30 KiB: two
 // 640-byte slots an item); without it the register loads hold MMA_PBATCH pairs.
 #ifndef MMA_PAIR
 #define MMA_PAIR 0
@@ -2131,6 +2130,12 @@ static_assert(MMA_RB == 2, "a pair item's rows blocks are a batch's");
 #else
 #define MMA_PBATCH 4
 #endif
+
+// The rows blocks of an item of mv_run_mma_pair, as a type (its item lambda's P).
+template <int N>
+struct MmaP {
+  static constexpr int value = N;
+};
 
 template <class Pre, class Epi>
 __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin,
@@ -2312,6 +2317,64 @@ __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin
     }
     ++done;
   };
+  // An item of P rows blocks (2: the pair; 1: the batch's lone last rows block, today's item):
+  // B's fragments and the chunk sums read once, P mma.sync chains.
+  auto item = [&](auto pc, int jl, const uint2 (&qq)[2][2], const u32 (&ss)[2][2]) {
+    constexpr int P = decltype(pc)::value;
+    u32 bx[MMA_NT][8];
+#pragma unroll
+    for (int nt = 0; nt < MMA_NT; ++nt) {
+      const int sq = 8 * nt + g;
+      uint4 x0 = {0u, 0u, 0u, 0u}, x1 = {0u, 0u, 0u, 0u};
+      if (sq < NB) {
+        const uint4* xg = (const uint4*)(smem + sq * xstride);
+        x0 = xg[mma_slot(8 * jl + 2 * t, sq)];
+        x1 = xg[mma_slot(8 * jl + 2 * t + 1, sq)];
+      }
+      bx[nt][0] = x0.x, bx[nt][1] = x0.y, bx[nt][2] = x0.z, bx[nt][3] = x0.w;
+      bx[nt][4] = x1.x, bx[nt][5] = x1.y, bx[nt][6] = x1.z, bx[nt][7] = x1.w;
+    }
+    float d[P][MMA_NT][4];
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[p][nt][e] = 0.f;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      u32 a[P][4];
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const u32 w0 = (s < 2 ? qq[p][0].x : qq[p][0].y) >> (16 * (s & 1));
+        const u32 w1 = (s < 2 ? qq[p][1].x : qq[p][1].y) >> (16 * (s & 1));
+        a[p][0] = codes_bf2(w0), a[p][1] = codes_bf2(w1);
+        a[p][2] = codes_bf2(w0 >> 8), a[p][3] = codes_bf2(w1 >> 8);
+      }
+#pragma unroll
+      for (int nt = 0; nt < MMA_NT; ++nt) {
+        const u32 b[2] = {bx[nt][2 * s], bx[nt][2 * s + 1]};
+#pragma unroll
+        for (int p = 0; p < P; ++p) mma16816(d[p][nt], a[p], b);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < MMA_NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = 8 * nt + 2 * t + (e & 1);
+        float xsum = 0.f;
+        if (n < NB) {
+          const float* xc = mv_chunk_sums(smem + n * xstride, KC);
+          const float2 x2 = *(const float2*)(xc + ((2 * jl) ^ sum_x));
+          xsum = x2.x + x2.y;
+        }
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+          acc[p][nt][e] += lo2f(ss[p][e >> 1]) * d[p][nt][e] + hi2f(ss[p][e >> 1]) * xsum;
+      }
+    }
+  };
   early_for(0);
   while (cc.b0 < nrb) {
 #pragma unroll
@@ -2344,61 +2407,11 @@ __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin
 #else
 #define MMA_U u
 #endif
-          // B's fragments and the chunk sums, once for both rows blocks.
-          u32 bx[MMA_NT][8];
-#pragma unroll
-          for (int nt = 0; nt < MMA_NT; ++nt) {
-            const int sq = 8 * nt + g;
-            uint4 x0 = {0u, 0u, 0u, 0u}, x1 = {0u, 0u, 0u, 0u};
-            if (sq < NB) {
-              const uint4* xg = (const uint4*)(smem + sq * xstride);
-              x0 = xg[mma_slot(8 * jl + 2 * t, sq)];
-              x1 = xg[mma_slot(8 * jl + 2 * t + 1, sq)];
-            }
-            bx[nt][0] = x0.x, bx[nt][1] = x0.y, bx[nt][2] = x0.z, bx[nt][3] = x0.w;
-            bx[nt][4] = x1.x, bx[nt][5] = x1.y, bx[nt][6] = x1.z, bx[nt][7] = x1.w;
-          }
-          float d[2][MMA_NT][4];
-#pragma unroll
-          for (int p = 0; p < 2; ++p)
-#pragma unroll
-            for (int nt = 0; nt < MMA_NT; ++nt)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) d[p][nt][e] = 0.f;
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            u32 a[2][4];
-#pragma unroll
-            for (int p = 0; p < 2; ++p) {
-              const u32 w0 = (s < 2 ? q[MMA_U][p][0].x : q[MMA_U][p][0].y) >> (16 * (s & 1));
-              const u32 w1 = (s < 2 ? q[MMA_U][p][1].x : q[MMA_U][p][1].y) >> (16 * (s & 1));
-              a[p][0] = codes_bf2(w0), a[p][1] = codes_bf2(w1);
-              a[p][2] = codes_bf2(w0 >> 8), a[p][3] = codes_bf2(w1 >> 8);
-            }
-#pragma unroll
-            for (int nt = 0; nt < MMA_NT; ++nt) {
-              const u32 b[2] = {bx[nt][2 * s], bx[nt][2 * s + 1]};
-#pragma unroll
-              for (int p = 0; p < 2; ++p) mma16816(d[p][nt], a[p], b);
-            }
-          }
-#pragma unroll
-          for (int nt = 0; nt < MMA_NT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int n = 8 * nt + 2 * t + (e & 1);
-              float xsum = 0.f;
-              if (n < NB) {
-                const float* xc = mv_chunk_sums(smem + n * xstride, KC);
-                const float2 x2 = *(const float2*)(xc + ((2 * jl) ^ sum_x));
-                xsum = x2.x + x2.y;
-              }
-#pragma unroll
-              for (int p = 0; p < 2; ++p)
-                acc[p][nt][e] += lo2f(sb[MMA_U][p][e >> 1]) * d[p][nt][e] +
-                                 hi2f(sb[MMA_U][p][e >> 1]) * xsum;
-            }
-          }
+          // The pair, or the batch's lone last rows block alone (today's item).
+          if (cc.i + 1 < cc.ni)
+            item(MmaP<2>{}, jl, q[MMA_U], sb[MMA_U]);
+          else
+            item(MmaP<1>{}, jl, q[MMA_U], sb[MMA_U]);
         }
 #undef MMA_U
 #if MMA_ASYNC

@@ -567,9 +567,9 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
         src = src.replace(a, "epilogue(two ? acc[1] : acc[0], early0);\n            if (two) epilogue(acc[0], early1);")
     if cu is None and MMA_PAIR_MUTATE == "scale":
         # The second rows block's sums scaled by the first's scales and biases.
-        a = "acc[p][nt][e] += lo2f(sb[MMA_U][p][e >> 1]) * d[p][nt][e]"
+        a = "acc[p][nt][e] += lo2f(ss[p][e >> 1]) * d[p][nt][e]"
         assert a in src
-        src = src.replace(a, "acc[p][nt][e] += lo2f(sb[MMA_U][0][e >> 1]) * d[p][nt][e]")
+        src = src.replace(a, "acc[p][nt][e] += lo2f(ss[0][e >> 1]) * d[p][nt][e]")
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
     if sinks:

@@ -5,9 +5,9 @@ a launch = F + items a warp x T) and this folder's item mixes (item_mix.py's log
     python3 results/gpu/2026-12-07-s43-mmapair/predict.py
 
 Per product of the 8B (Llama-3.1-8B-shaped, 4-bit): a block's rows blocks nrb = ceil(N / 16 /
-blocks) (132 blocks at 16 rows, 264 at 4-8), a warp's items nrb x K / 512 today and
-ceil(nrb / 2) x K / 512 pair items with the switch (a block's odd last rows block is a pair item
-with an empty half: it costs a pair item). Only the items' term changes; F, the time between
+blocks) (132 blocks at 16 rows, 264 at 4-8), a warp's items nrb x K / 512 today and, with the
+switch, floor(nrb / 2) x K / 512 pair items plus (nrb mod 2) x K / 512 items of one rows block
+(a block's lone last rows block runs today's item, at T). Only the items' term changes; F, the time between
 kernels and the rest are the measured step's. A pair item's time, three bounds:
   issue:   2 warps a scheduler (16 rows; 4 at 5 rows) x its instructions (the fastest it can be);
   latency: the compiler's stall cycles of a pair item, plus the rest of T (T less one item's
@@ -67,19 +67,20 @@ def main():
             "latency": s2 + (tc - s1) * l2 / l1,
             "no ILP": 2 * tc * (i2 / 2) / i1,
         }
-        items1 = pairs = 0
+        items1 = pairs = lone = 0
         for name, n, k, launches in G.PRODUCTS:
             nrb = math.ceil(math.ceil(n / 16) / blocks)
             items1 += launches * nrb * (k // 512)
-            pairs += launches * math.ceil(nrb / 2) * (k // 512)
+            pairs += launches * (nrb // 2) * (k // 512)
+            lone += launches * (nrb % 2) * (k // 512)
         print(f"{rows} rows (NB {nb}, {blocks} blocks, {warps_sched} warps a scheduler): T {t:.3f} us "
               f"({tc:.0f} cycles), F {f:.1f} us (s37's fit); items a warp a step {items1}, pair items "
-              f"{pairs}; an item {i1} instructions / {s1} stall cycles / {l1} LDS, a pair item "
+              f"{pairs} and {lone} lone; an item {i1} instructions / {s1} stall cycles / {l1} LDS, a pair item "
               f"{i2} / {s2} / {l2}")
         items_ms = items1 * t / 1e3
         print(f"   the items today: {items_ms:.2f} ms a step")
         for k, tp in bounds.items():
-            pair_ms = pairs * tp / CLOCK / 1e3
+            pair_ms = (pairs * tp / CLOCK + lone * t) / 1e3
             line = (f"   {k:8}: a pair item {tp:.0f} cycles ({tp / 2 / tc:.2f} T a rows block), the "
                     f"items {pair_ms:.2f} ms ({pair_ms - items_ms:+.2f})")
             if base_ms:
