@@ -3947,7 +3947,7 @@ fn mma_pair() -> bool {
 /// Whether tiles of `nb` rows take [`mma_pair`]'s items (`on`: the switch): `Ok` where they
 /// do, else why not. Wide tensor-core tiles (`wide`) of 4-bit weights in groups of 64
 /// (`mma4`), every width of them (16 rows: 2 column tiles; 4 to 8: one). Where a block's rows
-/// blocks are odd in number, the kernel runs its last as a pair with an empty second half.
+/// blocks are odd in number, the kernel runs its last alone, as the item of one rows block.
 fn mma_pair_in(nb: usize, wide: bool, mma4: bool, on: bool) -> std::result::Result<(), String> {
     if !on {
         return Err("MLX_GRAPH_MMA_PAIR is not 1".to_string());
