@@ -2106,6 +2106,347 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
   if (tr.buf) __syncthreads();
 }
 
+// MMA_PAIR (the host's switch MLX_GRAPH_MMA_PAIR=1, wide tiles only; 0 otherwise): a warp's
+// item is one group of 64 inputs of two rows blocks (32 rows), a block's rows blocks i and i + 1
+// of a batch (rb = blockIdx.x + i gridDim.x, as mv_run_mma takes them): the two A fragments
+// multiply the same B fragments (read once) and their sums scale by the same chunk sums (read
+// once), in two independent mma.sync chains. Each rows block still sums its groups j = warp,
+// warp + 8, ... in order in its own registers, and the warps' sums are added in warp order by
+// the same epilogue, run once a rows block (the two one after the other: a second `part` does
+// not fit the 48 KiB of static shared memory beside the ring). So every output is
+// mv_run_mma's, bit for bit (graph_emulate.py's mma_bit_check and the step dumps). Where a
+// block's batch holds an odd number of rows blocks, its last rows block runs alone, today's item
+// (the item lambda of one rows block: no second chain; its half of the ring slot is not loaded). The ring (MMA_ASYNC) holds MMA_PBATCH pair items a warp (the same 30 KiB: two
+// 640-byte slots an item); without it the register loads hold MMA_PBATCH pairs.
+#ifndef MMA_PAIR
+#define MMA_PAIR 0
+#endif
+#if MMA_PAIR
+// With chunks of K a batch is MMA_RB = 2 rows blocks, one pair: its sums stay in acc across
+// the chunks (mv_run_mma keeps each rows block's in keep[] while the other's run).
+static_assert(MMA_RB == 2, "a pair item's rows blocks are a batch's");
+#if MMA_ASYNC
+#define MMA_PBATCH 3
+#else
+#define MMA_PBATCH 4
+#endif
+
+// The rows blocks of an item of mv_run_mma_pair, as a type (its item lambda's P).
+template <int N>
+struct MmaP {
+  static constexpr int value = N;
+};
+
+template <class Pre, class Epi>
+__device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin,
+                                                const bf16_t* normw, bool norm, ll N, ll K,
+                                                double eps, unsigned char* smem, float* red,
+                                                Trace& tr, Pre pre, Epi epi) {
+  __shared__ __align__(16) float part[MV_WARPS][32][4 * MMA_NT + MMA_BANKS];
+  __shared__ float sums[NB][16];
+  __shared__ float invs[NB];
+  __shared__ float redn[NB][MV_WARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int g = lane >> 2, t = lane & 3;
+  const ll row_bytes = K / 2;
+  const int G = (int)(K >> 6);
+  const int KC = (MMA_KC > 0 && K > MMA_KC) ? MMA_KC : (int)K;
+  const int GC = KC >> 6, CH = (G + GC - 1) / GC;
+  const int xstride = mv_row_bytes(KC, 4);
+  const ll RB = (N + 15) / 16;
+  const int nrb = (ll)blockIdx.x < RB ? (int)((RB - 1 - blockIdx.x) / gridDim.x + 1) : 0;
+  const int bat = CH == 1 ? (nrb > 0 ? nrb : 1) : MMA_RB;
+  auto slots = [&](int c) {
+    const int gc = G - c * GC < GC ? G - c * GC : GC;
+    return (gc + MV_WARPS - 1) / MV_WARPS;
+  };
+  auto in_batch = [&](int b0) { return nrb - b0 >= bat ? bat : nrb - b0 > 0 ? nrb - b0 : 1; };
+  const MmaCur first{0, 0, 0, 0, warp, slots(0), in_batch(0)};
+  // The next pair item (rows blocks i, i + 1 of the batch); true where a segment ended.
+  auto advance = [&](MmaCur& k) {
+    k.j += MV_WARPS;
+    if (++k.s < k.sl) return false;
+    k.s = 0;
+    k.i += 2;
+    if (k.i >= k.ni) {
+      k.i = 0;
+      if (++k.c == CH) {
+        k.c = 0;
+        k.b0 += bat;
+        k.ni = in_batch(k.b0);
+      }
+      k.sl = slots(k.c);
+    }
+    k.j = k.c * GC + warp;
+    return true;
+  };
+#if MMA_ASYNC
+  // Warp w's pair slot u, half h: mv_run_mma's slot of rows block i + h.
+  __shared__ __align__(16) unsigned char ring[MV_WARPS][MMA_PBATCH][2][MMA_SLOT];
+  u32 pm[MMA_PBATCH][2];
+  const unsigned char* cw[2] = {nullptr, nullptr};
+  const bf16_t* csb[2] = {nullptr, nullptr};
+#else
+  uint2 q[MMA_PBATCH][2][2];
+  u32 sb[MMA_PBATCH][2][2];
+  const unsigned char* lw[2][2];
+  const bf16_t* ls[2][2];
+  const bf16_t* lb[2][2];
+#endif
+  MmaCur lc = first;  // the next pair item to load
+  auto rows_at = [&]() {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const ll rb = blockIdx.x + (ll)(lc.b0 + lc.i + p) * gridDim.x;
+#if MMA_ASYNC
+      ll row = 16 * rb + (lane >> 1);
+      row = row < N ? row : N - 1;
+      int pt;
+      ll phys;
+      wt.wrow(row, pt, phys);
+      cw[p] = wt.words(pt) + phys * row_bytes + 16 * (lane & 1);
+      row = 16 * rb + (lane & 15);
+      row = row < N ? row : N - 1;
+      wt.wrow(row, pt, phys);
+      csb[p] = (lane < 16 ? wt.scales(pt) : wt.biases(pt)) + phys * G;
+#else
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ll row = 16 * rb + g + 8 * h;
+        row = row < N ? row : N - 1;
+        int pt;
+        ll phys;
+        wt.wrow(row, pt, phys);
+        lw[p][h] = wt.words(pt) + phys * row_bytes + 8 * t;
+        ls[p][h] = wt.scales(pt) + phys * G;
+        lb[p][h] = wt.biases(pt) + phys * G;
+      }
+#endif
+    }
+  };
+  rows_at();
+#if MMA_ASYNC
+#define MMA_PLOAD(u)                                                                   \
+  {                                                                                    \
+    const int j = lc.j;                                                                \
+    const bool on = lc.b0 < nrb && j < G;                                              \
+    const bool on2 = on && lc.i + 1 < lc.ni;                                           \
+    _Pragma("unroll") for (int p = 0; p < 2; ++p) {                                    \
+      const bool op = p == 0 ? on : on2;                                               \
+      const unsigned long long sa = (unsigned long long)(csb[p] + (op ? j : 0));       \
+      if (op) {                                                                        \
+        cp_async16(ring[warp][u][p] + 16 * lane, cw[p] + 32 * j);                      \
+        cp_async4(ring[warp][u][p] + 512 + 4 * lane, (const void*)(sa & ~3ull));       \
+      }                                                                                \
+      pm[u][p] = __ballot_sync(0xffffffffu, (sa >> 1) & 1);                            \
+    }                                                                                  \
+    cp_async_commit();                                                                 \
+    if (advance(lc)) rows_at();                                                        \
+  }
+#else
+#define MMA_PLOAD(u)                                          \
+  {                                                           \
+    const int j = lc.j;                                       \
+    const bool on = lc.b0 < nrb && j < G;                     \
+    const bool on2 = on && lc.i + 1 < lc.ni;                  \
+    _Pragma("unroll") for (int p = 0; p < 2; ++p) {           \
+      if (p == 0 ? on : on2) {                                \
+        q[u][p][0] = ld_stream2(lw[p][0] + 32 * j);           \
+        q[u][p][1] = ld_stream2(lw[p][1] + 32 * j);           \
+        sb[u][p][0] = ld_sb(ls[p][0], lb[p][0], j);           \
+        sb[u][p][1] = ld_sb(ls[p][1], lb[p][1], j);           \
+      }                                                       \
+    }                                                         \
+    if (advance(lc)) rows_at();                               \
+  }
+#endif
+#pragma unroll
+  for (int u = 0; u < MMA_PBATCH; ++u) MMA_PLOAD(u)
+  pdl_wait_then_release();
+  tr.mark(1);
+  bool have_inv = false;
+  auto stage = [&](int c) {
+    const int k0 = c * KC, kn = K - k0 < KC ? (int)(K - k0) : KC;
+    mma_copy(smem, xstride, xin, K, k0 >> 3, kn >> 3);
+    if (norm && !have_inv) mma_inv_rms(invs, redn, smem, xstride, xin, K, eps, CH == 1);
+    have_inv = true;
+    mma_finish(smem, xstride, KC, normw, invs, k0 >> 3, kn >> 3, norm);
+  };
+  stage(0);
+  tr.mark(2);
+  // acc[p]: rows block i + p's sums of the segment.
+  float acc[2][MMA_NT][4];
+#pragma unroll
+  for (int p = 0; p < 2; ++p)
+#pragma unroll
+    for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[p][nt][e] = 0.f;
+  MmaCur cc = first;  // the pair item being summed
+  const int sum_x = mma_sum_x(2 * t, KC);
+  int done = 0;  // rows blocks whose epilogue ran (in order)
+  const bool epi_thread = tid < (16 / MV_ROWS) * NB;
+  const int erg = tid % (16 / MV_ROWS), en = tid / (16 / MV_ROWS);
+  // What the epilogue of rows blocks done and done + 1 reads from memory, loaded a pair ahead.
+  decltype(pre(0, 0)) early0{}, early1{};
+  auto early_for = [&](int c) {
+    const ll r0 = 16 * ((ll)blockIdx.x + (ll)c * gridDim.x) + MV_ROWS * erg;
+    if (epi_thread && c < nrb && r0 < N) early0 = pre(r0, en);
+    const ll r1 = r0 + 16 * (ll)gridDim.x;
+    if (epi_thread && c + 1 < nrb && r1 < N) early1 = pre(r1, en);
+  };
+  // Rows block done's epilogue (mv_run_mma's): the warps' sums a in warp order, then epi.
+  auto epilogue = [&](const float (&a)[MMA_NT][4], const decltype(pre(0, 0))& ea) {
+    const ll rb = blockIdx.x + (ll)done * gridDim.x;
+#pragma unroll
+    for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[warp][lane][4 * nt + e] = a[nt][e];
+    __syncthreads();
+    if (tid < 16 * NB) {
+      const int r = tid & 15, n = tid >> 4, nn = n & 7;
+      const int l = 4 * (r & 7) + (nn >> 1), e = 4 * (n >> 3) + 2 * (r >> 3) + (nn & 1);
+      float v = 0.f;
+      for (int w = 0; w < MV_WARPS; ++w) v += part[w][l][e];
+      sums[n][r] = v;
+    }
+    __syncthreads();
+    if (epi_thread) {
+      const ll r0 = 16 * rb + MV_ROWS * erg;
+      if (r0 < N) epi(r0, en, &sums[en][MV_ROWS * erg], ea);
+    }
+    ++done;
+  };
+  // An item of P rows blocks (2: the pair; 1: the batch's lone last rows block, today's item):
+  // B's fragments and the chunk sums read once, P mma.sync chains.
+  auto item = [&](auto pc, int jl, const uint2 (&qq)[2][2], const u32 (&ss)[2][2]) {
+    constexpr int P = decltype(pc)::value;
+    u32 bx[MMA_NT][8];
+#pragma unroll
+    for (int nt = 0; nt < MMA_NT; ++nt) {
+      const int sq = 8 * nt + g;
+      uint4 x0 = {0u, 0u, 0u, 0u}, x1 = {0u, 0u, 0u, 0u};
+      if (sq < NB) {
+        const uint4* xg = (const uint4*)(smem + sq * xstride);
+        x0 = xg[mma_slot(8 * jl + 2 * t, sq)];
+        x1 = xg[mma_slot(8 * jl + 2 * t + 1, sq)];
+      }
+      bx[nt][0] = x0.x, bx[nt][1] = x0.y, bx[nt][2] = x0.z, bx[nt][3] = x0.w;
+      bx[nt][4] = x1.x, bx[nt][5] = x1.y, bx[nt][6] = x1.z, bx[nt][7] = x1.w;
+    }
+    float d[P][MMA_NT][4];
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[p][nt][e] = 0.f;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      u32 a[P][4];
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const u32 w0 = (s < 2 ? qq[p][0].x : qq[p][0].y) >> (16 * (s & 1));
+        const u32 w1 = (s < 2 ? qq[p][1].x : qq[p][1].y) >> (16 * (s & 1));
+        a[p][0] = codes_bf2(w0), a[p][1] = codes_bf2(w1);
+        a[p][2] = codes_bf2(w0 >> 8), a[p][3] = codes_bf2(w1 >> 8);
+      }
+#pragma unroll
+      for (int nt = 0; nt < MMA_NT; ++nt) {
+        const u32 b[2] = {bx[nt][2 * s], bx[nt][2 * s + 1]};
+#pragma unroll
+        for (int p = 0; p < P; ++p) mma16816(d[p][nt], a[p], b);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < MMA_NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = 8 * nt + 2 * t + (e & 1);
+        float xsum = 0.f;
+        if (n < NB) {
+          const float* xc = mv_chunk_sums(smem + n * xstride, KC);
+          const float2 x2 = *(const float2*)(xc + ((2 * jl) ^ sum_x));
+          xsum = x2.x + x2.y;
+        }
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+          acc[p][nt][e] += lo2f(ss[p][e >> 1]) * d[p][nt][e] + hi2f(ss[p][e >> 1]) * xsum;
+      }
+    }
+  };
+  early_for(0);
+  while (cc.b0 < nrb) {
+#pragma unroll
+    for (int u = 0; u < MMA_PBATCH; ++u) {
+      if (cc.b0 < nrb) {
+        const int j = cc.j, jl = j - cc.c * GC;
+#if MMA_ASYNC
+        cp_async_wait_group<MMA_PBATCH - 1>();
+        __syncwarp();
+#endif
+        if (j < G) {
+#if MMA_ASYNC
+          uint2 q[1][2][2];
+          u32 sb[1][2][2];
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const unsigned char* st = ring[warp][u][p];
+            q[0][p][0] = *(const uint2*)(st + 32 * g + 8 * t);
+            q[0][p][1] = *(const uint2*)(st + 32 * (g + 8) + 8 * t);
+            const u32* sw = (const u32*)(st + 512);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = g + 8 * h;
+              const u32 s16 = (sw[r] >> (16 * ((pm[u][p] >> r) & 1))) & 0xffffu;
+              const u32 b16 = (sw[16 + r] >> (16 * ((pm[u][p] >> (16 + r)) & 1))) & 0xffffu;
+              sb[0][p][h] = s16 | (b16 << 16);
+            }
+          }
+#define MMA_U 0
+#else
+#define MMA_U u
+#endif
+          // The pair, or the batch's lone last rows block alone (today's item).
+          if (cc.i + 1 < cc.ni)
+            item(MmaP<2>{}, jl, q[MMA_U], sb[MMA_U]);
+          else
+            item(MmaP<1>{}, jl, q[MMA_U], sb[MMA_U]);
+        }
+#undef MMA_U
+#if MMA_ASYNC
+        __syncwarp();
+#endif
+        MMA_PLOAD(u)
+        const int cch = cc.c;
+        const bool two = cc.i + 1 < cc.ni;  // the pair's second rows block is there
+        if (advance(cc)) {
+          if (cch == CH - 1) {
+            // The pair's rows blocks done: each one's epilogue, in order.
+            epilogue(acc[0], early0);
+            if (two) epilogue(acc[1], early1);
+            early_for(done);
+          }
+          if (CH > 1 && cc.i == 0 && cc.b0 < nrb) {
+            __syncthreads();
+            stage(cc.c);
+          }
+          // The next segment's sums: from 0 in a chunk 0, else the pair's so far.
+#pragma unroll
+          for (int p = 0; p < 2; ++p)
+#pragma unroll
+            for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[p][nt][e] = cc.c == 0 ? 0.f : acc[p][nt][e];
+        }
+      }
+    }
+  }
+#undef MMA_PLOAD
+  if (tr.buf) __syncthreads();
+}
+#endif
+
 // The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
 // normw, eps) when norm; sequence b's at xin + b K); epi(first row, b, sums, early) on lane 0
 // (on lane b, with several sequences) with the warp's sums of each row group for sequence b,
@@ -2129,7 +2470,11 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                                        Wait wait = Wait()) {
 #if MV_MMA
   if (BITS == 4 && !FP4 && gs == 64 && !sel && !ap) {
+#if MMA_PAIR
+    mv_run_mma_pair(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
+#else
     mv_run_mma(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
+#endif
     return;
   }
 #endif

@@ -2463,6 +2463,26 @@ impl GraphDecoder {
                 ),
             }
         }
+        // Asked for (MLX_GRAPH_MMA_PAIR=1): one line says whether the constructor's tiles
+        // take the items of two rows blocks, or why not (the device logs' record of it).
+        if mma_pair() {
+            let mma4 = step.mma && step.shape.group_and_bits() == (64, 4);
+            let wide = step.wide(step.nb);
+            eprintln!(
+                "[graph mma pair] `{}`: {}",
+                step.shape.model_type,
+                match mma_pair_in(step.nb, wide, mma4, true) {
+                    Ok(()) => format!(
+                        "tiles of {} rows sum two rows blocks an item (MMA_PAIR; the ring {}, \
+                         banks {})",
+                        step.nb,
+                        if mma_async() { "on" } else { "off" },
+                        if mma_banks() { "on" } else { "off" }
+                    ),
+                    Err(why) => format!("{why}; the tiles' item of one rows block"),
+                }
+            );
+        }
         let graph = match rt.capture(|rt| record_step(rt, &step, full, None, None)) {
             Ok(g) => g,
             Err(_) if pdl => {
@@ -3912,6 +3932,51 @@ fn mma_banks_define(on: bool) -> &'static str {
     }
 }
 
+/// Whether the wide tensor-core tiles sum two rows blocks an item (`MMA_PAIR` in the source;
+/// `MLX_GRAPH_MMA_PAIR=1`, off by default): a warp's item is one group of 64 inputs of a
+/// block's rows blocks i and i + 1 (32 rows), the two A fragments multiplying one read of the B
+/// fragments and scaled with one read of the chunk sums, in two independent mma.sync chains
+/// (`results/gpu/2026-12-07-s43-mmapair`: session 37 found a warp's item latency-bound). Each
+/// rows block keeps its groups' order and the warps' order, so the products are bit-equal
+/// either way. Read where the step source's defines are chosen, so the decoder, `mlx` and the
+/// tests alike take it from their environment.
+fn mma_pair() -> bool {
+    std::env::var("MLX_GRAPH_MMA_PAIR").is_ok_and(|v| v == "1")
+}
+
+/// Whether tiles of `nb` rows take [`mma_pair`]'s items (`on`: the switch): `Ok` where they
+/// do, else why not. Wide tensor-core tiles (`wide`) of 4-bit weights in groups of 64
+/// (`mma4`), every width of them (16 rows: 2 column tiles; 4 to 8: one). Where a block's rows
+/// blocks are odd in number, the kernel runs its last alone, as the item of one rows block.
+fn mma_pair_in(nb: usize, wide: bool, mma4: bool, on: bool) -> std::result::Result<(), String> {
+    if !on {
+        return Err("MLX_GRAPH_MMA_PAIR is not 1".to_string());
+    }
+    if !mma4 {
+        return Err(format!(
+            "tiles of {nb} rows: not tensor-core tiles of 4-bit weights in groups of 64 \
+             (the pair item is the wide tensor-core tiles' only)"
+        ));
+    }
+    if !wide {
+        return Err(format!(
+            "tiles of {nb} rows: not wide tensor-core tiles (MLX_GRAPH_WIDE_TILES, from \
+             tensor_cores_from rows): the narrow tiles keep their item"
+        ));
+    }
+    Ok(())
+}
+
+/// The step source's define for [`mma_pair_in`] (`on`), empty otherwise (`MMA_PAIR 0`: the
+/// tiles' item of one rows block).
+fn mma_pair_define(on: bool) -> &'static str {
+    if on {
+        "#define MMA_PAIR 1\n"
+    } else {
+        ""
+    }
+}
+
 /// `MLX_GRAPH_BLOCKS_PER_SM=N` (N >= 1; unset or anything else: ignored), for A/B runs of the
 /// product path: [`GraphOptions::blocks_per_sm`] where the options leave it unset. With fewer
 /// blocks of a matrix-vector kernel on a multiprocessor than fit, the next kernel's blocks can
@@ -4955,6 +5020,8 @@ fn step_source(
     let mv_async = mv_async_define(mv_async());
     // The wide tiles' bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1): the same bits.
     let banks = mma_banks_define(wide && mma4 && mma_banks());
+    // The wide tiles' items of two rows blocks (MLX_GRAPH_MMA_PAIR=1): the same bits.
+    let pair = mma_pair_define(mma_pair_in(nb, wide, mma4, mma_pair()).is_ok());
     // The FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1, where it fits): the same bits.
     let mv_ring = mv_ring_define(mv_ring_in(spec, p.rows, nb, mma, mv_ring()));
     // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
@@ -4979,7 +5046,7 @@ fn step_source(
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{mv_ring}{early_norm}{steal}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
+         {banks}{pair}{mv_ring}{early_norm}{steal}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
         p.rows,
         batch,
         early,
@@ -7010,6 +7077,41 @@ mod tests {
         assert!(static_16 <= MV_STATIC_SHARED, "{static_16}");
         assert_eq!(mma_banks_define(false), "");
         assert_eq!(mma_banks_define(true), "#define MMA_BANKS 1\n");
+    }
+
+    #[test]
+    fn the_pair_switch_takes_wide_tensor_core_tiles_only() {
+        // MLX_GRAPH_MMA_PAIR=1 (MMA_PAIR): every width of the wide tensor-core tiles of 4-bit
+        // weights in groups of 64, and why not elsewhere.
+        for nb in [4, 5, 8, 16] {
+            assert_eq!(mma_pair_in(nb, true, true, true), Ok(()), "{nb} rows");
+        }
+        let off = mma_pair_in(16, true, true, false).unwrap_err();
+        assert!(off.contains("MLX_GRAPH_MMA_PAIR"), "{off}");
+        let narrow = mma_pair_in(4, false, true, true).unwrap_err();
+        assert!(narrow.contains("not wide tensor-core tiles"), "{narrow}");
+        let ffma = mma_pair_in(16, true, false, true).unwrap_err();
+        assert!(ffma.contains("4-bit weights in groups of 64"), "{ffma}");
+        assert_eq!(mma_pair_define(false), "");
+        assert_eq!(mma_pair_define(true), "#define MMA_PAIR 1\n");
+        // The define is the source's switch, read once (`#ifndef MMA_PAIR`), and the kernel
+        // dispatches to the pair item under it.
+        assert!(SOURCE.contains("#ifndef MMA_PAIR\n#define MMA_PAIR 0\n#endif"));
+        assert!(SOURCE.contains(
+            "mv_run_mma_pair(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);"
+        ));
+        // Off (the default), the step source has no MMA_PAIR define: the tiles' item as before.
+        if !mma_pair() {
+            let s = GraphSpec {
+                quant: Some((64, 4)),
+                ..tiny_spec()
+            };
+            let (src, _) = step_source(&s, &plain_params(), 16, true, true);
+            assert!(!src.contains("#define MMA_PAIR 1"));
+        }
+        // The pair shares the ring's static shared memory (two 640-byte slots a pair item, 3
+        // items: the same 30 KiB), so the tiles' sizing is the same with it.
+        assert_eq!(MMA_RING_SHARED, 8 * 3 * 2 * 640);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_LOOP=1] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier|loop_order|loop_target]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MMA_PAIR=1 [GRAPH_EMU_MMA_PAIR_MUTATE=swap|scale]] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_LOOP=1] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier|loop_order|loop_target]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -64,6 +64,12 @@ slots, halves and order, not of the device's memory ordering).
 GRAPH_EMU_MMA_BANKS=1 builds this tree's tiles with their staged inputs, chunk sums and partial
 sums placed in distinct banks (MMA_BANKS, MLX_GRAPH_MMA_BANKS=1 on the device): only addresses
 move, so mma_bit_check must find every output bit-equal to main's tile.
+GRAPH_EMU_MMA_PAIR=1 builds this tree's tiles with items of two rows blocks (MMA_PAIR,
+MLX_GRAPH_MMA_PAIR=1 on the device): each rows block's sums in their own order, so mma_bit_check
+must find every output bit-equal to main's tile, and every step's logits (GRAPH_EMU_DUMP) must be
+a run without it's. GRAPH_EMU_MMA_PAIR_MUTATE=swap writes the pair's two rows blocks with each
+other's sums, =scale scales the second rows block's sums by the first's scales and biases: both
+must fail.
 GRAPH_EMU_MV_ASYNC=1 builds this tree's FFMA row kernels (mv_run) with their scales and biases
 kept as loaded and read where summed (MV_ASYNC, MLX_GRAPH_MV_ASYNC=1 on the device), and
 `nb_bit_check` then runs at any NB (1 included) against the one-sequence kernel of main's source
@@ -393,6 +399,11 @@ MMA_ASYNC = int(os.environ.get("GRAPH_EMU_MMA_ASYNC", "0"))
 # partial sums (MMA_BANKS in the source, MLX_GRAPH_MMA_BANKS=1 on the device):
 # GRAPH_EMU_MMA_BANKS=1 builds this tree's tiles with it (mma_bit_check's reference stays main's).
 MMA_BANKS = int(os.environ.get("GRAPH_EMU_MMA_BANKS", "0"))
+# The tensor-core tiles' items of two rows blocks (MMA_PAIR in the source, MLX_GRAPH_MMA_PAIR=1
+# on the device): GRAPH_EMU_MMA_PAIR=1 builds this tree's tiles with it (mma_bit_check's
+# reference stays main's); GRAPH_EMU_MMA_PAIR_MUTATE=swap|scale breaks it on purpose.
+MMA_PAIR = int(os.environ.get("GRAPH_EMU_MMA_PAIR", "0"))
+MMA_PAIR_MUTATE = os.environ.get("GRAPH_EMU_MMA_PAIR_MUTATE", "")
 # The FFMA row kernels' deferred scale/bias reads (MV_ASYNC in the source, MLX_GRAPH_MV_ASYNC=1
 # on the device): GRAPH_EMU_MV_ASYNC=1 builds this tree's kernels with it; nb_bit_check's
 # one-sequence reference is then main's kernel (MV_ASYNC_REF's source, before MV_ASYNC).
@@ -513,6 +524,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
     src = (f"#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define NB {nb}\n#define MV_MMA {mma}\n"
            f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
            + (f"#define MMA_BANKS {MMA_BANKS}\n" if cu is None else "")
+           + (f"#define MMA_PAIR {MMA_PAIR}\n" if cu is None else "")
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
            + (f"#define MV_RING {MV_RING}\n" if cu is None else "")
            + (f"#define MV_RING_DEPTH {MV_RING_DEPTH}\n" if cu is None and MV_RING_DEPTH else "")
@@ -548,6 +560,16 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
         a = "ps_load_acquire(ctr) < target;"
         assert a in src
         src = src.replace(a, "false && ps_load_acquire(ctr) < target;")
+    if cu is None and MMA_PAIR_MUTATE == "swap":
+        # The pair's rows blocks written with each other's sums.
+        a = "epilogue(acc[0], early0);\n            if (two) epilogue(acc[1], early1);"
+        assert a in src
+        src = src.replace(a, "epilogue(two ? acc[1] : acc[0], early0);\n            if (two) epilogue(acc[0], early1);")
+    if cu is None and MMA_PAIR_MUTATE == "scale":
+        # The second rows block's sums scaled by the first's scales and biases.
+        a = "acc[p][nt][e] += lo2f(ss[p][e >> 1]) * d[p][nt][e]"
+        assert a in src
+        src = src.replace(a, "acc[p][nt][e] += lo2f(ss[0][e >> 1]) * d[p][nt][e]")
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
     if sinks:
@@ -563,6 +585,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
             src = src.replace(a, b)
     tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_async' if MMA_ASYNC and cu is None else ''}"
            f"{'_banks' if MMA_BANKS and cu is None else ''}"
+           f"{'_pair' + MMA_PAIR_MUTATE if MMA_PAIR and cu is None else ''}"
            f"{'_mvasync' if MV_ASYNC and cu is None else ''}"
            f"{'_mvring' + (MV_RING_DEPTH or '') if MV_RING and cu is None else ''}"
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
@@ -2047,7 +2070,9 @@ def mma_bit_check(tmp):
     e5 = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0, cu=old_cu + rest, tag="_main"))
     en = Emu(build(tmp, mma=1, raw_f32=True))
     ok, count = True, 0
-    for n, k in ((40, 320), (130, 1600), (24, 1024)):
+    # 200 x 1024: 13 rows blocks over 3 blocks (5, 4, 4: pairs, and an odd one's last alone);
+    # 96 x 640: 2 rows blocks a block (pairs only; chunks of 512 leave one of 128).
+    for n, k in ((40, 320), (130, 1600), (24, 1024), (200, 1024), (96, 640)):
         w = mx.random.normal((n, k), key=mx.random.key(n + 4)).astype(mx.bfloat16)
         wq, sc, bi = mx.quantize(w, group_size=64, bits=4)
         wb, sc_b, bi_b = bits(wq), bits(sc), bits(bi)

@@ -23,6 +23,8 @@
 #          the cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with the FFMA row kernels'
 #          deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1; the other sides run with it off),
 #          banks = both plus the wide tiles' bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1);
+#          pair = on with the wide tiles' items of two rows blocks (MLX_GRAPH_MMA_PAIR=1),
+#          pairbanks = banks with them;
 #          ffma = main's defaults (MMA_ASYNC and MV_ASYNC on) with the FFMA row kernels at every
 #          width (MLX_GRAPH_BATCH_MMA=99: the verify rows' kernels, 2 tiles of 5 at 9 rows of the
 #          8B), ring = the same with the FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1; the
@@ -108,7 +110,8 @@ for part in ${PARTS:-setup test spec bench moe}; do
       # THRU_SIDES: 1 = wide tiles, 0 = MLX_GRAPH_WIDE_TILES=0, async = wide tiles with the
       # cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with MLX_GRAPH_MV_ASYNC=1, on =
       # wide tiles with both (the defaults since session 37), banks = on plus the wide tiles'
-      # bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1), ffma = the defaults with the FFMA
+      # bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1), pair = on with the wide tiles'
+      # items of two rows blocks (MLX_GRAPH_MMA_PAIR=1), pairbanks = banks with them, ffma = the defaults with the FFMA
       # tiles at every width (MLX_GRAPH_BATCH_MMA=99), ring = ffma with the FFMA row kernels'
       # cp.async ring (MLX_GRAPH_MV_RING=1), early = on with
       # MLX_GRAPH_EARLY_PROLOGUE=1, steal = on with MLX_GRAPH_MV_STEAL=1, nb = ffma with
@@ -116,11 +119,13 @@ for part in ${PARTS:-setup test spec bench moe}; do
       # with MLX_GRAPH_MV_WIDE=1 (the FFMA tiles' 512-thread blocks), w512r4 = ffma4 with it; each
       # side runs with the switches it does not name off.
       for side in ${THRU_SIDES:-on 1}; do
-        wide=$side; ring=0; mv=0; banks=0; mvring=0; mma=4; early=0; steal=0; mvnb=0; mvrows=2; mvwide=0
+        wide=$side; ring=0; mv=0; banks=0; mvring=0; mma=4; early=0; steal=0; mvnb=0; mvrows=2; mvwide=0; pair=0
         [ $side = async ] && wide=1 ring=1
         [ $side = mv ] && wide=1 mv=1
         [ $side = on ] && wide=1 ring=1 mv=1
         [ $side = banks ] && wide=1 ring=1 mv=1 banks=1
+        [ $side = pair ] && wide=1 ring=1 mv=1 pair=1
+        [ $side = pairbanks ] && wide=1 ring=1 mv=1 banks=1 pair=1
         [ $side = ffma ] && wide=1 ring=1 mv=1 mma=99
         [ $side = ring ] && wide=1 ring=1 mv=1 mma=99 mvring=1
         [ $side = early ] && wide=1 ring=1 mv=1 early=1
@@ -130,11 +135,12 @@ for part in ${PARTS:-setup test spec bench moe}; do
         [ $side = nb4 ] && wide=1 ring=1 mv=1 mma=99 mvnb=1 mvrows=4
         [ $side = w512 ] && wide=1 ring=1 mv=1 mma=99 mvwide=1
         [ $side = w512r4 ] && wide=1 ring=1 mv=1 mma=99 mvwide=1 mvrows=4
-        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb MLX_GRAPH_MV_WIDE=$mvwide THRU_MV_ROWS=$mvrows" >> $OUT/throughput.log
+        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb MLX_GRAPH_MV_WIDE=$mvwide MLX_GRAPH_MMA_PAIR=$pair THRU_MV_ROWS=$mvrows" >> $OUT/throughput.log
         SKIP_TEST=1 SERVE_MODELS=" " THRU_MODELS="${THRU_MODELS:-llama31-8b-q4}" ROWS="${ROWS:-1 2 4 8 16}" \
           MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv \
           MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early \
           MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb MLX_GRAPH_MV_WIDE=$mvwide THRU_MV_ROWS=$mvrows \
+          MLX_GRAPH_MMA_PAIR=$pair \
           MLX_GRAPH_BATCH_BREAKDOWN=${BREAKDOWN:-20} timeout $(left) bash $C/batched.sh \
           > $OUT/thru_run_$side.log 2>&1
       done

@@ -1,7 +1,7 @@
 """Compiles the graph decoder's kernels here, as the decoder does on the GPU, and reads their
 machine code: no GPU needed.
 
-    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mv-async] [--mv-ring] [--mv-nb] [--early-norm] [--steal] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
+    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mma-pair] [--mv-async] [--mv-ring] [--mv-nb] [--early-norm] [--steal] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
         [--trellis [--trellis-v-l N] [--trellis-define TRELLIS_ALIAS ...] [--trellis-define TRELLIS_FUSED_THREADS=1024]]
     python3 xtask/gpu/sass.py --source FILE [--kernel trellis_qkv] [--dump FILE]
 
@@ -156,6 +156,8 @@ def main():
                     help="MMA_ASYNC 1: the wide tiles' cp.async ring (MLX_GRAPH_MMA_ASYNC=1)")
     ap.add_argument("--mma-banks", action="store_true",
                     help="MMA_BANKS 1: the wide tiles' bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1)")
+    ap.add_argument("--mma-pair", action="store_true",
+                    help="MMA_PAIR 1: the wide tiles' items of two rows blocks (MLX_GRAPH_MMA_PAIR=1)")
     ap.add_argument("--mv-async", action="store_true",
                     help="MV_ASYNC 1: the FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1)")
     ap.add_argument("--mv-ring", action="store_true",
@@ -196,6 +198,7 @@ def main():
            + (f"#define MV_MIN_BLOCKS {a.min_blocks}\n" if a.min_blocks else "")
            + ("#define MMA_ASYNC 1\n" if a.mma_async else "")
            + ("#define MMA_BANKS 1\n" if a.mma_banks else "")
+           + ("#define MMA_PAIR 1\n" if a.mma_pair else "")
            + ("#define MV_ASYNC 1\n" if a.mv_async else "")
            + ("#define MV_RING 1\n" if a.mv_ring else "")
            + ("#define MV_NB 1\n" if a.mv_nb else "")

@@ -2,7 +2,7 @@
 on write W<n> and on read R<n>, the scoreboards it waits for: wait<ns>), for the first
 tensor-core tile item of a kernel: what an item waits for.
 
-    python3 xtask/gpu/sass_ctrl.py [--nb 16] [--kc 6144] [--min-blocks 1] [--mma-async] [--mma-banks] [--kernel matvec]
+    python3 xtask/gpu/sass_ctrl.py [--nb 16] [--kc 6144] [--min-blocks 1] [--mma-async] [--mma-banks] [--mma-pair] [--kernel matvec]
     python3 xtask/gpu/sass_ctrl.py --ffma [--nb 1] [--mv-async] [--mv-ring] [--kernel matvec,matvec_qkv]
 
 Compiles as sass.py does (NVRTC_LIB, NVDISASM), disassembles with `nvdisasm -hex` and reads the
@@ -66,6 +66,7 @@ def main():
     ap.add_argument("--min-blocks", type=int, default=1)
     ap.add_argument("--mma-async", action="store_true")
     ap.add_argument("--mma-banks", action="store_true", help="MMA_BANKS 1 (MLX_GRAPH_MMA_BANKS=1)")
+    ap.add_argument("--mma-pair", action="store_true", help="MMA_PAIR 1 (MLX_GRAPH_MMA_PAIR=1)")
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--ffma", action="store_true")
     ap.add_argument("--mv-async", action="store_true")
@@ -79,6 +80,7 @@ def main():
            f"#define MV_MMA 1\n#define MMA_KC {a.kc}\n#define MV_MIN_BLOCKS {a.min_blocks}\n"
            + ("#define MMA_ASYNC 1\n" if a.mma_async else "")
            + ("#define MMA_BANKS 1\n" if a.mma_banks else "")
+           + ("#define MMA_PAIR 1\n" if a.mma_pair else "")
            + "".join((root / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu")))
     cubin, _ = S.compile_cubin(src)
