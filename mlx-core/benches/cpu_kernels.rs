@@ -14,22 +14,9 @@ use mlx_core::cpu::{
     Floats, Isa, MatJob, Matrix, RowsScratch,
 };
 
-/// A seeded pseudo-random sequence (no `rand` dependency needed for benchmark data).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-
-    fn unit(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 - 0.5
-    }
-}
+#[path = "../examples/support/bench_data.rs"]
+mod bench_data;
+use bench_data::{Affine, Lcg};
 
 fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2]
@@ -47,32 +34,13 @@ fn matvec(c: &mut Criterion) {
         let dense: Vec<f16> = (0..rows * cols)
             .map(|_| f16::from_f32(rng.unit()))
             .collect();
-        let words: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next()).collect();
-        let groups = rows * cols / 32;
-        let scales: Vec<f16> = (0..groups)
-            .map(|_| f16::from_f32(rng.unit() * 0.1))
-            .collect();
-        let biases: Vec<f16> = (0..groups)
-            .map(|_| f16::from_f32(rng.unit() * 0.1))
-            .collect();
+        let a4 = Affine::random(&mut rng, (rows, cols, 4, 32), 0.1, 0.1);
         let mats = [
             (
                 "f16",
                 Matrix::dense(Floats::F16(&dense), rows, cols).expect("dense matrix"),
             ),
-            (
-                "affine4g32",
-                Matrix::affine(
-                    &words,
-                    Floats::F16(&scales),
-                    Floats::F16(&biases),
-                    rows,
-                    cols,
-                    4,
-                    32,
-                )
-                .expect("affine matrix"),
-            ),
+            ("affine4g32", a4.matrix().expect("affine matrix")),
         ];
         for m in [1usize, 32] {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
@@ -107,24 +75,8 @@ fn head(c: &mut Criterion) {
     }
     let (rows, cols) = (49152usize, 576usize);
     let mut rng = Lcg(11);
-    let words: Vec<u32> = (0..rows * cols / 4).map(|_| rng.next()).collect();
-    let groups = rows * cols / 32;
-    let scales: Vec<f16> = (0..groups)
-        .map(|_| f16::from_f32(rng.unit() * 0.01))
-        .collect();
-    let biases: Vec<f16> = (0..groups)
-        .map(|_| f16::from_f32(rng.unit() * 0.1))
-        .collect();
-    let w = Matrix::affine(
-        &words,
-        Floats::F16(&scales),
-        Floats::F16(&biases),
-        rows,
-        cols,
-        8,
-        32,
-    )
-    .expect("affine matrix");
+    let a8 = Affine::random(&mut rng, (rows, cols, 8, 32), 0.01, 0.1);
+    let w = a8.matrix().expect("affine matrix");
     let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
     let mut out = vec![0f32; rows];
     let mut group = c.benchmark_group(format!("head/{rows}x{cols}/m1"));

@@ -39,20 +39,9 @@ use mlx_core::cpu::{
     matmul_t, matmul_t_each, Activations, CpuContext, Floats, Isa, MatJob, Matrix, RowsScratch,
 };
 
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    fn unit(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 - 0.5
-    }
-}
+#[path = "support/bench_data.rs"]
+mod bench_data;
+use bench_data::{random_ggml, Affine, Lcg};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::args().nth(1).as_deref() == Some("prefill") {
@@ -104,24 +93,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (576, 1536, 4),
         (49152, 576, 8),
     ] {
-        let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.next()).collect();
-        let groups = rows * cols / 32;
-        let scales: Vec<f16> = (0..groups)
-            .map(|_| f16::from_f32(rng.unit() * 0.1))
-            .collect();
-        let biases: Vec<f16> = (0..groups)
-            .map(|_| f16::from_f32(rng.unit() * 0.1))
-            .collect();
-        let w = Matrix::affine(
-            &words,
-            Floats::F16(&scales),
-            Floats::F16(&biases),
-            rows,
-            cols,
-            bits as u32,
-            32,
-        )?;
-        let bytes = words.len() * 4 + groups * 4;
+        let a = Affine::random(&mut rng, (rows, cols, bits, 32), 0.1, 0.1);
+        let w = a.matrix()?;
+        let bytes = a.bytes();
         for m in [1usize, 4, 32] {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
             let mut out = vec![0f32; m * rows];
@@ -170,23 +144,8 @@ fn each() -> Result<(), Box<dyn std::error::Error>> {
         (576, 1536, 4),
         (49152, 576, 8),
     ] {
-        let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.next()).collect();
-        let groups = rows * cols / 32;
-        let scales: Vec<f16> = (0..groups)
-            .map(|_| f16::from_f32(rng.unit() * 0.1))
-            .collect();
-        let biases: Vec<f16> = (0..groups)
-            .map(|_| f16::from_f32(rng.unit() * 0.1))
-            .collect();
-        let w = Matrix::affine(
-            &words,
-            Floats::F16(&scales),
-            Floats::F16(&biases),
-            rows,
-            cols,
-            bits as u32,
-            32,
-        )?;
+        let a = Affine::random(&mut rng, (rows, cols, bits, 32), 0.1, 0.1);
+        let w = a.matrix()?;
         for m in [1usize, 4] {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
             let mut out = vec![0f32; m * rows];
@@ -240,9 +199,6 @@ fn dispatch() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Weight words, scales, biases, rows, columns, bits.
-type Store = (Vec<u32>, Vec<f16>, Vec<f16>, usize, usize, u32);
-
 /// A synthetic SmolLM2-135M decode step (Q4_1 layers as 4-bit affine with half factors, the
 /// tied Q8_0 head as 8-bit, every layer its own memory, 97 MB a step), its products through
 /// `matmul_t_each` as the CPU decoder runs them (q/k/v one run, o, gate/up one run, down,
@@ -280,15 +236,12 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
         if ctx.split4 { "split" } else { "pair" }
     );
     let mut rng = Lcg(5);
-    let mut mk = |rows: usize, cols: usize, bits: usize| -> Store {
-        let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.next()).collect();
-        let g = rows * cols / if bits == 4 { group4 } else { 32 };
-        let s: Vec<f16> = (0..g).map(|_| f16::from_f32(rng.unit() * 0.1)).collect();
-        let b: Vec<f16> = (0..g).map(|_| f16::from_f32(rng.unit() * 0.1)).collect();
-        (words, s, b, rows, cols, bits as u32)
+    let mut mk = |rows: usize, cols: usize, bits: u32| -> Affine {
+        let group = if bits == 4 { group4 } else { 32 };
+        Affine::random(&mut rng, (rows, cols, bits, group), 0.1, 0.1)
     };
     // q, k, v, o, gate, up, down per layer.
-    let stores: Vec<[Store; 7]> = (0..layers)
+    let stores: Vec<[Affine; 7]> = (0..layers)
         .map(|_| {
             [
                 mk(qd, hid, 4),
@@ -302,23 +255,11 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     let head_store = mk(vocab, hid, 8);
-    fn mat(s: &Store, group4: usize) -> Matrix<'_> {
-        Matrix::affine(
-            &s.0,
-            Floats::F16(&s.1),
-            Floats::F16(&s.2),
-            s.3,
-            s.4,
-            s.5,
-            if s.5 == 4 { group4 } else { 32 },
-        )
-        .unwrap()
-    }
     let mats: Vec<Vec<Matrix<'_>>> = stores
         .iter()
-        .map(|l| l.iter().map(|s| mat(s, group4)).collect())
+        .map(|l| l.iter().map(|s| s.matrix().unwrap()).collect())
         .collect();
-    let head = mat(&head_store, group4);
+    let head = head_store.matrix().unwrap();
     // As the CPU decoder does with a model's weights (`MLX_CPU_HUGEPAGES=0`: not).
     let mut spans: Vec<(usize, usize)> = mats.iter().flatten().flat_map(|m| m.spans()).collect();
     spans.extend(head.spans());
@@ -328,7 +269,7 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .flat_map(|l| l.iter())
         .chain(std::iter::once(&head_store))
-        .map(|s| s.0.len() * 4 + s.1.len() * 4)
+        .map(Affine::bytes)
         .sum();
     let cap = depth + 1;
     let caches: Vec<(Vec<f16>, Vec<f16>)> = (0..layers)
@@ -383,10 +324,7 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
                 meds.push(e);
             }
             meds.sort_unstable();
-            let b: usize = stores
-                .iter()
-                .map(|l| l[j].0.len() * 4 + l[j].1.len() * 4)
-                .sum();
+            let b: usize = stores.iter().map(|l| l[j].bytes()).sum();
             println!(
                 "{name:<5} x30: fastest {:.3} ms ({:.1} GB/s), median {:.3} ms",
                 best as f64 / 1e6,
@@ -561,7 +499,7 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .flat_map(|l| l.iter())
             .chain(std::iter::once(&head_store))
-            .map(|s| &s.0[..])
+            .map(|s| &s.words[..])
             .collect();
         let mut best = Vec::new();
         for _ in 0..20 {
@@ -738,21 +676,7 @@ fn ggml() -> Result<(), Box<dyn std::error::Error>> {
         (1536, 576, GgmlType::Q4_1, "smollm2 gate/up_proj"),
         (576, 1536, GgmlType::Q4_1, "smollm2 down_proj"),
     ] {
-        let mut data: Vec<u8> = (0..rows * ty.row_bytes(cols))
-            .map(|_| rng.next() as u8)
-            .collect();
-        // Finite half-precision factors wherever the format keeps them.
-        let halves: &[usize] = match ty {
-            GgmlType::Q6_K => &[208],
-            GgmlType::Q4_K | GgmlType::Q4_1 => &[0, 2],
-            _ => &[0],
-        };
-        for b in data.chunks_exact_mut(ty.block_bytes()) {
-            for &at in halves {
-                let f = f16::from_f32(rng.unit() * 0.01);
-                b[at..at + 2].copy_from_slice(&f.to_le_bytes());
-            }
-        }
+        let data = random_ggml(&mut rng, ty, rows, cols);
         let w = Matrix::ggml(&data, ty, rows, cols)?;
         for m in [1usize, 4] {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
@@ -808,20 +732,7 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
         (640, 2048, GgmlType::Q4_K, "down_proj"),
         (640, 2048, GgmlType::Q6_K, "down_proj"),
     ] {
-        let mut data: Vec<u8> = (0..rows * ty.row_bytes(cols))
-            .map(|_| rng.next() as u8)
-            .collect();
-        let halves: &[usize] = match ty {
-            GgmlType::Q6_K => &[208],
-            GgmlType::Q4_K => &[0, 2],
-            _ => &[0],
-        };
-        for b in data.chunks_exact_mut(ty.block_bytes()) {
-            for &at in halves {
-                let f = f16::from_f32(rng.unit() * 0.01);
-                b[at..at + 2].copy_from_slice(&f.to_le_bytes());
-            }
-        }
+        let data = random_ggml(&mut rng, ty, rows, cols);
         let w = Matrix::ggml(&data, ty, rows, cols)?;
         let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
         let mut out = vec![0f32; m * rows];
@@ -912,24 +823,9 @@ fn split() -> Result<(), Box<dyn std::error::Error>> {
         ("360m down", 960, 2560),
     ] {
         for group in [32usize, 64] {
-            let words: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next()).collect();
-            let groups = rows * cols / group;
-            let scales: Vec<f16> = (0..groups)
-                .map(|_| f16::from_f32(rng.unit() * 0.1))
-                .collect();
-            let biases: Vec<f16> = (0..groups)
-                .map(|_| f16::from_f32(rng.unit() * 0.1))
-                .collect();
-            let w = Matrix::affine(
-                &words,
-                Floats::F16(&scales),
-                Floats::F16(&biases),
-                rows,
-                cols,
-                4,
-                group,
-            )?;
-            let bytes = words.len() * 4 + groups * 4;
+            let a = Affine::random(&mut rng, (rows, cols, 4, group), 0.1, 0.1);
+            let w = a.matrix()?;
+            let bytes = a.bytes();
             let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
             let mut out = vec![0f32; rows];
             let reps = (400_000_000 / (rows * cols)).clamp(50, 3000);
@@ -985,25 +881,8 @@ fn prefill() -> Result<(), Box<dyn std::error::Error>> {
             (2560, 960, "gate_proj"),
             (960, 2560, "down_proj"),
         ] {
-            let words: Vec<u32> = (0..rows * cols * bits as usize / 32)
-                .map(|_| rng.next())
-                .collect();
-            let groups = rows * cols / group;
-            let scales: Vec<f16> = (0..groups)
-                .map(|_| f16::from_f32(rng.unit() * 0.01))
-                .collect();
-            let biases: Vec<f16> = (0..groups)
-                .map(|_| f16::from_f32(rng.unit() * 0.05))
-                .collect();
-            let w = Matrix::affine(
-                &words,
-                Floats::F16(&scales),
-                Floats::F16(&biases),
-                rows,
-                cols,
-                bits,
-                group,
-            )?;
+            let a = Affine::random(&mut rng, (rows, cols, bits, group), 0.01, 0.05);
+            let w = a.matrix()?;
             let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
             let mut out = vec![0f32; m * rows];
             let reps = (400_000_000 / (rows * cols * m)).clamp(5, 400);

@@ -12,23 +12,11 @@
 //! symmetric (GGUF's Q8_0 as loaded, which `Int16Q8Int8` reads with int8 inputs): together
 //! they time the tied head's verify rows under int16 and under int8 inputs (#33, session 30).
 
-use half::f16;
 use mlx_core::cpu::{matmul_t_each, Activations, CpuContext, Floats, MatJob, Matrix, RowsScratch};
 
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    fn unit(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 - 0.5
-    }
-}
+#[path = "support/bench_data.rs"]
+mod bench_data;
+use bench_data::{Affine, Lcg};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let threads: usize = std::env::args()
@@ -58,35 +46,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (49152, 576, 8),
     ] {
         // Enough copies for `cycle_mb` (96 MB: the cycle does not stay in the 32 MB L3).
-        let one = rows * cols * bits / 8 + rows * cols / 32 * 4;
+        let one = rows * cols * bits as usize / 8 + rows * cols / 32 * 4;
         let copies = ((cycle_mb * 1e6) as usize / one).max(1);
         let mut store = Vec::new();
         for _ in 0..copies {
-            let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.next()).collect();
-            let groups = rows * cols / 32;
-            let scales: Vec<f16> = (0..groups)
-                .map(|_| f16::from_f32(rng.unit() * 0.1))
-                .collect();
-            let biases: Vec<f16> = (0..groups)
-                .map(|_| f16::from_f32(rng.unit() * 0.1))
-                .collect();
-            store.push((words, scales, biases));
+            store.push(Affine::random(&mut rng, (rows, cols, bits, 32), 0.1, 0.1));
         }
         let mats: Vec<Matrix<'_>> = store
             .iter()
-            .map(|(w, s, b)| {
+            .map(|a| {
                 if q8_0 && bits == 8 {
-                    Matrix::symmetric(w, Floats::F16(s), rows, cols, 8, 32)
+                    Matrix::symmetric(&a.words, Floats::F16(&a.scales), rows, cols, 8, 32)
                 } else {
-                    Matrix::affine(
-                        w,
-                        Floats::F16(s),
-                        Floats::F16(b),
-                        rows,
-                        cols,
-                        bits as u32,
-                        32,
-                    )
+                    a.matrix()
                 }
             })
             .collect::<Result<_, _>>()?;

@@ -17,20 +17,9 @@ use mlx_core::cpu::{
     matmul_t_each_with, Activations, CpuContext, Floats, MatJob, Matrix, RowsScratch,
 };
 
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    fn unit(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 - 0.5
-    }
-}
+#[path = "support/bench_data.rs"]
+mod bench_data;
+use bench_data::Lcg;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let trials: usize = std::env::args()

@@ -11,30 +11,18 @@
 //! error `tr(dW H dW^T) / tr(W H W^T)` of affine, trellis and trellis with LDLQ.
 //! The trellis error is measured in the incoherent basis (the transform is orthonormal, so it
 //! equals the error in the original basis).
+
+#[path = "../tests/support/trellis_data.rs"]
+mod trellis_data;
+
 use mlx_core::cpu::trellis::{
     decode, incoherent, layer_signs, quantize, quantize_ldlq, TrellisSpec,
 };
 use mlx_core::prelude::*;
 use mlx_core::quantized::{dequantize, quantize as mlx_quantize, QuantMode};
+use trellis_data::{gauss, rel_mse};
 
 static BITS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
-
-fn gauss(n: usize, seed: u64) -> Vec<f32> {
-    let mut z = seed;
-    let mut next = || {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = z;
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((x ^ (x >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u, v) = (next().max(1e-12), next());
-            ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-        })
-        .collect()
-}
 
 /// The code of the environment's `TRELLIS_MSE_CODE` (a config name), `1mad` by default.
 fn code_arg() -> mlx_core::cpu::trellis::TrellisCode {
@@ -42,23 +30,6 @@ fn code_arg() -> mlx_core::cpu::trellis::TrellisCode {
         .ok()
         .map(|c| mlx_core::cpu::trellis::TrellisCode::from_name(&c).expect("TRELLIS_MSE_CODE"))
         .unwrap_or_default()
-}
-
-fn rel_mse(a: &[f32], b: &[f32]) -> f64 {
-    let n = a.len() as f64;
-    let mean: f64 = a.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var: f64 = a
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let e: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
-        .sum::<f64>()
-        / n;
-    e / var
 }
 
 fn affine(w: &[f32], rows: usize, cols: usize, bits: i32) -> Vec<f32> {

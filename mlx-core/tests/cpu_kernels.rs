@@ -64,6 +64,126 @@ fn scales_as(a: &Array, dt: Dtype) -> Array {
     c
 }
 
+/// `quantized_matmul(x, wq^T)` with affine scales `s` and biases `b`, as the models call it.
+fn qmm(x: &Array, wq: &Array, s: &Array, b: &Array, group: i32, bits: i32) -> Result<Array> {
+    quantized::quantized_matmul(
+        x,
+        wq,
+        s,
+        Some(b),
+        true,
+        group,
+        bits,
+        QuantMode::Affine,
+        None,
+    )
+}
+
+/// The weights `quantized_matmul` multiplies float32 inputs by: it widens the scales and
+/// biases to float32 (type promotion) before dequantizing, and so does this reference.
+fn dequantize_f32(wq: &Array, s: &Array, b: &Array, group: i32, bits: i32) -> Result<Array> {
+    quantized::dequantize(
+        wq,
+        &s.astype(Dtype::Float32)?,
+        Some(&b.astype(Dtype::Float32)?),
+        group,
+        bits,
+        QuantMode::Affine,
+        Some(Dtype::Float32),
+        None,
+    )
+}
+
+/// The CPU kernels' view of the affine-quantized `rows x cols` weights `wq` (scales `s`,
+/// biases `b`, in their own dtype).
+fn affine_matrix<'a>(
+    wq: &'a Array,
+    s: &'a Array,
+    b: &'a Array,
+    rows: usize,
+    cols: usize,
+    group: i32,
+    bits: i32,
+) -> Result<Matrix<'a>> {
+    Matrix::affine(
+        wq.as_slice::<u32>()?,
+        Floats::from_array(s)?,
+        Floats::from_array(b)?,
+        rows,
+        cols,
+        bits as u32,
+        group as usize,
+    )
+}
+
+/// The activation tests' quantization bound, per output: each input within `amax / step` of
+/// its quantized value (amax: its chunk of 32's largest) moves a product by at most
+/// `sum |w_i| * amax / step`, times `slack`, plus `sum` times the float summation bound
+/// `cols * eps * sum |w_i x_i|` (and `|b x_i|` terms where the biases `bias`, one a group of
+/// `.1` columns, multiply the exact input sums), plus 1e-5.
+struct QuantBound<'a> {
+    xv: &'a [f32],
+    wd: &'a [f32],
+    rows: usize,
+    cols: usize,
+    step: f32,
+    slack: f32,
+    sum: f32,
+    bias: Option<(&'a [f32], usize)>,
+}
+
+impl QuantBound<'_> {
+    /// Every output of input `t` of `ours` within the bound of `reference`'s.
+    fn check(&self, what: &str, t: usize, ours: &[f32], reference: &[f32]) {
+        let (xv, wd, rows, cols) = (self.xv, self.wd, self.rows, self.cols);
+        let xr = &xv[t * cols..(t + 1) * cols];
+        for r in 0..rows {
+            let wr = &wd[r * cols..(r + 1) * cols];
+            let (mut quant, mut abs) = (0f32, 0f32);
+            for c in 0..cols / 32 {
+                let amax = xr[c * 32..c * 32 + 32]
+                    .iter()
+                    .fold(0f32, |a, v| a.max(v.abs()));
+                match self.bias {
+                    None => {
+                        for i in c * 32..c * 32 + 32 {
+                            quant += wr[i].abs() * amax / self.step;
+                            abs += (wr[i] * xr[i]).abs();
+                        }
+                    }
+                    Some((bf, group)) => {
+                        let bg = bf[r * cols / group + c * 32 / group];
+                        for i in c * 32..c * 32 + 32 {
+                            quant += wr[i].abs() * amax / self.step;
+                            abs += (wr[i] * xr[i]).abs() + (bg * xr[i]).abs();
+                        }
+                    }
+                }
+            }
+            let bound = quant * self.slack + self.sum * cols as f32 * f32::EPSILON * abs + 1e-5;
+            let (a, e) = (ours[t * rows + r], reference[t * rows + r]);
+            assert!(
+                (a - e).abs() <= bound,
+                "{what}: row {r} input {t}: ours {a}, MLX {e}, bound {bound}"
+            );
+        }
+    }
+}
+
+/// The int8 inputs' values: each chunk of 32 rounded to codes of its `amax / 127` step,
+/// `d * code`.
+fn int8_values(xv: &[f32]) -> Vec<f32> {
+    xv.chunks_exact(32)
+        .flat_map(|c| {
+            let d = c.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            c.iter()
+                .map(move |v| (v * inv).round() * d)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Affine-quantized products against `dequantize` + `matmul` in MLX: bits 2/4/8, groups
 /// 32/64/128, scales and biases in f32, f16 and bf16, one input and blocks of 3 and 7 (the
 /// multi-input path), with and without a bias vector.
@@ -82,43 +202,16 @@ fn affine_matmul_matches_dequantize_then_matmul() -> Result<()> {
                     // The model's op is `quantized_matmul` with float32 inputs, which
                     // widens the scales and biases to float32 (type promotion) before
                     // dequantizing: so is the reference.
-                    let wd = quantized::dequantize(
-                        &wq,
-                        &s.astype(Dtype::Float32)?,
-                        Some(&b.astype(Dtype::Float32)?),
-                        group,
-                        bits,
-                        QuantMode::Affine,
-                        Some(Dtype::Float32),
-                        None,
-                    )?;
+                    let wd = dequantize_f32(&wq, &s, &b, group, bits)?;
                     let wdv = wd.to_vec::<f32>()?;
-                    let mat = Matrix::affine(
-                        wq.as_slice::<u32>()?,
-                        Floats::from_array(&s)?,
-                        Floats::from_array(&b)?,
-                        rows,
-                        cols,
-                        bits as u32,
-                        group as usize,
-                    )?;
+                    let mat = affine_matrix(&wq, &s, &b, rows, cols, group, bits)?;
                     for m in [1usize, 3, 7, 13, 32] {
                         let xv = values(m * cols, 7 + m as u64);
                         let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
                         let bias = values(rows, 99);
-                        let qmm = quantized::quantized_matmul(
-                            &x,
-                            &wq,
-                            &s,
-                            Some(&b),
-                            true,
-                            group,
-                            bits,
-                            QuantMode::Affine,
-                            None,
-                        )?;
-                        let reference =
-                            (&qmm + &Array::from_slice(&bias, &[rows as i32])?)?.to_vec::<f32>()?;
+                        let product = qmm(&x, &wq, &s, &b, group, bits)?;
+                        let reference = (&product + &Array::from_slice(&bias, &[rows as i32])?)?
+                            .to_vec::<f32>()?;
                         let mut out = vec![0f32; m * rows];
                         cpu::matmul_t(
                             &ctx,
@@ -386,40 +479,61 @@ fn attention_case(
     start: usize,
     m: usize,
 ) -> Result<()> {
-    let total = start + m;
     let kv = values(nkv * cap * hd, 1);
     let vv = values(nkv * cap * hd, 2);
     let qv = values(m * nh * hd, 3);
     let scale = 1.0 / (hd as f32).sqrt();
-    // MLX's layout: q (1, nh, m, hd); k, v (1, nkv, total, hd).
-    let kf = Array::from_slice(&kv, &[1, nkv as i32, cap as i32, hd as i32])?;
-    let vf = Array::from_slice(&vv, &[1, nkv as i32, cap as i32, hd as i32])?;
-    let k = ops::slice_axis(&kf, 2, 0, total as i32, None)?;
-    let v = ops::slice_axis(&vf, 2, 0, total as i32, None)?;
-    let q =
-        Array::from_slice(&qv, &[1, m as i32, nh as i32, hd as i32])?.transpose(&[0, 2, 1, 3])?;
-    let reference =
-        fast::scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Causal, None, None)?
-            .transpose(&[0, 2, 1, 3])?
-            .to_vec::<f32>()?;
+    let shape = AttentionShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        capacity: cap,
+    };
+    let reference = sdpa_reference(shape, &qv, &kv, &vv, start, m, scale)?;
     for ctx in contexts() {
         let mut out = vec![0f32; m * nh * hd];
-        let shape = AttentionShape {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            capacity: cap,
-        };
         cpu::attention(&ctx, shape, &qv, &kv, &vv, start, m, scale, &mut out)?;
-        for (i, (a, b)) in out.iter().zip(&reference).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-5,
-                "{} hd {hd} start {start} m {m} element {i}: {a} vs {b}",
-                ctx.isa.name()
-            );
-        }
+        let what = format!("{} hd {hd} start {start} m {m}", ctx.isa.name());
+        assert_attention_close(&what, &out, &reference);
     }
     Ok(())
+}
+
+/// `mx.fast.scaled_dot_product_attention`, causal, of the `m` query rows `qv` (the kernels'
+/// layout, `(m, nh, hd)`) over the first `start + m` positions of the caches `kv`, `vv`
+/// (`(nkv, cap, hd)`), in the kernels' layout.
+fn sdpa_reference(
+    shape: AttentionShape,
+    qv: &[f32],
+    kv: &[f32],
+    vv: &[f32],
+    start: usize,
+    m: usize,
+    scale: f32,
+) -> Result<Vec<f32>> {
+    let (nh, nkv, hd, cap) = (
+        shape.n_heads as i32,
+        shape.n_kv_heads as i32,
+        shape.head_dim as i32,
+        shape.capacity as i32,
+    );
+    let total = (start + m) as i32;
+    // MLX's layout: q (1, nh, m, hd); k, v (1, nkv, total, hd).
+    let kf = Array::from_slice(kv, &[1, nkv, cap, hd])?;
+    let vf = Array::from_slice(vv, &[1, nkv, cap, hd])?;
+    let k = ops::slice_axis(&kf, 2, 0, total, None)?;
+    let v = ops::slice_axis(&vf, 2, 0, total, None)?;
+    let q = Array::from_slice(qv, &[1, m as i32, nh, hd])?.transpose(&[0, 2, 1, 3])?;
+    fast::scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Causal, None, None)?
+        .transpose(&[0, 2, 1, 3])?
+        .to_vec::<f32>()
+}
+
+/// Every element of `out` within 1e-5 of `reference` (the attention tests' bound).
+fn assert_attention_close(what: &str, out: &[f32], reference: &[f32]) {
+    for (i, (a, b)) in out.iter().zip(reference).enumerate() {
+        assert!((a - b).abs() <= 1e-5, "{what} element {i}: {a} vs {b}");
+    }
 }
 
 /// Each query row's attention is bit for bit the same whether its row comes alone (a decode
@@ -505,7 +619,6 @@ fn attention_f16_matches_sdpa_on_the_rounded_cache() -> Result<()> {
         (4, 4, 24, 140, 0, 130),
         (2, 1, 40, 90, 88, 1),
     ] {
-        let total = start + m;
         let kv: Vec<half::f16> = values(nkv * cap * hd, 1)
             .iter()
             .map(|&x| half::f16::from_f32(x))
@@ -517,32 +630,18 @@ fn attention_f16_matches_sdpa_on_the_rounded_cache() -> Result<()> {
         let widen = |h: &[half::f16]| h.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
         let qv = values(m * nh * hd, 3);
         let scale = 1.0 / (hd as f32).sqrt();
-        let kf = Array::from_slice(&widen(&kv), &[1, nkv as i32, cap as i32, hd as i32])?;
-        let vf = Array::from_slice(&widen(&vv), &[1, nkv as i32, cap as i32, hd as i32])?;
-        let k = ops::slice_axis(&kf, 2, 0, total as i32, None)?;
-        let v = ops::slice_axis(&vf, 2, 0, total as i32, None)?;
-        let q = Array::from_slice(&qv, &[1, m as i32, nh as i32, hd as i32])?
-            .transpose(&[0, 2, 1, 3])?;
-        let reference =
-            fast::scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Causal, None, None)?
-                .transpose(&[0, 2, 1, 3])?
-                .to_vec::<f32>()?;
+        let shape = AttentionShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            capacity: cap,
+        };
+        let reference = sdpa_reference(shape, &qv, &widen(&kv), &widen(&vv), start, m, scale)?;
         for ctx in contexts() {
             let mut out = vec![0f32; m * nh * hd];
-            let shape = AttentionShape {
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                capacity: cap,
-            };
             cpu::attention_f16(&ctx, shape, &qv, &kv, &vv, start, m, scale, &mut out)?;
-            for (i, (a, b)) in out.iter().zip(&reference).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-5,
-                    "f16 {} hd {hd} start {start} m {m} element {i}: {a} vs {b}",
-                    ctx.isa.name()
-                );
-            }
+            let what = format!("f16 {} hd {hd} start {start} m {m}", ctx.isa.name());
+            assert_attention_close(&what, &out, &reference);
         }
     }
     Ok(())
@@ -635,26 +734,8 @@ fn int8_activations_stay_within_the_quantization_bound() -> Result<()> {
             let b32 = b32.expect("affine biases");
             for dt in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 let (s, b) = (scales_as(&s32, dt), scales_as(&b32, dt));
-                let wd = quantized::dequantize(
-                    &wq,
-                    &s.astype(Dtype::Float32)?,
-                    Some(&b.astype(Dtype::Float32)?),
-                    group,
-                    bits,
-                    QuantMode::Affine,
-                    Some(Dtype::Float32),
-                    None,
-                )?
-                .to_vec::<f32>()?;
-                let mat = Matrix::affine(
-                    wq.as_slice::<u32>()?,
-                    Floats::from_array(&s)?,
-                    Floats::from_array(&b)?,
-                    rows,
-                    cols,
-                    bits as u32,
-                    group as usize,
-                )?;
+                let wd = dequantize_f32(&wq, &s, &b, group, bits)?.to_vec::<f32>()?;
+                let mat = affine_matrix(&wq, &s, &b, rows, cols, group, bits)?;
                 for m in [1usize, 2, 4, 5] {
                     // Inputs with an outlier per row, as activations have.
                     let mut xv = values(m * cols, 11 + m as u64);
@@ -662,18 +743,7 @@ fn int8_activations_stay_within_the_quantization_bound() -> Result<()> {
                         xv[t * cols + 17] = 9.0;
                     }
                     let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
-                    let reference = quantized::quantized_matmul(
-                        &x,
-                        &wq,
-                        &s,
-                        Some(&b),
-                        true,
-                        group,
-                        bits,
-                        QuantMode::Affine,
-                        None,
-                    )?
-                    .to_vec::<f32>()?;
+                    let reference = qmm(&x, &wq, &s, &b, group, bits)?.to_vec::<f32>()?;
                     let run = |c: &CpuContext| -> Result<Vec<f32>> {
                         let mut out = vec![0f32; m * rows];
                         cpu::matmul_t(
@@ -697,52 +767,22 @@ fn int8_activations_stay_within_the_quantization_bound() -> Result<()> {
                     assert_ne!(ours, exact, "{what}: should take the int8 kernel");
                     // Tight: the same products from the int8 inputs' values (d * code per
                     // chunk of 32), through MLX, within the float summation bound.
-                    let xd: Vec<f32> = xv
-                        .chunks_exact(32)
-                        .flat_map(|c| {
-                            let d = c.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
-                            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                            c.iter()
-                                .map(move |v| (v * inv).round() * d)
-                                .collect::<Vec<_>>()
-                        })
-                        .collect();
+                    let xd = int8_values(&xv);
                     let xda = Array::from_slice(&xd, &[m as i32, cols as i32])?;
-                    let tight = quantized::quantized_matmul(
-                        &xda,
-                        &wq,
-                        &s,
-                        Some(&b),
-                        true,
-                        group,
-                        bits,
-                        QuantMode::Affine,
-                        None,
-                    )?
-                    .to_vec::<f32>()?;
+                    let tight = qmm(&xda, &wq, &s, &b, group, bits)?.to_vec::<f32>()?;
                     check_dot_bound(&what, &ours, &tight, &wd, &xd, cols);
+                    let bound = QuantBound {
+                        xv: &xv,
+                        wd: &wd,
+                        rows,
+                        cols,
+                        step: 254.0,
+                        slack: 1.001,
+                        sum: 1.0,
+                        bias: None,
+                    };
                     for t in 0..m {
-                        let xr = &xv[t * cols..(t + 1) * cols];
-                        for r in 0..rows {
-                            let wr = &wd[r * cols..(r + 1) * cols];
-                            let mut quant = 0f32;
-                            let mut abs = 0f32;
-                            for c in 0..cols / 32 {
-                                let amax = xr[c * 32..c * 32 + 32]
-                                    .iter()
-                                    .fold(0f32, |a, v| a.max(v.abs()));
-                                for i in c * 32..c * 32 + 32 {
-                                    quant += wr[i].abs() * amax / 254.0;
-                                    abs += (wr[i] * xr[i]).abs();
-                                }
-                            }
-                            let bound = quant * 1.001 + cols as f32 * f32::EPSILON * abs + 1e-5;
-                            let (a, e) = (ours[t * rows + r], reference[t * rows + r]);
-                            assert!(
-                                (a - e).abs() <= bound,
-                                "{what}: row {r} input {t}: ours {a}, MLX {e}, bound {bound}"
-                            );
-                        }
+                        bound.check(&what, t, &ours, &reference);
                     }
                 }
             }
@@ -807,27 +847,9 @@ fn q8_int8_activations_stay_within_the_quantization_bound() -> Result<()> {
                     quantized::quantize(&wf, group, bits, QuantMode::Affine, None)?;
                 let b32 = b32.expect("affine biases");
                 let (s, b) = (scales_as(&s32, dt), scales_as(&b32, dt));
-                let wd = quantized::dequantize(
-                    &wq,
-                    &s.astype(Dtype::Float32)?,
-                    Some(&b.astype(Dtype::Float32)?),
-                    group,
-                    bits,
-                    QuantMode::Affine,
-                    Some(Dtype::Float32),
-                    None,
-                )?
-                .to_vec::<f32>()?;
+                let wd = dequantize_f32(&wq, &s, &b, group, bits)?.to_vec::<f32>()?;
                 let bf = b.astype(Dtype::Float32)?.to_vec::<f32>()?;
-                let mat = Matrix::affine(
-                    wq.as_slice::<u32>()?,
-                    Floats::from_array(&s)?,
-                    Floats::from_array(&b)?,
-                    rows,
-                    cols,
-                    bits as u32,
-                    group as usize,
-                )?;
+                let mat = affine_matrix(&wq, &s, &b, rows, cols, group, bits)?;
                 for m in [1usize, 2, 4, 5] {
                     let mut xv = values(m * cols, 31 + m as u64);
                     for t in 0..m {
@@ -835,17 +857,8 @@ fn q8_int8_activations_stay_within_the_quantization_bound() -> Result<()> {
                     }
                     let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
                     let bias = values(rows, 78);
-                    let reference = (&quantized::quantized_matmul(
-                        &x,
-                        &wq,
-                        &s,
-                        Some(&b),
-                        true,
-                        group,
-                        bits,
-                        QuantMode::Affine,
-                        None,
-                    )? + &Array::from_slice(&bias, &[rows as i32])?)?
+                    let reference = (&qmm(&x, &wq, &s, &b, group, bits)?
+                        + &Array::from_slice(&bias, &[rows as i32])?)?
                         .to_vec::<f32>()?;
                     let run = |c: &CpuContext| -> Result<Vec<f32>> {
                         let mut out = vec![0f32; m * rows];
@@ -876,26 +889,14 @@ fn q8_int8_activations_stay_within_the_quantization_bound() -> Result<()> {
                     // else the inputs' rounding errors meet the unsigned codes (Q8_0's sit at
                     // 128 + k) in place of the weights, several times the error of int8
                     // inputs (SmolLM2's tied head parted from the exact path's greedy reply).
-                    let xd: Vec<f32> = xv
-                        .chunks_exact(32)
-                        .flat_map(|c| {
-                            let d = c.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
-                            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                            c.iter()
-                                .map(move |v| (v * inv).round() * d)
-                                .collect::<Vec<_>>()
-                        })
-                        .collect();
-                    let tight = (&quantized::quantized_matmul(
+                    let xd = int8_values(&xv);
+                    let tight = (&qmm(
                         &Array::from_slice(&xd, &[m as i32, cols as i32])?,
                         &wq,
                         &s,
-                        Some(&b),
-                        true,
+                        &b,
                         group,
                         bits,
-                        QuantMode::Affine,
-                        None,
                     )? + &Array::from_slice(&bias, &[rows as i32])?)?
                         .to_vec::<f32>()?;
                     for t in 0..m {
@@ -916,29 +917,18 @@ fn q8_int8_activations_stay_within_the_quantization_bound() -> Result<()> {
                             );
                         }
                     }
+                    let bound = QuantBound {
+                        xv: &xv,
+                        wd: &wd,
+                        rows,
+                        cols,
+                        step: 254.0,
+                        slack: 1.01,
+                        sum: 2.0,
+                        bias: Some((&bf[..], 32)),
+                    };
                     for t in 0..m {
-                        let xr = &xv[t * cols..(t + 1) * cols];
-                        for r in 0..rows {
-                            let wr = &wd[r * cols..(r + 1) * cols];
-                            let (mut quant, mut abs) = (0f32, 0f32);
-                            for c in 0..cols / 32 {
-                                let amax = xr[c * 32..c * 32 + 32]
-                                    .iter()
-                                    .fold(0f32, |a, v| a.max(v.abs()));
-                                let bg = bf[r * cols / 32 + c];
-                                for i in c * 32..c * 32 + 32 {
-                                    quant += wr[i].abs() * amax / 254.0;
-                                    abs += (wr[i] * xr[i]).abs() + (bg * xr[i]).abs();
-                                }
-                            }
-                            let bound =
-                                quant * 1.01 + 2.0 * cols as f32 * f32::EPSILON * abs + 1e-5;
-                            let (a, e) = (ours[t * rows + r], reference[t * rows + r]);
-                            assert!(
-                                (a - e).abs() <= bound,
-                                "{what}: row {r} input {t}: ours {a}, MLX {e}, bound {bound}"
-                            );
-                        }
+                        bound.check(&what, t, &ours, &reference);
                     }
                 }
             }
@@ -972,26 +962,8 @@ fn int16_case(rows: usize, cols: usize) -> Result<()> {
             let b32 = b32.expect("affine biases");
             for dt in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 let (s, b) = (scales_as(&s32, dt), scales_as(&b32, dt));
-                let wd = quantized::dequantize(
-                    &wq,
-                    &s.astype(Dtype::Float32)?,
-                    Some(&b.astype(Dtype::Float32)?),
-                    group,
-                    bits,
-                    QuantMode::Affine,
-                    Some(Dtype::Float32),
-                    None,
-                )?
-                .to_vec::<f32>()?;
-                let mat = Matrix::affine(
-                    wq.as_slice::<u32>()?,
-                    Floats::from_array(&s)?,
-                    Floats::from_array(&b)?,
-                    rows,
-                    cols,
-                    bits as u32,
-                    group as usize,
-                )?;
+                let wd = dequantize_f32(&wq, &s, &b, group, bits)?.to_vec::<f32>()?;
+                let mat = affine_matrix(&wq, &s, &b, rows, cols, group, bits)?;
                 for m in [1usize, 2, 3, 4, 5] {
                     let mut xv = values(m * cols, 21 + m as u64);
                     for t in 0..m {
@@ -999,17 +971,8 @@ fn int16_case(rows: usize, cols: usize) -> Result<()> {
                     }
                     let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
                     let bias = values(rows, 77);
-                    let reference = (&quantized::quantized_matmul(
-                        &x,
-                        &wq,
-                        &s,
-                        Some(&b),
-                        true,
-                        group,
-                        bits,
-                        QuantMode::Affine,
-                        None,
-                    )? + &Array::from_slice(&bias, &[rows as i32])?)?
+                    let reference = (&qmm(&x, &wq, &s, &b, group, bits)?
+                        + &Array::from_slice(&bias, &[rows as i32])?)?
                         .to_vec::<f32>()?;
                     let run = |c: &CpuContext| -> Result<Vec<f32>> {
                         let mut out = vec![0f32; m * rows];
@@ -1032,28 +995,18 @@ fn int16_case(rows: usize, cols: usize) -> Result<()> {
                         continue;
                     }
                     assert_ne!(ours, exact, "{what}: should take the int16 kernel");
+                    let bound = QuantBound {
+                        xv: &xv,
+                        wd: &wd,
+                        rows,
+                        cols,
+                        step: 65534.0,
+                        slack: 1.01,
+                        sum: 2.0,
+                        bias: None,
+                    };
                     for t in 0..m {
-                        let xr = &xv[t * cols..(t + 1) * cols];
-                        for r in 0..rows {
-                            let wr = &wd[r * cols..(r + 1) * cols];
-                            let (mut quant, mut abs) = (0f32, 0f32);
-                            for c in 0..cols / 32 {
-                                let amax = xr[c * 32..c * 32 + 32]
-                                    .iter()
-                                    .fold(0f32, |a, v| a.max(v.abs()));
-                                for i in c * 32..c * 32 + 32 {
-                                    quant += wr[i].abs() * amax / 65534.0;
-                                    abs += (wr[i] * xr[i]).abs();
-                                }
-                            }
-                            let bound =
-                                quant * 1.01 + 2.0 * cols as f32 * f32::EPSILON * abs + 1e-5;
-                            let (a, e) = (ours[t * rows + r], reference[t * rows + r]);
-                            assert!(
-                                (a - e).abs() <= bound,
-                                "{what}: row {r} input {t}: ours {a}, MLX {e}, bound {bound}"
-                            );
-                        }
+                        bound.check(&what, t, &ours, &reference);
                     }
                 }
             }
@@ -1097,27 +1050,9 @@ fn int8_vnni_activations_stay_within_the_quantization_bound() -> Result<()> {
                     quantized::quantize(&wf, group, bits, QuantMode::Affine, None)?;
                 let b32 = b32.expect("affine biases");
                 let (s, b) = (scales_as(&s32, dt), scales_as(&b32, dt));
-                let wd = quantized::dequantize(
-                    &wq,
-                    &s.astype(Dtype::Float32)?,
-                    Some(&b.astype(Dtype::Float32)?),
-                    group,
-                    bits,
-                    QuantMode::Affine,
-                    Some(Dtype::Float32),
-                    None,
-                )?
-                .to_vec::<f32>()?;
+                let wd = dequantize_f32(&wq, &s, &b, group, bits)?.to_vec::<f32>()?;
                 let bf = b.astype(Dtype::Float32)?.to_vec::<f32>()?;
-                let mat = Matrix::affine(
-                    wq.as_slice::<u32>()?,
-                    Floats::from_array(&s)?,
-                    Floats::from_array(&b)?,
-                    rows,
-                    cols,
-                    bits as u32,
-                    group as usize,
-                )?;
+                let mat = affine_matrix(&wq, &s, &b, rows, cols, group, bits)?;
                 let bias = values(rows, 79);
                 let run = |c: &CpuContext, xv: &[f32], m: usize| -> Result<Vec<f32>> {
                     let mut out = vec![0f32; m * rows];
@@ -1140,17 +1075,8 @@ fn int8_vnni_activations_stay_within_the_quantization_bound() -> Result<()> {
                         xv[t * cols + 40] = -12.0;
                     }
                     let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
-                    let reference = (&quantized::quantized_matmul(
-                        &x,
-                        &wq,
-                        &s,
-                        Some(&b),
-                        true,
-                        group,
-                        bits,
-                        QuantMode::Affine,
-                        None,
-                    )? + &Array::from_slice(&bias, &[rows as i32])?)?
+                    let reference = (&qmm(&x, &wq, &s, &b, group, bits)?
+                        + &Array::from_slice(&bias, &[rows as i32])?)?
                         .to_vec::<f32>()?;
                     let (ours, before) = (run(&ctx, &xv, m)?, run(&old, &xv, m)?);
                     let what = format!("bits {bits} group {group} {dt} m {m} threads {threads}");
@@ -1168,28 +1094,17 @@ fn int8_vnni_activations_stay_within_the_quantization_bound() -> Result<()> {
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
                             "{what}: row {t} is not the bits it gets alone"
                         );
-                        let xr = &xv[t * cols..(t + 1) * cols];
-                        for r in 0..rows {
-                            let wr = &wd[r * cols..(r + 1) * cols];
-                            let (mut quant, mut abs) = (0f32, 0f32);
-                            for c in 0..cols / 32 {
-                                let amax = xr[c * 32..c * 32 + 32]
-                                    .iter()
-                                    .fold(0f32, |a, v| a.max(v.abs()));
-                                let bg = bf[r * cols / group as usize + c * 32 / group as usize];
-                                for i in c * 32..c * 32 + 32 {
-                                    quant += wr[i].abs() * amax / 254.0;
-                                    abs += (wr[i] * xr[i]).abs() + (bg * xr[i]).abs();
-                                }
-                            }
-                            let bound =
-                                quant * 1.01 + 2.0 * cols as f32 * f32::EPSILON * abs + 1e-5;
-                            let (a, e) = (ours[t * rows + r], reference[t * rows + r]);
-                            assert!(
-                                (a - e).abs() <= bound,
-                                "{what}: row {r} input {t}: ours {a}, MLX {e}, bound {bound}"
-                            );
+                        QuantBound {
+                            xv: &xv,
+                            wd: &wd,
+                            rows,
+                            cols,
+                            step: 254.0,
+                            slack: 1.01,
+                            sum: 2.0,
+                            bias: Some((&bf[..], group as usize)),
                         }
+                        .check(&what, t, &ours, &reference);
                     }
                 }
             }

@@ -4,43 +4,13 @@
 //! measured figures, and those at L 12 and on SmolLM2's matrices, are in
 //! `results/quant/trellis_mse.txt`).
 
+#[path = "support/trellis_data.rs"]
+mod trellis_data;
+
 use mlx_core::cpu::trellis::{decode, incoherent, layer_signs, quantize, TrellisSpec};
 use mlx_core::prelude::*;
 use mlx_core::quantized::{dequantize, quantize as mlx_quantize, QuantMode};
-
-fn gauss(n: usize, seed: u64) -> Vec<f32> {
-    let mut z = seed;
-    let mut next = || {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = z;
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((x ^ (x >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u, v) = (next().max(1e-12), next());
-            ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-        })
-        .collect()
-}
-
-fn rel_mse(a: &[f32], b: &[f32]) -> f64 {
-    let n = a.len() as f64;
-    let mean = a.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var = a
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let e = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
-        .sum::<f64>()
-        / n;
-    e / var
-}
+use trellis_data::{gauss, rel_mse};
 
 #[test]
 fn trellis_error_is_clearly_below_affine_at_every_width() {

@@ -2,6 +2,9 @@
 //! (`cargo xtask goldens gguf_pre`): Qwen3's vocabulary handed over as GGUF metadata, built
 //! with each `pre`, gives transformers' ids on a corpus chosen where the split regexes differ.
 
+#[path = "support/gguf_vocab.rs"]
+mod gguf_vocab;
+
 use mlx_tokenizers::tokenizer_testdata::npm_tokenizer;
 use mlx_tokenizers::GgufTokenizerData;
 use serde_json::Value;
@@ -11,39 +14,7 @@ fn qwen3_as_gguf(pre: &str) -> GgufTokenizerData {
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap())
             .unwrap();
-    let vocab = json["model"]["vocab"].as_object().unwrap();
-    let added = json["added_tokens"].as_array().unwrap();
-    let n = vocab
-        .values()
-        .map(|v| v.as_u64().unwrap())
-        .chain(added.iter().map(|a| a["id"].as_u64().unwrap()))
-        .max()
-        .unwrap() as usize
-        + 1;
-    let mut tokens = vec![String::new(); n];
-    let mut types = vec![1i32; n];
-    for (t, id) in vocab {
-        tokens[id.as_u64().unwrap() as usize] = t.clone();
-    }
-    for a in added {
-        let id = a["id"].as_u64().unwrap() as usize;
-        tokens[id] = a["content"].as_str().unwrap().to_string();
-        types[id] = if a["special"].as_bool().unwrap() {
-            3
-        } else {
-            4
-        };
-    }
-    let merges = json["model"]["merges"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| match m {
-            Value::String(s) => s.clone(),
-            Value::Array(p) => format!("{} {}", p[0].as_str().unwrap(), p[1].as_str().unwrap()),
-            _ => panic!("bad merge"),
-        })
-        .collect();
+    let (tokens, types, merges) = gguf_vocab::tokens_types_merges(&json);
     GgufTokenizerData {
         model: "gpt2".into(),
         pre: Some(pre.into()),

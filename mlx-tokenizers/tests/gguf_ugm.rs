@@ -7,6 +7,9 @@
 //! text, over texts that exercise the charsmap (NFKC, ligatures, full-width forms), whitespace
 //! runs, unknown characters and special tokens.
 
+#[path = "support/gguf_vocab.rs"]
+mod gguf_vocab;
+
 use std::path::PathBuf;
 
 use mlx_tokenizers::tokenizer_gguf::tokenizer_data;
@@ -39,38 +42,12 @@ fn t5_unigram_gguf_vocabulary_encodes_as_transformers() {
         tok.vocab_size() as u64,
         golden["vocab_size"].as_u64().unwrap()
     );
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let mut failures = Vec::new();
-    for case in golden["cases"].as_array().unwrap() {
-        let text = case["text"].as_str().unwrap();
-        let with = tok.encode(text, true).unwrap();
-        let plain = tok.encode(text, false).unwrap();
-        if with != ids(&case["ids"]) {
-            failures.push(format!(
-                "{text:?}: ids {with:?}, want {:?}",
-                ids(&case["ids"])
-            ));
-        }
-        if plain != ids(&case["ids_plain"]) {
-            failures.push(format!(
-                "{text:?}: plain ids {plain:?}, want {:?}",
-                ids(&case["ids_plain"])
-            ));
-        }
-        let decoded = tok.decode(&plain, true).unwrap();
-        if decoded != case["decoded"].as_str().unwrap() {
-            failures.push(format!(
-                "{text:?}: decoded {decoded:?}, want {:?}",
-                case["decoded"]
-            ));
-        }
-    }
+    let failures = gguf_vocab::case_failures(
+        &golden,
+        |text, special| tok.encode(text, special).unwrap(),
+        |ids| tok.decode(ids, true).unwrap(),
+        false,
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

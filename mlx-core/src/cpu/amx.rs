@@ -298,6 +298,58 @@ fn run(ctx: &CpuContext, xb: &[u16], m: usize, jobs: &mut [MatJob<'_, '_>], mode
     });
 }
 
+/// The tile products of one K block ([`panel`], [`panel_chunked`]): `tmm0` (and `tmm1` where
+/// `tn > 16`: two input tiles) accumulate the weights' bfloat16 halves at `buf` (high, then
+/// low `TILE` bytes on) times the inputs' at `xp` (high, low; then the second tile's high,
+/// low), as `w_hi x_hi + w_hi x_lo + w_lo x_hi`, the two tiles' terms interleaved (two
+/// accumulation chains in flight). A macro, the same `asm!` expanded in place in both kernels;
+/// inside the caller's `unsafe` block, whose SAFETY comment covers these reads.
+macro_rules! tile_products {
+    ($tn:expr, $buf:expr, $xp:expr, $stride:expr) => {
+        let (tn, buf, xp, stride) = ($tn, $buf, $xp, $stride);
+        if tn > 16 {
+            asm!(
+                "tileloadd tmm2, [{a} + {s}*1]",
+                "tileloadd tmm4, [{x} + {s}*1]",
+                "tileloadd tmm6, [{x1} + {s}*1]",
+                "tdpbf16ps tmm0, tmm2, tmm4",
+                "tdpbf16ps tmm1, tmm2, tmm6",
+                "tileloadd tmm5, [{xl} + {s}*1]",
+                "tileloadd tmm7, [{xl1} + {s}*1]",
+                "tdpbf16ps tmm0, tmm2, tmm5",
+                "tdpbf16ps tmm1, tmm2, tmm7",
+                "tileloadd tmm3, [{al} + {s}*1]",
+                "tdpbf16ps tmm0, tmm3, tmm4",
+                "tdpbf16ps tmm1, tmm3, tmm6",
+                a = in(reg) buf,
+                al = in(reg) buf.add(TILE),
+                x = in(reg) xp,
+                xl = in(reg) xp.add(TILE),
+                x1 = in(reg) xp.add(2 * TILE),
+                xl1 = in(reg) xp.add(3 * TILE),
+                s = in(reg) stride,
+                options(nostack, readonly),
+            );
+        } else {
+            asm!(
+                "tileloadd tmm2, [{a} + {s}*1]",
+                "tileloadd tmm4, [{x} + {s}*1]",
+                "tdpbf16ps tmm0, tmm2, tmm4",
+                "tileloadd tmm5, [{xl} + {s}*1]",
+                "tdpbf16ps tmm0, tmm2, tmm5",
+                "tileloadd tmm3, [{al} + {s}*1]",
+                "tdpbf16ps tmm0, tmm3, tmm4",
+                a = in(reg) buf,
+                al = in(reg) buf.add(TILE),
+                x = in(reg) xp,
+                xl = in(reg) xp.add(TILE),
+                s = in(reg) stride,
+                options(nostack, readonly),
+            );
+        }
+    };
+}
+
 /// Rows `r0..r1` (at most [`TR`]) of every output row: per pass of 32 inputs, per 32-column
 /// block, the panel's rows dequantized and split into `a` (two hi / lo tile pairs, used in
 /// turn), then three tile products per 16 inputs into `tmm0` / `tmm1`, stored into `c` and
@@ -411,46 +463,7 @@ unsafe fn panel(
                 let xp = xb.as_ptr().add((pass * kblocks + kb) * 4 * TILE);
                 // Each C tile's sum as w_hi x_hi + w_hi x_lo + w_lo x_hi, the two tiles' terms
                 // interleaved (two accumulation chains in flight).
-                if tn > 16 {
-                    asm!(
-                        "tileloadd tmm2, [{a} + {s}*1]",
-                        "tileloadd tmm4, [{x} + {s}*1]",
-                        "tileloadd tmm6, [{x1} + {s}*1]",
-                        "tdpbf16ps tmm0, tmm2, tmm4",
-                        "tdpbf16ps tmm1, tmm2, tmm6",
-                        "tileloadd tmm5, [{xl} + {s}*1]",
-                        "tileloadd tmm7, [{xl1} + {s}*1]",
-                        "tdpbf16ps tmm0, tmm2, tmm5",
-                        "tdpbf16ps tmm1, tmm2, tmm7",
-                        "tileloadd tmm3, [{al} + {s}*1]",
-                        "tdpbf16ps tmm0, tmm3, tmm4",
-                        "tdpbf16ps tmm1, tmm3, tmm6",
-                        a = in(reg) buf,
-                        al = in(reg) buf.add(TILE),
-                        x = in(reg) xp,
-                        xl = in(reg) xp.add(TILE),
-                        x1 = in(reg) xp.add(2 * TILE),
-                        xl1 = in(reg) xp.add(3 * TILE),
-                        s = in(reg) stride,
-                        options(nostack, readonly),
-                    );
-                } else {
-                    asm!(
-                        "tileloadd tmm2, [{a} + {s}*1]",
-                        "tileloadd tmm4, [{x} + {s}*1]",
-                        "tdpbf16ps tmm0, tmm2, tmm4",
-                        "tileloadd tmm5, [{xl} + {s}*1]",
-                        "tdpbf16ps tmm0, tmm2, tmm5",
-                        "tileloadd tmm3, [{al} + {s}*1]",
-                        "tdpbf16ps tmm0, tmm3, tmm4",
-                        a = in(reg) buf,
-                        al = in(reg) buf.add(TILE),
-                        x = in(reg) xp,
-                        xl = in(reg) xp.add(TILE),
-                        s = in(reg) stride,
-                        options(nostack, readonly),
-                    );
-                }
+                tile_products!(tn, buf, xp, stride);
             }
             asm!(
                 "tilestored [{c} + {s}*1], tmm0",
@@ -627,46 +640,7 @@ unsafe fn panel_chunked<const NP: usize>(
                     for kc in 0..kn {
                         let buf = a.as_ptr().add(atile(p, kc));
                         let xp = xb.as_ptr().add((pass * kblocks + k0 + kc) * 4 * TILE);
-                        if tn > 16 {
-                            asm!(
-                                "tileloadd tmm2, [{a} + {s}*1]",
-                                "tileloadd tmm4, [{x} + {s}*1]",
-                                "tileloadd tmm6, [{x1} + {s}*1]",
-                                "tdpbf16ps tmm0, tmm2, tmm4",
-                                "tdpbf16ps tmm1, tmm2, tmm6",
-                                "tileloadd tmm5, [{xl} + {s}*1]",
-                                "tileloadd tmm7, [{xl1} + {s}*1]",
-                                "tdpbf16ps tmm0, tmm2, tmm5",
-                                "tdpbf16ps tmm1, tmm2, tmm7",
-                                "tileloadd tmm3, [{al} + {s}*1]",
-                                "tdpbf16ps tmm0, tmm3, tmm4",
-                                "tdpbf16ps tmm1, tmm3, tmm6",
-                                a = in(reg) buf,
-                                al = in(reg) buf.add(TILE),
-                                x = in(reg) xp,
-                                xl = in(reg) xp.add(TILE),
-                                x1 = in(reg) xp.add(2 * TILE),
-                                xl1 = in(reg) xp.add(3 * TILE),
-                                s = in(reg) stride,
-                                options(nostack, readonly),
-                            );
-                        } else {
-                            asm!(
-                                "tileloadd tmm2, [{a} + {s}*1]",
-                                "tileloadd tmm4, [{x} + {s}*1]",
-                                "tdpbf16ps tmm0, tmm2, tmm4",
-                                "tileloadd tmm5, [{xl} + {s}*1]",
-                                "tdpbf16ps tmm0, tmm2, tmm5",
-                                "tileloadd tmm3, [{al} + {s}*1]",
-                                "tdpbf16ps tmm0, tmm3, tmm4",
-                                a = in(reg) buf,
-                                al = in(reg) buf.add(TILE),
-                                x = in(reg) xp,
-                                xl = in(reg) xp.add(TILE),
-                                s = in(reg) stride,
-                                options(nostack, readonly),
-                            );
-                        }
+                        tile_products!(tn, buf, xp, stride);
                     }
                     asm!(
                         "tilestored [{c} + {s}*1], tmm0",

@@ -1076,6 +1076,34 @@ pub fn spec_code_table(spec: &TrellisSpec) -> Vec<f32> {
         .collect()
 }
 
+/// The checks [`quantize`] and [`encode_rows`] (named `op`) make of their input: a shape the
+/// spec codes, `rows * cols` values, every one finite.
+fn check_values(
+    spec: &TrellisSpec,
+    op: &'static str,
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<(), TrellisError> {
+    spec.check_shape(rows, cols)?;
+    if w.len() != rows * cols {
+        return Err(TrellisError::Values {
+            op,
+            values: w.len(),
+            rows,
+            cols,
+        });
+    }
+    if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+        return Err(TrellisError::NonFinite {
+            op,
+            row: i / cols,
+            col: i % cols,
+        });
+    }
+    Ok(())
+}
+
 /// Trellis-quantizes a row-major `(rows, cols)` matrix: incoherence with the signs of
 /// `seed`, per-row normalization, Viterbi on `threads` threads, least-squares row scales.
 /// Returns `(words (rows, cols * k / 32), scales (rows))`.
@@ -1087,22 +1115,7 @@ pub fn quantize(
     seed: u64,
     threads: usize,
 ) -> Result<(Vec<u32>, Vec<f32>), TrellisError> {
-    spec.check_shape(rows, cols)?;
-    if w.len() != rows * cols {
-        return Err(TrellisError::Values {
-            op: "quantize",
-            values: w.len(),
-            rows,
-            cols,
-        });
-    }
-    if let Some(i) = w.iter().position(|v| !v.is_finite()) {
-        return Err(TrellisError::NonFinite {
-            op: "quantize",
-            row: i / cols,
-            col: i % cols,
-        });
-    }
+    check_values(spec, "quantize", w, rows, cols)?;
     let (su, sv) = layer_signs(seed, rows, cols);
     let mut wt = w.to_vec();
     incoherent(&mut wt, rows, cols, &su, &sv);
@@ -1121,22 +1134,7 @@ pub fn encode_rows(
     cols: usize,
     threads: usize,
 ) -> Result<(Vec<u32>, Vec<f32>), TrellisError> {
-    spec.check_shape(rows, cols)?;
-    if wt.len() != rows * cols {
-        return Err(TrellisError::Values {
-            op: "encode",
-            values: wt.len(),
-            rows,
-            cols,
-        });
-    }
-    if let Some(i) = wt.iter().position(|v| !v.is_finite()) {
-        return Err(TrellisError::NonFinite {
-            op: "encode",
-            row: i / cols,
-            col: i % cols,
-        });
-    }
+    check_values(spec, "encode", wt, rows, cols)?;
     let rms: Vec<f32> = wt
         .chunks_exact(cols)
         .map(|r| {

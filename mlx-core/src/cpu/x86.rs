@@ -1002,6 +1002,60 @@ unsafe fn load_scales16<const K: u8>(p: *const u8, i: usize, mask: __mmask16) ->
     }
 }
 
+/// The first pass of [`dot4_512_g`] and [`dot4_512_s`] (the same operations in both), written
+/// once and expanded in place: a macro, not a function, for `#[inline(always)]` does not
+/// combine with `#[target_feature]` and the loop must stay the one it was. Inside the
+/// caller's `unsafe` block (its SAFETY comment covers these reads), it binds `$mask_of` (the
+/// lane mask of `k` chunks), `$per_chunk` (a block's per-chunk values of a per-group array of
+/// dtype `$K`) and `$a0` (per input row, the biases times the inputs' chunk sums `qx.s`).
+macro_rules! dot4_512_biases {
+    (
+        $mask_of:ident, $per_chunk:ident, $a0:ident;
+        $MT:ident, $K:ident, $b0:ident, $chunks:ident, $shift:ident, $qx:ident
+    ) => {
+        let $mask_of = |k: usize| -> __mmask16 {
+            if k == 16 {
+                0xffff
+            } else {
+                (1u16 << k) - 1
+            }
+        };
+        // Lane l of a block's chunks takes group l >> shift of the block's groups.
+        let spread = _mm512_srlv_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+            _mm512_set1_epi32($shift as i32),
+        );
+        // The block's per-chunk values of a per-group array (`c0` a multiple of 16, `k`
+        // chunks from it: `k >> shift` groups).
+        let $per_chunk = |p: *const u8, c0: usize, k: usize| -> __m512 {
+            let v = load_scales16::<$K>(p, c0 >> $shift, $mask_of(k >> $shift));
+            if $shift == 0 {
+                v
+            } else {
+                _mm512_permutexvar_ps(spread, v)
+            }
+        };
+        let mut $a0 = [_mm512_setzero_ps(); $MT];
+        let mut c0 = 0;
+        while c0 < $chunks {
+            let k = ($chunks - c0).min(16);
+            let mask = $mask_of(k);
+            let bv = $per_chunk($b0, c0, k);
+            // A symmetric matrix's biases: its scales (`b0`) times -8, exact.
+            let bv = if $K == SCALES_F16_SYM {
+                _mm512_mul_ps(bv, _mm512_set1_ps(-8.0))
+            } else {
+                bv
+            };
+            for t in 0..$MT {
+                let xs = _mm512_maskz_loadu_ps(mask, $qx.s.add(t * $chunks + c0));
+                $a0[t] = _mm512_fmadd_ps(bv, xs, $a0[t]);
+            }
+            c0 += 16;
+        }
+    };
+}
+
 /// [`dot4_512_h`] for a row in groups of `32 << shift` values (`shift` at most 4) with scales
 /// and biases of dtype `K` (`s0`, `b0`: the row's `chunks >> shift` of each): per block of 16
 /// chunks the block's scales (and biases) loaded once and spread to their chunks by one
@@ -1025,46 +1079,7 @@ pub(super) unsafe fn dot4_512_g<const MT: usize, const K: u8>(
     // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
     // row's last chunk or group read nothing).
     unsafe {
-        let mask_of = |k: usize| -> __mmask16 {
-            if k == 16 {
-                0xffff
-            } else {
-                (1u16 << k) - 1
-            }
-        };
-        // Lane l of a block's chunks takes group l >> shift of the block's groups.
-        let spread = _mm512_srlv_epi32(
-            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-            _mm512_set1_epi32(shift as i32),
-        );
-        // The block's per-chunk values of a per-group array (`c0` a multiple of 16, `k`
-        // chunks from it: `k >> shift` groups).
-        let per_chunk = |p: *const u8, c0: usize, k: usize| -> __m512 {
-            let v = load_scales16::<K>(p, c0 >> shift, mask_of(k >> shift));
-            if shift == 0 {
-                v
-            } else {
-                _mm512_permutexvar_ps(spread, v)
-            }
-        };
-        let mut a0 = [_mm512_setzero_ps(); MT];
-        let mut c0 = 0;
-        while c0 < chunks {
-            let k = (chunks - c0).min(16);
-            let mask = mask_of(k);
-            let bv = per_chunk(b0, c0, k);
-            // A symmetric matrix's biases: its scales (`b0`) times -8, exact.
-            let bv = if K == SCALES_F16_SYM {
-                _mm512_mul_ps(bv, _mm512_set1_ps(-8.0))
-            } else {
-                bv
-            };
-            for t in 0..MT {
-                let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
-                a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
-            }
-            c0 += 16;
-        }
+        dot4_512_biases!(mask_of, per_chunk, a0; MT, K, b0, chunks, shift, qx);
         let nib = _mm512_set1_epi16(0x000f);
         // Lanes 0-7: the pair's first chunk; 8-15: its second.
         let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -1162,43 +1177,7 @@ pub(super) unsafe fn dot4_512_s<const MT: usize, const K: u8>(
     // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
     // row's last chunk or group read nothing; the split inputs are padded to whole quads).
     unsafe {
-        let mask_of = |k: usize| -> __mmask16 {
-            if k == 16 {
-                0xffff
-            } else {
-                (1u16 << k) - 1
-            }
-        };
-        let spread = _mm512_srlv_epi32(
-            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-            _mm512_set1_epi32(shift as i32),
-        );
-        let per_chunk = |p: *const u8, c0: usize, k: usize| -> __m512 {
-            let v = load_scales16::<K>(p, c0 >> shift, mask_of(k >> shift));
-            if shift == 0 {
-                v
-            } else {
-                _mm512_permutexvar_ps(spread, v)
-            }
-        };
-        let mut a0 = [_mm512_setzero_ps(); MT];
-        let mut c0 = 0;
-        while c0 < chunks {
-            let k = (chunks - c0).min(16);
-            let mask = mask_of(k);
-            let bv = per_chunk(b0, c0, k);
-            // A symmetric matrix's biases: its scales (`b0`) times -8, exact.
-            let bv = if K == SCALES_F16_SYM {
-                _mm512_mul_ps(bv, _mm512_set1_ps(-8.0))
-            } else {
-                bv
-            };
-            for t in 0..MT {
-                let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
-                a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
-            }
-            c0 += 16;
-        }
+        dot4_512_biases!(mask_of, per_chunk, a0; MT, K, b0, chunks, shift, qx);
         let nib = _mm512_set1_epi8(0x0f);
         // Lane l of a quad's sums belongs to its chunk l / 4.
         let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
