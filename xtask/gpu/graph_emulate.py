@@ -460,6 +460,31 @@ DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved th
 PERSIST = int(os.environ.get("GRAPH_EMU_PERSIST", "0"))
 PERSIST_GRID = int(os.environ.get("GRAPH_EMU_PERSIST_GRID", "4"))
 PERSIST_MUTATE = os.environ.get("GRAPH_EMU_PERSIST_MUTATE", "")
+
+# The source edits of the mutation switches ((switch's value, name) -> (text, its replacement)),
+# applied to the decoder's own source only (not a `cu` under test).
+SOURCE_MUTATIONS = {
+    # The split barrier's next arrival noted in the neighbouring block's slot of its row.
+    (PERSIST_MUTATE, "trace"): ("slot ? slot + (ll)gridDim.x * PS_TW : nullptr",
+                                "slot ? slot + PS_TW : nullptr"),
+    # PS_LOOP: each layer's last two row products run in the wrong order (down before
+    # gate/up; the last layer's: the head before down): every phase still a row product.
+    (PERSIST_MUTATE, "loop_order"): (
+        "PS_RUN(ps_matvec, st.i, 0)",
+        "PS_RUN(ps_matvec, st.r == 2 ? st.i + 1 : st.r == 1 ? st.i - 1 : st.i, 0)"),
+    # PS_LOOP: thread 0's barrier target not kept from one phase to the next (a stale one:
+    # its block leaves the barrier before the others have arrived).
+    (PERSIST_MUTATE, "loop_target"): ("if (threadIdx.x == 0) st.target = t_;", "(void)t_;"),
+    (PERSIST_MUTATE, "barrier"): ("ps_load_acquire(ctr) < target;",
+                                  "false && ps_load_acquire(ctr) < target;"),
+    # The pair's rows blocks written with each other's sums.
+    (MMA_PAIR_MUTATE, "swap"): (
+        "epilogue(acc[0], early0);\n            if (two) epilogue(acc[1], early1);",
+        "epilogue(two ? acc[1] : acc[0], early0);\n            if (two) epilogue(acc[0], early1);"),
+    # The second rows block's sums scaled by the first's scales and biases.
+    (MMA_PAIR_MUTATE, "scale"): ("acc[p][nt][e] += lo2f(ss[p][e >> 1]) * d[p][nt][e]",
+                                 "acc[p][nt][e] += lo2f(ss[0][e >> 1]) * d[p][nt][e]"),
+}
 # Session 41's levers, each a define (the host's switch in brackets), and the trace:
 # GRAPH_EMU_PERSIST_SPLIT=1: PS_SPLIT (MLX_GRAPH_PERSIST_SPLIT=1: a block arrives at the end of
 # its phase's work, waits after the next phase's early loads); GRAPH_EMU_PERSIST_POLL=1:
@@ -539,37 +564,11 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define PS_SMEM_TABLE 1\n" if cu is None and PERSIST and PERSIST_SMEM else "")
            + ("#define PS_LOOP 1\n" if cu is None and PERSIST and PERSIST_LOOP else "")
            + (CU if cu is None else cu))
-    if cu is None and PERSIST_MUTATE == "trace":
-        # The split barrier's next arrival noted in the neighbouring block's slot of its row.
-        a = "slot ? slot + (ll)gridDim.x * PS_TW : nullptr"
-        assert a in src
-        src = src.replace(a, "slot ? slot + PS_TW : nullptr")
-    if cu is None and PERSIST_MUTATE == "loop_order":
-        # PS_LOOP: each layer's last two row products run in the wrong order (down before
-        # gate/up; the last layer's: the head before down): every phase still a row product.
-        a = "PS_RUN(ps_matvec, st.i, 0)"
-        assert a in src
-        src = src.replace(a, "PS_RUN(ps_matvec, st.r == 2 ? st.i + 1 : st.r == 1 ? st.i - 1 : st.i, 0)")
-    if cu is None and PERSIST_MUTATE == "loop_target":
-        # PS_LOOP: thread 0's barrier target not kept from one phase to the next (a stale one:
-        # its block leaves the barrier before the others have arrived).
-        a = "if (threadIdx.x == 0) st.target = t_;"
-        assert a in src
-        src = src.replace(a, "(void)t_;")
-    if cu is None and PERSIST_MUTATE == "barrier":
-        a = "ps_load_acquire(ctr) < target;"
-        assert a in src
-        src = src.replace(a, "false && ps_load_acquire(ctr) < target;")
-    if cu is None and MMA_PAIR_MUTATE == "swap":
-        # The pair's rows blocks written with each other's sums.
-        a = "epilogue(acc[0], early0);\n            if (two) epilogue(acc[1], early1);"
-        assert a in src
-        src = src.replace(a, "epilogue(two ? acc[1] : acc[0], early0);\n            if (two) epilogue(acc[0], early1);")
-    if cu is None and MMA_PAIR_MUTATE == "scale":
-        # The second rows block's sums scaled by the first's scales and biases.
-        a = "acc[p][nt][e] += lo2f(ss[p][e >> 1]) * d[p][nt][e]"
-        assert a in src
-        src = src.replace(a, "acc[p][nt][e] += lo2f(ss[0][e >> 1]) * d[p][nt][e]")
+    if cu is None:
+        for (switch, value), (a, b) in SOURCE_MUTATIONS.items():
+            if switch == value:
+                assert a in src, (value, a)
+                src = src.replace(a, b)
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
     if sinks:
