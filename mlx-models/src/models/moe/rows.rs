@@ -8,6 +8,29 @@ fn default_true() -> bool {
     true
 }
 
+/// A router's score function as the row's config names it: `true` for `sigmoid`, `false` for
+/// `softmax`, else an error naming the model, the field and the value.
+fn sigmoid_scores(model: &str, field: &str, value: &str) -> Result<bool> {
+    match value {
+        "sigmoid" => Ok(true),
+        "softmax" => Ok(false),
+        other => Err(ModelError::Config(format!(
+            "{model}: {field} `{other}` is not supported"
+        ))),
+    }
+}
+
+/// Group-limited routing's shape: `n_group` groups that split the experts evenly, of which
+/// `topk_group` (1..=n_group) are kept.
+fn check_expert_groups(model: &str, n_group: i32, topk_group: i32, num_experts: i32) -> Result<()> {
+    if n_group <= 0 || topk_group <= 0 || topk_group > n_group || num_experts % n_group != 0 {
+        return Err(ModelError::Config(format!(
+            "{model}: n_group {n_group} / topk_group {topk_group} do not fit {num_experts} experts"
+        )));
+    }
+    Ok(())
+}
+
 fn kv_heads(kv: Option<i32>, heads: i32) -> i32 {
     kv.unwrap_or(heads)
 }
@@ -1350,16 +1373,7 @@ impl MoeSpec {
                         a.is_moe_layer.len()
                     )));
                 }
-                if a.n_group <= 0
-                    || a.topk_group <= 0
-                    || a.topk_group > a.n_group
-                    || a.num_experts % a.n_group != 0
-                {
-                    return Err(ModelError::Config(format!(
-                        "exaone_moe: n_group {} / topk_group {} do not fit {} experts",
-                        a.n_group, a.topk_group, a.num_experts
-                    )));
-                }
+                check_expert_groups("exaone_moe", a.n_group, a.topk_group, a.num_experts)?;
                 let rope_theta = a
                     .rope_parameters
                     .as_ref()
@@ -1439,24 +1453,9 @@ impl MoeSpec {
                          head_dim {head_dim}"
                     )));
                 }
-                let sigmoid = match a.score_function.as_str() {
-                    "softmax" => false,
-                    "sigmoid" => true,
-                    other => {
-                        return Err(ModelError::Config(format!(
-                            "bailing_moe: score_function `{other}` is not supported"
-                        )))
-                    }
-                };
-                if a.n_group > 1
-                    && (a.topk_group <= 0
-                        || a.topk_group > a.n_group
-                        || a.num_experts % a.n_group != 0)
-                {
-                    return Err(ModelError::Config(format!(
-                        "bailing_moe: n_group {} / topk_group {} do not fit {} experts",
-                        a.n_group, a.topk_group, a.num_experts
-                    )));
+                let sigmoid = sigmoid_scores("bailing_moe", "score_function", &a.score_function)?;
+                if a.n_group > 1 {
+                    check_expert_groups("bailing_moe", a.n_group, a.topk_group, a.num_experts)?;
                 }
                 let shared =
                     (a.num_shared_experts > 0 && a.moe_router_enable_shared_expert).then(|| {
@@ -1543,24 +1542,9 @@ impl MoeSpec {
                         "afmoe: needs a full_attention layer".into(),
                     ));
                 }
-                let sigmoid = match a.score_func.as_str() {
-                    "sigmoid" => true,
-                    "softmax" => false,
-                    other => {
-                        return Err(ModelError::Config(format!(
-                            "afmoe: score_func `{other}` is not supported"
-                        )))
-                    }
-                };
-                if a.n_group > 1
-                    && (a.topk_group <= 0
-                        || a.topk_group > a.n_group
-                        || a.num_experts % a.n_group != 0)
-                {
-                    return Err(ModelError::Config(format!(
-                        "afmoe: n_group {} / topk_group {} do not fit {} experts",
-                        a.n_group, a.topk_group, a.num_experts
-                    )));
+                let sigmoid = sigmoid_scores("afmoe", "score_func", &a.score_func)?;
+                if a.n_group > 1 {
+                    check_expert_groups("afmoe", a.n_group, a.topk_group, a.num_experts)?;
                 }
                 let window = usize::try_from(a.sliding_window)
                     .ok()
@@ -1820,15 +1804,7 @@ impl MoeSpec {
             "ernie4_5_moe" => {
                 let a: Ernie45MoeArgs = config.args()?;
                 let n = a.num_hidden_layers.max(0);
-                let sigmoid = match a.moe_gate_act.as_str() {
-                    "softmax" => false,
-                    "sigmoid" => true,
-                    other => {
-                        return Err(ModelError::Config(format!(
-                            "ernie4_5_moe: moe_gate_act `{other}` is not supported"
-                        )))
-                    }
-                };
+                let sigmoid = sigmoid_scores("ernie4_5_moe", "moe_gate_act", &a.moe_gate_act)?;
                 let start = a.moe_layer_start_index.min().unwrap_or(0);
                 let end = match &a.moe_layer_end_index {
                     None => n - 1,
@@ -1929,5 +1905,45 @@ impl MoeSpec {
             )));
         }
         Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message<T: std::fmt::Debug>(r: Result<T>) -> String {
+        match r {
+            Err(ModelError::Config(m)) => m,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn router_scores_and_groups_are_checked_with_the_model_and_field_named() {
+        assert!(sigmoid_scores("afmoe", "score_func", "sigmoid").unwrap());
+        assert!(!sigmoid_scores("afmoe", "score_func", "softmax").unwrap());
+        assert_eq!(
+            message(sigmoid_scores("afmoe", "score_func", "relu")),
+            "afmoe: score_func `relu` is not supported"
+        );
+        check_expert_groups("exaone_moe", 8, 4, 64).unwrap();
+        check_expert_groups("exaone_moe", 1, 1, 3).unwrap();
+        for (n_group, topk_group, experts) in
+            [(0, 1, 8), (4, 0, 8), (4, 5, 8), (3, 1, 8), (-2, 1, 8)]
+        {
+            assert_eq!(
+                message(check_expert_groups(
+                    "bailing_moe",
+                    n_group,
+                    topk_group,
+                    experts
+                )),
+                format!(
+                    "bailing_moe: n_group {n_group} / topk_group {topk_group} do not fit \
+                     {experts} experts"
+                )
+            );
+        }
     }
 }
