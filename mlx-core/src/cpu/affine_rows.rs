@@ -75,9 +75,10 @@ pub(super) unsafe fn rows(
 ) {
     let (n, cols) = (w.rows(), w.cols());
     // The pair kernel where it measured faster (`cpu_verify_rows`, s44's README): one tile
-    // (2 to 4 inputs) at any width; more inputs (tiles of 3 and 2) only over rows of 32+
+    // (2 to 4 inputs) at any width; more inputs (tiles of at most 3) only over rows of 32+
     // chunks (the down product), where the second tile's repeated bias terms, factors and
-    // unpacking weigh less.
+    // unpacking weigh less (at 576 columns 5 inputs as 3 + 2 were no faster than the
+    // one-row kernel's pass of 5).
     let pairs = m <= PAIR_ONE || (m <= PAIR_MAX && cols >= 1024);
     if m >= 2 && pairs && !qx.h.is_null() && pairs_on().0 {
         // SAFETY: forwarded contract (the split inputs present).
@@ -228,8 +229,8 @@ pub(super) fn pairs_on() -> (bool, bool) {
 /// and factors for each).
 pub(super) const PAIR_TILE: usize = 3;
 
-/// The most inputs [`rows_pairs`] takes in one tile (4: past [`PAIR_TILE`], some factors
-/// spill to the stack, still faster than two tiles).
+/// The most inputs [`rows_pairs`] takes in one tile (at 4, `dot4_512_s2` keeps its factors
+/// on the stack; 5 in one tile measured no faster than the one-row kernel's pass).
 pub(super) const PAIR_ONE: usize = 4;
 
 /// The most inputs [`rows`] hands to [`rows_pairs`] (a verification pass: K drafts and the

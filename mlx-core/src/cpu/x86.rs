@@ -1305,7 +1305,7 @@ pub(super) struct Row4 {
 /// `pair_kernel_is_dot4_512_s_bit_for_bit`).
 ///
 /// # Safety
-/// As [`dot4_512_s`] for each row (`qx.h` not null).
+/// As [`dot4_512_s`] for each row (`qx.h` not null), `MT` at most 4.
 #[inline]
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -1328,6 +1328,9 @@ pub(super) unsafe fn dot4_512_s2<const MT: usize, const K: u8>(
         let zero = _mm512_setzero_si512();
         let mut a1 = [_mm512_setzero_ps(); MT];
         let mut e1 = [_mm512_setzero_ps(); MT];
+        #[repr(align(64))]
+        struct Fs([[f32; 16]; 8]);
+        let mut fs = Fs([[0f32; 16]; 8]);
         let mut c0 = 0;
         while c0 < chunks {
             let k = (chunks - c0).min(16);
@@ -1340,6 +1343,14 @@ pub(super) unsafe fn dot4_512_s2<const MT: usize, const K: u8>(
                 let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
                 f[t] = _mm512_mul_ps(sv, dv);
                 f2[t] = _mm512_mul_ps(sv2, dv);
+            }
+            // Past three inputs the factors wait on the stack (whole vectors, read back whole
+            // by the permutes), leaving the registers to the accumulators.
+            if MT > 3 {
+                for t in 0..MT {
+                    _mm512_store_ps(fs.0[t].as_mut_ptr(), f[t]);
+                    _mm512_store_ps(fs.0[MT + t].as_mut_ptr(), f2[t]);
+                }
             }
             let step = |j: usize, acc: &mut [__m512; MT], acc2: &mut [__m512; MT]| {
                 let c = c0 + j;
@@ -1375,9 +1386,17 @@ pub(super) unsafe fn dot4_512_s2<const MT: usize, const K: u8>(
                     let sum2 = _mm512_slli_epi32::<8>(sum2);
                     let sum2 = _mm512_dpbusd_epi32(sum2, x2, lo2);
                     let sum2 = _mm512_dpbusd_epi32(sum2, x3, hi2);
-                    let fv = _mm512_permutexvar_ps(idx, f[t]);
+                    let (ft, ft2) = if MT > 3 {
+                        (
+                            _mm512_load_ps(fs.0[t].as_ptr()),
+                            _mm512_load_ps(fs.0[MT + t].as_ptr()),
+                        )
+                    } else {
+                        (f[t], f2[t])
+                    };
+                    let fv = _mm512_permutexvar_ps(idx, ft);
                     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, acc[t]);
-                    let fv2 = _mm512_permutexvar_ps(idx, f2[t]);
+                    let fv2 = _mm512_permutexvar_ps(idx, ft2);
                     acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum2), fv2, acc2[t]);
                 }
             };
