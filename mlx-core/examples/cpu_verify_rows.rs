@@ -5,7 +5,9 @@
 //! and the AMX int8 tile kernel (`cpu::amx_verify`, its inputs laid out
 //! on each call): `cargo run --release -p mlx-core --example cpu_verify_rows -- [MAX_ROWS]
 //! [MB] [ROUNDS]`. Each shape cycles through `MB` (default 8) of weight copies; the fastest of
-//! many runs is printed with its cost in the default kernel's one-row products.
+//! many runs is printed with its cost in the default kernel's one-row products. Last, a slice
+//! of SmolLM2's 8-bit head (8192 x 576, Q8_0) through the default kernel only (int16 inputs).
+//! `MLX_CPU_PAIRS=0` (or `4`, `8`) turns the verify rows' pair kernels off (s44).
 
 use half::f16;
 use mlx_core::cpu::amx_verify::{self, Kernel};
@@ -41,12 +43,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let amx = amx_verify::amx_int8_available();
     let mut rng = Lcg(7);
     let mut scratch = RowsScratch::default();
-    for (rows, cols) in [(576, 576), (1536, 576), (576, 1536)] {
-        let one = rows * cols / 2 + rows * cols / 32 * 4;
+    // The 4-bit shapes, then a slice of the 8-bit head (Q8_0, symmetric: 8192 of its 49,152
+    // rows; only the default kernel's column applies there).
+    for (rows, cols, bits) in [
+        (576, 576, 4),
+        (1536, 576, 4),
+        (576, 1536, 4),
+        (8192, 576, 8),
+    ] {
+        // The head's products read int16 inputs (the decoder's `Activations::head`).
+        ctx.activations = if bits == 8 {
+            Activations::Int16
+        } else {
+            Activations::Int16Q8Int8
+        };
+        let one = rows * cols * bits / 8 + rows * cols / 32 * 4;
         let copies = ((mb * 1e6) as usize / one).max(1);
         let store: Vec<_> = (0..copies)
             .map(|_| {
-                let words: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next()).collect();
+                let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.next()).collect();
                 let g = rows * cols / 32;
                 let s: Vec<f16> = (0..g).map(|_| f16::from_f32(rng.unit() * 0.1)).collect();
                 let b: Vec<f16> = (0..g).map(|_| f16::from_f32(rng.unit() * 0.1)).collect();
@@ -55,10 +70,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect();
         let mats: Vec<Matrix<'_>> = store
             .iter()
-            .map(|(w, s, b)| Matrix::affine(w, Floats::F16(s), Floats::F16(b), rows, cols, 4, 32))
+            .map(|(w, s, b)| {
+                if bits == 8 {
+                    Matrix::symmetric(w, Floats::F16(s), rows, cols, 8, 32)
+                } else {
+                    Matrix::affine(w, Floats::F16(s), Floats::F16(b), rows, cols, 4, 32)
+                }
+            })
             .collect::<Result<_, _>>()?;
         // The lane kernel over each matrix's lane layout (`Lanes16`, made here once).
-        let lanes: Vec<Lanes16> = mats.iter().map(Lanes16::pack).collect::<Result<_, _>>()?;
+        let lanes: Vec<Lanes16> = if bits == 4 {
+            mats.iter().map(Lanes16::pack).collect::<Result<_, _>>()?
+        } else {
+            Vec::new()
+        };
         let laned: Vec<Matrix<'_>> = mats
             .iter()
             .zip(&lanes)
@@ -81,6 +106,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut best = [f64::INFINITY; 4];
                 for i in 0..reps {
                     for (k, b) in best.iter_mut().enumerate() {
+                        if bits == 8 && k > 0 {
+                            continue;
+                        }
                         let w = if k == 3 {
                             &laned[(i + k) % copies]
                         } else {

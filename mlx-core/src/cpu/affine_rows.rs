@@ -22,7 +22,8 @@ use std::arch::x86_64::*;
 
 use super::matmul::{AffineParts, Floats, Matrix};
 use super::x86::{
-    dot4_512_any, dot_kind, floats_ptr, split_covers, QuantX16, MAX_CHUNKS, SCALES_F32, WIDE_TILE,
+    dot4_512_any, dot4_512_any2, dot_kind, floats_ptr, split_covers, QuantX16, Row4, MAX_CHUNKS,
+    SCALES_F32, WIDE_TILE,
 };
 use super::SharedOut;
 
@@ -73,6 +74,17 @@ pub(super) unsafe fn rows(
     bias: Option<Floats<'_>>,
 ) {
     let (n, cols) = (w.rows(), w.cols());
+    // The pair kernel where it measured faster (`cpu_verify_rows`, s44's README): one tile
+    // (2 to 4 inputs) at any width; more inputs (tiles of at most 3) only over rows of 32+
+    // chunks (the down product), where the second tile's repeated bias terms, factors and
+    // unpacking weigh less (at 576 columns 5 inputs as 3 + 2 were no faster than the
+    // one-row kernel's pass of 5).
+    let pairs = m <= PAIR_ONE || (m <= PAIR_MAX && cols >= 1024);
+    if m >= 2 && pairs && !qx.h.is_null() && pairs_on().0 {
+        // SAFETY: forwarded contract (the split inputs present).
+        unsafe { rows_pairs(w, r0, r1, qx, m, out, bias) };
+        return;
+    }
     // Past one tile, tiles of even size (7 rows as 4 + 3, not 6 + 1: a one-row pass over the
     // weights costs nearly what a one-row product does).
     let mut tiles = m.div_ceil(WIDE_TILE);
@@ -199,6 +211,194 @@ unsafe fn rows_m<const MT: usize>(
     }
 }
 
+/// Which pair kernels a verification pass's rows take: the 4-bit [`rows_pairs`] and the 8-bit
+/// head's `x86::rows_q8_pairs`, both on by default; `MLX_CPU_PAIRS` (`0`: neither, `4`: the
+/// 4-bit one only, `8`: the head's only) turns them off for A/B measurements (the bits are
+/// the same either way). Returns `(4-bit, 8-bit)`.
+pub(super) fn pairs_on() -> (bool, bool) {
+    static ON: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("MLX_CPU_PAIRS").as_deref() {
+        Ok("0") => (false, false),
+        Ok("4") => (true, false),
+        Ok("8") => (false, true),
+        _ => (true, true),
+    })
+}
+
+/// Input rows a pass of [`rows_pairs`] takes (its registers: two weight rows' accumulators
+/// and factors for each).
+pub(super) const PAIR_TILE: usize = 3;
+
+/// The most inputs [`rows_pairs`] takes in one tile (at 4, `dot4_512_s2` keeps its factors
+/// on the stack; 5 in one tile measured no faster than the one-row kernel's pass).
+pub(super) const PAIR_ONE: usize = 4;
+
+/// The most inputs [`rows`] hands to [`rows_pairs`] (a verification pass: K drafts and the
+/// pending token; past it, the tiles of [`WIDE_TILE`]).
+pub(super) const PAIR_MAX: usize = 4 * PAIR_TILE;
+
+/// [`rows`] for `m >= 2` inputs with their split bytes (`qx.h`): weight rows two at a time
+/// ([`dot4_512_any2`]: each input's bytes loaded once for both rows), the inputs in tiles of
+/// up to [`PAIR_ONE`] in one tile, more in tiles of at most [`PAIR_TILE`] (sizes as even as
+/// can be: 5 as 3 + 2), every tile over
+/// the same two rows before the next pair (their bytes still in L1); an odd last row paired
+/// with itself. Each output is its one-row kernel's bits (`dot4_512_s2`'s contract).
+///
+/// # Safety
+/// As [`rows`], with `qx.h` not null.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_pairs(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Some(parts) = w.affine_parts() else {
+        return;
+    };
+    let AffineParts {
+        words,
+        scales,
+        biases,
+        bits: 4,
+        group,
+        ..
+    } = parts
+    else {
+        return;
+    };
+    let Some(kind) = dot_kind(&parts) else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let chunks = cols / 32;
+    let groups = cols / group;
+    let shift = (group / 32).trailing_zeros();
+    let esz = if kind == SCALES_F32 { 4 } else { 2 };
+    let row_bytes = cols / 2;
+    let bytes = words.as_ptr() as *const u8;
+    let (sp, bp) = (floats_ptr(scales), floats_ptr(biases));
+    assert!(
+        r1 <= rows && scales.len() >= rows * groups && biases.len() >= rows * groups,
+        "affine_rows: rows {r0}..{r1} of {rows}, scales out of range"
+    );
+    // The input tiles: as even as can be, at most PAIR_TILE rows each.
+    let mut tiles = [(0usize, 0usize); PAIR_MAX / PAIR_TILE];
+    let mut nt = 0;
+    let mut left = if m <= PAIR_ONE {
+        1
+    } else {
+        m.div_ceil(PAIR_TILE)
+    };
+    let mut t0 = 0;
+    while t0 < m && nt < tiles.len() {
+        let mt = (m - t0).div_ceil(left);
+        tiles[nt] = (t0, mt);
+        nt += 1;
+        left -= 1;
+        t0 += mt;
+    }
+    assert!(
+        t0 == m,
+        "affine_rows: {m} inputs past the pair kernel's tiles"
+    );
+    // SAFETY (whole body): rows r0..r1 lie within `words`, the scales and the biases
+    // (Matrix::affine's checks and the assert); prefetches are hints and only name rows that
+    // exist; the input tiles lie within `qx`'s m rows; the contracts of `dot4_512_any2` and
+    // `dot4_512_any` are `rows`'.
+    unsafe {
+        let row = |r: usize| Row4 {
+            rb: bytes.add(r * row_bytes),
+            s0: sp.add(r * groups * esz),
+            b0: bp.add(r * groups * esz),
+        };
+        let fetch = |r: usize| {
+            let p = bytes.add(r * row_bytes) as *const i8;
+            let mut o = 0;
+            while o < row_bytes {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(o));
+                o += 64;
+            }
+            _mm_prefetch::<_MM_HINT_T0>(p.add(row_bytes - 1));
+            let sb = groups * esz;
+            for base in [sp, bp] {
+                let q = base.add(r * sb) as *const i8;
+                let mut o = 0;
+                while o < sb {
+                    _mm_prefetch::<_MM_HINT_T0>(q.add(o));
+                    o += 64;
+                }
+                _mm_prefetch::<_MM_HINT_T0>(q.add(sb - 1));
+            }
+        };
+        let (ahead, _) = pf_knobs();
+        for r in r0..(r0 + ahead).min(r1) {
+            fetch(r);
+        }
+        let put = |r: usize, t0: usize, v: &[f32]| {
+            let b = bias.map_or(0.0, |b| b.get(r));
+            for (t, v) in v.iter().enumerate() {
+                out.write((t0 + t) * rows + r, v + b);
+            }
+        };
+        let mut r = r0;
+        while r + 2 <= r1 {
+            for q in [r + ahead, r + ahead + 1] {
+                if q < rows {
+                    fetch(q);
+                }
+            }
+            let (w0, w1) = (row(r), row(r + 1));
+            for &(t0, mt) in &tiles[..nt] {
+                let q = qx.rows_from(t0, cols);
+                match mt {
+                    1 => {
+                        let (a, b) = dot4_512_any2::<1>(kind, w0, w1, chunks, shift, q);
+                        put(r, t0, &a);
+                        put(r + 1, t0, &b);
+                    }
+                    2 => {
+                        let (a, b) = dot4_512_any2::<2>(kind, w0, w1, chunks, shift, q);
+                        put(r, t0, &a);
+                        put(r + 1, t0, &b);
+                    }
+                    3 => {
+                        let (a, b) = dot4_512_any2::<3>(kind, w0, w1, chunks, shift, q);
+                        put(r, t0, &a);
+                        put(r + 1, t0, &b);
+                    }
+                    _ => {
+                        let (a, b) = dot4_512_any2::<4>(kind, w0, w1, chunks, shift, q);
+                        put(r, t0, &a);
+                        put(r + 1, t0, &b);
+                    }
+                }
+            }
+            r += 2;
+        }
+        if r < r1 {
+            // An odd last row paired with itself (its first result kept): `dot4_512_any`
+            // inlined here compiled its unordered `_mm512_reduce_add_ps` to another order
+            // than the one-row kernel's at four inputs (other bits); `dot4_512_s2` spells
+            // the order out.
+            let w0 = row(r);
+            for &(t0, mt) in &tiles[..nt] {
+                let q = qx.rows_from(t0, cols);
+                match mt {
+                    1 => put(r, t0, &dot4_512_any2::<1>(kind, w0, w0, chunks, shift, q).0),
+                    2 => put(r, t0, &dot4_512_any2::<2>(kind, w0, w0, chunks, shift, q).0),
+                    3 => put(r, t0, &dot4_512_any2::<3>(kind, w0, w0, chunks, shift, q).0),
+                    _ => put(r, t0, &dot4_512_any2::<4>(kind, w0, w0, chunks, shift, q).0),
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{
@@ -282,6 +482,135 @@ mod tests {
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
                             "{rows}x{cols}, {m} inputs, row {t}, bias {}: not the bits alone",
                             b.is_some()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The pair kernel (`rows_pairs`, `dot4_512_s2`) over every scale dtype and group it
+    /// takes (float16 in groups of 32 and 64, bfloat16 in 32, float32 in 64 or 128, a symmetric
+    /// Q4_0-style matrix): every row of 2..=7 inputs has the bits `matmul_t` gives that input
+    /// alone, over widths that take one tile only (576: 18 chunks, a partial quad) and tiles
+    /// of 3 and 2 (1088: 34 chunks; 1152: 36), an odd number of weight rows (the last row alone) and
+    /// two workers: tier bit-identical.
+    #[test]
+    fn pair_kernel_rows_are_the_one_row_bits_for_every_dtype() {
+        let mut ctx = CpuContext::new(2).unwrap();
+        if ctx.isa != Isa::Avx512 {
+            eprintln!("no AVX-512: affine_rows is not reached here");
+            return;
+        }
+        ctx.activations = Activations::Int16;
+        let mut scratch = RowsScratch::default();
+        for (rows, cols) in [(41, 576), (23, 1088), (9, 1152)] {
+            let words: Vec<u32> = seeded(rows * cols / 8, 5)
+                .iter()
+                .map(|v| (v.to_bits()).wrapping_mul(2_654_435_761))
+                .collect();
+            let vals = |g: usize, seed: u64| -> Vec<f32> {
+                seeded(rows * cols / g, seed)
+                    .iter()
+                    .map(|v| v * 0.1)
+                    .collect()
+            };
+            let h = |v: &[f32]| -> Vec<half::f16> {
+                v.iter().map(|&x| half::f16::from_f32(x)).collect()
+            };
+            let b16 = |v: &[f32]| -> Vec<half::bf16> {
+                v.iter().map(|&x| half::bf16::from_f32(x)).collect()
+            };
+            let (s32, b32) = (h(&vals(32, 6)), h(&vals(32, 7)));
+            let (s64, b64) = (h(&vals(64, 8)), h(&vals(64, 9)));
+            let (sb, bb) = (b16(&vals(32, 10)), b16(&vals(32, 11)));
+            let gf = if cols % 128 == 0 { 128 } else { 64 };
+            let (sf, bf) = (vals(gf, 12), vals(gf, 13));
+            let sym: Vec<half::f16> = seeded(rows * cols / 32, 14)
+                .iter()
+                .map(|v| half::f16::from_f32(v.abs() * 0.01 + 0.001))
+                .collect();
+            let mats = [
+                (
+                    "f16 g32",
+                    Matrix::affine(
+                        &words,
+                        Floats::F16(&s32),
+                        Floats::F16(&b32),
+                        rows,
+                        cols,
+                        4,
+                        32,
+                    ),
+                ),
+                (
+                    "f16 g64",
+                    Matrix::affine(
+                        &words,
+                        Floats::F16(&s64),
+                        Floats::F16(&b64),
+                        rows,
+                        cols,
+                        4,
+                        64,
+                    ),
+                ),
+                (
+                    "bf16 g32",
+                    Matrix::affine(
+                        &words,
+                        Floats::Bf16(&sb),
+                        Floats::Bf16(&bb),
+                        rows,
+                        cols,
+                        4,
+                        32,
+                    ),
+                ),
+                (
+                    "f32 g64 / g128",
+                    Matrix::affine(
+                        &words,
+                        Floats::F32(&sf),
+                        Floats::F32(&bf),
+                        rows,
+                        cols,
+                        4,
+                        gf,
+                    ),
+                ),
+                (
+                    "symmetric",
+                    Matrix::symmetric(&words, Floats::F16(&sym), rows, cols, 4, 32),
+                ),
+            ];
+            for (what, w) in mats {
+                let w = w.unwrap();
+                assert!(supports(&w), "{what}");
+                for m in 2..=7 {
+                    let x = seeded(m * cols, 20 + m as u64);
+                    let mut got = vec![0f32; m * rows];
+                    let mut jobs = [MatJob {
+                        w: &w,
+                        bias: None,
+                        out: &mut got,
+                    }];
+                    matmul_t_each(&ctx, &x, m, &mut jobs, &mut scratch).unwrap();
+                    for t in 0..m {
+                        let mut alone = vec![0f32; rows];
+                        let mut jobs = [MatJob {
+                            w: &w,
+                            bias: None,
+                            out: &mut alone,
+                        }];
+                        matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
+                        let row = &got[t * rows..(t + 1) * rows];
+                        let bad: Vec<usize> = (0..rows)
+                            .filter(|&r| row[r].to_bits() != alone[r].to_bits())
+                            .collect();
+                        assert!(
+                            bad.is_empty(),
+                            "{what} {rows}x{cols}, {m} inputs, row {t}: weight rows {bad:?} not the bits alone"
                         );
                     }
                 }

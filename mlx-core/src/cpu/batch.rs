@@ -531,6 +531,17 @@ pub fn matmul_t_each_prefetch(
                     unsafe { super::affine_rows::rows(&w, r0, r1, q, m, out, bias) };
                     continue;
                 }
+                if wide
+                    && (2..=4 * super::x86::Q8_PAIR_TILE).contains(&m)
+                    && super::affine_rows::pairs_on().1
+                    && super::x86::q8_pairs_supports(&w)
+                {
+                    // SAFETY: as below (Isa::Avx512, the inputs quantized to int16, these
+                    // weight rows of the output this worker's alone; `q8_pairs_supports`
+                    // checked, m in range).
+                    unsafe { super::x86::rows_q8_pairs(&w, r0, r1, q, m, out, bias) };
+                    continue;
+                }
                 let tile = if wide { super::x86::WIDE_TILE } else { 4 };
                 let mut t0 = 0;
                 while t0 < m {
@@ -667,6 +678,77 @@ mod tests {
             a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         );
+    }
+
+    /// The head's pair kernel (`x86::rows_q8_pairs`: GGUF's Q8_0 as loaded, symmetric, and an
+    /// affine 8-bit matrix with float16 factors, groups of 32) under int16 inputs: every row
+    /// of 2..=13 inputs (13: past the kernel, the plain tiles) through `matmul_t_each` has the
+    /// bits `matmul_t` gives that input alone, with and without a bias, over an odd number of
+    /// weight rows (the last one alone), 17 and 18 chunks (an odd chunk, a partial block) and
+    /// two workers: tier bit-identical.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn q8_pairs_are_the_one_row_bits() {
+        let mut ctx = CpuContext::new(2).unwrap();
+        if ctx.isa != Isa::Avx512 {
+            eprintln!("no AVX-512: the pair kernel is not reached here");
+            return;
+        }
+        ctx.activations = Activations::Int16;
+        let mut scratch = RowsScratch::default();
+        for (rows, cols) in [(41, 576), (19, 544)] {
+            let w8 = words(rows * cols / 4, 31);
+            let sh: Vec<half::f16> = seeded(rows * cols / 32, 32)
+                .iter()
+                .map(|&v| half::f16::from_f32(v * 0.01))
+                .collect();
+            let bh: Vec<half::f16> = seeded(rows * cols / 32, 33)
+                .iter()
+                .map(|&v| half::f16::from_f32(v * 0.01))
+                .collect();
+            let bias = seeded(rows, 34);
+            let mats = [
+                (
+                    "q8_0",
+                    Matrix::symmetric(&w8, Floats::F16(&sh), rows, cols, 8, 32).unwrap(),
+                ),
+                (
+                    "affine 8-bit",
+                    Matrix::affine(&w8, Floats::F16(&sh), Floats::F16(&bh), rows, cols, 8, 32)
+                        .unwrap(),
+                ),
+            ];
+            for (what, w) in &mats {
+                assert!(super::super::x86::q8_pairs_supports(w), "{what}");
+                for m in 2..=13 {
+                    let x = seeded(m * cols, 40 + m as u64);
+                    for b in [None, Some(Floats::F32(&bias))] {
+                        let mut got = vec![0f32; m * rows];
+                        let mut jobs = [MatJob {
+                            w,
+                            bias: b,
+                            out: &mut got,
+                        }];
+                        matmul_t_each(&ctx, &x, m, &mut jobs, &mut scratch).unwrap();
+                        for t in 0..m {
+                            let mut alone = vec![0f32; rows];
+                            let mut jobs = [MatJob {
+                                w,
+                                bias: b,
+                                out: &mut alone,
+                            }];
+                            matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
+                            let row = &got[t * rows..(t + 1) * rows];
+                            assert!(
+                                row.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{what} {rows}x{cols}, {m} inputs, row {t}, bias {}: not the bits alone",
+                                b.is_some()
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Every row of a batch of 1..=17 gets the bits `matmul_t` gives it alone (past two tiles

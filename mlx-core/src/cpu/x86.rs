@@ -1271,6 +1271,182 @@ pub(super) unsafe fn dot4_512_any<const MT: usize>(
     }
 }
 
+/// The sum of `v`'s 16 lanes by the tree `_mm512_reduce_add_ps` compiles to in the one-row
+/// kernels (halves of 256, then 128 bits, then the pairs (0, 2) and (1, 3), then the two),
+/// written out: `_mm512_reduce_add_ps` is an unordered reduction, which LLVM may reassociate
+/// where the code around it differs (the pair kernels' four-input instances did, under
+/// register pressure), so the pair kernels spell out the one-row kernels' order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn reduce16(v: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let s8 = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
+}
+
+/// One weight row of [`dot4_512_s2`]: its codes and its per-group scales and biases.
+#[derive(Clone, Copy)]
+pub(super) struct Row4 {
+    pub(super) rb: *const u8,
+    pub(super) s0: *const u8,
+    pub(super) b0: *const u8,
+}
+
+/// [`dot4_512_s`] for two weight rows at once (`w0`, `w1`) over the same `MT` inputs: each
+/// input's four vectors of split bytes (`qx.h`) are loaded once a quad and serve both rows,
+/// where `dot4_512_s` loads them again for every row (four 512-bit loads a row and quad, one
+/// a cycle on this machine's load ports: the loads, not the multiplies, bound the verify
+/// rows' products). Every output is computed by the same operations in the same order as
+/// `dot4_512_s` gives it (the bias term, the factors, the quads' integer sums, the
+/// accumulators `a0` / `a1` and the final reduction), only interleaved with the other row's:
+/// bit-identical (tier L2, `affine_rows`' `rows_are_the_one_row_kernels_bits` and
+/// `pair_kernel_is_dot4_512_s_bit_for_bit`).
+///
+/// # Safety
+/// As [`dot4_512_s`] for each row (`qx.h` not null), `MT` at most 4.
+#[inline]
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot4_512_s2<const MT: usize, const K: u8>(
+    w0: Row4,
+    w1: Row4,
+    chunks: usize,
+    shift: u32,
+    qx: QuantX16,
+) -> ([f32; MT], [f32; MT]) {
+    // SAFETY (whole body): as dot4_512_s, for each row.
+    unsafe {
+        let b0 = w0.b0;
+        let b1 = w1.b0;
+        dot4_512_biases!(mask_of, per_chunk, a0; MT, K, b0, chunks, shift, qx);
+        dot4_512_biases!(mask_of2, per_chunk2, e0; MT, K, b1, chunks, shift, qx);
+        let _ = (mask_of2, per_chunk2);
+        let nib = _mm512_set1_epi8(0x0f);
+        let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        let zero = _mm512_setzero_si512();
+        let mut a1 = [_mm512_setzero_ps(); MT];
+        let mut e1 = [_mm512_setzero_ps(); MT];
+        #[repr(align(64))]
+        struct Fs([[f32; 16]; 8]);
+        let mut fs = Fs([[0f32; 16]; 8]);
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            let sv = per_chunk(w0.s0, c0, k);
+            let sv2 = per_chunk(w1.s0, c0, k);
+            let mut f = [_mm512_setzero_ps(); MT];
+            let mut f2 = [_mm512_setzero_ps(); MT];
+            for t in 0..MT {
+                let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+                f[t] = _mm512_mul_ps(sv, dv);
+                f2[t] = _mm512_mul_ps(sv2, dv);
+            }
+            // Past three inputs the factors wait on the stack (whole vectors, read back whole
+            // by the permutes), leaving the registers to the accumulators.
+            if MT > 3 {
+                for t in 0..MT {
+                    _mm512_store_ps(fs.0[t].as_mut_ptr(), f[t]);
+                    _mm512_store_ps(fs.0[MT + t].as_mut_ptr(), f2[t]);
+                }
+            }
+            let step = |j: usize, acc: &mut [__m512; MT], acc2: &mut [__m512; MT]| {
+                let c = c0 + j;
+                let n = (k - j).min(4) * 16;
+                let (wv, wv2) = if n == 64 {
+                    (
+                        _mm512_loadu_si512(w0.rb.add(c * 16) as *const _),
+                        _mm512_loadu_si512(w1.rb.add(c * 16) as *const _),
+                    )
+                } else {
+                    let m = (1u64 << n) - 1;
+                    (
+                        _mm512_maskz_loadu_epi8(m, w0.rb.add(c * 16) as *const _),
+                        _mm512_maskz_loadu_epi8(m, w1.rb.add(c * 16) as *const _),
+                    )
+                };
+                let lo = _mm512_and_si512(wv, nib);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), nib);
+                let lo2 = _mm512_and_si512(wv2, nib);
+                let hi2 = _mm512_and_si512(_mm512_srli_epi16::<4>(wv2), nib);
+                let idx = _mm512_add_epi32(quad, _mm512_set1_epi32(j as i32));
+                for t in 0..MT {
+                    let xp = qx.h.add(t * qx.hs + c / 4 * 256);
+                    let ld = |o: usize| _mm512_loadu_si512(xp.add(o) as *const _);
+                    let (x0, x1, x2, x3) = (ld(0), ld(64), ld(128), ld(192));
+                    let sum = _mm512_dpbusd_epi32(zero, lo, x0);
+                    let sum = _mm512_dpbusd_epi32(sum, hi, x1);
+                    let sum = _mm512_slli_epi32::<8>(sum);
+                    let sum = _mm512_dpbusd_epi32(sum, x2, lo);
+                    let sum = _mm512_dpbusd_epi32(sum, x3, hi);
+                    let sum2 = _mm512_dpbusd_epi32(zero, lo2, x0);
+                    let sum2 = _mm512_dpbusd_epi32(sum2, hi2, x1);
+                    let sum2 = _mm512_slli_epi32::<8>(sum2);
+                    let sum2 = _mm512_dpbusd_epi32(sum2, x2, lo2);
+                    let sum2 = _mm512_dpbusd_epi32(sum2, x3, hi2);
+                    let (ft, ft2) = if MT > 3 {
+                        (
+                            _mm512_load_ps(fs.0[t].as_ptr()),
+                            _mm512_load_ps(fs.0[MT + t].as_ptr()),
+                        )
+                    } else {
+                        (f[t], f2[t])
+                    };
+                    let fv = _mm512_permutexvar_ps(idx, ft);
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, acc[t]);
+                    let fv2 = _mm512_permutexvar_ps(idx, ft2);
+                    acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum2), fv2, acc2[t]);
+                }
+            };
+            // As dot4_512_s: quads at c % 8 == 0 go to a0 / e0, the others to a1 / e1.
+            let mut j = 0;
+            while j + 4 < k {
+                step(j, &mut a0, &mut e0);
+                step(j + 4, &mut a1, &mut e1);
+                j += 8;
+            }
+            if j < k {
+                step(j, &mut a0, &mut e0);
+            }
+            c0 += 16;
+        }
+        let mut out = [0f32; MT];
+        let mut out2 = [0f32; MT];
+        for t in 0..MT {
+            out[t] = reduce16(_mm512_add_ps(a0[t], a1[t]));
+            out2[t] = reduce16(_mm512_add_ps(e0[t], e1[t]));
+        }
+        (out, out2)
+    }
+}
+
+/// [`dot4_512_s2`] for scales of dtype `kind`.
+///
+/// # Safety
+/// As `dot4_512_s2`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot4_512_any2<const MT: usize>(
+    kind: u8,
+    w0: Row4,
+    w1: Row4,
+    chunks: usize,
+    shift: u32,
+    qx: QuantX16,
+) -> ([f32; MT], [f32; MT]) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match kind {
+            SCALES_F16 => dot4_512_s2::<MT, SCALES_F16>(w0, w1, chunks, shift, qx),
+            SCALES_F16_SYM => dot4_512_s2::<MT, SCALES_F16_SYM>(w0, w1, chunks, shift, qx),
+            SCALES_BF16 => dot4_512_s2::<MT, SCALES_BF16>(w0, w1, chunks, shift, qx),
+            _ => dot4_512_s2::<MT, SCALES_F32>(w0, w1, chunks, shift, qx),
+        }
+    }
+}
+
 // SAFETY: read-only views of buffers the caller of the pool run keeps alive and unchanged.
 unsafe impl Send for QuantX16 {}
 unsafe impl Sync for QuantX16 {}
@@ -2278,6 +2454,265 @@ unsafe fn rows_int16_512_m<const MT: usize>(
                 out.write(t * rows + r, v + b);
             }
         }
+    }
+}
+
+/// Whether [`rows_q8_pairs`] takes `w`: 8-bit affine or symmetric rows in groups of 32 with
+/// float16 scales and biases (GGUF's Q8_0 as loaded: SmolLM2's tied head), at most
+/// [`MAX_CHUNKS`] chunks a row: the matrices [`rows_int16_512_m`]'s half-precision branch
+/// takes at 8 bits.
+pub(super) fn q8_pairs_supports(w: &Matrix<'_>) -> bool {
+    w.affine_parts().is_some_and(|p| {
+        p.bits == 8
+            && p.group == 32
+            && matches!((p.scales, p.biases), (Floats::F16(_), Floats::F16(_)))
+            && w.cols() % 32 == 0
+            && w.cols() / 32 <= MAX_CHUNKS
+    })
+}
+
+/// Input rows a pass of [`rows_q8_pairs`] takes.
+pub(super) const Q8_PAIR_TILE: usize = 3;
+
+/// Rows `r0..r1` of `out = x W^T (+ bias)` for `m` (2 to `4 * Q8_PAIR_TILE`) int16 inputs
+/// over an 8-bit matrix of [`q8_pairs_supports`]: the sums of [`rows_int16_512_m`]'s
+/// half-precision branch, weight rows two at a time so that each input chunk's codes are
+/// loaded once for both (one 512-bit load a chunk and input, where the one-row kernel loads
+/// them for every row, and a broadcast of the chunk's factor from the stack for every row
+/// and input), the factors kept in registers and picked out by a permute, the inputs in tiles
+/// of at most [`Q8_PAIR_TILE`] (as even as can be). Every output is computed by the same
+/// float operations in the same order as `rows_int16_512_m` gives it (the bias term over all
+/// chunks first, then the chunks' products alternating between two accumulators by the
+/// chunk's parity, the reduction, the bias): bit-identical (tier L2, `batch.rs`'s
+/// `q8_pairs_are_the_one_row_bits`). An odd last row is paired with itself.
+///
+/// # Safety
+/// As [`rows_int16_512`] (with `m` inputs), and [`q8_pairs_supports`] holds for `w`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_q8_pairs(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Some(parts) = w.affine_parts() else {
+        return;
+    };
+    let (Floats::F16(sh), Floats::F16(bh)) = (parts.scales, parts.biases) else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let chunks = cols / 32;
+    let groups = chunks;
+    assert!(
+        parts.bits == 8
+            && parts.group == 32
+            && r1 <= rows
+            && sh.len() >= rows * groups
+            && bh.len() >= rows * groups
+            && (2..=4 * Q8_PAIR_TILE).contains(&m),
+        "rows_q8_pairs: rows {r0}..{r1} of {rows}, {m} inputs"
+    );
+    let mut tiles = [(0usize, 0usize); 4];
+    let mut nt = 0;
+    let mut left = m.div_ceil(Q8_PAIR_TILE);
+    let mut t0 = 0;
+    while t0 < m {
+        let mt = (m - t0).div_ceil(left);
+        tiles[nt] = (t0, mt);
+        nt += 1;
+        left -= 1;
+        t0 += mt;
+    }
+    let bytes = parts.words.as_ptr() as *const u8;
+    let row_bytes = cols;
+    let sym = parts.sym;
+    let bk = parts.bias_k();
+    let pf = prefetch_rows(row_bytes);
+    // SAFETY (whole body): rows r0..r1's codes, scales and biases lie within the arrays
+    // (Matrix::affine's checks and the assert); the tiles lie within qx's m rows; the rest is
+    // this function's contract.
+    unsafe {
+        let put = |r: usize, t0: usize, v: &[f32]| {
+            let b = bias.map_or(0.0, |b| b.get(r));
+            for (t, v) in v.iter().enumerate() {
+                out.write((t0 + t) * rows + r, v + b);
+            }
+        };
+        let mut r = r0;
+        while r + 2 <= r1 {
+            prefetch_affine_row(
+                bytes,
+                row_bytes,
+                parts.scales,
+                parts.biases,
+                groups,
+                r,
+                pf,
+                rows,
+            );
+            prefetch_affine_row(
+                bytes,
+                row_bytes,
+                parts.scales,
+                parts.biases,
+                groups,
+                r + 1,
+                pf,
+                rows,
+            );
+            let rw = [r, r + 1];
+            for &(t0, mt) in &tiles[..nt] {
+                let q = qx.rows_from(t0, cols);
+                match mt {
+                    1 => {
+                        let (a, b) = q8_pair::<1>(bytes, sh, bh, sym, bk, rw, chunks, q);
+                        put(r, t0, &a);
+                        put(r + 1, t0, &b);
+                    }
+                    2 => {
+                        let (a, b) = q8_pair::<2>(bytes, sh, bh, sym, bk, rw, chunks, q);
+                        put(r, t0, &a);
+                        put(r + 1, t0, &b);
+                    }
+                    _ => {
+                        let (a, b) = q8_pair::<3>(bytes, sh, bh, sym, bk, rw, chunks, q);
+                        put(r, t0, &a);
+                        put(r + 1, t0, &b);
+                    }
+                }
+            }
+            r += 2;
+        }
+        if r < r1 {
+            // An odd last row paired with itself (its first result kept; see
+            // `affine_rows::rows_pairs`).
+            let rw = [r, r];
+            for &(t0, mt) in &tiles[..nt] {
+                let q = qx.rows_from(t0, cols);
+                match mt {
+                    1 => put(
+                        r,
+                        t0,
+                        &q8_pair::<1>(bytes, sh, bh, sym, bk, rw, chunks, q).0,
+                    ),
+                    2 => put(
+                        r,
+                        t0,
+                        &q8_pair::<2>(bytes, sh, bh, sym, bk, rw, chunks, q).0,
+                    ),
+                    _ => put(
+                        r,
+                        t0,
+                        &q8_pair::<3>(bytes, sh, bh, sym, bk, rw, chunks, q).0,
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// Two weight rows (`rw`) of [`rows_q8_pairs`] over `MT` inputs (no bias).
+///
+/// # Safety
+/// As `rows_q8_pairs`, for rows `rw` and `MT` rows of `qx`.
+#[inline]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q8_pair<const MT: usize>(
+    bytes: *const u8,
+    sh: &[half::f16],
+    bh: &[half::f16],
+    sym: bool,
+    bk: f32,
+    rw: [usize; 2],
+    chunks: usize,
+    qx: QuantX16,
+) -> ([f32; MT], [f32; MT]) {
+    // SAFETY (whole body): the caller's.
+    unsafe {
+        let groups = chunks;
+        let s0 = |i: usize| sh.as_ptr().add(rw[i] * groups) as *const u16;
+        let b0 = |i: usize| bh.as_ptr().add(rw[i] * groups) as *const u16;
+        let rb = |i: usize| bytes.add(rw[i] * chunks * 32);
+        let mask_of = |k: usize| -> __mmask16 {
+            if k == 16 {
+                0xffff
+            } else {
+                (1u16 << k) - 1
+            }
+        };
+        // The bias terms over all chunks first (`bacc`, as the one-row kernel).
+        let mut a0 = [[_mm512_setzero_ps(); MT]; 2];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            for i in 0..2 {
+                let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0(i).add(c0) as *const _));
+                let bv = if sym {
+                    _mm512_mul_ps(bv, _mm512_set1_ps(bk))
+                } else {
+                    bv
+                };
+                for t in 0..MT {
+                    let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+                    a0[i][t] = _mm512_fmadd_ps(bv, xs, a0[i][t]);
+                }
+            }
+            c0 += 16;
+        }
+        let mut a1 = [[_mm512_setzero_ps(); MT]; 2];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            let mut f = [[_mm512_setzero_ps(); MT]; 2];
+            for i in 0..2 {
+                let sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0(i).add(c0) as *const _));
+                for t in 0..MT {
+                    let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+                    f[i][t] = _mm512_mul_ps(sv, dv);
+                }
+            }
+            let step = |j: usize, acc: &mut [[__m512; MT]; 2]| {
+                let c = c0 + j;
+                let w0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(rb(0).add(c * 32) as *const _));
+                let w1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(rb(1).add(c * 32) as *const _));
+                let idx = _mm512_set1_epi32(j as i32);
+                for t in 0..MT {
+                    let xv = _mm512_loadu_si512(qx.q.add((t * chunks + c) * 32) as *const _);
+                    let p0 = _mm512_madd_epi16(w0, xv);
+                    let p1 = _mm512_madd_epi16(w1, xv);
+                    let f0 = _mm512_permutexvar_ps(idx, f[0][t]);
+                    let f1 = _mm512_permutexvar_ps(idx, f[1][t]);
+                    acc[0][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), f0, acc[0][t]);
+                    acc[1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), f1, acc[1][t]);
+                }
+            };
+            // c0 is even: even chunks to a0, odd ones to a1 (the one-row kernel's order).
+            let mut j = 0;
+            while j + 2 <= k {
+                step(j, &mut a0);
+                step(j + 1, &mut a1);
+                j += 2;
+            }
+            if j < k {
+                step(j, &mut a0);
+            }
+            c0 += 16;
+        }
+        let mut out = [[0f32; MT]; 2];
+        for i in 0..2 {
+            for t in 0..MT {
+                out[i][t] = reduce16(_mm512_add_ps(a0[i][t], a1[i][t]));
+            }
+        }
+        (out[0], out[1])
     }
 }
 
