@@ -79,7 +79,7 @@ pub(super) unsafe fn rows(
     // chunks (the down product), where the second tile's repeated bias terms, factors and
     // unpacking weigh less (at 576 columns 5 inputs as 3 + 2 were no faster than the
     // one-row kernel's pass of 5).
-    let pairs = m <= PAIR_ONE || (m <= PAIR_MAX && cols >= 1024);
+    let pairs = m <= PAIR_ONE || (m <= PAIR_MAX && cols >= pair_wide_cols());
     if m >= 2 && pairs && !qx.h.is_null() && pairs_on().0 {
         // SAFETY: forwarded contract (the split inputs present).
         unsafe { rows_pairs(w, r0, r1, qx, m, out, bias) };
@@ -222,6 +222,20 @@ pub(super) fn pairs_on() -> (bool, bool) {
         Ok("4") => (true, false),
         Ok("8") => (false, true),
         _ => (true, true),
+    })
+}
+
+/// The narrowest rows (in columns) whose passes of more than [`PAIR_ONE`] inputs take
+/// [`rows_pairs`] (tiles of at most [`PAIR_TILE`]): 1024 (the down product) by default;
+/// `MLX_CPU_PAIR_COLS` sets it for A/B measurements (`0`: every width, so gate/up, q/k/v and
+/// o at 5+ inputs take the pair kernel too; the bits are the same either way).
+fn pair_wide_cols() -> usize {
+    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *C.get_or_init(|| {
+        std::env::var("MLX_CPU_PAIR_COLS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1024)
     })
 }
 
