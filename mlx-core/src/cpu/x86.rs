@@ -1230,7 +1230,7 @@ pub(super) unsafe fn dot4_512_s<const MT: usize, const K: u8>(
         }
         let mut out = [0f32; MT];
         for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+            out[t] = reduce16(_mm512_add_ps(a0[t], a1[t]));
         }
         out
     }
@@ -1271,11 +1271,14 @@ pub(super) unsafe fn dot4_512_any<const MT: usize>(
     }
 }
 
-/// The sum of `v`'s 16 lanes by the tree `_mm512_reduce_add_ps` compiles to in the one-row
+/// The sum of `v`'s 16 lanes by the tree `_mm512_reduce_add_ps` compiled to in the one-row
 /// kernels (halves of 256, then 128 bits, then the pairs (0, 2) and (1, 3), then the two),
 /// written out: `_mm512_reduce_add_ps` is an unordered reduction, which LLVM may reassociate
 /// where the code around it differs (the pair kernels' four-input instances did, under
-/// register pressure), so the pair kernels spell out the one-row kernels' order.
+/// register pressure). The one-row kernels whose bits the pair kernels reproduce
+/// (`dot4_512_s`, `rows_int16_512_m`'s half-precision branch) and the pair kernels all call
+/// this, so a verify row's bits equal its one-token step's by construction, whatever a
+/// compiler does with the intrinsic.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) fn reduce16(v: __m512) -> f32 {
@@ -2357,7 +2360,7 @@ unsafe fn rows_int16_512_m<const MT: usize>(
                 }
                 let b = bias_of(r);
                 for t in 0..MT {
-                    let v = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+                    let v = reduce16(_mm512_add_ps(a0[t], a1[t]));
                     out.write(t * rows + r, v + b);
                 }
             }
