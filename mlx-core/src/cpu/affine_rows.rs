@@ -22,8 +22,8 @@ use std::arch::x86_64::*;
 
 use super::matmul::{AffineParts, Floats, Matrix};
 use super::x86::{
-    dot4_512_any, dot4_512_any2, dot_kind, floats_ptr, split_covers, QuantX16, Row4, MAX_CHUNKS,
-    SCALES_F32, WIDE_TILE,
+    dot4_512_any, dot4_512_any2, dot_kind, even_tiles, floats_ptr, split_covers, QuantX16, Row4,
+    MAX_CHUNKS, SCALES_F32, WIDE_TILE,
 };
 use super::SharedOut;
 
@@ -87,11 +87,7 @@ pub(super) unsafe fn rows(
     }
     // Past one tile, tiles of even size (7 rows as 4 + 3, not 6 + 1: a one-row pass over the
     // weights costs nearly what a one-row product does).
-    let mut tiles = m.div_ceil(WIDE_TILE);
-    let mut t0 = 0;
-    while t0 < m {
-        let mt = (m - t0).div_ceil(tiles);
-        tiles -= 1;
+    for (t0, mt) in even_tiles(m, m.div_ceil(WIDE_TILE)) {
         // SAFETY: rows t0..t0 + mt of qx start at these offsets; the contract is forwarded.
         unsafe {
             let q = qx.rows_from(t0, cols);
@@ -107,7 +103,6 @@ pub(super) unsafe fn rows(
                 _ => rows_m::<6>(w, r0, r1, q, o, bias, pf),
             }
         }
-        t0 += mt;
     }
 }
 
@@ -300,26 +295,13 @@ unsafe fn rows_pairs(
         r1 <= rows && scales.len() >= rows * groups && biases.len() >= rows * groups,
         "affine_rows: rows {r0}..{r1} of {rows}, scales out of range"
     );
-    // The input tiles: as even as can be, at most PAIR_TILE rows each.
-    let mut tiles = [(0usize, 0usize); PAIR_MAX / PAIR_TILE];
-    let mut nt = 0;
-    let mut left = if m <= PAIR_ONE {
+    // The input tiles: one up to PAIR_ONE inputs, else as even as can be, at most PAIR_TILE
+    // rows each.
+    let ntiles = if m <= PAIR_ONE {
         1
     } else {
         m.div_ceil(PAIR_TILE)
     };
-    let mut t0 = 0;
-    while t0 < m && nt < tiles.len() {
-        let mt = (m - t0).div_ceil(left);
-        tiles[nt] = (t0, mt);
-        nt += 1;
-        left -= 1;
-        t0 += mt;
-    }
-    assert!(
-        t0 == m,
-        "affine_rows: {m} inputs past the pair kernel's tiles"
-    );
     // SAFETY (whole body): rows r0..r1 lie within `words`, the scales and the biases
     // (Matrix::affine's checks and the assert); prefetches are hints and only name rows that
     // exist; the input tiles lie within `qx`'s m rows; the contracts of `dot4_512_any2` and
@@ -359,56 +341,48 @@ unsafe fn rows_pairs(
                 out.write((t0 + t) * rows + r, v + b);
             }
         };
+        // Weight rows two at a time; an odd last row paired with itself (its first result
+        // kept): `dot4_512_any` inlined here compiled its unordered `_mm512_reduce_add_ps` to
+        // another order than the one-row kernel's at four inputs (other bits), so both kernels
+        // reduce by `reduce16`.
         let mut r = r0;
-        while r + 2 <= r1 {
-            for q in [r + ahead, r + ahead + 1] {
+        while r < r1 {
+            let r2 = if r + 1 < r1 { r + 1 } else { r };
+            for q in [r + ahead, r2 + ahead] {
                 if q < rows {
                     fetch(q);
                 }
             }
-            let (w0, w1) = (row(r), row(r + 1));
-            for &(t0, mt) in &tiles[..nt] {
+            let (w0, w1) = (row(r), row(r2));
+            let put2 = |t0: usize, a: &[f32], b: &[f32]| {
+                put(r, t0, a);
+                if r2 != r {
+                    put(r2, t0, b);
+                }
+            };
+            for (t0, mt) in even_tiles(m, ntiles) {
+                debug_assert!(mt <= PAIR_ONE, "affine_rows: a pair tile of {mt} inputs");
                 let q = qx.rows_from(t0, cols);
                 match mt {
                     1 => {
                         let (a, b) = dot4_512_any2::<1>(kind, w0, w1, chunks, shift, q);
-                        put(r, t0, &a);
-                        put(r + 1, t0, &b);
+                        put2(t0, &a, &b);
                     }
                     2 => {
                         let (a, b) = dot4_512_any2::<2>(kind, w0, w1, chunks, shift, q);
-                        put(r, t0, &a);
-                        put(r + 1, t0, &b);
+                        put2(t0, &a, &b);
                     }
                     3 => {
                         let (a, b) = dot4_512_any2::<3>(kind, w0, w1, chunks, shift, q);
-                        put(r, t0, &a);
-                        put(r + 1, t0, &b);
+                        put2(t0, &a, &b);
                     }
                     _ => {
                         let (a, b) = dot4_512_any2::<4>(kind, w0, w1, chunks, shift, q);
-                        put(r, t0, &a);
-                        put(r + 1, t0, &b);
+                        put2(t0, &a, &b);
                     }
                 }
             }
             r += 2;
-        }
-        if r < r1 {
-            // An odd last row paired with itself (its first result kept): `dot4_512_any`
-            // inlined here compiled its unordered `_mm512_reduce_add_ps` to another order
-            // than the one-row kernel's at four inputs (other bits); `dot4_512_s2` spells
-            // the order out.
-            let w0 = row(r);
-            for &(t0, mt) in &tiles[..nt] {
-                let q = qx.rows_from(t0, cols);
-                match mt {
-                    1 => put(r, t0, &dot4_512_any2::<1>(kind, w0, w0, chunks, shift, q).0),
-                    2 => put(r, t0, &dot4_512_any2::<2>(kind, w0, w0, chunks, shift, q).0),
-                    3 => put(r, t0, &dot4_512_any2::<3>(kind, w0, w0, chunks, shift, q).0),
-                    _ => put(r, t0, &dot4_512_any2::<4>(kind, w0, w0, chunks, shift, q).0),
-                }
-            }
         }
     }
 }

@@ -2474,6 +2474,22 @@ pub(super) fn q8_pairs_supports(w: &Matrix<'_>) -> bool {
     })
 }
 
+/// `m` input rows in `tiles` tiles as even as can be (7 in 2 as 4 + 3, 5 in 2 as 3 + 2): each
+/// tile's first row and size, in order.
+pub(super) fn even_tiles(m: usize, tiles: usize) -> impl Iterator<Item = (usize, usize)> {
+    let (mut left, mut t0) = (tiles.max(1), 0);
+    std::iter::from_fn(move || {
+        if t0 >= m {
+            return None;
+        }
+        let mt = (m - t0).div_ceil(left);
+        let tile = (t0, mt);
+        left = left.saturating_sub(1).max(1);
+        t0 += mt;
+        Some(tile)
+    })
+}
+
 /// Input rows a pass of [`rows_q8_pairs`] takes.
 pub(super) const Q8_PAIR_TILE: usize = 3;
 
@@ -2520,17 +2536,6 @@ pub(super) unsafe fn rows_q8_pairs(
             && (2..=4 * Q8_PAIR_TILE).contains(&m),
         "rows_q8_pairs: rows {r0}..{r1} of {rows}, {m} inputs"
     );
-    let mut tiles = [(0usize, 0usize); 4];
-    let mut nt = 0;
-    let mut left = m.div_ceil(Q8_PAIR_TILE);
-    let mut t0 = 0;
-    while t0 < m {
-        let mt = (m - t0).div_ceil(left);
-        tiles[nt] = (t0, mt);
-        nt += 1;
-        left -= 1;
-        t0 += mt;
-    }
     let bytes = parts.words.as_ptr() as *const u8;
     let row_bytes = cols;
     let sym = parts.sym;
@@ -2546,75 +2551,48 @@ pub(super) unsafe fn rows_q8_pairs(
                 out.write((t0 + t) * rows + r, v + b);
             }
         };
+        // Weight rows two at a time; an odd last row paired with itself (its first result
+        // kept; see `affine_rows::rows_pairs`).
         let mut r = r0;
-        while r + 2 <= r1 {
-            prefetch_affine_row(
-                bytes,
-                row_bytes,
-                parts.scales,
-                parts.biases,
-                groups,
-                r,
-                pf,
-                rows,
-            );
-            prefetch_affine_row(
-                bytes,
-                row_bytes,
-                parts.scales,
-                parts.biases,
-                groups,
-                r + 1,
-                pf,
-                rows,
-            );
-            let rw = [r, r + 1];
-            for &(t0, mt) in &tiles[..nt] {
+        while r < r1 {
+            let r2 = if r + 1 < r1 { r + 1 } else { r };
+            for q in [r, r2] {
+                prefetch_affine_row(
+                    bytes,
+                    row_bytes,
+                    parts.scales,
+                    parts.biases,
+                    groups,
+                    q,
+                    pf,
+                    rows,
+                );
+            }
+            let rw = [r, r2];
+            let put2 = |t0: usize, a: &[f32], b: &[f32]| {
+                put(r, t0, a);
+                if r2 != r {
+                    put(r2, t0, b);
+                }
+            };
+            for (t0, mt) in even_tiles(m, m.div_ceil(Q8_PAIR_TILE)) {
                 let q = qx.rows_from(t0, cols);
                 match mt {
                     1 => {
                         let (a, b) = q8_pair::<1>(bytes, sh, bh, sym, bk, rw, chunks, q);
-                        put(r, t0, &a);
-                        put(r + 1, t0, &b);
+                        put2(t0, &a, &b);
                     }
                     2 => {
                         let (a, b) = q8_pair::<2>(bytes, sh, bh, sym, bk, rw, chunks, q);
-                        put(r, t0, &a);
-                        put(r + 1, t0, &b);
+                        put2(t0, &a, &b);
                     }
                     _ => {
                         let (a, b) = q8_pair::<3>(bytes, sh, bh, sym, bk, rw, chunks, q);
-                        put(r, t0, &a);
-                        put(r + 1, t0, &b);
+                        put2(t0, &a, &b);
                     }
                 }
             }
             r += 2;
-        }
-        if r < r1 {
-            // An odd last row paired with itself (its first result kept; see
-            // `affine_rows::rows_pairs`).
-            let rw = [r, r];
-            for &(t0, mt) in &tiles[..nt] {
-                let q = qx.rows_from(t0, cols);
-                match mt {
-                    1 => put(
-                        r,
-                        t0,
-                        &q8_pair::<1>(bytes, sh, bh, sym, bk, rw, chunks, q).0,
-                    ),
-                    2 => put(
-                        r,
-                        t0,
-                        &q8_pair::<2>(bytes, sh, bh, sym, bk, rw, chunks, q).0,
-                    ),
-                    _ => put(
-                        r,
-                        t0,
-                        &q8_pair::<3>(bytes, sh, bh, sym, bk, rw, chunks, q).0,
-                    ),
-                }
-            }
         }
     }
 }
