@@ -2131,11 +2131,69 @@ static_assert(MMA_RB == 2, "a pair item's rows blocks are a batch's");
 #define MMA_PBATCH 4
 #endif
 
-// The rows blocks of an item of mv_run_mma_pair, as a type (its item lambda's P).
-template <int N>
-struct MmaP {
-  static constexpr int value = N;
-};
+// An item of mv_run_mma_pair of P rows blocks (2: the pair; 1: the batch's lone last rows
+// block, today's item): B's fragments and the chunk sums read once, P mma.sync chains into
+// acc[0..P). A function template, not a generic lambda: NVRTC takes a generic lambda's call
+// operator in device code for a host function and refuses the source.
+template <int P>
+__device__ __forceinline__ void mma_pair_item(float (&acc)[2][MMA_NT][4],
+                                              unsigned char* smem, int xstride, int KC,
+                                              int g, int t, int sum_x, int jl,
+                                              const uint2 (&qq)[2][2], const u32 (&ss)[2][2]) {
+  u32 bx[MMA_NT][8];
+#pragma unroll
+  for (int nt = 0; nt < MMA_NT; ++nt) {
+    const int sq = 8 * nt + g;
+    uint4 x0 = {0u, 0u, 0u, 0u}, x1 = {0u, 0u, 0u, 0u};
+    if (sq < NB) {
+      const uint4* xg = (const uint4*)(smem + sq * xstride);
+      x0 = xg[mma_slot(8 * jl + 2 * t, sq)];
+      x1 = xg[mma_slot(8 * jl + 2 * t + 1, sq)];
+    }
+    bx[nt][0] = x0.x, bx[nt][1] = x0.y, bx[nt][2] = x0.z, bx[nt][3] = x0.w;
+    bx[nt][4] = x1.x, bx[nt][5] = x1.y, bx[nt][6] = x1.z, bx[nt][7] = x1.w;
+  }
+  float d[P][MMA_NT][4];
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+#pragma unroll
+    for (int nt = 0; nt < MMA_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[p][nt][e] = 0.f;
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    u32 a[P][4];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const u32 w0 = (s < 2 ? qq[p][0].x : qq[p][0].y) >> (16 * (s & 1));
+      const u32 w1 = (s < 2 ? qq[p][1].x : qq[p][1].y) >> (16 * (s & 1));
+      a[p][0] = codes_bf2(w0), a[p][1] = codes_bf2(w1);
+      a[p][2] = codes_bf2(w0 >> 8), a[p][3] = codes_bf2(w1 >> 8);
+    }
+#pragma unroll
+    for (int nt = 0; nt < MMA_NT; ++nt) {
+      const u32 b[2] = {bx[nt][2 * s], bx[nt][2 * s + 1]};
+#pragma unroll
+      for (int p = 0; p < P; ++p) mma16816(d[p][nt], a[p], b);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < MMA_NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int n = 8 * nt + 2 * t + (e & 1);
+      float xsum = 0.f;
+      if (n < NB) {
+        const float* xc = mv_chunk_sums(smem + n * xstride, KC);
+        const float2 x2 = *(const float2*)(xc + ((2 * jl) ^ sum_x));
+        xsum = x2.x + x2.y;
+      }
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        acc[p][nt][e] += lo2f(ss[p][e >> 1]) * d[p][nt][e] + hi2f(ss[p][e >> 1]) * xsum;
+    }
+  }
+}
 
 template <class Pre, class Epi>
 __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin,
@@ -2317,64 +2375,6 @@ __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin
     }
     ++done;
   };
-  // An item of P rows blocks (2: the pair; 1: the batch's lone last rows block, today's item):
-  // B's fragments and the chunk sums read once, P mma.sync chains.
-  auto item = [&](auto pc, int jl, const uint2 (&qq)[2][2], const u32 (&ss)[2][2]) {
-    constexpr int P = decltype(pc)::value;
-    u32 bx[MMA_NT][8];
-#pragma unroll
-    for (int nt = 0; nt < MMA_NT; ++nt) {
-      const int sq = 8 * nt + g;
-      uint4 x0 = {0u, 0u, 0u, 0u}, x1 = {0u, 0u, 0u, 0u};
-      if (sq < NB) {
-        const uint4* xg = (const uint4*)(smem + sq * xstride);
-        x0 = xg[mma_slot(8 * jl + 2 * t, sq)];
-        x1 = xg[mma_slot(8 * jl + 2 * t + 1, sq)];
-      }
-      bx[nt][0] = x0.x, bx[nt][1] = x0.y, bx[nt][2] = x0.z, bx[nt][3] = x0.w;
-      bx[nt][4] = x1.x, bx[nt][5] = x1.y, bx[nt][6] = x1.z, bx[nt][7] = x1.w;
-    }
-    float d[P][MMA_NT][4];
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-      for (int nt = 0; nt < MMA_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) d[p][nt][e] = 0.f;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      u32 a[P][4];
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const u32 w0 = (s < 2 ? qq[p][0].x : qq[p][0].y) >> (16 * (s & 1));
-        const u32 w1 = (s < 2 ? qq[p][1].x : qq[p][1].y) >> (16 * (s & 1));
-        a[p][0] = codes_bf2(w0), a[p][1] = codes_bf2(w1);
-        a[p][2] = codes_bf2(w0 >> 8), a[p][3] = codes_bf2(w1 >> 8);
-      }
-#pragma unroll
-      for (int nt = 0; nt < MMA_NT; ++nt) {
-        const u32 b[2] = {bx[nt][2 * s], bx[nt][2 * s + 1]};
-#pragma unroll
-        for (int p = 0; p < P; ++p) mma16816(d[p][nt], a[p], b);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < MMA_NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int n = 8 * nt + 2 * t + (e & 1);
-        float xsum = 0.f;
-        if (n < NB) {
-          const float* xc = mv_chunk_sums(smem + n * xstride, KC);
-          const float2 x2 = *(const float2*)(xc + ((2 * jl) ^ sum_x));
-          xsum = x2.x + x2.y;
-        }
-#pragma unroll
-        for (int p = 0; p < P; ++p)
-          acc[p][nt][e] += lo2f(ss[p][e >> 1]) * d[p][nt][e] + hi2f(ss[p][e >> 1]) * xsum;
-      }
-    }
-  };
   early_for(0);
   while (cc.b0 < nrb) {
 #pragma unroll
@@ -2409,9 +2409,9 @@ __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin
 #endif
           // The pair, or the batch's lone last rows block alone (today's item).
           if (cc.i + 1 < cc.ni)
-            item(MmaP<2>{}, jl, q[MMA_U], sb[MMA_U]);
+            mma_pair_item<2>(acc, smem, xstride, KC, g, t, sum_x, jl, q[MMA_U], sb[MMA_U]);
           else
-            item(MmaP<1>{}, jl, q[MMA_U], sb[MMA_U]);
+            mma_pair_item<1>(acc, smem, xstride, KC, g, t, sum_x, jl, q[MMA_U], sb[MMA_U]);
         }
 #undef MMA_U
 #if MMA_ASYNC

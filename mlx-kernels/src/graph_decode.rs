@@ -7339,6 +7339,25 @@ mod tests {
             let file = format!("defines{}.txt", s.hidden);
             std::fs::write(std::path::Path::new(&dir).join(file), defines).unwrap();
         }
+        // The batched steps' sources (tiles of 5 and 16 rows: the verify tile and the
+        // server's), on the tensor cores, narrow and wide: what the environment's switches
+        // (MLX_GRAPH_MMA_PAIR, MLX_GRAPH_MV_NB, ...) make of them, for an NVRTC compile
+        // without a GPU (xtask/gpu/nvrtc_check.py).
+        let p = SourceParams {
+            mv_wide: mv_wide(),
+            ..p
+        };
+        for nb in [5, 16] {
+            for (mma, wide) in [(false, false), (true, false), (true, true)] {
+                let (src, _) = step_source(&affine, &p, nb, mma, wide);
+                let name = format!(
+                    "affine_nb{nb}_mma{}_wide{}.cu",
+                    u8::from(mma),
+                    u8::from(wide)
+                );
+                std::fs::write(std::path::Path::new(&dir).join(name), src).unwrap();
+            }
+        }
     }
 
     impl GraphSpec {
