@@ -22,8 +22,8 @@ use std::arch::x86_64::*;
 
 use super::matmul::{AffineParts, Floats, Matrix};
 use super::x86::{
-    dot4_512_any, dot4_512_any2, dot_kind, even_tiles, floats_ptr, split_covers, QuantX16, Row4,
-    MAX_CHUNKS, SCALES_F32, WIDE_TILE,
+    dot4_512_any, dot4_512_any2, dot4_512_any_t, dot_kind, even_tiles, floats_ptr, split_covers,
+    QuantX16, Row4, MAX_CHUNKS, SCALES_F32, WIDE_TILE,
 };
 use super::SharedOut;
 
@@ -79,6 +79,14 @@ pub(super) unsafe fn rows(
     // chunks (the down product), where the second tile's repeated bias terms, factors and
     // unpacking weigh less (at 576 columns 5 inputs as 3 + 2 were no faster than the
     // one-row kernel's pass of 5).
+    let (tile, tile_min) = tile_knob();
+    if let Some(tile) = tile {
+        if m >= tile_min && m <= PAIR_MAX && cols < pair_wide_cols() && !qx.h.is_null() {
+            // SAFETY: forwarded contract (the split inputs present).
+            unsafe { rows_tiled(tile, w, r0, r1, qx, m, out, bias) };
+            return;
+        }
+    }
     let pairs = m <= PAIR_ONE || (m <= PAIR_MAX && cols >= pair_wide_cols());
     if m >= 2 && pairs && !qx.h.is_null() && pairs_on().0 {
         // SAFETY: forwarded contract (the split inputs present).
@@ -387,6 +395,252 @@ unsafe fn rows_pairs(
     }
 }
 
+/// A shape of [`rows_tiles`]: `r` weight rows by `t` inputs a tile, `split`: the factors
+/// per quad as the product of the permuted scales (`x86::dot4_512_st`'s `SPLIT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Tile {
+    pub(super) r: usize,
+    pub(super) t: usize,
+    pub(super) split: bool,
+}
+
+/// The shapes [`rows_tiled`] runs (`MLX_CPU_TILE=RxT`, a trailing `s` for `split`): 3 x 2
+/// first (12 accumulators, each input's bytes loaded once for three weight rows).
+pub(super) const TILES: [Tile; 6] = [
+    Tile {
+        r: 3,
+        t: 2,
+        split: false,
+    },
+    Tile {
+        r: 3,
+        t: 2,
+        split: true,
+    },
+    Tile {
+        r: 4,
+        t: 2,
+        split: false,
+    },
+    Tile {
+        r: 2,
+        t: 3,
+        split: false,
+    },
+    Tile {
+        r: 4,
+        t: 1,
+        split: false,
+    },
+    Tile {
+        r: 6,
+        t: 1,
+        split: false,
+    },
+];
+
+/// The register-tiled kernel ([`rows_tiled`]) for verification passes of 5+ inputs over rows
+/// narrower than the pair kernel's [`pair_wide_cols`] (gate/up, q/k/v, o: where the one-row
+/// kernel's pass runs): `(shape, the fewest inputs it takes)`. **Off by default**: on this
+/// machine it measured slower than the one-row kernel's 5-input pass at two threads, in the
+/// decoder and in `cpu_verify_rows` (s45's README). `MLX_CPU_TILE=RxT` (or `RxTs`, a shape
+/// of [`TILES`]) turns it on, `MLX_CPU_TILE_MIN` sets from how many inputs (default 5; below
+/// 5 it takes passes the pair kernel took): for A/B measurements, the bits are the same
+/// either way. Read once; `0` and unknown values leave the default (off).
+pub(super) fn tile_knob() -> (Option<Tile>, usize) {
+    static K: std::sync::OnceLock<(Option<Tile>, usize)> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let tile = std::env::var("MLX_CPU_TILE")
+            .ok()
+            .and_then(|v| parse_tile(&v));
+        let min = std::env::var("MLX_CPU_TILE_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v: &usize| v >= 2)
+            .unwrap_or(PAIR_ONE + 1);
+        (tile, min)
+    })
+}
+
+/// `RxT` or `RxTs` as one of [`TILES`] (`None` for anything else).
+pub(super) fn parse_tile(v: &str) -> Option<Tile> {
+    let (v, split) = match v.strip_suffix('s') {
+        Some(v) => (v, true),
+        None => (v, false),
+    };
+    let (r, t) = v.split_once('x')?;
+    let tile = Tile {
+        r: r.parse().ok()?,
+        t: t.parse().ok()?,
+        split,
+    };
+    TILES.contains(&tile).then_some(tile)
+}
+
+/// [`rows`] through [`rows_tiles`] of shape `tile` (one of [`TILES`]; any other runs 3 x 2).
+///
+/// # Safety
+/// As [`rows`], with `qx.h` not null.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_tiled(
+    tile: Tile,
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match (tile.r, tile.t, tile.split) {
+            (3, 2, true) => rows_tiles::<3, 2, true>(w, r0, r1, qx, m, out, bias),
+            (4, 2, _) => rows_tiles::<4, 2, false>(w, r0, r1, qx, m, out, bias),
+            (2, 3, _) => rows_tiles::<2, 3, false>(w, r0, r1, qx, m, out, bias),
+            (4, 1, _) => rows_tiles::<4, 1, false>(w, r0, r1, qx, m, out, bias),
+            (6, 1, _) => rows_tiles::<6, 1, false>(w, r0, r1, qx, m, out, bias),
+            _ => rows_tiles::<3, 2, false>(w, r0, r1, qx, m, out, bias),
+        }
+    }
+}
+
+/// [`rows`] for `m >= 1` inputs with their split bytes (`qx.h`), register-tiled
+/// ([`dot4_512_any_t`]): weight rows `R` at a time (the last group padded with the block's
+/// last row, its repeats computed and not written), the inputs in tiles of `T` (as even as
+/// can be, at most 3), every tile over
+/// the same `R` rows before the next group (their bytes still in L1). No weight is copied:
+/// the kernel reads MLX's affine layout in place. Each output is its one-row kernel's bits
+/// (`dot4_512_st`'s contract).
+///
+/// # Safety
+/// As [`rows`], with `qx.h` not null.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_tiles<const R: usize, const T: usize, const SPLIT: bool>(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Some(parts) = w.affine_parts() else {
+        return;
+    };
+    let AffineParts {
+        words,
+        scales,
+        biases,
+        bits: 4,
+        group,
+        ..
+    } = parts
+    else {
+        return;
+    };
+    let Some(kind) = dot_kind(&parts) else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let chunks = cols / 32;
+    let groups = cols / group;
+    let shift = (group / 32).trailing_zeros();
+    let esz = if kind == SCALES_F32 { 4 } else { 2 };
+    let row_bytes = cols / 2;
+    let bytes = words.as_ptr() as *const u8;
+    let (sp, bp) = (floats_ptr(scales), floats_ptr(biases));
+    assert!(
+        r0 < r1 && r1 <= rows && scales.len() >= rows * groups && biases.len() >= rows * groups,
+        "affine_rows: rows {r0}..{r1} of {rows}, scales out of range"
+    );
+    assert!(
+        R >= 1 && (1..=3).contains(&T) && m >= 1,
+        "affine_rows: a tile of {R} x {T}, {m} inputs"
+    );
+    // SAFETY (whole body): rows r0..r1 lie within `words`, the scales and the biases
+    // (Matrix::affine's checks and the asserts; every row a group names is clamped to
+    // r1 - 1); prefetches are hints and only name rows that exist; the input tiles lie within
+    // `qx`'s m rows; the contract of `dot4_512_any_t` is `rows`'.
+    unsafe {
+        let row = |r: usize| Row4 {
+            rb: bytes.add(r * row_bytes),
+            s0: sp.add(r * groups * esz),
+            b0: bp.add(r * groups * esz),
+        };
+        let fetch = |r: usize| {
+            let p = bytes.add(r * row_bytes) as *const i8;
+            let mut o = 0;
+            while o < row_bytes {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(o));
+                o += 64;
+            }
+            _mm_prefetch::<_MM_HINT_T0>(p.add(row_bytes - 1));
+            let sb = groups * esz;
+            for base in [sp, bp] {
+                let q = base.add(r * sb) as *const i8;
+                let mut o = 0;
+                while o < sb {
+                    _mm_prefetch::<_MM_HINT_T0>(q.add(o));
+                    o += 64;
+                }
+                _mm_prefetch::<_MM_HINT_T0>(q.add(sb - 1));
+            }
+        };
+        let (ahead, _) = pf_knobs();
+        for r in r0..(r0 + ahead).min(r1) {
+            fetch(r);
+        }
+        let mut r = r0;
+        while r < r1 {
+            let mut ws = [row(r); R];
+            for (i, wi) in ws.iter_mut().enumerate() {
+                *wi = row((r + i).min(r1 - 1));
+                let q = r + i + ahead;
+                if q < rows && r + i < r1 {
+                    fetch(q);
+                }
+            }
+            let put = |t0: usize, v: &[f32], i: usize| {
+                let b = bias.map_or(0.0, |b| b.get(r + i));
+                for (t, v) in v.iter().enumerate() {
+                    out.write((t0 + t) * rows + r + i, v + b);
+                }
+            };
+            for (t0, mt) in even_tiles(m, m.div_ceil(T)) {
+                let q = qx.rows_from(t0, cols);
+                let n = r1 - r;
+                match mt {
+                    1 => {
+                        let v = dot4_512_any_t::<R, 1, SPLIT>(kind, ws, chunks, shift, q);
+                        v.iter()
+                            .take(n)
+                            .enumerate()
+                            .for_each(|(i, v)| put(t0, v, i));
+                    }
+                    2 => {
+                        let v = dot4_512_any_t::<R, 2, SPLIT>(kind, ws, chunks, shift, q);
+                        v.iter()
+                            .take(n)
+                            .enumerate()
+                            .for_each(|(i, v)| put(t0, v, i));
+                    }
+                    _ => {
+                        let v = dot4_512_any_t::<R, 3, SPLIT>(kind, ws, chunks, shift, q);
+                        v.iter()
+                            .take(n)
+                            .enumerate()
+                            .for_each(|(i, v)| put(t0, v, i));
+                    }
+                }
+            }
+            r += R;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{
@@ -406,7 +660,7 @@ mod tests {
             .collect()
     }
 
-    /// Every row of 1..=8 inputs through `matmul_t_each` (this file's kernel, prefetching)
+    /// Every row of 1..=9 inputs through `matmul_t_each` (this file's kernel, prefetching)
     /// has the bits `matmul_t` gives that input alone (the plain `rows_int16_512`), with and
     /// without a bias, over row counts that end blocks and prefetches early and column counts
     /// with an unpaired chunk (17, 33) and a partial block of 16 chunks (18): tier
@@ -445,7 +699,7 @@ mod tests {
             )
             .unwrap();
             assert!(supports(&w));
-            for m in 1..=8 {
+            for m in 1..=9 {
                 let x = seeded(m * cols, 10 + m as u64);
                 for b in [None, Some(Floats::F32(&bias))] {
                     let mut got = vec![0f32; m * rows];
@@ -479,7 +733,8 @@ mod tests {
 
     /// The pair kernel (`rows_pairs`, `dot4_512_s2`) over every scale dtype and group it
     /// takes (float16 in groups of 32 and 64, bfloat16 in 32, float32 in 64 or 128, a symmetric
-    /// Q4_0-style matrix): every row of 2..=7 inputs has the bits `matmul_t` gives that input
+    /// Q4_0-style matrix; with `MLX_CPU_TILE` set, the tiles of `rows_tiled` at 5+ inputs over
+    /// 576 columns): every row of 1..=9 inputs has the bits `matmul_t` gives that input
     /// alone, over widths that take one tile only (576: 18 chunks, a partial quad) and tiles
     /// of 3 and 2 (1088: 34 chunks; 1152: 36), an odd number of weight rows (the last row alone) and
     /// two workers: tier bit-identical.
@@ -575,7 +830,7 @@ mod tests {
             for (what, w) in mats {
                 let w = w.unwrap();
                 assert!(supports(&w), "{what}");
-                for m in 2..=7 {
+                for m in 1..=9 {
                     let x = seeded(m * cols, 20 + m as u64);
                     let mut got = vec![0f32; m * rows];
                     let mut jobs = [MatJob {
@@ -603,6 +858,195 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The register-tiled kernel (`rows_tiled`, `dot4_512_st`) called directly in every shape
+    /// of `TILES` (3 x 2 with and without the split factors, 4 x 2, 2 x 3, 4 x 1, 6 x 1) over
+    /// every scale dtype and group (as the pair kernel's test), with and without a bias:
+    /// every row of 1..=9 inputs has the bits `matmul_t` gives that input alone, over 576
+    /// columns (a partial quad), 544 (17 chunks: an odd chunk) and 1088 (two blocks and a
+    /// partial one), odd weight-row counts, and the rows split between two workers at a row
+    /// that no tile size divides: tier bit-identical.
+    #[test]
+    fn tile_kernel_rows_are_the_one_row_bits_for_every_shape_and_dtype() {
+        use super::super::x86::{permute_x16, quantize_x16, split_stride, split_x16};
+        use super::super::SharedOut;
+        let mut ctx = CpuContext::new(1).unwrap();
+        if ctx.isa != Isa::Avx512 {
+            eprintln!("no AVX-512: affine_rows is not reached here");
+            return;
+        }
+        ctx.activations = Activations::Int16;
+        for (rows, cols) in [(41, 576), (23, 544), (13, 1088)] {
+            let words: Vec<u32> = seeded(rows * cols / 8, 31)
+                .iter()
+                .map(|v| (v.to_bits()).wrapping_mul(2_654_435_761))
+                .collect();
+            let vals = |g: usize, seed: u64| -> Vec<f32> {
+                seeded(rows * cols / g, seed)
+                    .iter()
+                    .map(|v| v * 0.1)
+                    .collect()
+            };
+            let h = |v: &[f32]| -> Vec<half::f16> {
+                v.iter().map(|&x| half::f16::from_f32(x)).collect()
+            };
+            let b16 = |v: &[f32]| -> Vec<half::bf16> {
+                v.iter().map(|&x| half::bf16::from_f32(x)).collect()
+            };
+            let (s32, b32) = (h(&vals(32, 32)), h(&vals(32, 33)));
+            let g64 = if cols % 64 == 0 { 64 } else { 32 };
+            let (s64, b64) = (h(&vals(g64, 34)), h(&vals(g64, 35)));
+            let (sb, bb) = (b16(&vals(32, 36)), b16(&vals(32, 37)));
+            let gf = if cols % 128 == 0 { 128 } else { 32 };
+            let (sf, bf) = (vals(gf, 38), vals(gf, 39));
+            let sym: Vec<half::f16> = seeded(rows * cols / 32, 40)
+                .iter()
+                .map(|v| half::f16::from_f32(v.abs() * 0.01 + 0.001))
+                .collect();
+            let bias = seeded(rows, 41);
+            let mats = [
+                (
+                    "f16 g32",
+                    Matrix::affine(
+                        &words,
+                        Floats::F16(&s32),
+                        Floats::F16(&b32),
+                        rows,
+                        cols,
+                        4,
+                        32,
+                    ),
+                ),
+                (
+                    "f16 g64",
+                    Matrix::affine(
+                        &words,
+                        Floats::F16(&s64),
+                        Floats::F16(&b64),
+                        rows,
+                        cols,
+                        4,
+                        g64,
+                    ),
+                ),
+                (
+                    "bf16 g32",
+                    Matrix::affine(
+                        &words,
+                        Floats::Bf16(&sb),
+                        Floats::Bf16(&bb),
+                        rows,
+                        cols,
+                        4,
+                        32,
+                    ),
+                ),
+                (
+                    "f32 g128",
+                    Matrix::affine(
+                        &words,
+                        Floats::F32(&sf),
+                        Floats::F32(&bf),
+                        rows,
+                        cols,
+                        4,
+                        gf,
+                    ),
+                ),
+                (
+                    "symmetric",
+                    Matrix::symmetric(&words, Floats::F16(&sym), rows, cols, 4, 32),
+                ),
+            ];
+            for (what, w) in mats {
+                let w = w.unwrap();
+                assert!(supports(&w), "{what}");
+                for m in 1..=9 {
+                    let x = seeded(m * cols, 50 + m as u64);
+                    // The inputs as the batch path quantizes and lays them out.
+                    let chunks = m * cols / 32;
+                    let (mut q, mut d, mut sums) =
+                        (vec![0i16; m * cols], vec![0f32; chunks], vec![0f32; chunks]);
+                    // SAFETY: the test runs only where the CPU has AVX-512 (checked above).
+                    unsafe { quantize_x16(&x, &mut q, &mut d, &mut sums) };
+                    let mut p = vec![0i16; m * cols];
+                    permute_x16(&q, cols, &mut p);
+                    let hs = split_stride(cols);
+                    let mut hb = vec![0u8; m * hs];
+                    split_x16(&q, cols, &mut hb);
+                    let qx = QuantX16 {
+                        q: q.as_ptr(),
+                        p: p.as_ptr(),
+                        d: d.as_ptr(),
+                        s: sums.as_ptr(),
+                        h: hb.as_ptr(),
+                        hs,
+                    };
+                    for b in [None, Some(Floats::F32(&bias))] {
+                        let alone: Vec<Vec<f32>> = (0..m)
+                            .map(|t| {
+                                let mut o = vec![0f32; rows];
+                                let mut jobs = [MatJob {
+                                    w: &w,
+                                    bias: b,
+                                    out: &mut o,
+                                }];
+                                matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
+                                o
+                            })
+                            .collect();
+                        for tile in TILES {
+                            let mut got = vec![f32::NAN; m * rows];
+                            let out = SharedOut::new(&mut got);
+                            // Two workers' row ranges, split at a row no tile size divides.
+                            let cut = 7.min(rows);
+                            for (r0, r1) in [(0, cut), (cut, rows)] {
+                                // SAFETY: AVX-512 checked above; qx holds m rows of every
+                                // buffer; the two ranges are disjoint rows of `got`.
+                                unsafe { rows_tiled(tile, &w, r0, r1, qx, m, out, b) };
+                            }
+                            for t in 0..m {
+                                let row = &got[t * rows..(t + 1) * rows];
+                                let bad: Vec<usize> = (0..rows)
+                                    .filter(|&r| row[r].to_bits() != alone[t][r].to_bits())
+                                    .collect();
+                                assert!(
+                                    bad.is_empty(),
+                                    "{what} {rows}x{cols}, tile {tile:?}, {m} inputs, row {t}, bias {}: weight rows {bad:?} not the bits alone",
+                                    b.is_some()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `MLX_CPU_TILE`'s values: a shape of `TILES` with or without `s`; anything else none
+    /// (the knob then leaves the default).
+    #[test]
+    fn tile_values_parse() {
+        assert_eq!(
+            parse_tile("3x2"),
+            Some(Tile {
+                r: 3,
+                t: 2,
+                split: false
+            })
+        );
+        assert_eq!(
+            parse_tile("3x2s"),
+            Some(Tile {
+                r: 3,
+                t: 2,
+                split: true
+            })
+        );
+        for bad in ["", "0", "1", "3x", "x2", "5x5", "3x2ss", "three", "3x2 "] {
+            assert_eq!(parse_tile(bad), None, "{bad:?}");
         }
     }
 }

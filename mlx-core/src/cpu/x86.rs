@@ -1450,6 +1450,195 @@ pub(super) unsafe fn dot4_512_any2<const MT: usize>(
     }
 }
 
+/// [`dot4_512_s`] for `R` weight rows (`w`) over `T` inputs at once, register-tiled: per quad
+/// the `T` inputs' split bytes (four vectors an input) are loaded once into registers and
+/// serve all `R` rows, each row's weight quad is loaded and unpacked once for the `T`
+/// inputs, and the `2 R T` accumulators (`a0` / `a1` per row and input) stay live. Where
+/// `dot4_512_s` over `MT` inputs loads each input's vectors again for every weight row (and
+/// [`dot4_512_s2`] for every pair of rows), this loads them once per `R` rows. With `SPLIT`
+/// the per-chunk factors are not held per (row, input): a quad's factor vector is
+/// `permute(idx, sv) * permute(idx, dv)`, which is `permute(idx, sv * dv)` bit for bit (the
+/// permute only moves lanes; the product rounds once either way), so only the `R` rows' scales
+/// and the `T` inputs' scales are kept, at one multiply a (row, input) and quad more.
+///
+/// Every output is computed by the same float operations in the same order as `dot4_512_s`
+/// gives it (the bias term over the blocks, the factors, the quads' integer sums into `a0`
+/// for quads at `c % 8 == 0` and `a1` for the others, `reduce16` of `a0 + a1`), only
+/// interleaved with the other outputs': bit-identical (tier L2, `affine_rows`'
+/// `tile_kernel_rows_are_the_one_row_bits_for_every_shape_and_dtype`).
+///
+/// # Safety
+/// As [`dot4_512_s`] for each row (`qx.h` not null; `qx` holds `T` inputs).
+#[inline]
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot4_512_st<const R: usize, const T: usize, const K: u8, const SPLIT: bool>(
+    w: [Row4; R],
+    chunks: usize,
+    shift: u32,
+    qx: QuantX16,
+) -> [[f32; T]; R] {
+    // SAFETY (whole body): as dot4_512_s, for each row (masked loads past a row's last chunk
+    // or group read nothing; the split inputs are padded to whole quads).
+    unsafe {
+        let mask_of = |k: usize| -> __mmask16 {
+            if k == 16 {
+                0xffff
+            } else {
+                (1u16 << k) - 1
+            }
+        };
+        let spread = _mm512_srlv_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+            _mm512_set1_epi32(shift as i32),
+        );
+        let per_chunk = |p: *const u8, c0: usize, k: usize| -> __m512 {
+            let v = load_scales16::<K>(p, c0 >> shift, mask_of(k >> shift));
+            if shift == 0 {
+                v
+            } else {
+                _mm512_permutexvar_ps(spread, v)
+            }
+        };
+        // The bias terms: `dot4_512_biases!`'s operations for each row.
+        let mut a0 = [[_mm512_setzero_ps(); T]; R];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            let mut xs = [_mm512_setzero_ps(); T];
+            for t in 0..T {
+                xs[t] = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+            }
+            for r in 0..R {
+                let bv = per_chunk(w[r].b0, c0, k);
+                let bv = if K == SCALES_F16_SYM {
+                    _mm512_mul_ps(bv, _mm512_set1_ps(-8.0))
+                } else {
+                    bv
+                };
+                for t in 0..T {
+                    a0[r][t] = _mm512_fmadd_ps(bv, xs[t], a0[r][t]);
+                }
+            }
+            c0 += 16;
+        }
+        let nib = _mm512_set1_epi8(0x0f);
+        let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        let zero = _mm512_setzero_si512();
+        let mut a1 = [[_mm512_setzero_ps(); T]; R];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            let mut dv = [_mm512_setzero_ps(); T];
+            for t in 0..T {
+                dv[t] = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+            }
+            let mut sv = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                sv[r] = per_chunk(w[r].s0, c0, k);
+            }
+            // Without SPLIT: the factors per (row, input), as dot4_512_s computes them.
+            let mut f = [[_mm512_setzero_ps(); T]; R];
+            if !SPLIT {
+                for r in 0..R {
+                    for t in 0..T {
+                        f[r][t] = _mm512_mul_ps(sv[r], dv[t]);
+                    }
+                }
+            }
+            let step = |j: usize, acc: &mut [[__m512; T]; R]| {
+                let c = c0 + j;
+                let n = (k - j).min(4) * 16;
+                let idx = _mm512_add_epi32(quad, _mm512_set1_epi32(j as i32));
+                let mut x = [[zero; 4]; T];
+                for t in 0..T {
+                    let xp = qx.h.add(t * qx.hs + c / 4 * 256);
+                    for (o, v) in x[t].iter_mut().enumerate() {
+                        *v = _mm512_loadu_si512(xp.add(o * 64) as *const _);
+                    }
+                }
+                let mut pd = [_mm512_setzero_ps(); T];
+                if SPLIT {
+                    for t in 0..T {
+                        pd[t] = _mm512_permutexvar_ps(idx, dv[t]);
+                    }
+                }
+                for r in 0..R {
+                    let wv = if n == 64 {
+                        _mm512_loadu_si512(w[r].rb.add(c * 16) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi8((1u64 << n) - 1, w[r].rb.add(c * 16) as *const _)
+                    };
+                    let lo = _mm512_and_si512(wv, nib);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), nib);
+                    let ps = if SPLIT {
+                        _mm512_permutexvar_ps(idx, sv[r])
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    for t in 0..T {
+                        let sum = _mm512_dpbusd_epi32(zero, lo, x[t][0]);
+                        let sum = _mm512_dpbusd_epi32(sum, hi, x[t][1]);
+                        let sum = _mm512_slli_epi32::<8>(sum);
+                        let sum = _mm512_dpbusd_epi32(sum, x[t][2], lo);
+                        let sum = _mm512_dpbusd_epi32(sum, x[t][3], hi);
+                        let fv = if SPLIT {
+                            _mm512_mul_ps(ps, pd[t])
+                        } else {
+                            _mm512_permutexvar_ps(idx, f[r][t])
+                        };
+                        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, acc[r][t]);
+                    }
+                }
+            };
+            // As dot4_512_s: quads at c % 8 == 0 go to a0, the others to a1.
+            let mut j = 0;
+            while j + 4 < k {
+                step(j, &mut a0);
+                step(j + 4, &mut a1);
+                j += 8;
+            }
+            if j < k {
+                step(j, &mut a0);
+            }
+            c0 += 16;
+        }
+        let mut out = [[0f32; T]; R];
+        for r in 0..R {
+            for t in 0..T {
+                out[r][t] = reduce16(_mm512_add_ps(a0[r][t], a1[r][t]));
+            }
+        }
+        out
+    }
+}
+
+/// [`dot4_512_st`] for scales of dtype `kind`.
+///
+/// # Safety
+/// As `dot4_512_st`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot4_512_any_t<const R: usize, const T: usize, const SPLIT: bool>(
+    kind: u8,
+    w: [Row4; R],
+    chunks: usize,
+    shift: u32,
+    qx: QuantX16,
+) -> [[f32; T]; R] {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match kind {
+            SCALES_F16 => dot4_512_st::<R, T, SCALES_F16, SPLIT>(w, chunks, shift, qx),
+            SCALES_F16_SYM => dot4_512_st::<R, T, SCALES_F16_SYM, SPLIT>(w, chunks, shift, qx),
+            SCALES_BF16 => dot4_512_st::<R, T, SCALES_BF16, SPLIT>(w, chunks, shift, qx),
+            _ => dot4_512_st::<R, T, SCALES_F32, SPLIT>(w, chunks, shift, qx),
+        }
+    }
+}
+
 // SAFETY: read-only views of buffers the caller of the pool run keeps alive and unchanged.
 unsafe impl Send for QuantX16 {}
 unsafe impl Sync for QuantX16 {}
