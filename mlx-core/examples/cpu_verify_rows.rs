@@ -7,8 +7,7 @@
 //! [MB] [ROUNDS]`. Each shape cycles through `MB` (default 8) of weight copies; the fastest of
 //! many runs is printed with its cost in the default kernel's one-row products. Last, a slice
 //! of SmolLM2's 8-bit head (8192 x 576, Q8_0) through the default kernel only (int16 inputs).
-//! `MLX_CPU_PAIRS=0` (or `4`, `8`) turns the verify rows' pair kernels off (s44),
-//! `MLX_CPU_TILE=0` the register-tiled kernel (or picks its shape, `3x2`, `4x1`, ...: s45);
+//! `MLX_CPU_PAIRS=0` (or `4`, `8`) turns the verify rows' pair kernels off (s44);
 //! `CPU_VERIFY_SHAPES=576x576,1536x576` times only those shapes, `CPU_VERIFY_THREADS=2` on two
 //! workers.
 
