@@ -7,7 +7,9 @@
 //! [MB] [ROUNDS]`. Each shape cycles through `MB` (default 8) of weight copies; the fastest of
 //! many runs is printed with its cost in the default kernel's one-row products. Last, a slice
 //! of SmolLM2's 8-bit head (8192 x 576, Q8_0) through the default kernel only (int16 inputs).
-//! `MLX_CPU_PAIRS=0` (or `4`, `8`) turns the verify rows' pair kernels off (s44).
+//! `MLX_CPU_PAIRS=0` (or `4`, `8`) turns the verify rows' pair kernels off (s44);
+//! `CPU_VERIFY_SHAPES=576x576,1536x576` times only those shapes, `CPU_VERIFY_THREADS=2` on two
+//! workers.
 
 use half::f16;
 use mlx_core::cpu::amx_verify::{self, Kernel};
@@ -38,7 +40,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap_or(d)
     };
     let (max_rows, mb, rounds) = (arg(1, 7.0) as usize, arg(2, 8.0), arg(3, 1.0) as usize);
-    let mut ctx = CpuContext::new(1)?;
+    // `CPU_VERIFY_THREADS=2`: the decoder's two workers (one by default).
+    let threads = std::env::var("CPU_VERIFY_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut ctx = CpuContext::new(threads)?;
     ctx.activations = Activations::Int16Q8Int8;
     let amx = amx_verify::amx_int8_available();
     let mut rng = Lcg(7);
@@ -51,6 +58,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (576, 1536, 4),
         (8192, 576, 8),
     ] {
+        // `CPU_VERIFY_SHAPES=576x576,1536x576`: only these shapes (all by default).
+        if let Ok(only) = std::env::var("CPU_VERIFY_SHAPES") {
+            if !only.split(',').any(|s| s == format!("{rows}x{cols}")) {
+                continue;
+            }
+        }
         // The head's products read int16 inputs (the decoder's `Activations::head`).
         ctx.activations = if bits == 8 {
             Activations::Int16

@@ -406,7 +406,7 @@ mod tests {
             .collect()
     }
 
-    /// Every row of 1..=8 inputs through `matmul_t_each` (this file's kernel, prefetching)
+    /// Every row of 1..=9 inputs through `matmul_t_each` (this file's kernel, prefetching)
     /// has the bits `matmul_t` gives that input alone (the plain `rows_int16_512`), with and
     /// without a bias, over row counts that end blocks and prefetches early and column counts
     /// with an unpaired chunk (17, 33) and a partial block of 16 chunks (18): tier
@@ -445,7 +445,7 @@ mod tests {
             )
             .unwrap();
             assert!(supports(&w));
-            for m in 1..=8 {
+            for m in 1..=9 {
                 let x = seeded(m * cols, 10 + m as u64);
                 for b in [None, Some(Floats::F32(&bias))] {
                     let mut got = vec![0f32; m * rows];
@@ -479,7 +479,7 @@ mod tests {
 
     /// The pair kernel (`rows_pairs`, `dot4_512_s2`) over every scale dtype and group it
     /// takes (float16 in groups of 32 and 64, bfloat16 in 32, float32 in 64 or 128, a symmetric
-    /// Q4_0-style matrix): every row of 2..=7 inputs has the bits `matmul_t` gives that input
+    /// Q4_0-style matrix): every row of 1..=9 inputs has the bits `matmul_t` gives that input
     /// alone, over widths that take one tile only (576: 18 chunks, a partial quad) and tiles
     /// of 3 and 2 (1088: 34 chunks; 1152: 36), an odd number of weight rows (the last row alone) and
     /// two workers: tier bit-identical.
@@ -575,7 +575,7 @@ mod tests {
             for (what, w) in mats {
                 let w = w.unwrap();
                 assert!(supports(&w), "{what}");
-                for m in 2..=7 {
+                for m in 1..=9 {
                     let x = seeded(m * cols, 20 + m as u64);
                     let mut got = vec![0f32; m * rows];
                     let mut jobs = [MatJob {
