@@ -15,11 +15,8 @@ import os
 import re
 import sys
 
-ROOT, MLX_SRC = sys.argv[1], sys.argv[2]
 HERE = os.path.dirname(os.path.abspath(__file__))
 CRATE = os.path.join(HERE, "..", "..", "mlx-kernels", "src")
-CU = os.path.join(ROOT, "nvidia", "cu13")
-nvrtc = ctypes.CDLL(os.path.join(CU, "lib", "libnvrtc.so.13"))
 
 DEFAULT_HEADER = """
 #include "mlx/backend/cuda/device/utils.cuh"
@@ -56,19 +53,25 @@ def build(name, header, source, inputs, outputs, templates):
     return s
 
 
-def compile_one(label, src):
+def nvrtc_compile(lib, src, name, opts):
+    """Compiles `src` (bytes) as program `name` (bytes) with NVRTC's `opts` (bytes each) through
+    the loaded `libnvrtc` `lib`: (NVRTC's result code, its log as text)."""
     prog = ctypes.c_void_p()
-    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None) == 0
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, name, 0, None, None) == 0
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    return rc, log.value.decode(errors="replace").strip()
+
+
+def compile_one(label, src):
     opts = [b"--device-as-default-execution-space", b"--gpu-architecture=compute_90a",
             f"--include-path={MLX_SRC}".encode(), f"--include-path={CU}/include/cccl".encode(),
             f"--include-path={CU}/include".encode()]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    text = log.value.decode(errors="replace").strip()
+    rc, text = nvrtc_compile(nvrtc, src.encode(), b"k.cu", opts)
     print(f"{'ok  ' if rc == 0 else 'FAIL'} {label}" + (f"\n{text}" if text else ""), flush=True)
     return rc == 0
 
@@ -119,4 +122,8 @@ def check_flash():
     return ok
 
 
-main()
+if __name__ == "__main__":
+    ROOT, MLX_SRC = sys.argv[1], sys.argv[2]
+    CU = os.path.join(ROOT, "nvidia", "cu13")
+    nvrtc = ctypes.CDLL(os.path.join(CU, "lib", "libnvrtc.so.13"))
+    main()

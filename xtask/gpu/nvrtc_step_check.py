@@ -12,24 +12,21 @@ of the sources). Prints each file's result and NVRTC's log; exits 1 if any fails
 emulator (graph_emulate.py) compiles the same source as plain C++, which accepts what NVRTC
 refuses (session 45: a generic lambda in device code), so both run before a device call.
 """
-import ctypes, sys
-lib = ctypes.CDLL(sys.argv[1] + "/libnvrtc.so.13")
-arch = sys.argv[2]
+import ctypes
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nvrtc_check import nvrtc_compile  # noqa: E402
+
+lib = ctypes.CDLL(os.path.join(sys.argv[1], "libnvrtc.so.13"))
+# gpurt's `load_module` options.
+opts = [b"--gpu-architecture=" + sys.argv[2].encode(), b"-std=c++17", b"--fmad=true"]
 bad = 0
 for f in sys.argv[3:]:
-    src = open(f, "rb").read()
-    prog = ctypes.c_void_p()
-    r = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"gpurt.cu", 0, None, None)
-    assert r == 0, r
-    opts = [b"--gpu-architecture=" + arch.encode(), b"-std=c++17", b"--fmad=true"]
-    arr = (ctypes.c_char_p * 3)(*opts)
-    r = lib.nvrtcCompileProgram(prog, 3, arr)
-    n = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-    log = ctypes.create_string_buffer(n.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    print(f"{f}: {'ok' if r == 0 else 'FAILED (%d)' % r}")
-    if log.value.strip():
-        print(log.value.decode()[:3000])
-    bad += r != 0
+    rc, log = nvrtc_compile(lib, open(f, "rb").read(), b"gpurt.cu", opts)
+    print(f"{f}: {'ok' if rc == 0 else 'FAILED (%d)' % rc}")
+    if log:
+        print(log[:3000])
+    bad += rc != 0
 sys.exit(1 if bad else 0)

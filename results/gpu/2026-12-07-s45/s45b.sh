@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 45, the short form of s45.sh for what was left of the budget (<= 400 s) on a fresh
+# Session 45, the pair item's throughput and serve for what was left of the budget (<= 400 s) on a fresh
 # H100/H200, .gpu/c rebuilt from main 516b9d74 or later, this file copied into .gpu/c:
 #   run(carry=[".gpu/a", ".gpu/c"], command="S45_END=380 bash .gpu/c/s45b.sh", timeout_s=390)
 # 1. the 8B setup (skipped where /opt/models holds it);
