@@ -2106,7 +2106,7 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
   if (tr.buf) __syncthreads();
 }
 
-// MMA_PAIR (the host's switch MLX_GRAPH_MMA_PAIR=1, wide tiles only; 0 otherwise): a warp's
+// MMA_PAIR (the host sets it on wide tiles unless MLX_GRAPH_MMA_PAIR=0; 0 otherwise): a warp's
 // item is one group of 64 inputs of two rows blocks (32 rows), a block's rows blocks i and i + 1
 // of a batch (rb = blockIdx.x + i gridDim.x, as mv_run_mma takes them): the two A fragments
 // multiply the same B fragments (read once) and their sums scale by the same chunk sums (read

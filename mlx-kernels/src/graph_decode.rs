@@ -2463,15 +2463,16 @@ impl GraphDecoder {
                 ),
             }
         }
-        // Asked for (MLX_GRAPH_MMA_PAIR=1): one line says whether the constructor's tiles
-        // take the items of two rows blocks, or why not (the device logs' record of it).
-        if mma_pair() {
+        // Asked about (MLX_GRAPH_MMA_PAIR set, to anything): one line says whether the
+        // constructor's tiles take the items of two rows blocks, or why not (the device logs'
+        // record of it).
+        if std::env::var_os("MLX_GRAPH_MMA_PAIR").is_some() {
             let mma4 = step.mma && step.shape.group_and_bits() == (64, 4);
             let wide = step.wide(step.nb);
             eprintln!(
                 "[graph mma pair] `{}`: {}",
                 step.shape.model_type,
-                match mma_pair_in(step.nb, wide, mma4, true) {
+                match mma_pair_in(step.nb, wide, mma4, mma_pair()) {
                     Ok(()) => format!(
                         "tiles of {} rows sum two rows blocks an item (MMA_PAIR; the ring {}, \
                          banks {})",
@@ -3933,15 +3934,17 @@ fn mma_banks_define(on: bool) -> &'static str {
 }
 
 /// Whether the wide tensor-core tiles sum two rows blocks an item (`MMA_PAIR` in the source;
-/// `MLX_GRAPH_MMA_PAIR=1`, off by default): a warp's item is one group of 64 inputs of a
+/// on by default since session 46, `MLX_GRAPH_MMA_PAIR=0` turns it off): a warp's item is one group of 64 inputs of a
 /// block's rows blocks i and i + 1 (32 rows), the two A fragments multiplying one read of the B
 /// fragments and scaled with one read of the chunk sums, in two independent mma.sync chains
 /// (`results/gpu/2026-12-07-s43-mmapair`: session 37 found a warp's item latency-bound). Each
 /// rows block keeps its groups' order and the warps' order, so the products are bit-equal
-/// either way. Read where the step source's defines are chosen, so the decoder, `mlx` and the
-/// tests alike take it from their environment.
+/// either way (the H100's `wide_tiles_equal_narrow_tiles` and `batched_equals_single` under it,
+/// `results/gpu/2026-12-07-s46`; there the 8B's 16-row step ran 116.7 steps/s against 105.2
+/// without it, the 5-row verify tile 165.5 against 151.9). Read where the step source's defines
+/// are chosen, so the decoder, `mlx` and the tests alike take it from their environment.
 fn mma_pair() -> bool {
-    std::env::var("MLX_GRAPH_MMA_PAIR").is_ok_and(|v| v == "1")
+    switch_on("MLX_GRAPH_MMA_PAIR")
 }
 
 /// Whether tiles of `nb` rows take [`mma_pair`]'s items (`on`: the switch): `Ok` where they
@@ -3950,7 +3953,7 @@ fn mma_pair() -> bool {
 /// blocks are odd in number, the kernel runs its last alone, as the item of one rows block.
 fn mma_pair_in(nb: usize, wide: bool, mma4: bool, on: bool) -> std::result::Result<(), String> {
     if !on {
-        return Err("MLX_GRAPH_MMA_PAIR is not 1".to_string());
+        return Err("MLX_GRAPH_MMA_PAIR is 0".to_string());
     }
     if !mma4 {
         return Err(format!(
@@ -5020,7 +5023,7 @@ fn step_source(
     let mv_async = mv_async_define(mv_async());
     // The wide tiles' bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1): the same bits.
     let banks = mma_banks_define(wide && mma4 && mma_banks());
-    // The wide tiles' items of two rows blocks (MLX_GRAPH_MMA_PAIR=1): the same bits.
+    // The wide tiles' items of two rows blocks (on unless MLX_GRAPH_MMA_PAIR=0): the same bits.
     let pair = mma_pair_define(mma_pair_in(nb, wide, mma4, mma_pair()).is_ok());
     // The FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1, where it fits): the same bits.
     let mv_ring = mv_ring_define(mv_ring_in(spec, p.rows, nb, mma, mv_ring()));
@@ -7081,8 +7084,8 @@ mod tests {
 
     #[test]
     fn the_pair_switch_takes_wide_tensor_core_tiles_only() {
-        // MLX_GRAPH_MMA_PAIR=1 (MMA_PAIR): every width of the wide tensor-core tiles of 4-bit
-        // weights in groups of 64, and why not elsewhere.
+        // MMA_PAIR (on unless MLX_GRAPH_MMA_PAIR=0): every width of the wide tensor-core tiles
+        // of 4-bit weights in groups of 64, and why not elsewhere.
         for nb in [4, 5, 8, 16] {
             assert_eq!(mma_pair_in(nb, true, true, true), Ok(()), "{nb} rows");
         }
@@ -7100,15 +7103,14 @@ mod tests {
         assert!(SOURCE.contains(
             "mv_run_mma_pair(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);"
         ));
-        // Off (the default), the step source has no MMA_PAIR define: the tiles' item as before.
-        if !mma_pair() {
-            let s = GraphSpec {
-                quant: Some((64, 4)),
-                ..tiny_spec()
-            };
-            let (src, _) = step_source(&s, &plain_params(), 16, true, true);
-            assert!(!src.contains("#define MMA_PAIR 1"));
-        }
+        // On (the default), the wide tiles' step source defines MMA_PAIR; off
+        // (MLX_GRAPH_MMA_PAIR=0), it has no MMA_PAIR define: the tiles' item of one rows block.
+        let s = GraphSpec {
+            quant: Some((64, 4)),
+            ..tiny_spec()
+        };
+        let (src, _) = step_source(&s, &plain_params(), 16, true, true);
+        assert_eq!(src.contains("#define MMA_PAIR 1"), mma_pair());
         // The pair shares the ring's static shared memory (two 640-byte slots a pair item, 3
         // items: the same 30 KiB), so the tiles' sizing is the same with it.
         assert_eq!(MMA_RING_SHARED, 8 * 3 * 2 * 640);

@@ -68,7 +68,9 @@ for m in ${SERVE_MODELS:-llama31-8b-q4}; do
       # graphasync: the wide tiles with the cp.async ring (MLX_GRAPH_MMA_ASYNC=1, s36 mmatile).
       graphasync) MLX_GRAPH_MMA_ASYNC=1 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphnarrow) MLX_GRAPH_WIDE_TILES=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
-      # graphpair: the wide tiles' items of two rows blocks (MLX_GRAPH_MMA_PAIR=1, s43 mmapair).
+      # graphpair: the wide tiles' items of two rows blocks (MLX_GRAPH_MMA_PAIR=1, s43 mmapair;
+      # the default since session 46, as `graph`); graphnopair: without them (the default before).
+      graphnopair) MLX_GRAPH_MMA_PAIR=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphpair) MLX_GRAPH_MMA_PAIR=1 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphffma) MLX_GRAPH_TENSOR_CORES=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       *) serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder $d --log-level info ;;

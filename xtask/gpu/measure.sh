@@ -111,7 +111,8 @@ for part in ${PARTS:-setup test spec bench moe}; do
       # cp.async ring (MLX_GRAPH_MMA_ASYNC=1), mv = wide tiles with MLX_GRAPH_MV_ASYNC=1, on =
       # wide tiles with both (the defaults since session 37), banks = on plus the wide tiles'
       # bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1), pair = on with the wide tiles'
-      # items of two rows blocks (MLX_GRAPH_MMA_PAIR=1), pairbanks = banks with them, ffma = the defaults with the FFMA
+      # items of two rows blocks (MLX_GRAPH_MMA_PAIR=1: the decoder's default since session 46,
+      # so `on` is the default before it), pairbanks = banks with them, ffma = the defaults with the FFMA
       # tiles at every width (MLX_GRAPH_BATCH_MMA=99), ring = ffma with the FFMA row kernels'
       # cp.async ring (MLX_GRAPH_MV_RING=1), early = on with
       # MLX_GRAPH_EARLY_PROLOGUE=1, steal = on with MLX_GRAPH_MV_STEAL=1, nb = ffma with
