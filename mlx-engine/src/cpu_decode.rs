@@ -824,6 +824,94 @@ fn residual(
     Ok(())
 }
 
+/// Whether a verification pass's per-row elementwise work (the residual adds, the RMSNorms
+/// around the products, SiLU x up, the final norm) runs with its rows split over the pool's
+/// workers ([`split_rows`]); `MLX_CPU_ROWSPLIT=0`: on the caller, row after row, as a decode
+/// step does (read once; any other value leaves the default, on). Each row's operations are
+/// the same either way (bit-identical); only which thread runs them differs.
+fn rows_split_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_CPU_ROWSPLIT").map_or(true, |v| v != "0"))
+}
+
+/// The most rows [`split_rows`] takes (a verification pass of more runs its rows serially).
+const SPLIT_MAX: usize = 16;
+
+/// One row's work of a [`split_rows`] stage: `(row, a_row, b_row)`.
+type RowFn<'f> = dyn Fn(usize, &mut [f32], &mut [f32]) -> Result<()> + Sync + 'f;
+
+/// `f(i, a_i, b_i)` for each row `i` of `n`, `a` and `b` cut into rows of `da` and `db`
+/// floats, the rows handed out over the pool's workers in one pool run: each worker its own
+/// region of consecutive rows first, the same in every stage (so a row's data stays in one
+/// core's cache from stage to stage), then the others' rows left (`cpu::Regions`: a worker
+/// that does not join leaves its rows to the others). Nothing allocated: the rows' slices
+/// wait in a stack array. The first error any row returns is returned.
+fn split_rows(
+    ctx: &CpuContext,
+    n: usize,
+    a: &mut [f32],
+    da: usize,
+    b: &mut [f32],
+    db: usize,
+    f: &RowFn<'_>,
+) -> Result<()> {
+    use std::sync::Mutex;
+    if n > SPLIT_MAX || a.len() < n * da || b.len() < n * db {
+        return Err(EngineError::Input {
+            what: "cpu_decode::split_rows".into(),
+            problem: format!(
+                "{n} rows of {da} and {db} floats over {} and {} (at most {SPLIT_MAX} rows)",
+                a.len(),
+                b.len()
+            ),
+        });
+    }
+    type Row<'r> = Mutex<Option<(&'r mut [f32], &'r mut [f32])>>;
+    let cells: [Row<'_>; SPLIT_MAX] = std::array::from_fn(|_| Mutex::new(None));
+    for ((c, ar), br) in cells
+        .iter()
+        .zip(a[..n * da].chunks_exact_mut(da.max(1)))
+        .zip(b[..n * db].chunks_exact_mut(db.max(1)))
+    {
+        *c.lock().unwrap_or_else(|e| e.into_inner()) = Some((ar, br));
+    }
+    let regions = cpu::Regions::new(n, ctx.pool.threads());
+    let err: Mutex<Option<EngineError>> = Mutex::new(None);
+    ctx.pool.run(&|worker, _| {
+        while let Some(i) = regions.claim(worker) {
+            let row = cells[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((ar, br)) = row {
+                if let Err(e) = f(i, ar, br) {
+                    err.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(e);
+                }
+            }
+        }
+    });
+    match err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// One row's residual add of a branch output `o` into `x` (through `post` on sandwich rows,
+/// `h` the temporary, as [`residual`]), then `h = rms_norm(x, norm)`: the elementwise work
+/// between a product and the next one's inputs, for one row.
+fn residual_norm(
+    x: &mut [f32],
+    h: &mut [f32],
+    o: Option<(&[f32], Option<&NormW<'_>>)>,
+    norm: &NormW<'_>,
+    eps: f32,
+) -> Result<()> {
+    if let Some((o, post)) = o {
+        residual(x, o, post, eps, h)?;
+    }
+    cpu::rms_norm(x, norm.floats(), eps, h)?;
+    Ok(())
+}
+
 /// Which rows one pass through the layers runs, and the caches their keys and values go to.
 enum Rows<'c, 'r> {
     /// Consecutive tokens of one sequence (a prompt block) from its cache's position on: the
@@ -833,7 +921,9 @@ enum Rows<'c, 'r> {
     /// RoPE, cache writes and attention as [`Rows::Block`] (each row of `cpu::attention`
     /// attends up to its own position, as alone), the products as [`Rows::Each`], so every row
     /// gets the bits it gets fed alone while each weight row is still read once for all.
-    Seq(&'c mut CpuCache, &'c mut RowsScratch),
+    /// The last field: whether the elementwise stages run the rows over the workers
+    /// ([`split_rows`]).
+    Seq(&'c mut CpuCache, &'c mut RowsScratch, bool),
     /// One token of each of several sequences, each at its own cache's position: every row
     /// gets the bits it gets alone (`cpu::matmul_t_each`). A single sequence's decode step is
     /// this with one row.
@@ -861,7 +951,7 @@ impl Rows<'_, '_> {
         };
         match self {
             Rows::Block(_) => cpu::matmul_t(ctx, x, n, jobs)?,
-            Rows::Seq(c, rs) => {
+            Rows::Seq(c, rs, _) => {
                 let pf = pf.and_then(|(w, li, share)| kv_prefetch(w, c, li, share));
                 cpu::matmul_t_each_prefetch(ctx, act, x, n, jobs, rs, pf.as_ref())?
             }
@@ -1167,7 +1257,10 @@ fn attend_prompt(
 }
 
 /// The layers over the `n` embedded rows in `s.x`, then the caches' positions advanced: the
-/// one layer body of a prompt block and of a (batched) decode step.
+/// one layer body of a prompt block and of a (batched) decode step. Returns whether `s.h`
+/// holds the rows' final norm (a verification pass whose rows were split over the workers,
+/// [`rows_split_on`]: the last residual add and the final norm ran as one stage), else the
+/// head's caller norms `s.x`.
 fn layers(
     w: &Weights<'_>,
     ctx: &CpuContext,
@@ -1175,17 +1268,34 @@ fn layers(
     rows: &mut Rows<'_, '_>,
     n: usize,
     prof: &mut Profile,
-) -> Result<()> {
+) -> Result<bool> {
     let (hid, hd) = (w.hidden, w.head_dim);
     let (qd, kd) = (w.n_heads * hd, w.n_kv * hd);
+    // A verification pass's elementwise stages with the rows over the workers (one pool run
+    // a stage), each row's operations those of its one-token step.
+    let split = matches!(rows, Rows::Seq(.., true)) && (2..=SPLIT_MAX).contains(&n);
+    // Split only: the last down product's residual add (its post norm on sandwich rows),
+    // left to the next stage (the next layer's first norm, or the final norm).
+    let mut pending: Option<Option<&NormW<'_>>> = None;
+    let isa = ctx.isa;
     for (li, l) in w.layers.iter().enumerate() {
         // The layer whose keys and values the MLP's products prefetch (the head does layer
         // 0's for the next step).
         let next = (li + 1 < w.layers.len()).then_some(li + 1);
         let x = &mut s.x[..n * hid];
         let h = &mut s.h[..n * hid];
-        cpu::rms_norm(x, l.attn_norm.floats(), w.eps, h)?;
-        prof.lap(Phase::Elementwise, 0);
+        if split {
+            let o = &s.o[..n * hid];
+            let pend = pending.take();
+            split_rows(ctx, n, x, hid, h, hid, &|i, xi, hi| {
+                let oi = pend.map(|p| (&o[i * hid..(i + 1) * hid], p));
+                residual_norm(xi, hi, oi, &l.attn_norm, w.eps)
+            })?;
+            prof.lap(Phase::Elementwise, 1);
+        } else {
+            cpu::rms_norm(x, l.attn_norm.floats(), w.eps, h)?;
+            prof.lap(Phase::Elementwise, 0);
+        }
         let (q, k, v) = (&mut s.q[..n * qd], &mut s.k[..n * kd], &mut s.v[..n * kd]);
         rows.matmul(
             ctx,
@@ -1234,7 +1344,7 @@ fn layers(
             Ok(())
         };
         match rows {
-            Rows::Block(cache) | Rows::Seq(cache, _) => {
+            Rows::Block(cache) | Rows::Seq(cache, ..) => {
                 let pos = cache.pos;
                 for i in 0..n {
                     let (qi, ki) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kd..(i + 1) * kd]);
@@ -1299,9 +1409,18 @@ fn layers(
             None,
         )?;
         prof.lap(Phase::O, 1);
-        residual(x, o, l.post_attn_norm.as_ref(), w.eps, h)?;
-        cpu::rms_norm(x, l.mlp_norm.floats(), w.eps, h)?;
-        prof.lap(Phase::Elementwise, 0);
+        if split {
+            let (o, post) = (&*o, l.post_attn_norm.as_ref());
+            split_rows(ctx, n, x, hid, h, hid, &|i, xi, hi| {
+                let oi = Some((&o[i * hid..(i + 1) * hid], post));
+                residual_norm(xi, hi, oi, &l.mlp_norm, w.eps)
+            })?;
+            prof.lap(Phase::Elementwise, 1);
+        } else {
+            residual(x, o, l.post_attn_norm.as_ref(), w.eps, h)?;
+            cpu::rms_norm(x, l.mlp_norm.floats(), w.eps, h)?;
+            prof.lap(Phase::Elementwise, 0);
+        }
         let inter = l.gate.0.rows();
         let (g, u) = (&mut s.gate[..n * inter], &mut s.up[..n * inter]);
         rows.matmul(
@@ -1324,11 +1443,21 @@ fn layers(
             next.map(|n| (w, n, [0.0, 0.66])),
         )?;
         prof.lap(Phase::GateUp, 1);
-        match w.act {
-            MlpKind::GeGluTanh => cpu::gelu_approx_mul_isa(ctx.isa, g, u)?,
-            _ => cpu::silu_mul_isa(ctx.isa, g, u)?,
+        let gate_up = |g: &mut [f32], u: &[f32]| -> Result<()> {
+            match w.act {
+                MlpKind::GeGluTanh => cpu::gelu_approx_mul_isa(isa, g, u)?,
+                _ => cpu::silu_mul_isa(isa, g, u)?,
+            }
+            Ok(())
+        };
+        if split {
+            // Each row as its one-token step's call (one row of `inter`).
+            split_rows(ctx, n, g, inter, u, inter, &|_, gi, ui| gate_up(gi, ui))?;
+            prof.lap(Phase::Elementwise, 1);
+        } else {
+            gate_up(g, u)?;
+            prof.lap(Phase::Elementwise, 0);
         }
-        prof.lap(Phase::Elementwise, 0);
         rows.matmul(
             ctx,
             g,
@@ -1342,17 +1471,34 @@ fn layers(
             next.map(|n| (w, n, [0.66, 1.0])),
         )?;
         prof.lap(Phase::Down, 1);
-        residual(x, o, l.post_mlp_norm.as_ref(), w.eps, h)?;
+        if split {
+            pending = Some(l.post_mlp_norm.as_ref());
+        } else {
+            residual(x, o, l.post_mlp_norm.as_ref(), w.eps, h)?;
+        }
     }
+    // The last residual add with the final norm, one stage.
+    let normed = match pending {
+        Some(post) => {
+            let (x, h, o) = (&mut s.x[..n * hid], &mut s.h[..n * hid], &s.o[..n * hid]);
+            split_rows(ctx, n, x, hid, h, hid, &|i, xi, hi| {
+                let oi = Some((&o[i * hid..(i + 1) * hid], post));
+                residual_norm(xi, hi, oi, &w.final_norm, w.eps)
+            })?;
+            prof.lap(Phase::Elementwise, 1);
+            true
+        }
+        None => false,
+    };
     match rows {
-        Rows::Block(cache) | Rows::Seq(cache, _) => cache.pos += n,
+        Rows::Block(cache) | Rows::Seq(cache, ..) => cache.pos += n,
         Rows::Each(caches, _) => {
             for c in caches.iter_mut() {
                 c.pos += 1;
             }
         }
     }
-    Ok(())
+    Ok(normed)
 }
 
 /// Runs `tokens` (at most [`BLOCK`]) of one sequence through the model after what `cache`
@@ -1472,6 +1618,11 @@ impl<'m> CpuDecoder<'m> {
         self.batch.threads()
     }
 
+    /// See [`CpuBatch::set_rows_split`].
+    pub fn set_rows_split(&mut self, on: bool) {
+        self.batch.set_rows_split(on);
+    }
+
     /// The instruction set of the kernels (see [`CpuBatch::isa`]).
     pub fn isa(&self) -> &'static str {
         self.batch.isa()
@@ -1577,6 +1728,9 @@ pub struct CpuBatch<'m> {
     pprof: Profile,
     /// What [`CpuBatch::new_cache`] stores.
     kv_dtype: KvDtype,
+    /// Whether a verification pass splits its rows' elementwise work over the workers
+    /// ([`rows_split_on`] when made; [`CpuBatch::set_rows_split`]).
+    split: bool,
 }
 
 impl std::fmt::Debug for CpuBatch<'_> {
@@ -1661,6 +1815,7 @@ impl<'m> CpuBatch<'m> {
             prof: Profile::from_env(),
             pprof: Profile::from_env(),
             kv_dtype: KvDtype::default(),
+            split: rows_split_on(),
         })
     }
 
@@ -1687,6 +1842,12 @@ impl<'m> CpuBatch<'m> {
     /// Worker threads in use.
     pub fn threads(&self) -> usize {
         self.ctx.pool.threads()
+    }
+
+    /// Whether [`CpuBatch::verify`] runs its rows' elementwise stages split over the workers
+    /// (on unless `MLX_CPU_ROWSPLIT=0`; the same bits either way). For tests and A/B runs.
+    pub fn set_rows_split(&mut self, on: bool) {
+        self.split = on;
     }
 
     /// The instruction set of the kernels (`avx512+vnni+amx`, `avx512+vnni`, `avx2+fma` or
@@ -1782,8 +1943,9 @@ impl<'m> CpuBatch<'m> {
         let hid = w.hidden;
         w.embed_rows(tokens, &mut s.x[..tokens.len() * hid])?;
         prof.lap(Phase::Embed, 0);
-        layers(w, ctx, s, &mut Rows::Seq(cache, &mut self.rows), n, prof)?;
-        head_each(w, ctx, s, n, &mut self.rows, Some(cache))?;
+        let rows = &mut Rows::Seq(cache, &mut self.rows, self.split);
+        let normed = layers(w, ctx, s, rows, n, prof)?;
+        head_each(w, ctx, s, n, &mut self.rows, Some(cache), normed)?;
         prof.lap(Phase::Head, 1);
         prof.end();
         Ok(&s.logits[..n * w.vocab])
@@ -1814,19 +1976,20 @@ impl<'m> CpuBatch<'m> {
         let hid = w.hidden;
         w.embed_rows(tokens, &mut s.x[..tokens.len() * hid])?;
         prof.lap(Phase::Embed, 0);
-        layers(w, ctx, s, &mut Rows::Each(caches, &mut self.rows), b, prof)?;
+        let normed = layers(w, ctx, s, &mut Rows::Each(caches, &mut self.rows), b, prof)?;
         let next = match &caches[..] {
             [c] => Some(&**c),
             _ => None,
         };
-        head_each(w, ctx, s, b, &mut self.rows, next)?;
+        head_each(w, ctx, s, b, &mut self.rows, next, normed)?;
         prof.lap(Phase::Head, 1);
         prof.end();
         Ok(&s.logits[..b * w.vocab])
     }
 }
 
-/// The final norm and head of the `n` rows in `s.x` into `s.logits`, each row as alone.
+/// The final norm and head of the `n` rows in `s.x` into `s.logits`, each row as alone
+/// (`normed`: the final norm is in `s.h` already, see [`layers`]).
 /// `next`: the cache of the sequence's next step (one sequence), whose layer 0 keys and values
 /// the head's product prefetches ([`kv_prefetch`]).
 fn head_each(
@@ -1836,10 +1999,13 @@ fn head_each(
     n: usize,
     rows: &mut RowsScratch,
     next: Option<&CpuCache>,
+    normed: bool,
 ) -> Result<()> {
     let hid = w.hidden;
     let h = &mut s.h[..n * hid];
-    cpu::rms_norm(&s.x[..n * hid], w.final_norm.floats(), w.eps, h)?;
+    if !normed {
+        cpu::rms_norm(&s.x[..n * hid], w.final_norm.floats(), w.eps, h)?;
+    }
     let logits = &mut s.logits[..n * w.vocab];
     let pf = next.and_then(|c| kv_prefetch(w, c, 0, [0.0, 1.0]));
     // The logits' product: `Activations::head` (int16 inputs for a Q8_0 head).

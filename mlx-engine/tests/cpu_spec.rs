@@ -129,6 +129,83 @@ fn verify_rows_are_the_bits_of_one_token_steps() {
     }
 }
 
+/// A verification pass with its rows' elementwise stages split over the workers
+/// (`set_rows_split(true)`: the residual adds, the RMSNorms, SiLU x up and the final norm run
+/// a row per worker claim) gives every row the bits of its one-token step, and so does the
+/// pass with them on the caller (`false`), on the fixtures the CPU decoder runs (f32, f16 and
+/// bf16 weights, 4- and 8-bit, biases, llama3 / yarn / linear RoPE, sliding windows the
+/// context passes, Gemma's sandwich norms and GELU gate, q/k norms), 2 to 12 rows, at two and
+/// three workers (tier: bit-identical).
+#[test]
+fn split_verify_rows_are_the_bits_of_one_token_steps() {
+    let mut ran = Vec::new();
+    for name in [
+        "dense_f32",
+        "dense_f16",
+        "dense_bf16_mha",
+        "dense_bf16_untied",
+        "q4_g32",
+        "q4_g64_f16",
+        "q4_g64_untied",
+        "q8_g64",
+        "q8_g32_bf16",
+        "linear_rope_sliding",
+        "mistral_bias_llama3rope",
+        "yarn_rope",
+        "dense/gemma3_text",
+        "dense/gemma3_text_q4",
+        "dense/gemma2",
+        "dense/qwen3",
+        "dense/olmo2",
+        "dense/smollm3_sliding",
+    ] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../mlx-models/tests/models")
+            .join(name);
+        if !dir.join("config.json").exists() {
+            continue;
+        }
+        let model = load_model_dir(&dir, &LoadOptions::default()).unwrap().0;
+        if mlx_engine::cpu_decode::unsupported(model.as_ref()).is_some() {
+            continue;
+        }
+        for threads in [2, 3] {
+            let mut dec = CpuDecoder::new(model.as_ref(), threads, 64).unwrap();
+            let vocab = dec.vocab();
+            let tokens: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % vocab as u32).collect();
+            let mut alone = Vec::new();
+            dec.feed(PROMPT).unwrap();
+            for &t in &tokens {
+                alone.extend_from_slice(dec.feed(&[t]).unwrap());
+            }
+            for split in [true, false] {
+                dec.set_rows_split(split);
+                for n in 2..=tokens.len() {
+                    dec.reset();
+                    dec.feed(PROMPT).unwrap();
+                    let got = dec.verify(&tokens[..n]).unwrap();
+                    assert_eq!(got.len(), n * vocab);
+                    for (r, (g, a)) in got
+                        .chunks_exact(vocab)
+                        .zip(alone.chunks_exact(vocab))
+                        .enumerate()
+                    {
+                        let same = g.iter().zip(a).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(
+                            same,
+                            "{name}, {threads} workers, split {split}: row {r} of a pass of \
+                             {n} differs from its one-token step"
+                        );
+                    }
+                }
+            }
+        }
+        ran.push(name);
+    }
+    eprintln!("split verify rows: {ran:?}");
+    assert!(ran.len() >= 10, "only {ran:?} ran");
+}
+
 /// The longest-context lookup drafts from the occurrence whose preceding tokens match most,
 /// not the most recent one; ties go to the most recent; nothing without a match.
 #[test]
