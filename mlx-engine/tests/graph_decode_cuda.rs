@@ -1235,7 +1235,7 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
 #[test]
 #[ignore = "a throughput measurement on a CUDA device with a real model: MLX_GRAPH_BATCH_MODEL=DIR"]
 fn batched_throughput() {
-    use mlx_kernels::graph_decode::GraphOptions;
+    use mlx_kernels::graph_decode::{trace_lines, GraphOptions};
     let Ok(dir) = std::env::var("MLX_GRAPH_BATCH_MODEL") else {
         eprintln!("MLX_GRAPH_BATCH_MODEL unset: skipped");
         return;
@@ -1347,6 +1347,23 @@ fn batched_throughput() {
                 32.0 / s,
                 32.0 * f64::from(nb / 2) / s
             );
+        }
+        // MLX_GRAPH_BATCH_TRACE=PATH: the timeline of one step on the decoder's full tiles
+        // (`GraphDecoder::trace_step`, every block of every q/k/v, attention and product
+        // kernel) to PATH-<rows>.txt, for xtask/gpu/trace_summary.py: where the time between
+        // the parts goes (the step against the sum of its parts replayed alone).
+        if let Some(p) = std::env::var_os("MLX_GRAPH_BATCH_TRACE").filter(|p| !p.is_empty()) {
+            let path = format!("{}-{nb}.txt", p.to_string_lossy());
+            match dec.trace_step(tokens[0].1) {
+                Ok(records) => match std::fs::write(&path, trace_lines(&records)) {
+                    Ok(()) => eprintln!(
+                        "batched_throughput {dir}: {nb} rows, {} trace records to {path}",
+                        records.len()
+                    ),
+                    Err(e) => eprintln!("batched_throughput {nb} rows: trace: {path}: {e}"),
+                },
+                Err(e) => eprintln!("batched_throughput {nb} rows: trace: {e}"),
+            }
         }
     }
 }

@@ -337,6 +337,20 @@ pub struct TraceRecord {
     pub first_data: u64,
 }
 
+/// A timeline as text, a line a block: `what block_x block_y sm entry waited prologue end
+/// first_data` (what `MLX_GRAPH_TRACE` writes and `xtask/gpu/trace_summary.py` reads).
+pub fn trace_lines(records: &[TraceRecord]) -> String {
+    let mut text = String::new();
+    for r in records {
+        let [t0, t1, t2, t3] = r.times;
+        text += &format!(
+            "{} {} {} {} {t0} {t1} {t2} {t3} {}\n",
+            r.what, r.block.0, r.block.1, r.sm, r.first_data
+        );
+    }
+    text
+}
+
 /// Room for records in a timeline (64 MiB of device memory, allocated on the first
 /// [`GraphDecoder::trace_step`]).
 const TRACE_RECORDS: usize = 1 << 20;
@@ -3609,25 +3623,15 @@ impl GraphDecoder {
         self.pos = pos;
         let path = trace_file(&path);
         match r {
-            Ok(records) => {
-                let mut text = String::new();
-                for r in &records {
-                    let [t0, t1, t2, t3] = r.times;
-                    text += &format!(
-                        "{} {} {} {} {t0} {t1} {t2} {t3} {}\n",
-                        r.what, r.block.0, r.block.1, r.sm, r.first_data
-                    );
-                }
-                match std::fs::write(&path, text) {
-                    Ok(()) => eprintln!(
-                        "[graph trace] `{}`: {} records at position {pos} to {}",
-                        self.step.shape.model_type,
-                        records.len(),
-                        path.display()
-                    ),
-                    Err(e) => eprintln!("[graph trace] {}: {e}", path.display()),
-                }
-            }
+            Ok(records) => match std::fs::write(&path, trace_lines(&records)) {
+                Ok(()) => eprintln!(
+                    "[graph trace] `{}`: {} records at position {pos} to {}",
+                    self.step.shape.model_type,
+                    records.len(),
+                    path.display()
+                ),
+                Err(e) => eprintln!("[graph trace] {}: {e}", path.display()),
+            },
             Err(e) => eprintln!("[graph trace] failed: {e}"),
         }
     }
