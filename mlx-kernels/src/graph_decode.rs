@@ -3938,8 +3938,9 @@ fn mma_banks_define(on: bool) -> &'static str {
 }
 
 /// Whether the wide tensor-core tiles sum two rows blocks an item (`MMA_PAIR` in the source;
-/// on by default since session 46, `MLX_GRAPH_MMA_PAIR=0` turns it off): a warp's item is one group of 64 inputs of a
-/// block's rows blocks i and i + 1 (32 rows), the two A fragments multiplying one read of the B
+/// on by default since session 46, `MLX_GRAPH_MMA_PAIR=0` turns it off): a warp's item is one
+/// group of 64 inputs of a block's rows blocks i and i + 1 (32 rows), the two A fragments
+/// multiplying one read of the B
 /// fragments and scaled with one read of the chunk sums, in two independent mma.sync chains
 /// (`results/gpu/2026-12-07-s43-mmapair`: session 37 found a warp's item latency-bound). Each
 /// rows block keeps its groups' order and the warps' order, so the products are bit-equal

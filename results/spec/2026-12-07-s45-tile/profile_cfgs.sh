@@ -4,7 +4,7 @@
 # the configs' order rotating by round; config i's runs to OUTDIR/cI.log (CFG: NAME=VALUE[,...]
 # or `base`). usage: profile_cfgs.sh BIN THREADS ROUNDS OUTDIR CFG...
 BIN=$1; T=$2; R=$3; D=$4; shift 4
-AB=$(dirname "$0")/profile_ab.sh
+AB=$(dirname "$0")/../2026-12-06-s38-specpolicy/profile_ab.sh
 cfgs=("$@"); n=${#cfgs[@]}
 mkdir -p "$D"
 for i in $(seq 0 $((n - 1))); do echo "c$i: ${cfgs[$i]}" >> "$D/configs.txt"; done
