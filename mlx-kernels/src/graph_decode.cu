@@ -1756,6 +1756,19 @@ __device__ __forceinline__ void mma_copy(unsigned char* smem, int xstride, const
   __syncthreads();
 }
 
+// invs[b] from the warps' sums of squares redn[b][warp] (added in warp order), once every
+// warp's are written: mma_inv_rms's last step.
+__device__ __forceinline__ void mma_invs(float* invs, float (*redn)[MV_WARPS], ll K, double eps) {
+  const int tid = threadIdx.x;
+  __syncthreads();
+  if (tid < NB) {
+    float tot = 0.f;
+    for (int i = 0; i < MV_WARPS; ++i) tot += redn[tid][i];
+    invs[tid] = rsqrtf(tot / (float)K + (float)eps);
+  }
+  __syncthreads();
+}
+
 // invs[b] = 1 / rms of sequence b's whole input, the bits mv_prologue's mv_inv_rms gives
 // (each thread's squares of pieces tid, tid + T, ... in order, then the warps' sums in warp
 // order): from the staged slots where the whole input is staged, else from memory.
@@ -1795,13 +1808,7 @@ MMA_PRO_FN void mma_inv_rms(float* invs, float (*redn)[MV_WARPS], const unsigned
 #pragma unroll
     for (int b = 0; b < NB; ++b) redn[b][warp] = ss[b];
   }
-  __syncthreads();
-  if (tid < NB) {
-    float tot = 0.f;
-    for (int i = 0; i < MV_WARPS; ++i) tot += redn[tid][i];
-    invs[tid] = rsqrtf(tot / (float)K + (float)eps);
-  }
-  __syncthreads();
+  mma_invs(invs, redn, K, eps);
 }
 #else
 __device__ __forceinline__ void mma_inv_rms(float* invs, float (*redn)[MV_WARPS],
@@ -1821,13 +1828,7 @@ __device__ __forceinline__ void mma_inv_rms(float* invs, float (*redn)[MV_WARPS]
     ss = warp_sum(ss);
     if (lane == 0) redn[b][warp] = ss;
   }
-  __syncthreads();
-  if (tid < NB) {
-    float tot = 0.f;
-    for (int i = 0; i < MV_WARPS; ++i) tot += redn[tid][i];
-    invs[tid] = rsqrtf(tot / (float)K + (float)eps);
-  }
-  __syncthreads();
+  mma_invs(invs, redn, K, eps);
 }
 #endif
 
