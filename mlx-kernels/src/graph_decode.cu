@@ -1836,7 +1836,6 @@ __device__ __forceinline__ void mma_inv_rms(float* invs, float (*redn)[MV_WARPS]
 // at those pieces) and their chunk sums (one a 32 inputs, the 4 lanes of a chunk added as
 // mv_store_piece adds them) at mv_chunk_sums(.., KC). Thread tid takes pieces tid, tid + T, ...
 // of every sequence (the norm's weights loaded once for all).
-#if MMA_PRO
 MMA_PRO_FN void mma_finish(unsigned char* smem, int xstride, int KC, const bf16_t* normw,
                            const float* invs, int p0, int n, bool norm) {
   const int T = blockDim.x, tid = threadIdx.x;
@@ -1846,6 +1845,7 @@ MMA_PRO_FN void mma_finish(unsigned char* smem, int xstride, int KC, const bf16_
     const bool ok = tt < n;
     uint4 gw = {0u, 0u, 0u, 0u};
     if (ok && norm) gw = gv[tt];
+#if MMA_PRO
     // MMA_PRO_NB sequences' pieces loaded first, then normed and summed: that many
     // independent chains in flight at once (each piece's arithmetic as before: the same bits).
     for (int b0 = 0; b0 < NB; b0 += MMA_PRO_NB) {
@@ -1880,20 +1880,7 @@ MMA_PRO_FN void mma_finish(unsigned char* smem, int xstride, int KC, const bf16_
           mv_chunk_sums(smem + b * xstride, KC)[(tt >> 2) ^ mma_sum_x(b, KC)] = sum[i];
       }
     }
-  }
-  __syncthreads();
-}
 #else
-__device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int KC,
-                                           const bf16_t* normw, const float* invs, int p0, int n,
-                                           bool norm) {
-  const int T = blockDim.x, tid = threadIdx.x;
-  const uint4* gv = (const uint4*)normw + p0;
-  for (int m0 = 0; m0 < n; m0 += T) {
-    const int tt = m0 + tid;
-    const bool ok = tt < n;
-    uint4 gw = {0u, 0u, 0u, 0u};
-    if (ok && norm) gw = gv[tt];
     for (int b = 0; b < NB; ++b) {
       uint4* slot = (uint4*)(smem + b * xstride) + mma_slot(ok ? tt : 0, b);
       float sum = 0.f;
@@ -1910,10 +1897,10 @@ __device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int
       if (ok && (tt & 3) == 0)
         mv_chunk_sums(smem + b * xstride, KC)[(tt >> 2) ^ mma_sum_x(b, KC)] = sum;
     }
+#endif
   }
   __syncthreads();
 }
-#endif
 
 // Where a warp is in a tensor-core tile's items: batch of rows blocks from b0 (local index),
 // rows block b0 + i, chunk c of K, slot s of the chunk's sl (group j = c GC + warp +
