@@ -1417,8 +1417,8 @@ fn layers(
             })?;
             prof.lap(Phase::Elementwise, 1);
         } else {
-            residual(x, o, l.post_attn_norm.as_ref(), w.eps, h)?;
-            cpu::rms_norm(x, l.mlp_norm.floats(), w.eps, h)?;
+            let oi = Some((&*o, l.post_attn_norm.as_ref()));
+            residual_norm(x, h, oi, &l.mlp_norm, w.eps)?;
             prof.lap(Phase::Elementwise, 0);
         }
         let inter = l.gate.0.rows();

@@ -3954,22 +3954,21 @@ fn mma_pro() -> u32 {
 
 /// The step source's define for [`mma_pro`]'s variant `v` on tensor-core tiles of 4-bit
 /// weights in groups of 64 (`on`), empty otherwise (`MMA_PRO 0`: the prologue as before).
-fn mma_pro_define(v: u32, on: bool) -> String {
-    if on && v > 0 {
-        format!("#define MMA_PRO {v}\n")
-    } else {
-        String::new()
+fn mma_pro_define(v: u32, on: bool) -> &'static str {
+    match (on, v) {
+        (true, 1) => "#define MMA_PRO 1\n",
+        (true, 2) => "#define MMA_PRO 2\n",
+        _ => "",
     }
 }
 
 /// Whether the wide tensor-core tiles sum two rows blocks an item (`MMA_PAIR` in the source;
 /// on by default since session 46, `MLX_GRAPH_MMA_PAIR=0` turns it off): a warp's item is one
 /// group of 64 inputs of a block's rows blocks i and i + 1 (32 rows), the two A fragments
-/// multiplying one read of the B
-/// fragments and scaled with one read of the chunk sums, in two independent mma.sync chains
-/// (`results/gpu/2026-12-07-s43-mmapair`: session 37 found a warp's item latency-bound). Each
-/// rows block keeps its groups' order and the warps' order, so the products are bit-equal
-/// either way (the H100's `wide_tiles_equal_narrow_tiles` and `batched_equals_single` under it,
+/// multiplying one read of the B fragments and scaled with one read of the chunk sums, in two
+/// independent mma.sync chains (`results/gpu/2026-12-07-s43-mmapair`: session 37 found a
+/// warp's item latency-bound). Each rows block keeps its groups' order and the warps' order, so
+/// the products are bit-equal either way (the H100's `wide_tiles_equal_narrow_tiles` and `batched_equals_single` under it,
 /// `results/gpu/2026-12-07-s46`; there the 8B's 16-row step ran 116.7 steps/s against 105.2
 /// without it, the 5-row verify tile 165.5 against 151.9). Read where the step source's defines
 /// are chosen, so the decoder, `mlx` and the tests alike take it from their environment.

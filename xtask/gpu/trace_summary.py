@@ -1,6 +1,6 @@
 """Summarises a graph decoder timeline (`bench_generate --decoder graph --graph-trace PATH`).
 
-    python3 xtask/gpu/trace_summary.py [--blocks LAYER] TRACE [TRACE ...]
+    python3 xtask/gpu/trace_summary.py [--blocks LAYER] TRACE [TRACE ...]   (TRACE.xz as well)
 
 Each line of a trace is one block of one kernel: `what block_x block_y sm entry waited
 prologue end [first_data]` (mlx_kernels::graph_decode::TraceRecord; times in ns). The kernels of the step
@@ -19,6 +19,7 @@ the kernel's first block past the wait) of entry, wait and end, of each block's 
 and stream durations, and (traces with first_data) of how long after its prologue a
 block's first weights, loaded before the wait, were still missing (`late`).
 """
+import lzma
 import statistics
 import sys
 
@@ -40,7 +41,8 @@ def kind(what):
 
 def instances(path):
     recs = []
-    for line in open(path):
+    opener = lzma.open if str(path).endswith(".xz") else open
+    for line in opener(path, "rt"):
         f = [int(x) for x in line.split()]
         if len(f) in (8, 9):
             recs.append(f + [0] * (9 - len(f)))

@@ -6,31 +6,21 @@ For each kernel of the named kinds (trace_summary.py's kinds), each block's wait
 kernel's first; then the median of that by SM and by block index (lowest and highest six) and
 a histogram over every block (half-microsecond bins)."""
 import collections
-import lzma
 import pathlib
 import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "xtask" / "gpu"))
-from trace_summary import kind  # noqa: E402
+from trace_summary import instances, kind  # noqa: E402
 
 
 def main():
     path, kinds = sys.argv[1], sys.argv[2:] or ["qkv", "gate_up"]
-    opener = lzma.open if path.endswith(".xz") else open
-    recs = [[int(x) for x in line.split()] for line in opener(path, "rt")]
-    recs = sorted((r for r in recs if len(r) in (8, 9)), key=lambda r: r[4])
-    kernels, cur = [], None
-    for r in recs:
-        what = r[0] & ~0xFF00 if r[0] & 0xFF == 2 else r[0]
-        if cur is None or what != cur[0]:
-            cur = [what, []]
-            kernels.append(cur)
-        cur[1].append(r)
     by_sm, by_block, every = collections.defaultdict(list), collections.defaultdict(list), []
-    for what, rs in kernels:
-        if kind(what) not in kinds:
+    for ins in instances(path):
+        if kind(ins["what"]) not in kinds:
             continue
+        rs = ins["recs"]
         w0 = min(r[5] for r in rs)
         for r in rs:
             late = (r[5] - w0) / 1e3

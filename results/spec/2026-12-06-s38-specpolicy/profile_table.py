@@ -31,6 +31,21 @@ def runs(path):
     return out
 
 
+def pairs(path):
+    """The rounds' (plain, lookup) run pairs of one log, in order (a one-token run starts a
+    round afresh)."""
+    out, pend = [], {}
+    for r in runs(path):
+        if r["kind"] == "one-token":
+            pend = {}
+            continue
+        pend[r["kind"]] = r
+        if "plain" in pend and "lookup" in pend:
+            out.append((pend["plain"], pend["lookup"]))
+            pend = {}
+    return out
+
+
 def main():
     for path in sys.argv[1:]:
         rs = runs(path)

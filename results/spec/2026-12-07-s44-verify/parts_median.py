@@ -8,16 +8,7 @@ import statistics, sys, importlib.util, os
 here = os.path.dirname(os.path.abspath(__file__))
 spec = importlib.util.spec_from_file_location("pt", os.path.join(here, "../2026-12-06-s38-specpolicy/profile_table.py"))
 pt = importlib.util.module_from_spec(spec); spec.loader.exec_module(pt)
-pairs = []
-for path in sys.argv[1:]:
-    pend = {}
-    for r in pt.runs(path):
-        if r["kind"] == "one-token":
-            pend = {}
-            continue
-        pend[r["kind"]] = r
-        if "plain" in pend and "lookup" in pend:
-            pairs.append((pend["plain"], pend["lookup"])); pend = {}
+pairs = [pr for path in sys.argv[1:] for pr in pt.pairs(path)]
 med = statistics.median
 print(f"{len(pairs)} pairs; c median {med((s['step']/p['step']-1)/(s['rows']-1) for p,s in pairs):.3f}; "
       f"modelled ratio median {med(p['n']*p['step']/(s['n']*s['step']) for p,s in pairs):.2f}x; "

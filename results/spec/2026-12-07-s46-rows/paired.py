@@ -9,25 +9,13 @@ spec = importlib.util.spec_from_file_location("pt", os.path.join(here, "../2026-
 pt = importlib.util.module_from_spec(spec); spec.loader.exec_module(pt)
 
 
-def pairs(path):
-    out, pend = [], {}
-    for r in pt.runs(path):
-        if r["kind"] == "one-token":
-            pend = {}
-            continue
-        pend[r["kind"]] = r
-        if "plain" in pend and "lookup" in pend:
-            out.append((pend["plain"], pend["lookup"])); pend = {}
-    return out
-
-
 base = int(sys.argv[2])
 dirs = [sys.argv[1]] + sys.argv[3:]
 series = {}
 for d in dirs:
     for f in sorted(glob.glob(os.path.join(d, "c*.log"))):
         i = int(os.path.basename(f)[1:-4])
-        series.setdefault(i, []).extend(pairs(f))
+        series.setdefault(i, []).extend(pt.pairs(f))
 cfg = {}
 for d in dirs:
     for line in open(os.path.join(d, "configs.txt")):
