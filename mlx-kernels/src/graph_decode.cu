@@ -1708,29 +1708,6 @@ __device__ __forceinline__ void mv_unreachable() {
 #endif
 }
 
-// MMA_PRO (the host's switch MLX_GRAPH_MMA_PRO=1 or 2; 0 otherwise): the tensor-core tiles'
-// prologue with its sequences' chains in flight together. mma_inv_rms sums every sequence's
-// squares with the sequences innermost (one register a sequence), mma_finish loads, norms and
-// sums MMA_PRO_NB sequences' pieces at once, and mma_copy issues its copies a sequence at a
-// time (no division a piece). Every value is computed and summed in the same order as without
-// it: the same bits (graph_emulate.py's mma_bit_check with GRAPH_EMU_MMA_PRO). 1: inlined,
-// MMA_PRO_NB 4; 2: mma_inv_rms and mma_finish out of line, MMA_PRO_NB 8 (inlined at 8 the
-// 16-row module's code tripled, and NVRTC's compile time with it). Session 47's H200 ran the
-// 16-row step at 114.1 steps/s without it and 106.8 with 2 (results/gpu/2026-12-07-s47): an
-// A/B switch, off by default, until the device says where that loss comes from.
-#ifndef MMA_PRO
-#define MMA_PRO 0
-#endif
-// Sequences the tensor-core tiles' prologue takes at once (MMA_PRO).
-#ifndef MMA_PRO_NB
-#define MMA_PRO_NB (MMA_PRO == 2 ? 8 : 4)
-#endif
-#if MMA_PRO == 2
-#define MMA_PRO_FN __device__ __noinline__
-#else
-#define MMA_PRO_FN __device__ __forceinline__
-#endif
-
 // The tensor-core tiles' prologue, in three steps (mv_prologue's bits, all sequences' loads in
 // flight at once instead of a round trip a sequence). mma_copy: pieces p0 .. p0 + n (8 inputs
 // each) of every sequence's input straight into its slots (sequence b's at smem + b xstride,
@@ -1739,19 +1716,11 @@ __device__ __forceinline__ void mma_copy(unsigned char* smem, int xstride, const
                                          ll K, int p0, int n) {
   const uint4* xv = (const uint4*)xin;
   const ll KP = K >> 3;
-#if MMA_PRO
-  // A sequence at a time (no division by n a piece): every copy is issued before the wait.
-  for (int b = 0; b < NB; ++b) {
-    for (int tt = threadIdx.x; tt < n; tt += blockDim.x)
-      cp_async16((uint4*)(smem + b * xstride) + mma_slot(tt, b), xv + b * KP + p0 + tt);
-  }
-#else
   const int total = NB * n;
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     const int b = i / n, tt = i - b * n;
     cp_async16((uint4*)(smem + b * xstride) + mma_slot(tt, b), xv + b * KP + p0 + tt);
   }
-#endif
   cp_async_wait_all();
   __syncthreads();
 }
@@ -1772,45 +1741,6 @@ __device__ __forceinline__ void mma_invs(float* invs, float (*redn)[MV_WARPS], l
 // invs[b] = 1 / rms of sequence b's whole input, the bits mv_prologue's mv_inv_rms gives
 // (each thread's squares of pieces tid, tid + T, ... in order, then the warps' sums in warp
 // order): from the staged slots where the whole input is staged, else from memory.
-#if MMA_PRO
-MMA_PRO_FN void mma_inv_rms(float* invs, float (*redn)[MV_WARPS], const unsigned char* smem,
-                            int xstride, const bf16_t* xin, ll K, double eps, bool staged) {
-  const int T = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int pieces = (int)(K >> 3);
-  // Every sequence's sum in its own register, MMA_PRO_NB sequences innermost: that many
-  // independent chains (loads, squares) in flight at once, each summed in the order above.
-  float ss[NB];
-#pragma unroll
-  for (int b = 0; b < NB; ++b) ss[b] = 0.f;
-#pragma unroll
-  for (int b0 = 0; b0 < NB; b0 += MMA_PRO_NB) {
-    if (staged) {
-      for (int p = tid; p < pieces; p += T) {
-#pragma unroll
-        for (int i = 0; i < MMA_PRO_NB; ++i) {
-          const int b = b0 + i;
-          if (b < NB) ss[b] += sq8(((const uint4*)(smem + b * xstride))[mma_slot(p, b)]);
-        }
-      }
-    } else {
-      for (int p = tid; p < pieces; p += T) {
-#pragma unroll
-        for (int i = 0; i < MMA_PRO_NB; ++i) {
-          const int b = b0 + i;
-          if (b < NB) ss[b] += sq8(((const uint4*)(xin + b * K))[p]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int b = 0; b < NB; ++b) ss[b] = warp_sum(ss[b]);
-  if (lane == 0) {
-#pragma unroll
-    for (int b = 0; b < NB; ++b) redn[b][warp] = ss[b];
-  }
-  mma_invs(invs, redn, K, eps);
-}
-#else
 __device__ __forceinline__ void mma_inv_rms(float* invs, float (*redn)[MV_WARPS],
                                             const unsigned char* smem, int xstride,
                                             const bf16_t* xin, ll K, double eps, bool staged) {
@@ -1830,14 +1760,14 @@ __device__ __forceinline__ void mma_inv_rms(float* invs, float (*redn)[MV_WARPS]
   }
   mma_invs(invs, redn, K, eps);
 }
-#endif
 
 // The staged pieces p0 .. p0 + n normed in place (with norm: by invs[b] and the norm's weights
 // at those pieces) and their chunk sums (one a 32 inputs, the 4 lanes of a chunk added as
 // mv_store_piece adds them) at mv_chunk_sums(.., KC). Thread tid takes pieces tid, tid + T, ...
 // of every sequence (the norm's weights loaded once for all).
-MMA_PRO_FN void mma_finish(unsigned char* smem, int xstride, int KC, const bf16_t* normw,
-                           const float* invs, int p0, int n, bool norm) {
+__device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int KC,
+                                           const bf16_t* normw, const float* invs, int p0, int n,
+                                           bool norm) {
   const int T = blockDim.x, tid = threadIdx.x;
   const uint4* gv = (const uint4*)normw + p0;
   for (int m0 = 0; m0 < n; m0 += T) {
@@ -1845,42 +1775,6 @@ MMA_PRO_FN void mma_finish(unsigned char* smem, int xstride, int KC, const bf16_
     const bool ok = tt < n;
     uint4 gw = {0u, 0u, 0u, 0u};
     if (ok && norm) gw = gv[tt];
-#if MMA_PRO
-    // MMA_PRO_NB sequences' pieces loaded first, then normed and summed: that many
-    // independent chains in flight at once (each piece's arithmetic as before: the same bits).
-    for (int b0 = 0; b0 < NB; b0 += MMA_PRO_NB) {
-      uint4 o[MMA_PRO_NB];
-      float sum[MMA_PRO_NB];
-#pragma unroll
-      for (int i = 0; i < MMA_PRO_NB; ++i) {
-        const int b = b0 + i;
-        o[i] = ok && b < NB ? ((const uint4*)(smem + b * xstride))[mma_slot(tt, b)]
-                            : uint4{0u, 0u, 0u, 0u};
-      }
-#pragma unroll
-      for (int i = 0; i < MMA_PRO_NB; ++i) {
-        const int b = b0 + i;
-        sum[i] = 0.f;
-        if (ok && b < NB) {
-          if (norm) {
-            o[i] = norm8(o[i], gw, invs[b]);
-            ((uint4*)(smem + b * xstride))[mma_slot(tt, b)] = o[i];
-          }
-          sum[i] = sum8(o[i]);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < MMA_PRO_NB; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
-#pragma unroll
-      for (int i = 0; i < MMA_PRO_NB; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
-#pragma unroll
-      for (int i = 0; i < MMA_PRO_NB; ++i) {
-        const int b = b0 + i;
-        if (ok && (tt & 3) == 0 && b < NB)
-          mv_chunk_sums(smem + b * xstride, KC)[(tt >> 2) ^ mma_sum_x(b, KC)] = sum[i];
-      }
-    }
-#else
     for (int b = 0; b < NB; ++b) {
       uint4* slot = (uint4*)(smem + b * xstride) + mma_slot(ok ? tt : 0, b);
       float sum = 0.f;
@@ -1897,7 +1791,6 @@ MMA_PRO_FN void mma_finish(unsigned char* smem, int xstride, int KC, const bf16_
       if (ok && (tt & 3) == 0)
         mv_chunk_sums(smem + b * xstride, KC)[(tt >> 2) ^ mma_sum_x(b, KC)] = sum;
     }
-#endif
   }
   __syncthreads();
 }

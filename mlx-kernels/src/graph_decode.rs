@@ -3937,31 +3937,6 @@ fn mma_banks_define(on: bool) -> &'static str {
     }
 }
 
-/// The tensor-core tiles' prologue variant (`MMA_PRO` in the source; `MLX_GRAPH_MMA_PRO=1` or
-/// `2`, off otherwise): every tile's staged sequences normed and summed with their chains in
-/// flight together, inlined (1) or out of line (2). The same values summed in the same order,
-/// so the products are bit-equal either way. An A/B switch: session 47's H200 ran the 8B's
-/// 16-row step at 114.1 steps/s without it and 106.8 with 2 (`results/gpu/2026-12-07-s47`).
-/// Read where the step source's defines are chosen, so the decoder, `mlx` and the tests alike
-/// take it from their environment.
-fn mma_pro() -> u32 {
-    match std::env::var("MLX_GRAPH_MMA_PRO").as_deref() {
-        Ok("1") => 1,
-        Ok("2") => 2,
-        _ => 0,
-    }
-}
-
-/// The step source's define for [`mma_pro`]'s variant `v` on tensor-core tiles of 4-bit
-/// weights in groups of 64 (`on`), empty otherwise (`MMA_PRO 0`: the prologue as before).
-fn mma_pro_define(v: u32, on: bool) -> &'static str {
-    match (on, v) {
-        (true, 1) => "#define MMA_PRO 1\n",
-        (true, 2) => "#define MMA_PRO 2\n",
-        _ => "",
-    }
-}
-
 /// Whether the wide tensor-core tiles sum two rows blocks an item (`MMA_PAIR` in the source;
 /// on by default since session 46, `MLX_GRAPH_MMA_PAIR=0` turns it off): a warp's item is one
 /// group of 64 inputs of a block's rows blocks i and i + 1 (32 rows), the two A fragments
@@ -5054,8 +5029,6 @@ fn step_source(
     let banks = mma_banks_define(wide && mma4 && mma_banks());
     // The wide tiles' items of two rows blocks (on unless MLX_GRAPH_MMA_PAIR=0): the same bits.
     let pair = mma_pair_define(mma_pair_in(nb, wide, mma4, mma_pair()).is_ok());
-    // The tensor-core prologue's variant (MLX_GRAPH_MMA_PRO=1|2, an A/B switch): the same bits.
-    let pro = mma_pro_define(mma_pro(), mma4);
     // The FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1, where it fits): the same bits.
     let mv_ring = mv_ring_define(mv_ring_in(spec, p.rows, nb, mma, mv_ring()));
     // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
@@ -5080,7 +5053,7 @@ fn step_source(
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{pair}{pro}{mv_ring}{early_norm}{steal}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
+         {banks}{pair}{mv_ring}{early_norm}{steal}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
         p.rows,
         batch,
         early,
@@ -7128,10 +7101,6 @@ mod tests {
         assert!(ffma.contains("4-bit weights in groups of 64"), "{ffma}");
         assert_eq!(mma_pair_define(false), "");
         assert_eq!(mma_pair_define(true), "#define MMA_PAIR 1\n");
-        assert_eq!(mma_pro_define(0, true), "");
-        assert_eq!(mma_pro_define(2, false), "");
-        assert_eq!(mma_pro_define(1, true), "#define MMA_PRO 1\n");
-        assert_eq!(mma_pro_define(2, true), "#define MMA_PRO 2\n");
         // The define is the source's switch, read once (`#ifndef MMA_PAIR`), and the kernel
         // dispatches to the pair item under it.
         assert!(SOURCE.contains("#ifndef MMA_PAIR\n#define MMA_PAIR 0\n#endif"));

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MMA_PAIR=1 [GRAPH_EMU_MMA_PAIR_MUTATE=swap|scale]] [GRAPH_EMU_MMA_PRO=1|2] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_LOOP=1] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier|loop_order|loop_target]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MMA_PAIR=1 [GRAPH_EMU_MMA_PAIR_MUTATE=swap|scale]] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_LOOP=1] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier|loop_order|loop_target]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -404,10 +404,6 @@ MMA_BANKS = int(os.environ.get("GRAPH_EMU_MMA_BANKS", "0"))
 # reference stays main's); GRAPH_EMU_MMA_PAIR_MUTATE=swap|scale breaks it on purpose.
 MMA_PAIR = int(os.environ.get("GRAPH_EMU_MMA_PAIR", "0"))
 MMA_PAIR_MUTATE = os.environ.get("GRAPH_EMU_MMA_PAIR_MUTATE", "")
-# The tensor-core tiles' prologue variant (MMA_PRO in the source, MLX_GRAPH_MMA_PRO=1|2 on the
-# device): GRAPH_EMU_MMA_PRO=1|2 builds this tree's tiles with it (mma_bit_check's reference
-# stays main's).
-MMA_PRO = int(os.environ.get("GRAPH_EMU_MMA_PRO", "0"))
 # The FFMA row kernels' deferred scale/bias reads (MV_ASYNC in the source, MLX_GRAPH_MV_ASYNC=1
 # on the device): GRAPH_EMU_MV_ASYNC=1 builds this tree's kernels with it; nb_bit_check's
 # one-sequence reference is then main's kernel (MV_ASYNC_REF's source, before MV_ASYNC).
@@ -554,7 +550,6 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
            + (f"#define MMA_BANKS {MMA_BANKS}\n" if cu is None else "")
            + (f"#define MMA_PAIR {MMA_PAIR}\n" if cu is None else "")
-           + (f"#define MMA_PRO {MMA_PRO}\n" if cu is None else "")
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
            + (f"#define MV_RING {MV_RING}\n" if cu is None else "")
            + (f"#define MV_RING_DEPTH {MV_RING_DEPTH}\n" if cu is None and MV_RING_DEPTH else "")
@@ -590,7 +585,6 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
     tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_async' if MMA_ASYNC and cu is None else ''}"
            f"{'_banks' if MMA_BANKS and cu is None else ''}"
            f"{'_pair' + MMA_PAIR_MUTATE if MMA_PAIR and cu is None else ''}"
-           f"{'_pro' + str(MMA_PRO) if MMA_PRO and cu is None else ''}"
            f"{'_mvasync' if MV_ASYNC and cu is None else ''}"
            f"{'_mvring' + (MV_RING_DEPTH or '') if MV_RING and cu is None else ''}"
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
