@@ -1795,6 +1795,68 @@ __device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int
   __syncthreads();
 }
 
+// MMA_LATE_NORM (the host's switch MLX_GRAPH_MMA_LATE_NORM=1 on tensor-core tiles; 0
+// otherwise): a normed product whose whole input is staged (one chunk of K) stages bf16(g x),
+// the norm's weights times the raw input, with its chunk sums, and scales each sequence's sums
+// by its 1 / rms at the epilogue: y = inv (W bf16(g x)) instead of W bf16(g bf16(inv x)). One
+// pass over the staged inputs instead of two (mma_inv_rms's, then mma_finish's), the squares
+// summed in the same pass in mma_inv_rms's partition and order (the same 1 / rms). The
+// products' bits change (one rounding of each input instead of two, and the scale applied to
+// the sums): tier L3 against the single-row kernels as the tiles already are, within
+// TEACHER_FORCED_BOUNDS; every tile width takes it alike, so wide and narrow tiles stay
+// bit-equal.
+#ifndef MMA_LATE_NORM
+#define MMA_LATE_NORM 0
+#endif
+
+// Eight inputs times the norm's weights, rounded to bfloat16 once (MMA_LATE_NORM).
+__device__ __forceinline__ uint4 gmul8(uint4 v, uint4 g) {
+  const u32 x[4] = {v.x, v.y, v.z, v.w}, w[4] = {g.x, g.y, g.z, g.w};
+  u32 o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    o[i] = (u32)f2bf(lo2f(w[i]) * lo2f(x[i])) | ((u32)f2bf(hi2f(w[i]) * hi2f(x[i])) << 16);
+  return uint4{o[0], o[1], o[2], o[3]};
+}
+
+// MMA_LATE_NORM's prologue of a normed product with all of K staged (mma_finish with p0 0 and
+// n = K / 8): each staged piece weighted by the norm's weights in place, its chunk sums, and
+// each sequence's squares of the raw pieces (thread tid's pieces tid, tid + T, ... in order,
+// the warps' sums in warp order: mma_inv_rms's) into invs by mma_invs.
+__device__ __forceinline__ void mma_finish_late(unsigned char* smem, int xstride, int KC,
+                                                const bf16_t* normw, float* invs,
+                                                float (*redn)[MV_WARPS], ll K, double eps) {
+  const int T = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n = (int)(K >> 3);
+  const uint4* gv = (const uint4*)normw;
+  // A sequence at a time (one sum of squares live; the norm's weights read again from L1 for
+  // each), not unrolled: the tile's registers stay the main loop's.
+#pragma unroll 1
+  for (int b = 0; b < NB; ++b) {
+    float ss = 0.f;
+    for (int m0 = 0; m0 < n; m0 += T) {
+      const int tt = m0 + tid;
+      const bool ok = tt < n;
+      uint4* slot = (uint4*)(smem + b * xstride) + mma_slot(ok ? tt : 0, b);
+      float sum = 0.f;
+      if (ok) {
+        uint4 o = *slot;
+        ss += sq8(o);
+        o = gmul8(o, gv[tt]);
+        *slot = o;
+        sum = sum8(o);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (ok && (tt & 3) == 0)
+        mv_chunk_sums(smem + b * xstride, KC)[(tt >> 2) ^ mma_sum_x(b, KC)] = sum;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) redn[b][warp] = ss;
+  }
+  mma_invs(invs, redn, K, eps);
+}
+
 // Where a warp is in a tensor-core tile's items: batch of rows blocks from b0 (local index),
 // rows block b0 + i, chunk c of K, slot s of the chunk's sl (group j = c GC + warp +
 // MV_WARPS s); ni rows blocks in the batch.
@@ -1933,9 +1995,15 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
   tr.mark(1);
   // Chunk c's inputs of every sequence into shared memory (the whole input with one chunk).
   bool have_inv = false;
+  // MMA_LATE_NORM: a normed product with all of K staged scales its sums by invs at the end.
+  const bool late = MMA_LATE_NORM && norm && CH == 1;
   auto stage = [&](int c) {
     const int k0 = c * KC, kn = K - k0 < KC ? (int)(K - k0) : KC;
     mma_copy(smem, xstride, xin, K, k0 >> 3, kn >> 3);
+    if (late) {
+      mma_finish_late(smem, xstride, KC, normw, invs, redn, K, eps);
+      return;
+    }
     if (norm && !have_inv) mma_inv_rms(invs, redn, smem, xstride, xin, K, eps, CH == 1);
     have_inv = true;
     mma_finish(smem, xstride, KC, normw, invs, k0 >> 3, kn >> 3, norm);
@@ -2072,7 +2140,7 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
               const int l = 4 * (r & 7) + (nn >> 1), e = 4 * (n >> 3) + 2 * (r >> 3) + (nn & 1);
               float v = 0.f;
               for (int w = 0; w < MV_WARPS; ++w) v += part[w][l][e];
-              sums[n][r] = v;
+              sums[n][r] = late ? v * invs[n] : v;
             }
             __syncthreads();
             if (epi_thread) {
@@ -2330,9 +2398,15 @@ __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin
   pdl_wait_then_release();
   tr.mark(1);
   bool have_inv = false;
+  // MMA_LATE_NORM: a normed product with all of K staged scales its sums by invs at the end.
+  const bool late = MMA_LATE_NORM && norm && CH == 1;
   auto stage = [&](int c) {
     const int k0 = c * KC, kn = K - k0 < KC ? (int)(K - k0) : KC;
     mma_copy(smem, xstride, xin, K, k0 >> 3, kn >> 3);
+    if (late) {
+      mma_finish_late(smem, xstride, KC, normw, invs, redn, K, eps);
+      return;
+    }
     if (norm && !have_inv) mma_inv_rms(invs, redn, smem, xstride, xin, K, eps, CH == 1);
     have_inv = true;
     mma_finish(smem, xstride, KC, normw, invs, k0 >> 3, kn >> 3, norm);
@@ -2373,7 +2447,7 @@ __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin
       const int l = 4 * (r & 7) + (nn >> 1), e = 4 * (n >> 3) + 2 * (r >> 3) + (nn & 1);
       float v = 0.f;
       for (int w = 0; w < MV_WARPS; ++w) v += part[w][l][e];
-      sums[n][r] = v;
+      sums[n][r] = late ? v * invs[n] : v;
     }
     __syncthreads();
     if (epi_thread) {

@@ -3937,6 +3937,29 @@ fn mma_banks_define(on: bool) -> &'static str {
     }
 }
 
+/// Whether the tensor-core tiles apply a normed product's 1 / rms to its sums at the epilogue
+/// (`MMA_LATE_NORM` in the source; `MLX_GRAPH_MMA_LATE_NORM=1`, off by default): where all of
+/// K is staged, the prologue weights the raw inputs by the norm's weights and sums their
+/// squares in one pass over the staged inputs instead of two (session 47's timeline: the normed
+/// products' prologues 16.5-18.3 us a block at 16 rows against 7.3 for the output projection's,
+/// `results/gpu/2026-12-07-s47`). The products' bits change (tier L3, as the tiles already are
+/// against the single-row kernels); every tile width takes it alike, so wide and narrow tiles
+/// stay bit-equal. Read where the step source's defines are chosen, so the decoder, `mlx` and
+/// the tests alike take it from their environment.
+fn mma_late_norm() -> bool {
+    std::env::var("MLX_GRAPH_MMA_LATE_NORM").is_ok_and(|v| v == "1")
+}
+
+/// The step source's define for [`mma_late_norm`] (`on`: tensor-core tiles of 4-bit weights in
+/// groups of 64), empty otherwise (`MMA_LATE_NORM 0`: the norm before the products).
+fn mma_late_norm_define(on: bool) -> &'static str {
+    if on {
+        "#define MMA_LATE_NORM 1\n"
+    } else {
+        ""
+    }
+}
+
 /// Whether the wide tensor-core tiles sum two rows blocks an item (`MMA_PAIR` in the source;
 /// on by default since session 46, `MLX_GRAPH_MMA_PAIR=0` turns it off): a warp's item is one
 /// group of 64 inputs of a block's rows blocks i and i + 1 (32 rows), the two A fragments
@@ -5029,6 +5052,8 @@ fn step_source(
     let banks = mma_banks_define(wide && mma4 && mma_banks());
     // The wide tiles' items of two rows blocks (on unless MLX_GRAPH_MMA_PAIR=0): the same bits.
     let pair = mma_pair_define(mma_pair_in(nb, wide, mma4, mma_pair()).is_ok());
+    // The normed products' 1 / rms at the epilogue (MLX_GRAPH_MMA_LATE_NORM=1): L3, every width alike.
+    let late_norm = mma_late_norm_define(mma4 && mma_late_norm());
     // The FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1, where it fits): the same bits.
     let mv_ring = mv_ring_define(mv_ring_in(spec, p.rows, nb, mma, mv_ring()));
     // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
@@ -5053,7 +5078,7 @@ fn step_source(
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{pair}{mv_ring}{early_norm}{steal}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
+         {banks}{pair}{late_norm}{mv_ring}{early_norm}{steal}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
         p.rows,
         batch,
         early,
@@ -7101,6 +7126,8 @@ mod tests {
         assert!(ffma.contains("4-bit weights in groups of 64"), "{ffma}");
         assert_eq!(mma_pair_define(false), "");
         assert_eq!(mma_pair_define(true), "#define MMA_PAIR 1\n");
+        assert_eq!(mma_late_norm_define(false), "");
+        assert_eq!(mma_late_norm_define(true), "#define MMA_LATE_NORM 1\n");
         // The define is the source's switch, read once (`#ifndef MMA_PAIR`), and the kernel
         // dispatches to the pair item under it.
         assert!(SOURCE.contains("#ifndef MMA_PAIR\n#define MMA_PAIR 0\n#endif"));

@@ -404,6 +404,14 @@ MMA_BANKS = int(os.environ.get("GRAPH_EMU_MMA_BANKS", "0"))
 # reference stays main's); GRAPH_EMU_MMA_PAIR_MUTATE=swap|scale breaks it on purpose.
 MMA_PAIR = int(os.environ.get("GRAPH_EMU_MMA_PAIR", "0"))
 MMA_PAIR_MUTATE = os.environ.get("GRAPH_EMU_MMA_PAIR_MUTATE", "")
+# The tensor-core tiles' normed products with their 1 / rms applied at the epilogue (MMA_LATE_NORM
+# in the source, MLX_GRAPH_MMA_LATE_NORM=1 on the device): GRAPH_EMU_MMA_LATE=1 builds this
+# tree's tiles with it; mma_bit_check then wants its norm modes bit-equal to this tree's own
+# 5-sequence tile with it (every width alike) and within a bound of main's (tier L3), the other
+# modes bit-equal to main's as before. GRAPH_EMU_MMA_LATE_MUTATE=drop leaves the 1 / rms out of
+# the wide tiles' epilogue on purpose (the 5-sequence tile keeps it).
+MMA_LATE = int(os.environ.get("GRAPH_EMU_MMA_LATE", "0"))
+MMA_LATE_MUTATE = os.environ.get("GRAPH_EMU_MMA_LATE_MUTATE", "")
 # The FFMA row kernels' deferred scale/bias reads (MV_ASYNC in the source, MLX_GRAPH_MV_ASYNC=1
 # on the device): GRAPH_EMU_MV_ASYNC=1 builds this tree's kernels with it; nb_bit_check's
 # one-sequence reference is then main's kernel (MV_ASYNC_REF's source, before MV_ASYNC).
@@ -481,6 +489,9 @@ SOURCE_MUTATIONS = {
     (MMA_PAIR_MUTATE, "swap"): (
         "epilogue(acc[0], early0);\n            if (two) epilogue(acc[1], early1);",
         "epilogue(two ? acc[1] : acc[0], early0);\n            if (two) epilogue(acc[0], early1);"),
+    # MMA_LATE_NORM: the pair's epilogue without the 1 / rms (the unpaired tile's keeps it).
+    (MMA_LATE_MUTATE, "drop"): ("      sums[n][r] = late ? v * invs[n] : v;",
+                                "      sums[n][r] = v;"),
     # The second rows block's sums scaled by the first's scales and biases.
     (MMA_PAIR_MUTATE, "scale"): ("acc[p][nt][e] += lo2f(ss[p][e >> 1]) * d[p][nt][e]",
                                  "acc[p][nt][e] += lo2f(ss[0][e >> 1]) * d[p][nt][e]"),
@@ -550,6 +561,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
            + (f"#define MMA_BANKS {MMA_BANKS}\n" if cu is None else "")
            + (f"#define MMA_PAIR {MMA_PAIR}\n" if cu is None else "")
+           + ("#define MMA_LATE_NORM 1\n" if cu is None and MMA_LATE else "")
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
            + (f"#define MV_RING {MV_RING}\n" if cu is None else "")
            + (f"#define MV_RING_DEPTH {MV_RING_DEPTH}\n" if cu is None and MV_RING_DEPTH else "")
@@ -585,6 +597,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
     tag = (f"{rows}_{batch}_{nb}_{mma}_{kc}{'_async' if MMA_ASYNC and cu is None else ''}"
            f"{'_banks' if MMA_BANKS and cu is None else ''}"
            f"{'_pair' + MMA_PAIR_MUTATE if MMA_PAIR and cu is None else ''}"
+           f"{'_late' + MMA_LATE_MUTATE if MMA_LATE and cu is None else ''}"
            f"{'_mvasync' if MV_ASYNC and cu is None else ''}"
            f"{'_mvring' + (MV_RING_DEPTH or '') if MV_RING and cu is None else ''}"
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
@@ -2047,6 +2060,11 @@ def nb_bit_check(lib, tmp):
     return ok
 
 
+# MMA_LATE's bound against main's tile, a difference over the largest output of a product
+# (bfloat16 inputs rounded once instead of twice, the 1 / rms applied to the sums).
+LATE_BOUND = 2.0 ** -6
+
+
 def mma_bit_check(tmp):
     """The tensor-core tile of NB sequences (this build: GRAPH_EMU_NB, GRAPH_EMU_MMA_KC) against
     main's tensor-core tile of 5 sequences (session 32's source, c6af23fc, the tile the device
@@ -2068,6 +2086,16 @@ def mma_bit_check(tmp):
     ref_nb = 5
     e5 = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0, cu=old_cu + rest, tag="_main"))
     en = Emu(build(tmp, mma=1, raw_f32=True))
+    # MMA_LATE: the norm modes against this tree's own 5-sequence tile with it (bit for bit, the
+    # unpaired tile: MMA_PAIR and the mutation left out), and within LATE_BOUND of main's.
+    el = None
+    if MMA_LATE:
+        global MMA_PAIR, MMA_LATE_MUTATE
+        keep = MMA_PAIR, MMA_LATE_MUTATE
+        MMA_PAIR, MMA_LATE_MUTATE = 0, ""
+        el = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0, tag="_late5"))
+        MMA_PAIR, MMA_LATE_MUTATE = keep
+    late_err = 0.0
     ok, count = True, 0
     # 200 x 1024: 13 rows blocks over 3 blocks (5, 4, 4: pairs, and an odd one's last alone);
     # 96 x 640: 2 rows blocks a block (pairs only; chunks of 512 leave one of 128).
@@ -2099,14 +2127,31 @@ def mma_bit_check(tmp):
             out = en.buf(np.zeros(NB * out_n, dt))
             en.launch(1, mv_grid(n), 256, wargs(en, mode) + [en.buf(x.reshape(-1)), en.buf(g),
                       en.buf(res.reshape(-1)), out, n, k, 4, 64, mode, 1e-5, 0, 0.0])
-            ref = np.zeros(slices * ref_nb * out_n, dt)
-            for i in range(slices):
-                o5 = e5.buf(np.zeros(ref_nb * out_n, dt))
-                sl = slice(i * ref_nb, (i + 1) * ref_nb)
-                e5.launch(1, mv_grid(n), 256, wargs(e5, mode) + [
-                    e5.buf(np.ascontiguousarray(xp[sl]).reshape(-1)), e5.buf(g),
-                    e5.buf(np.ascontiguousarray(rp[sl]).reshape(-1)), o5, n, k, 4, 64, mode, 1e-5, 0, 0.0])
-                ref[i * ref_nb * out_n:(i + 1) * ref_nb * out_n] = o5
+            def tile5(e):
+                ref = np.zeros(slices * ref_nb * out_n, dt)
+                for i in range(slices):
+                    o5 = e.buf(np.zeros(ref_nb * out_n, dt))
+                    sl = slice(i * ref_nb, (i + 1) * ref_nb)
+                    e.launch(1, mv_grid(n), 256, wargs(e, mode) + [
+                        e.buf(np.ascontiguousarray(xp[sl]).reshape(-1)), e.buf(g),
+                        e.buf(np.ascontiguousarray(rp[sl]).reshape(-1)), o5, n, k, 4, 64, mode, 1e-5, 0, 0.0])
+                    ref[i * ref_nb * out_n:(i + 1) * ref_nb * out_n] = o5
+                return ref
+            ref = tile5(e5)
+            # (Chunks of K take the norm before the products, as main: late only with all of K.)
+            if el is not None and mode & 1 and not (MMA_KC and k > MMA_KC):
+                # Tier L3 against main's tile: the largest difference over the largest output.
+                def val(a):
+                    a = a[:NB * out_n]
+                    return a.astype(np.float64) if dt == np.float32 else \
+                        (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+                err = float(np.max(np.abs(val(out) - val(ref))) / max(np.max(np.abs(val(ref))), 1e-30))
+                late_err = max(late_err, err)
+                if not err < LATE_BOUND:
+                    ok = False
+                    print(f"mma bit check: {n} x {k} mode {mode}: late norm {err:.3g} of the largest "
+                          f"output from main's tile (bound {LATE_BOUND}) FAILED")
+                ref = tile5(el)
             same = bool(np.array_equal(ref[:NB * out_n].view(np.uint8), out.view(np.uint8)))
             count += 1
             ok &= same
@@ -2114,8 +2159,10 @@ def mma_bit_check(tmp):
                 diff = np.flatnonzero(ref[:NB * out_n].view(dt) != out)
                 print(f"mma bit check: {n} x {k} mode {mode}: {diff.size} outputs differ from main's "
                       f"5-sequence tile (first at sequence {diff[0] // out_n}) FAILED")
+    late = (f" (late norm: the norm modes to this tree's 5-sequence tile with it, {late_err:.3g} of "
+            f"the largest output from main's)" if el is not None else "")
     print(f"mma bit check (sequences {NB}, staged inputs {MMA_KC or 'all of K'}): {count} products, "
-          f"every sequence's output bit-equal to main's 5-sequence tensor-core tile "
+          f"every sequence's output bit-equal to main's 5-sequence tensor-core tile{late} "
           f"{'ok' if ok else 'FAILED'}")
     return ok
 
