@@ -1796,7 +1796,10 @@ __device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int
 }
 
 // MMA_LATE_NORM (the host's switch MLX_GRAPH_MMA_LATE_NORM=1 on tensor-core tiles; 0
-// otherwise): a normed product whose whole input is staged (one chunk of K) stages bf16(g x),
+// otherwise), in matvec_qkv alone (mv_run's LATE; in matvec too it took the 8B's 16-row gate/up
+// 7% faster, but changed matvec's whole machine code and its output and down projections ran
+// 4-5% slower, results/gpu/2026-12-07-s48): a normed product whose whole input is staged (one
+// chunk of K) stages bf16(g x),
 // the norm's weights times the raw input, with its chunk sums, and scales each sequence's sums
 // by its 1 / rms at the epilogue: y = inv (W bf16(g x)) instead of W bf16(g bf16(inv x)). One
 // pass over the staged inputs instead of two (mma_inv_rms's, then mma_finish's), the squares
@@ -1864,7 +1867,7 @@ struct MmaCur {
   int b0, i, c, s, j, sl, ni;
 };
 
-template <class Pre, class Epi>
+template <bool LATE, class Pre, class Epi>
 __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
                                            const bf16_t* normw, bool norm, ll N, ll K,
                                            double eps, unsigned char* smem, float* red,
@@ -1995,8 +1998,9 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
   tr.mark(1);
   // Chunk c's inputs of every sequence into shared memory (the whole input with one chunk).
   bool have_inv = false;
-  // MMA_LATE_NORM: a normed product with all of K staged scales its sums by invs at the end.
-  const bool late = MMA_LATE_NORM && norm && CH == 1;
+  // MMA_LATE_NORM (LATE: matvec_qkv's products): a normed product with all of K staged scales
+  // its sums by invs at the end.
+  const bool late = LATE && MMA_LATE_NORM && norm && CH == 1;
   auto stage = [&](int c) {
     const int k0 = c * KC, kn = K - k0 < KC ? (int)(K - k0) : KC;
     mma_copy(smem, xstride, xin, K, k0 >> 3, kn >> 3);
@@ -2270,7 +2274,7 @@ __device__ __forceinline__ void mma_pair_item(float (&acc)[2][MMA_NT][4],
   }
 }
 
-template <class Pre, class Epi>
+template <bool LATE, class Pre, class Epi>
 __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin,
                                                 const bf16_t* normw, bool norm, ll N, ll K,
                                                 double eps, unsigned char* smem, float* red,
@@ -2398,8 +2402,9 @@ __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin
   pdl_wait_then_release();
   tr.mark(1);
   bool have_inv = false;
-  // MMA_LATE_NORM: a normed product with all of K staged scales its sums by invs at the end.
-  const bool late = MMA_LATE_NORM && norm && CH == 1;
+  // MMA_LATE_NORM (LATE: matvec_qkv's products): a normed product with all of K staged scales
+  // its sums by invs at the end.
+  const bool late = LATE && MMA_LATE_NORM && norm && CH == 1;
   auto stage = [&](int c) {
     const int k0 = c * KC, kn = K - k0 < KC ? (int)(K - k0) : KC;
     mma_copy(smem, xstride, xin, K, k0 >> 3, kn >> 3);
@@ -2551,10 +2556,11 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                                        Wait wait = Wait()) {
 #if MV_MMA
   if (BITS == 4 && !FP4 && gs == 64 && !sel && !ap) {
+    // MMA_LATE_NORM reaches matvec_qkv alone (MAP WMAP_QKV): matvec's code stays as without it.
 #if MMA_PAIR
-    mv_run_mma_pair(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
+    mv_run_mma_pair<MAP == WMAP_QKV>(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
 #else
-    mv_run_mma(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
+    mv_run_mma<MAP == WMAP_QKV>(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
 #endif
     return;
   }

@@ -3937,12 +3937,14 @@ fn mma_banks_define(on: bool) -> &'static str {
     }
 }
 
-/// Whether the tensor-core tiles apply a normed product's 1 / rms to its sums at the epilogue
-/// (`MMA_LATE_NORM` in the source; `MLX_GRAPH_MMA_LATE_NORM=1`, off by default): where all of
-/// K is staged, the prologue weights the raw inputs by the norm's weights and sums their
+/// Whether the tensor-core tiles of `matvec_qkv` apply the norm's 1 / rms to their sums at the
+/// epilogue (`MMA_LATE_NORM` in the source; `MLX_GRAPH_MMA_LATE_NORM=1`, off by default): where
+/// all of K is staged, the prologue weights the raw inputs by the norm's weights and sums their
 /// squares in one pass over the staged inputs instead of two (session 47's timeline: the normed
 /// products' prologues 16.5-18.3 us a block at 16 rows against 7.3 for the output projection's,
-/// `results/gpu/2026-12-07-s47`). The products' bits change (tier L3, as the tiles already are
+/// `results/gpu/2026-12-07-s47`). `matvec`'s machine code stays instruction for instruction as
+/// without it; `matvec_qkv`'s is the one whose q/k/v part ran 13.7% (16 rows) and 10.9% (5
+/// rows) faster on an H100 (`results/gpu/2026-12-07-s48`). The products' bits change (tier L3, as the tiles already are
 /// against the single-row kernels); every tile width takes it alike, so wide and narrow tiles
 /// stay bit-equal. Read where the step source's defines are chosen, so the decoder, `mlx` and
 /// the tests alike take it from their environment.
@@ -7112,6 +7114,40 @@ mod tests {
     }
 
     #[test]
+    fn the_late_norm_switch_reaches_matvec_qkv_only() {
+        assert_eq!(mma_late_norm_define(false), "");
+        assert_eq!(mma_late_norm_define(true), "#define MMA_LATE_NORM 1\n");
+        // The source's switch, read once, and taken by the tiles only where mv_run's map is
+        // q/k/v's (matvec_qkv): matvec instantiates the tiles with LATE false.
+        assert!(SOURCE.contains("#ifndef MMA_LATE_NORM\n#define MMA_LATE_NORM 0\n#endif"));
+        assert_eq!(
+            SOURCE
+                .matches("<MAP == WMAP_QKV>(wt, xin, normw, norm,")
+                .count(),
+            2
+        );
+        assert_eq!(
+            SOURCE
+                .matches("const bool late = LATE && MMA_LATE_NORM && norm && CH == 1;")
+                .count(),
+            2
+        );
+        // Set, the tensor-core tiles' step source defines it; an FFMA module never does.
+        let s = GraphSpec {
+            quant: Some((64, 4)),
+            ..tiny_spec()
+        };
+        let (src, _) = step_source(&s, &plain_params(), 16, true, true);
+        assert_eq!(
+            src.contains("#define MMA_LATE_NORM 1\n"),
+            mma_late_norm(),
+            "the define follows MLX_GRAPH_MMA_LATE_NORM"
+        );
+        let (ffma, _) = step_source(&s, &plain_params(), 1, false, false);
+        assert!(!ffma.contains("#define MMA_LATE_NORM 1"));
+    }
+
+    #[test]
     fn the_pair_switch_takes_wide_tensor_core_tiles_only() {
         // MMA_PAIR (on unless MLX_GRAPH_MMA_PAIR=0): every width of the wide tensor-core tiles
         // of 4-bit weights in groups of 64, and why not elsewhere.
@@ -7126,13 +7162,11 @@ mod tests {
         assert!(ffma.contains("4-bit weights in groups of 64"), "{ffma}");
         assert_eq!(mma_pair_define(false), "");
         assert_eq!(mma_pair_define(true), "#define MMA_PAIR 1\n");
-        assert_eq!(mma_late_norm_define(false), "");
-        assert_eq!(mma_late_norm_define(true), "#define MMA_LATE_NORM 1\n");
         // The define is the source's switch, read once (`#ifndef MMA_PAIR`), and the kernel
         // dispatches to the pair item under it.
         assert!(SOURCE.contains("#ifndef MMA_PAIR\n#define MMA_PAIR 0\n#endif"));
         assert!(SOURCE.contains(
-            "mv_run_mma_pair(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);"
+            "mv_run_mma_pair<MAP == WMAP_QKV>(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);"
         ));
         // On (the default), the wide tiles' step source defines MMA_PAIR; off
         // (MLX_GRAPH_MMA_PAIR=0), it has no MMA_PAIR define: the tiles' item of one rows block.

@@ -405,10 +405,10 @@ MMA_BANKS = int(os.environ.get("GRAPH_EMU_MMA_BANKS", "0"))
 MMA_PAIR = int(os.environ.get("GRAPH_EMU_MMA_PAIR", "0"))
 MMA_PAIR_MUTATE = os.environ.get("GRAPH_EMU_MMA_PAIR_MUTATE", "")
 # The tensor-core tiles' normed products with their 1 / rms applied at the epilogue (MMA_LATE_NORM
-# in the source, MLX_GRAPH_MMA_LATE_NORM=1 on the device): GRAPH_EMU_MMA_LATE=1 builds this
-# tree's tiles with it; mma_bit_check then wants its norm modes bit-equal to this tree's own
-# 5-sequence tile with it (every width alike) and within a bound of main's (tier L3), the other
-# modes bit-equal to main's as before. GRAPH_EMU_MMA_LATE_MUTATE=drop leaves the 1 / rms out of
+# in the source, MLX_GRAPH_MMA_LATE_NORM=1 on the device; there matvec_qkv's products alone):
+# GRAPH_EMU_MMA_LATE=1 builds this tree's tiles with it, matvec's too (build); mma_bit_check
+# then wants its norm modes bit-equal to this tree's own 5-sequence tile with it (every width
+# alike) and within a bound of main's (tier L3), the other modes bit-equal to main's as before. GRAPH_EMU_MMA_LATE_MUTATE=drop leaves the 1 / rms out of
 # the wide tiles' epilogue on purpose (the 5-sequence tile keeps it).
 MMA_LATE = int(os.environ.get("GRAPH_EMU_MMA_LATE", "0"))
 MMA_LATE_MUTATE = os.environ.get("GRAPH_EMU_MMA_LATE_MUTATE", "")
@@ -581,6 +581,13 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
             if switch == value:
                 assert a in src, (value, a)
                 src = src.replace(a, b)
+    if cu is None and MMA_LATE:
+        # On the device MMA_LATE_NORM reaches matvec_qkv alone (mv_run's LATE is MAP ==
+        # WMAP_QKV); here matvec takes it too, so that mma_bit_check's matvec launches run the
+        # same template code (the norm modes: gate/up's and the head's shapes as well as q/k/v's).
+        a = "<MAP == WMAP_QKV>("
+        assert src.count(a) == 2, "mv_run's LATE"
+        src = src.replace(a, "<true>(")
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
     if sinks:
