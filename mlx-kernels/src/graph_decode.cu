@@ -1761,6 +1761,15 @@ __device__ __forceinline__ void mma_inv_rms(float* invs, float (*redn)[MV_WARPS]
   mma_invs(invs, redn, K, eps);
 }
 
+// The chunk sum of piece tt of sequence b (its 4 lanes' sums added as mv_store_piece adds
+// them) at mv_chunk_sums(.., KC): mma_finish's and mma_finish_late's last step a piece.
+__device__ __forceinline__ void mma_put_sum(unsigned char* smem, int xstride, int KC, int b,
+                                            int tt, bool ok, float sum) {
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  if (ok && (tt & 3) == 0) mv_chunk_sums(smem + b * xstride, KC)[(tt >> 2) ^ mma_sum_x(b, KC)] = sum;
+}
+
 // The staged pieces p0 .. p0 + n normed in place (with norm: by invs[b] and the norm's weights
 // at those pieces) and their chunk sums (one a 32 inputs, the 4 lanes of a chunk added as
 // mv_store_piece adds them) at mv_chunk_sums(.., KC). Thread tid takes pieces tid, tid + T, ...
@@ -1786,10 +1795,7 @@ __device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int
         }
         sum = sum8(o);
       }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (ok && (tt & 3) == 0)
-        mv_chunk_sums(smem + b * xstride, KC)[(tt >> 2) ^ mma_sum_x(b, KC)] = sum;
+      mma_put_sum(smem, xstride, KC, b, tt, ok, sum);
     }
   }
   __syncthreads();
@@ -1849,10 +1855,7 @@ __device__ __forceinline__ void mma_finish_late(unsigned char* smem, int xstride
         *slot = o;
         sum = sum8(o);
       }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (ok && (tt & 3) == 0)
-        mv_chunk_sums(smem + b * xstride, KC)[(tt >> 2) ^ mma_sum_x(b, KC)] = sum;
+      mma_put_sum(smem, xstride, KC, b, tt, ok, sum);
     }
     ss = warp_sum(ss);
     if (lane == 0) redn[b][warp] = ss;
