@@ -3944,9 +3944,9 @@ fn mma_banks_define(on: bool) -> &'static str {
 /// products' prologues 16.5-18.3 us a block at 16 rows against 7.3 for the output projection's,
 /// `results/gpu/2026-12-07-s47`). `matvec`'s machine code stays instruction for instruction as
 /// without it; `matvec_qkv`'s is the one whose q/k/v part ran 13.7% (16 rows) and 10.9% (5
-/// rows) faster on an H100 (`results/gpu/2026-12-07-s48`). The products' bits change (tier L3, as the tiles already are
-/// against the single-row kernels); every tile width takes it alike, so wide and narrow tiles
-/// stay bit-equal. Read where the step source's defines are chosen, so the decoder, `mlx` and
+/// rows) faster on an H100 (`results/gpu/2026-12-07-s48`). The products' bits change (tier L3,
+/// as the tiles already are against the single-row kernels); every tile width takes it alike,
+/// so wide and narrow tiles stay bit-equal. Read where the step source's defines are chosen, so the decoder, `mlx` and
 /// the tests alike take it from their environment.
 fn mma_late_norm() -> bool {
     std::env::var("MLX_GRAPH_MMA_LATE_NORM").is_ok_and(|v| v == "1")

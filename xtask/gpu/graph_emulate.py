@@ -408,8 +408,9 @@ MMA_PAIR_MUTATE = os.environ.get("GRAPH_EMU_MMA_PAIR_MUTATE", "")
 # in the source, MLX_GRAPH_MMA_LATE_NORM=1 on the device; there matvec_qkv's products alone):
 # GRAPH_EMU_MMA_LATE=1 builds this tree's tiles with it, matvec's too (build); mma_bit_check
 # then wants its norm modes bit-equal to this tree's own 5-sequence tile with it (every width
-# alike) and within a bound of main's (tier L3), the other modes bit-equal to main's as before. GRAPH_EMU_MMA_LATE_MUTATE=drop leaves the 1 / rms out of
-# the wide tiles' epilogue on purpose (the 5-sequence tile keeps it).
+# alike) and within a bound of main's (tier L3), the other modes bit-equal to main's as before.
+# GRAPH_EMU_MMA_LATE_MUTATE=drop leaves the 1 / rms out of the epilogue on purpose (the
+# reference 5-sequence tile is built without the mutation).
 MMA_LATE = int(os.environ.get("GRAPH_EMU_MMA_LATE", "0"))
 MMA_LATE_MUTATE = os.environ.get("GRAPH_EMU_MMA_LATE_MUTATE", "")
 # The FFMA row kernels' deferred scale/bias reads (MV_ASYNC in the source, MLX_GRAPH_MV_ASYNC=1
@@ -489,7 +490,7 @@ SOURCE_MUTATIONS = {
     (MMA_PAIR_MUTATE, "swap"): (
         "epilogue(acc[0], early0);\n            if (two) epilogue(acc[1], early1);",
         "epilogue(two ? acc[1] : acc[0], early0);\n            if (two) epilogue(acc[0], early1);"),
-    # MMA_LATE_NORM: the pair's epilogue without the 1 / rms (the unpaired tile's keeps it).
+    # MMA_LATE_NORM: the epilogues without the 1 / rms (both tiles' lines contain the text).
     (MMA_LATE_MUTATE, "drop"): ("      sums[n][r] = late ? v * invs[n] : v;",
                                 "      sums[n][r] = v;"),
     # The second rows block's sums scaled by the first's scales and biases.
