@@ -614,61 +614,6 @@ __device__ __forceinline__ void cp_async_wait_group() {
 #define MV_ASYNC 0
 #endif
 
-// MV_RING (the host's switch MLX_GRAPH_MV_RING=1; 0 otherwise): the FFMA row kernels (mv_run)
-// stream each lane's items through a ring of MV_RING_DEPTH slots in shared memory by cp.async
-// (its 16 bytes of codes a row, and the aligned 4-byte words holding its group's scale and
-// bias a row), one commit group an item, and an item waits for its own group only
-// (cp.async.wait_group MV_RING_DEPTH - 1, in order); its slot is read into registers where it
-// is summed and refilled with the item MV_RING_DEPTH ahead. The register loads' way waits, in
-// sm_90's SASS, for every load in flight on one scoreboard: once a 4-item trip with one
-// sequence, once an item with several (the verify rows; results/gpu/2026-12-06-s36-mvload,
-// section 3). A lane reads only what it copied itself (no barrier). The items are the same
-// and summed in the same order, from the same values: every output is the register loads',
-// bit for bit (graph_emulate.py's nb_bit_check; results/gpu/2026-12-06-s37-mvring). Static
-// shared memory: 8 warps x MV_RING_DEPTH x MV_RING_SLOT (36 KiB at 3); with 2 rows a warp and
-// the FFMA kernels only (MV_RING_ON): a tensor-core module's tiles keep theirs (MV_MMA).
-#ifndef MV_RING
-#define MV_RING 0
-#endif
-#ifndef MV_RING_DEPTH
-#define MV_RING_DEPTH 3
-#endif
-#define MV_RING_ON (MV_RING && MV_ROWS == 2 && !MV_MMA)
-// A lane's slot: MV_ROWS x 16 bytes of codes, 2 MV_ROWS words (each row's scale, then bias);
-// a warp's slot: the codes of row r at 512 r + 16 lane, word w at 512 MV_ROWS + 128 w + 4 lane.
-#define MV_RING_SLOT (32 * 24 * MV_ROWS)
-#if MV_RING_ON
-#define MV_SLOTS MV_RING_DEPTH
-// One ring a block, at file scope: every mv_run of a kernel (each a template instance) shares it.
-__shared__ __align__(16) unsigned char mv_ring[MV_WARPS][MV_RING_DEPTH][MV_RING_SLOT];
-#else
-#define MV_SLOTS MV_BATCH
-#endif
-
-// MV_STEAL (the host's switch MLX_GRAPH_MV_STEAL=1; 0 otherwise): the FFMA row kernels'
-// (mv_run's) row groups past the ones a warp streams before its wait are taken from a counter
-// as the warp's loads reach them, not every gridDim.x MV_WARPS-th: warps of a multiprocessor
-// the memory system serves faster take more groups, and the kernel's blocks end closer
-// together (results/gpu/2026-12-06-s38-steal). A warp's groups before the wait are the static
-// ones (first blockIdx.x MV_WARPS + warp, then + the warps of the grid, as many as its early
-// loads reach: the same number for every warp); past the wait, each group it moves on to is
-// `base` + one atomicAdd on mv_steal_ctr (lane 0, broadcast by shuffle), `base` the first
-// group past the static ones. A group is summed whole by one warp, its chunks in the same
-// order, so every output is the static kernel's, bit for bit (graph_emulate.py with
-// GRAPH_EMU_STEAL=1). The atomic is issued as the warp loads a group's last item but one (its
-// last, with one item a row), and its value read as the last item's loads move on to the next
-// group: its round trip overlaps a compute item, and the items in flight keep their number. The counter is the module's (a step's kernels are one stream's, one at a
-// time past their waits) and resets itself: every warp takes until one take fails (a warp
-// whose loads never reach past its static groups takes once at its end), so the takes number
-// the remaining groups R plus the grid's warps W, and the take that returns R + W - 1, the
-// kernel's last, sets the counter back to 0. A kernel touches it only past its own
-// griddepcontrol.wait, by when the kernels before it have completed (as attention's
-// counters, which their last block resets).
-// FFMA modules only (MV_STEAL_ON): a tensor-core module's kernels, its FFMA fallbacks
-// included, keep the static groups.
-#ifndef MV_STEAL
-#define MV_STEAL 0
-#endif
 // MV_NB (the host's switch MLX_GRAPH_MV_NB=1; 0 otherwise): the FFMA tiles of several sequences
 // (NB > 1: batched rows, speculation's verify rows) stream their items as the one-row kernel
 // does, MV_BATCH a trip unrolled, item j in register slot j % MV_BATCH, each slot refilled once
@@ -676,7 +621,7 @@ __shared__ __align__(16) unsigned char mv_ring[MV_WARPS][MV_RING_DEPTH][MV_RING_
 // moves read the slot loaded in the trip before, so every trip waits for its newest load (one
 // memory round trip an item; results/gpu/2026-12-06-s39-verify). The same items, summed in
 // the same order by the same code (compute): every output is the one without the switch, bit
-// for bit. The register loads only (not MV_RING_ON, whose slots are in shared memory).
+// for bit.
 #ifndef MV_NB
 #define MV_NB 0
 #endif
@@ -690,11 +635,11 @@ __shared__ __align__(16) unsigned char mv_ring[MV_WARPS][MV_RING_DEPTH][MV_RING_
 // as in a block of 256 (the norm's sum of squares in the same order; the other warps wait at its
 // barriers); qchunk_rows takes one sequence at a time within a word (each (sequence, row) chain
 // in the same order). Every output is the one without the switch, bit for bit (graph_emulate.py
-// with GRAPH_EMU_MV_WIDE=1). Not with MV_RING_ON or MV_STEAL, whose shared arrays are 8 warps'.
+// with GRAPH_EMU_MV_WIDE=1).
 #ifndef MV_WIDE
 #define MV_WIDE 0
 #endif
-#define MV_WIDE_ON (MV_WIDE && NB > 1 && !MV_MMA && !MV_RING_ON && !MV_STEAL)
+#define MV_WIDE_ON (MV_WIDE && NB > 1 && !MV_MMA)
 #if MV_WIDE_ON
 // matvec's and matvec_qkv's launch bounds: 512 threads, one block (128 registers a thread).
 #define MV_BOUNDS 512, 1
@@ -708,37 +653,6 @@ __device__ __forceinline__ int mv_pro_t() {
 __device__ __forceinline__ bool mv_pro_mine() {
   return !MV_WIDE_ON || (int)threadIdx.x < MV_WARPS * 32;
 }
-#define MV_STEAL_ON (MV_STEAL && !MV_MMA)
-#if MV_STEAL_ON
-__device__ u32 mv_steal_ctr;
-// Each warp's queue of the groups its loads have taken and its sums not begun (a ring of
-// MV_STEAL_Q, at most MV_SLOTS + 1 in it: one a load ahead), in shared memory, not registers
-// (held in registers, it cost the row kernels 200-500 bytes of spills a thread: sass.py). Every
-// lane writes the same value to the same word and reads it back itself: no barrier.
-#define MV_STEAL_Q 8
-static_assert(MV_SLOTS + 1 <= MV_STEAL_Q, "the steal queue holds a load's worth of groups");
-__shared__ int mv_steal_q[MV_WARPS][MV_STEAL_Q];
-// One take: the counter's old value, +1. In PTX, not atomicAdd: NVRTC turns a lane's
-// atomicAdd into a warp-aggregated one whose shuffle of the result waits for the atomic where
-// it is issued (sass.py), and the take is issued a load ahead of its use for its round trip to
-// overlap. The emulator's atomicAdd otherwise.
-// Called by every lane, it adds on lane 0 alone (the others' addresses, past the counter, are
-// not touched); an address per lane keeps ptxas from aggregating it.
-__device__ __forceinline__ u32 mv_steal_atomic(int lane) {
-#ifdef __CUDA_ARCH__
-  u32 t = 0;
-  asm volatile(
-      "{ .reg .pred p; setp.eq.u32 p, %2, 0; @p atom.global.add.u32 %0, [%1], 1; }"
-      : "+r"(t)
-      : "l"(&mv_steal_ctr + lane), "r"(lane)
-      : "memory");
-  return t;
-#else
-  return lane == 0 ? atomicAdd(&mv_steal_ctr, 1u) : 0u;
-#endif
-}
-#endif
-
 // Where a matrix's rows are: the loaded model's own arrays as MLX holds them (issue #30: no
 // copy), one to three parts, each with its words (rows of K bfloat16 values or K BITS-bit
 // codes) and, quantized, its bfloat16 scales and biases ([rows, K / gs] each, MLX's layout).
@@ -839,24 +753,12 @@ struct MvStream {
   Wts wt;
   ll N, groups, stride;
   int row_bytes, C, G, gs_shift, per_lane, lane;
-#if MV_RING_ON
-  // The item being summed, read from its ring slot (fetch).
-  uint4 q[1][MV_ROWS];
-#else
   uint4 q[MV_BATCH][MV_ROWS];
-#endif
   // A row's group's scale and bias: one word, scale in the low half (ld_sb); with MV_ASYNC, the
   // scale alone in sb's low half and the bias in bi's (mxfp4: sb the scale, bi unused).
-  u32 sb[MV_RING_ON ? 1 : MV_BATCH][MV_ROWS];
+  u32 sb[MV_BATCH][MV_ROWS];
 #if MV_ASYNC
-  u32 bi[MV_RING_ON ? 1 : MV_BATCH][MV_ROWS];
-#endif
-#if MV_RING_ON
-  // This warp's ring (MV_RING_DEPTH slots of MV_RING_SLOT bytes), and the byte offsets of the
-  // items' values in their words: 8 bits an item (row r's scale at bits 4 r, its bias at
-  // 4 r + 2), the oldest item in flight in the lowest 8 (shifted in at load, read at fetch).
-  unsigned char* ring;
-  u32 hm;
+  u32 bi[MV_BATCH][MV_ROWS];
 #endif
   ll lp;  // the next item to load: row group lp, chunk lane + 32 lk
   int lk;
@@ -877,48 +779,6 @@ struct MvStream {
   // expert sel[j] in the stacked weights (a row group never straddles two slots).
   const int* sel;
   ll rpe;
-#if MV_STEAL_ON
-  // This warp's queue (mv_steal_q): the groups taken, pushed at qt, the sums' next at qh (both
-  // counted from 0, the slot the count mod MV_STEAL_Q); st: 0 before the wait (the static
-  // groups), 1 past it (groups from the counter, the first `base` + the take), 3 with a take
-  // issued (lane 0's tk, not read yet), 2 once the warp's failing take is read (it takes no
-  // more).
-  int qh, qt, st, base;
-  u32 tk;
-
-  // Issues a take (lane 0's atomic; its value read by take()).
-  __device__ __forceinline__ void issue() {
-    tk = mv_steal_atomic(lane);
-    st = 3;
-  }
-  // Reads the take issued (broadcast): base + its number, or `groups` (none left). The last
-  // take of the kernel resets the counter (see MV_STEAL).
-  __device__ __forceinline__ ll take() {
-    const u32 t = __shfl_sync(0xffffffffu, tk, 0);
-    st = 1;
-    const ll g = base + (ll)t;
-    if (g < groups) return g;
-    st = 2;
-    const ll rest = groups > base ? groups - base : 0;
-    if (lane == 0 && (ll)t == rest + stride - 1) atomicExch(&mv_steal_ctr, 0u);
-    return groups;
-  }
-  __device__ __forceinline__ void push(ll g) {
-    mv_steal_q[threadIdx.x >> 5][qt & (MV_STEAL_Q - 1)] = (int)g;
-    ++qt;
-  }
-  // The sums' next group (the oldest taken).
-  __device__ __forceinline__ ll pop() {
-    return mv_steal_q[threadIdx.x >> 5][qh++ & (MV_STEAL_Q - 1)];
-  }
-  // The wait is past: groups from here on come from the counter, the first past the static
-  // ones every warp has reached (lp0 its first; all have made the same number of moves).
-  __device__ __forceinline__ void go_dynamic(ll lp0) {
-    base = (int)(lp - lp0 + stride);
-    st = 1;
-  }
-#endif
-
   __device__ __forceinline__ void group() {
     const ll row0 = MV_ROWS * lp;
     ll prow = row0;
@@ -966,7 +826,7 @@ struct MvStream {
     return ld_sb(sp, bp, (rr & 1 ? ib : ia) + (rr >> 1) * stepg + g);
   }
   // Row rr's group g: its scales' and biases' arrays and its index in both (the places
-  // scale_bias reads; MV_ASYNC's and MV_RING's reads take them from here).
+  // scale_bias reads; MV_ASYNC's reads take them from here).
   __device__ __forceinline__ int sb_at(int rr, int g, const bf16_t*& ps,
                                        const bf16_t*& pb) const {
     if (MAP == WMAP_ONE) {
@@ -1012,37 +872,6 @@ struct MvStream {
 
   __device__ __forceinline__ void load(int u) {
     const int c = lane + 32 * lk;
-#if MV_STEAL_ON
-    // The next group's take, a load ahead of its use (see MV_STEAL).
-    if (st == 1 && lk + 2 >= per_lane) issue();
-#endif
-#if MV_RING_ON
-    // Into slot u by cp.async: the codes, and the aligned words holding the values (their
-    // offsets into hm); one commit group an item, empty past the stream or C.
-    u32 h = 0;
-    if (lp < groups && c < C) {
-      const int g = (c * VALS) >> gs_shift;
-      unsigned char* st = ring + u * MV_RING_SLOT;
-#pragma unroll
-      for (int r = 0; r < MV_ROWS; ++r) {
-        const int rr = r < last ? r : last;
-        cp_async16(st + 512 * r + 16 * lane, (const uint4*)words(rr) + c);
-        if (BITS != 16) {
-          const unsigned long long sa = (unsigned long long)sb_addr(rr, g, false);
-          cp_async4(st + 512 * MV_ROWS + 128 * (2 * r) + 4 * lane, (const void*)(sa & ~3ull));
-          h |= (u32)(sa & 3) << (4 * r);
-          if (!FP4) {
-            const unsigned long long ba = (unsigned long long)sb_addr(rr, g, true);
-            cp_async4(st + 512 * MV_ROWS + 128 * (2 * r + 1) + 4 * lane,
-                      (const void*)(ba & ~3ull));
-            h |= (u32)(ba & 3) << (4 * r + 2);
-          }
-        }
-      }
-    }
-    cp_async_commit();
-    hm = (hm >> 8) | (h << (8 * (MV_RING_DEPTH - 1)));
-#else
     if (lp < groups && c < C) {
       const int g = (c * VALS) >> gs_shift;
 #pragma unroll
@@ -1057,76 +886,17 @@ struct MvStream {
 #endif
       }
     }
-#endif
     if (++lk == per_lane) {
       lk = 0;
-#if MV_STEAL_ON
-      if (st == 3) {
-        lp = take();
-        push(lp);
-      } else if (st == 0) {
-        lp += stride;
-        push(lp);
-      }
-#else
       lp += stride;
-#endif
       group();
     }
   }
 
-#if MV_RING_ON
-  // Row rr's group g's scale (bias: its bias) address: where scale_bias and scale_fp4 read.
-  __device__ __forceinline__ const unsigned char* sb_addr(int rr, int g, bool bias) const {
-    if (FP4) {
-      const unsigned char* s0 = (const unsigned char*)wt.s0;
-      if (MAP == WMAP_PAIR) {
-        const int i = ia + (rr >> 1) * G + g;
-        return (rr & 1 ? (const unsigned char*)wt.s1 : s0) + i;
-      }
-      return s0 + ia + rr * G + g;
-    }
-    const bf16_t* ps;
-    const bf16_t* pb;
-    const int i = sb_at(rr, g, ps, pb);
-    return (const unsigned char*)((bias ? pb : ps) + i);
-  }
-
-  // The oldest item in flight (slot u) once its group is in, into register slot 0: its codes,
-  // and its scale and bias as the register loads hold them (ld_sb's word; with MV_ASYNC the
-  // halves apart; mxfp4: mv_fp4_scale of the byte).
-  __device__ __forceinline__ void fetch(int u) {
-    cp_async_wait_group<MV_RING_DEPTH - 1>();
-    const unsigned char* st = ring + u * MV_RING_SLOT;
-    const u32 h = hm;
-#pragma unroll
-    for (int r = 0; r < MV_ROWS; ++r) {
-      q[0][r] = *(const uint4*)(st + 512 * r + 16 * lane);
-      if (BITS != 16) {
-        const u32 ws = *(const u32*)(st + 512 * MV_ROWS + 128 * (2 * r) + 4 * lane);
-        const u32 s_sh = 8 * ((h >> (4 * r)) & 3);
-        if (FP4) {
-          sb[0][r] = mv_fp4_scale((ws >> s_sh) & 0xffu);
-        } else {
-          const u32 wb = *(const u32*)(st + 512 * MV_ROWS + 128 * (2 * r + 1) + 4 * lane);
-          const u32 s16 = (ws >> s_sh) & 0xffffu;
-          const u32 b16 = (wb >> (8 * ((h >> (4 * r + 2)) & 3))) & 0xffffu;
-#if MV_ASYNC
-          sb[0][r] = s16;
-          bi[0][r] = b16;
-#else
-          sb[0][r] = s16 | (b16 << 16);
-#endif
-        }
-      }
-    }
-  }
-#endif
-
   // Slot u takes slot u + 1's item (the last slot keeps its own until loaded again).
   __device__ __forceinline__ void rotate() {
 #pragma unroll
-    for (int u = 0; u + 1 < (MV_RING_ON ? 1 : MV_BATCH); ++u) {
+    for (int u = 0; u + 1 < MV_BATCH; ++u) {
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r) {
         q[u][r] = q[u + 1][r];
@@ -2616,12 +2386,6 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   m.lk = 0;
   m.sel = sel;
   m.rpe = rpe;
-#if MV_STEAL_ON
-  m.qh = 0;
-  m.qt = 0;
-  m.st = 0;
-  m.base = 0;
-#endif
 #if MV_EARLY_NORM
   // The norm's weights are the model's, written by no kernel of the step: this thread's pieces
   // load before the wait too, ahead of the first weights (mv_prologue's one-round case; the same
@@ -2636,16 +2400,9 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   const bool early_norm = false;
 #endif
   m.group();
-#if MV_RING_ON
-  m.ring = mv_ring[warp][0];
-  m.hm = 0;
-#endif
 #pragma unroll
-  for (int u = 0; u < (MV_EARLY < MV_SLOTS ? MV_EARLY : MV_SLOTS); ++u) m.load(u);
+  for (int u = 0; u < (MV_EARLY < MV_BATCH ? MV_EARLY : MV_BATCH); ++u) m.load(u);
   wait();
-#if MV_STEAL_ON
-  m.go_dynamic((ll)blockIdx.x * nw + warp);
-#endif
   tr.mark(1);
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
@@ -2659,23 +2416,9 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   }
   tr.mark(2);
 #pragma unroll
-  for (int u = MV_EARLY; u < MV_SLOTS; ++u) m.load(u);
-#if MV_RING_ON
-  // Traced steps only: the first item's group, then its first word (as the register loads').
-  if (tr.buf) {
-    cp_async_wait_group<MV_RING_DEPTH - 1>();
-    tr.arrived(*(const u32*)(m.ring + 16 * lane));
-  }
-#else
+  for (int u = MV_EARLY; u < MV_BATCH; ++u) m.load(u);
   tr.arrived(m.q[0][0].x);
-#endif
   ll p = (ll)blockIdx.x * nw + warp;  // the row group being summed, chunk lane + 32 k
-  // The group after p: the oldest the loads have taken (MV_STEAL_ON), or p + stride.
-#if MV_STEAL_ON
-#define MV_NEXT_GROUP(p) m.pop()
-#else
-#define MV_NEXT_GROUP(p) ((p) + m.stride)
-#endif
   int k = 0;
 #if NB > 1
   // Lane b < NB: sequence b's (the epilogue runs on NB lanes at once, next_group).
@@ -2718,7 +2461,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
     }
     if (lane < NB) epi(MV_ROWS * p, lane, mine, early);
     k = 0;
-    p = MV_NEXT_GROUP(p);
+    p = p + m.stride;
     co = coff(p);
     if (lane < NB && p < m.groups) early = pre(MV_ROWS * p, lane);
   };
@@ -2733,7 +2476,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
       for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = 0.f;
     }
     k = 0;
-    p = MV_NEXT_GROUP(p);
+    p = p + m.stride;
     co = coff(p);
 #pragma unroll
     for (int b = 0; b < NB; ++b)
@@ -2745,18 +2488,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
   // item loads into the last (the items summed and loaded in the order below, so the same
   // sums): one copy of the long body instead of MV_BATCH (with the epilogue's between them,
   // ~200 KB of code at 5 sequences, past the instruction cache; results/gpu/2026-12-05-s31-spec).
-#if MV_RING_ON
-  // The ring: the oldest item's slot u read once its group is in, then refilled.
-  int u = 0;
-#pragma unroll 1
-  while (p < m.groups) {
-    m.fetch(u);
-    m.compute(0, lane + 32 * k, co, xs, xc, xstride, acc);
-    m.load(u);
-    u = u + 1 == MV_RING_DEPTH ? 0 : u + 1;
-    if (++k == m.per_lane) next_group();
-  }
-#elif MV_NB
+#if MV_NB
   // MV_NB: MV_BATCH items a trip, item j from slot j % MV_BATCH (the one-row loop's order).
   while (p < m.groups) {
 #pragma unroll
@@ -2780,26 +2512,14 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
 #else
   while (p < m.groups) {
 #pragma unroll
-    for (int u = 0; u < MV_SLOTS; ++u) {
+    for (int u = 0; u < MV_BATCH; ++u) {
       if (p < m.groups) {
-#if MV_RING_ON
-        m.fetch(u);
-        m.compute(0, lane + 32 * k, co, xs, xc, xstride, acc);
-#else
         m.compute(u, lane + 32 * k, co, xs, xc, xstride, acc);
-#endif
         m.load(u);
         if (++k == m.per_lane) next_group();
       }
     }
   }
-#endif
-#undef MV_NEXT_GROUP
-#if MV_STEAL_ON
-  // A warp whose loads never moved past the wait takes once (and finds none left: its static
-  // groups reached the end), so that the takes number R + W and the last resets the counter.
-  if (m.st == 1) m.issue();
-  if (m.st == 3) m.take();
 #endif
   if (tr.buf) __syncthreads();
 #endif  // NB > 8
@@ -3587,7 +3307,7 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
 #define GRAPH_PERSIST 0
 #endif
 #if GRAPH_PERSIST
-#if MV_MMA || MV_STEAL_ON || MV_RING_ON || NB != 1 || ATTN_SINKS || MV_OUT_BIAS
+#if MV_MMA || NB != 1 || ATTN_SINKS || MV_OUT_BIAS
 #error "the persistent step runs one-row FFMA steps"
 #endif
 #define PS_WORDS 32

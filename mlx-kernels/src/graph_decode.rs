@@ -4054,42 +4054,6 @@ fn mv_async_define(on: bool) -> &'static str {
     }
 }
 
-/// The static shared memory of the FFMA row kernels' cp.async ring (`MV_RING` in the source:
-/// 8 warps x `MV_RING_DEPTH` 3 slots x 1,536 bytes), besides [`MV_STATIC_SHARED`].
-const MV_RING_SHARED: u32 = 8 * 3 * 1536;
-
-/// Whether the FFMA row kernels (graph_decode.cu's `mv_run`: the one-row step, the FFMA tiles
-/// and speculative decoding's verify rows) stream their weights, scales and biases through a
-/// cp.async ring in shared memory, each item waiting for its own loads only
-/// (`MLX_GRAPH_MV_RING=1`; off by default: an A/B switch until the device has measured it,
-/// `results/gpu/2026-12-06-s37-mvring`). Read where the step source's defines are chosen, so
-/// the decoder, `mlx` and the tests alike take it from their environment. Every output is
-/// bit-equal either way.
-fn mv_ring() -> bool {
-    std::env::var("MLX_GRAPH_MV_RING").is_ok_and(|v| v == "1")
-}
-
-/// Whether the kernels of tiles of `nb` rows take the ring ([`mv_ring`], `on`): the FFMA
-/// modules (not `mma`) at 2 rows a warp (the source's `MV_RING_ON`), where the ring's static
-/// shared memory fits beside the tile's inputs (elsewhere, e.g. 7 rows of the 8B's down
-/// projection, the module keeps the register loads: the switch never changes the tiles).
-fn mv_ring_in(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> bool {
-    on && rows == 2
-        && !mma
-        && spec.mv_shared_per_sequence() * nb as u32 + MV_STATIC_SHARED + MV_RING_SHARED
-            <= MV_SHARED_MAX
-}
-
-/// The step source's define for the ring (`on`: [`mv_ring_in`]), empty when off (the source's
-/// ring is all under `MV_RING_ON`: the kernels then are the register loads' ones).
-fn mv_ring_define(on: bool) -> &'static str {
-    if on {
-        "#define MV_RING 1\n"
-    } else {
-        ""
-    }
-}
-
 /// Whether the FFMA row kernels (`mv_run`) load a normed product's norm weights before the
 /// wait for the previous kernel, with their first weights, and `embed` loads its 16 values a
 /// thread before storing them (`MLX_GRAPH_EARLY_PROLOGUE=1`; off otherwise): the prologue past
@@ -4106,28 +4070,6 @@ fn early_prologue() -> bool {
 fn early_prologue_define(on: bool) -> &'static str {
     if on {
         "#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n"
-    } else {
-        ""
-    }
-}
-
-/// Whether the FFMA row kernels (graph_decode.cu's `mv_run`: the one-row step, the FFMA tiles
-/// and speculative decoding's verify rows, the experts' products) take their row groups past
-/// the ones a warp loads before its wait from a counter, one atomic a group, instead of every
-/// grid's-warps-th (`MLX_GRAPH_MV_STEAL=1`; off otherwise): the warps the memory system serves
-/// faster take more, and a kernel's blocks end closer together. Read where the step source's
-/// defines are chosen, so the decoder, `mlx` and the tests alike take it from their
-/// environment. Each row group is summed whole by one warp in the same order: every output is
-/// bit-equal either way (`results/gpu/2026-12-06-s38-steal`).
-fn mv_steal() -> bool {
-    std::env::var("MLX_GRAPH_MV_STEAL").is_ok_and(|v| v == "1")
-}
-
-/// The step source's define for [`mv_steal`] (`on`), empty when off (the source then is the one
-/// without the define: the static groups).
-fn mv_steal_define(on: bool) -> &'static str {
-    if on {
-        "#define MV_STEAL 1\n"
     } else {
         ""
     }
@@ -4343,8 +4285,6 @@ fn persist_spec(spec: &GraphSpec, nb: usize, mma: bool) -> Option<&'static str> 
         Some("not with experts or trellis-coded weights")
     } else if spec.attn_sinks || spec.o_bias {
         Some("not with attention sinks or a biased output projection")
-    } else if mv_steal() || mv_ring() {
-        Some("not with MLX_GRAPH_MV_STEAL or MLX_GRAPH_MV_RING")
     } else {
         None
     }
@@ -4533,16 +4473,15 @@ fn mv_wide() -> bool {
 }
 
 /// Whether the module of tiles of `nb` rows (`mma`: on the tensor cores) takes [`mv_wide`]
-/// (`on`): FFMA tiles of several rows, without the ring ([`mv_ring_in`]) or the counter
-/// ([`mv_steal`]), whose shared arrays are a 256-thread block's (the source's `MV_WIDE_ON`).
-fn mv_wide_in(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> bool {
-    on && nb > 1 && !mma && !mv_ring_in(spec, rows, nb, mma, mv_ring()) && !mv_steal()
+/// (`on`): FFMA tiles of several rows (the source's `MV_WIDE_ON`).
+fn mv_wide_in(nb: usize, mma: bool, on: bool) -> bool {
+    on && nb > 1 && !mma
 }
 
 /// The threads of a `matvec` / `matvec_qkv` block in a module of tiles of `nb` rows: 512 with
 /// [`mv_wide_in`] (`on`: the decoder's [`SourceParams::mv_wide`]), [`MV_THREADS`] otherwise.
-fn mv_threads(spec: &GraphSpec, rows: usize, nb: usize, mma: bool, on: bool) -> u32 {
-    if mv_wide_in(spec, rows, nb, mma, on) {
+fn mv_threads(nb: usize, mma: bool, on: bool) -> u32 {
+    if mv_wide_in(nb, mma, on) {
         2 * MV_THREADS
     } else {
         MV_THREADS
@@ -4791,13 +4730,7 @@ impl Step {
     /// The threads of a `matvec` / `matvec_qkv` block in tiles of `nb` rows ([`mv_threads`]
     /// with this decoder's rows a warp, tensor-core widths and [`SourceParams::mv_wide`]).
     fn mv_threads(&self, nb: usize) -> u32 {
-        mv_threads(
-            &self.shape,
-            self.rows,
-            nb,
-            nb as u32 >= self.mma_from,
-            self.params.mv_wide,
-        )
+        mv_threads(nb, nb as u32 >= self.mma_from, self.params.mv_wide)
     }
 
     /// The constructor's kernels over all its tiles.
@@ -5056,12 +4989,8 @@ fn step_source(
     let pair = mma_pair_define(mma_pair_in(nb, wide, mma4, mma_pair()).is_ok());
     // The normed products' 1 / rms at the epilogue (MLX_GRAPH_MMA_LATE_NORM=1): L3, every width alike.
     let late_norm = mma_late_norm_define(mma4 && mma_late_norm());
-    // The FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1, where it fits): the same bits.
-    let mv_ring = mv_ring_define(mv_ring_in(spec, p.rows, nb, mma, mv_ring()));
     // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
     let early_norm = early_prologue_define(early_prologue());
-    // The row groups past the early loads' from a counter (MLX_GRAPH_MV_STEAL=1): the same bits.
-    let steal = mv_steal_define(mv_steal());
     // The FFMA tiles' constant-slot loop (MLX_GRAPH_MV_NB=1, tiles of several rows): the same bits.
     let mv_nb = mv_nb_define(nb, mv_nb());
     // The persistent step (MLX_GRAPH_PERSIST=1, one-row llama steps): the same bits.
@@ -5069,7 +4998,7 @@ fn step_source(
     let persist = persist_define(persist_on);
     // The FFMA tiles' 512-thread blocks (MLX_GRAPH_MV_WIDE=1, tiles of several rows): one item
     // in flight a lane (128 registers; 16 warps cover its round trip). The same bits.
-    let wide_mv = mv_wide_in(spec, p.rows, nb, mma, p.mv_wide);
+    let wide_mv = mv_wide_in(nb, mma, p.mv_wide);
     let (batch, early, mv_wide_def) = if wide_mv {
         (1, 1, "#define MV_WIDE 1\n")
     } else if let Some(c) = persist_chunks(p.rows).filter(|_| persist_on) {
@@ -5080,7 +5009,7 @@ fn step_source(
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{pair}{late_norm}{mv_ring}{early_norm}{steal}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
+         {banks}{pair}{late_norm}{early_norm}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
         p.rows,
         batch,
         early,
@@ -5144,9 +5073,8 @@ fn mv_shared_opt_in(
 ) -> Result<()> {
     let shared = mv_staged_per_sequence(spec, chunk) * nb as u32;
     // With the cp.async ring on, the larger static bound (opting in where a module without
-    // the ring would not need it is harmless); likewise with the FFMA row kernels' ring.
-    let ffma_ring = if mv_ring() { MV_RING_SHARED } else { 0 };
-    if shared + mma_static_shared(mma_async()).max(MV_STATIC_SHARED + ffma_ring) <= 48 * 1024 {
+    // the ring would not need it is harmless).
+    if shared + mma_static_shared(mma_async()) <= 48 * 1024 {
         return Ok(());
     }
     let experts = if spec.moe.is_some() {
@@ -6707,46 +6635,6 @@ mod tests {
     }
 
     #[test]
-    fn the_row_kernels_ring_is_one_define_where_it_fits() {
-        // MLX_GRAPH_MV_RING=1 adds one define; off, none (the register loads' kernels), and
-        // the kernel source's default is off.
-        assert_eq!(mv_ring_define(true), "#define MV_RING 1\n");
-        assert_eq!(mv_ring_define(false), "");
-        assert!(SOURCE.contains("#ifndef MV_RING\n#define MV_RING 0\n#endif"));
-        assert!(SOURCE.contains("#define MV_RING_DEPTH 3\n"));
-        assert!(SOURCE.contains("#define MV_RING_SLOT (32 * 24 * MV_ROWS)"));
-        assert_eq!(
-            MV_RING_SHARED,
-            8 * 3 * 32 * 24 * 2,
-            "the source's ring at 2 rows a warp"
-        );
-        // The 8B: the one-row step and the verify rows of K 4 (5 rows) take it; 7 rows of the
-        // down projection's inputs leave no room (they keep the register loads), nor do the
-        // tensor-core tiles and 4 rows a warp (the source's MV_RING_ON).
-        let s = spec_8b();
-        for nb in 1..=6 {
-            assert!(mv_ring_in(&s, 2, nb, false, true), "8B, {nb} rows");
-        }
-        assert!(!mv_ring_in(&s, 2, 7, false, true));
-        assert!(!mv_ring_in(&s, 2, 5, true, true));
-        assert!(!mv_ring_in(&s, 4, 5, false, true));
-        assert!(!mv_ring_in(&s, 2, 1, false, false));
-        // Where it applies, the block's shared memory still fits: inputs, ring and the rest.
-        assert!(
-            s.mv_shared_per_sequence() * 6 + MV_STATIC_SHARED + MV_RING_SHARED <= MV_SHARED_MAX
-        );
-        let p = plain_params();
-        let (src, _) = step_source(&tiny_moe_spec(), &p, 1, false, false);
-        assert_eq!(
-            src.contains("#define MV_RING 1\n"),
-            mv_ring(),
-            "the step source follows MLX_GRAPH_MV_RING"
-        );
-        let (mma, _) = step_source(&tiny_moe_spec(), &p, 1, true, false);
-        assert!(!mma.contains("#define MV_RING 1\n"));
-    }
-
-    #[test]
     fn the_early_norm_weights_are_one_define() {
         // MLX_GRAPH_EARLY_PROLOGUE=1 adds one define; off (the default), the source is the one
         // without it, and the kernel source's own default is off.
@@ -6764,24 +6652,6 @@ mod tests {
             early_prologue(),
             "the step source follows MLX_GRAPH_EARLY_PROLOGUE (off unless 1)"
         );
-    }
-
-    #[test]
-    fn the_stolen_row_groups_are_one_define() {
-        // MLX_GRAPH_MV_STEAL=1 adds one define; off (the default), the source is the one without
-        // it, and the kernel source's own default is off.
-        assert_eq!(mv_steal_define(true), "#define MV_STEAL 1\n");
-        assert_eq!(mv_steal_define(false), "");
-        assert!(SOURCE.contains("#ifndef MV_STEAL\n#define MV_STEAL 0\n#endif"));
-        let p = plain_params();
-        for nb in [1, 3] {
-            let (src, _) = step_source(&tiny_moe_spec(), &p, nb, false, false);
-            assert_eq!(
-                src.contains("#define MV_STEAL 1\n"),
-                mv_steal(),
-                "the step source follows MLX_GRAPH_MV_STEAL (off unless 1)"
-            );
-        }
     }
 
     #[test]
@@ -6872,7 +6742,7 @@ mod tests {
         assert!(!plain.contains("#define GRAPH_PERSIST 1\n"));
         assert!(!kernels.iter().any(|k| k.0 == "persist_step"));
         // (MLX_GRAPH_PERSIST_CHUNKS changes the persistent source's chunks: not this check.)
-        if !(mv_steal() || mv_ring() || std::env::var_os("MLX_GRAPH_PERSIST_CHUNKS").is_some()) {
+        if std::env::var_os("MLX_GRAPH_PERSIST_CHUNKS").is_none() {
             assert_eq!(persist_spec(&s, 1, false), None);
             let (src, kernels) = step_source(&s, &on, 1, false, false);
             assert!(src.contains(&persist_define(true)));
@@ -6954,12 +6824,11 @@ mod tests {
         // MLX_GRAPH_MV_WIDE=1: FFMA tiles of several rows (not on the tensor cores) get MV_WIDE
         // 1 with one item in flight a lane, and matvec / matvec_qkv launch 512 threads; a
         // one-row step and tensor-core tiles never do, and the kernel source's default is off.
-        let s = spec_8b();
-        assert!(mv_wide_in(&s, 2, 5, false, true));
-        assert!(mv_wide_in(&s, 4, 8, false, true));
-        assert!(!mv_wide_in(&s, 2, 1, false, true), "one row");
-        assert!(!mv_wide_in(&s, 2, 5, true, true), "tensor cores");
-        assert!(!mv_wide_in(&s, 2, 5, false, false), "off");
+        assert!(mv_wide_in(5, false, true));
+        assert!(mv_wide_in(8, false, true));
+        assert!(!mv_wide_in(1, false, true), "one row");
+        assert!(!mv_wide_in(5, true, true), "tensor cores");
+        assert!(!mv_wide_in(5, false, false), "off");
         assert!(SOURCE.contains("#ifndef MV_WIDE\n#define MV_WIDE 0\n#endif"));
         assert!(SOURCE.contains("__launch_bounds__(MV_BOUNDS) matvec("));
         assert!(SOURCE.contains("__launch_bounds__(MV_BOUNDS) matvec_qkv("));
@@ -6970,10 +6839,8 @@ mod tests {
             };
             for nb in [1, 3] {
                 let (src, _) = step_source(&tiny_moe_spec(), &p, nb, false, false);
-                let on = mv_wide_in(&tiny_moe_spec(), p.rows, nb, false, wide);
-                if !mv_ring() && !mv_steal() {
-                    assert_eq!(on, wide && nb > 1);
-                }
+                let on = mv_wide_in(nb, false, wide);
+                assert_eq!(on, wide && nb > 1);
                 assert_eq!(
                     src.contains("#define MV_WIDE 1\n"),
                     on,
@@ -6985,12 +6852,12 @@ mod tests {
                     if on { 1 } else { p.batch },
                     if on { 1 } else { p.early }
                 )));
-                let t = mv_threads(&tiny_moe_spec(), p.rows, nb, false, wide);
+                let t = mv_threads(nb, false, wide);
                 assert_eq!(t, if on { 512 } else { MV_THREADS });
             }
         }
-        assert_eq!(mv_threads(&s, 2, 1, false, true), MV_THREADS);
-        assert_eq!(mv_threads(&s, 2, 5, true, true), MV_THREADS);
+        assert_eq!(mv_threads(1, false, true), MV_THREADS);
+        assert_eq!(mv_threads(5, true, true), MV_THREADS);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MMA_PAIR=1 [GRAPH_EMU_MMA_PAIR_MUTATE=swap|scale]] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_RING=1 [GRAPH_EMU_MV_RING_DEPTH=N]] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_STEAL=1 [GRAPH_EMU_STEAL_SEED=N] [GRAPH_EMU_STEAL_JITTER=0|1]] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_LOOP=1] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier|loop_order|loop_target]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_FP4=1] [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_NB=N] [GRAPH_EMU_MMA=1] [GRAPH_EMU_MMA_KC=N] [GRAPH_EMU_MMA_ASYNC=1] [GRAPH_EMU_MMA_BANKS=1] [GRAPH_EMU_MMA_PAIR=1 [GRAPH_EMU_MMA_PAIR_MUTATE=swap|scale]] [GRAPH_EMU_MV_ASYNC=1] [GRAPH_EMU_MV_NB=1] [GRAPH_EMU_MV_WIDE=1] [GRAPH_EMU_EARLY_NORM=1] [GRAPH_EMU_PERSIST=1 [GRAPH_EMU_PERSIST_GRID=N] [GRAPH_EMU_PERSIST_LOOP=1] [GRAPH_EMU_PERSIST_MUTATE=skip|barrier|loop_order|loop_target]] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] [GRAPH_EMU_SKIP_SAMPLER=1] [GRAPH_EMU_NB_CHECK_ONLY=1] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -74,12 +74,6 @@ GRAPH_EMU_MV_ASYNC=1 builds this tree's FFMA row kernels (mv_run) with their sca
 kept as loaded and read where summed (MV_ASYNC, MLX_GRAPH_MV_ASYNC=1 on the device), and
 `nb_bit_check` then runs at any NB (1 included) against the one-sequence kernel of main's source
 (MV_ASYNC_REF, a commit, from git): every output bit for bit.
-GRAPH_EMU_MV_RING=1 builds this tree's FFMA row kernels with the cp.async ring (MV_RING,
-MLX_GRAPH_MV_RING=1 on the device; 2 rows a warp, FFMA modules only; GRAPH_EMU_MV_RING_DEPTH=N
-its slots, 3 by default), and `nb_bit_check` then runs at any NB (1 included) against the
-one-sequence kernel of main's source before it (MV_RING_REF, from git); the emulator copies at
-once, so the check is of the ring's slots, word halves and order, not of the device's memory
-ordering.
 GRAPH_EMU_MV_NB=1 builds this tree's FFMA tiles of several sequences with MV_NB (MLX_GRAPH_MV_NB=1
 on the device: MV_BATCH items a trip from constant register slots), and `nb_bit_check` then
 compares every sequence's output both with the one-sequence kernel (this tree's, no switch) and
@@ -226,21 +220,6 @@ inline int atomicMax(int* p, int v) {
   return o;
 }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-// The 32-bit unsigned atomics are the row kernels' group counter's alone (MV_STEAL): each take
-// is noted for its block (g_steal_takes), and with g_steal_jitter the taking thread first
-// sleeps 0-63 us at random, so that the warps of a block take in shuffled orders.
-std::atomic<long long> g_steal_takes[4096];
-int g_steal_jitter = 0;
-inline unsigned atomicAdd(unsigned* p, unsigned v) {
-  if (g_steal_jitter) {
-    thread_local unsigned long long s = 0x9E3779B97F4A7C15ull ^ (unsigned long long)(uintptr_t)&s;
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    std::this_thread::sleep_for(std::chrono::microseconds((s >> 33) & 63));
-  }
-  if (blockIdx.x < 4096) g_steal_takes[blockIdx.x]++;
-  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
-}
-inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 // mma.sync.m16n8k16 (bfloat16 A and B, float32 C and D) over the warp's fragments, as the PTX
 // ISA lays them out: each lane posts its A and B registers, then computes its four elements
 // of D from all lanes' (the products exact, summed in double, added to C, rounded once; the
@@ -271,30 +250,11 @@ inline void mma_emulate(float* d, const unsigned* a, const unsigned* b) {
 """
 
 LAUNCH = r"""
-// With a seed (emu_steal_setup), each grid's blocks run in a shuffled order (any order is the
-// GPU's to pick), so the row kernels' counter (MV_STEAL) gives its groups to other blocks than
-// the first. After every grid: the counter must be 0 again (it resets itself), and the blocks
-// that took groups past their first warps' one take are counted (g_stats).
-unsigned long long g_block_order = 0;
-// g_stats: row-kernel grids (grids that took), grids where groups were taken past the static
-// ones, the groups so taken, grids where a block other than block 0 took them, grids after
-// which the counter was not 0 (a failure: set back to 0 for the next).
-long long g_stats[5];
 template <class F> void run_grid(unsigned gx, unsigned gy, unsigned bx, F f) {
   gridDim = {gx, gy, 1};
   blockDim = {bx, 1, 1};
-  std::vector<unsigned> order(gx);
-  for (unsigned i = 0; i < gx; ++i) order[i] = i;
-  if (g_block_order) {
-    for (unsigned i = gx; i > 1; --i) {
-      g_block_order = g_block_order * 6364136223846793005ull + 1442695040888963407ull;
-      std::swap(order[i - 1], order[(g_block_order >> 33) % i]);
-    }
-  }
-  for (unsigned i = 0; i < gx && i < 4096; ++i) g_steal_takes[i] = 0;
   for (unsigned y = 0; y < gy; ++y)
-    for (unsigned xi = 0; xi < gx; ++xi) {
-      const unsigned x = order[xi];
+    for (unsigned x = 0; x < gx; ++x) {
       std::barrier<> bar(bx);
       g_bar = &bar;
       std::vector<std::barrier<>*> wb;
@@ -305,22 +265,6 @@ template <class F> void run_grid(unsigned gx, unsigned gy, unsigned bx, F f) {
       for (auto& t : ts) t.join();
       for (auto* b : wb) delete b;
     }
-#if MV_STEAL_ON
-  long long taken = 0, others = 0, any = 0;
-  const long long warps = (bx + 31) / 32;
-  for (unsigned i = 0; i < gx && i < 4096; ++i) {
-    const long long t = g_steal_takes[i];
-    any += t;
-    if (t > warps) {  // each warp's one failing take; past that, groups taken
-      taken += t - warps;
-      if (i != 0) others += t - warps;
-    }
-  }
-  if (any) g_stats[0]++;
-  if (taken) { g_stats[1]++; g_stats[2] += taken; }
-  if (others) g_stats[3]++;
-  if (mv_steal_ctr != 0) { g_stats[4]++; mv_steal_ctr = 0; }
-#endif
 }
 // The persistent step's grid (GRAPH_PERSIST): every block at once, each thread its own
 // (blocks of 256: halves of 128 with their own barriers), so that the grid barrier can work.
@@ -343,8 +287,6 @@ template <class F> void run_grid_coop(unsigned gx, unsigned bx, F f) {
   for (auto& t : ts) t.join();
   for (auto* b : bars) delete b;
 }
-extern "C" void emu_steal_setup(unsigned long long seed, int jitter) { g_block_order = seed; g_steal_jitter = jitter; }
-extern "C" void emu_steal_stats(long long* out) { for (int i = 0; i < 5; ++i) out[i] = g_stats[i]; }
 typedef unsigned long long u64;
 #define A(i) (a[i])
 #define P(T, i) ((T)(uintptr_t)a[i])
@@ -418,12 +360,6 @@ MMA_LATE_MUTATE = os.environ.get("GRAPH_EMU_MMA_LATE_MUTATE", "")
 # one-sequence reference is then main's kernel (MV_ASYNC_REF's source, before MV_ASYNC).
 MV_ASYNC = int(os.environ.get("GRAPH_EMU_MV_ASYNC", "0"))
 MV_ASYNC_REF = "c11b15b0"
-# The FFMA row kernels' cp.async ring (MV_RING in the source, MLX_GRAPH_MV_RING=1 on the
-# device): GRAPH_EMU_MV_RING=1 builds this tree's kernels with it (GRAPH_EMU_MV_RING_DEPTH: its
-# slots); nb_bit_check's one-sequence reference is then main's kernel (MV_RING_REF's source).
-MV_RING = int(os.environ.get("GRAPH_EMU_MV_RING", "0"))
-MV_RING_DEPTH = os.environ.get("GRAPH_EMU_MV_RING_DEPTH")
-MV_RING_REF = "84e45b2b"
 # The FFMA tiles' constant-slot loop (MV_NB in the source, MLX_GRAPH_MV_NB=1 on the device):
 # GRAPH_EMU_MV_NB=1 builds this tree's kernels with it; nb_bit_check then also runs the
 # NB-sequence kernel without it (this tree's, the switch off) and compares the two.
@@ -439,19 +375,6 @@ MV_WIDE = int(os.environ.get("GRAPH_EMU_MV_WIDE", "0"))
 # device): GRAPH_EMU_EARLY_NORM=1 builds this tree's kernels with them (the emulator has no wait: the check is that the loaded pieces are the ones the
 # prologue would load; with GRAPH_EMU_DUMP, every step's logits against main's).
 EARLY_NORM = int(os.environ.get("GRAPH_EMU_EARLY_NORM", "0"))
-# The FFMA row kernels' groups past the early loads' taken from a counter (MV_STEAL in the
-# source, MLX_GRAPH_MV_STEAL=1 on the device): GRAPH_EMU_STEAL=1 builds this tree's kernels with
-# it. Blocks run one at a time here, so the first block run takes every group left: each grid's
-# blocks run in an order shuffled by GRAPH_EMU_STEAL_SEED (0: as launched; 1 by default), and
-# with GRAPH_EMU_STEAL_JITTER=1 (the default) each take first sleeps 0-63 us at random, so the
-# 8 warps of a block take in shuffled orders. At the end, per library: the row grids, those where
-# groups were taken past the static ones (and by a block other than block 0), the groups taken,
-# and the grids after which the counter was not back to 0 (a failure). Compare the steps'
-# logits (GRAPH_EMU_DUMP) with a run without the switch: every step bit-equal.
-STEAL = int(os.environ.get("GRAPH_EMU_STEAL", "0"))
-STEAL_SEED = int(os.environ.get("GRAPH_EMU_STEAL_SEED", "1"))
-STEAL_JITTER = int(os.environ.get("GRAPH_EMU_STEAL_JITTER", "1"))
-STEAL_LIBS = []
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 # The persistent step (GRAPH_PERSIST in the source, MLX_GRAPH_PERSIST=1 on the device):
 # GRAPH_EMU_PERSIST=1 builds it and runs each one-row llama step (embed, the layers' row and
@@ -564,10 +487,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + (f"#define MMA_PAIR {MMA_PAIR}\n" if cu is None else "")
            + ("#define MMA_LATE_NORM 1\n" if cu is None and MMA_LATE else "")
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
-           + (f"#define MV_RING {MV_RING}\n" if cu is None else "")
-           + (f"#define MV_RING_DEPTH {MV_RING_DEPTH}\n" if cu is None and MV_RING_DEPTH else "")
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if cu is None and EARLY_NORM else "")
-           + ("#define MV_STEAL 1\n" if cu is None and STEAL else "")
            + ("#define MV_NB 1\n" if cu is None and MV_NB else "")
            + ("#define MV_WIDE 1\n" if cu is None and MV_WIDE else "")
            + ("#define GRAPH_PERSIST 1\n" if cu is None and PERSIST else "")
@@ -607,9 +527,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_pair' + MMA_PAIR_MUTATE if MMA_PAIR and cu is None else ''}"
            f"{'_late' + MMA_LATE_MUTATE if MMA_LATE and cu is None else ''}"
            f"{'_mvasync' if MV_ASYNC and cu is None else ''}"
-           f"{'_mvring' + (MV_RING_DEPTH or '') if MV_RING and cu is None else ''}"
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
-           f"{'_steal' if STEAL and cu is None else ''}"
            f"{'_mvnb' if MV_NB and cu is None else ''}"
            f"{'_mvwide' if MV_WIDE and cu is None else ''}"
            f"{'_persist' + str(PERSIST) + PERSIST_MUTATE if PERSIST and cu is None else ''}"
@@ -626,28 +544,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
         subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-fPIC", "-shared", "-pthread", cpp, "-o", so], check=True)
     lib = ctypes.CDLL(so)
     lib.emu.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64)]
-    if STEAL and cu is None and all(t != tag for t, _ in STEAL_LIBS):
-        lib.emu_steal_setup(ctypes.c_ulonglong(STEAL_SEED), STEAL_JITTER)
-        STEAL_LIBS.append((tag, lib))
     return lib
-
-
-def steal_report():
-    """GRAPH_EMU_STEAL's counts (see STEAL), per library: fails if a counter was not back to 0
-    after a grid, or if no library's grid took a group past the static ones (the dynamic path
-    not exercised; nb_bit_check's small products alone take none)."""
-    ok, any_took = True, False
-    for tag, lib in STEAL_LIBS:
-        st = (ctypes.c_longlong * 5)()
-        lib.emu_steal_stats(st)
-        grids, took, groups, others, bad = list(st)
-        ok &= bad == 0
-        any_took |= took > 0
-        print(f"steal {tag}: {grids} row grids, {took} took {groups} groups past the static ones "
-              f"({others} of them by a block other than block 0), counter not 0 after {bad} "
-              f"{'ok' if bad == 0 else 'FAILED'}")
-    print(f"steal: groups taken past the static ones {'ok' if any_took else 'in no grid: FAILED'}")
-    return ok and any_took
 
 
 def bits(a):
@@ -1970,14 +1867,12 @@ def nb_bit_check(lib, tmp):
         # This tree's one-sequence kernel, no switch but MV_ASYNC as this run builds it.
         one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True,
                     cu=f"#define MV_ASYNC {MV_ASYNC}\n" + CU, tag="_one")
-    elif MV_ASYNC or MV_RING:
-        # The reference: main's one-sequence kernel (before MV_ASYNC, or before MV_RING), from
-        # git.
-        ref = MV_RING_REF if MV_RING else MV_ASYNC_REF
+    elif MV_ASYNC:
+        # The reference: main's one-sequence kernel (before MV_ASYNC), from git.
         ref_cu = subprocess.run(["git", "-C", str(ROOT), "show",
-                                 f"{ref}:mlx-kernels/src/graph_decode.cu"],
+                                 f"{MV_ASYNC_REF}:mlx-kernels/src/graph_decode.cu"],
                                 check=True, capture_output=True, text=True).stdout
-        assert ("MV_RING" if MV_RING else "MV_ASYNC") not in ref_cu
+        assert "MV_ASYNC" not in ref_cu
         rest = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
                        for f in ("graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
         one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True, cu=ref_cu + rest,
@@ -2052,9 +1947,7 @@ def nb_bit_check(lib, tmp):
                 if not same:
                     print(f"nb bit check: bits {nbits} gs {gs} {n} x {k} mode {mode}: rows differ "
                           "from the one-sequence kernel FAILED")
-    ref = (f" ({MV_RING_REF}'s, MV_RING{' + MV_ASYNC' if MV_ASYNC else ''} against main)"
-           if MV_RING and not (MV_NB or MV_WIDE)
-           else f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC and not (MV_NB or MV_WIDE)
+    ref = (f" ({MV_ASYNC_REF}'s, MV_ASYNC against main)" if MV_ASYNC and not (MV_NB or MV_WIDE)
            else " (this tree's, no switch)" if MV_WIDE else "")
     if MV_NB or MV_WIDE:
         ref += (f" and to the {NB}-sequence kernel without {'MV_WIDE' if MV_WIDE else 'MV_NB'}"
@@ -2357,7 +2250,7 @@ def main():
         # machine and does not depend on the model).
         sampler = [] if os.environ.get("GRAPH_EMU_SKIP_SAMPLER") else [sampler_check(lib)]
         # GRAPH_EMU_NB_CHECK_ONLY=1: the NB-sequence kernel against the one-sequence one only.
-        nb_check = ([nb_bit_check(lib, tmp)] if (NB > 1 or MV_ASYNC or MV_RING) and MMA == 0
+        nb_check = ([nb_bit_check(lib, tmp)] if (NB > 1 or MV_ASYNC) and MMA == 0
                     else [])
         nb_check += [embed_check(tmp)] if EARLY_NORM else []
         if MMA:
@@ -2372,8 +2265,6 @@ def main():
         sinks += [fp4_check(tmp)] if os.environ.get("GRAPH_EMU_FP4") else []
         results = sampler + nb_check + sinks + [tile_check(lib), route_check(lib)] + \
             [run(lib, n, tmp) for n in names]
-        if STEAL:
-            results.append(steal_report())
     sys.exit(0 if all(results) else 1)
 
 

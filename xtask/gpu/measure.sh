@@ -4,7 +4,7 @@
 # .gpu/c of `cargo xtask gpu pack` (spec_gpu.sh, spec_cost.py and this script copied into .gpu/c):
 #   setup  product_setup.sh with MODELS (skipped when /opt/models holds them all);
 #   test   graph_decode_cuda's TESTS (default batched_equals_single) capped at TEST_S, with
-#          TEST_ENV's assignments (e.g. "MLX_GRAPH_MV_RING=1") in its environment alone;
+#          TEST_ENV's assignments (e.g. "MLX_GRAPH_MV_NB=1") in its environment alone;
 #   ktest  mlx-kernels' `cuda` test set, KTESTS (default trellis_kernels_match_the_cpu_references)
 #          capped at KTEST_S;
 #   spec   spec_gpu.sh (draft-model speculation on the graph decoder, forced acceptance: cost
@@ -27,11 +27,9 @@
 #          pairbanks = banks with them;
 #          ffma = main's defaults (MMA_ASYNC and MV_ASYNC on) with the FFMA row kernels at every
 #          width (MLX_GRAPH_BATCH_MMA=99: the verify rows' kernels, 2 tiles of 5 at 9 rows of the
-#          8B), ring = the same with the FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1; the
-#          other sides run with it off),
+#          8B),
 #          early = on with the norm weights loaded before the wait (MLX_GRAPH_EARLY_PROLOGUE=1),
-#          steal = on with the FFMA row groups past the early loads' from a counter
-#          (MLX_GRAPH_MV_STEAL=1); nb = ffma with the FFMA tiles' constant-slot loop
+#          nb = ffma with the FFMA tiles' constant-slot loop
 #          (MLX_GRAPH_MV_NB=1); ffma4 and nb4 = ffma and nb at 4 rows a warp
 #          (THRU_MV_ROWS=4: batched.sh's MLX_GRAPH_BATCH_MV_ROWS);
 #   trellis  issue #34's decode row: each of TRELLIS_MODELS (affine 4-bit dirs setup wrote) gets a
@@ -113,14 +111,13 @@ for part in ${PARTS:-setup test spec bench moe}; do
       # bank-conflict-free placement (MLX_GRAPH_MMA_BANKS=1), pair = on with the wide tiles'
       # items of two rows blocks (MLX_GRAPH_MMA_PAIR=1: the decoder's default since session 46,
       # so `on` is the default before it), pairbanks = banks with them, ffma = the defaults with the FFMA
-      # tiles at every width (MLX_GRAPH_BATCH_MMA=99), ring = ffma with the FFMA row kernels'
-      # cp.async ring (MLX_GRAPH_MV_RING=1), early = on with
-      # MLX_GRAPH_EARLY_PROLOGUE=1, steal = on with MLX_GRAPH_MV_STEAL=1, nb = ffma with
+      # tiles at every width (MLX_GRAPH_BATCH_MMA=99), early = on with
+      # MLX_GRAPH_EARLY_PROLOGUE=1, nb = ffma with
       # MLX_GRAPH_MV_NB=1, ffma4 / nb4 = ffma / nb at 4 rows a warp (THRU_MV_ROWS=4), w512 = ffma
       # with MLX_GRAPH_MV_WIDE=1 (the FFMA tiles' 512-thread blocks), w512r4 = ffma4 with it; each
       # side runs with the switches it does not name off.
       for side in ${THRU_SIDES:-on 1}; do
-        wide=$side; ring=0; mv=0; banks=0; mvring=0; mma=4; early=0; steal=0; mvnb=0; mvrows=2; mvwide=0; pair=0
+        wide=$side; ring=0; mv=0; banks=0; mma=4; early=0; mvnb=0; mvrows=2; mvwide=0; pair=0
         [ $side = async ] && wide=1 ring=1
         [ $side = mv ] && wide=1 mv=1
         [ $side = on ] && wide=1 ring=1 mv=1
@@ -128,19 +125,17 @@ for part in ${PARTS:-setup test spec bench moe}; do
         [ $side = pair ] && wide=1 ring=1 mv=1 pair=1
         [ $side = pairbanks ] && wide=1 ring=1 mv=1 banks=1 pair=1
         [ $side = ffma ] && wide=1 ring=1 mv=1 mma=99
-        [ $side = ring ] && wide=1 ring=1 mv=1 mma=99 mvring=1
         [ $side = early ] && wide=1 ring=1 mv=1 early=1
-        [ $side = steal ] && wide=1 ring=1 mv=1 steal=1
         [ $side = nb ] && wide=1 ring=1 mv=1 mma=99 mvnb=1
         [ $side = ffma4 ] && wide=1 ring=1 mv=1 mma=99 mvrows=4
         [ $side = nb4 ] && wide=1 ring=1 mv=1 mma=99 mvnb=1 mvrows=4
         [ $side = w512 ] && wide=1 ring=1 mv=1 mma=99 mvwide=1
         [ $side = w512r4 ] && wide=1 ring=1 mv=1 mma=99 mvwide=1 mvrows=4
-        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb MLX_GRAPH_MV_WIDE=$mvwide MLX_GRAPH_MMA_PAIR=$pair THRU_MV_ROWS=$mvrows" >> $OUT/throughput.log
+        echo "== MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_EARLY_PROLOGUE=$early MLX_GRAPH_MV_NB=$mvnb MLX_GRAPH_MV_WIDE=$mvwide MLX_GRAPH_MMA_PAIR=$pair THRU_MV_ROWS=$mvrows" >> $OUT/throughput.log
         SKIP_TEST=1 SERVE_MODELS=" " THRU_MODELS="${THRU_MODELS:-llama31-8b-q4}" ROWS="${ROWS:-1 2 4 8 16}" \
           MLX_GRAPH_BATCH_MMA=$mma MLX_GRAPH_WIDE_TILES=$wide MLX_GRAPH_MMA_ASYNC=$ring MLX_GRAPH_MV_ASYNC=$mv \
-          MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_MV_RING=$mvring MLX_GRAPH_EARLY_PROLOGUE=$early \
-          MLX_GRAPH_MV_STEAL=$steal MLX_GRAPH_MV_NB=$mvnb MLX_GRAPH_MV_WIDE=$mvwide THRU_MV_ROWS=$mvrows \
+          MLX_GRAPH_MMA_BANKS=$banks MLX_GRAPH_EARLY_PROLOGUE=$early \
+          MLX_GRAPH_MV_NB=$mvnb MLX_GRAPH_MV_WIDE=$mvwide THRU_MV_ROWS=$mvrows \
           MLX_GRAPH_MMA_PAIR=$pair \
           MLX_GRAPH_BATCH_BREAKDOWN=${BREAKDOWN:-20} timeout $(left) bash $C/batched.sh \
           > $OUT/thru_run_$side.log 2>&1

@@ -1,7 +1,9 @@
 """A cost model of the one-row FFMA step (Llama-3.1-8B-shaped, 4-bit g64, an H100), before and
 after the deferred scale/bias reads (MV_ASYNC, MLX_GRAPH_MV_ASYNC=1), and of the one-row step
 and speculation's verify rows (5 rows at K 4; 9 rows at K 8, two tiles of 5) with the cp.async
-ring (MV_RING, MLX_GRAPH_MV_RING=1). No GPU needed:
+ring (MV_RING, MLX_GRAPH_MV_RING=1: measured slower on an H100 and removed, the 8B's one-row step
+340.4 -> 250.6 steps/s, results/gpu/2026-12-06-s37-h100 call 4; the model's `ring` section is
+kept as the prediction it made). No GPU needed:
 
     python3 xtask/gpu/mv_cost.py
 

@@ -1,7 +1,7 @@
 """Compiles the graph decoder's kernels here, as the decoder does on the GPU, and reads their
 machine code: no GPU needed.
 
-    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mma-pair] [--mv-async] [--mv-ring] [--mv-nb] [--early-norm] [--steal] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
+    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--nb N] [--mma 1] [--kc N] [--mma-async] [--mma-banks] [--mma-pair] [--mv-async] [--mv-nb] [--early-norm] [--gptoss] [--kernel matvec] [--dump FILE] [--blocks]
         [--trellis [--trellis-v-l N] [--trellis-define TRELLIS_ALIAS ...] [--trellis-define TRELLIS_FUSED_THREADS=1024]]
     python3 xtask/gpu/sass.py --source FILE [--kernel trellis_qkv] [--dump FILE]
 
@@ -160,16 +160,12 @@ def main():
                     help="MMA_PAIR 1: the wide tiles' items of two rows blocks (MLX_GRAPH_MMA_PAIR=1)")
     ap.add_argument("--mv-async", action="store_true",
                     help="MV_ASYNC 1: the FFMA row kernels' deferred scale/bias reads (MLX_GRAPH_MV_ASYNC=1)")
-    ap.add_argument("--mv-ring", action="store_true",
-                    help="the FFMA row kernels' cp.async ring (MV_RING 1, MLX_GRAPH_MV_RING=1)")
     ap.add_argument("--mv-nb", action="store_true",
                     help="MV_NB 1: the FFMA tiles of several sequences stream MV_BATCH items a trip "
                          "from constant slots (MLX_GRAPH_MV_NB=1)")
     ap.add_argument("--early-norm", action="store_true",
                     help="MV_EARLY_NORM 1 and EMBED_BATCH 16: the norm weights before the wait, embed's "
                          "loads at once (MLX_GRAPH_EARLY_PROLOGUE=1)")
-    ap.add_argument("--steal", action="store_true",
-                    help="the row groups past the early loads' from a counter (MV_STEAL, MLX_GRAPH_MV_STEAL=1)")
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--trellis", action="store_true",
                     help="append graph_trellis.cu (the trellis kernels; --kernel trellis_matvec)")
@@ -200,10 +196,8 @@ def main():
            + ("#define MMA_BANKS 1\n" if a.mma_banks else "")
            + ("#define MMA_PAIR 1\n" if a.mma_pair else "")
            + ("#define MV_ASYNC 1\n" if a.mv_async else "")
-           + ("#define MV_RING 1\n" if a.mv_ring else "")
            + ("#define MV_NB 1\n" if a.mv_nb else "")
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if a.early_norm else "")
-           + ("#define MV_STEAL 1\n" if a.steal else "")
            + "".join((ROOT / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
            + (f"#define TRELLIS_V_L {a.trellis_v_l}\n" if a.trellis and a.trellis_v_l is not None else "")

@@ -3,7 +3,7 @@ on write W<n> and on read R<n>, the scoreboards it waits for: wait<ns>), for the
 tensor-core tile item of a kernel: what an item waits for.
 
     python3 xtask/gpu/sass_ctrl.py [--nb 16] [--kc 6144] [--min-blocks 1] [--mma-async] [--mma-banks] [--mma-pair] [--kernel matvec]
-    python3 xtask/gpu/sass_ctrl.py --ffma [--nb 1] [--mv-async] [--mv-ring] [--kernel matvec,matvec_qkv]
+    python3 xtask/gpu/sass_ctrl.py --ffma [--nb 1] [--mv-async] [--kernel matvec,matvec_qkv]
 
 Compiles as sass.py does (NVRTC_LIB, NVDISASM), disassembles with `nvdisasm -hex` and reads the
 control bits from the upper 64-bit word of each 128-bit instruction (Volta and later: bits
@@ -18,10 +18,9 @@ rows at --nb 5; rows 2, 4 items in flight, as the decoder's defaults). For each 
 1,000 or more instructions of each --kernel: its weight loads (LDG; the 2-byte ones are the
 scales and biases), the PRMT that waits on a scoreboard (the pack of a scale and bias just
 loaded: MV_ASYNC 0), and every instruction that waits on a scoreboard a load of the loop sets.
---mv-async builds with MV_ASYNC 1 (MLX_GRAPH_MV_ASYNC=1). --mv-ring builds with MV_RING 1
-(MLX_GRAPH_MV_RING=1: the cp.async ring): its loops copy by LDGSTS, and an item waits with
-DEPBAR.LE SB0, MV_RING_DEPTH - 1 (its own group) only; listed with the LDS reading the ring
-slot and every instruction that waits on a scoreboard an LDG or LDGSTS of the loop sets.
+--mv-async builds with MV_ASYNC 1 (MLX_GRAPH_MV_ASYNC=1). (--mv-ring, the FFMA row kernels'
+cp.async ring, MV_RING, was removed with the ring: measured slower on an H100,
+results/gpu/2026-12-06-s37-h100 call 4.)
 --loops prints the loops' instructions.
 """
 import argparse
@@ -70,7 +69,6 @@ def main():
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--ffma", action="store_true")
     ap.add_argument("--mv-async", action="store_true")
-    ap.add_argument("--mv-ring", action="store_true")
     ap.add_argument("--loops", action="store_true")
     a = ap.parse_args()
     root = HERE.parents[1]
@@ -102,7 +100,6 @@ def ffma(a, root):
     """The FFMA row kernels' loops: their loads and what waits on them (--ffma)."""
     src = (f"#define MV_ROWS 2\n#define MV_BATCH 4\n#define MV_EARLY 4\n#define NB {a.nb}\n"
            "#define MV_MMA 0\n#define MMA_KC 0\n" + ("#define MV_ASYNC 1\n" if a.mv_async else "")
-           + ("#define MV_RING 1\n" if a.mv_ring else "")
            + "".join((root / "mlx-kernels/src" / f).read_text()
                      for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu")))
     cubin, log = S.compile_cubin(src)

@@ -20,8 +20,9 @@ verify kernels at 4 rows a warp (MLX_GRAPH_SPEC_ROWS=4; the rows' bits unchanged
 `spec`); `specmb2` rows (SPEC_MB2=1): the verify kernels at 128 registers and 2 chunks in
 flight (MLX_GRAPH_SPEC_MIN_BLOCKS=2 MLX_GRAPH_SPEC_CHUNKS=2: two blocks an SM where the inputs
 fit; the rows' bits unchanged, A/B against `spec`); `specr4mb2` rows (SPEC_R4MB2=1): the same at
-4 rows a warp and 1 chunk in flight; `specring` rows (SPEC_RING=1): with the FFMA row kernels'
-cp.async ring (MLX_GRAPH_MV_RING=1), their ideal from the models alone with it
+4 rows a warp and 1 chunk in flight; `specring` rows (SPEC_RING=1,
+older logs): with the FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1, since removed:
+measured slower), their ideal from the models alone with it
 (`graphring-target`/`graphring-draft`), `same tokens` against `graph-target` without it (not in
 the worst ratio: an A/B against `spec`)."""
 import json

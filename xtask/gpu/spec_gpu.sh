@@ -22,10 +22,6 @@
 # SPEC_MB2=1 a `specmb2` run a K with MLX_GRAPH_SPEC_MIN_BLOCKS=2 MLX_GRAPH_SPEC_CHUNKS=2 (the
 # verify kernels held to 128 registers: two blocks, 16 warps, an SM where the inputs fit);
 # SPEC_R4MB2=1 a `specr4mb2` run a K with that at 4 rows a warp, 1 chunk in flight.
-# SPEC_RING=1: each model alone again and a `specring` run a K with MLX_GRAPH_MV_RING=1 (the FFMA
-# row kernels' cp.async ring, in the target's verify rows and both models' single steps; labels
-# `graphring-target`/`graphring-draft`, spec_cost.py's ideal for `specring` rows from them, and
-# `same tokens` against the plain graph-target run without the ring).
 # MLX_GRAPH_SPEC_BREAKDOWN=REPS in the environment: each speculating run first times the
 # target's kernels a step with one row and with its K + 1 (graph_speculative.rs; medians of 3
 # alternations, before the timed generation), into spec_profile.log too.
@@ -95,7 +91,6 @@ for pair in ${SPEC_PAIRS:-echo-llama31-8b-q4:echo-llama-135m-v128k-bf16:2,4,8 su
       [ -n "${seen[$2 r$r]}" ] && continue
       seen[$2 r$r]=1
       one "$1 $2 r$r" $MLX generate --model $M/$2 --prompt "$PROMPT" --max-tokens $N --decoder auto
-      [ -n "$SPEC_RING" ] && one "${1/graph/graphring} $2 r$r" env MLX_GRAPH_MV_RING=1 $MLX generate --model $M/$2 --prompt "$PROMPT" --max-tokens $N --decoder auto
     done
     if [ -n "$SPEC_MLX" ]; then
       one "plain-target $T r$r" $MLX generate --model $M/$T --prompt "$PROMPT" --max-tokens $N --decoder mlx
@@ -106,8 +101,6 @@ for pair in ${SPEC_PAIRS:-echo-llama31-8b-q4:echo-llama-135m-v128k-bf16:2,4,8 su
       one "spec $T $D k$k r$r" $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       # SPEC_SEQ=1: the same with the draft's catch-up step after a fully accepted round
       # instead of its extra step during verification (MLX_GRAPH_SPEC_OVERLAP=0), for A/B.
-      # SPEC_RING=1: the same with the FFMA row kernels' cp.async ring (MLX_GRAPH_MV_RING=1).
-      [ -n "$SPEC_RING" ] && one "specring $T $D k$k r$r" env MLX_GRAPH_MV_RING=1 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       [ -n "$SPEC_SEQ" ] && one "specseq $T $D k$k r$r" env MLX_GRAPH_SPEC_OVERLAP=0 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
       # SPEC_TC=1: the same with the target verifying on the tensor cores (K + 1 >= 4 rows).
       [ -n "$SPEC_TC" ] && one "spectc $T $D k$k r$r" env MLX_GRAPH_SPEC_TENSOR_CORES=1 $MLX generate --model $M/$T --draft-model $M/$D --num-draft-tokens $k --prompt "$PROMPT" --max-tokens $N --verbose true ${SPEC_DECODER:+--decoder $SPEC_DECODER}
