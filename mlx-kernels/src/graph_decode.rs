@@ -3946,8 +3946,8 @@ fn mma_banks_define(on: bool) -> &'static str {
 /// without it; `matvec_qkv`'s is the one whose q/k/v part ran 13.7% (16 rows) and 10.9% (5
 /// rows) faster on an H100 (`results/gpu/2026-12-07-s48`). The products' bits change (tier L3,
 /// as the tiles already are against the single-row kernels); every tile width takes it alike,
-/// so wide and narrow tiles stay bit-equal. Read where the step source's defines are chosen, so the decoder, `mlx` and
-/// the tests alike take it from their environment.
+/// so wide and narrow tiles stay bit-equal. Read where the step source's defines are chosen,
+/// so the decoder, `mlx` and the tests alike take it from their environment.
 fn mma_late_norm() -> bool {
     std::env::var("MLX_GRAPH_MMA_LATE_NORM").is_ok_and(|v| v == "1")
 }
@@ -3968,10 +3968,11 @@ fn mma_late_norm_define(on: bool) -> &'static str {
 /// multiplying one read of the B fragments and scaled with one read of the chunk sums, in two
 /// independent mma.sync chains (`results/gpu/2026-12-07-s43-mmapair`: session 37 found a
 /// warp's item latency-bound). Each rows block keeps its groups' order and the warps' order, so
-/// the products are bit-equal either way (the H100's `wide_tiles_equal_narrow_tiles` and `batched_equals_single` under it,
-/// `results/gpu/2026-12-07-s46`; there the 8B's 16-row step ran 116.7 steps/s against 105.2
-/// without it, the 5-row verify tile 165.5 against 151.9). Read where the step source's defines
-/// are chosen, so the decoder, `mlx` and the tests alike take it from their environment.
+/// the products are bit-equal either way (the H100's `wide_tiles_equal_narrow_tiles` and
+/// `batched_equals_single` under it, `results/gpu/2026-12-07-s46`; there the 8B's 16-row step
+/// ran 116.7 steps/s against 105.2 without it, the 5-row verify tile 165.5 against 151.9).
+/// Read where the step source's defines are chosen, so the decoder, `mlx` and the tests alike
+/// take it from their environment.
 fn mma_pair() -> bool {
     switch_on("MLX_GRAPH_MMA_PAIR")
 }

@@ -469,6 +469,16 @@ RAW_F32 = (("((float*)out_b)[i] = fin(acc[r]);", "((float*)out_b)[i] = acc[r];")
             "if (has1) ((float*)out_b)[i + 1] = acc[r + 1];"))
 
 
+def late_everywhere(src):
+    """MMA_LATE_NORM in matvec's tiles too: on the device it reaches matvec_qkv alone (mv_run's
+    LATE is MAP == WMAP_QKV); here matvec takes it as well, so that mma_bit_check's matvec
+    launches run the same template code (the norm modes: gate/up's and the head's shapes as
+    well as q/k/v's)."""
+    a = "<MAP == WMAP_QKV>("
+    assert src.count(a) == 2, "mv_run's LATE"
+    return src.replace(a, "<true>(")
+
+
 def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None, cu=None, tag="",
           qkv_norm=True, sinks=False, oai=False, gptoss=False):
     """The kernels as a shared library; qkv_norm False: matvec_qkv without its pre-norm
@@ -503,12 +513,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
                 assert a in src, (value, a)
                 src = src.replace(a, b)
     if cu is None and MMA_LATE:
-        # On the device MMA_LATE_NORM reaches matvec_qkv alone (mv_run's LATE is MAP ==
-        # WMAP_QKV); here matvec takes it too, so that mma_bit_check's matvec launches run the
-        # same template code (the norm modes: gate/up's and the head's shapes as well as q/k/v's).
-        a = "<MAP == WMAP_QKV>("
-        assert src.count(a) == 2, "mv_run's LATE"
-        src = src.replace(a, "<true>(")
+        src = late_everywhere(src)
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
     if sinks:
@@ -1987,15 +1992,13 @@ def mma_bit_check(tmp):
     ref_nb = 5
     e5 = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0, cu=old_cu + rest, tag="_main"))
     en = Emu(build(tmp, mma=1, raw_f32=True))
-    # MMA_LATE: the norm modes against this tree's own 5-sequence tile with it (bit for bit, the
-    # unpaired tile: MMA_PAIR and the mutation left out), and within LATE_BOUND of main's.
+    # MMA_LATE: the norm modes against this tree's own 5-sequence tile with it (bit for bit; an
+    # explicit source, so none of this run's other switches or mutations), and within
+    # LATE_BOUND of main's.
     el = None
     if MMA_LATE:
-        global MMA_PAIR, MMA_LATE_MUTATE
-        keep = MMA_PAIR, MMA_LATE_MUTATE
-        MMA_PAIR, MMA_LATE_MUTATE = 0, ""
-        el = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0, tag="_late5"))
-        MMA_PAIR, MMA_LATE_MUTATE = keep
+        el = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0,
+                       cu="#define MMA_LATE_NORM 1\n" + late_everywhere(CU), tag="_late5"))
     late_err = 0.0
     ok, count = True, 0
     # 200 x 1024: 13 rows blocks over 3 blocks (5, 4, 4: pairs, and an odd one's last alone);
