@@ -474,6 +474,18 @@ RAW_F32 = (("((float*)out_b)[i] = fin(acc[r]);", "((float*)out_b)[i] = acc[r];")
             "if (has1) ((float*)out_b)[i + 1] = acc[r + 1];"))
 
 
+def rest_for_main():
+    """This tree's sources after graph_decode.cu (graph_qk_norm.cu, graph_gemma.cu,
+    graph_moe.cu), for a reference build over an earlier graph_decode.cu from git: the experts'
+    products pass mv_run's later LATE (false) through MV_DISPATCH, whose earlier form takes no
+    such argument, so it is left out."""
+    rest = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
+                   for f in ("graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
+    late = "MV_DISPATCH(bits, false, wt,"
+    assert rest.count(late) == 1, "matvec_experts' MV_DISPATCH"
+    return rest.replace(late, "MV_DISPATCH(bits, wt,")
+
+
 # matvec_norm's number in the launch glue (LAUNCH; compiled at MMA_LATE_NORM 2 alone).
 MV_NORM = 14
 
@@ -1887,8 +1899,7 @@ def nb_bit_check(lib, tmp):
                                  f"{MV_ASYNC_REF}:mlx-kernels/src/graph_decode.cu"],
                                 check=True, capture_output=True, text=True).stdout
         assert "MV_ASYNC" not in ref_cu
-        rest = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
-                       for f in ("graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
+        rest = rest_for_main()
         one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True, cu=ref_cu + rest,
                     tag="_main")
     else:
@@ -1996,13 +2007,7 @@ def mma_bit_check(tmp):
     sig = "u64* trace, ll window, double softcap) {"
     assert old_cu.count(sig) == 1, "main's attention signature"
     old_cu = old_cu.replace(sig, "u64* trace, ll window, double softcap, const bf16_t* sinks) {")
-    rest = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
-                   for f in ("graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
-    # The experts' products pass mv_run's later LATE (false) through MV_DISPATCH; main's macro
-    # takes no such argument: left out.
-    late = "MV_DISPATCH(bits, false, wt,"
-    assert rest.count(late) == 1, "matvec_experts' MV_DISPATCH"
-    rest = rest.replace(late, "MV_DISPATCH(bits, wt,")
+    rest = rest_for_main()
     ref_nb = 5
     e5 = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0, cu=old_cu + rest, tag="_main"))
     en = Emu(build(tmp, mma=1, raw_f32=True))
