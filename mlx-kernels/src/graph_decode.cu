@@ -1572,18 +1572,20 @@ __device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int
   __syncthreads();
 }
 
-// MMA_LATE_NORM (the host's switch MLX_GRAPH_MMA_LATE_NORM=1 on tensor-core tiles; 0
-// otherwise), in matvec_qkv alone (mv_run's LATE; in matvec too it took the 8B's 16-row gate/up
-// 7% faster, but changed matvec's whole machine code and its output and down projections ran
-// 4-5% slower, results/gpu/2026-12-07-s48): a normed product whose whole input is staged (one
-// chunk of K) stages bf16(g x), the norm's weights times the raw input, with its chunk sums,
-// and scales each sequence's sums by its 1 / rms at the epilogue: y = inv (W bf16(g x))
-// instead of W bf16(g bf16(inv x)). One pass over the staged inputs instead of two
-// (mma_inv_rms's, then mma_finish's), the squares summed in the same pass in mma_inv_rms's
-// partition and order (the same 1 / rms). The products' bits change (one rounding of each
-// input instead of two, and the scale applied to the sums): tier L3 against the single-row
-// kernels as the tiles already are, within TEACHER_FORCED_BOUNDS; every tile width takes it
-// alike, so wide and narrow tiles stay bit-equal.
+// MMA_LATE_NORM (the host's switch MLX_GRAPH_MMA_LATE_NORM on tensor-core tiles: its level, 1
+// or 2; 0 otherwise), in the kernels whose mv_run takes LATE: matvec_qkv from level 1, and at
+// level 2 matvec_norm, matvec for the normed products (gate/up, the head) with LATE (in matvec
+// itself it took the 8B's 16-row gate/up 7% faster, but changed matvec's whole machine code and
+// its output and down projections ran 4-5% slower, results/gpu/2026-12-07-s48; matvec keeps
+// its code). A normed product whose whole input is staged (one chunk of K) stages bf16(g x),
+// the norm's weights times the raw input, with its chunk sums, and scales each sequence's sums
+// by its 1 / rms at the epilogue: y = inv (W bf16(g x)) instead of W bf16(g bf16(inv x)). One
+// pass over the staged inputs instead of two (mma_inv_rms's, then mma_finish's), the squares
+// summed in the same pass in mma_inv_rms's partition and order (the same 1 / rms). The
+// products' bits change (one rounding of each input instead of two, and the scale applied to
+// the sums): tier L3 against the single-row kernels as the tiles already are, within
+// TEACHER_FORCED_BOUNDS; every tile width takes it alike, so wide and narrow tiles stay
+// bit-equal.
 #ifndef MMA_LATE_NORM
 #define MMA_LATE_NORM 0
 #endif
@@ -1772,8 +1774,8 @@ __device__ __forceinline__ void mv_run_mma(const Wts& wt, const bf16_t* xin,
   tr.mark(1);
   // Chunk c's inputs of every sequence into shared memory (the whole input with one chunk).
   bool have_inv = false;
-  // MMA_LATE_NORM (LATE: matvec_qkv's products): a normed product with all of K staged scales
-  // its sums by invs at the end.
+  // MMA_LATE_NORM (LATE: matvec_qkv's and matvec_norm's products): a normed product with all
+  // of K staged scales its sums by invs at the end.
   const bool late = LATE && MMA_LATE_NORM && norm && CH == 1;
   auto stage = [&](int c) {
     const int k0 = c * KC, kn = K - k0 < KC ? (int)(K - k0) : KC;
@@ -2176,8 +2178,8 @@ __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin
   pdl_wait_then_release();
   tr.mark(1);
   bool have_inv = false;
-  // MMA_LATE_NORM (LATE: matvec_qkv's products): a normed product with all of K staged scales
-  // its sums by invs at the end.
+  // MMA_LATE_NORM (LATE: matvec_qkv's and matvec_norm's products): a normed product with all
+  // of K staged scales its sums by invs at the end.
   const bool late = LATE && MMA_LATE_NORM && norm && CH == 1;
   auto stage = [&](int c) {
     const int k0 = c * KC, kn = K - k0 < KC ? (int)(K - k0) : KC;
@@ -2321,7 +2323,11 @@ __device__ __forceinline__ void mv_run_mma_pair(const Wts& wt, const bf16_t* xin
 // (read after the wait for the previous kernel, which wrote sel: the caller waits first); with
 // `per_slot`, slot j's input is its own, xin + j K (the N / rpe inputs side by side in shared
 // memory), else every slot's is xin.
-template <int BITS, int MAP, bool FP4 = false, class Pre, class Epi, class Wait = PdlWait>
+//
+// LATE: the tensor-core tiles' normed products take MMA_LATE_NORM (matvec_qkv's and
+// matvec_norm's; matvec's code stays as without the switch).
+template <int BITS, int MAP, bool FP4 = false, bool LATE = false, class Pre, class Epi,
+          class Wait = PdlWait>
 __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,
                                        double eps, unsigned char* smem, float* red, Trace& tr,
@@ -2330,11 +2336,12 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
                                        Wait wait = Wait()) {
 #if MV_MMA
   if (BITS == 4 && !FP4 && gs == 64 && !sel && !ap) {
-    // MMA_LATE_NORM reaches matvec_qkv alone (MAP WMAP_QKV): matvec's code stays as without it.
+    // MMA_LATE_NORM reaches the kernels that pass LATE (matvec_qkv, matvec_norm): matvec's code
+    // stays as without it.
 #if MMA_PAIR
-    mv_run_mma_pair<MAP == WMAP_QKV>(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
+    mv_run_mma_pair<LATE>(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
 #else
-    mv_run_mma<MAP == WMAP_QKV>(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
+    mv_run_mma<LATE>(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);
 #endif
     return;
   }
@@ -2525,19 +2532,19 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
 #endif  // NB > 8
 }
 
-// Runs mv_run with the codes' width and the weights' map (Wts) as template arguments.
-#define MV_DISPATCH_MAP(bits, MAP, ...)              \
-  switch (bits) {                                    \
-    case 4: mv_run<4, MAP>(__VA_ARGS__); break;      \
-    case 8: mv_run<8, MAP>(__VA_ARGS__); break;      \
-    default: mv_run<16, MAP>(__VA_ARGS__); break;    \
+// Runs mv_run with the codes' width, the weights' map (Wts) and LATE as template arguments.
+#define MV_DISPATCH_MAP(bits, MAP, LATE, ...)                  \
+  switch (bits) {                                              \
+    case 4: mv_run<4, MAP, false, LATE>(__VA_ARGS__); break;   \
+    case 8: mv_run<8, MAP, false, LATE>(__VA_ARGS__); break;   \
+    default: mv_run<16, MAP, false, LATE>(__VA_ARGS__); break; \
   }
 // With the map one of WMAP_ONE and WMAP_PAIR (wt.map).
-#define MV_DISPATCH(bits, ...)                                  \
+#define MV_DISPATCH(bits, LATE, ...)                            \
   if (wt.map == WMAP_PAIR) {                                    \
-    MV_DISPATCH_MAP(bits, WMAP_PAIR, __VA_ARGS__)               \
+    MV_DISPATCH_MAP(bits, WMAP_PAIR, LATE, __VA_ARGS__)         \
   } else {                                                      \
-    MV_DISPATCH_MAP(bits, WMAP_ONE, __VA_ARGS__)                \
+    MV_DISPATCH_MAP(bits, WMAP_ONE, LATE, __VA_ARGS__)          \
   }
 
 // mlx-lm's nn.gelu_approx on a bfloat16 value, rounded after every op as MLX computes it in
@@ -2599,9 +2606,9 @@ __device__ __forceinline__ MvRes mv_res_load(const bf16_t* res, ll N, ll mode, l
 #define MV_OUT_BIAS 0
 #endif
 #define MODE_BIAS 64
-// matvec's body (the kernel below; the persistent step's phases), its shared memory and wait
-// passed in.
-template <class Wait>
+// matvec's body (the kernel below, matvec_norm; the persistent step's phases), its shared
+// memory and wait passed in; LATE: mv_run's (matvec_norm's).
+template <bool LATE, class Wait>
 __device__ __forceinline__ void matvec_body(
     const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
     const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, const bf16_t* res, void* out, ll N,
@@ -2662,8 +2669,8 @@ __device__ __forceinline__ void matvec_body(
   };
   const Wts wt = make_wts(W0, W1, W1, S0, S1, S1, B0, B1, B1,
                           (mode & MODE_SWIGLU) ? WMAP_PAIR : WMAP_ONE);
-  MV_DISPATCH(bits, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr, pre,
-              epi, nullptr, 1, false, nullptr, wait)
+  MV_DISPATCH(bits, LATE, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
+              pre, epi, nullptr, 1, false, nullptr, wait)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS) matvec(
@@ -2672,9 +2679,23 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS) matvec(
     ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
-  matvec_body(W0, W1, S0, S1, B0, B1, xin, normw, res, out, N, K, bits, gs, mode, eps, trace, cap,
-              smem, red, PdlWait());
+  matvec_body<false>(W0, W1, S0, S1, B0, B1, xin, normw, res, out, N, K, bits, gs, mode, eps, trace,
+                     cap, smem, red, PdlWait());
 }
+// matvec with MMA_LATE_NORM (level 2): what the host launches for the tensor-core tiles'
+// normed products (MODE_NORM: gate/up, the head) in matvec's place, so that matvec's own code
+// stays as without the switch. Compiled only at that level.
+#if MMA_LATE_NORM >= 2
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS) matvec_norm(
+    const void* W0, const void* W1, const bf16_t* S0, const bf16_t* S1, const bf16_t* B0,
+    const bf16_t* B1, const bf16_t* xin, const bf16_t* normw, const bf16_t* res, void* out, ll N,
+    ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[MV_WARPS];
+  matvec_body<true>(W0, W1, S0, S1, B0, B1, xin, normw, res, out, N, K, bits, gs, mode, eps, trace,
+                    cap, smem, red, PdlWait());
+}
+#endif
 
 // The attention projections with RoPE and the cache write in the epilogue:
 // [q; k; v] = W rms_norm(xin) (+ bias) with W's q and k rows taken per head so that rows
@@ -2773,8 +2794,8 @@ __device__ __forceinline__ void matvec_qkv_body(
   };
   // D is a multiple of MV_ROWS: every group is whole.
   const Wts wt = make_wts(Wq, Wk, Wv, Sq, Sk, Sv, Bq, Bk, Bv, WMAP_QKV, qrows, krows, D, pairs);
-  MV_DISPATCH_MAP(bits, WMAP_QKV, wt, xin, normw, MV_QKV_NORM != 0, (nh + 2 * nkv) * D, K, gs,
-                  eps, smem, red, tr, pre, epi, nullptr, 1, false, nullptr, wait)
+  MV_DISPATCH_MAP(bits, WMAP_QKV, true, wt, xin, normw, MV_QKV_NORM != 0, (nh + 2 * nkv) * D, K,
+                  gs, eps, smem, red, tr, pre, epi, nullptr, 1, false, nullptr, wait)
   tr.done(TRACE_QKV | (u64)K << 16);
 }
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS) matvec_qkv(
@@ -2828,8 +2849,8 @@ __device__ __forceinline__ void matvec_attn_out_body(
   };
   const AttnParts ap{po, pml, state, nh, NS};
   const Wts wt = make_wts(W0, W0, W0, S0, S0, S0, B0, B0, B0, WMAP_ONE);
-  MV_DISPATCH_MAP(bits, WMAP_ONE, wt, (const bf16_t*)po, (const bf16_t*)po, false, N, K, gs,
-                  0.0, smem, red, tr, pre, epi, nullptr, 1, false, &ap, wait)
+  MV_DISPATCH_MAP(bits, WMAP_ONE, false, wt, (const bf16_t*)po, (const bf16_t*)po, false, N, K,
+                  gs, 0.0, smem, red, tr, pre, epi, nullptr, 1, false, &ap, wait)
   tr.done(TRACE_MATVEC | (u64)(mode | 32) << 8 | (u64)K << 16);
 }
 extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_attn_out(
@@ -3627,11 +3648,12 @@ typedef const u64* PsRow;
 PS_PHASE_FN u64 ps_matvec(PsRow a, unsigned char* smem, float* red, float*,
                                        u64* ctr, u64 target, int flags, u64* slot) {
   const PsBar bar{ctr, target, flags, slot};
-  matvec_body(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const bf16_t*, 2),
-              PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
-              PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
-              PS_P(void*, 9), PS_L(10), PS_L(11), PS_L(12), PS_L(13), PS_L(14), PS_D(15), nullptr,
-              PS_D(17), smem, red, PsWait{&bar});
+  // matvec's (the persistent step runs FFMA steps alone: no tensor-core tiles, no matvec_norm).
+  matvec_body<false>(PS_P(const void*, 0), PS_P(const void*, 1), PS_P(const bf16_t*, 2),
+                     PS_P(const bf16_t*, 3), PS_P(const bf16_t*, 4), PS_P(const bf16_t*, 5),
+                     PS_P(const bf16_t*, 6), PS_P(const bf16_t*, 7), PS_P(const bf16_t*, 8),
+                     PS_P(void*, 9), PS_L(10), PS_L(11), PS_L(12), PS_L(13), PS_L(14), PS_D(15),
+                     nullptr, PS_D(17), smem, red, PsWait{&bar});
   return bar.done();
 }
 PS_PHASE_FN u64 ps_qkv(PsRow a, unsigned char* smem, float* red, float*,

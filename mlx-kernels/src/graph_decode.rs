@@ -108,6 +108,10 @@ const KERNELS: &[(&str, u32)] = &[
     ("argmax_partial", 5),
     ("argmax_pick", 8),
 ];
+/// `matvec` for the normed products of tensor-core tiles at level 2 of [`mma_late_norm`]
+/// (`matvec_norm`: `matvec`'s arguments), in the step source's kernels only there
+/// ([`matvec_norm_in`]).
+const MATVEC_NORM_KERNEL: (&str, u32) = ("matvec_norm", 18);
 const MODE_NORM: i64 = 1;
 const MODE_RES: i64 = 2;
 const MODE_SWIGLU: i64 = 4;
@@ -2149,6 +2153,7 @@ impl GraphDecoder {
             persist: opts.persistent_step.unwrap_or_else(persist),
             trellis,
             mv_wide: mv_wide(),
+            late_norm: mma_late_norm(),
         };
         let t0 = std::time::Instant::now();
         let wide = wide_from.is_some_and(|f| nb >= f);
@@ -2408,7 +2413,7 @@ impl GraphDecoder {
                 ),
             ));
         }
-        mv_shared_opt_in(&mut rt, Module::FIRST, &spec, nb, chunk)?;
+        mv_shared_opt_in(&mut rt, Module::FIRST, &spec, nb, chunk, &kernels)?;
         if s.trellis.is_some() {
             trellis_shared_limit(&mut rt, &params.trellis, &layers, trellis_head)?;
         }
@@ -3016,7 +3021,7 @@ impl GraphDecoder {
                     step_source(&self.step.shape, &self.step.params, nb, mma, wide);
                 let module = self.rt.add_module(&source, &kernels)?;
                 let chunk = self.step.chunk(nb);
-                mv_shared_opt_in(&mut self.rt, module, &self.step.shape, nb, chunk)?;
+                mv_shared_opt_in(&mut self.rt, module, &self.step.shape, nb, chunk, &kernels)?;
                 self.modules.push((nb, module));
                 module
             }
@@ -3937,29 +3942,42 @@ fn mma_banks_define(on: bool) -> &'static str {
     }
 }
 
-/// Whether the tensor-core tiles of `matvec_qkv` apply the norm's 1 / rms to their sums at the
-/// epilogue (`MMA_LATE_NORM` in the source; `MLX_GRAPH_MMA_LATE_NORM=1`, off by default): where
-/// all of K is staged, the prologue weights the raw inputs by the norm's weights and sums their
-/// squares in one pass over the staged inputs instead of two (session 47's timeline: the normed
-/// products' prologues 16.5-18.3 us a block at 16 rows against 7.3 for the output projection's,
-/// `results/gpu/2026-12-07-s47`). `matvec`'s machine code stays instruction for instruction as
-/// without it; `matvec_qkv`'s is the one whose q/k/v part ran 13.7% (16 rows) and 10.9% (5
-/// rows) faster on an H100 (`results/gpu/2026-12-07-s48`). The products' bits change (tier L3,
-/// as the tiles already are against the single-row kernels); every tile width takes it alike,
-/// so wide and narrow tiles stay bit-equal. Read where the step source's defines are chosen,
-/// so the decoder, `mlx` and the tests alike take it from their environment.
-fn mma_late_norm() -> bool {
-    std::env::var("MLX_GRAPH_MMA_LATE_NORM").is_ok_and(|v| v == "1")
+/// Which tensor-core tiles' normed products apply the norm's 1 / rms to their sums at the
+/// epilogue (`MMA_LATE_NORM` in the source; `MLX_GRAPH_MMA_LATE_NORM`, off by default): 1,
+/// `matvec_qkv`'s; 2, also gate/up's and the head's, launched as `matvec_norm` in `matvec`'s
+/// place; 0 (unset or any other value), none. Where all of K is staged, the prologue weights
+/// the raw inputs by the norm's weights and sums their squares in one pass over the staged
+/// inputs instead of two (session 47's timeline: the normed products' prologues 16.5-18.3 us a
+/// block at 16 rows against 7.3 for the output projection's, `results/gpu/2026-12-07-s47`).
+/// `matvec`'s machine code stays instruction for instruction as without it at either level;
+/// `matvec_qkv`'s is the one whose q/k/v part ran 13.7% (16 rows) and 10.9% (5 rows) faster on
+/// an H100 (`results/gpu/2026-12-07-s48`). The products' bits change (tier L3, as the tiles
+/// already are against the single-row kernels); every tile width takes it alike, so wide and
+/// narrow tiles stay bit-equal. Read once when the decoder is built
+/// ([`SourceParams::late_norm`]), so that its tiles' sources and their launches agree, and
+/// `mlx`, `mlx serve` and the test binaries take it from their environment.
+fn mma_late_norm() -> u8 {
+    match std::env::var("MLX_GRAPH_MMA_LATE_NORM").as_deref() {
+        Ok("1") => 1,
+        Ok("2") => 2,
+        _ => 0,
+    }
 }
 
-/// The step source's define for [`mma_late_norm`] (`on`: tensor-core tiles of 4-bit weights in
-/// groups of 64), empty otherwise (`MMA_LATE_NORM 0`: the norm before the products).
-fn mma_late_norm_define(on: bool) -> &'static str {
-    if on {
-        "#define MMA_LATE_NORM 1\n"
-    } else {
-        ""
+/// The step source's define for [`mma_late_norm`]'s `level` on tensor-core tiles of 4-bit
+/// weights in groups of 64, empty at 0 (`MMA_LATE_NORM 0`: the norm before the products).
+fn mma_late_norm_define(level: u8) -> &'static str {
+    match level {
+        1 => "#define MMA_LATE_NORM 1\n",
+        2 => "#define MMA_LATE_NORM 2\n",
+        _ => "",
     }
+}
+
+/// Whether a module's tiles (`mma4`: tensor-core tiles of 4-bit weights in groups of 64) have
+/// `matvec_norm` at [`mma_late_norm`]'s `level`, and launch it for their normed products.
+fn matvec_norm_in(mma4: bool, level: u8) -> bool {
+    mma4 && level >= 2
 }
 
 /// Whether the wide tensor-core tiles sum two rows blocks an item (`MMA_PAIR` in the source;
@@ -4414,7 +4432,8 @@ const PERSIST_KERNELS: [(&str, u32); 2] = [("persist_step", 5), ("persist_fill",
 const PS_WORDS: usize = 32;
 /// The phases' kernels and their numbers in the source (`PS_MATVEC`, `PS_QKV`, `PS_ATTENTION`,
 /// `PS_ATTN_OUT`, `PS_EMBED`, `PS_ARGMAX_PARTIAL`, `PS_ARGMAX_PICK`), in
-/// [`Recorder::phase_kernels`]' order.
+/// [`Recorder::phase_kernels`]' order. No `matvec_norm`: it is compiled for tensor-core tiles
+/// alone, which never run as the persistent step ([`persist_spec`]).
 const PS_PHASES: [(&str, i64); 7] = [
     ("matvec", 1),
     ("matvec_qkv", 2),
@@ -4537,7 +4556,14 @@ fn matvec_tile(
     mode: i64,
     t: usize,
 ) -> Result<()> {
-    let k = rec.kernel(rt, "matvec")?;
+    // MLX_GRAPH_MMA_LATE_NORM=2: the tensor-core tiles' normed products (gate/up, the head) in
+    // their own kernel, matvec with the 1 / rms at the epilogue.
+    let name = if mode & MODE_NORM != 0 && rec.step.matvec_norm(rec.nb) {
+        "matvec_norm"
+    } else {
+        "matvec"
+    };
+    let k = rec.kernel(rt, name)?;
     let s = &rec.step.shape;
     let (gs, bits) = (lin.gs, lin.bits);
     let shared = mv_tile_shared(lin.k, bits, rec.nb, rec.step.chunk(rec.nb));
@@ -4732,6 +4758,13 @@ impl Step {
     /// with this decoder's rows a warp, tensor-core widths and [`SourceParams::mv_wide`]).
     fn mv_threads(&self, nb: usize) -> u32 {
         mv_threads(nb, nb as u32 >= self.mma_from, self.params.mv_wide)
+    }
+
+    /// Whether tiles of `nb` rows launch `matvec_norm` for their normed products (the module
+    /// compiled for them has it: [`matvec_norm_in`]).
+    fn matvec_norm(&self, nb: usize) -> bool {
+        let mma4 = nb as u32 >= self.mma_from && self.shape.group_and_bits() == (64, 4);
+        matvec_norm_in(mma4, self.params.late_norm)
     }
 
     /// The constructor's kernels over all its tiles.
@@ -4938,6 +4971,9 @@ struct SourceParams {
     /// [`mv_wide`], read once when the decoder is built: its FFMA tiles' sources and their
     /// launches ([`mv_wide_in`], [`mv_threads`]) take this value.
     mv_wide: bool,
+    /// [`mma_late_norm`]'s level, read once when the decoder is built: its tensor-core tiles'
+    /// sources and their launches ([`matvec_norm_in`]) take this value.
+    late_norm: u8,
 }
 
 /// Which kernels a step is recorded with: `tiles` launches of the kernels of `module`,
@@ -4988,8 +5024,9 @@ fn step_source(
     let banks = mma_banks_define(wide && mma4 && mma_banks());
     // The wide tiles' items of two rows blocks (on unless MLX_GRAPH_MMA_PAIR=0): the same bits.
     let pair = mma_pair_define(mma_pair_in(nb, wide, mma4, mma_pair()).is_ok());
-    // The normed products' 1 / rms at the epilogue (MLX_GRAPH_MMA_LATE_NORM=1): L3, every width alike.
-    let late_norm = mma_late_norm_define(mma4 && mma_late_norm());
+    // The normed products' 1 / rms at the epilogue (MLX_GRAPH_MMA_LATE_NORM=1 or 2): L3, every
+    // width alike.
+    let late_norm = mma_late_norm_define(if mma4 { p.late_norm } else { 0 });
     // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
     let early_norm = early_prologue_define(early_prologue());
     // The FFMA tiles' constant-slot loop (MLX_GRAPH_MV_NB=1, tiles of several rows): the same bits.
@@ -5037,6 +5074,9 @@ fn step_source(
         source = format!("#define MV_FP4 1\n{source}");
     }
     let mut kernels = KERNELS.to_vec();
+    if matvec_norm_in(mma4, p.late_norm) {
+        kernels.push(MATVEC_NORM_KERNEL);
+    }
     if persist_on {
         kernels.extend(PERSIST_KERNELS);
     }
@@ -5063,14 +5103,16 @@ fn step_source(
     (source, kernels)
 }
 
-/// Opts the matrix-vector kernels of `module` (compiled for `nb` rows a tile) in to the
-/// shared memory their inputs take, where that is past 48 KiB less their static shared memory.
+/// Opts the matrix-vector kernels of `module` (compiled for `nb` rows a tile, `kernels` its
+/// kernels: [`step_source`]'s) in to the shared memory their inputs take, where that is past
+/// 48 KiB less their static shared memory.
 fn mv_shared_opt_in(
     rt: &mut GpuRuntime,
     module: Module,
     spec: &GraphSpec,
     nb: usize,
     chunk: Option<usize>,
+    kernels: &[(&str, u32)],
 ) -> Result<()> {
     let shared = mv_staged_per_sequence(spec, chunk) * nb as u32;
     // With the cp.async ring on, the larger static bound (opting in where a module without
@@ -5078,12 +5120,8 @@ fn mv_shared_opt_in(
     if shared + mma_static_shared(mma_async()) <= 48 * 1024 {
         return Ok(());
     }
-    let experts = if spec.moe.is_some() {
-        &["matvec_experts"][..]
-    } else {
-        &[]
-    };
-    for &k in ["matvec", "matvec_qkv"].iter().chain(experts) {
+    let products = ["matvec", "matvec_norm", "matvec_qkv", "matvec_experts"];
+    for &(k, _) in kernels.iter().filter(|(k, _)| products.contains(k)) {
         let k = rt.kernel_in(module, k)?;
         rt.set_shared_limit(k, shared)?;
     }
@@ -6134,6 +6172,7 @@ mod tests {
             persist: false,
             trellis: TrellisSwitches::PLAIN,
             mv_wide: false,
+            late_norm: 0,
         }
     }
 
@@ -6982,37 +7021,69 @@ mod tests {
     }
 
     #[test]
-    fn the_late_norm_switch_reaches_matvec_qkv_only() {
-        assert_eq!(mma_late_norm_define(false), "");
-        assert_eq!(mma_late_norm_define(true), "#define MMA_LATE_NORM 1\n");
-        // The source's switch, read once, and taken by the tiles only where mv_run's map is
-        // q/k/v's (matvec_qkv): matvec instantiates the tiles with LATE false.
+    fn the_late_norm_switch_reaches_matvec_qkv_then_matvec_norm() {
+        assert_eq!(mma_late_norm_define(0), "");
+        assert_eq!(mma_late_norm_define(1), "#define MMA_LATE_NORM 1\n");
+        assert_eq!(mma_late_norm_define(2), "#define MMA_LATE_NORM 2\n");
+        assert!(!matvec_norm_in(true, 0) && !matvec_norm_in(true, 1));
+        assert!(matvec_norm_in(true, 2) && !matvec_norm_in(false, 2));
+        // The source's switch, read once, and taken by the tiles only where the kernel passes
+        // LATE: matvec_qkv and matvec_norm (compiled at level 2 alone), not matvec (nor the
+        // persistent step's matvec phase, nor the output projection's or the experts').
         assert!(SOURCE.contains("#ifndef MMA_LATE_NORM\n#define MMA_LATE_NORM 0\n#endif"));
-        assert_eq!(
-            SOURCE
-                .matches("<MAP == WMAP_QKV>(wt, xin, normw, norm,")
-                .count(),
-            2
-        );
+        assert_eq!(SOURCE.matches("<LATE>(wt, xin, normw, norm,").count(), 2);
         assert_eq!(
             SOURCE
                 .matches("const bool late = LATE && MMA_LATE_NORM && norm && CH == 1;")
                 .count(),
             2
         );
-        // Set, the tensor-core tiles' step source defines it; an FFMA module never does.
+        assert_eq!(SOURCE.matches("matvec_body<false>(").count(), 2);
+        assert_eq!(SOURCE.matches("matvec_body<true>(").count(), 1);
+        assert!(SOURCE.contains("MV_DISPATCH(bits, LATE, wt,"));
+        assert!(SOURCE.contains("MV_DISPATCH_MAP(bits, WMAP_QKV, true, wt,"));
+        assert!(SOURCE.contains("MV_DISPATCH_MAP(bits, WMAP_ONE, false, wt,"));
+        assert!(MOE_SOURCE.contains("MV_DISPATCH(bits, false, wt,"));
+        let norm_kernel = SOURCE.find(") matvec_norm(").unwrap();
+        let guard = SOURCE[..norm_kernel]
+            .rfind("#if MMA_LATE_NORM >= 2\n")
+            .unwrap();
+        assert!(!SOURCE[guard..norm_kernel].contains("#endif"));
+        // The tensor-core tiles' step source defines the decoder's level ahead of SOURCE; at 2
+        // it also has matvec_norm. An FFMA module never has either.
+        let defines = |src: &str| src[..src.find(SOURCE).unwrap()].to_string();
         let s = GraphSpec {
             quant: Some((64, 4)),
             ..tiny_spec()
         };
-        let (src, _) = step_source(&s, &plain_params(), 16, true, true);
-        assert_eq!(
-            src.contains("#define MMA_LATE_NORM 1\n"),
-            mma_late_norm(),
-            "the define follows MLX_GRAPH_MMA_LATE_NORM"
-        );
-        let (ffma, _) = step_source(&s, &plain_params(), 1, false, false);
-        assert!(!ffma.contains("#define MMA_LATE_NORM 1"));
+        for level in [0, 1, 2] {
+            let p = SourceParams {
+                late_norm: level,
+                ..plain_params()
+            };
+            for (nb, wide) in [(16, true), (5, false)] {
+                let (src, kernels) = step_source(&s, &p, nb, true, wide);
+                let d = defines(&src);
+                assert_eq!(
+                    d.matches("MMA_LATE_NORM").count(),
+                    usize::from(level > 0),
+                    "level {level}"
+                );
+                assert!(level == 0 || d.contains(&format!("#define MMA_LATE_NORM {level}\n")));
+                assert_eq!(
+                    kernels.contains(&MATVEC_NORM_KERNEL),
+                    level == 2,
+                    "level {level}"
+                );
+            }
+            let (ffma, kernels) = step_source(&s, &p, 1, false, false);
+            assert!(!defines(&ffma).contains("MMA_LATE_NORM"));
+            assert!(!kernels.contains(&MATVEC_NORM_KERNEL));
+            // Tensor-core tiles of other weights (bfloat16) neither.
+            let (bf16, kernels) = step_source(&tiny_spec(), &p, 16, true, false);
+            assert!(!defines(&bf16).contains("MMA_LATE_NORM"));
+            assert!(!kernels.contains(&MATVEC_NORM_KERNEL));
+        }
     }
 
     #[test]
@@ -7034,7 +7105,7 @@ mod tests {
         // dispatches to the pair item under it.
         assert!(SOURCE.contains("#ifndef MMA_PAIR\n#define MMA_PAIR 0\n#endif"));
         assert!(SOURCE.contains(
-            "mv_run_mma_pair<MAP == WMAP_QKV>(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);"
+            "mv_run_mma_pair<LATE>(wt, xin, normw, norm, N, K, eps, smem, red, tr, pre, epi);"
         ));
         // On (the default), the wide tiles' step source defines MMA_PAIR; off
         // (MLX_GRAPH_MMA_PAIR=0), it has no MMA_PAIR define: the tiles' item of one rows block.
@@ -7280,6 +7351,7 @@ mod tests {
         // without a GPU (xtask/gpu/nvrtc_check.py).
         let p = SourceParams {
             mv_wide: mv_wide(),
+            late_norm: mma_late_norm(),
             ..p
         };
         for nb in [5, 16] {
@@ -7567,7 +7639,12 @@ mod tests {
         }
         for (name, arity) in KERNELS
             .iter()
-            .chain([&QK_NORM_KERNEL, &QK_NORM_FULL_KERNEL, &GEMMA_KERNEL])
+            .chain([
+                &MATVEC_NORM_KERNEL,
+                &QK_NORM_KERNEL,
+                &QK_NORM_FULL_KERNEL,
+                &GEMMA_KERNEL,
+            ])
             .chain(&MOE_KERNELS)
             .chain(&PERSIST_KERNELS)
         {

@@ -194,8 +194,8 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_experts(
   } else
 #endif
   {
-    MV_DISPATCH(bits, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
-                pre, epi, sel, rpe, per_slot != 0)
+    MV_DISPATCH(bits, false, wt, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red,
+                tr, pre, epi, sel, rpe, per_slot != 0)
   }
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }

@@ -296,6 +296,9 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
   switch (k) {
     case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(bf16_t*, 4), L(5), L(6), L(7), P(float*, 8), L(9), L(10), P(const float*, 11), D_(a[12]), D_(a[13]), D_(a[14]), L(15), P(const float*, 16), D_(a[17]), D_(a[18])); }); break;
     case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(const bf16_t*, 8), P(void*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), P(u64*, 16), D_(a[17])); }); break;
+#if MMA_LATE_NORM >= 2
+    case 14: run_grid(gx, gy, bx, [=] { matvec_norm(P(const void*, 0), P(const void*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(const bf16_t*, 8), P(void*, 9), L(10), L(11), L(12), L(13), L(14), D_(a[15]), P(u64*, 16), D_(a[17])); }); break;
+#endif
     case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const void*, 1), P(const void*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(const bf16_t*, 6), P(const bf16_t*, 7), P(const bf16_t*, 8), P(const bf16_t*, 9), P(const bf16_t*, 10), P(bf16_t*, 11), P(bf16_t*, 12), P(bf16_t*, 13), P(const int*, 14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), D_(a[23]), P(const float*, 24), P(u64*, 25), L(26), P(const bf16_t*, 27), L(28)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16]), P(const bf16_t*, 17)); }); break;
     case 7: run_grid(gx, gy, bx, [=] { norm_add(P(const bf16_t*, 0), P(const bf16_t*, 1), P(bf16_t*, 2), L(3), D_(a[4])); }); break;
@@ -347,12 +350,14 @@ MMA_BANKS = int(os.environ.get("GRAPH_EMU_MMA_BANKS", "0"))
 MMA_PAIR = int(os.environ.get("GRAPH_EMU_MMA_PAIR", "0"))
 MMA_PAIR_MUTATE = os.environ.get("GRAPH_EMU_MMA_PAIR_MUTATE", "")
 # The tensor-core tiles' normed products with their 1 / rms applied at the epilogue (MMA_LATE_NORM
-# in the source, MLX_GRAPH_MMA_LATE_NORM=1 on the device; there matvec_qkv's products alone):
-# GRAPH_EMU_MMA_LATE=1 builds this tree's tiles with it, matvec's too (build); mma_bit_check
-# then wants its norm modes bit-equal to this tree's own 5-sequence tile with it (every width
-# alike) and within a bound of main's (tier L3), the other modes bit-equal to main's as before.
-# GRAPH_EMU_MMA_LATE_MUTATE=drop leaves the 1 / rms out of the epilogue on purpose (the
-# reference 5-sequence tile is built without the mutation).
+# in the source, MLX_GRAPH_MMA_LATE_NORM=1 or 2 on the device: matvec_qkv's products at 1, and at
+# 2 gate/up's and the head's too, launched as matvec_norm): GRAPH_EMU_MMA_LATE=1 builds this
+# tree's tiles at level 2 (level 1's matvec_qkv is the same code) and launches matvec_norm where
+# the host then does (mv_kernel: the normed products of a model of 4-bit weights in groups of 64
+# on the tensor cores); mma_bit_check then wants its norm modes bit-equal to this tree's own
+# 5-sequence tile with it (every width alike) and within a bound of main's (tier L3), the other
+# modes bit-equal to main's as before. GRAPH_EMU_MMA_LATE_MUTATE=drop leaves the 1 / rms out of
+# the epilogue on purpose (the reference 5-sequence tile is built without the mutation).
 MMA_LATE = int(os.environ.get("GRAPH_EMU_MMA_LATE", "0"))
 MMA_LATE_MUTATE = os.environ.get("GRAPH_EMU_MMA_LATE_MUTATE", "")
 # The FFMA row kernels' deferred scale/bias reads (MV_ASYNC in the source, MLX_GRAPH_MV_ASYNC=1
@@ -469,14 +474,27 @@ RAW_F32 = (("((float*)out_b)[i] = fin(acc[r]);", "((float*)out_b)[i] = acc[r];")
             "if (has1) ((float*)out_b)[i + 1] = acc[r + 1];"))
 
 
-def late_everywhere(src):
-    """MMA_LATE_NORM in matvec's tiles too: on the device it reaches matvec_qkv alone (mv_run's
-    LATE is MAP == WMAP_QKV); here matvec takes it as well, so that mma_bit_check's matvec
-    launches run the same template code (the norm modes: gate/up's and the head's shapes as
-    well as q/k/v's)."""
-    a = "<MAP == WMAP_QKV>("
-    assert src.count(a) == 2, "mv_run's LATE"
-    return src.replace(a, "<true>(")
+def rest_for_main():
+    """This tree's sources after graph_decode.cu (graph_qk_norm.cu, graph_gemma.cu,
+    graph_moe.cu), for a reference build over an earlier graph_decode.cu from git: the experts'
+    products pass mv_run's later LATE (false) through MV_DISPATCH, whose earlier form takes no
+    such argument, so it is left out."""
+    rest = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
+                   for f in ("graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
+    late = "MV_DISPATCH(bits, false, wt,"
+    assert rest.count(late) == 1, "matvec_experts' MV_DISPATCH"
+    return rest.replace(late, "MV_DISPATCH(bits, wt,")
+
+
+# matvec_norm's number in the launch glue (LAUNCH; compiled at MMA_LATE_NORM 2 alone).
+MV_NORM = 14
+
+
+def mv_kernel(mode, mma4):
+    """matvec's launch for `mode` (mma4: tensor-core tiles of 4-bit weights in groups of 64):
+    matvec_norm for the normed products with GRAPH_EMU_MMA_LATE (graph_decode.rs's
+    matvec_tile at MLX_GRAPH_MMA_LATE_NORM=2), matvec (1) otherwise."""
+    return MV_NORM if MMA_LATE and mma4 and mode & 1 else 1
 
 
 def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None, cu=None, tag="",
@@ -495,7 +513,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"#define MMA_KC {kc}\n" + (f"#define MMA_ASYNC {MMA_ASYNC}\n" if cu is None else "")
            + (f"#define MMA_BANKS {MMA_BANKS}\n" if cu is None else "")
            + (f"#define MMA_PAIR {MMA_PAIR}\n" if cu is None else "")
-           + ("#define MMA_LATE_NORM 1\n" if cu is None and MMA_LATE else "")
+           + ("#define MMA_LATE_NORM 2\n" if cu is None and MMA_LATE else "")
            + (f"#define MV_ASYNC {MV_ASYNC}\n" if cu is None else "")
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if cu is None and EARLY_NORM else "")
            + ("#define MV_NB 1\n" if cu is None and MV_NB else "")
@@ -512,8 +530,6 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
             if switch == value:
                 assert a in src, (value, a)
                 src = src.replace(a, b)
-    if cu is None and MMA_LATE:
-        src = late_everywhere(src)
     if not qkv_norm:
         src = "#define MV_QKV_NORM 0\n" + src
     if sinks:
@@ -1231,14 +1247,18 @@ def run(lib, name, tmp=None):
         """matvec's and matvec_experts' weight parameters: W0, W1, S0, S1, B0, B1."""
         return [x for part in w for x in part[:2]]
 
+    # Tensor-core tiles of 4-bit weights in groups of 64 (matvec_norm's, mv_kernel).
+    mma4 = bool(MMA) and (gs, nbits) == (64, 4)
+
     def mv(l, x, norm, res, out, mode, bias=None):
-        """matvec; with bias (MODE_BIAS 64, MV_OUT_BIAS): the linear's bias in B1's slot."""
+        """matvec (matvec_norm: mv_kernel); with bias (MODE_BIAS 64, MV_OUT_BIAS): the linear's
+        bias in B1's slot."""
         w, n = l
         cols = w[0][0].shape[-1]
         wp = two(w)
         if bias is not None:
             wp[5], mode = bias, mode | 64
-        e.launch(1, mv_grid(n, MV_T), MV_T,
+        e.launch(mv_kernel(mode, mma4), mv_grid(n, MV_T), MV_T,
                  wp + [x, norm if norm is not None else x, res if res is not None else x, out,
                   n, cols * 32 // nbits if q else cols, nbits, gs, mode, float(np.float32(eps)),
                   0, (final_cap if final_cap > 0 else -logit_div) if mode & 8 else res_scale if mode & 2 else 0.0])  # no timeline
@@ -1300,8 +1320,9 @@ def run(lib, name, tmp=None):
                 rmode = 1
                 if m["rbias"] is not None:  # gpt_oss's router bias: matvec's MODE_BIAS
                     rp[5], rmode = m["rbias"], 1 | 64
-                e.launch(1, mv_grid(moe_e), 256, rp + [h, L["post"], h, gates, moe_e, H, rbits, rgs, rmode,
-                                                  float(np.float32(eps)), 0, 0.0])
+                e.launch(mv_kernel(rmode, mma4), mv_grid(moe_e), 256,
+                         rp + [h, L["post"], h, gates, moe_e, H, rbits, rgs, rmode, float(np.float32(eps)), 0,
+                               0.0])
                 e.launch(8, (1, 1), 32, [gates, sel, wts, moe_e, moe_k, moe_kind, moe_norm, 0])
                 chosen_ours.append(sorted(sel.tolist()))
                 router_ours.append(gates[:moe_e].copy())
@@ -1878,8 +1899,7 @@ def nb_bit_check(lib, tmp):
                                  f"{MV_ASYNC_REF}:mlx-kernels/src/graph_decode.cu"],
                                 check=True, capture_output=True, text=True).stdout
         assert "MV_ASYNC" not in ref_cu
-        rest = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
-                       for f in ("graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
+        rest = rest_for_main()
         one = build(tmp, rows=2, batch=4, nb=1, mma=0, raw_f32=True, cu=ref_cu + rest,
                     tag="_main")
     else:
@@ -1987,8 +2007,7 @@ def mma_bit_check(tmp):
     sig = "u64* trace, ll window, double softcap) {"
     assert old_cu.count(sig) == 1, "main's attention signature"
     old_cu = old_cu.replace(sig, "u64* trace, ll window, double softcap, const bf16_t* sinks) {")
-    rest = "".join((ROOT / "mlx-kernels" / "src" / f).read_text()
-                   for f in ("graph_qk_norm.cu", "graph_gemma.cu", "graph_moe.cu"))
+    rest = rest_for_main()
     ref_nb = 5
     e5 = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0, cu=old_cu + rest, tag="_main"))
     en = Emu(build(tmp, mma=1, raw_f32=True))
@@ -1997,8 +2016,8 @@ def mma_bit_check(tmp):
     # LATE_BOUND of main's.
     el = None
     if MMA_LATE:
-        el = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0,
-                       cu="#define MMA_LATE_NORM 1\n" + late_everywhere(CU), tag="_late5"))
+        el = Emu(build(tmp, nb=ref_nb, mma=1, raw_f32=True, kc=0, cu="#define MMA_LATE_NORM 2\n" + CU,
+                       tag="_late5"))
     late_err = 0.0
     ok, count = True, 0
     # 200 x 1024: 13 rows blocks over 3 blocks (5, 4, 4: pairs, and an odd one's last alone);
@@ -2029,14 +2048,14 @@ def mma_bit_check(tmp):
             out_n = n // 2 if mode & 4 else n
             dt = np.float32 if mode & 8 else np.uint16
             out = en.buf(np.zeros(NB * out_n, dt))
-            en.launch(1, mv_grid(n), 256, wargs(en, mode) + [en.buf(x.reshape(-1)), en.buf(g),
-                      en.buf(res.reshape(-1)), out, n, k, 4, 64, mode, 1e-5, 0, 0.0])
-            def tile5(e):
+            en.launch(mv_kernel(mode, True), mv_grid(n), 256, wargs(en, mode) + [en.buf(x.reshape(-1)),
+                      en.buf(g), en.buf(res.reshape(-1)), out, n, k, 4, 64, mode, 1e-5, 0, 0.0])
+            def tile5(e, kernel=1):
                 ref = np.zeros(slices * ref_nb * out_n, dt)
                 for i in range(slices):
                     o5 = e.buf(np.zeros(ref_nb * out_n, dt))
                     sl = slice(i * ref_nb, (i + 1) * ref_nb)
-                    e.launch(1, mv_grid(n), 256, wargs(e, mode) + [
+                    e.launch(kernel, mv_grid(n), 256, wargs(e, mode) + [
                         e.buf(np.ascontiguousarray(xp[sl]).reshape(-1)), e.buf(g),
                         e.buf(np.ascontiguousarray(rp[sl]).reshape(-1)), o5, n, k, 4, 64, mode, 1e-5, 0, 0.0])
                     ref[i * ref_nb * out_n:(i + 1) * ref_nb * out_n] = o5
@@ -2055,7 +2074,7 @@ def mma_bit_check(tmp):
                     ok = False
                     print(f"mma bit check: {n} x {k} mode {mode}: late norm {err:.3g} of the largest "
                           f"output from main's tile (bound {LATE_BOUND}) FAILED")
-                ref = tile5(el)
+                ref = tile5(el, mv_kernel(mode, True))
             same = bool(np.array_equal(ref[:NB * out_n].view(np.uint8), out.view(np.uint8)))
             count += 1
             ok &= same
