@@ -893,6 +893,11 @@ impl GraphSpec {
         self.quant.unwrap_or((1, 16))
     }
 
+    /// Whether the tensor-core tiles take these weights: 4 bits in groups of 64.
+    fn tensor_core_weights(&self) -> bool {
+        self.group_and_bits() == (64, 4)
+    }
+
     fn qkv_rows(&self) -> usize {
         (self.heads + 2 * self.kv_heads) * self.head_dim
     }
@@ -2486,7 +2491,7 @@ impl GraphDecoder {
         // constructor's tiles take the items of two rows blocks, or why not (the device logs'
         // record of it).
         if std::env::var_os("MLX_GRAPH_MMA_PAIR").is_some() {
-            let mma4 = step.mma && step.shape.group_and_bits() == (64, 4);
+            let mma4 = step.mma && step.shape.tensor_core_weights();
             let wide = step.wide(step.nb);
             eprintln!(
                 "[graph mma pair] `{}`: {}",
@@ -2855,7 +2860,7 @@ impl GraphDecoder {
     /// Whether this decoder's tiles multiply the model's weights on the tensor cores
     /// ([`GraphOptions::tensor_cores_from`]; 4-bit weights in groups of 64).
     pub fn tensor_cores(&self) -> bool {
-        self.step.mma && self.step.shape.group_and_bits() == (64, 4)
+        self.step.mma && self.step.shape.tensor_core_weights()
     }
 
     /// Sequences a step (rows; [`GraphOptions::sequences`] rounded up to whole tiles).
@@ -2962,8 +2967,7 @@ impl GraphDecoder {
         TileSet {
             rows_per_tile: nb,
             tiles,
-            tensor_cores: nb as u32 >= self.step.mma_from
-                && self.step.shape.group_and_bits() == (64, 4),
+            tensor_cores: self.step.tensor_cores(nb),
         }
     }
 
@@ -4763,8 +4767,13 @@ impl Step {
     /// Whether tiles of `nb` rows launch `matvec_norm` for their normed products (the module
     /// compiled for them has it: [`matvec_norm_in`]).
     fn matvec_norm(&self, nb: usize) -> bool {
-        let mma4 = nb as u32 >= self.mma_from && self.shape.group_and_bits() == (64, 4);
-        matvec_norm_in(mma4, self.params.late_norm)
+        matvec_norm_in(self.tensor_cores(nb), self.params.late_norm)
+    }
+
+    /// Whether tiles of `nb` rows multiply on the tensor cores (from `mma_from` rows, 4-bit
+    /// weights in groups of 64).
+    fn tensor_cores(&self, nb: usize) -> bool {
+        nb as u32 >= self.mma_from && self.shape.tensor_core_weights()
     }
 
     /// The constructor's kernels over all its tiles.
@@ -4816,7 +4825,7 @@ impl Step {
 /// kernels take (past 8 rows they trap).
 fn wide_from(spec: &GraphSpec, wide_tiles: bool, mma_from: u32, ffma_max: u32) -> Option<usize> {
     (wide_tiles
-        && spec.group_and_bits() == (64, 4)
+        && spec.tensor_core_weights()
         && spec.moe.is_none()
         && spec.trellis.is_none()
         && mma_from <= MMA_TILE_SEQUENCES
@@ -5000,7 +5009,7 @@ fn step_source(
     // blocks a multiprocessor at 128 registers where the inputs fit (graph_decode.cu's
     // MV_MIN_BLOCKS; results/gpu/2026-12-05-s32-rows), unless the options set it; a wide
     // tile whose inputs fill one multiprocessor's shared memory takes one (mma_min_blocks).
-    let mma4 = mma && spec.group_and_bits() == (64, 4);
+    let mma4 = mma && spec.tensor_core_weights();
     let min_blocks = p
         .min_blocks
         .or(mma4.then(|| if wide { mma_min_blocks(spec, nb) } else { 2 }))
