@@ -72,6 +72,9 @@ for m in ${SERVE_MODELS:-llama31-8b-q4}; do
       # the default since session 46, as `graph`); graphnopair: without them (the default before).
       graphnopair) MLX_GRAPH_MMA_PAIR=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphpair) MLX_GRAPH_MMA_PAIR=1 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
+      # graphlate0/1/2: MLX_GRAPH_MMA_LATE_NORM at that level (s48-s50: the tensor-core tiles'
+      # normed products with the 1 / rms at the epilogue; 0 names it off).
+      graphlate[012]) MLX_GRAPH_MMA_LATE_NORM=${d#graphlate} serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       graphffma) MLX_GRAPH_TENSOR_CORES=0 serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder graph --log-level info ;;
       *) serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder $d --log-level info ;;
     esac
