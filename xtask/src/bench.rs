@@ -437,6 +437,51 @@ pub(crate) fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// A 95% interval of [`median`] over the rounds `v`: the 2.5th and 97.5th percentiles of the
+/// medians of `resamples` bootstrap resamples (drawn with replacement, a SplitMix64 stream from
+/// `seed`, so a run's table can be recomputed). NaN values are dropped first; (NaN, NaN) if none
+/// are left.
+pub(crate) fn median_interval(v: &[f64], resamples: usize, seed: u64) -> (f64, f64) {
+    let s: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
+    if s.is_empty() || resamples == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let n = s.len() as u64;
+    let mut draw = vec![0.0; s.len()];
+    let mut medians: Vec<f64> = (0..resamples)
+        .map(|_| {
+            for d in draw.iter_mut() {
+                *d = s[(next() % n) as usize];
+            }
+            median(&draw)
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    let at = |q: f64| medians[((q * (resamples - 1) as f64).round() as usize).min(resamples - 1)];
+    (at(0.025), at(0.975))
+}
+
+/// Whether rounds whose median has the 95% interval `(lo, hi)` meet `target` (higher is
+/// better), as a bench's report says it: "met" (the interval at or above it), "missed" (below
+/// it), else "not resolved".
+pub(crate) fn verdict(lo: f64, hi: f64, target: f64) -> &'static str {
+    if lo >= target {
+        "met"
+    } else if hi < target {
+        "missed"
+    } else {
+        "not resolved (the interval straddles it; more rounds narrow it)"
+    }
+}
+
 /// max/min - 1 over the rounds, in percent: how noisy a median is.
 fn spread(v: &[f64]) -> f64 {
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
@@ -683,4 +728,32 @@ pub(crate) fn flag_value(
 pub(crate) fn flag_num(flag: &str, v: &str, usage: &str) -> Result<usize, String> {
     v.parse::<usize>()
         .map_err(|e| format!("{flag} {v}: {e}\n{usage}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_interval_is_seeded_and_holds_the_median() {
+        let v: Vec<f64> = (0..70)
+            .map(|i| 1.5 + f64::from((i * 37) % 61) / 100.0)
+            .collect();
+        let (lo, hi) = median_interval(&v, 2000, 1);
+        assert!(lo <= median(&v) && median(&v) <= hi, "{lo} {hi}");
+        assert!(lo < hi);
+        assert_eq!((lo, hi), median_interval(&v, 2000, 1));
+        // One value, or all equal: no spread.
+        assert_eq!(median_interval(&[1.8; 7], 100, 3), (1.8, 1.8));
+        assert!(median_interval(&[f64::NAN], 100, 3).0.is_nan());
+        assert!(median_interval(&[1.0, 2.0], 0, 3).1.is_nan());
+    }
+
+    #[test]
+    fn the_verdict_reads_the_interval_against_the_target() {
+        assert!(verdict(1.81, 1.9, 1.8).starts_with("met"));
+        assert!(verdict(1.8, 1.9, 1.8).starts_with("met"));
+        assert!(verdict(1.6, 1.79, 1.8).starts_with("missed"));
+        assert!(verdict(1.75, 1.83, 1.8).starts_with("not resolved"));
+    }
 }
