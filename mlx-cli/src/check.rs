@@ -447,6 +447,69 @@ mod tests {
         assert!(e.contains("/dev/zero") && e.contains("larger than"), "{e}");
     }
 
+    /// mlx_lm.server's `--log-level` names (`WARNING`, `CRITICAL`, any case) are levels here
+    /// too; an unknown word is refused (the log filter read it as a target name and logged
+    /// nothing, errors included).
+    #[test]
+    fn serve_log_levels_are_mlx_lm_s_names_or_refused() {
+        let level = |l: &str| {
+            let argv = ["mlx", "serve", "--log-level", l].map(OsString::from);
+            match parse(argv) {
+                Ok(Checked::Serve(a)) => Ok(a.log_level),
+                Ok(_) => unreachable!(),
+                Err(e) => Err((e.code(), e.message())),
+            }
+        };
+        for (given, read) in [
+            ("DEBUG", "debug"),
+            ("INFO", "info"),
+            ("WARNING", "warn"),
+            ("ERROR", "error"),
+            ("CRITICAL", "error"),
+            ("warn", "warn"),
+            ("trace", "trace"),
+            ("off", "off"),
+        ] {
+            assert_eq!(level(given), Ok(read.to_string()), "{given}");
+        }
+        let e = level("bogus").expect_err("bogus passed");
+        assert!(
+            e.0 == 2 && e.1.contains("--log-level") && e.1.contains("WARNING"),
+            "{e:?}"
+        );
+    }
+
+    /// `--prompt-cache-bytes` takes mlx_lm.server's units (`_parse_size`: M/MB = 10^6,
+    /// G/GB = 10^9, a decimal number, rounded down exactly).
+    #[test]
+    fn serve_prompt_cache_bytes_takes_mlx_lm_s_units() {
+        let bytes = |v: &str| {
+            let argv = ["mlx", "serve", "--prompt-cache-bytes", v].map(OsString::from);
+            match parse(argv) {
+                Ok(Checked::Serve(a)) => Ok(a.prompt_cache_bytes),
+                Ok(_) => unreachable!(),
+                Err(e) => Err(e.message()),
+            }
+        };
+        for (given, read) in [
+            ("1073741824", 1_073_741_824),
+            ("1GB", 1_000_000_000),
+            ("2g", 2_000_000_000),
+            ("512M", 512_000_000),
+            ("512 mb", 512_000_000),
+            ("1.5G", 1_500_000_000),
+            ("4.35M", 4_350_000),
+            ("0.0000005M", 0),
+            (".5G", 500_000_000),
+        ] {
+            assert_eq!(bytes(given), Ok(read), "{given}");
+        }
+        for bad in ["1TB", "GB", "", "1.2.3M", "-1", "99999999999999999999G"] {
+            let e = bytes(bad).expect_err(bad);
+            assert!(e.contains("--prompt-cache-bytes"), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn help_is_not_an_error_exit() {
         let e = parse(["mlx", "--help"].map(OsString::from)).err();
