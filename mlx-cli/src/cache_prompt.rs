@@ -18,6 +18,9 @@ use crate::model;
 pub struct CachePromptArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
     /// The file to write the KV cache to (safetensors).
     #[arg(long, value_name = "FILE")]
     pub prompt_cache_file: String,

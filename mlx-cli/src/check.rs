@@ -447,6 +447,63 @@ mod tests {
         assert!(e.contains("/dev/zero") && e.contains("larger than"), "{e}");
     }
 
+    /// Flags of mlx-lm's tools that change nothing here are accepted, so that their command
+    /// lines run: `--trust-remote-code` (no code is ever run from a model directory) wherever
+    /// mlx-lm takes it, and `generate --use-default-chat-template` (which `mlx_lm.generate`
+    /// parses and ignores).
+    #[test]
+    fn mlx_lm_s_no_op_flags_are_accepted() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/models/dense_f32");
+        let out = std::env::temp_dir().join(format!("mlx-check-noop-{}", std::process::id()));
+        let out = out.to_str().unwrap();
+        for (args, sub) in [
+            (
+                &[
+                    "generate",
+                    "--trust-remote-code",
+                    "--use-default-chat-template",
+                ][..],
+                "generate",
+            ),
+            (&["chat", "--trust-remote-code"], "chat"),
+            (
+                &["cache-prompt", "--trust-remote-code", "-p", "x"],
+                "cache-prompt",
+            ),
+            (&["serve", "--trust-remote-code"], "serve"),
+            (&["benchmark", "--trust-remote-code"], "benchmark"),
+            (
+                &[
+                    "convert",
+                    "--hf-path",
+                    dir,
+                    "--mlx-path",
+                    out,
+                    "--trust-remote-code",
+                ],
+                "convert",
+            ),
+            (
+                &[
+                    "fuse",
+                    "--model",
+                    dir,
+                    "--adapter-path",
+                    dir,
+                    "--trust-remote-code",
+                ],
+                "fuse",
+            ),
+        ] {
+            let mut args = args.to_vec();
+            let cache = format!("{out}.safetensors");
+            if sub == "cache-prompt" {
+                args.extend(["--prompt-cache-file", &cache]);
+            }
+            assert_eq!(run(&args), Ok(sub), "{args:?}");
+        }
+    }
+
     /// mlx_lm.server's `--log-level` names (`WARNING`, `CRITICAL`, any case) are levels here
     /// too; an unknown word is refused (the log filter read it as a target name and logged
     /// nothing, errors included).

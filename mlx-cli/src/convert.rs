@@ -93,6 +93,9 @@ pub struct ConvertArgs {
     /// Dequantize a quantized model.
     #[arg(short = 'd', long)]
     pub dequantize: bool,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
 }
 
 impl ConvertArgs {

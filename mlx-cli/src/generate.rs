@@ -24,6 +24,9 @@ use mlx_engine::tokenizer::Tokenizer;
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
     /// Message to be processed by the model (`\n`, `\t` unescaped; `-` reads all of stdin).
     #[arg(
         long,
@@ -77,6 +80,9 @@ pub struct GenerateArgs {
     /// Use the raw prompt without the tokenizer's chat template.
     #[arg(long, alias = "no-chat-template")]
     pub ignore_chat_template: bool,
+    /// Accepted for mlx-lm compatibility (`mlx_lm.generate` parses it and does nothing with it).
+    #[arg(long)]
+    pub use_default_chat_template: bool,
     /// Additional variables for the chat template, as a JSON object.
     #[arg(long, value_name = "JSON")]
     pub chat_template_config: Option<String>,

@@ -17,6 +17,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub adapter_path: Option<String>,
 
+    /// Accepted for mlx_lm.server compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
+
     /// Host to bind. Loopback by default: the server has no TLS.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
