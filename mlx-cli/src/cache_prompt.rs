@@ -69,9 +69,10 @@ pub fn run(a: &CachePromptArgs) -> Result<(), String> {
         s.map_err(|e| e.to_string())?;
     }
     let caches = steps.into_cache();
+    // mlx_lm.cache_prompt's lines: its `Peak memory: ... GB` line is the one scripts read.
+    println!("Processed {} tokens", ids.len());
     println!(
-        "Processed {} tokens; peak memory: {:.3} GB",
-        ids.len(),
+        "Peak memory: {:.3} GB",
         mlx_core::memory::peak_memory().map_err(|e| e.to_string())? as f64 / 1e9
     );
     println!("Saving...");
