@@ -137,6 +137,7 @@ pub fn check(c: Command) -> Result<Checked, String> {
     Ok(match c {
         Command::Generate(a) => {
             check_model(&a.model)?;
+            check_max_tokens(a.max_tokens)?;
             check_sampling(a.temp, a.top_p, a.min_p, a.xtc_probability, a.xtc_threshold)?;
             check_kv(&a.kv)?;
             if a.prompt_ids.as_ref().is_some_and(Vec::is_empty) {
@@ -161,6 +162,7 @@ pub fn check(c: Command) -> Result<Checked, String> {
         }
         Command::Chat(a) => {
             check_model(&a.model)?;
+            check_max_tokens(a.max_tokens)?;
             check_sampling(a.temp, a.top_p, 0.0, a.xtc_probability, a.xtc_threshold)?;
             if let Some(p) = &a.json_schema {
                 generate::read_json_schema(p)?;
@@ -236,6 +238,18 @@ pub fn check(c: Command) -> Result<Checked, String> {
 fn check_model(m: &ModelArgs) -> Result<(), String> {
     model::model_path(m.model.as_deref())?;
     check_adapter_path(m.adapter_path.as_deref())
+}
+
+/// `--max-tokens 0`, which mlx-lm refuses only once the model is loaded (`mlx chat`: once the
+/// first message is typed), refused before anything is loaded, with mlx-lm's words.
+fn check_max_tokens(n: i64) -> Result<(), String> {
+    if n == 0 {
+        return Err(
+            "--max-tokens 0: Maximum number of tokens must be non-zero (use -1 for no limit)."
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 fn check_adapter_path(dir: Option<&str>) -> Result<(), String> {
@@ -391,6 +405,8 @@ mod tests {
                 "--kv-bits",
             ),
             (&["generate", "--stop", ""], "--stop"),
+            (&["generate", "--max-tokens", "0"], "--max-tokens 0"),
+            (&["chat", "-m", "0"], "--max-tokens 0"),
             (
                 &["generate", "--chat-template-config", "[1]"],
                 "--chat-template-config",
