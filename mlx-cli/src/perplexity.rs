@@ -267,6 +267,14 @@ pub fn run(a: &PerplexityArgs) -> Result<(), String> {
         LoadError::Tokenizer { source, .. } => format!("{}: {source}", a.model),
         e => e.to_string(),
     })?;
+    // mlx-lm's `get_total_parameters`, as `mlx info` counts it (from the weight files'
+    // headers: packed quantized weights at their unpacked size).
+    if let Ok(info) = mlx_engine::load::model_info(&loaded.path) {
+        println!(
+            "Model loaded: {:.1}M parameters",
+            info.parameters as f64 / 1e6
+        );
+    }
     let (model, tok) = (loaded.model, loaded.tokenizer);
     println!("\nLoading dataset...");
     println!("  Sequence length: {}", a.sequence_length);
