@@ -487,6 +487,32 @@ fn negative_numbers_are_parsed_and_checked() {
     assert_eq!(run(&["--top-k", "-1"]), run(&[]));
 }
 
+/// Sampler values past the vocabulary are refused naming the parameter and the vocabulary,
+/// as mlx-lm words `top_k`'s: `--min-tokens-to-keep` gave MLX's bare argpartition message.
+#[test]
+fn sampler_values_past_the_vocabulary_name_it() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../mlx-engine/tests/fixtures/tiny_chat"
+    );
+    for extra in [
+        &["--min-p", "0.5", "--min-tokens-to-keep", "100000"][..],
+        &["--top-k", "100000"],
+    ] {
+        let mut args = vec!["generate", "--model", dir, "-m", "2", "--temp", "1"];
+        args.extend_from_slice(extra);
+        let (code, _, err) = mlx(&args);
+        assert_eq!(code, 1, "{extra:?}: {err}");
+        let param = extra[extra.len() - 2]
+            .trim_start_matches("--")
+            .replace('-', "_");
+        assert!(
+            err.contains(&format!("{param}: has to be")) && err.contains("100000"),
+            "{extra:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn completion_scripts_name_every_subcommand() {
     for shell in ["bash", "zsh", "fish"] {
