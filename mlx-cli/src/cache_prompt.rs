@@ -31,6 +31,10 @@ pub struct CachePromptArgs {
     pub kv: KvArgs,
 }
 
+/// The name the file records for the built-in default model (one of
+/// [`mlx_engine::load::DEFAULT_NAMES`]).
+const DEFAULT_MODEL_NAME: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+
 pub fn run(a: &CachePromptArgs) -> Result<(), String> {
     // Ctrl-C while the cache is written leaves no `.<name>.<pid>.partial.safetensors`;
     // partials of writers killed outright are removed by the write itself.
@@ -77,10 +81,15 @@ pub fn run(a: &CachePromptArgs) -> Result<(), String> {
     );
     println!("Saving...");
     let mut metadata = StringMap::new();
-    // mlx-lm stores the --model argument as given (None when absent).
+    // mlx-lm stores the --model argument as given (its own default when absent); without
+    // --model, the built-in default's Hub name, which `mlx generate --prompt-cache-file`
+    // loads as the built-in default and `mlx_lm.generate` as that repository.
     metadata.insert(
         "model".into(),
-        a.model.model.clone().unwrap_or_else(|| "None".into()),
+        a.model
+            .model
+            .clone()
+            .unwrap_or_else(|| DEFAULT_MODEL_NAME.into()),
     );
     // `json.dumps(tokenizer_config)`, byte for byte.
     metadata.insert(

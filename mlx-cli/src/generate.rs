@@ -323,9 +323,12 @@ impl FromTokenizer {
 pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String> {
     let mut model_args = a.model.clone();
     if let Some(cf) = &cache_file {
+        // The built-in default under any of its names, or as `mlx cache-prompt` recorded it
+        // before it wrote a name (`"None"`).
+        let default = |m: &str| m == "None" || mlx_engine::load::DEFAULT_NAMES.contains(&m);
         match (&model_args.model, &cf.model) {
-            (None, Some(m)) => model_args.model = Some(m.clone()),
-            (Some(given), Some(m)) if given != m => {
+            (None, Some(m)) if m != "None" => model_args.model = Some(m.clone()),
+            (Some(given), Some(m)) if given != m && !(default(given) && default(m)) => {
                 return Err(format!(
                     "Providing a different model ({given}) than that used to create the prompt \
                      cache ({m}) is an error."

@@ -487,6 +487,59 @@ fn negative_numbers_are_parsed_and_checked() {
     assert_eq!(run(&["--top-k", "-1"]), run(&[]));
 }
 
+/// `mlx cache-prompt` without `--model` records the built-in default under its Hub name, and
+/// `mlx generate --prompt-cache-file` continues it with or without `--model` naming the
+/// default (it recorded `"None"`, which it then failed to load as a model); another model
+/// is still refused, as mlx-lm refuses it.
+#[test]
+fn a_prompt_cache_of_the_default_model_continues() {
+    mlx_engine::fetch::smollm2_gguf().unwrap();
+    let file = std::env::temp_dir().join(format!(
+        "mlx-cli-default-cache-{}.safetensors",
+        std::process::id()
+    ));
+    let file = file.to_str().unwrap();
+    let (code, out, err) = mlx(&[
+        "cache-prompt",
+        "-p",
+        "The code word is banana.",
+        "--prompt-cache-file",
+        file,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l.starts_with("Peak memory: ")), "{out}");
+    for extra in [&[][..], &["--model", "smollm2"]] {
+        let mut args = vec![
+            "generate",
+            "--prompt-cache-file",
+            file,
+            "-p",
+            "What is the code word?",
+            "-m",
+            "3",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = mlx(&args);
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        let v: Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["tokens"].as_array().map(Vec::len), Some(3), "{out}");
+    }
+    let other = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/models/dense_f32");
+    let (code, _, err) = mlx(&[
+        "generate",
+        "--prompt-cache-file",
+        file,
+        "--model",
+        other,
+        "-m",
+        "1",
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("different model"), "{err}");
+    let _ = std::fs::remove_file(file);
+}
+
 /// Sampler values past the vocabulary are refused naming the parameter and the vocabulary,
 /// as mlx-lm words `top_k`'s: `--min-tokens-to-keep` gave MLX's bare argpartition message.
 #[test]
