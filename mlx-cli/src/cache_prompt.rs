@@ -74,12 +74,12 @@ pub fn run(a: &CachePromptArgs) -> Result<(), String> {
     }
     let caches = steps.into_cache();
     // mlx_lm.cache_prompt's lines: its `Peak memory: ... GB` line is the one scripts read.
-    println!("Processed {} tokens", ids.len());
-    println!(
+    common::out(format_args!("Processed {} tokens", ids.len()))?;
+    common::out(format_args!(
         "Peak memory: {:.3} GB",
         mlx_core::memory::peak_memory().map_err(|e| e.to_string())? as f64 / 1e9
-    );
-    println!("Saving...");
+    ))?;
+    common::out(format_args!("Saving..."))?;
     let mut metadata = StringMap::new();
     // mlx-lm stores the --model argument as given (its own default when absent); without
     // --model, the built-in default's Hub name, which `mlx generate --prompt-cache-file`

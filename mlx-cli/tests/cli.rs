@@ -540,6 +540,39 @@ fn a_prompt_cache_of_the_default_model_continues() {
     let _ = std::fs::remove_file(file);
 }
 
+/// A closed standard output (`mlx ... | head`) is no panic: `completions` ends quietly (as
+/// `info` does), `benchmark` stops with an error naming standard output (it panicked in
+/// `println!`, exit 101, and clap_complete's writer panicked the same way).
+#[test]
+fn a_closed_stdout_is_no_panic() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/models/dense_f32");
+    for (args, want) in [
+        (&["completions", "bash"][..], 0),
+        (
+            &["benchmark", "--model", dir, "-p", "4", "-g", "2", "-n", "2"],
+            1,
+        ),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mlx"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run mlx");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(want), "{args:?}: {err}");
+        if want == 1 {
+            assert!(
+                err.contains("writing to standard output"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}
+
 /// Sampler values past the vocabulary are refused naming the parameter and the vocabulary,
 /// as mlx-lm words `top_k`'s: `--min-tokens-to-keep` gave MLX's bare argpartition message.
 #[test]
