@@ -335,7 +335,10 @@ impl ProgressView {
         match p {
             Progress::Info(line) => {
                 self.finish();
-                println!("{}{line}", self.info_prefix);
+                // Information only: a closed stdout (`mlx convert ... | head -1`) does not
+                // stop the conversion (`println!` panicked there).
+                use std::io::Write;
+                let _ = writeln!(std::io::stdout(), "{}{line}", self.info_prefix);
             }
             Progress::Stage(name, total) => {
                 self.finish();

@@ -6,7 +6,7 @@
 use crate::support;
 use support::mlx;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -541,13 +541,17 @@ fn a_prompt_cache_of_the_default_model_continues() {
 }
 
 /// A closed standard output (`mlx ... | head`) is no panic: `completions` ends quietly (as
-/// `info` does), `benchmark` stops with an error naming standard output (it panicked in
+/// `info` does), `convert` goes on with its conversion, `benchmark` stops with an error naming standard output (it panicked in
 /// `println!`, exit 101, and clap_complete's writer panicked the same way).
 #[test]
 fn a_closed_stdout_is_no_panic() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/models/dense_f32");
+    let converted = std::env::temp_dir().join(format!("mlx-cli-pipe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&converted);
+    let converted = converted.to_str().unwrap().to_string();
     for (args, want) in [
         (&["completions", "bash"][..], 0),
+        (&["convert", "--hf-path", dir, "--mlx-path", &converted], 0),
         (
             &["benchmark", "--model", dir, "-p", "4", "-g", "2", "-n", "2"],
             1,
@@ -571,6 +575,9 @@ fn a_closed_stdout_is_no_panic() {
             );
         }
     }
+    // The conversion went on to the end.
+    assert!(Path::new(&converted).join("config.json").is_file());
+    let _ = std::fs::remove_dir_all(&converted);
 }
 
 /// Sampler values past the vocabulary are refused naming the parameter and the vocabulary,
