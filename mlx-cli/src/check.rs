@@ -520,6 +520,34 @@ mod tests {
         }
     }
 
+    /// Long flags may be abbreviated to a unique prefix, as argparse (mlx-lm's parser,
+    /// `allow_abbrev`) reads them; an ambiguous prefix is refused.
+    #[test]
+    fn unique_prefixes_of_long_flags_are_read_as_argparse_reads_them() {
+        let argv = [
+            "mlx",
+            "generate",
+            "--max-tok",
+            "5",
+            "--ignore-chat",
+            "--prefill-resp",
+            "x",
+        ];
+        match parse(argv.map(OsString::from)) {
+            Ok(Checked::Generate(a, _)) => {
+                assert_eq!(a.max_tokens, 5);
+                assert!(a.ignore_chat_template);
+                assert_eq!(a.prefill_response.as_deref(), Some("x"));
+            }
+            Ok(_) => unreachable!(),
+            Err(e) => panic!("{}", e.message()),
+        }
+        // Exact names still win over longer ones they begin (`--prompt`, `--prompt-ids`).
+        assert_eq!(run(&["generate", "--prompt", "hi"]), Ok("generate"));
+        let e = parse(["mlx", "generate", "--top", "5"].map(OsString::from)).err();
+        assert_eq!(e.map(|e| e.code()), Some(2));
+    }
+
     /// mlx_lm.server's `--log-level` names (`WARNING`, `CRITICAL`, any case) are levels here
     /// too; an unknown word is refused (the log filter read it as a target name and logged
     /// nothing, errors included).
