@@ -137,15 +137,15 @@ pub fn run(a: &BenchmarkArgs) -> Result<(), String> {
         })
     };
     if a.json {
-        println!("{}", serde_json::json!({ "prompt": prompt }));
+        crate::common::out(format_args!("{}", serde_json::json!({ "prompt": prompt })))?;
     } else {
-        println!("Running warmup..");
+        crate::common::out(format_args!("Running warmup.."))?;
     }
     bench(&generate)?;
-    println!(
+    crate::common::out(format_args!(
         "Timing with prompt_tokens={}, generation_tokens={}, batch_size={}.",
         a.prompt_tokens, a.generation_tokens, a.batch_size
-    );
+    ))?;
     let mut trials = Vec::new();
     for i in 0..a.num_trials {
         if a.delay > 0 {
@@ -155,20 +155,20 @@ pub fn run(a: &BenchmarkArgs) -> Result<(), String> {
         let t = bench(&generate)?;
         let total = tic.elapsed().as_secs_f64();
         if a.json {
-            println!(
+            crate::common::out(format_args!(
                 "{}",
                 serde_json::json!({"trial": i + 1, "prompt_tps": t.prompt_tps,
                     "generation_tps": t.generation_tps, "peak_memory": t.peak_memory,
                     "total_time": total})
-            );
+            ))?;
         } else {
-            println!(
+            crate::common::out(format_args!(
                 "Trial {}:  prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}, total_time={total:.3}",
                 i + 1,
                 t.prompt_tps,
                 t.generation_tps,
                 t.peak_memory
-            );
+            ))?;
         }
         trials.push(t);
     }
@@ -180,13 +180,15 @@ pub fn run(a: &BenchmarkArgs) -> Result<(), String> {
         avg(|t| t.peak_memory),
     );
     if a.json {
-        println!(
+        crate::common::out(format_args!(
             "{}",
             serde_json::json!({"averages": {"prompt_tps": p, "generation_tps": g, "peak_memory": mem},
                 "decoder": decoder.name, "decoder_note": decoder.note})
-        );
+        ))?;
     } else {
-        println!("Averages: prompt_tps={p:.3}, generation_tps={g:.3}, peak_memory={mem:.3}");
+        crate::common::out(format_args!(
+            "Averages: prompt_tps={p:.3}, generation_tps={g:.3}, peak_memory={mem:.3}"
+        ))?;
     }
     Ok(())
 }

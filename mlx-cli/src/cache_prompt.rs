@@ -18,6 +18,9 @@ use crate::model;
 pub struct CachePromptArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
     /// The file to write the KV cache to (safetensors).
     #[arg(long, value_name = "FILE")]
     pub prompt_cache_file: String,
@@ -27,6 +30,10 @@ pub struct CachePromptArgs {
     #[command(flatten)]
     pub kv: KvArgs,
 }
+
+/// The name the file records for the built-in default model (one of
+/// [`mlx_engine::load::DEFAULT_NAMES`]).
+const DEFAULT_MODEL_NAME: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
 
 pub fn run(a: &CachePromptArgs) -> Result<(), String> {
     // Ctrl-C while the cache is written leaves no `.<name>.<pid>.partial.safetensors`;
@@ -66,17 +73,23 @@ pub fn run(a: &CachePromptArgs) -> Result<(), String> {
         s.map_err(|e| e.to_string())?;
     }
     let caches = steps.into_cache();
-    println!(
-        "Processed {} tokens; peak memory: {:.3} GB",
-        ids.len(),
+    // mlx_lm.cache_prompt's lines: its `Peak memory: ... GB` line is the one scripts read.
+    common::out(format_args!("Processed {} tokens", ids.len()))?;
+    common::out(format_args!(
+        "Peak memory: {:.3} GB",
         mlx_core::memory::peak_memory().map_err(|e| e.to_string())? as f64 / 1e9
-    );
-    println!("Saving...");
+    ))?;
+    common::out(format_args!("Saving..."))?;
     let mut metadata = StringMap::new();
-    // mlx-lm stores the --model argument as given (None when absent).
+    // mlx-lm stores the --model argument as given (its own default when absent); without
+    // --model, the built-in default's Hub name, which `mlx generate --prompt-cache-file`
+    // loads as the built-in default and `mlx_lm.generate` as that repository.
     metadata.insert(
         "model".into(),
-        a.model.model.clone().unwrap_or_else(|| "None".into()),
+        a.model
+            .model
+            .clone()
+            .unwrap_or_else(|| DEFAULT_MODEL_NAME.into()),
     );
     // `json.dumps(tokenizer_config)`, byte for byte.
     metadata.insert(

@@ -23,6 +23,9 @@ use crate::model;
 pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
     /// Sampling temperature (0: greedy).
     #[arg(long, default_value_t = 0.0)]
     pub temp: f64,

@@ -137,6 +137,7 @@ pub fn check(c: Command) -> Result<Checked, String> {
     Ok(match c {
         Command::Generate(a) => {
             check_model(&a.model)?;
+            check_max_tokens(a.max_tokens)?;
             check_sampling(a.temp, a.top_p, a.min_p, a.xtc_probability, a.xtc_threshold)?;
             check_kv(&a.kv)?;
             if a.prompt_ids.as_ref().is_some_and(Vec::is_empty) {
@@ -161,6 +162,7 @@ pub fn check(c: Command) -> Result<Checked, String> {
         }
         Command::Chat(a) => {
             check_model(&a.model)?;
+            check_max_tokens(a.max_tokens)?;
             check_sampling(a.temp, a.top_p, 0.0, a.xtc_probability, a.xtc_threshold)?;
             if let Some(p) = &a.json_schema {
                 generate::read_json_schema(p)?;
@@ -236,6 +238,18 @@ pub fn check(c: Command) -> Result<Checked, String> {
 fn check_model(m: &ModelArgs) -> Result<(), String> {
     model::model_path(m.model.as_deref())?;
     check_adapter_path(m.adapter_path.as_deref())
+}
+
+/// `--max-tokens 0`, which mlx-lm refuses only once the model is loaded (`mlx chat`: once the
+/// first message is typed), refused before anything is loaded, with mlx-lm's words.
+fn check_max_tokens(n: i64) -> Result<(), String> {
+    if n == 0 {
+        return Err(
+            "--max-tokens 0: Maximum number of tokens must be non-zero (use -1 for no limit)."
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 fn check_adapter_path(dir: Option<&str>) -> Result<(), String> {
@@ -391,6 +405,8 @@ mod tests {
                 "--kv-bits",
             ),
             (&["generate", "--stop", ""], "--stop"),
+            (&["generate", "--max-tokens", "0"], "--max-tokens 0"),
+            (&["chat", "-m", "0"], "--max-tokens 0"),
             (
                 &["generate", "--chat-template-config", "[1]"],
                 "--chat-template-config",
@@ -445,6 +461,154 @@ mod tests {
     fn an_endless_train_config_file_is_refused() {
         let e = run(&["train", "-c", "/dev/zero"]).expect_err("/dev/zero passed");
         assert!(e.contains("/dev/zero") && e.contains("larger than"), "{e}");
+    }
+
+    /// Flags of mlx-lm's tools that change nothing here are accepted, so that their command
+    /// lines run: `--trust-remote-code` (no code is ever run from a model directory) wherever
+    /// mlx-lm takes it, and `generate --use-default-chat-template` (which `mlx_lm.generate`
+    /// parses and ignores).
+    #[test]
+    fn mlx_lm_s_no_op_flags_are_accepted() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/models/dense_f32");
+        let out = std::env::temp_dir().join(format!("mlx-check-noop-{}", std::process::id()));
+        let out = out.to_str().unwrap();
+        for (args, sub) in [
+            (
+                &[
+                    "generate",
+                    "--trust-remote-code",
+                    "--use-default-chat-template",
+                ][..],
+                "generate",
+            ),
+            (&["chat", "--trust-remote-code"], "chat"),
+            (
+                &["cache-prompt", "--trust-remote-code", "-p", "x"],
+                "cache-prompt",
+            ),
+            (&["serve", "--trust-remote-code"], "serve"),
+            (&["benchmark", "--trust-remote-code"], "benchmark"),
+            (
+                &[
+                    "convert",
+                    "--hf-path",
+                    dir,
+                    "--mlx-path",
+                    out,
+                    "--trust-remote-code",
+                ],
+                "convert",
+            ),
+            (
+                &[
+                    "fuse",
+                    "--model",
+                    dir,
+                    "--adapter-path",
+                    dir,
+                    "--trust-remote-code",
+                ],
+                "fuse",
+            ),
+        ] {
+            let mut args = args.to_vec();
+            let cache = format!("{out}.safetensors");
+            if sub == "cache-prompt" {
+                args.extend(["--prompt-cache-file", &cache]);
+            }
+            assert_eq!(run(&args), Ok(sub), "{args:?}");
+        }
+    }
+
+    /// Long flags may be abbreviated to a unique prefix, as argparse (mlx-lm's parser,
+    /// `allow_abbrev`) reads them; an ambiguous prefix is refused.
+    #[test]
+    fn unique_prefixes_of_long_flags_are_read_as_argparse_reads_them() {
+        let argv = [
+            "mlx",
+            "generate",
+            "--max-tok",
+            "5",
+            "--ignore-chat",
+            "--prefill-resp",
+            "x",
+        ];
+        match parse(argv.map(OsString::from)) {
+            Ok(Checked::Generate(a, _)) => {
+                assert_eq!(a.max_tokens, 5);
+                assert!(a.ignore_chat_template);
+                assert_eq!(a.prefill_response.as_deref(), Some("x"));
+            }
+            Ok(_) => unreachable!(),
+            Err(e) => panic!("{}", e.message()),
+        }
+        // Exact names still win over longer ones they begin (`--prompt`, `--prompt-ids`).
+        assert_eq!(run(&["generate", "--prompt", "hi"]), Ok("generate"));
+        let e = parse(["mlx", "generate", "--top", "5"].map(OsString::from)).err();
+        assert_eq!(e.map(|e| e.code()), Some(2));
+    }
+
+    /// mlx_lm.server's `--log-level` names (`WARNING`, `CRITICAL`, any case) are levels here
+    /// too; an unknown word is refused (the log filter read it as a target name and logged
+    /// nothing, errors included).
+    #[test]
+    fn serve_log_levels_are_mlx_lm_s_names_or_refused() {
+        let level = |l: &str| {
+            let argv = ["mlx", "serve", "--log-level", l].map(OsString::from);
+            match parse(argv) {
+                Ok(Checked::Serve(a)) => Ok(a.log_level),
+                Ok(_) => unreachable!(),
+                Err(e) => Err((e.code(), e.message())),
+            }
+        };
+        for (given, read) in [
+            ("DEBUG", "debug"),
+            ("INFO", "info"),
+            ("WARNING", "warn"),
+            ("ERROR", "error"),
+            ("CRITICAL", "error"),
+            ("warn", "warn"),
+            ("trace", "trace"),
+            ("off", "off"),
+        ] {
+            assert_eq!(level(given), Ok(read.to_string()), "{given}");
+        }
+        let e = level("bogus").expect_err("bogus passed");
+        assert!(
+            e.0 == 2 && e.1.contains("--log-level") && e.1.contains("WARNING"),
+            "{e:?}"
+        );
+    }
+
+    /// `--prompt-cache-bytes` takes mlx_lm.server's units (`_parse_size`: M/MB = 10^6,
+    /// G/GB = 10^9, a decimal number, rounded down exactly).
+    #[test]
+    fn serve_prompt_cache_bytes_takes_mlx_lm_s_units() {
+        let bytes = |v: &str| {
+            let argv = ["mlx", "serve", "--prompt-cache-bytes", v].map(OsString::from);
+            match parse(argv) {
+                Ok(Checked::Serve(a)) => Ok(a.prompt_cache_bytes),
+                Ok(_) => unreachable!(),
+                Err(e) => Err(e.message()),
+            }
+        };
+        for (given, read) in [
+            ("1073741824", 1_073_741_824),
+            ("1GB", 1_000_000_000),
+            ("2g", 2_000_000_000),
+            ("512M", 512_000_000),
+            ("512 mb", 512_000_000),
+            ("1.5G", 1_500_000_000),
+            ("4.35M", 4_350_000),
+            ("0.0000005M", 0),
+            (".5G", 500_000_000),
+        ] {
+            assert_eq!(bytes(given), Ok(read), "{given}");
+        }
+        for bad in ["1TB", "GB", "", "1.2.3M", "-1", "99999999999999999999G"] {
+            let e = bytes(bad).expect_err(bad);
+            assert!(e.contains("--prompt-cache-bytes"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -311,6 +311,15 @@ pub fn read_prompt(prompt: &str) -> Result<String, String> {
     })
 }
 
+/// Writes a line to standard output, as `println!` does, but a write that fails (a closed
+/// pipe: `mlx benchmark | head -2`) is an error naming standard output instead of
+/// `println!`'s panic, so that the command stops there with exit status 1.
+pub fn out(line: std::fmt::Arguments) -> Result<(), String> {
+    use std::io::Write;
+    writeln!(std::io::stdout().lock(), "{line}")
+        .map_err(|e| format!("writing to standard output: {e}"))
+}
+
 /// mlx-lm's `str2bool`: anything but `false`/`f` (any case) is true.
 pub fn str2bool(s: &str) -> Result<bool, String> {
     Ok(!matches!(s.to_lowercase().as_str(), "false" | "f"))

@@ -10,7 +10,16 @@ pub struct CompletionsArgs {
 }
 
 pub fn run(a: &CompletionsArgs) -> Result<(), String> {
+    use std::io::Write;
     let mut cmd = crate::Cli::command();
-    clap_complete::generate(a.shell, &mut cmd, "mlx", &mut std::io::stdout().lock());
-    Ok(())
+    // Built whole first: `generate` panics on a failed write (`mlx completions bash | head`).
+    let mut script = Vec::new();
+    clap_complete::generate(a.shell, &mut cmd, "mlx", &mut script);
+    match std::io::stdout().lock().write_all(&script) {
+        // A closed pipe ends the output quietly, as `mlx info | head` does.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("writing to standard output: {e}"))
+        }
+        _ => Ok(()),
+    }
 }

@@ -93,6 +93,9 @@ pub struct ConvertArgs {
     /// Dequantize a quantized model.
     #[arg(short = 'd', long)]
     pub dequantize: bool,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
 }
 
 impl ConvertArgs {
@@ -332,7 +335,10 @@ impl ProgressView {
         match p {
             Progress::Info(line) => {
                 self.finish();
-                println!("{}{line}", self.info_prefix);
+                // Information only: a closed stdout (`mlx convert ... | head -1`) does not
+                // stop the conversion (`println!` panicked there).
+                use std::io::Write;
+                let _ = writeln!(std::io::stdout(), "{}{line}", self.info_prefix);
             }
             Progress::Stage(name, total) => {
                 self.finish();

@@ -24,6 +24,9 @@ use mlx_engine::tokenizer::Tokenizer;
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
     /// Message to be processed by the model (`\n`, `\t` unescaped; `-` reads all of stdin).
     #[arg(
         long,
@@ -77,6 +80,9 @@ pub struct GenerateArgs {
     /// Use the raw prompt without the tokenizer's chat template.
     #[arg(long, alias = "no-chat-template")]
     pub ignore_chat_template: bool,
+    /// Accepted for mlx-lm compatibility (`mlx_lm.generate` parses it and does nothing with it).
+    #[arg(long)]
+    pub use_default_chat_template: bool,
     /// Additional variables for the chat template, as a JSON object.
     #[arg(long, value_name = "JSON")]
     pub chat_template_config: Option<String>,
@@ -317,9 +323,12 @@ impl FromTokenizer {
 pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String> {
     let mut model_args = a.model.clone();
     if let Some(cf) = &cache_file {
+        // The built-in default under any of its names, or as `mlx cache-prompt` recorded it
+        // before it wrote a name (`"None"`).
+        let default = |m: &str| m == "None" || mlx_engine::load::DEFAULT_NAMES.contains(&m);
         match (&model_args.model, &cf.model) {
-            (None, Some(m)) => model_args.model = Some(m.clone()),
-            (Some(given), Some(m)) if given != m => {
+            (None, Some(m)) if m != "None" => model_args.model = Some(m.clone()),
+            (Some(given), Some(m)) if given != m && !(default(given) && default(m)) => {
                 return Err(format!(
                     "Providing a different model ({given}) than that used to create the prompt \
                      cache ({m}) is an error."

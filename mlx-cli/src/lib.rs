@@ -33,7 +33,13 @@ use clap::{Parser, Subcommand};
 
 /// Generate text with a language model on MLX (results identical to mlx-lm 0.32.2).
 #[derive(Parser, Debug)]
-#[command(name = "mlx", version, about, args_override_self = true)]
+#[command(
+    name = "mlx",
+    version,
+    about,
+    args_override_self = true,
+    infer_long_args = true
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -255,7 +255,7 @@ fn eval_ppl_cpu(
 pub fn run(a: &PerplexityArgs) -> Result<(), String> {
     let mut rng = NumpyRandom::new(a.seed);
     mlx_core::random::seed(u64::from(a.seed)).map_err(|e| e.to_string())?;
-    println!("Loading model from {}...", a.model);
+    crate::common::out(format_args!("Loading model from {}...", a.model))?;
     // The one loader, as mlx_lm.perplexity's `load`: stored dtypes, no adapters.
     let loaded = mlx_engine::load::load(
         &crate::model::model_path(Some(&a.model))?,
@@ -267,9 +267,17 @@ pub fn run(a: &PerplexityArgs) -> Result<(), String> {
         LoadError::Tokenizer { source, .. } => format!("{}: {source}", a.model),
         e => e.to_string(),
     })?;
+    // mlx-lm's `get_total_parameters`, as `mlx info` counts it (from the weight files'
+    // headers: packed quantized weights at their unpacked size).
+    if let Ok(info) = mlx_engine::load::model_info(&loaded.path) {
+        crate::common::out(format_args!(
+            "Model loaded: {:.1}M parameters",
+            info.parameters as f64 / 1e6
+        ))?;
+    }
     let (model, tok) = (loaded.model, loaded.tokenizer);
-    println!("\nLoading dataset...");
-    println!("  Sequence length: {}", a.sequence_length);
+    crate::common::out(format_args!("\nLoading dataset..."))?;
+    crate::common::out(format_args!("  Sequence length: {}", a.sequence_length))?;
     let (data, rows) = load_data(
         &tok,
         &a.data_path,
@@ -277,11 +285,11 @@ pub fn run(a: &PerplexityArgs) -> Result<(), String> {
         a.sequence_length,
         &mut rng,
     )?;
-    println!("  Loaded {rows} samples");
-    println!(
+    crate::common::out(format_args!("  Loaded {rows} samples"))?;
+    crate::common::out(format_args!(
         "\nEvaluating perplexity with batch size {}...",
         a.batch_size
-    );
+    ))?;
     let start = Instant::now();
     let r = if a.decoder == "cpu" {
         eval_ppl_cpu(model.as_ref(), &data, rows, a.sequence_length)?
@@ -302,19 +310,25 @@ pub fn run(a: &PerplexityArgs) -> Result<(), String> {
             "seconds": secs,
             "peak_memory_gb": peak,
         });
-        println!("{j}");
+        crate::common::out(format_args!("{j}"))?;
         return Ok(());
     }
-    println!("\n{}", "=".repeat(60));
-    println!("EVALUATION RESULTS");
-    println!("{}", "=".repeat(60));
-    println!("Model: {}", a.model);
-    println!("Perplexity: {:.3} ± {:.3}", r.perplexity, r.standard_error);
-    println!("Evaluation time: {secs:.2} seconds");
-    println!("Peak memory: {peak:.2} GB");
-    println!("Tokens per second: {:.0}", tokens_evaluated as f64 / secs);
-    println!("\nDataset statistics:");
-    println!("  Total samples: {rows}");
-    println!("  Total tokens: {}", data.len());
+    crate::common::out(format_args!("\n{}", "=".repeat(60)))?;
+    crate::common::out(format_args!("EVALUATION RESULTS"))?;
+    crate::common::out(format_args!("{}", "=".repeat(60)))?;
+    crate::common::out(format_args!("Model: {}", a.model))?;
+    crate::common::out(format_args!(
+        "Perplexity: {:.3} ± {:.3}",
+        r.perplexity, r.standard_error
+    ))?;
+    crate::common::out(format_args!("Evaluation time: {secs:.2} seconds"))?;
+    crate::common::out(format_args!("Peak memory: {peak:.2} GB"))?;
+    crate::common::out(format_args!(
+        "Tokens per second: {:.0}",
+        tokens_evaluated as f64 / secs
+    ))?;
+    crate::common::out(format_args!("\nDataset statistics:"))?;
+    crate::common::out(format_args!("  Total samples: {rows}"))?;
+    crate::common::out(format_args!("  Total tokens: {}", data.len()))?;
     Ok(())
 }

@@ -6,7 +6,7 @@
 use crate::support;
 use support::mlx;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -485,6 +485,125 @@ fn negative_numbers_are_parsed_and_checked() {
         out
     };
     assert_eq!(run(&["--top-k", "-1"]), run(&[]));
+}
+
+/// `mlx cache-prompt` without `--model` records the built-in default under its Hub name, and
+/// `mlx generate --prompt-cache-file` continues it with or without `--model` naming the
+/// default (it recorded `"None"`, which it then failed to load as a model); another model
+/// is still refused, as mlx-lm refuses it.
+#[test]
+fn a_prompt_cache_of_the_default_model_continues() {
+    mlx_engine::fetch::smollm2_gguf().unwrap();
+    let file = std::env::temp_dir().join(format!(
+        "mlx-cli-default-cache-{}.safetensors",
+        std::process::id()
+    ));
+    let file = file.to_str().unwrap();
+    let (code, out, err) = mlx(&[
+        "cache-prompt",
+        "-p",
+        "The code word is banana.",
+        "--prompt-cache-file",
+        file,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l.starts_with("Peak memory: ")), "{out}");
+    for extra in [&[][..], &["--model", "smollm2"]] {
+        let mut args = vec![
+            "generate",
+            "--prompt-cache-file",
+            file,
+            "-p",
+            "What is the code word?",
+            "-m",
+            "3",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = mlx(&args);
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        let v: Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["tokens"].as_array().map(Vec::len), Some(3), "{out}");
+    }
+    let other = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/models/dense_f32");
+    let (code, _, err) = mlx(&[
+        "generate",
+        "--prompt-cache-file",
+        file,
+        "--model",
+        other,
+        "-m",
+        "1",
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("different model"), "{err}");
+    let _ = std::fs::remove_file(file);
+}
+
+/// A closed standard output (`mlx ... | head`) is no panic: `completions` ends quietly (as
+/// `info` does), `convert` goes on with its conversion, `benchmark` stops with an error naming standard output (it panicked in
+/// `println!`, exit 101, and clap_complete's writer panicked the same way).
+#[test]
+fn a_closed_stdout_is_no_panic() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/models/dense_f32");
+    let converted = std::env::temp_dir().join(format!("mlx-cli-pipe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&converted);
+    let converted = converted.to_str().unwrap().to_string();
+    for (args, want) in [
+        (&["completions", "bash"][..], 0),
+        (&["convert", "--hf-path", dir, "--mlx-path", &converted], 0),
+        (
+            &["benchmark", "--model", dir, "-p", "4", "-g", "2", "-n", "2"],
+            1,
+        ),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mlx"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run mlx");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(want), "{args:?}: {err}");
+        if want == 1 {
+            assert!(
+                err.contains("writing to standard output"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    // The conversion went on to the end.
+    assert!(Path::new(&converted).join("config.json").is_file());
+    let _ = std::fs::remove_dir_all(&converted);
+}
+
+/// Sampler values past the vocabulary are refused naming the parameter and the vocabulary,
+/// as mlx-lm words `top_k`'s: `--min-tokens-to-keep` gave MLX's bare argpartition message.
+#[test]
+fn sampler_values_past_the_vocabulary_name_it() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../mlx-engine/tests/fixtures/tiny_chat"
+    );
+    for extra in [
+        &["--min-p", "0.5", "--min-tokens-to-keep", "100000"][..],
+        &["--top-k", "100000"],
+    ] {
+        let mut args = vec!["generate", "--model", dir, "-m", "2", "--temp", "1"];
+        args.extend_from_slice(extra);
+        let (code, _, err) = mlx(&args);
+        assert_eq!(code, 1, "{extra:?}: {err}");
+        let param = extra[extra.len() - 2]
+            .trim_start_matches("--")
+            .replace('-', "_");
+        assert!(
+            err.contains(&format!("{param}: has to be")) && err.contains("100000"),
+            "{extra:?}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -222,7 +222,7 @@ fn prompt_cache_files_interoperate_with_mlx_lm() {
         check_generate(case, &["--dtype", "stored"]);
         // Our file equals mlx-lm's, tensors and metadata.
         let ours = tmp.join(format!("{name}.safetensors"));
-        let (code, _, err) = mlx(
+        let (code, out, err) = mlx(
             &[
                 "cache-prompt",
                 "--dtype",
@@ -237,6 +237,15 @@ fn prompt_cache_files_interoperate_with_mlx_lm() {
             None,
         );
         assert_eq!(code, 0, "{name}: {err}");
+        // mlx_lm.cache_prompt's summary lines, as scripts read them.
+        let peak = out.lines().find_map(|l| l.strip_prefix("Peak memory: "));
+        assert!(
+            peak.and_then(|p| p.strip_suffix(" GB"))
+                .and_then(|v| v.split_once('.'))
+                .is_some_and(|(i, f)| i.parse::<u64>().is_ok() && f.len() == 3),
+            "{name}: no `Peak memory: X.XXX GB` line: {out}"
+        );
+        assert!(out.lines().any(|l| l == "Saving..."), "{name}: {out}");
         let theirs = root().join(case["file"].as_str().unwrap());
         if let Err(e) = same_file(&ours, &theirs) {
             panic!("{name}: our prompt-cache file differs from mlx_lm.cache_prompt's: {e}");

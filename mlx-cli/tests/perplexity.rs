@@ -96,6 +96,46 @@ fn perplexity_refuses_bad_input_naming_it() {
     }
 }
 
+/// Without `--json`, `mlx perplexity` prints mlx_lm.perplexity's lines, the parameter count
+/// as mlx-lm's `get_total_parameters` gives it (82240 for this fixture) included.
+#[test]
+fn perplexity_prints_mlx_lm_s_lines() {
+    let model = tests_dir().join("models/q4_g32");
+    let data = tests_dir().join("perplexity/train.jsonl");
+    let (code, stdout, stderr) = mlx(&[
+        "perplexity",
+        "--model",
+        model.to_str().unwrap(),
+        "--data-path",
+        data.to_str().unwrap(),
+        "--sequence-length",
+        "8",
+        "--num-samples",
+        "4",
+        "--batch-size",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    for line in [
+        "Model loaded: 0.1M parameters",
+        "Loading dataset...",
+        "  Sequence length: 8",
+        "  Loaded 4 samples",
+        "Evaluating perplexity with batch size 2...",
+        "EVALUATION RESULTS",
+        "  Total samples: 4",
+        "  Total tokens: 32",
+    ] {
+        assert!(stdout.lines().any(|l| l == line), "{line:?}: {stdout}");
+    }
+    for prefix in ["Perplexity: ", "Evaluation time: ", "Peak memory: "] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(prefix)),
+            "{prefix:?}: {stdout}"
+        );
+    }
+}
+
 /// `mlx benchmark` draws mlx_lm.benchmark's prompt ids (seed 0 before loading, the key
 /// advanced by the model's construction) and reports every trial and the averages.
 #[test]

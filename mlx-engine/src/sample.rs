@@ -162,6 +162,17 @@ pub fn apply_min_p(logprobs: &Array, min_p: f64, min_tokens_to_keep: usize) -> R
             problem: "has to be a positive integer".into(),
         });
     }
+    // More than the vocabulary: MLX's argpartition refuses the index (mlx-lm stops there
+    // too), with a message that names neither the parameter nor the vocabulary.
+    let vocab = logprobs.shape().last().copied().unwrap_or(0).max(0) as usize;
+    if min_tokens_to_keep > vocab.max(1) {
+        return Err(EngineError::Sampler {
+            parameter: "min_tokens_to_keep".into(),
+            problem: format!(
+                "has to be at most the vocabulary size {vocab}, but is {min_tokens_to_keep}."
+            ),
+        });
+    }
     let top = ops::max(logprobs, &[-1], true, None)?;
     let scaled = ops::add(&top, &weak(min_p.ln(), &top)?, None)?;
     let mut remove = ops::less(logprobs, &scaled, None)?;

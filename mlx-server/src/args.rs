@@ -17,6 +17,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub adapter_path: Option<String>,
 
+    /// Accepted for mlx_lm.server compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
+
     /// Host to bind. Loopback by default: the server has no TLS.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -74,8 +78,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10)]
     pub prompt_cache_size: usize,
 
-    /// Bytes the prompt cache may hold.
-    #[arg(long, default_value_t = 1 << 30)]
+    /// Bytes the prompt cache may hold: a number of bytes, or with mlx_lm.server's units
+    /// (`M`/`MB` = 10^6, `G`/`GB` = 10^9, any case; `1.5G` too).
+    #[arg(long, default_value_t = 1 << 30, value_parser = size)]
     pub prompt_cache_bytes: usize,
 
     /// Require `Authorization: Bearer <key>` on every /v1 request.
@@ -94,8 +99,9 @@ pub struct ServeArgs {
     #[arg(long, default_value = "{}")]
     pub chat_template_args: String,
 
-    /// Log level (error, warn, info, debug, trace).
-    #[arg(long, default_value = "info")]
+    /// Log level (error, warn, info, debug, trace, off; any case), or mlx_lm.server's names
+    /// (DEBUG, INFO, WARNING, ERROR, CRITICAL: WARNING is warn, CRITICAL error).
+    #[arg(long, default_value = "info", value_parser = log_level)]
     pub log_level: String,
 
     /// Prompt tokens of one completion request, or input tokens of one embeddings request
@@ -238,6 +244,57 @@ fn seconds(s: &str) -> Result<f64, String> {
     } else {
         Err(format!("seconds must be in (0, 31536000], got {s}"))
     }
+}
+
+/// `--log-level`: a level name, as the filter reads it (lowercase). mlx_lm.server's `WARNING`
+/// and `CRITICAL` are mapped to `warn` and `error`; anything else is refused (the filter would
+/// read an unknown word as a target name and log nothing at all).
+fn log_level(s: &str) -> Result<String, String> {
+    let level = s.trim().to_ascii_lowercase();
+    match level.as_str() {
+        "off" | "error" | "warn" | "info" | "debug" | "trace" => Ok(level),
+        "warning" => Ok("warn".into()),
+        "critical" => Ok("error".into()),
+        _ => Err(format!(
+            "expected one of error, warn, info, debug, trace, off (or mlx_lm.server's DEBUG, \
+             INFO, WARNING, ERROR, CRITICAL), got {s:?}"
+        )),
+    }
+}
+
+/// `--prompt-cache-bytes` as mlx_lm.server's `_parse_size` reads it: a decimal number, then
+/// an optional unit `M`/`MB` (10^6) or `G`/`GB` (10^9), any case; the bytes are rounded down
+/// (exactly, as its `Decimal` does).
+fn size(s: &str) -> Result<usize, String> {
+    let bad =
+        || format!("expected a number of bytes, optionally with a unit M, MB, G or GB, got {s:?}");
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let zeros: u32 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" => 0,
+        "M" | "MB" => 6,
+        "G" | "GB" => 9,
+        _ => return Err(bad()),
+    };
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(bad());
+    }
+    // The fraction's first `zeros` digits are whole bytes; the rest is rounded off.
+    let frac: String = frac
+        .chars()
+        .chain(std::iter::repeat('0'))
+        .take(zeros as usize)
+        .collect();
+    let too_large = || format!("{s:?} is too large");
+    let whole: usize = if int.is_empty() { Ok(0) } else { int.parse() }.map_err(|_| too_large())?;
+    let part: usize = if frac.is_empty() { Ok(0) } else { frac.parse() }.map_err(|_| bad())?;
+    whole
+        .checked_mul(10usize.pow(zeros))
+        .and_then(|b| b.checked_add(part))
+        .ok_or_else(too_large)
 }
 
 impl ServeArgs {

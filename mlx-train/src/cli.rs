@@ -165,6 +165,9 @@ pub struct FuseArgs {
     /// Generate a dequantized model.
     #[arg(long)]
     pub dequantize: bool,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
 }
 
 /// `mlx fuse`.
