@@ -2532,12 +2532,30 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
 #endif  // NB > 8
 }
 
+// MV_BITS (the host's switch MLX_GRAPH_MV_BITS=1: GraphSpec::matvec_bits; all three otherwise):
+// the codes' widths the model's mat-vecs take, a mask of 1 << 4, 1 << 8 and 1 << 16 (bfloat16,
+// the dispatch's default case). Only those instantiations of mv_run are compiled: at one width
+// a module is about a third of the code and NVRTC takes about a third of the time
+// (results/gpu/2026-12-07-s50). A width outside the mask traps (the host never launches one: a
+// CUDA error, not a wrong output). The instantiations compiled are the same code either way.
+#ifndef MV_BITS
+#define MV_BITS ((1 << 4) | (1 << 8) | (1 << 16))
+#endif
 // Runs mv_run with the codes' width, the weights' map (Wts) and LATE as template arguments.
-#define MV_DISPATCH_MAP(bits, MAP, LATE, ...)                  \
-  switch (bits) {                                              \
-    case 4: mv_run<4, MAP, false, LATE>(__VA_ARGS__); break;   \
-    case 8: mv_run<8, MAP, false, LATE>(__VA_ARGS__); break;   \
-    default: mv_run<16, MAP, false, LATE>(__VA_ARGS__); break; \
+#define MV_DISPATCH_MAP(bits, MAP, LATE, ...)                                      \
+  switch (bits) {                                                                  \
+    case 4:                                                                        \
+      if constexpr ((MV_BITS >> 4) & 1) mv_run<4, MAP, false, LATE>(__VA_ARGS__);   \
+      else mv_unreachable();                                                       \
+      break;                                                                       \
+    case 8:                                                                        \
+      if constexpr ((MV_BITS >> 8) & 1) mv_run<8, MAP, false, LATE>(__VA_ARGS__);   \
+      else mv_unreachable();                                                       \
+      break;                                                                       \
+    default:                                                                       \
+      if constexpr ((MV_BITS >> 16) & 1) mv_run<16, MAP, false, LATE>(__VA_ARGS__); \
+      else mv_unreachable();                                                       \
+      break;                                                                       \
   }
 // With the map one of WMAP_ONE and WMAP_PAIR (wt.map).
 #define MV_DISPATCH(bits, LATE, ...)                            \

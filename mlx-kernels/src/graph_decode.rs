@@ -893,6 +893,26 @@ impl GraphSpec {
         self.quant.unwrap_or((1, 16))
     }
 
+    /// The codes' widths the mat-vecs dispatch on (`graph_decode.cu`'s `MV_BITS` mask: 1 << 4,
+    /// 1 << 8, and 1 << 16 for bfloat16, the dispatch's default case): the linears' and the
+    /// embedding's (a tied head), the routers' and the experts' (mxfp4 experts take their own
+    /// path, outside the dispatch).
+    fn matvec_bits(&self) -> u32 {
+        let bit = |q: Option<(usize, usize)>| match q.map_or(16, |(_, b)| b) {
+            4 => 1 << 4,
+            8 => 1 << 8,
+            _ => 1 << 16,
+        };
+        let mut mask = bit(self.quant);
+        if let Some(moe) = &self.moe {
+            mask |= bit(moe.router_quant);
+            if !moe.mxfp4 {
+                mask |= bit(moe.expert_quant(self.quant));
+            }
+        }
+        mask
+    }
+
     /// Whether the tensor-core tiles take these weights: 4 bits in groups of 64.
     fn tensor_core_weights(&self) -> bool {
         self.group_and_bits() == (64, 4)
@@ -2159,6 +2179,7 @@ impl GraphDecoder {
             trellis,
             mv_wide: mv_wide(),
             late_norm: mma_late_norm(),
+            mv_bits: mv_bits_only(),
         };
         let t0 = std::time::Instant::now();
         let wide = wide_from.is_some_and(|f| nb >= f);
@@ -3968,6 +3989,30 @@ fn mma_late_norm() -> u8 {
     }
 }
 
+/// `MLX_GRAPH_MV_BITS=1` (off by default, and for any other value): every module of the
+/// decoder compiles `mv_run` for the model's codes' widths only ([`GraphSpec::matvec_bits`],
+/// `MV_BITS`), not for all three (4 and 8 bits, bfloat16). At one width a module is about a
+/// third of the code and NVRTC compiles it in about a third of the time (the one-row module
+/// 14.3 -> 4.5 s, the 5-row FFMA tile 54.2 -> 18.6 s on the 2-core build machine,
+/// results/gpu/2026-12-07-s50), which is what a first `mlx generate` and `mlx serve`'s warm-up
+/// wait for on a GPU. The products compiled are the same source; the whole kernel's registers
+/// and schedule are the compiler's anew (`matvec` 126 -> 124 registers), so it stays off until
+/// a device has measured it. Trellis models keep every width. Read once when the decoder is
+/// built ([`SourceParams::mv_bits`]).
+fn mv_bits_only() -> bool {
+    std::env::var("MLX_GRAPH_MV_BITS").as_deref() == Ok("1")
+}
+
+/// The step source's define of [`GraphSpec::matvec_bits`] under [`mv_bits_only`] (not for
+/// trellis models), empty otherwise (`MV_BITS` then keeps every width).
+fn mv_bits_define(spec: &GraphSpec, on: bool) -> String {
+    if on && spec.trellis.is_none() {
+        format!("#define MV_BITS {:#x}\n", spec.matvec_bits())
+    } else {
+        String::new()
+    }
+}
+
 /// The step source's define for [`mma_late_norm`]'s `level` on tensor-core tiles of 4-bit
 /// weights in groups of 64, empty at 0 (`MMA_LATE_NORM 0`: the norm before the products).
 fn mma_late_norm_define(level: u8) -> &'static str {
@@ -4983,6 +5028,9 @@ struct SourceParams {
     /// [`mma_late_norm`]'s level, read once when the decoder is built: its tensor-core tiles'
     /// sources and their launches ([`matvec_norm_in`]) take this value.
     late_norm: u8,
+    /// [`mv_bits_only`], read once when the decoder is built: every module's source compiles
+    /// the mat-vecs for [`GraphSpec::matvec_bits`] only ([`mv_bits_define`]).
+    mv_bits: bool,
 }
 
 /// Which kernels a step is recorded with: `tiles` launches of the kernels of `module`,
@@ -5036,6 +5084,8 @@ fn step_source(
     // The normed products' 1 / rms at the epilogue (MLX_GRAPH_MMA_LATE_NORM=1 or 2): L3, every
     // width alike.
     let late_norm = mma_late_norm_define(if mma4 { p.late_norm } else { 0 });
+    // The mat-vecs for the model's codes' widths only (MLX_GRAPH_MV_BITS=1): the same products.
+    let bits_only = mv_bits_define(spec, p.mv_bits);
     // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
     let early_norm = early_prologue_define(early_prologue());
     // The FFMA tiles' constant-slot loop (MLX_GRAPH_MV_NB=1, tiles of several rows): the same bits.
@@ -5056,7 +5106,7 @@ fn step_source(
     let mut source = format!(
         "#define MV_ROWS {}\n#define MV_BATCH {}\n#define MV_EARLY {}\n\
          #define NB {nb}\n#define MV_MMA {}\n#define MMA_KC {chunk}\n{min_blocks}{ring}{mv_async}\
-         {banks}{pair}{late_norm}{early_norm}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
+         {banks}{pair}{late_norm}{bits_only}{early_norm}{mv_nb}{mv_wide_def}{persist}{SOURCE}",
         p.rows,
         batch,
         early,
@@ -6182,6 +6232,7 @@ mod tests {
             trellis: TrellisSwitches::PLAIN,
             mv_wide: false,
             late_norm: 0,
+            mv_bits: false,
         }
     }
 
@@ -7030,6 +7081,63 @@ mod tests {
     }
 
     #[test]
+    fn the_bits_switch_compiles_the_models_widths_only() {
+        // The source keeps every width unless the host defines the mask.
+        assert!(SOURCE.contains(
+            "#ifndef MV_BITS\n#define MV_BITS ((1 << 4) | (1 << 8) | (1 << 16))\n#endif"
+        ));
+        assert_eq!(SOURCE.matches("if constexpr ((MV_BITS >> ").count(), 3);
+        let q4 = GraphSpec {
+            quant: Some((64, 4)),
+            ..tiny_spec()
+        };
+        let q8 = GraphSpec {
+            quant: Some((32, 8)),
+            ..tiny_spec()
+        };
+        assert_eq!(q4.matvec_bits(), 1 << 4);
+        assert_eq!(q8.matvec_bits(), 1 << 8);
+        assert_eq!(tiny_spec().matvec_bits(), 1 << 16);
+        // qwen3_moe as mlx-lm's convert writes it: 4-bit experts, 8-bit routers; bfloat16
+        // routers; gpt_oss: mxfp4 experts (their own path), the rest bfloat16.
+        let mut moe = GraphSpec {
+            quant: Some((64, 4)),
+            ..tiny_moe_spec()
+        };
+        assert_eq!(moe.matvec_bits(), (1 << 4) | (1 << 16));
+        moe.moe.as_mut().unwrap().router_quant = Some((64, 8));
+        assert_eq!(moe.matvec_bits(), (1 << 4) | (1 << 8));
+        let mut oss = tiny_moe_spec();
+        oss.moe.as_mut().unwrap().mxfp4 = true;
+        assert_eq!(oss.matvec_bits(), 1 << 16);
+        // The define: only with the switch, never for a trellis model.
+        assert_eq!(mv_bits_define(&q4, false), "");
+        assert_eq!(mv_bits_define(&q4, true), "#define MV_BITS 0x10\n");
+        assert_eq!(mv_bits_define(&moe, true), "#define MV_BITS 0x110\n");
+        let (t, v) = hybrid_trellis();
+        let trellis = GraphSpec {
+            hidden: 576,
+            trellis: Some(t),
+            trellis_v: Some(v),
+            ..tiny_spec()
+        };
+        assert_eq!(mv_bits_define(&trellis, true), "");
+        // Every module's source takes it ahead of SOURCE: the one-row step, FFMA and
+        // tensor-core tiles.
+        let defines = |src: &str| src[..src.find(SOURCE).unwrap()].to_string();
+        for on in [false, true] {
+            let p = SourceParams {
+                mv_bits: on,
+                ..plain_params()
+            };
+            for (nb, mma, wide) in [(1, false, false), (5, false, false), (16, true, true)] {
+                let (src, _) = step_source(&q4, &p, nb, mma, wide);
+                assert_eq!(defines(&src).contains("#define MV_BITS 0x10\n"), on, "{nb}");
+            }
+        }
+    }
+
+    #[test]
     fn the_late_norm_switch_reaches_matvec_qkv_then_matvec_norm() {
         assert_eq!(mma_late_norm_define(0), "");
         assert_eq!(mma_late_norm_define(1), "#define MMA_LATE_NORM 1\n");
@@ -7344,6 +7452,7 @@ mod tests {
             let p = SourceParams {
                 trellis: s.trellis_switches(),
                 mv_wide: mv_wide(),
+                mv_bits: mv_bits_only(),
                 ..p
             };
             let (src, _) = step_source(s, &p, 1, false, false);
@@ -7361,6 +7470,7 @@ mod tests {
         let p = SourceParams {
             mv_wide: mv_wide(),
             late_norm: mma_late_norm(),
+            mv_bits: mv_bits_only(),
             ..p
         };
         for nb in [5, 16] {

@@ -375,6 +375,13 @@ MV_NB = int(os.environ.get("GRAPH_EMU_MV_NB", "0"))
 # nb_bit_check then also runs the NB-sequence kernel without it (this tree's, 256 threads, 8 / rows
 # chunks in flight as the default) and compares the two.
 MV_WIDE = int(os.environ.get("GRAPH_EMU_MV_WIDE", "0"))
+# The mat-vecs compiled for some codes' widths only (MV_BITS in the source, MLX_GRAPH_MV_BITS=1
+# on the device, where the host defines GraphSpec::matvec_bits): GRAPH_EMU_MV_BITS=MASK (e.g.
+# 0x10 for 4-bit models, 0x10000 for bfloat16) builds this tree's kernels with that mask; a
+# product of another width then traps, so a run over fixtures of that width checks that the
+# steps launch nothing outside it, and its outputs against a run without it that they are the
+# same.
+MV_BITS = os.environ.get("GRAPH_EMU_MV_BITS", "")
 # A normed product's norm weights loaded before the wait and embed's values loaded 16 a thread
 # at once (MV_EARLY_NORM and EMBED_BATCH 16 in the source, MLX_GRAPH_EARLY_PROLOGUE=1 on the
 # device): GRAPH_EMU_EARLY_NORM=1 builds this tree's kernels with them (the emulator has no wait: the check is that the loaded pieces are the ones the
@@ -518,6 +525,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            + ("#define MV_EARLY_NORM 1\n#define EMBED_BATCH 16\n" if cu is None and EARLY_NORM else "")
            + ("#define MV_NB 1\n" if cu is None and MV_NB else "")
            + ("#define MV_WIDE 1\n" if cu is None and MV_WIDE else "")
+           + (f"#define MV_BITS {MV_BITS}\n" if cu is None and MV_BITS else "")
            + ("#define GRAPH_PERSIST 1\n" if cu is None and PERSIST else "")
            + ("#define PS_BARRIER_RA 1\n" if cu is None and PERSIST == 2 else "")
            + ("#define PS_SPLIT 1\n" if cu is None and PERSIST and PERSIST_SPLIT else "")
@@ -551,6 +559,7 @@ def build(tmp, rows=None, batch=None, nb=None, mma=None, raw_f32=False, kc=None,
            f"{'_earlynorm' if EARLY_NORM and cu is None else ''}"
            f"{'_mvnb' if MV_NB and cu is None else ''}"
            f"{'_mvwide' if MV_WIDE and cu is None else ''}"
+           f"{'_bits' + MV_BITS if MV_BITS and cu is None else ''}"
            f"{'_persist' + str(PERSIST) + PERSIST_MUTATE if PERSIST and cu is None else ''}"
            f"{'_split' if PERSIST and PERSIST_SPLIT and cu is None else ''}"
            f"{'_poll' if PERSIST and PERSIST_POLL and cu is None else ''}"
@@ -2285,7 +2294,9 @@ def main():
         sinks += [oai_check(tmp)] if os.environ.get("GRAPH_EMU_OAI") else []
         # GRAPH_EMU_FP4=1: mxfp4 experts' products alone (fp4_check).
         sinks += [fp4_check(tmp)] if os.environ.get("GRAPH_EMU_FP4") else []
-        results = sampler + nb_check + sinks + [tile_check(lib), route_check(lib)] + \
+        # tile_check's products are 4-bit: not with a GRAPH_EMU_MV_BITS mask without 4 bits.
+        tiles = [tile_check(lib)] if not MV_BITS or int(MV_BITS, 0) & (1 << 4) else []
+        results = sampler + nb_check + sinks + tiles + [route_check(lib)] + \
             [run(lib, n, tmp) for n in names]
     sys.exit(0 if all(results) else 1)
 
