@@ -1572,8 +1572,8 @@ __device__ __forceinline__ void mma_finish(unsigned char* smem, int xstride, int
   __syncthreads();
 }
 
-// MMA_LATE_NORM (the host's switch MLX_GRAPH_MMA_LATE_NORM on tensor-core tiles: its level, 1
-// or 2; 0 otherwise), in the kernels whose mv_run takes LATE: matvec_qkv from level 1, and at
+// MMA_LATE_NORM (on tensor-core tiles the host's level: 1 by default, MLX_GRAPH_MMA_LATE_NORM=0
+// or 2 otherwise), in the kernels whose mv_run takes LATE: matvec_qkv from level 1, and at
 // level 2 matvec_norm, matvec for the normed products (gate/up, the head) with LATE (in matvec
 // itself it took the 8B's 16-row gate/up 7% faster, but changed matvec's whole machine code and
 // its output and down projections ran 4-5% slower, results/gpu/2026-12-07-s48; matvec keeps
@@ -2532,7 +2532,7 @@ __device__ __forceinline__ void mv_run(const Wts& wt, const bf16_t* xin,
 #endif  // NB > 8
 }
 
-// MV_BITS (the host's switch MLX_GRAPH_MV_BITS=1: GraphSpec::matvec_bits; all three otherwise):
+// MV_BITS (the host defines GraphSpec::matvec_bits unless MLX_GRAPH_MV_BITS=0; all three then):
 // the codes' widths the model's mat-vecs take, a mask of 1 << 4, 1 << 8 and 1 << 16 (bfloat16,
 // the dispatch's default case). Only those instantiations of mv_run are compiled: at one width
 // a module is about a third of the code and NVRTC takes about a third of the time

@@ -3968,39 +3968,54 @@ fn mma_banks_define(on: bool) -> &'static str {
 }
 
 /// Which tensor-core tiles' normed products apply the norm's 1 / rms to their sums at the
-/// epilogue (`MMA_LATE_NORM` in the source; `MLX_GRAPH_MMA_LATE_NORM`, off by default): 1,
-/// `matvec_qkv`'s; 2, also gate/up's and the head's, launched as `matvec_norm` in `matvec`'s
-/// place; 0 (unset or any other value), none. Where all of K is staged, the prologue weights
+/// epilogue (`MMA_LATE_NORM` in the source; [`late_norm_level`] of `MLX_GRAPH_MMA_LATE_NORM`):
+/// 1 (the default), `matvec_qkv`'s; 2, also gate/up's and the head's, launched as
+/// `matvec_norm` in `matvec`'s place; 0, none. Where all of K is staged, the prologue weights
 /// the raw inputs by the norm's weights and sums their squares in one pass over the staged
 /// inputs instead of two (session 47's timeline: the normed products' prologues 16.5-18.3 us a
 /// block at 16 rows against 7.3 for the output projection's, `results/gpu/2026-12-07-s47`).
-/// `matvec`'s machine code stays instruction for instruction as without it at either level;
-/// `matvec_qkv`'s is the one whose q/k/v part ran 13.7% (16 rows) and 10.9% (5 rows) faster on
-/// an H100 (`results/gpu/2026-12-07-s48`). The products' bits change (tier L3, as the tiles
-/// already are against the single-row kernels); every tile width takes it alike, so wide and
-/// narrow tiles stay bit-equal. Read once when the decoder is built
+/// `matvec`'s machine code stays instruction for instruction as without it at either level.
+/// On an H100 (`results/gpu/2026-12-07-s50`), the 8B's 16-row step: level 0 117.1 steps/s
+/// (median of three), level 1 118.7 (+1.4%), level 2 116.9; its 5-row tile 166.4, 167.7
+/// (+0.8%), 164.2: so level 1 is the default, with `batched_equals_single` and
+/// `wide_tiles_equal_narrow_tiles` passing under it there. The products' bits change (tier L3,
+/// as the tiles already are against the single-row kernels); every tile width takes it alike,
+/// so wide and narrow tiles stay bit-equal. Read once when the decoder is built
 /// ([`SourceParams::late_norm`]), so that its tiles' sources and their launches agree, and
 /// `mlx`, `mlx serve` and the test binaries take it from their environment.
 fn mma_late_norm() -> u8 {
-    match std::env::var("MLX_GRAPH_MMA_LATE_NORM").as_deref() {
-        Ok("1") => 1,
-        Ok("2") => 2,
-        _ => 0,
+    late_norm_level(std::env::var("MLX_GRAPH_MMA_LATE_NORM").ok().as_deref())
+}
+
+/// `MLX_GRAPH_MMA_LATE_NORM`'s level: `0`, `1` or `2`; unset or any other value, the default 1.
+fn late_norm_level(v: Option<&str>) -> u8 {
+    match v.map(str::trim) {
+        Some("0") => 0,
+        Some("2") => 2,
+        _ => 1,
     }
 }
 
-/// `MLX_GRAPH_MV_BITS=1` (off by default, and for any other value): every module of the
-/// decoder compiles `mv_run` for the model's codes' widths only ([`GraphSpec::matvec_bits`],
-/// `MV_BITS`), not for all three (4 and 8 bits, bfloat16). At one width a module is about a
-/// third of the code and NVRTC compiles it in about a third of the time (the one-row module
-/// 14.3 -> 4.5 s, the 5-row FFMA tile 54.2 -> 18.6 s on the 2-core build machine,
-/// results/gpu/2026-12-07-s50), which is what a first `mlx generate` and `mlx serve`'s warm-up
-/// wait for on a GPU. The products compiled are the same source; the whole kernel's registers
-/// and schedule are the compiler's anew (`matvec` 126 -> 124 registers), so it stays off until
-/// a device has measured it. Trellis models keep every width. Read once when the decoder is
-/// built ([`SourceParams::mv_bits`]).
+/// Whether every module of the decoder compiles `mv_run` for the model's codes' widths only
+/// ([`GraphSpec::matvec_bits`], `MV_BITS`), not for all three (4 and 8 bits, bfloat16): on
+/// unless `MLX_GRAPH_MV_BITS=0` ([`mv_bits_on`]). At one width a module is about a third of the
+/// code and NVRTC compiles it in a third to a fifth of the time (the one-row module 19.7 ->
+/// 6.6 s, the 5-row FFMA tile 56.0 -> 11.5 s on the 2-core build machine), which is what a
+/// first `mlx generate` and `mlx serve`'s warm-up wait for on a GPU. The products compiled are
+/// the same source, so the same logits (the emulator's steps bit for bit; on an H100 the 8B's
+/// greedy tokens and log-probabilities, and gpt_oss's teacher-forced differences, the same);
+/// the kernels' registers and schedule are the compiler's anew, with fewer spills: on an H100
+/// the 8B 4-bit decoded 356.5 tok/s against 337.6 (+5.6%), the 135M bfloat16 1,534.8 against
+/// 1,300.7 (+18%), and `mlx serve`'s warm-up took 30.9 s against 69.7 s
+/// (`results/gpu/2026-12-07-s50`). Trellis models keep every width. Read once when the decoder
+/// is built ([`SourceParams::mv_bits`]).
 fn mv_bits_only() -> bool {
-    std::env::var("MLX_GRAPH_MV_BITS").as_deref() == Ok("1")
+    mv_bits_on(std::env::var("MLX_GRAPH_MV_BITS").ok().as_deref())
+}
+
+/// `MLX_GRAPH_MV_BITS`: `0` turns the widths' pruning off; unset or any other value, on.
+fn mv_bits_on(v: Option<&str>) -> bool {
+    v.map(str::trim) != Some("0")
 }
 
 /// The step source's define of [`GraphSpec::matvec_bits`] under [`mv_bits_only`] (not for
@@ -5081,10 +5096,10 @@ fn step_source(
     let banks = mma_banks_define(wide && mma4 && mma_banks());
     // The wide tiles' items of two rows blocks (on unless MLX_GRAPH_MMA_PAIR=0): the same bits.
     let pair = mma_pair_define(mma_pair_in(nb, wide, mma4, mma_pair()).is_ok());
-    // The normed products' 1 / rms at the epilogue (MLX_GRAPH_MMA_LATE_NORM=1 or 2): L3, every
+    // The normed products' 1 / rms at the epilogue (level 1 unless MLX_GRAPH_MMA_LATE_NORM says 0 or 2): L3, every
     // width alike.
     let late_norm = mma_late_norm_define(if mma4 { p.late_norm } else { 0 });
-    // The mat-vecs for the model's codes' widths only (MLX_GRAPH_MV_BITS=1): the same products.
+    // The mat-vecs for the model's codes' widths only (unless MLX_GRAPH_MV_BITS=0): the same products.
     let bits_only = mv_bits_define(spec, p.mv_bits);
     // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
     let early_norm = early_prologue_define(early_prologue());
@@ -7110,6 +7125,13 @@ mod tests {
         let mut oss = tiny_moe_spec();
         oss.moe.as_mut().unwrap().mxfp4 = true;
         assert_eq!(oss.matvec_bits(), 1 << 16);
+        // The switch: on unless 0; the late norm's level: 1 unless 0 or 2.
+        assert!(mv_bits_on(None) && mv_bits_on(Some("1")) && mv_bits_on(Some("yes")));
+        assert!(!mv_bits_on(Some("0")) && !mv_bits_on(Some(" 0 ")));
+        assert_eq!(late_norm_level(None), 1);
+        assert_eq!(late_norm_level(Some("0")), 0);
+        assert_eq!(late_norm_level(Some("2")), 2);
+        assert_eq!(late_norm_level(Some("3")), 1);
         // The define: only with the switch, never for a trellis model.
         assert_eq!(mv_bits_define(&q4, false), "");
         assert_eq!(mv_bits_define(&q4, true), "#define MV_BITS 0x10\n");
