@@ -320,6 +320,17 @@ pub fn out(line: std::fmt::Arguments) -> Result<(), String> {
         .map_err(|e| format!("writing to standard output: {e}"))
 }
 
+/// `println!` for information a long job prints on its way (a quantizer's figures), except
+/// that a failed write (a closed pipe: `mlx quant ... | head -1`) is ignored, so the job goes
+/// on and saves its work where `println!` would panic.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+pub(crate) use say;
+
 /// mlx-lm's `str2bool`: anything but `false`/`f` (any case) is true.
 pub fn str2bool(s: &str) -> Result<bool, String> {
     Ok(!matches!(s.to_lowercase().as_str(), "false" | "f"))

@@ -453,7 +453,7 @@ fn run_dynamic(a: &DynamicArgs) -> Result<(), String> {
     if a.report_ppl {
         let (m, _) = mlx_models::load::load_model_dir(dir, &LoadOptions::default()).map_err(at)?;
         let ppl = dq::eval_ppl(m.as_ref(), &data).map_err(e)?;
-        println!("Original PPL: {ppl:.3}");
+        crate::common::say!("Original PPL: {ppl:.3}");
     }
     let threshold = dq::estimate_threshold(&src, &sensitivities, &opts).map_err(at)?;
     let high = dq::high_modules(&src, &sensitivities, threshold);
@@ -468,10 +468,10 @@ fn run_dynamic(a: &DynamicArgs) -> Result<(), String> {
             mlx_models::load::load_model_dir(Path::new(&a.mlx_path), &LoadOptions::default())
                 .map_err(|e| format!("{}: {e}", a.mlx_path))?;
         let ppl = dq::eval_ppl(m.as_ref(), &data).map_err(e)?;
-        println!("Quantized PPL: {ppl:.3}");
+        crate::common::say!("Quantized PPL: {ppl:.3}");
     }
     let peak = mlx_core::memory::peak_memory().map_err(|e| e.to_string())?;
-    println!("Peak memory used: {:.3}GB", peak as f64 / 1e9);
+    crate::common::say!("Peak memory used: {:.3}GB", peak as f64 / 1e9);
     eprintln!(
         "[mlx] wrote {} tensors to {} ({})",
         report.tensors,
@@ -549,12 +549,14 @@ fn run_dwq(a: &DwqArgs) -> Result<(), String> {
     let mut on_event = |e: DwqEvent<'_>| match e {
         DwqEvent::Trainable { trainable, total } => {
             let (t, n) = (trainable as f64 / 1e6, total as f64 / 1e6);
-            println!(
+            crate::common::say!(
                 "Trainable parameters: {:.3}% ({t:.3}M/{n:.3}M)",
                 t * 100.0 / n
             );
         }
-        DwqEvent::Validation { it, loss } => println!("Validation: it={it}, loss={loss:.3}"),
+        DwqEvent::Validation { it, loss } => {
+            crate::common::say!("Validation: it={it}, loss={loss:.3}")
+        }
         DwqEvent::Step { it, loss, tokens } => {
             eprintln!("[mlx] step {} loss={loss:.4} tokens={tokens}", it + 1)
         }

@@ -541,16 +541,44 @@ fn a_prompt_cache_of_the_default_model_continues() {
 }
 
 /// A closed standard output (`mlx ... | head`) is no panic: `completions` ends quietly (as
-/// `info` does), `convert` goes on with its conversion, `benchmark` stops with an error naming standard output (it panicked in
-/// `println!`, exit 101, and clap_complete's writer panicked the same way).
+/// `info` does), `convert` and `train` go on with their work, `benchmark` stops with an error
+/// naming standard output (each panicked in `println!`, exit 101, and clap_complete's writer
+/// panicked the same way).
 #[test]
 fn a_closed_stdout_is_no_panic() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/models/dense_f32");
     let converted = std::env::temp_dir().join(format!("mlx-cli-pipe-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&converted);
     let converted = converted.to_str().unwrap().to_string();
+    // Training on the small text set: its report lines go to the closed pipe, and it saves
+    // its adapters all the same.
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/../mlx-train/tests/data/text");
+    let adapters = std::env::temp_dir().join(format!("mlx-cli-pipe-train-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&adapters);
+    let adapters = adapters.to_str().unwrap().to_string();
+    let train = [
+        "train",
+        "--model",
+        dir,
+        "--train",
+        "--data",
+        data,
+        "--iters",
+        "2",
+        "--batch-size",
+        "2",
+        "--val-batches",
+        "1",
+        "--steps-per-report",
+        "1",
+        "--num-layers",
+        "1",
+        "--adapter-path",
+        &adapters,
+    ];
     for (args, want) in [
         (&["completions", "bash"][..], 0),
+        (&train[..], 0),
         (&["convert", "--hf-path", dir, "--mlx-path", &converted], 0),
         (
             &["benchmark", "--model", dir, "-p", "4", "-g", "2", "-n", "2"],
@@ -575,9 +603,11 @@ fn a_closed_stdout_is_no_panic() {
             );
         }
     }
-    // The conversion went on to the end.
+    // The conversion went on to the end, and the training saved its adapters.
     assert!(Path::new(&converted).join("config.json").is_file());
+    assert!(Path::new(&adapters).join("adapters.safetensors").is_file());
     let _ = std::fs::remove_dir_all(&converted);
+    let _ = std::fs::remove_dir_all(&adapters);
 }
 
 /// Sampler values past the vocabulary are refused naming the parameter and the vocabulary,

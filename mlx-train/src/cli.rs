@@ -19,6 +19,16 @@ use crate::run::{objective_loss, train_model, RunConfig};
 use crate::tokenize;
 use crate::trainer::{evaluate, TrainReport, TrainingCallback, ValReport};
 
+/// `println!` for the training's report lines, except that a failed write (a closed pipe:
+/// `mlx train ... | head -3`) is ignored: training goes on and saves its adapters, where
+/// `println!` would panic and lose the run.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 /// LoRA or QLoRA finetuning (the options of `mlx_lm.lora`).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct TrainArgs {
@@ -179,7 +189,7 @@ pub fn run_fuse(args: &FuseArgs) -> Result<()> {
         Path::new(&args.save_path),
         args.dequantize,
     )?;
-    println!("Saved the fused model to {}.", args.save_path);
+    say!("Saved the fused model to {}.", args.save_path);
     Ok(())
 }
 
@@ -368,7 +378,7 @@ impl TrainingCallback for Reporter {
         if self.tty {
             eprintln!();
         }
-        println!(
+        say!(
             "Iter {}: Train loss {:.3}, Learning Rate {:.3e}, It/sec {:.3}, Tokens/sec {:.3}, \
              Trained Tokens {}, Peak mem {:.3} GB",
             r.iteration,
@@ -390,7 +400,7 @@ impl TrainingCallback for Reporter {
         if self.tty {
             eprintln!();
         }
-        println!(
+        say!(
             "Iter {}: Val loss {:.3}, Val took {:.3}s",
             r.iteration + 1,
             r.val_loss,
@@ -407,7 +417,7 @@ impl TrainingCallback for Reporter {
         if self.tty {
             eprintln!();
         }
-        println!("Iter {it}: Saved adapter weights to {}.", path.display());
+        say!("Iter {it}: Saved adapter weights to {}.", path.display());
         self.write(serde_json::json!({"event": "save", "iteration": it, "path": path.display().to_string()}));
     }
 }
@@ -460,7 +470,7 @@ pub fn run_in(args: &TrainArgs, world: crate::data::World) -> Result<()> {
         if let Some(e) = rep.error.take() {
             return Err(e);
         }
-        println!(
+        say!(
             "Saved final weights to {}.",
             adapter_path.join("adapters.safetensors").display()
         );
@@ -504,6 +514,6 @@ fn test(
         Some(config.clear_cache_threshold),
         config.world,
     )?;
-    println!("Test loss {test_loss:.3}, Test ppl {:.3}.", test_loss.exp());
+    say!("Test loss {test_loss:.3}, Test ppl {:.3}.", test_loss.exp());
     Ok(())
 }
