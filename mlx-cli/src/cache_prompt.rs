@@ -31,10 +31,6 @@ pub struct CachePromptArgs {
     pub kv: KvArgs,
 }
 
-/// The name the file records for the built-in default model (one of
-/// [`mlx_engine::load::DEFAULT_NAMES`]).
-const DEFAULT_MODEL_NAME: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
-
 pub fn run(a: &CachePromptArgs) -> Result<(), String> {
     // Ctrl-C while the cache is written leaves no `.<name>.<pid>.partial.safetensors`;
     // partials of writers killed outright are removed by the write itself.
@@ -89,7 +85,7 @@ pub fn run(a: &CachePromptArgs) -> Result<(), String> {
         a.model
             .model
             .clone()
-            .unwrap_or_else(|| DEFAULT_MODEL_NAME.into()),
+            .unwrap_or_else(|| mlx_engine::load::DEFAULT_REPO.into()),
     );
     // `json.dumps(tokenizer_config)`, byte for byte.
     metadata.insert(

@@ -337,8 +337,7 @@ impl ProgressView {
                 self.finish();
                 // Information only: a closed stdout (`mlx convert ... | head -1`) does not
                 // stop the conversion (`println!` panicked there).
-                use std::io::Write;
-                let _ = writeln!(std::io::stdout(), "{}{line}", self.info_prefix);
+                crate::common::say!("{}{line}", self.info_prefix);
             }
             Progress::Stage(name, total) => {
                 self.finish();

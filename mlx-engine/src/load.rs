@@ -69,12 +69,11 @@ pub enum LoadError {
 
 pub type Result<T, E = LoadError> = std::result::Result<T, E>;
 
+/// The built-in default model's Hugging Face repository (one of [`DEFAULT_NAMES`]).
+pub const DEFAULT_REPO: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+
 /// Names that mean the built-in default model.
-pub const DEFAULT_NAMES: &[&str] = &[
-    "smollm2",
-    "SmolLM2-135M-Instruct",
-    "HuggingFaceTB/SmolLM2-135M-Instruct",
-];
+pub const DEFAULT_NAMES: &[&str] = &["smollm2", "SmolLM2-135M-Instruct", DEFAULT_REPO];
 
 /// What `--model` names.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5096,10 +5096,11 @@ fn step_source(
     let banks = mma_banks_define(wide && mma4 && mma_banks());
     // The wide tiles' items of two rows blocks (on unless MLX_GRAPH_MMA_PAIR=0): the same bits.
     let pair = mma_pair_define(mma_pair_in(nb, wide, mma4, mma_pair()).is_ok());
-    // The normed products' 1 / rms at the epilogue (level 1 unless MLX_GRAPH_MMA_LATE_NORM says 0 or 2): L3, every
-    // width alike.
+    // The normed products' 1 / rms at the epilogue (level 1 unless MLX_GRAPH_MMA_LATE_NORM
+    // says 0 or 2): L3, every width alike.
     let late_norm = mma_late_norm_define(if mma4 { p.late_norm } else { 0 });
-    // The mat-vecs for the model's codes' widths only (unless MLX_GRAPH_MV_BITS=0): the same products.
+    // The mat-vecs for the model's codes' widths only (unless MLX_GRAPH_MV_BITS=0): the same
+    // products.
     let bits_only = mv_bits_define(spec, p.mv_bits);
     // The norm weights before the wait (MLX_GRAPH_EARLY_PROLOGUE=1, off otherwise): the same bits.
     let early_norm = early_prologue_define(early_prologue());

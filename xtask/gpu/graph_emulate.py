@@ -375,8 +375,8 @@ MV_NB = int(os.environ.get("GRAPH_EMU_MV_NB", "0"))
 # nb_bit_check then also runs the NB-sequence kernel without it (this tree's, 256 threads, 8 / rows
 # chunks in flight as the default) and compares the two.
 MV_WIDE = int(os.environ.get("GRAPH_EMU_MV_WIDE", "0"))
-# The mat-vecs compiled for some codes' widths only (MV_BITS in the source, MLX_GRAPH_MV_BITS=1
-# on the device, where the host defines GraphSpec::matvec_bits): GRAPH_EMU_MV_BITS=MASK (e.g.
+# The mat-vecs compiled for some codes' widths only (MV_BITS in the source, which the device's
+# host defines as GraphSpec::matvec_bits unless MLX_GRAPH_MV_BITS=0): GRAPH_EMU_MV_BITS=MASK (e.g.
 # 0x10 for 4-bit models, 0x10000 for bfloat16) builds this tree's kernels with that mask; a
 # product of another width then traps, so a run over fixtures of that width checks that the
 # steps launch nothing outside it, and its outputs against a run without it that they are the
