@@ -16,10 +16,7 @@ fn tests_dir() -> PathBuf {
 
 #[test]
 fn perplexity_equals_mlx_lm() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(tests_dir().join("goldens/perplexity.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = golden();
     let data = tests_dir().join("perplexity/train.jsonl");
     for (case, want) in golden["cases"].as_object().unwrap() {
         let model = tests_dir().join(want["model"].as_str().unwrap());
@@ -96,10 +93,38 @@ fn perplexity_refuses_bad_input_naming_it() {
     }
 }
 
-/// Without `--json`, `mlx perplexity` prints mlx_lm.perplexity's lines, the parameter count
-/// as mlx-lm's `get_total_parameters` gives it (82240 for this fixture) included.
+fn golden() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(tests_dir().join("goldens/perplexity.json")).unwrap(),
+    )
+    .unwrap()
+}
+
+/// The parameter count `mlx perplexity` prints (`mlx info`'s, from the weight files' headers)
+/// equals what mlx_lm.perplexity's `get_total_parameters` counts, on every golden model:
+/// plain f32, bf16 and f16 weights and packed 4-bit ones (counted at their unpacked size).
+#[test]
+fn parameter_counts_equal_mlx_lm() {
+    let golden = golden();
+    let models = golden["model_loaded"].as_object().unwrap();
+    assert_eq!(models.len(), 4);
+    for (dir, want) in models {
+        let model = tests_dir().join(dir);
+        let (code, stdout, stderr) = mlx(&["info", "--model", model.to_str().unwrap(), "--json"]);
+        assert_eq!(code, 0, "{dir}: {stderr}");
+        let got: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(got["parameters"], want["total_parameters"], "{dir}");
+    }
+}
+
+/// Without `--json`, `mlx perplexity` prints mlx_lm.perplexity's lines, the `Model loaded`
+/// line equal to the one the golden recorded from mlx-lm's `main`.
 #[test]
 fn perplexity_prints_mlx_lm_s_lines() {
+    let golden = golden();
+    let loaded = golden["model_loaded"]["models/q4_g32"]["line"]
+        .as_str()
+        .unwrap();
     let model = tests_dir().join("models/q4_g32");
     let data = tests_dir().join("perplexity/train.jsonl");
     let (code, stdout, stderr) = mlx(&[
@@ -117,7 +142,7 @@ fn perplexity_prints_mlx_lm_s_lines() {
     ]);
     assert_eq!(code, 0, "{stderr}");
     for line in [
-        "Model loaded: 0.1M parameters",
+        loaded,
         "Loading dataset...",
         "  Sequence length: 8",
         "  Loaded 4 samples",

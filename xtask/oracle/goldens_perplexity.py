@@ -12,8 +12,10 @@ mlx-cli/tests/models/. The `datasets` package is not in the oracle venv, so `loa
 raises IndexError; `mlx perplexity` uses every record.)
 
 Golden: mlx-cli/tests/goldens/perplexity.json: per case the perplexity and its standard error
-(Python floats, repr), the sample count and the rows' sha256; and `benchmark_prompts`, the
-12-token prompt `mlx_lm.benchmark` draws for two fixtures (for `mlx benchmark`).
+(Python floats, repr), the sample count and the rows' sha256; `model_loaded`, per model the
+count mlx_lm.perplexity's `main` takes from `get_total_parameters` and the line it prints with
+it; and `benchmark_prompts`, the 12-token prompt `mlx_lm.benchmark` draws for two fixtures (for
+`mlx benchmark`).
 
 Run with `cargo xtask goldens perplexity`.
 """
@@ -30,7 +32,7 @@ import numpy as np
 
 import mlx_lm.perplexity as ppl_mod
 from mlx_lm.tuner.datasets import create_dataset
-from mlx_lm.utils import load
+from mlx_lm.utils import get_total_parameters, load
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / "mlx-cli" / "tests"
@@ -69,10 +71,17 @@ def main():
 
     ppl_mod.load_dataset = load_dataset
     out = {}
+    loaded = {}
     for case, model_dir, batch, seq, num, seed in CASES:
         np.random.seed(seed)
         mx.random.seed(seed)
         model, tokenizer = load(str(CLI / model_dir))
+        # mlx_lm.perplexity's `main`: the count, then this line.
+        total_params = get_total_parameters(model)
+        loaded[model_dir] = {
+            "total_parameters": int(total_params),
+            "line": f"Model loaded: {total_params/1e6:.1f}M parameters",
+        }
         data = ppl_mod.load_data(tokenizer, str(DATA), num_samples=num, sequence_length=seq)
         ppl, se = ppl_mod.eval_ppl(model, data, batch_size=batch)
         rows = np.array(data).astype(np.int32)
@@ -97,7 +106,7 @@ def main():
         vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
         bench[model_dir] = mx.random.randint(0, vocab, (1, 12)).tolist()[0]
     GOLDEN.write_text(
-        json.dumps({"cases": out, "benchmark_prompts": bench}, indent=1, sort_keys=True) + "\n"
+        json.dumps({"cases": out, "model_loaded": loaded, "benchmark_prompts": bench}, indent=1, sort_keys=True) + "\n"
     )
 
 
