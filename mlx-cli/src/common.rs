@@ -34,13 +34,19 @@ pub struct KvArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i32).range(1..))]
     pub kv_group_size: i32,
     /// With --kv-bits, start quantizing the KV cache from this step onwards.
-    #[arg(long, default_value_t = DEFAULT_QUANTIZED_KV_START as u64)]
-    pub quantized_kv_start: u64,
+    #[arg(long, default_value_t = DEFAULT_QUANTIZED_KV_START as i64, allow_negative_numbers = true)]
+    pub quantized_kv_start: i64,
     /// How --kv-bits quantizes the KV cache: `affine` (mlx-lm's QuantizedKVCache) or
     /// `trellis` (2, 3 or 4 bits: each key and value vector trellis-coded, decoded for
     /// attention; the first 32 tokens and the last 256 read exactly; not in mlx-lm).
     #[arg(long, default_value = "affine", value_parser = ["affine", "trellis"])]
     pub kv_mode: String,
+}
+
+/// `--quantized-kv-start` as a cache offset: mlx-lm quantizes a cache once `offset >= start`,
+/// and an offset is never negative, so a negative start (argparse's `int` takes `-1`) is 0.
+pub fn kv_start(start: i64) -> usize {
+    usize::try_from(start.max(0)).unwrap_or(usize::MAX)
 }
 
 impl KvArgs {
@@ -50,7 +56,7 @@ impl KvArgs {
         opts.prefill_step_size = self.prefill_step_size as usize;
         opts.kv_bits = self.kv_bits;
         opts.kv_group_size = self.kv_group_size;
-        opts.quantized_kv_start = self.quantized_kv_start as usize;
+        opts.quantized_kv_start = kv_start(self.quantized_kv_start);
         opts.kv_mode = self.mode();
     }
 

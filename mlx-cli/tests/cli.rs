@@ -314,6 +314,40 @@ fn bad_input_is_a_clear_error() {
     }
 }
 
+/// `--quantized-kv-start -1` is taken as mlx-lm takes it (a cache is quantized once its
+/// offset reaches the start, so any negative start is 0): the same reply as `0` (a fixture
+/// whose head dimension, 32, takes a group of 32).
+#[test]
+fn a_negative_quantized_kv_start_is_zero() {
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/models/mistral_bias_llama3rope");
+    let model = fixture.to_str().unwrap();
+    let run = |start: &str| {
+        mlx(&[
+            "generate",
+            "--model",
+            model,
+            "-m",
+            "6",
+            "--prompt",
+            "hello world",
+            "--kv-bits",
+            "4",
+            "--kv-group-size",
+            "32",
+            "--quantized-kv-start",
+            start,
+        ])
+    };
+    let (code, zero, err) = run("0");
+    assert_eq!(code, 0, "{err}");
+    let (code, negative, err) = run("-1");
+    assert_eq!(code, 0, "{err}");
+    // The reply between the `==========` lines (the speed lines differ run to run).
+    let reply = |out: &str| out.split("==========").nth(1).map(str::to_owned);
+    assert!(reply(&zero).is_some_and(|r| !r.trim().is_empty()), "{zero}");
+    assert_eq!(reply(&negative), reply(&zero));
+}
+
 /// `mlx generate`'s split load (the prompt's ids and the sampler's special tokens computed from
 /// the tokenizer before any weight is read, its encoder dropped then): a chat-templated prompt
 /// gives the reply its ids give, and errors come in their old order: a model whose weights

@@ -204,9 +204,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub kv_group_size: i32,
 
-    /// Token position from which the KV cache is quantized (with --kv-bits).
-    #[arg(long, default_value_t = 5000)]
-    pub quantized_kv_start: usize,
+    /// Token position from which the KV cache is quantized (with --kv-bits); a negative one
+    /// is 0, as mlx_lm.server's `offset >= start` reads it.
+    #[arg(long, default_value_t = 5000, allow_negative_numbers = true)]
+    pub quantized_kv_start: i64,
 
     /// How --kv-bits quantizes the KV cache: `affine` (mlx-lm's) or `trellis` (2, 3 or 4
     /// bits, trellis-coded keys and values; not in mlx_lm.server).

@@ -201,7 +201,7 @@ fn kv_options(args: &ServeArgs) -> Result<Option<mlx_engine::batch::KvOptions>, 
         max_kv_size: args.max_kv_size,
         kv_bits: args.kv_bits,
         kv_group_size: args.kv_group_size,
-        quantized_kv_start: args.quantized_kv_start,
+        quantized_kv_start: usize::try_from(args.quantized_kv_start.max(0)).unwrap_or(usize::MAX),
         kv_mode,
     }))
 }
