@@ -319,7 +319,8 @@ fn bad_input_is_a_clear_error() {
 /// whose head dimension, 32, takes a group of 32).
 #[test]
 fn a_negative_quantized_kv_start_is_zero() {
-    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/models/mistral_bias_llama3rope");
+    let fixture =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/models/mistral_bias_llama3rope");
     let model = fixture.to_str().unwrap();
     let run = |start: &str| {
         mlx(&[
