@@ -7,7 +7,7 @@ use mlx_cache::save_prompt_cache;
 use mlx_core::io::StringMap;
 use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::generate::{generate_step, make_prompt_cache, GenerateOptions};
-use serde_json::json;
+use serde_json::{json, Map, Value};
 
 use crate::common::{self, KvArgs, ModelArgs};
 use crate::model;
@@ -18,9 +18,14 @@ use crate::model;
 pub struct CachePromptArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory); recorded
+    /// in the cache file's `tokenizer_config`, as mlx-lm records it.
     #[arg(long)]
     pub trust_remote_code: bool,
+    /// End of sequence token for tokenizer (recorded in the cache file: `mlx generate
+    /// --prompt-cache-file` stops at it).
+    #[arg(long, value_name = "TOKEN")]
+    pub eos_token: Option<String>,
     /// The file to write the KV cache to (safetensors).
     #[arg(long, value_name = "FILE")]
     pub prompt_cache_file: String,
@@ -31,11 +36,23 @@ pub struct CachePromptArgs {
     pub kv: KvArgs,
 }
 
+/// mlx_lm.cache_prompt's `tokenizer_config`, in its order: `trust_remote_code`, then
+/// `eos_token` when given. The tokenizer is loaded with it and the cache file records it.
+fn tokenizer_config(a: &CachePromptArgs) -> Map<String, Value> {
+    let mut c = Map::new();
+    c.insert("trust_remote_code".into(), Value::Bool(a.trust_remote_code));
+    if let Some(t) = &a.eos_token {
+        c.insert("eos_token".into(), Value::String(t.clone()));
+    }
+    c
+}
+
 pub fn run(a: &CachePromptArgs) -> Result<(), String> {
     // Ctrl-C while the cache is written leaves no `.<name>.<pid>.partial.safetensors`;
     // partials of writers killed outright are removed by the write itself.
     mlx_core::partial::cleanup_on_interrupt();
-    let m = model::load(&a.model)?;
+    let tokenizer_config = tokenizer_config(a);
+    let m = model::load_for_with(&a.model, false, false, &tokenizer_config, &mut |_| {})?;
     let text = common::read_prompt(&a.prompt)?;
     let tok = &m.tokenizer;
     // mlx_lm.cache_prompt: the message left open (continue_final_message), or the raw prompt
@@ -90,7 +107,7 @@ pub fn run(a: &CachePromptArgs) -> Result<(), String> {
     // `json.dumps(tokenizer_config)`, byte for byte.
     metadata.insert(
         "tokenizer_config".into(),
-        r#"{"trust_remote_code": false}"#.into(),
+        mlx_models::pyjson::dumps_inline(&Value::Object(tokenizer_config), true),
     );
     save_prompt_cache(&a.prompt_cache_file, &caches, &metadata)
         .map_err(|e| format!("{}: {e}", a.prompt_cache_file))

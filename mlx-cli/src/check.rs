@@ -173,6 +173,9 @@ pub fn check(c: Command) -> Result<Checked, String> {
             check_model(&a.model)?;
             check_kv(&a.kv)?;
             check_output_file("--prompt-cache-file", &a.prompt_cache_file)?;
+            if a.eos_token.as_deref() == Some("") {
+                return Err("--eos-token: the token must not be empty".into());
+            }
             Checked::CachePrompt(Box::new(a))
         }
         Command::Serve(a) => {

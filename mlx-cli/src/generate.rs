@@ -166,9 +166,38 @@ pub(crate) fn json_schema_grammar(
 pub struct CacheFile {
     caches: Vec<Box<dyn Cache>>,
     model: Option<String>,
+    /// The metadata's `tokenizer_config` (what `mlx_lm.cache_prompt` loaded the tokenizer
+    /// with, e.g. its `--eos-token`) without `trust_remote_code`: the continuation's tokenizer
+    /// is loaded with it, as `mlx_lm.generate` does.
+    tokenizer_config: Map<String, Value>,
 }
 
-/// `main`'s prompt-cache checks: the kv flags must match a quantized cache.
+/// A prompt-cache file's `tokenizer_config` metadata (`json.dumps` of a dict): an object, its
+/// `trust_remote_code` dropped (mlx-lm's generate replaces it with its own flag, which changes
+/// nothing here). A file without the entry (older tools) gives an empty one.
+fn cache_tokenizer_config(path: &str, entry: Option<&str>) -> Result<Map<String, Value>, String> {
+    let Some(text) = entry else {
+        return Ok(Map::new());
+    };
+    let mut config = match serde_json::from_str(text) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => {
+            return Err(format!(
+                "{path}: the prompt cache's metadata `tokenizer_config` is not a JSON object"
+            ))
+        }
+        Err(e) => {
+            return Err(format!(
+                "{path}: the prompt cache's metadata `tokenizer_config` is not valid JSON: {e}"
+            ))
+        }
+    };
+    config.remove("trust_remote_code");
+    Ok(config)
+}
+
+/// `main`'s prompt-cache checks: the kv flags must match a quantized cache, and the metadata's
+/// `tokenizer_config` must be a JSON object.
 pub(crate) fn load_cache_file(path: &str, a: &GenerateArgs) -> Result<CacheFile, String> {
     let (caches, metadata) = load_prompt_cache(path).map_err(|e| e.to_string())?;
     if let Some(q) = caches
@@ -199,9 +228,12 @@ pub(crate) fn load_cache_file(path: &str, a: &GenerateArgs) -> Result<CacheFile,
             ));
         }
     }
+    let tokenizer_config =
+        cache_tokenizer_config(path, metadata.get("tokenizer_config").map(String::as_str))?;
     Ok(CacheFile {
         caches,
         model: metadata.get("model").cloned(),
+        tokenizer_config,
     })
 }
 
@@ -364,7 +396,17 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             early = Some(f);
         }
     };
-    let mut m = model::load_for_with(&model_args, a.spec.mtp, blocks, &mut before_weights)?;
+    let tokenizer_config = cache_file
+        .as_ref()
+        .map(|cf| cf.tokenizer_config.clone())
+        .unwrap_or_default();
+    let mut m = model::load_for_with(
+        &model_args,
+        a.spec.mtp,
+        blocks,
+        &tokenizer_config,
+        &mut before_weights,
+    )?;
     let f = match early.take() {
         Some(f) => f,
         None => FromTokenizer::compute(a, &mut m.tokenizer, using_cache),

@@ -6,6 +6,7 @@ use std::path::Path;
 use clap::Args;
 use mlx_engine::fetch::FetchProgress;
 use mlx_engine::load::{self, LoadEvents, LoadSpec, ModelRef};
+use serde_json::{Map, Value};
 
 pub use mlx_engine::load::Loaded;
 
@@ -83,15 +84,18 @@ pub fn load_with(a: &ModelArgs, mtp: bool) -> Result<Loaded, String> {
 /// [`load_with`]; with `gguf_blocks`, a GGUF file's GGML-block weights kept as blocks for the
 /// CPU decoder ([`LoadSpec::gguf_blocks`]; see [`crate::common::DecoderArgs::may_pick_cpu`]).
 pub fn load_for(a: &ModelArgs, mtp: bool, gguf_blocks: bool) -> Result<Loaded, String> {
-    load_for_with(a, mtp, gguf_blocks, &mut |_| {})
+    load_for_with(a, mtp, gguf_blocks, &Map::new(), &mut |_| {})
 }
 
-/// [`load_for`], with `before_weights` given the tokenizer before any weight is read (see
+/// [`load_for`], with the tokenizer config's entries `tokenizer_config` replacing the model's
+/// ([`LoadSpec::tokenizer_config`]: mlx-lm's `load(..., tokenizer_config=...)`), and
+/// `before_weights` given the tokenizer before any weight is read (see
 /// [`load::load_mtp_with`]).
 pub fn load_for_with(
     a: &ModelArgs,
     mtp: bool,
     gguf_blocks: bool,
+    tokenizer_config: &Map<String, Value>,
     before_weights: &mut dyn FnMut(&mut mlx_engine::tokenizer::Tokenizer),
 ) -> Result<Loaded, String> {
     if a.adapter_path.is_some() && std::env::var_os(crate::launch::ENV_BACKEND).is_some() {
@@ -107,6 +111,7 @@ pub fn load_for_with(
             .map(Path::new)
             .map(Path::to_path_buf),
         gguf_blocks,
+        tokenizer_config: tokenizer_config.clone(),
     };
     let mut m = load::load_mtp_with(
         &model_path(a.model.as_deref())?,

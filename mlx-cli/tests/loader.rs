@@ -266,3 +266,56 @@ fn perplexity_reads_a_gguf_file() {
     assert_eq!(v["samples"], 2, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `mlx cache-prompt --eos-token` on a `.gguf` file: its tokenizer (built from the metadata)
+/// takes the token as its EOS, and `mlx generate --prompt-cache-file` stops at it.
+#[test]
+fn cache_prompt_eos_token_on_a_gguf_file() {
+    let dir = tmp("cache_eos");
+    let gguf = gguf_with_tokenizer(&dir);
+    let file = dir.join("cache.safetensors");
+    let tokens = |eos: Option<&str>| -> Vec<u64> {
+        let mut args = vec!["cache-prompt", "--model", gguf.to_str().unwrap()];
+        args.extend(["--prompt", "hello world", "--prompt-cache-file"]);
+        args.push(file.to_str().unwrap());
+        if let Some(t) = eos {
+            args.extend(["--eos-token", t]);
+        }
+        let (code, out, err) = mlx(&args);
+        assert_eq!(code, 0, "{out}\n{err}");
+        let (code, out, err) = mlx(&[
+            "generate",
+            "--prompt-cache-file",
+            file.to_str().unwrap(),
+            "--prompt",
+            "the",
+            "--max-tokens",
+            "8",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{out}\n{err}");
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    let plain = tokens(None);
+    assert_eq!(plain.len(), 8, "{plain:?}");
+    // The first id after the first that was not generated before it; its spelling in the
+    // fixture.
+    let at = (1..plain.len())
+        .find(|&i| !plain[..i].contains(&plain[i]))
+        .unwrap_or_else(|| panic!("no second id: {plain:?}"));
+    let name = match plain[at] {
+        0 => "<s>".to_string(),
+        1 => "</s>".to_string(),
+        2 => "Ġ".to_string(),
+        n @ 3..=28 => char::from(b'a' + (n - 3) as u8).to_string(),
+        n => format!("<unused{n}>"),
+    };
+    assert_eq!(tokens(Some(&name)), plain[..at], "--eos-token {name}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -254,6 +254,188 @@ fn prompt_cache_files_interoperate_with_mlx_lm() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// `cargo xtask goldens cache_eos`: `mlx_lm.cache_prompt --eos-token WORD` and its
+/// continuation.
+fn eos_golden() -> Value {
+    let p = root().join("mlx-cli/tests/goldens/cache_eos.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// A prompt-cache file's user metadata entry `key` (mlx-lm's `metadata[key]`).
+fn cache_metadata(path: &Path, key: &str) -> Option<String> {
+    let (_, metadata) = mlx_cache::load_prompt_cache(path).unwrap();
+    metadata.get(key).cloned()
+}
+
+/// `mlx cache-prompt --eos-token WORD` writes mlx_lm.cache_prompt's file (tensors and
+/// metadata: `{"trust_remote_code": false, "eos_token": WORD}`), and `mlx generate
+/// --prompt-cache-file` on mlx-lm's file (or ours) stops at WORD as mlx_lm.generate does;
+/// `--trust-remote-code` is recorded as mlx-lm records it.
+#[test]
+fn cache_prompt_eos_token_matches_mlx_lm() {
+    let g = eos_golden();
+    let tmp = std::env::temp_dir().join(format!("mlx-cli-cache-eos-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let ours = tmp.join("eos.safetensors");
+    let mut args = vec![
+        "cache-prompt".to_string(),
+        "--dtype".into(),
+        "stored".into(),
+    ];
+    args.extend(strings(&g["cache_prompt_args"]));
+    let file = args.len() - 1;
+    args[file] = ours.to_str().unwrap().into();
+    let (code, _, err) = mlx(&args.iter().map(String::as_str).collect::<Vec<_>>(), None);
+    assert_eq!(code, 0, "{err}");
+    let theirs = root().join(g["file"].as_str().unwrap());
+    if let Err(e) = same_file(&ours, &theirs) {
+        panic!("our --eos-token prompt-cache file differs from mlx_lm.cache_prompt's: {e}");
+    }
+    assert_eq!(
+        cache_metadata(&ours, "tokenizer_config").as_deref(),
+        g["tokenizer_config"].as_str()
+    );
+    // mlx-lm's file continued here stops at the EOS word, as in mlx-lm; ours too.
+    assert!(!g["plain"]["text"]
+        .as_str()
+        .unwrap()
+        .ends_with(g["text"].as_str().unwrap()));
+    let mut case = g.clone();
+    case["name"] = "cache_eos".into();
+    check_generate(&case, &["--dtype", "stored"]);
+    let mut args = strings(&g["args"]);
+    let at = args
+        .iter()
+        .position(|a| a == "--prompt-cache-file")
+        .unwrap()
+        + 1;
+    args[at] = ours.to_str().unwrap().into();
+    case["args"] = args.into();
+    check_generate(&case, &["--dtype", "stored"]);
+
+    // --trust-remote-code: `true` in the metadata, as mlx-lm writes it.
+    let trusted = tmp.join("trusted.safetensors");
+    let mut args = vec![
+        "cache-prompt".to_string(),
+        "--dtype".into(),
+        "stored".into(),
+    ];
+    args.extend(strings(&g["trust_remote_code"]["cache_prompt_args"]));
+    args.extend([
+        "--prompt-cache-file".into(),
+        trusted.to_str().unwrap().into(),
+    ]);
+    let (code, _, err) = mlx(&args.iter().map(String::as_str).collect::<Vec<_>>(), None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        cache_metadata(&trusted, "tokenizer_config").as_deref(),
+        g["trust_remote_code"]["tokenizer_config"].as_str()
+    );
+    // Without the flags: mlx-lm's `{"trust_remote_code": false}`.
+    let plain = tmp.join("plain.safetensors");
+    let (code, _, err) = mlx(
+        &[
+            "cache-prompt",
+            "--model",
+            g["model"].as_str().unwrap(),
+            "--prompt",
+            "hello",
+            "--prompt-cache-file",
+            plain.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        cache_metadata(&plain, "tokenizer_config").as_deref(),
+        Some(r#"{"trust_remote_code": false}"#)
+    );
+    // An empty token is refused before anything loads.
+    let (code, _, err) = mlx(
+        &[
+            "cache-prompt",
+            "--model",
+            g["model"].as_str().unwrap(),
+            "--prompt",
+            "hello",
+            "--eos-token",
+            "",
+            "--prompt-cache-file",
+            plain.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--eos-token"), "{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// A prompt-cache file whose `tokenizer_config` metadata is not a JSON object is an error
+/// naming the file and the entry (not a panic); one without the entry (older tools) continues
+/// with the model's own tokenizer config.
+#[test]
+fn prompt_cache_tokenizer_config_metadata_is_checked() {
+    let g = eos_golden();
+    let tmp = std::env::temp_dir().join(format!("mlx-cli-cache-tc-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (arrays, metadata) =
+        load_safetensors(root().join(g["file"].as_str().unwrap()), None).unwrap();
+    // mlx-lm's metadata entries are saved under the index of their place in the file (`0.`).
+    let key = "0.tokenizer_config";
+    assert!(metadata.contains_key(key), "{metadata:?}");
+    let rewrite = |name: &str, value: Option<&str>| -> PathBuf {
+        let mut m = metadata.clone();
+        match value {
+            Some(v) => m.insert(key.into(), v.into()),
+            None => m.remove(key),
+        };
+        let path = tmp.join(name);
+        mlx_core::io::save_safetensors(&path, arrays.iter().map(|(k, a)| (k.as_str(), a)), &m)
+            .unwrap();
+        path
+    };
+    let generate = |path: &Path| {
+        let mut args = strings(&g["args"]);
+        let at = args
+            .iter()
+            .position(|a| a == "--prompt-cache-file")
+            .unwrap()
+            + 1;
+        args[at] = path.to_str().unwrap().into();
+        args.insert(0, "generate".into());
+        args.extend(["--dtype".into(), "stored".into()]);
+        mlx(&args.iter().map(String::as_str).collect::<Vec<_>>(), None)
+    };
+    for (name, value, what) in [
+        (
+            "not_json.safetensors",
+            "{trust_remote_code: false",
+            "not valid JSON",
+        ),
+        (
+            "not_object.safetensors",
+            r#"["eos_token", "tell"]"#,
+            "not a JSON object",
+        ),
+    ] {
+        let path = rewrite(name, Some(value));
+        let (code, out, err) = generate(&path);
+        assert_eq!(code, 1, "{name}: {out}{err}");
+        assert!(
+            err.contains(path.to_str().unwrap()) && err.contains("`tokenizer_config`"),
+            "{name}: {err}"
+        );
+        assert!(err.contains(what), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+    }
+    // No entry: `{}`, the model's own EOS: mlx-lm's plain continuation.
+    let path = rewrite("no_entry.safetensors", None);
+    let (code, out, err) = generate(&path);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(parse_verbose(&out).0, g["plain"]["text"].as_str().unwrap());
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 fn greedy_case() -> Value {
     golden()["generate"]
         .as_array()

@@ -106,6 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dtype: "auto".into(),
         adapter_path: None,
         gguf_blocks: true,
+        tokenizer_config: serde_json::Map::new(),
     };
     let m = load(&ModelRef::Path(path.clone()), &spec, &mut Quiet)?;
     let messages = vec![serde_json::json!({

@@ -18,7 +18,7 @@ use mlx_models::config::ModelConfig;
 use mlx_models::gguf::{load_gguf_model_from, GgufTensors};
 use mlx_models::load::{LoadOptions, ModelInfo};
 use mlx_models::{LanguageModel, ModelError};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::fetch::{self, FetchError, FetchProgress};
 use crate::hub::{self, HubError, HubOptions, RepoRef};
@@ -234,6 +234,14 @@ pub struct LoadSpec {
     /// to run (the MLX forward still runs on them, dequantizing or widening on use, with the
     /// same bits); ignored with `adapter_path`.
     pub gguf_blocks: bool,
+    /// Entries replacing the tokenizer config's, as mlx-lm's `load(path,
+    /// tokenizer_config=...)` passes them to transformers' `from_pretrained` (`eos_token`:
+    /// `mlx cache-prompt --eos-token`, or a prompt-cache file's `tokenizer_config`);
+    /// `trust_remote_code` changes nothing. A directory's `tokenizer_config.json` entries
+    /// ([`Tokenizer::from_dir_with_config`]), a GGUF file's from its metadata
+    /// ([`GgufTokenizerData::config_overrides`](crate::GgufTokenizerData::config_overrides)).
+    /// Empty: the model's own.
+    pub tokenizer_config: Map<String, Value>,
 }
 
 impl Default for LoadSpec {
@@ -243,6 +251,7 @@ impl Default for LoadSpec {
             dtype: "stored".into(),
             adapter_path: None,
             gguf_blocks: false,
+            tokenizer_config: Map::new(),
         }
     }
 }
@@ -319,7 +328,7 @@ pub fn load_mtp_with(
     // adapters' dequantizing (DoRA, fusing) computes in the scales' dtype: load as the exact
     // path does.
     let blocks = spec.gguf_blocks && spec.adapter_path.is_none();
-    let mut m = load_path(&path, &spec.dtype, events, mtp, blocks, before_weights)?;
+    let mut m = load_path(&path, spec, events, mtp, blocks, before_weights)?;
     // What loading freed (file buffers, the reader's and the tokenizer build's temporaries,
     // arrays replaced by their cast) goes back to the system rather than staying resident
     // in the allocator's arenas beside the weights for the whole run.
@@ -349,13 +358,13 @@ pub fn load_mtp_with(
 
 fn load_path(
     path: &Path,
-    dtype: &str,
+    spec: &LoadSpec,
     events: &mut dyn LoadEvents,
     mtp: bool,
     blocks: bool,
     before_weights: &mut dyn FnMut(&mut Tokenizer),
 ) -> Result<Loaded> {
-    let (dtype, dtype_name) = pick_dtype(dtype, events)?;
+    let (dtype, dtype_name) = pick_dtype(&spec.dtype, events)?;
     let opts = LoadOptions { dtype };
     if mtp && is_gguf(path) {
         return Err(LoadError::Model(ModelError::Config(format!(
@@ -374,9 +383,12 @@ fn load_path(
         // weights arrive, instead of adding to the weights' peak. Its error still comes after
         // the model's, as when it was built last.
         let mut header = mlx_models::gguf::read_gguf_header_of(path)?;
-        let mut tokenizer = tokenizer_data(&header.metadata).and_then(|t| t.build());
+        let mut tokenizer = tokenizer_data(&header.metadata).and_then(|mut t| {
+            t.config_overrides = spec.tokenizer_config.clone();
+            t.build()
+        });
         if let Ok(t) = tokenizer.as_mut() {
-            if t.has_chat_template() {
+            if t.has_chat_template() && !spec.tokenizer_config.contains_key("chat_template") {
                 t.set_chat_template_origin(format!(
                     "{}: GGUF metadata `tokenizer.chat_template`",
                     path.display()
@@ -418,7 +430,7 @@ fn load_path(
         // The tokenizer first, as for a GGUF: its build's transients (tens of MB for a
         // 49k-token BPE's `tokenizer.json`) are free again before the weights arrive. Its error
         // still comes after the model's.
-        let mut tokenizer = Tokenizer::from_dir(path);
+        let mut tokenizer = Tokenizer::from_dir_with_config(path, &spec.tokenizer_config);
         if let Ok(t) = tokenizer.as_mut() {
             before_weights(t);
         }

@@ -135,6 +135,7 @@ pub fn load_model_dir(args: &ServeArgs) -> Result<LoadedModel, ModelDirError> {
         dtype: "stored".into(),
         adapter_path: args.adapter_path.as_deref().map(Into::into),
         gguf_blocks: false,
+        tokenizer_config: serde_json::Map::new(),
     };
     let model = mlx_engine::load::ModelRef::Path(dir.into());
     mlx_engine::load::load(&model, &spec, &mut mlx_engine::load::Quiet)

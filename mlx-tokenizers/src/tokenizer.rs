@@ -309,6 +309,28 @@ fn truthy(v: &Value) -> bool {
     }
 }
 
+/// Keyword arguments of transformers' `AutoTokenizer.from_pretrained` that it consumes itself
+/// rather than passing on to the tokenizer's config (mlx-lm passes `trust_remote_code`).
+const LOADING_KWARGS: [&str; 1] = ["trust_remote_code"];
+
+/// Puts `overrides` into a tokenizer config (`tokenizer_config.json`'s entries, or the ones a
+/// GGUF file's metadata gives), each replacing the entry of its name, as transformers'
+/// `init_kwargs.update(kwargs)` does; the loading keywords ([`LOADING_KWARGS`]:
+/// `trust_remote_code`) are skipped. Returns the keys it put.
+pub fn apply_config_overrides<'a>(
+    config: &mut Map<String, Value>,
+    overrides: &'a Map<String, Value>,
+) -> Vec<&'a str> {
+    let mut put = Vec::new();
+    for (k, v) in overrides {
+        if !LOADING_KWARGS.contains(&k.as_str()) {
+            config.insert(k.clone(), v.clone());
+            put.push(k.as_str());
+        }
+    }
+    put
+}
+
 impl Tokenizer {
     /// The tokenizer as a Hugging Face `tokenizer.json` document (pretty-printed), e.g. for
     /// `mlx convert` writing a GGUF file's tokenizer beside the converted weights.
@@ -370,6 +392,28 @@ impl Tokenizer {
     /// `generation_config.json`'s when that one is set.
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
+        Self::from_dir_with_eos(dir, &Self::config_eos_ids(dir)?)
+    }
+
+    /// [`Tokenizer::from_dir`] with `overrides` replacing `tokenizer_config.json`'s entries (and
+    /// `chat_template.jinja`'s template), as the keyword arguments of transformers'
+    /// `AutoTokenizer.from_pretrained(path, **tokenizer_config)` do in mlx-lm's
+    /// `load(path, tokenizer_config=...)`: an `eos_token` there becomes the tokenizer's EOS token
+    /// (added as a special token when the vocabulary lacks it), and the EOS set is then the
+    /// model config's ids plus that token's. `trust_remote_code` (which `from_pretrained`
+    /// consumes itself) changes nothing ([`apply_config_overrides`]).
+    pub fn from_dir_with_config(
+        dir: impl AsRef<Path>,
+        overrides: &Map<String, Value>,
+    ) -> Result<Self> {
+        let dir = dir.as_ref();
+        let eos = Self::config_eos_ids(dir)?;
+        Self::load_dir(dir, &eos, overrides)
+    }
+
+    /// The EOS ids `mlx_lm.utils.load` gives the tokenizer: `config.json`'s `eos_token_id`,
+    /// replaced by `generation_config.json`'s when that one is set.
+    fn config_eos_ids(dir: &Path) -> Result<Vec<u32>> {
         let mut eos: Option<Value> = None;
         let config = dir.join("config.json");
         if config.is_file() {
@@ -384,14 +428,18 @@ impl Tokenizer {
                 }
             }
         }
-        let eos = eos.map(|e| eos_ids_from(&e)).unwrap_or_default();
-        Self::from_dir_with_eos(dir, &eos)
+        Ok(eos.map(|e| eos_ids_from(&e)).unwrap_or_default())
     }
 
     /// Like [`Tokenizer::from_dir`] but with the extra EOS ids given (mlx-lm's
     /// `load_tokenizer(path, eos_token_ids=...)`); `config.json` is not read.
     pub fn from_dir_with_eos(dir: impl AsRef<Path>, extra_eos_ids: &[u32]) -> Result<Self> {
-        let dir = dir.as_ref();
+        Self::load_dir(dir.as_ref(), extra_eos_ids, &Map::new())
+    }
+
+    /// [`Tokenizer::from_dir_with_eos`] with `overrides` applied to the config
+    /// ([`Tokenizer::from_dir_with_config`]).
+    fn load_dir(dir: &Path, extra_eos_ids: &[u32], overrides: &Map<String, Value>) -> Result<Self> {
         let tokenizer_json = dir.join("tokenizer.json");
         let bytes = std::fs::read(&tokenizer_json).map_err(|e| {
             TokenizerError::Io(format!("reading {}: {e}", tokenizer_json.display()))
@@ -421,6 +469,14 @@ impl Tokenizer {
                 .map_err(|e| TokenizerError::Io(format!("reading {}: {e}", jinja.display())))?;
             config.insert("chat_template".into(), Value::String(t));
             origin = Some(jinja.display().to_string());
+        }
+        // transformers updates the config with the keyword arguments after reading the
+        // template files: an overriding template wins over both.
+        if apply_config_overrides(&mut config, overrides).contains(&"chat_template") {
+            origin = config
+                .get("chat_template")
+                .is_some_and(|t| !t.is_null())
+                .then(|| "the tokenizer config overrides' `chat_template`".into());
         }
         let mut tok = Self::from_parts(inner, &config, extra_eos_ids)?;
         tok.chat_template_origin = origin;
@@ -645,6 +701,12 @@ impl Tokenizer {
     /// backend.
     pub fn has_trie_encoder(&self) -> bool {
         self.trie_encoder.is_some()
+    }
+
+    /// With an encoder of llama.cpp's: whether it adds a BOS and an EOS id when special tokens
+    /// are asked for.
+    pub(crate) fn trie_encoder_adds(&self) -> Option<(bool, bool)> {
+        self.trie_encoder.as_deref().map(|t| t.adds())
     }
 
     /// The backend `tokenizers::Tokenizer`. After [`Tokenizer::keep_decoding_only`] (see
@@ -1021,5 +1083,112 @@ mod token_map_tests {
             list.iter().map(|t| t.as_deref()).collect::<Vec<_>>()
         );
         assert_eq!(TokenMap::new(std::iter::empty()).get(0), None);
+    }
+}
+
+#[cfg(test)]
+mod config_override_tests {
+    use super::Tokenizer;
+    use serde_json::{json, Map, Value};
+
+    /// A model directory with a word-level `tokenizer.json` (`<unk> <s> </s> hello world
+    /// tell`), a `tokenizer_config.json` naming `</s>` the EOS token, and a `config.json` with
+    /// `eos_token_id` when given.
+    fn model_dir(name: &str, config_eos: Option<Value>) -> std::path::PathBuf {
+        use tokenizers::models::wordlevel::WordLevel;
+        let dir = std::env::temp_dir().join(format!(
+            "mlx-tokenizers-override-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let vocab = ["<unk>", "<s>", "</s>", "hello", "world", "tell"]
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.to_string(), i as u32))
+            .collect();
+        let model = WordLevel::builder()
+            .vocab(vocab)
+            .unk_token("<unk>".into())
+            .build()
+            .unwrap();
+        let mut tok = tokenizers::Tokenizer::new(model);
+        tok.with_pre_tokenizer(Some(
+            tokenizers::pre_tokenizers::whitespace::WhitespaceSplit,
+        ));
+        tok.save(dir.join("tokenizer.json"), false).unwrap();
+        let config = json!({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        if let Some(e) = config_eos {
+            let c = json!({"model_type": "llama", "eos_token_id": e});
+            std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        }
+        dir
+    }
+
+    fn overrides(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!("an object"),
+        }
+    }
+
+    /// `eos_token` in the overrides replaces `tokenizer_config.json`'s: the tokenizer's EOS
+    /// token and id are the new one's, the EOS set holds it and the model config's ids, and
+    /// the old token's id is gone unless the model config lists it; `trust_remote_code`
+    /// changes nothing; a token outside the vocabulary is added as a special token.
+    #[test]
+    fn overrides_replace_the_tokenizer_config() {
+        let plain_dir = model_dir("plain", None);
+        let dir = plain_dir.clone();
+        let plain = Tokenizer::from_dir(&dir).unwrap();
+        assert_eq!(plain.eos_token(), Some("</s>"));
+        assert_eq!(
+            plain.eos_token_ids().iter().copied().collect::<Vec<_>>(),
+            [2]
+        );
+
+        let same =
+            Tokenizer::from_dir_with_config(&dir, &overrides(json!({"trust_remote_code": true})))
+                .unwrap();
+        assert_eq!(same.eos_token(), Some("</s>"));
+        assert_eq!(same.eos_token_ids(), plain.eos_token_ids());
+        assert_eq!(same.vocab_size(), plain.vocab_size());
+
+        let tell = overrides(json!({"trust_remote_code": false, "eos_token": "tell"}));
+        let t = Tokenizer::from_dir_with_config(&dir, &tell).unwrap();
+        assert_eq!(t.eos_token(), Some("tell"));
+        assert_eq!(t.eos_token_id(), Some(5));
+        assert_eq!(t.eos_token_ids().iter().copied().collect::<Vec<_>>(), [5]);
+        assert_eq!(t.vocab_size(), plain.vocab_size());
+        assert_eq!(t.encode("hello tell world", false).unwrap(), [3, 5, 4]);
+
+        // The model config's EOS ids stay in the set; the old token's id only through them.
+        let list_dir = model_dir("config", Some(json!([2, 4])));
+        let t = Tokenizer::from_dir_with_config(&list_dir, &tell).unwrap();
+        assert_eq!(
+            t.eos_token_ids().iter().copied().collect::<Vec<_>>(),
+            [2, 4, 5]
+        );
+        let dir = model_dir("config1", Some(json!(4)));
+        let t = Tokenizer::from_dir_with_config(&dir, &tell).unwrap();
+        assert_eq!(
+            t.eos_token_ids().iter().copied().collect::<Vec<_>>(),
+            [4, 5]
+        );
+
+        // A token the vocabulary lacks: a new special token at the end, the EOS.
+        let t = Tokenizer::from_dir_with_config(&dir, &overrides(json!({"eos_token": "<stop>"})))
+            .unwrap();
+        assert_eq!(t.eos_token_id(), Some(6));
+        assert_eq!(
+            t.eos_token_ids().iter().copied().collect::<Vec<_>>(),
+            [4, 6]
+        );
+        assert_eq!(t.encode("hello<stop>", false).unwrap(), [3, 6]);
+        assert_eq!(t.decode(&[3, 6], true).unwrap(), "hello");
+        for d in [plain_dir, list_dir, dir] {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
 }

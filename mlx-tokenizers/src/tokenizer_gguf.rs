@@ -53,7 +53,7 @@ use mlx_core::io::{GgufMetadata, GgufValue};
 use mlx_core::prelude::*;
 
 use crate::chat_template::ChatTemplates;
-use crate::tokenizer::{Result, Tokenizer, TokenizerError};
+use crate::tokenizer::{apply_config_overrides, Result, Tokenizer, TokenizerError};
 use crate::tokenizer_stream::byte_to_unicode;
 
 /// A scalar metadata value as `f64` (the same reading as `mlx_models::gguf::meta_f64`).
@@ -124,6 +124,13 @@ pub struct GgufTokenizerData {
     pub precompiled_charsmap: Option<Vec<u8>>,
     /// `tokenizer.ggml.remove_extra_whitespaces` (Unigram; llama.cpp's default: true).
     pub remove_extra_whitespaces: Option<bool>,
+    /// Not in the file: entries replacing those of the tokenizer config built from the metadata
+    /// (`bos_token`, `eos_token`, `add_bos_token`, ..., `chat_template`), as
+    /// [`Tokenizer::from_dir_with_config`]'s replace `tokenizer_config.json`'s (mlx-lm's
+    /// `load(path, tokenizer_config=...)`, e.g. `mlx cache-prompt --eos-token`). Empty: the
+    /// file's own. Where llama.cpp's own encoder adds the BOS / EOS (see [`Self::build`]), an
+    /// override of what it adds is an error.
+    pub config_overrides: Map<String, Value>,
 }
 
 const LLAMA3_SPLIT: &str = concat!(
@@ -496,8 +503,30 @@ impl GgufTokenizerData {
         }
     }
 
-    /// Builds the tokenizer. Errors name what is unsupported or inconsistent.
+    /// Builds the tokenizer, [`Self::config_overrides`] applied. Errors name what is
+    /// unsupported or inconsistent: where an encoder of llama.cpp's runs (RWKV, PLaMo 2,
+    /// HybriDNA, SentencePiece without scores), it adds the file's BOS / EOS itself, so
+    /// overriding `add_bos_token` or `add_eos_token`, or the token it adds, is refused.
     pub fn build(&self) -> Result<Tokenizer> {
+        let tok = self.build_tokenizer()?;
+        if let Some((bos, eos)) = tok.trie_encoder_adds() {
+            let refused = |k: &str| match k {
+                "add_bos_token" | "add_eos_token" => true,
+                "bos_token" => bos,
+                "eos_token" => eos,
+                _ => false,
+            };
+            if let Some(k) = self.config_overrides.keys().find(|k| refused(k)) {
+                return Err(TokenizerError::Invalid(format!(
+                    "tokenizer config override {k:?}: not supported for this GGUF tokenizer \
+                     (llama.cpp's own encoder, which adds the file's BOS / EOS itself)"
+                )));
+            }
+        }
+        Ok(tok)
+    }
+
+    fn build_tokenizer(&self) -> Result<Tokenizer> {
         if self.model == "llama" {
             return self.build_spm();
         }
@@ -694,8 +723,13 @@ impl GgufTokenizerData {
             // BertTokenizer's default: transformers' clean-up of spaces before punctuation.
             config.insert("clean_up_tokenization_spaces".into(), Value::Bool(true));
         }
+        let put = apply_config_overrides(&mut config, &self.config_overrides);
         let mut tok = Tokenizer::from_parts(inner, &config, &[])?;
-        if let Some(t) = &self.chat_template {
+        if put.contains(&"chat_template") {
+            if tok.has_chat_template() {
+                tok.set_chat_template_origin("the tokenizer config overrides' `chat_template`");
+            }
+        } else if let Some(t) = &self.chat_template {
             tok.set_chat_template(Some(ChatTemplates::Single(t.clone())));
             tok.set_chat_template_origin("GGUF metadata `tokenizer.chat_template`");
         }
@@ -1520,6 +1554,7 @@ pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
             _ => None,
         },
         remove_extra_whitespaces: flag("tokenizer.ggml.remove_extra_whitespaces"),
+        config_overrides: Map::new(),
     })
 }
 

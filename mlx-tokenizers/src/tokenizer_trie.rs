@@ -544,6 +544,11 @@ impl TrieEncoder {
         }
     }
 
+    /// Whether [`Self::encode`] adds a BOS and an EOS id when special tokens are asked for.
+    pub(crate) fn adds(&self) -> (bool, bool) {
+        (self.bos.is_some(), self.eos.is_some())
+    }
+
     /// The ids of `text`: special tokens split out, the rest through the algorithm; BOS first
     /// when `add_special` and the encoder adds one.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {

@@ -370,3 +370,53 @@ fn spm_gguf_vocabulary_without_scores_encodes_as_llama_cpp() {
         .to_string();
     assert!(e.contains("<0xF0>"), "{e}");
 }
+
+/// Tokenizer config overrides (mlx-lm's `load(..., tokenizer_config=...)`, e.g. `mlx
+/// cache-prompt --eos-token`) apply to a GGUF tokenizer as to a `tokenizer_config.json`'s:
+/// `eos_token` names the EOS token and the EOS set; `trust_remote_code` changes nothing. Where
+/// llama.cpp's own encoder adds the BOS / EOS itself, overriding what it adds is an error
+/// naming the key.
+#[test]
+fn gguf_tokenizer_config_overrides_apply_or_are_refused() {
+    let set = |v: &[(&str, serde_json::Value)]| -> serde_json::Map<String, Value> {
+        v.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    };
+    let mut d = data_of("whitespace-bpe.gguf");
+    let plain = d.build().unwrap();
+    let word = d
+        .tokens
+        .iter()
+        .find(|t| t.len() > 2 && t.chars().all(|c| c.is_ascii_alphabetic()))
+        .unwrap()
+        .clone();
+    let id = plain.token_to_id(&word).unwrap();
+    assert_ne!(plain.eos_token_id(), Some(id));
+    d.config_overrides = set(&[
+        ("trust_remote_code", Value::Bool(true)),
+        ("eos_token", Value::String(word.clone())),
+    ]);
+    let t = d.build().unwrap();
+    assert_eq!(t.eos_token(), Some(word.as_str()));
+    assert_eq!(t.eos_token_id(), Some(id));
+    assert_eq!(t.eos_token_ids().iter().copied().collect::<Vec<_>>(), [id]);
+    assert_eq!(t.vocab_size(), plain.vocab_size());
+    d.config_overrides = set(&[("trust_remote_code", Value::Bool(false))]);
+    assert_eq!(d.build().unwrap().eos_token_ids(), plain.eos_token_ids());
+
+    // RWKV: llama.cpp's encoder adds nothing, so the EOS token may change; add_bos_token not.
+    let mut r = data();
+    let eos = r.tokens[r.tokens.len() - 1].clone();
+    r.config_overrides = set(&[("eos_token", Value::String(eos.clone()))]);
+    assert_eq!(r.build().unwrap().eos_token(), Some(eos.as_str()));
+    r.config_overrides = set(&[("add_bos_token", Value::Bool(true))]);
+    let e = r.build().unwrap_err().to_string();
+    assert!(e.contains("\"add_bos_token\"") && e.contains("GGUF"), "{e}");
+
+    // PLaMo 2 with add_bos: its encoder adds the file's BOS, which may not be renamed.
+    let mut p = data_of("plamo2.gguf");
+    p.add_bos = Some(true);
+    let bos = p.tokens[p.tokens.len() - 1].clone();
+    p.config_overrides = set(&[("bos_token", Value::String(bos))]);
+    let e = p.build().unwrap_err().to_string();
+    assert!(e.contains("\"bos_token\""), "{e}");
+}

@@ -91,6 +91,7 @@ const SUBCOMMANDS: &[(&str, &[Flag])] = &[
             ("--max-kv-size", &["256"]),
             ("--prefill-step-size", &["512"]),
             ("--quantized-kv-start", &["0"]),
+            ("--eos-token", &["</s>", ""]),
         ],
     ),
     (
