@@ -1,0 +1,42 @@
+#!/bin/bash
+# Session 51's third call (cold machine, <= 330 s): why the graph decoder's peak memory moves
+# between `mlx benchmark` processes (this session's first call: the 8B 6.367 GB in every
+# trial, the second call 6.215, session 50 6.228; the 135M's third trial 0.369 against 0.338;
+# the MoE's third trial 19.747 against 19.563). Per model, three `mlx benchmark --decoder auto`
+# processes (prompt 512, 128 tokens, 3 trials), the first with the NVRTC kernel cache empty,
+# with MLX_GRAPH_MEMORY=1 (MLX's live, cached and peak bytes and the decoder's at each point of
+# a graph run, on stderr).
+#   run(carry=[".gpu/a", ".gpu/c"], command="bash .gpu/c/s51c.sh", timeout_s=330)
+# Output: $OUT/mem.txt (each process's trials and the points where the run's peak rose) and
+# $OUT/all.tgz (the whole stderr).
+T0=$SECONDS
+S=$OUT/mem.txt
+mkdir -p $OUT/m
+MODELS="llama31-8b-q4 llama-135m-bf16" WARM=" " PARTS=setup BUDGET_S=150 TAG=setup OUT=$OUT/m \
+  bash .gpu/c/measure.sh > /dev/null 2>&1
+echo "== setup at $((SECONDS - T0)) s" | tee -a $S
+SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+export LD_LIBRARY_PATH="$SITE/mlx/lib" MLXS_GPURT_CACHE=/tmp/gpurt-mem
+mkdir -p /opt/bin && [ -x /opt/bin/mlx ] || { xz -dc .gpu/c/mlx.xz > /opt/bin/mlx && chmod +x /opt/bin/mlx; }
+rm -rf $MLXS_GPURT_CACHE
+for m in llama31-8b-q4 llama-135m-bf16; do
+  for i in 1 2 3; do
+    [ $((SECONDS - T0)) -gt 290 ] && { echo "== $m $i skipped" | tee -a $S; continue; }
+    MLX_GRAPH_MEMORY=1 timeout 60 /opt/bin/mlx benchmark --model /opt/models/$m -p 512 -g 128 -n 3 \
+      --json --decoder auto > $OUT/m/$m-$i.json 2> $OUT/m/$m-$i.err
+    echo "== $m process $i rc $? at $((SECONDS - T0)) s" | tee -a $S
+    grep -h '"trial"' $OUT/m/$m-$i.json | sed 's/"prompt_tps[^,]*,//; s/"generation_tps[^,]*,//' | tee -a $S
+    # Where the run's peak so far rose (the first line of each new value).
+    python3 - $OUT/m/$m-$i.err <<'PY' | tee -a $S
+import re, sys
+last = None
+for line in open(sys.argv[1]):
+    m = re.search(r"the run's peak so far (\d+) B", line)
+    if m and m.group(1) != last:
+        last = m.group(1)
+        print("  " + line.strip()[:300])
+PY
+  done
+done
+echo "== done at $((SECONDS - T0)) s" | tee -a $S
+cd $OUT && tar czf /tmp/all.tgz m && mv /tmp/all.tgz $OUT/all.tgz && rm -rf m
