@@ -7,6 +7,7 @@
 # with MLX_GRAPH_MEMORY=1 (MLX's live, cached and peak bytes and the decoder's at each point of
 # a graph run, on stderr).
 #   run(carry=[".gpu/a", ".gpu/c"], command="bash .gpu/c/s51c.sh", timeout_s=330)
+# (CUT=S: no process starts after S seconds; default 290.)
 # Output: $OUT/mem.txt (each process's trials and the points where the run's peak rose) and
 # $OUT/all.tgz (the whole stderr).
 T0=$SECONDS
@@ -19,9 +20,9 @@ SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 export LD_LIBRARY_PATH="$SITE/mlx/lib" MLXS_GPURT_CACHE=/tmp/gpurt-mem
 mkdir -p /opt/bin && [ -x /opt/bin/mlx ] || { xz -dc .gpu/c/mlx.xz > /opt/bin/mlx && chmod +x /opt/bin/mlx; }
 rm -rf $MLXS_GPURT_CACHE
-for m in llama31-8b-q4 llama-135m-bf16; do
+for m in llama-135m-bf16 llama31-8b-q4; do
   for i in 1 2 3; do
-    [ $((SECONDS - T0)) -gt 290 ] && { echo "== $m $i skipped" | tee -a $S; continue; }
+    [ $((SECONDS - T0)) -gt ${CUT:-290} ] && { echo "== $m $i skipped" | tee -a $S; continue; }
     MLX_GRAPH_MEMORY=1 timeout 60 /opt/bin/mlx benchmark --model /opt/models/$m -p 512 -g 128 -n 3 \
       --json --decoder auto > $OUT/m/$m-$i.json 2> $OUT/m/$m-$i.err
     echo "== $m process $i rc $? at $((SECONDS - T0)) s" | tee -a $S
