@@ -618,6 +618,18 @@ pub fn trellis_prompt_on_decoder() -> bool {
     std::env::var("MLX_GRAPH_TRELLIS_PROMPT").as_deref() != Ok("0")
 }
 
+/// Whether the graph path waits for MLX's release of each prompt chunk's intermediates
+/// ([`GenerateStep::prefill`]): on unless `MLX_GRAPH_PROMPT_SYNC=0` (read once).
+fn prompt_sync_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| prompt_sync_from(std::env::var("MLX_GRAPH_PROMPT_SYNC").ok().as_deref()))
+}
+
+/// `MLX_GRAPH_PROMPT_SYNC`'s reading: `0` is off; unset or any other value, on.
+fn prompt_sync_from(v: Option<&str>) -> bool {
+    v.map(str::trim) != Some("0")
+}
+
 /// Whether `MLX_GRAPH_MEMORY=1` (read once).
 fn graph_memory_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -1339,6 +1351,15 @@ impl<'m> GenerateStep<'m> {
             rest = &rest[n..];
             remaining = ops::slice_axis(&remaining, 0, n as i32, (n + rest.len()) as i32, None)?;
             self.progress(self.prompt_len - rest.len());
+            if self.opts.graph_decode && prompt_sync_on() {
+                // MLX's CUDA backend keeps a chunk's intermediates alive until its worker
+                // thread has seen the chunk's kernels complete, after `eval` returns: waiting
+                // for that worker here frees them (and lets `clear_cache` give them back)
+                // before the graph decoder's bytes are counted beside MLX's live ones
+                // ([`DevicePeak`]'s windows) or allocated. Without it, whether they were still
+                // live when the decoder's window began depended on that thread's timing.
+                mlx_core::synchronize()?;
+            }
             memory::clear_cache()?;
         }
         let (y, lp, lse) = self.step(&remaining, Some(rest))?;
@@ -2079,6 +2100,17 @@ mod tests {
 #[cfg(test)]
 mod device_peak_tests {
     use super::DevicePeak;
+
+    /// `MLX_GRAPH_PROMPT_SYNC`: only `0` turns the wait off.
+    #[test]
+    fn prompt_sync_reads_only_zero_as_off() {
+        assert!(super::prompt_sync_from(None));
+        assert!(super::prompt_sync_from(Some("1")));
+        assert!(super::prompt_sync_from(Some("")));
+        assert!(super::prompt_sync_from(Some("yes")));
+        assert!(!super::prompt_sync_from(Some("0")));
+        assert!(!super::prompt_sync_from(Some(" 0 ")));
+    }
 
     /// Session 31's 8B figures (H200, prompt 512): MLX's peak 6.346 GB in the prompt, 4.62 GB
     /// live after it, a decoder of 0.094 GB.

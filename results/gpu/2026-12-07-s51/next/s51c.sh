@@ -1,11 +1,14 @@
 #!/bin/bash
-# Session 51's third call (cold machine, <= 330 s): why the graph decoder's peak memory moves
+# Session 51's third call (cold machine, <= 330 s; not run: prepared for session 52): why the graph decoder's peak memory moves
 # between `mlx benchmark` processes (this session's first call: the 8B 6.367 GB in every
 # trial, the second call 6.215, session 50 6.228; the 135M's third trial 0.369 against 0.338;
-# the MoE's third trial 19.747 against 19.563). Per model, three `mlx benchmark --decoder auto`
-# processes (prompt 512, 128 tokens, 3 trials), the first with the NVRTC kernel cache empty,
-# with MLX_GRAPH_MEMORY=1 (MLX's live, cached and peak bytes and the decoder's at each point of
-# a graph run, on stderr).
+# the MoE's third trial 19.747 against 19.563), and whether session 51's MLX_GRAPH_PROMPT_SYNC
+# (the prompt's chunks wait for MLX's CUDA worker to free their intermediates; on by default)
+# steadies it. Per model, four `mlx benchmark --decoder auto` processes (prompt 512, 128
+# tokens, 3 trials), MLX_GRAPH_PROMPT_SYNC=0 and on alternating, the first with the NVRTC
+# kernel cache empty, with MLX_GRAPH_MEMORY=1 (MLX's live, cached and peak bytes and the
+# decoder's at each point of a graph run, on stderr). The bundle must be built from a tree
+# with the switch (session 51's final tree).
 #   run(carry=[".gpu/a", ".gpu/c"], command="bash .gpu/c/s51c.sh", timeout_s=330)
 # (CUT=S: no process starts after S seconds; default 290.)
 # Output: $OUT/mem.txt (each process's trials and the points where the run's peak rose) and
@@ -21,9 +24,11 @@ export LD_LIBRARY_PATH="$SITE/mlx/lib" MLXS_GPURT_CACHE=/tmp/gpurt-mem
 mkdir -p /opt/bin && [ -x /opt/bin/mlx ] || { xz -dc .gpu/c/mlx.xz > /opt/bin/mlx && chmod +x /opt/bin/mlx; }
 rm -rf $MLXS_GPURT_CACHE
 for m in llama-135m-bf16 llama31-8b-q4; do
-  for i in 1 2 3; do
+  for i in 1 2 3 4; do
     [ $((SECONDS - T0)) -gt ${CUT:-290} ] && { echo "== $m $i skipped" | tee -a $S; continue; }
-    MLX_GRAPH_MEMORY=1 timeout 60 /opt/bin/mlx benchmark --model /opt/models/$m -p 512 -g 128 -n 3 \
+    sync=$((1 - i % 2))
+    echo "== $m process $i: MLX_GRAPH_PROMPT_SYNC=$sync" | tee -a $S
+    MLX_GRAPH_PROMPT_SYNC=$sync MLX_GRAPH_MEMORY=1 timeout 60 /opt/bin/mlx benchmark --model /opt/models/$m -p 512 -g 128 -n 3 \
       --json --decoder auto > $OUT/m/$m-$i.json 2> $OUT/m/$m-$i.err
     echo "== $m process $i rc $? at $((SECONDS - T0)) s" | tee -a $S
     grep -h '"trial"' $OUT/m/$m-$i.json | sed 's/"prompt_tps[^,]*,//; s/"generation_tps[^,]*,//' | tee -a $S
