@@ -468,8 +468,9 @@ mod tests {
 
     /// Flags of mlx-lm's tools that change nothing here are accepted, so that their command
     /// lines run: `--trust-remote-code` (no code is ever run from a model directory) wherever
-    /// mlx-lm takes it, and `generate --use-default-chat-template` (which `mlx_lm.generate`
-    /// parses and ignores).
+    /// mlx-lm takes it, `generate --use-default-chat-template` (which `mlx_lm.generate`
+    /// parses and ignores) and `serve --use-default-chat-template` (a no-op in
+    /// mlx_lm.server for a model with a chat template; without one it fails there).
     #[test]
     fn mlx_lm_s_no_op_flags_are_accepted() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/models/dense_f32");
@@ -490,6 +491,7 @@ mod tests {
                 "cache-prompt",
             ),
             (&["serve", "--trust-remote-code"], "serve"),
+            (&["serve", "--use-default-chat-template"], "serve"),
             (&["benchmark", "--trust-remote-code"], "benchmark"),
             (
                 &[

@@ -195,6 +195,13 @@ pub struct ServeArgs {
     #[arg(long)]
     pub chat_template: Option<String>,
 
+    /// Accepted for mlx_lm.server compatibility; changes nothing. mlx_lm.server then sets a
+    /// tokenizer without a chat template to transformers' `default_chat_template`, which
+    /// transformers 5 no longer has (it fails to load such a model); a model with a template
+    /// keeps it, as here.
+    #[arg(long)]
+    pub use_default_chat_template: bool,
+
     /// Quantize the KV cache to this many bits (mlx-lm's `--kv-bits`). As in
     /// mlx_lm.server, requests are then served one at a time (no batching).
     #[arg(long)]
