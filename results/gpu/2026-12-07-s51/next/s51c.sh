@@ -11,8 +11,9 @@
 # with the switch (session 51's final tree).
 #   run(carry=[".gpu/a", ".gpu/c"], command="bash .gpu/c/s51c.sh", timeout_s=330)
 # (CUT=S: no process starts after S seconds; default 290.)
-# Output: $OUT/mem.txt (each process's trials and the points where the run's peak rose) and
-# $OUT/all.tgz (the whole stderr).
+# Then, where time is left (MOE_CUT, default 270 s), xtask/gpu/moe_prefill_probe.py 512 2048.
+# Output: $OUT/mem.txt (each process's trials and the points where the run's peak rose, the
+# probe's sums), $OUT/moe_probe.jsonl and $OUT/all.tgz (the whole stderr).
 T0=$SECONDS
 S=$OUT/mem.txt
 mkdir -p $OUT/m
@@ -44,5 +45,12 @@ for line in open(sys.argv[1]):
 PY
   done
 done
+# The MoE prefill row (1.07x against >= 1.2x): gather_qmm against a dense expert path on one
+# Qwen3-30B-A3B-shaped layer (xtask/gpu/moe_prefill_probe.py), where time is left.
+if [ $((SECONDS - T0)) -lt ${MOE_CUT:-270} ]; then
+  timeout 50 python3 xtask/gpu/moe_prefill_probe.py 512 2048 > $OUT/moe_probe.jsonl 2> $OUT/m/moe_probe.err
+  echo "== moe probe rc $? at $((SECONDS - T0)) s" | tee -a $S
+  grep -h '"layers_ms"\|error' $OUT/moe_probe.jsonl | cut -c1-300 | tee -a $S
+fi
 echo "== done at $((SECONDS - T0)) s" | tee -a $S
 cd $OUT && tar czf /tmp/all.tgz m && mv /tmp/all.tgz $OUT/all.tgz && rm -rf m
