@@ -406,7 +406,15 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         blocks,
         &tokenizer_config,
         &mut before_weights,
-    )?;
+    )
+    .map_err(|e| match &a.prompt_cache_file {
+        // The tokenizer took entries from the cache file: say where a bad one came from.
+        Some(path) if !tokenizer_config.is_empty() && e.contains("tokenizer") => format!(
+            "{e} (the tokenizer was loaded with {path}'s `tokenizer_config` metadata: {})",
+            Value::Object(tokenizer_config.clone())
+        ),
+        _ => e,
+    })?;
     let f = match early.take() {
         Some(f) => f,
         None => FromTokenizer::compute(a, &mut m.tokenizer, using_cache),

@@ -417,6 +417,13 @@ fn prompt_cache_tokenizer_config_metadata_is_checked() {
             r#"["eos_token", "tell"]"#,
             "not a JSON object",
         ),
+        // An object whose entry the tokenizer refuses: the tokenizer's error, with the file
+        // the entry came from.
+        (
+            "bad_entry.safetensors",
+            r#"{"chat_template": 7}"#,
+            "chat_template",
+        ),
     ] {
         let path = rewrite(name, Some(value));
         let (code, out, err) = generate(&path);
