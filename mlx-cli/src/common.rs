@@ -5,8 +5,8 @@ use std::io::Read;
 
 use clap::Args;
 use mlx_engine::generate::{
-    cpu_decode_unsupported, graph_decode_unsupported, CpuDecode, GenerateOptions,
-    DEFAULT_QUANTIZED_KV_START,
+    cpu_decode_unsupported, graph_decode_unsupported, quantized_kv_start_from, CpuDecode,
+    GenerateOptions, DEFAULT_QUANTIZED_KV_START,
 };
 use mlx_models::LanguageModel;
 
@@ -43,12 +43,6 @@ pub struct KvArgs {
     pub kv_mode: String,
 }
 
-/// `--quantized-kv-start` as a cache offset: mlx-lm quantizes a cache once `offset >= start`,
-/// and an offset is never negative, so a negative start (argparse's `int` takes `-1`) is 0.
-pub fn kv_start(start: i64) -> usize {
-    usize::try_from(start.max(0)).unwrap_or(usize::MAX)
-}
-
 impl KvArgs {
     /// These flags applied to `opts`.
     pub fn apply(&self, opts: &mut GenerateOptions) {
@@ -56,7 +50,7 @@ impl KvArgs {
         opts.prefill_step_size = self.prefill_step_size as usize;
         opts.kv_bits = self.kv_bits;
         opts.kv_group_size = self.kv_group_size;
-        opts.quantized_kv_start = kv_start(self.quantized_kv_start);
+        opts.quantized_kv_start = quantized_kv_start_from(self.quantized_kv_start);
         opts.kv_mode = self.mode();
     }
 

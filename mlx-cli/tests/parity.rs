@@ -333,38 +333,21 @@ fn cache_prompt_eos_token_matches_mlx_lm() {
     );
     // Without the flags: mlx-lm's `{"trust_remote_code": false}`.
     let plain = tmp.join("plain.safetensors");
-    let (code, _, err) = mlx(
-        &[
-            "cache-prompt",
-            "--model",
-            g["model"].as_str().unwrap(),
-            "--prompt",
-            "hello",
-            "--prompt-cache-file",
-            plain.to_str().unwrap(),
-        ],
-        None,
-    );
+    let cache_hello = |extra: &[&str]| {
+        let mut args = vec!["cache-prompt", "--model", g["model"].as_str().unwrap()];
+        args.extend(["--prompt", "hello"]);
+        args.extend(extra);
+        args.extend(["--prompt-cache-file", plain.to_str().unwrap()]);
+        mlx(&args, None)
+    };
+    let (code, _, err) = cache_hello(&[]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         cache_metadata(&plain, "tokenizer_config").as_deref(),
         Some(r#"{"trust_remote_code": false}"#)
     );
     // An empty token is refused before anything loads.
-    let (code, _, err) = mlx(
-        &[
-            "cache-prompt",
-            "--model",
-            g["model"].as_str().unwrap(),
-            "--prompt",
-            "hello",
-            "--eos-token",
-            "",
-            "--prompt-cache-file",
-            plain.to_str().unwrap(),
-        ],
-        None,
-    );
+    let (code, _, err) = cache_hello(&["--eos-token", ""]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("--eos-token"), "{err}");
     let _ = std::fs::remove_dir_all(&tmp);

@@ -21,6 +21,12 @@ use mlx_models::LanguageModel;
 /// mlx-lm's `DEFAULT_QUANTIZED_KV_START`.
 pub const DEFAULT_QUANTIZED_KV_START: usize = 5000;
 
+/// A `--quantized-kv-start` as given (argparse's `int`) as a cache offset: mlx-lm quantizes a
+/// cache once `offset >= start`, and an offset is never negative, so a negative start is 0.
+pub fn quantized_kv_start_from(start: i64) -> usize {
+    usize::try_from(start.max(0)).unwrap_or(usize::MAX)
+}
+
 /// `prompt_progress_callback`: called with (prompt tokens processed, prompt tokens) before the
 /// prefill, after each prefill chunk and once the first token is ready.
 #[derive(Clone)]

@@ -202,7 +202,7 @@ fn kv_options(args: &ServeArgs) -> Result<Option<mlx_engine::batch::KvOptions>, 
         max_kv_size: args.max_kv_size,
         kv_bits: args.kv_bits,
         kv_group_size: args.kv_group_size,
-        quantized_kv_start: usize::try_from(args.quantized_kv_start.max(0)).unwrap_or(usize::MAX),
+        quantized_kv_start: mlx_engine::generate::quantized_kv_start_from(args.quantized_kv_start),
         kv_mode,
     }))
 }

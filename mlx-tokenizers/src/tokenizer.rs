@@ -391,8 +391,7 @@ impl Tokenizer {
     /// template), and the EOS ids from `config.json`'s `eos_token_id`, replaced by
     /// `generation_config.json`'s when that one is set.
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
-        let dir = dir.as_ref();
-        Self::from_dir_with_eos(dir, &Self::config_eos_ids(dir)?)
+        Self::from_dir_with_config(dir, &Map::new())
     }
 
     /// [`Tokenizer::from_dir`] with `overrides` replacing `tokenizer_config.json`'s entries (and

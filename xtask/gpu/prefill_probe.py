@@ -19,12 +19,14 @@ SHAPES = [("q", 4096, 4096), ("kv", 1024, 4096), ("kv2", 1024, 4096), ("o", 4096
           ("gate", 14336, 4096), ("up", 14336, 4096), ("down", 4096, 14336)]
 
 
-def timed(f):
-    for _ in range(WARM):
+def timed(f, reps=REPS, warm=WARM):
+    """The median of `reps` timed evaluations of `f()` (each `mx.eval`, then `mx.synchronize`)
+    after `warm` untimed ones, in microseconds."""
+    for _ in range(warm):
         mx.eval(f())
     mx.synchronize()
     ts = []
-    for _ in range(REPS):
+    for _ in range(reps):
         t0 = time.perf_counter()
         mx.eval(f())
         mx.synchronize()

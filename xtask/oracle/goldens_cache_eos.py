@@ -17,12 +17,14 @@ Goldens: mlx-cli/tests/goldens/cache_eos.json and the cache file. Run with
 """
 
 import json
-import re
-import subprocess
 import sys
 import tempfile
 
 from mlx_lm.models.cache import load_prompt_cache
+
+# goldens_cli.py's runner of `python -m mlx_lm <tool>` and its parser of generate's output
+# (this script's folder is on the path when run).
+from goldens_cli import mlx_lm, parse_generate
 
 GOLDENS = "mlx-cli/tests/goldens"
 MODEL = "mlx-cli/tests/models/dense_f32"
@@ -30,21 +32,6 @@ CACHED = "the cat and the dog"
 PROMPT = "what is red ?"
 MAX_TOKENS = "12"
 FILE = f"{GOLDENS}/prompt_cache_eos_dense.safetensors"
-
-
-def mlx_lm(tool, args):
-    r = subprocess.run([sys.executable, "-m", "mlx_lm", tool, *args],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"mlx_lm {tool} {args} failed:\n{r.stdout}\n{r.stderr}")
-    return r.stdout
-
-
-def parse_generate(out):
-    m = re.search(r"==========\n(.*)\n==========\n", out, re.S)
-    assert m, out
-    g = re.search(r"^Generation: (\d+) tokens", out, re.M)
-    return {"text": m.group(1), "generation_tokens": int(g.group(1)) if g else None}
 
 
 def continue_cache(path):
