@@ -317,7 +317,7 @@ const LOADING_KWARGS: [&str; 1] = ["trust_remote_code"];
 /// GGUF file's metadata gives), each replacing the entry of its name, as transformers'
 /// `init_kwargs.update(kwargs)` does; the loading keywords ([`LOADING_KWARGS`]:
 /// `trust_remote_code`) are skipped. Returns the keys it put.
-pub fn apply_config_overrides<'a>(
+pub(crate) fn apply_config_overrides<'a>(
     config: &mut Map<String, Value>,
     overrides: &'a Map<String, Value>,
 ) -> Vec<&'a str> {
@@ -400,7 +400,7 @@ impl Tokenizer {
     /// `load(path, tokenizer_config=...)`: an `eos_token` there becomes the tokenizer's EOS token
     /// (added as a special token when the vocabulary lacks it), and the EOS set is then the
     /// model config's ids plus that token's. `trust_remote_code` (which `from_pretrained`
-    /// consumes itself) changes nothing ([`apply_config_overrides`]).
+    /// consumes itself) changes nothing (`apply_config_overrides`).
     pub fn from_dir_with_config(
         dir: impl AsRef<Path>,
         overrides: &Map<String, Value>,
