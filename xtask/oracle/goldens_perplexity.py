@@ -13,14 +13,16 @@ raises IndexError; `mlx perplexity` uses every record.)
 
 Golden: mlx-cli/tests/goldens/perplexity.json: per case the perplexity and its standard error
 (Python floats, repr), the sample count and the rows' sha256; `model_loaded`, per model the
-count mlx_lm.perplexity's `main` takes from `get_total_parameters` and the line it prints with
-it; and `benchmark_prompts`, the 12-token prompt `mlx_lm.benchmark` draws for two fixtures (for
+count mlx_lm.perplexity's `main` takes from `get_total_parameters` and the line its `main`
+prints with it (a short run of `main` on the same records); and `benchmark_prompts`, the 12-token prompt `mlx_lm.benchmark` draws for two fixtures (for
 `mlx benchmark`).
 
 Run with `cargo xtask goldens perplexity`.
 """
 
+import contextlib
 import hashlib
+import io
 import json
 import random
 import sys
@@ -61,6 +63,20 @@ CASES = [
 ]
 
 
+def model_loaded_line(model_dir):
+    """The `Model loaded: N.NM parameters` line of `mlx_lm.perplexity`'s `main` on a model."""
+    argv = sys.argv
+    sys.argv = ["mlx_lm.perplexity", "--model", str(CLI / model_dir), "--data-path", str(DATA),
+                "--num-samples", "4", "--sequence-length", "8", "--batch-size", "2"]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            ppl_mod.main()
+    finally:
+        sys.argv = argv
+    return next(l for l in out.getvalue().splitlines() if l.startswith("Model loaded: "))
+
+
 def main():
     write_data()
     records = [json.loads(l) for l in DATA.read_text().splitlines()]
@@ -76,12 +92,8 @@ def main():
         np.random.seed(seed)
         mx.random.seed(seed)
         model, tokenizer = load(str(CLI / model_dir))
-        # mlx_lm.perplexity's `main`: the count, then this line.
-        total_params = get_total_parameters(model)
-        loaded[model_dir] = {
-            "total_parameters": int(total_params),
-            "line": f"Model loaded: {total_params/1e6:.1f}M parameters",
-        }
+        # The count mlx_lm.perplexity's `main` prints (its line: `model_loaded_line`).
+        loaded[model_dir] = {"total_parameters": int(get_total_parameters(model))}
         data = ppl_mod.load_data(tokenizer, str(DATA), num_samples=num, sequence_length=seq)
         ppl, se = ppl_mod.eval_ppl(model, data, batch_size=batch)
         rows = np.array(data).astype(np.int32)
@@ -105,6 +117,10 @@ def main():
         model, tokenizer, config = load(str(CLI / model_dir), return_config=True)
         vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
         bench[model_dir] = mx.random.randint(0, vocab, (1, 12)).tolist()[0]
+    # The `Model loaded` line as mlx_lm.perplexity's own `main` prints it (a short run on the
+    # same records), after every figure above so its seeding moves none of them.
+    for model_dir in loaded:
+        loaded[model_dir]["line"] = model_loaded_line(model_dir)
     GOLDEN.write_text(
         json.dumps({"cases": out, "model_loaded": loaded, "benchmark_prompts": bench}, indent=1, sort_keys=True) + "\n"
     )
